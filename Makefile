@@ -1,0 +1,41 @@
+# deltabus: the two commands a new user needs are `make run` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+PROTO := deltabus/rpc/v1/deltabus.proto
+export SPARK_LOCAL_IP ?= 127.0.0.1
+export PYSPARK_PYTHON = $(abspath $(PY))
+export PYSPARK_DRIVER_PYTHON = $(abspath $(PY))
+
+.PHONY: setup run test bench protos lint clean
+
+setup: $(STAMP)
+
+$(STAMP): setup.cfg pyproject.toml
+	@command -v java >/dev/null 2>&1 || [ -n "$$JAVA_HOME" ] || { \
+	  echo "deltabus needs Java 17 for Spark: install it (Debian/Ubuntu: apt-get install -y openjdk-17-jre-headless) or set JAVA_HOME" >&2; exit 1; }
+	@[ -x $(PY) ] || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	@touch $(STAMP)
+
+run: setup
+	$(VENV)/bin/deltabus cluster start $(ARGS)
+
+test: setup
+	$(PY) -m pytest -q $(ARGS)
+
+bench: setup
+	$(PY) -m deltabus.cli.main bench $(ARGS)
+
+# Regenerate the gRPC code from the .proto files (tests check it is in sync).
+protos: setup
+	$(PY) -m grpc_tools.protoc -I . --python_out=. --pyi_out=. --grpc_python_out=. $(PROTO)
+
+lint: setup
+	$(VENV)/bin/ruff check deltabus tests
+	$(VENV)/bin/mypy deltabus
+
+clean:
+	rm -rf data .pytest_cache build *.egg-info

@@ -1,0 +1,1 @@
+from deltabus.errors import DeltaBusError

@@ -1,0 +1,149 @@
+"""Limits and defaults, in one place, named as Kafka names them.
+
+Every queue, batch, wait and buffer in deltabus has a limit here. Topic-level configs use Kafka's
+dotted names (`max.message.bytes`) because users type them on the CLI; the relations between the
+limits are checked at import, so a bad edit fails at once rather than in production.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from deltabus import errors
+
+# Ports and addresses. Every server binds loopback unless told otherwise.
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_BOOTSTRAP_PORT = 9192  # the controller's gRPC port: the cluster's bootstrap address
+
+# Records and requests.
+MESSAGE_MAX_BYTES = 1_048_588  # Kafka's message.max.bytes / topic max.message.bytes default
+REQUEST_MAX_BYTES = 104_857_600  # Kafka's socket.request.max.bytes: the largest gRPC message
+FETCH_MAX_BYTES = 52_428_800  # Kafka's fetch.max.bytes
+FETCH_PARTITION_MAX_BYTES = 1_048_576  # Kafka's max.partition.fetch.bytes
+FETCH_MAX_WAIT_MS = 500  # Kafka's fetch.max.wait.ms
+FETCH_WAIT_MS_MAX = 60_000  # no long poll waits longer than this
+PARTITIONS_MAX = 10_000  # per topic
+TOPIC_NAME_LENGTH_MAX = 249  # Kafka's limit
+
+
+@dataclass(frozen=True, kw_only=True)
+class TopicConfig:
+    """A topic's effective configuration: Kafka's topic configs that deltabus honours."""
+
+    max_message_bytes: int = MESSAGE_MAX_BYTES
+    message_timestamp_type: str = "CreateTime"  # or LogAppendTime
+    retention_ms: int = 7 * 24 * 3600 * 1000
+    retention_bytes: int = -1
+    cleanup_policy: str = "delete"
+    min_insync_replicas: int = 1
+
+
+# Kafka's dotted name -> (TopicConfig field, parser). Only these may be set on a topic.
+TOPIC_CONFIG_KEYS: dict[str, tuple[str, Any]] = {
+    "max.message.bytes": ("max_message_bytes", int),
+    "message.timestamp.type": ("message_timestamp_type", str),
+    "retention.ms": ("retention_ms", int),
+    "retention.bytes": ("retention_bytes", int),
+    "cleanup.policy": ("cleanup_policy", str),
+    "min.insync.replicas": ("min_insync_replicas", int),
+}
+
+_CHOICES = {
+    "message.timestamp.type": {"CreateTime", "LogAppendTime"},
+    "cleanup.policy": {"delete", "compact", "compact,delete", "delete,compact"},
+}
+
+
+def topic_config(overrides: dict[str, str]) -> TopicConfig:
+    """The effective config of a topic from its overrides; raises InvalidConfigError on a bad one.
+
+    Kafka refuses unknown keys and unparsable values with INVALID_CONFIG naming the key; so do we.
+    """
+    values: dict[str, Any] = {}
+    for key, raw in overrides.items():
+        if key not in TOPIC_CONFIG_KEYS:
+            raise errors.InvalidConfigError(f"Unknown topic config name: {key}")
+        attr, parse = TOPIC_CONFIG_KEYS[key]
+        try:
+            value = parse(raw)
+        except ValueError:
+            raise errors.InvalidConfigError(
+                f"Invalid value {raw} for configuration {key}"
+            ) from None
+        if key in _CHOICES and value not in _CHOICES[key]:
+            raise errors.InvalidConfigError(
+                f"Invalid value {raw} for configuration {key}: must be one of "
+                f"{sorted(_CHOICES[key])}"
+            )
+        if attr == "max_message_bytes" and not 0 < value <= REQUEST_MAX_BYTES:
+            raise errors.InvalidConfigError(
+                f"Invalid value {raw} for configuration {key}: must be in [1, {REQUEST_MAX_BYTES}]"
+            )
+        if attr == "min_insync_replicas" and value < 1:
+            raise errors.InvalidConfigError(
+                f"Invalid value {raw} for configuration {key}: must be at least 1"
+            )
+        values[attr] = value
+    return TopicConfig(**values)
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    return int(raw) if raw else default
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClusterConfig:
+    """Settings of one deltabus cluster: controller, brokers and their logs.
+
+    Runs on the driver; a copy travels to every broker task. Timeouts are short-able from the
+    environment (DELTABUS_*_MS) so tests run fast without code changes.
+    """
+
+    root: str
+    brokers: int = 3
+    host: str = field(default_factory=lambda: os.environ.get("DELTABUS_HOST")
+                      or os.environ.get("SPARK_LOCAL_IP") or DEFAULT_HOST)
+    port: int = DEFAULT_BOOTSTRAP_PORT
+    num_partitions: int = 1  # Kafka's num.partitions
+    default_replication_factor: int = 1
+    # A broker heartbeats at least this often; one silent for the session timeout is fenced.
+    broker_heartbeat_interval_ms: int = field(
+        default_factory=lambda: _env_int("DELTABUS_BROKER_HEARTBEAT_INTERVAL_MS", 500))
+    broker_session_timeout_ms: int = field(
+        default_factory=lambda: _env_int("DELTABUS_BROKER_SESSION_TIMEOUT_MS", 9_000))
+    # How long starting or stopping the cluster may take before it gives up.
+    startup_timeout_ms: int = field(
+        default_factory=lambda: _env_int("DELTABUS_STARTUP_TIMEOUT_MS", 120_000))
+    shutdown_timeout_ms: int = field(
+        default_factory=lambda: _env_int("DELTABUS_SHUTDOWN_TIMEOUT_MS", 30_000))
+    # Group commit: produce requests for one partition gathered into one Delta commit.
+    group_commit_bytes_max: int = 64 * 1024 * 1024
+    group_commit_linger_ms: int = 1
+    # Recently committed batches kept in broker memory, so tail fetches never read Parquet.
+    log_cache_bytes_max: int = 128 * 1024 * 1024
+    # Delta checkpoint every N commits keeps table open time flat however long the log grows.
+    checkpoint_interval: int = 100
+    grpc_threads: int = 32
+
+    def with_(self, **changes: Any) -> "ClusterConfig":
+        return replace(self, **changes)
+
+    def __post_init__(self) -> None:
+        if self.brokers < 1:
+            raise ValueError(f"brokers must be at least 1, not {self.brokers}")
+        if self.broker_heartbeat_interval_ms * 2 > self.broker_session_timeout_ms:
+            raise ValueError("broker session timeout must cover at least two heartbeats")
+        if self.group_commit_bytes_max > self.log_cache_bytes_max:
+            raise ValueError("the log cache must hold at least one group commit")
+
+
+def _check_relations() -> None:
+    assert FETCH_PARTITION_MAX_BYTES <= FETCH_MAX_BYTES <= REQUEST_MAX_BYTES
+    assert MESSAGE_MAX_BYTES < REQUEST_MAX_BYTES
+    assert FETCH_MAX_WAIT_MS <= FETCH_WAIT_MS_MAX
+
+
+_check_relations()

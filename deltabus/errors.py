@@ -1,0 +1,144 @@
+"""The one error tree of deltabus, with Kafka's error codes.
+
+    DeltaBusError                      root; `code`, `retriable`, `invalid_metadata`, `grpc_status`
+    ├── KafkaError subclasses          one per Kafka error code (UnknownTopicOrPartitionError = 3, ...)
+    │   raised by brokers and the controller, carried on the wire as `error_code` + message,
+    │   and raised again by clients from the code (`error_for_code`)
+    └── ClientError                    client-side problems with no Kafka code (closed client, timeout)
+
+Retry loops test `retriable` (try again later) and `invalid_metadata` (refresh metadata first: the
+leader moved), never a list of types. grpc and delta-rs exceptions are mapped into this tree in one
+place each: `deltabus.rpc.status.error_from_rpc` and `deltabus.log_tables.partition_log`.
+"""
+
+from __future__ import annotations
+
+import grpc
+
+__all__ = [
+    "DeltaBusError",
+    "ClientError",
+    "KafkaTimeoutError",
+    "error_for_code",
+    "ERRORS_BY_CODE",
+]
+
+
+class DeltaBusError(Exception):
+    """Root of every error deltabus raises."""
+
+    code: int = -1
+    name: str = "UNKNOWN_SERVER_ERROR"
+    retriable: bool = False
+    invalid_metadata: bool = False
+    grpc_status: grpc.StatusCode = grpc.StatusCode.UNKNOWN
+
+    def __init__(self, message: str = "") -> None:
+        super().__init__(message or self.name)
+        self.message = message or self.name
+
+    def __str__(self) -> str:
+        return f"{self.name}: {self.message}" if self.message != self.name else self.name
+
+
+ERRORS_BY_CODE: dict[int, type[DeltaBusError]] = {}
+
+
+def _kafka_error(
+    code: int,
+    name: str,
+    *,
+    retriable: bool = False,
+    invalid_metadata: bool = False,
+    grpc_status: grpc.StatusCode = grpc.StatusCode.FAILED_PRECONDITION,
+) -> type[DeltaBusError]:
+    """Make the class for one Kafka error code and index it by code."""
+    class_name = "".join(part.capitalize() for part in name.split("_"))
+    if not class_name.endswith(("Error", "Exception")):
+        class_name += "Error"
+    cls = type(
+        class_name,
+        (DeltaBusError,),
+        {
+            "code": code,
+            "name": name,
+            "retriable": retriable,
+            "invalid_metadata": invalid_metadata,
+            "grpc_status": grpc_status,
+            "__doc__": f"Kafka error {code}, {name}.",
+        },
+    )
+    ERRORS_BY_CODE[code] = cls
+    return cls
+
+
+_S = grpc.StatusCode
+UnknownServerError = _kafka_error(-1, "UNKNOWN_SERVER_ERROR", grpc_status=_S.INTERNAL)
+OffsetOutOfRangeError = _kafka_error(1, "OFFSET_OUT_OF_RANGE", grpc_status=_S.OUT_OF_RANGE)
+CorruptMessageError = _kafka_error(2, "CORRUPT_MESSAGE", retriable=True, grpc_status=_S.DATA_LOSS)
+UnknownTopicOrPartitionError = _kafka_error(
+    3, "UNKNOWN_TOPIC_OR_PARTITION", retriable=True, invalid_metadata=True, grpc_status=_S.NOT_FOUND
+)
+InvalidFetchSizeError = _kafka_error(4, "INVALID_FETCH_SIZE", grpc_status=_S.INVALID_ARGUMENT)
+LeaderNotAvailableError = _kafka_error(
+    5, "LEADER_NOT_AVAILABLE", retriable=True, invalid_metadata=True, grpc_status=_S.UNAVAILABLE
+)
+NotLeaderOrFollowerError = _kafka_error(
+    6, "NOT_LEADER_OR_FOLLOWER", retriable=True, invalid_metadata=True
+)
+RequestTimedOutError = _kafka_error(
+    7, "REQUEST_TIMED_OUT", retriable=True, grpc_status=_S.DEADLINE_EXCEEDED
+)
+BrokerNotAvailableError = _kafka_error(
+    8, "BROKER_NOT_AVAILABLE", retriable=True, invalid_metadata=True, grpc_status=_S.UNAVAILABLE
+)
+MessageTooLargeError = _kafka_error(10, "MESSAGE_TOO_LARGE", grpc_status=_S.INVALID_ARGUMENT)
+NetworkError = _kafka_error(
+    13, "NETWORK_EXCEPTION", retriable=True, invalid_metadata=True, grpc_status=_S.UNAVAILABLE
+)
+InvalidTopicError = _kafka_error(17, "INVALID_TOPIC_EXCEPTION", grpc_status=_S.INVALID_ARGUMENT)
+RecordListTooLargeError = _kafka_error(18, "RECORD_LIST_TOO_LARGE", grpc_status=_S.INVALID_ARGUMENT)
+NotEnoughReplicasError = _kafka_error(19, "NOT_ENOUGH_REPLICAS", retriable=True)
+InvalidRequiredAcksError = _kafka_error(21, "INVALID_REQUIRED_ACKS", grpc_status=_S.INVALID_ARGUMENT)
+InvalidTimestampError = _kafka_error(32, "INVALID_TIMESTAMP", grpc_status=_S.INVALID_ARGUMENT)
+UnsupportedVersionError = _kafka_error(35, "UNSUPPORTED_VERSION", grpc_status=_S.UNIMPLEMENTED)
+TopicAlreadyExistsError = _kafka_error(36, "TOPIC_ALREADY_EXISTS", grpc_status=_S.ALREADY_EXISTS)
+InvalidPartitionsError = _kafka_error(37, "INVALID_PARTITIONS", grpc_status=_S.INVALID_ARGUMENT)
+InvalidReplicationFactorError = _kafka_error(
+    38, "INVALID_REPLICATION_FACTOR", grpc_status=_S.INVALID_ARGUMENT
+)
+InvalidConfigError = _kafka_error(40, "INVALID_CONFIG", grpc_status=_S.INVALID_ARGUMENT)
+NotControllerError = _kafka_error(41, "NOT_CONTROLLER", retriable=True, invalid_metadata=True)
+InvalidRequestError = _kafka_error(42, "INVALID_REQUEST", grpc_status=_S.INVALID_ARGUMENT)
+KafkaStorageError = _kafka_error(
+    56, "KAFKA_STORAGE_ERROR", retriable=True, invalid_metadata=True, grpc_status=_S.UNAVAILABLE
+)
+FencedLeaderEpochError = _kafka_error(74, "FENCED_LEADER_EPOCH", retriable=True, invalid_metadata=True)
+UnknownLeaderEpochError = _kafka_error(75, "UNKNOWN_LEADER_EPOCH", retriable=True)
+StaleBrokerEpochError = _kafka_error(77, "STALE_BROKER_EPOCH", retriable=True)
+InvalidRecordError = _kafka_error(87, "INVALID_RECORD", grpc_status=_S.INVALID_ARGUMENT)
+
+
+class ClientError(DeltaBusError):
+    """A client-side failure with no Kafka error code (for example, the client is closed)."""
+
+    name = "CLIENT_ERROR"
+    grpc_status = grpc.StatusCode.CANCELLED
+
+
+class KafkaTimeoutError(ClientError):
+    """The client gave up waiting (metadata, a send's delivery timeout, a flush)."""
+
+    name = "KAFKA_TIMEOUT"
+    retriable = True
+
+
+def error_for_code(code: int, message: str = "") -> DeltaBusError:
+    """The exception for a Kafka error code read off the wire (an unknown code maps to -1)."""
+    return ERRORS_BY_CODE.get(code, UnknownServerError)(message)
+
+
+def check(code: int, message: str = "") -> None:
+    """Raise the error for `code` unless it is 0 (NONE)."""
+    if code:
+        raise error_for_code(code, message)

@@ -1,0 +1,32 @@
+"""Where things live under a cluster root (a local folder or an object-store URI).
+
+    {root}/__cluster_metadata/                     the controller's metadata log (a Delta table)
+    {root}/topics/{topic}/{partition}/replica-{b}  one Delta table per topic-partition replica
+
+A Kafka user finds a partition as `topic-partition` in log.dirs; here it is one folder per topic with
+one Delta table per replica, so `SELECT` over a topic reads `{root}/topics/{topic}/*/replica-*`.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+
+
+def normalize_root(root: str) -> str:
+    """An absolute local path or an unchanged URI (s3://, abfss://, file://...)."""
+    if "://" in root:
+        return root.rstrip("/")
+    return os.path.abspath(os.path.expanduser(root))
+
+
+def metadata_path(root: str) -> str:
+    return posixpath.join(root, "__cluster_metadata")
+
+
+def topic_path(root: str, topic: str) -> str:
+    return posixpath.join(root, "topics", topic)
+
+
+def replica_path(root: str, topic: str, partition: int, broker_id: int) -> str:
+    return posixpath.join(topic_path(root, topic), str(partition), f"replica-{broker_id}")

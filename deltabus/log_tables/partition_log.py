@@ -1,0 +1,433 @@
+"""One replica of one topic-partition, kept as a Delta table and written with delta-rs.
+
+Runs on a broker (a Spark executor). Thread-safe: many gRPC threads append and read at once; one
+appender thread per log is the only writer of its table.
+
+Invariants:
+- Offsets are contiguous from the log start offset to the log end offset; only the appender thread
+  assigns them, at commit time, so a failed commit leaves no gap.
+- Each Delta commit appends whole produce batches and records the offset range it holds in its
+  commitInfo (`deltabus.baseOffset`, `deltabus.lastOffset`); per-file offset statistics map offsets
+  to files, and back to versions.
+- The log end offset only moves after the Delta commit that holds the records succeeded: an
+  acknowledged record is durable in the table.
+- Reads never return records at or beyond the high watermark.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import CommitProperties, DeltaTable, PostCommitHookProperties, write_deltalake
+from deltalake.exceptions import DeltaError, TableNotFoundError
+
+from deltabus import errors
+from deltabus.records import (
+    CREATE_TIME,
+    LOG_SCHEMA,
+    ProducerState,
+    record_sizes,
+    to_log_batch,
+)
+
+log = logging.getLogger(__name__)
+
+LATEST_TIMESTAMP = -1
+EARLIEST_TIMESTAMP = -2
+MAX_TIMESTAMP = -3
+
+
+@dataclass(frozen=True, kw_only=True)
+class LogConfig:
+    """How a partition log commits and caches (taken from the cluster config)."""
+
+    group_commit_bytes_max: int = 64 * 1024 * 1024
+    group_commit_linger_ms: int = 1
+    log_cache_bytes_max: int = 128 * 1024 * 1024
+    checkpoint_interval: int = 100
+    max_commit_retries: int = 50
+    pending_bytes_max: int = 256 * 1024 * 1024  # produce requests waiting for a commit
+
+
+@dataclass(frozen=True)
+class AppendResult:
+    base_offset: int
+    last_offset: int
+    log_append_time_ms: int
+    log_start_offset: int
+
+
+@dataclass
+class _PendingAppend:
+    batch: pa.Table  # normalised produce batch
+    nbytes: int
+    leader_epoch: int
+    timestamp_type: int
+    producer: ProducerState
+    future: "Future[AppendResult]"
+
+
+def _map_delta_error(e: Exception, what: str) -> errors.DeltaBusError:
+    """The one place delta-rs failures become deltabus errors."""
+    return errors.KafkaStorageError(f"{what}: {type(e).__name__}: {e}")
+
+
+class PartitionLog:
+    """A topic-partition replica: append with group commit, read offset ranges, long-poll."""
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        topic: str,
+        partition: int,
+        config: LogConfig = LogConfig(),
+        storage_options: dict[str, str] | None = None,
+        on_append: Callable[[], None] | None = None,
+    ) -> None:
+        self.path = path
+        self.topic = topic
+        self.partition = partition
+        self._config = config
+        self._storage_options = storage_options
+        self._on_append = on_append
+        self._table = self._open_or_create()
+        self._reader = DeltaTable(path, storage_options=storage_options)
+        self._reader_lock = threading.Lock()
+        self._version = self._table.version()  # read by other threads instead of self._table
+        self.log_start_offset, self.log_end_offset = self._recover_offsets(self._table)
+        self.high_watermark = self.log_end_offset  # replication (issue 3) will hold it back
+        self._lock = threading.Condition()
+        self._pending: collections.deque[_PendingAppend] = collections.deque()
+        self._pending_bytes = 0
+        self._cache: collections.deque[pa.Table] = collections.deque()
+        self._cache_bytes = 0
+        self._closed = False
+        self._appender = threading.Thread(
+            target=self._append_loop, name=f"appender-{topic}-{partition}", daemon=True
+        )
+        self._appender.start()
+
+    # ---- opening ---------------------------------------------------------------------------
+
+    def _open_or_create(self) -> DeltaTable:
+        try:
+            return DeltaTable(self.path, storage_options=self._storage_options)
+        except TableNotFoundError:
+            pass
+        try:
+            return DeltaTable.create(
+                self.path,
+                LOG_SCHEMA,
+                mode="ignore",
+                name=f"{self.topic}-{self.partition}",
+                description=f"deltabus log of topic {self.topic} partition {self.partition}",
+                configuration={
+                    "delta.checkpointInterval": str(self._config.checkpoint_interval),
+                    "delta.dataSkippingNumIndexedCols": "3",
+                },
+                storage_options=self._storage_options,
+            )
+        except DeltaError as e:
+            raise _map_delta_error(e, f"cannot create {self.path}") from e
+
+    @staticmethod
+    def _recover_offsets(table: DeltaTable) -> tuple[int, int]:
+        """(log start offset, log end offset) from the table alone: per-file offset statistics.
+
+        Open time does not grow with the number of commits: delta-rs loads the last checkpoint and
+        the commits after it, and the statistics are in the add actions it already holds.
+        """
+        actions = pa.table(table.get_add_actions(flatten=True))
+        if actions.num_rows == 0:
+            return 0, 0
+        lo = pc.min(actions.column("min.offset")).as_py()
+        hi = pc.max(actions.column("max.offset")).as_py()
+        if lo is None or hi is None:  # files without statistics: read the column
+            offsets = table.to_pyarrow_dataset().to_table(columns=["offset"]).column("offset")
+            lo, hi = pc.min(offsets).as_py(), pc.max(offsets).as_py()
+        return int(lo), int(hi) + 1
+
+    # ---- appending -------------------------------------------------------------------------
+
+    def append(
+        self,
+        batch: pa.Table,
+        *,
+        leader_epoch: int,
+        timestamp_type: int = CREATE_TIME,
+        producer: ProducerState = ProducerState(),
+        max_message_bytes: int | None = None,
+    ) -> "Future[AppendResult]":
+        """Queue a normalised produce batch for the next group commit; the future resolves once
+        the Delta commit holding it succeeded.
+
+        Checks happen here, before anything is queued, so a bad batch changes nothing.
+        """
+        if batch.num_rows == 0:
+            raise errors.InvalidRecordError("a produce batch must hold at least one record")
+        if max_message_bytes is not None:
+            sizes = record_sizes(batch)
+            biggest = int(sizes.max())
+            if biggest > max_message_bytes:
+                index = int(np.argmax(sizes))
+                raise errors.MessageTooLargeError(
+                    f"record {index} of the batch is {biggest} bytes, more than "
+                    f"max.message.bytes={max_message_bytes}"
+                )
+        future: Future[AppendResult] = Future()
+        item = _PendingAppend(batch, batch.nbytes, leader_epoch, timestamp_type, producer, future)
+        with self._lock:
+            if self._closed:
+                raise errors.NotLeaderOrFollowerError(
+                    f"{self.topic}-{self.partition} is closed on this broker"
+                )
+            while self._pending_bytes > self._config.pending_bytes_max and not self._closed:
+                self._lock.wait(0.1)  # back-pressure: the producer waits for the commits
+            self._pending.append(item)
+            self._pending_bytes += item.nbytes
+            self._lock.notify_all()
+        return future
+
+    def _take_group(self) -> list[_PendingAppend] | None:
+        """Wait for pending appends, linger briefly, and take a group up to the byte limit."""
+        with self._lock:
+            while not self._pending and not self._closed:
+                self._lock.wait()
+            if not self._pending:
+                return None  # closed and drained
+            linger_s = self._config.group_commit_linger_ms / 1000
+            if linger_s > 0 and not self._closed:
+                deadline = time.monotonic() + linger_s
+                while (self._pending_bytes < self._config.group_commit_bytes_max
+                       and not self._closed):
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._lock.wait(left)
+            group: list[_PendingAppend] = []
+            size = 0
+            while self._pending and (not group or
+                                     size + self._pending[0].nbytes
+                                     <= self._config.group_commit_bytes_max):
+                item = self._pending.popleft()
+                size += item.nbytes
+                group.append(item)
+            self._pending_bytes -= size
+            self._lock.notify_all()
+            return group
+
+    def _append_loop(self) -> None:
+        while True:
+            group = self._take_group()
+            if group is None:
+                return
+            self._commit_group(group)
+
+    def _commit_group(self, group: list[_PendingAppend]) -> None:
+        now_ms = int(time.time() * 1000)
+        base = self.log_end_offset
+        parts = []
+        results = []
+        next_offset = base
+        for item in group:
+            parts.append(to_log_batch(
+                item.batch, base_offset=next_offset, now_ms=now_ms, leader_epoch=item.leader_epoch,
+                timestamp_type=item.timestamp_type, producer=item.producer,
+            ))
+            results.append((next_offset, next_offset + item.batch.num_rows - 1))
+            next_offset += item.batch.num_rows
+        table = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+        try:
+            write_deltalake(
+                self._table,
+                table,
+                mode="append",
+                commit_properties=CommitProperties(
+                    custom_metadata={
+                        "deltabus.baseOffset": str(base),
+                        "deltabus.lastOffset": str(next_offset - 1),
+                        "deltabus.batches": str(len(group)),
+                    },
+                    max_commit_retries=self._config.max_commit_retries,
+                ),
+                post_commithook_properties=PostCommitHookProperties(create_checkpoint=True),
+            )
+        except Exception as e:  # delta-rs, IO, anything: no offset was given out
+            error = _map_delta_error(e, f"append to {self.topic}-{self.partition} failed")
+            log.error("%s", error)
+            self._reload_after_failure()
+            for item in group:
+                item.future.set_exception(error)
+            return
+        with self._lock:
+            self._version = self._table.version()
+            self.log_end_offset = next_offset
+            self.high_watermark = next_offset
+            self._cache.append(table)
+            self._cache_bytes += table.nbytes
+            while self._cache_bytes > self._config.log_cache_bytes_max and len(self._cache) > 1:
+                self._cache_bytes -= self._cache.popleft().nbytes
+            self._lock.notify_all()
+        if self._on_append is not None:
+            self._on_append()
+        for item, (first, last) in zip(group, results):
+            item.future.set_result(AppendResult(first, last, now_ms, self.log_start_offset))
+
+    def _reload_after_failure(self) -> None:
+        """After a failed commit, trust only the table: reload it and its offsets."""
+        try:
+            self._table = DeltaTable(self.path, storage_options=self._storage_options)
+            _, leo = self._recover_offsets(self._table)
+        except Exception:  # the storage may still be down; the next commit will fail cleanly too
+            log.exception("reloading %s after a failed commit", self.path)
+            return
+        with self._lock:
+            self._version = self._table.version()
+            self.log_end_offset = self.high_watermark = leo
+            self._cache.clear()
+            self._cache_bytes = 0
+
+    # ---- reading ---------------------------------------------------------------------------
+
+    def read(self, offset: int, max_bytes: int, *, upto: int | None = None) -> pa.Table:
+        """Records from `offset` up to the high watermark (or `upto`), about `max_bytes` of them
+        but always at least one record when any is there (as Kafka returns at least one batch).
+
+        Raises OffsetOutOfRangeError when `offset` is outside [log start offset, high watermark].
+        """
+        with self._lock:
+            end = self.high_watermark if upto is None else min(upto, self.high_watermark)
+            start = self.log_start_offset
+            cache = list(self._cache)
+        if offset < start or offset > end:
+            raise errors.OffsetOutOfRangeError(
+                f"offset {offset} is out of range for {self.topic}-{self.partition}: "
+                f"log start offset {start}, high watermark {end}"
+            )
+        if offset == end:
+            return LOG_SCHEMA.empty_table()
+        if cache and cache[0].column("offset")[0].as_py() <= offset:
+            table = self._read_cache(cache, offset, end, max_bytes)
+        else:
+            table = self._read_table(offset, end, max_bytes)
+        return _trim_to_bytes(table, max_bytes)
+
+    @staticmethod
+    def _read_cache(cache: list[pa.Table], offset: int, end: int, max_bytes: int) -> pa.Table:
+        parts: list[pa.Table] = []
+        size = 0
+        for table in cache:
+            first = table.column("offset")[0].as_py()
+            last = first + table.num_rows  # exclusive
+            if last <= offset:
+                continue
+            lo = max(offset, first) - first
+            hi = min(end, last) - first
+            if hi <= lo:
+                break
+            part = table.slice(lo, hi - lo)
+            parts.append(part)
+            size += part.nbytes
+            if size >= max_bytes or last >= end:
+                break
+        return pa.concat_tables(parts) if parts else LOG_SCHEMA.empty_table()
+
+    def _read_table(self, offset: int, end: int, max_bytes: int) -> pa.Table:
+        """Read from Parquet, touching only the files that hold the wanted offsets."""
+        with self._reader_lock:
+            if self._reader.version() != self._version:
+                self._reader.update_incremental()
+            actions = pa.table(self._reader.get_add_actions(flatten=True)).select(
+                ["min.offset", "max.offset", "size_bytes"])
+            mask = pc.and_(pc.greater_equal(actions.column("max.offset"), offset),
+                           pc.less(actions.column("min.offset"), end))
+            wanted = actions.filter(mask).sort_by("min.offset")
+            if wanted.num_rows == 0:
+                return LOG_SCHEMA.empty_table()
+            # Enough files for max_bytes (Parquet is smaller than Arrow: a factor of 2 margin).
+            sizes = np.cumsum(wanted.column("size_bytes").to_numpy())
+            take = int(np.searchsorted(sizes, max_bytes // 2)) + 1
+            upper = min(int(wanted.column("max.offset")[min(take, wanted.num_rows) - 1].as_py()),
+                        end - 1)
+            dataset = self._reader.to_pyarrow_dataset(
+                file_pruning_predicate=[("offset", ">=", offset), ("offset", "<=", upper)])
+        table = dataset.to_table(
+            filter=(pc.field("offset") >= offset) & (pc.field("offset") <= upper))
+        return table.sort_by("offset").cast(LOG_SCHEMA)
+
+    def wait_for_data(self, offset: int, timeout_s: float) -> bool:
+        """Block until the high watermark passes `offset`, the log closes, or the time is up."""
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            while self.high_watermark <= offset and not self._closed:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._lock.wait(left)
+            return self.high_watermark > offset
+
+    def offset_for_timestamp(self, timestamp_ms: int) -> tuple[int, int]:
+        """(offset, timestamp ms) as ListOffsets answers: -1 latest, -2 earliest, -3 the record
+        with the largest timestamp, else the first offset with a timestamp at or after it
+        ((-1, -1) when there is none)."""
+        with self._lock:
+            hw, start = self.high_watermark, self.log_start_offset
+        if timestamp_ms == LATEST_TIMESTAMP:
+            return hw, -1
+        if timestamp_ms == EARLIEST_TIMESTAMP:
+            return start, -1
+        with self._reader_lock:
+            if self._reader.version() != self._version:
+                self._reader.update_incremental()
+            dataset = self._reader.to_pyarrow_dataset()
+        table = dataset.to_table(columns=["offset", "timestamp"],
+                                 filter=pc.field("offset") < hw)
+        if table.num_rows == 0:
+            return -1, -1
+        ts = pc.cast(table.column("timestamp"), pa.int64()).to_numpy(zero_copy_only=False) // 1000
+        offsets = table.column("offset").to_numpy()
+        if timestamp_ms == MAX_TIMESTAMP:
+            i = int(np.argmax(ts))
+            return int(offsets[i]), int(ts[i])
+        hits = np.nonzero(ts >= timestamp_ms)[0]
+        if hits.size == 0:
+            return -1, -1
+        i = int(hits[np.argmin(offsets[hits])])
+        return int(offsets[i]), int(ts[i])
+
+    # ---- closing ---------------------------------------------------------------------------
+
+    def flush(self, timeout_s: float = 30.0) -> None:
+        """Wait until every queued append is committed (or failed)."""
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            while self._pending and time.monotonic() < deadline:
+                self._lock.wait(0.05)
+            pending = list(self._pending)
+        for item in pending:
+            item.future.result(max(0.0, deadline - time.monotonic()))
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Commit what is queued, then stop the appender. Later appends are refused."""
+        with self._lock:
+            self._closed = True
+            self._lock.notify_all()
+        self._appender.join(timeout_s)
+
+
+def _trim_to_bytes(table: pa.Table, max_bytes: int) -> pa.Table:
+    """Cut a read to about max_bytes, keeping at least one record."""
+    if table.num_rows <= 1 or table.nbytes <= max_bytes:
+        return table
+    per_record = table.nbytes / table.num_rows
+    return table.slice(0, max(1, int(max_bytes / per_record)))

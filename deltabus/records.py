@@ -1,0 +1,216 @@
+"""The record: its Arrow schema on the wire and in the partition tables, and how a produce batch
+becomes a log batch.
+
+Invariants:
+- A stored record always has `offset` and `timestamp`; offsets in a log batch are contiguous.
+- The stored schema uses only Delta types delta-spark reads with no table features (no
+  timestamp_ntz, no deletion vectors), so `spark.read.format("delta")` opens every partition table.
+- Clients send any subset of PRODUCE columns with `value` required; everything else is filled here,
+  vectorised, because per-record Python would cap produce throughput.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, NamedTuple, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from deltabus import errors
+
+HEADER_TYPE = pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())])
+HEADERS_TYPE = pa.list_(pa.field("element", HEADER_TYPE))
+TIMESTAMP_TYPE = pa.timestamp("us", tz="UTC")
+
+CREATE_TIME = 0
+LOG_APPEND_TIME = 1
+NO_PRODUCER_ID = -1
+
+# What a partition table holds, column for column.
+LOG_SCHEMA = pa.schema([
+    pa.field("offset", pa.int64(), nullable=False),
+    pa.field("timestamp", TIMESTAMP_TYPE, nullable=False),
+    pa.field("timestamp_type", pa.int32(), nullable=False),
+    pa.field("key", pa.binary()),
+    pa.field("value", pa.binary()),
+    pa.field("headers", HEADERS_TYPE),
+    pa.field("producer_id", pa.int64(), nullable=False),
+    pa.field("producer_epoch", pa.int16(), nullable=False),
+    pa.field("sequence", pa.int32(), nullable=False),
+    pa.field("leader_epoch", pa.int32(), nullable=False),
+])
+
+# What a producer may send; only `value` is required.
+PRODUCE_SCHEMA = pa.schema([
+    pa.field("key", pa.binary()),
+    pa.field("value", pa.binary()),
+    pa.field("timestamp", TIMESTAMP_TYPE),
+    pa.field("headers", HEADERS_TYPE),
+])
+
+
+class Header(NamedTuple):
+    key: str
+    value: bytes | None
+
+
+class ConsumerRecord(NamedTuple):
+    """One record as a consumer sees it (the fields of Kafka's ConsumerRecord)."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp: int  # ms since the epoch
+    timestamp_type: int
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes | None]]
+    leader_epoch: int = -1
+
+
+@dataclass(frozen=True)
+class ProducerState:
+    """Idempotent-producer fields stamped on a batch (-1 when the producer is not idempotent)."""
+
+    producer_id: int = NO_PRODUCER_ID
+    producer_epoch: int = -1
+    base_sequence: int = -1
+
+
+def produce_batch(
+    values: Sequence[bytes | None],
+    keys: Sequence[bytes | None] | None = None,
+    timestamps_ms: Sequence[int | None] | None = None,
+    headers: Sequence[Iterable[tuple[str, bytes | None]] | None] | None = None,
+) -> pa.Table:
+    """Build a produce batch from Python lists (the client's per-record path)."""
+    n = len(values)
+    columns: dict[str, pa.Array] = {"value": pa.array(values, pa.binary())}
+    columns["key"] = pa.array(keys, pa.binary()) if keys is not None else pa.nulls(n, pa.binary())
+    if timestamps_ms is not None and any(t is not None for t in timestamps_ms):
+        columns["timestamp"] = pa.array(timestamps_ms, pa.int64()).cast(pa.timestamp("ms", "UTC"))
+    if headers is not None and any(headers):
+        columns["headers"] = pa.array(
+            [[{"key": k, "value": v} for k, v in h] if h else None for h in headers], HEADERS_TYPE
+        )
+    return pa.table(columns)
+
+
+def normalize_produce(table: pa.Table) -> pa.Table:
+    """Check a client's produce batch and bring it to PRODUCE_SCHEMA (missing columns as nulls).
+
+    Raises InvalidRecordError naming the column at fault; nothing is written on error.
+    """
+    names = set(table.column_names)
+    if "value" not in names:
+        raise errors.InvalidRecordError("a produce batch needs a 'value' column")
+    unknown = names - set(PRODUCE_SCHEMA.names)
+    if unknown:
+        raise errors.InvalidRecordError(f"unknown produce columns: {sorted(unknown)}")
+    n = table.num_rows
+    columns = []
+    for field in PRODUCE_SCHEMA:
+        if field.name not in names:
+            columns.append(pa.nulls(n, field.type))
+            continue
+        column = table.column(field.name)
+        if field.name == "timestamp" and pa.types.is_integer(column.type):
+            column = column.cast(pa.int64()).cast(pa.timestamp("ms", "UTC"))
+        try:
+            column = column.cast(field.type)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+            raise errors.InvalidRecordError(
+                f"column {field.name!r} has type {column.type}, expected {field.type}: {e}"
+            ) from None
+        columns.append(column)
+    return pa.Table.from_arrays(columns, schema=PRODUCE_SCHEMA)
+
+
+def record_sizes(batch: pa.Table) -> np.ndarray:
+    """Per-record size in bytes as Kafka counts it for max.message.bytes (key + value + headers)."""
+    size = np.zeros(batch.num_rows, dtype=np.int64)
+    for name in ("key", "value"):
+        lengths = pc.binary_length(batch.column(name)).fill_null(0)
+        size += lengths.to_numpy(zero_copy_only=False)
+    headers = batch.column("headers")
+    if headers.null_count < batch.num_rows:
+        # Headers are rare and small: count them roughly, per record, by their flattened bytes.
+        for i, h in enumerate(headers.to_pylist()):
+            if h:
+                size[i] += sum(len(x["key"].encode()) + len(x["value"] or b"") for x in h)
+    return size
+
+
+def to_log_batch(
+    batch: pa.Table,
+    *,
+    base_offset: int,
+    now_ms: int,
+    leader_epoch: int,
+    timestamp_type: int = CREATE_TIME,
+    producer: ProducerState = ProducerState(),
+) -> pa.Table:
+    """Give a normalised produce batch its offsets and broker-side fields, as LOG_SCHEMA."""
+    n = batch.num_rows
+    now = pa.scalar(now_ms * 1000, TIMESTAMP_TYPE)
+    if timestamp_type == LOG_APPEND_TIME:
+        timestamp = pa.array(np.full(n, now_ms * 1000, dtype=np.int64)).cast(TIMESTAMP_TYPE)
+    else:
+        timestamp = pc.fill_null(batch.column("timestamp").cast(TIMESTAMP_TYPE), now)
+    if producer.base_sequence >= 0:
+        sequence = pa.array(np.arange(n, dtype=np.int32) + np.int32(producer.base_sequence))
+    else:
+        sequence = pa.array(np.full(n, -1, dtype=np.int32))
+    columns = [
+        pa.array(np.arange(base_offset, base_offset + n, dtype=np.int64)),
+        timestamp,
+        pa.array(np.full(n, timestamp_type, dtype=np.int32)),
+        batch.column("key"),
+        batch.column("value"),
+        batch.column("headers"),
+        pa.array(np.full(n, producer.producer_id, dtype=np.int64)),
+        pa.array(np.full(n, producer.producer_epoch, dtype=np.int16)),
+        sequence,
+        pa.array(np.full(n, leader_epoch, dtype=np.int32)),
+    ]
+    return pa.Table.from_arrays(columns, schema=LOG_SCHEMA)
+
+
+def to_ipc(table: pa.Table) -> bytes:
+    """Serialise a table as one Arrow IPC stream (what `arrow_records` carries)."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def from_ipc(data: bytes) -> pa.Table:
+    """Read an Arrow IPC stream; raises CorruptMessageError when it is not one."""
+    try:
+        return pa.ipc.open_stream(pa.py_buffer(data)).read_all()
+    except (pa.ArrowInvalid, OSError) as e:
+        raise errors.CorruptMessageError(f"arrow_records is not an Arrow IPC stream: {e}") from None
+
+
+def iter_consumer_records(topic: str, partition: int, table: pa.Table) -> list[ConsumerRecord]:
+    """Turn a fetched log batch into ConsumerRecords (one Python object per record)."""
+    if table.num_rows == 0:
+        return []
+    offsets = table.column("offset").to_pylist()
+    ts = pc.cast(table.column("timestamp"), pa.int64()).to_numpy(zero_copy_only=False) // 1000
+    ts_type = table.column("timestamp_type").to_pylist()
+    keys = table.column("key").to_pylist()
+    values = table.column("value").to_pylist()
+    headers_col = table.column("headers")
+    if headers_col.null_count == table.num_rows:
+        headers: list = [[]] * table.num_rows
+    else:
+        headers = [[(h["key"], h["value"]) for h in hs] if hs else []
+                   for hs in headers_col.to_pylist()]
+    epochs = table.column("leader_epoch").to_pylist()
+    return [
+        ConsumerRecord(topic, partition, o, int(t), tt, k, v, h, e)
+        for o, t, tt, k, v, h, e in zip(offsets, ts.tolist(), ts_type, keys, values, headers, epochs)
+    ]

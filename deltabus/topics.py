@@ -1,0 +1,34 @@
+"""Kafka's rules for topic names (Topic.validate), applied by the controller and the CLI."""
+
+from __future__ import annotations
+
+import re
+
+from deltabus import errors
+from deltabus.config import TOPIC_NAME_LENGTH_MAX
+
+_LEGAL = re.compile(r"^[a-zA-Z0-9._-]+$")
+INTERNAL_TOPICS = frozenset({"__consumer_offsets"})
+
+
+def validate_topic_name(name: str) -> None:
+    """Raise InvalidTopicError with Kafka's message when `name` is not a legal topic name."""
+    if not name:
+        raise errors.InvalidTopicError("Topic name is illegal, it can't be empty")
+    if name in (".", ".."):
+        raise errors.InvalidTopicError("Topic name cannot be \".\" or \"..\"")
+    if len(name) > TOPIC_NAME_LENGTH_MAX:
+        raise errors.InvalidTopicError(
+            f"Topic name is illegal, it can't be longer than {TOPIC_NAME_LENGTH_MAX} characters, "
+            f"topic name: {name}"
+        )
+    if not _LEGAL.match(name):
+        raise errors.InvalidTopicError(
+            f"Topic name \"{name}\" is illegal, it contains a character other than ASCII "
+            "alphanumerics, '.', '_' and '-'"
+        )
+
+
+def has_collision_chars(name: str) -> bool:
+    """Kafka warns that '.' and '_' collide in metric names; the CLI repeats the warning."""
+    return "." in name or "_" in name
