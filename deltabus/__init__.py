@@ -1,1 +1,28 @@
+"""deltabus: Kafka-style event streaming inside Apache Spark; every topic-partition is a Delta table.
+
+The public API is what `__all__` names (a test pins it); everything else may change.
+"""
+
+from deltabus import errors
+from deltabus.cluster.cluster import Cluster, local_spark
 from deltabus.errors import DeltaBusError
+from deltabus.metadata import NewTopic
+from deltabus.records import ConsumerRecord
+from deltabus.rpc.admin import AdminClient
+from deltabus.rpc.consumer import Consumer, TopicPartition
+from deltabus.rpc.producer import FutureRecordMetadata, Producer, RecordMetadata
+
+__all__ = [
+    "AdminClient",
+    "Cluster",
+    "Consumer",
+    "ConsumerRecord",
+    "DeltaBusError",
+    "FutureRecordMetadata",
+    "NewTopic",
+    "Producer",
+    "RecordMetadata",
+    "TopicPartition",
+    "errors",
+    "local_spark",
+]

@@ -94,10 +94,12 @@ class TopicMetadata(_message.Message):
     def __init__(self, name: _Optional[str] = ..., topic_id: _Optional[str] = ..., error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., partitions: _Optional[_Iterable[_Union[PartitionMetadata, _Mapping]]] = ..., configs: _Optional[_Mapping[str, str]] = ..., is_internal: _Optional[bool] = ...) -> None: ...
 
 class MetadataRequest(_message.Message):
-    __slots__ = ("topics",)
+    __slots__ = ("topics", "allow_auto_topic_creation")
     TOPICS_FIELD_NUMBER: _ClassVar[int]
+    ALLOW_AUTO_TOPIC_CREATION_FIELD_NUMBER: _ClassVar[int]
     topics: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, topics: _Optional[_Iterable[str]] = ...) -> None: ...
+    allow_auto_topic_creation: bool
+    def __init__(self, topics: _Optional[_Iterable[str]] = ..., allow_auto_topic_creation: _Optional[bool] = ...) -> None: ...
 
 class MetadataResponse(_message.Message):
     __slots__ = ("brokers", "controller_id", "cluster_id", "topics", "metadata_version")

@@ -1,0 +1,193 @@
+"""`Cluster`: a deltabus cluster inside a Spark application. Runs on the driver.
+
+The controller runs in the driver and serves the bootstrap address. Each broker is its own Spark job
+of one long-running task (job group `deltabus-broker-N`, shown as "deltabus broker N" in the Spark
+UI), watched by a supervisor thread: when the task dies (its process killed, its executor lost) or
+the controller fences the broker for missed heartbeats, the supervisor launches it again, and the new
+broker reopens its partitions from Delta. One broker per job means one broker failing never fails the
+others, whatever the master (`local[N]`, `local-cluster[...]`, standalone, Databricks).
+
+Thread-safe: `start` and `stop` are meant for one thread; the rest may be called from any.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from typing import Any
+
+from deltabus import config as cfg
+from deltabus.cluster.broker import BrokerSpec, run_broker_task
+from deltabus.cluster.controller import Controller, ControllerHandler
+from deltabus.log_tables.layout import normalize_root
+from deltabus.rpc.server import start_server
+
+log = logging.getLogger(__name__)
+
+RELAUNCH_BACKOFF_S = 0.5
+
+
+def local_spark(task_slots: int, *, app_name: str = "deltabus", ui: bool = True) -> Any:
+    """A local-mode SparkSession with enough task slots for the brokers and other jobs.
+
+    Everything binds loopback (SPARK_LOCAL_IP) unless the environment says otherwise; the Python
+    workers use this interpreter, so they import the same deltabus.
+    """
+    from pyspark.sql import SparkSession
+
+    os.environ.setdefault("SPARK_LOCAL_IP", cfg.DEFAULT_HOST)
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    host = os.environ["SPARK_LOCAL_IP"]
+    return (
+        SparkSession.builder.master(f"local[{task_slots}]")
+        .appName(app_name)
+        .config("spark.driver.host", host)
+        .config("spark.driver.bindAddress", host)
+        .config("spark.ui.enabled", str(ui).lower())
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.python.worker.reuse", "true")
+        .getOrCreate()
+    )
+
+
+class Cluster:
+    """A deltabus cluster: the controller here in the driver, brokers as Spark tasks.
+
+    >>> cluster = Cluster(spark, root="./data", brokers=3).start()
+    >>> cluster.bootstrap_servers
+    '127.0.0.1:9192'
+    """
+
+    def __init__(self, spark: Any = None, *, root: str = "./data", brokers: int = 3,
+                 port: int = cfg.DEFAULT_BOOTSTRAP_PORT, host: str | None = None,
+                 **settings: Any) -> None:
+        extra = {"host": host} if host else {}
+        self.config = cfg.ClusterConfig(root=normalize_root(root), brokers=brokers, port=port,
+                                        **extra, **settings)
+        self._owns_spark = spark is None
+        self.spark = spark if spark is not None else local_spark(brokers + 2)
+        self.controller: Controller | None = None
+        self._server: Any = None
+        self._threads: list[threading.Thread] = []
+        self._stopping = threading.Event()
+        self.port = port
+        self.relaunches: dict[int, int] = {b: 0 for b in range(brokers)}
+
+    # ---- starting ----------------------------------------------------------------------------
+
+    def start(self) -> "Cluster":
+        """Start the controller and every broker; return once all brokers have registered."""
+        self._check_task_slots()
+        self.controller = Controller(self.config, on_fence=self._cancel_broker)
+        self._server, self.port = start_server(
+            self.config.host, self.config.port, ControllerHandler(self.controller),
+            self.controller, threads=self.config.grpc_threads)
+        self._spawn(self._check_sessions_loop, "deltabus-session-checker")
+        for broker_id in range(self.config.brokers):
+            self._spawn(lambda b=broker_id: self._supervise(b), f"deltabus-supervisor-{broker_id}")
+        timeout_s = self.config.startup_timeout_ms / 1000
+        if not self.controller.wait_for_brokers(self.config.brokers, timeout_s):
+            live = self.controller.live_brokers()
+            self.stop()
+            raise TimeoutError(
+                f"only {len(live)} of {self.config.brokers} brokers started in {timeout_s:.0f} s: "
+                "is Spark short of task slots or executors?")
+        log.info("deltabus cluster up: bootstrap %s, %d brokers, root %s",
+                 self.bootstrap_servers, self.config.brokers, self.config.root)
+        return self
+
+    def _check_task_slots(self) -> None:
+        slots = self.spark.sparkContext.defaultParallelism
+        if slots <= self.config.brokers:
+            raise ValueError(
+                f"Spark offers {slots} task slots but {self.config.brokers} brokers each hold one "
+                f"for life and other jobs need one more: use master local[{self.config.brokers + 2}]"
+                " or add executors")
+
+    def _spawn(self, target: Any, name: str) -> None:
+        thread = threading.Thread(target=target, name=name, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def _supervise(self, broker_id: int) -> None:
+        """Run broker `broker_id` as a one-task Spark job, again and again until the cluster stops."""
+        sc = self.spark.sparkContext
+        spec = BrokerSpec(broker_id, f"{self.config.host}:{self.port}", self.config)
+        group = f"deltabus-broker-{broker_id}"
+        while not self._stopping.is_set():
+            sc.setJobGroup(group, f"deltabus broker {broker_id}", interruptOnCancel=True)
+            try:
+                sc.parallelize([spec], 1).mapPartitions(run_broker_task).collect()
+            except Exception as e:  # the task died: its process was killed or its executor lost
+                if self._stopping.is_set():
+                    break
+                log.warning("broker %d stopped abnormally (%s); relaunching", broker_id,
+                            str(e).splitlines()[0][:200])
+            if self._stopping.is_set() or self.controller is None:
+                break
+            self.controller.fence_broker(broker_id, "its Spark task ended")
+            self.relaunches[broker_id] += 1
+            self._stopping.wait(RELAUNCH_BACKOFF_S)
+
+    def _cancel_broker(self, broker_id: int) -> None:
+        """Called when the controller fences a broker: end its task so the supervisor relaunches
+        it (a hung broker must not keep its partitions)."""
+        if not self._stopping.is_set():
+            self.spark.sparkContext.cancelJobGroup(f"deltabus-broker-{broker_id}")
+
+    def _check_sessions_loop(self) -> None:
+        interval_s = self.config.broker_heartbeat_interval_ms / 1000
+        while not self._stopping.wait(interval_s):
+            if self.controller is not None:
+                self.controller.check_sessions()
+
+    # ---- using -------------------------------------------------------------------------------
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return f"{self.config.host}:{self.port}"
+
+    @property
+    def spark_ui_url(self) -> str | None:
+        return self.spark.sparkContext.uiWebUrl
+
+    def broker_pids(self) -> dict[int, int]:
+        """Process id of each live broker (its Python worker), for operators and failure tests."""
+        return self.controller.broker_pids() if self.controller else {}
+
+    def kill_broker(self, broker_id: int) -> None:
+        """SIGKILL a broker's process, as a crash would (for tests and demos)."""
+        os.kill(self.broker_pids()[broker_id], signal.SIGKILL)
+
+    # ---- stopping ----------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Tell brokers to flush and stop, wait for their tasks, then stop the controller."""
+        if self._stopping.is_set():
+            return
+        self._stopping.set()
+        if self.controller is not None:
+            self.controller.begin_shutdown()
+        deadline = time.monotonic() + self.config.shutdown_timeout_ms / 1000
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        sc = self.spark.sparkContext
+        for broker_id in range(self.config.brokers):
+            if any(t.is_alive() for t in self._threads):
+                sc.cancelJobGroup(f"deltabus-broker-{broker_id}")
+        if self._server is not None:
+            self._server.stop(grace=1).wait(5)
+        if self._owns_spark:
+            self.spark.stop()
+
+    def __enter__(self) -> "Cluster":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,395 @@
+"""The controller: the one place cluster metadata is decided. Runs in the Spark driver.
+
+Thread-safe: every public method takes `_lock` (a Condition that also wakes heartbeat long polls).
+
+Handlers validate a request and turn it into metadata records; records are written to the metadata
+log first and only then replayed into `MetadataState`, so what brokers and clients see is always
+durable. Brokers are not in the log: they register at every start (a new broker epoch each time), and
+one that misses heartbeats for `broker_session_timeout_ms` is fenced: partitions it led elect a new
+leader from the ISR, or go offline (leader -1) when none is left, until it registers again.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import pyarrow.fs as pafs
+
+from deltabus import config as cfg
+from deltabus import errors
+from deltabus.cluster.metadata_log import MetadataLog
+from deltabus.log_tables.layout import metadata_path, topic_path
+from deltabus.metadata import (
+    NO_LEADER,
+    BrokerEndpoint,
+    MetadataImage,
+    MetadataState,
+    NewTopic,
+    TopicResult,
+    new_cluster_id,
+    new_topic_id,
+)
+from deltabus.rpc.server import FetchResult
+from deltabus.topics import INTERNAL_TOPICS, validate_topic_name
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Registration:
+    endpoint: BrokerEndpoint
+    epoch: int
+    pid: int
+    last_heartbeat: float
+    registered_version: int
+    applied_version: int = 0
+    # A new registration stays fenced (not in metadata, leads nothing) until the broker has caught
+    # up with the metadata of its registration, as KRaft brokers do; `dead` marks a fenced one.
+    fenced: bool = True
+    dead: bool = False
+
+
+class Controller:
+    """Owns the metadata log, the broker registry and leader election."""
+
+    def __init__(self, config: cfg.ClusterConfig,
+                 on_fence: Callable[[int], None] | None = None) -> None:
+        self._config = config
+        self._on_fence = on_fence
+        self._lock = threading.Condition()
+        self._version = 1
+        self._image: MetadataImage | None = None
+        self._shutting_down = False
+        self._brokers: dict[int, _Registration] = {}
+        self._next_broker_epoch = int(time.time() * 1000)
+        self._log = MetadataLog(metadata_path(config.root))
+        self._state = MetadataState()
+        for record in self._log.read_all():
+            self._state.replay(record)
+        if not self._state.cluster_id:
+            with self._lock:
+                self._commit([{"type": "cluster", "cluster_id": new_cluster_id()}])
+
+    # ---- metadata ----------------------------------------------------------------------------
+
+    def _commit(self, records: list[dict]) -> None:
+        """Write records durably, then apply them. Caller holds the lock (or is __init__)."""
+        self._log.append(records)
+        for record in records:
+            self._state.replay(record)
+        self._changed()
+
+    def _changed(self) -> None:
+        self._version += 1
+        self._image = None
+        self._lock.notify_all()
+
+    def image(self) -> MetadataImage:
+        """The current metadata snapshot (live brokers only, as Kafka lists them)."""
+        with self._lock:
+            if self._image is None or self._image.version != self._version:
+                brokers = tuple(sorted(
+                    (r.endpoint for r in self._brokers.values() if not r.fenced),
+                    key=lambda b: b.broker_id))
+                self._image = MetadataImage(self._version, self._state.cluster_id, -1, brokers,
+                                            self._state.topic_states())
+            return self._image
+
+    def _live_broker_ids(self) -> list[int]:
+        return sorted(b for b, r in self._brokers.items() if not r.fenced)
+
+    # ---- topics ------------------------------------------------------------------------------
+
+    def create_topics(self, topics: list[NewTopic], *, timeout_ms: int = 30_000,
+                      validate_only: bool = False) -> list[TopicResult]:
+        """Create topics; each gets its own result, as in Kafka's CreateTopics."""
+        results = []
+        names = [t.name for t in topics]
+        with self._lock:
+            for topic in topics:
+                try:
+                    if names.count(topic.name) > 1:
+                        raise errors.InvalidRequestError(
+                            f"Create topics request from client has multiple entries for {topic.name}")
+                    records = self._plan_topic(topic)
+                    if not validate_only:
+                        self._delete_dir(topic_path(self._config.root, topic.name))
+                        self._commit(records)
+                    parts = [r for r in records if r["type"] == "partition"]
+                    results.append(TopicResult(topic.name, None, records[0]["topic_id"],
+                                               len(parts), len(parts[0]["replicas"])))
+                except errors.DeltaBusError as e:
+                    results.append(TopicResult(topic.name, e))
+            target = self._version
+        if not validate_only:
+            self._await_brokers(target, timeout_ms)
+        return results
+
+    def _plan_topic(self, topic: NewTopic) -> list[dict]:
+        validate_topic_name(topic.name)
+        if topic.name in self._state.topics:
+            raise errors.TopicAlreadyExistsError(f"Topic '{topic.name}' already exists.")
+        partitions = (self._config.num_partitions if topic.num_partitions == -1
+                      else topic.num_partitions)
+        if partitions < 1:
+            raise errors.InvalidPartitionsError("Number of partitions must be larger than 0.")
+        if partitions > cfg.PARTITIONS_MAX:
+            raise errors.InvalidPartitionsError(
+                f"Number of partitions {partitions} is more than the limit {cfg.PARTITIONS_MAX}.")
+        rf = (self._config.default_replication_factor if topic.replication_factor == -1
+              else topic.replication_factor)
+        if rf < 1:
+            raise errors.InvalidReplicationFactorError(
+                "Replication factor must be larger than 0.")
+        live = self._live_broker_ids()
+        if rf > len(live):
+            raise errors.InvalidReplicationFactorError(
+                f"Replication factor: {rf} larger than available brokers: {len(live)}.")
+        configs = dict(topic.configs or {})
+        cfg.topic_config(configs)  # raises InvalidConfigError
+        topic_id = new_topic_id()
+        records: list[dict] = [{"type": "topic", "name": topic.name, "topic_id": topic_id}]
+        for p, replicas in enumerate(assign_replicas(live, partitions, rf)):
+            records.append({"type": "partition", "topic": topic.name, "partition": p,
+                            "replicas": replicas, "isr": replicas, "leader": replicas[0],
+                            "leader_epoch": 0})
+        for key, value in sorted(configs.items()):
+            records.append({"type": "config", "topic": topic.name, "key": key, "value": value})
+        return records
+
+    def delete_topics(self, names: list[str], *, timeout_ms: int = 30_000) -> list[TopicResult]:
+        """Delete topics: remove them from metadata, let brokers close them, drop their tables."""
+        results = []
+        deleted = []
+        with self._lock:
+            for name in names:
+                if name not in self._state.topics:
+                    results.append(TopicResult(name, errors.UnknownTopicOrPartitionError(
+                        f"Topic '{name}' does not exist.")))
+                    continue
+                if name in INTERNAL_TOPICS:
+                    results.append(TopicResult(name, errors.InvalidTopicError(
+                        f"Topic '{name}' is internal and cannot be deleted.")))
+                    continue
+                topic_id = self._state.topics[name]["topic_id"]
+                self._commit([{"type": "remove_topic", "name": name, "topic_id": topic_id}])
+                deleted.append(name)
+                results.append(TopicResult(name, None, topic_id))
+            target = self._version
+        if deleted:
+            self._await_brokers(target, timeout_ms)
+            for name in deleted:
+                with self._lock:
+                    if name not in self._state.topics:  # not re-created meanwhile
+                        self._delete_dir(topic_path(self._config.root, name))
+        return results
+
+    def _delete_dir(self, path: str) -> None:
+        filesystem, location = pafs.FileSystem.from_uri(path)
+        if filesystem.get_file_info(location).type != pafs.FileType.NotFound:
+            filesystem.delete_dir(location)
+
+    def _await_brokers(self, version: int, timeout_ms: int) -> None:
+        """Wait until every live broker has applied `version` (so a new topic can be produced to
+        at once), or the timeout passes (clients then retry on LEADER_NOT_AVAILABLE)."""
+        deadline = time.monotonic() + timeout_ms / 1000
+        with self._lock:
+            while True:
+                behind = [b for b, r in self._brokers.items()
+                          if not r.fenced and r.applied_version < version]
+                left = deadline - time.monotonic()
+                if not behind or left <= 0 or self._shutting_down:
+                    return
+                self._lock.wait(left)
+
+    # ---- brokers -----------------------------------------------------------------------------
+
+    def register_broker(self, endpoint: BrokerEndpoint, pid: int) -> int:
+        """A broker (re)starts: give it a new epoch, unfence it, and let it lead what it may."""
+        with self._lock:
+            if not 0 <= endpoint.broker_id < self._config.brokers:
+                raise errors.InvalidRequestError(
+                    f"broker id {endpoint.broker_id} is not in this cluster of "
+                    f"{self._config.brokers} brokers")
+            self._next_broker_epoch += 1
+            epoch = self._next_broker_epoch
+            self._brokers[endpoint.broker_id] = _Registration(
+                endpoint, epoch, pid, time.monotonic(), self._version)
+            self._changed()
+            log.info("broker %d registered at %s (epoch %d, pid %d)",
+                     endpoint.broker_id, endpoint.address, epoch, pid)
+            return epoch
+
+    def heartbeat(self, broker_id: int, epoch: int, applied_version: int,
+                  max_wait_ms: int) -> tuple[bool, MetadataImage | None]:
+        """Record a heartbeat, then wait (long poll) until the metadata moves past what the broker
+        applied. Returns (should_shut_down, the new image or None)."""
+        deadline = time.monotonic() + min(max_wait_ms, cfg.FETCH_WAIT_MS_MAX) / 1000
+        with self._lock:
+            reg = self._check_epoch(broker_id, epoch)
+            reg.last_heartbeat = time.monotonic()
+            if reg.applied_version != applied_version:
+                reg.applied_version = applied_version
+                self._lock.notify_all()
+            if reg.fenced and applied_version >= reg.registered_version:
+                reg.fenced = False  # caught up: it may lead again
+                log.info("broker %d unfenced at metadata version %d", broker_id, applied_version)
+                self._elect_leaders()
+                self._changed()
+            while (self._version <= applied_version and not self._shutting_down
+                   and not reg.dead):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._lock.wait(left)
+            reg = self._check_epoch(broker_id, epoch)
+            reg.last_heartbeat = time.monotonic()
+        image = self.image()
+        return self._shutting_down, (image if image.version > applied_version else None)
+
+    def _check_epoch(self, broker_id: int, epoch: int) -> _Registration:
+        reg = self._brokers.get(broker_id)
+        if reg is None or reg.epoch != epoch or reg.dead:
+            raise errors.StaleBrokerEpochError(
+                f"broker {broker_id} epoch {epoch} is not the registered one")
+        return reg
+
+    def fence_broker(self, broker_id: int, reason: str) -> None:
+        """Declare a broker dead: move leadership off it. Its next registration unfences it."""
+        with self._lock:
+            reg = self._brokers.get(broker_id)
+            if reg is None or reg.dead:
+                return
+            reg.fenced = reg.dead = True
+            log.warning("broker %d fenced: %s", broker_id, reason)
+            self._elect_leaders()
+            self._changed()
+        if self._on_fence is not None:
+            self._on_fence(broker_id)
+
+    def check_sessions(self) -> list[int]:
+        """Fence brokers silent past the session timeout; returns their ids."""
+        now = time.monotonic()
+        timeout_s = self._config.broker_session_timeout_ms / 1000
+        with self._lock:
+            expired = [b for b, r in self._brokers.items()
+                       if not r.dead and now - r.last_heartbeat > timeout_s]
+        for broker_id in expired:
+            self.fence_broker(broker_id, "missed heartbeats past broker.session.timeout.ms")
+        return expired
+
+    def _elect_leaders(self) -> None:
+        """Give every partition a live leader from its ISR where it has none or a fenced one.
+        Caller holds the lock. Leader changes are metadata records, so epochs survive restarts."""
+        live = set(self._live_broker_ids())
+        records = []
+        for name, topic in self._state.topics.items():
+            for p, s in topic["partitions"].items():
+                if s["leader"] in live:
+                    continue
+                candidates = [r for r in s["isr"] if r in live]
+                leader = candidates[0] if candidates else NO_LEADER
+                if leader == s["leader"]:
+                    continue
+                records.append({"type": "partition_change", "topic": name, "partition": p,
+                                "leader": leader, "leader_epoch": s["leader_epoch"] + 1})
+        if records:
+            self._log.append(records)
+            for record in records:
+                self._state.replay(record)
+
+    def broker_pids(self) -> dict[int, int]:
+        with self._lock:
+            return {b: r.pid for b, r in self._brokers.items() if not r.fenced}
+
+    def live_brokers(self) -> list[int]:
+        with self._lock:
+            return self._live_broker_ids()
+
+    def wait_for_brokers(self, count: int, timeout_s: float) -> bool:
+        """Wait until `count` brokers are registered and unfenced."""
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            while len(self._live_broker_ids()) < count:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._lock.wait(left)
+            return True
+
+    def begin_shutdown(self) -> None:
+        """Tell every broker, through its heartbeat, to flush and stop."""
+        with self._lock:
+            self._shutting_down = True
+            self._lock.notify_all()
+
+    @property
+    def shutting_down(self) -> bool:
+        return self._shutting_down
+
+
+def assign_replicas(brokers: list[int], partitions: int, rf: int) -> list[list[int]]:
+    """Kafka's rack-unaware replica assignment: leaders round-robin from a random start, followers
+    shifted so that replicas spread evenly."""
+    n = len(brokers)
+    start = random.randrange(n)
+    shift = random.randrange(n)
+    out = []
+    for p in range(partitions):
+        if p > 0 and p % n == 0:
+            shift += 1
+        first = (p + start) % n
+        replicas = [brokers[first]]
+        for j in range(rf - 1):
+            replicas.append(brokers[(first + 1 + (shift + j) % (n - 1)) % n])
+        out.append(replicas)
+    return out
+
+
+class ControllerHandler:
+    """The controller's DeltaBus door: metadata and admin; it leads no partitions, so data calls
+    get NOT_LEADER_OR_FOLLOWER and the client asks the leader named in Metadata."""
+
+    def __init__(self, controller: Controller, auto_create_topics: bool = True) -> None:
+        self._controller = controller
+        self._auto_create = auto_create_topics
+
+    def metadata(self, topics: list[str], allow_auto_create: bool) -> MetadataImage:
+        image = self._controller.image()
+        missing = [t for t in topics if t not in image.topics]
+        if missing and allow_auto_create and self._auto_create:
+            self._controller.create_topics([NewTopic(t) for t in missing], timeout_ms=10_000)
+            image = self._controller.image()
+        return image
+
+    def create_topics(self, topics: list[NewTopic], *, timeout_ms: int,
+                      validate_only: bool) -> list[TopicResult]:
+        return self._controller.create_topics(topics, timeout_ms=timeout_ms,
+                                              validate_only=validate_only)
+
+    def delete_topics(self, names: list[str], *, timeout_ms: int) -> list[TopicResult]:
+        return self._controller.delete_topics(names, timeout_ms=timeout_ms)
+
+    def _not_leader(self, topic: str, partition: int) -> errors.DeltaBusError:
+        if self._controller.image().partition(topic, partition) is None:
+            return errors.UnknownTopicOrPartitionError(
+                f"This server does not host this topic-partition: {topic}-{partition}")
+        return errors.NotLeaderOrFollowerError(
+            f"the controller leads no partitions: send {topic}-{partition} to its leader")
+
+    def produce(self, topic: str, partition: int, batch: object, *, acks: int,
+                producer: object) -> object:
+        raise self._not_leader(topic, partition)
+
+    def fetch(self, specs: list, *, max_wait_ms: int, min_bytes: int, max_bytes: int,
+              replica_id: int) -> list:
+        return [FetchResult(s.topic, s.partition, self._not_leader(s.topic, s.partition))
+                for s in specs]
+
+    def list_offsets(self, topic: str, partition: int, timestamp: int) -> tuple[int, int, int]:
+        raise self._not_leader(topic, partition)

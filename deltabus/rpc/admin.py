@@ -1,0 +1,83 @@
+"""`AdminClient`: create, delete, list and describe topics (Kafka's Admin API, topic part).
+
+Thread-safe. Admin calls go to any server; brokers forward them to the controller.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from deltabus import errors
+from deltabus.metadata import NewTopic, TopicState
+from deltabus.rpc import codec
+from deltabus.rpc.client import ClusterClient
+from deltabus.rpc.v1 import deltabus_pb2 as pb
+
+__all__ = ["AdminClient", "NewTopic"]
+
+
+class AdminClient:
+    """Manage topics. Errors are raised per topic, as Kafka's admin futures do."""
+
+    def __init__(self, bootstrap_servers: str | Iterable[str], *,
+                 request_timeout_ms: int = 30_000, client_id: str = "deltabus-admin") -> None:
+        self._client = ClusterClient(bootstrap_servers, request_timeout_ms=request_timeout_ms,
+                                     client_id=client_id)
+
+    def create_topics(self, new_topics: Iterable[NewTopic], *, timeout_ms: int = 30_000,
+                      validate_only: bool = False) -> dict[str, str]:
+        """Create topics; returns {name: topic_id}. Raises the first topic's error, if any
+        (after every topic was tried: the others are created)."""
+        request = pb.CreateTopicsRequest(
+            topics=[pb.CreatableTopic(name=t.name, num_partitions=t.num_partitions,
+                                      replication_factor=t.replication_factor,
+                                      configs=t.configs or {}) for t in new_topics],
+            timeout_ms=timeout_ms, validate_only=validate_only)
+        response = self._client.call_any("CreateTopics", request, timeout_ms + 5000)
+        return self._results(response.topics)
+
+    def delete_topics(self, topics: Iterable[str], *, timeout_ms: int = 30_000) -> dict[str, str]:
+        request = pb.DeleteTopicsRequest(topics=list(topics), timeout_ms=timeout_ms)
+        response = self._client.call_any("DeleteTopics", request, timeout_ms + 5000)
+        return self._results(response.topics)
+
+    @staticmethod
+    def _results(results: Iterable[pb.TopicResult]) -> dict[str, str]:
+        out = {}
+        first_error = None
+        for r in results:
+            if r.error_code and first_error is None:
+                first_error = errors.error_for_code(r.error_code, r.error_message)
+            elif not r.error_code:
+                out[r.name] = r.topic_id
+        if first_error is not None:
+            raise first_error
+        return out
+
+    def list_topics(self, *, include_internal: bool = False) -> list[str]:
+        image = self._client.refresh_metadata()
+        return sorted(t for t in image.topics if include_internal or not t.startswith("__"))
+
+    def describe_topics(self, topics: Iterable[str] | None = None) -> list[TopicState]:
+        """Describe topics (all when None); raises UnknownTopicOrPartitionError for a missing one."""
+        names = list(topics or [])
+        response = self._client.call_any("DescribeTopics", pb.DescribeTopicsRequest(topics=names))
+        for t in response.topics:
+            if t.error_code:
+                raise errors.error_for_code(t.error_code, t.error_message)
+        image = codec.image_from_proto(pb.MetadataResponse(topics=response.topics))
+        return [image.topics[t.name] for t in response.topics]
+
+    def describe_cluster(self) -> dict:
+        image = self._client.refresh_metadata()
+        return {"cluster_id": image.cluster_id, "controller_id": image.controller_id,
+                "brokers": list(image.brokers)}
+
+    def close(self) -> None:
+        self._client.close()
+
+    def __enter__(self) -> "AdminClient":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

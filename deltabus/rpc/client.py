@@ -1,0 +1,179 @@
+"""The low-level client every deltabus client shares: bootstrap, one channel per broker, cached
+metadata, and the mapping of gRPC failures into deltabus errors (the one place that happens).
+
+Thread-safe. Clients find partition leaders through metadata and refresh it when a response says
+the metadata was stale (`invalid_metadata` errors), so a relaunched broker on a new port, or a
+leader that moved, is found again without the user noticing.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Iterable
+
+import grpc
+
+from deltabus import config as cfg
+from deltabus import errors
+from deltabus.metadata import BrokerEndpoint, MetadataImage, PartitionState, empty_image
+from deltabus.rpc import codec
+from deltabus.rpc.server import ERROR_CODE_KEY
+from deltabus.rpc.v1 import deltabus_pb2 as pb
+from deltabus.rpc.v1 import deltabus_pb2_grpc as pb_grpc
+
+_STATUS_ERRORS: dict[grpc.StatusCode, type[errors.DeltaBusError]] = {
+    grpc.StatusCode.UNAVAILABLE: errors.NetworkError,
+    grpc.StatusCode.DEADLINE_EXCEEDED: errors.RequestTimedOutError,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: errors.RecordListTooLargeError,
+    grpc.StatusCode.UNIMPLEMENTED: errors.UnsupportedVersionError,
+    grpc.StatusCode.CANCELLED: errors.NetworkError,
+}
+
+
+def error_from_rpc(e: grpc.RpcError) -> errors.DeltaBusError:
+    """The deltabus error for a failed gRPC call: the Kafka code the server sent, else one
+    inferred from the status (a dead or unreachable broker is a retriable NETWORK_EXCEPTION)."""
+    code = e.code() if hasattr(e, "code") else None
+    details = (e.details() if hasattr(e, "details") else "") or str(code)
+    for key, value in (e.trailing_metadata() or ()) if hasattr(e, "trailing_metadata") else ():
+        if key == ERROR_CODE_KEY:
+            message = details.split(": ", 1)[1] if ": " in details else details
+            return errors.error_for_code(int(value), message)
+    cls = _STATUS_ERRORS.get(code, errors.UnknownServerError) if code else errors.NetworkError
+    return cls(details)
+
+
+def parse_bootstrap(servers: str | Iterable[str]) -> list[str]:
+    items = servers.split(",") if isinstance(servers, str) else list(servers)
+    out = [s.strip() for s in items if s.strip()]
+    if not out:
+        raise errors.ClientError("bootstrap_servers is empty: give host:port[,host:port...]")
+    for s in out:
+        host, _, port = s.rpartition(":")
+        if not host or not port.isdigit():
+            raise errors.ClientError(f"bootstrap server {s!r} is not host:port")
+    return out
+
+
+class ClusterClient:
+    """Channels and metadata for one cluster."""
+
+    def __init__(self, bootstrap_servers: str | Iterable[str], *, request_timeout_ms: int = 30_000,
+                 retry_backoff_ms: int = 100, metadata_max_age_ms: int = 300_000,
+                 client_id: str = "deltabus") -> None:
+        self.bootstrap = parse_bootstrap(bootstrap_servers)
+        self.request_timeout_ms = request_timeout_ms
+        self.retry_backoff_ms = retry_backoff_ms
+        self.metadata_max_age_ms = metadata_max_age_ms
+        self.client_id = client_id
+        self._lock = threading.Lock()
+        self._stubs: dict[str, tuple[grpc.Channel, pb_grpc.DeltaBusStub]] = {}
+        self._image = empty_image()
+        self._image_at = 0.0
+        self._closed = False
+
+    # ---- channels ----------------------------------------------------------------------------
+
+    def stub(self, address: str) -> pb_grpc.DeltaBusStub:
+        with self._lock:
+            if self._closed:
+                raise errors.ClientError("the client is closed")
+            entry = self._stubs.get(address)
+            if entry is None:
+                channel = grpc.insecure_channel(address, options=[
+                    ("grpc.max_receive_message_length", cfg.REQUEST_MAX_BYTES),
+                    ("grpc.max_send_message_length", cfg.REQUEST_MAX_BYTES),
+                    ("grpc.primary_user_agent", self.client_id),
+                    ("grpc.enable_retries", 0),
+                ])
+                entry = (channel, pb_grpc.DeltaBusStub(channel))
+                self._stubs[address] = entry
+            return entry[1]
+
+    def call(self, address: str, method: str, request: Any, timeout_ms: int | None = None) -> Any:
+        """One RPC to one server; gRPC failures come back as deltabus errors."""
+        timeout_s = (timeout_ms or self.request_timeout_ms) / 1000
+        try:
+            return getattr(self.stub(address), method)(request, timeout=timeout_s)
+        except grpc.RpcError as e:
+            raise error_from_rpc(e) from None
+
+    def call_any(self, method: str, request: Any, timeout_ms: int | None = None) -> Any:
+        """An RPC any server answers (metadata, admin): bootstrap servers first, then brokers."""
+        last: errors.DeltaBusError | None = None
+        addresses = self.bootstrap + [b.address for b in self._image.brokers]
+        for address in dict.fromkeys(addresses):
+            try:
+                return self.call(address, method, request, timeout_ms)
+            except errors.DeltaBusError as e:
+                if not e.retriable:
+                    raise
+                last = e
+        raise last or errors.NetworkError("no bootstrap server answered")
+
+    # ---- metadata ----------------------------------------------------------------------------
+
+    @property
+    def image(self) -> MetadataImage:
+        return self._image
+
+    def refresh_metadata(self, topics: list[str] | None = None,
+                         allow_auto_create: bool = False) -> MetadataImage:
+        """Fetch the whole cluster's metadata (Kafka clients fetch only their topics; ours is small)."""
+        request = pb.MetadataRequest(topics=topics or [],
+                                     allow_auto_topic_creation=allow_auto_create)
+        response = self.call_any("Metadata", request)
+        if topics:
+            response = self.call_any("Metadata", pb.MetadataRequest())
+        image = codec.image_from_proto(response)
+        with self._lock:
+            self._image = image
+            self._image_at = time.monotonic()
+        return image
+
+    def metadata(self, max_age_ms: int | None = None) -> MetadataImage:
+        age = (time.monotonic() - self._image_at) * 1000
+        if self._image_at == 0 or age > (max_age_ms if max_age_ms is not None
+                                         else self.metadata_max_age_ms):
+            return self.refresh_metadata()
+        return self._image
+
+    def partitions_for(self, topic: str, *, wait_ms: int = 60_000,
+                       allow_auto_create: bool = False) -> int:
+        """The topic's partition count; refreshes metadata, waits for a new topic to appear."""
+        image = self._image
+        if topic in image.topics:
+            return len(image.topics[topic].partitions)
+        deadline = time.monotonic() + wait_ms / 1000
+        while True:
+            image = self.refresh_metadata([topic], allow_auto_create)
+            if topic in image.topics:
+                return len(image.topics[topic].partitions)
+            if time.monotonic() >= deadline:
+                raise errors.UnknownTopicOrPartitionError(
+                    f"Topic {topic} not present in metadata after {wait_ms} ms.")
+            time.sleep(self.retry_backoff_ms / 1000)
+
+    def leader(self, topic: str, partition: int) -> tuple[BrokerEndpoint, PartitionState]:
+        """The leader's endpoint for a partition, from cached metadata (raises when unknown)."""
+        image = self._image
+        state = image.partition(topic, partition)
+        if state is None:
+            if topic in image.topics:
+                raise errors.UnknownTopicOrPartitionError(
+                    f"partition {partition} of topic {topic} does not exist "
+                    f"(it has {len(image.topics[topic].partitions)})")
+            raise errors.UnknownTopicOrPartitionError(f"Topic '{topic}' does not exist.")
+        broker = image.broker(state.leader)
+        if broker is None:
+            raise errors.LeaderNotAvailableError(
+                f"{topic}-{partition} has no live leader right now")
+        return broker, state
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            stubs, self._stubs = self._stubs, {}
+        for channel, _ in stubs.values():
+            channel.close()

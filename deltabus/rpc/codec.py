@@ -1,0 +1,132 @@
+"""Translation between protobuf messages and deltabus's domain types, in both directions.
+
+Pure functions; used by servers and clients alike, so both sides read the wire the same way.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from deltabus import errors
+from deltabus.metadata import (
+    BrokerEndpoint,
+    MetadataImage,
+    PartitionState,
+    TopicResult,
+    TopicState,
+)
+from deltabus.records import (
+    HEADERS_TYPE,
+    from_ipc,
+    normalize_produce,
+    to_ipc,
+)
+from deltabus.rpc.v1 import deltabus_pb2 as pb
+
+
+def topic_to_proto(topic: TopicState) -> pb.TopicMetadata:
+    return pb.TopicMetadata(
+        name=topic.name,
+        topic_id=topic.topic_id,
+        partitions=[
+            pb.PartitionMetadata(
+                partition=p.partition, leader=p.leader, leader_epoch=p.leader_epoch,
+                replicas=p.replicas, isr=p.isr, offline_replicas=p.offline_replicas,
+                error_code=0 if p.leader >= 0 else errors.LeaderNotAvailableError.code,
+            )
+            for p in topic.partitions
+        ],
+        configs=topic.configs,
+        is_internal=topic.name.startswith("__"),
+    )
+
+
+def image_to_proto(image: MetadataImage, topics: list[str] | None = None) -> pb.MetadataResponse:
+    """Encode a metadata image; `topics` limits the topic list (unknown ones get error 3)."""
+    out = pb.MetadataResponse(
+        brokers=[pb.BrokerInfo(broker_id=b.broker_id, host=b.host, port=b.port, rack=b.rack)
+                 for b in image.brokers],
+        controller_id=image.controller_id,
+        cluster_id=image.cluster_id,
+        metadata_version=image.version,
+    )
+    for name in (topics if topics else sorted(image.topics)):
+        topic = image.topics.get(name)
+        if topic is None:
+            out.topics.append(pb.TopicMetadata(
+                name=name, error_code=errors.UnknownTopicOrPartitionError.code,
+                error_message=f"Topic '{name}' does not exist."))
+        else:
+            out.topics.append(topic_to_proto(topic))
+    return out
+
+
+def image_from_proto(msg: pb.MetadataResponse) -> MetadataImage:
+    topics = {}
+    for t in msg.topics:
+        if t.error_code:
+            continue
+        parts = tuple(
+            PartitionState(p.partition, p.leader, p.leader_epoch, tuple(p.replicas), tuple(p.isr))
+            for p in sorted(t.partitions, key=lambda p: p.partition)
+        )
+        topics[t.name] = TopicState(t.name, t.topic_id, parts, dict(t.configs))
+    brokers = tuple(BrokerEndpoint(b.broker_id, b.host, b.port, b.rack) for b in msg.brokers)
+    return MetadataImage(msg.metadata_version, msg.cluster_id, msg.controller_id, brokers, topics)
+
+
+def topic_result_to_proto(result: TopicResult) -> pb.TopicResult:
+    return pb.TopicResult(
+        name=result.name,
+        error_code=result.error.code if result.error else 0,
+        error_message=result.error.message if result.error else "",
+        topic_id=result.topic_id,
+        num_partitions=result.num_partitions,
+        replication_factor=result.replication_factor,
+    )
+
+
+def produce_batch_from_proto(data: pb.PartitionProduceData) -> pa.Table:
+    """The normalised produce batch of one partition entry, from Arrow IPC or proto records."""
+    if data.arrow_records and len(data.records):
+        raise errors.InvalidRequestError(
+            "send either arrow_records or records for a partition, not both")
+    if data.arrow_records:
+        return normalize_produce(from_ipc(data.arrow_records))
+    return normalize_produce(records_to_table(data.records))
+
+
+def records_to_table(records: "list[pb.Record] | object") -> pa.Table:
+    keys, values, timestamps, headers = [], [], [], []
+    for r in records:  # type: ignore[attr-defined]
+        keys.append(r.key if r.HasField("key") else None)
+        values.append(r.value if r.HasField("value") else None)
+        timestamps.append(r.timestamp_ms or None)
+        headers.append([{"key": h.key, "value": h.value} for h in r.headers] or None)
+    return pa.table({
+        "key": pa.array(keys, pa.binary()),
+        "value": pa.array(values, pa.binary()),
+        "timestamp": pa.array(timestamps, pa.int64()).cast(pa.timestamp("ms", "UTC")),
+        "headers": pa.array(headers, HEADERS_TYPE),
+    })
+
+
+def table_to_records(table: pa.Table) -> list[pb.Record]:
+    """Fetched log records as proto records (for clients that do not speak Arrow)."""
+    out = []
+    ts = table.column("timestamp").cast(pa.int64()).to_pylist()
+    for row, t in zip(table.to_pylist(), ts):
+        record = pb.Record(offset=row["offset"], timestamp_ms=t // 1000,
+                           timestamp_type=row["timestamp_type"])
+        if row["key"] is not None:
+            record.key = row["key"]
+        if row["value"] is not None:
+            record.value = row["value"]
+        for h in row["headers"] or ():
+            record.headers.append(pb.Header(key=h["key"], value=h["value"] or b""))
+        out.append(record)
+    return out
+
+
+def table_to_arrow_records(table: pa.Table) -> bytes:
+    return to_ipc(table) if table.num_rows else b""

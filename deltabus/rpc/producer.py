@@ -1,0 +1,454 @@
+"""`Producer`: Kafka's producer, over gRPC with Arrow batches.
+
+Thread-safe. `send` only appends to an in-memory batch for its partition (no I/O, no per-record
+objects beyond a small future), so a Python loop can send hundreds of thousands of records a
+second; a sender thread turns full or lingered batches into Arrow IPC and sends them to partition
+leaders, at most `max_in_flight_requests_per_connection` requests per broker at a time.
+
+Delivery: a batch that fails with a retriable error is retried (after a metadata refresh when the
+error says the leader moved) until `delivery_timeout_ms`; then its futures fail. Limits:
+`buffer_memory` bytes of unsent records (send blocks up to `max_block_ms` beyond it), `batch_size`
+bytes per partition batch, `max_request_size` bytes per request.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, NamedTuple
+
+import grpc
+import pyarrow as pa
+
+from deltabus import errors
+from deltabus.partitioner import StickyPartitioner, partition_for_key
+from deltabus.records import produce_batch, to_ipc
+from deltabus.rpc.client import ClusterClient, error_from_rpc
+from deltabus.rpc.v1 import deltabus_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+_ACKS = {"0": 0, "1": 1, "all": -1, "-1": -1}
+
+
+class RecordMetadata(NamedTuple):
+    topic: str
+    partition: int
+    offset: int
+    timestamp: int  # -1 unless the broker set LogAppendTime
+
+
+@dataclass(eq=False)
+class _Batch:
+    """Records for one partition, filled by send() and sent as one Arrow batch."""
+
+    topic: str
+    partition: int
+    created: float
+    values: list = field(default_factory=list)
+    keys: list = field(default_factory=list)
+    timestamps: list | None = None
+    headers: list | None = None
+    table: pa.Table | None = None  # the bulk path hands over a whole table
+    nbytes: int = 0
+    attempts: int = 0
+    done: threading.Event = field(default_factory=threading.Event)
+    base_offset: int = -1
+    error: BaseException | None = None
+    callbacks: list = field(default_factory=list)
+
+    @property
+    def count(self) -> int:
+        return self.table.num_rows if self.table is not None else len(self.values)
+
+    def to_table(self) -> pa.Table:
+        if self.table is None:
+            has_keys = any(k is not None for k in self.keys)
+            self.table = produce_batch(self.values, self.keys if has_keys else None,
+                                       self.timestamps, self.headers)
+            self.values = self.keys = []  # type: ignore[assignment]
+        return self.table
+
+    def complete(self, base_offset: int, error: BaseException | None) -> None:
+        self.base_offset, self.error = base_offset, error
+        self.done.set()
+        for callback in self.callbacks:
+            try:
+                callback()
+            except Exception:
+                log.exception("a send callback failed")
+
+
+class FutureRecordMetadata:
+    """The future `send` returns; `get()` blocks until the record is acknowledged."""
+
+    __slots__ = ("_batch", "_index")
+
+    def __init__(self, batch: _Batch, index: int) -> None:
+        self._batch = batch
+        self._index = index
+
+    def done(self) -> bool:
+        return self._batch.done.is_set()
+
+    def get(self, timeout: float | None = None) -> RecordMetadata:
+        if not self._batch.done.wait(timeout):
+            raise errors.KafkaTimeoutError(f"no acknowledgement within {timeout} s")
+        if self._batch.error is not None:
+            raise self._batch.error
+        offset = self._batch.base_offset + self._index if self._batch.base_offset >= 0 else -1
+        return RecordMetadata(self._batch.topic, self._batch.partition, offset, -1)
+
+    result = get
+
+    def add_done_callback(self, fn: Callable[["FutureRecordMetadata"], Any]) -> None:
+        if self._batch.done.is_set():
+            fn(self)
+        else:
+            self._batch.callbacks.append(lambda: fn(self))
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        self._batch.done.wait(timeout)
+        return self._batch.error
+
+
+def _to_bytes(data: Any, what: str) -> bytes | None:
+    if data is None or isinstance(data, bytes):
+        return data
+    if isinstance(data, str):
+        return data.encode()
+    if isinstance(data, (bytearray, memoryview)):
+        return bytes(data)
+    raise TypeError(f"{what} must be bytes, str or None, not {type(data).__name__}")
+
+
+class Producer:
+    """Send records to topics. Options are Kafka's producer configs in snake case."""
+
+    def __init__(
+        self,
+        bootstrap_servers: str | Iterable[str],
+        *,
+        acks: int | str = 1,
+        linger_ms: int = 5,
+        batch_size: int = 1_048_576,
+        buffer_memory: int = 256 * 1024 * 1024,
+        max_request_size: int = 64 * 1024 * 1024,
+        max_in_flight_requests_per_connection: int = 5,
+        delivery_timeout_ms: int = 120_000,
+        request_timeout_ms: int = 30_000,
+        max_block_ms: int = 60_000,
+        retry_backoff_ms: int = 100,
+        client_id: str = "deltabus-producer",
+        allow_auto_create_topics: bool = True,
+    ) -> None:
+        acks_value = _ACKS.get(str(acks))
+        if acks_value is None:
+            raise errors.InvalidRequiredAcksError(f"acks must be 0, 1 or all, not {acks!r}")
+        self.acks = acks_value
+        self.linger_s = linger_ms / 1000
+        self.batch_size = batch_size
+        self.buffer_memory = buffer_memory
+        self.max_request_size = max_request_size
+        self.max_in_flight = max_in_flight_requests_per_connection
+        self.delivery_timeout_s = delivery_timeout_ms / 1000
+        self.request_timeout_ms = request_timeout_ms
+        self.max_block_s = max_block_ms / 1000
+        self.allow_auto_create = allow_auto_create_topics
+        self._client = ClusterClient(bootstrap_servers, request_timeout_ms=request_timeout_ms,
+                                     retry_backoff_ms=retry_backoff_ms, client_id=client_id)
+        self._lock = threading.Condition()
+        self._open: dict[tuple[str, int], _Batch] = {}
+        self._ready: collections.deque[_Batch] = collections.deque()
+        self._in_flight: dict[str, int] = collections.defaultdict(int)
+        self._unsent_bytes = 0
+        self._incomplete: set[_Batch] = set()
+        self._sticky = StickyPartitioner()
+        self._closed = False
+        self._sender = threading.Thread(target=self._send_loop, name="deltabus-producer-sender",
+                                        daemon=True)
+        self._sender.start()
+
+    # ---- sending -----------------------------------------------------------------------------
+
+    def partitions_for(self, topic: str) -> int:
+        return self._client.partitions_for(topic, wait_ms=int(self.max_block_s * 1000),
+                                           allow_auto_create=self.allow_auto_create)
+
+    def send(self, topic: str, value: Any = None, key: Any = None,
+             headers: list[tuple[str, Any]] | None = None, partition: int | None = None,
+             timestamp_ms: int | None = None) -> FutureRecordMetadata:
+        """Queue one record; returns a future of its RecordMetadata (topic, partition, offset)."""
+        value_b = _to_bytes(value, "value")
+        key_b = _to_bytes(key, "key")
+        n = self.partitions_for(topic)
+        if partition is None:
+            partition = (partition_for_key(key_b, n) if key_b is not None
+                         else self._sticky.partition(topic, n))
+        elif not 0 <= partition < n:
+            raise errors.UnknownTopicOrPartitionError(
+                f"partition {partition} of topic {topic} does not exist (it has {n})")
+        size = len(value_b or b"") + len(key_b or b"") + 16
+        with self._lock:
+            if self._closed:
+                raise errors.ClientError("the producer is closed")
+            self._wait_for_buffer(size)
+            batch = self._open.get((topic, partition))
+            if batch is None:
+                batch = self._new_batch(topic, partition)
+            index = len(batch.values)
+            batch.values.append(value_b)
+            batch.keys.append(key_b)
+            if timestamp_ms is not None or headers:
+                self._add_extras(batch, index, timestamp_ms, headers)
+            elif batch.timestamps is not None or batch.headers is not None:
+                self._add_extras(batch, index, None, None)
+            batch.nbytes += size
+            self._unsent_bytes += size
+            if batch.nbytes >= self.batch_size:
+                self._seal(batch)
+        return FutureRecordMetadata(batch, index)
+
+    def _add_extras(self, batch: _Batch, index: int, timestamp_ms: int | None,
+                    headers: list[tuple[str, Any]] | None) -> None:
+        if batch.timestamps is None:
+            batch.timestamps = [None] * index
+            batch.headers = [None] * index
+        batch.timestamps.append(timestamp_ms)
+        assert batch.headers is not None
+        batch.headers.append([(k, _to_bytes(v, "header value")) for k, v in headers]
+                             if headers else None)
+
+    def send_batch(self, topic: str, data: pa.Table | list[bytes],
+                   partition: int | None = None) -> list[FutureRecordMetadata]:
+        """The bulk path: send an Arrow table (columns value, and optionally key, timestamp,
+        headers) or a list of values in as few requests as possible. Returns one future per
+        chunk; each resolves to the metadata of the chunk's first record."""
+        table = data if isinstance(data, pa.Table) else pa.table({"value": pa.array(data, pa.binary())})
+        n = self.partitions_for(topic)
+        if "key" in table.column_names and partition is None and table.column("key").null_count < table.num_rows:
+            keys = table.column("key").to_pylist()
+            parts = [partition_for_key(k, n) if k is not None else self._sticky.partition(topic, n)
+                     for k in keys]
+            futures = []
+            for p in sorted(set(parts)):
+                mask = pa.array([x == p for x in parts])
+                futures.extend(self.send_batch(topic, table.filter(mask), partition=p))
+            return futures
+        if partition is not None and not 0 <= partition < n:
+            raise errors.UnknownTopicOrPartitionError(
+                f"partition {partition} of topic {topic} does not exist (it has {n})")
+        futures = []
+        rows_per_chunk = max(1, int(self.max_request_size / 2 / max(1, table.nbytes / max(1, table.num_rows))))
+        for start in range(0, table.num_rows, rows_per_chunk):
+            chunk = table.slice(start, rows_per_chunk)
+            p = partition if partition is not None else self._sticky.partition(topic, n)
+            with self._lock:
+                if self._closed:
+                    raise errors.ClientError("the producer is closed")
+                self._wait_for_buffer(chunk.nbytes)
+                batch = _Batch(topic, p, time.monotonic(), table=chunk, nbytes=chunk.nbytes)
+                self._incomplete.add(batch)
+                self._unsent_bytes += chunk.nbytes
+                self._ready.append(batch)
+                self._lock.notify_all()
+            if partition is None:
+                self._sticky.on_new_batch(topic, n, p)
+            futures.append(FutureRecordMetadata(batch, 0))
+        return futures
+
+    def _wait_for_buffer(self, size: int) -> None:
+        deadline = time.monotonic() + self.max_block_s
+        while self._unsent_bytes + size > self.buffer_memory and self._unsent_bytes > 0:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise errors.KafkaTimeoutError(
+                    f"Failed to allocate memory within the configured max blocking time "
+                    f"{self.max_block_s * 1000:.0f} ms (buffer_memory={self.buffer_memory})")
+            self._lock.wait(left)
+
+    def _new_batch(self, topic: str, partition: int) -> _Batch:
+        batch = _Batch(topic, partition, time.monotonic())
+        self._open[(topic, partition)] = batch
+        self._incomplete.add(batch)
+        self._lock.notify_all()
+        return batch
+
+    def _seal(self, batch: _Batch) -> None:
+        """Move an open batch to the ready queue (caller holds the lock)."""
+        if self._open.get((batch.topic, batch.partition)) is batch:
+            del self._open[(batch.topic, batch.partition)]
+            self._ready.append(batch)
+            n = len(self._client.image.topics[batch.topic].partitions) \
+                if batch.topic in self._client.image.topics else 1
+            self._sticky.on_new_batch(batch.topic, n, batch.partition)
+            self._lock.notify_all()
+
+    # ---- the sender thread -------------------------------------------------------------------
+
+    def _send_loop(self) -> None:
+        while True:
+            with self._lock:
+                while True:
+                    now = time.monotonic()
+                    for batch in [b for b in self._open.values()
+                                  if now - b.created >= self.linger_s or self._closed]:
+                        self._seal(batch)
+                    if self._ready or (self._closed and not self._incomplete):
+                        break
+                    wait = min((b.created + self.linger_s - now for b in self._open.values()),
+                               default=0.1)
+                    self._lock.wait(max(wait, 0.0005))
+                if not self._ready and self._closed and not self._incomplete:
+                    return
+                ready = list(self._ready)
+                self._ready.clear()
+            self._dispatch(ready)
+
+    def _dispatch(self, batches: list[_Batch]) -> None:
+        """Group ready batches by leader and send one request per leader."""
+        by_leader: dict[str, list[_Batch]] = collections.defaultdict(list)
+        for batch in batches:
+            if time.monotonic() - batch.created > self.delivery_timeout_s:
+                self._finish(batch, -1, errors.KafkaTimeoutError(
+                    f"Expiring records for {batch.topic}-{batch.partition}: "
+                    f"delivery.timeout.ms {self.delivery_timeout_s * 1000:.0f} passed"))
+                continue
+            try:
+                broker, _ = self._client.leader(batch.topic, batch.partition)
+            except errors.DeltaBusError as e:
+                self._retry_or_fail(batch, e)
+                continue
+            by_leader[broker.address].append(batch)
+        for address, group in by_leader.items():
+            request = pb.ProduceRequest(acks=self.acks, timeout_ms=self.request_timeout_ms)
+            size = 0
+            sent: list[_Batch] = []
+            for batch in group:
+                data = to_ipc(batch.to_table())
+                if sent and size + len(data) > self.max_request_size:
+                    self._send_request(address, request, sent)
+                    request = pb.ProduceRequest(acks=self.acks, timeout_ms=self.request_timeout_ms)
+                    size, sent = 0, []
+                request.partitions.append(pb.PartitionProduceData(
+                    topic=batch.topic, partition=batch.partition, arrow_records=data))
+                size += len(data)
+                sent.append(batch)
+            self._send_request(address, request, sent)
+
+    def _send_request(self, address: str, request: pb.ProduceRequest, batches: list[_Batch]) -> None:
+        with self._lock:
+            while self._in_flight[address] >= self.max_in_flight:
+                self._lock.wait()
+            self._in_flight[address] += 1
+        try:
+            call = self._client.stub(address).Produce.future(
+                request, timeout=self.request_timeout_ms / 1000 + 5)
+        except errors.DeltaBusError as e:
+            self._request_done(address)
+            for batch in batches:
+                self._retry_or_fail(batch, e)
+            return
+        call.add_done_callback(lambda f: self._on_response(address, f, batches))
+
+    def _request_done(self, address: str) -> None:
+        with self._lock:
+            self._in_flight[address] -= 1
+            self._lock.notify_all()
+
+    def _on_response(self, address: str, call: Any, batches: list[_Batch]) -> None:
+        self._request_done(address)
+        try:
+            response = call.result()
+        except grpc.RpcError as e:
+            error = error_from_rpc(e)
+            for batch in batches:
+                self._retry_or_fail(batch, error)
+            return
+        except Exception as e:  # cancelled at close
+            for batch in batches:
+                self._finish(batch, -1, errors.NetworkError(str(e)))
+            return
+        if self.acks == 0:
+            for batch in batches:
+                self._finish(batch, -1, None)
+            return
+        results = {(p.topic, p.partition): p for p in response.partitions}
+        for batch in batches:
+            result = results.get((batch.topic, batch.partition))
+            if result is None:
+                self._retry_or_fail(batch, errors.UnknownServerError("no answer for the partition"))
+            elif result.error_code:
+                self._retry_or_fail(batch, errors.error_for_code(result.error_code,
+                                                                 result.error_message))
+            else:
+                self._finish(batch, result.base_offset, None)
+
+    def _retry_or_fail(self, batch: _Batch, error: errors.DeltaBusError) -> None:
+        expired = time.monotonic() - batch.created > self.delivery_timeout_s
+        if not error.retriable or expired:
+            self._finish(batch, -1, error)
+            return
+        batch.attempts += 1
+        if error.invalid_metadata:
+            threading.Thread(target=self._refresh_then_requeue, args=(batch,), daemon=True).start()
+        else:
+            threading.Timer(self._client.retry_backoff_ms / 1000, self._requeue, (batch,)).start()
+
+    def _refresh_then_requeue(self, batch: _Batch) -> None:
+        time.sleep(self._client.retry_backoff_ms / 1000)
+        try:
+            self._client.refresh_metadata()
+        except errors.DeltaBusError as e:
+            log.info("metadata refresh failed before a retry: %s", e)
+        self._requeue(batch)
+
+    def _requeue(self, batch: _Batch) -> None:
+        with self._lock:
+            self._ready.append(batch)
+            self._lock.notify_all()
+
+    def _finish(self, batch: _Batch, base_offset: int, error: BaseException | None) -> None:
+        with self._lock:
+            self._incomplete.discard(batch)
+            self._unsent_bytes -= batch.nbytes
+            self._lock.notify_all()
+        batch.complete(base_offset, error)
+
+    # ---- flushing and closing ----------------------------------------------------------------
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Send everything queued now and wait until it is acknowledged (or failed)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            for batch in list(self._open.values()):
+                self._seal(batch)
+            while self._incomplete:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise errors.KafkaTimeoutError(
+                        f"flush did not complete in {timeout} s: {len(self._incomplete)} "
+                        "batches unacknowledged")
+                self._lock.wait(left if left is not None else 0.5)
+
+    def close(self, timeout: float | None = None) -> None:
+        """Flush, then release the connections. Safe to call twice."""
+        if self._closed:
+            return
+        try:
+            self.flush(timeout)
+        finally:
+            with self._lock:
+                self._closed = True
+                self._lock.notify_all()
+            self._sender.join(5)
+            self._client.close()
+
+    def __enter__(self) -> "Producer":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,260 @@
+"""gRPC servicers: decode a request, call the domain object, encode the answer. Nothing else.
+
+`DeltaBusServicer` wraps any `DeltaBusHandler` (the controller's or a broker's); per-partition
+failures become Kafka error codes in the response, a request that cannot be read at all becomes a
+gRPC status with the Kafka code in trailing metadata (`deltabus-error-code`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from concurrent import futures
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol
+
+import grpc
+import pyarrow as pa
+
+from deltabus import config as cfg
+from deltabus import errors
+from deltabus.log_tables.partition_log import AppendResult
+from deltabus.metadata import BrokerEndpoint, MetadataImage, NewTopic, TopicResult
+from deltabus.records import ProducerState
+from deltabus.rpc import codec
+from deltabus.rpc.v1 import deltabus_pb2 as pb
+from deltabus.rpc.v1 import deltabus_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+
+ERROR_CODE_KEY = "deltabus-error-code"
+DEFAULT_PRODUCE_TIMEOUT_MS = 30_000
+
+
+@dataclass(frozen=True)
+class FetchSpec:
+    topic: str
+    partition: int
+    offset: int
+    max_bytes: int
+    current_leader_epoch: int = -1
+
+
+@dataclass
+class FetchResult:
+    topic: str
+    partition: int
+    error: errors.DeltaBusError | None = None
+    records: pa.Table | None = None
+    high_watermark: int = -1
+    log_start_offset: int = -1
+    log_end_offset: int = -1
+
+
+class DeltaBusHandler(Protocol):
+    """What a DeltaBus server needs from the domain (implemented by Controller and Broker)."""
+
+    def metadata(self, topics: list[str], allow_auto_create: bool) -> MetadataImage: ...
+
+    def create_topics(self, topics: list[NewTopic], *, timeout_ms: int,
+                      validate_only: bool) -> list[TopicResult]: ...
+
+    def delete_topics(self, names: list[str], *, timeout_ms: int) -> list[TopicResult]: ...
+
+    def produce(self, topic: str, partition: int, batch: pa.Table, *, acks: int,
+                producer: ProducerState) -> "futures.Future[AppendResult]": ...
+
+    def fetch(self, specs: list[FetchSpec], *, max_wait_ms: int, min_bytes: int,
+              max_bytes: int, replica_id: int) -> list[FetchResult]: ...
+
+    def list_offsets(self, topic: str, partition: int, timestamp: int) -> tuple[int, int, int]: ...
+
+
+class LifecycleHandler(Protocol):
+    def register_broker(self, endpoint: BrokerEndpoint, pid: int) -> int: ...
+
+    def heartbeat(self, broker_id: int, epoch: int, applied_version: int,
+                  max_wait_ms: int) -> tuple[bool, MetadataImage | None]: ...
+
+
+def _abort(context: grpc.ServicerContext, error: errors.DeltaBusError) -> Any:
+    context.set_trailing_metadata(((ERROR_CODE_KEY, str(error.code)),))
+    context.abort(error.grpc_status, str(error))
+
+
+def _guard(method: Callable) -> Callable:
+    """Request-level DeltaBusErrors become a gRPC status; anything else is a server bug."""
+    def wrapper(self: Any, request: Any, context: grpc.ServicerContext) -> Any:
+        try:
+            return method(self, request, context)
+        except errors.DeltaBusError as e:
+            return _abort(context, e)
+    wrapper.__name__ = method.__name__
+    return wrapper
+
+
+def _code(error: errors.DeltaBusError | None) -> tuple[int, str]:
+    return (error.code, error.message) if error else (0, "")
+
+
+class DeltaBusServicer(pb_grpc.DeltaBusServicer):
+    def __init__(self, handler: DeltaBusHandler) -> None:
+        self._handler = handler
+
+    @_guard
+    def Metadata(self, request: pb.MetadataRequest, context: Any) -> pb.MetadataResponse:
+        topics = list(request.topics)
+        image = self._handler.metadata(topics, request.allow_auto_topic_creation)
+        return codec.image_to_proto(image, topics)
+
+    @_guard
+    def CreateTopics(self, request: pb.CreateTopicsRequest, context: Any) -> pb.CreateTopicsResponse:
+        topics = [NewTopic(t.name, t.num_partitions, t.replication_factor, dict(t.configs))
+                  for t in request.topics]
+        results = self._handler.create_topics(
+            topics, timeout_ms=request.timeout_ms or 30_000, validate_only=request.validate_only)
+        return pb.CreateTopicsResponse(topics=[codec.topic_result_to_proto(r) for r in results])
+
+    @_guard
+    def DeleteTopics(self, request: pb.DeleteTopicsRequest, context: Any) -> pb.DeleteTopicsResponse:
+        results = self._handler.delete_topics(list(request.topics),
+                                              timeout_ms=request.timeout_ms or 30_000)
+        return pb.DeleteTopicsResponse(topics=[codec.topic_result_to_proto(r) for r in results])
+
+    @_guard
+    def DescribeTopics(self, request: pb.DescribeTopicsRequest,
+                       context: Any) -> pb.DescribeTopicsResponse:
+        topics = list(request.topics)
+        image = self._handler.metadata(topics, False)
+        return pb.DescribeTopicsResponse(topics=codec.image_to_proto(image, topics).topics)
+
+    @_guard
+    def Produce(self, request: pb.ProduceRequest, context: Any) -> pb.ProduceResponse:
+        if request.acks not in (0, 1, -1):
+            raise errors.InvalidRequiredAcksError(f"acks must be 0, 1 or -1 (all), not {request.acks}")
+        pending: list[tuple[pb.PartitionProduceData, Any, errors.DeltaBusError | None]] = []
+        for data in request.partitions:
+            try:
+                batch = codec.produce_batch_from_proto(data)
+                producer = ProducerState(
+                    data.producer_id if data.producer_id else -1,
+                    data.producer_epoch if data.producer_id else -1,
+                    data.base_sequence if data.producer_id else -1)
+                future = self._handler.produce(data.topic, data.partition, batch,
+                                               acks=request.acks, producer=producer)
+                pending.append((data, future, None))
+            except errors.DeltaBusError as e:
+                pending.append((data, None, e))
+        timeout_s = (request.timeout_ms or DEFAULT_PRODUCE_TIMEOUT_MS) / 1000
+        deadline = time.monotonic() + timeout_s
+        response = pb.ProduceResponse()
+        for data, future, error in pending:
+            result: AppendResult | None = None
+            if future is not None and request.acks != 0:
+                try:
+                    result = future.result(max(0.0, deadline - time.monotonic()))
+                except futures.TimeoutError:
+                    error = errors.RequestTimedOutError(
+                        f"the append to {data.topic}-{data.partition} did not complete "
+                        f"in {timeout_s * 1000:.0f} ms")
+                except errors.DeltaBusError as e:
+                    error = e
+            code, message = _code(error)
+            response.partitions.append(pb.PartitionProduceResponse(
+                topic=data.topic, partition=data.partition, error_code=code,
+                error_message=message,
+                base_offset=result.base_offset if result else -1,
+                log_append_time_ms=-1,
+                log_start_offset=result.log_start_offset if result else -1))
+        return response
+
+    @_guard
+    def Fetch(self, request: pb.FetchRequest, context: Any) -> pb.FetchResponse:
+        max_bytes = request.max_bytes or cfg.FETCH_MAX_BYTES
+        if max_bytes < 0:
+            raise errors.InvalidFetchSizeError(f"max_bytes must not be negative: {max_bytes}")
+        specs = [FetchSpec(p.topic, p.partition, p.fetch_offset,
+                           p.partition_max_bytes or cfg.FETCH_PARTITION_MAX_BYTES,
+                           p.current_leader_epoch) for p in request.partitions]
+        results = self._handler.fetch(
+            specs, max_wait_ms=min(max(request.max_wait_ms, 0), cfg.FETCH_WAIT_MS_MAX),
+            min_bytes=request.min_bytes, max_bytes=max_bytes, replica_id=request.replica_id)
+        response = pb.FetchResponse()
+        for r in results:
+            code, message = _code(r.error)
+            entry = pb.FetchPartitionResponse(
+                topic=r.topic, partition=r.partition, error_code=code, error_message=message,
+                high_watermark=r.high_watermark, log_start_offset=r.log_start_offset,
+                log_end_offset=r.log_end_offset)
+            if r.records is not None and r.records.num_rows:
+                if request.format == pb.PROTO:
+                    entry.records.extend(codec.table_to_records(r.records))
+                else:
+                    entry.arrow_records = codec.table_to_arrow_records(r.records)
+            response.partitions.append(entry)
+        return response
+
+    @_guard
+    def ListOffsets(self, request: pb.ListOffsetsRequest, context: Any) -> pb.ListOffsetsResponse:
+        response = pb.ListOffsetsResponse()
+        for p in request.partitions:
+            entry = pb.ListOffsetsPartitionResponse(topic=p.topic, partition=p.partition,
+                                                    offset=-1, timestamp=-1)
+            try:
+                entry.offset, entry.timestamp, entry.leader_epoch = self._handler.list_offsets(
+                    p.topic, p.partition, p.timestamp)
+            except errors.DeltaBusError as e:
+                entry.error_code, entry.error_message = e.code, e.message
+            response.partitions.append(entry)
+        return response
+
+
+class BrokerLifecycleServicer(pb_grpc.BrokerLifecycleServicer):
+    def __init__(self, handler: LifecycleHandler) -> None:
+        self._handler = handler
+
+    def RegisterBroker(self, request: pb.RegisterBrokerRequest,
+                       context: Any) -> pb.RegisterBrokerResponse:
+        endpoint = BrokerEndpoint(request.broker_id, request.host, request.port, request.rack)
+        try:
+            epoch = self._handler.register_broker(endpoint, request.pid)
+        except errors.DeltaBusError as e:
+            return pb.RegisterBrokerResponse(error_code=e.code, error_message=e.message)
+        return pb.RegisterBrokerResponse(broker_epoch=epoch)
+
+    def BrokerHeartbeat(self, request: pb.BrokerHeartbeatRequest,
+                        context: Any) -> pb.BrokerHeartbeatResponse:
+        try:
+            stop, image = self._handler.heartbeat(request.broker_id, request.broker_epoch,
+                                                  request.metadata_version, request.max_wait_ms)
+        except errors.DeltaBusError as e:
+            return pb.BrokerHeartbeatResponse(error_code=e.code, error_message=e.message)
+        response = pb.BrokerHeartbeatResponse(should_shut_down=stop)
+        if image is not None:
+            response.metadata.CopyFrom(codec.image_to_proto(image))
+        return response
+
+
+def start_server(host: str, port: int, handler: DeltaBusHandler,
+                 lifecycle: LifecycleHandler | None = None, *, threads: int = 32) -> tuple[grpc.Server, int]:
+    """Start a gRPC server on host:port (0 picks a free port); returns it and the bound port.
+
+    Raises BrokerNotAvailableError when the port cannot be bound (already in use).
+    """
+    options = [
+        ("grpc.max_receive_message_length", cfg.REQUEST_MAX_BYTES),
+        ("grpc.max_send_message_length", cfg.REQUEST_MAX_BYTES),
+        ("grpc.so_reuseport", 0),
+    ]
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=threads), options=options)
+    pb_grpc.add_DeltaBusServicer_to_server(DeltaBusServicer(handler), server)
+    if lifecycle is not None:
+        pb_grpc.add_BrokerLifecycleServicer_to_server(BrokerLifecycleServicer(lifecycle), server)
+    try:
+        bound = server.add_insecure_port(f"{host}:{port}")
+    except RuntimeError as e:
+        raise errors.BrokerNotAvailableError(f"cannot listen on {host}:{port}: {e}") from None
+    if bound == 0:
+        raise errors.BrokerNotAvailableError(f"cannot listen on {host}:{port}: address in use?")
+    server.start()
+    return server, bound
