@@ -2,7 +2,8 @@
 
 A keyed record goes to `toPositive(murmur2(key)) % num_partitions`, bit for bit as Kafka's Java
 client computes it (seed 0x9747b28c). Records without a key stick to one partition until their batch
-is sent, then move on (Kafka's sticky partitioner), so unkeyed load spreads across partitions without
+is sent, then move to the next one (Kafka's sticky partitioner, rotating rather than random so the
+spread is even), so unkeyed load spreads across partitions without
 making many small batches.
 """
 
@@ -65,6 +66,5 @@ class StickyPartitioner:
 
     def on_new_batch(self, topic: str, num_partitions: int, previous: int) -> None:
         """The sticky batch for `topic` was sent: move to the next partition."""
-        if self._current.get(topic) == previous and num_partitions > 1:
-            self._current[topic] = (previous + 1 + next(self._counter) % (num_partitions - 1)) \
-                % num_partitions
+        if self._current.get(topic) == previous:
+            self._current[topic] = (previous + 1) % num_partitions

@@ -3,7 +3,8 @@
 Thread-safe. `send` only appends to an in-memory batch for its partition (no I/O, no per-record
 objects beyond a small future), so a Python loop can send hundreds of thousands of records a
 second; a sender thread turns full or lingered batches into Arrow IPC and sends them to partition
-leaders, at most `max_in_flight_requests_per_connection` requests per broker at a time.
+leaders: one batch in flight per partition (so per-partition order holds, retries included),
+partitions in parallel, at most `max_in_flight_requests_per_connection` requests per broker.
 
 Delivery: a batch that fails with a retriable error is retried (after a metadata refresh when the
 error says the leader moved) until `delivery_timeout_ms`; then its futures fail. Limits:
@@ -164,6 +165,7 @@ class Producer:
         self._open: dict[tuple[str, int], _Batch] = {}
         self._ready: collections.deque[_Batch] = collections.deque()
         self._in_flight: dict[str, int] = collections.defaultdict(int)
+        self._in_flight_batch: dict[tuple[str, int], _Batch] = {}
         self._unsent_bytes = 0
         self._incomplete: set[_Batch] = set()
         self._sticky = StickyPartitioner()
@@ -297,16 +299,34 @@ class Producer:
                     for batch in [b for b in self._open.values()
                                   if now - b.created >= self.linger_s or self._closed]:
                         self._seal(batch)
-                    if self._ready or (self._closed and not self._incomplete):
+                    sendable = self._take_sendable() if self._ready else []
+                    if sendable or (self._closed and not self._incomplete):
                         break
                     wait = min((b.created + self.linger_s - now for b in self._open.values()),
                                default=0.1)
                     self._lock.wait(max(wait, 0.0005))
-                if not self._ready and self._closed and not self._incomplete:
+                if not sendable and self._closed and not self._incomplete:
                     return
-                ready = list(self._ready)
-                self._ready.clear()
-            self._dispatch(ready)
+            self._dispatch(sendable)
+
+    def _take_sendable(self) -> list[_Batch]:
+        """Ready batches whose partition has no batch in flight (caller holds the lock).
+
+        One batch in flight per partition keeps per-partition order: gRPC serves concurrent
+        calls in parallel, so two in-flight batches of one partition could be appended in either
+        order. Different partitions still go in parallel.
+        """
+        sendable, waiting = [], collections.deque()
+        for batch in self._ready:
+            key = (batch.topic, batch.partition)
+            current = self._in_flight_batch.get(key)
+            if current is None or current is batch:
+                self._in_flight_batch[key] = batch
+                sendable.append(batch)
+            else:
+                waiting.append(batch)
+        self._ready = waiting
+        return sendable
 
     def _dispatch(self, batches: list[_Batch]) -> None:
         """Group ready batches by leader and send one request per leader."""
@@ -408,11 +428,13 @@ class Producer:
 
     def _requeue(self, batch: _Batch) -> None:
         with self._lock:
-            self._ready.append(batch)
+            self._ready.appendleft(batch)  # first in line for its partition
             self._lock.notify_all()
 
     def _finish(self, batch: _Batch, base_offset: int, error: BaseException | None) -> None:
         with self._lock:
+            if self._in_flight_batch.get((batch.topic, batch.partition)) is batch:
+                del self._in_flight_batch[(batch.topic, batch.partition)]
             self._incomplete.discard(batch)
             self._unsent_bytes -= batch.nbytes
             self._lock.notify_all()
