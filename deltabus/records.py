@@ -116,16 +116,20 @@ def normalize_produce(table: pa.Table) -> pa.Table:
             columns.append(pa.nulls(n, field.type))
             continue
         column = table.column(field.name)
-        if field.name == "timestamp" and pa.types.is_integer(column.type):
-            column = column.cast(pa.int64()).cast(pa.timestamp("ms", "UTC"))
         try:
+            if field.name == "timestamp" and pa.types.is_integer(column.type):
+                column = column.cast(pa.int64()).cast(pa.timestamp("ms", "UTC"))
             column = column.cast(field.type)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
             raise errors.InvalidRecordError(
                 f"column {field.name!r} has type {column.type}, expected {field.type}: {e}"
             ) from None
         columns.append(column)
-    return pa.Table.from_arrays(columns, schema=PRODUCE_SCHEMA)
+    out = pa.Table.from_arrays(columns, schema=PRODUCE_SCHEMA)
+    headers = out.column("headers")
+    if headers.null_count < n and pc.struct_field(pc.list_flatten(headers), "key").null_count:
+        raise errors.InvalidRecordError("a header key must not be null")
+    return out
 
 
 def record_sizes(batch: pa.Table) -> np.ndarray:
@@ -205,7 +209,7 @@ def iter_consumer_records(topic: str, partition: int, table: pa.Table) -> list[C
     values = table.column("value").to_pylist()
     headers_col = table.column("headers")
     if headers_col.null_count == table.num_rows:
-        headers: list = [[]] * table.num_rows
+        headers: list = [[] for _ in range(table.num_rows)]
     else:
         headers = [[(h["key"], h["value"]) for h in hs] if hs else []
                    for hs in headers_col.to_pylist()]

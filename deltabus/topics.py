@@ -7,7 +7,7 @@ import re
 from deltabus import errors
 from deltabus.config import TOPIC_NAME_LENGTH_MAX
 
-_LEGAL = re.compile(r"^[a-zA-Z0-9._-]+$")
+_LEGAL = re.compile(r"[a-zA-Z0-9._-]+")
 INTERNAL_TOPICS = frozenset({"__consumer_offsets"})
 
 
@@ -22,7 +22,7 @@ def validate_topic_name(name: str) -> None:
             f"Topic name is illegal, it can't be longer than {TOPIC_NAME_LENGTH_MAX} characters, "
             f"topic name: {name}"
         )
-    if not _LEGAL.match(name):
+    if not _LEGAL.fullmatch(name):
         raise errors.InvalidTopicError(
             f"Topic name \"{name}\" is illegal, it contains a character other than ASCII "
             "alphanumerics, '.', '_' and '-'"

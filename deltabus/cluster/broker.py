@@ -254,6 +254,9 @@ class Broker:
             if 0 <= spec.current_leader_epoch < leader_epoch:
                 raise errors.FencedLeaderEpochError(
                     f"leader epoch {spec.current_leader_epoch} is older than {leader_epoch}")
+            if spec.current_leader_epoch > leader_epoch:
+                raise errors.UnknownLeaderEpochError(
+                    f"leader epoch {spec.current_leader_epoch} is newer than {leader_epoch}")
             result.high_watermark = partition_log.high_watermark
             result.log_start_offset = partition_log.log_start_offset
             result.log_end_offset = partition_log.log_end_offset

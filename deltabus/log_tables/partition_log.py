@@ -112,6 +112,7 @@ class PartitionLog:
         self._cache: collections.deque[pa.Table] = collections.deque()
         self._cache_bytes = 0
         self._closed = False
+        self._committing = False  # a group is taken off _pending but not yet committed
         self._appender = threading.Thread(
             target=self._append_loop, name=f"appender-{topic}-{partition}", daemon=True
         )
@@ -193,6 +194,9 @@ class PartitionLog:
                 )
             while self._pending_bytes > self._config.pending_bytes_max and not self._closed:
                 self._lock.wait(0.1)  # back-pressure: the producer waits for the commits
+            if self._closed:
+                raise errors.NotLeaderOrFollowerError(
+                    f"{self.topic}-{self.partition} was closed on this broker")
             self._pending.append(item)
             self._pending_bytes += item.nbytes
             self._lock.notify_all()
@@ -223,6 +227,7 @@ class PartitionLog:
                 size += item.nbytes
                 group.append(item)
             self._pending_bytes -= size
+            self._committing = True
             self._lock.notify_all()
             return group
 
@@ -231,7 +236,12 @@ class PartitionLog:
             group = self._take_group()
             if group is None:
                 return
-            self._commit_group(group)
+            try:
+                self._commit_group(group)
+            finally:
+                with self._lock:
+                    self._committing = False
+                    self._lock.notify_all()
 
     def _commit_group(self, group: list[_PendingAppend]) -> None:
         now_ms = int(time.time() * 1000)
@@ -396,8 +406,9 @@ class PartitionLog:
             return -1, -1
         ts = pc.cast(table.column("timestamp"), pa.int64()).to_numpy(zero_copy_only=False) // 1000
         offsets = table.column("offset").to_numpy()
-        if timestamp_ms == MAX_TIMESTAMP:
-            i = int(np.argmax(ts))
+        if timestamp_ms == MAX_TIMESTAMP:  # ties: the earliest offset, as Kafka answers
+            top = np.nonzero(ts == ts.max())[0]
+            i = int(top[np.argmin(offsets[top])])
             return int(offsets[i]), int(ts[i])
         hits = np.nonzero(ts >= timestamp_ms)[0]
         if hits.size == 0:
@@ -411,7 +422,7 @@ class PartitionLog:
         """Wait until every queued append is committed (or failed)."""
         deadline = time.monotonic() + timeout_s
         with self._lock:
-            while self._pending and time.monotonic() < deadline:
+            while (self._pending or self._committing) and time.monotonic() < deadline:
                 self._lock.wait(0.05)
             pending = list(self._pending)
         for item in pending:

@@ -248,10 +248,7 @@ class Consumer:
             request = pb.FetchRequest(
                 max_wait_ms=max_wait_ms, min_bytes=self.fetch_min_bytes,
                 max_bytes=self.fetch_max_bytes, replica_id=-1,
-                partitions=[pb.FetchPartition(topic=t.topic, partition=t.partition,
-                                              fetch_offset=self._positions[t] or 0,
-                                              partition_max_bytes=self.max_partition_fetch_bytes)
-                            for t in group])
+                partitions=[self._fetch_partition(t) for t in group])
             try:
                 stub = self._client.stub(address)
                 calls.append(stub.Fetch.future(
@@ -271,6 +268,15 @@ class Consumer:
         if retry:
             time.sleep(self._client.retry_backoff_ms / 1000)
             self._client.refresh_metadata()
+
+    def _fetch_partition(self, tp: TopicPartition) -> pb.FetchPartition:
+        state = self._client.image.partition(tp.topic, tp.partition)
+        entry = pb.FetchPartition(topic=tp.topic, partition=tp.partition,
+                                  fetch_offset=self._positions[tp] or 0,
+                                  partition_max_bytes=self.max_partition_fetch_bytes)
+        if state is not None:
+            entry.current_leader_epoch = state.leader_epoch
+        return entry
 
     def _handle_fetch(self, response: pb.FetchResponse, retry: list[TopicPartition]) -> None:
         for p in response.partitions:

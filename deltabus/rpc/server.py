@@ -175,7 +175,8 @@ class DeltaBusServicer(pb_grpc.DeltaBusServicer):
             raise errors.InvalidFetchSizeError(f"max_bytes must not be negative: {max_bytes}")
         specs = [FetchSpec(p.topic, p.partition, p.fetch_offset,
                            p.partition_max_bytes or cfg.FETCH_PARTITION_MAX_BYTES,
-                           p.current_leader_epoch) for p in request.partitions]
+                           p.current_leader_epoch if p.HasField("current_leader_epoch") else -1)
+                 for p in request.partitions]
         results = self._handler.fetch(
             specs, max_wait_ms=min(max(request.max_wait_ms, 0), cfg.FETCH_WAIT_MS_MAX),
             min_bytes=request.min_bytes, max_bytes=max_bytes, replica_id=request.replica_id)

@@ -1,0 +1,195 @@
+"""`deltabus bench` (`make bench`): deltabus's throughput and latency against its targets.
+
+Everything runs in one process against an embedded 3-broker cluster (or, with --bootstrap-server,
+a running one), in an order where each step leaves what the next needs:
+
+    (a) straight write_deltalake of the produce batches: the physical limit of this machine
+    (b) bulk produce (send_batch, acks=1) of the same batches, to a 1-partition topic
+    (c) per-record send() to the same topic
+    (d) fetch of the whole topic with poll_batch, from the beginning
+    (e) produce-to-consume latency: one small record every ~2 ms for ~3 s, linger.ms=0
+
+The bulk target is relative as well as absolute, because what a 2-core laptop can write to Delta
+bounds every figure; (a) says what that bound was on this run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import shutil
+import tempfile
+import threading
+import time
+import uuid
+from typing import Any, Iterator
+
+import pyarrow as pa
+from deltalake import write_deltalake
+
+from deltabus import config as cfg
+from deltabus.cli.cluster_command import free_port
+from deltabus.cli.options import CliError
+from deltabus.cli.producer_performance import BULK_CHUNK_BYTES, fixed_values, payload
+from deltabus.cli.results import write_json
+from deltabus.metadata import NewTopic
+from deltabus.records import normalize_produce, to_log_batch
+from deltabus.rpc.admin import AdminClient
+from deltabus.rpc.consumer import Consumer, TopicPartition
+from deltabus.rpc.producer import Producer
+
+VALUE_BYTES = 100
+LATENCY_RUN_S = 3.0
+LATENCY_INTERVAL_S = 0.002
+IDLE_MS_MAX = 10_000  # a fetch or a latency wait giving up after this long with nothing new
+TARGETS = {"bulk_rps": 500_000, "bulk_vs_straight": 0.70, "send_rps": 150_000,
+           "fetch_rps": 1_000_000, "latency_p50_ms": 50.0}
+
+
+def add_parser(subparsers: argparse._SubParsersAction, parent: argparse.ArgumentParser) -> None:
+    del parent  # bench has its own --bootstrap-server: absent means an embedded cluster
+    p = subparsers.add_parser("bench", help="throughput and latency against the targets")
+    p.add_argument("--bootstrap-server", metavar="HOST:PORT",
+                   help="bench a running cluster (default: start an embedded one)")
+    p.add_argument("--records", type=int, default=1_000_000,
+                   help="records for bulk produce and fetch (default 1000000)")
+    p.add_argument("--send-records", type=int,
+                   help="records for per-record send() (default: min(300000, --records))")
+    p.add_argument("--json", default="bench/results.json", metavar="FILE",
+                   help="where to write the figures (default bench/results.json)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.records < 1 or (args.send_records is not None and args.send_records < 1):
+        raise CliError("--records and --send-records must be at least 1")
+    send_records = args.send_records or min(300_000, args.records)
+    root = tempfile.mkdtemp(prefix="deltabus-bench-")
+    started = time.monotonic()
+    try:
+        with _bootstrap(args.bootstrap_server, root) as bootstrap:
+            figures = run_steps(bootstrap, root, args.records, send_records)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    figures["elapsed_s"] = time.monotonic() - started
+    verdicts = judge(figures)
+    print(report(figures, verdicts))
+    write_json(args.json, {**figures, "targets": TARGETS, "pass": verdicts})
+    print(f"figures written to {args.json}")
+    return 0
+
+
+@contextlib.contextmanager
+def _bootstrap(bootstrap: str | None, root: str) -> Iterator[str]:
+    """The given cluster, or an embedded one (local Spark, 3 brokers) for the duration."""
+    if bootstrap:
+        yield bootstrap
+        return
+    from deltabus.cluster.cluster import Cluster, local_spark
+
+    spark = local_spark(5, app_name="deltabus-bench", ui=False)
+    spark.sparkContext.setLogLevel("WARN")
+    cluster = Cluster(spark, root=f"{root}/cluster", brokers=3, port=free_port()).start()
+    try:
+        yield cluster.bootstrap_servers
+    finally:
+        cluster.stop()
+        spark.stop()
+
+
+def run_steps(bootstrap: str, root: str, records: int, send_records: int) -> dict[str, Any]:
+    """Steps (a)-(e), in order; returns the figures."""
+    topic, latency_topic = f"bench-{uuid.uuid4().hex[:8]}", f"bench-latency-{uuid.uuid4().hex[:8]}"
+    chunk_rows = max(1, min(records, BULK_CHUNK_BYTES // VALUE_BYTES))
+    values = pa.table({"value": fixed_values(chunk_rows, payload(VALUE_BYTES))})
+    with AdminClient(bootstrap) as admin:
+        admin.create_topics([NewTopic(topic, 1, 1), NewTopic(latency_topic, 1, 1)])
+        try:
+            figures: dict[str, Any] = {"records": records, "send_records": send_records,
+                                       "value_bytes": VALUE_BYTES, "chunk_records": chunk_rows}
+            _step("a", "straight write_deltalake")
+            figures["straight_write_rps"] = straight_write(f"{root}/straight", values, records)
+            _step("b", "bulk produce, send_batch")
+            figures["bulk_rps"] = bulk_produce(bootstrap, topic, values, records)
+            figures["bulk_vs_straight"] = figures["bulk_rps"] / figures["straight_write_rps"]
+            _step("c", "per-record send()")
+            figures["send_rps"] = send_each(bootstrap, topic, send_records)
+            _step("d", "fetch, poll_batch")
+            figures["fetched_records"], figures["fetch_rps"] = fetch_all(bootstrap, topic)
+            _step("e", "produce-to-consume latency")
+            figures["latency_ms"] = latency(bootstrap, latency_topic)
+        finally:
+            admin.delete_topics([topic, latency_topic])
+    return figures
+
+
+def _step(letter: str, what: str) -> None:
+    print(f"({letter}) {what}...", flush=True)
+
+
+def _chunks(values: pa.Table, records: int) -> Iterator[pa.Table]:
+    for first in range(0, records, values.num_rows):
+        yield values.slice(0, min(values.num_rows, records - first))
+
+
+def straight_write(path: str, values: pa.Table, records: int) -> float:
+    """Records/s of write_deltalake appending the log batches the broker would write."""
+    batches, offset = [], 0
+    for chunk in _chunks(values, records):
+        batches.append(to_log_batch(normalize_produce(chunk), base_offset=offset,
+                                    now_ms=int(time.time() * 1000), leader_epoch=0))
+        offset += chunk.num_rows
+    start = time.perf_counter()
+    for batch in batches:
+        write_deltalake(path, batch, mode="append")
+    return records / (time.perf_counter() - start)
+
+
+def bulk_produce(bootstrap: str, topic: str, values: pa.Table, records: int) -> float:
+    """Records/s of send_batch with acks=1, from the first call until every chunk is acked."""
+    with Producer(bootstrap, acks=1) as producer:
+        producer.send(topic, b"warm-up").get(30)  # metadata and channels outside the timing
+        start = time.perf_counter()
+        futures = [f for chunk in _chunks(values, records)
+                   for f in producer.send_batch(topic, chunk)]
+        producer.flush()
+        elapsed = time.perf_counter() - start
+        for future in futures:
+            future.get(0)  # raises the first failure, if any
+    return records / elapsed
+
+
+def send_each(bootstrap: str, topic: str, records: int) -> float:
+    """Records/s of a plain send() loop (linger.ms=5, acks=1), flush included."""
+    value = payload(VALUE_BYTES)
+    with Producer(bootstrap, acks=1) as producer:
+        producer.send(topic, b"warm-up").get(30)
+        start = time.perf_counter()
+        last = None
+        for _ in range(records):
+            last = producer.send(topic, value)
+        producer.flush()
+        elapsed = time.perf_counter() - start
+        if last is not None:
+            last.get(0)
+    return records / elapsed
+
+
+def fetch_all(bootstrap: str, topic: str) -> tuple[int, float]:
+    """(records, records/s) reading the whole topic with poll_batch from offset 0."""
+    tp = TopicPartition(topic, 0)
+    with Consumer(bootstrap, fetch_max_bytes=cfg.FETCH_MAX_BYTES,
+                  max_partition_fetch_bytes=cfg.FETCH_MAX_BYTES) as consumer:
+        consumer.assign([tp])
+        consumer.seek_to_beginning(tp)
+        end = consumer.end_offsets([tp])[tp]
+        count, last = 0, time.monotonic()
+        start = time.perf_counter()
+        while count < end and (time.monotonic() - last) * 1000 < IDLE_MS_MAX:
+            got = sum(t.num_rows for t in consumer.poll_batch(timeout_ms=1000).values())
+            if got:
+                count, last = count + got, time.monotonic()
+        elapsed = time.perf_counter() - start
+    if count < end:
+        raise CliError(f"fetch stalled: {count} of {end} records in {elapsed:.1f} s")
+    return count, count / elapsed

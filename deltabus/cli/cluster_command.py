@@ -1,0 +1,111 @@
+"""`deltabus cluster start`: run a cluster in the foreground, as kafka-server-start.sh does.
+
+It owns its SparkSession: it starts Spark, then the cluster, serves until Ctrl-C or SIGTERM, and
+stops both in that order, so the brokers flush their logs before Spark takes their tasks away.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import sys
+import threading
+from typing import Any
+
+from deltabus import config as cfg
+from deltabus.cli.options import CliError, split_host_port
+from deltabus.cluster.cluster import Cluster, local_spark
+
+SPARK_LOG_LEVEL = "WARN"
+
+
+def add_parser(subparsers: argparse._SubParsersAction, parent: argparse.ArgumentParser) -> None:
+    p = subparsers.add_parser("cluster", help="run a deltabus cluster")
+    commands = p.add_subparsers(dest="cluster_command", metavar="COMMAND", required=True)
+    s = commands.add_parser("start", parents=[parent],
+                            help="start a cluster and serve until Ctrl-C (kafka-server-start.sh)")
+    s.add_argument("--root", default=os.environ.get("DELTABUS_ROOT") or "./data",
+                   help="where topics live: a folder or an object-store URI "
+                        "(default: $DELTABUS_ROOT or ./data)")
+    s.add_argument("--brokers", type=int, default=3, help="broker count (default 3)")
+    s.add_argument("--master", help="Spark master URL (default: local with brokers + 2 slots)")
+    s.add_argument("--port", type=int,
+                   help="bootstrap port (default: the port of --bootstrap-server)")
+    s.set_defaults(func=start)
+
+
+def spark_session(master: str, *, app_name: str = "deltabus") -> Any:
+    """A SparkSession on `master` with the loopback settings of `local_spark`.
+
+    Kept in step with deltabus.cluster.cluster.local_spark by hand (it takes no master).
+    """
+    from pyspark.sql import SparkSession
+
+    os.environ.setdefault("SPARK_LOCAL_IP", cfg.DEFAULT_HOST)
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    host = os.environ["SPARK_LOCAL_IP"]
+    return (
+        SparkSession.builder.master(master)
+        .appName(app_name)
+        .config("spark.driver.host", host)
+        .config("spark.driver.bindAddress", host)
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.python.worker.reuse", "true")
+        .getOrCreate()
+    )
+
+
+def free_port(host: str = cfg.DEFAULT_HOST) -> int:
+    """A port nothing listens on now (Cluster wants a fixed port, not 0)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def start(args: argparse.Namespace) -> int:
+    """Start Spark and the cluster, serve until Ctrl-C or SIGTERM, then stop both."""
+    host, port = split_host_port(args.bootstrap_server)
+    port = args.port if args.port is not None else port
+    if args.brokers < 1:
+        raise CliError(f"--brokers must be at least 1, not {args.brokers}")
+    if not 0 < port < 65536:
+        raise CliError(f"--port must be in 1..65535, not {port}")
+    spark = spark_session(args.master) if args.master else local_spark(args.brokers + 2)
+    spark.sparkContext.setLogLevel(SPARK_LOG_LEVEL)
+    try:
+        try:
+            cluster = Cluster(spark, root=args.root, brokers=args.brokers, port=port,
+                              host=host).start()
+        except (TimeoutError, ValueError) as e:
+            raise CliError(str(e)) from None
+        print(f"deltabus cluster started: bootstrap {cluster.bootstrap_servers}, "
+              f"{args.brokers} brokers, data under {cluster.config.root}", flush=True)
+        if cluster.spark_ui_url:
+            print(f"Spark UI: {cluster.spark_ui_url}", flush=True)
+        print("Press Ctrl-C to stop.", flush=True)
+        try:
+            _serve_until_signalled()
+        finally:
+            cluster.stop()
+    finally:
+        spark.stop()
+    print("deltabus cluster stopped", flush=True)
+    return 0
+
+
+def _serve_until_signalled() -> None:
+    """Block until Ctrl-C (KeyboardInterrupt) or SIGTERM (turned into the same clean stop)."""
+    stopped = threading.Event()
+    previous = signal.signal(signal.SIGTERM, lambda *_: stopped.set())
+    try:
+        while not stopped.wait(1.0):
+            pass
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    print("stopping the deltabus cluster...", flush=True)

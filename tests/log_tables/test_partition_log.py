@@ -1,0 +1,453 @@
+"""PartitionLog on a real Delta table under tmp_path: offsets, group commit, recovery, reads,
+limits, long-poll and close."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Future
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from deltabus import errors
+from deltabus.log_tables import partition_log
+from deltabus.log_tables.partition_log import (
+    EARLIEST_TIMESTAMP,
+    LATEST_TIMESTAMP,
+    MAX_TIMESTAMP,
+    AppendResult,
+    LogConfig,
+    PartitionLog,
+)
+from deltabus.records import LOG_SCHEMA, normalize_produce, produce_batch
+
+RESULT_TIMEOUT_S = 30
+READ_ALL = 1 << 30
+
+
+def _batch(values, keys=None, headers=None, timestamps_ms=None) -> pa.Table:
+    return normalize_produce(produce_batch(values, keys=keys, headers=headers,
+                                           timestamps_ms=timestamps_ms))
+
+
+def _values(prefix: str, n: int) -> list[bytes]:
+    return [f"{prefix}-{i}".encode() for i in range(n)]
+
+
+def _read_all(log: PartitionLog, offset: int = 0) -> pa.Table:
+    """Everything from `offset` to the high watermark, however many reads it takes."""
+    parts = []
+    while offset < log.high_watermark:
+        part = log.read(offset, READ_ALL)
+        assert part.num_rows > 0
+        parts.append(part)
+        offset += part.num_rows
+    return pa.concat_tables(parts) if parts else LOG_SCHEMA.empty_table()
+
+
+def _open(path: Path, config: LogConfig | None = None) -> PartitionLog:
+    return PartitionLog(str(path), topic="t", partition=0, config=config or LogConfig())
+
+
+@pytest.fixture
+def path(tmp_path: Path) -> Path:
+    return tmp_path / "topics" / "t" / "0" / "replica-0"
+
+
+@pytest.fixture
+def log(path: Path):
+    log = _open(path)
+    yield log
+    log.close()
+
+
+def _wait(futures: list[Future]) -> list[AppendResult]:
+    return [f.result(RESULT_TIMEOUT_S) for f in futures]
+
+
+# ---- appending -----------------------------------------------------------------------------
+
+
+def test_new_log_is_empty(log: PartitionLog, path: Path) -> None:
+    assert (log.log_start_offset, log.log_end_offset, log.high_watermark) == (0, 0, 0)
+    assert DeltaTable(str(path)).version() == 0
+
+
+def test_append_returns_offsets_and_moves_log_end(log: PartitionLog) -> None:
+    first = log.append(_batch([b"a", b"b", b"c"]), leader_epoch=0).result(RESULT_TIMEOUT_S)
+    second = log.append(_batch([b"d"]), leader_epoch=0).result(RESULT_TIMEOUT_S)
+    assert (first.base_offset, first.last_offset) == (0, 2)
+    assert (second.base_offset, second.last_offset) == (3, 3)
+    assert first.log_start_offset == 0
+    assert log.log_end_offset == log.high_watermark == 4
+
+
+def test_concurrent_appends_get_contiguous_offsets_and_are_grouped(
+    log: PartitionLog, path: Path
+) -> None:
+    threads_n, appends_per_thread = 8, 25
+    version_before = DeltaTable(str(path)).version()
+    start = threading.Barrier(threads_n)
+    submitted: list[list[tuple[pa.Table, Future]]] = [[] for _ in range(threads_n)]
+
+    def produce(t: int) -> None:
+        start.wait()
+        for i in range(appends_per_thread):
+            n = 1 + (t + i) % 5
+            batch = _batch(_values(f"t{t}-a{i}", n), keys=[f"k{t}".encode()] * n)
+            submitted[t].append((batch, log.append(batch, leader_epoch=1)))
+
+    workers = [threading.Thread(target=produce, args=(t,)) for t in range(threads_n)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(RESULT_TIMEOUT_S)
+    pairs = [pair for per_thread in submitted for pair in per_thread]
+    assert len(pairs) == threads_n * appends_per_thread
+    results = _wait([f for _, f in pairs])
+    total = sum(b.num_rows for b, _ in pairs)
+
+    # Every offset 0..N-1 exactly once, and each future's range has its batch's length.
+    covered = sorted(o for r in results for o in range(r.base_offset, r.last_offset + 1))
+    assert covered == list(range(total))
+    for (batch, _), r in zip(pairs, results, strict=True):
+        assert r.last_offset - r.base_offset + 1 == batch.num_rows
+    assert log.log_end_offset == log.high_watermark == total
+
+    # Each future's range holds exactly its batch.
+    stored = _read_all(log)
+    assert stored.column("offset").to_pylist() == list(range(total))
+    stored_values = stored.column("value").to_pylist()
+    for (batch, _), r in zip(pairs, results, strict=True):
+        assert stored_values[r.base_offset:r.last_offset + 1] == batch.column("value").to_pylist()
+
+    # Group commit really groups: fewer Delta versions than appends.
+    commits = DeltaTable(str(path)).version() - version_before
+    assert 1 <= commits < len(pairs)
+
+
+def test_group_commit_batches_are_recorded_in_commit_info(log: PartitionLog, path: Path) -> None:
+    futures = [log.append(_batch(_values(f"b{i}", 2)), leader_epoch=0) for i in range(40)]
+    _wait(futures)
+    writes = [h for h in DeltaTable(str(path)).history() if h["operation"] == "WRITE"]
+    assert sum(int(h["deltabus.batches"]) for h in writes) == 40
+    assert len(writes) < 40
+
+
+def test_empty_batch_is_refused(log: PartitionLog) -> None:
+    with pytest.raises(errors.InvalidRecordError):
+        log.append(_batch([]), leader_epoch=0)
+    assert log.log_end_offset == 0
+
+
+def test_message_too_large_writes_nothing(log: PartitionLog, path: Path) -> None:
+    log.append(_batch([b"ok"]), leader_epoch=0).result(RESULT_TIMEOUT_S)
+    version = DeltaTable(str(path)).version()
+    too_big = _batch([b"small", b"v" * 90], keys=[None, b"k" * 11])  # record 1: 101 bytes
+    with pytest.raises(errors.MessageTooLargeError) as info:
+        log.append(too_big, leader_epoch=0, max_message_bytes=100)
+    assert info.value.code == 10
+    assert "100" in str(info.value)
+    assert log.log_end_offset == 1
+    assert DeltaTable(str(path)).version() == version
+
+    # A record of exactly max.message.bytes is accepted, right after the refused batch's offsets.
+    exact = _batch([b"v" * 89], keys=[b"k" * 11])
+    r = log.append(exact, leader_epoch=0, max_message_bytes=100).result(RESULT_TIMEOUT_S)
+    assert (r.base_offset, r.last_offset) == (1, 1)
+    assert DeltaTable(str(path)).version() == version + 1
+    assert _read_all(log).column("value").to_pylist() == [b"ok", b"v" * 89]
+
+
+def test_failed_commit_fails_its_appends_and_leaves_no_gap(
+    log: PartitionLog, path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log.append(_batch([b"before"]), leader_epoch=0).result(RESULT_TIMEOUT_S)
+    real_write = partition_log.write_deltalake
+    calls = {"n": 0}
+
+    def fail_once(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise OSError("disk on fire")
+        return real_write(*args, **kwargs)
+
+    monkeypatch.setattr(partition_log, "write_deltalake", fail_once)
+    failed = log.append(_batch([b"lost", b"lost"]), leader_epoch=0)
+    with pytest.raises(errors.KafkaStorageError) as info:
+        failed.result(RESULT_TIMEOUT_S)
+    assert info.value.retriable and info.value.code == 56
+    assert log.log_end_offset == log.high_watermark == 1
+
+    # The retry gets the offsets the failed append would have had: no gap, no lost offsets.
+    r = log.append(_batch([b"retried", b"retried"]), leader_epoch=0).result(RESULT_TIMEOUT_S)
+    assert (r.base_offset, r.last_offset) == (1, 2)
+    assert _read_all(log).column("value").to_pylist() == [b"before", b"retried", b"retried"]
+    assert DeltaTable(str(path)).to_pyarrow_table().num_rows == 3
+
+
+def test_append_after_close_is_refused(path: Path) -> None:
+    log = _open(path)
+    log.close()
+    with pytest.raises(errors.NotLeaderOrFollowerError):
+        log.append(_batch([b"late"]), leader_epoch=0)
+
+
+def test_flush_waits_for_every_queued_append(log: PartitionLog) -> None:
+    futures = [log.append(_batch(_values(f"f{i}", 3)), leader_epoch=0) for i in range(30)]
+    log.flush()
+    assert all(f.done() for f in futures), "flush() returned before the queued appends committed"
+    assert log.log_end_offset == 90
+
+
+def test_close_commits_everything_queued(path: Path) -> None:
+    log = _open(path)
+    batches = [_batch(_values(f"c{i}", 1 + i % 4)) for i in range(150)]
+    futures = [log.append(b, leader_epoch=0) for b in batches]
+    log.close()
+    assert all(f.done() for f in futures)
+    _wait(futures)
+    expected = [v for b in batches for v in b.column("value").to_pylist()]
+
+    reopened = _open(path)
+    try:
+        assert reopened.log_end_offset == len(expected)
+        assert _read_all(reopened).column("value").to_pylist() == expected
+    finally:
+        reopened.close()
+
+
+# ---- recovery ------------------------------------------------------------------------------
+
+
+def test_reopen_recovers_offsets_and_appends_continue(path: Path) -> None:
+    log = _open(path)
+    _wait([log.append(_batch(_values(f"r{i}", 3)), leader_epoch=0) for i in range(4)])
+    log.close()
+
+    reopened = _open(path)
+    try:
+        assert reopened.log_start_offset == 0
+        assert reopened.log_end_offset == reopened.high_watermark == 12
+        r = reopened.append(_batch([b"next"]), leader_epoch=1).result(RESULT_TIMEOUT_S)
+        assert (r.base_offset, r.last_offset) == (12, 12)
+        assert reopened.log_end_offset == 13
+    finally:
+        reopened.close()
+
+
+# ---- reading -------------------------------------------------------------------------------
+
+
+def _fill(log: PartitionLog) -> pa.Table:
+    """Three batches with keys, values, headers and timestamps; returns what was sent, in order."""
+    sent = [
+        _batch([b"v0", b"v1"], keys=[b"k0", None],
+               headers=[[("h", b"x"), ("null", None)], None], timestamps_ms=[1000, 2000]),
+        _batch([None, b""], keys=[b"k2", b"k3"], timestamps_ms=[3000, 1500]),
+        _batch([b"v4"], keys=[b"k4"], headers=[[("unicodé", b"\x00\xff")]],
+               timestamps_ms=[2500]),
+    ]
+    for b in sent:  # one commit per batch: several files for the Parquet path
+        log.append(b, leader_epoch=2).result(RESULT_TIMEOUT_S)
+    return pa.concat_tables(sent)
+
+
+def _assert_records(table: pa.Table, sent: pa.Table, offset: int) -> None:
+    assert table.schema == LOG_SCHEMA
+    n = sent.num_rows - offset
+    assert table.column("offset").to_pylist() == list(range(offset, sent.num_rows))
+    for name in ("key", "value", "headers", "timestamp"):
+        assert table.column(name).to_pylist() == sent.column(name).to_pylist()[offset:], name
+    assert table.column("leader_epoch").to_pylist() == [2] * n
+
+
+@pytest.mark.parametrize("offset", [0, 1, 2, 3, 4])
+def test_read_from_cache_returns_records_from_offset(log: PartitionLog, offset: int) -> None:
+    sent = _fill(log)
+    _assert_records(_read_all(log, offset), sent, offset)
+
+
+def test_read_after_reopen_comes_from_parquet_intact(path: Path) -> None:
+    log = _open(path)
+    sent = _fill(log)
+    log.close()
+    reopened = _open(path)
+    try:
+        assert not reopened._cache  # nothing in memory: these reads are Parquet reads
+        for offset in range(sent.num_rows):
+            _assert_records(_read_all(reopened, offset), sent, offset)
+    finally:
+        reopened.close()
+
+
+def test_read_of_evicted_records_falls_back_to_parquet(path: Path) -> None:
+    log = _open(path, LogConfig(log_cache_bytes_max=1))  # the cache keeps only the last commit
+    try:
+        sent = _fill(log)
+        for offset in range(sent.num_rows):
+            _assert_records(_read_all(log, offset), sent, offset)
+    finally:
+        log.close()
+
+
+def test_read_respects_max_bytes_but_returns_at_least_one_record(log: PartitionLog) -> None:
+    _wait([log.append(_batch([b"x" * 1000] * 10), leader_epoch=0)])
+    one = log.read(3, 1)
+    assert one.column("offset").to_pylist() == [3]
+    some = log.read(0, 3500)
+    assert 1 <= some.num_rows < 10
+    assert some.column("offset").to_pylist() == list(range(some.num_rows))
+
+
+def test_read_upto_stops_early(log: PartitionLog) -> None:
+    _fill(log)
+    assert log.read(1, READ_ALL, upto=3).column("offset").to_pylist() == [1, 2]
+
+
+def test_read_at_high_watermark_is_empty_and_past_it_is_out_of_range(log: PartitionLog) -> None:
+    empty = log.read(0, READ_ALL)
+    assert empty.num_rows == 0 and empty.schema == LOG_SCHEMA
+    with pytest.raises(errors.OffsetOutOfRangeError):
+        log.read(1, READ_ALL)
+    _fill(log)
+    hw = log.high_watermark
+    at_hw = log.read(hw, READ_ALL)
+    assert at_hw.num_rows == 0 and at_hw.schema == LOG_SCHEMA
+    for bad in (hw + 1, hw + 1000, -1):
+        with pytest.raises(errors.OffsetOutOfRangeError) as info:
+            log.read(bad, READ_ALL)
+        assert info.value.code == 1
+
+
+# ---- ListOffsets ---------------------------------------------------------------------------
+
+
+def test_offset_for_timestamp(log: PartitionLog) -> None:
+    assert log.offset_for_timestamp(LATEST_TIMESTAMP) == (0, -1)
+    assert log.offset_for_timestamp(EARLIEST_TIMESTAMP) == (0, -1)
+    assert log.offset_for_timestamp(MAX_TIMESTAMP) == (-1, -1)
+    _fill(log)  # timestamps by offset: 1000, 2000, 3000, 1500, 2500
+    assert log.offset_for_timestamp(LATEST_TIMESTAMP) == (5, -1)
+    assert log.offset_for_timestamp(EARLIEST_TIMESTAMP) == (0, -1)
+    assert log.offset_for_timestamp(MAX_TIMESTAMP) == (2, 3000)
+    assert log.offset_for_timestamp(0) == (0, 1000)
+    assert log.offset_for_timestamp(1000) == (0, 1000)
+    assert log.offset_for_timestamp(1001) == (1, 2000)  # first offset at or after, not nearest
+    assert log.offset_for_timestamp(2600) == (2, 3000)
+    assert log.offset_for_timestamp(3001) == (-1, -1)
+
+
+def test_max_timestamp_tie_returns_the_earliest_offset(log: PartitionLog) -> None:
+    # Kafka keeps the first record carrying the largest timestamp (strict `>` when it tracks
+    # offsetOfMaxTimestamp; KAFKA-16342 tests LogAppendTime batches expect their first offset).
+    # Ties are common: with LogAppendTime every record of a commit has the same timestamp.
+    for i in range(5):
+        log.append(_batch([b"same"], timestamps_ms=[7000]), leader_epoch=0).result(
+            RESULT_TIMEOUT_S)
+    assert log.offset_for_timestamp(MAX_TIMESTAMP) == (0, 7000), \
+        "MAX_TIMESTAMP must pick the earliest offset among records with the largest timestamp"
+
+
+# ---- long poll -----------------------------------------------------------------------------
+
+
+def test_wait_for_data_wakes_when_another_thread_appends(log: PartitionLog) -> None:
+    waiting = threading.Event()
+    outcome: list[bool] = []
+
+    def consumer() -> None:
+        waiting.set()
+        outcome.append(log.wait_for_data(0, timeout_s=RESULT_TIMEOUT_S))
+
+    t = threading.Thread(target=consumer)
+    t.start()
+    assert waiting.wait(RESULT_TIMEOUT_S)
+    log.append(_batch([b"wake"]), leader_epoch=0).result(RESULT_TIMEOUT_S)
+    t.join(RESULT_TIMEOUT_S)
+    assert not t.is_alive(), "wait_for_data did not wake on append"
+    assert outcome == [True]
+
+
+def test_wait_for_data_returns_at_once_when_data_is_there(log: PartitionLog) -> None:
+    log.append(_batch([b"a", b"b"]), leader_epoch=0).result(RESULT_TIMEOUT_S)
+    assert log.wait_for_data(1, timeout_s=0) is True
+    assert log.wait_for_data(2, timeout_s=0.01) is False
+
+
+def test_wait_for_data_wakes_on_close(path: Path) -> None:
+    log = _open(path)
+    outcome: list[bool] = []
+    t = threading.Thread(target=lambda: outcome.append(log.wait_for_data(0, RESULT_TIMEOUT_S)))
+    t.start()
+    log.close()
+    t.join(RESULT_TIMEOUT_S)
+    assert not t.is_alive()
+    assert outcome == [False]
+
+
+# ---- the table as other readers see it -----------------------------------------------------
+
+
+def test_table_is_readable_by_plain_deltalake(log: PartitionLog, path: Path) -> None:
+    sent = _fill(log)
+    table = DeltaTable(str(path)).to_pyarrow_table().sort_by("offset")
+    assert table.column_names == LOG_SCHEMA.names
+    assert table.column("offset").to_pylist() == list(range(sent.num_rows))
+    assert table.column("value").to_pylist() == sent.column("value").to_pylist()
+    assert table.column("key").to_pylist() == sent.column("key").to_pylist()
+    assert table.cast(LOG_SCHEMA).column("headers").to_pylist() == \
+        sent.column("headers").to_pylist()
+
+
+def test_commit_info_carries_offset_ranges(log: PartitionLog, path: Path) -> None:
+    _wait([log.append(_batch(_values(f"h{i}", 1 + i)), leader_epoch=0) for i in range(6)])
+    writes = sorted((h for h in DeltaTable(str(path)).history() if h["operation"] == "WRITE"),
+                    key=lambda h: h["version"])
+    assert writes
+    expected_base = 0
+    for h in writes:
+        base, last = int(h["deltabus.baseOffset"]), int(h["deltabus.lastOffset"])
+        assert base == expected_base
+        assert last >= base
+        assert h["operationMetrics"]["num_added_rows"] == last - base + 1
+        expected_base = last + 1
+    assert expected_base == log.log_end_offset == sum(1 + i for i in range(6))
+
+
+# ---- properties ----------------------------------------------------------------------------
+
+
+@given(st.lists(st.integers(min_value=1, max_value=40), min_size=1, max_size=12))
+@settings(max_examples=15, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+def test_read_back_equals_written_for_any_batch_sizes(
+    tmp_path_factory: pytest.TempPathFactory, sizes: list[int]
+) -> None:
+    path = tmp_path_factory.mktemp("prop") / "log"
+    log = _open(path)
+    try:
+        batches = [_batch(_values(f"p{i}", n), keys=[str(n).encode()] * n)
+                   for i, n in enumerate(sizes)]
+        results = _wait([log.append(b, leader_epoch=0) for b in batches])
+        expected_base = 0
+        for b, r in zip(batches, results, strict=True):
+            assert (r.base_offset, r.last_offset) == (expected_base, expected_base + b.num_rows - 1)
+            expected_base += b.num_rows
+        written = pa.concat_tables(batches)
+        back = _read_all(log)
+        assert back.column("offset").to_pylist() == list(range(written.num_rows))
+        assert back.column("value").to_pylist() == written.column("value").to_pylist()
+        assert back.column("key").to_pylist() == written.column("key").to_pylist()
+    finally:
+        log.close()
+    reopened = _open(path)
+    try:
+        back = _read_all(reopened)
+        assert back.column("value").to_pylist() == written.column("value").to_pylist()
+    finally:
+        reopened.close()

@@ -1,0 +1,81 @@
+"""The error tree: every Kafka code survives the wire, and retry loops can trust the flags."""
+
+from __future__ import annotations
+
+import pytest
+
+from deltabus import errors
+
+
+@pytest.mark.parametrize("code", sorted(errors.ERRORS_BY_CODE))
+def test_error_for_code_round_trips(code: int) -> None:
+    cls = errors.ERRORS_BY_CODE[code]
+    error = errors.error_for_code(code, "something broke")
+    assert type(error) is cls
+    assert error.code == code
+    assert isinstance(error, errors.DeltaBusError)
+    assert error.message == "something broke"
+    assert "something broke" in str(error)
+    # What a server raises, a client raises again from the code it read off the wire.
+    again = errors.error_for_code(cls("x").code)
+    assert type(again) is cls
+
+
+def test_codes_and_names_are_unique() -> None:
+    names = [cls.name for cls in errors.ERRORS_BY_CODE.values()]
+    assert len(names) == len(set(names))
+    for code, cls in errors.ERRORS_BY_CODE.items():
+        assert cls.code == code
+
+
+@pytest.mark.parametrize("code", [9999, -2, 12345678])
+def test_unknown_code_maps_to_unknown_server_error(code: int) -> None:
+    error = errors.error_for_code(code, "mystery")
+    assert error.code == -1
+    assert error.name == "UNKNOWN_SERVER_ERROR"
+    assert type(error) is errors.ERRORS_BY_CODE[-1]
+    assert error.message == "mystery"
+
+
+def test_check_raises_only_for_non_zero_codes() -> None:
+    errors.check(0)
+    with pytest.raises(errors.NotLeaderOrFollowerError):
+        errors.check(6, "moved")
+
+
+# (code, name, retriable, invalid_metadata) as Kafka's Errors.java defines them: retriable when the
+# exception extends RetriableException, invalid metadata when it extends InvalidMetadataException.
+KAFKA_FLAGS = [
+    (6, "NOT_LEADER_OR_FOLLOWER", True, True),
+    (3, "UNKNOWN_TOPIC_OR_PARTITION", True, True),
+    (10, "MESSAGE_TOO_LARGE", False, False),
+    (5, "LEADER_NOT_AVAILABLE", True, True),
+    (1, "OFFSET_OUT_OF_RANGE", False, False),
+    (17, "INVALID_TOPIC_EXCEPTION", False, False),
+    (40, "INVALID_CONFIG", False, False),
+    (87, "INVALID_RECORD", False, False),
+    (7, "REQUEST_TIMED_OUT", True, False),
+]
+
+
+@pytest.mark.parametrize(("code", "name", "retriable", "invalid_metadata"), KAFKA_FLAGS)
+def test_flags_match_kafka(code: int, name: str, retriable: bool, invalid_metadata: bool) -> None:
+    error = errors.error_for_code(code)
+    assert error.name == name
+    assert error.retriable is retriable
+    assert error.invalid_metadata is invalid_metadata
+
+
+def test_named_classes_carry_their_codes() -> None:
+    assert errors.NotLeaderOrFollowerError.code == 6
+    assert errors.UnknownTopicOrPartitionError.code == 3
+    assert errors.MessageTooLargeError.code == 10
+    assert errors.InvalidRecordError.code == 87
+    assert errors.CorruptMessageError.code == 2
+
+
+def test_client_errors_have_no_kafka_code_but_share_the_root() -> None:
+    assert issubclass(errors.KafkaTimeoutError, errors.ClientError)
+    assert issubclass(errors.ClientError, errors.DeltaBusError)
+    assert errors.KafkaTimeoutError().retriable is True
+    assert errors.KafkaTimeoutError not in errors.ERRORS_BY_CODE.values()
