@@ -1,0 +1,142 @@
+"""Brokers die and come back; clusters restart on the same root. Nothing acknowledged is lost."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from deltabus import AdminClient, Cluster, Consumer, NewTopic, Producer, TopicPartition
+from deltabus.rpc.client import ClusterClient
+
+from tests.conftest import free_port
+
+
+def _read_all(bootstrap: str, topic: str, partitions: int, expected: int, timeout_s: float = 60):
+    consumer = Consumer(bootstrap, auto_offset_reset="earliest")
+    consumer.assign([TopicPartition(topic, p) for p in range(partitions)])
+    records = []
+    deadline = time.monotonic() + timeout_s
+    while len(records) < expected and time.monotonic() < deadline:
+        records.extend(consumer.poll(500, max_records=100_000))
+    consumer.close()
+    return records
+
+
+def _wait_for_relaunch(cluster, broker_id: int, old_pid: int, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        pid = cluster.broker_pids().get(broker_id)
+        if pid is not None and pid != old_pid:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"broker {broker_id} was not relaunched in {timeout_s} s")
+
+
+def test_killing_a_leader_during_produce_loses_no_acknowledged_record(cluster, topic_name):
+    with AdminClient(cluster.bootstrap_servers) as admin:
+        admin.create_topics([NewTopic(topic_name, 3, 1)])
+    acked: list[tuple[int, int, bytes]] = []
+    failed: list[BaseException] = []
+    stop = threading.Event()
+    producer = Producer(cluster.bootstrap_servers, linger_ms=1, delivery_timeout_ms=60_000)
+
+    def on_done(value: bytes):
+        def callback(future):
+            error = future.exception()
+            if error is None:
+                meta = future.get()
+                acked.append((meta.partition, meta.offset, value))
+            else:
+                failed.append(error)
+        return callback
+
+    def produce() -> None:
+        i = 0
+        while not stop.is_set():
+            value = f"record-{i}".encode()
+            producer.send(topic_name, value, key=str(i % 30)).add_done_callback(on_done(value))
+            i += 1
+            if i % 200 == 0:
+                time.sleep(0.01)
+
+    sender = threading.Thread(target=produce)
+    sender.start()
+    time.sleep(1.0)
+    victim = cluster.controller.image().partition(topic_name, 0).leader
+    old_pid = cluster.broker_pids()[victim]
+    cluster.kill_broker(victim)
+    _wait_for_relaunch(cluster, victim, old_pid)
+    time.sleep(1.0)  # keep producing against the relaunched broker
+    stop.set()
+    sender.join()
+    producer.flush(60)
+    producer.close()
+
+    assert not failed, failed[:3]
+    assert len(acked) > 0
+    records = _read_all(cluster.bootstrap_servers, topic_name, 3, len(acked))
+    stored = {(r.partition, r.offset): r.value for r in records}
+    missing = [a for a in acked if stored.get((a[0], a[1])) != a[2]]
+    assert not missing, f"{len(missing)} acknowledged records lost, e.g. {missing[:3]}"
+    for p in range(3):  # offsets stay contiguous through the failure
+        offsets = sorted(o for (q, o) in stored if q == p)
+        assert offsets == list(range(len(offsets)))
+    assert cluster.relaunches[victim] >= 1
+
+
+def test_relaunched_broker_serves_its_partitions_again(cluster, topic_name):
+    with AdminClient(cluster.bootstrap_servers) as admin:
+        admin.create_topics([NewTopic(topic_name, 1, 1)])
+    with Producer(cluster.bootstrap_servers) as producer:
+        producer.send(topic_name, b"before").get(10)
+    leader = cluster.controller.image().partition(topic_name, 0).leader
+    old_pid = cluster.broker_pids()[leader]
+    cluster.kill_broker(leader)
+    _wait_for_relaunch(cluster, leader, old_pid)
+    with Producer(cluster.bootstrap_servers) as producer:
+        assert producer.send(topic_name, b"after").get(30).offset == 1
+    records = _read_all(cluster.bootstrap_servers, topic_name, 1, 2)
+    assert [r.value for r in records] == [b"before", b"after"]
+    client = ClusterClient(cluster.bootstrap_servers)
+    state = client.refresh_metadata().partition(topic_name, 0)
+    assert state.leader == leader and state.leader_epoch >= 2  # fenced, then led again
+    client.close()
+
+
+def test_cluster_restarted_on_the_same_root_keeps_topics_and_data(spark, tmp_path):
+    root = str(tmp_path / "restart")
+    first = Cluster(spark, root=root, brokers=3, port=free_port()).start()
+    try:
+        with AdminClient(first.bootstrap_servers) as admin:
+            admin.create_topics([NewTopic("orders", 2, 1, {"retention.ms": "3600000"})])
+        with Producer(first.bootstrap_servers) as producer:
+            for i in range(100):
+                producer.send("orders", f"o{i}", key=f"{i}")
+    finally:
+        first.stop()
+    second = Cluster(spark, root=root, brokers=3, port=free_port()).start()
+    try:
+        with AdminClient(second.bootstrap_servers) as admin:
+            (topic,) = admin.describe_topics(["orders"])
+            assert len(topic.partitions) == 2
+            assert topic.configs == {"retention.ms": "3600000"}
+        records = _read_all(second.bootstrap_servers, "orders", 2, 100)
+        assert sorted(r.value for r in records) == sorted(f"o{i}".encode() for i in range(100))
+        with Producer(second.bootstrap_servers) as producer:
+            meta = producer.send("orders", b"more", partition=0).get(30)
+        assert meta.offset == sum(1 for r in records if r.partition == 0)
+    finally:
+        second.stop()
+
+
+def test_deleted_topic_is_gone_and_can_be_created_again(cluster, topic_name):
+    with AdminClient(cluster.bootstrap_servers) as admin:
+        admin.create_topics([NewTopic(topic_name, 1, 1)])
+        with Producer(cluster.bootstrap_servers) as producer:
+            producer.send(topic_name, b"old").get(10)
+        admin.delete_topics([topic_name])
+        assert topic_name not in admin.list_topics()
+        admin.create_topics([NewTopic(topic_name, 1, 1)])
+    with Producer(cluster.bootstrap_servers) as producer:
+        assert producer.send(topic_name, b"new").get(30).offset == 0
+    assert [r.value for r in _read_all(cluster.bootstrap_servers, topic_name, 1, 1)] == [b"new"]
