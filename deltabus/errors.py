@@ -89,9 +89,7 @@ NotLeaderOrFollowerError = _kafka_error(
 RequestTimedOutError = _kafka_error(
     7, "REQUEST_TIMED_OUT", retriable=True, grpc_status=_S.DEADLINE_EXCEEDED
 )
-BrokerNotAvailableError = _kafka_error(
-    8, "BROKER_NOT_AVAILABLE", retriable=True, invalid_metadata=True, grpc_status=_S.UNAVAILABLE
-)
+BrokerNotAvailableError = _kafka_error(8, "BROKER_NOT_AVAILABLE", grpc_status=_S.UNAVAILABLE)
 MessageTooLargeError = _kafka_error(10, "MESSAGE_TOO_LARGE", grpc_status=_S.INVALID_ARGUMENT)
 NetworkError = _kafka_error(
     13, "NETWORK_EXCEPTION", retriable=True, invalid_metadata=True, grpc_status=_S.UNAVAILABLE
@@ -108,14 +106,14 @@ InvalidReplicationFactorError = _kafka_error(
     38, "INVALID_REPLICATION_FACTOR", grpc_status=_S.INVALID_ARGUMENT
 )
 InvalidConfigError = _kafka_error(40, "INVALID_CONFIG", grpc_status=_S.INVALID_ARGUMENT)
-NotControllerError = _kafka_error(41, "NOT_CONTROLLER", retriable=True, invalid_metadata=True)
+NotControllerError = _kafka_error(41, "NOT_CONTROLLER", retriable=True)
 InvalidRequestError = _kafka_error(42, "INVALID_REQUEST", grpc_status=_S.INVALID_ARGUMENT)
 KafkaStorageError = _kafka_error(
     56, "KAFKA_STORAGE_ERROR", retriable=True, invalid_metadata=True, grpc_status=_S.UNAVAILABLE
 )
 FencedLeaderEpochError = _kafka_error(74, "FENCED_LEADER_EPOCH", retriable=True, invalid_metadata=True)
 UnknownLeaderEpochError = _kafka_error(75, "UNKNOWN_LEADER_EPOCH", retriable=True)
-StaleBrokerEpochError = _kafka_error(77, "STALE_BROKER_EPOCH", retriable=True)
+StaleBrokerEpochError = _kafka_error(77, "STALE_BROKER_EPOCH")
 InvalidRecordError = _kafka_error(87, "INVALID_RECORD", grpc_status=_S.INVALID_ARGUMENT)
 
 

@@ -183,7 +183,12 @@ def to_log_batch(
 
 
 def to_ipc(table: pa.Table) -> bytes:
-    """Serialise a table as one Arrow IPC stream (what `arrow_records` carries)."""
+    """Serialise a table as one Arrow IPC stream (what `arrow_records` carries).
+
+    Slices are compacted first: the IPC writer would otherwise ship whole parent buffers of some
+    sliced columns (a 1 MB read of a cached 250k-record batch became 3 MB on the wire).
+    """
+    table = table.combine_chunks()
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, table.schema) as writer:
         writer.write_table(table)

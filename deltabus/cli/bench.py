@@ -41,6 +41,7 @@ from deltabus.rpc.producer import Producer
 VALUE_BYTES = 100
 LATENCY_RUN_S = 3.0
 LATENCY_INTERVAL_S = 0.002
+WARM_UP = b"warm-up"
 IDLE_MS_MAX = 10_000  # a fetch or a latency wait giving up after this long with nothing new
 TARGETS = {"bulk_rps": 500_000, "bulk_vs_straight": 0.70, "send_rps": 150_000,
            "fetch_rps": 1_000_000, "latency_p50_ms": 50.0}
@@ -148,7 +149,7 @@ def straight_write(path: str, values: pa.Table, records: int) -> float:
 def bulk_produce(bootstrap: str, topic: str, values: pa.Table, records: int) -> float:
     """Records/s of send_batch with acks=1, from the first call until every chunk is acked."""
     with Producer(bootstrap, acks=1) as producer:
-        producer.send(topic, b"warm-up").get(30)  # metadata and channels outside the timing
+        producer.send(topic, WARM_UP).get(30)  # metadata and channels outside the timing
         start = time.perf_counter()
         futures = [f for chunk in _chunks(values, records)
                    for f in producer.send_batch(topic, chunk)]
@@ -163,7 +164,7 @@ def send_each(bootstrap: str, topic: str, records: int) -> float:
     """Records/s of a plain send() loop (linger.ms=5, acks=1), flush included."""
     value = payload(VALUE_BYTES)
     with Producer(bootstrap, acks=1) as producer:
-        producer.send(topic, b"warm-up").get(30)
+        producer.send(topic, WARM_UP).get(30)
         start = time.perf_counter()
         last = None
         for _ in range(records):
@@ -193,3 +194,92 @@ def fetch_all(bootstrap: str, topic: str) -> tuple[int, float]:
     if count < end:
         raise CliError(f"fetch stalled: {count} of {end} records in {elapsed:.1f} s")
     return count, count / elapsed
+
+
+def latency(bootstrap: str, topic: str) -> dict[str, float]:
+    """Produce-to-consume latency (ms): a consumer thread polls while one small record is sent
+    every ~2 ms with linger.ms=0; latency is the consume time minus the record's timestamp,
+    which the producer sets at send time (both clocks are this process's)."""
+    tp = TopicPartition(topic, 0)
+    consumer = Consumer(bootstrap)
+    consumer.assign([tp])
+    consumer.seek_to_end(tp)
+    consumer.position(tp)
+    latencies: list[float] = []
+    stop = threading.Event()
+
+    def consume() -> None:
+        while not stop.is_set():
+            for record in consumer.poll(timeout_ms=100):
+                if record.value != WARM_UP:  # its latency includes opening the channels
+                    latencies.append(time.time() * 1000 - record.timestamp)
+
+    reader = threading.Thread(target=consume, name="deltabus-bench-consumer", daemon=True)
+    reader.start()
+    sent = _send_paced(bootstrap, topic)
+    deadline = time.monotonic() + IDLE_MS_MAX / 1000
+    while len(latencies) < sent and time.monotonic() < deadline:
+        time.sleep(0.05)
+    stop.set()
+    reader.join(5)
+    consumer.close()
+    ordered = sorted(latencies)
+    if not ordered:
+        raise CliError("latency: no record came back")
+
+    def pct(q: float) -> float:
+        return ordered[min(int(len(ordered) * q), len(ordered) - 1)]
+
+    return {"sent": sent, "received": len(ordered), "p50": pct(0.5), "p95": pct(0.95),
+            "p99": pct(0.99), "max": ordered[-1]}
+
+
+def _send_paced(bootstrap: str, topic: str) -> int:
+    """Send one 16-byte record every LATENCY_INTERVAL_S for LATENCY_RUN_S; returns the count."""
+    with Producer(bootstrap, acks=1, linger_ms=0) as producer:
+        producer.send(topic, WARM_UP).get(30)
+        sent = 0
+        start = next_at = time.monotonic()
+        while time.monotonic() - start < LATENCY_RUN_S:
+            producer.send(topic, b"x" * 16, timestamp_ms=int(time.time() * 1000))
+            sent += 1
+            next_at += LATENCY_INTERVAL_S
+            time.sleep(max(0.0, next_at - time.monotonic()))
+    return sent
+
+
+def judge(f: dict[str, Any]) -> dict[str, bool]:
+    """PASS/MISS per target."""
+    return {
+        "bulk": f["bulk_rps"] >= TARGETS["bulk_rps"]
+        and f["bulk_vs_straight"] >= TARGETS["bulk_vs_straight"],
+        "send": f["send_rps"] >= TARGETS["send_rps"],
+        "fetch": f["fetch_rps"] >= TARGETS["fetch_rps"],
+        "latency": f["latency_ms"]["p50"] <= TARGETS["latency_p50_ms"],
+    }
+
+
+def report(f: dict[str, Any], ok: dict[str, bool]) -> str:
+    """The table printed at the end: measured figure, target, PASS/MISS."""
+    lat = f["latency_ms"]
+    rows = [
+        ("(a) straight write_deltalake", f"{f['straight_write_rps']:,.0f} rec/s",
+         "the physical limit", ""),
+        ("(b) bulk produce, send_batch",
+         f"{f['bulk_rps']:,.0f} rec/s ({f['bulk_vs_straight']:.0%} of a)",
+         f">= {TARGETS['bulk_rps']:,} and >= {TARGETS['bulk_vs_straight']:.0%} of a", ok["bulk"]),
+        ("(c) per-record send()", f"{f['send_rps']:,.0f} rec/s",
+         f">= {TARGETS['send_rps']:,}", ok["send"]),
+        ("(d) fetch, poll_batch", f"{f['fetch_rps']:,.0f} rec/s",
+         f">= {TARGETS['fetch_rps']:,}", ok["fetch"]),
+        ("(e) produce-to-consume latency",
+         f"p50 {lat['p50']:.1f} / p95 {lat['p95']:.1f} / p99 {lat['p99']:.1f} ms",
+         f"p50 <= {TARGETS['latency_p50_ms']:.0f} ms", ok["latency"]),
+    ]
+    lines = [f"deltabus bench: {f['records']:,} records of {f['value_bytes']} bytes "
+             f"(send() {f['send_records']:,}), 1 partition, {f['elapsed_s']:.0f} s",
+             f"{'step':<32}{'measured':<40}{'target':<34}result"]
+    for name, measured, target, passed in rows:
+        verdict = "" if passed == "" else ("PASS" if passed else "MISS")
+        lines.append(f"{name:<32}{measured:<40}{target:<34}{verdict}")
+    return "\n".join(lines)

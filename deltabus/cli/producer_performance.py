@@ -134,7 +134,7 @@ def payload(size: int) -> bytes:
 def fixed_values(n: int, value: bytes) -> pa.Array:
     """n copies of `value` as an Arrow binary array, built from buffers (no Python per row)."""
     size = len(value)
-    offsets = np.arange(0, (n + 1) * size, size, dtype=np.int64)
+    offsets = np.arange(n + 1, dtype=np.int64) * size
     return pa.LargeBinaryArray.from_buffers(
         pa.large_binary(), n, [None, pa.py_buffer(offsets.tobytes()),
                                pa.py_buffer(value * n)]).cast(pa.binary())

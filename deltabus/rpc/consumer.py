@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import collections
 import time
-from typing import Iterable, NamedTuple
+from typing import Any, Iterable, NamedTuple
 
 import grpc
 import pyarrow as pa
@@ -60,6 +60,8 @@ class Consumer:
                                      retry_backoff_ms=retry_backoff_ms, client_id=client_id)
         self._positions: dict[TopicPartition, int | None] = {}
         self._buffer: collections.OrderedDict[TopicPartition, pa.Table] = collections.OrderedDict()
+        # Fetches sent ahead: (gRPC future, the fetch offset of each partition it asks for).
+        self._inflight: list[tuple[Any, dict[TopicPartition, int | None]]] = []
         self._closed = False
 
     # ---- assignment and positions ------------------------------------------------------------
@@ -219,8 +221,10 @@ class Consumer:
             raise errors.ClientError("no partitions assigned: call assign() first")
         deadline = time.monotonic() + timeout_ms / 1000
         while not self._buffer:
-            wait_ms = max(0, int((deadline - time.monotonic()) * 1000))
-            self._fetch(min(wait_ms, self.fetch_max_wait_ms))
+            if not self._inflight:
+                wait_ms = max(0, int((deadline - time.monotonic()) * 1000))
+                self._send_fetches(min(wait_ms, self.fetch_max_wait_ms))
+            self._complete_fetches(deadline)
             if self._buffer or time.monotonic() >= deadline:
                 break
         out: dict[TopicPartition, pa.Table] = {}
@@ -234,40 +238,57 @@ class Consumer:
                 del self._buffer[tp]
             out[tp] = part
             limit -= part.num_rows
+        if out:  # fetch ahead while the application works on these records
+            self._send_fetches(self.fetch_max_wait_ms)
         return out
 
-    def _fetch(self, max_wait_ms: int) -> None:
-        """One fetch round: a request to each leader of partitions with nothing buffered."""
-        todo = [tp for tp in self._positions if tp not in self._buffer]
+    def _send_fetches(self, max_wait_ms: int) -> None:
+        """Send a fetch to each leader of partitions with nothing buffered or in flight."""
+        busy = {tp for _, sent in self._inflight for tp in sent}
+        todo = [tp for tp in self._positions if tp not in self._buffer and tp not in busy]
         unknown = [tp for tp in todo if self._positions[tp] is None]
         if unknown:
             self._reset(unknown)
         retry: list[TopicPartition] = []
-        calls = []
         for address, group in self._by_leader(todo, retry).items():
             request = pb.FetchRequest(
                 max_wait_ms=max_wait_ms, min_bytes=self.fetch_min_bytes,
                 max_bytes=self.fetch_max_bytes, replica_id=-1,
                 partitions=[self._fetch_partition(t) for t in group])
             try:
-                stub = self._client.stub(address)
-                calls.append(stub.Fetch.future(
-                    request, timeout=max_wait_ms / 1000 + self._client.request_timeout_ms / 1000))
+                call = self._client.stub(address).Fetch.future(
+                    request, timeout=max_wait_ms / 1000 + self._client.request_timeout_ms / 1000)
             except errors.DeltaBusError:
                 retry.extend(group)
-        for call in calls:
+                continue
+            self._inflight.append((call, {t: self._positions[t] for t in group}))
+        if retry:
+            self._back_off()
+
+    def _complete_fetches(self, deadline: float) -> None:
+        """Take the answers of in-flight fetches that complete before the deadline."""
+        pending, retry = [], []
+        for call, sent in self._inflight:
             try:
-                response = call.result()
+                response = call.result(timeout=max(0.0, deadline - time.monotonic()))
+            except grpc.FutureTimeoutError:
+                pending.append((call, sent))
+                continue
             except grpc.RpcError as e:
                 error = error_from_rpc(e)
                 if not error.retriable:
+                    self._inflight = pending
                     raise error from None
-                retry.append(TopicPartition("", -1))
+                retry.extend(sent)
                 continue
-            self._handle_fetch(response, retry)
+            self._handle_fetch(response, sent, retry)
+        self._inflight = pending
         if retry:
-            time.sleep(self._client.retry_backoff_ms / 1000)
-            self._client.refresh_metadata()
+            self._back_off()
+
+    def _back_off(self) -> None:
+        time.sleep(self._client.retry_backoff_ms / 1000)
+        self._client.refresh_metadata()
 
     def _fetch_partition(self, tp: TopicPartition) -> pb.FetchPartition:
         state = self._client.image.partition(tp.topic, tp.partition)
@@ -278,11 +299,12 @@ class Consumer:
             entry.current_leader_epoch = state.leader_epoch
         return entry
 
-    def _handle_fetch(self, response: pb.FetchResponse, retry: list[TopicPartition]) -> None:
+    def _handle_fetch(self, response: pb.FetchResponse, sent: dict[TopicPartition, int | None],
+                      retry: list[TopicPartition]) -> None:
         for p in response.partitions:
             tp = TopicPartition(p.topic, p.partition)
-            if tp not in self._positions:
-                continue
+            if tp not in self._positions or self._positions[tp] != sent.get(tp):
+                continue  # unassigned or seeked since the fetch was sent
             if p.error_code == errors.OffsetOutOfRangeError.code:
                 self._reset([tp])
                 continue
@@ -300,6 +322,9 @@ class Consumer:
 
     def close(self) -> None:
         self._closed = True
+        for call, _ in self._inflight:
+            call.cancel()
+        self._inflight = []
         self._client.close()
 
     def __enter__(self) -> "Consumer":
