@@ -22,7 +22,8 @@ import tempfile
 import threading
 import time
 import uuid
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pyarrow as pa
 from deltalake import write_deltalake
@@ -32,6 +33,7 @@ from deltabus.cli.cluster_command import free_port
 from deltabus.cli.options import CliError
 from deltabus.cli.producer_performance import BULK_CHUNK_BYTES, fixed_values, payload
 from deltabus.cli.results import write_json
+from deltabus.errors import KafkaTimeoutError
 from deltabus.metadata import NewTopic
 from deltabus.records import normalize_produce, to_log_batch
 from deltabus.rpc.admin import AdminClient
@@ -108,24 +110,32 @@ def run_steps(bootstrap: str, root: str, records: int, send_records: int) -> dic
         try:
             figures: dict[str, Any] = {"records": records, "send_records": send_records,
                                        "value_bytes": VALUE_BYTES, "chunk_records": chunk_rows}
-            _step("a", "straight write_deltalake")
-            figures["straight_write_rps"] = straight_write(f"{root}/straight", values, records)
-            _step("b", "bulk produce, send_batch")
-            figures["bulk_rps"] = bulk_produce(bootstrap, topic, values, records)
+            steps = figures["step_s"] = {}
+            with _step(steps, "a", "straight write_deltalake"):
+                figures["straight_write_rps"] = straight_write(f"{root}/straight", values,
+                                                               records)
+            with _step(steps, "b", "bulk produce, send_batch"):
+                figures["bulk_rps"] = bulk_produce(bootstrap, topic, values, records)
             figures["bulk_vs_straight"] = figures["bulk_rps"] / figures["straight_write_rps"]
-            _step("c", "per-record send()")
-            figures["send_rps"] = send_each(bootstrap, topic, send_records)
-            _step("d", "fetch, poll_batch")
-            figures["fetched_records"], figures["fetch_rps"] = fetch_all(bootstrap, topic)
-            _step("e", "produce-to-consume latency")
-            figures["latency_ms"] = latency(bootstrap, latency_topic)
+            with _step(steps, "c", "per-record send()"):
+                figures["send_rps"] = send_each(bootstrap, topic, send_records)
+            with _step(steps, "d", "fetch, poll_batch"):
+                figures["fetched_records"], figures["fetch_rps"] = fetch_all(bootstrap, topic)
+            with _step(steps, "e", "produce-to-consume latency"):
+                figures["latency_ms"] = latency(bootstrap, latency_topic)
         finally:
             admin.delete_topics([topic, latency_topic])
     return figures
 
 
-def _step(letter: str, what: str) -> None:
-    print(f"({letter}) {what}...", flush=True)
+@contextlib.contextmanager
+def _step(steps: dict[str, float], letter: str, what: str) -> Iterator[None]:
+    """Announce a step and record how long it took, so a slow bench says where time went."""
+    print(f"({letter}) {what}...", end="", flush=True)
+    start = time.monotonic()
+    yield
+    steps[letter] = time.monotonic() - start
+    print(f" {steps[letter]:.1f} s", flush=True)
 
 
 def _chunks(values: pa.Table, records: int) -> Iterator[pa.Table]:
@@ -235,8 +245,12 @@ def latency(bootstrap: str, topic: str) -> dict[str, float]:
 
 
 def _send_paced(bootstrap: str, topic: str) -> int:
-    """Send one 16-byte record every LATENCY_INTERVAL_S for LATENCY_RUN_S; returns the count."""
-    with Producer(bootstrap, acks=1, linger_ms=0) as producer:
+    """Send one 16-byte record every LATENCY_INTERVAL_S for LATENCY_RUN_S; returns the count.
+
+    Waits at most IDLE_MS_MAX for the acks: a backlog must not stretch the bench without end.
+    """
+    producer = Producer(bootstrap, acks=1, linger_ms=0)
+    try:
         producer.send(topic, WARM_UP).get(30)
         sent = 0
         start = next_at = time.monotonic()
@@ -245,6 +259,9 @@ def _send_paced(bootstrap: str, topic: str) -> int:
             sent += 1
             next_at += LATENCY_INTERVAL_S
             time.sleep(max(0.0, next_at - time.monotonic()))
+    finally:
+        with contextlib.suppress(KafkaTimeoutError):
+            producer.close(timeout=IDLE_MS_MAX / 1000)
     return sent
 
 
@@ -273,13 +290,15 @@ def report(f: dict[str, Any], ok: dict[str, bool]) -> str:
         ("(d) fetch, poll_batch", f"{f['fetch_rps']:,.0f} rec/s",
          f">= {TARGETS['fetch_rps']:,}", ok["fetch"]),
         ("(e) produce-to-consume latency",
-         f"p50 {lat['p50']:.1f} / p95 {lat['p95']:.1f} / p99 {lat['p99']:.1f} ms",
+         (f"p50 {lat['p50']:.1f} / p95 {lat['p95']:.1f} / p99 {lat['p99']:.1f} ms "
+          f"({lat['received']}/{lat['sent']} back)"),
          f"p50 <= {TARGETS['latency_p50_ms']:.0f} ms", ok["latency"]),
     ]
-    lines = [f"deltabus bench: {f['records']:,} records of {f['value_bytes']} bytes "
-             f"(send() {f['send_records']:,}), 1 partition, {f['elapsed_s']:.0f} s",
-             f"{'step':<32}{'measured':<40}{'target':<34}result"]
+    title = (f"deltabus bench: {f['records']:,} records of {f['value_bytes']} bytes "
+             f"(send() {f['send_records']:,}), 1 partition, {f['elapsed_s']:.0f} s")
+    lines = [title,
+             f"{'step':<32}{'measured':<50}{'target':<34}result"]
     for name, measured, target, passed in rows:
         verdict = "" if passed == "" else ("PASS" if passed else "MISS")
-        lines.append(f"{name:<32}{measured:<40}{target:<34}{verdict}")
+        lines.append(f"{name:<32}{measured:<50}{target:<34}{verdict}".rstrip())
     return "\n".join(lines)

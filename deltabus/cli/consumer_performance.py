@@ -16,7 +16,12 @@ from typing import Any
 
 import pyarrow.compute as pc
 
-from deltabus.cli.options import CONSUMER_CONFIGS, CliError, client_kwargs, parse_properties
+from deltabus.cli.options import (
+    CONSUMER_CONFIGS,
+    CliError,
+    client_kwargs,
+    parse_properties,
+)
 from deltabus.cli.results import write_json
 from deltabus.rpc.consumer import Consumer, TopicPartition
 
@@ -74,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def consume(consumer: Consumer, messages: int, timeout_ms: int, bulk: bool) -> tuple[int, int]:
-    """Poll until `messages` records or `timeout_ms` with none; returns (records, key+value bytes)."""
+    """Poll until `messages` records, or `timeout_ms` with none; returns (records, bytes)."""
     count = nbytes = 0
     last_record = time.monotonic()
     while count < messages:

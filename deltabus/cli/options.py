@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9192"
 

@@ -13,12 +13,18 @@ import argparse
 import random
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from deltabus.cli.options import PRODUCER_CONFIGS, CliError, client_kwargs, parse_properties
+from deltabus.cli.options import (
+    PRODUCER_CONFIGS,
+    CliError,
+    client_kwargs,
+    parse_properties,
+)
 from deltabus.cli.results import write_json
 from deltabus.rpc.producer import FutureRecordMetadata, Producer
 
@@ -82,6 +88,13 @@ class LatencyStats:
             w[1] += weight
             w[2] += latency_ms * weight
             w[3] = max(w[3], latency_ms)
+
+    def wait_for(self, records: int, timeout_s: float = 10.0) -> None:
+        """Wait until callbacks accounted for `records`: flush() may return while the last
+        callbacks still run on the producer's threads."""
+        deadline = time.monotonic() + timeout_s
+        while self.count + self.errors < records and time.monotonic() < deadline:
+            time.sleep(0.001)
 
     def window_line(self) -> str:
         """Kafka's progress line for the window now ending; starts the next window."""
@@ -158,6 +171,7 @@ def run(args: argparse.Namespace) -> int:
                 send_records(producer, args.topic, args.num_records, args.record_size,
                              args.throughput, stats)
             producer.flush()
+            stats.wait_for(args.num_records)
         finally:
             stop.set()
     result = stats.summary()
@@ -217,6 +231,8 @@ def send_bulk(producer: Producer, topic: str, n: int, record_size: int, throughp
         chunk = table.slice(0, min(rows, n - first))
         sent_at = time.monotonic()
         futures = producer.send_batch(topic, chunk)
-        for future in futures:
-            future.add_done_callback(stats.callback(sent_at, chunk.num_rows // len(futures)))
+        weights = [chunk.num_rows // len(futures)] * len(futures)
+        weights[0] += chunk.num_rows % len(futures)
+        for future, weight in zip(futures, weights):
+            future.add_done_callback(stats.callback(sent_at, weight))
         _throttle(start, first + chunk.num_rows, throughput)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import re
-from typing import Iterable
+from collections.abc import Iterable
 
 from deltabus import errors
 from deltabus.cli.options import CliError, parse_properties, warn

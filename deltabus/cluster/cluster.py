@@ -103,7 +103,12 @@ class Cluster:
         return self
 
     def _check_task_slots(self) -> None:
-        slots = self.spark.sparkContext.defaultParallelism
+        """In local mode the slot count is known up front: refuse a cluster that cannot start.
+        Elsewhere executors may still be joining, so a shortage shows as a start-up timeout."""
+        sc = self.spark.sparkContext
+        if not sc.master.startswith("local["):
+            return
+        slots = sc.defaultParallelism
         if slots <= self.config.brokers:
             raise ValueError(
                 f"Spark offers {slots} task slots but {self.config.brokers} brokers each hold one "

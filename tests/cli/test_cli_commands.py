@@ -1,0 +1,190 @@
+"""Integration: the commands in-process (`main(argv)`) against the session's 3-broker cluster,
+and `cluster start` as a real process stopped by SIGTERM."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from typing import Any
+
+import pytest
+
+from deltabus.cli.main import main
+
+
+class Cli:
+    """Runs `deltabus ...` in-process against the shared cluster; returns (rc, stdout, stderr)."""
+
+    def __init__(self, cluster: Any, capsys: pytest.CaptureFixture[str],
+                 monkeypatch: pytest.MonkeyPatch) -> None:
+        self.bootstrap = cluster.bootstrap_servers
+        self.capsys = capsys
+        self.monkeypatch = monkeypatch
+
+    def __call__(self, *argv: str, stdin: str | None = None) -> tuple[int, str, str]:
+        if stdin is not None:
+            self.monkeypatch.setattr(sys, "stdin", io.StringIO(stdin))
+        self.capsys.readouterr()
+        rc = main([*argv, "--bootstrap-server", self.bootstrap])
+        out, err = self.capsys.readouterr()
+        return rc, out, err
+
+
+@pytest.fixture
+def cli(cluster: Any, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> Cli:
+    return Cli(cluster, capsys, monkeypatch)
+
+
+def test_topic_lifecycle(cli: Cli, topic_name: str) -> None:
+    rc, out, _ = cli("topics", "--create", "--topic", topic_name, "--partitions", "3",
+                     "--replication-factor", "2", "--config", "retention.ms=60000")
+    assert (rc, out) == (0, f"Created topic {topic_name}.\n")
+    rc, out, _ = cli("topics", "--list")
+    assert rc == 0 and topic_name in out.splitlines()
+    rc, out, _ = cli("topics", "--describe", "--topic", topic_name)
+    lines = out.splitlines()
+    assert rc == 0 and len(lines) == 4
+    assert lines[0].startswith(f"Topic: {topic_name}\tTopicId: ")
+    assert lines[0].endswith(
+        "\tPartitionCount: 3\tReplicationFactor: 2\tConfigs: retention.ms=60000")
+    for p, line in enumerate(lines[1:]):
+        fields = line.split("\t")
+        assert fields[:3] == ["", f"Topic: {topic_name}", f"Partition: {p}"]
+        assert [f.split(": ")[0] for f in fields[3:]] == ["Leader", "Replicas", "Isr"]
+        assert len(fields[4].split(",")) == 2
+
+    rc, _, err = cli("topics", "--create", "--topic", topic_name)
+    assert rc == 1 and "TOPIC_ALREADY_EXISTS" in err
+    assert cli("topics", "--create", "--topic", topic_name, "--if-not-exists")[:2] == (0, "")
+
+    assert cli("topics", "--delete", "--topic", topic_name)[:2] == (0, "")
+    assert topic_name not in cli("topics", "--list")[1].splitlines()
+    rc, _, err = cli("topics", "--describe", "--topic", topic_name)
+    assert (rc, err) == (1, f"Error: Topic '{topic_name}' does not exist as expected\n")
+    assert cli("topics", "--delete", "--topic", topic_name, "--if-exists")[:2] == (0, "")
+
+
+def test_create_defaults_and_collision_warning(cli: Cli, topic_name: str) -> None:
+    dotted = topic_name + ".x"
+    rc, out, err = cli("topics", "--create", "--topic", dotted)
+    assert rc == 0 and out == f"Created topic {dotted}.\n"
+    assert "topics with a period ('.') or underscore ('_') could collide" in err
+    rc, out, _ = cli("topics", "--describe", "--topic", dotted)
+    assert "\tPartitionCount: 1\tReplicationFactor: 1\t" in out  # the broker defaults
+    rc, _, err = cli("topics", "--create", "--topic", topic_name + "_x")
+    assert rc == 1 and f"collides with existing topics: {dotted}" in err
+    cli("topics", "--delete", "--topic", dotted)
+
+
+def test_console_producer_then_consumer(cli: Cli, topic_name: str) -> None:
+    cli("topics", "--create", "--topic", topic_name, "--partitions", "3")
+    rc, out, err = cli("console-producer", "--topic", topic_name, "--property", "parse.key=true",
+                       "--property", "key.separator=:", "--producer-property", "acks=all",
+                       stdin="k1:v1\nk2:v2\nk3:v3\n")
+    assert (rc, out, err) == (0, "", "")
+    rc, out, err = cli("console-consumer", "--topic", topic_name, "--from-beginning",
+                       "--max-messages", "3", "--property", "print.key=true",
+                       "--property", "key.separator=:")
+    assert rc == 0
+    assert sorted(out.splitlines()) == ["k1:v1", "k2:v2", "k3:v3"]
+    assert err.strip().endswith("Processed a total of 3 messages")
+
+    rc, out, err = cli("console-consumer", "--topic", topic_name, "--from-beginning",
+                       "--timeout-ms", "1500", "--property", "print.partition=true",
+                       "--property", "print.offset=true", "--property", "print.timestamp=true")
+    assert rc == 0 and len(out.splitlines()) == 3
+    for line in out.splitlines():
+        assert re.fullmatch(r"CreateTime:\d+\tPartition:[0-2]\tOffset:0\tv[1-3]", line), line
+    assert "Processed a total of 3 messages" in err
+
+
+def test_console_consumer_starts_at_the_end_or_an_offset(cli: Cli, topic_name: str) -> None:
+    cli("topics", "--create", "--topic", topic_name, "--partitions", "1")
+    cli("console-producer", "--topic", topic_name, stdin="a\nb\nc\n")
+    rc, out, err = cli("console-consumer", "--topic", topic_name, "--timeout-ms", "1000")
+    assert (rc, out) == (0, "") and "Processed a total of 0 messages" in err
+    rc, out, _ = cli("console-consumer", "--topic", topic_name, "--partition", "0",
+                     "--offset", "1", "--max-messages", "2")
+    assert (rc, out) == (0, "b\nc\n")
+    rc, out, _ = cli("console-consumer", "--topic", topic_name, "--partition", "0",
+                     "--offset", "earliest", "--max-messages", "1")
+    assert (rc, out) == (0, "a\n")
+    rc, _, err = cli("console-consumer", "--topic", topic_name, "--partition", "7")
+    assert rc == 1 and "Partition 7 of topic" in err
+    rc, _, err = cli("console-consumer", "--topic", topic_name + "-missing", "--timeout-ms", "1")
+    assert rc == 1 and "UNKNOWN_TOPIC_OR_PARTITION" in err
+
+
+def test_console_producer_stops_at_a_line_without_separator(cli: Cli, topic_name: str) -> None:
+    cli("topics", "--create", "--topic", topic_name, "--partitions", "1")
+    rc, _, err = cli("console-producer", "--topic", topic_name, "--property", "parse.key=true",
+                     stdin="k\tfirst\nno separator here\nk\tnever sent\n")
+    assert rc == 1
+    assert err == "Error: No key separator found on line number 2: 'no separator here'\n"
+    rc, out, _ = cli("console-consumer", "--topic", topic_name, "--from-beginning",
+                     "--timeout-ms", "1500")
+    assert (rc, out) == (0, "first\n")  # what came before the bad line was flushed
+
+
+def test_perf_producer_and_consumer(cli: Cli, topic_name: str, tmp_path: Any) -> None:
+    cli("topics", "--create", "--topic", topic_name, "--partitions", "2")
+    for bulk in ([], ["--bulk", "--batch-records", "700"]):
+        path = tmp_path / f"producer{len(bulk)}.json"
+        rc, out, _ = cli("perf", "producer", "--topic", topic_name, "--num-records", "3000",
+                         "--record-size", "50", "--throughput", "-1", "--producer-props",
+                         "acks=1", "linger.ms=5", *bulk, "--json", str(path))
+        assert rc == 0
+        assert re.search(r"^3000 records sent, [\d.]+ records/sec \([\d.]+ MB/sec\), [\d.]+ ms "
+                         r"avg latency, [\d.]+ ms max latency, \d+ ms 50th, \d+ ms 95th, \d+ ms "
+                         r"99th, \d+ ms 99\.9th\.$", out, re.MULTILINE), out
+        figures = json.loads(path.read_text())
+        assert figures["records"] == 3000 and figures["bulk"] == bool(bulk)
+        assert figures["records_per_s"] > 0 and figures["errors"] == 0
+
+    for bulk in ([], ["--bulk"]):
+        path = tmp_path / f"consumer{len(bulk)}.json"
+        rc, out, err = cli("perf", "consumer", "--topic", topic_name, "--messages", "6000",
+                           "--timeout", "5000", *bulk, "--json", str(path))
+        assert rc == 0 and err == ""
+        header, line = out.splitlines()
+        assert header.startswith("start.time, end.time, data.consumed.in.MB, MB.sec, ")
+        assert line.split(", ")[4] == "6000"
+        figures = json.loads(path.read_text())
+        assert figures["records"] == 6000 and figures["mb"] == pytest.approx(6000 * 50 / 2**20,
+                                                                             rel=1e-3)
+    rc, _, err = cli("perf", "consumer", "--topic", topic_name, "--messages", "7000",
+                     "--timeout", "500", "--hide-header")
+    assert rc == 0 and "Exiting before consuming the expected number of messages" in err
+
+
+def test_cluster_start_serves_until_sigterm(tmp_path: Any) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "deltabus.cli.main", "cluster", "start", "--brokers", "1",
+         "--root", str(tmp_path / "data"), "--port", str(port)],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+    try:
+        assert process.stdout is not None
+        first = process.stdout.readline()
+        assert first == (f"deltabus cluster started: bootstrap 127.0.0.1:{port}, 1 brokers, "
+                         f"data under {tmp_path / 'data'}\n")
+        assert process.stdout.readline().startswith("Spark UI: http://")
+        time.sleep(0.5)
+        process.send_signal(signal.SIGTERM)
+        rest = process.communicate(timeout=120)[0]
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 0
+    assert rest.splitlines()[-1] == "deltabus cluster stopped"
