@@ -128,7 +128,7 @@ class ClusterConfig:
     checkpoint_interval: int = 100
     grpc_threads: int = 32
 
-    def with_(self, **changes: Any) -> "ClusterConfig":
+    def with_(self, **changes: Any) -> ClusterConfig:
         return replace(self, **changes)
 
     def __post_init__(self) -> None:

@@ -18,9 +18,9 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Iterator
 
 import grpc
 import pyarrow as pa
@@ -30,13 +30,12 @@ from deltabus import errors
 from deltabus.log_tables.layout import replica_path
 from deltabus.log_tables.partition_log import AppendResult, LogConfig, PartitionLog
 from deltabus.metadata import (
-    BrokerEndpoint,
     MetadataImage,
     NewTopic,
     TopicResult,
     empty_image,
 )
-from deltabus.records import LOG_APPEND_TIME, CREATE_TIME, ProducerState
+from deltabus.records import CREATE_TIME, LOG_APPEND_TIME, ProducerState
 from deltabus.rpc import codec
 from deltabus.rpc.client import ClusterClient
 from deltabus.rpc.server import FetchResult, FetchSpec, start_server
@@ -218,7 +217,7 @@ class Broker:
         return [_result_from_proto(r) for r in response.topics]
 
     def produce(self, topic: str, partition: int, batch: pa.Table, *, acks: int,
-                producer: ProducerState) -> "Future[AppendResult]":
+                producer: ProducerState) -> Future[AppendResult]:
         partition_log, leader_epoch = self._leader_log(topic, partition)
         topic_config = cfg.topic_config(self._image.topics[topic].configs)
         timestamp_type = (LOG_APPEND_TIME if topic_config.message_timestamp_type == "LogAppendTime"

@@ -81,7 +81,7 @@ class Cluster:
 
     # ---- starting ----------------------------------------------------------------------------
 
-    def start(self) -> "Cluster":
+    def start(self) -> Cluster:
         """Start the controller and every broker; return once all brokers have registered."""
         self._check_task_slots()
         self.controller = Controller(self.config, on_fence=self._cancel_broker)
@@ -191,7 +191,7 @@ class Cluster:
         if self._owns_spark:
             self.spark.stop()
 
-    def __enter__(self) -> "Cluster":
+    def __enter__(self) -> Cluster:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

@@ -15,8 +15,8 @@ import logging
 import random
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import pyarrow.fs as pafs
 

@@ -20,9 +20,9 @@ import collections
 import logging
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -80,7 +80,7 @@ class _PendingAppend:
     leader_epoch: int
     timestamp_type: int
     producer: ProducerState
-    future: "Future[AppendResult]"
+    future: Future[AppendResult]
 
 
 def _map_delta_error(e: Exception, what: str) -> errors.DeltaBusError:
@@ -179,7 +179,7 @@ class PartitionLog:
         timestamp_type: int = CREATE_TIME,
         producer: ProducerState = ProducerState(),
         max_message_bytes: int | None = None,
-    ) -> "Future[AppendResult]":
+    ) -> Future[AppendResult]:
         """Queue a normalised produce batch for the next group commit; the future resolves once
         the Delta commit holding it succeeded.
 

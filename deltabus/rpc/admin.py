@@ -5,7 +5,7 @@ Thread-safe. Admin calls go to any server; brokers forward them to the controlle
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from deltabus import errors
 from deltabus.metadata import NewTopic, TopicState
@@ -76,7 +76,7 @@ class AdminClient:
     def close(self) -> None:
         self._client.close()
 
-    def __enter__(self) -> "AdminClient":
+    def __enter__(self) -> AdminClient:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -96,7 +96,7 @@ def produce_batch_from_proto(data: pb.PartitionProduceData) -> pa.Table:
     return normalize_produce(records_to_table(data.records))
 
 
-def records_to_table(records: "list[pb.Record] | object") -> pa.Table:
+def records_to_table(records: list[pb.Record] | object) -> pa.Table:
     keys, values, timestamps, headers = [], [], [], []
     for r in records:  # type: ignore[attr-defined]
         keys.append(r.key if r.HasField("key") else None)

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import collections
 import time
-from typing import Any, Iterable, NamedTuple
+from collections.abc import Iterable
+from typing import Any, NamedTuple
 
 import grpc
 import pyarrow as pa
@@ -327,7 +328,7 @@ class Consumer:
         self._inflight = []
         self._client.close()
 
-    def __enter__(self) -> "Consumer":
+    def __enter__(self) -> Consumer:
         return self
 
     def __exit__(self, *exc: object) -> None:

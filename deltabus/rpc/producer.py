@@ -18,8 +18,9 @@ import collections
 import logging
 import threading
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, NamedTuple
+from typing import Any, NamedTuple
 
 import grpc
 import pyarrow as pa
@@ -105,7 +106,7 @@ class FutureRecordMetadata:
 
     result = get
 
-    def add_done_callback(self, fn: Callable[["FutureRecordMetadata"], Any]) -> None:
+    def add_done_callback(self, fn: Callable[[FutureRecordMetadata], Any]) -> None:
         if self._batch.done.is_set():
             fn(self)
         else:
@@ -469,7 +470,7 @@ class Producer:
             self._sender.join(5)
             self._client.close()
 
-    def __enter__(self) -> "Producer":
+    def __enter__(self) -> Producer:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 import grpc
 import pyarrow as pa
@@ -62,7 +63,7 @@ class DeltaBusHandler(Protocol):
     def delete_topics(self, names: list[str], *, timeout_ms: int) -> list[TopicResult]: ...
 
     def produce(self, topic: str, partition: int, batch: pa.Table, *, acks: int,
-                producer: ProducerState) -> "futures.Future[AppendResult]": ...
+                producer: ProducerState) -> futures.Future[AppendResult]: ...
 
     def fetch(self, specs: list[FetchSpec], *, max_wait_ms: int, min_bytes: int,
               max_bytes: int, replica_id: int) -> list[FetchResult]: ...

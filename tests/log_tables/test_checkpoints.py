@@ -1,0 +1,25 @@
+"""Open time must not grow with the number of commits: the log writes Delta checkpoints."""
+
+from __future__ import annotations
+
+import os
+
+from deltabus.log_tables import LogConfig, PartitionLog
+from deltabus.records import normalize_produce, produce_batch
+
+
+def test_checkpoints_are_written_and_reopen_recovers_from_them(tmp_path):
+    path = str(tmp_path / "log")
+    config = LogConfig(checkpoint_interval=20, group_commit_linger_ms=0)
+    log = PartitionLog(path, topic="t", partition=0, config=config)
+    batch = normalize_produce(produce_batch([b"x"]))
+    for _ in range(45):
+        log.append(batch, leader_epoch=0).result(10)
+    log.close()
+    names = os.listdir(os.path.join(path, "_delta_log"))
+    assert "_last_checkpoint" in names
+    assert sum(n.endswith(".checkpoint.parquet") for n in names) >= 2
+    reopened = PartitionLog(path, topic="t", partition=0, config=config)
+    assert (reopened.log_start_offset, reopened.log_end_offset) == (0, 45)
+    assert reopened.read(40, 1 << 20).column("offset").to_pylist() == [40, 41, 42, 43, 44]
+    reopened.close()
