@@ -120,10 +120,10 @@ class ClusterConfig:
     shutdown_timeout_ms: int = field(
         default_factory=lambda: _env_int("DELTABUS_SHUTDOWN_TIMEOUT_MS", 30_000))
     # Group commit: produce requests for one partition gathered into one Delta commit.
-    group_commit_bytes_max: int = 64 * 1024 * 1024
+    group_commit_bytes_max: int = 32 * 1024 * 1024
     group_commit_linger_ms: int = 1
     # Recently committed batches kept in broker memory, so tail fetches never read Parquet.
-    log_cache_bytes_max: int = 128 * 1024 * 1024
+    log_cache_bytes_max: int = 64 * 1024 * 1024  # per partition
     # Delta checkpoint every N commits keeps table open time flat however long the log grows.
     checkpoint_interval: int = 100
     grpc_threads: int = 32

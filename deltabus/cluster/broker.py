@@ -19,7 +19,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import grpc
@@ -43,6 +43,8 @@ from deltabus.rpc.v1 import deltabus_pb2 as pb
 from deltabus.rpc.v1 import deltabus_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
+
+LOG_OPEN_THREADS = 8
 
 
 @dataclass(frozen=True)
@@ -157,20 +159,28 @@ class Broker:
                 partition_log = self._logs.pop(key)
             partition_log.close()
             log.info("broker %d stopped leading %s-%d", self.broker_id, *key)
-        for topic, partition in sorted(wanted - current):
-            try:
-                opened = PartitionLog(
-                    replica_path(self._config.root, topic, partition, self.broker_id),
-                    topic=topic, partition=partition, config=self._log_config,
-                    on_append=self._notify_append)
-            except errors.DeltaBusError:
-                log.exception("cannot open %s-%d", topic, partition)
-                continue
-            with self._logs_lock:
-                self._logs[(topic, partition)] = opened
-            log.info("broker %d leads %s-%d from offset %d", self.broker_id, topic, partition,
-                     opened.log_end_offset)
+        opening = sorted(wanted - current)
+        if opening:  # in parallel: a broker may lead hundreds of partitions
+            with ThreadPoolExecutor(max_workers=LOG_OPEN_THREADS) as pool:
+                for key, opened in zip(opening, pool.map(self._open_log, opening), strict=True):
+                    if opened is not None:
+                        with self._logs_lock:
+                            self._logs[key] = opened
         self._image = image
+
+    def _open_log(self, key: tuple[str, int]) -> PartitionLog | None:
+        topic, partition = key
+        try:
+            opened = PartitionLog(
+                replica_path(self._config.root, topic, partition, self.broker_id),
+                topic=topic, partition=partition, config=self._log_config,
+                on_append=self._notify_append)
+        except Exception:  # one unreadable table must not take the broker down
+            log.exception("cannot open %s-%d", topic, partition)
+            return None
+        log.info("broker %d leads %s-%d from offset %d", self.broker_id, topic, partition,
+                 opened.log_end_offset)
+        return opened
 
     def _notify_append(self) -> None:
         with self._appended:

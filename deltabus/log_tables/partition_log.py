@@ -56,9 +56,9 @@ MAX_TIMESTAMP = -3
 class LogConfig:
     """How a partition log commits and caches (taken from the cluster config)."""
 
-    group_commit_bytes_max: int = 64 * 1024 * 1024
+    group_commit_bytes_max: int = 32 * 1024 * 1024
     group_commit_linger_ms: int = 1
-    log_cache_bytes_max: int = 128 * 1024 * 1024
+    log_cache_bytes_max: int = 64 * 1024 * 1024
     checkpoint_interval: int = 100
     max_commit_retries: int = 50
     pending_bytes_max: int = 256 * 1024 * 1024  # produce requests waiting for a commit
