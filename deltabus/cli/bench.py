@@ -297,8 +297,8 @@ def report(f: dict[str, Any], ok: dict[str, bool]) -> str:
     title = (f"deltabus bench: {f['records']:,} records of {f['value_bytes']} bytes "
              f"(send() {f['send_records']:,}), 1 partition, {f['elapsed_s']:.0f} s")
     lines = [title,
-             f"{'step':<32}{'measured':<50}{'target':<34}result"]
+             f"{'step':<32}{'measured':<60}{'target':<34}result"]
     for name, measured, target, passed in rows:
         verdict = "" if passed == "" else ("PASS" if passed else "MISS")
-        lines.append(f"{name:<32}{measured:<50}{target:<34}{verdict}".rstrip())
+        lines.append(f"{name:<32}{measured:<60}{target:<34}{verdict}".rstrip())
     return "\n".join(lines)

@@ -90,6 +90,7 @@ def start(args: argparse.Namespace) -> int:
         try:
             _serve_until_signalled()
         finally:
+            spark.sparkContext.setLogLevel("ERROR")  # cancelled broker tasks are expected now
             cluster.stop()
     finally:
         spark.stop()

@@ -233,6 +233,6 @@ def send_bulk(producer: Producer, topic: str, n: int, record_size: int, throughp
         futures = producer.send_batch(topic, chunk)
         weights = [chunk.num_rows // len(futures)] * len(futures)
         weights[0] += chunk.num_rows % len(futures)
-        for future, weight in zip(futures, weights):
+        for future, weight in zip(futures, weights, strict=True):
             future.add_done_callback(stats.callback(sent_at, weight))
         _throttle(start, first + chunk.num_rows, throughput)

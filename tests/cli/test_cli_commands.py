@@ -172,6 +172,7 @@ def test_cluster_start_serves_until_sigterm(tmp_path: Any) -> None:
     env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"}
     process = subprocess.Popen(
         [sys.executable, "-m", "deltabus.cli.main", "cluster", "start", "--brokers", "1",
+         "--master", "local[3]",
          "--root", str(tmp_path / "data"), "--port", str(port)],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
     try:
