@@ -269,7 +269,8 @@ class Broker:
             result.high_watermark = partition_log.high_watermark
             result.log_start_offset = partition_log.log_start_offset
             result.log_end_offset = partition_log.log_end_offset
-            result.records = partition_log.read(spec.offset, spec.max_bytes)
+            result.records = partition_log.read(
+                spec.offset, min(spec.max_bytes, cfg.FETCH_RESPONSE_PARTITION_BYTES_MAX))
         except errors.DeltaBusError as e:
             result.error = e
         return result

@@ -18,15 +18,19 @@ from __future__ import annotations
 
 import collections
 import logging
+import posixpath
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
+from urllib.parse import unquote
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
 from deltalake import (
     CommitProperties,
     DeltaTable,
@@ -47,6 +51,7 @@ from deltabus.records import (
 
 log = logging.getLogger(__name__)
 
+PARQUET_FILES_OPEN_MAX = 256  # footers kept per log; a file handle each
 LATEST_TIMESTAMP = -1
 EARLIEST_TIMESTAMP = -2
 MAX_TIMESTAMP = -3
@@ -115,6 +120,10 @@ class PartitionLog:
         self._reader = DeltaTable(path, storage_options=storage_options)
         self._reader_lock = threading.Lock()
         self._version = self._table.version()  # read by other threads instead of self._table
+        self._files_version = -1
+        self._files_cache = pa.table({})
+        self._fs, self._fs_base = pafs.FileSystem.from_uri(path)
+        self._parquet_files: dict[str, pq.ParquetFile] = {}
         self.log_start_offset, self.log_end_offset = self._recover_offsets(self._table)
         self.high_watermark = self.log_end_offset  # replication (issue 3) will hold it back
         self._lock = threading.Condition()
@@ -365,38 +374,66 @@ class PartitionLog:
                 break
         return pa.concat_tables(parts) if parts else LOG_SCHEMA.empty_table()
 
-    def _read_table(self, offset: int, end: int, max_bytes: int) -> pa.Table:
-        """Read from Parquet, touching only the files that hold the wanted offsets."""
+    def _files(self) -> pa.Table:
+        """The table's data files (path, min and max offset), by first offset: delta-rs's add
+        actions of the committed version, cached per version."""
         with self._reader_lock:
-            if self._reader.version() != self._version:
-                self._reader.update_incremental()
-            actions = pa.table(self._reader.get_add_actions(flatten=True)).select(
-                ["min.offset", "max.offset", "size_bytes"])
-            mask = pc.and_(pc.greater_equal(actions.column("max.offset"), offset),
-                           pc.less(actions.column("min.offset"), end))
-            wanted = actions.filter(mask).sort_by("min.offset")
-            if wanted.num_rows == 0:
-                return LOG_SCHEMA.empty_table()
-            # Enough files for max_bytes (Parquet is smaller than Arrow: a factor of 2 margin).
-            sizes = np.cumsum(wanted.column("size_bytes").to_numpy())
-            take = int(np.searchsorted(sizes, max_bytes // 2)) + 1
-            upper = min(int(wanted.column("max.offset")[min(take, wanted.num_rows) - 1].as_py()),
-                        end - 1)
-            dataset = self._reader.to_pyarrow_dataset(
-                file_pruning_predicate=[("offset", ">=", offset), ("offset", "<=", upper)],
-                schema=LOG_SCHEMA)
-        table = dataset.to_table(
-            filter=(pc.field("offset") >= offset) & (pc.field("offset") <= upper))
-        # Batches are usually in offset order inside: order the batches, sort rows only if not.
-        batches = [b for b in table.to_batches() if b.num_rows]
-        batches.sort(key=lambda b: b.column(0)[0].as_py())
-        if not batches:
+            if self._files_version != self._version:
+                if self._reader.version() != self._version:
+                    self._reader.update_incremental()
+                actions = pa.table(self._reader.get_add_actions(flatten=True)).select(
+                    ["path", "min.offset", "max.offset"])
+                self._files_cache = actions.sort_by("min.offset")
+                self._files_version = self._version
+            return self._files_cache
+
+    def _read_table(self, offset: int, end: int, max_bytes: int) -> pa.Table:
+        """Read from Parquet, touching only the files, and row groups, that hold the offsets.
+
+        delta-rs says which files make up the committed version and their offset statistics;
+        pyarrow reads the Parquet row groups whose own statistics overlap the range (the tables
+        use no deletion vectors or column mapping, so the data files are the table).
+        """
+        files = self._files()
+        mask = pc.and_(pc.greater_equal(files.column("max.offset"), offset),
+                       pc.less(files.column("min.offset"), end))
+        parts: list[pa.Table] = []
+        size = 0
+        for path in files.filter(mask).column("path").to_pylist():
+            reader = self._parquet_file(path)
+            for group in range(reader.metadata.num_row_groups):
+                stats = reader.metadata.row_group(group).column(0).statistics  # offset
+                if stats is not None and stats.has_min_max and (
+                        stats.max < offset or stats.min >= end):
+                    continue
+                part = reader.read_row_group(group)
+                parts.append(part)
+                size += part.nbytes
+                if size >= max_bytes:
+                    break
+            if size >= max_bytes:
+                break
+        if not parts:
             return LOG_SCHEMA.empty_table()
-        table = pa.Table.from_batches(batches)
+        table = pa.concat_tables(parts)
         offsets = table.column("offset").to_numpy()
         if offsets.size > 1 and not (np.diff(offsets) > 0).all():
             table = table.sort_by("offset")  # the writer may reorder rows within a file
+            offsets = table.column("offset").to_numpy()
+        lo, hi = np.searchsorted(offsets, [offset, end])
+        table = table.slice(int(lo), int(hi - lo))
         return table if table.schema.equals(LOG_SCHEMA) else table.cast(LOG_SCHEMA)
+
+    def _parquet_file(self, path: str) -> pq.ParquetFile:
+        """An open Parquet file of this table (footers cached: files never change)."""
+        reader = self._parquet_files.get(path)
+        if reader is None:
+            location = posixpath.join(self._fs_base, unquote(path))
+            reader = pq.ParquetFile(self._fs.open_input_file(location))
+            if len(self._parquet_files) >= PARQUET_FILES_OPEN_MAX:
+                self._parquet_files.pop(next(iter(self._parquet_files)))
+            self._parquet_files[path] = reader
+        return reader
 
     def wait_for_data(self, offset: int, timeout_s: float) -> bool:
         """Block until the high watermark passes `offset`, the log closes, or the time is up."""

@@ -70,6 +70,7 @@ class ClusterClient:
         self.client_id = client_id
         self._lock = threading.Lock()
         self._stubs: dict[str, tuple[grpc.Channel, pb_grpc.DeltaBusStub]] = {}
+        self._raw_produce: dict[str, Any] = {}
         self._image = empty_image()
         self._image_at = 0.0
         self._closed = False
@@ -91,6 +92,20 @@ class ClusterClient:
                 entry = (channel, pb_grpc.DeltaBusStub(channel))
                 self._stubs[address] = entry
             return entry[1]
+
+    def raw_produce(self, address: str) -> Any:
+        """Produce taking already-serialized request bytes (see deltabus.rpc.wire)."""
+        self.stub(address)
+        with self._lock:
+            method = self._raw_produce.get(address)
+            if method is None:
+                channel = self._stubs[address][0]
+                method = channel.unary_unary(
+                    "/deltabus.v1.DeltaBus/Produce",
+                    request_serializer=lambda data: data,
+                    response_deserializer=pb.ProduceResponse.FromString)
+                self._raw_produce[address] = method
+            return method
 
     def call(self, address: str, method: str, request: Any, timeout_ms: int | None = None) -> Any:
         """One RPC to one server; gRPC failures come back as deltabus errors."""
@@ -176,5 +191,6 @@ class ClusterClient:
         with self._lock:
             self._closed = True
             stubs, self._stubs = self._stubs, {}
+            self._raw_produce = {}
         for channel, _ in stubs.values():
             channel.close()

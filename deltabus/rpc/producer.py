@@ -28,8 +28,8 @@ import pyarrow as pa
 from deltabus import errors
 from deltabus.partitioner import StickyPartitioner, partition_for_key
 from deltabus.records import produce_batch, to_ipc
+from deltabus.rpc import wire
 from deltabus.rpc.client import ClusterClient, error_from_rpc
-from deltabus.rpc.v1 import deltabus_pb2 as pb
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +57,8 @@ class _Batch:
     table: pa.Table | None = None  # the bulk path hands over a whole table
     nbytes: int = 0
     attempts: int = 0
+    retry_at: float = 0.0
+    _payload: bytes | None = None
     done: threading.Event = field(default_factory=threading.Event)
     base_offset: int = -1
     error: BaseException | None = None
@@ -73,6 +75,12 @@ class _Batch:
                                        self.timestamps, self.headers)
             self.values = self.keys = []  # type: ignore[assignment]
         return self.table
+
+    def payload(self) -> bytes:
+        """The batch as Arrow IPC, made once (retries resend the same bytes)."""
+        if self._payload is None:
+            self._payload = to_ipc(self.to_table())
+        return self._payload
 
     def complete(self, base_offset: int, error: BaseException | None) -> None:
         self.base_offset, self.error = base_offset, error
@@ -166,7 +174,9 @@ class Producer:
         self._open: dict[tuple[str, int], _Batch] = {}
         self._ready: collections.deque[_Batch] = collections.deque()
         self._in_flight: dict[str, int] = collections.defaultdict(int)
-        self._in_flight_batch: dict[tuple[str, int], _Batch] = {}
+        self._busy: set[tuple[str, int]] = set()  # partitions with a request in flight
+        self._flushing = False
+        self._refreshing = False
         self._unsent_bytes = 0
         self._incomplete: set[_Batch] = set()
         self._sticky = StickyPartitioner()
@@ -249,11 +259,13 @@ class Producer:
         for start in range(0, table.num_rows, rows_per_chunk):
             chunk = table.slice(start, rows_per_chunk)
             p = partition if partition is not None else self._sticky.partition(topic, n)
+            batch = _Batch(topic, p, time.monotonic(), table=chunk, nbytes=chunk.nbytes)
+            batch.payload()  # serialise here, while an earlier chunk is in flight
             with self._lock:
                 if self._closed:
                     raise errors.ClientError("the producer is closed")
                 self._wait_for_buffer(chunk.nbytes)
-                batch = _Batch(topic, p, time.monotonic(), table=chunk, nbytes=chunk.nbytes)
+                batch.created = time.monotonic()
                 self._incomplete.add(batch)
                 self._unsent_bytes += chunk.nbytes
                 self._ready.append(batch)
@@ -297,81 +309,91 @@ class Producer:
             with self._lock:
                 while True:
                     now = time.monotonic()
-                    for batch in [b for b in self._open.values()
-                                  if now - b.created >= self.linger_s or self._closed]:
+                    for batch in [b for b in self._open.values() if self._sealable(b, now)]:
                         self._seal(batch)
-                    sendable = self._take_sendable() if self._ready else []
+                    sendable = self._take_sendable(now) if self._ready else []
                     if sendable or (self._closed and not self._incomplete):
                         break
-                    wait = min((b.created + self.linger_s - now for b in self._open.values()),
-                               default=0.1)
-                    self._lock.wait(max(wait, 0.0005))
+                    self._lock.wait(self._next_wakeup(now))
                 if not sendable and self._closed and not self._incomplete:
                     return
             self._dispatch(sendable)
 
-    def _take_sendable(self) -> list[_Batch]:
-        """Ready batches whose partition has no batch in flight (caller holds the lock).
+    def _sealable(self, batch: _Batch, now: float) -> bool:
+        """A lingered batch is sent when its partition is free; while the partition has a request
+        in flight, records keep joining the open batch (one commit for them all, not many)."""
+        if self._closed or self._flushing:
+            return True
+        key = (batch.topic, batch.partition)
+        return now - batch.created >= self.linger_s and key not in self._busy
 
-        One batch in flight per partition keeps per-partition order: gRPC serves concurrent
-        calls in parallel, so two in-flight batches of one partition could be appended in either
-        order. Different partitions still go in parallel.
+    def _next_wakeup(self, now: float) -> float:
+        times = [b.created + self.linger_s for b in self._open.values()
+                 if (b.topic, b.partition) not in self._busy]
+        times += [b.retry_at for b in self._ready if b.retry_at > now]
+        return max(min(times, default=now + 0.1) - now, 0.0005)
+
+    def _take_sendable(self, now: float) -> list[_Batch]:
+        """Every due ready batch of each partition with no request in flight (caller holds the
+        lock), in order.
+
+        One request in flight per partition keeps per-partition order: gRPC serves concurrent
+        calls in parallel, so two requests of one partition could be appended in either order.
+        Batches of one partition sent in one request are appended in request order. Different
+        partitions go in parallel.
         """
         sendable, waiting = [], collections.deque()
+        taken: set[tuple[str, int]] = set()
         for batch in self._ready:
             key = (batch.topic, batch.partition)
-            current = self._in_flight_batch.get(key)
-            if current is None or current is batch:
-                self._in_flight_batch[key] = batch
+            if key in taken or (key not in self._busy and batch.retry_at <= now):
+                taken.add(key)
                 sendable.append(batch)
             else:
                 waiting.append(batch)
+        self._busy |= taken
         self._ready = waiting
         return sendable
 
     def _dispatch(self, batches: list[_Batch]) -> None:
-        """Group ready batches by leader and send one request per leader."""
+        """Group batches by leader and send one request per leader (split at max_request_size)."""
         by_leader: dict[str, list[_Batch]] = collections.defaultdict(list)
+        outcomes: list[tuple[_Batch, int, errors.DeltaBusError | None]] = []
         for batch in batches:
-            if time.monotonic() - batch.created > self.delivery_timeout_s:
-                self._finish(batch, -1, errors.KafkaTimeoutError(
-                    f"Expiring records for {batch.topic}-{batch.partition}: "
-                    f"delivery.timeout.ms {self.delivery_timeout_s * 1000:.0f} passed"))
-                continue
             try:
                 broker, _ = self._client.leader(batch.topic, batch.partition)
             except errors.DeltaBusError as e:
-                self._retry_or_fail(batch, e)
+                outcomes.append((batch, -1, e))
                 continue
             by_leader[broker.address].append(batch)
+        if outcomes:
+            self._settle(outcomes)
         for address, group in by_leader.items():
-            request = pb.ProduceRequest(acks=self.acks, timeout_ms=self.request_timeout_ms)
-            size = 0
             sent: list[_Batch] = []
+            size = 0
             for batch in group:
-                data = to_ipc(batch.to_table())
-                if sent and size + len(data) > self.max_request_size:
-                    self._send_request(address, request, sent)
-                    request = pb.ProduceRequest(acks=self.acks, timeout_ms=self.request_timeout_ms)
+                payload = batch.payload()
+                if sent and size + len(payload) > self.max_request_size:
+                    self._send_request(address, sent)
                     size, sent = 0, []
-                request.partitions.append(pb.PartitionProduceData(
-                    topic=batch.topic, partition=batch.partition, arrow_records=data))
-                size += len(data)
+                size += len(payload)
                 sent.append(batch)
-            self._send_request(address, request, sent)
+            self._send_request(address, sent)
 
-    def _send_request(self, address: str, request: pb.ProduceRequest, batches: list[_Batch]) -> None:
+    def _send_request(self, address: str, batches: list[_Batch]) -> None:
         with self._lock:
             while self._in_flight[address] >= self.max_in_flight:
                 self._lock.wait()
             self._in_flight[address] += 1
+        request = wire.produce_request(
+            self.acks, self.request_timeout_ms,
+            [(b.topic, b.partition, b.payload()) for b in batches])
         try:
-            call = self._client.stub(address).Produce.future(
+            call = self._client.raw_produce(address).future(
                 request, timeout=self.request_timeout_ms / 1000 + 5)
         except errors.DeltaBusError as e:
             self._request_done(address)
-            for batch in batches:
-                self._retry_or_fail(batch, e)
+            self._settle([(b, -1, e) for b in batches])
             return
         call.add_done_callback(lambda f: self._on_response(address, f, batches))
 
@@ -386,60 +408,83 @@ class Producer:
             response = call.result()
         except grpc.RpcError as e:
             error = error_from_rpc(e)
-            for batch in batches:
-                self._retry_or_fail(batch, error)
+            self._settle([(b, -1, error) for b in batches])
             return
         except Exception as e:  # cancelled at close
-            for batch in batches:
-                self._finish(batch, -1, errors.NetworkError(str(e)))
+            self._settle([(b, -1, errors.NetworkError(str(e))) for b in batches])
             return
         if self.acks == 0:
-            for batch in batches:
-                self._finish(batch, -1, None)
+            self._settle([(b, -1, None) for b in batches])
             return
-        results = {(p.topic, p.partition): p for p in response.partitions}
+        results = {}
+        for p in response.partitions:  # several batches of one partition: answers in order
+            results.setdefault((p.topic, p.partition), collections.deque()).append(p)
+        outcomes: list[tuple[_Batch, int, errors.DeltaBusError | None]] = []
         for batch in batches:
-            result = results.get((batch.topic, batch.partition))
+            answers = results.get((batch.topic, batch.partition))
+            result = answers.popleft() if answers else None
             if result is None:
-                self._retry_or_fail(batch, errors.UnknownServerError("no answer for the partition"))
+                outcomes.append((batch, -1, errors.UnknownServerError("no answer for the batch")))
             elif result.error_code:
-                self._retry_or_fail(batch, errors.error_for_code(result.error_code,
-                                                                 result.error_message))
+                outcomes.append((batch, -1, errors.error_for_code(result.error_code,
+                                                                  result.error_message)))
             else:
-                self._finish(batch, result.base_offset, None)
+                outcomes.append((batch, result.base_offset, None))
+        self._settle(outcomes)
 
-    def _retry_or_fail(self, batch: _Batch, error: errors.DeltaBusError) -> None:
-        expired = time.monotonic() - batch.created > self.delivery_timeout_s
-        if not error.retriable or expired:
-            self._finish(batch, -1, error)
-            return
-        batch.attempts += 1
-        if error.invalid_metadata:
-            threading.Thread(target=self._refresh_then_requeue, args=(batch,), daemon=True).start()
-        else:
-            threading.Timer(self._client.retry_backoff_ms / 1000, self._requeue, (batch,)).start()
-
-    def _refresh_then_requeue(self, batch: _Batch) -> None:
-        time.sleep(self._client.retry_backoff_ms / 1000)
-        try:
-            self._client.refresh_metadata()
-        except errors.DeltaBusError as e:
-            log.info("metadata refresh failed before a retry: %s", e)
-        self._requeue(batch)
-
-    def _requeue(self, batch: _Batch) -> None:
+    def _settle(self, outcomes: list[tuple[_Batch, int, errors.DeltaBusError | None]]) -> None:
+        """Apply the outcome of sent batches in one step: retriable failures go back to the front
+        of the queue in their order (after retry_backoff_ms), the rest complete, and their
+        partitions are free again. One step, so no later batch of a partition can slip ahead."""
+        now = time.monotonic()
+        done: list[tuple[_Batch, int, BaseException | None]] = []
+        retry: list[_Batch] = []
+        refresh = False
+        for batch, base_offset, error in outcomes:
+            expired = now - batch.created > self.delivery_timeout_s
+            if error is not None and error.retriable and not expired:
+                batch.attempts += 1
+                batch.retry_at = now + self._client.retry_backoff_ms / 1000
+                retry.append(batch)
+                refresh |= error.invalid_metadata
+            elif error is not None and error.retriable:
+                done.append((batch, -1, errors.KafkaTimeoutError(
+                    f"Expiring records for {batch.topic}-{batch.partition}: "
+                    f"delivery.timeout.ms {self.delivery_timeout_s * 1000:.0f} passed: {error}")))
+            else:
+                done.append((batch, base_offset, error))
+        for batch, base_offset, error in done:
+            batch.complete(base_offset, error)  # callbacks run before flush() can return
         with self._lock:
-            self._ready.appendleft(batch)  # first in line for its partition
+            for batch in reversed(retry):
+                self._ready.appendleft(batch)
+            for batch, _, _ in done:
+                self._incomplete.discard(batch)
+                self._unsent_bytes -= batch.nbytes
+            for batch, _, _ in outcomes:
+                self._busy.discard((batch.topic, batch.partition))
             self._lock.notify_all()
+        if refresh:
+            self._refresh_metadata_soon()
 
-    def _finish(self, batch: _Batch, base_offset: int, error: BaseException | None) -> None:
+    def _refresh_metadata_soon(self) -> None:
+        """Refresh metadata in the background (once at a time): a leader moved."""
         with self._lock:
-            if self._in_flight_batch.get((batch.topic, batch.partition)) is batch:
-                del self._in_flight_batch[(batch.topic, batch.partition)]
-            self._incomplete.discard(batch)
-            self._unsent_bytes -= batch.nbytes
-            self._lock.notify_all()
-        batch.complete(base_offset, error)
+            if self._refreshing:
+                return
+            self._refreshing = True
+
+        def refresh() -> None:
+            try:
+                self._client.refresh_metadata()
+            except errors.DeltaBusError as e:
+                log.info("metadata refresh before a retry failed: %s", e)
+            finally:
+                with self._lock:
+                    self._refreshing = False
+                    self._lock.notify_all()
+
+        threading.Thread(target=refresh, name="deltabus-producer-metadata", daemon=True).start()
 
     # ---- flushing and closing ----------------------------------------------------------------
 
@@ -447,8 +492,18 @@ class Producer:
         """Send everything queued now and wait until it is acknowledged (or failed)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
+            self._flushing = True
             for batch in list(self._open.values()):
                 self._seal(batch)
+            self._lock.notify_all()
+        try:
+            self._await_incomplete(deadline, timeout)
+        finally:
+            with self._lock:
+                self._flushing = False
+
+    def _await_incomplete(self, deadline: float | None, timeout: float | None) -> None:
+        with self._lock:
             while self._incomplete:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
