@@ -31,7 +31,7 @@ from deltalake import write_deltalake
 from deltabus import config as cfg
 from deltabus.cli.cluster_command import free_port
 from deltabus.cli.options import CliError
-from deltabus.cli.producer_performance import BULK_CHUNK_BYTES, fixed_values, payload
+from deltabus.cli.producer_performance import BULK_CHUNK_BYTES, payload, random_values
 from deltabus.cli.results import write_json
 from deltabus.errors import KafkaTimeoutError
 from deltabus.metadata import NewTopic
@@ -104,7 +104,9 @@ def run_steps(bootstrap: str, root: str, records: int, send_records: int) -> dic
     """Steps (a)-(e), in order; returns the figures."""
     topic, latency_topic = f"bench-{uuid.uuid4().hex[:8]}", f"bench-latency-{uuid.uuid4().hex[:8]}"
     chunk_rows = max(1, min(records, BULK_CHUNK_BYTES // VALUE_BYTES))
-    values = pa.table({"value": fixed_values(chunk_rows, payload(VALUE_BYTES))})
+    # Distinct random values: a fixed payload would let Parquet dictionary-encode the straight
+    # write down to nothing and make the "physical limit" a measure of that, not of writing.
+    values = pa.table({"value": random_values(chunk_rows, VALUE_BYTES)})
     with AdminClient(bootstrap) as admin:
         admin.create_topics([NewTopic(topic, 1, 1), NewTopic(latency_topic, 1, 1)])
         try:

@@ -153,6 +153,15 @@ def fixed_values(n: int, value: bytes) -> pa.Array:
                                pa.py_buffer(value * n)]).cast(pa.binary())
 
 
+def random_values(n: int, size: int, seed: int = 7) -> pa.Array:
+    """n distinct random upper-case values of `size` bytes (no Python per row). Unlike a fixed
+    payload, Parquet cannot dictionary-encode them away, so writes cost what real data costs."""
+    data = np.random.default_rng(seed).integers(65, 91, n * size, dtype=np.uint8).tobytes()
+    offsets = np.arange(n + 1, dtype=np.int32) * size
+    return pa.BinaryArray.from_buffers(
+        pa.binary(), n, [None, pa.py_buffer(offsets.tobytes()), pa.py_buffer(data)])
+
+
 def run(args: argparse.Namespace) -> int:
     if args.num_records < 1 or args.record_size < 0:
         raise CliError("--num-records must be at least 1 and --record-size at least 0")
