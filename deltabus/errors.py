@@ -108,6 +108,9 @@ InvalidReplicationFactorError = _kafka_error(
 InvalidConfigError = _kafka_error(40, "INVALID_CONFIG", grpc_status=_S.INVALID_ARGUMENT)
 NotControllerError = _kafka_error(41, "NOT_CONTROLLER", retriable=True)
 InvalidRequestError = _kafka_error(42, "INVALID_REQUEST", grpc_status=_S.INVALID_ARGUMENT)
+OutOfOrderSequenceNumberError = _kafka_error(45, "OUT_OF_ORDER_SEQUENCE_NUMBER", retriable=True)
+DuplicateSequenceNumberError = _kafka_error(46, "DUPLICATE_SEQUENCE_NUMBER")
+InvalidProducerEpochError = _kafka_error(47, "INVALID_PRODUCER_EPOCH")
 KafkaStorageError = _kafka_error(
     56, "KAFKA_STORAGE_ERROR", retriable=True, invalid_metadata=True, grpc_status=_S.UNAVAILABLE
 )

@@ -107,10 +107,11 @@ class MetadataState:
         self.cluster_id = ""
         self.topics: dict[str, dict[str, Any]] = {}
         self.offset = -1  # offset of the last replayed record
+        self.producer_ids_end = 0  # producer ids below this were handed out (or reserved)
 
     def replay(self, record: dict[str, Any]) -> None:
         """Apply one record. Record types follow KRaft's: cluster, topic, partition,
-        partition_change, remove_topic, config."""
+        partition_change, remove_topic, config, producer_ids."""
         kind = record["type"]
         if kind == "cluster":
             self.cluster_id = record["cluster_id"]
@@ -126,6 +127,8 @@ class MetadataState:
             for key in ("leader", "isr", "replicas", "leader_epoch"):
                 if key in record:
                     state[key] = copy.copy(record[key])
+        elif kind == "producer_ids":
+            self.producer_ids_end = record["end"]
         elif kind == "remove_topic":
             self.topics.pop(record["name"], None)
         elif kind == "config":

@@ -275,6 +275,11 @@ class Broker:
             result.error = e
         return result
 
+    def init_producer_id(self) -> tuple[int, int]:
+        response = self._controller.call_any("InitProducerId", pb.InitProducerIdRequest())
+        errors.check(response.error_code, response.error_message)
+        return response.producer_id, response.producer_epoch
+
     def list_offsets(self, topic: str, partition: int, timestamp: int) -> tuple[int, int, int]:
         partition_log, leader_epoch = self._leader_log(topic, partition)
         offset, ts = partition_log.offset_for_timestamp(timestamp)

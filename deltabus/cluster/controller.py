@@ -39,6 +39,8 @@ from deltabus.topics import INTERNAL_TOPICS, validate_topic_name
 
 log = logging.getLogger(__name__)
 
+PRODUCER_ID_BLOCK = 1000  # producer ids reserved per metadata record
+
 
 @dataclass
 class _Registration:
@@ -71,6 +73,7 @@ class Controller:
         self._state = MetadataState()
         for record in self._log.read_all():
             self._state.replay(record)
+        self._next_producer_id = self._state.producer_ids_end  # skip a block used before
         if not self._state.cluster_id:
             with self._lock:
                 self._commit([{"type": "cluster", "cluster_id": new_cluster_id()}])
@@ -206,6 +209,22 @@ class Controller:
                 if not behind or left <= 0 or self._shutting_down:
                     return
                 self._lock.wait(left)
+
+    # ---- producer ids ------------------------------------------------------------------------
+
+    def init_producer_id(self) -> tuple[int, int]:
+        """A new producer id (epoch 0). Ids are reserved in blocks in the metadata log, so a
+        restarted controller never hands out an id twice."""
+        with self._lock:
+            if self._next_producer_id >= self._state.producer_ids_end:
+                start = max(self._next_producer_id, self._state.producer_ids_end)
+                self._log.append([{"type": "producer_ids",
+                                   "end": start + PRODUCER_ID_BLOCK}])
+                self._state.replay({"type": "producer_ids", "end": start + PRODUCER_ID_BLOCK})
+                self._next_producer_id = start
+            producer_id = self._next_producer_id
+            self._next_producer_id += 1
+            return producer_id, 0
 
     # ---- brokers -----------------------------------------------------------------------------
 
@@ -393,3 +412,6 @@ class ControllerHandler:
 
     def list_offsets(self, topic: str, partition: int, timestamp: int) -> tuple[int, int, int]:
         raise self._not_leader(topic, partition)
+
+    def init_producer_id(self) -> tuple[int, int]:
+        return self._controller.init_producer_id()

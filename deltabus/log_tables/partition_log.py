@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import unquote
 
 import numpy as np
@@ -51,6 +51,8 @@ from deltabus.records import (
 
 log = logging.getLogger(__name__)
 
+NO_PRODUCER = ProducerState()
+PRODUCER_BATCHES_REMEMBERED = 5  # as Kafka's broker: retries of the last 5 batches are answered
 PARQUET_FILES_OPEN_MAX = 256  # footers kept per log; a file handle each
 LATEST_TIMESTAMP = -1
 EARLIEST_TIMESTAMP = -2
@@ -68,6 +70,8 @@ class LogConfig:
     max_commit_retries: int = 50
     pending_bytes_max: int = 256 * 1024 * 1024  # produce requests waiting for a commit
     row_group_records_max: int = 65_536
+    # How long a producer's batch that arrived ahead of its predecessor waits for it.
+    sequence_wait_ms: int = 10_000
 
 
 @dataclass(frozen=True)
@@ -76,6 +80,22 @@ class AppendResult:
     last_offset: int
     log_append_time_ms: int
     log_start_offset: int
+
+
+@dataclass
+class _ProducerEntry:
+    """What the log knows of one idempotent producer: its epoch, the next sequence it must send,
+    and the futures of its last few batches (to answer retries with their first result)."""
+
+    epoch: int
+    next_sequence: int
+    recent: collections.OrderedDict[int, Future[AppendResult]] = field(
+        default_factory=collections.OrderedDict)
+
+    def remember(self, base_sequence: int, future: Future[AppendResult]) -> None:
+        self.recent[base_sequence] = future
+        while len(self.recent) > PRODUCER_BATCHES_REMEMBERED:
+            self.recent.popitem(last=False)
 
 
 @dataclass
@@ -133,6 +153,7 @@ class PartitionLog:
         self._cache_bytes = 0
         self._closed = False
         self._committing = False  # a group is taken off _pending but not yet committed
+        self._producers: dict[int, _ProducerEntry] = {}
         self._appender = threading.Thread(
             target=self._append_loop, name=f"appender-{topic}-{partition}", daemon=True
         )
@@ -186,41 +207,97 @@ class PartitionLog:
         *,
         leader_epoch: int,
         timestamp_type: int = CREATE_TIME,
-        producer: ProducerState = ProducerState(),
+        producer: ProducerState = NO_PRODUCER,
         max_message_bytes: int | None = None,
     ) -> Future[AppendResult]:
         """Queue a normalised produce batch for the next group commit; the future resolves once
         the Delta commit holding it succeeded.
 
-        Checks happen here, before anything is queued, so a bad batch changes nothing.
+        A batch of an idempotent producer is queued in its sequence order: one that arrives
+        before its predecessor waits for it (pipelined requests may be served out of order),
+        and a retried one gets the future of its first append (no duplicate). Checks run before
+        anything is queued, so a bad batch changes nothing (it only uses up its sequence numbers,
+        so the producer's later batches are not held up).
         """
-        if batch.num_rows == 0:
-            raise errors.InvalidRecordError("a produce batch must hold at least one record")
-        if max_message_bytes is not None:
-            sizes = record_sizes(batch)
-            biggest = int(sizes.max())
-            if biggest > max_message_bytes:
-                index = int(np.argmax(sizes))
-                raise errors.MessageTooLargeError(
-                    f"record {index} of the batch is {biggest} bytes, more than "
-                    f"max.message.bytes={max_message_bytes}"
-                )
         future: Future[AppendResult] = Future()
         item = _PendingAppend(batch, batch.nbytes, leader_epoch, timestamp_type, producer, future)
         with self._lock:
-            if self._closed:
-                raise errors.NotLeaderOrFollowerError(
-                    f"{self.topic}-{self.partition} is closed on this broker"
-                )
+            self._check_open()
             while self._pending_bytes > self._config.pending_bytes_max and not self._closed:
                 self._lock.wait(0.1)  # back-pressure: the producer waits for the commits
-            if self._closed:
-                raise errors.NotLeaderOrFollowerError(
-                    f"{self.topic}-{self.partition} was closed on this broker")
+            entry = None
+            if producer.producer_id >= 0:
+                entry, duplicate = self._await_sequence(producer)
+                if duplicate is not None:
+                    return duplicate
+                entry.next_sequence = producer.base_sequence + batch.num_rows
+                self._lock.notify_all()
+            self._check_open()
+            _check_records(batch, max_message_bytes)
             self._pending.append(item)
             self._pending_bytes += item.nbytes
+            if entry is not None:
+                entry.remember(producer.base_sequence, future)
             self._lock.notify_all()
         return future
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise errors.NotLeaderOrFollowerError(
+                f"{self.topic}-{self.partition} is closed on this broker")
+
+    def _await_sequence(
+        self, producer: ProducerState
+    ) -> tuple[_ProducerEntry, Future[AppendResult] | None]:
+        """Wait (lock held) until `producer`'s batch is next in its sequence. Returns the entry,
+        and the first append's future when the batch is a retry of one already queued."""
+        deadline = time.monotonic() + self._config.sequence_wait_ms / 1000
+        while True:
+            entry = self._producer_entry(producer)
+            if producer.producer_epoch < entry.epoch:
+                raise errors.InvalidProducerEpochError(
+                    f"producer {producer.producer_id} epoch {producer.producer_epoch} is older "
+                    f"than {entry.epoch}")
+            if producer.base_sequence < entry.next_sequence:
+                earlier = entry.recent.get(producer.base_sequence)
+                if earlier is None:
+                    raise errors.DuplicateSequenceNumberError(
+                        f"sequence {producer.base_sequence} of producer {producer.producer_id} "
+                        f"was written long ago (next is {entry.next_sequence})")
+                return entry, earlier
+            if producer.base_sequence == entry.next_sequence or self._closed:
+                return entry, None
+            left = deadline - time.monotonic()
+            if left <= 0:  # never skip the gap: its batch may still come, and be lost then
+                raise errors.OutOfOrderSequenceNumberError(
+                    f"producer {producer.producer_id} sent sequence {producer.base_sequence} "
+                    f"but {entry.next_sequence} is next on {self.topic}-{self.partition}")
+            self._lock.wait(left)
+
+    def _producer_entry(self, producer: ProducerState) -> _ProducerEntry:
+        entry = self._producers.get(producer.producer_id)
+        if entry is None or producer.producer_epoch > entry.epoch:
+            if producer.base_sequence == 0 or (entry is not None):
+                entry = _ProducerEntry(producer.producer_epoch, 0)
+            else:  # this log has not seen the producer since it opened: ask the table
+                entry = self._recover_producer(producer)
+            self._producers[producer.producer_id] = entry
+        return entry
+
+    def _recover_producer(self, producer: ProducerState) -> _ProducerEntry:
+        """The next sequence of a producer from the records it wrote (after a restart or a
+        leader change); a scan of three int columns, on the first batch only."""
+        found = -1
+        files = self._files()
+        for path in files.column("path").to_pylist():
+            table = self._parquet_file(path).read(
+                columns=["producer_id", "producer_epoch", "sequence"])
+            mask = pc.and_(pc.equal(table.column("producer_id"), producer.producer_id),
+                           pc.equal(table.column("producer_epoch"), producer.producer_epoch))
+            top = pc.max(table.column("sequence").filter(mask)).as_py()
+            if top is not None:
+                found = max(found, top)
+        return _ProducerEntry(producer.producer_epoch, found + 1)
 
     def _take_group(self) -> list[_PendingAppend] | None:
         """Wait for pending appends, linger briefly, and take a group up to the byte limit."""
@@ -298,6 +375,12 @@ class PartitionLog:
             error = _map_delta_error(e, f"append to {self.topic}-{self.partition} failed")
             log.error("%s", error)
             self._reload_after_failure()
+            with self._lock:  # what queued behind a failed commit fails too: order is kept
+                group += list(self._pending)
+                self._pending.clear()
+                self._pending_bytes = 0
+                self._producers.clear()  # rebuilt from the table on their next batch
+                self._lock.notify_all()
             for item in group:
                 item.future.set_exception(error)
             return
@@ -494,6 +577,18 @@ class PartitionLog:
             self._closed = True
             self._lock.notify_all()
         self._appender.join(timeout_s)
+
+
+def _check_records(batch: pa.Table, max_message_bytes: int | None) -> None:
+    if batch.num_rows == 0:
+        raise errors.InvalidRecordError("a produce batch must hold at least one record")
+    if max_message_bytes is not None:
+        sizes = record_sizes(batch)
+        biggest = int(sizes.max())
+        if biggest > max_message_bytes:
+            raise errors.MessageTooLargeError(
+                f"record {int(np.argmax(sizes))} of the batch is {biggest} bytes, more than "
+                f"max.message.bytes={max_message_bytes}")
 
 
 def _trim_to_bytes(table: pa.Table, max_bytes: int) -> pa.Table:

@@ -15,6 +15,7 @@ bytes per partition batch, `max_request_size` bytes per request.
 from __future__ import annotations
 
 import collections
+import itertools
 import logging
 import threading
 import time
@@ -30,9 +31,11 @@ from deltabus.partitioner import StickyPartitioner, partition_for_key
 from deltabus.records import produce_batch, to_ipc
 from deltabus.rpc import wire
 from deltabus.rpc.client import ClusterClient, error_from_rpc
+from deltabus.rpc.v1 import deltabus_pb2 as pb
 
 log = logging.getLogger(__name__)
 
+_BATCH_ORDER = itertools.count()
 _ACKS = {"0": 0, "1": 1, "all": -1, "-1": -1}
 
 
@@ -58,6 +61,8 @@ class _Batch:
     nbytes: int = 0
     attempts: int = 0
     retry_at: float = 0.0
+    base_sequence: int = -1  # set when first sent by an idempotent producer
+    order: int = field(default_factory=lambda: next(_BATCH_ORDER))  # creation order
     _payload: bytes | None = None
     done: threading.Event = field(default_factory=threading.Event)
     base_offset: int = -1
@@ -154,6 +159,8 @@ class Producer:
         retry_backoff_ms: int = 100,
         client_id: str = "deltabus-producer",
         allow_auto_create_topics: bool = True,
+        enable_idempotence: bool = True,
+        max_in_flight_batches_per_partition: int = 1,
     ) -> None:
         acks_value = _ACKS.get(str(acks))
         if acks_value is None:
@@ -174,7 +181,15 @@ class Producer:
         self._open: dict[tuple[str, int], _Batch] = {}
         self._ready: collections.deque[_Batch] = collections.deque()
         self._in_flight: dict[str, int] = collections.defaultdict(int)
-        self._busy: set[tuple[str, int]] = set()  # partitions with a request in flight
+        # Batches in flight per partition: at most 1 without idempotence (gRPC may serve two
+        # requests in either order), up to max_in_flight with it (the leader orders by sequence).
+        self._busy: collections.Counter[tuple[str, int]] = collections.Counter()
+        self.enable_idempotence = enable_idempotence
+        self._in_flight_max = (max_in_flight_batches_per_partition if enable_idempotence
+                               else 1)
+        self._producer_id = -1
+        self._producer_epoch = -1
+        self._sequences: collections.Counter[tuple[str, int]] = collections.Counter()
         self._flushing = False
         self._refreshing = False
         self._unsent_bytes = 0
@@ -325,33 +340,30 @@ class Producer:
         if self._closed or self._flushing:
             return True
         key = (batch.topic, batch.partition)
-        return now - batch.created >= self.linger_s and key not in self._busy
+        return now - batch.created >= self.linger_s and self._busy[key] < self._in_flight_max
 
     def _next_wakeup(self, now: float) -> float:
         times = [b.created + self.linger_s for b in self._open.values()
-                 if (b.topic, b.partition) not in self._busy]
+                 if self._busy[(b.topic, b.partition)] < self._in_flight_max]
         times += [b.retry_at for b in self._ready if b.retry_at > now]
         return max(min(times, default=now + 0.1) - now, 0.0005)
 
     def _take_sendable(self, now: float) -> list[_Batch]:
-        """Every due ready batch of each partition with no request in flight (caller holds the
-        lock), in order.
-
-        One request in flight per partition keeps per-partition order: gRPC serves concurrent
-        calls in parallel, so two requests of one partition could be appended in either order.
-        Batches of one partition sent in one request are appended in request order. Different
-        partitions go in parallel.
-        """
+        """Due ready batches, in order, of partitions with room in flight (caller holds the
+        lock). Per-partition order holds either way: one batch in flight at a time without
+        idempotence, sequence numbers the leader appends in order with it. Batches of one
+        partition in one request are appended in request order; partitions go in parallel."""
         sendable, waiting = [], collections.deque()
-        taken: set[tuple[str, int]] = set()
+        blocked: set[tuple[str, int]] = set()
         for batch in self._ready:
             key = (batch.topic, batch.partition)
-            if key in taken or (key not in self._busy and batch.retry_at <= now):
-                taken.add(key)
-                sendable.append(batch)
-            else:
+            if (key in blocked or batch.retry_at > now
+                    or self._busy[key] >= self._in_flight_max):
+                blocked.add(key)  # nothing may overtake a batch that waits
                 waiting.append(batch)
-        self._busy |= taken
+                continue
+            self._busy[key] += 1
+            sendable.append(batch)
         self._ready = waiting
         return sendable
 
@@ -359,6 +371,12 @@ class Producer:
         """Group batches by leader and send one request per leader (split at max_request_size)."""
         by_leader: dict[str, list[_Batch]] = collections.defaultdict(list)
         outcomes: list[tuple[_Batch, int, errors.DeltaBusError | None]] = []
+        if self.enable_idempotence:
+            try:
+                self._number(batches)
+            except errors.DeltaBusError as e:
+                self._settle([(b, -1, e) for b in batches])
+                return
         for batch in batches:
             try:
                 broker, _ = self._client.leader(batch.topic, batch.partition)
@@ -380,6 +398,27 @@ class Producer:
                 sent.append(batch)
             self._send_request(address, sent)
 
+    def _number(self, batches: list[_Batch]) -> None:
+        """Give each batch its producer id and base sequence, once: a retry keeps them, so
+        the leader recognises it. The id comes from the cluster on first use."""
+        if self._producer_id < 0:
+            response = self._client.call_any("InitProducerId", pb.InitProducerIdRequest())
+            errors.check(response.error_code, response.error_message)
+            self._producer_id, self._producer_epoch = response.producer_id, response.producer_epoch
+        for batch in batches:
+            if batch.base_sequence < 0:
+                key = (batch.topic, batch.partition)
+                batch.base_sequence = self._sequences[key]
+                self._sequences[key] += batch.count
+
+    def _produce_data(self, batch: _Batch) -> pb.PartitionProduceData:
+        data = pb.PartitionProduceData(topic=batch.topic, partition=batch.partition)
+        if self.enable_idempotence:
+            data.producer_id = self._producer_id
+            data.producer_epoch = self._producer_epoch
+            data.base_sequence = batch.base_sequence
+        return data
+
     def _send_request(self, address: str, batches: list[_Batch]) -> None:
         with self._lock:
             while self._in_flight[address] >= self.max_in_flight:
@@ -387,7 +426,7 @@ class Producer:
             self._in_flight[address] += 1
         request = wire.produce_request(
             self.acks, self.request_timeout_ms,
-            [(b.topic, b.partition, b.payload()) for b in batches])
+            [(self._produce_data(b), b.payload()) for b in batches])
         try:
             call = self._client.raw_produce(address).future(
                 request, timeout=self.request_timeout_ms / 1000 + 5)
@@ -425,6 +464,10 @@ class Producer:
             result = answers.popleft() if answers else None
             if result is None:
                 outcomes.append((batch, -1, errors.UnknownServerError("no answer for the batch")))
+            elif result.error_code == errors.DuplicateSequenceNumberError.code:
+                # The leader already has this batch (written before a failover, its answer
+                # lost): success, as Kafka's producer takes it, with the offset unknown.
+                outcomes.append((batch, -1, None))
             elif result.error_code:
                 outcomes.append((batch, -1, errors.error_for_code(result.error_code,
                                                                   result.error_message)))
@@ -456,13 +499,14 @@ class Producer:
         for batch, base_offset, error in done:
             batch.complete(base_offset, error)  # callbacks run before flush() can return
         with self._lock:
-            for batch in reversed(retry):
-                self._ready.appendleft(batch)
+            if retry:  # back in creation order: a partition's batches must never swap places
+                self._ready = collections.deque(
+                    sorted([*retry, *self._ready], key=lambda b: b.order))
             for batch, _, _ in done:
                 self._incomplete.discard(batch)
                 self._unsent_bytes -= batch.nbytes
             for batch, _, _ in outcomes:
-                self._busy.discard((batch.topic, batch.partition))
+                self._busy[(batch.topic, batch.partition)] -= 1
             self._lock.notify_all()
         if refresh:
             self._refresh_metadata_soon()

@@ -70,6 +70,8 @@ class DeltaBusHandler(Protocol):
 
     def list_offsets(self, topic: str, partition: int, timestamp: int) -> tuple[int, int, int]: ...
 
+    def init_producer_id(self) -> tuple[int, int]: ...
+
 
 class LifecycleHandler(Protocol):
     def register_broker(self, endpoint: BrokerEndpoint, pid: int) -> int: ...
@@ -137,10 +139,10 @@ class DeltaBusServicer(pb_grpc.DeltaBusServicer):
         for data in request.partitions:
             try:
                 batch = codec.produce_batch_from_proto(data)
-                producer = ProducerState(
-                    data.producer_id if data.producer_id else -1,
-                    data.producer_epoch if data.producer_id else -1,
-                    data.base_sequence if data.producer_id else -1)
+                idempotent = data.HasField("producer_id") and data.producer_id >= 0
+                producer = (ProducerState(data.producer_id, data.producer_epoch,
+                                          data.base_sequence)
+                            if idempotent else ProducerState())
                 future = self._handler.produce(data.topic, data.partition, batch,
                                                acks=request.acks, producer=producer)
                 pending.append((data, future, None))
@@ -209,6 +211,15 @@ class DeltaBusServicer(pb_grpc.DeltaBusServicer):
                 entry.error_code, entry.error_message = e.code, e.message
             response.partitions.append(entry)
         return response
+
+
+    @_guard
+    def InitProducerId(self, request: pb.InitProducerIdRequest,
+                       context: Any) -> pb.InitProducerIdResponse:
+        if request.transactional_id:
+            raise errors.UnsupportedVersionError("transactions are not supported yet")
+        producer_id, epoch = self._handler.init_producer_id()
+        return pb.InitProducerIdResponse(producer_id=producer_id, producer_epoch=epoch)
 
 
 class BrokerLifecycleServicer(pb_grpc.BrokerLifecycleServicer):

@@ -31,11 +31,12 @@ def varint(value: int) -> bytes:
 
 
 def produce_request(acks: int, timeout_ms: int,
-                    batches: Iterable[tuple[str, int, bytes]]) -> bytes:
-    """The serialized ProduceRequest for (topic, partition, arrow_records) batches."""
+                    batches: Iterable[tuple[pb.PartitionProduceData, bytes]]) -> bytes:
+    """The serialized ProduceRequest for batches given as (their PartitionProduceData without
+    arrow_records, the Arrow IPC payload)."""
     parts = [pb.ProduceRequest(acks=acks, timeout_ms=timeout_ms).SerializeToString()]
-    for topic, partition, payload in batches:
-        head = pb.PartitionProduceData(topic=topic, partition=partition).SerializeToString()
+    for data, payload in batches:
+        head = data.SerializeToString()
         body_len = len(head) + 1 + len(varint(len(payload))) + len(payload)
         parts += [_PRODUCE_PARTITIONS_TAG, varint(body_len), head,
                   _ARROW_RECORDS_TAG, varint(len(payload)), payload]

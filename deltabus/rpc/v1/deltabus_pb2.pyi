@@ -342,6 +342,24 @@ class ListOffsetsResponse(_message.Message):
     partitions: _containers.RepeatedCompositeFieldContainer[ListOffsetsPartitionResponse]
     def __init__(self, partitions: _Optional[_Iterable[_Union[ListOffsetsPartitionResponse, _Mapping]]] = ...) -> None: ...
 
+class InitProducerIdRequest(_message.Message):
+    __slots__ = ("transactional_id",)
+    TRANSACTIONAL_ID_FIELD_NUMBER: _ClassVar[int]
+    transactional_id: str
+    def __init__(self, transactional_id: _Optional[str] = ...) -> None: ...
+
+class InitProducerIdResponse(_message.Message):
+    __slots__ = ("error_code", "error_message", "producer_id", "producer_epoch")
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    error_code: int
+    error_message: str
+    producer_id: int
+    producer_epoch: int
+    def __init__(self, error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ...) -> None: ...
+
 class RegisterBrokerRequest(_message.Message):
     __slots__ = ("broker_id", "host", "port", "rack", "pid", "incarnation_id")
     BROKER_ID_FIELD_NUMBER: _ClassVar[int]

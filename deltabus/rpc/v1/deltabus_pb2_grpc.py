@@ -69,6 +69,11 @@ class DeltaBusStub:
                 request_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.ListOffsetsRequest.SerializeToString,
                 response_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.ListOffsetsResponse.FromString,
                 _registered_method=True)
+        self.InitProducerId = channel.unary_unary(
+                '/deltabus.v1.DeltaBus/InitProducerId',
+                request_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.InitProducerIdRequest.SerializeToString,
+                response_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.InitProducerIdResponse.FromString,
+                _registered_method=True)
 
 
 class DeltaBusServicer:
@@ -116,6 +121,13 @@ class DeltaBusServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def InitProducerId(self, request, context):
+        """A producer id for the idempotent producer (allocated by the controller).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_DeltaBusServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -153,6 +165,11 @@ def add_DeltaBusServicer_to_server(servicer, server):
                     servicer.ListOffsets,
                     request_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.ListOffsetsRequest.FromString,
                     response_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.ListOffsetsResponse.SerializeToString,
+            ),
+            'InitProducerId': grpc.unary_unary_rpc_method_handler(
+                    servicer.InitProducerId,
+                    request_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.InitProducerIdRequest.FromString,
+                    response_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.InitProducerIdResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -344,6 +361,33 @@ class DeltaBus:
             '/deltabus.v1.DeltaBus/ListOffsets',
             deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.ListOffsetsRequest.SerializeToString,
             deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.ListOffsetsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def InitProducerId(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/deltabus.v1.DeltaBus/InitProducerId',
+            deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.InitProducerIdRequest.SerializeToString,
+            deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.InitProducerIdResponse.FromString,
             options,
             channel_credentials,
             insecure,
