@@ -7,6 +7,7 @@ import time
 
 from deltabus import AdminClient, Cluster, Consumer, NewTopic, Producer, TopicPartition
 from deltabus.rpc.client import ClusterClient
+from deltabus.rpc.v1 import deltabus_pb2 as pb
 
 from tests.conftest import free_port
 
@@ -20,6 +21,14 @@ def _read_all(bootstrap: str, topic: str, partitions: int, expected: int, timeou
         records.extend(consumer.poll(500, max_records=100_000))
     consumer.close()
     return records
+
+
+def _new_producer_id(bootstrap: str) -> int:
+    client = ClusterClient(bootstrap)
+    try:
+        return client.call_any("InitProducerId", pb.InitProducerIdRequest()).producer_id
+    finally:
+        client.close()
 
 
 def _wait_for_relaunch(cluster, broker_id: int, old_pid: int, timeout_s: float = 60) -> None:
@@ -118,6 +127,7 @@ def test_cluster_restarted_on_the_same_root_keeps_topics_and_data(spark, tmp_pat
         with Producer(first.bootstrap_servers) as producer:
             for i in range(100):
                 producer.send("orders", f"o{i}", key=f"{i}")
+        first_id = _new_producer_id(first.bootstrap_servers)
     finally:
         first.stop()
     second = Cluster(spark, root=root, brokers=3, port=free_port()).start()
@@ -131,6 +141,7 @@ def test_cluster_restarted_on_the_same_root_keeps_topics_and_data(spark, tmp_pat
         with Producer(second.bootstrap_servers) as producer:
             meta = producer.send("orders", b"more", partition=0).get(30)
         assert meta.offset == sum(1 for r in records if r.partition == 0)
+        assert _new_producer_id(second.bootstrap_servers) > first_id  # never handed out twice
     finally:
         second.stop()
 
