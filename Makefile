@@ -23,7 +23,7 @@ $(STAMP): setup.cfg pyproject.toml
 run: setup
 	$(VENV)/bin/deltabus cluster start $(ARGS)
 
-test: setup
+test: setup lint
 	$(PY) -m pytest -q $(ARGS)
 
 bench: setup
@@ -33,6 +33,7 @@ bench: setup
 protos: setup
 	$(PY) -m grpc_tools.protoc -I . --python_out=. --pyi_out=. --grpc_python_out=. $(PROTO)
 
+# House style: ruff and mypy clean (part of `make test`).
 lint: setup
 	$(VENV)/bin/ruff check deltabus tests
 	$(VENV)/bin/mypy deltabus

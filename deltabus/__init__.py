@@ -1,4 +1,6 @@
-"""deltabus: Kafka-style event streaming inside Apache Spark; every topic-partition is a Delta table.
+"""deltabus: Kafka-style event streaming inside Apache Spark.
+
+Every topic-partition is a Delta table.
 
 The public API is what `__all__` names (a test pins it); everything else may change.
 """

@@ -1,10 +1,10 @@
 """The one error tree of deltabus, with Kafka's error codes.
 
     DeltaBusError                      root; `code`, `retriable`, `invalid_metadata`, `grpc_status`
-    ├── KafkaError subclasses          one per Kafka error code (UnknownTopicOrPartitionError = 3, ...)
+    ├── one subclass per Kafka code    UnknownTopicOrPartitionError (3), NotLeaderOrFollowerError...
     │   raised by brokers and the controller, carried on the wire as `error_code` + message,
     │   and raised again by clients from the code (`error_for_code`)
-    └── ClientError                    client-side problems with no Kafka code (closed client, timeout)
+    └── ClientError                    client-side problems with no Kafka code (closed, timeout)
 
 Retry loops test `retriable` (try again later) and `invalid_metadata` (refresh metadata first: the
 leader moved), never a list of types. grpc and delta-rs exceptions are mapped into this tree in one
@@ -97,7 +97,8 @@ NetworkError = _kafka_error(
 InvalidTopicError = _kafka_error(17, "INVALID_TOPIC_EXCEPTION", grpc_status=_S.INVALID_ARGUMENT)
 RecordListTooLargeError = _kafka_error(18, "RECORD_LIST_TOO_LARGE", grpc_status=_S.INVALID_ARGUMENT)
 NotEnoughReplicasError = _kafka_error(19, "NOT_ENOUGH_REPLICAS", retriable=True)
-InvalidRequiredAcksError = _kafka_error(21, "INVALID_REQUIRED_ACKS", grpc_status=_S.INVALID_ARGUMENT)
+InvalidRequiredAcksError = _kafka_error(
+    21, "INVALID_REQUIRED_ACKS", grpc_status=_S.INVALID_ARGUMENT)
 InvalidTimestampError = _kafka_error(32, "INVALID_TIMESTAMP", grpc_status=_S.INVALID_ARGUMENT)
 UnsupportedVersionError = _kafka_error(35, "UNSUPPORTED_VERSION", grpc_status=_S.UNIMPLEMENTED)
 TopicAlreadyExistsError = _kafka_error(36, "TOPIC_ALREADY_EXISTS", grpc_status=_S.ALREADY_EXISTS)
@@ -114,7 +115,8 @@ InvalidProducerEpochError = _kafka_error(47, "INVALID_PRODUCER_EPOCH")
 KafkaStorageError = _kafka_error(
     56, "KAFKA_STORAGE_ERROR", retriable=True, invalid_metadata=True, grpc_status=_S.UNAVAILABLE
 )
-FencedLeaderEpochError = _kafka_error(74, "FENCED_LEADER_EPOCH", retriable=True, invalid_metadata=True)
+FencedLeaderEpochError = _kafka_error(
+    74, "FENCED_LEADER_EPOCH", retriable=True, invalid_metadata=True)
 UnknownLeaderEpochError = _kafka_error(75, "UNKNOWN_LEADER_EPOCH", retriable=True)
 StaleBrokerEpochError = _kafka_error(77, "STALE_BROKER_EPOCH")
 InvalidRecordError = _kafka_error(87, "INVALID_RECORD", grpc_status=_S.INVALID_ARGUMENT)

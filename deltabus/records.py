@@ -224,5 +224,6 @@ def iter_consumer_records(topic: str, partition: int, table: pa.Table) -> list[C
     epochs = table.column("leader_epoch").to_pylist()
     return [
         ConsumerRecord(topic, partition, o, int(t), tt, k, v, h, e)
-        for o, t, tt, k, v, h, e in zip(offsets, ts.tolist(), ts_type, keys, values, headers, epochs)
+        for o, t, tt, k, v, h, e in zip(offsets, ts.tolist(), ts_type, keys, values, headers,
+                                        epochs, strict=True)
     ]

@@ -3,9 +3,9 @@
 The controller runs in the driver and serves the bootstrap address. Each broker is its own Spark job
 of one long-running task (job group `deltabus-broker-N`, shown as "deltabus broker N" in the Spark
 UI), watched by a supervisor thread: when the task dies (its process killed, its executor lost) or
-the controller fences the broker for missed heartbeats, the supervisor launches it again, and the new
-broker reopens its partitions from Delta. One broker per job means one broker failing never fails the
-others, whatever the master (`local[N]`, `local-cluster[...]`, standalone, Databricks).
+the controller fences the broker for missed heartbeats, the supervisor launches it again, and the
+new broker reopens its partitions from Delta. One broker per job means one broker failing never
+fails the others, whatever the master (`local[N]`, `local-cluster[...]`, standalone, Databricks).
 
 Thread-safe: `start` and `stop` are meant for one thread; the rest may be called from any.
 """
@@ -67,7 +67,7 @@ class Cluster:
     def __init__(self, spark: Any = None, *, root: str = "./data", brokers: int = 3,
                  port: int = cfg.DEFAULT_BOOTSTRAP_PORT, host: str | None = None,
                  **settings: Any) -> None:
-        extra = {"host": host} if host else {}
+        extra: dict[str, Any] = {"host": host} if host else {}
         self.config = cfg.ClusterConfig(root=normalize_root(root), brokers=brokers, port=port,
                                         **extra, **settings)
         self._owns_spark = spark is None
@@ -112,7 +112,8 @@ class Cluster:
         if slots <= self.config.brokers:
             raise ValueError(
                 f"Spark offers {slots} task slots but {self.config.brokers} brokers each hold one "
-                f"for life and other jobs need one more: use master local[{self.config.brokers + 2}]"
+                "for life and other jobs need one more: use master "
+                f"local[{self.config.brokers + 2}]"
                 " or add executors")
 
     def _spawn(self, target: Any, name: str) -> None:
@@ -121,7 +122,8 @@ class Cluster:
         self._threads.append(thread)
 
     def _supervise(self, broker_id: int) -> None:
-        """Run broker `broker_id` as a one-task Spark job, again and again until the cluster stops."""
+        """Run broker `broker_id` as a one-task Spark job, again and again until the cluster
+        stops."""
         sc = self.spark.sparkContext
         spec = BrokerSpec(broker_id, f"{self.config.host}:{self.port}", self.config)
         group = f"deltabus-broker-{broker_id}"

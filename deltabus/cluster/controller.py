@@ -4,9 +4,9 @@ Thread-safe: every public method takes `_lock` (a Condition that also wakes hear
 
 Handlers validate a request and turn it into metadata records; records are written to the metadata
 log first and only then replayed into `MetadataState`, so what brokers and clients see is always
-durable. Brokers are not in the log: they register at every start (a new broker epoch each time), and
-one that misses heartbeats for `broker_session_timeout_ms` is fenced: partitions it led elect a new
-leader from the ISR, or go offline (leader -1) when none is left, until it registers again.
+durable. Brokers are not in the log: they register at every start (a new broker epoch each time),
+and one that misses heartbeats for `broker_session_timeout_ms` is fenced: partitions it led elect a
+new leader from the ISR, or go offline (leader -1) when none is left, until it registers again.
 """
 
 from __future__ import annotations
@@ -16,14 +16,17 @@ import random
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 
+import pyarrow as pa
 import pyarrow.fs as pafs
 
 from deltabus import config as cfg
 from deltabus import errors
 from deltabus.cluster.metadata_log import MetadataLog
 from deltabus.log_tables.layout import metadata_path, topic_path
+from deltabus.log_tables.partition_log import AppendResult
 from deltabus.metadata import (
     NO_LEADER,
     BrokerEndpoint,
@@ -34,7 +37,8 @@ from deltabus.metadata import (
     new_cluster_id,
     new_topic_id,
 )
-from deltabus.rpc.server import FetchResult
+from deltabus.records import ProducerState
+from deltabus.rpc.server import FetchResult, FetchSpec
 from deltabus.topics import INTERNAL_TOPICS, validate_topic_name
 
 log = logging.getLogger(__name__)
@@ -118,7 +122,8 @@ class Controller:
                 try:
                     if names.count(topic.name) > 1:
                         raise errors.InvalidRequestError(
-                            f"Create topics request from client has multiple entries for {topic.name}")
+                            "Create topics request from client has multiple entries for "
+                            f"{topic.name}")
                     records = self._plan_topic(topic)
                     if not validate_only:
                         self._delete_dir(topic_path(self._config.root, topic.name))
@@ -401,12 +406,12 @@ class ControllerHandler:
         return errors.NotLeaderOrFollowerError(
             f"the controller leads no partitions: send {topic}-{partition} to its leader")
 
-    def produce(self, topic: str, partition: int, batch: object, *, acks: int,
-                producer: object) -> object:
+    def produce(self, topic: str, partition: int, batch: pa.Table, *, acks: int,
+                producer: ProducerState) -> Future[AppendResult]:
         raise self._not_leader(topic, partition)
 
-    def fetch(self, specs: list, *, max_wait_ms: int, min_bytes: int, max_bytes: int,
-              replica_id: int) -> list:
+    def fetch(self, specs: list[FetchSpec], *, max_wait_ms: int, min_bytes: int,
+              max_bytes: int, replica_id: int) -> list[FetchResult]:
         return [FetchResult(s.topic, s.partition, self._not_leader(s.topic, s.partition))
                 for s in specs]
 

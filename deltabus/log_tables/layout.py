@@ -3,8 +3,9 @@
     {root}/__cluster_metadata/                     the controller's metadata log (a Delta table)
     {root}/topics/{topic}/{partition}/replica-{b}  one Delta table per topic-partition replica
 
-A Kafka user finds a partition as `topic-partition` in log.dirs; here it is one folder per topic with
-one Delta table per replica, so `SELECT` over a topic reads `{root}/topics/{topic}/*/replica-*`.
+A Kafka user finds a partition as `topic-partition` in log.dirs; here it is one folder per topic
+with one Delta table per replica, so a query over a topic reads
+`{root}/topics/{topic}/*/replica-*`.
 """
 
 from __future__ import annotations

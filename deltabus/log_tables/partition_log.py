@@ -395,7 +395,7 @@ class PartitionLog:
             self._lock.notify_all()
         if self._on_append is not None:
             self._on_append()
-        for item, (first, last) in zip(group, results):
+        for item, (first, last) in zip(group, results, strict=True):
             item.future.set_result(AppendResult(first, last, now_ms, self.log_start_offset))
 
     def _reload_after_failure(self) -> None:

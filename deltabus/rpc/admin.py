@@ -59,7 +59,7 @@ class AdminClient:
         return sorted(t for t in image.topics if include_internal or not t.startswith("__"))
 
     def describe_topics(self, topics: Iterable[str] | None = None) -> list[TopicState]:
-        """Describe topics (all when None); raises UnknownTopicOrPartitionError for a missing one."""
+        """Describe topics (all when None); UnknownTopicOrPartitionError for a missing one."""
         names = list(topics or [])
         response = self._client.call_any("DescribeTopics", pb.DescribeTopicsRequest(topics=names))
         for t in response.topics:

@@ -136,7 +136,8 @@ class ClusterClient:
 
     def refresh_metadata(self, topics: list[str] | None = None,
                          allow_auto_create: bool = False) -> MetadataImage:
-        """Fetch the whole cluster's metadata (Kafka clients fetch only their topics; ours is small)."""
+        """Fetch the whole cluster's metadata (Kafka clients fetch only their topics; ours is
+        small)."""
         request = pb.MetadataRequest(topics=topics or [],
                                      allow_auto_topic_creation=allow_auto_create)
         response = self.call_any("Metadata", request)

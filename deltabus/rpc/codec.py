@@ -5,6 +5,8 @@ Pure functions; used by servers and clients alike, so both sides read the wire t
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import pyarrow as pa
 
 from deltabus import errors
@@ -96,9 +98,12 @@ def produce_batch_from_proto(data: pb.PartitionProduceData) -> pa.Table:
     return normalize_produce(records_to_table(data.records))
 
 
-def records_to_table(records: list[pb.Record] | object) -> pa.Table:
-    keys, values, timestamps, headers = [], [], [], []
-    for r in records:  # type: ignore[attr-defined]
+def records_to_table(records: Iterable[pb.Record]) -> pa.Table:
+    keys: list[bytes | None] = []
+    values: list[bytes | None] = []
+    timestamps: list[int | None] = []
+    headers: list[list[dict] | None] = []
+    for r in records:
         keys.append(r.key if r.HasField("key") else None)
         values.append(r.value if r.HasField("value") else None)
         timestamps.append(r.timestamp_ms or None)
@@ -115,7 +120,7 @@ def table_to_records(table: pa.Table) -> list[pb.Record]:
     """Fetched log records as proto records (for clients that do not speak Arrow)."""
     out = []
     ts = table.column("timestamp").cast(pa.int64()).to_pylist()
-    for row, t in zip(table.to_pylist(), ts):
+    for row, t in zip(table.to_pylist(), ts, strict=True):
         record = pb.Record(offset=row["offset"], timestamp_ms=t // 1000,
                            timestamp_type=row["timestamp_type"])
         if row["key"] is not None:

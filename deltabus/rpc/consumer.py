@@ -155,7 +155,7 @@ class Consumer:
         deadline = time.monotonic() + self._client.request_timeout_ms / 1000
         pending = list(tps)
         while pending:
-            retry = []
+            retry: list[TopicPartition] = []
             for address, group in self._by_leader(pending, retry).items():
                 request = pb.ListOffsetsRequest(partitions=[
                     pb.ListOffsetsPartition(topic=t.topic, partition=t.partition,
@@ -268,7 +268,8 @@ class Consumer:
 
     def _complete_fetches(self, deadline: float) -> None:
         """Take the answers of in-flight fetches that complete before the deadline."""
-        pending, retry = [], []
+        pending: list[tuple[Any, dict[TopicPartition, int | None]]] = []
+        retry: list[TopicPartition] = []
         for call, sent in self._inflight:
             try:
                 response = call.result(timeout=max(0.0, deadline - time.monotonic()))

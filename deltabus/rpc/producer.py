@@ -255,9 +255,12 @@ class Producer:
         """The bulk path: send an Arrow table (columns value, and optionally key, timestamp,
         headers) or a list of values in as few requests as possible. Returns one future per
         chunk; each resolves to the metadata of the chunk's first record."""
-        table = data if isinstance(data, pa.Table) else pa.table({"value": pa.array(data, pa.binary())})
+        table = (data if isinstance(data, pa.Table)
+                 else pa.table({"value": pa.array(data, pa.binary())}))
         n = self.partitions_for(topic)
-        if "key" in table.column_names and partition is None and table.column("key").null_count < table.num_rows:
+        keyed = ("key" in table.column_names
+                 and table.column("key").null_count < table.num_rows)
+        if keyed and partition is None:
             keys = table.column("key").to_pylist()
             parts = [partition_for_key(k, n) if k is not None else self._sticky.partition(topic, n)
                      for k in keys]
@@ -270,7 +273,8 @@ class Producer:
             raise errors.UnknownTopicOrPartitionError(
                 f"partition {partition} of topic {topic} does not exist (it has {n})")
         futures = []
-        rows_per_chunk = max(1, int(self.max_request_size / 2 / max(1, table.nbytes / max(1, table.num_rows))))
+        record_bytes = max(1.0, table.nbytes / max(1, table.num_rows))
+        rows_per_chunk = max(1, int(self.max_request_size / 2 / record_bytes))
         for start in range(0, table.num_rows, rows_per_chunk):
             chunk = table.slice(start, rows_per_chunk)
             p = partition if partition is not None else self._sticky.partition(topic, n)
@@ -353,7 +357,8 @@ class Producer:
         lock). Per-partition order holds either way: one batch in flight at a time without
         idempotence, sequence numbers the leader appends in order with it. Batches of one
         partition in one request are appended in request order; partitions go in parallel."""
-        sendable, waiting = [], collections.deque()
+        sendable: list[_Batch] = []
+        waiting: collections.deque[_Batch] = collections.deque()
         blocked: set[tuple[str, int]] = set()
         for batch in self._ready:
             key = (batch.topic, batch.partition)
@@ -455,7 +460,7 @@ class Producer:
         if self.acks == 0:
             self._settle([(b, -1, None) for b in batches])
             return
-        results = {}
+        results: dict[tuple[str, int], collections.deque[Any]] = {}
         for p in response.partitions:  # several batches of one partition: answers in order
             results.setdefault((p.topic, p.partition), collections.deque()).append(p)
         outcomes: list[tuple[_Batch, int, errors.DeltaBusError | None]] = []
@@ -496,8 +501,8 @@ class Producer:
                     f"delivery.timeout.ms {self.delivery_timeout_s * 1000:.0f} passed: {error}")))
             else:
                 done.append((batch, base_offset, error))
-        for batch, base_offset, error in done:
-            batch.complete(base_offset, error)  # callbacks run before flush() can return
+        for batch, base_offset, failure in done:
+            batch.complete(base_offset, failure)  # callbacks run before flush() can return
         with self._lock:
             if retry:  # back in creation order: a partition's batches must never swap places
                 self._ready = collections.deque(

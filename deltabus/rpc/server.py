@@ -111,7 +111,8 @@ class DeltaBusServicer(pb_grpc.DeltaBusServicer):
         return codec.image_to_proto(image, topics)
 
     @_guard
-    def CreateTopics(self, request: pb.CreateTopicsRequest, context: Any) -> pb.CreateTopicsResponse:
+    def CreateTopics(self, request: pb.CreateTopicsRequest,
+                     context: Any) -> pb.CreateTopicsResponse:
         topics = [NewTopic(t.name, t.num_partitions, t.replication_factor, dict(t.configs))
                   for t in request.topics]
         results = self._handler.create_topics(
@@ -119,7 +120,8 @@ class DeltaBusServicer(pb_grpc.DeltaBusServicer):
         return pb.CreateTopicsResponse(topics=[codec.topic_result_to_proto(r) for r in results])
 
     @_guard
-    def DeleteTopics(self, request: pb.DeleteTopicsRequest, context: Any) -> pb.DeleteTopicsResponse:
+    def DeleteTopics(self, request: pb.DeleteTopicsRequest,
+                     context: Any) -> pb.DeleteTopicsResponse:
         results = self._handler.delete_topics(list(request.topics),
                                               timeout_ms=request.timeout_ms or 30_000)
         return pb.DeleteTopicsResponse(topics=[codec.topic_result_to_proto(r) for r in results])
@@ -134,7 +136,8 @@ class DeltaBusServicer(pb_grpc.DeltaBusServicer):
     @_guard
     def Produce(self, request: pb.ProduceRequest, context: Any) -> pb.ProduceResponse:
         if request.acks not in (0, 1, -1):
-            raise errors.InvalidRequiredAcksError(f"acks must be 0, 1 or -1 (all), not {request.acks}")
+            raise errors.InvalidRequiredAcksError(
+                f"acks must be 0, 1 or -1 (all), not {request.acks}")
         pending: list[tuple[pb.PartitionProduceData, Any, errors.DeltaBusError | None]] = []
         for data in request.partitions:
             try:
@@ -249,7 +252,8 @@ class BrokerLifecycleServicer(pb_grpc.BrokerLifecycleServicer):
 
 
 def start_server(host: str, port: int, handler: DeltaBusHandler,
-                 lifecycle: LifecycleHandler | None = None, *, threads: int = 32) -> tuple[grpc.Server, int]:
+                 lifecycle: LifecycleHandler | None = None, *,
+                 threads: int = 32) -> tuple[grpc.Server, int]:
     """Start a gRPC server on host:port (0 picks a free port); returns it and the bound port.
 
     Raises BrokerNotAvailableError when the port cannot be bound (already in use).

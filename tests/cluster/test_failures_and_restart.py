@@ -8,7 +8,6 @@ import time
 from deltabus import AdminClient, Cluster, Consumer, NewTopic, Producer, TopicPartition
 from deltabus.rpc.client import ClusterClient
 from deltabus.rpc.v1 import deltabus_pb2 as pb
-
 from tests.conftest import free_port
 
 

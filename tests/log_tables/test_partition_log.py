@@ -346,7 +346,7 @@ def test_max_timestamp_tie_returns_the_earliest_offset(log: PartitionLog) -> Non
     # Kafka keeps the first record carrying the largest timestamp (strict `>` when it tracks
     # offsetOfMaxTimestamp; KAFKA-16342 tests LogAppendTime batches expect their first offset).
     # Ties are common: with LogAppendTime every record of a commit has the same timestamp.
-    for i in range(5):
+    for _ in range(5):
         log.append(_batch([b"same"], timestamps_ms=[7000]), leader_epoch=0).result(
             RESULT_TIMEOUT_S)
     assert log.offset_for_timestamp(MAX_TIMESTAMP) == (0, 7000), \

@@ -39,7 +39,8 @@ def test_records_come_back_in_order_with_offsets_keys_headers(cluster, topic_nam
     create(cluster, topic_name, partitions=1)
     with Producer(cluster.bootstrap_servers) as producer:
         futures = [producer.send(topic_name, f"value-{i}", key=f"k{i}",
-                                 headers=[("trace", f"{i}".encode())], timestamp_ms=1_700_000_000_000 + i)
+                                 headers=[("trace", f"{i}".encode())],
+                                 timestamp_ms=1_700_000_000_000 + i)
                    for i in range(500)]
         producer.flush()
         metadata = [f.get(10) for f in futures]
