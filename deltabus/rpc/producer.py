@@ -160,7 +160,7 @@ class Producer:
         client_id: str = "deltabus-producer",
         allow_auto_create_topics: bool = True,
         enable_idempotence: bool = True,
-        max_in_flight_batches_per_partition: int = 1,
+        max_in_flight_batches_per_partition: int = 2,
     ) -> None:
         acks_value = _ACKS.get(str(acks))
         if acks_value is None:
@@ -181,8 +181,9 @@ class Producer:
         self._open: dict[tuple[str, int], _Batch] = {}
         self._ready: collections.deque[_Batch] = collections.deque()
         self._in_flight: dict[str, int] = collections.defaultdict(int)
-        # Batches in flight per partition: at most 1 without idempotence (gRPC may serve two
-        # requests in either order), up to max_in_flight with it (the leader orders by sequence).
+        # Batches in flight per partition: 1 without idempotence (gRPC may serve two requests
+        # in either order); with it, full batches pipeline up to this depth (the leader appends
+        # them in sequence order).
         self._busy: collections.Counter[tuple[str, int]] = collections.Counter()
         self.enable_idempotence = enable_idempotence
         self._in_flight_max = (max_in_flight_batches_per_partition if enable_idempotence
@@ -344,13 +345,20 @@ class Producer:
         if self._closed or self._flushing:
             return True
         key = (batch.topic, batch.partition)
-        return now - batch.created >= self.linger_s and self._busy[key] < self._in_flight_max
+        return now - batch.created >= self.linger_s and self._busy[key] == 0
 
     def _next_wakeup(self, now: float) -> float:
         times = [b.created + self.linger_s for b in self._open.values()
-                 if self._busy[(b.topic, b.partition)] < self._in_flight_max]
+                 if self._busy[(b.topic, b.partition)] == 0]
         times += [b.retry_at for b in self._ready if b.retry_at > now]
         return max(min(times, default=now + 0.1) - now, 0.0005)
+
+    def _room(self, batch: _Batch, key: tuple[str, int]) -> bool:
+        """May this batch go while others of its partition are in flight? Only a full one, and
+        only up to the pipelining depth: sending a large batch while the previous one commits
+        hides its transfer; a small one does better waiting and collecting more records."""
+        busy = self._busy[key]
+        return busy == 0 or (busy < self._in_flight_max and batch.nbytes >= self.batch_size)
 
     def _take_sendable(self, now: float) -> list[_Batch]:
         """Due ready batches, in order, of partitions with room in flight (caller holds the
@@ -362,8 +370,7 @@ class Producer:
         blocked: set[tuple[str, int]] = set()
         for batch in self._ready:
             key = (batch.topic, batch.partition)
-            if (key in blocked or batch.retry_at > now
-                    or self._busy[key] >= self._in_flight_max):
+            if key in blocked or batch.retry_at > now or not self._room(batch, key):
                 blocked.add(key)  # nothing may overtake a batch that waits
                 waiting.append(batch)
                 continue
