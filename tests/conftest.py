@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -45,6 +46,21 @@ def cluster(spark: object, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     c = Cluster(spark, root=str(root), brokers=3, port=free_port()).start()
     yield c
     c.stop()
+
+
+def read_records(bootstrap: str, topic: str, partitions: int, expected: int,
+                 timeout_s: float = 60) -> list:
+    """Every record of a topic from the beginning: polls until `expected` arrived or time is up."""
+    from deltabus import Consumer, TopicPartition
+
+    consumer = Consumer(bootstrap, auto_offset_reset="earliest")
+    consumer.assign([TopicPartition(topic, p) for p in range(partitions)])
+    records: list = []
+    deadline = time.monotonic() + timeout_s
+    while len(records) < expected and time.monotonic() < deadline:
+        records.extend(consumer.poll(500, max_records=100_000))
+    consumer.close()
+    return records
 
 
 @pytest.fixture

@@ -213,18 +213,14 @@ class Broker:
 
     def create_topics(self, topics: list[NewTopic], *, timeout_ms: int,
                       validate_only: bool) -> list[TopicResult]:
-        request = pb.CreateTopicsRequest(
-            topics=[pb.CreatableTopic(name=t.name, num_partitions=t.num_partitions,
-                                      replication_factor=t.replication_factor,
-                                      configs=t.configs or {}) for t in topics],
-            timeout_ms=timeout_ms, validate_only=validate_only)
+        request = codec.create_topics_request(topics, timeout_ms, validate_only)
         response = self._controller.call_any("CreateTopics", request, timeout_ms + 5000)
-        return [_result_from_proto(r) for r in response.topics]
+        return [codec.topic_result_from_proto(r) for r in response.topics]
 
     def delete_topics(self, names: list[str], *, timeout_ms: int) -> list[TopicResult]:
         request = pb.DeleteTopicsRequest(topics=names, timeout_ms=timeout_ms)
         response = self._controller.call_any("DeleteTopics", request, timeout_ms + 5000)
-        return [_result_from_proto(r) for r in response.topics]
+        return [codec.topic_result_from_proto(r) for r in response.topics]
 
     def produce(self, topic: str, partition: int, batch: pa.Table, *, acks: int,
                 producer: ProducerState) -> Future[AppendResult]:
@@ -296,11 +292,6 @@ def _cap_bytes(results: list[FetchResult], max_bytes: int) -> int:
             r.records = r.records.slice(0, 0)
         total += r.records.nbytes
     return total
-
-
-def _result_from_proto(r: pb.TopicResult) -> TopicResult:
-    error = errors.error_for_code(r.error_code, r.error_message) if r.error_code else None
-    return TopicResult(r.name, error, r.topic_id, r.num_partitions, r.replication_factor)
 
 
 def run_broker_task(specs: Iterator[BrokerSpec]) -> Iterator[tuple[int, str]]:

@@ -28,11 +28,7 @@ class AdminClient:
                       validate_only: bool = False) -> dict[str, str]:
         """Create topics; returns {name: topic_id}. Raises the first topic's error, if any
         (after every topic was tried: the others are created)."""
-        request = pb.CreateTopicsRequest(
-            topics=[pb.CreatableTopic(name=t.name, num_partitions=t.num_partitions,
-                                      replication_factor=t.replication_factor,
-                                      configs=t.configs or {}) for t in new_topics],
-            timeout_ms=timeout_ms, validate_only=validate_only)
+        request = codec.create_topics_request(new_topics, timeout_ms, validate_only)
         response = self._client.call_any("CreateTopics", request, timeout_ms + 5000)
         return self._results(response.topics)
 

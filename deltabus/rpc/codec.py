@@ -13,6 +13,7 @@ from deltabus import errors
 from deltabus.metadata import (
     BrokerEndpoint,
     MetadataImage,
+    NewTopic,
     PartitionState,
     TopicResult,
     TopicState,
@@ -75,6 +76,20 @@ def image_from_proto(msg: pb.MetadataResponse) -> MetadataImage:
         topics[t.name] = TopicState(t.name, t.topic_id, parts, dict(t.configs))
     brokers = tuple(BrokerEndpoint(b.broker_id, b.host, b.port, b.rack) for b in msg.brokers)
     return MetadataImage(msg.metadata_version, msg.cluster_id, msg.controller_id, brokers, topics)
+
+
+def create_topics_request(topics: Iterable[NewTopic], timeout_ms: int,
+                          validate_only: bool) -> pb.CreateTopicsRequest:
+    return pb.CreateTopicsRequest(
+        topics=[pb.CreatableTopic(name=t.name, num_partitions=t.num_partitions,
+                                  replication_factor=t.replication_factor,
+                                  configs=t.configs or {}) for t in topics],
+        timeout_ms=timeout_ms, validate_only=validate_only)
+
+
+def topic_result_from_proto(r: pb.TopicResult) -> TopicResult:
+    error = errors.error_for_code(r.error_code, r.error_message) if r.error_code else None
+    return TopicResult(r.name, error, r.topic_id, r.num_partitions, r.replication_factor)
 
 
 def topic_result_to_proto(result: TopicResult) -> pb.TopicResult:

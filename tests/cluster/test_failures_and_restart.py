@@ -5,21 +5,12 @@ from __future__ import annotations
 import threading
 import time
 
-from deltabus import AdminClient, Cluster, Consumer, NewTopic, Producer, TopicPartition
+from deltabus import AdminClient, Cluster, NewTopic, Producer
 from deltabus.rpc.client import ClusterClient
 from deltabus.rpc.v1 import deltabus_pb2 as pb
-from tests.conftest import free_port
+from tests.conftest import free_port, read_records
 
-
-def _read_all(bootstrap: str, topic: str, partitions: int, expected: int, timeout_s: float = 60):
-    consumer = Consumer(bootstrap, auto_offset_reset="earliest")
-    consumer.assign([TopicPartition(topic, p) for p in range(partitions)])
-    records = []
-    deadline = time.monotonic() + timeout_s
-    while len(records) < expected and time.monotonic() < deadline:
-        records.extend(consumer.poll(500, max_records=100_000))
-    consumer.close()
-    return records
+_read_all = read_records
 
 
 def _new_producer_id(bootstrap: str) -> int:

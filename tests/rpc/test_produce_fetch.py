@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import grpc
 import pyarrow as pa
@@ -17,6 +16,7 @@ from deltabus.records import produce_batch, to_ipc
 from deltabus.rpc.client import ClusterClient
 from deltabus.rpc.server import ERROR_CODE_KEY
 from deltabus.rpc.v1 import deltabus_pb2 as pb
+from tests.conftest import read_records
 
 
 def create(cluster, name: str, partitions: int = 1, **configs: str) -> None:
@@ -24,15 +24,8 @@ def create(cluster, name: str, partitions: int = 1, **configs: str) -> None:
         admin.create_topics([NewTopic(name, partitions, 1, configs or None)])
 
 
-def consume_all(cluster, topic: str, partitions: int, expected: int, timeout_s: float = 30):
-    consumer = Consumer(cluster.bootstrap_servers, auto_offset_reset="earliest")
-    consumer.assign([TopicPartition(topic, p) for p in range(partitions)])
-    records = []
-    deadline = time.monotonic() + timeout_s
-    while len(records) < expected and time.monotonic() < deadline:
-        records.extend(consumer.poll(500, max_records=100_000))
-    consumer.close()
-    return records
+def consume_all(cluster, topic: str, partitions: int, expected: int):
+    return read_records(cluster.bootstrap_servers, topic, partitions, expected, timeout_s=30)
 
 
 def test_records_come_back_in_order_with_offsets_keys_headers(cluster, topic_name):
