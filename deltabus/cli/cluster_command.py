@@ -99,14 +99,15 @@ def start(args: argparse.Namespace) -> int:
 
 
 def _serve_until_signalled() -> None:
-    """Block until Ctrl-C (KeyboardInterrupt) or SIGTERM (turned into the same clean stop)."""
+    """Block until Ctrl-C or SIGTERM, then return for a clean stop.
+
+    Both signals only set an event: PySpark's own SIGINT handler would cancel every job, killing
+    the brokers before they flush, and interrupt a py4j call half-way. The handlers stay for the
+    rest of the process, so a second Ctrl-C during the stop does not reach PySpark's either.
+    """
     stopped = threading.Event()
-    previous = signal.signal(signal.SIGTERM, lambda *_: stopped.set())
-    try:
-        while not stopped.wait(1.0):
-            pass
-    except KeyboardInterrupt:
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stopped.set())
+    while not stopped.wait(1.0):
         pass
-    finally:
-        signal.signal(signal.SIGTERM, previous)
     print("stopping the deltabus cluster...", flush=True)

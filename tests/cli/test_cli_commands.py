@@ -1,5 +1,5 @@
 """Integration: the commands in-process (`main(argv)`) against the session's 3-broker cluster,
-and `cluster start` as a real process stopped by SIGTERM."""
+and `cluster start` as a real process stopped by Ctrl-C or SIGTERM."""
 
 from __future__ import annotations
 
@@ -11,11 +11,12 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from typing import Any
 
 import pytest
+from deltalake import DeltaTable
 
+from deltabus import Producer
 from deltabus.cli.main import main
 
 
@@ -165,7 +166,9 @@ def test_perf_producer_and_consumer(cli: Cli, topic_name: str, tmp_path: Any) ->
     assert rc == 0 and "Exiting before consuming the expected number of messages" in err
 
 
-def test_cluster_start_serves_until_sigterm(tmp_path: Any) -> None:
+@pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_cluster_start_serves_until_signalled_and_flushes(tmp_path: Any, stop_signal: int) -> None:
+    """Ctrl-C or SIGTERM stops cleanly: records sent with acks=0 just before are in the table."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -174,18 +177,23 @@ def test_cluster_start_serves_until_sigterm(tmp_path: Any) -> None:
         [sys.executable, "-m", "deltabus.cli.main", "cluster", "start", "--brokers", "1",
          "--master", "local[3]",
          "--root", str(tmp_path / "data"), "--port", str(port)],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         assert process.stdout is not None
         first = process.stdout.readline()
         assert first == (f"deltabus cluster started: bootstrap 127.0.0.1:{port}, 1 brokers, "
                          f"data under {tmp_path / 'data'}\n")
         assert process.stdout.readline().startswith("Spark UI: http://")
-        time.sleep(0.5)
-        process.send_signal(signal.SIGTERM)
-        rest = process.communicate(timeout=120)[0]
+        with Producer(f"127.0.0.1:{port}", acks=0) as producer:
+            for i in range(200):
+                producer.send("flushed", f"{i}".encode(), partition=0)
+        process.send_signal(stop_signal)
+        rest, err = process.communicate(timeout=120)
     finally:
         if process.poll() is None:
             process.kill()
     assert process.returncode == 0
     assert rest.splitlines()[-1] == "deltabus cluster stopped"
+    assert "Traceback" not in err
+    table = DeltaTable(str(tmp_path / "data" / "topics" / "flushed" / "0" / "replica-0"))
+    assert sorted(table.to_pyarrow_table().column("offset").to_pylist()) == list(range(200))
