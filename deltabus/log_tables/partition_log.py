@@ -579,6 +579,27 @@ class PartitionLog:
         self._appender.join(timeout_s)
 
 
+@dataclass(frozen=True)
+class CommitRange:
+    """The offsets one Delta commit of a partition table appended."""
+
+    version: int
+    base_offset: int
+    last_offset: int
+
+
+def commit_ranges(table: DeltaTable, limit: int | None = None) -> list[CommitRange]:
+    """Delta version -> offset range of the log's appends, newest first (at most `limit`
+    commits), read from the commitInfo every append writes. Replication and streaming map
+    versions to offsets and back with it; commits that appended nothing are left out."""
+    out = []
+    for commit in table.history(limit):
+        if "deltabus.baseOffset" in commit:
+            out.append(CommitRange(int(commit["version"]), int(commit["deltabus.baseOffset"]),
+                                   int(commit["deltabus.lastOffset"])))
+    return out
+
+
 def _check_records(batch: pa.Table, max_message_bytes: int | None) -> None:
     if batch.num_rows == 0:
         raise errors.InvalidRecordError("a produce batch must hold at least one record")

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 
-from deltabus.log_tables import LogConfig, PartitionLog
+from deltalake import DeltaTable
+
+from deltabus.log_tables import LogConfig, PartitionLog, commit_ranges
 from deltabus.records import normalize_produce, produce_batch
 
 
@@ -23,3 +25,18 @@ def test_checkpoints_are_written_and_reopen_recovers_from_them(tmp_path):
     assert (reopened.log_start_offset, reopened.log_end_offset) == (0, 45)
     assert reopened.read(40, 1 << 20).column("offset").to_pylist() == [40, 41, 42, 43, 44]
     reopened.close()
+
+
+def test_every_commit_maps_a_delta_version_to_its_offset_range(tmp_path):
+    path = str(tmp_path / "log")
+    log = PartitionLog(path, topic="t", partition=0, config=LogConfig(group_commit_linger_ms=0))
+    sizes = [3, 1, 5]
+    for n in sizes:
+        log.append(normalize_produce(produce_batch([b"v"] * n)), leader_epoch=0).result(10)
+    log.close()
+    ranges = commit_ranges(DeltaTable(path))
+    assert [(r.base_offset, r.last_offset) for r in reversed(ranges)] == [(0, 2), (3, 3), (4, 8)]
+    table = DeltaTable(path)
+    for r in ranges:  # the version holds exactly the offsets up to its range's end
+        table.load_as_version(r.version)
+        assert table.to_pyarrow_table().num_rows == r.last_offset + 1
