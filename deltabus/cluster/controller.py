@@ -44,6 +44,9 @@ from deltabus.topics import INTERNAL_TOPICS, validate_topic_name
 log = logging.getLogger(__name__)
 
 PRODUCER_ID_BLOCK = 1000  # producer ids reserved per metadata record
+# Until followers copy the leader's log, a second replica would be a durability promise that
+# nothing keeps: refuse it.
+REPLICATION_FACTOR_MAX = 1
 
 
 @dataclass
@@ -154,6 +157,10 @@ class Controller:
         if rf < 1:
             raise errors.InvalidReplicationFactorError(
                 "Replication factor must be larger than 0.")
+        if rf > REPLICATION_FACTOR_MAX:  # no promise the brokers could not keep
+            raise errors.InvalidReplicationFactorError(
+                f"Replication factor {rf} is not supported yet: this deltabus does not replicate "
+                f"partitions; use {REPLICATION_FACTOR_MAX}.")
         live = self._live_broker_ids()
         if rf > len(live):
             raise errors.InvalidReplicationFactorError(
