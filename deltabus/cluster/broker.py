@@ -70,6 +70,7 @@ class Broker:
             checkpoint_interval=spec.config.checkpoint_interval,
         )
         self._image = empty_image()
+        self._topic_configs: dict[str, cfg.TopicConfig] = {}
         self._logs: dict[tuple[str, int], PartitionLog] = {}
         self._logs_lock = threading.Lock()
         self._appended = threading.Condition()
@@ -166,6 +167,10 @@ class Broker:
                     if opened is not None:
                         with self._logs_lock:
                             self._logs[key] = opened
+        # Parsed once per metadata version, not per produce request; set before the image so a
+        # topic visible in the image always has its config.
+        self._topic_configs = {name: cfg.topic_config(t.configs)
+                               for name, t in image.topics.items()}
         self._image = image
 
     def _open_log(self, key: tuple[str, int]) -> PartitionLog | None:
@@ -225,7 +230,7 @@ class Broker:
     def produce(self, topic: str, partition: int, batch: pa.Table, *, acks: int,
                 producer: ProducerState) -> Future[AppendResult]:
         partition_log, leader_epoch = self._leader_log(topic, partition)
-        topic_config = cfg.topic_config(self._image.topics[topic].configs)
+        topic_config = self._topic_configs.get(topic) or cfg.TopicConfig()
         timestamp_type = (LOG_APPEND_TIME if topic_config.message_timestamp_type == "LogAppendTime"
                           else CREATE_TIME)
         return partition_log.append(batch, leader_epoch=leader_epoch,

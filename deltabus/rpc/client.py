@@ -137,12 +137,11 @@ class ClusterClient:
     def refresh_metadata(self, topics: list[str] | None = None,
                          allow_auto_create: bool = False) -> MetadataImage:
         """Fetch the whole cluster's metadata (Kafka clients fetch only their topics; ours is
-        small)."""
-        request = pb.MetadataRequest(topics=topics or [],
-                                     allow_auto_topic_creation=allow_auto_create)
-        response = self.call_any("Metadata", request)
-        if topics:
-            response = self.call_any("Metadata", pb.MetadataRequest())
+        small). With `allow_auto_create`, a first request creates the missing `topics`."""
+        if topics and allow_auto_create:
+            self.call_any("Metadata", pb.MetadataRequest(topics=topics,
+                                                         allow_auto_topic_creation=True))
+        response = self.call_any("Metadata", pb.MetadataRequest())
         image = codec.image_from_proto(response)
         with self._lock:
             self._image = image
