@@ -43,7 +43,7 @@ def cluster(spark: object, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     from deltabus import Cluster
 
     root = tmp_path_factory.mktemp("cluster")
-    c = Cluster(spark, root=str(root), brokers=3, port=free_port()).start()
+    c = Cluster(spark, root=str(root), brokers=3, port=0).start()  # 0: any free port
     yield c
     c.stop()
 

@@ -29,7 +29,6 @@ import pyarrow as pa
 from deltalake import write_deltalake
 
 from deltabus import config as cfg
-from deltabus.cli.cluster_command import free_port
 from deltabus.cli.options import CliError
 from deltabus.cli.producer_performance import BULK_CHUNK_BYTES, payload, random_values
 from deltabus.cli.results import write_json
@@ -92,7 +91,7 @@ def _bootstrap(bootstrap: str | None, root: str) -> Iterator[str]:
 
     spark = local_spark(5, app_name="deltabus-bench", ui=False)
     spark.sparkContext.setLogLevel("WARN")
-    cluster = Cluster(spark, root=f"{root}/cluster", brokers=3, port=free_port()).start()
+    cluster = Cluster(spark, root=f"{root}/cluster", brokers=3, port=0).start()
     try:
         yield cluster.bootstrap_servers
     finally:

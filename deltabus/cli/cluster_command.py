@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
 import sys
 import threading
 from typing import Any
@@ -57,13 +56,6 @@ def spark_session(master: str, *, app_name: str = "deltabus") -> Any:
         .config("spark.python.worker.reuse", "true")
         .getOrCreate()
     )
-
-
-def free_port(host: str = cfg.DEFAULT_HOST) -> int:
-    """A port nothing listens on now (Cluster wants a fixed port, not 0)."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def start(args: argparse.Namespace) -> int:

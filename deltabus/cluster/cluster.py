@@ -62,6 +62,8 @@ class Cluster:
     >>> cluster = Cluster(spark, root="./data", brokers=3).start()
     >>> cluster.bootstrap_servers
     '127.0.0.1:9192'
+
+    `port=0` binds any free port; `bootstrap_servers` then names the one bound.
     """
 
     def __init__(self, spark: Any = None, *, root: str = "./data", brokers: int = 3,

@@ -8,7 +8,7 @@ import time
 from deltabus import AdminClient, Cluster, NewTopic, Producer
 from deltabus.rpc.client import ClusterClient
 from deltabus.rpc.v1 import deltabus_pb2 as pb
-from tests.conftest import free_port, read_records
+from tests.conftest import read_records
 
 _read_all = read_records
 
@@ -19,6 +19,15 @@ def _new_producer_id(bootstrap: str) -> int:
         return client.call_any("InitProducerId", pb.InitProducerIdRequest()).producer_id
     finally:
         client.close()
+
+
+def _kill_leader_and_await_relaunch(cluster, topic: str) -> int:
+    """SIGKILL the process of partition 0's leader; return its id once a new process serves."""
+    leader = cluster.controller.image().partition(topic, 0).leader
+    old_pid = cluster.broker_pids()[leader]
+    cluster.kill_broker(leader)
+    _wait_for_relaunch(cluster, leader, old_pid)
+    return leader
 
 
 def _wait_for_relaunch(cluster, broker_id: int, old_pid: int, timeout_s: float = 60) -> None:
@@ -61,10 +70,7 @@ def test_killing_a_leader_during_produce_loses_no_acknowledged_record(cluster, t
     sender = threading.Thread(target=produce)
     sender.start()
     time.sleep(1.0)
-    victim = cluster.controller.image().partition(topic_name, 0).leader
-    old_pid = cluster.broker_pids()[victim]
-    cluster.kill_broker(victim)
-    _wait_for_relaunch(cluster, victim, old_pid)
+    victim = _kill_leader_and_await_relaunch(cluster, topic_name)
     time.sleep(1.0)  # keep producing against the relaunched broker
     stop.set()
     sender.join()
@@ -94,10 +100,7 @@ def test_relaunched_broker_serves_its_partitions_again(cluster, topic_name):
         admin.create_topics([NewTopic(topic_name, 1, 1)])
     with Producer(cluster.bootstrap_servers) as producer:
         producer.send(topic_name, b"before").get(10)
-    leader = cluster.controller.image().partition(topic_name, 0).leader
-    old_pid = cluster.broker_pids()[leader]
-    cluster.kill_broker(leader)
-    _wait_for_relaunch(cluster, leader, old_pid)
+    leader = _kill_leader_and_await_relaunch(cluster, topic_name)
     with Producer(cluster.bootstrap_servers) as producer:
         assert producer.send(topic_name, b"after").get(30).offset == 1
     records = _read_all(cluster.bootstrap_servers, topic_name, 1, 2)
@@ -110,7 +113,7 @@ def test_relaunched_broker_serves_its_partitions_again(cluster, topic_name):
 
 def test_cluster_restarted_on_the_same_root_keeps_topics_and_data(spark, tmp_path):
     root = str(tmp_path / "restart")
-    first = Cluster(spark, root=root, brokers=3, port=free_port()).start()
+    first = Cluster(spark, root=root, brokers=3, port=0).start()
     try:
         with AdminClient(first.bootstrap_servers) as admin:
             admin.create_topics([NewTopic("orders", 2, 1, {"retention.ms": "3600000"})])
@@ -120,7 +123,7 @@ def test_cluster_restarted_on_the_same_root_keeps_topics_and_data(spark, tmp_pat
         first_id = _new_producer_id(first.bootstrap_servers)
     finally:
         first.stop()
-    second = Cluster(spark, root=root, brokers=3, port=free_port()).start()
+    second = Cluster(spark, root=root, brokers=3, port=0).start()
     try:
         with AdminClient(second.bootstrap_servers) as admin:
             (topic,) = admin.describe_topics(["orders"])
@@ -171,10 +174,7 @@ def test_pipelined_bulk_produce_through_a_leader_kill_is_exactly_once_in_order(c
     sender = threading.Thread(target=produce)
     sender.start()
     time.sleep(1.0)
-    leader = cluster.controller.image().partition(topic_name, 0).leader
-    old_pid = cluster.broker_pids()[leader]
-    cluster.kill_broker(leader)
-    _wait_for_relaunch(cluster, leader, old_pid)
+    _kill_leader_and_await_relaunch(cluster, topic_name)
     time.sleep(1.0)
     stop.set()
     sender.join()
