@@ -59,7 +59,6 @@ class _Batch:
     headers: list | None = None
     table: pa.Table | None = None  # the bulk path hands over a whole table
     nbytes: int = 0
-    attempts: int = 0
     retry_at: float = 0.0
     base_sequence: int = -1  # set when first sent by an idempotent producer
     order: int = field(default_factory=lambda: next(_BATCH_ORDER))  # creation order
@@ -498,7 +497,6 @@ class Producer:
         for batch, base_offset, error in outcomes:
             expired = now - batch.created > self.delivery_timeout_s
             if error is not None and error.retriable and not expired:
-                batch.attempts += 1
                 batch.retry_at = now + self._client.retry_backoff_ms / 1000
                 retry.append(batch)
                 refresh |= error.invalid_metadata
