@@ -11,12 +11,20 @@ Invariants:
   to files, and back to versions.
 - The log end offset only moves after the Delta commit that holds the records succeeded: an
   acknowledged record is durable in the table.
-- Reads never return records at or beyond the high watermark.
+- Every commit (append, follower copy, truncation) sets the Delta app transaction
+  `deltabus.log` to the log end offset it leaves, so two processes writing one table (a zombie
+  broker and its successor, a catch-up job and a follower) conflict and one fails: a retried or
+  concurrent copy never duplicates records.
+- Leader epochs never decrease along the offsets; `end_offset_for_epoch` answers from them.
+- Reads for consumers never return records at or beyond the high watermark; followers read up to
+  the log end offset. The high watermark never passes the log end offset.
 """
 
 from __future__ import annotations
 
+import bisect
 import collections
+import heapq
 import logging
 import posixpath
 import threading
@@ -35,6 +43,7 @@ from deltalake import (
     CommitProperties,
     DeltaTable,
     PostCommitHookProperties,
+    Transaction,
     WriterProperties,
     write_deltalake,
 )
@@ -54,6 +63,7 @@ log = logging.getLogger(__name__)
 NO_PRODUCER = ProducerState()
 PRODUCER_BATCHES_REMEMBERED = 5  # as Kafka's broker: retries of the last 5 batches are answered
 PARQUET_FILES_OPEN_MAX = 256  # footers kept per log; a file handle each
+LOG_TXN_APP_ID = "deltabus.log"  # Delta app transaction every commit of a log sets
 LATEST_TIMESTAMP = -1
 EARLIEST_TIMESTAMP = -2
 MAX_TIMESTAMP = -3
@@ -85,27 +95,52 @@ class AppendResult:
 @dataclass
 class _ProducerEntry:
     """What the log knows of one idempotent producer: its epoch, the next sequence it must send,
-    and the futures of its last few batches (to answer retries with their first result)."""
+    the futures of its last few batches (to answer retries with their first result), and the
+    sequence runs a follower copied (first sequence, last sequence, first offset): a retry sent
+    to a new leader is answered with the offsets the old leader gave it."""
 
     epoch: int
     next_sequence: int
     recent: collections.OrderedDict[int, Future[AppendResult]] = field(
         default_factory=collections.OrderedDict)
+    copied: collections.deque[tuple[int, int, int]] = field(
+        default_factory=lambda: collections.deque(maxlen=PRODUCER_BATCHES_REMEMBERED))
 
     def remember(self, base_sequence: int, future: Future[AppendResult]) -> None:
         self.recent[base_sequence] = future
         while len(self.recent) > PRODUCER_BATCHES_REMEMBERED:
             self.recent.popitem(last=False)
 
+    def earlier(self, base_sequence: int, records: int) -> Future[AppendResult] | None:
+        """The result of a batch written before (a retry), if it is still remembered."""
+        future = self.recent.get(base_sequence)
+        if future is not None:
+            return future
+        for first_seq, last_seq, first_offset in self.copied:
+            if first_seq <= base_sequence and base_sequence + records - 1 <= last_seq:
+                base = first_offset + base_sequence - first_seq
+                future = Future()
+                future.set_result(AppendResult(base, base + records - 1, -1, -1))
+                return future
+        return None
+
 
 @dataclass
 class _PendingAppend:
-    batch: pa.Table  # normalised produce batch
+    batch: pa.Table  # normalised produce batch; a log batch with its offsets when `copied`
     nbytes: int
     leader_epoch: int
     timestamp_type: int
     producer: ProducerState
     future: Future[AppendResult]
+    copied: bool = False  # a follower's copy of the leader's records
+
+
+@dataclass
+class _PendingTruncate:
+    offset: int  # the new log end offset
+    future: Future[AppendResult]
+    nbytes: int = 0
 
 
 def _map_delta_error(e: Exception, what: str) -> errors.DeltaBusError:
@@ -125,7 +160,14 @@ class PartitionLog:
         config: LogConfig = LogConfig(),
         storage_options: dict[str, str] | None = None,
         on_append: Callable[[], None] | None = None,
+        replicated: bool = False,
     ) -> None:
+        """Open (or create) the table at `path`.
+
+        `on_append` runs after every change of the log end offset or high watermark. A
+        `replicated` log leaves the high watermark to its owner (the broker's Partition, which
+        knows the ISR) through `advance_high_watermark`; otherwise it follows the log end offset.
+        """
         self.path = path
         self.topic = topic
         self.partition = partition
@@ -145,9 +187,14 @@ class PartitionLog:
         self._fs, self._fs_base = pafs.FileSystem.from_uri(path)
         self._parquet_files: dict[str, pq.ParquetFile] = {}
         self.log_start_offset, self.log_end_offset = self._recover_offsets(self._table)
-        self.high_watermark = self.log_end_offset  # replication (issue 3) will hold it back
+        self._replicated = replicated
+        # A replicated log does not know which of its records the ISR holds until its owner says.
+        self.high_watermark = self.log_start_offset if replicated else self.log_end_offset
+        self._hw_waiters: list[tuple[int, int, Future[int]]] = []  # heap: (offset, id, future)
+        self._epochs: list[tuple[int, int]] = self._recover_epochs()  # (epoch, start offset)
         self._lock = threading.Condition()
-        self._pending: collections.deque[_PendingAppend] = collections.deque()
+        self._pending: collections.deque[_PendingAppend | _PendingTruncate] = (
+            collections.deque())
         self._pending_bytes = 0
         self._cache: collections.deque[pa.Table] = collections.deque()
         self._cache_bytes = 0
@@ -199,6 +246,50 @@ class PartitionLog:
             lo, hi = pc.min(offsets).as_py(), pc.max(offsets).as_py()
         return int(lo), int(hi) + 1
 
+    def _recover_epochs(self) -> list[tuple[int, int]]:
+        """(leader epoch, first offset) of every epoch in the log, from Parquet statistics: a
+        row group holding one epoch is not read, so this is cheap however long the log is."""
+        starts: dict[int, int] = {}
+        for path in self._files().column("path").to_pylist():
+            reader = self._parquet_file(path)
+            columns = _leaf_columns(reader)
+            for group in range(reader.metadata.num_row_groups):
+                meta = reader.metadata.row_group(group)
+                epoch_stats = meta.column(columns["leader_epoch"]).statistics
+                offset_stats = meta.column(columns["offset"]).statistics
+                if (epoch_stats is not None and epoch_stats.has_min_max
+                        and offset_stats is not None and offset_stats.has_min_max
+                        and epoch_stats.min == epoch_stats.max):
+                    _merge_epoch_start(starts, int(epoch_stats.min), int(offset_stats.min))
+                    continue
+                part = reader.read_row_group(group, columns=["offset", "leader_epoch"])
+                for epoch, start in _epoch_starts(part):
+                    _merge_epoch_start(starts, epoch, start)
+        return sorted(starts.items())
+
+    # ---- leader epochs -----------------------------------------------------------------------
+
+    @property
+    def last_epoch(self) -> int:
+        """The leader epoch of the last record (-1 for an empty log): a follower's
+        `last_fetched_epoch`."""
+        with self._lock:
+            return self._epochs[-1][0] if self._epochs else -1
+
+    def end_offset_for_epoch(self, epoch: int) -> tuple[int, int]:
+        """Kafka's OffsetsForLeaderEpoch: (the largest epoch at most `epoch`, the first offset
+        after it) — where a follower that last fetched `epoch` must truncate to. (-1, -1) when the
+        log has no records; (`epoch`, start of the first epoch) when `epoch` is older than all."""
+        with self._lock:
+            epochs, leo = list(self._epochs), self.log_end_offset
+        if not epochs:
+            return -1, -1
+        i = bisect.bisect_right([e for e, _ in epochs], epoch) - 1
+        if i < 0:
+            return epoch, epochs[0][1]
+        end = epochs[i + 1][1] if i + 1 < len(epochs) else leo
+        return epochs[i][0], end
+
     # ---- appending -------------------------------------------------------------------------
 
     def append(
@@ -227,7 +318,7 @@ class PartitionLog:
                 self._lock.wait(0.1)  # back-pressure: the producer waits for the commits
             entry = None
             if producer.producer_id >= 0:
-                entry, duplicate = self._await_sequence(producer)
+                entry, duplicate = self._await_sequence(producer, batch.num_rows)
                 if duplicate is not None:
                     return duplicate
                 entry.next_sequence = producer.base_sequence + batch.num_rows
@@ -247,7 +338,7 @@ class PartitionLog:
                 f"{self.topic}-{self.partition} is closed on this broker")
 
     def _await_sequence(
-        self, producer: ProducerState
+        self, producer: ProducerState, records: int
     ) -> tuple[_ProducerEntry, Future[AppendResult] | None]:
         """Wait (lock held) until `producer`'s batch is next in its sequence. Returns the entry,
         and the first append's future when the batch is a retry of one already queued."""
@@ -259,7 +350,7 @@ class PartitionLog:
                     f"producer {producer.producer_id} epoch {producer.producer_epoch} is older "
                     f"than {entry.epoch}")
             if producer.base_sequence < entry.next_sequence:
-                earlier = entry.recent.get(producer.base_sequence)
+                earlier = entry.earlier(producer.base_sequence, records)
                 if earlier is None:
                     raise errors.DuplicateSequenceNumberError(
                         f"sequence {producer.base_sequence} of producer {producer.producer_id} "
@@ -299,15 +390,100 @@ class PartitionLog:
                 found = max(found, top)
         return _ProducerEntry(producer.producer_epoch, found + 1)
 
-    def _take_group(self) -> list[_PendingAppend] | None:
-        """Wait for pending appends, linger briefly, and take a group up to the byte limit."""
+    def append_copy(self, records: pa.Table) -> Future[AppendResult]:
+        """Queue records copied from the leader, with their offsets, epochs and producer fields,
+        for the next group commit. They must start at the log end offset (after whatever is
+        queued before them); otherwise the future fails and nothing is written."""
+        if records.num_rows == 0:
+            raise errors.InvalidRecordError("a copied batch must hold at least one record")
+        if not records.schema.equals(LOG_SCHEMA):
+            records = records.select(LOG_SCHEMA.names).cast(LOG_SCHEMA)
+        future: Future[AppendResult] = Future()
+        item = _PendingAppend(records, records.nbytes, -1, CREATE_TIME, NO_PRODUCER, future,
+                              copied=True)
+        self._enqueue(item)
+        return future
+
+    def truncate_to(self, offset: int) -> Future[AppendResult]:
+        """Queue the removal of every record at or after `offset` (a follower dropping what it
+        holds beyond its new leader's log). The future holds (offset, offset - 1)."""
+        if offset < self.log_start_offset:
+            raise errors.OffsetOutOfRangeError(
+                f"cannot truncate {self.topic}-{self.partition} to {offset}, below its log start "
+                f"offset {self.log_start_offset}")
+        future: Future[AppendResult] = Future()
+        self._enqueue(_PendingTruncate(offset, future))
+        return future
+
+    def _enqueue(self, item: _PendingAppend | _PendingTruncate) -> None:
+        with self._lock:
+            self._check_open()
+            self._pending.append(item)
+            self._pending_bytes += item.nbytes
+            self._lock.notify_all()
+
+    # ---- the high watermark ------------------------------------------------------------------
+
+    def advance_high_watermark(self, offset: int) -> None:
+        """Move the high watermark up to `offset` (never past the log end offset, never back)."""
+        with self._lock:
+            ready = self._set_high_watermark(offset)
+        self._after_change(ready)
+
+    def await_high_watermark(self, offset: int) -> Future[int]:
+        """A future resolved (with the high watermark) once the high watermark passes `offset`:
+        acks=all waits on it. It fails when the log closes or `fail_waiters` is called."""
+        future: Future[int] = Future()
+        with self._lock:
+            if self.high_watermark > offset:
+                future.set_result(self.high_watermark)
+            else:
+                heapq.heappush(self._hw_waiters, (offset, id(future), future))
+        return future
+
+    def fail_waiters(self, error: errors.DeltaBusError) -> None:
+        """Fail every high-watermark waiter (the broker lost leadership: acks=all cannot be
+        promised any more)."""
+        with self._lock:
+            waiters, self._hw_waiters = self._hw_waiters, []
+        for _, _, future in waiters:
+            future.set_exception(error)
+
+    def _set_high_watermark(self, offset: int) -> list[Future[int]]:
+        """Lock held. Returns the waiters now satisfied (resolved outside the lock)."""
+        offset = min(offset, self.log_end_offset)
+        if offset <= self.high_watermark:
+            return []
+        self.high_watermark = offset
+        self._lock.notify_all()
+        ready = []
+        while self._hw_waiters and self._hw_waiters[0][0] < offset:
+            ready.append(heapq.heappop(self._hw_waiters)[2])
+        return ready
+
+    def _after_change(self, ready: list[Future[int]]) -> None:
+        if self._on_append is not None:
+            self._on_append()
+        for future in ready:
+            future.set_result(self.high_watermark)
+
+    # ---- committing --------------------------------------------------------------------------
+
+    def _take_group(self) -> list[_PendingAppend] | _PendingTruncate | None:
+        """Wait for pending work, linger briefly for produce appends, and take a group of
+        appends of one kind (produced or copied) up to the byte limit, or one truncation."""
         with self._lock:
             while not self._pending and not self._closed:
                 self._lock.wait()
             if not self._pending:
                 return None  # closed and drained
+            head = self._pending[0]
+            if isinstance(head, _PendingTruncate):
+                self._pending.popleft()
+                self._committing = True
+                return head
             linger_s = self._config.group_commit_linger_ms / 1000
-            if linger_s > 0 and not self._closed:
+            if linger_s > 0 and not self._closed and not head.copied:
                 deadline = time.monotonic() + linger_s
                 while (self._pending_bytes < self._config.group_commit_bytes_max
                        and not self._closed):
@@ -317,10 +493,12 @@ class PartitionLog:
                     self._lock.wait(left)
             group: list[_PendingAppend] = []
             size = 0
-            while self._pending and (not group or
-                                     size + self._pending[0].nbytes
-                                     <= self._config.group_commit_bytes_max):
-                item = self._pending.popleft()
+            while self._pending:
+                item = self._pending[0]
+                if (not isinstance(item, _PendingAppend) or item.copied != head.copied
+                        or (group and size + item.nbytes > self._config.group_commit_bytes_max)):
+                    break
+                self._pending.popleft()
                 size += item.nbytes
                 group.append(item)
             self._pending_bytes -= size
@@ -330,73 +508,178 @@ class PartitionLog:
 
     def _append_loop(self) -> None:
         while True:
-            group = self._take_group()
-            if group is None:
+            work = self._take_group()
+            if work is None:
                 return
             try:
-                self._commit_group(group)
+                if isinstance(work, _PendingTruncate):
+                    self._commit_truncate(work)
+                else:
+                    self._commit_group(work)
             finally:
                 with self._lock:
                     self._committing = False
                     self._lock.notify_all()
 
-    def _commit_group(self, group: list[_PendingAppend]) -> None:
-        now_ms = int(time.time() * 1000)
-        base = self.log_end_offset
+    def _build_group(self, group: list[_PendingAppend],
+                     now_ms: int) -> tuple[pa.Table, list[tuple[int, int]]]:
+        """The log batch a group commits, and each item's offsets. Produced batches get offsets
+        from the log end; copied ones must continue it exactly."""
+        next_offset = self.log_end_offset
         parts = []
         results = []
-        next_offset = base
         for item in group:
-            parts.append(to_log_batch(
-                item.batch, base_offset=next_offset, now_ms=now_ms, leader_epoch=item.leader_epoch,
-                timestamp_type=item.timestamp_type, producer=item.producer,
-            ))
+            if item.copied:
+                first = item.batch.column("offset")[0].as_py()
+                if first != next_offset or not _contiguous(item.batch):
+                    raise errors.InvalidRecordError(
+                        f"copied records start at offset {first} but {self.topic}-"
+                        f"{self.partition} continues at {next_offset} (or have gaps)")
+                parts.append(item.batch)
+            else:
+                parts.append(to_log_batch(
+                    item.batch, base_offset=next_offset, now_ms=now_ms,
+                    leader_epoch=item.leader_epoch, timestamp_type=item.timestamp_type,
+                    producer=item.producer))
             results.append((next_offset, next_offset + item.batch.num_rows - 1))
             next_offset += item.batch.num_rows
         # One chunk: delta-rs may write the chunks of a table in any order.
         table = pa.concat_tables(parts).combine_chunks() if len(parts) > 1 else parts[0]
+        return table, results
+
+    def _commit_properties(self, end_offset: int, metadata: dict[str, str]) -> CommitProperties:
+        return CommitProperties(
+            custom_metadata=metadata,
+            app_transactions=[Transaction(LOG_TXN_APP_ID, end_offset)],
+            max_commit_retries=self._config.max_commit_retries,
+        )
+
+    def _commit_group(self, group: list[_PendingAppend]) -> None:
+        now_ms = int(time.time() * 1000)
+        base = self.log_end_offset
+        copied = group[0].copied
         try:
+            table, results = self._build_group(group, now_ms)
+            next_offset = base + table.num_rows
             write_deltalake(
                 self._table,
                 table,
                 mode="append",
-                commit_properties=CommitProperties(
-                    custom_metadata={
-                        "deltabus.baseOffset": str(base),
-                        "deltabus.lastOffset": str(next_offset - 1),
-                        "deltabus.batches": str(len(group)),
-                    },
-                    max_commit_retries=self._config.max_commit_retries,
-                ),
+                commit_properties=self._commit_properties(next_offset, {
+                    "deltabus.operation": "copy" if copied else "append",
+                    "deltabus.baseOffset": str(base),
+                    "deltabus.lastOffset": str(next_offset - 1),
+                    "deltabus.batches": str(len(group)),
+                }),
                 post_commithook_properties=PostCommitHookProperties(create_checkpoint=True),
                 writer_properties=self._writer_properties,
             )
-        except Exception as e:  # delta-rs, IO, anything: no offset was given out
-            error = _map_delta_error(e, f"append to {self.topic}-{self.partition} failed")
-            log.error("%s", error)
-            self._reload_after_failure()
-            with self._lock:  # what queued behind a failed commit fails too: order is kept
-                group += list(self._pending)
-                self._pending.clear()
-                self._pending_bytes = 0
-                self._producers.clear()  # rebuilt from the table on their next batch
-                self._lock.notify_all()
-            for item in group:
-                item.future.set_exception(error)
+        except Exception as e:  # delta-rs, IO, a bad copy: no offset was given out
+            self._fail_from(group, e)
             return
         with self._lock:
             self._version = self._table.version()
             self.log_end_offset = next_offset
-            self.high_watermark = next_offset
+            ready = [] if self._replicated else self._set_high_watermark(next_offset)
             self._cache.append(table)
             self._cache_bytes += table.nbytes
             while self._cache_bytes > self._config.log_cache_bytes_max and len(self._cache) > 1:
                 self._cache_bytes -= self._cache.popleft().nbytes
+            self._note_epochs(table)
+            if copied:
+                self._note_copied_producers(table)
             self._lock.notify_all()
-        if self._on_append is not None:
-            self._on_append()
+        self._after_change(ready)
         for item, (first, last) in zip(group, results, strict=True):
             item.future.set_result(AppendResult(first, last, now_ms, self.log_start_offset))
+
+    def _fail_from(self, group: list[_PendingAppend], e: Exception) -> None:
+        """A commit failed: it and everything queued behind it fail (order is kept), and the
+        log reloads what the table holds."""
+        error = (e if isinstance(e, errors.DeltaBusError)
+                 else _map_delta_error(e, f"append to {self.topic}-{self.partition} failed"))
+        log.error("%s", error)
+        self._reload_after_failure()
+        with self._lock:
+            failed: list[_PendingAppend | _PendingTruncate] = [*group, *self._pending]
+            self._pending.clear()
+            self._pending_bytes = 0
+            self._producers.clear()  # rebuilt from the table on their next batch
+            self._lock.notify_all()
+        for item in failed:
+            item.future.set_exception(error)
+
+    def _commit_truncate(self, item: _PendingTruncate) -> None:
+        offset = item.offset
+        if offset < self.log_end_offset:
+            try:
+                self._table.delete(
+                    f'"offset" >= {offset}',
+                    writer_properties=self._writer_properties,
+                    commit_properties=self._commit_properties(offset, {
+                        "deltabus.operation": "truncate", "deltabus.truncatedTo": str(offset)}),
+                    post_commithook_properties=PostCommitHookProperties(create_checkpoint=True),
+                )
+            except Exception as e:
+                self._fail_from([], e)
+                item.future.set_exception(
+                    _map_delta_error(e, f"truncating {self.topic}-{self.partition} failed"))
+                return
+            with self._lock:
+                self._version = self._table.version()
+                self.log_end_offset = offset
+                self.high_watermark = min(self.high_watermark, offset)
+                self._truncate_cache(offset)
+                self._epochs = [(e, start) for e, start in self._epochs if start < offset]
+                self._producers.clear()  # rebuilt from the table on their next batch
+                self._lock.notify_all()
+            log.info("truncated %s-%d to offset %d", self.topic, self.partition, offset)
+            self._after_change([])
+        item.future.set_result(AppendResult(offset, offset - 1, int(time.time() * 1000),
+                                            self.log_start_offset))
+
+    def _truncate_cache(self, offset: int) -> None:
+        """Lock held: drop cached records at or after `offset`."""
+        kept: collections.deque[pa.Table] = collections.deque()
+        for table in self._cache:
+            first = table.column("offset")[0].as_py()
+            if first < offset:
+                kept.append(table.slice(0, min(table.num_rows, offset - first)))
+        self._cache = kept
+        self._cache_bytes = sum(t.nbytes for t in kept)
+
+    def _note_epochs(self, table: pa.Table) -> None:
+        """Lock held: extend the epoch list with the epochs a commit added."""
+        for epoch, start in _epoch_starts(table):
+            if not self._epochs or epoch > self._epochs[-1][0]:
+                self._epochs.append((epoch, start))
+            elif epoch < self._epochs[-1][0]:
+                log.error("%s-%d: epoch %d at offset %d is older than epoch %d",
+                          self.topic, self.partition, epoch, start, self._epochs[-1][0])
+
+    def _note_copied_producers(self, table: pa.Table) -> None:
+        """Lock held: a follower keeps the idempotent producers' state from the records it
+        copies, so as a new leader it recognises a producer's retries and next sequence."""
+        pids = table.column("producer_id").to_numpy()
+        if not (pids >= 0).any():
+            return
+        seqs = table.column("sequence").to_numpy()
+        epochs = table.column("producer_epoch").to_numpy()
+        offsets = table.column("offset").to_numpy()
+        for pid in np.unique(pids[pids >= 0]):
+            rows = np.nonzero(pids == pid)[0]
+            breaks = np.nonzero((np.diff(seqs[rows]) != 1) | (np.diff(offsets[rows]) != 1)
+                                | (np.diff(epochs[rows]) != 0))[0] + 1
+            for run in np.split(rows, breaks):
+                first, last = int(run[0]), int(run[-1])
+                epoch = int(epochs[last])
+                entry = self._producers.get(int(pid))
+                if entry is None or epoch > entry.epoch:
+                    entry = self._producers[int(pid)] = _ProducerEntry(epoch, 0)
+                elif epoch < entry.epoch:
+                    continue
+                entry.next_sequence = max(entry.next_sequence, int(seqs[last]) + 1)
+                entry.copied.append((int(seqs[first]), int(seqs[last]), int(offsets[first])))
 
     def _reload_after_failure(self) -> None:
         """After a failed commit, trust only the table: reload it and its offsets."""
@@ -408,26 +691,40 @@ class PartitionLog:
             return
         with self._lock:
             self._version = self._table.version()
-            self.log_end_offset = self.high_watermark = leo
+            self.log_end_offset = leo
+            self.high_watermark = min(self.high_watermark, leo)
+            if not self._replicated:
+                self.high_watermark = leo
             self._cache.clear()
             self._cache_bytes = 0
+        try:
+            epochs = self._recover_epochs()
+        except Exception:
+            log.exception("reloading the epochs of %s after a failed commit", self.path)
+            return
+        with self._lock:
+            self._epochs = epochs
 
     # ---- reading ---------------------------------------------------------------------------
 
-    def read(self, offset: int, max_bytes: int, *, upto: int | None = None) -> pa.Table:
-        """Records from `offset` up to the high watermark (or `upto`), about `max_bytes` of them
-        but always at least one record when any is there (as Kafka returns at least one batch).
+    def read(self, offset: int, max_bytes: int, *, upto: int | None = None,
+             to_log_end: bool = False) -> pa.Table:
+        """Records from `offset` up to the high watermark (the log end offset for a follower's
+        fetch, `to_log_end`), or `upto`; about `max_bytes` of them but always at least one record
+        when any is there (as Kafka returns at least one batch).
 
-        Raises OffsetOutOfRangeError when `offset` is outside [log start offset, high watermark].
+        Raises OffsetOutOfRangeError when `offset` is outside [log start offset, that end].
         """
         with self._lock:
-            end = self.high_watermark if upto is None else min(upto, self.high_watermark)
+            limit = self.log_end_offset if to_log_end else self.high_watermark
+            end = limit if upto is None else min(upto, limit)
             start = self.log_start_offset
             cache = list(self._cache)
         if offset < start or offset > end:
             raise errors.OffsetOutOfRangeError(
                 f"offset {offset} is out of range for {self.topic}-{self.partition}: "
-                f"log start offset {start}, high watermark {end}"
+                f"log start offset {start}, {'log end offset' if to_log_end else 'high watermark'} "
+                f"{end}"
             )
         if offset == end:
             return LOG_SCHEMA.empty_table()
@@ -490,6 +787,8 @@ class PartitionLog:
                         stats.max < offset or stats.min >= end):
                     continue
                 part = reader.read_row_group(group)
+                if not part.schema.equals(LOG_SCHEMA):  # files rewritten by a truncation
+                    part = part.cast(LOG_SCHEMA)  # use view types
                 parts.append(part)
                 size += part.nbytes
                 if size >= max_bytes:
@@ -504,8 +803,7 @@ class PartitionLog:
             table = table.sort_by("offset")  # the writer may reorder rows within a file
             offsets = table.column("offset").to_numpy()
         lo, hi = np.searchsorted(offsets, [offset, end])
-        table = table.slice(int(lo), int(hi - lo))
-        return table if table.schema.equals(LOG_SCHEMA) else table.cast(LOG_SCHEMA)
+        return table.slice(int(lo), int(hi - lo))
 
     def _parquet_file(self, path: str) -> pq.ParquetFile:
         """An open Parquet file of this table (footers cached: files never change)."""
@@ -577,6 +875,8 @@ class PartitionLog:
             self._closed = True
             self._lock.notify_all()
         self._appender.join(timeout_s)
+        self.fail_waiters(errors.NotLeaderOrFollowerError(
+            f"{self.topic}-{self.partition} was closed on this broker"))
 
 
 @dataclass(frozen=True)
@@ -612,9 +912,34 @@ def _check_records(batch: pa.Table, max_message_bytes: int | None) -> None:
                 f"max.message.bytes={max_message_bytes}")
 
 
+def _contiguous(table: pa.Table) -> bool:
+    offsets = table.column("offset").to_numpy()
+    return bool((np.diff(offsets) == 1).all())
+
+
 def _trim_to_bytes(table: pa.Table, max_bytes: int) -> pa.Table:
     """Cut a read to about max_bytes, keeping at least one record."""
     if table.num_rows <= 1 or table.nbytes <= max_bytes:
         return table
     per_record = table.nbytes / table.num_rows
     return table.slice(0, max(1, int(max_bytes / per_record)))
+
+
+def _leaf_columns(reader: pq.ParquetFile) -> dict[str, int]:
+    """Parquet leaf column index by top-level name (for the flat columns whose statistics we
+    use; nested ones such as headers have several leaves)."""
+    meta = reader.metadata.row_group(0) if reader.metadata.num_row_groups else None
+    if meta is None:
+        return {}
+    return {meta.column(i).path_in_schema: i for i in range(meta.num_columns)}
+
+
+def _epoch_starts(table: pa.Table) -> list[tuple[int, int]]:
+    """(leader epoch, smallest offset) of each epoch among a table's records."""
+    epochs = table.column("leader_epoch").to_numpy()
+    offsets = table.column("offset").to_numpy()
+    return [(int(e), int(offsets[epochs == e].min())) for e in np.unique(epochs)]
+
+
+def _merge_epoch_start(starts: dict[int, int], epoch: int, start: int) -> None:
+    starts[epoch] = min(start, starts.get(epoch, start))

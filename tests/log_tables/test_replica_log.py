@@ -1,0 +1,207 @@
+"""What a partition log does for replication, on real Delta tables: follower copies with the
+leader's offsets, the app transaction that makes two writers of one table conflict, truncation,
+leader epochs, and a high watermark held back until the ISR has the records."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable
+
+from deltabus import errors
+from deltabus.log_tables.partition_log import (
+    LOG_TXN_APP_ID,
+    NO_PRODUCER,
+    LogConfig,
+    PartitionLog,
+    commit_ranges,
+)
+from deltabus.records import ProducerState, normalize_produce, produce_batch, to_log_batch
+
+RESULT_TIMEOUT_S = 30
+READ_ALL = 1 << 30
+
+
+def _batch(prefix: str, n: int) -> pa.Table:
+    return normalize_produce(produce_batch([f"{prefix}-{i}".encode() for i in range(n)]))
+
+
+def _open(path: Path, **kwargs) -> PartitionLog:
+    return PartitionLog(str(path), topic="t", partition=0,
+                        config=LogConfig(sequence_wait_ms=200), **kwargs)
+
+
+def _append(log: PartitionLog, prefix: str, n: int, epoch: int,
+            producer: ProducerState = NO_PRODUCER) -> tuple[int, int]:
+    result = log.append(_batch(prefix, n), leader_epoch=epoch,
+                        producer=producer).result(RESULT_TIMEOUT_S)
+    return result.base_offset, result.last_offset
+
+
+def _copy_all(leader: PartitionLog, follower: PartitionLog) -> None:
+    """What a follower's fetcher does: read from its log end to the leader's, append copies."""
+    while follower.log_end_offset < leader.log_end_offset:
+        records = leader.read(follower.log_end_offset, READ_ALL, to_log_end=True)
+        follower.append_copy(records).result(RESULT_TIMEOUT_S)
+
+
+def _values(log: PartitionLog) -> list[bytes]:
+    return log.read(log.log_start_offset, READ_ALL, to_log_end=True).column("value").to_pylist()
+
+
+@pytest.fixture
+def logs(tmp_path: Path):
+    leader = _open(tmp_path / "replica-0")
+    follower = _open(tmp_path / "replica-1", replicated=True)
+    yield leader, follower
+    leader.close()
+    follower.close()
+
+
+def test_follower_copy_keeps_offsets_records_and_epochs(logs, tmp_path: Path) -> None:
+    leader, follower = logs
+    _append(leader, "a", 5, epoch=0)
+    _append(leader, "b", 3, epoch=1)
+    _copy_all(leader, follower)
+    expected = leader.read(0, READ_ALL, to_log_end=True)
+    copied = follower.read(0, READ_ALL, to_log_end=True)
+    assert copied.equals(expected)
+    assert follower.log_end_offset == 8
+    assert follower.end_offset_for_epoch(0) == (0, 5)
+    table = DeltaTable(str(tmp_path / "replica-1"))
+    assert table.transaction_version(LOG_TXN_APP_ID) == 8
+    assert [(r.base_offset, r.last_offset) for r in commit_ranges(table)] == [(0, 7)]
+
+
+def test_copy_that_does_not_continue_the_log_fails_and_writes_nothing(logs) -> None:
+    leader, follower = logs
+    _append(leader, "a", 5, epoch=0)
+    records = leader.read(2, READ_ALL, to_log_end=True)  # offsets 2..4 on an empty follower
+    with pytest.raises(errors.InvalidRecordError, match="continues at 0"):
+        follower.append_copy(records).result(RESULT_TIMEOUT_S)
+    assert follower.log_end_offset == 0
+    _copy_all(leader, follower)  # a correct copy still goes through afterwards
+    assert _values(follower) == _values(leader)
+
+
+def test_two_writers_of_one_table_conflict_instead_of_duplicating(tmp_path: Path) -> None:
+    """A zombie broker and its successor (or a catch-up job and a follower) both open a table:
+    the app transaction every commit sets makes the second writer's stale commit fail."""
+    first = _open(tmp_path / "replica-0")
+    second = _open(tmp_path / "replica-0")
+    try:
+        _append(first, "a", 3, epoch=0)
+        with pytest.raises(errors.KafkaStorageError):
+            _append(second, "zombie", 3, epoch=0)
+        # The failed writer reloaded the table: it continues after what the other one wrote.
+        assert second.log_end_offset == 3
+        assert _append(second, "b", 2, epoch=1) == (3, 4)
+    finally:
+        first.close()
+        second.close()
+    reopened = _open(tmp_path / "replica-0")
+    try:
+        assert _values(reopened) == [b"a-0", b"a-1", b"a-2", b"b-0", b"b-1"]
+    finally:
+        reopened.close()
+
+
+def test_truncate_removes_the_tail_durably_and_appends_continue(tmp_path: Path) -> None:
+    log = _open(tmp_path / "replica-0")
+    _append(log, "a", 4, epoch=0)
+    _append(log, "b", 4, epoch=1)
+    result = log.truncate_to(6).result(RESULT_TIMEOUT_S)
+    assert result.base_offset == 6
+    assert (log.log_end_offset, log.high_watermark) == (6, 6)
+    assert _values(log) == [b"a-0", b"a-1", b"a-2", b"a-3", b"b-0", b"b-1"]
+    assert _append(log, "c", 2, epoch=2) == (6, 7)
+    assert log.end_offset_for_epoch(1) == (1, 6)
+    log.close()
+    reopened = _open(tmp_path / "replica-0")
+    try:
+        assert reopened.log_end_offset == 8
+        assert _values(reopened) == [b"a-0", b"a-1", b"a-2", b"a-3", b"b-0", b"b-1",
+                                     b"c-0", b"c-1"]
+        assert reopened.end_offset_for_epoch(1) == (1, 6)
+        table = DeltaTable(str(tmp_path / "replica-0"))
+        assert table.transaction_version(LOG_TXN_APP_ID) == 8
+    finally:
+        reopened.close()
+
+
+def test_truncate_below_log_start_is_refused(tmp_path: Path) -> None:
+    log = _open(tmp_path / "replica-0")
+    try:
+        with pytest.raises(errors.OffsetOutOfRangeError, match="below its log start"):
+            log.truncate_to(-1)
+    finally:
+        log.close()
+
+
+def test_end_offset_for_epoch_answers_as_kafka_and_survives_reopen(tmp_path: Path) -> None:
+    log = _open(tmp_path / "replica-0")
+    assert log.end_offset_for_epoch(0) == (-1, -1)  # empty log
+    _append(log, "a", 5, epoch=2)
+    _append(log, "b", 3, epoch=4)
+    # One commit holding two epochs: recovery must read that row group, not trust statistics.
+    log.append(_batch("c", 2), leader_epoch=7)
+    log.append(_batch("d", 2), leader_epoch=9).result(RESULT_TIMEOUT_S)
+    answers = {e: log.end_offset_for_epoch(e) for e in (1, 2, 3, 4, 7, 8, 9, 10)}
+    assert answers == {1: (1, 0), 2: (2, 5), 3: (2, 5), 4: (4, 8), 7: (7, 10), 8: (7, 10),
+                       9: (9, 12), 10: (9, 12)}
+    assert log.last_epoch == 9
+    log.close()
+    reopened = _open(tmp_path / "replica-0")
+    try:
+        assert {e: reopened.end_offset_for_epoch(e) for e in answers} == answers
+    finally:
+        reopened.close()
+
+
+def test_replicated_log_holds_the_high_watermark_for_its_owner(logs) -> None:
+    _, follower = logs
+    follower.append_copy(_leader_records(5)).result(RESULT_TIMEOUT_S)
+    assert (follower.log_end_offset, follower.high_watermark) == (5, 0)
+    waiter = follower.await_high_watermark(2)
+    assert follower.read(0, READ_ALL).num_rows == 0  # consumers see nothing past the HW
+    follower.advance_high_watermark(2)
+    assert not waiter.done()
+    follower.advance_high_watermark(100)  # capped at the log end offset
+    assert follower.high_watermark == 5
+    assert waiter.result(RESULT_TIMEOUT_S) == 5
+    follower.advance_high_watermark(1)  # never back
+    assert follower.high_watermark == 5
+    lost = follower.await_high_watermark(7)
+    follower.fail_waiters(errors.NotLeaderOrFollowerError("leadership moved"))
+    with pytest.raises(errors.NotLeaderOrFollowerError):
+        lost.result(RESULT_TIMEOUT_S)
+
+
+def _leader_records(n: int) -> pa.Table:
+    """Records as a leader at epoch 0 wrote them at offsets 0..n-1."""
+    return to_log_batch(_batch("x", n), base_offset=0, now_ms=0, leader_epoch=0,
+                        timestamp_type=0, producer=ProducerState())
+
+
+def test_new_leader_answers_retries_of_batches_it_copied(logs) -> None:
+    """After a failover, a producer retrying a batch the old leader wrote gets its offsets
+    back, not a second copy; its next batch continues the sequence."""
+    leader, follower = logs
+    producer = 7
+    _append(leader, "other", 2, epoch=0)
+    _append(leader, "p0", 3, epoch=0, producer=ProducerState(producer, 0, 0))
+    _append(leader, "p1", 4, epoch=0, producer=ProducerState(producer, 0, 3))
+    _copy_all(leader, follower)
+    # The follower is leader now (epoch 1); the producer retries its second batch.
+    retry = follower.append(_batch("p1", 4), leader_epoch=1,
+                            producer=ProducerState(producer, 0, 3)).result(RESULT_TIMEOUT_S)
+    assert (retry.base_offset, retry.last_offset) == (5, 8)
+    assert follower.log_end_offset == 9
+    nxt = follower.append(_batch("p2", 1), leader_epoch=1,
+                          producer=ProducerState(producer, 0, 7)).result(RESULT_TIMEOUT_S)
+    assert nxt.base_offset == 9
+    with pytest.raises(errors.OutOfOrderSequenceNumberError):
+        follower.append(_batch("gap", 1), leader_epoch=1,
+                        producer=ProducerState(producer, 0, 20)).result(RESULT_TIMEOUT_S)
