@@ -41,7 +41,16 @@ class TopicConfig:
     retention_ms: int = 7 * 24 * 3600 * 1000
     retention_bytes: int = -1
     cleanup_policy: str = "delete"
+    # With acks=all, a produce needs this many in-sync replicas or fails NOT_ENOUGH_REPLICAS.
     min_insync_replicas: int = 1
+    # Elect a replica outside the ISR when no in-sync one is alive (may lose acknowledged data).
+    unclean_leader_election_enable: bool = False
+
+
+def _parse_bool(raw: str) -> bool:
+    if raw.strip().lower() not in ("true", "false"):
+        raise ValueError(raw)
+    return raw.strip().lower() == "true"
 
 
 # Kafka's dotted name -> (TopicConfig field, parser). Only these may be set on a topic.
@@ -52,6 +61,7 @@ TOPIC_CONFIG_KEYS: dict[str, tuple[str, Any]] = {
     "retention.bytes": ("retention_bytes", int),
     "cleanup.policy": ("cleanup_policy", str),
     "min.insync.replicas": ("min_insync_replicas", int),
+    "unclean.leader.election.enable": ("unclean_leader_election_enable", _parse_bool),
 }
 
 _CHOICES = {
@@ -131,6 +141,17 @@ class ClusterConfig:
     # Delta checkpoint every N commits keeps table open time flat however long the log grows.
     checkpoint_interval: int = 100
     grpc_threads: int = 32
+    # Replication. A follower that has not caught up with the leader's log end for this long
+    # leaves the ISR (Kafka's replica.lag.time.max.ms).
+    replica_lag_time_max_ms: int = field(
+        default_factory=lambda: _env_int("DELTABUS_REPLICA_LAG_TIME_MAX_MS", 30_000))
+    replica_fetch_wait_max_ms: int = 500  # a follower's fetch long-polls this long
+    replica_fetch_max_bytes: int = FETCH_RESPONSE_PARTITION_BYTES_MAX  # per partition
+    replica_fetch_response_max_bytes: int = 32 * 1024 * 1024
+    replica_fetch_backoff_ms: int = 100  # after an error, before the partition is fetched again
+    # Cluster defaults for the topic configs of the same name.
+    min_insync_replicas: int = 1
+    unclean_leader_election_enable: bool = False
 
     def with_(self, **changes: Any) -> ClusterConfig:
         return replace(self, **changes)
@@ -142,6 +163,18 @@ class ClusterConfig:
             raise ValueError("broker session timeout must cover at least two heartbeats")
         if self.group_commit_bytes_max > self.log_cache_bytes_max:
             raise ValueError("the log cache must hold at least one group commit")
+        if self.replica_lag_time_max_ms < 2 * self.replica_fetch_wait_max_ms:
+            raise ValueError("replica.lag.time.max.ms must cover at least two follower fetches")
+
+    def topic_config(self, overrides: dict[str, str]) -> TopicConfig:
+        """A topic's effective config: its overrides over the cluster defaults."""
+        config = topic_config(overrides)
+        defaults: dict[str, Any] = {}
+        if "min.insync.replicas" not in overrides:
+            defaults["min_insync_replicas"] = self.min_insync_replicas
+        if "unclean.leader.election.enable" not in overrides:
+            defaults["unclean_leader_election_enable"] = self.unclean_leader_election_enable
+        return replace(config, **defaults) if defaults else config
 
 
 def _check_relations() -> None:

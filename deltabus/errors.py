@@ -97,12 +97,16 @@ NetworkError = _kafka_error(
 InvalidTopicError = _kafka_error(17, "INVALID_TOPIC_EXCEPTION", grpc_status=_S.INVALID_ARGUMENT)
 RecordListTooLargeError = _kafka_error(18, "RECORD_LIST_TOO_LARGE", grpc_status=_S.INVALID_ARGUMENT)
 NotEnoughReplicasError = _kafka_error(19, "NOT_ENOUGH_REPLICAS", retriable=True)
+NotEnoughReplicasAfterAppendError = _kafka_error(
+    20, "NOT_ENOUGH_REPLICAS_AFTER_APPEND", retriable=True)
 InvalidRequiredAcksError = _kafka_error(
     21, "INVALID_REQUIRED_ACKS", grpc_status=_S.INVALID_ARGUMENT)
 InvalidTimestampError = _kafka_error(32, "INVALID_TIMESTAMP", grpc_status=_S.INVALID_ARGUMENT)
 UnsupportedVersionError = _kafka_error(35, "UNSUPPORTED_VERSION", grpc_status=_S.UNIMPLEMENTED)
 TopicAlreadyExistsError = _kafka_error(36, "TOPIC_ALREADY_EXISTS", grpc_status=_S.ALREADY_EXISTS)
 InvalidPartitionsError = _kafka_error(37, "INVALID_PARTITIONS", grpc_status=_S.INVALID_ARGUMENT)
+InvalidReplicaAssignmentError = _kafka_error(
+    39, "INVALID_REPLICA_ASSIGNMENT", grpc_status=_S.INVALID_ARGUMENT)
 InvalidReplicationFactorError = _kafka_error(
     38, "INVALID_REPLICATION_FACTOR", grpc_status=_S.INVALID_ARGUMENT
 )
@@ -119,7 +123,15 @@ FencedLeaderEpochError = _kafka_error(
     74, "FENCED_LEADER_EPOCH", retriable=True, invalid_metadata=True)
 UnknownLeaderEpochError = _kafka_error(75, "UNKNOWN_LEADER_EPOCH", retriable=True)
 StaleBrokerEpochError = _kafka_error(77, "STALE_BROKER_EPOCH")
+PreferredLeaderNotAvailableError = _kafka_error(80, "PREFERRED_LEADER_NOT_AVAILABLE",
+                                                retriable=True)
+EligibleLeadersNotAvailableError = _kafka_error(83, "ELIGIBLE_LEADERS_NOT_AVAILABLE",
+                                                retriable=True)
+ElectionNotNeededError = _kafka_error(84, "ELECTION_NOT_NEEDED")
+NoReassignmentInProgressError = _kafka_error(85, "NO_REASSIGNMENT_IN_PROGRESS")
 InvalidRecordError = _kafka_error(87, "INVALID_RECORD", grpc_status=_S.INVALID_ARGUMENT)
+InvalidUpdateVersionError = _kafka_error(95, "INVALID_UPDATE_VERSION")
+IneligibleReplicaError = _kafka_error(107, "INELIGIBLE_REPLICA")
 
 
 class ClientError(DeltaBusError):

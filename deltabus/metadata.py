@@ -23,10 +23,15 @@ NO_LEADER = -1
 
 @dataclass(frozen=True)
 class NewTopic:
+    """A topic to create, as Kafka's NewTopic: partitions and replication factor (-1: the
+    cluster defaults), or an explicit `replica_assignment` {partition: [broker, ...]} whose first
+    broker is each partition's preferred leader."""
+
     name: str
     num_partitions: int = -1
     replication_factor: int = -1
     configs: dict[str, str] | None = None
+    replica_assignment: dict[int, list[int]] | None = None
 
 
 @dataclass(frozen=True)

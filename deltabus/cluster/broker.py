@@ -1,10 +1,14 @@
-"""A broker: leads partitions and serves Produce/Fetch over gRPC. Runs inside a long-running Spark
-task on an executor (one task, one broker), started by `deltabus.cluster.Cluster`.
+"""A broker: hosts partition replicas, leads some, follows others, and serves Produce/Fetch over
+gRPC. Runs inside a long-running Spark task on an executor (one task, one broker), started by
+`deltabus.cluster.Cluster`.
 
 Thread-safe: gRPC threads call the handler methods concurrently; the heartbeat thread applies new
-metadata. Invariants:
-- A broker only appends to a partition it leads in the metadata it has applied, stamping the
-  leader epoch of that metadata; everything else gets NOT_LEADER_OR_FOLLOWER.
+metadata; replica fetcher threads copy from leaders; the ISR thread shrinks lagging ISRs.
+Invariants:
+- A broker only appends produced records to a partition it leads in the metadata it has applied,
+  stamping the leader epoch of that metadata; everything else gets NOT_LEADER_OR_FOLLOWER.
+- Consumers read up to the high watermark; acks=all is answered once the high watermark passes
+  the records (every in-sync replica holds them, durably, in its Delta table).
 - The broker reports a metadata version as applied only after it opened (or closed) every log that
   version asks for, so when CreateTopics returns, the new partitions take produce requests.
 - On shutdown, queued appends are committed before the server stops: acknowledged is durable.
@@ -14,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import sys
 import threading
 import time
@@ -27,11 +32,15 @@ import pyarrow as pa
 
 from deltabus import config as cfg
 from deltabus import errors
+from deltabus.cluster.partition import Partition
+from deltabus.cluster.replica_fetcher import ReplicaFetcher
 from deltabus.log_tables.layout import replica_path
 from deltabus.log_tables.partition_log import AppendResult, LogConfig, PartitionLog
 from deltabus.metadata import (
+    NO_LEADER,
     MetadataImage,
     NewTopic,
+    PartitionState,
     TopicResult,
     empty_image,
 )
@@ -57,7 +66,7 @@ class BrokerSpec:
 
 
 class Broker:
-    """One broker: its gRPC server, its partition logs and its session with the controller."""
+    """One broker: its gRPC server, its partition replicas and its session with the controller."""
 
     def __init__(self, spec: BrokerSpec) -> None:
         self.spec = spec
@@ -71,15 +80,18 @@ class Broker:
         )
         self._image = empty_image()
         self._topic_configs: dict[str, cfg.TopicConfig] = {}
-        self._logs: dict[tuple[str, int], PartitionLog] = {}
-        self._logs_lock = threading.Lock()
+        self._partitions: dict[tuple[str, int], Partition] = {}
+        self._partitions_lock = threading.Lock()
+        self._fetchers: dict[int, ReplicaFetcher] = {}
         self._appended = threading.Condition()
         self._append_seq = 0
         self._stopped = threading.Event()
         self._epoch = -1
         self._controller = ClusterClient(spec.controller_address)
+        self._replication = ClusterClient(spec.controller_address)
         channel = grpc.insecure_channel(spec.controller_address)
         self._lifecycle = pb_grpc.BrokerLifecycleStub(channel)
+        self._alter_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="alter-isr")
         self._server: grpc.Server | None = None
         self.port = -1
 
@@ -90,10 +102,13 @@ class Broker:
                                                threads=self._config.grpc_threads)
         self._register()
         threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True).start()
+        threading.Thread(target=self._isr_loop, name="isr-shrink", daemon=True).start()
 
     def _register(self) -> None:
+        # The rack is the executor's host: replicas spread across hosts where there are several.
+        rack = os.environ.get("DELTABUS_RACK") or socket.gethostname()
         request = pb.RegisterBrokerRequest(
-            broker_id=self.broker_id, host=self._config.host, port=self.port,
+            broker_id=self.broker_id, host=self._config.host, port=self.port, rack=rack,
             pid=os.getpid(), incarnation_id=uuid.uuid4().hex)
         deadline = time.monotonic() + self._config.startup_timeout_ms / 1000
         while True:
@@ -134,78 +149,148 @@ class Broker:
         self._stopped.wait()
 
     def close(self) -> None:
-        """Commit what is queued, close every log, then stop serving."""
+        """Stop copying, commit what is queued, close every log, then stop serving."""
         self._stopped.set()
-        with self._logs_lock:
-            logs, self._logs = list(self._logs.values()), {}
-        for partition_log in logs:
-            partition_log.close()
+        for fetcher in list(self._fetchers.values()):
+            fetcher.stop()
+        with self._partitions_lock:
+            partitions, self._partitions = list(self._partitions.values()), {}
+        for partition in partitions:
+            partition.log.close()
+        self._alter_pool.shutdown(wait=False, cancel_futures=True)
         if self._server is not None:
             self._server.stop(grace=2).wait(5)
         self._controller.close()
+        self._replication.close()
 
     # ---- metadata ----------------------------------------------------------------------------
 
     def _apply(self, image: MetadataImage) -> None:
-        """Open the logs of partitions this broker now leads; close the ones it no longer does."""
-        wanted = {
-            (topic.name, p.partition)
+        """Open the replicas this broker now hosts and close the ones it no longer does; make
+        each a leader or a follower as the image says, and point the fetchers at the leaders."""
+        hosted = {
+            (topic.name, p.partition): p
             for topic in image.topics.values() for p in topic.partitions
-            if p.leader == self.broker_id
+            if self.broker_id in p.replicas
         }
-        with self._logs_lock:
-            current = set(self._logs)
-        for key in sorted(current - wanted):
-            with self._logs_lock:
-                partition_log = self._logs.pop(key)
-            partition_log.close()
-            log.info("broker %d stopped leading %s-%d", self.broker_id, *key)
-        opening = sorted(wanted - current)
-        if opening:  # in parallel: a broker may lead hundreds of partitions
+        with self._partitions_lock:
+            current = set(self._partitions)
+        for key in sorted(current - set(hosted)):
+            self._unfollow(key)
+            with self._partitions_lock:
+                partition = self._partitions.pop(key)
+            partition.log.close()
+            log.info("broker %d no longer hosts %s-%d", self.broker_id, *key)
+        opening = sorted(set(hosted) - current)
+        if opening:  # in parallel: a broker may host hundreds of partitions
             with ThreadPoolExecutor(max_workers=LOG_OPEN_THREADS) as pool:
-                for key, opened in zip(opening, pool.map(self._open_log, opening), strict=True):
+                for key, opened in zip(opening, pool.map(self._open_partition, opening),
+                                       strict=True):
                     if opened is not None:
-                        with self._logs_lock:
-                            self._logs[key] = opened
+                        with self._partitions_lock:
+                            self._partitions[key] = opened
         # Parsed once per metadata version, not per produce request; set before the image so a
         # topic visible in the image always has its config.
-        self._topic_configs = {name: cfg.topic_config(t.configs)
+        self._topic_configs = {name: self._config.topic_config(t.configs)
                                for name, t in image.topics.items()}
+        for key, state in hosted.items():
+            with self._partitions_lock:
+                found = self._partitions.get(key)
+            if found is not None:
+                self._apply_partition(found, state, image)
         self._image = image
 
-    def _open_log(self, key: tuple[str, int]) -> PartitionLog | None:
+    def _apply_partition(self, partition: Partition, state: PartitionState,
+                         image: MetadataImage) -> None:
+        key = (partition.topic, partition.partition)
+        if state.leader != self.broker_id:
+            self._unfollow(key, keep=state.leader)
+        partition.apply(state, image.version)
+        if state.leader == self.broker_id or state.leader == NO_LEADER:
+            self._unfollow(key)
+            return
+        fetcher = self._fetchers.get(state.leader)
+        if fetcher is None:
+            fetcher = self._fetchers[state.leader] = ReplicaFetcher(
+                self.broker_id, state.leader, self._replication, self._config)
+        leader = image.broker(state.leader)
+        if leader is not None:
+            fetcher.set_address(leader.address)
+        fetcher.follow(partition, state.leader_epoch)
+
+    def _unfollow(self, key: tuple[str, int], keep: int = NO_LEADER) -> None:
+        """Stop copying `key` from every leader but `keep`."""
+        for leader_id, fetcher in self._fetchers.items():
+            if leader_id != keep:
+                fetcher.unfollow(key)
+
+    def _open_partition(self, key: tuple[str, int]) -> Partition | None:
         topic, partition = key
+        holder: list[Partition] = []
         try:
             opened = PartitionLog(
                 replica_path(self._config.root, topic, partition, self.broker_id),
                 topic=topic, partition=partition, config=self._log_config,
-                on_append=self._notify_append)
+                on_append=lambda: self._on_log_change(holder), replicated=True)
         except Exception:  # one unreadable table must not take the broker down
             log.exception("cannot open %s-%d", topic, partition)
             return None
-        log.info("broker %d leads %s-%d from offset %d", self.broker_id, topic, partition,
+        holder.append(Partition(topic, partition, self.broker_id, opened))
+        log.info("broker %d opened %s-%d at offset %d", self.broker_id, topic, partition,
                  opened.log_end_offset)
-        return opened
+        return holder[0]
 
-    def _notify_append(self) -> None:
+    def _on_log_change(self, holder: list[Partition]) -> None:
+        """A log's end or high watermark moved: a leader may move its high watermark, and
+        long-polling fetches (consumers and followers) wake up."""
+        if holder:
+            holder[0].on_log_change()
         with self._appended:
             self._append_seq += 1
             self._appended.notify_all()
 
-    def _leader_log(self, topic: str, partition: int) -> tuple[PartitionLog, int]:
-        """The log of a partition this broker leads, and its leader epoch; raises Kafka's error."""
-        image = self._image
-        state = image.partition(topic, partition)
-        if state is None:
-            raise errors.UnknownTopicOrPartitionError(
-                f"This server does not host this topic-partition: {topic}-{partition}")
-        with self._logs_lock:
-            partition_log = self._logs.get((topic, partition))
-        if state.leader != self.broker_id or partition_log is None:
+    def _partition(self, topic: str, partition: int) -> Partition:
+        """A hosted partition; raises Kafka's error when the topic-partition is unknown here."""
+        with self._partitions_lock:
+            hosted = self._partitions.get((topic, partition))
+        if hosted is None:
+            if self._image.partition(topic, partition) is None:
+                raise errors.UnknownTopicOrPartitionError(
+                    f"This server does not host this topic-partition: {topic}-{partition}")
+            state = self._image.partition(topic, partition)
             raise errors.NotLeaderOrFollowerError(
                 f"broker {self.broker_id} is not the leader of {topic}-{partition} "
-                f"(leader: {state.leader})")
-        return partition_log, state.leader_epoch
+                f"(leader: {state.leader if state else -1})")
+        return hosted
+
+    # ---- ISR ---------------------------------------------------------------------------------
+
+    def _isr_loop(self) -> None:
+        """Kafka's isr-expiration task: every half lag period, drop lagging followers."""
+        lag_max_ms = self._config.replica_lag_time_max_ms
+        while not self._stopped.wait(lag_max_ms / 2000):
+            with self._partitions_lock:
+                partitions = list(self._partitions.values())
+            for partition in partitions:
+                new_isr = partition.lagging_isr(lag_max_ms)
+                if new_isr is not None:
+                    self._alter_isr(partition, new_isr)
+
+    def _alter_isr(self, partition: Partition, new_isr: list[int]) -> None:
+        """Ask the controller for an ISR change; the partition holds it as pending until then."""
+        request = pb.AlterPartitionRequest(
+            broker_id=self.broker_id, broker_epoch=self._epoch, topic=partition.topic,
+            partition=partition.partition, leader_epoch=partition.leader_epoch,
+            isr=list(partition.isr), new_isr=new_isr)
+        try:
+            response = self._lifecycle.AlterPartition(request, timeout=10)
+            errors.check(response.error_code, response.error_message)
+        except (grpc.RpcError, errors.DeltaBusError) as e:
+            log.info("ISR change of %s-%d to %s refused: %s", partition.topic,
+                     partition.partition, new_isr, e)
+            partition.isr_change_failed()
+            return
+        partition.isr_committed(tuple(response.isr), response.metadata_version)
 
     # ---- DeltaBusHandler ---------------------------------------------------------------------
 
@@ -229,25 +314,34 @@ class Broker:
 
     def produce(self, topic: str, partition: int, batch: pa.Table, *, acks: int,
                 producer: ProducerState) -> Future[AppendResult]:
-        partition_log, leader_epoch = self._leader_log(topic, partition)
+        hosted = self._partition(topic, partition)
+        leader_epoch = hosted.check_leader()
         topic_config = self._topic_configs.get(topic) or cfg.TopicConfig()
+        if acks == -1:  # nothing is appended when the ISR is already too small
+            hosted.check_min_isr(topic_config.min_insync_replicas)
         timestamp_type = (LOG_APPEND_TIME if topic_config.message_timestamp_type == "LogAppendTime"
                           else CREATE_TIME)
-        return partition_log.append(batch, leader_epoch=leader_epoch,
-                                    timestamp_type=timestamp_type, producer=producer,
-                                    max_message_bytes=topic_config.max_message_bytes)
+        appended = hosted.log.append(batch, leader_epoch=leader_epoch,
+                                     timestamp_type=timestamp_type, producer=producer,
+                                     max_message_bytes=topic_config.max_message_bytes)
+        if acks == -1:
+            return hosted.replicated(appended, topic_config.min_insync_replicas)
+        return appended
 
     def fetch(self, specs: list[FetchSpec], *, max_wait_ms: int, min_bytes: int,
               max_bytes: int, replica_id: int) -> list[FetchResult]:
         """Read every partition; if less than min_bytes came back and no partition failed, wait
-        for an append (or max_wait_ms) and read again: Kafka's long poll."""
+        for an append (or max_wait_ms) and read again: Kafka's long poll. A follower's fetch
+        first tells each partition's leader state how far the follower's log reaches."""
         deadline = time.monotonic() + max_wait_ms / 1000
+        follower_errors = self._follower_fetched(specs, replica_id) if replica_id >= 0 else {}
         while True:
             with self._appended:
                 seq = self._append_seq
-            results = [self._fetch_one(spec) for spec in specs]
+            results = [follower_errors.get(i) or self._fetch_one(spec, replica_id)
+                       for i, spec in enumerate(specs)]
             total = _cap_bytes(results, max_bytes)
-            if (total >= max(min_bytes, 1) or any(r.error for r in results)
+            if (total >= max(min_bytes, 1) or any(r.error or r.diverging_epoch for r in results)
                     or self._stopped.is_set()):
                 return results
             with self._appended:
@@ -257,21 +351,45 @@ class Broker:
                         return results
                     self._appended.wait(left)
 
-    def _fetch_one(self, spec: FetchSpec) -> FetchResult:
+    def _follower_fetched(self, specs: list[FetchSpec],
+                          replica_id: int) -> dict[int, FetchResult]:
+        """Record a follower's fetch offsets (once per request); returns the partitions that
+        failed or diverge, by position, answered without records."""
+        out = {}
+        for i, spec in enumerate(specs):
+            result = FetchResult(spec.topic, spec.partition)
+            try:
+                hosted = self._partition(spec.topic, spec.partition)
+                hosted.check_leader(spec.current_leader_epoch)
+                if replica_id not in hosted.replicas:
+                    raise errors.NotLeaderOrFollowerError(
+                        f"broker {replica_id} is not a replica of {spec.topic}-{spec.partition}")
+                diverging = hosted.diverging_epoch(spec.offset, spec.last_fetched_epoch)
+                if diverging is not None:
+                    result.diverging_epoch = diverging
+                    result.high_watermark = hosted.log.high_watermark
+                    out[i] = result
+                    continue
+                proposal = hosted.follower_fetched(replica_id, spec.offset)
+                if proposal is not None:
+                    self._alter_pool.submit(self._alter_isr, hosted, proposal)
+            except errors.DeltaBusError as e:
+                result.error = e
+                out[i] = result
+        return out
+
+    def _fetch_one(self, spec: FetchSpec, replica_id: int = -1) -> FetchResult:
         result = FetchResult(spec.topic, spec.partition)
         try:
-            partition_log, leader_epoch = self._leader_log(spec.topic, spec.partition)
-            if 0 <= spec.current_leader_epoch < leader_epoch:
-                raise errors.FencedLeaderEpochError(
-                    f"leader epoch {spec.current_leader_epoch} is older than {leader_epoch}")
-            if spec.current_leader_epoch > leader_epoch:
-                raise errors.UnknownLeaderEpochError(
-                    f"leader epoch {spec.current_leader_epoch} is newer than {leader_epoch}")
-            result.high_watermark = partition_log.high_watermark
-            result.log_start_offset = partition_log.log_start_offset
-            result.log_end_offset = partition_log.log_end_offset
-            result.records = partition_log.read(
-                spec.offset, min(spec.max_bytes, cfg.FETCH_RESPONSE_PARTITION_BYTES_MAX))
+            hosted = self._partition(spec.topic, spec.partition)
+            hosted.check_leader(spec.current_leader_epoch)
+            plog = hosted.log
+            result.high_watermark = plog.high_watermark
+            result.log_start_offset = plog.log_start_offset
+            result.log_end_offset = plog.log_end_offset
+            result.records = plog.read(
+                spec.offset, min(spec.max_bytes, cfg.FETCH_RESPONSE_PARTITION_BYTES_MAX),
+                to_log_end=replica_id >= 0)
         except errors.DeltaBusError as e:
             result.error = e
         return result
@@ -282,8 +400,9 @@ class Broker:
         return response.producer_id, response.producer_epoch
 
     def list_offsets(self, topic: str, partition: int, timestamp: int) -> tuple[int, int, int]:
-        partition_log, leader_epoch = self._leader_log(topic, partition)
-        offset, ts = partition_log.offset_for_timestamp(timestamp)
+        hosted = self._partition(topic, partition)
+        leader_epoch = hosted.check_leader()
+        offset, ts = hosted.log.offset_for_timestamp(timestamp)
         return offset, ts, leader_epoch
 
 

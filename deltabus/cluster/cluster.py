@@ -80,6 +80,10 @@ class Cluster:
         self._stopping = threading.Event()
         self.port = port
         self.relaunches: dict[int, int] = {b: 0 for b in range(brokers)}
+        # A broker whose event is clear stays down after its task ends, until start_broker.
+        self._may_run = {b: threading.Event() for b in range(brokers)}
+        for event in self._may_run.values():
+            event.set()
 
     # ---- starting ----------------------------------------------------------------------------
 
@@ -141,8 +145,11 @@ class Cluster:
             if self._stopping.is_set() or self.controller is None:
                 break
             self.controller.fence_broker(broker_id, "its Spark task ended")
-            self.relaunches[broker_id] += 1
             self._stopping.wait(RELAUNCH_BACKOFF_S)
+            while not self._may_run[broker_id].wait(0.1):
+                if self._stopping.is_set():
+                    return
+            self.relaunches[broker_id] += 1
 
     def _cancel_broker(self, broker_id: int) -> None:
         """Called when the controller fences a broker: end its task so the supervisor relaunches
@@ -170,9 +177,16 @@ class Cluster:
         """Process id of each live broker (its Python worker), for operators and failure tests."""
         return self.controller.broker_pids() if self.controller else {}
 
-    def kill_broker(self, broker_id: int) -> None:
-        """SIGKILL a broker's process, as a crash would (for tests and demos)."""
+    def kill_broker(self, broker_id: int, *, relaunch: bool = True) -> None:
+        """SIGKILL a broker's process, as a crash would (for tests and demos). The supervisor
+        relaunches it, unless `relaunch` is False: then it stays down until `start_broker`."""
+        if not relaunch:
+            self._may_run[broker_id].clear()
         os.kill(self.broker_pids()[broker_id], signal.SIGKILL)
+
+    def start_broker(self, broker_id: int) -> None:
+        """Let a broker held down by `kill_broker(relaunch=False)` start again."""
+        self._may_run[broker_id].set()
 
     # ---- stopping ----------------------------------------------------------------------------
 

@@ -5,8 +5,14 @@ Thread-safe: every public method takes `_lock` (a Condition that also wakes hear
 Handlers validate a request and turn it into metadata records; records are written to the metadata
 log first and only then replayed into `MetadataState`, so what brokers and clients see is always
 durable. Brokers are not in the log: they register at every start (a new broker epoch each time),
-and one that misses heartbeats for `broker_session_timeout_ms` is fenced: partitions it led elect a
-new leader from the ISR, or go offline (leader -1) when none is left, until it registers again.
+and one that misses heartbeats for `broker_session_timeout_ms` (or whose Spark task ended) is
+fenced, as KRaft does: it leaves every ISR it is in (unless it is the last member), and partitions
+it led elect a new leader from the ISR, in replica order. A partition with no live ISR member goes
+offline (leader -1) until one registers again, unless the topic allows unclean leader election.
+
+Invariants: a leader is always in the ISR; the ISR is never empty; a leader change bumps the
+leader epoch; only the current leader may change the ISR (AlterPartition), and only from the ISR
+the controller holds (a stale request gets INVALID_UPDATE_VERSION).
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from deltabus.metadata import (
     MetadataImage,
     MetadataState,
     NewTopic,
+    PartitionState,
     TopicResult,
     new_cluster_id,
     new_topic_id,
@@ -44,9 +51,6 @@ from deltabus.topics import INTERNAL_TOPICS, validate_topic_name
 log = logging.getLogger(__name__)
 
 PRODUCER_ID_BLOCK = 1000  # producer ids reserved per metadata record
-# Until followers copy the leader's log, a second replica would be a durability promise that
-# nothing keeps: refuse it.
-REPLICATION_FACTOR_MAX = 1
 
 
 @dataclass
@@ -145,6 +149,53 @@ class Controller:
         validate_topic_name(topic.name)
         if topic.name in self._state.topics:
             raise errors.TopicAlreadyExistsError(f"Topic '{topic.name}' already exists.")
+        configs = dict(topic.configs or {})
+        cfg.topic_config(configs)  # raises InvalidConfigError
+        if topic.replica_assignment:
+            assignment = self._check_assignment(topic)
+        else:
+            assignment = self._assign(topic)
+        topic_id = new_topic_id()
+        records: list[dict] = [{"type": "topic", "name": topic.name, "topic_id": topic_id}]
+        for p, replicas in enumerate(assignment):
+            records.append({"type": "partition", "topic": topic.name, "partition": p,
+                            "replicas": replicas, "isr": replicas, "leader": replicas[0],
+                            "leader_epoch": 0})
+        for key, value in sorted(configs.items()):
+            records.append({"type": "config", "topic": topic.name, "key": key, "value": value})
+        return records
+
+    def _check_assignment(self, topic: NewTopic) -> list[list[int]]:
+        """An explicit replica assignment, checked as Kafka checks it."""
+        assignment = topic.replica_assignment or {}
+        if topic.num_partitions != -1 or topic.replication_factor != -1:
+            raise errors.InvalidRequestError(
+                "Both numPartitions or replicationFactor and replicasAssignments were set. "
+                "Both cannot be used at the same time.")
+        if sorted(assignment) != list(range(len(assignment))):
+            raise errors.InvalidReplicaAssignmentError(
+                f"Partitions should be a consecutive 0-based integer sequence: "
+                f"{sorted(assignment)}")
+        if len(assignment) > cfg.PARTITIONS_MAX:
+            raise errors.InvalidPartitionsError(
+                f"Number of partitions {len(assignment)} is more than the limit "
+                f"{cfg.PARTITIONS_MAX}.")
+        live = set(self._live_broker_ids())
+        sizes = {len(replicas) for replicas in assignment.values()}
+        for p, replicas in sorted(assignment.items()):
+            if not replicas or len(set(replicas)) != len(replicas):
+                raise errors.InvalidReplicaAssignmentError(
+                    f"Partition {p} has an empty or duplicated replica list {replicas}.")
+            unknown = [b for b in replicas if b not in live]
+            if unknown:
+                raise errors.InvalidReplicaAssignmentError(
+                    f"Partition {p} names brokers {unknown} that are not live.")
+        if len(sizes) > 1:
+            raise errors.InvalidReplicaAssignmentError(
+                "All partitions should have the same number of replicas.")
+        return [list(assignment[p]) for p in range(len(assignment))]
+
+    def _assign(self, topic: NewTopic) -> list[list[int]]:
         partitions = (self._config.num_partitions if topic.num_partitions == -1
                       else topic.num_partitions)
         if partitions < 1:
@@ -157,25 +208,12 @@ class Controller:
         if rf < 1:
             raise errors.InvalidReplicationFactorError(
                 "Replication factor must be larger than 0.")
-        if rf > REPLICATION_FACTOR_MAX:  # no promise the brokers could not keep
-            raise errors.InvalidReplicationFactorError(
-                f"Replication factor {rf} is not supported yet: this deltabus does not replicate "
-                f"partitions; use {REPLICATION_FACTOR_MAX}.")
         live = self._live_broker_ids()
         if rf > len(live):
             raise errors.InvalidReplicationFactorError(
                 f"Replication factor: {rf} larger than available brokers: {len(live)}.")
-        configs = dict(topic.configs or {})
-        cfg.topic_config(configs)  # raises InvalidConfigError
-        topic_id = new_topic_id()
-        records: list[dict] = [{"type": "topic", "name": topic.name, "topic_id": topic_id}]
-        for p, replicas in enumerate(assign_replicas(live, partitions, rf)):
-            records.append({"type": "partition", "topic": topic.name, "partition": p,
-                            "replicas": replicas, "isr": replicas, "leader": replicas[0],
-                            "leader_epoch": 0})
-        for key, value in sorted(configs.items()):
-            records.append({"type": "config", "topic": topic.name, "key": key, "value": value})
-        return records
+        racks = {b: self._brokers[b].endpoint.rack for b in live}
+        return assign_replicas(live, partitions, rf, racks)
 
     def delete_topics(self, names: list[str], *, timeout_ms: int = 30_000) -> list[TopicResult]:
         """Delete topics: remove them from metadata, let brokers close them, drop their tables."""
@@ -298,7 +336,7 @@ class Controller:
                 return
             reg.fenced = reg.dead = True
             log.warning("broker %d fenced: %s", broker_id, reason)
-            self._elect_leaders()
+            self._elect_leaders(fenced=broker_id)
             self._changed()
         if self._on_fence is not None:
             self._on_fence(broker_id)
@@ -314,25 +352,78 @@ class Controller:
             self.fence_broker(broker_id, "missed heartbeats past broker.session.timeout.ms")
         return expired
 
-    def _elect_leaders(self) -> None:
-        """Give every partition a live leader from its ISR where it has none or a fenced one.
+    def _elect_leaders(self, fenced: int | None = None) -> None:
+        """Take a `fenced` broker out of every ISR it is in (but the last member), and give
+        every partition without a live leader one: the first live in-sync replica in replica
+        order, or, where the topic allows unclean election, the first live replica at all.
         Caller holds the lock. Leader changes are metadata records, so epochs survive restarts."""
         live = set(self._live_broker_ids())
         records = []
         for name, topic in self._state.topics.items():
+            unclean = self._config.topic_config(topic["configs"]).unclean_leader_election_enable
             for p, s in topic["partitions"].items():
-                if s["leader"] in live:
-                    continue
-                candidates = [r for r in s["isr"] if r in live]
-                leader = candidates[0] if candidates else NO_LEADER
-                if leader == s["leader"]:
-                    continue
-                records.append({"type": "partition_change", "topic": name, "partition": p,
-                                "leader": leader, "leader_epoch": s["leader_epoch"] + 1})
+                isr = list(s["isr"])
+                if fenced in isr and len(isr) > 1:
+                    isr.remove(fenced)
+                leader = s["leader"]
+                if leader not in live:
+                    leader, isr = _elect(s["replicas"], isr, live, unclean)
+                change: dict = {}
+                if isr != s["isr"]:
+                    change["isr"] = isr
+                if leader != s["leader"]:
+                    change.update(leader=leader, leader_epoch=s["leader_epoch"] + 1)
+                    if leader != NO_LEADER and leader not in s["isr"]:
+                        log.warning("unclean leader election: %s-%d led by out-of-sync "
+                                    "replica %d; records only the old ISR held are lost",
+                                    name, p, leader)
+                if change:
+                    records.append({"type": "partition_change", "topic": name, "partition": p,
+                                    **change})
         if records:
             self._log.append(records)
             for record in records:
                 self._state.replay(record)
+
+    # ---- ISR changes -------------------------------------------------------------------------
+
+    def alter_partition(self, broker_id: int, broker_epoch: int, topic: str, partition: int,
+                        leader_epoch: int, isr: list[int],
+                        new_isr: list[int]) -> tuple[PartitionState, int]:
+        """A leader shrinks or grows its partition's ISR (Kafka's AlterPartition). Returns the
+        committed partition state and the metadata version that holds it."""
+        with self._lock:
+            self._check_epoch(broker_id, broker_epoch)
+            s = self._state.topics.get(topic, {}).get("partitions", {}).get(partition)
+            if s is None:
+                raise errors.UnknownTopicOrPartitionError(
+                    f"This server does not host this topic-partition: {topic}-{partition}")
+            if s["leader"] != broker_id:
+                raise errors.NotLeaderOrFollowerError(
+                    f"broker {broker_id} does not lead {topic}-{partition} (leader: "
+                    f"{s['leader']})")
+            if leader_epoch != s["leader_epoch"]:
+                raise errors.FencedLeaderEpochError(
+                    f"leader epoch {leader_epoch} of {topic}-{partition} is not the current "
+                    f"{s['leader_epoch']}")
+            if sorted(isr) != sorted(s["isr"]):
+                raise errors.InvalidUpdateVersionError(
+                    f"the ISR of {topic}-{partition} is {s['isr']}, not {isr}")
+            if broker_id not in new_isr or any(r not in s["replicas"] for r in new_isr):
+                raise errors.InvalidRequestError(
+                    f"ISR {new_isr} must hold the leader and only replicas of {topic}-"
+                    f"{partition} ({s['replicas']})")
+            live = set(self._live_broker_ids())
+            added = [r for r in new_isr if r not in s["isr"]]
+            if any(r not in live for r in added):
+                raise errors.IneligibleReplicaError(
+                    f"replicas {added} cannot join the ISR of {topic}-{partition}: not all live")
+            ordered = [r for r in s["replicas"] if r in new_isr]
+            if ordered != s["isr"]:
+                log.info("%s-%d ISR %s -> %s", topic, partition, s["isr"], ordered)
+                self._commit([{"type": "partition_change", "topic": topic,
+                               "partition": partition, "isr": ordered}])
+            return _partition_state(partition, s), self._version
 
     def broker_pids(self) -> dict[int, int]:
         with self._lock:
@@ -364,9 +455,33 @@ class Controller:
         return self._shutting_down
 
 
-def assign_replicas(brokers: list[int], partitions: int, rf: int) -> list[list[int]]:
-    """Kafka's rack-unaware replica assignment: leaders round-robin from a random start, followers
-    shifted so that replicas spread evenly."""
+def _elect(replicas: list[int], isr: list[int], live: set[int],
+           unclean: bool) -> tuple[int, list[int]]:
+    """(leader, ISR) for a partition whose leader is gone."""
+    for r in replicas:
+        if r in isr and r in live:
+            return r, isr
+    if unclean:
+        for r in replicas:
+            if r in live:
+                return r, [r]
+    return NO_LEADER, isr
+
+
+def _partition_state(partition: int, s: dict) -> PartitionState:
+    return PartitionState(partition, s["leader"], s["leader_epoch"], tuple(s["replicas"]),
+                          tuple(s["isr"]))
+
+
+def assign_replicas(brokers: list[int], partitions: int, rf: int,
+                    racks: dict[int, str] | None = None) -> list[list[int]]:
+    """Kafka's replica assignment: leaders round-robin from a random start, followers shifted so
+    that replicas spread evenly. With brokers on more than one rack (executor host), brokers are
+    ordered alternating racks and each partition's replicas take distinct racks first, so losing
+    one host never takes every replica of a partition."""
+    racks = racks or {}
+    if len(set(racks.get(b, "") for b in brokers)) > 1:
+        brokers = _rack_alternating(brokers, racks)
     n = len(brokers)
     start = random.randrange(n)
     shift = random.randrange(n)
@@ -375,10 +490,31 @@ def assign_replicas(brokers: list[int], partitions: int, rf: int) -> list[list[i
         if p > 0 and p % n == 0:
             shift += 1
         first = (p + start) % n
+        candidates = [brokers[(first + 1 + (shift + j) % (n - 1)) % n] for j in range(n - 1)]
         replicas = [brokers[first]]
-        for j in range(rf - 1):
-            replicas.append(brokers[(first + 1 + (shift + j) % (n - 1)) % n])
+        used = {racks.get(brokers[first], "")}
+        for broker in candidates:  # other racks first, then whatever is left
+            if len(replicas) < rf and racks.get(broker, "") not in used:
+                replicas.append(broker)
+                used.add(racks.get(broker, ""))
+        for broker in candidates:
+            if len(replicas) < rf and broker not in replicas:
+                replicas.append(broker)
         out.append(replicas)
+    return out
+
+
+def _rack_alternating(brokers: list[int], racks: dict[int, str]) -> list[int]:
+    """Brokers ordered rack by rack in turn: [a1, b1, c1, a2, b2, ...] (as Kafka orders them)."""
+    by_rack: dict[str, list[int]] = {}
+    for b in sorted(brokers):
+        by_rack.setdefault(racks.get(b, ""), []).append(b)
+    queues = [by_rack[r] for r in sorted(by_rack)]
+    out: list[int] = []
+    while len(out) < len(brokers):
+        for queue in queues:
+            if queue:
+                out.append(queue.pop(0))
     return out
 
 

@@ -81,10 +81,19 @@ def image_from_proto(msg: pb.MetadataResponse) -> MetadataImage:
 def create_topics_request(topics: Iterable[NewTopic], timeout_ms: int,
                           validate_only: bool) -> pb.CreateTopicsRequest:
     return pb.CreateTopicsRequest(
-        topics=[pb.CreatableTopic(name=t.name, num_partitions=t.num_partitions,
-                                  replication_factor=t.replication_factor,
-                                  configs=t.configs or {}) for t in topics],
+        topics=[pb.CreatableTopic(
+            name=t.name, num_partitions=t.num_partitions,
+            replication_factor=t.replication_factor, configs=t.configs or {},
+            assignments=[pb.CreatableReplicaAssignment(partition_index=p, broker_ids=brokers)
+                         for p, brokers in sorted((t.replica_assignment or {}).items())])
+            for t in topics],
         timeout_ms=timeout_ms, validate_only=validate_only)
+
+
+def new_topic_from_proto(t: pb.CreatableTopic) -> NewTopic:
+    assignment = {a.partition_index: list(a.broker_ids) for a in t.assignments}
+    return NewTopic(t.name, t.num_partitions, t.replication_factor, dict(t.configs),
+                    assignment or None)
 
 
 def topic_result_from_proto(r: pb.TopicResult) -> TopicResult:

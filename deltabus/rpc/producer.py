@@ -500,6 +500,9 @@ class Producer:
                 batch.retry_at = now + self._client.retry_backoff_ms / 1000
                 retry.append(batch)
                 refresh |= error.invalid_metadata
+            elif error is not None and error.retriable and not isinstance(
+                    error, (errors.NetworkError, errors.RequestTimedOutError)):
+                done.append((batch, -1, error))  # as Kafka: the broker's last answer
             elif error is not None and error.retriable:
                 done.append((batch, -1, errors.KafkaTimeoutError(
                     f"Expiring records for {batch.topic}-{batch.partition}: "

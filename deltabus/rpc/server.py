@@ -20,7 +20,13 @@ import pyarrow as pa
 from deltabus import config as cfg
 from deltabus import errors
 from deltabus.log_tables.partition_log import AppendResult
-from deltabus.metadata import BrokerEndpoint, MetadataImage, NewTopic, TopicResult
+from deltabus.metadata import (
+    BrokerEndpoint,
+    MetadataImage,
+    NewTopic,
+    PartitionState,
+    TopicResult,
+)
 from deltabus.records import ProducerState
 from deltabus.rpc import codec
 from deltabus.rpc.v1 import deltabus_pb2 as pb
@@ -39,6 +45,7 @@ class FetchSpec:
     offset: int
     max_bytes: int
     current_leader_epoch: int = -1
+    last_fetched_epoch: int = -1  # followers: the epoch of their last record
 
 
 @dataclass
@@ -50,6 +57,7 @@ class FetchResult:
     high_watermark: int = -1
     log_start_offset: int = -1
     log_end_offset: int = -1
+    diverging_epoch: tuple[int, int] | None = None  # (epoch, end offset) for a follower
 
 
 class DeltaBusHandler(Protocol):
@@ -78,6 +86,10 @@ class LifecycleHandler(Protocol):
 
     def heartbeat(self, broker_id: int, epoch: int, applied_version: int,
                   max_wait_ms: int) -> tuple[bool, MetadataImage | None]: ...
+
+    def alter_partition(self, broker_id: int, broker_epoch: int, topic: str, partition: int,
+                        leader_epoch: int, isr: list[int],
+                        new_isr: list[int]) -> tuple[PartitionState, int]: ...
 
 
 def _abort(context: grpc.ServicerContext, error: errors.DeltaBusError) -> Any:
@@ -113,8 +125,7 @@ class DeltaBusServicer(pb_grpc.DeltaBusServicer):
     @_guard
     def CreateTopics(self, request: pb.CreateTopicsRequest,
                      context: Any) -> pb.CreateTopicsResponse:
-        topics = [NewTopic(t.name, t.num_partitions, t.replication_factor, dict(t.configs))
-                  for t in request.topics]
+        topics = [codec.new_topic_from_proto(t) for t in request.topics]
         results = self._handler.create_topics(
             topics, timeout_ms=request.timeout_ms or 30_000, validate_only=request.validate_only)
         return pb.CreateTopicsResponse(topics=[codec.topic_result_to_proto(r) for r in results])
@@ -181,11 +192,13 @@ class DeltaBusServicer(pb_grpc.DeltaBusServicer):
             raise errors.InvalidFetchSizeError(f"max_bytes must not be negative: {max_bytes}")
         specs = [FetchSpec(p.topic, p.partition, p.fetch_offset,
                            p.partition_max_bytes or cfg.FETCH_PARTITION_MAX_BYTES,
-                           p.current_leader_epoch if p.HasField("current_leader_epoch") else -1)
+                           p.current_leader_epoch if p.HasField("current_leader_epoch") else -1,
+                           p.last_fetched_epoch if p.HasField("last_fetched_epoch") else -1)
                  for p in request.partitions]
         results = self._handler.fetch(
             specs, max_wait_ms=min(max(request.max_wait_ms, 0), cfg.FETCH_WAIT_MS_MAX),
-            min_bytes=request.min_bytes, max_bytes=max_bytes, replica_id=request.replica_id)
+            min_bytes=request.min_bytes, max_bytes=max_bytes,
+            replica_id=request.replica_id if request.HasField("replica_id") else -1)
         response = pb.FetchResponse()
         for r in results:
             code, message = _code(r.error)
@@ -193,6 +206,8 @@ class DeltaBusServicer(pb_grpc.DeltaBusServicer):
                 topic=r.topic, partition=r.partition, error_code=code, error_message=message,
                 high_watermark=r.high_watermark, log_start_offset=r.log_start_offset,
                 log_end_offset=r.log_end_offset)
+            if r.diverging_epoch is not None:
+                entry.diverging_epoch.epoch, entry.diverging_epoch.end_offset = r.diverging_epoch
             if r.records is not None and r.records.num_rows:
                 if request.format == pb.PROTO:
                     entry.records.extend(codec.table_to_records(r.records))
@@ -249,6 +264,17 @@ class BrokerLifecycleServicer(pb_grpc.BrokerLifecycleServicer):
         if image is not None:
             response.metadata.CopyFrom(codec.image_to_proto(image))
         return response
+
+    def AlterPartition(self, request: pb.AlterPartitionRequest,
+                       context: Any) -> pb.AlterPartitionResponse:
+        try:
+            state, version = self._handler.alter_partition(
+                request.broker_id, request.broker_epoch, request.topic, request.partition,
+                request.leader_epoch, list(request.isr), list(request.new_isr))
+        except errors.DeltaBusError as e:
+            return pb.AlterPartitionResponse(error_code=e.code, error_message=e.message)
+        return pb.AlterPartitionResponse(leader_epoch=state.leader_epoch, isr=state.isr,
+                                         metadata_version=version)
 
 
 def start_server(host: str, port: int, handler: DeltaBusHandler,

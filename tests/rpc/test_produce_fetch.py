@@ -148,8 +148,9 @@ def test_admin_errors_have_kafka_names(cluster, topic_name):
             admin.create_topics([NewTopic(topic_name, 0, 1)])
         with pytest.raises(errors.InvalidPartitionsError):
             admin.create_topics([NewTopic(topic_name, -5, 1)])
-        with pytest.raises(errors.InvalidReplicationFactorError, match="not supported yet"):
-            admin.create_topics([NewTopic(topic_name, 1, 3)])  # no replication: no false promise
+        with pytest.raises(errors.InvalidReplicationFactorError,
+                           match="larger than available brokers: 3"):
+            admin.create_topics([NewTopic(topic_name, 1, 4)])
         with pytest.raises(errors.InvalidConfigError, match="no.such.config"):
             admin.create_topics([NewTopic(topic_name, 1, 1, {"no.such.config": "1"})])
         assert topic_name not in admin.list_topics()

@@ -115,8 +115,16 @@ class MetadataResponse(_message.Message):
     metadata_version: int
     def __init__(self, brokers: _Optional[_Iterable[_Union[BrokerInfo, _Mapping]]] = ..., controller_id: _Optional[int] = ..., cluster_id: _Optional[str] = ..., topics: _Optional[_Iterable[_Union[TopicMetadata, _Mapping]]] = ..., metadata_version: _Optional[int] = ...) -> None: ...
 
+class CreatableReplicaAssignment(_message.Message):
+    __slots__ = ("partition_index", "broker_ids")
+    PARTITION_INDEX_FIELD_NUMBER: _ClassVar[int]
+    BROKER_IDS_FIELD_NUMBER: _ClassVar[int]
+    partition_index: int
+    broker_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, partition_index: _Optional[int] = ..., broker_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
 class CreatableTopic(_message.Message):
-    __slots__ = ("name", "num_partitions", "replication_factor", "configs")
+    __slots__ = ("name", "num_partitions", "replication_factor", "configs", "assignments")
     class ConfigsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -128,11 +136,13 @@ class CreatableTopic(_message.Message):
     NUM_PARTITIONS_FIELD_NUMBER: _ClassVar[int]
     REPLICATION_FACTOR_FIELD_NUMBER: _ClassVar[int]
     CONFIGS_FIELD_NUMBER: _ClassVar[int]
+    ASSIGNMENTS_FIELD_NUMBER: _ClassVar[int]
     name: str
     num_partitions: int
     replication_factor: int
     configs: _containers.ScalarMap[str, str]
-    def __init__(self, name: _Optional[str] = ..., num_partitions: _Optional[int] = ..., replication_factor: _Optional[int] = ..., configs: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    assignments: _containers.RepeatedCompositeFieldContainer[CreatableReplicaAssignment]
+    def __init__(self, name: _Optional[str] = ..., num_partitions: _Optional[int] = ..., replication_factor: _Optional[int] = ..., configs: _Optional[_Mapping[str, str]] = ..., assignments: _Optional[_Iterable[_Union[CreatableReplicaAssignment, _Mapping]]] = ...) -> None: ...
 
 class CreateTopicsRequest(_message.Message):
     __slots__ = ("topics", "timeout_ms", "validate_only")
@@ -245,18 +255,20 @@ class ProduceResponse(_message.Message):
     def __init__(self, partitions: _Optional[_Iterable[_Union[PartitionProduceResponse, _Mapping]]] = ...) -> None: ...
 
 class FetchPartition(_message.Message):
-    __slots__ = ("topic", "partition", "fetch_offset", "partition_max_bytes", "current_leader_epoch")
+    __slots__ = ("topic", "partition", "fetch_offset", "partition_max_bytes", "current_leader_epoch", "last_fetched_epoch")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     FETCH_OFFSET_FIELD_NUMBER: _ClassVar[int]
     PARTITION_MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
     CURRENT_LEADER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    LAST_FETCHED_EPOCH_FIELD_NUMBER: _ClassVar[int]
     topic: str
     partition: int
     fetch_offset: int
     partition_max_bytes: int
     current_leader_epoch: int
-    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., fetch_offset: _Optional[int] = ..., partition_max_bytes: _Optional[int] = ..., current_leader_epoch: _Optional[int] = ...) -> None: ...
+    last_fetched_epoch: int
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., fetch_offset: _Optional[int] = ..., partition_max_bytes: _Optional[int] = ..., current_leader_epoch: _Optional[int] = ..., last_fetched_epoch: _Optional[int] = ...) -> None: ...
 
 class FetchRequest(_message.Message):
     __slots__ = ("max_wait_ms", "min_bytes", "max_bytes", "partitions", "format", "replica_id")
@@ -274,8 +286,16 @@ class FetchRequest(_message.Message):
     replica_id: int
     def __init__(self, max_wait_ms: _Optional[int] = ..., min_bytes: _Optional[int] = ..., max_bytes: _Optional[int] = ..., partitions: _Optional[_Iterable[_Union[FetchPartition, _Mapping]]] = ..., format: _Optional[_Union[RecordFormat, str]] = ..., replica_id: _Optional[int] = ...) -> None: ...
 
+class EpochEndOffset(_message.Message):
+    __slots__ = ("epoch", "end_offset")
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    END_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    end_offset: int
+    def __init__(self, epoch: _Optional[int] = ..., end_offset: _Optional[int] = ...) -> None: ...
+
 class FetchPartitionResponse(_message.Message):
-    __slots__ = ("topic", "partition", "error_code", "error_message", "high_watermark", "log_start_offset", "arrow_records", "records", "log_end_offset")
+    __slots__ = ("topic", "partition", "error_code", "error_message", "high_watermark", "log_start_offset", "arrow_records", "records", "log_end_offset", "diverging_epoch")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
@@ -285,6 +305,7 @@ class FetchPartitionResponse(_message.Message):
     ARROW_RECORDS_FIELD_NUMBER: _ClassVar[int]
     RECORDS_FIELD_NUMBER: _ClassVar[int]
     LOG_END_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DIVERGING_EPOCH_FIELD_NUMBER: _ClassVar[int]
     topic: str
     partition: int
     error_code: int
@@ -294,7 +315,8 @@ class FetchPartitionResponse(_message.Message):
     arrow_records: bytes
     records: _containers.RepeatedCompositeFieldContainer[Record]
     log_end_offset: int
-    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., high_watermark: _Optional[int] = ..., log_start_offset: _Optional[int] = ..., arrow_records: _Optional[bytes] = ..., records: _Optional[_Iterable[_Union[Record, _Mapping]]] = ..., log_end_offset: _Optional[int] = ...) -> None: ...
+    diverging_epoch: EpochEndOffset
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., high_watermark: _Optional[int] = ..., log_start_offset: _Optional[int] = ..., arrow_records: _Optional[bytes] = ..., records: _Optional[_Iterable[_Union[Record, _Mapping]]] = ..., log_end_offset: _Optional[int] = ..., diverging_epoch: _Optional[_Union[EpochEndOffset, _Mapping]] = ...) -> None: ...
 
 class FetchResponse(_message.Message):
     __slots__ = ("partitions",)
@@ -409,3 +431,35 @@ class BrokerHeartbeatResponse(_message.Message):
     should_shut_down: bool
     metadata: MetadataResponse
     def __init__(self, error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., should_shut_down: _Optional[bool] = ..., metadata: _Optional[_Union[MetadataResponse, _Mapping]] = ...) -> None: ...
+
+class AlterPartitionRequest(_message.Message):
+    __slots__ = ("broker_id", "broker_epoch", "topic", "partition", "leader_epoch", "isr", "new_isr")
+    BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    BROKER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    LEADER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    ISR_FIELD_NUMBER: _ClassVar[int]
+    NEW_ISR_FIELD_NUMBER: _ClassVar[int]
+    broker_id: int
+    broker_epoch: int
+    topic: str
+    partition: int
+    leader_epoch: int
+    isr: _containers.RepeatedScalarFieldContainer[int]
+    new_isr: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, broker_id: _Optional[int] = ..., broker_epoch: _Optional[int] = ..., topic: _Optional[str] = ..., partition: _Optional[int] = ..., leader_epoch: _Optional[int] = ..., isr: _Optional[_Iterable[int]] = ..., new_isr: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class AlterPartitionResponse(_message.Message):
+    __slots__ = ("error_code", "error_message", "leader_epoch", "isr", "metadata_version")
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    LEADER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    ISR_FIELD_NUMBER: _ClassVar[int]
+    METADATA_VERSION_FIELD_NUMBER: _ClassVar[int]
+    error_code: int
+    error_message: str
+    leader_epoch: int
+    isr: _containers.RepeatedScalarFieldContainer[int]
+    metadata_version: int
+    def __init__(self, error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., leader_epoch: _Optional[int] = ..., isr: _Optional[_Iterable[int]] = ..., metadata_version: _Optional[int] = ...) -> None: ...

@@ -420,6 +420,11 @@ class BrokerLifecycleStub:
                 request_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.BrokerHeartbeatRequest.SerializeToString,
                 response_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.BrokerHeartbeatResponse.FromString,
                 _registered_method=True)
+        self.AlterPartition = channel.unary_unary(
+                '/deltabus.v1.BrokerLifecycle/AlterPartition',
+                request_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.AlterPartitionRequest.SerializeToString,
+                response_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.AlterPartitionResponse.FromString,
+                _registered_method=True)
 
 
 class BrokerLifecycleServicer:
@@ -439,6 +444,13 @@ class BrokerLifecycleServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AlterPartition(self, request, context):
+        """A partition leader asks the controller to shrink or expand the partition's ISR.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerLifecycleServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -451,6 +463,11 @@ def add_BrokerLifecycleServicer_to_server(servicer, server):
                     servicer.BrokerHeartbeat,
                     request_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.BrokerHeartbeatRequest.FromString,
                     response_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.BrokerHeartbeatResponse.SerializeToString,
+            ),
+            'AlterPartition': grpc.unary_unary_rpc_method_handler(
+                    servicer.AlterPartition,
+                    request_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.AlterPartitionRequest.FromString,
+                    response_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.AlterPartitionResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -509,6 +526,33 @@ class BrokerLifecycle:
             '/deltabus.v1.BrokerLifecycle/BrokerHeartbeat',
             deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.BrokerHeartbeatRequest.SerializeToString,
             deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.BrokerHeartbeatResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AlterPartition(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/deltabus.v1.BrokerLifecycle/AlterPartition',
+            deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.AlterPartitionRequest.SerializeToString,
+            deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.AlterPartitionResponse.FromString,
             options,
             channel_credentials,
             insecure,

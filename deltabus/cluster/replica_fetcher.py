@@ -1,0 +1,169 @@
+"""Followers copy their leaders' logs: one fetcher thread per leader broker, inside the follower's
+broker task (Kafka's ReplicaFetcherThread). Runs on executors.
+
+Each round sends one Fetch (replica_id = this broker) for every partition followed from that
+leader, at the follower's log end offset with the epoch of its last record; the leader answers
+with records up to its log end offset, its high watermark, or where the two logs diverge. Records
+are appended as copies (same offsets, one Delta commit per partition per round), a divergence is
+truncated, and only once those commits are durable does the next fetch report the new log end
+offset, so the leader's high watermark never counts a record a follower could still lose.
+
+Thread-safe: the broker adds and removes partitions from its metadata thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+from deltabus import config as cfg
+from deltabus import errors
+from deltabus.cluster.partition import Partition
+from deltabus.log_tables.partition_log import AppendResult
+from deltabus.records import from_ipc
+from deltabus.rpc.client import ClusterClient
+from deltabus.rpc.v1 import deltabus_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+COPY_TIMEOUT_S = 120.0  # a follower's Delta commit that takes longer is treated as failed
+
+
+@dataclass
+class _Followed:
+    partition: Partition
+    leader_epoch: int
+    retry_at: float = 0.0  # after an error: not fetched before this time
+
+
+class ReplicaFetcher:
+    """Copies the partitions this broker follows from one leader broker."""
+
+    def __init__(self, broker_id: int, leader_id: int, client: ClusterClient,
+                 config: cfg.ClusterConfig) -> None:
+        self.broker_id = broker_id
+        self.leader_id = leader_id
+        self._client = client
+        self._config = config
+        self._lock = threading.Condition()
+        self._followed: dict[tuple[str, int], _Followed] = {}
+        self._address = ""
+        self._stopped = False
+        self._thread = threading.Thread(target=self._run, daemon=True,
+                                        name=f"replica-fetcher-{leader_id}")
+        self._thread.start()
+
+    def set_address(self, address: str) -> None:
+        with self._lock:
+            self._address = address
+            self._lock.notify_all()
+
+    def follow(self, partition: Partition, leader_epoch: int) -> None:
+        key = (partition.topic, partition.partition)
+        with self._lock:
+            current = self._followed.get(key)
+            if current is None or current.leader_epoch != leader_epoch:
+                self._followed[key] = _Followed(partition, leader_epoch)
+                self._lock.notify_all()
+
+    def unfollow(self, key: tuple[str, int]) -> None:
+        with self._lock:
+            self._followed.pop(key, None)
+
+    def keys(self) -> set[tuple[str, int]]:
+        with self._lock:
+            return set(self._followed)
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        with self._lock:
+            self._stopped = True
+            self._lock.notify_all()
+        self._thread.join(timeout_s)
+
+    # ---- the fetch loop ------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                while not self._stopped and not (self._address and self._ready()):
+                    self._lock.wait(self._config.replica_fetch_backoff_ms / 1000)
+                if self._stopped:
+                    return
+                address, followed = self._address, self._ready()
+            try:
+                self._fetch_round(address, followed)
+            except errors.DeltaBusError as e:  # the leader is unreachable or restarting
+                log.info("broker %d: fetch from leader %d at %s failed: %s", self.broker_id,
+                         self.leader_id, address, e)
+                with self._lock:
+                    self._lock.wait(self._config.replica_fetch_backoff_ms / 1000)
+            except Exception:  # a bug: keep the fetcher alive, but say so loudly
+                log.exception("broker %d: replica fetcher for leader %d", self.broker_id,
+                              self.leader_id)
+                with self._lock:
+                    self._lock.wait(1.0)
+
+    def _ready(self) -> list[_Followed]:
+        now = time.monotonic()
+        return [f for f in self._followed.values() if f.retry_at <= now]
+
+    def _fetch_round(self, address: str, followed: list[_Followed]) -> None:
+        config = self._config
+        request = pb.FetchRequest(
+            replica_id=self.broker_id, max_wait_ms=config.replica_fetch_wait_max_ms, min_bytes=1,
+            max_bytes=config.replica_fetch_response_max_bytes, format=pb.ARROW)
+        by_key = {}
+        for f in followed:
+            plog = f.partition.log
+            request.partitions.append(pb.FetchPartition(
+                topic=f.partition.topic, partition=f.partition.partition,
+                fetch_offset=plog.log_end_offset,
+                partition_max_bytes=config.replica_fetch_max_bytes,
+                current_leader_epoch=f.leader_epoch, last_fetched_epoch=plog.last_epoch))
+            by_key[(f.partition.topic, f.partition.partition)] = f
+        timeout_ms = config.replica_fetch_wait_max_ms + self._client.request_timeout_ms
+        response = self._client.call(address, "Fetch", request, timeout_ms)
+        pending: list[tuple[_Followed, Future[AppendResult], int]] = []
+        for r in response.partitions:
+            found = by_key.get((r.topic, r.partition))
+            if found is None or not self._still_follows(found):
+                continue
+            f = found
+            if r.error_code:
+                self._on_error(f, errors.error_for_code(r.error_code, r.error_message))
+            elif r.HasField("diverging_epoch"):
+                offset = f.partition.truncation_offset(
+                    (r.diverging_epoch.epoch, r.diverging_epoch.end_offset))
+                log.info("broker %d: %s-%d diverges from leader %d at epoch %d; truncating "
+                         "to %d", self.broker_id, r.topic, r.partition, self.leader_id,
+                         r.diverging_epoch.epoch, offset)
+                pending.append((f, f.partition.log.truncate_to(offset), -1))
+            elif r.arrow_records:
+                pending.append((f, f.partition.log.append_copy(from_ipc(r.arrow_records)),
+                                r.high_watermark))
+            else:
+                f.partition.follower_high_watermark(r.high_watermark)
+        for f, future, high_watermark in pending:
+            try:
+                future.result(COPY_TIMEOUT_S)
+            except Exception as e:
+                self._on_error(f, e)
+                continue
+            if high_watermark >= 0:
+                f.partition.follower_high_watermark(high_watermark)
+
+    def _still_follows(self, f: _Followed) -> bool:
+        with self._lock:
+            return self._followed.get((f.partition.topic, f.partition.partition)) is f
+
+    def _on_error(self, f: _Followed, error: BaseException) -> None:
+        """Back off this partition; metadata (a new leader or epoch) re-adds it when needed."""
+        level = (logging.INFO if isinstance(error, errors.DeltaBusError) and error.retriable
+                 else logging.WARNING)
+        log.log(level, "broker %d: copying %s-%d from leader %d: %s", self.broker_id,
+                f.partition.topic, f.partition.partition, self.leader_id, error)
+        with self._lock:
+            f.retry_at = time.monotonic() + self._config.replica_fetch_backoff_ms / 1000
