@@ -149,6 +149,10 @@ class ClusterConfig:
     replica_fetch_max_bytes: int = FETCH_RESPONSE_PARTITION_BYTES_MAX  # per partition
     replica_fetch_response_max_bytes: int = 32 * 1024 * 1024
     replica_fetch_backoff_ms: int = 100  # after an error, before the partition is fetched again
+    # Followers copy the leader's committed Parquet files whole (no decoding or encoding) where
+    # their log ends at a file boundary, up to this many bytes a round; else they copy records.
+    replica_copy_files: bool = True
+    replica_files_max_bytes: int = 256 * 1024 * 1024
     # Cluster defaults for the topic configs of the same name.
     min_insync_replicas: int = 1
     unclean_leader_election_enable: bool = False

@@ -8,6 +8,8 @@ a running one), in an order where each step leaves what the next needs:
     (c) per-record send() to the same topic
     (d) fetch of the whole topic with poll_batch, from the beginning
     (e) produce-to-consume latency: one small record every ~2 ms for ~3 s, linger.ms=0
+    (f) bulk produce as (b) but acks=all to a topic with replication factor 3
+    (g) latency as (e) but acks=all with replication factor 3
 
 The bulk target is relative as well as absolute, because what a 2-core laptop can write to Delta
 bounds every figure; (a) says what that bound was on this run.
@@ -45,7 +47,8 @@ LATENCY_INTERVAL_S = 0.002
 WARM_UP = b"warm-up"
 IDLE_MS_MAX = 10_000  # a fetch or a latency wait giving up after this long with nothing new
 TARGETS = {"bulk_rps": 500_000, "bulk_vs_straight": 0.70, "send_rps": 150_000,
-           "fetch_rps": 1_000_000, "latency_p50_ms": 50.0}
+           "fetch_rps": 1_000_000, "latency_p50_ms": 50.0,
+           "replicated_vs_bulk": 0.5, "replicated_latency_p99_ms": 150.0}
 
 
 def add_parser(subparsers: argparse._SubParsersAction, parent: argparse.ArgumentParser) -> None:
@@ -101,13 +104,17 @@ def _bootstrap(bootstrap: str | None, root: str) -> Iterator[str]:
 
 def run_steps(bootstrap: str, root: str, records: int, send_records: int) -> dict[str, Any]:
     """Steps (a)-(e), in order; returns the figures."""
-    topic, latency_topic = f"bench-{uuid.uuid4().hex[:8]}", f"bench-latency-{uuid.uuid4().hex[:8]}"
+    run_id = uuid.uuid4().hex[:8]
+    topic, latency_topic = f"bench-{run_id}", f"bench-latency-{run_id}"
+    replicated, replicated_latency = f"bench-rf3-{run_id}", f"bench-rf3-latency-{run_id}"
     chunk_rows = max(1, min(records, BULK_CHUNK_BYTES // VALUE_BYTES))
     # Distinct random values: a fixed payload would let Parquet dictionary-encode the straight
     # write down to nothing and make the "physical limit" a measure of that, not of writing.
     values = pa.table({"value": random_values(chunk_rows, VALUE_BYTES)})
     with AdminClient(bootstrap) as admin:
-        admin.create_topics([NewTopic(topic, 1, 1), NewTopic(latency_topic, 1, 1)])
+        admin.create_topics([NewTopic(topic, 1, 1), NewTopic(latency_topic, 1, 1),
+                             NewTopic(replicated, 1, 3, {"min.insync.replicas": "2"}),
+                             NewTopic(replicated_latency, 1, 3, {"min.insync.replicas": "2"})])
         try:
             figures: dict[str, Any] = {"records": records, "send_records": send_records,
                                        "value_bytes": VALUE_BYTES, "chunk_records": chunk_rows}
@@ -124,8 +131,15 @@ def run_steps(bootstrap: str, root: str, records: int, send_records: int) -> dic
                 figures["fetched_records"], figures["fetch_rps"] = fetch_all(bootstrap, topic)
             with _step(steps, "e", "produce-to-consume latency"):
                 figures["latency_ms"] = latency(bootstrap, latency_topic)
+            with _step(steps, "f", "bulk produce, acks=all, replication factor 3"):
+                figures["replicated_rps"] = bulk_produce(bootstrap, replicated, values, records,
+                                                         acks="all")
+            figures["replicated_vs_bulk"] = figures["replicated_rps"] / figures["bulk_rps"]
+            with _step(steps, "g", "latency, acks=all, replication factor 3"):
+                figures["replicated_latency_ms"] = latency(bootstrap, replicated_latency,
+                                                           acks="all")
         finally:
-            admin.delete_topics([topic, latency_topic])
+            admin.delete_topics([topic, latency_topic, replicated, replicated_latency])
     return figures
 
 
@@ -157,9 +171,10 @@ def straight_write(path: str, values: pa.Table, records: int) -> float:
     return records / (time.perf_counter() - start)
 
 
-def bulk_produce(bootstrap: str, topic: str, values: pa.Table, records: int) -> float:
-    """Records/s of send_batch with acks=1, from the first call until every chunk is acked."""
-    with Producer(bootstrap, acks=1) as producer:
+def bulk_produce(bootstrap: str, topic: str, values: pa.Table, records: int,
+                 acks: int | str = 1) -> float:
+    """Records/s of send_batch, from the first call until every chunk is acked."""
+    with Producer(bootstrap, acks=acks) as producer:
         producer.send(topic, WARM_UP).get(30)  # metadata and channels outside the timing
         start = time.perf_counter()
         futures = [f for chunk in _chunks(values, records)
@@ -207,7 +222,7 @@ def fetch_all(bootstrap: str, topic: str) -> tuple[int, float]:
     return count, count / elapsed
 
 
-def latency(bootstrap: str, topic: str) -> dict[str, float]:
+def latency(bootstrap: str, topic: str, acks: int | str = 1) -> dict[str, float]:
     """Produce-to-consume latency (ms): a consumer thread polls while one small record is sent
     every ~2 ms with linger.ms=0; latency is the consume time minus the record's timestamp,
     which the producer sets at send time (both clocks are this process's)."""
@@ -227,7 +242,7 @@ def latency(bootstrap: str, topic: str) -> dict[str, float]:
 
     reader = threading.Thread(target=consume, name="deltabus-bench-consumer", daemon=True)
     reader.start()
-    sent = _send_paced(bootstrap, topic)
+    sent = _send_paced(bootstrap, topic, acks)
     deadline = time.monotonic() + IDLE_MS_MAX / 1000
     while len(latencies) < sent and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -245,12 +260,12 @@ def latency(bootstrap: str, topic: str) -> dict[str, float]:
             "p99": pct(0.99), "max": ordered[-1]}
 
 
-def _send_paced(bootstrap: str, topic: str) -> int:
+def _send_paced(bootstrap: str, topic: str, acks: int | str) -> int:
     """Send one 16-byte record every LATENCY_INTERVAL_S for LATENCY_RUN_S; returns the count.
 
     Waits at most IDLE_MS_MAX for the acks: a backlog must not stretch the bench without end.
     """
-    producer = Producer(bootstrap, acks=1, linger_ms=0)
+    producer = Producer(bootstrap, acks=acks, linger_ms=0)
     try:
         producer.send(topic, WARM_UP).get(30)
         sent = 0
@@ -274,12 +289,15 @@ def judge(f: dict[str, Any]) -> dict[str, bool]:
         "send": f["send_rps"] >= TARGETS["send_rps"],
         "fetch": f["fetch_rps"] >= TARGETS["fetch_rps"],
         "latency": f["latency_ms"]["p50"] <= TARGETS["latency_p50_ms"],
+        "replicated": f["replicated_vs_bulk"] >= TARGETS["replicated_vs_bulk"],
+        "replicated_latency": (f["replicated_latency_ms"]["p99"]
+                               <= TARGETS["replicated_latency_p99_ms"]),
     }
 
 
 def report(f: dict[str, Any], ok: dict[str, bool]) -> str:
     """The table printed at the end: measured figure, target, PASS/MISS."""
-    lat = f["latency_ms"]
+    lat, rlat = f["latency_ms"], f["replicated_latency_ms"]
     rows = [
         ("(a) straight write_deltalake", f"{f['straight_write_rps']:,.0f} rec/s",
          "the physical limit", ""),
@@ -294,6 +312,13 @@ def report(f: dict[str, Any], ok: dict[str, bool]) -> str:
          (f"p50 {lat['p50']:.1f} / p95 {lat['p95']:.1f} / p99 {lat['p99']:.1f} ms "
           f"({lat['received']}/{lat['sent']} back)"),
          f"p50 <= {TARGETS['latency_p50_ms']:.0f} ms", ok["latency"]),
+        ("(f) bulk, acks=all, RF 3",
+         f"{f['replicated_rps']:,.0f} rec/s ({f['replicated_vs_bulk']:.0%} of b)",
+         f">= {TARGETS['replicated_vs_bulk']:.0%} of b", ok["replicated"]),
+        ("(g) latency, acks=all, RF 3",
+         (f"p50 {rlat['p50']:.1f} / p95 {rlat['p95']:.1f} / p99 {rlat['p99']:.1f} ms "
+          f"({rlat['received']}/{rlat['sent']} back)"),
+         f"p99 <= {TARGETS['replicated_latency_p99_ms']:.0f} ms", ok["replicated_latency"]),
     ]
     title = (f"deltabus bench: {f['records']:,} records of {f['value_bytes']} bytes "
              f"(send() {f['send_records']:,}), 1 partition, {f['elapsed_s']:.0f} s")

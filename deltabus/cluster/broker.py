@@ -387,6 +387,10 @@ class Broker:
             result.high_watermark = plog.high_watermark
             result.log_start_offset = plog.log_start_offset
             result.log_end_offset = plog.log_end_offset
+            if replica_id >= 0 and self._config.replica_copy_files:
+                result.files = plog.files_from(spec.offset, self._config.replica_files_max_bytes)
+                if result.files:
+                    return result
             result.records = plog.read(
                 spec.offset, min(spec.max_bytes, cfg.FETCH_RESPONSE_PARTITION_BYTES_MAX),
                 to_log_end=replica_id >= 0)
@@ -410,6 +414,7 @@ def _cap_bytes(results: list[FetchResult], max_bytes: int) -> int:
     """Keep the response within max_bytes (but always the first partition's records)."""
     total = 0
     for r in results:
+        total += sum(f.size_bytes for f in r.files or ())
         if r.records is None:
             continue
         if total and total + r.records.nbytes > max_bytes:

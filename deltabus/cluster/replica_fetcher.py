@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from deltabus import config as cfg
 from deltabus import errors
 from deltabus.cluster.partition import Partition
-from deltabus.log_tables.partition_log import AppendResult
+from deltabus.log_tables.partition_log import AppendResult, LogFile
 from deltabus.records import from_ipc
 from deltabus.rpc.client import ClusterClient
 from deltabus.rpc.v1 import deltabus_pb2 as pb
@@ -131,21 +131,13 @@ class ReplicaFetcher:
             found = by_key.get((r.topic, r.partition))
             if found is None or not self._still_follows(found):
                 continue
-            f = found
-            if r.error_code:
-                self._on_error(f, errors.error_for_code(r.error_code, r.error_message))
-            elif r.HasField("diverging_epoch"):
-                offset = f.partition.truncation_offset(
-                    (r.diverging_epoch.epoch, r.diverging_epoch.end_offset))
-                log.info("broker %d: %s-%d diverges from leader %d at epoch %d; truncating "
-                         "to %d", self.broker_id, r.topic, r.partition, self.leader_id,
-                         r.diverging_epoch.epoch, offset)
-                pending.append((f, f.partition.log.truncate_to(offset), -1))
-            elif r.arrow_records:
-                pending.append((f, f.partition.log.append_copy(from_ipc(r.arrow_records)),
-                                r.high_watermark))
-            else:
-                f.partition.follower_high_watermark(r.high_watermark)
+            try:
+                step = self._start_copy(found, r)
+            except Exception as e:  # a file that vanished, a closed log: try again later
+                self._on_error(found, e)
+                continue
+            if step is not None:
+                pending.append((found, *step))
         for f, future, high_watermark in pending:
             try:
                 future.result(COPY_TIMEOUT_S)
@@ -154,6 +146,30 @@ class ReplicaFetcher:
                 continue
             if high_watermark >= 0:
                 f.partition.follower_high_watermark(high_watermark)
+
+    def _start_copy(self, f: _Followed, r: pb.FetchPartitionResponse
+                    ) -> tuple[Future[AppendResult], int] | None:
+        """Queue what one partition's answer asks for: a truncation, file or record copies.
+        Returns the future of the commit and the leader's high watermark (-1: none to take)."""
+        plog = f.partition.log
+        if r.error_code:
+            self._on_error(f, errors.error_for_code(r.error_code, r.error_message))
+            return None
+        if r.HasField("diverging_epoch"):
+            offset = f.partition.truncation_offset(
+                (r.diverging_epoch.epoch, r.diverging_epoch.end_offset))
+            log.info("broker %d: %s-%d diverges from leader %d at epoch %d; truncating to %d",
+                     self.broker_id, r.topic, r.partition, self.leader_id,
+                     r.diverging_epoch.epoch, offset)
+            return plog.truncate_to(offset), -1
+        if r.files:
+            files = [LogFile(x.uri, x.size_bytes, x.stats, x.base_offset, x.last_offset)
+                     for x in r.files]
+            return plog.append_files(files), r.high_watermark
+        if r.arrow_records:
+            return plog.append_copy(from_ipc(r.arrow_records)), r.high_watermark
+        f.partition.follower_high_watermark(r.high_watermark)
+        return None
 
     def _still_follows(self, f: _Followed) -> bool:
         with self._lock:

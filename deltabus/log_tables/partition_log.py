@@ -25,6 +25,7 @@ from __future__ import annotations
 import bisect
 import collections
 import heapq
+import json
 import logging
 import posixpath
 import threading
@@ -32,6 +33,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import unquote
 
 import numpy as np
@@ -48,6 +50,7 @@ from deltalake import (
     write_deltalake,
 )
 from deltalake.exceptions import DeltaError, TableNotFoundError
+from deltalake.transaction import AddAction, RemoveAction
 
 from deltabus import errors
 from deltabus.records import (
@@ -136,6 +139,26 @@ class _PendingAppend:
     copied: bool = False  # a follower's copy of the leader's records
 
 
+@dataclass(frozen=True)
+class LogFile:
+    """One committed data file of a log: what a follower copies whole from its leader."""
+
+    uri: str
+    size_bytes: int
+    stats: str  # the add action's statistics (Delta JSON), copied into the follower's commit
+    base_offset: int
+    last_offset: int
+
+
+@dataclass
+class _PendingFiles:
+    """Files copied from the leader into this table's directory, to be committed."""
+
+    files: list[tuple[str, LogFile]]  # (name in this table, the leader's file)
+    future: Future[AppendResult]
+    nbytes: int = 0
+
+
 @dataclass
 class _PendingTruncate:
     offset: int  # the new log end offset
@@ -193,7 +216,7 @@ class PartitionLog:
         self._hw_waiters: list[tuple[int, int, Future[int]]] = []  # heap: (offset, id, future)
         self._epochs: list[tuple[int, int]] = self._recover_epochs()  # (epoch, start offset)
         self._lock = threading.Condition()
-        self._pending: collections.deque[_PendingAppend | _PendingTruncate] = (
+        self._pending: collections.deque[_PendingAppend | _PendingFiles | _PendingTruncate] = (
             collections.deque())
         self._pending_bytes = 0
         self._cache: collections.deque[pa.Table] = collections.deque()
@@ -366,29 +389,36 @@ class PartitionLog:
             self._lock.wait(left)
 
     def _producer_entry(self, producer: ProducerState) -> _ProducerEntry:
-        entry = self._producers.get(producer.producer_id)
+        """Lock held. What the log knows of a producer; one it has not seen since it opened is
+        looked up in the table (its first batch may be a retry of one written before a restart
+        or by an earlier leader)."""
+        pid = producer.producer_id
+        if pid not in self._producers:
+            self._recover_producer(pid)
+        entry = self._producers.get(pid)
         if entry is None or producer.producer_epoch > entry.epoch:
-            if producer.base_sequence == 0 or (entry is not None):
-                entry = _ProducerEntry(producer.producer_epoch, 0)
-            else:  # this log has not seen the producer since it opened: ask the table
-                entry = self._recover_producer(producer)
-            self._producers[producer.producer_id] = entry
+            entry = self._producers[pid] = _ProducerEntry(producer.producer_epoch, 0)
         return entry
 
-    def _recover_producer(self, producer: ProducerState) -> _ProducerEntry:
-        """The next sequence of a producer from the records it wrote (after a restart or a
-        leader change); a scan of three int columns, on the first batch only."""
-        found = -1
-        files = self._files()
-        for path in files.column("path").to_pylist():
-            table = self._parquet_file(path).read(
-                columns=["producer_id", "producer_epoch", "sequence"])
-            mask = pc.and_(pc.equal(table.column("producer_id"), producer.producer_id),
-                           pc.equal(table.column("producer_epoch"), producer.producer_epoch))
-            top = pc.max(table.column("sequence").filter(mask)).as_py()
-            if top is not None:
-                found = max(found, top)
-        return _ProducerEntry(producer.producer_epoch, found + 1)
+    def _recover_producer(self, producer_id: int) -> None:
+        """Lock held. Rebuild a producer's state from the records it wrote. Only row groups
+        whose producer_id statistics may hold it are read: a new producer's id is above every
+        id written before, so for it this reads no data at all."""
+        parts = []
+        for path in self._files().column("path").to_pylist():
+            reader = self._parquet_file(path)
+            column = _leaf_columns(reader).get("producer_id")
+            for group in range(reader.metadata.num_row_groups):
+                stats = (reader.metadata.row_group(group).column(column).statistics
+                         if column is not None else None)
+                if stats is not None and stats.has_min_max and not (
+                        stats.min <= producer_id <= stats.max):
+                    continue
+                part = reader.read_row_group(
+                    group, columns=["offset", "producer_id", "producer_epoch", "sequence"])
+                parts.append(part.filter(pc.equal(part.column("producer_id"), producer_id)))
+        if parts:
+            self._note_copied_producers(pa.concat_tables(parts).sort_by("offset"))
 
     def append_copy(self, records: pa.Table) -> Future[AppendResult]:
         """Queue records copied from the leader, with their offsets, epochs and producer fields,
@@ -404,6 +434,27 @@ class PartitionLog:
         self._enqueue(item)
         return future
 
+    def append_files(self, files: list[LogFile]) -> Future[AppendResult]:
+        """Copy a leader's committed data files, byte for byte, into this table's directory and
+        queue one commit adding them with their statistics: a follower's copy without decoding
+        or encoding a record. They must continue the log end offset when committed."""
+        if not files:
+            raise errors.InvalidRecordError("no files to copy")
+        copied = []
+        for leader_file in files:
+            name = posixpath.basename(leader_file.uri)
+            source_fs, source = pafs.FileSystem.from_uri(leader_file.uri)
+            target = posixpath.join(self._fs_base, name)
+            if source_fs.type_name == self._fs.type_name:
+                self._fs.copy_file(source, target)
+            else:
+                pafs.copy_files(source, target, source_filesystem=source_fs,
+                                destination_filesystem=self._fs)
+            copied.append((name, leader_file))
+        future: Future[AppendResult] = Future()
+        self._enqueue(_PendingFiles(copied, future))
+        return future
+
     def truncate_to(self, offset: int) -> Future[AppendResult]:
         """Queue the removal of every record at or after `offset` (a follower dropping what it
         holds beyond its new leader's log). The future holds (offset, offset - 1)."""
@@ -415,7 +466,7 @@ class PartitionLog:
         self._enqueue(_PendingTruncate(offset, future))
         return future
 
-    def _enqueue(self, item: _PendingAppend | _PendingTruncate) -> None:
+    def _enqueue(self, item: _PendingAppend | _PendingFiles | _PendingTruncate) -> None:
         with self._lock:
             self._check_open()
             self._pending.append(item)
@@ -469,16 +520,17 @@ class PartitionLog:
 
     # ---- committing --------------------------------------------------------------------------
 
-    def _take_group(self) -> list[_PendingAppend] | _PendingTruncate | None:
+    def _take_group(self) -> list[_PendingAppend] | _PendingFiles | _PendingTruncate | None:
         """Wait for pending work, linger briefly for produce appends, and take a group of
-        appends of one kind (produced or copied) up to the byte limit, or one truncation."""
+        appends of one kind (produced or copied) up to the byte limit, or one file copy or
+        truncation."""
         with self._lock:
             while not self._pending and not self._closed:
                 self._lock.wait()
             if not self._pending:
                 return None  # closed and drained
             head = self._pending[0]
-            if isinstance(head, _PendingTruncate):
+            if not isinstance(head, _PendingAppend):
                 self._pending.popleft()
                 self._committing = True
                 return head
@@ -514,6 +566,8 @@ class PartitionLog:
             try:
                 if isinstance(work, _PendingTruncate):
                     self._commit_truncate(work)
+                elif isinstance(work, _PendingFiles):
+                    self._commit_files(work)
                 else:
                     self._commit_group(work)
             finally:
@@ -593,21 +647,70 @@ class PartitionLog:
         for item, (first, last) in zip(group, results, strict=True):
             item.future.set_result(AppendResult(first, last, now_ms, self.log_start_offset))
 
-    def _fail_from(self, group: list[_PendingAppend], e: Exception) -> None:
-        """A commit failed: it and everything queued behind it fail (order is kept), and the
-        log reloads what the table holds."""
+    def _fail_from(self, group: list[_PendingAppend], e: Exception | None) -> None:
+        """A commit failed (or could not be tried): it and everything queued behind it fail
+        (order is kept), and the log reloads what the table holds."""
         error = (e if isinstance(e, errors.DeltaBusError)
-                 else _map_delta_error(e, f"append to {self.topic}-{self.partition} failed"))
+                 else _map_delta_error(e, f"append to {self.topic}-{self.partition} failed")
+                 if e is not None
+                 else errors.InvalidRecordError("an earlier copy did not continue the log"))
         log.error("%s", error)
-        self._reload_after_failure()
+        if e is not None:
+            self._reload_after_failure()
         with self._lock:
-            failed: list[_PendingAppend | _PendingTruncate] = [*group, *self._pending]
+            failed: list[_PendingAppend | _PendingFiles | _PendingTruncate] = [
+                *group, *self._pending]
             self._pending.clear()
             self._pending_bytes = 0
             self._producers.clear()  # rebuilt from the table on their next batch
             self._lock.notify_all()
         for item in failed:
             item.future.set_exception(error)
+
+    def _commit_files(self, item: _PendingFiles) -> None:
+        base = self.log_end_offset
+        expected = base
+        for _, leader_file in item.files:
+            if leader_file.base_offset != expected:
+                self._fail_from([], None)
+                item.future.set_exception(errors.InvalidRecordError(
+                    f"copied file starts at offset {leader_file.base_offset} but "
+                    f"{self.topic}-{self.partition} continues at {expected}"))
+                return
+            expected = leader_file.last_offset + 1
+        now_ms = int(time.time() * 1000)
+        actions: list[AddAction | RemoveAction] = [
+            AddAction(name, f.size_bytes, {}, now_ms, True, f.stats) for name, f in item.files]
+        try:
+            self._table.create_write_transaction(
+                actions, mode="append", schema=LOG_SCHEMA,
+                commit_properties=self._commit_properties(expected, {
+                    "deltabus.operation": "copy", "deltabus.baseOffset": str(base),
+                    "deltabus.lastOffset": str(expected - 1),
+                    "deltabus.batches": str(len(actions))}),
+                post_commithook_properties=PostCommitHookProperties(create_checkpoint=True))
+            self._table.update_incremental()  # unlike write_deltalake, it leaves the snapshot
+            # What the epoch list and producer state need, from the copies just written.
+            columns = ["offset", "leader_epoch", "producer_id", "producer_epoch", "sequence"]
+            written = pa.concat_tables(
+                pq.read_table(posixpath.join(self._fs_base, name), columns=columns,
+                              filesystem=self._fs) for name, _ in item.files)
+        except Exception as e:
+            self._fail_from([], e)
+            item.future.set_exception(_map_delta_error(
+                e, f"copying files into {self.topic}-{self.partition} failed"))
+            return
+        written = written.sort_by("offset")
+        with self._lock:
+            self._version = self._table.version()
+            self.log_end_offset = expected
+            self._cache.clear()  # the cache must stay a suffix of the log: these are not in it
+            self._cache_bytes = 0
+            self._note_epochs(written)
+            self._note_copied_producers(written)
+            self._lock.notify_all()
+        self._after_change([])
+        item.future.set_result(AppendResult(base, expected - 1, now_ms, self.log_start_offset))
 
     def _commit_truncate(self, item: _PendingTruncate) -> None:
         offset = item.offset
@@ -754,15 +857,40 @@ class PartitionLog:
                 break
         return pa.concat_tables(parts) if parts else LOG_SCHEMA.empty_table()
 
+    def files_from(self, offset: int, max_bytes: int) -> list[LogFile]:
+        """The committed data files holding the log from exactly `offset` on, whole and in
+        order, about `max_bytes` of them (at least one): what a follower copies as files. Empty
+        when no file starts at `offset` (the follower then copies records)."""
+        files = self._files()
+        if files.num_rows == 0:
+            return []
+        firsts = files.column("min.offset").to_numpy()
+        i = int(np.searchsorted(firsts, offset))
+        out: list[LogFile] = []
+        size = 0
+        expected = offset
+        while i < files.num_rows and (not out or size < max_bytes):
+            row = {name: files.column(name)[i].as_py() for name in files.column_names}
+            first, last = row["min.offset"], row["max.offset"]
+            if first != expected or row["num_records"] != last - first + 1:
+                break
+            out.append(LogFile(posixpath.join(self.path, unquote(row["path"])),
+                               row["size_bytes"], _stats_json(row), first, last))
+            size += row["size_bytes"]
+            expected = last + 1
+            i += 1
+        return out
+
     def _files(self) -> pa.Table:
-        """The table's data files (path, min and max offset), by first offset: delta-rs's add
-        actions of the committed version, cached per version."""
+        """The table's data files (path, offsets, size, statistics), by first offset: delta-rs's
+        add actions of the committed version, cached per version."""
         with self._reader_lock:
             if self._files_version != self._version:
                 if self._reader.version() != self._version:
                     self._reader.update_incremental()
                 actions = pa.table(self._reader.get_add_actions(flatten=True)).select(
-                    ["path", "min.offset", "max.offset"])
+                    ["path", "min.offset", "max.offset", "size_bytes", "num_records",
+                     *_STATS_COLUMNS])
                 self._files_cache = actions.sort_by("min.offset")
                 self._files_version = self._version
             return self._files_cache
@@ -943,3 +1071,27 @@ def _epoch_starts(table: pa.Table) -> list[tuple[int, int]]:
 
 def _merge_epoch_start(starts: dict[int, int], epoch: int, start: int) -> None:
     starts[epoch] = min(start, starts.get(epoch, start))
+
+
+# Statistics beyond the offsets that a copied file's add action carries (the table indexes its
+# first three columns: offset, timestamp, timestamp_type).
+_STATS_COLUMNS = ["min.timestamp", "max.timestamp", "min.timestamp_type", "max.timestamp_type",
+                  "null_count.offset", "null_count.timestamp", "null_count.timestamp_type"]
+
+
+def _stats_json(row: dict) -> str:
+    """A data file's Delta statistics, as delta-rs writes them, from its flattened add action."""
+    def ts(value: Any) -> str | None:  # Delta keeps milliseconds in statistics
+        return None if value is None else value.strftime("%Y-%m-%dT%H:%M:%S.") + (
+            f"{value.microsecond // 1000:03d}Z")
+    stats = {
+        "numRecords": row["num_records"],
+        "minValues": {"offset": row["min.offset"], "timestamp": ts(row["min.timestamp"]),
+                      "timestamp_type": row["min.timestamp_type"]},
+        "maxValues": {"offset": row["max.offset"], "timestamp": ts(row["max.timestamp"]),
+                      "timestamp_type": row["max.timestamp_type"]},
+        "nullCount": {"offset": row["null_count.offset"],
+                      "timestamp": row["null_count.timestamp"],
+                      "timestamp_type": row["null_count.timestamp_type"]},
+    }
+    return json.dumps(stats, separators=(",", ":"))

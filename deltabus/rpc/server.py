@@ -19,7 +19,7 @@ import pyarrow as pa
 
 from deltabus import config as cfg
 from deltabus import errors
-from deltabus.log_tables.partition_log import AppendResult
+from deltabus.log_tables.partition_log import AppendResult, LogFile
 from deltabus.metadata import (
     BrokerEndpoint,
     MetadataImage,
@@ -58,6 +58,7 @@ class FetchResult:
     log_start_offset: int = -1
     log_end_offset: int = -1
     diverging_epoch: tuple[int, int] | None = None  # (epoch, end offset) for a follower
+    files: list[LogFile] | None = None  # for a follower: whole files instead of records
 
 
 class DeltaBusHandler(Protocol):
@@ -208,6 +209,10 @@ class DeltaBusServicer(pb_grpc.DeltaBusServicer):
                 log_end_offset=r.log_end_offset)
             if r.diverging_epoch is not None:
                 entry.diverging_epoch.epoch, entry.diverging_epoch.end_offset = r.diverging_epoch
+            for f in r.files or ():
+                entry.files.append(pb.LogFile(uri=f.uri, size_bytes=f.size_bytes, stats=f.stats,
+                                              base_offset=f.base_offset,
+                                              last_offset=f.last_offset))
             if r.records is not None and r.records.num_rows:
                 if request.format == pb.PROTO:
                     entry.records.extend(codec.table_to_records(r.records))

@@ -82,10 +82,27 @@ def test_producer_state_is_recovered_from_the_table_after_reopen(tmp_path):
                    producer=ProducerState(9, 0, 4 * i)).result(10)
     log.close()
     reopened = open_log(tmp_path, sequence_wait_ms=200)
+    # A retry of a batch written before the restart gets the offsets it was written at.
+    retry = reopened.append(batch("r1", 4), leader_epoch=1,
+                            producer=ProducerState(9, 0, 4)).result(10)
+    assert (retry.base_offset, retry.last_offset) == (4, 7)
     nxt = reopened.append(batch("r3", 4), leader_epoch=1,
                           producer=ProducerState(9, 0, 12)).result(10)
     assert nxt.base_offset == 12
-    with pytest.raises(errors.DuplicateSequenceNumberError):  # written before the restart
-        reopened.append(batch("r0", 4), leader_epoch=1, producer=ProducerState(9, 0, 0))
     assert len(values(reopened)) == 16
+    reopened.close()
+
+
+def test_first_batch_retried_after_a_restart_is_not_written_twice(tmp_path):
+    log = open_log(tmp_path)
+    log.append(batch("first", 3), leader_epoch=0, producer=ProducerState(5, 0, 0)).result(10)
+    log.close()
+    reopened = open_log(tmp_path)
+    retry = reopened.append(batch("first", 3), leader_epoch=1,
+                            producer=ProducerState(5, 0, 0)).result(10)
+    assert retry.base_offset == 0
+    new = reopened.append(batch("new", 1), leader_epoch=1,  # a new producer: starts at 0
+                          producer=ProducerState(6, 0, 0)).result(10)
+    assert new.base_offset == 3
+    assert len(values(reopened)) == 4
     reopened.close()

@@ -205,3 +205,53 @@ def test_new_leader_answers_retries_of_batches_it_copied(logs) -> None:
     with pytest.raises(errors.OutOfOrderSequenceNumberError):
         follower.append(_batch("gap", 1), leader_epoch=1,
                         producer=ProducerState(producer, 0, 20)).result(RESULT_TIMEOUT_S)
+
+
+def _copy_files(leader: PartitionLog, follower: PartitionLog) -> None:
+    """The file path of a follower's fetch: whole committed files, copied byte for byte."""
+    while follower.log_end_offset < leader.log_end_offset:
+        files = leader.files_from(follower.log_end_offset, 1)  # one file a round
+        assert files, "every commit of the leader starts a file"
+        follower.append_files(files).result(RESULT_TIMEOUT_S)
+
+
+def test_follower_copies_whole_files_with_their_statistics(logs, tmp_path: Path) -> None:
+    leader, follower = logs
+    _append(leader, "a", 5, epoch=0)
+    _append(leader, "b", 3, epoch=2, producer=ProducerState(9, 0, 0))
+    assert leader.files_from(2, READ_ALL) == []  # mid-file: the follower copies records
+    _copy_files(leader, follower)
+    assert follower.read(0, READ_ALL, to_log_end=True).equals(
+        leader.read(0, READ_ALL, to_log_end=True))
+    assert follower.end_offset_for_epoch(0) == (0, 5)
+    follower.close()
+    table = DeltaTable(str(tmp_path / "replica-1"))
+    assert table.transaction_version(LOG_TXN_APP_ID) == 8
+    copied = {a["path"]: a for a in pa.table(table.get_add_actions(flatten=True)).to_pylist()}
+    original = {a["path"]: a for a in pa.table(DeltaTable(str(tmp_path / "replica-0"))
+                .get_add_actions(flatten=True)).to_pylist()}
+    assert set(copied) == set(original)  # the same files, with the same statistics
+    for path, action in copied.items():
+        for key in ("size_bytes", "num_records", "min.offset", "max.offset", "min.timestamp"):
+            assert action[key] == original[path][key]
+    reopened = _open(tmp_path / "replica-1", replicated=True)
+    try:
+        assert (reopened.log_start_offset, reopened.log_end_offset) == (0, 8)
+        assert reopened.end_offset_for_epoch(2) == (2, 8)
+        retry = reopened.append(_batch("b", 3), leader_epoch=3,  # the producer's retry
+                                producer=ProducerState(9, 0, 0)).result(RESULT_TIMEOUT_S)
+        assert retry.base_offset == 5 and reopened.log_end_offset == 8
+    finally:
+        reopened.close()
+
+
+def test_files_that_do_not_continue_the_log_are_refused(logs) -> None:
+    leader, follower = logs
+    _append(leader, "a", 5, epoch=0)
+    _append(leader, "b", 3, epoch=0)
+    second = leader.files_from(5, READ_ALL)
+    with pytest.raises(errors.InvalidRecordError, match="continues at 0"):
+        follower.append_files(second).result(RESULT_TIMEOUT_S)
+    assert follower.log_end_offset == 0
+    _copy_files(leader, follower)
+    assert _values(follower) == _values(leader)

@@ -286,6 +286,20 @@ class FetchRequest(_message.Message):
     replica_id: int
     def __init__(self, max_wait_ms: _Optional[int] = ..., min_bytes: _Optional[int] = ..., max_bytes: _Optional[int] = ..., partitions: _Optional[_Iterable[_Union[FetchPartition, _Mapping]]] = ..., format: _Optional[_Union[RecordFormat, str]] = ..., replica_id: _Optional[int] = ...) -> None: ...
 
+class LogFile(_message.Message):
+    __slots__ = ("uri", "size_bytes", "stats", "base_offset", "last_offset")
+    URI_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    STATS_FIELD_NUMBER: _ClassVar[int]
+    BASE_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LAST_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    uri: str
+    size_bytes: int
+    stats: str
+    base_offset: int
+    last_offset: int
+    def __init__(self, uri: _Optional[str] = ..., size_bytes: _Optional[int] = ..., stats: _Optional[str] = ..., base_offset: _Optional[int] = ..., last_offset: _Optional[int] = ...) -> None: ...
+
 class EpochEndOffset(_message.Message):
     __slots__ = ("epoch", "end_offset")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
@@ -295,7 +309,7 @@ class EpochEndOffset(_message.Message):
     def __init__(self, epoch: _Optional[int] = ..., end_offset: _Optional[int] = ...) -> None: ...
 
 class FetchPartitionResponse(_message.Message):
-    __slots__ = ("topic", "partition", "error_code", "error_message", "high_watermark", "log_start_offset", "arrow_records", "records", "log_end_offset", "diverging_epoch")
+    __slots__ = ("topic", "partition", "error_code", "error_message", "high_watermark", "log_start_offset", "arrow_records", "records", "log_end_offset", "diverging_epoch", "files")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
@@ -306,6 +320,7 @@ class FetchPartitionResponse(_message.Message):
     RECORDS_FIELD_NUMBER: _ClassVar[int]
     LOG_END_OFFSET_FIELD_NUMBER: _ClassVar[int]
     DIVERGING_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    FILES_FIELD_NUMBER: _ClassVar[int]
     topic: str
     partition: int
     error_code: int
@@ -316,7 +331,8 @@ class FetchPartitionResponse(_message.Message):
     records: _containers.RepeatedCompositeFieldContainer[Record]
     log_end_offset: int
     diverging_epoch: EpochEndOffset
-    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., high_watermark: _Optional[int] = ..., log_start_offset: _Optional[int] = ..., arrow_records: _Optional[bytes] = ..., records: _Optional[_Iterable[_Union[Record, _Mapping]]] = ..., log_end_offset: _Optional[int] = ..., diverging_epoch: _Optional[_Union[EpochEndOffset, _Mapping]] = ...) -> None: ...
+    files: _containers.RepeatedCompositeFieldContainer[LogFile]
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., high_watermark: _Optional[int] = ..., log_start_offset: _Optional[int] = ..., arrow_records: _Optional[bytes] = ..., records: _Optional[_Iterable[_Union[Record, _Mapping]]] = ..., log_end_offset: _Optional[int] = ..., diverging_epoch: _Optional[_Union[EpochEndOffset, _Mapping]] = ..., files: _Optional[_Iterable[_Union[LogFile, _Mapping]]] = ...) -> None: ...
 
 class FetchResponse(_message.Message):
     __slots__ = ("partitions",)
