@@ -177,12 +177,18 @@ class Cluster:
         """Process id of each live broker (its Python worker), for operators and failure tests."""
         return self.controller.broker_pids() if self.controller else {}
 
-    def kill_broker(self, broker_id: int, *, relaunch: bool = True) -> None:
-        """SIGKILL a broker's process, as a crash would (for tests and demos). The supervisor
-        relaunches it, unless `relaunch` is False: then it stays down until `start_broker`."""
+    def kill_broker(self, broker_id: int, *, relaunch: bool = True,
+                    executor: bool = False) -> None:
+        """SIGKILL a broker's process, as a crash would (for tests and demos): its Python
+        worker, or with `executor` the whole executor JVM that runs it (local-cluster or
+        standalone on this machine; never the driver). The supervisor relaunches the broker,
+        unless `relaunch` is False: then it stays down until `start_broker`."""
+        pid = self.broker_pids()[broker_id]
+        if executor:
+            pid = executor_pid(pid)
         if not relaunch:
             self._may_run[broker_id].clear()
-        os.kill(self.broker_pids()[broker_id], signal.SIGKILL)
+        os.kill(pid, signal.SIGKILL)
 
     def start_broker(self, broker_id: int) -> None:
         """Let a broker held down by `kill_broker(relaunch=False)` start again."""
@@ -214,3 +220,16 @@ class Cluster:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def executor_pid(worker_pid: int) -> int:
+    """The executor JVM a Python worker runs under (its nearest CoarseGrainedExecutorBackend
+    ancestor, from /proc). Raises ValueError in local mode, where the JVM is the driver."""
+    pid = worker_pid
+    while pid > 1:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            if b"CoarseGrainedExecutorBackend" in f.read():
+                return pid
+        with open(f"/proc/{pid}/stat") as f:
+            pid = int(f.read().rsplit(")", 1)[1].split()[1])  # the parent's pid
+    raise ValueError(f"process {worker_pid} runs in no separate executor (local mode?)")

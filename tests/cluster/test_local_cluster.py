@@ -1,4 +1,5 @@
-"""The cluster works the same when brokers live in separate executor processes (local-cluster)."""
+"""Replication holds when brokers live in separate executor processes (local-cluster) and whole
+executors are killed with SIGKILL (see local_cluster_job.py for the scenario)."""
 
 from __future__ import annotations
 
@@ -13,14 +14,24 @@ from tests.conftest import free_port
 JOB = Path(__file__).with_name("local_cluster_job.py")
 
 
-def test_brokers_in_separate_executors_survive_a_kill(tmp_path):
+def test_replicated_cluster_in_separate_executors_survives_executor_kills(tmp_path):
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable,
                SPARK_WORKER_DIR=str(tmp_path / "work"), SPARK_LOCAL_IP="127.0.0.1",
                PYTHONPATH=str(JOB.parents[2]))
     done = subprocess.run([sys.executable, str(JOB), str(tmp_path / "data"), str(free_port())],
-                          env=env, capture_output=True, text=True, timeout=400)
+                          env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert result["records"] == 101  # 100 before the kill, 1 after, none lost
+    kill = result["leader_kill"]
+    # Every record acknowledged with acks=all is there once, in send order, on every replica.
+    assert kill["acked"] > 1000 and not kill["failed"]
+    assert kill["lost"] == 0 and kill["duplicates"] == 0 and kill["in_order"]
+    assert kill["new_leader_in_old_isr"] and kill["epoch_bumped"]
+    # With a follower down, 2 in-sync replicas still satisfy min.insync.replicas=2.
+    assert result["follower_kill"]["produced_while_follower_down"] == 200
+    # With two of three down, acks=all is refused, and what was committed stays readable.
+    down = result["two_down"]
+    assert down["refused_with"] == "NOT_ENOUGH_REPLICAS"
+    assert down["read_while_down"] == down["committed"] and down["refused_record_absent"]
     assert result["executors"] >= 4  # the driver's block manager plus separate executors
     assert result["pids"] == 3
