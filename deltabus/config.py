@@ -153,6 +153,11 @@ class ClusterConfig:
     # their log ends at a file boundary, up to this many bytes a round; else they copy records.
     replica_copy_files: bool = True
     replica_files_max_bytes: int = 256 * 1024 * 1024
+    # Kafka's auto.leader.rebalance.enable: leadership goes back to each partition's preferred
+    # (first) replica once it is in sync again, checked this often.
+    auto_leader_rebalance_enable: bool = True
+    leader_imbalance_check_interval_ms: int = field(
+        default_factory=lambda: _env_int("DELTABUS_LEADER_IMBALANCE_CHECK_INTERVAL_MS", 300_000))
     # Cluster defaults for the topic configs of the same name.
     min_insync_replicas: int = 1
     unclean_leader_election_enable: bool = False

@@ -17,6 +17,9 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 os.environ.setdefault("DELTABUS_BROKER_HEARTBEAT_INTERVAL_MS", "200")
 os.environ.setdefault("DELTABUS_BROKER_SESSION_TIMEOUT_MS", "3000")
 os.environ.setdefault("DELTABUS_STARTUP_TIMEOUT_MS", "90000")
+os.environ.setdefault("DELTABUS_REPLICA_LAG_TIME_MAX_MS", "5000")
+# Leadership goes back to preferred replicas within a second: every test must live with it.
+os.environ.setdefault("DELTABUS_LEADER_IMBALANCE_CHECK_INTERVAL_MS", "1000")
 
 # Shared cluster: 3 brokers; a second, short-lived cluster in restart tests: 3 more; 2 spare.
 SPARK_TASK_SLOTS = 8

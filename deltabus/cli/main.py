@@ -27,6 +27,7 @@ from deltabus.cli import (
     console_consumer,
     console_producer,
     consumer_performance,
+    leader_election,
     producer_performance,
     topic_command,
 )
@@ -63,6 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     topic_command.add_parser(commands, parent)
     console_producer.add_parser(commands, parent)
     console_consumer.add_parser(commands, parent)
+    leader_election.add_parser(commands, parent)
     perf = commands.add_parser("perf", help="producer and consumer performance tests")
     perf_commands = perf.add_subparsers(dest="perf_command", metavar="COMMAND", required=True)
     producer_performance.add_parser(perf_commands, parent)

@@ -30,6 +30,9 @@ def add_parser(subparsers: argparse._SubParsersAction, parent: argparse.Argument
     p.add_argument("--partitions", type=int, help="partition count (default: the broker's)")
     p.add_argument("--replication-factor", type=int,
                    help="replicas per partition (default: the broker's)")
+    p.add_argument("--replica-assignment", metavar="B:B,B:B",
+                   help="with --create: the brokers of each partition, partitions separated "
+                        "by ',' and replicas by ':' (the first is the preferred leader)")
     p.add_argument("--config", action="append", metavar="KEY=VALUE",
                    help="a topic config override; repeat for more")
     p.add_argument("--if-not-exists", action="store_true",
@@ -53,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     if action == "alter":
         raise CliError("--alter is not supported yet")
     if action != "create":
-        for flag in ("partitions", "replication_factor", "config"):
+        for flag in ("partitions", "replication_factor", "config", "replica_assignment"):
             if getattr(args, flag) is not None:
                 raise CliError(f"Option --{flag.replace('_', '-')} can only be used with --create")
     if action in ("create", "delete") and not args.topic:
@@ -82,6 +85,12 @@ def create(admin: AdminClient, args: argparse.Namespace) -> None:
         if value is not None and value < 1:
             raise CliError(f"The {flag} must be greater than 0")
     configs = parse_properties(args.config, "--config")
+    assignment = None
+    if args.replica_assignment is not None:
+        if args.partitions is not None or args.replication_factor is not None:
+            raise CliError("Option --replica-assignment can't be used with --partitions or "
+                           "--replication-factor")
+        assignment = parse_replica_assignment(args.replica_assignment)
     if has_collision_chars(name):
         warn("Due to limitations in metric names, topics with a period ('.') or underscore ('_') "
              "could collide. To avoid issues it is best to use either, but not both.")
@@ -91,7 +100,8 @@ def create(admin: AdminClient, args: argparse.Namespace) -> None:
         if clashes:
             raise errors.InvalidTopicError(
                 f"Topic '{name}' collides with existing topics: {', '.join(clashes)}")
-    topic = NewTopic(name, args.partitions or -1, args.replication_factor or -1, configs or None)
+    topic = NewTopic(name, args.partitions or -1, args.replication_factor or -1, configs or None,
+                     assignment)
     try:
         admin.create_topics([topic])
     except errors.TopicAlreadyExistsError:
@@ -99,6 +109,23 @@ def create(admin: AdminClient, args: argparse.Namespace) -> None:
             return
         raise
     print(f"Created topic {name}.")
+
+
+def parse_replica_assignment(text: str) -> dict[int, list[int]]:
+    """Kafka's --replica-assignment: "1:2,2:0" is partition 0 on brokers 1 and 2, partition 1 on
+    2 and 0."""
+    out: dict[int, list[int]] = {}
+    for partition, part in enumerate(text.split(",")):
+        try:
+            brokers = [int(b) for b in part.split(":")]
+        except ValueError:
+            raise CliError(f"Invalid --replica-assignment '{text}': expected broker ids like "
+                           "1:2,2:0") from None
+        if len(set(brokers)) != len(brokers):
+            raise CliError(f"Partition replica lists may not contain duplicate entries: "
+                           f"{part}")
+        out[partition] = brokers
+    return out
 
 
 def _fold(name: str) -> str:

@@ -403,6 +403,11 @@ class Broker:
         errors.check(response.error_code, response.error_message)
         return response.producer_id, response.producer_epoch
 
+    def elect_leaders(self, election_type: str, partitions: list[tuple[str, int]] | None
+                      ) -> dict[tuple[str, int], errors.DeltaBusError | None]:
+        request = codec.elect_leaders_request(election_type, partitions)
+        return codec.election_results(self._controller.call_any("ElectLeaders", request))
+
     def list_offsets(self, topic: str, partition: int, timestamp: int) -> tuple[int, int, int]:
         hosted = self._partition(topic, partition)
         leader_epoch = hosted.check_leader()

@@ -158,10 +158,19 @@ class Cluster:
             self.spark.sparkContext.cancelJobGroup(f"deltabus-broker-{broker_id}")
 
     def _check_sessions_loop(self) -> None:
+        """Fence silent brokers; now and then, hand leadership back to preferred replicas."""
         interval_s = self.config.broker_heartbeat_interval_ms / 1000
+        rebalance_s = self.config.leader_imbalance_check_interval_ms / 1000
+        next_rebalance = time.monotonic() + rebalance_s
         while not self._stopping.wait(interval_s):
-            if self.controller is not None:
-                self.controller.check_sessions()
+            if self.controller is None:
+                continue
+            self.controller.check_sessions()
+            if self.config.auto_leader_rebalance_enable and time.monotonic() >= next_rebalance:
+                next_rebalance = time.monotonic() + rebalance_s
+                moved = self.controller.rebalance_leaders()
+                if moved:
+                    log.info("preferred leader election moved %d partitions", moved)
 
     # ---- using -------------------------------------------------------------------------------
 
@@ -191,8 +200,36 @@ class Cluster:
         os.kill(pid, signal.SIGKILL)
 
     def start_broker(self, broker_id: int) -> None:
-        """Let a broker held down by `kill_broker(relaunch=False)` start again."""
+        """Let a broker held down (`stop_broker`, `kill_broker(relaunch=False)`) start again."""
         self._may_run[broker_id].set()
+
+    def stop_broker(self, broker_id: int, timeout_s: float = 60.0) -> None:
+        """Controlled shutdown of one broker, as kafka-server-stop does: leadership moves to
+        other in-sync replicas first, then the broker commits what it has queued and stops. It
+        stays down until `start_broker`."""
+        self._may_run[broker_id].clear()
+        self._controlled_shutdown(broker_id, timeout_s)
+
+    def restart_broker(self, broker_id: int, timeout_s: float = 60.0) -> None:
+        """A rolling restart of one broker: controlled shutdown, then a new broker task; returns
+        once it has registered again."""
+        old_pid = self.broker_pids().get(broker_id)
+        self._controlled_shutdown(broker_id, timeout_s)
+        assert self.controller is not None
+        deadline = time.monotonic() + timeout_s
+        while self.broker_pids().get(broker_id, old_pid) == old_pid:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"broker {broker_id} did not come back in {timeout_s:.0f} s")
+            time.sleep(0.05)
+
+    def _controlled_shutdown(self, broker_id: int, timeout_s: float) -> None:
+        assert self.controller is not None
+        self.controller.shut_down_broker(broker_id)
+        deadline = time.monotonic() + timeout_s
+        while broker_id in self.controller.live_brokers():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"broker {broker_id} did not stop in {timeout_s:.0f} s")
+            time.sleep(0.05)
 
     # ---- stopping ----------------------------------------------------------------------------
 

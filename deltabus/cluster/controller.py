@@ -65,6 +65,8 @@ class _Registration:
     # up with the metadata of its registration, as KRaft brokers do; `dead` marks a fenced one.
     fenced: bool = True
     dead: bool = False
+    # Controlled shutdown: leadership moves off it, then its heartbeat tells it to stop.
+    shutting_down: bool = False
 
 
 class Controller:
@@ -116,6 +118,10 @@ class Controller:
 
     def _live_broker_ids(self) -> list[int]:
         return sorted(b for b, r in self._brokers.items() if not r.fenced)
+
+    def _leader_candidates(self) -> set[int]:
+        """Brokers that may lead or join an ISR: live and not shutting down."""
+        return {b for b, r in self._brokers.items() if not r.fenced and not r.shutting_down}
 
     # ---- topics ------------------------------------------------------------------------------
 
@@ -311,15 +317,32 @@ class Controller:
                 self._elect_leaders()
                 self._changed()
             while (self._version <= applied_version and not self._shutting_down
-                   and not reg.dead):
+                   and not reg.dead and not reg.shutting_down):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
                 self._lock.wait(left)
             reg = self._check_epoch(broker_id, epoch)
             reg.last_heartbeat = time.monotonic()
+            # A broker in controlled shutdown stops once it has applied the metadata that moved
+            # its leadership away.
+            stop = self._shutting_down or (reg.shutting_down and applied_version >= self._version)
         image = self.image()
-        return self._shutting_down, (image if image.version > applied_version else None)
+        return stop, (image if image.version > applied_version else None)
+
+    def shut_down_broker(self, broker_id: int) -> bool:
+        """Controlled shutdown: move leadership off a broker and take it out of every ISR
+        (where another replica is in sync), then tell it to stop through its heartbeat.
+        Returns False when the broker is not running."""
+        with self._lock:
+            reg = self._brokers.get(broker_id)
+            if reg is None or reg.fenced:
+                return False
+            reg.shutting_down = True
+            log.info("broker %d: controlled shutdown", broker_id)
+            self._elect_leaders(leaving=broker_id)
+            self._changed()
+            return True
 
     def _check_epoch(self, broker_id: int, epoch: int) -> _Registration:
         reg = self._brokers.get(broker_id)
@@ -336,7 +359,7 @@ class Controller:
                 return
             reg.fenced = reg.dead = True
             log.warning("broker %d fenced: %s", broker_id, reason)
-            self._elect_leaders(fenced=broker_id)
+            self._elect_leaders(leaving=broker_id)
             self._changed()
         if self._on_fence is not None:
             self._on_fence(broker_id)
@@ -352,22 +375,29 @@ class Controller:
             self.fence_broker(broker_id, "missed heartbeats past broker.session.timeout.ms")
         return expired
 
-    def _elect_leaders(self, fenced: int | None = None) -> None:
-        """Take a `fenced` broker out of every ISR it is in (but the last member), and give
-        every partition without a live leader one: the first live in-sync replica in replica
-        order, or, where the topic allows unclean election, the first live replica at all.
+    def _elect_leaders(self, leaving: int | None = None) -> None:
+        """Take a `leaving` broker (fenced, or in controlled shutdown) out of every ISR it is in
+        (but the last member), and give every partition without an eligible leader one: the
+        first live in-sync replica in replica order, or, where the topic allows unclean
+        election, the first live replica at all. A broker in controlled shutdown keeps what no
+        other in-sync replica can take, until it stops.
         Caller holds the lock. Leader changes are metadata records, so epochs survive restarts."""
-        live = set(self._live_broker_ids())
+        live = self._leader_candidates()
         records = []
         for name, topic in self._state.topics.items():
             unclean = self._config.topic_config(topic["configs"]).unclean_leader_election_enable
             for p, s in topic["partitions"].items():
                 isr = list(s["isr"])
-                if fenced in isr and len(isr) > 1:
-                    isr.remove(fenced)
+                if leaving in isr and len(isr) > 1:
+                    isr.remove(leaving)
                 leader = s["leader"]
                 if leader not in live:
-                    leader, isr = _elect(s["replicas"], isr, live, unclean)
+                    stopping = self._brokers.get(leader)
+                    alive = stopping is not None and not stopping.fenced
+                    # Never elect an out-of-sync replica while the leader still runs.
+                    leader, isr = _elect(s["replicas"], isr, live, unclean and not alive)
+                    if leader == NO_LEADER and alive and s["leader"] in isr:
+                        leader = s["leader"]  # controlled shutdown: no one else can lead yet
                 change: dict = {}
                 if isr != s["isr"]:
                     change["isr"] = isr
@@ -384,6 +414,56 @@ class Controller:
             self._log.append(records)
             for record in records:
                 self._state.replay(record)
+
+    # ---- elections on request ----------------------------------------------------------------
+
+    def elect_leaders(self, election_type: str = "preferred",
+                      partitions: list[tuple[str, int]] | None = None
+                      ) -> dict[tuple[str, int], errors.DeltaBusError | None]:
+        """Kafka's ElectLeaders. "preferred": give each partition its first replica as leader
+        where that replica is live and in sync. "unclean": give a partition without a leader any
+        live replica. `partitions` None means all; returns an error or None per partition."""
+        if election_type not in ("preferred", "unclean"):
+            raise errors.InvalidRequestError(
+                f"election type must be preferred or unclean, not {election_type!r}")
+        with self._lock:
+            live = self._leader_candidates()
+            if partitions is None:
+                partitions = [(t, p) for t, topic in sorted(self._state.topics.items())
+                              for p in sorted(topic["partitions"])]
+            results: dict[tuple[str, int], errors.DeltaBusError | None] = {}
+            records = []
+            for topic, partition in partitions:
+                s = self._state.topics.get(topic, {}).get("partitions", {}).get(partition)
+                if s is None:
+                    results[(topic, partition)] = errors.UnknownTopicOrPartitionError(
+                        f"The partition {topic}-{partition} does not exist.")
+                    continue
+                current = s["replicas"][0] if election_type == "preferred" else s["leader"]
+                if s["leader"] == current and current in live:
+                    results[(topic, partition)] = errors.ElectionNotNeededError(
+                        "Leader election not needed for topic partition")
+                    continue
+                leader, isr = _choose_leader(election_type, s, live)
+                if leader == NO_LEADER or leader == s["leader"]:
+                    results[(topic, partition)] = errors.PreferredLeaderNotAvailableError(
+                        f"Failed to elect leader for partition {topic}-{partition} under "
+                        f"strategy {election_type}")
+                else:
+                    records.append({"type": "partition_change", "topic": topic,
+                                    "partition": partition, "leader": leader, "isr": isr,
+                                    "leader_epoch": s["leader_epoch"] + 1})
+                    results[(topic, partition)] = None
+            if records:
+                log.info("%s leader election moved %d partitions", election_type, len(records))
+                self._commit(records)
+            return results
+
+    def rebalance_leaders(self) -> int:
+        """auto.leader.rebalance.enable: hand leadership back to preferred replicas that are
+        live and in sync (after a restart or failover moved it). Returns how many moved."""
+        results = self.elect_leaders("preferred")
+        return sum(1 for error in results.values() if error is None)
 
     # ---- ISR changes -------------------------------------------------------------------------
 
@@ -413,7 +493,7 @@ class Controller:
                 raise errors.InvalidRequestError(
                     f"ISR {new_isr} must hold the leader and only replicas of {topic}-"
                     f"{partition} ({s['replicas']})")
-            live = set(self._live_broker_ids())
+            live = self._leader_candidates()
             added = [r for r in new_isr if r not in s["isr"]]
             if any(r not in live for r in added):
                 raise errors.IneligibleReplicaError(
@@ -466,6 +546,16 @@ def _elect(replicas: list[int], isr: list[int], live: set[int],
             if r in live:
                 return r, [r]
     return NO_LEADER, isr
+
+
+def _choose_leader(election_type: str, s: dict, live: set[int]) -> tuple[int, list[int]]:
+    """(leader, ISR) an ElectLeaders request would give a partition (NO_LEADER: none)."""
+    if election_type == "preferred":
+        preferred = s["replicas"][0]
+        if preferred in live and preferred in s["isr"]:
+            return preferred, s["isr"]
+        return NO_LEADER, s["isr"]
+    return _elect(s["replicas"], s["isr"], live, unclean=True)
 
 
 def _partition_state(partition: int, s: dict) -> PartitionState:
@@ -563,3 +653,7 @@ class ControllerHandler:
 
     def init_producer_id(self) -> tuple[int, int]:
         return self._controller.init_producer_id()
+
+    def elect_leaders(self, election_type: str, partitions: list[tuple[str, int]] | None
+                      ) -> dict[tuple[str, int], errors.DeltaBusError | None]:
+        return self._controller.elect_leaders(election_type, partitions)

@@ -1,4 +1,5 @@
-"""`AdminClient`: create, delete, list and describe topics (Kafka's Admin API, topic part).
+"""`AdminClient`: create, delete, list and describe topics, and elect leaders (Kafka's Admin API,
+topic part).
 
 Thread-safe. Admin calls go to any server; brokers forward them to the controller.
 """
@@ -63,6 +64,16 @@ class AdminClient:
                 raise errors.error_for_code(t.error_code, t.error_message)
         image = codec.image_from_proto(pb.MetadataResponse(topics=response.topics))
         return [image.topics[t.name] for t in response.topics]
+
+    def elect_leaders(self, election_type: str = "preferred",
+                      partitions: Iterable[tuple[str, int]] | None = None
+                      ) -> dict[tuple[str, int], errors.DeltaBusError | None]:
+        """Kafka's electLeaders: "preferred" moves leadership back to each partition's first
+        replica; "unclean" gives a leaderless partition any live replica (may lose data).
+        `partitions` (topic, partition) pairs, None for all. Returns None (elected) or the error
+        per partition: ELECTION_NOT_NEEDED when the leader already is the one asked for."""
+        request = codec.elect_leaders_request(election_type, partitions)
+        return codec.election_results(self._client.call_any("ElectLeaders", request))
 
     def describe_cluster(self) -> dict:
         image = self._client.refresh_metadata()

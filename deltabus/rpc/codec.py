@@ -159,3 +159,24 @@ def table_to_records(table: pa.Table) -> list[pb.Record]:
 
 def table_to_arrow_records(table: pa.Table) -> bytes:
     return to_ipc(table) if table.num_rows else b""
+
+
+def elect_leaders_request(election_type: str,
+                          partitions: Iterable[tuple[str, int]] | None) -> pb.ElectLeadersRequest:
+    if election_type not in ("preferred", "unclean"):
+        raise errors.InvalidRequestError(
+            f"election type must be preferred or unclean, not {election_type!r}")
+    by_topic: dict[str, list[int]] = {}
+    for topic, partition in partitions or ():
+        by_topic.setdefault(topic, []).append(partition)
+    return pb.ElectLeadersRequest(
+        election_type=pb.UNCLEAN if election_type == "unclean" else pb.PREFERRED,
+        topic_partitions=[pb.TopicPartitions(topic=t, partitions=ps)
+                          for t, ps in by_topic.items()])
+
+
+def election_results(response: pb.ElectLeadersResponse
+                     ) -> dict[tuple[str, int], errors.DeltaBusError | None]:
+    return {(r.topic, r.partition): (errors.error_for_code(r.error_code, r.error_message)
+                                     if r.error_code else None)
+            for r in response.results}

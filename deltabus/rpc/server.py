@@ -81,6 +81,9 @@ class DeltaBusHandler(Protocol):
 
     def init_producer_id(self) -> tuple[int, int]: ...
 
+    def elect_leaders(self, election_type: str, partitions: list[tuple[str, int]] | None
+                      ) -> dict[tuple[str, int], errors.DeltaBusError | None]: ...
+
 
 class LifecycleHandler(Protocol):
     def register_broker(self, endpoint: BrokerEndpoint, pid: int) -> int: ...
@@ -243,6 +246,19 @@ class DeltaBusServicer(pb_grpc.DeltaBusServicer):
             raise errors.UnsupportedVersionError("transactions are not supported yet")
         producer_id, epoch = self._handler.init_producer_id()
         return pb.InitProducerIdResponse(producer_id=producer_id, producer_epoch=epoch)
+
+    @_guard
+    def ElectLeaders(self, request: pb.ElectLeadersRequest,
+                     context: Any) -> pb.ElectLeadersResponse:
+        election_type = "unclean" if request.election_type == pb.UNCLEAN else "preferred"
+        partitions = [(tp.topic, p) for tp in request.topic_partitions for p in tp.partitions]
+        results = self._handler.elect_leaders(election_type, partitions or None)
+        response = pb.ElectLeadersResponse()
+        for (topic, partition), error in results.items():
+            code, message = _code(error)
+            response.results.append(pb.PartitionResult(
+                topic=topic, partition=partition, error_code=code, error_message=message))
+        return response
 
 
 class BrokerLifecycleServicer(pb_grpc.BrokerLifecycleServicer):

@@ -73,6 +73,31 @@ def test_topic_lifecycle(cli: Cli, topic_name: str) -> None:
     assert cli("topics", "--delete", "--topic", topic_name, "--if-exists")[:2] == (0, "")
 
 
+def test_replicated_topic_describe_and_leader_election(cli: Cli, cluster: Any,
+                                                       topic_name: str) -> None:
+    rc, out, _ = cli("topics", "--create", "--topic", topic_name,
+                     "--replica-assignment", "1:2:0,2:0:1")
+    assert (rc, out) == (0, f"Created topic {topic_name}.\n")
+    rc, out, _ = cli("topics", "--describe", "--topic", topic_name)
+    lines = out.splitlines()
+    assert "\tPartitionCount: 2\tReplicationFactor: 3\t" in lines[0]
+    assert lines[1] == (f"\tTopic: {topic_name}\tPartition: 0\tLeader: 1\t"
+                        "Replicas: 1,2,0\tIsr: 1,2,0")
+    assert lines[2] == (f"\tTopic: {topic_name}\tPartition: 1\tLeader: 2\t"
+                        "Replicas: 2,0,1\tIsr: 2,0,1")
+    rc, out, _ = cli("topics", "--describe", "--topic", topic_name,
+                     "--under-replicated-partitions")
+    assert (rc, out) == (0, "")  # every replica in sync
+    rc, out, _ = cli("leader-election", "--election-type", "preferred", "--topic", topic_name,
+                     "--partition", "0")
+    assert (rc, out) == (0, f"Valid replica already elected for partitions {topic_name}-0\n")
+    rc, _, err = cli("leader-election", "--election-type", "PREFERRED")
+    assert rc == 1 and "--all-topic-partitions, --topic" in err
+    rc, _, err = cli("topics", "--create", "--topic", topic_name + "-x",
+                     "--replica-assignment", "0:0")
+    assert rc == 1 and "duplicate" in err
+
+
 def test_create_defaults_and_collision_warning(cli: Cli, topic_name: str) -> None:
     dotted = topic_name + ".x"
     rc, out, err = cli("topics", "--create", "--topic", dotted)

@@ -260,3 +260,71 @@ def test_unclean_leader_election_off_by_default_and_honoured_when_set(
     # The old leader dropped the record the new one never had.
     assert [v for _, v in replica_records(cluster, unclean, 0, leader)] == [
         b"both-have", b"new-leader"]
+
+
+# ---- controlled shutdown and preferred leaders ----------------------------------------------
+
+
+def test_controlled_shutdown_moves_leadership_first_and_it_comes_back(
+        cluster, topic_name, all_brokers_back):
+    """Stopping a broker moves its leadership to an in-sync replica before it stops (the
+    partition never goes leaderless, no acks=all send fails); once it is back in sync, the
+    preferred leader election hands leadership back to it."""
+    create(cluster, topic_name, partitions=1, rf=3, **{"min.insync.replicas": "2"})
+    preferred = state(cluster, topic_name).leader
+    leaders_seen: set[int] = set()
+    acked: list[tuple[int, int, bytes]] = []
+    failed: list[BaseException] = []
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            leaders_seen.add(state(cluster, topic_name).leader)
+            time.sleep(0.005)
+
+    def produce() -> None:
+        with Producer(cluster.bootstrap_servers, acks="all", linger_ms=2) as producer:
+            i = 0
+            while not stop.is_set():
+                value = f"{i:07d}".encode()
+                producer.send(topic_name, value).add_done_callback(
+                    lambda f, v=value: _record(f, v, acked, failed))
+                i += 1
+                if i % 50 == 0:
+                    time.sleep(0.005)
+            producer.flush(WAIT_S)
+
+    threads = [threading.Thread(target=watch), threading.Thread(target=produce)]
+    for t in threads:
+        t.start()
+    time.sleep(0.5)
+    cluster.stop_broker(preferred)
+    moved = state(cluster, topic_name)
+    assert moved.leader not in (preferred, -1) and preferred not in moved.isr
+    time.sleep(0.5)
+    cluster.start_broker(preferred)
+    wait_until(lambda: state(cluster, topic_name).leader == preferred,
+               "the preferred replica to lead again")
+    time.sleep(0.3)
+    stop.set()
+    for t in threads:
+        t.join()
+    assert -1 not in leaders_seen and len(leaders_seen) >= 2
+    assert not failed, failed[:3]
+    records = read_records(cluster.bootstrap_servers, topic_name, 1, len(acked))
+    assert sorted(r.value for r in records) == [r.value for r in records]  # in order
+    assert {a[2] for a in acked} <= {r.value for r in records}
+    assert len(records) == len({r.value for r in records})
+
+
+def test_preferred_and_unclean_elections_on_request(cluster, topic_name):
+    create(cluster, topic_name, partitions=2, rf=2)
+    with AdminClient(cluster.bootstrap_servers) as admin:
+        results = admin.elect_leaders("preferred", [(topic_name, 0), (topic_name, 1),
+                                                    (topic_name, 7)])
+        assert isinstance(results[(topic_name, 0)], errors.ElectionNotNeededError)
+        assert isinstance(results[(topic_name, 7)], errors.UnknownTopicOrPartitionError)
+        results = admin.elect_leaders("unclean", [(topic_name, 0)])
+        assert isinstance(results[(topic_name, 0)], errors.ElectionNotNeededError)
+        with pytest.raises(errors.InvalidRequestError):
+            admin.elect_leaders("random")

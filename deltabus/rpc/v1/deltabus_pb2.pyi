@@ -11,8 +11,15 @@ class RecordFormat(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     ARROW: _ClassVar[RecordFormat]
     PROTO: _ClassVar[RecordFormat]
+
+class ElectionType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PREFERRED: _ClassVar[ElectionType]
+    UNCLEAN: _ClassVar[ElectionType]
 ARROW: RecordFormat
 PROTO: RecordFormat
+PREFERRED: ElectionType
+UNCLEAN: ElectionType
 
 class Header(_message.Message):
     __slots__ = ("key", "value")
@@ -479,3 +486,37 @@ class AlterPartitionResponse(_message.Message):
     isr: _containers.RepeatedScalarFieldContainer[int]
     metadata_version: int
     def __init__(self, error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., leader_epoch: _Optional[int] = ..., isr: _Optional[_Iterable[int]] = ..., metadata_version: _Optional[int] = ...) -> None: ...
+
+class TopicPartitions(_message.Message):
+    __slots__ = ("topic", "partitions")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    partitions: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, topic: _Optional[str] = ..., partitions: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class ElectLeadersRequest(_message.Message):
+    __slots__ = ("election_type", "topic_partitions")
+    ELECTION_TYPE_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    election_type: ElectionType
+    topic_partitions: _containers.RepeatedCompositeFieldContainer[TopicPartitions]
+    def __init__(self, election_type: _Optional[_Union[ElectionType, str]] = ..., topic_partitions: _Optional[_Iterable[_Union[TopicPartitions, _Mapping]]] = ...) -> None: ...
+
+class PartitionResult(_message.Message):
+    __slots__ = ("topic", "partition", "error_code", "error_message")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    partition: int
+    error_code: int
+    error_message: str
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., error_code: _Optional[int] = ..., error_message: _Optional[str] = ...) -> None: ...
+
+class ElectLeadersResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[PartitionResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[PartitionResult, _Mapping]]] = ...) -> None: ...

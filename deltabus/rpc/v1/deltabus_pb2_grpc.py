@@ -74,6 +74,11 @@ class DeltaBusStub:
                 request_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.InitProducerIdRequest.SerializeToString,
                 response_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.InitProducerIdResponse.FromString,
                 _registered_method=True)
+        self.ElectLeaders = channel.unary_unary(
+                '/deltabus.v1.DeltaBus/ElectLeaders',
+                request_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.ElectLeadersRequest.SerializeToString,
+                response_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.ElectLeadersResponse.FromString,
+                _registered_method=True)
 
 
 class DeltaBusServicer:
@@ -128,6 +133,13 @@ class DeltaBusServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ElectLeaders(self, request, context):
+        """Preferred or unclean leader election (Kafka's ElectLeaders; kafka-leader-election.sh).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_DeltaBusServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -170,6 +182,11 @@ def add_DeltaBusServicer_to_server(servicer, server):
                     servicer.InitProducerId,
                     request_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.InitProducerIdRequest.FromString,
                     response_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.InitProducerIdResponse.SerializeToString,
+            ),
+            'ElectLeaders': grpc.unary_unary_rpc_method_handler(
+                    servicer.ElectLeaders,
+                    request_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.ElectLeadersRequest.FromString,
+                    response_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.ElectLeadersResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -388,6 +405,33 @@ class DeltaBus:
             '/deltabus.v1.DeltaBus/InitProducerId',
             deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.InitProducerIdRequest.SerializeToString,
             deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.InitProducerIdResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ElectLeaders(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/deltabus.v1.DeltaBus/ElectLeaders',
+            deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.ElectLeadersRequest.SerializeToString,
+            deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.ElectLeadersResponse.FromString,
             options,
             channel_credentials,
             insecure,
