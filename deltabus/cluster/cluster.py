@@ -196,18 +196,27 @@ class Cluster:
         if executor:
             pid = executor_pid(pid)
         if not relaunch:
-            self._may_run[broker_id].clear()
+            self._hold(broker_id)
         os.kill(pid, signal.SIGKILL)
 
     def start_broker(self, broker_id: int) -> None:
         """Let a broker held down (`stop_broker`, `kill_broker(relaunch=False)`) start again."""
+        if self.controller is not None:
+            self.controller.release_broker(broker_id)
         self._may_run[broker_id].set()
+
+    def _hold(self, broker_id: int) -> None:
+        """Keep a broker down, whether our supervisor or Spark itself (retrying the task of a
+        lost executor) would start it again."""
+        self._may_run[broker_id].clear()
+        if self.controller is not None:
+            self.controller.hold_broker(broker_id)
 
     def stop_broker(self, broker_id: int, timeout_s: float = 60.0) -> None:
         """Controlled shutdown of one broker, as kafka-server-stop does: leadership moves to
         other in-sync replicas first, then the broker commits what it has queued and stops. It
         stays down until `start_broker`."""
-        self._may_run[broker_id].clear()
+        self._hold(broker_id)
         self._controlled_shutdown(broker_id, timeout_s)
 
     def restart_broker(self, broker_id: int, timeout_s: float = 60.0) -> None:

@@ -81,6 +81,7 @@ class Controller:
         self._image: MetadataImage | None = None
         self._shutting_down = False
         self._brokers: dict[int, _Registration] = {}
+        self._held: set[int] = set()  # brokers kept down: their registrations are refused
         self._next_broker_epoch = int(time.time() * 1000)
         self._log = MetadataLog(metadata_path(config.root))
         self._state = MetadataState()
@@ -291,6 +292,15 @@ class Controller:
                 raise errors.InvalidRequestError(
                     f"broker id {endpoint.broker_id} is not in this cluster of "
                     f"{self._config.brokers} brokers")
+            if endpoint.broker_id in self._held:
+                raise errors.BrokerNotAvailableError(
+                    f"broker {endpoint.broker_id} is held down until it is started again")
+            old = self._brokers.get(endpoint.broker_id)
+            if old is not None and not old.dead:
+                # A new incarnation (Spark retried the task elsewhere) before the old one was
+                # fenced: fence it now, so its partitions get new leader epochs.
+                old.fenced = old.dead = True
+                self._elect_leaders(leaving=endpoint.broker_id)
             self._next_broker_epoch += 1
             epoch = self._next_broker_epoch
             self._brokers[endpoint.broker_id] = _Registration(
@@ -329,6 +339,15 @@ class Controller:
             stop = self._shutting_down or (reg.shutting_down and applied_version >= self._version)
         image = self.image()
         return stop, (image if image.version > applied_version else None)
+
+    def hold_broker(self, broker_id: int) -> None:
+        """Keep a broker down: its registrations are refused until `release_broker`."""
+        with self._lock:
+            self._held.add(broker_id)
+
+    def release_broker(self, broker_id: int) -> None:
+        with self._lock:
+            self._held.discard(broker_id)
 
     def shut_down_broker(self, broker_id: int) -> bool:
         """Controlled shutdown: move leadership off a broker and take it out of every ISR
