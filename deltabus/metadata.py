@@ -62,6 +62,9 @@ class PartitionState:
     leader_epoch: int
     replicas: tuple[int, ...]
     isr: tuple[int, ...]
+    # A reassignment in progress: replicas being added (catching up) and to be removed after.
+    adding_replicas: tuple[int, ...] = ()
+    removing_replicas: tuple[int, ...] = ()
 
     @property
     def offline_replicas(self) -> tuple[int, ...]:
@@ -129,7 +132,7 @@ class MetadataState:
                 "leader": record["leader"], "leader_epoch": record["leader_epoch"]}
         elif kind == "partition_change":
             state = self.topics[record["topic"]]["partitions"][record["partition"]]
-            for key in ("leader", "isr", "replicas", "leader_epoch"):
+            for key in ("leader", "isr", "replicas", "leader_epoch", "adding", "removing"):
                 if key in record:
                     state[key] = copy.copy(record[key])
         elif kind == "producer_ids":
@@ -150,7 +153,8 @@ class MetadataState:
         for name, t in self.topics.items():
             parts = tuple(
                 PartitionState(p, s["leader"], s["leader_epoch"], tuple(s["replicas"]),
-                               tuple(s["isr"]))
+                               tuple(s["isr"]), tuple(s.get("adding", ())),
+                               tuple(s.get("removing", ())))
                 for p, s in sorted(t["partitions"].items())
             )
             out[name] = TopicState(name, t["topic_id"], parts, dict(t["configs"]))

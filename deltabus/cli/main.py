@@ -29,6 +29,7 @@ from deltabus.cli import (
     consumer_performance,
     leader_election,
     producer_performance,
+    reassign_partitions,
     topic_command,
 )
 from deltabus.cli.options import CliError, default_bootstrap
@@ -65,6 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     console_producer.add_parser(commands, parent)
     console_consumer.add_parser(commands, parent)
     leader_election.add_parser(commands, parent)
+    reassign_partitions.add_parser(commands, parent)
     perf = commands.add_parser("perf", help="producer and consumer performance tests")
     perf_commands = perf.add_subparsers(dest="perf_command", metavar="COMMAND", required=True)
     producer_performance.add_parser(perf_commands, parent)

@@ -408,6 +408,12 @@ class Broker:
         request = codec.elect_leaders_request(election_type, partitions)
         return codec.election_results(self._controller.call_any("ElectLeaders", request))
 
+    def reassign_partitions(self, targets: dict[tuple[str, int], list[int]]
+                            ) -> dict[tuple[str, int], errors.DeltaBusError | None]:
+        response = self._controller.call_any("AlterPartitionReassignments",
+                                             codec.reassignments_request(targets))
+        return codec.election_results(response)
+
     def list_offsets(self, topic: str, partition: int, timestamp: int) -> tuple[int, int, int]:
         hosted = self._partition(topic, partition)
         leader_epoch = hosted.check_leader()

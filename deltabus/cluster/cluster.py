@@ -22,6 +22,7 @@ from typing import Any
 
 from deltabus import config as cfg
 from deltabus.cluster.broker import BrokerSpec, run_broker_task
+from deltabus.cluster.catch_up import CatchUpTask, catch_up_replicas
 from deltabus.cluster.controller import Controller, ControllerHandler
 from deltabus.log_tables.layout import normalize_root
 from deltabus.rpc.server import start_server
@@ -90,7 +91,8 @@ class Cluster:
     def start(self) -> Cluster:
         """Start the controller and every broker; return once all brokers have registered."""
         self._check_task_slots()
-        self.controller = Controller(self.config, on_fence=self._cancel_broker)
+        self.controller = Controller(self.config, on_fence=self._cancel_broker,
+                                     catch_up=self._catch_up)
         self._server, self.port = start_server(
             self.config.host, self.config.port, ControllerHandler(self.controller),
             self.controller, threads=self.config.grpc_threads)
@@ -149,7 +151,26 @@ class Cluster:
             while not self._may_run[broker_id].wait(0.1):
                 if self._stopping.is_set():
                     return
+            self._catch_up_lost_broker(broker_id)
             self.relaunches[broker_id] += 1
+
+    def _catch_up(self, tasks: list[CatchUpTask], why: str) -> None:
+        catch_up_replicas(self.spark, tasks, why)
+
+    def _catch_up_lost_broker(self, broker_id: int) -> None:
+        """Before a lost broker starts again, copy what its follower replicas missed with the
+        catch-up job (its fetchers then only copy the last few batches)."""
+        if self.controller is None or self._stopping.is_set():
+            return
+        image = self.controller.image()
+        tasks = [CatchUpTask(self.config.root, t.name, p.partition, p.leader, broker_id)
+                 for t in image.topics.values() for p in t.partitions
+                 if broker_id in p.replicas and p.leader not in (broker_id, -1)]
+        try:
+            catch_up_replicas(self.spark, tasks, f"broker {broker_id} relaunch")
+        except Exception as e:  # the fetchers copy whatever the job did not
+            log.warning("catch-up before relaunching broker %d failed: %s", broker_id,
+                        str(e).splitlines()[0][:200])
 
     def _cancel_broker(self, broker_id: int) -> None:
         """Called when the controller fences a broker: end its task so the supervisor relaunches

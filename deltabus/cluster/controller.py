@@ -30,8 +30,9 @@ import pyarrow.fs as pafs
 
 from deltabus import config as cfg
 from deltabus import errors
+from deltabus.cluster.catch_up import CatchUpTask
 from deltabus.cluster.metadata_log import MetadataLog
-from deltabus.log_tables.layout import metadata_path, topic_path
+from deltabus.log_tables.layout import metadata_path, replica_path, topic_path
 from deltabus.log_tables.partition_log import AppendResult
 from deltabus.metadata import (
     NO_LEADER,
@@ -73,9 +74,11 @@ class Controller:
     """Owns the metadata log, the broker registry and leader election."""
 
     def __init__(self, config: cfg.ClusterConfig,
-                 on_fence: Callable[[int], None] | None = None) -> None:
+                 on_fence: Callable[[int], None] | None = None,
+                 catch_up: Callable[[list[CatchUpTask], str], object] | None = None) -> None:
         self._config = config
         self._on_fence = on_fence
+        self._catch_up = catch_up  # runs the catch-up Spark job (given by Cluster)
         self._lock = threading.Condition()
         self._version = 1
         self._image: MetadataImage | None = None
@@ -484,6 +487,103 @@ class Controller:
         results = self.elect_leaders("preferred")
         return sum(1 for error in results.values() if error is None)
 
+    # ---- reassignments -----------------------------------------------------------------------
+
+    def reassign_partitions(self, targets: dict[tuple[str, int], list[int]]
+                            ) -> dict[tuple[str, int], errors.DeltaBusError | None]:
+        """Kafka's AlterPartitionReassignments: give partitions new replica lists. Returns once
+        each is checked and started; a thread then catches the new replicas up (Spark job),
+        adds them, waits for them to join the ISR, and drops the replicas no longer wanted."""
+        results: dict[tuple[str, int], errors.DeltaBusError | None] = {}
+        started: list[tuple[str, int, list[int]]] = []
+        with self._lock:
+            live = self._leader_candidates()
+            for (topic, partition), replicas in targets.items():
+                s = self._state.topics.get(topic, {}).get("partitions", {}).get(partition)
+                try:
+                    _check_reassignment(topic, partition, s, replicas, live)
+                except errors.DeltaBusError as e:
+                    results[(topic, partition)] = e
+                    continue
+                assert s is not None
+                results[(topic, partition)] = None
+                if list(replicas) != s["replicas"]:
+                    started.append((topic, partition, list(replicas)))
+        if started:
+            threading.Thread(target=self._reassign, args=(started,), daemon=True,
+                             name="deltabus-reassignment").start()
+        return results
+
+    def _reassign(self, started: list[tuple[str, int, list[int]]]) -> None:
+        tasks = []
+        with self._lock:
+            for topic, partition, replicas in started:
+                s = self._state.topics[topic]["partitions"][partition]
+                for r in replicas:
+                    if r not in s["replicas"] and s["leader"] != NO_LEADER:
+                        tasks.append(CatchUpTask(self._config.root, topic, partition,
+                                                 s["leader"], r))
+        if tasks and self._catch_up is not None:
+            try:  # the fetchers copy whatever the job did not
+                self._catch_up(tasks, "reassignment")
+            except Exception:
+                log.exception("catch-up job for a reassignment failed")
+        with self._lock:
+            records = []
+            for topic, partition, replicas in started:
+                s = self._state.topics.get(topic, {}).get("partitions", {}).get(partition)
+                if s is None:
+                    continue
+                adding = [r for r in replicas if r not in s["replicas"]]
+                removing = [r for r in s["replicas"] if r not in replicas]
+                records.append({"type": "partition_change", "topic": topic,
+                                "partition": partition, "replicas": replicas + removing,
+                                "adding": adding, "removing": removing})
+            if records:
+                self._commit(records)
+        pending = {(t, p) for t, p, _ in started}
+        while pending and not self._shutting_down:
+            with self._lock:
+                for key in sorted(pending):
+                    if self._complete_reassignment(*key):
+                        pending.discard(key)
+                if pending:
+                    self._lock.wait(1.0)
+
+    def _complete_reassignment(self, topic: str, partition: int) -> bool:
+        """Lock held. Once every added replica is in sync, make the target list the replicas;
+        a leader that is not in it hands over. Returns True when done (or moot)."""
+        s = self._state.topics.get(topic, {}).get("partitions", {}).get(partition)
+        if s is None or not (s.get("adding") or s.get("removing")):
+            return True
+        if any(r not in s["isr"] for r in s.get("adding", [])):
+            return False
+        removing = s.get("removing", [])
+        replicas = [r for r in s["replicas"] if r not in removing]
+        isr = [r for r in replicas if r in s["isr"]]
+        change = {"type": "partition_change", "topic": topic, "partition": partition,
+                  "replicas": replicas, "isr": isr, "adding": [], "removing": []}
+        if s["leader"] not in replicas:
+            live = self._leader_candidates()
+            leader = next((r for r in replicas if r in isr and r in live), NO_LEADER)
+            change.update(leader=leader, leader_epoch=s["leader_epoch"] + 1)
+        self._commit([change])
+        log.info("reassignment of %s-%d completed: replicas %s", topic, partition, replicas)
+        for r in removing:  # the dropped replicas' tables go, as Kafka deletes their logs
+            threading.Thread(target=self._drop_replica, args=(topic, partition, r),
+                             daemon=True).start()
+        return True
+
+    def _drop_replica(self, topic: str, partition: int, broker: int) -> None:
+        with self._lock:
+            target = self._version
+        self._await_brokers(target, 30_000)  # the broker closed the log first
+        with self._lock:
+            s = self._state.topics.get(topic, {}).get("partitions", {}).get(partition)
+            if s is not None and broker in s["replicas"]:
+                return  # re-added meanwhile
+        self._delete_dir(replica_path(self._config.root, topic, partition, broker))
+
     # ---- ISR changes -------------------------------------------------------------------------
 
     def alter_partition(self, broker_id: int, broker_epoch: int, topic: str, partition: int,
@@ -565,6 +665,25 @@ def _elect(replicas: list[int], isr: list[int], live: set[int],
             if r in live:
                 return r, [r]
     return NO_LEADER, isr
+
+
+def _check_reassignment(topic: str, partition: int, s: dict | None, replicas: list[int],
+                        live: set[int]) -> None:
+    if s is None:
+        raise errors.UnknownTopicOrPartitionError(
+            f"The partition {topic}-{partition} does not exist.")
+    if not replicas or len(set(replicas)) != len(replicas):
+        raise errors.InvalidReplicaAssignmentError(
+            f"The proposed assignment {replicas} for {topic}-{partition} is empty or contains "
+            "duplicates.")
+    new = [r for r in replicas if r not in s["replicas"]]
+    if any(r not in live for r in new):
+        raise errors.InvalidReplicaAssignmentError(
+            f"The proposed assignment for {topic}-{partition} contains brokers that are not "
+            f"live: {[r for r in new if r not in live]}")
+    if s.get("adding") or s.get("removing"):
+        raise errors.InvalidRequestError(
+            f"A reassignment of {topic}-{partition} is already in progress.")
 
 
 def _choose_leader(election_type: str, s: dict, live: set[int]) -> tuple[int, list[int]]:
@@ -676,3 +795,7 @@ class ControllerHandler:
     def elect_leaders(self, election_type: str, partitions: list[tuple[str, int]] | None
                       ) -> dict[tuple[str, int], errors.DeltaBusError | None]:
         return self._controller.elect_leaders(election_type, partitions)
+
+    def reassign_partitions(self, targets: dict[tuple[str, int], list[int]]
+                            ) -> dict[tuple[str, int], errors.DeltaBusError | None]:
+        return self._controller.reassign_partitions(targets)

@@ -86,9 +86,11 @@ class Partition:
             if new_epoch or version >= self._isr_version:
                 self.isr, self._isr_version = state.isr, version
                 self._pending_isr = None
-            if not new_epoch:
-                self._followers = {r: f for r, f in self._followers.items()
-                                   if r in self.replicas}
+            if not new_epoch:  # replicas may have been added or removed (a reassignment)
+                now = self._clock()
+                self._followers = {
+                    r: self._followers.get(r) or FollowerState(last_caught_up_s=now)
+                    for r in self.replicas if r != self.broker_id} if self.is_leader else {}
                 self._advance_high_watermark()
                 return False
             self.leader, self.leader_epoch = state.leader, state.leader_epoch

@@ -75,6 +75,15 @@ class AdminClient:
         request = codec.elect_leaders_request(election_type, partitions)
         return codec.election_results(self._client.call_any("ElectLeaders", request))
 
+    def alter_partition_reassignments(self, targets: dict[tuple[str, int], list[int]]
+                                      ) -> dict[tuple[str, int], errors.DeltaBusError | None]:
+        """Kafka's alterPartitionReassignments: {(topic, partition): [brokers]}, the first the
+        preferred leader. Returns per partition None (started) or the error; describe_topics
+        shows adding/removing replicas until each completes."""
+        response = self._client.call_any("AlterPartitionReassignments",
+                                         codec.reassignments_request(targets))
+        return codec.election_results(response)
+
     def describe_cluster(self) -> dict:
         image = self._client.refresh_metadata()
         return {"cluster_id": image.cluster_id, "controller_id": image.controller_id,

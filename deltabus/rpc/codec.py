@@ -6,6 +6,7 @@ Pure functions; used by servers and clients alike, so both sides read the wire t
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 import pyarrow as pa
 
@@ -35,6 +36,7 @@ def topic_to_proto(topic: TopicState) -> pb.TopicMetadata:
             pb.PartitionMetadata(
                 partition=p.partition, leader=p.leader, leader_epoch=p.leader_epoch,
                 replicas=p.replicas, isr=p.isr, offline_replicas=p.offline_replicas,
+                adding_replicas=p.adding_replicas, removing_replicas=p.removing_replicas,
                 error_code=0 if p.leader >= 0 else errors.LeaderNotAvailableError.code,
             )
             for p in topic.partitions
@@ -70,7 +72,8 @@ def image_from_proto(msg: pb.MetadataResponse) -> MetadataImage:
         if t.error_code:
             continue
         parts = tuple(
-            PartitionState(p.partition, p.leader, p.leader_epoch, tuple(p.replicas), tuple(p.isr))
+            PartitionState(p.partition, p.leader, p.leader_epoch, tuple(p.replicas),
+                           tuple(p.isr), tuple(p.adding_replicas), tuple(p.removing_replicas))
             for p in sorted(t.partitions, key=lambda p: p.partition)
         )
         topics[t.name] = TopicState(t.name, t.topic_id, parts, dict(t.configs))
@@ -175,8 +178,22 @@ def elect_leaders_request(election_type: str,
                           for t, ps in by_topic.items()])
 
 
-def election_results(response: pb.ElectLeadersResponse
-                     ) -> dict[tuple[str, int], errors.DeltaBusError | None]:
+def partition_results(results: dict[tuple[str, int], errors.DeltaBusError | None]
+                      ) -> list[pb.PartitionResult]:
+    return [pb.PartitionResult(topic=t, partition=p, error_code=e.code if e else 0,
+                               error_message=e.message if e else "")
+            for (t, p), e in results.items()]
+
+
+def election_results(response: Any) -> dict[tuple[str, int], errors.DeltaBusError | None]:
+    """Per-partition results (ElectLeaders, AlterPartitionReassignments) back to errors."""
     return {(r.topic, r.partition): (errors.error_for_code(r.error_code, r.error_message)
                                      if r.error_code else None)
             for r in response.results}
+
+
+def reassignments_request(targets: dict[tuple[str, int], list[int]]
+                          ) -> pb.AlterPartitionReassignmentsRequest:
+    return pb.AlterPartitionReassignmentsRequest(partitions=[
+        pb.ReassignablePartition(topic=t, partition=p, replicas=r)
+        for (t, p), r in targets.items()])

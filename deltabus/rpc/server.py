@@ -84,6 +84,9 @@ class DeltaBusHandler(Protocol):
     def elect_leaders(self, election_type: str, partitions: list[tuple[str, int]] | None
                       ) -> dict[tuple[str, int], errors.DeltaBusError | None]: ...
 
+    def reassign_partitions(self, targets: dict[tuple[str, int], list[int]]
+                            ) -> dict[tuple[str, int], errors.DeltaBusError | None]: ...
+
 
 class LifecycleHandler(Protocol):
     def register_broker(self, endpoint: BrokerEndpoint, pid: int) -> int: ...
@@ -253,12 +256,14 @@ class DeltaBusServicer(pb_grpc.DeltaBusServicer):
         election_type = "unclean" if request.election_type == pb.UNCLEAN else "preferred"
         partitions = [(tp.topic, p) for tp in request.topic_partitions for p in tp.partitions]
         results = self._handler.elect_leaders(election_type, partitions or None)
-        response = pb.ElectLeadersResponse()
-        for (topic, partition), error in results.items():
-            code, message = _code(error)
-            response.results.append(pb.PartitionResult(
-                topic=topic, partition=partition, error_code=code, error_message=message))
-        return response
+        return pb.ElectLeadersResponse(results=codec.partition_results(results))
+
+    @_guard
+    def AlterPartitionReassignments(self, request: pb.AlterPartitionReassignmentsRequest,
+                                    context: Any) -> pb.AlterPartitionReassignmentsResponse:
+        targets = {(p.topic, p.partition): list(p.replicas) for p in request.partitions}
+        results = self._handler.reassign_partitions(targets)
+        return pb.AlterPartitionReassignmentsResponse(results=codec.partition_results(results))
 
 
 class BrokerLifecycleServicer(pb_grpc.BrokerLifecycleServicer):

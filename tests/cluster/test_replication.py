@@ -328,3 +328,50 @@ def test_preferred_and_unclean_elections_on_request(cluster, topic_name):
         assert isinstance(results[(topic_name, 0)], errors.ElectionNotNeededError)
         with pytest.raises(errors.InvalidRequestError):
             admin.elect_leaders("random")
+
+
+# ---- reassignment ---------------------------------------------------------------------------
+
+
+def test_reassign_partitions_moves_replicas_with_the_catch_up_job(
+        cluster, spark, topic_name, tmp_path, capsys):
+    """kafka-reassign-partitions habits: a 1-replica partition on broker 0 moves to brokers
+    1 and 2. The new replicas are filled by the catch-up Spark job, join the ISR, and the old
+    replica's table is dropped; no record is lost and producing goes on."""
+    import json
+    import os
+
+    from deltabus.cli.main import main
+
+    with AdminClient(cluster.bootstrap_servers) as admin:
+        admin.create_topics([NewTopic(topic_name, replica_assignment={0: [0]})])
+    with Producer(cluster.bootstrap_servers, acks="all") as producer:
+        producer.send_batch(topic_name, [f"v-{i}".encode() for i in range(20_000)], partition=0)
+        producer.flush(WAIT_S)
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"version": 1, "partitions": [
+        {"topic": topic_name, "partition": 0, "replicas": [1, 2]}]}))
+    args = ["reassign-partitions", "--bootstrap-server", cluster.bootstrap_servers,
+            "--reassignment-json-file", str(plan)]
+    jobs_before = set(spark.sparkContext.statusTracker().getJobIdsForGroup("deltabus-catch-up"))
+    capsys.readouterr()
+    assert main([*args, "--execute"]) == 0
+    out = capsys.readouterr().out
+    assert f'"topic":"{topic_name}","partition":0,"replicas":[0]' in out
+    assert f"Successfully started partition reassignments for {topic_name}-0" in out
+
+    def completed() -> bool:
+        main([*args, "--verify"])
+        return "is completed." in capsys.readouterr().out
+    wait_until(completed, "the reassignment to complete")
+    s = state(cluster, topic_name)
+    assert s.replicas == (1, 2) and sorted(s.isr) == [1, 2] and s.leader in (1, 2)
+    jobs = set(spark.sparkContext.statusTracker().getJobIdsForGroup("deltabus-catch-up"))
+    assert jobs - jobs_before, "the new replicas were not caught up by a Spark job"
+    old_table = replica_path(cluster.config.root, topic_name, 0, 0)
+    wait_until(lambda: not os.path.exists(old_table), "the dropped replica's table to go")
+    with Producer(cluster.bootstrap_servers, acks="all") as producer:
+        producer.send(topic_name, b"after").get(WAIT_S)
+    records = read_records(cluster.bootstrap_servers, topic_name, 1, 20_001)
+    assert [r.value for r in records] == [f"v-{i}".encode() for i in range(20_000)] + [b"after"]
+    wait_for_identical_replicas(cluster, topic_name, 1)

@@ -79,6 +79,11 @@ class DeltaBusStub:
                 request_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.ElectLeadersRequest.SerializeToString,
                 response_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.ElectLeadersResponse.FromString,
                 _registered_method=True)
+        self.AlterPartitionReassignments = channel.unary_unary(
+                '/deltabus.v1.DeltaBus/AlterPartitionReassignments',
+                request_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.AlterPartitionReassignmentsRequest.SerializeToString,
+                response_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.AlterPartitionReassignmentsResponse.FromString,
+                _registered_method=True)
 
 
 class DeltaBusServicer:
@@ -140,6 +145,14 @@ class DeltaBusServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AlterPartitionReassignments(self, request, context):
+        """Move or add replicas (Kafka's AlterPartitionReassignments; kafka-reassign-partitions.sh).
+        Returns once each reassignment has started; the metadata shows it until it completes.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_DeltaBusServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -187,6 +200,11 @@ def add_DeltaBusServicer_to_server(servicer, server):
                     servicer.ElectLeaders,
                     request_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.ElectLeadersRequest.FromString,
                     response_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.ElectLeadersResponse.SerializeToString,
+            ),
+            'AlterPartitionReassignments': grpc.unary_unary_rpc_method_handler(
+                    servicer.AlterPartitionReassignments,
+                    request_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.AlterPartitionReassignmentsRequest.FromString,
+                    response_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.AlterPartitionReassignmentsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -432,6 +450,33 @@ class DeltaBus:
             '/deltabus.v1.DeltaBus/ElectLeaders',
             deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.ElectLeadersRequest.SerializeToString,
             deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.ElectLeadersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AlterPartitionReassignments(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/deltabus.v1.DeltaBus/AlterPartitionReassignments',
+            deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.AlterPartitionReassignmentsRequest.SerializeToString,
+            deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.AlterPartitionReassignmentsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,119 @@
+"""Catching a replica up as a Spark job: one task per partition replica, copying the leader's
+committed Delta files (whole, with their statistics) into the replica's table, in parallel.
+
+The driver runs it where a replica is far behind or brand new: before a reassignment adds a
+replica, and before a lost broker is relaunched. The replica's broker is not writing the table
+then (it is down, or not yet a replica), and the `deltabus.log` app transaction would make a
+concurrent writer fail rather than duplicate. Afterwards the broker's own fetcher copies the
+few batches committed meanwhile and the leader adds the replica to the ISR.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from deltabus.log_tables.layout import replica_path
+from deltabus.log_tables.partition_log import LogConfig, PartitionLog
+
+log = logging.getLogger(__name__)
+
+COPY_ROUND_BYTES_MAX = 256 * 1024 * 1024  # files copied per commit
+RECORDS_ROUND_BYTES_MAX = 8 * 1024 * 1024  # records copied per commit (not at a file boundary)
+COMMIT_TIMEOUT_S = 300.0
+
+
+@dataclass(frozen=True)
+class CatchUpTask:
+    """Copy partition `topic`-`partition` from broker `source`'s replica to `target`'s."""
+
+    root: str
+    topic: str
+    partition: int
+    source: int
+    target: int
+
+
+@dataclass(frozen=True)
+class CatchUpResult:
+    task: CatchUpTask
+    truncated_to: int  # -1 when the replica did not diverge
+    records_copied: int
+    log_end_offset: int
+    elapsed_s: float
+
+
+def copy_replica(source: PartitionLog, target: PartitionLog) -> tuple[int, int]:
+    """Make `target` hold `source`'s log as it is now: drop what diverges (by leader epoch, as a
+    follower does), then copy whole files where `target` ends at a file boundary and records
+    elsewhere. Returns (offset truncated to or -1, records copied)."""
+    truncated = _truncate_divergence(source, target)
+    until = source.log_end_offset
+    copied = 0
+    while target.log_end_offset < until:
+        files = source.files_from(target.log_end_offset, COPY_ROUND_BYTES_MAX)
+        if files:
+            result = target.append_files(files).result(COMMIT_TIMEOUT_S)
+        else:
+            records = source.read(target.log_end_offset, RECORDS_ROUND_BYTES_MAX,
+                                  to_log_end=True)
+            result = target.append_copy(records).result(COMMIT_TIMEOUT_S)
+        copied += result.last_offset - result.base_offset + 1
+    return truncated, copied
+
+
+def _truncate_divergence(source: PartitionLog, target: PartitionLog) -> int:
+    if target.log_end_offset == 0:
+        return -1
+    cut = target.log_end_offset
+    epoch, end = source.end_offset_for_epoch(target.last_epoch)
+    if epoch < 0:  # the source holds nothing
+        cut = source.log_end_offset
+    elif end < target.log_end_offset or epoch < target.last_epoch:
+        own_epoch, own_end = target.end_offset_for_epoch(epoch)
+        cut = min(end, own_end) if own_epoch >= 0 else min(end, cut)
+    cut = min(cut, source.log_end_offset)
+    if cut >= target.log_end_offset:
+        return -1
+    target.truncate_to(cut).result(COMMIT_TIMEOUT_S)
+    return cut
+
+
+def run_catch_up(task: CatchUpTask) -> CatchUpResult:
+    """The Spark task body: open both tables, copy, close."""
+    started = time.monotonic()
+    source = PartitionLog(replica_path(task.root, task.topic, task.partition, task.source),
+                          topic=task.topic, partition=task.partition, config=LogConfig())
+    try:
+        target = PartitionLog(replica_path(task.root, task.topic, task.partition, task.target),
+                              topic=task.topic, partition=task.partition, config=LogConfig(),
+                              replicated=True)
+        try:
+            truncated, copied = copy_replica(source, target)
+            leo = target.log_end_offset
+        finally:
+            target.close()
+    finally:
+        source.close()
+    return CatchUpResult(task, truncated, copied, leo, time.monotonic() - started)
+
+
+def catch_up_replicas(spark: Any, tasks: list[CatchUpTask], why: str) -> list[CatchUpResult]:
+    """Run the catch-up job (job group `deltabus-catch-up`, one task per replica) and log what
+    each task did."""
+    if not tasks:
+        return []
+    sc = spark.sparkContext
+    sc.setJobGroup("deltabus-catch-up", f"deltabus catch-up: {why}", interruptOnCancel=True)
+    started = time.monotonic()
+    log.info("catch-up job (%s): %d replicas", why, len(tasks))
+    results: list[CatchUpResult] = sc.parallelize(tasks, len(tasks)).map(run_catch_up).collect()
+    for r in results:
+        log.info("caught up %s-%d on broker %d from broker %d: %d records copied in %.1f s, "
+                 "log end offset %d%s", r.task.topic, r.task.partition, r.task.target,
+                 r.task.source, r.records_copied, r.elapsed_s, r.log_end_offset,
+                 f", truncated to {r.truncated_to}" if r.truncated_to >= 0 else "")
+    log.info("catch-up job (%s) done in %.1f s", why, time.monotonic() - started)
+    return results
