@@ -1,10 +1,9 @@
 """Catching a replica up as a Spark job: one task per partition replica, copying the leader's
 committed Delta files (whole, with their statistics) into the replica's table, in parallel.
 
-The driver runs it where a replica is far behind or brand new: before a reassignment adds a
-replica, and before a lost broker is relaunched. The replica's broker is not writing the table
-then (it is down, or not yet a replica), and the `deltabus.log` app transaction would make a
-concurrent writer fail rather than duplicate. Afterwards the broker's own fetcher copies the
+The driver runs it where a replica is brand new: before a reassignment adds it. The replica's
+broker is not writing the table then (it is not yet a replica), and the `deltabus.log` app
+transaction would make a concurrent writer fail rather than duplicate. Afterwards the broker's own fetcher copies the
 few batches committed meanwhile and the leader adds the replica to the ISR.
 """
 

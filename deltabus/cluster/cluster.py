@@ -151,26 +151,10 @@ class Cluster:
             while not self._may_run[broker_id].wait(0.1):
                 if self._stopping.is_set():
                     return
-            self._catch_up_lost_broker(broker_id)
             self.relaunches[broker_id] += 1
 
     def _catch_up(self, tasks: list[CatchUpTask], why: str) -> None:
         catch_up_replicas(self.spark, tasks, why)
-
-    def _catch_up_lost_broker(self, broker_id: int) -> None:
-        """Before a lost broker starts again, copy what its follower replicas missed with the
-        catch-up job (its fetchers then only copy the last few batches)."""
-        if self.controller is None or self._stopping.is_set():
-            return
-        image = self.controller.image()
-        tasks = [CatchUpTask(self.config.root, t.name, p.partition, p.leader, broker_id)
-                 for t in image.topics.values() for p in t.partitions
-                 if broker_id in p.replicas and p.leader not in (broker_id, -1)]
-        try:
-            catch_up_replicas(self.spark, tasks, f"broker {broker_id} relaunch")
-        except Exception as e:  # the fetchers copy whatever the job did not
-            log.warning("catch-up before relaunching broker %d failed: %s", broker_id,
-                        str(e).splitlines()[0][:200])
 
     def _cancel_broker(self, broker_id: int) -> None:
         """Called when the controller fences a broker: end its task so the supervisor relaunches

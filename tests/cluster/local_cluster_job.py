@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable
 
+import pyarrow as pa
 import pyspark
 from deltalake import DeltaTable
 from pyspark.sql import SparkSession
@@ -35,7 +36,7 @@ def wait_until(condition: Callable[[], bool], what: str) -> None:
     while not condition():
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
+        time.sleep(0.5)
 
 
 def replica_values(cluster: Cluster, partition: int, broker: int) -> list:
@@ -43,13 +44,26 @@ def replica_values(cluster: Cluster, partition: int, broker: int) -> list:
     return table.to_pyarrow_table(columns=["offset", "value"]).sort_by("offset").to_pylist()
 
 
+def replica_extent(cluster: Cluster, partition: int, broker: int) -> tuple[int, int]:
+    """(records, last offset) of a replica's table, from its file statistics: cheap to poll."""
+    table = DeltaTable(replica_path(cluster.config.root, TOPIC, partition, broker))
+    actions = pa.table(table.get_add_actions(flatten=True)).to_pydict()
+    return sum(actions["num_records"]), max(actions["max.offset"], default=-1)
+
+
 def replicas_identical(cluster: Cluster) -> bool:
+    """Every replica in the ISR and as long as its leader; then, once, record for record."""
     for p in range(PARTITIONS):
         s = cluster.controller.image().partition(TOPIC, p)
         if s.leader < 0 or sorted(s.isr) != sorted(s.replicas):
             return False
-        leader = replica_values(cluster, p, s.leader)
-        if any(replica_values(cluster, p, r) != leader for r in s.replicas):
+        leader = replica_extent(cluster, p, s.leader)
+        if any(replica_extent(cluster, p, r) != leader for r in s.replicas):
+            return False
+    for p in range(PARTITIONS):
+        s = cluster.controller.image().partition(TOPIC, p)
+        leader_records = replica_values(cluster, p, s.leader)
+        if any(replica_values(cluster, p, r) != leader_records for r in s.replicas):
             return False
     return True
 
@@ -90,7 +104,7 @@ def produce_through_leader_kill(cluster: Cluster) -> dict:
                     on_done(value))
                 i += 1
                 if i % 100 == 0:
-                    time.sleep(0.01)
+                    time.sleep(0.02)
             producer.flush(WAIT_S)
 
     senders = [threading.Thread(target=produce, args=(n,)) for n in ("p", "q")]
@@ -127,13 +141,14 @@ def produce_through_leader_kill(cluster: Cluster) -> dict:
 def follower_kill(cluster: Cluster) -> dict:
     s = cluster.controller.image().partition(TOPIC, 1)
     follower = next(r for r in s.replicas if r != s.leader)
-    cluster.kill_broker(follower, executor=True)
+    cluster.kill_broker(follower, relaunch=False, executor=True)  # down until started
     wait_until(lambda: follower not in cluster.controller.image().partition(TOPIC, 1).isr,
                "the ISR to shrink")
     with Producer(cluster.bootstrap_servers, acks="all") as producer:
         futures = [producer.send(TOPIC, f"f-{i}".encode(), partition=1) for i in range(200)]
         producer.flush(WAIT_S)
     produced = sum(1 for f in futures if f.get(0).offset >= 0)
+    cluster.start_broker(follower)
     wait_until(lambda: replicas_identical(cluster), "the follower to rejoin")
     return {"produced_while_follower_down": produced}
 

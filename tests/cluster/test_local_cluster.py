@@ -9,17 +9,20 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import free_port
 
 JOB = Path(__file__).with_name("local_cluster_job.py")
 
 
+@pytest.mark.timeout(600)  # four JVMs on two cores: SIGKILLs, relaunches and catch-up jobs
 def test_replicated_cluster_in_separate_executors_survives_executor_kills(tmp_path):
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable,
                SPARK_WORKER_DIR=str(tmp_path / "work"), SPARK_LOCAL_IP="127.0.0.1",
                PYTHONPATH=str(JOB.parents[2]))
     done = subprocess.run([sys.executable, str(JOB), str(tmp_path / "data"), str(free_port())],
-                          env=env, capture_output=True, text=True, timeout=600)
+                          env=env, capture_output=True, text=True, timeout=560)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     kill = result["leader_kill"]

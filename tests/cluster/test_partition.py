@@ -1,0 +1,104 @@
+"""The leader's view of its followers (high watermark, ISR shrink and expansion, divergence) and
+Kafka's rack-aware replica placement: pure logic over a real PartitionLog, with a fake clock."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from deltabus import errors
+from deltabus.cluster.controller import assign_replicas
+from deltabus.cluster.partition import Partition
+from deltabus.log_tables.partition_log import PartitionLog
+from deltabus.metadata import PartitionState
+from deltabus.records import normalize_produce, produce_batch
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def leader(tmp_path: Path):
+    holder: list[Partition] = []  # the log calls back into its partition, as on a broker
+    log = PartitionLog(str(tmp_path / "replica-0"), topic="t", partition=0, replicated=True,
+                       on_append=lambda: holder[0].on_log_change() if holder else None)
+    clock = Clock()
+    partition = Partition("t", 0, 0, log, clock)
+    holder.append(partition)
+    partition.apply(PartitionState(0, 0, 3, (0, 1, 2), (0, 1, 2)), version=1)
+    yield partition, clock
+    log.close()
+
+
+def _append(partition: Partition, n: int) -> int:
+    batch = normalize_produce(produce_batch([b"x"] * n))
+    return partition.log.append(batch, leader_epoch=partition.leader_epoch).result(30).last_offset
+
+
+def test_high_watermark_is_the_smallest_log_end_in_the_isr(leader) -> None:
+    partition, _ = leader
+    _append(partition, 10)
+    assert partition.log.high_watermark == 0  # followers have not fetched yet
+    partition.follower_fetched(1, 10)
+    assert partition.log.high_watermark == 0
+    partition.follower_fetched(2, 6)
+    assert partition.log.high_watermark == 6
+    partition.follower_fetched(2, 10)
+    assert partition.log.high_watermark == 10
+
+
+def test_acks_all_waits_for_the_isr_and_checks_min_insync(leader) -> None:
+    partition, _ = leader
+    batch = normalize_produce(produce_batch([b"a", b"b"]))
+    done = partition.replicated(partition.log.append(batch, leader_epoch=3), 2)
+    partition.log.flush()
+    assert not done.done()
+    partition.follower_fetched(1, 2)
+    partition.follower_fetched(2, 2)
+    assert done.result(5).last_offset == 1
+    partition.apply(PartitionState(0, 0, 3, (0, 1, 2), (0,)), version=2)
+    with pytest.raises(errors.NotEnoughReplicasError, match="min.insync.replicas=2"):
+        partition.check_min_isr(2)
+
+
+def test_lagging_follower_is_proposed_out_and_a_caught_up_one_back_in(leader) -> None:
+    partition, clock = leader
+    _append(partition, 5)
+    partition.follower_fetched(1, 5)
+    partition.follower_fetched(2, 5)
+    _append(partition, 5)
+    clock.now += 3
+    partition.follower_fetched(1, 10)  # broker 1 keeps up; broker 2 stops fetching
+    assert partition.lagging_isr(lag_max_ms=5000) is None
+    clock.now += 3
+    assert partition.lagging_isr(lag_max_ms=5000) == [0, 1]
+    partition.isr_committed((0, 1), version=5)
+    assert partition.isr == (0, 1) and partition.log.high_watermark == 10
+    assert partition.follower_fetched(2, 7) is None  # behind the high watermark: not yet
+    assert partition.follower_fetched(2, 10) == [0, 1, 2]
+
+
+def test_divergence_is_found_by_leader_epoch(leader) -> None:
+    partition, _ = leader
+    _append(partition, 4)  # epoch 3, offsets 0..3
+    assert partition.diverging_epoch(4, 3) is None
+    assert partition.diverging_epoch(6, 3) == (3, 4)  # the follower holds more of epoch 3
+    assert partition.diverging_epoch(2, 1) == (1, 0)  # an epoch older than all of ours
+    assert partition.diverging_epoch(9, -1) == (-1, 4)
+
+
+def test_replicas_spread_across_racks_and_leaders_across_brokers() -> None:
+    racks = {0: "a", 1: "a", 2: "b", 3: "b", 4: "c", 5: "c"}
+    assignment = assign_replicas(list(racks), 12, 3, racks)
+    for replicas in assignment:
+        assert len({racks[b] for b in replicas}) == 3  # one replica per host
+    leaders = [r[0] for r in assignment]
+    assert sorted(leaders.count(b) for b in racks) == [2] * 6
+    for replicas in assign_replicas([0, 1, 2], 6, 3):  # one rack: still distinct brokers
+        assert sorted(replicas) == [0, 1, 2]
