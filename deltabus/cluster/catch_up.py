@@ -3,8 +3,8 @@ committed Delta files (whole, with their statistics) into the replica's table, i
 
 The driver runs it where a replica is brand new: before a reassignment adds it. The replica's
 broker is not writing the table then (it is not yet a replica), and the `deltabus.log` app
-transaction would make a concurrent writer fail rather than duplicate. Afterwards the broker's own fetcher copies the
-few batches committed meanwhile and the leader adds the replica to the ISR.
+transaction would make a concurrent writer fail rather than duplicate. Afterwards the broker's
+own fetcher copies the few batches committed meanwhile and the leader adds the replica to the ISR.
 """
 
 from __future__ import annotations
