@@ -329,36 +329,44 @@ class Producer:
             with self._lock:
                 while True:
                     now = time.monotonic()
-                    for batch in [b for b in self._open.values() if self._sealable(b, now)]:
+                    queued = {(b.topic, b.partition) for b in self._ready}
+                    for batch in [b for b in self._open.values()
+                                  if self._sealable(b, now, queued)]:
                         self._seal(batch)
                     sendable = self._take_sendable(now) if self._ready else []
                     if sendable or (self._closed and not self._incomplete):
                         break
-                    self._lock.wait(self._next_wakeup(now))
+                    self._lock.wait(self._next_wakeup(now, queued))
                 if not sendable and self._closed and not self._incomplete:
                     return
             self._dispatch(sendable)
 
-    def _sealable(self, batch: _Batch, now: float) -> bool:
+    def _sealable(self, batch: _Batch, now: float, queued: set[tuple[str, int]]) -> bool:
         """A lingered batch is sent when its partition is free; while the partition has a request
-        in flight, records keep joining the open batch (one commit for them all, not many)."""
+        in flight, or batches queued (waiting out a retry backoff: its leader is moving), records
+        keep joining the open batch (one commit for them all, not many small batches that would
+        later drain one round trip each)."""
         if self._closed or self._flushing:
             return True
         key = (batch.topic, batch.partition)
-        return now - batch.created >= self.linger_s and self._busy[key] == 0
+        return (now - batch.created >= self.linger_s and self._busy[key] == 0
+                and key not in queued)
 
-    def _next_wakeup(self, now: float) -> float:
+    def _next_wakeup(self, now: float, queued: set[tuple[str, int]]) -> float:
         times = [b.created + self.linger_s for b in self._open.values()
-                 if self._busy[(b.topic, b.partition)] == 0]
+                 if self._busy[(b.topic, b.partition)] == 0
+                 and (b.topic, b.partition) not in queued]
         times += [b.retry_at for b in self._ready if b.retry_at > now]
         return max(min(times, default=now + 0.1) - now, 0.0005)
 
     def _room(self, batch: _Batch, key: tuple[str, int]) -> bool:
         """May this batch go while others of its partition are in flight? Only a full one, and
         only up to the pipelining depth: sending a large batch while the previous one commits
-        hides its transfer; a small one does better waiting and collecting more records."""
+        hides its transfer; a small one does better waiting and collecting more records. A
+        retried batch goes too: the leader holds the later batches in flight until it comes."""
         busy = self._busy[key]
-        return busy == 0 or (busy < self._in_flight_max and batch.nbytes >= self.batch_size)
+        return busy == 0 or (busy < self._in_flight_max
+                             and (batch.nbytes >= self.batch_size or batch.base_sequence >= 0))
 
     def _take_sendable(self, now: float) -> list[_Batch]:
         """Due ready batches, in order, of partitions with room in flight (caller holds the

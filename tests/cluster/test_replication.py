@@ -144,7 +144,9 @@ def test_acks_all_needs_min_insync_replicas_and_appends_nothing_without(
 
 
 def test_killed_follower_leaves_the_isr_then_rejoins_and_catches_up(
-        cluster, topic_name, all_brokers_back):
+        cluster, spark, topic_name, all_brokers_back):
+    """Producing goes on while a follower is down; before it is relaunched, the catch-up
+    Spark job copies what it missed; it rejoins the ISR with every record."""
     create(cluster, topic_name, partitions=1, rf=3, **{"min.insync.replicas": "2"})
     s = state(cluster, topic_name)
     follower = next(r for r in s.replicas if r != s.leader)
@@ -155,11 +157,17 @@ def test_killed_follower_leaves_the_isr_then_rejoins_and_catches_up(
         kill_and_hold(cluster, follower)
         assert follower not in state(cluster, topic_name).isr
         futures = [producer.send(topic_name, f"b-{i}".encode()) for i in range(500)]
+        producer.send_batch(topic_name, [f"c-{i}".encode() for i in range(20_000)], partition=0)
         producer.flush(WAIT_S)
         assert all(f.get(0).offset >= 0 for f in futures)  # producing goes on with 2 in sync
+    tracker = spark.sparkContext.statusTracker()
+    group = f"deltabus-catch-up-broker-{follower}"
+    jobs_before = set(tracker.getJobIdsForGroup(group))
     cluster.start_broker(follower)
     wait_for_identical_replicas(cluster, topic_name, 1)
-    assert len(replica_records(cluster, topic_name, 0, follower)) == 1000
+    assert len(replica_records(cluster, topic_name, 0, follower)) == 21_000
+    jobs = set(tracker.getJobIdsForGroup(group)) - jobs_before
+    assert [tracker.getJobInfo(j).status for j in jobs] == ["SUCCEEDED"]
 
 
 # ---- failover -----------------------------------------------------------------------------
@@ -217,6 +225,29 @@ def test_leader_kill_under_acks_all_loses_nothing_and_replicas_converge(
             sent = [r.value for r in records if r.partition == p and r.value.startswith(name)]
             assert sent == sorted(sent)
     wait_for_identical_replicas(cluster, topic_name, partitions)
+
+
+def test_records_sent_while_a_partition_has_no_leader_wait_in_few_batches(
+        cluster, topic_name, all_brokers_back):
+    """While a partition's leader is away, records pile up in its open batch rather than in a
+    queue of lingered little batches that would drain one round trip each once a leader is
+    back: the backlog lands in a few Delta commits, fast, in order."""
+    with AdminClient(cluster.bootstrap_servers) as admin:
+        admin.create_topics([NewTopic(topic_name, replica_assignment={0: [1]})])
+    path = replica_path(cluster.config.root, topic_name, 0, 1)
+    with Producer(cluster.bootstrap_servers, acks="all", linger_ms=2) as producer:
+        producer.send(topic_name, b"first").get(WAIT_S)
+        kill_and_hold(cluster, 1)  # the only replica: the partition has no leader
+        version_before = DeltaTable(path).version()
+        futures = []
+        for i in range(1000):  # over a second: hundreds of linger periods
+            futures.append(producer.send(topic_name, f"v-{i:04d}".encode()))
+            time.sleep(0.001)
+        cluster.start_broker(1)
+        producer.flush(WAIT_S)
+    assert [f.get(0).offset for f in futures] == list(range(1, 1001))
+    commits = DeltaTable(path).version() - version_before
+    assert commits <= 10, f"the backlog took {commits} Delta commits"
 
 
 def _record(future, value: bytes, acked: list, failed: list) -> None:
