@@ -153,6 +153,11 @@ class ClusterConfig:
     # their log ends at a file boundary, up to this many bytes a round; else they copy records.
     replica_copy_files: bool = True
     replica_files_max_bytes: int = 256 * 1024 * 1024
+    # Before a lost broker is relaunched, a Spark job copies what its follower replicas missed,
+    # one task per partition in parallel; past this long it is cancelled and the broker starts
+    # anyway (its fetchers copy the rest), so a busy cluster never keeps a broker down.
+    catch_up_timeout_ms: int = field(
+        default_factory=lambda: _env_int("DELTABUS_CATCH_UP_TIMEOUT_MS", 60_000))
     # Kafka's auto.leader.rebalance.enable: leadership goes back to each partition's preferred
     # (first) replica once it is in sync again, checked this often.
     auto_leader_rebalance_enable: bool = True

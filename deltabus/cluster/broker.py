@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import grpc
 import pyarrow as pa
+from pyspark import TaskContext
 
 from deltabus import config as cfg
 from deltabus import errors
@@ -438,6 +439,13 @@ def run_broker_task(specs: Iterator[BrokerSpec]) -> Iterator[tuple[int, str]]:
     """The Spark task body: run one broker until the controller tells it to stop."""
     logging.basicConfig(stream=sys.stderr, level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    context = TaskContext.get()
+    if context is not None and context.attemptNumber() > 0:
+        # Spark retrying the task of a lost executor: leave the relaunch to the supervisor,
+        # which first catches the broker's replicas up (and keeps a held broker down).
+        log.info("broker task attempt %d ends at once: the supervisor relaunches brokers",
+                 context.attemptNumber())
+        return
     for spec in specs:
         broker = Broker(spec)
         try:

@@ -1,10 +1,11 @@
 """Catching a replica up as a Spark job: one task per partition replica, copying the leader's
 committed Delta files (whole, with their statistics) into the replica's table, in parallel.
 
-The driver runs it where a replica is brand new: before a reassignment adds it. The replica's
-broker is not writing the table then (it is not yet a replica), and the `deltabus.log` app
-transaction would make a concurrent writer fail rather than duplicate. Afterwards the broker's
-own fetcher copies the few batches committed meanwhile and the leader adds the replica to the ISR.
+The driver runs it where a replica is brand new or far behind: before a reassignment adds it,
+and before a lost broker is relaunched. The replica's broker is not writing the table then (it
+is not yet a replica, or it is down), and the `deltabus.log` app transaction would make a
+concurrent writer fail rather than duplicate. Afterwards the broker's own fetcher copies the few
+batches committed meanwhile and the leader adds the replica to the ISR.
 """
 
 from __future__ import annotations
@@ -99,13 +100,14 @@ def run_catch_up(task: CatchUpTask) -> CatchUpResult:
     return CatchUpResult(task, truncated, copied, leo, time.monotonic() - started)
 
 
-def catch_up_replicas(spark: Any, tasks: list[CatchUpTask], why: str) -> list[CatchUpResult]:
-    """Run the catch-up job (job group `deltabus-catch-up`, one task per replica) and log what
-    each task did."""
+def catch_up_replicas(spark: Any, tasks: list[CatchUpTask], why: str,
+                      group: str = "deltabus-catch-up") -> list[CatchUpResult]:
+    """Run the catch-up job (one task per replica, in job group `group`, so it can be
+    cancelled) and log what each task did."""
     if not tasks:
         return []
     sc = spark.sparkContext
-    sc.setJobGroup("deltabus-catch-up", f"deltabus catch-up: {why}", interruptOnCancel=True)
+    sc.setJobGroup(group, f"deltabus catch-up: {why}", interruptOnCancel=True)
     started = time.monotonic()
     log.info("catch-up job (%s): %d replicas", why, len(tasks))
     results: list[CatchUpResult] = sc.parallelize(tasks, len(tasks)).map(run_catch_up).collect()

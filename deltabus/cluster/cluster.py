@@ -151,10 +151,44 @@ class Cluster:
             while not self._may_run[broker_id].wait(0.1):
                 if self._stopping.is_set():
                     return
+            self._catch_up_before_relaunch(broker_id)
             self.relaunches[broker_id] += 1
 
     def _catch_up(self, tasks: list[CatchUpTask], why: str) -> None:
         catch_up_replicas(self.spark, tasks, why)
+
+    def _catch_up_before_relaunch(self, broker_id: int) -> None:
+        """Copy what a lost broker's follower replicas missed with a Spark job (files in
+        parallel, one task per partition) rather than through its fetcher threads alone.
+
+        Bounded by `catch_up_timeout_ms` and cancelled when the cluster stops: the job may
+        wait for a task slot (a killed executor's replacement is still starting), and the
+        broker must come back regardless; its fetchers copy whatever the job did not."""
+        assert self.controller is not None
+        tasks = self.controller.catch_up_tasks(broker_id)
+        if not tasks:
+            return
+        group = f"deltabus-catch-up-broker-{broker_id}"
+        done = threading.Event()
+
+        def run() -> None:
+            try:
+                catch_up_replicas(self.spark, tasks, f"broker {broker_id} relaunching", group)
+            except Exception as e:  # cancelled, or a task failed: the fetchers take over
+                log.warning("catch-up before relaunching broker %d ended early: %s", broker_id,
+                            str(e).splitlines()[0][:200] if str(e) else type(e).__name__)
+            finally:
+                done.set()
+
+        threading.Thread(target=run, name=group, daemon=True).start()
+        deadline = time.monotonic() + self.config.catch_up_timeout_ms / 1000
+        while not done.wait(0.1):
+            if self._stopping.is_set() or time.monotonic() > deadline:
+                log.warning("catch-up before relaunching broker %d cancelled after %.0f s",
+                            broker_id, self.config.catch_up_timeout_ms / 1000)
+                self.spark.sparkContext.cancelJobGroup(group)
+                done.wait(10)  # the job ends once its tasks are killed
+                return
 
     def _cancel_broker(self, broker_id: int) -> None:
         """Called when the controller fences a broker: end its task so the supervisor relaunches

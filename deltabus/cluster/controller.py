@@ -386,6 +386,16 @@ class Controller:
         if self._on_fence is not None:
             self._on_fence(broker_id)
 
+    def catch_up_tasks(self, broker_id: int) -> list[CatchUpTask]:
+        """What the catch-up job copies before broker `broker_id` is relaunched: each replica it
+        follows, from the partition's live leader."""
+        with self._lock:
+            live = {b for b, r in self._brokers.items() if not r.dead}
+            return [CatchUpTask(self._config.root, topic, partition, s["leader"], broker_id)
+                    for topic, t in sorted(self._state.topics.items())
+                    for partition, s in sorted(t["partitions"].items())
+                    if broker_id in s["replicas"] and s["leader"] in live - {broker_id}]
+
     def check_sessions(self) -> list[int]:
         """Fence brokers silent past the session timeout; returns their ids."""
         now = time.monotonic()

@@ -11,7 +11,9 @@ killed with SIGKILL. Prints one JSON line of findings for the test to check.
 
 from __future__ import annotations
 
+import faulthandler
 import json
+import logging
 import os
 import sys
 import threading
@@ -31,7 +33,13 @@ PARTITIONS = 3
 WAIT_S = 120
 
 
+def progress(what: str) -> None:
+    """A time-stamped line on stderr, so a slow or stuck run shows how far it got."""
+    print(f"{time.strftime('%H:%M:%S')} {what}", file=sys.stderr, flush=True)
+
+
 def wait_until(condition: Callable[[], bool], what: str) -> None:
+    progress(f"waiting for {what}")
     deadline = time.monotonic() + WAIT_S
     while not condition():
         if time.monotonic() > deadline:
@@ -123,7 +131,9 @@ def produce_through_leader_kill(cluster: Cluster) -> dict:
     stop.set()
     for t in senders:
         t.join()
+    progress(f"producers done: {len(acked)} acknowledged, {len(failed)} failed")
     records = read_all(cluster.bootstrap_servers, len(acked))
+    progress(f"read {len(records)} records")
     stored = {(r.partition, r.offset): r.value for r in records}
     values = [r.value for r in records]
     in_order = all(
@@ -182,20 +192,28 @@ def two_of_three_down(cluster: Cluster) -> dict:
             "refused_record_absent": b"refused" not in {r.value for r in got}}
 
 
-def main(root: str, port: int) -> None:
+def main(root: str, port: int, dump_after_s: float) -> None:
+    # Before the test gives up on us, print every thread's stack to stderr: where it hangs.
+    faulthandler.dump_traceback_later(dump_after_s, exit=True)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     os.environ.setdefault("SPARK_HOME", os.path.dirname(pyspark.__file__))
     spark = (SparkSession.builder.master("local-cluster[4,1,1024]")
              .config("spark.driver.host", "127.0.0.1")
              .config("spark.driver.bindAddress", "127.0.0.1")
-             .config("spark.ui.enabled", "false").getOrCreate())
+             .config("spark.ui.enabled", "false")
+             .config("spark.ui.showConsoleProgress", "false").getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     cluster = Cluster(spark, root=root, brokers=3, port=port).start()
     try:
         with AdminClient(cluster.bootstrap_servers) as admin:
             admin.create_topics([NewTopic(TOPIC, PARTITIONS, 3, {"min.insync.replicas": "2"})])
-        result = {"leader_kill": produce_through_leader_kill(cluster),
-                  "follower_kill": follower_kill(cluster),
-                  "two_down": two_of_three_down(cluster)}
+        progress("cluster up, topic created")
+        result = {"leader_kill": produce_through_leader_kill(cluster)}
+        progress("leader kill done")
+        result["follower_kill"] = follower_kill(cluster)
+        progress("follower kill done")
+        result["two_down"] = two_of_three_down(cluster)
+        progress("two down done")
         executors = spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size()
         result.update(executors=executors, pids=len(set(cluster.broker_pids().values())))
         print(json.dumps(result))
@@ -205,4 +223,4 @@ def main(root: str, port: int) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]))
+    main(sys.argv[1], int(sys.argv[2]), float(sys.argv[3]))

@@ -21,9 +21,10 @@ def test_replicated_cluster_in_separate_executors_survives_executor_kills(tmp_pa
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable,
                SPARK_WORKER_DIR=str(tmp_path / "work"), SPARK_LOCAL_IP="127.0.0.1",
                PYTHONPATH=str(JOB.parents[2]))
-    done = subprocess.run([sys.executable, str(JOB), str(tmp_path / "data"), str(free_port())],
-                          env=env, capture_output=True, text=True, timeout=560)
-    assert done.returncode == 0, done.stderr[-3000:]
+    # The job dumps its threads' stacks and exits after 540 s, so a hang shows where it is.
+    done = subprocess.run([sys.executable, str(JOB), str(tmp_path / "data"), str(free_port()),
+                           "540"], env=env, capture_output=True, text=True, timeout=570)
+    assert done.returncode == 0, done.stderr[-20000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     kill = result["leader_kill"]
     # Every record acknowledged with acks=all is there once, in send order, on every replica.
