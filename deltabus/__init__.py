@@ -5,6 +5,10 @@ Every topic-partition is a Delta table.
 The public API is what `__all__` names (a test pins it); everything else may change.
 """
 
+# pandas first: once a SparkSession exists, PySpark 4.3 has left half-imported pandas modules
+# behind, and the first `import pandas` (pyarrow imports it for Delta reads) then fails.
+import pandas  # noqa: F401, I001
+
 from deltabus import errors
 from deltabus.cluster.cluster import Cluster, local_spark
 from deltabus.errors import DeltaBusError

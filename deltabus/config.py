@@ -109,6 +109,34 @@ def _env_int(name: str, default: int) -> int:
 
 
 @dataclass(frozen=True, kw_only=True)
+class GroupConfig:
+    """The group coordinator's limits, as Kafka's broker configs of the same names."""
+
+    # A member's session.timeout.ms must lie in [min, max] (group.min/max.session.timeout.ms).
+    group_min_session_timeout_ms: int = field(
+        default_factory=lambda: _env_int("DELTABUS_GROUP_MIN_SESSION_TIMEOUT_MS", 6_000))
+    group_max_session_timeout_ms: int = 1_800_000
+    # A new (empty) group waits this long for more members before its first generation, so a
+    # fleet of consumers starting together gets one rebalance, not one per member.
+    group_initial_rebalance_delay_ms: int = field(
+        default_factory=lambda: _env_int("DELTABUS_GROUP_INITIAL_REBALANCE_DELAY_MS", 3_000))
+    group_max_size: int = 10_000
+    # Offsets of a group empty for this long (or of a standalone consumer not committing for
+    # this long) expire; checked this often.
+    offsets_retention_minutes: int = 7 * 24 * 60
+    offsets_retention_check_interval_ms: int = 600_000
+    offset_metadata_max_bytes: int = 4096
+    # Commits queued within this long share one Delta commit of __consumer_offsets.
+    offsets_commit_linger_ms: int = 5
+    # The coordinator answers joins and syncs of this many members at once (server threads).
+    coordinator_threads: int = 512
+
+    def __post_init__(self) -> None:
+        if self.group_min_session_timeout_ms > self.group_max_session_timeout_ms:
+            raise ValueError("group.min.session.timeout.ms exceeds group.max.session.timeout.ms")
+
+
+@dataclass(frozen=True, kw_only=True)
 class ClusterConfig:
     """Settings of one deltabus cluster: controller, brokers and their logs.
 
@@ -166,6 +194,8 @@ class ClusterConfig:
     # Cluster defaults for the topic configs of the same name.
     min_insync_replicas: int = 1
     unclean_leader_election_enable: bool = False
+    # Consumer groups (Kafka's group.* and offsets.* broker configs).
+    group: GroupConfig = field(default_factory=lambda: GroupConfig())
 
     def with_(self, **changes: Any) -> ClusterConfig:
         return replace(self, **changes)

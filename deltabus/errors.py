@@ -94,6 +94,13 @@ MessageTooLargeError = _kafka_error(10, "MESSAGE_TOO_LARGE", grpc_status=_S.INVA
 NetworkError = _kafka_error(
     13, "NETWORK_EXCEPTION", retriable=True, invalid_metadata=True, grpc_status=_S.UNAVAILABLE
 )
+OffsetMetadataTooLargeError = _kafka_error(
+    12, "OFFSET_METADATA_TOO_LARGE", grpc_status=_S.INVALID_ARGUMENT)
+CoordinatorLoadInProgressError = _kafka_error(
+    14, "COORDINATOR_LOAD_IN_PROGRESS", retriable=True, grpc_status=_S.UNAVAILABLE)
+CoordinatorNotAvailableError = _kafka_error(
+    15, "COORDINATOR_NOT_AVAILABLE", retriable=True, grpc_status=_S.UNAVAILABLE)
+NotCoordinatorError = _kafka_error(16, "NOT_COORDINATOR", retriable=True)
 InvalidTopicError = _kafka_error(17, "INVALID_TOPIC_EXCEPTION", grpc_status=_S.INVALID_ARGUMENT)
 RecordListTooLargeError = _kafka_error(18, "RECORD_LIST_TOO_LARGE", grpc_status=_S.INVALID_ARGUMENT)
 NotEnoughReplicasError = _kafka_error(19, "NOT_ENOUGH_REPLICAS", retriable=True)
@@ -101,6 +108,15 @@ NotEnoughReplicasAfterAppendError = _kafka_error(
     20, "NOT_ENOUGH_REPLICAS_AFTER_APPEND", retriable=True)
 InvalidRequiredAcksError = _kafka_error(
     21, "INVALID_REQUIRED_ACKS", grpc_status=_S.INVALID_ARGUMENT)
+IllegalGenerationError = _kafka_error(22, "ILLEGAL_GENERATION")
+InconsistentGroupProtocolError = _kafka_error(23, "INCONSISTENT_GROUP_PROTOCOL")
+InvalidGroupIdError = _kafka_error(24, "INVALID_GROUP_ID", grpc_status=_S.INVALID_ARGUMENT)
+UnknownMemberIdError = _kafka_error(25, "UNKNOWN_MEMBER_ID")
+InvalidSessionTimeoutError = _kafka_error(
+    26, "INVALID_SESSION_TIMEOUT", grpc_status=_S.INVALID_ARGUMENT)
+RebalanceInProgressError = _kafka_error(27, "REBALANCE_IN_PROGRESS")
+InvalidCommitOffsetSizeError = _kafka_error(
+    28, "INVALID_COMMIT_OFFSET_SIZE", grpc_status=_S.INVALID_ARGUMENT)
 InvalidTimestampError = _kafka_error(32, "INVALID_TIMESTAMP", grpc_status=_S.INVALID_ARGUMENT)
 UnsupportedVersionError = _kafka_error(35, "UNSUPPORTED_VERSION", grpc_status=_S.UNIMPLEMENTED)
 TopicAlreadyExistsError = _kafka_error(36, "TOPIC_ALREADY_EXISTS", grpc_status=_S.ALREADY_EXISTS)
@@ -119,14 +135,18 @@ InvalidProducerEpochError = _kafka_error(47, "INVALID_PRODUCER_EPOCH")
 KafkaStorageError = _kafka_error(
     56, "KAFKA_STORAGE_ERROR", retriable=True, invalid_metadata=True, grpc_status=_S.UNAVAILABLE
 )
+NonEmptyGroupError = _kafka_error(68, "NON_EMPTY_GROUP")
+GroupIdNotFoundError = _kafka_error(69, "GROUP_ID_NOT_FOUND", grpc_status=_S.NOT_FOUND)
 FencedLeaderEpochError = _kafka_error(
     74, "FENCED_LEADER_EPOCH", retriable=True, invalid_metadata=True)
 UnknownLeaderEpochError = _kafka_error(75, "UNKNOWN_LEADER_EPOCH", retriable=True)
 StaleBrokerEpochError = _kafka_error(77, "STALE_BROKER_EPOCH")
+MemberIdRequiredError = _kafka_error(79, "MEMBER_ID_REQUIRED")
 PreferredLeaderNotAvailableError = _kafka_error(80, "PREFERRED_LEADER_NOT_AVAILABLE",
                                                 retriable=True)
 EligibleLeadersNotAvailableError = _kafka_error(83, "ELIGIBLE_LEADERS_NOT_AVAILABLE",
                                                 retriable=True)
+GroupMaxSizeReachedError = _kafka_error(81, "GROUP_MAX_SIZE_REACHED")
 ElectionNotNeededError = _kafka_error(84, "ELECTION_NOT_NEEDED")
 NoReassignmentInProgressError = _kafka_error(85, "NO_REASSIGNMENT_IN_PROGRESS")
 InvalidRecordError = _kafka_error(87, "INVALID_RECORD", grpc_status=_S.INVALID_ARGUMENT)

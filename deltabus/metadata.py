@@ -43,6 +43,9 @@ class TopicResult:
     replication_factor: int = -1
 
 
+CONTROLLER_NODE_ID = -1  # the controller's node id where an API names a node (FindCoordinator)
+
+
 @dataclass(frozen=True)
 class BrokerEndpoint:
     broker_id: int

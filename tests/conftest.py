@@ -18,6 +18,9 @@ os.environ.setdefault("DELTABUS_BROKER_HEARTBEAT_INTERVAL_MS", "200")
 os.environ.setdefault("DELTABUS_BROKER_SESSION_TIMEOUT_MS", "3000")
 os.environ.setdefault("DELTABUS_STARTUP_TIMEOUT_MS", "90000")
 os.environ.setdefault("DELTABUS_REPLICA_LAG_TIME_MAX_MS", "5000")
+# Consumer groups: members may use short sessions; a new group forms without Kafka's 3 s wait.
+os.environ.setdefault("DELTABUS_GROUP_MIN_SESSION_TIMEOUT_MS", "1000")
+os.environ.setdefault("DELTABUS_GROUP_INITIAL_REBALANCE_DELAY_MS", "200")
 # Leadership goes back to preferred replicas within a second: every test must live with it.
 os.environ.setdefault("DELTABUS_LEADER_IMBALANCE_CHECK_INTERVAL_MS", "1000")
 

@@ -1,6 +1,9 @@
-"""`deltabus console-consumer`: Kafka's kafka-console-consumer.sh without consumer groups (yet).
+"""`deltabus console-consumer`: Kafka's kafka-console-consumer.sh.
 
-It assigns every partition of the topic (or the one `--partition`) and starts at the end, unless
+With `--group G` it joins the consumer group and starts at the group's committed offsets (where
+the group has none: at the end, or the beginning with `--from-beginning`), committing as it goes
+and when it exits; run again, it goes on where it stopped. Without a group it assigns every
+partition of the topic (or the one `--partition`) and starts at the end, unless
 `--from-beginning` or `--offset` says otherwise. Lines are printed as Kafka's
 DefaultMessageFormatter prints them, so `print.key`, `print.offset`... give the same columns. It
 stops after `--max-messages`, or once `--timeout-ms` passes with no record, and always ends with
@@ -34,6 +37,8 @@ def add_parser(subparsers: argparse._SubParsersAction, parent: argparse.Argument
     p.add_argument("--topic", required=True)
     p.add_argument("--from-beginning", action="store_true",
                    help="start at the earliest record instead of the end")
+    p.add_argument("--group", help="the consumer group to read in (committed offsets win over "
+                                   "--from-beginning)")
     p.add_argument("--partition", type=int, help="read only this partition")
     p.add_argument("--offset", help="with --partition: earliest, latest or an offset")
     p.add_argument("--max-messages", type=int, help="stop after this many records")
@@ -99,10 +104,18 @@ def run(args: argparse.Namespace) -> int:
     kwargs = client_kwargs(parse_properties(args.consumer_property, "--consumer-property"),
                            CONSUMER_CONFIGS)
     start = _start_position(args)
+    if args.group is not None and args.partition is not None:
+        raise CliError("Options group and partition cannot be specified together.")
+    if args.group is not None:
+        kwargs.update(group_id=args.group, auto_offset_reset=(
+            "earliest" if args.from_beginning else "latest"))
     consumer = Consumer(args.bootstrap_server, **kwargs)
     count = 0
     try:
-        _assign(consumer, args.topic, args.partition, start)
+        if args.group is not None:
+            consumer.subscribe([args.topic])
+        else:
+            _assign(consumer, args.topic, args.partition, start)
         max_messages = args.max_messages if (args.max_messages or 0) >= 0 else None
         count = _print_records(consumer, formatter, max_messages, args.timeout_ms)
     except KeyboardInterrupt:

@@ -4,6 +4,7 @@
     deltabus topics               kafka-topics.sh
     deltabus console-producer     kafka-console-producer.sh
     deltabus console-consumer     kafka-console-consumer.sh
+    deltabus consumer-groups      kafka-consumer-groups.sh
     deltabus perf producer        kafka-producer-perf-test.sh
     deltabus perf consumer        kafka-consumer-perf-test.sh
     deltabus bench                the project's benchmark (`make bench`)
@@ -26,6 +27,7 @@ from deltabus.cli import (
     cluster_command,
     console_consumer,
     console_producer,
+    consumer_groups,
     consumer_performance,
     leader_election,
     producer_performance,
@@ -65,6 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     topic_command.add_parser(commands, parent)
     console_producer.add_parser(commands, parent)
     console_consumer.add_parser(commands, parent)
+    consumer_groups.add_parser(commands, parent)
     leader_election.add_parser(commands, parent)
     reassign_partitions.add_parser(commands, parent)
     perf = commands.add_parser("perf", help="producer and consumer performance tests")

@@ -40,6 +40,15 @@ CONSUMER_CONFIGS: dict[str, tuple[str, Any]] = {
     "request.timeout.ms": ("request_timeout_ms", int),
     "retry.backoff.ms": ("retry_backoff_ms", int),
     "client.id": ("client_id", str),
+    "group.id": ("group_id", str),
+    "auto.offset.reset": ("auto_offset_reset", str),
+    "enable.auto.commit": ("enable_auto_commit", lambda v: v.strip().lower() == "true"),
+    "auto.commit.interval.ms": ("auto_commit_interval_ms", int),
+    "session.timeout.ms": ("session_timeout_ms", int),
+    "heartbeat.interval.ms": ("heartbeat_interval_ms", int),
+    "max.poll.interval.ms": ("max_poll_interval_ms", int),
+    "partition.assignment.strategy": (
+        "partition_assignment_strategy", lambda v: [s.strip() for s in v.split(",")]),
 }
 
 

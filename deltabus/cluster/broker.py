@@ -38,7 +38,9 @@ from deltabus.cluster.replica_fetcher import ReplicaFetcher
 from deltabus.log_tables.layout import replica_path
 from deltabus.log_tables.partition_log import AppendResult, LogConfig, PartitionLog
 from deltabus.metadata import (
+    CONTROLLER_NODE_ID,
     NO_LEADER,
+    BrokerEndpoint,
     MetadataImage,
     NewTopic,
     PartitionState,
@@ -414,6 +416,11 @@ class Broker:
         response = self._controller.call_any("AlterPartitionReassignments",
                                              codec.reassignments_request(targets))
         return codec.election_results(response)
+
+    def find_coordinator(self, group_id: str) -> BrokerEndpoint:
+        """Groups are coordinated by the controller, in the driver."""
+        host, port = self.spec.controller_address.rsplit(":", 1)
+        return BrokerEndpoint(CONTROLLER_NODE_ID, host, int(port))
 
     def list_offsets(self, topic: str, partition: int, timestamp: int) -> tuple[int, int, int]:
         hosted = self._partition(topic, partition)

@@ -24,12 +24,16 @@ from deltabus import config as cfg
 from deltabus.cluster.broker import BrokerSpec, run_broker_task
 from deltabus.cluster.catch_up import CatchUpTask, catch_up_replicas
 from deltabus.cluster.controller import Controller, ControllerHandler
-from deltabus.log_tables.layout import normalize_root
+from deltabus.log_tables.layout import consumer_offsets_path, normalize_root
+from deltabus.metadata import CONTROLLER_NODE_ID, BrokerEndpoint
+from deltabus.offsets.group_coordinator import GroupCoordinator
+from deltabus.offsets.offset_store import OffsetStore
 from deltabus.rpc.server import start_server
 
 log = logging.getLogger(__name__)
 
 RELAUNCH_BACKOFF_S = 0.5
+COORDINATOR_TICK_S = 0.1
 
 
 def local_spark(task_slots: int, *, app_name: str = "deltabus", ui: bool = True) -> Any:
@@ -76,6 +80,7 @@ class Cluster:
         self._owns_spark = spark is None
         self.spark = spark if spark is not None else local_spark(brokers + 2)
         self.controller: Controller | None = None
+        self.coordinator: GroupCoordinator | None = None
         self._server: Any = None
         self._threads: list[threading.Thread] = []
         self._stopping = threading.Event()
@@ -93,10 +98,18 @@ class Cluster:
         self._check_task_slots()
         self.controller = Controller(self.config, on_fence=self._cancel_broker,
                                      catch_up=self._catch_up)
+        group = self.config.group
+        self.coordinator = GroupCoordinator(
+            OffsetStore(consumer_offsets_path(self.config.root),
+                        commit_linger_ms=group.offsets_commit_linger_ms), group)
+        handler = ControllerHandler(self.controller)
         self._server, self.port = start_server(
-            self.config.host, self.config.port, ControllerHandler(self.controller),
-            self.controller, threads=self.config.grpc_threads)
+            self.config.host, self.config.port, handler, self.controller,
+            threads=max(self.config.grpc_threads, group.coordinator_threads),
+            groups=self.coordinator)
+        handler.endpoint = BrokerEndpoint(CONTROLLER_NODE_ID, self.config.host, self.port)
         self._spawn(self._check_sessions_loop, "deltabus-session-checker")
+        self._spawn(self._coordinator_loop, "deltabus-group-coordinator")
         for broker_id in range(self.config.brokers):
             self._spawn(lambda b=broker_id: self._supervise(b), f"deltabus-supervisor-{broker_id}")
         timeout_s = self.config.startup_timeout_ms / 1000
@@ -211,6 +224,15 @@ class Cluster:
                 if moved:
                     log.info("preferred leader election moved %d partitions", moved)
 
+    def _coordinator_loop(self) -> None:
+        """The group coordinator's clock: session expiry, join deadlines, offset expiry."""
+        while not self._stopping.wait(COORDINATOR_TICK_S):
+            try:
+                if self.coordinator is not None:
+                    self.coordinator.tick()
+            except Exception:  # a storage hiccup must not stop group sessions from expiring
+                log.exception("group coordinator tick failed")
+
     # ---- using -------------------------------------------------------------------------------
 
     @property
@@ -297,6 +319,8 @@ class Cluster:
                 sc.cancelJobGroup(f"deltabus-broker-{broker_id}")
         if self._server is not None:
             self._server.stop(grace=1).wait(5)
+        if self.coordinator is not None:
+            self.coordinator.close()
         if self._owns_spark:
             self.spark.stop()
 

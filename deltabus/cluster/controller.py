@@ -763,6 +763,13 @@ class ControllerHandler:
     def __init__(self, controller: Controller, auto_create_topics: bool = True) -> None:
         self._controller = controller
         self._auto_create = auto_create_topics
+        self.endpoint: BrokerEndpoint | None = None  # set once the server is bound
+
+    def find_coordinator(self, group_id: str) -> BrokerEndpoint:
+        """Groups are coordinated here, beside the controller."""
+        if self.endpoint is None:
+            raise errors.CoordinatorNotAvailableError("the group coordinator is starting")
+        return self.endpoint
 
     def metadata(self, topics: list[str], allow_auto_create: bool) -> MetadataImage:
         image = self._controller.image()

@@ -25,6 +25,11 @@ def metadata_path(root: str) -> str:
     return posixpath.join(root, "__cluster_metadata")
 
 
+def consumer_offsets_path(root: str) -> str:
+    """Consumer groups' committed offsets (Kafka's __consumer_offsets), one Delta table."""
+    return posixpath.join(root, "__consumer_offsets")
+
+
 def topic_path(root: str, topic: str) -> str:
     return posixpath.join(root, "topics", topic)
 

@@ -1,5 +1,5 @@
-"""`AdminClient`: create, delete, list and describe topics, and elect leaders (Kafka's Admin API,
-topic part).
+"""`AdminClient`: create, delete, list and describe topics, elect leaders, reassign partitions,
+and manage consumer groups and their offsets (Kafka's Admin API).
 
 Thread-safe. Admin calls go to any server; brokers forward them to the controller.
 """
@@ -7,9 +7,11 @@ Thread-safe. Admin calls go to any server; brokers forward them to the controlle
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 from deltabus import errors
 from deltabus.metadata import NewTopic, TopicState
+from deltabus.offsets.group_coordinator import GroupDescription, MemberDescription
 from deltabus.rpc import codec
 from deltabus.rpc.client import ClusterClient
 from deltabus.rpc.v1 import deltabus_pb2 as pb
@@ -83,6 +85,65 @@ class AdminClient:
         response = self._client.call_any("AlterPartitionReassignments",
                                          codec.reassignments_request(targets))
         return codec.election_results(response)
+
+    # ---- consumer groups ----------------------------------------------------------------------
+
+    def _group_call(self, group_id: str, method: str, request: Any) -> Any:
+        """A group call, sent to the group's coordinator (found with FindCoordinator)."""
+        found = self._client.call_any("FindCoordinator", pb.FindCoordinatorRequest(key=group_id))
+        errors.check(found.error_code, found.error_message)
+        return self._client.call(f"{found.host}:{found.port}", method, request)
+
+    def list_consumer_groups(self, states: Iterable[str] = ()) -> list[tuple[str, str]]:
+        """(group id, state) of every group, with members or committed offsets."""
+        response = self._group_call("", "ListGroups",
+                                    pb.ListGroupsRequest(states_filter=list(states)))
+        errors.check(response.error_code, response.error_message)
+        return [(g.group_id, g.group_state) for g in response.groups]
+
+    def describe_consumer_groups(self, group_ids: Iterable[str]) -> list[GroupDescription]:
+        """Each group's state, assignor and members (with their assigned partitions)."""
+        ids = list(group_ids)
+        response = self._group_call(ids[0] if ids else "", "DescribeGroups",
+                                    pb.DescribeGroupsRequest(group_ids=ids))
+        out = []
+        for g in response.groups:
+            errors.check(g.error_code, g.error_message)
+            out.append(GroupDescription(g.group_id, g.group_state, g.protocol_type,
+                                        g.protocol_data, g.generation_id, g.leader, [
+                MemberDescription(m.member_id, m.client_id, m.client_host, m.member_metadata,
+                                  m.member_assignment) for m in g.members]))
+        return out
+
+    def list_consumer_group_offsets(self, group_id: str) -> dict[tuple[str, int], int]:
+        """The group's committed offset of every partition it committed."""
+        response = self._group_call(group_id, "OffsetFetch",
+                                    pb.OffsetFetchRequest(group_id=group_id))
+        errors.check(response.error_code, response.error_message)
+        return {(p.topic, p.partition): p.committed_offset for p in response.partitions
+                if p.committed_offset >= 0}
+
+    def alter_consumer_group_offsets(self, group_id: str,
+                                     offsets: dict[tuple[str, int], int]) -> None:
+        """Set a group's committed offsets (kafka-consumer-groups --reset-offsets --execute).
+        Refused (UNKNOWN_MEMBER_ID) while the group has active members, as in Kafka."""
+        response = self._group_call(group_id, "OffsetCommit", pb.OffsetCommitRequest(
+            group_id=group_id, generation_id=-1, member_id="", partitions=[
+                pb.OffsetCommitPartition(topic=t, partition=p, committed_offset=o,
+                                         committed_leader_epoch=-1)
+                for (t, p), o in offsets.items()]))
+        for r in response.results:
+            errors.check(r.error_code, r.error_message)
+
+    def delete_consumer_groups(self, group_ids: Iterable[str]
+                               ) -> dict[str, errors.DeltaBusError | None]:
+        """Delete empty groups and their offsets; per group None or the error (NON_EMPTY_GROUP,
+        GROUP_ID_NOT_FOUND)."""
+        ids = list(group_ids)
+        response = self._group_call(ids[0] if ids else "", "DeleteGroups",
+                                    pb.DeleteGroupsRequest(group_ids=ids))
+        return {r.group_id: errors.error_for_code(r.error_code, r.error_message)
+                if r.error_code else None for r in response.results}
 
     def describe_cluster(self) -> dict:
         image = self._client.refresh_metadata()

@@ -1,9 +1,15 @@
-"""`Consumer`: Kafka's consumer with manual assignment (`assign`/`seek`/`poll`).
+"""`Consumer`: Kafka's consumer, in a consumer group (`subscribe`) or on its own (`assign`).
 
 Not thread-safe (as Kafka's KafkaConsumer): one thread polls. The consumer keeps a position per
-assigned partition; a partition with no position starts where `auto_offset_reset` says (earliest or
-latest), and one whose position fell out of range is reset the same way. Consumer groups (subscribe,
-committed offsets) build on this: the position bookkeeping here is what they commit.
+assigned partition: the offset of the next record `poll` returns. A partition with no position
+starts at the group's committed offset, else where `auto_offset_reset` says (earliest or latest);
+one whose position fell out of range is reset the same way.
+
+With a `group_id`, `subscribe` makes the consumer a member of the group (see
+`consumer_coordinator`): partitions are assigned by the group, `poll` takes part in rebalances,
+and positions are committed to `__consumer_offsets` (automatically every
+`auto_commit_interval_ms`, at the next poll: at-least-once, as Kafka's auto-commit; or by
+`commit`).
 
 `poll` returns ConsumerRecords; `poll_batch` returns one Arrow table per partition, the zero-copy
 path for bulk readers (Spark, pandas).
@@ -12,23 +18,44 @@ path for bulk readers (Spark, pandas).
 from __future__ import annotations
 
 import collections
+import logging
+import re
 import time
-from collections.abc import Iterable
-from typing import Any, NamedTuple
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import grpc
 import pyarrow as pa
 
 from deltabus import config as cfg
 from deltabus import errors
+from deltabus.offsets.assignors import Assignor, assignor
 from deltabus.records import ConsumerRecord, from_ipc, iter_consumer_records
 from deltabus.rpc.client import ClusterClient, error_from_rpc
+from deltabus.rpc.consumer_coordinator import (
+    CommitFailedError,
+    ConsumerCoordinator,
+    OffsetAndMetadata,
+    TopicPartition,
+    matching_topics,
+)
 from deltabus.rpc.v1 import deltabus_pb2 as pb
 
+__all__ = ["CommitFailedError", "Consumer", "ConsumerRebalanceListener", "OffsetAndMetadata",
+           "TopicPartition"]
 
-class TopicPartition(NamedTuple):
-    topic: str
-    partition: int
+log = logging.getLogger(__name__)
+
+
+class ConsumerRebalanceListener:
+    """Called on the polling thread around rebalances (Kafka's ConsumerRebalanceListener):
+    commit in `on_partitions_revoked` so the next owner starts where you stopped."""
+
+    def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
+        pass
+
+    def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
+        pass
 
 
 class Consumer:
@@ -46,11 +73,26 @@ class Consumer:
         max_poll_records: int = 500,
         request_timeout_ms: int = 30_000,
         retry_backoff_ms: int = 100,
+        metadata_max_age_ms: int = 300_000,
         client_id: str = "deltabus-consumer",
+        group_id: str | None = None,
+        enable_auto_commit: bool = True,
+        auto_commit_interval_ms: int = 5_000,
+        session_timeout_ms: int = 45_000,
+        heartbeat_interval_ms: int = 3_000,
+        max_poll_interval_ms: int = 300_000,
+        partition_assignment_strategy: Iterable[str | Assignor] = ("range",),
     ) -> None:
         if auto_offset_reset not in ("earliest", "latest", "none"):
             raise errors.InvalidConfigError(
                 f"auto_offset_reset must be earliest, latest or none, not {auto_offset_reset!r}")
+        assignors = [assignor(a) if isinstance(a, str) else a
+                     for a in partition_assignment_strategy]
+        if not assignors:
+            raise errors.InvalidConfigError("partition_assignment_strategy names no assignor")
+        self.group_id = group_id
+        self.enable_auto_commit = enable_auto_commit and group_id is not None
+        self.auto_commit_interval_ms = auto_commit_interval_ms
         self.auto_offset_reset = auto_offset_reset
         self.fetch_max_wait_ms = fetch_max_wait_ms
         self.fetch_min_bytes = fetch_min_bytes
@@ -58,7 +100,18 @@ class Consumer:
         self.max_partition_fetch_bytes = max_partition_fetch_bytes
         self.max_poll_records = max_poll_records
         self._client = ClusterClient(bootstrap_servers, request_timeout_ms=request_timeout_ms,
-                                     retry_backoff_ms=retry_backoff_ms, client_id=client_id)
+                                     retry_backoff_ms=retry_backoff_ms,
+                                     metadata_max_age_ms=metadata_max_age_ms, client_id=client_id)
+        self._group: ConsumerCoordinator | None = None
+        if group_id is not None:
+            self._group = ConsumerCoordinator(
+                self._client, group_id, session_timeout_ms=session_timeout_ms,
+                heartbeat_interval_ms=heartbeat_interval_ms,
+                max_poll_interval_ms=max_poll_interval_ms, assignors=assignors,
+                client_id=client_id)
+        self._subscription: list[str] | re.Pattern[str] | None = None
+        self._listener: ConsumerRebalanceListener | None = None
+        self._next_auto_commit_s = time.monotonic() + auto_commit_interval_ms / 1000
         self._positions: dict[TopicPartition, int | None] = {}
         self._buffer: collections.OrderedDict[TopicPartition, pa.Table] = collections.OrderedDict()
         # Fetches sent ahead: (gRPC future, the fetch offset of each partition it asks for).
@@ -67,8 +120,44 @@ class Consumer:
 
     # ---- assignment and positions ------------------------------------------------------------
 
+    def subscribe(self, topics: Iterable[str] | None = None, pattern: str | None = None,
+                  listener: ConsumerRebalanceListener | None = None) -> None:
+        """Join the consumer group for these topics (or every topic matching `pattern`); the
+        group assigns the partitions, at the next poll. Needs a group_id."""
+        if self._group is None:
+            raise errors.InvalidConfigError("subscribe needs a group_id: use assign() without one")
+        if self._subscription is None and self._positions:
+            raise errors.ClientError("Subscription to topics, partitions and pattern are "
+                                     "mutually exclusive: this consumer has assign()ed")
+        if (topics is None) == (pattern is None):
+            raise errors.ClientError("subscribe to a list of topics or to a pattern")
+        self._subscription = (re.compile(pattern) if pattern is not None
+                              else sorted(set(topics or ())))
+        self._listener = listener
+        self._group.rejoin_needed = True
+
+    def subscription(self) -> set[str]:
+        return set(self._subscribed_topics()) if self._subscription is not None else set()
+
+    def _subscribed_topics(self) -> list[str]:
+        if isinstance(self._subscription, re.Pattern):
+            return matching_topics(self._subscription, list(self._client.metadata().topics))
+        return list(self._subscription or [])
+
+    def unsubscribe(self) -> None:
+        """Leave the group and drop the assignment."""
+        if self._group is not None and self._subscription is not None:
+            self._revoke(sorted(self._positions))
+            self._group.leave()
+        self._subscription = None
+        self._positions = {}
+        self._buffer.clear()
+
     def assign(self, partitions: Iterable[TopicPartition | tuple[str, int]]) -> None:
         """Read exactly these partitions (replacing any earlier assignment)."""
+        if self._subscription is not None:
+            raise errors.ClientError("Subscription to topics, partitions and pattern are "
+                                     "mutually exclusive: this consumer has subscribe()d")
         wanted = [TopicPartition(*tp) for tp in partitions]
         image = self._client.refresh_metadata()
         for tp in wanted:
@@ -142,6 +231,15 @@ class Consumer:
         return out
 
     def _reset(self, tps: list[TopicPartition]) -> None:
+        """Positions for partitions with none: the group's committed offsets, else
+        auto_offset_reset (Kafka's order: committed offsets win over the reset policy)."""
+        if self._group is not None:
+            for tp, om in self._group.committed(tps).items():
+                if om is not None:
+                    self._positions[tp] = om.offset
+            tps = [tp for tp in tps if self._positions.get(tp) is None]
+            if not tps:
+                return
         if self.auto_offset_reset == "none":
             raise errors.OffsetOutOfRangeError(
                 f"no position for {[f'{t.topic}-{t.partition}' for t in tps]} and "
@@ -218,9 +316,17 @@ class Consumer:
     def _take(self, limit: int, timeout_ms: int) -> dict[TopicPartition, pa.Table]:
         if self._closed:
             raise errors.ClientError("the consumer is closed")
-        if not self._positions:
-            raise errors.ClientError("no partitions assigned: call assign() first")
         deadline = time.monotonic() + timeout_ms / 1000
+        if self._subscription is not None:
+            self._maybe_auto_commit()
+            assert self._group is not None
+            self._group.ensure_active(self._subscribed_topics(), self._revoke, self._assigned,
+                                      deadline)
+            if not self._positions:  # nothing assigned (more members than partitions)
+                time.sleep(max(0.0, min(deadline - time.monotonic(), 0.1)))
+                return {}
+        elif not self._positions:
+            raise errors.ClientError("no partitions assigned: call assign() or subscribe() first")
         while not self._buffer:
             if not self._inflight:
                 wait_ms = max(0, int((deadline - time.monotonic()) * 1000))
@@ -322,7 +428,98 @@ class Consumer:
                     self._buffer[tp] = table
                     self._positions[tp] = table.column("offset")[-1].as_py() + 1
 
-    def close(self) -> None:
+    # ---- groups: rebalances and commits ---------------------------------------------------------
+
+    def _revoke(self, revoked: list[TopicPartition]) -> None:
+        """Before partitions go: auto-commit what was consumed, let the listener commit."""
+        if self.enable_auto_commit:
+            try:
+                self.commit({tp: OffsetAndMetadata(self.position(tp)) for tp in revoked
+                             if tp in self._positions and self._has_position(tp)})
+            except (CommitFailedError, errors.DeltaBusError) as e:
+                log.warning("auto-commit before a rebalance failed: %s", e)
+        if self._listener is not None:
+            self._listener.on_partitions_revoked(revoked)
+        for tp in revoked:
+            self._positions.pop(tp, None)
+            self._buffer.pop(tp, None)
+        self._inflight = [(call, sent) for call, sent in self._inflight
+                          if not any(tp in revoked for tp in sent)]
+
+    def _assigned(self, added: list[TopicPartition]) -> None:
+        for tp in added:
+            self._positions[tp] = None  # committed offset, else auto_offset_reset
+        if self._listener is not None:
+            self._listener.on_partitions_assigned(added)
+
+    def _has_position(self, tp: TopicPartition) -> bool:
+        return tp in self._buffer or self._positions.get(tp) is not None
+
+    def _consumed(self) -> dict[TopicPartition, OffsetAndMetadata]:
+        return {tp: OffsetAndMetadata(self.position(tp)) for tp in self._positions
+                if self._has_position(tp)}
+
+    def _maybe_auto_commit(self) -> None:
+        if not self.enable_auto_commit or time.monotonic() < self._next_auto_commit_s:
+            return
+        self._next_auto_commit_s = time.monotonic() + self.auto_commit_interval_ms / 1000
+        try:
+            self.commit()
+        except (CommitFailedError, errors.DeltaBusError) as e:  # the records come again
+            log.warning("auto-commit failed: %s", e)
+
+    def commit(self, offsets: dict[TopicPartition, OffsetAndMetadata | int] | None = None
+               ) -> None:
+        """Commit offsets to the group, synchronously: by default the position of every assigned
+        partition (everything poll returned counts as processed). Raises CommitFailedError
+        when the group has rebalanced meanwhile."""
+        if self._group is None:
+            raise errors.InvalidConfigError("commit needs a group_id")
+        chosen = self._consumed() if offsets is None else {
+            TopicPartition(*tp): om if isinstance(om, OffsetAndMetadata) else OffsetAndMetadata(om)
+            for tp, om in offsets.items()}
+        if self._subscription is None:  # a consumer outside group management
+            self._group.generation_id, self._group.member_id = -1, ""
+        self._group.commit(chosen)
+
+    def commit_async(self, offsets: dict[TopicPartition, OffsetAndMetadata | int] | None = None,
+                     callback: Callable[[dict, BaseException | None], None] | None = None
+                     ) -> None:
+        """Commit without raising; the callback (if any) gets the offsets and the error or None.
+        deltabus sends it at once: a commit costs one small round trip to the coordinator."""
+        chosen: dict[TopicPartition, OffsetAndMetadata | int] = (
+            dict(self._consumed()) if offsets is None else offsets)
+        error: BaseException | None = None
+        try:
+            self.commit(chosen)
+        except errors.DeltaBusError as e:
+            error = e
+            log.info("async commit failed: %s", e)
+        if callback is not None:
+            callback(dict(chosen), error)
+
+    def committed(self, partitions: TopicPartition | Iterable[TopicPartition]
+                  ) -> Any:
+        """The group's committed offset of a partition (an OffsetAndMetadata, or None), or a dict
+        of them for several partitions."""
+        if self._group is None:
+            raise errors.InvalidConfigError("committed needs a group_id")
+        if isinstance(partitions, TopicPartition):
+            return self._group.committed([partitions])[partitions]
+        return self._group.committed([TopicPartition(*tp) for tp in partitions])
+
+    def close(self, autocommit: bool = True) -> None:
+        """Commit (with auto-commit on), leave the group at once (its partitions move without
+        waiting for the session timeout) and release the connections."""
+        if self._closed:
+            return
+        if self._group is not None:
+            if autocommit and self.enable_auto_commit and self._subscription is not None:
+                try:
+                    self.commit()
+                except errors.DeltaBusError as e:
+                    log.warning("the last auto-commit failed: %s", e)
+            self._group.close()
         self._closed = True
         for call, _ in self._inflight:
             call.cancel()

@@ -27,8 +27,10 @@ from deltabus.metadata import (
     PartitionState,
     TopicResult,
 )
+from deltabus.offsets.group_coordinator import GroupCoordinator
 from deltabus.records import ProducerState
 from deltabus.rpc import codec
+from deltabus.rpc.group_servicer import GroupServicerMixin
 from deltabus.rpc.v1 import deltabus_pb2 as pb
 from deltabus.rpc.v1 import deltabus_pb2_grpc as pb_grpc
 
@@ -87,6 +89,10 @@ class DeltaBusHandler(Protocol):
     def reassign_partitions(self, targets: dict[tuple[str, int], list[int]]
                             ) -> dict[tuple[str, int], errors.DeltaBusError | None]: ...
 
+    def find_coordinator(self, group_id: str) -> BrokerEndpoint:
+        """The server that coordinates a group (node id -1: the controller)."""
+        ...
+
 
 class LifecycleHandler(Protocol):
     def register_broker(self, endpoint: BrokerEndpoint, pid: int) -> int: ...
@@ -119,9 +125,21 @@ def _code(error: errors.DeltaBusError | None) -> tuple[int, str]:
     return (error.code, error.message) if error else (0, "")
 
 
-class DeltaBusServicer(pb_grpc.DeltaBusServicer):
-    def __init__(self, handler: DeltaBusHandler) -> None:
+class DeltaBusServicer(GroupServicerMixin, pb_grpc.DeltaBusServicer):
+    def __init__(self, handler: DeltaBusHandler, groups: GroupCoordinator | None = None) -> None:
         self._handler = handler
+        self._groups = groups
+
+    def FindCoordinator(self, request: pb.FindCoordinatorRequest,
+                        context: Any) -> pb.FindCoordinatorResponse:
+        try:
+            if request.key_type != 0:
+                raise errors.InvalidRequestError(
+                    f"coordinator key type {request.key_type} is not supported (0: group)")
+            node = self._handler.find_coordinator(request.key)
+        except errors.DeltaBusError as e:
+            return pb.FindCoordinatorResponse(error_code=e.code, error_message=e.message)
+        return pb.FindCoordinatorResponse(node_id=node.broker_id, host=node.host, port=node.port)
 
     @_guard
     def Metadata(self, request: pb.MetadataRequest, context: Any) -> pb.MetadataResponse:
@@ -305,7 +323,8 @@ class BrokerLifecycleServicer(pb_grpc.BrokerLifecycleServicer):
 
 def start_server(host: str, port: int, handler: DeltaBusHandler,
                  lifecycle: LifecycleHandler | None = None, *,
-                 threads: int = 32) -> tuple[grpc.Server, int]:
+                 threads: int = 32,
+                 groups: GroupCoordinator | None = None) -> tuple[grpc.Server, int]:
     """Start a gRPC server on host:port (0 picks a free port); returns it and the bound port.
 
     Raises BrokerNotAvailableError when the port cannot be bound (already in use).
@@ -316,7 +335,7 @@ def start_server(host: str, port: int, handler: DeltaBusHandler,
         ("grpc.so_reuseport", 0),
     ]
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=threads), options=options)
-    pb_grpc.add_DeltaBusServicer_to_server(DeltaBusServicer(handler), server)
+    pb_grpc.add_DeltaBusServicer_to_server(DeltaBusServicer(handler, groups), server)
     if lifecycle is not None:
         pb_grpc.add_BrokerLifecycleServicer_to_server(BrokerLifecycleServicer(lifecycle), server)
     try:

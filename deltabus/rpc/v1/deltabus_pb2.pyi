@@ -546,3 +546,307 @@ class AlterPartitionReassignmentsResponse(_message.Message):
     RESULTS_FIELD_NUMBER: _ClassVar[int]
     results: _containers.RepeatedCompositeFieldContainer[PartitionResult]
     def __init__(self, results: _Optional[_Iterable[_Union[PartitionResult, _Mapping]]] = ...) -> None: ...
+
+class FindCoordinatorRequest(_message.Message):
+    __slots__ = ("key", "key_type")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    KEY_TYPE_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    key_type: int
+    def __init__(self, key: _Optional[str] = ..., key_type: _Optional[int] = ...) -> None: ...
+
+class FindCoordinatorResponse(_message.Message):
+    __slots__ = ("error_code", "error_message", "node_id", "host", "port")
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    error_code: int
+    error_message: str
+    node_id: int
+    host: str
+    port: int
+    def __init__(self, error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., node_id: _Optional[int] = ..., host: _Optional[str] = ..., port: _Optional[int] = ...) -> None: ...
+
+class JoinGroupProtocol(_message.Message):
+    __slots__ = ("name", "metadata")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    metadata: bytes
+    def __init__(self, name: _Optional[str] = ..., metadata: _Optional[bytes] = ...) -> None: ...
+
+class JoinGroupRequest(_message.Message):
+    __slots__ = ("group_id", "session_timeout_ms", "rebalance_timeout_ms", "member_id", "protocol_type", "protocols", "client_id")
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    REBALANCE_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
+    PROTOCOL_TYPE_FIELD_NUMBER: _ClassVar[int]
+    PROTOCOLS_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    group_id: str
+    session_timeout_ms: int
+    rebalance_timeout_ms: int
+    member_id: str
+    protocol_type: str
+    protocols: _containers.RepeatedCompositeFieldContainer[JoinGroupProtocol]
+    client_id: str
+    def __init__(self, group_id: _Optional[str] = ..., session_timeout_ms: _Optional[int] = ..., rebalance_timeout_ms: _Optional[int] = ..., member_id: _Optional[str] = ..., protocol_type: _Optional[str] = ..., protocols: _Optional[_Iterable[_Union[JoinGroupProtocol, _Mapping]]] = ..., client_id: _Optional[str] = ...) -> None: ...
+
+class JoinGroupMember(_message.Message):
+    __slots__ = ("member_id", "metadata")
+    MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    member_id: str
+    metadata: bytes
+    def __init__(self, member_id: _Optional[str] = ..., metadata: _Optional[bytes] = ...) -> None: ...
+
+class JoinGroupResponse(_message.Message):
+    __slots__ = ("error_code", "error_message", "generation_id", "protocol_name", "leader", "member_id", "members")
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_ID_FIELD_NUMBER: _ClassVar[int]
+    PROTOCOL_NAME_FIELD_NUMBER: _ClassVar[int]
+    LEADER_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    error_code: int
+    error_message: str
+    generation_id: int
+    protocol_name: str
+    leader: str
+    member_id: str
+    members: _containers.RepeatedCompositeFieldContainer[JoinGroupMember]
+    def __init__(self, error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., generation_id: _Optional[int] = ..., protocol_name: _Optional[str] = ..., leader: _Optional[str] = ..., member_id: _Optional[str] = ..., members: _Optional[_Iterable[_Union[JoinGroupMember, _Mapping]]] = ...) -> None: ...
+
+class SyncGroupAssignment(_message.Message):
+    __slots__ = ("member_id", "assignment")
+    MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
+    ASSIGNMENT_FIELD_NUMBER: _ClassVar[int]
+    member_id: str
+    assignment: bytes
+    def __init__(self, member_id: _Optional[str] = ..., assignment: _Optional[bytes] = ...) -> None: ...
+
+class SyncGroupRequest(_message.Message):
+    __slots__ = ("group_id", "generation_id", "member_id", "assignments")
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_ID_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
+    ASSIGNMENTS_FIELD_NUMBER: _ClassVar[int]
+    group_id: str
+    generation_id: int
+    member_id: str
+    assignments: _containers.RepeatedCompositeFieldContainer[SyncGroupAssignment]
+    def __init__(self, group_id: _Optional[str] = ..., generation_id: _Optional[int] = ..., member_id: _Optional[str] = ..., assignments: _Optional[_Iterable[_Union[SyncGroupAssignment, _Mapping]]] = ...) -> None: ...
+
+class SyncGroupResponse(_message.Message):
+    __slots__ = ("error_code", "error_message", "assignment")
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    ASSIGNMENT_FIELD_NUMBER: _ClassVar[int]
+    error_code: int
+    error_message: str
+    assignment: bytes
+    def __init__(self, error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., assignment: _Optional[bytes] = ...) -> None: ...
+
+class HeartbeatRequest(_message.Message):
+    __slots__ = ("group_id", "generation_id", "member_id")
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_ID_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
+    group_id: str
+    generation_id: int
+    member_id: str
+    def __init__(self, group_id: _Optional[str] = ..., generation_id: _Optional[int] = ..., member_id: _Optional[str] = ...) -> None: ...
+
+class HeartbeatResponse(_message.Message):
+    __slots__ = ("error_code", "error_message")
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    error_code: int
+    error_message: str
+    def __init__(self, error_code: _Optional[int] = ..., error_message: _Optional[str] = ...) -> None: ...
+
+class LeaveGroupRequest(_message.Message):
+    __slots__ = ("group_id", "member_ids")
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_IDS_FIELD_NUMBER: _ClassVar[int]
+    group_id: str
+    member_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, group_id: _Optional[str] = ..., member_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class LeaveGroupResponse(_message.Message):
+    __slots__ = ("error_code", "error_message")
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    error_code: int
+    error_message: str
+    def __init__(self, error_code: _Optional[int] = ..., error_message: _Optional[str] = ...) -> None: ...
+
+class OffsetCommitPartition(_message.Message):
+    __slots__ = ("topic", "partition", "committed_offset", "committed_leader_epoch", "metadata")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_LEADER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    partition: int
+    committed_offset: int
+    committed_leader_epoch: int
+    metadata: str
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., committed_offset: _Optional[int] = ..., committed_leader_epoch: _Optional[int] = ..., metadata: _Optional[str] = ...) -> None: ...
+
+class OffsetCommitRequest(_message.Message):
+    __slots__ = ("group_id", "generation_id", "member_id", "partitions")
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_ID_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    group_id: str
+    generation_id: int
+    member_id: str
+    partitions: _containers.RepeatedCompositeFieldContainer[OffsetCommitPartition]
+    def __init__(self, group_id: _Optional[str] = ..., generation_id: _Optional[int] = ..., member_id: _Optional[str] = ..., partitions: _Optional[_Iterable[_Union[OffsetCommitPartition, _Mapping]]] = ...) -> None: ...
+
+class OffsetCommitResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[PartitionResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[PartitionResult, _Mapping]]] = ...) -> None: ...
+
+class OffsetFetchRequest(_message.Message):
+    __slots__ = ("group_id", "topic_partitions")
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    group_id: str
+    topic_partitions: _containers.RepeatedCompositeFieldContainer[TopicPartitions]
+    def __init__(self, group_id: _Optional[str] = ..., topic_partitions: _Optional[_Iterable[_Union[TopicPartitions, _Mapping]]] = ...) -> None: ...
+
+class OffsetFetchPartition(_message.Message):
+    __slots__ = ("topic", "partition", "committed_offset", "committed_leader_epoch", "metadata", "commit_timestamp_ms", "error_code", "error_message")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_LEADER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    partition: int
+    committed_offset: int
+    committed_leader_epoch: int
+    metadata: str
+    commit_timestamp_ms: int
+    error_code: int
+    error_message: str
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., committed_offset: _Optional[int] = ..., committed_leader_epoch: _Optional[int] = ..., metadata: _Optional[str] = ..., commit_timestamp_ms: _Optional[int] = ..., error_code: _Optional[int] = ..., error_message: _Optional[str] = ...) -> None: ...
+
+class OffsetFetchResponse(_message.Message):
+    __slots__ = ("error_code", "error_message", "partitions")
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    error_code: int
+    error_message: str
+    partitions: _containers.RepeatedCompositeFieldContainer[OffsetFetchPartition]
+    def __init__(self, error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., partitions: _Optional[_Iterable[_Union[OffsetFetchPartition, _Mapping]]] = ...) -> None: ...
+
+class ListGroupsRequest(_message.Message):
+    __slots__ = ("states_filter",)
+    STATES_FILTER_FIELD_NUMBER: _ClassVar[int]
+    states_filter: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, states_filter: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ListedGroup(_message.Message):
+    __slots__ = ("group_id", "protocol_type", "group_state")
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    PROTOCOL_TYPE_FIELD_NUMBER: _ClassVar[int]
+    GROUP_STATE_FIELD_NUMBER: _ClassVar[int]
+    group_id: str
+    protocol_type: str
+    group_state: str
+    def __init__(self, group_id: _Optional[str] = ..., protocol_type: _Optional[str] = ..., group_state: _Optional[str] = ...) -> None: ...
+
+class ListGroupsResponse(_message.Message):
+    __slots__ = ("error_code", "error_message", "groups")
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    error_code: int
+    error_message: str
+    groups: _containers.RepeatedCompositeFieldContainer[ListedGroup]
+    def __init__(self, error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., groups: _Optional[_Iterable[_Union[ListedGroup, _Mapping]]] = ...) -> None: ...
+
+class DescribeGroupsRequest(_message.Message):
+    __slots__ = ("group_ids",)
+    GROUP_IDS_FIELD_NUMBER: _ClassVar[int]
+    group_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, group_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class DescribedGroupMember(_message.Message):
+    __slots__ = ("member_id", "client_id", "client_host", "member_metadata", "member_assignment")
+    MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_HOST_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_METADATA_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_ASSIGNMENT_FIELD_NUMBER: _ClassVar[int]
+    member_id: str
+    client_id: str
+    client_host: str
+    member_metadata: bytes
+    member_assignment: bytes
+    def __init__(self, member_id: _Optional[str] = ..., client_id: _Optional[str] = ..., client_host: _Optional[str] = ..., member_metadata: _Optional[bytes] = ..., member_assignment: _Optional[bytes] = ...) -> None: ...
+
+class DescribedGroup(_message.Message):
+    __slots__ = ("error_code", "error_message", "group_id", "group_state", "protocol_type", "protocol_data", "members", "generation_id", "leader")
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    GROUP_STATE_FIELD_NUMBER: _ClassVar[int]
+    PROTOCOL_TYPE_FIELD_NUMBER: _ClassVar[int]
+    PROTOCOL_DATA_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_ID_FIELD_NUMBER: _ClassVar[int]
+    LEADER_FIELD_NUMBER: _ClassVar[int]
+    error_code: int
+    error_message: str
+    group_id: str
+    group_state: str
+    protocol_type: str
+    protocol_data: str
+    members: _containers.RepeatedCompositeFieldContainer[DescribedGroupMember]
+    generation_id: int
+    leader: str
+    def __init__(self, error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., group_id: _Optional[str] = ..., group_state: _Optional[str] = ..., protocol_type: _Optional[str] = ..., protocol_data: _Optional[str] = ..., members: _Optional[_Iterable[_Union[DescribedGroupMember, _Mapping]]] = ..., generation_id: _Optional[int] = ..., leader: _Optional[str] = ...) -> None: ...
+
+class DescribeGroupsResponse(_message.Message):
+    __slots__ = ("groups",)
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    groups: _containers.RepeatedCompositeFieldContainer[DescribedGroup]
+    def __init__(self, groups: _Optional[_Iterable[_Union[DescribedGroup, _Mapping]]] = ...) -> None: ...
+
+class DeleteGroupsRequest(_message.Message):
+    __slots__ = ("group_ids",)
+    GROUP_IDS_FIELD_NUMBER: _ClassVar[int]
+    group_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, group_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class DeletedGroup(_message.Message):
+    __slots__ = ("group_id", "error_code", "error_message")
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    group_id: str
+    error_code: int
+    error_message: str
+    def __init__(self, group_id: _Optional[str] = ..., error_code: _Optional[int] = ..., error_message: _Optional[str] = ...) -> None: ...
+
+class DeleteGroupsResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[DeletedGroup]
+    def __init__(self, results: _Optional[_Iterable[_Union[DeletedGroup, _Mapping]]] = ...) -> None: ...

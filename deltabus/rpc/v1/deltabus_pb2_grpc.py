@@ -84,6 +84,56 @@ class DeltaBusStub:
                 request_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.AlterPartitionReassignmentsRequest.SerializeToString,
                 response_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.AlterPartitionReassignmentsResponse.FromString,
                 _registered_method=True)
+        self.FindCoordinator = channel.unary_unary(
+                '/deltabus.v1.DeltaBus/FindCoordinator',
+                request_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.FindCoordinatorRequest.SerializeToString,
+                response_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.FindCoordinatorResponse.FromString,
+                _registered_method=True)
+        self.JoinGroup = channel.unary_unary(
+                '/deltabus.v1.DeltaBus/JoinGroup',
+                request_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.JoinGroupRequest.SerializeToString,
+                response_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.JoinGroupResponse.FromString,
+                _registered_method=True)
+        self.SyncGroup = channel.unary_unary(
+                '/deltabus.v1.DeltaBus/SyncGroup',
+                request_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.SyncGroupRequest.SerializeToString,
+                response_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.SyncGroupResponse.FromString,
+                _registered_method=True)
+        self.Heartbeat = channel.unary_unary(
+                '/deltabus.v1.DeltaBus/Heartbeat',
+                request_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.HeartbeatRequest.SerializeToString,
+                response_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.HeartbeatResponse.FromString,
+                _registered_method=True)
+        self.LeaveGroup = channel.unary_unary(
+                '/deltabus.v1.DeltaBus/LeaveGroup',
+                request_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.LeaveGroupRequest.SerializeToString,
+                response_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.LeaveGroupResponse.FromString,
+                _registered_method=True)
+        self.OffsetCommit = channel.unary_unary(
+                '/deltabus.v1.DeltaBus/OffsetCommit',
+                request_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.OffsetCommitRequest.SerializeToString,
+                response_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.OffsetCommitResponse.FromString,
+                _registered_method=True)
+        self.OffsetFetch = channel.unary_unary(
+                '/deltabus.v1.DeltaBus/OffsetFetch',
+                request_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.OffsetFetchRequest.SerializeToString,
+                response_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.OffsetFetchResponse.FromString,
+                _registered_method=True)
+        self.ListGroups = channel.unary_unary(
+                '/deltabus.v1.DeltaBus/ListGroups',
+                request_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.ListGroupsRequest.SerializeToString,
+                response_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.ListGroupsResponse.FromString,
+                _registered_method=True)
+        self.DescribeGroups = channel.unary_unary(
+                '/deltabus.v1.DeltaBus/DescribeGroups',
+                request_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DescribeGroupsRequest.SerializeToString,
+                response_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DescribeGroupsResponse.FromString,
+                _registered_method=True)
+        self.DeleteGroups = channel.unary_unary(
+                '/deltabus.v1.DeltaBus/DeleteGroups',
+                request_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DeleteGroupsRequest.SerializeToString,
+                response_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DeleteGroupsResponse.FromString,
+                _registered_method=True)
 
 
 class DeltaBusServicer:
@@ -153,6 +203,69 @@ class DeltaBusServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def FindCoordinator(self, request, context):
+        """Consumer groups (Kafka's classic group protocol). FindCoordinator names the server that
+        coordinates a group; the other calls go there. JoinGroup and SyncGroup are long polls that
+        answer when the group's rebalance reaches them.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def JoinGroup(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SyncGroup(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Heartbeat(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def LeaveGroup(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def OffsetCommit(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def OffsetFetch(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListGroups(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DescribeGroups(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteGroups(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_DeltaBusServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -205,6 +318,56 @@ def add_DeltaBusServicer_to_server(servicer, server):
                     servicer.AlterPartitionReassignments,
                     request_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.AlterPartitionReassignmentsRequest.FromString,
                     response_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.AlterPartitionReassignmentsResponse.SerializeToString,
+            ),
+            'FindCoordinator': grpc.unary_unary_rpc_method_handler(
+                    servicer.FindCoordinator,
+                    request_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.FindCoordinatorRequest.FromString,
+                    response_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.FindCoordinatorResponse.SerializeToString,
+            ),
+            'JoinGroup': grpc.unary_unary_rpc_method_handler(
+                    servicer.JoinGroup,
+                    request_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.JoinGroupRequest.FromString,
+                    response_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.JoinGroupResponse.SerializeToString,
+            ),
+            'SyncGroup': grpc.unary_unary_rpc_method_handler(
+                    servicer.SyncGroup,
+                    request_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.SyncGroupRequest.FromString,
+                    response_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.SyncGroupResponse.SerializeToString,
+            ),
+            'Heartbeat': grpc.unary_unary_rpc_method_handler(
+                    servicer.Heartbeat,
+                    request_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.HeartbeatRequest.FromString,
+                    response_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.HeartbeatResponse.SerializeToString,
+            ),
+            'LeaveGroup': grpc.unary_unary_rpc_method_handler(
+                    servicer.LeaveGroup,
+                    request_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.LeaveGroupRequest.FromString,
+                    response_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.LeaveGroupResponse.SerializeToString,
+            ),
+            'OffsetCommit': grpc.unary_unary_rpc_method_handler(
+                    servicer.OffsetCommit,
+                    request_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.OffsetCommitRequest.FromString,
+                    response_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.OffsetCommitResponse.SerializeToString,
+            ),
+            'OffsetFetch': grpc.unary_unary_rpc_method_handler(
+                    servicer.OffsetFetch,
+                    request_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.OffsetFetchRequest.FromString,
+                    response_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.OffsetFetchResponse.SerializeToString,
+            ),
+            'ListGroups': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListGroups,
+                    request_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.ListGroupsRequest.FromString,
+                    response_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.ListGroupsResponse.SerializeToString,
+            ),
+            'DescribeGroups': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeGroups,
+                    request_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DescribeGroupsRequest.FromString,
+                    response_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DescribeGroupsResponse.SerializeToString,
+            ),
+            'DeleteGroups': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteGroups,
+                    request_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DeleteGroupsRequest.FromString,
+                    response_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DeleteGroupsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -477,6 +640,276 @@ class DeltaBus:
             '/deltabus.v1.DeltaBus/AlterPartitionReassignments',
             deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.AlterPartitionReassignmentsRequest.SerializeToString,
             deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.AlterPartitionReassignmentsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FindCoordinator(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/deltabus.v1.DeltaBus/FindCoordinator',
+            deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.FindCoordinatorRequest.SerializeToString,
+            deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.FindCoordinatorResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def JoinGroup(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/deltabus.v1.DeltaBus/JoinGroup',
+            deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.JoinGroupRequest.SerializeToString,
+            deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.JoinGroupResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SyncGroup(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/deltabus.v1.DeltaBus/SyncGroup',
+            deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.SyncGroupRequest.SerializeToString,
+            deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.SyncGroupResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Heartbeat(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/deltabus.v1.DeltaBus/Heartbeat',
+            deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.HeartbeatRequest.SerializeToString,
+            deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.HeartbeatResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LeaveGroup(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/deltabus.v1.DeltaBus/LeaveGroup',
+            deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.LeaveGroupRequest.SerializeToString,
+            deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.LeaveGroupResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def OffsetCommit(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/deltabus.v1.DeltaBus/OffsetCommit',
+            deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.OffsetCommitRequest.SerializeToString,
+            deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.OffsetCommitResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def OffsetFetch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/deltabus.v1.DeltaBus/OffsetFetch',
+            deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.OffsetFetchRequest.SerializeToString,
+            deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.OffsetFetchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListGroups(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/deltabus.v1.DeltaBus/ListGroups',
+            deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.ListGroupsRequest.SerializeToString,
+            deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.ListGroupsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeGroups(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/deltabus.v1.DeltaBus/DescribeGroups',
+            deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DescribeGroupsRequest.SerializeToString,
+            deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DescribeGroupsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteGroups(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/deltabus.v1.DeltaBus/DeleteGroups',
+            deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DeleteGroupsRequest.SerializeToString,
+            deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DeleteGroupsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,499 @@
+"""The group coordinator: Kafka's classic consumer-group protocol and committed offsets.
+
+Runs in the Spark driver beside the controller, so it lives as long as the cluster and no
+executor loss moves it; what it must not forget (committed offsets) is in the `__consumer_offsets`
+Delta table (`OffsetStore`). Membership is soft state, as in Kafka after a coordinator moves: a
+restarted coordinator answers UNKNOWN_MEMBER_ID and members join again, resuming from their
+committed offsets.
+
+Thread-safe: gRPC threads call in; JoinGroup and SyncGroup answer through futures that complete
+when the rebalance does. `tick` (called by the coordinator's timer thread) expires sessions, ends
+join phases at their deadline and expires old offsets.
+
+Group states and transitions (Kafka's names):
+
+    Empty --join--> PreparingRebalance --all joined / deadline--> CompletingRebalance
+    CompletingRebalance --leader's SyncGroup--> Stable
+    Stable / CompletingRebalance --join, leave, session expiry--> PreparingRebalance
+    PreparingRebalance --deadline with nobody joined--> Empty
+
+Invariants:
+- `generation_id` grows by one with every completed join phase; requests of an older generation
+  get ILLEGAL_GENERATION, so a member that missed a rebalance cannot commit or act on a stale
+  assignment.
+- A commit is acknowledged only once it is durable in `__consumer_offsets`.
+- A member waiting in JoinGroup or SyncGroup is never expired: it is in the middle of the protocol.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+from deltabus import config as cfg
+from deltabus import errors
+from deltabus.offsets.offset_store import OffsetAndMetadata, OffsetCommit, OffsetStore
+
+log = logging.getLogger(__name__)
+
+EMPTY = "Empty"
+PREPARING_REBALANCE = "PreparingRebalance"
+COMPLETING_REBALANCE = "CompletingRebalance"
+STABLE = "Stable"
+DEAD = "Dead"
+
+GROUP_ID_LENGTH_MAX = 255
+
+
+@dataclass
+class Member:
+    """One member of a group, as the coordinator knows it."""
+
+    member_id: str
+    client_id: str
+    client_host: str
+    session_timeout_ms: int
+    rebalance_timeout_ms: int
+    protocol_type: str
+    protocols: list[tuple[str, bytes]]  # (assignor name, subscription metadata), by preference
+    last_heartbeat_s: float
+    assignment: bytes = b""
+    join: Future[JoinResult] | None = None  # waiting in JoinGroup
+    sync: Future[bytes] | None = None  # waiting in SyncGroup
+
+    def metadata(self, protocol: str) -> bytes:
+        return next(m for name, m in self.protocols if name == protocol)
+
+
+@dataclass(frozen=True)
+class JoinResult:
+    generation_id: int
+    protocol_name: str
+    leader_id: str
+    member_id: str
+    members: list[tuple[str, bytes]]  # (member id, metadata): only the leader gets them
+
+
+@dataclass(frozen=True)
+class MemberDescription:
+    member_id: str
+    client_id: str
+    client_host: str
+    metadata: bytes
+    assignment: bytes
+
+
+@dataclass(frozen=True)
+class GroupDescription:
+    group_id: str
+    state: str
+    protocol_type: str
+    protocol: str
+    generation_id: int
+    leader_id: str
+    members: list[MemberDescription]
+
+
+@dataclass
+class Group:
+    group_id: str
+    state: str = EMPTY
+    generation_id: int = 0
+    protocol_type: str = ""
+    protocol_name: str = ""
+    leader_id: str = ""
+    members: dict[str, Member] = field(default_factory=dict)
+    join_deadline_s: float = 0.0  # the join phase ends by then, joined or not
+    join_not_before_s: float = 0.0  # a new group's first join phase waits for more members
+    empty_since_s: float = field(default_factory=time.time)
+
+
+class GroupCoordinator:
+    """Every consumer group of the cluster: membership, rebalances and committed offsets."""
+
+    def __init__(self, store: OffsetStore, config: cfg.GroupConfig,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._store = store
+        self._config = config
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._groups: dict[str, Group] = {}
+        self._next_expiry_check_s = clock() + config.offsets_retention_check_interval_ms / 1000
+
+    # ---- membership ----------------------------------------------------------------------------
+
+    def join_group(self, group_id: str, member_id: str, protocol_type: str,
+                   protocols: list[tuple[str, bytes]], *, session_timeout_ms: int,
+                   rebalance_timeout_ms: int, client_id: str = "",
+                   client_host: str = "") -> Future[JoinResult]:
+        """JoinGroup: the future completes when the join phase ends, with the new generation
+        (and, for the leader, every member's metadata to compute the assignment from)."""
+        _check_group_id(group_id)
+        low = self._config.group_min_session_timeout_ms
+        high = self._config.group_max_session_timeout_ms
+        if not low <= session_timeout_ms <= high:
+            raise errors.InvalidSessionTimeoutError(
+                f"session.timeout.ms {session_timeout_ms} is outside [{low}, {high}] "
+                "(group.min.session.timeout.ms, group.max.session.timeout.ms)")
+        if not protocol_type or not protocols:
+            raise errors.InconsistentGroupProtocolError(
+                "a member must name its protocol type and at least one protocol")
+        rebalance_timeout_ms = rebalance_timeout_ms if rebalance_timeout_ms > 0 \
+            else session_timeout_ms
+        future: Future[JoinResult] = Future()
+        with self._lock:
+            group = self._groups.setdefault(group_id, Group(group_id))
+            self._check_protocols(group, member_id, protocol_type, protocols)
+            now = self._clock()
+            if member_id:
+                if member_id not in group.members:
+                    raise errors.UnknownMemberIdError(
+                        f"member {member_id} is not in group {group_id}")
+                member = group.members[member_id]
+                if member.join is not None and not member.join.done():
+                    member.join.set_exception(errors.RebalanceInProgressError(
+                        "a newer JoinGroup of this member replaced this one"))
+                member.protocols, member.session_timeout_ms = protocols, session_timeout_ms
+                member.rebalance_timeout_ms = rebalance_timeout_ms
+            else:
+                if len(group.members) >= self._config.group_max_size:
+                    raise errors.GroupMaxSizeReachedError(
+                        f"group {group_id} has {len(group.members)} members, the maximum "
+                        "(group.max.size)")
+                member_id = f"{client_id or 'consumer'}-{uuid.uuid4()}"
+                member = Member(member_id, client_id, client_host, session_timeout_ms,
+                                rebalance_timeout_ms, protocol_type, protocols, now)
+                group.members[member_id] = member
+                if not group.protocol_type:
+                    group.protocol_type = protocol_type
+            member.join = future
+            member.last_heartbeat_s = now
+            if group.state != PREPARING_REBALANCE:
+                self._prepare_rebalance(group, f"member {member_id} joined", now)
+            elif group.join_not_before_s > now:  # a new group: wait a little more for others
+                group.join_not_before_s = min(
+                    now + self._config.group_initial_rebalance_delay_ms / 1000,
+                    group.join_deadline_s)
+            self._maybe_complete_join(group, now)
+        return future
+
+    def _check_protocols(self, group: Group, member_id: str, protocol_type: str,
+                         protocols: list[tuple[str, bytes]]) -> None:
+        others = [m for mid, m in group.members.items() if mid != member_id]
+        if not others:
+            return
+        if protocol_type != group.protocol_type:
+            raise errors.InconsistentGroupProtocolError(
+                f"group {group.group_id} uses protocol type {group.protocol_type}, "
+                f"not {protocol_type}")
+        names = {name for name, _ in protocols}
+        if not all(names & {name for name, _ in m.protocols} for m in others):
+            raise errors.InconsistentGroupProtocolError(
+                f"none of the assignors {sorted(names)} is supported by every member of group "
+                f"{group.group_id}")
+
+    def _prepare_rebalance(self, group: Group, why: str, now: float) -> None:
+        """Lock held. Start a join phase: members must join again by the deadline."""
+        for member in group.members.values():  # a sync in flight belongs to a dead generation
+            if member.sync is not None and not member.sync.done():
+                member.sync.set_exception(errors.RebalanceInProgressError(
+                    f"group {group.group_id} is rebalancing: {why}"))
+            member.sync = None
+        timeout_s = max((m.rebalance_timeout_ms for m in group.members.values()), default=0) / 1000
+        group.join_deadline_s = now + timeout_s
+        group.join_not_before_s = 0.0
+        if group.state == EMPTY:  # Kafka's group.initial.rebalance.delay.ms
+            group.join_not_before_s = min(
+                now + self._config.group_initial_rebalance_delay_ms / 1000, group.join_deadline_s)
+        log.info("group %s rebalancing (generation %d): %s", group.group_id,
+                 group.generation_id, why)
+        group.state = PREPARING_REBALANCE
+
+    def _maybe_complete_join(self, group: Group, now: float) -> None:
+        """Lock held. End the join phase once every member has joined, or at its deadline
+        (members that did not join by then are out)."""
+        if group.state != PREPARING_REBALANCE or now < group.join_not_before_s:
+            return
+        waiting = [m for m in group.members.values() if m.join is None]
+        if waiting and now < group.join_deadline_s:
+            return
+        for member in waiting:
+            log.info("group %s: member %s did not join in time; removed", group.group_id,
+                     member.member_id)
+            del group.members[member.member_id]
+        group.generation_id += 1
+        if not group.members:
+            self._become_empty(group)
+            return
+        group.protocol_name = _choose_protocol(list(group.members.values()))
+        if group.leader_id not in group.members:
+            group.leader_id = next(iter(group.members))
+        group.state = COMPLETING_REBALANCE
+        everyone = [(m.member_id, m.metadata(group.protocol_name))
+                    for m in group.members.values()]
+        log.info("group %s generation %d: %d members, protocol %s, leader %s", group.group_id,
+                 group.generation_id, len(group.members), group.protocol_name, group.leader_id)
+        for member in group.members.values():
+            member.assignment = b""
+            member.last_heartbeat_s = now
+            join, member.join = member.join, None
+            assert join is not None
+            join.set_result(JoinResult(
+                group.generation_id, group.protocol_name, group.leader_id, member.member_id,
+                everyone if member.member_id == group.leader_id else []))
+
+    def _become_empty(self, group: Group) -> None:
+        group.state = EMPTY
+        group.protocol_name = group.leader_id = ""
+        group.protocol_type = ""
+        group.empty_since_s = time.time()
+        log.info("group %s is empty (generation %d)", group.group_id, group.generation_id)
+
+    def sync_group(self, group_id: str, generation_id: int, member_id: str,
+                   assignments: dict[str, bytes]) -> Future[bytes]:
+        """SyncGroup: the leader hands in every member's assignment; each member's future
+        completes with its own once the leader's has arrived."""
+        future: Future[bytes] = Future()
+        with self._lock:
+            group, member = self._member(group_id, member_id, generation_id)
+            if group.state == PREPARING_REBALANCE:
+                raise errors.RebalanceInProgressError(f"group {group_id} is rebalancing")
+            if group.state == STABLE:
+                future.set_result(member.assignment)
+                return future
+            member.sync = future
+            if member_id == group.leader_id:
+                for mid, m in group.members.items():
+                    m.assignment = assignments.get(mid, b"")
+                group.state = STABLE
+                log.info("group %s generation %d is stable", group_id, generation_id)
+                for m in group.members.values():
+                    if m.sync is not None:
+                        m.sync.set_result(m.assignment)
+                        m.sync = None
+        return future
+
+    def rebalance_timeout_s(self, group_id: str) -> float:
+        """How long a SyncGroup may wait: the longest rebalance timeout of the group's members."""
+        with self._lock:
+            group = self._groups.get(group_id)
+            members = group.members.values() if group is not None else []
+            return max((m.rebalance_timeout_ms for m in members), default=0) / 1000
+
+    def heartbeat(self, group_id: str, generation_id: int, member_id: str) -> None:
+        """Heartbeat: keeps the member's session; REBALANCE_IN_PROGRESS tells it to join again."""
+        with self._lock:
+            group, member = self._member(group_id, member_id, generation_id)
+            member.last_heartbeat_s = self._clock()
+            if group.state == PREPARING_REBALANCE:
+                raise errors.RebalanceInProgressError(
+                    f"group {group_id} is rebalancing: join again")
+
+    def leave_group(self, group_id: str, member_ids: list[str]) -> None:
+        """LeaveGroup: the members go at once, so their partitions move without waiting for
+        their sessions to expire."""
+        with self._lock:
+            group = self._groups.get(group_id)
+            if group is None:
+                raise errors.UnknownMemberIdError(f"group {group_id} has no members")
+            unknown = [m for m in member_ids if m not in group.members]
+            if unknown:
+                raise errors.UnknownMemberIdError(
+                    f"{unknown} are not members of group {group_id}")
+            for member_id in member_ids:
+                self._remove_member(group, member_id, "left the group")
+
+    def _remove_member(self, group: Group, member_id: str, why: str) -> None:
+        """Lock held."""
+        member = group.members.pop(member_id)
+        for waiter in (member.join, member.sync):
+            if waiter is not None and not waiter.done():
+                waiter.set_exception(errors.UnknownMemberIdError(f"member {member_id} {why}"))
+        now = self._clock()
+        if group.state in (STABLE, COMPLETING_REBALANCE):
+            if group.members:
+                self._prepare_rebalance(group, f"member {member_id} {why}", now)
+            else:
+                group.generation_id += 1
+                self._become_empty(group)
+        self._maybe_complete_join(group, now)
+
+    def _member(self, group_id: str, member_id: str, generation_id: int) -> tuple[Group, Member]:
+        """Lock held. The group and member a request names, checked against the generation."""
+        group = self._groups.get(group_id)
+        if group is None or member_id not in group.members:
+            raise errors.UnknownMemberIdError(f"member {member_id} is not in group {group_id}")
+        if generation_id != group.generation_id:
+            raise errors.IllegalGenerationError(
+                f"generation {generation_id} of group {group_id} is not the current one "
+                f"({group.generation_id})")
+        return group, group.members[member_id]
+
+    # ---- offsets -------------------------------------------------------------------------------
+
+    def commit_offsets(self, group_id: str, generation_id: int, member_id: str,
+                       offsets: dict[tuple[str, int], OffsetAndMetadata]) -> Future[None]:
+        """OffsetCommit: members of the current generation, or a standalone consumer
+        (generation -1, no member id) while the group has no members. Resolves once durable."""
+        _check_group_id(group_id)
+        limit = self._config.offset_metadata_max_bytes
+        for (topic, partition), om in offsets.items():
+            if len(om.metadata.encode()) > limit:
+                raise errors.OffsetMetadataTooLargeError(
+                    f"metadata of {topic}-{partition} is longer than {limit} bytes "
+                    "(offset.metadata.max.bytes)")
+        with self._lock:
+            group = self._groups.get(group_id)
+            if generation_id < 0 and not member_id:
+                if group is not None and group.members:
+                    raise errors.UnknownMemberIdError(
+                        f"group {group_id} has active members: a consumer outside it cannot "
+                        "commit its offsets")
+            else:
+                group, member = self._member(group_id, member_id, generation_id)
+                if group.state == COMPLETING_REBALANCE:
+                    raise errors.RebalanceInProgressError(
+                        f"group {group_id} is completing a rebalance")
+                member.last_heartbeat_s = self._clock()
+            if group is None:
+                self._groups[group_id] = Group(group_id)
+        now_ms = int(time.time() * 1000)
+        return self._store.commit([
+            OffsetCommit(group_id, topic, partition,
+                         OffsetAndMetadata(om.offset, om.leader_epoch, om.metadata, now_ms),
+                         member_id, generation_id)
+            for (topic, partition), om in offsets.items()])
+
+    def fetch_offsets(self, group_id: str, partitions: list[tuple[str, int]] | None = None
+                      ) -> dict[tuple[str, int], OffsetAndMetadata]:
+        """OffsetFetch: the committed offsets of a group (all, or of these partitions)."""
+        _check_group_id(group_id)
+        committed = self._store.offsets(group_id)
+        if partitions is None:
+            return committed
+        return {tp: committed[tp] for tp in partitions if tp in committed}
+
+    # ---- administration ------------------------------------------------------------------------
+
+    def list_groups(self) -> list[tuple[str, str, str]]:
+        """(group id, protocol type, state) of every group, with members or offsets."""
+        with self._lock:
+            known = {g.group_id: (g.group_id, g.protocol_type or "consumer", g.state)
+                     for g in self._groups.values()}
+        for group_id in self._store.groups():
+            known.setdefault(group_id, (group_id, "consumer", EMPTY))
+        return sorted(known.values())
+
+    def describe_group(self, group_id: str) -> GroupDescription:
+        with self._lock:
+            group = self._groups.get(group_id)
+            if group is None:
+                state = EMPTY if group_id in self._store.groups() else DEAD
+                return GroupDescription(group_id, state, "", "", -1, "", [])
+            members = [MemberDescription(
+                m.member_id, m.client_id, m.client_host,
+                m.metadata(group.protocol_name) if group.protocol_name else b"",
+                m.assignment if group.state == STABLE else b"")
+                for m in group.members.values()]
+            return GroupDescription(group_id, group.state, group.protocol_type,
+                                    group.protocol_name, group.generation_id, group.leader_id,
+                                    members)
+
+    def delete_groups(self, group_ids: list[str]) -> dict[str, errors.DeltaBusError | None]:
+        """DeleteGroups: only empty groups (NON_EMPTY_GROUP otherwise); their offsets go too."""
+        results: dict[str, errors.DeltaBusError | None] = {}
+        stored = set(self._store.groups())
+        for group_id in group_ids:
+            with self._lock:
+                group = self._groups.get(group_id)
+                if group is None and group_id not in stored:
+                    results[group_id] = errors.GroupIdNotFoundError(
+                        f"group {group_id} does not exist")
+                    continue
+                if group is not None and group.members:
+                    results[group_id] = errors.NonEmptyGroupError(
+                        f"group {group_id} has {len(group.members)} active members")
+                    continue
+                self._groups.pop(group_id, None)
+            try:
+                self._store.delete_group(group_id).result()
+                results[group_id] = None
+            except errors.DeltaBusError as e:
+                results[group_id] = e
+        return results
+
+    # ---- time ----------------------------------------------------------------------------------
+
+    def tick(self) -> None:
+        """Expire silent members, end join phases at their deadline, expire old offsets."""
+        now = self._clock()
+        with self._lock:
+            for group in list(self._groups.values()):
+                for member in list(group.members.values()):
+                    waiting = member.join is not None or member.sync is not None
+                    if not waiting and \
+                            now - member.last_heartbeat_s > member.session_timeout_ms / 1000:
+                        log.info("group %s: member %s missed heartbeats past "
+                                 "session.timeout.ms; removed", group.group_id, member.member_id)
+                        self._remove_member(group, member.member_id,
+                                            "missed heartbeats past session.timeout.ms")
+                self._maybe_complete_join(group, now)
+        if now >= self._next_expiry_check_s:
+            self._next_expiry_check_s = now + \
+                self._config.offsets_retention_check_interval_ms / 1000
+            self.expire_offsets()
+
+    def expire_offsets(self) -> list[str]:
+        """Drop the offsets of groups empty (and not committing) for offsets.retention.minutes.
+        Returns the groups whose offsets expired."""
+        retention_s = self._config.offsets_retention_minutes * 60
+        now = time.time()
+        expired = []
+        for group_id in self._store.groups():
+            with self._lock:
+                group = self._groups.get(group_id)
+                if group is not None and group.members:
+                    continue
+                idle_since = max(self._store.last_commit_ms(group_id) / 1000,
+                                 group.empty_since_s if group is not None else 0.0)
+                if now - idle_since <= retention_s:
+                    continue
+                self._groups.pop(group_id, None)
+            self._store.delete_group(group_id).result()
+            expired.append(group_id)
+            log.info("offsets of group %s expired (offsets.retention.minutes)", group_id)
+        return expired
+
+    def close(self) -> None:
+        """Fail every waiting member (the coordinator is going away) and flush the store."""
+        with self._lock:
+            for group in self._groups.values():
+                for member in group.members.values():
+                    for waiter in (member.join, member.sync):
+                        if waiter is not None and not waiter.done():
+                            waiter.set_exception(errors.CoordinatorNotAvailableError(
+                                "the group coordinator is shutting down"))
+        self._store.close()
+
+
+def _check_group_id(group_id: str) -> None:
+    if not group_id or len(group_id) > GROUP_ID_LENGTH_MAX:
+        raise errors.InvalidGroupIdError(
+            f"group id {group_id!r} must be 1 to {GROUP_ID_LENGTH_MAX} characters")
+
+
+def _choose_protocol(members: list[Member]) -> str:
+    """Kafka's vote: among the protocols every member supports, each member votes for the one it
+    prefers most; the most votes wins (ties go to the first member's preference)."""
+    common = set.intersection(*({name for name, _ in m.protocols} for m in members))
+    votes: collections.Counter[str] = collections.Counter()
+    for m in members:
+        votes[next(name for name, _ in m.protocols if name in common)] += 1
+    first = [name for name, _ in members[0].protocols if name in common]
+    return max(first, key=lambda name: (votes[name], -first.index(name)))

@@ -1,0 +1,169 @@
+"""gRPC servicer methods of the consumer-group calls: decode, call the group coordinator, encode.
+
+A server without a coordinator (a broker) answers NOT_COORDINATOR, as a Kafka broker does for a
+group it does not coordinate; clients then ask FindCoordinator. Errors travel as Kafka codes in
+the response (`error_code`), as Kafka's group APIs carry them.
+"""
+
+from __future__ import annotations
+
+from concurrent import futures
+from typing import Any
+
+from deltabus import errors
+from deltabus.offsets.group_coordinator import GroupCoordinator
+from deltabus.offsets.offset_store import OffsetAndMetadata
+from deltabus.rpc.v1 import deltabus_pb2 as pb
+
+# A JoinGroup or SyncGroup waits for the rebalance at most its rebalance timeout and this much.
+LONG_POLL_SLACK_S = 5.0
+
+
+class GroupServicerMixin:
+    """The group calls of `DeltaBusServicer`; `_groups` is the coordinator, or None."""
+
+    _groups: GroupCoordinator | None
+
+    def _coordinator(self) -> GroupCoordinator:
+        if self._groups is None:
+            raise errors.NotCoordinatorError("this server is not the group coordinator: "
+                                             "ask FindCoordinator")
+        return self._groups
+
+    def JoinGroup(self, request: pb.JoinGroupRequest, context: Any) -> pb.JoinGroupResponse:
+        try:
+            future = self._coordinator().join_group(
+                request.group_id, request.member_id, request.protocol_type,
+                [(p.name, p.metadata) for p in request.protocols],
+                session_timeout_ms=request.session_timeout_ms,
+                rebalance_timeout_ms=request.rebalance_timeout_ms,
+                client_id=request.client_id, client_host=_peer_host(context))
+            timeout_s = max(request.rebalance_timeout_ms, request.session_timeout_ms) / 1000
+            result = _wait(future, timeout_s + LONG_POLL_SLACK_S)
+        except errors.DeltaBusError as e:
+            return pb.JoinGroupResponse(error_code=e.code, error_message=e.message)
+        return pb.JoinGroupResponse(
+            generation_id=result.generation_id, protocol_name=result.protocol_name,
+            leader=result.leader_id, member_id=result.member_id,
+            members=[pb.JoinGroupMember(member_id=m, metadata=md) for m, md in result.members])
+
+    def SyncGroup(self, request: pb.SyncGroupRequest, context: Any) -> pb.SyncGroupResponse:
+        try:
+            future = self._coordinator().sync_group(
+                request.group_id, request.generation_id, request.member_id,
+                {a.member_id: a.assignment for a in request.assignments})
+            assignment = _wait(future, self._sync_timeout_s(request.group_id))
+        except errors.DeltaBusError as e:
+            return pb.SyncGroupResponse(error_code=e.code, error_message=e.message)
+        return pb.SyncGroupResponse(assignment=assignment)
+
+    def _sync_timeout_s(self, group_id: str) -> float:
+        return self._coordinator().rebalance_timeout_s(group_id) + LONG_POLL_SLACK_S
+
+    def Heartbeat(self, request: pb.HeartbeatRequest, context: Any) -> pb.HeartbeatResponse:
+        try:
+            self._coordinator().heartbeat(request.group_id, request.generation_id,
+                                          request.member_id)
+        except errors.DeltaBusError as e:
+            return pb.HeartbeatResponse(error_code=e.code, error_message=e.message)
+        return pb.HeartbeatResponse()
+
+    def LeaveGroup(self, request: pb.LeaveGroupRequest, context: Any) -> pb.LeaveGroupResponse:
+        try:
+            self._coordinator().leave_group(request.group_id, list(request.member_ids))
+        except errors.DeltaBusError as e:
+            return pb.LeaveGroupResponse(error_code=e.code, error_message=e.message)
+        return pb.LeaveGroupResponse()
+
+    def OffsetCommit(self, request: pb.OffsetCommitRequest,
+                     context: Any) -> pb.OffsetCommitResponse:
+        offsets = {(p.topic, p.partition): OffsetAndMetadata(
+            p.committed_offset, p.committed_leader_epoch, p.metadata)
+            for p in request.partitions}
+        error: errors.DeltaBusError | None = None
+        try:
+            for (topic, partition), om in offsets.items():
+                if om.offset < 0 or partition < 0:
+                    raise errors.InvalidCommitOffsetSizeError(
+                        f"cannot commit offset {om.offset} of {topic}-{partition}")
+            future = self._coordinator().commit_offsets(
+                request.group_id, request.generation_id, request.member_id, offsets)
+            _wait(future, 30.0)
+        except errors.DeltaBusError as e:
+            error = e
+        return pb.OffsetCommitResponse(results=[
+            pb.PartitionResult(topic=t, partition=p, error_code=error.code if error else 0,
+                               error_message=error.message if error else "")
+            for t, p in offsets])
+
+    def OffsetFetch(self, request: pb.OffsetFetchRequest, context: Any) -> pb.OffsetFetchResponse:
+        wanted = [(tp.topic, p) for tp in request.topic_partitions for p in tp.partitions]
+        try:
+            committed = self._coordinator().fetch_offsets(request.group_id, wanted or None)
+        except errors.DeltaBusError as e:
+            return pb.OffsetFetchResponse(error_code=e.code, error_message=e.message)
+        response = pb.OffsetFetchResponse()
+        for topic, partition in wanted or sorted(committed):
+            om = committed.get((topic, partition))
+            response.partitions.append(pb.OffsetFetchPartition(
+                topic=topic, partition=partition,
+                committed_offset=om.offset if om else -1,
+                committed_leader_epoch=om.leader_epoch if om else -1,
+                metadata=om.metadata if om else "",
+                commit_timestamp_ms=om.commit_timestamp_ms if om else -1))
+        return response
+
+    def ListGroups(self, request: pb.ListGroupsRequest, context: Any) -> pb.ListGroupsResponse:
+        try:
+            groups = self._coordinator().list_groups()
+        except errors.DeltaBusError as e:
+            return pb.ListGroupsResponse(error_code=e.code, error_message=e.message)
+        states = {s.lower() for s in request.states_filter}
+        return pb.ListGroupsResponse(groups=[
+            pb.ListedGroup(group_id=g, protocol_type=t, group_state=s)
+            for g, t, s in groups if not states or s.lower() in states])
+
+    def DescribeGroups(self, request: pb.DescribeGroupsRequest,
+                       context: Any) -> pb.DescribeGroupsResponse:
+        response = pb.DescribeGroupsResponse()
+        for group_id in request.group_ids:
+            try:
+                d = self._coordinator().describe_group(group_id)
+            except errors.DeltaBusError as e:
+                response.groups.append(pb.DescribedGroup(
+                    group_id=group_id, error_code=e.code, error_message=e.message))
+                continue
+            response.groups.append(pb.DescribedGroup(
+                group_id=d.group_id, group_state=d.state, protocol_type=d.protocol_type,
+                protocol_data=d.protocol, generation_id=d.generation_id, leader=d.leader_id,
+                members=[pb.DescribedGroupMember(
+                    member_id=m.member_id, client_id=m.client_id, client_host=m.client_host,
+                    member_metadata=m.metadata, member_assignment=m.assignment)
+                    for m in d.members]))
+        return response
+
+    def DeleteGroups(self, request: pb.DeleteGroupsRequest,
+                     context: Any) -> pb.DeleteGroupsResponse:
+        try:
+            results = self._coordinator().delete_groups(list(request.group_ids))
+        except errors.DeltaBusError as e:
+            results = {g: e for g in request.group_ids}
+        return pb.DeleteGroupsResponse(results=[
+            pb.DeletedGroup(group_id=g, error_code=e.code if e else 0,
+                            error_message=e.message if e else "")
+            for g, e in results.items()])
+
+
+def _wait(future: futures.Future, timeout_s: float) -> Any:
+    try:
+        return future.result(timeout_s)
+    except futures.TimeoutError:
+        raise errors.RequestTimedOutError(
+            f"the group coordinator did not answer in {timeout_s:.0f} s") from None
+
+
+def _peer_host(context: Any) -> str:
+    """The client's address as Kafka's tools show it (`/127.0.0.1`)."""
+    peer = context.peer() if context is not None else ""
+    host = peer.split(":", 1)[1].rsplit(":", 1)[0] if peer.count(":") >= 2 else peer
+    return "/" + host.strip("[]") if host else ""

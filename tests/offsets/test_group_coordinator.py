@@ -1,0 +1,209 @@
+"""The group coordinator's state machine, driven directly with a controlled clock (no Spark, no
+gRPC; a real __consumer_offsets Delta table under tmp_path)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from deltabus import errors
+from deltabus.config import GroupConfig
+from deltabus.offsets.group_coordinator import (
+    COMPLETING_REBALANCE,
+    EMPTY,
+    PREPARING_REBALANCE,
+    STABLE,
+    GroupCoordinator,
+)
+from deltabus.offsets.offset_store import OffsetAndMetadata, OffsetStore
+
+SESSION_MS = 10_000
+REBALANCE_MS = 30_000
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def coordinator(tmp_path: Path, clock: Clock) -> Iterator[GroupCoordinator]:
+    config = GroupConfig(group_min_session_timeout_ms=1000, group_initial_rebalance_delay_ms=0)
+    c = GroupCoordinator(OffsetStore(str(tmp_path / "__consumer_offsets")), config, clock)
+    yield c
+    c.close()
+
+
+def join(c: GroupCoordinator, member_id: str = "", protocols=(("range", b"m"),)):
+    return c.join_group("g", member_id, "consumer", list(protocols),
+                        session_timeout_ms=SESSION_MS, rebalance_timeout_ms=REBALANCE_MS,
+                        client_id="client")
+
+
+def state(c: GroupCoordinator) -> str:
+    return c.describe_group("g").state
+
+
+def test_first_member_forms_a_generation_and_syncs_alone(coordinator):
+    result = join(coordinator).result(1)
+    assert result.generation_id == 1 and result.leader_id == result.member_id
+    assert result.members == [(result.member_id, b"m")]
+    assert state(coordinator) == COMPLETING_REBALANCE
+    assignment = coordinator.sync_group("g", 1, result.member_id, {result.member_id: b"a"})
+    assert assignment.result(1) == b"a" and state(coordinator) == STABLE
+
+
+def test_a_second_member_rebalances_the_group_and_the_leader_assigns(coordinator, clock):
+    first = join(coordinator).result(1)
+    coordinator.sync_group("g", 1, first.member_id, {first.member_id: b"all"}).result(1)
+    pending = join(coordinator)  # waits until the first member joins again
+    assert not pending.done() and state(coordinator) == PREPARING_REBALANCE
+    with pytest.raises(errors.RebalanceInProgressError):
+        coordinator.heartbeat("g", 1, first.member_id)
+    rejoined = join(coordinator, first.member_id).result(1)
+    second = pending.result(1)
+    assert rejoined.generation_id == second.generation_id == 2
+    assert rejoined.leader_id == first.member_id and len(rejoined.members) == 2
+    assert second.members == []  # only the leader gets the members
+    follower_sync = coordinator.sync_group("g", 2, second.member_id, {})
+    assert not follower_sync.done()  # waits for the leader's assignment
+    coordinator.sync_group("g", 2, first.member_id,
+                           {first.member_id: b"p0", second.member_id: b"p1"}).result(1)
+    assert follower_sync.result(1) == b"p1"
+    coordinator.heartbeat("g", 2, second.member_id)
+    with pytest.raises(errors.IllegalGenerationError):
+        coordinator.heartbeat("g", 1, second.member_id)
+
+
+def test_silent_member_expires_after_its_session_and_the_group_rebalances(coordinator, clock):
+    a = join(coordinator).result(1)
+    coordinator.sync_group("g", 1, a.member_id, {}).result(1)
+    b_join = join(coordinator)
+    join(coordinator, a.member_id)
+    b = b_join.result(1)
+    coordinator.sync_group("g", 2, a.member_id, {}).result(1)
+    clock.now += SESSION_MS / 1000 / 2
+    coordinator.heartbeat("g", 2, a.member_id)
+    clock.now += SESSION_MS / 1000 / 2 + 0.1  # b silent for the whole session
+    coordinator.tick()
+    assert [m.member_id for m in coordinator.describe_group("g").members] == [a.member_id]
+    assert state(coordinator) == PREPARING_REBALANCE
+    with pytest.raises(errors.UnknownMemberIdError):
+        coordinator.heartbeat("g", 2, b.member_id)
+    assert join(coordinator, a.member_id).result(1).generation_id == 3
+
+
+def test_member_not_rejoining_by_the_rebalance_deadline_is_removed(coordinator, clock):
+    a = join(coordinator).result(1)
+    coordinator.sync_group("g", 1, a.member_id, {}).result(1)
+    b_join = join(coordinator)  # a never joins again (its application stopped polling)
+    for _ in range(int(REBALANCE_MS / 5000)):
+        with pytest.raises(errors.RebalanceInProgressError):  # heartbeats alone do not do
+            coordinator.heartbeat("g", 1, a.member_id)
+        coordinator.tick()
+        clock.now += 5.0
+    clock.now += 0.1  # past the deadline
+    coordinator.tick()
+    b = b_join.result(1)
+    assert b.generation_id == 2 and b.leader_id == b.member_id
+    assert [m.member_id for m in coordinator.describe_group("g").members] == [b.member_id]
+
+
+def test_leaving_moves_partitions_at_once_and_the_last_one_empties_the_group(coordinator):
+    a = join(coordinator).result(1)
+    coordinator.sync_group("g", 1, a.member_id, {}).result(1)
+    coordinator.leave_group("g", [a.member_id])
+    assert state(coordinator) == EMPTY
+    with pytest.raises(errors.UnknownMemberIdError):
+        coordinator.leave_group("g", [a.member_id])
+
+
+def test_offset_commits_follow_generation_and_membership(coordinator):
+    offsets = {("t", 0): OffsetAndMetadata(5)}
+    coordinator.commit_offsets("g", -1, "", offsets).result(5)  # no members: a standalone commit
+    assert coordinator.fetch_offsets("g")[("t", 0)].offset == 5
+    a = join(coordinator).result(1)
+    with pytest.raises(errors.RebalanceInProgressError):  # its assignment is not known yet
+        coordinator.commit_offsets("g", 1, a.member_id, offsets)
+    coordinator.sync_group("g", 1, a.member_id, {}).result(1)
+    coordinator.commit_offsets("g", 1, a.member_id, {("t", 0): OffsetAndMetadata(7, 3, "x")}
+                               ).result(5)
+    committed = coordinator.fetch_offsets("g", [("t", 0), ("t", 1)])
+    assert list(committed) == [("t", 0)]
+    assert (committed[("t", 0)].offset, committed[("t", 0)].leader_epoch,
+            committed[("t", 0)].metadata) == (7, 3, "x")
+    with pytest.raises(errors.IllegalGenerationError):
+        coordinator.commit_offsets("g", 0, a.member_id, offsets)
+    with pytest.raises(errors.UnknownMemberIdError):  # an outsider while members are active
+        coordinator.commit_offsets("g", -1, "", offsets)
+    with pytest.raises(errors.OffsetMetadataTooLargeError):
+        coordinator.commit_offsets("g", 1, a.member_id,
+                                   {("t", 0): OffsetAndMetadata(8, -1, "x" * 5000)})
+    assert coordinator.fetch_offsets("g")[("t", 0)].offset == 7
+
+
+def test_groups_are_listed_described_and_deleted_only_when_empty(coordinator):
+    coordinator.commit_offsets("idle", -1, "", {("t", 0): OffsetAndMetadata(1)}).result(5)
+    a = join(coordinator).result(1)
+    coordinator.sync_group("g", 1, a.member_id, {a.member_id: b"x"}).result(1)
+    assert coordinator.list_groups() == [("g", "consumer", STABLE), ("idle", "consumer", EMPTY)]
+    d = coordinator.describe_group("g")
+    assert (d.protocol, d.generation_id, d.leader_id) == ("range", 1, a.member_id)
+    assert d.members[0].assignment == b"x" and d.members[0].client_id == "client"
+    assert coordinator.describe_group("nope").state == "Dead"
+    results = coordinator.delete_groups(["g", "idle", "nope"])
+    assert isinstance(results["g"], errors.NonEmptyGroupError)
+    assert results["idle"] is None
+    assert isinstance(results["nope"], errors.GroupIdNotFoundError)
+    assert coordinator.fetch_offsets("idle") == {}
+
+
+def test_protocols_must_agree_and_the_vote_picks_the_common_favourite(coordinator):
+    a_protocols = [("cooperative-sticky", b"a"), ("range", b"a")]
+    a = join(coordinator, protocols=a_protocols).result(1)
+    assert a.protocol_name == "cooperative-sticky"
+    with pytest.raises(errors.InconsistentGroupProtocolError):
+        join(coordinator, protocols=[("roundrobin", b"b")])
+    b = join(coordinator, protocols=[("range", b"b"), ("cooperative-sticky", b"b")])
+    c = join(coordinator, protocols=[("range", b"c")])
+    a2 = join(coordinator, a.member_id, protocols=a_protocols)
+    results = [f.result(1) for f in (a2, b, c)]
+    assert {r.protocol_name for r in results} == {"range"}  # the only one all support
+
+
+def test_bad_requests_get_kafka_errors(coordinator):
+    with pytest.raises(errors.InvalidGroupIdError):
+        coordinator.join_group("", "", "consumer", [("range", b"")],
+                               session_timeout_ms=SESSION_MS, rebalance_timeout_ms=REBALANCE_MS)
+    with pytest.raises(errors.InvalidSessionTimeoutError):
+        coordinator.join_group("g", "", "consumer", [("range", b"")],
+                               session_timeout_ms=10, rebalance_timeout_ms=REBALANCE_MS)
+    with pytest.raises(errors.UnknownMemberIdError):
+        join(coordinator, "nobody")
+
+
+def test_offsets_of_a_long_empty_group_expire(tmp_path: Path, clock: Clock):
+    config = GroupConfig(group_min_session_timeout_ms=1000, group_initial_rebalance_delay_ms=0,
+                         offsets_retention_minutes=0)
+    c = GroupCoordinator(OffsetStore(str(tmp_path / "o")), config, clock)
+    try:
+        c.commit_offsets("old", -1, "", {("t", 0): OffsetAndMetadata(1)}).result(5)
+        a = c.join_group("busy", "", "consumer", [("range", b"")],
+                         session_timeout_ms=SESSION_MS, rebalance_timeout_ms=REBALANCE_MS
+                         ).result(1)
+        c.sync_group("busy", 1, a.member_id, {}).result(1)
+        c.commit_offsets("busy", 1, a.member_id, {("t", 0): OffsetAndMetadata(1)}).result(5)
+        assert c.expire_offsets() == ["old"]  # an active group's offsets never expire
+        assert c.fetch_offsets("old") == {} and c.fetch_offsets("busy")
+    finally:
+        c.close()
