@@ -15,17 +15,26 @@ from deltabus.errors import DeltaBusError
 from deltabus.metadata import NewTopic
 from deltabus.records import ConsumerRecord
 from deltabus.rpc.admin import AdminClient
-from deltabus.rpc.consumer import Consumer, TopicPartition
+from deltabus.rpc.consumer import (
+    CommitFailedError,
+    Consumer,
+    ConsumerRebalanceListener,
+    OffsetAndMetadata,
+    TopicPartition,
+)
 from deltabus.rpc.producer import FutureRecordMetadata, Producer, RecordMetadata
 
 __all__ = [
     "AdminClient",
     "Cluster",
+    "CommitFailedError",
     "Consumer",
+    "ConsumerRebalanceListener",
     "ConsumerRecord",
     "DeltaBusError",
     "FutureRecordMetadata",
     "NewTopic",
+    "OffsetAndMetadata",
     "Producer",
     "RecordMetadata",
     "TopicPartition",

@@ -5,9 +5,10 @@ import deltabus
 
 def test_public_api_is_pinned():
     assert sorted(deltabus.__all__) == [
-        "AdminClient", "Cluster", "Consumer", "ConsumerRecord", "DeltaBusError",
-        "FutureRecordMetadata", "NewTopic", "Producer", "RecordMetadata", "TopicPartition",
-        "errors", "local_spark",
+        "AdminClient", "Cluster", "CommitFailedError", "Consumer", "ConsumerRebalanceListener",
+        "ConsumerRecord", "DeltaBusError", "FutureRecordMetadata", "NewTopic",
+        "OffsetAndMetadata", "Producer", "RecordMetadata", "TopicPartition", "errors",
+        "local_spark",
     ]
     for name in deltabus.__all__:
         assert hasattr(deltabus, name), name

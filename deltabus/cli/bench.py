@@ -10,6 +10,8 @@ a running one), in an order where each step leaves what the next needs:
     (e) produce-to-consume latency: one small record every ~2 ms for ~3 s, linger.ms=0
     (f) bulk produce as (b) but acks=all to a topic with replication factor 3
     (g) latency as (e) but acks=all with replication factor 3
+    (h) offset commits: 100 consumers each committing every 100 ms (see group_bench)
+    (i) rebalance time of a 10-member group when one member leaves
 
 The bulk target is relative as well as absolute, because what a 2-core laptop can write to Delta
 bounds every figure; (a) says what that bound was on this run.
@@ -31,6 +33,7 @@ import pyarrow as pa
 from deltalake import write_deltalake
 
 from deltabus import config as cfg
+from deltabus.cli import group_bench
 from deltabus.cli.options import CliError
 from deltabus.cli.producer_performance import BULK_CHUNK_BYTES, payload, random_values
 from deltabus.cli.results import write_json
@@ -48,7 +51,8 @@ WARM_UP = b"warm-up"
 IDLE_MS_MAX = 10_000  # a fetch or a latency wait giving up after this long with nothing new
 TARGETS = {"bulk_rps": 500_000, "bulk_vs_straight": 0.70, "send_rps": 150_000,
            "fetch_rps": 1_000_000, "latency_p50_ms": 50.0,
-           "replicated_vs_bulk": 0.5, "replicated_latency_p99_ms": 150.0}
+           "replicated_vs_bulk": 0.5, "replicated_latency_p99_ms": 150.0,
+           "commits_vs_asked": 0.9, "rebalance_s": 3.0}
 
 
 def add_parser(subparsers: argparse._SubParsersAction, parent: argparse.ArgumentParser) -> None:
@@ -112,9 +116,12 @@ def run_steps(bootstrap: str, root: str, records: int, send_records: int) -> dic
     # write down to nothing and make the "physical limit" a measure of that, not of writing.
     values = pa.table({"value": random_values(chunk_rows, VALUE_BYTES)})
     with AdminClient(bootstrap) as admin:
+        commits, rebalance = f"bench-commits-{run_id}", f"bench-rebalance-{run_id}"
         admin.create_topics([NewTopic(topic, 1, 1), NewTopic(latency_topic, 1, 1),
                              NewTopic(replicated, 1, 3, {"min.insync.replicas": "2"}),
-                             NewTopic(replicated_latency, 1, 3, {"min.insync.replicas": "2"})])
+                             NewTopic(replicated_latency, 1, 3, {"min.insync.replicas": "2"}),
+                             NewTopic(commits, 1, 1),
+                             NewTopic(rebalance, group_bench.GROUP_MEMBERS, 1)])
         try:
             figures: dict[str, Any] = {"records": records, "send_records": send_records,
                                        "value_bytes": VALUE_BYTES, "chunk_records": chunk_rows}
@@ -138,8 +145,13 @@ def run_steps(bootstrap: str, root: str, records: int, send_records: int) -> dic
             with _step(steps, "g", "latency, acks=all, replication factor 3"):
                 figures["replicated_latency_ms"] = latency(bootstrap, replicated_latency,
                                                            acks="all")
+            with _step(steps, "h", "offset commits, 100 consumers every 100 ms"):
+                figures["offset_commits"] = group_bench.offset_commits(bootstrap, commits)
+            with _step(steps, "i", "rebalance of 10 members when one leaves"):
+                figures["rebalance_s"] = group_bench.rebalance_time(bootstrap, rebalance)
         finally:
-            admin.delete_topics([topic, latency_topic, replicated, replicated_latency])
+            admin.delete_topics([topic, latency_topic, replicated, replicated_latency, commits,
+                                 rebalance])
     return figures
 
 
@@ -292,12 +304,15 @@ def judge(f: dict[str, Any]) -> dict[str, bool]:
         "replicated": f["replicated_vs_bulk"] >= TARGETS["replicated_vs_bulk"],
         "replicated_latency": (f["replicated_latency_ms"]["p99"]
                                <= TARGETS["replicated_latency_p99_ms"]),
+        "commits": (f["offset_commits"]["commits_per_s"]
+                    >= TARGETS["commits_vs_asked"] * f["offset_commits"]["asked_per_s"]),
+        "rebalance": f["rebalance_s"] <= TARGETS["rebalance_s"],
     }
 
 
 def report(f: dict[str, Any], ok: dict[str, bool]) -> str:
     """The table printed at the end: measured figure, target, PASS/MISS."""
-    lat, rlat = f["latency_ms"], f["replicated_latency_ms"]
+    lat, rlat, oc = f["latency_ms"], f["replicated_latency_ms"], f["offset_commits"]
     rows = [
         ("(a) straight write_deltalake", f"{f['straight_write_rps']:,.0f} rec/s",
          "the physical limit", ""),
@@ -319,6 +334,12 @@ def report(f: dict[str, Any], ok: dict[str, bool]) -> str:
          (f"p50 {rlat['p50']:.1f} / p95 {rlat['p95']:.1f} / p99 {rlat['p99']:.1f} ms "
           f"({rlat['received']}/{rlat['sent']} back)"),
          f"p99 <= {TARGETS['replicated_latency_p99_ms']:.0f} ms", ok["replicated_latency"]),
+        ("(h) offset commits, 100 consumers",
+         (f"{oc['commits_per_s']:,.0f}/s of {oc['asked_per_s']:,.0f} asked, latency p50 "
+          f"{oc['p50_ms']:.0f} / p99 {oc['p99_ms']:.0f} ms"),
+         f">= {TARGETS['commits_vs_asked']:.0%} of asked", ok["commits"]),
+        ("(i) rebalance, 10 members, 1 leaves", f"{f['rebalance_s']:.2f} s",
+         f"<= {TARGETS['rebalance_s']:.0f} s", ok["rebalance"]),
     ]
     title = (f"deltabus bench: {f['records']:,} records of {f['value_bytes']} bytes "
              f"(send() {f['send_records']:,}), 1 partition, {f['elapsed_s']:.0f} s")

@@ -22,6 +22,7 @@ import logging
 import re
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import grpc
@@ -112,6 +113,7 @@ class Consumer:
         self._subscription: list[str] | re.Pattern[str] | None = None
         self._listener: ConsumerRebalanceListener | None = None
         self._next_auto_commit_s = time.monotonic() + auto_commit_interval_ms / 1000
+        self._committer: ThreadPoolExecutor | None = None  # commit_async, in call order
         self._positions: dict[TopicPartition, int | None] = {}
         self._buffer: collections.OrderedDict[TopicPartition, pa.Table] = collections.OrderedDict()
         # Fetches sent ahead: (gRPC future, the fetch offset of each partition it asks for).
@@ -484,19 +486,28 @@ class Consumer:
 
     def commit_async(self, offsets: dict[TopicPartition, OffsetAndMetadata | int] | None = None,
                      callback: Callable[[dict, BaseException | None], None] | None = None
-                     ) -> None:
-        """Commit without raising; the callback (if any) gets the offsets and the error or None.
-        deltabus sends it at once: a commit costs one small round trip to the coordinator."""
+                     ) -> Future[None]:
+        """Commit in the background (the positions now, unless `offsets` says otherwise), in
+        call order; the callback (if any) gets the offsets and the error or None, on the
+        committing thread. The returned future resolves the same way."""
         chosen: dict[TopicPartition, OffsetAndMetadata | int] = (
-            dict(self._consumed()) if offsets is None else offsets)
-        error: BaseException | None = None
-        try:
-            self.commit(chosen)
-        except errors.DeltaBusError as e:
-            error = e
-            log.info("async commit failed: %s", e)
-        if callback is not None:
-            callback(dict(chosen), error)
+            dict(self._consumed()) if offsets is None else dict(offsets))
+        if self._committer is None:
+            self._committer = ThreadPoolExecutor(1, thread_name_prefix="deltabus-commit")
+
+        def run() -> None:
+            error: BaseException | None = None
+            try:
+                self.commit(chosen)
+            except errors.DeltaBusError as e:
+                error = e
+                log.info("async commit failed: %s", e)
+            if callback is not None:
+                callback(chosen, error)
+            if error is not None:
+                raise error
+
+        return self._committer.submit(run)
 
     def committed(self, partitions: TopicPartition | Iterable[TopicPartition]
                   ) -> Any:
@@ -513,6 +524,8 @@ class Consumer:
         waiting for the session timeout) and release the connections."""
         if self._closed:
             return
+        if self._committer is not None:
+            self._committer.shutdown(wait=True)  # async commits land before we leave
         if self._group is not None:
             if autocommit and self.enable_auto_commit and self._subscription is not None:
                 try:
