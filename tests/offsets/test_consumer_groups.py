@@ -302,3 +302,85 @@ def test_offsets_survive_a_cluster_restart(spark, tmp_path):
             assert [r.value for r in got] == [b"c"]
     finally:
         second.stop()
+
+
+def _member(cluster, group: str, **settings) -> Consumer:
+    return Consumer(cluster.bootstrap_servers, group_id=group, auto_offset_reset="earliest",
+                    session_timeout_ms=3000, heartbeat_interval_ms=300, **settings)
+
+
+def _poll_until(consumers: list[Consumer], condition: Callable[[], bool], what: str) -> None:
+    """Poll every consumer (so they take part in rebalances) until the condition holds."""
+    def polled() -> bool:
+        for c in consumers:
+            c.poll(50)
+        return condition()
+    wait_until(polled, what)
+
+
+def test_pattern_subscription_and_cooperative_sticky_keep_partitions_in_place(
+        cluster, topic_name):
+    """subscribe(pattern=...) covers every matching topic; with cooperative-sticky a newcomer
+    only takes what balance needs, and nobody else's partitions move."""
+    create(cluster, f"{topic_name}-a", 2)
+    create(cluster, f"{topic_name}-b", 2)
+    group = f"g-{topic_name}"
+    first = _member(cluster, group, partition_assignment_strategy=["cooperative-sticky"])
+    first.subscribe(pattern=f"{topic_name}-.*")
+    _poll_until([first], lambda: len(first.assignment()) == 4, "all four partitions")
+    assert first.subscription() == {f"{topic_name}-a", f"{topic_name}-b"}
+    before = set(first.assignment())
+    second = _member(cluster, group, partition_assignment_strategy=["cooperative-sticky"])
+    second.subscribe(pattern=f"{topic_name}-.*")
+    _poll_until([first, second],
+                lambda: len(first.assignment()) == 2 and len(second.assignment()) == 2,
+                "two partitions each")
+    assert first.assignment() <= before  # first kept two of its own; nothing else moved
+    second.close()
+    first.close()
+
+
+def test_a_member_that_stops_polling_leaves_after_max_poll_interval(cluster, topic_name):
+    """max.poll.interval.ms: a member whose application stops calling poll() leaves the group,
+    so a live member gets its partitions; its next poll joins again."""
+    create(cluster, topic_name, 2)
+    group = f"g-{topic_name}"
+    stuck = _member(cluster, group, max_poll_interval_ms=2000)
+    stuck.subscribe([topic_name])
+    live = _member(cluster, group, max_poll_interval_ms=60_000)
+    live.subscribe([topic_name])
+    _poll_until([stuck, live], lambda: len(stuck.assignment()) == 1
+                and len(live.assignment()) == 1, "one partition each")
+    _poll_until([live], lambda: len(live.assignment()) == 2,
+                "the live member to take everything while the other does not poll")
+    _poll_until([stuck, live], lambda: len(stuck.assignment()) == 1
+                and len(live.assignment()) == 1, "the stuck member back after polling again")
+    stuck.close()
+    live.close()
+
+
+def test_reset_offsets_scenarios_follow_kafka(cluster, topic_name, capsys):
+    create(cluster, topic_name, 1)
+    produce(cluster, topic_name, [f"v{i}" for i in range(10)])
+    group = f"g-{topic_name}"
+    with AdminClient(cluster.bootstrap_servers) as admin:
+        admin.alter_consumer_group_offsets(group, {(topic_name, 0): 5})
+    base = ["consumer-groups", "--bootstrap-server", cluster.bootstrap_servers,
+            "--reset-offsets", "--group", group, "--topic", f"{topic_name}:0"]
+
+    def new_offset(*scenario: str) -> str:
+        capsys.readouterr()
+        assert main([*base, *scenario]) == 0
+        return capsys.readouterr().out.split()[-1]
+
+    assert new_offset("--to-offset", "3") == "3"
+    assert new_offset("--shift-by", "-2") == "3"
+    assert new_offset("--shift-by", "100") == "10"  # clamped to the log end, as Kafka does
+    assert new_offset("--to-latest") == "10"
+    assert new_offset("--to-current") == "5"
+    assert new_offset("--to-datetime", "2000-01-01T00:00:00.000") == "0"
+    assert new_offset("--by-duration", "PT1H") == "0"  # every record is younger than an hour
+    assert main([*base, "--by-duration", "one hour"]) == 1
+    assert "Error parsing duration" in capsys.readouterr().err
+    with AdminClient(cluster.bootstrap_servers) as admin:
+        assert admin.list_consumer_group_offsets(group) == {(topic_name, 0): 5}  # all dry runs
