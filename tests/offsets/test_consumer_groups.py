@@ -384,3 +384,49 @@ def test_reset_offsets_scenarios_follow_kafka(cluster, topic_name, capsys):
     assert "Error parsing duration" in capsys.readouterr().err
     with AdminClient(cluster.bootstrap_servers) as admin:
         assert admin.list_consumer_group_offsets(group) == {(topic_name, 0): 5}  # all dry runs
+
+
+def test_describe_shows_lag_and_owners_while_producers_and_consumers_run(
+        cluster, topic_name, capsys):
+    create(cluster, topic_name, 2)
+    group = f"g-{topic_name}"
+    stop = threading.Event()
+    produced = [0]
+
+    def producing() -> None:
+        with Producer(cluster.bootstrap_servers, linger_ms=1) as producer:
+            while not stop.is_set():
+                producer.send(topic_name, b"x", partition=produced[0] % 2)
+                produced[0] += 1
+                if produced[0] % 50 == 0:
+                    producer.flush(WAIT_S)
+                    time.sleep(0.01)
+
+    member = _member(cluster, group, enable_auto_commit=False, client_id="lag-watcher")
+    member.subscribe([topic_name])
+    sender = threading.Thread(target=producing)
+    sender.start()
+    try:
+        _poll_until([member], lambda: len(member.assignment()) == 2, "the assignment")
+        for _ in range(3):
+            for _ in range(5):
+                member.poll(50, max_records=20)  # consume slower than the producer
+            member.commit()
+            capsys.readouterr()
+            assert main(["consumer-groups", "--bootstrap-server", cluster.bootstrap_servers,
+                         "--describe", "--group", group]) == 0
+            lines = capsys.readouterr().out.splitlines()
+            header = next(i for i, line in enumerate(lines) if line.startswith("GROUP"))
+            rows = [line.split() for line in lines[header + 1:]]
+            committed = member.committed([TopicPartition(topic_name, p) for p in (0, 1)])
+            for row in rows:
+                partition, current, end, lag = (int(x) for x in row[2:6])
+                assert current == committed[TopicPartition(topic_name, partition)].offset
+                assert lag == end - current and 0 <= current <= end <= produced[0]
+                assert row[6] == member._group.member_id and row[8] == "lag-watcher"
+                assert row[7].startswith("/127.0.0.1")
+            assert len(rows) == 2
+    finally:
+        stop.set()
+        sender.join()
+        member.close()
