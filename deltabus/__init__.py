@@ -22,6 +22,7 @@ from deltabus.rpc.consumer import (
     OffsetAndMetadata,
     TopicPartition,
 )
+from deltabus.rpc.exactly_once import ExactlyOncePipeline
 from deltabus.rpc.producer import FutureRecordMetadata, Producer, RecordMetadata
 
 __all__ = [
@@ -32,6 +33,7 @@ __all__ = [
     "ConsumerRebalanceListener",
     "ConsumerRecord",
     "DeltaBusError",
+    "ExactlyOncePipeline",
     "FutureRecordMetadata",
     "NewTopic",
     "OffsetAndMetadata",

@@ -119,6 +119,9 @@ class MetadataState:
         self.topics: dict[str, dict[str, Any]] = {}
         self.offset = -1  # offset of the last replayed record
         self.producer_ids_end = 0  # producer ids below this were handed out (or reserved)
+        # A stable producer id per transactional id: an exactly-once pipeline that restarts
+        # writes with the same id and sequences, so the leaders drop what it wrote before.
+        self.transactional_ids: dict[str, int] = {}
 
     def replay(self, record: dict[str, Any]) -> None:
         """Apply one record. Record types follow KRaft's: cluster, topic, partition,
@@ -140,6 +143,8 @@ class MetadataState:
                     state[key] = copy.copy(record[key])
         elif kind == "producer_ids":
             self.producer_ids_end = record["end"]
+        elif kind == "transactional_id":
+            self.transactional_ids[record["id"]] = record["producer_id"]
         elif kind == "remove_topic":
             self.topics.pop(record["name"], None)
         elif kind == "config":

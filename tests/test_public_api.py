@@ -6,7 +6,8 @@ import deltabus
 def test_public_api_is_pinned():
     assert sorted(deltabus.__all__) == [
         "AdminClient", "Cluster", "CommitFailedError", "Consumer", "ConsumerRebalanceListener",
-        "ConsumerRecord", "DeltaBusError", "FutureRecordMetadata", "NewTopic",
+        "ConsumerRecord", "DeltaBusError", "ExactlyOncePipeline", "FutureRecordMetadata",
+        "NewTopic",
         "OffsetAndMetadata", "Producer", "RecordMetadata", "TopicPartition", "errors",
         "local_spark",
     ]

@@ -401,8 +401,9 @@ class Broker:
             result.error = e
         return result
 
-    def init_producer_id(self) -> tuple[int, int]:
-        response = self._controller.call_any("InitProducerId", pb.InitProducerIdRequest())
+    def init_producer_id(self, transactional_id: str = "") -> tuple[int, int]:
+        response = self._controller.call_any(
+            "InitProducerId", pb.InitProducerIdRequest(transactional_id=transactional_id))
         errors.check(response.error_code, response.error_message)
         return response.producer_id, response.producer_epoch
 

@@ -272,19 +272,33 @@ class Controller:
 
     # ---- producer ids ------------------------------------------------------------------------
 
-    def init_producer_id(self) -> tuple[int, int]:
-        """A new producer id (epoch 0). Ids are reserved in blocks in the metadata log, so a
-        restarted controller never hands out an id twice."""
+    def init_producer_id(self, transactional_id: str = "") -> tuple[int, int]:
+        """A new producer id (epoch 0), or for a transactional id the one it always has. Ids are
+        reserved in blocks in the metadata log, so a restarted controller never hands out an id
+        twice."""
         with self._lock:
-            if self._next_producer_id >= self._state.producer_ids_end:
-                start = max(self._next_producer_id, self._state.producer_ids_end)
-                self._log.append([{"type": "producer_ids",
-                                   "end": start + PRODUCER_ID_BLOCK}])
-                self._state.replay({"type": "producer_ids", "end": start + PRODUCER_ID_BLOCK})
-                self._next_producer_id = start
-            producer_id = self._next_producer_id
-            self._next_producer_id += 1
-            return producer_id, 0
+            if transactional_id:
+                known = self._state.transactional_ids.get(transactional_id)
+                if known is not None:
+                    return known, 0
+                producer_id, _ = self._new_producer_id()
+                record = {"type": "transactional_id", "id": transactional_id,
+                          "producer_id": producer_id}
+                self._log.append([record])  # not cluster metadata brokers need: no new version
+                self._state.replay(record)
+                return producer_id, 0
+            return self._new_producer_id()
+
+    def _new_producer_id(self) -> tuple[int, int]:
+        """Lock held."""
+        if self._next_producer_id >= self._state.producer_ids_end:
+            start = max(self._next_producer_id, self._state.producer_ids_end)
+            self._log.append([{"type": "producer_ids", "end": start + PRODUCER_ID_BLOCK}])
+            self._state.replay({"type": "producer_ids", "end": start + PRODUCER_ID_BLOCK})
+            self._next_producer_id = start
+        producer_id = self._next_producer_id
+        self._next_producer_id += 1
+        return producer_id, 0
 
     # ---- brokers -----------------------------------------------------------------------------
 
@@ -806,8 +820,8 @@ class ControllerHandler:
     def list_offsets(self, topic: str, partition: int, timestamp: int) -> tuple[int, int, int]:
         raise self._not_leader(topic, partition)
 
-    def init_producer_id(self) -> tuple[int, int]:
-        return self._controller.init_producer_id()
+    def init_producer_id(self, transactional_id: str = "") -> tuple[int, int]:
+        return self._controller.init_producer_id(transactional_id)
 
     def elect_leaders(self, election_type: str, partitions: list[tuple[str, int]] | None
                       ) -> dict[tuple[str, int], errors.DeltaBusError | None]:

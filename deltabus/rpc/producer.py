@@ -161,6 +161,7 @@ class Producer:
         allow_auto_create_topics: bool = True,
         enable_idempotence: bool = True,
         max_in_flight_batches_per_partition: int = 2,
+        transactional_id: str | None = None,
     ) -> None:
         acks_value = _ACKS.get(str(acks))
         if acks_value is None:
@@ -185,7 +186,11 @@ class Producer:
         # in either order); with it, full batches pipeline up to this depth (the leader appends
         # them in sequence order).
         self._busy: collections.Counter[tuple[str, int]] = collections.Counter()
+        if transactional_id is not None and not enable_idempotence:
+            raise errors.InvalidConfigError("a transactional_id needs enable_idempotence")
         self.enable_idempotence = enable_idempotence
+        # The same producer id across restarts (see deltabus.rpc.exactly_once).
+        self.transactional_id = transactional_id
         self._in_flight_max = (max_in_flight_batches_per_partition if enable_idempotence
                                else 1)
         self._producer_id = -1
@@ -422,7 +427,8 @@ class Producer:
         """Give each batch its producer id and base sequence, once: a retry keeps them, so
         the leader recognises it. The id comes from the cluster on first use."""
         if self._producer_id < 0:
-            response = self._client.call_any("InitProducerId", pb.InitProducerIdRequest())
+            response = self._client.call_any("InitProducerId", pb.InitProducerIdRequest(
+                transactional_id=self.transactional_id or ""))
             errors.check(response.error_code, response.error_message)
             self._producer_id, self._producer_epoch = response.producer_id, response.producer_epoch
         for batch in batches:
@@ -430,6 +436,20 @@ class Producer:
                 key = (batch.topic, batch.partition)
                 batch.base_sequence = self._sequences[key]
                 self._sequences[key] += batch.count
+
+    def sequences(self) -> dict[tuple[str, int], int]:
+        """The next sequence number per partition (after flush: what was sent so far)."""
+        with self._lock:
+            return dict(self._sequences)
+
+    def restore_sequences(self, sequences: dict[tuple[str, int], int]) -> None:
+        """Continue a transactional producer's sequences where an earlier instance of it
+        stood, before sending anything: replayed batches then carry the sequence numbers they
+        had, and the leaders drop those already written."""
+        with self._lock:
+            if self._incomplete:
+                raise errors.ClientError("restore_sequences before sending anything")
+            self._sequences = collections.Counter(sequences)
 
     def _produce_data(self, batch: _Batch) -> pb.PartitionProduceData:
         data = pb.PartitionProduceData(topic=batch.topic, partition=batch.partition)

@@ -81,7 +81,7 @@ class DeltaBusHandler(Protocol):
 
     def list_offsets(self, topic: str, partition: int, timestamp: int) -> tuple[int, int, int]: ...
 
-    def init_producer_id(self) -> tuple[int, int]: ...
+    def init_producer_id(self, transactional_id: str = "") -> tuple[int, int]: ...
 
     def elect_leaders(self, election_type: str, partitions: list[tuple[str, int]] | None
                       ) -> dict[tuple[str, int], errors.DeltaBusError | None]: ...
@@ -263,9 +263,7 @@ class DeltaBusServicer(GroupServicerMixin, pb_grpc.DeltaBusServicer):
     @_guard
     def InitProducerId(self, request: pb.InitProducerIdRequest,
                        context: Any) -> pb.InitProducerIdResponse:
-        if request.transactional_id:
-            raise errors.UnsupportedVersionError("transactions are not supported yet")
-        producer_id, epoch = self._handler.init_producer_id()
+        producer_id, epoch = self._handler.init_producer_id(request.transactional_id)
         return pb.InitProducerIdResponse(producer_id=producer_id, producer_epoch=epoch)
 
     @_guard
