@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
         raise CliError("Command must include exactly one action: --list, --describe, --create, "
                        "--alter or --delete")
     if action == "alter":
-        raise CliError("--alter is not supported yet")
+        return alter(args)
     if action != "create":
         for flag in ("partitions", "replication_factor", "config", "replica_assignment"):
             if getattr(args, flag) is not None:
@@ -72,6 +72,28 @@ def run(args: argparse.Namespace) -> int:
             describe(admin, args)
         else:
             delete(admin, args)
+    return 0
+
+
+def alter(args: argparse.Namespace) -> int:
+    """--alter --partitions N, with kafka-topics' warning about keyed data."""
+    if not args.topic:
+        raise CliError("--topic is required with --alter")
+    if args.partitions is None:
+        raise CliError("--alter needs --partitions (topic configs: deltabus configs, coming)")
+    for flag in ("replication_factor", "config", "replica_assignment"):
+        if getattr(args, flag) is not None:
+            raise CliError(f"Option --{flag.replace('_', '-')} can only be used with --create")
+    with AdminClient(args.bootstrap_server) as admin:
+        names = matching(admin.list_topics(), args.topic)
+        if not names:
+            if args.if_exists:
+                return 0
+            raise CliError(f"Topic '{args.topic}' does not exist as expected")
+        print("WARNING: If partitions are increased for a topic that has a key, the partition "
+              "logic or ordering of the messages will be affected")
+        admin.create_partitions({name: args.partitions for name in names})
+    print("Adding partitions succeeded!")
     return 0
 
 

@@ -310,6 +310,14 @@ class Broker:
         response = self._controller.call_any("CreateTopics", request, timeout_ms + 5000)
         return [codec.topic_result_from_proto(r) for r in response.topics]
 
+    def create_partitions(self, counts: dict[str, int], *, timeout_ms: int,
+                          validate_only: bool) -> list[TopicResult]:
+        request = pb.CreatePartitionsRequest(
+            topics=[pb.CreatePartitionsTopic(name=t, count=n) for t, n in counts.items()],
+            timeout_ms=timeout_ms, validate_only=validate_only)
+        response = self._controller.call_any("CreatePartitions", request, timeout_ms + 5000)
+        return [codec.topic_result_from_proto(r) for r in response.topics]
+
     def delete_topics(self, names: list[str], *, timeout_ms: int) -> list[TopicResult]:
         request = pb.DeleteTopicsRequest(topics=names, timeout_ms=timeout_ms)
         response = self._controller.call_any("DeleteTopics", request, timeout_ms + 5000)

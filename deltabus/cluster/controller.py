@@ -225,6 +225,51 @@ class Controller:
         racks = {b: self._brokers[b].endpoint.rack for b in live}
         return assign_replicas(live, partitions, rf, racks)
 
+    def create_partitions(self, counts: dict[str, int], *, timeout_ms: int = 30_000,
+                          validate_only: bool = False) -> list[TopicResult]:
+        """Add partitions to topics (Kafka's CreatePartitions): `counts` maps a topic to its
+        new total. New partitions get replicas as a new topic would, with the topic's
+        replication factor; keyed records may map to other partitions from now on."""
+        results = []
+        with self._lock:
+            for name, count in counts.items():
+                try:
+                    records = self._plan_partitions(name, count)
+                    if not validate_only:
+                        self._commit(records)
+                    results.append(TopicResult(name, None, "", count,
+                                               len(records[0]["replicas"])))
+                except errors.DeltaBusError as e:
+                    results.append(TopicResult(name, e))
+            target = self._version
+        if not validate_only:
+            self._await_brokers(target, timeout_ms)
+        return results
+
+    def _plan_partitions(self, name: str, count: int) -> list[dict]:
+        """Lock held."""
+        topic = self._state.topics.get(name)
+        if topic is None:
+            raise errors.UnknownTopicOrPartitionError(f"Topic '{name}' does not exist.")
+        current = len(topic["partitions"])
+        if count <= current:
+            raise errors.InvalidPartitionsError(
+                f"Topic currently has {current} partitions, which is "
+                f"{'higher than' if count < current else 'equal to'} the requested {count}.")
+        if count > cfg.PARTITIONS_MAX:
+            raise errors.InvalidPartitionsError(
+                f"Number of partitions {count} is more than the limit {cfg.PARTITIONS_MAX}.")
+        rf = len(topic["partitions"][0]["replicas"])
+        live = self._live_broker_ids()
+        if rf > len(live):
+            raise errors.InvalidReplicationFactorError(
+                f"Replication factor: {rf} larger than available brokers: {len(live)}.")
+        racks = {b: self._brokers[b].endpoint.rack for b in live}
+        assignment = assign_replicas(live, count, rf, racks)
+        return [{"type": "partition", "topic": name, "partition": p, "replicas": replicas,
+                 "isr": replicas, "leader": replicas[0], "leader_epoch": 0}
+                for p, replicas in enumerate(assignment) if p >= current]
+
     def delete_topics(self, names: list[str], *, timeout_ms: int = 30_000) -> list[TopicResult]:
         """Delete topics: remove them from metadata, let brokers close them, drop their tables."""
         results = []
@@ -800,6 +845,11 @@ class ControllerHandler:
 
     def delete_topics(self, names: list[str], *, timeout_ms: int) -> list[TopicResult]:
         return self._controller.delete_topics(names, timeout_ms=timeout_ms)
+
+    def create_partitions(self, counts: dict[str, int], *, timeout_ms: int,
+                          validate_only: bool) -> list[TopicResult]:
+        return self._controller.create_partitions(counts, timeout_ms=timeout_ms,
+                                                  validate_only=validate_only)
 
     def _not_leader(self, topic: str, partition: int) -> errors.DeltaBusError:
         if self._controller.image().partition(topic, partition) is None:

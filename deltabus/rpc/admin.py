@@ -40,6 +40,16 @@ class AdminClient:
         response = self._client.call_any("DeleteTopics", request, timeout_ms + 5000)
         return self._results(response.topics)
 
+    def create_partitions(self, new_totals: dict[str, int], *, timeout_ms: int = 30_000,
+                          validate_only: bool = False) -> None:
+        """Kafka's createPartitions: {topic: new total partition count}. Keyed records may go
+        to other partitions afterwards (the partition is the key's hash modulo the count)."""
+        request = pb.CreatePartitionsRequest(
+            topics=[pb.CreatePartitionsTopic(name=t, count=n) for t, n in new_totals.items()],
+            timeout_ms=timeout_ms, validate_only=validate_only)
+        response = self._client.call_any("CreatePartitions", request, timeout_ms + 5000)
+        self._results(response.topics)
+
     @staticmethod
     def _results(results: Iterable[pb.TopicResult]) -> dict[str, str]:
         out = {}

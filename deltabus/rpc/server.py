@@ -73,6 +73,9 @@ class DeltaBusHandler(Protocol):
 
     def delete_topics(self, names: list[str], *, timeout_ms: int) -> list[TopicResult]: ...
 
+    def create_partitions(self, counts: dict[str, int], *, timeout_ms: int,
+                          validate_only: bool) -> list[TopicResult]: ...
+
     def produce(self, topic: str, partition: int, batch: pa.Table, *, acks: int,
                 producer: ProducerState) -> futures.Future[AppendResult]: ...
 
@@ -168,6 +171,15 @@ class DeltaBusServicer(GroupServicerMixin, pb_grpc.DeltaBusServicer):
         topics = list(request.topics)
         image = self._handler.metadata(topics, False)
         return pb.DescribeTopicsResponse(topics=codec.image_to_proto(image, topics).topics)
+
+    @_guard
+    def CreatePartitions(self, request: pb.CreatePartitionsRequest,
+                         context: Any) -> pb.CreatePartitionsResponse:
+        results = self._handler.create_partitions(
+            {t.name: t.count for t in request.topics}, timeout_ms=request.timeout_ms or 30_000,
+            validate_only=request.validate_only)
+        return pb.CreatePartitionsResponse(topics=[codec.topic_result_to_proto(r)
+                                                   for r in results])
 
     @_guard
     def Produce(self, request: pb.ProduceRequest, context: Any) -> pb.ProduceResponse:

@@ -53,7 +53,8 @@ def test_usage_errors_are_one_line_and_exit_2(capsys: pytest.CaptureFixture[str]
 @pytest.mark.parametrize("argv, message", [
     (["topics"], ("Command must include exactly one action: --list, --describe, --create, "
                   "--alter or --delete")),
-    (["topics", "--alter", "--topic", "t"], "--alter is not supported yet"),
+    (["topics", "--alter", "--topic", "t"], "--alter needs --partitions"),
+    (["topics", "--alter", "--partitions", "3"], "--topic is required with --alter"),
     (["topics", "--create"], "--topic is required with --create"),
     (["topics", "--delete"], "--topic is required with --delete"),
     (["topics", "--describe", "--partitions", "3"],

@@ -430,3 +430,50 @@ def test_describe_shows_lag_and_owners_while_producers_and_consumers_run(
         stop.set()
         sender.join()
         member.close()
+
+
+def test_adding_partitions_rebalances_the_group(cluster, topic_name, capsys):
+    """kafka-topics --alter --partitions: the group notices the new partitions (at most
+    metadata.max.age.ms later) and rebalances to cover them."""
+    create(cluster, topic_name, 1)
+    group = f"g-{topic_name}"
+    member = _member(cluster, group, metadata_max_age_ms=500)
+    member.subscribe([topic_name])
+    _poll_until([member], lambda: len(member.assignment()) == 1, "the one partition")
+    common = ["--bootstrap-server", cluster.bootstrap_servers, "--topic", topic_name]
+    capsys.readouterr()
+    assert main(["topics", "--alter", *common, "--partitions", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "WARNING: If partitions are increased for a topic that has a key" in out
+    assert "Adding partitions succeeded!" in out
+    _poll_until([member], lambda: len(member.assignment()) == 3, "all three partitions")
+    produce(cluster, topic_name, ["new"], partition=2)
+    got: list = []
+    wait_until(lambda: bool(got.extend(member.poll(100)) or got), "the record")
+    assert [(r.partition, r.value) for r in got] == [(2, b"new")]
+    assert main(["topics", "--alter", *common, "--partitions", "2"]) == 1
+    assert ("Topic currently has 3 partitions, which is higher than the requested 2."
+            in capsys.readouterr().err)
+    member.close()
+
+
+def test_group_and_offsets_carry_on_through_a_broker_kill(cluster, topic_name):
+    """The coordinator lives in the driver: a broker dying (and relaunched) loses no committed
+    offset and does not stop the group committing."""
+    create(cluster, topic_name, 1)
+    group = f"g-{topic_name}"
+    member = _member(cluster, group, enable_auto_commit=False)
+    member.subscribe([topic_name])
+    _poll_until([member], lambda: len(member.assignment()) == 1, "the assignment")
+    tp = TopicPartition(topic_name, 0)
+    member.commit({tp: 0})
+    old_pid = cluster.broker_pids()[0]
+    cluster.kill_broker(0)
+    member.commit({tp: 0})  # commits go on while the broker is down
+    wait_until(lambda: cluster.broker_pids().get(0, old_pid) != old_pid, "the relaunch")
+    produce(cluster, topic_name, ["a", "b"])
+    got: list = []
+    wait_until(lambda: bool(got.extend(member.poll(100)) or len(got) >= 2), "the records")
+    member.commit()
+    assert member.committed(tp).offset == 2
+    member.close()

@@ -49,6 +49,11 @@ class DeltaBusStub:
                 request_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DeleteTopicsRequest.SerializeToString,
                 response_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DeleteTopicsResponse.FromString,
                 _registered_method=True)
+        self.CreatePartitions = channel.unary_unary(
+                '/deltabus.v1.DeltaBus/CreatePartitions',
+                request_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.CreatePartitionsRequest.SerializeToString,
+                response_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.CreatePartitionsResponse.FromString,
+                _registered_method=True)
         self.DescribeTopics = channel.unary_unary(
                 '/deltabus.v1.DeltaBus/DescribeTopics',
                 request_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DescribeTopicsRequest.SerializeToString,
@@ -153,6 +158,13 @@ class DeltaBusServicer:
 
     def DeleteTopics(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CreatePartitions(self, request, context):
+        """Add partitions to topics (Kafka's CreatePartitions; kafka-topics.sh --alter --partitions).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -283,6 +295,11 @@ def add_DeltaBusServicer_to_server(servicer, server):
                     servicer.DeleteTopics,
                     request_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DeleteTopicsRequest.FromString,
                     response_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DeleteTopicsResponse.SerializeToString,
+            ),
+            'CreatePartitions': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreatePartitions,
+                    request_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.CreatePartitionsRequest.FromString,
+                    response_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.CreatePartitionsResponse.SerializeToString,
             ),
             'DescribeTopics': grpc.unary_unary_rpc_method_handler(
                     servicer.DescribeTopics,
@@ -451,6 +468,33 @@ class DeltaBus:
             '/deltabus.v1.DeltaBus/DeleteTopics',
             deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DeleteTopicsRequest.SerializeToString,
             deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DeleteTopicsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreatePartitions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/deltabus.v1.DeltaBus/CreatePartitions',
+            deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.CreatePartitionsRequest.SerializeToString,
+            deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.CreatePartitionsResponse.FromString,
             options,
             channel_credentials,
             insecure,
