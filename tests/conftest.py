@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -52,6 +52,15 @@ def cluster(spark: object, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     c = Cluster(spark, root=str(root), brokers=3, port=0).start()  # 0: any free port
     yield c
     c.stop()
+
+
+def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 60) -> None:
+    """Poll `condition` (every 50 ms) until it holds; fail naming `what` after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(0.05)
 
 
 def read_records(bootstrap: str, topic: str, partitions: int, expected: int,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 from deltalake import DeltaTable
@@ -17,17 +17,9 @@ from deltabus.metadata import PartitionState
 from deltabus.records import produce_batch, to_ipc
 from deltabus.rpc.client import ClusterClient
 from deltabus.rpc.v1 import deltabus_pb2 as pb
-from tests.conftest import read_records
+from tests.conftest import read_records, wait_until
 
 WAIT_S = 60
-
-
-def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = WAIT_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.05)
 
 
 def state(cluster, topic: str, partition: int = 0) -> PartitionState:

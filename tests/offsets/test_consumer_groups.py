@@ -22,17 +22,10 @@ from deltabus import AdminClient, Consumer, NewTopic, Producer, TopicPartition, 
 from deltabus.cli.main import main
 from deltabus.log_tables.layout import consumer_offsets_path
 from deltabus.rpc.consumer import CommitFailedError, ConsumerRebalanceListener
+from tests.conftest import wait_until
 
 MEMBER = Path(__file__).with_name("group_member.py")
 WAIT_S = 60
-
-
-def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = WAIT_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.05)
 
 
 def create(cluster, topic: str, partitions: int) -> None:
