@@ -28,6 +28,8 @@ from deltabus.cli.options import (
 from deltabus.records import LOG_APPEND_TIME, ConsumerRecord
 from deltabus.rpc.consumer import Consumer, TopicPartition
 
+# A consumer in a group waits this long at most for partitions before --timeout-ms counts.
+GROUP_JOIN_WAIT_S_MAX = 30.0
 POLL_MS_MAX = 1000  # a poll never blocks longer, so Ctrl-C and timeouts are noticed promptly
 
 
@@ -164,9 +166,10 @@ def _assign(consumer: Consumer, topic: str, partition: int | None, start: str | 
 
 def _print_records(consumer: Consumer, formatter: MessageFormatter, max_messages: int | None,
                    timeout_ms: int | None) -> int:
-    """Poll and print until max_messages, or timeout_ms with no record; returns the count."""
+    """Poll and print until max_messages, or timeout_ms with no record once partitions are
+    assigned (a new group waits group.initial.rebalance.delay.ms first); returns the count."""
     count = 0
-    last_record = time.monotonic()
+    started = last_record = time.monotonic()
     while max_messages is None or count < max_messages:
         wait_ms = POLL_MS_MAX
         if timeout_ms is not None:
@@ -176,6 +179,8 @@ def _print_records(consumer: Consumer, formatter: MessageFormatter, max_messages
             wait_ms = int(min(wait_ms, left_ms))
         limit = None if max_messages is None else max_messages - count
         records = consumer.poll(timeout_ms=wait_ms, max_records=limit)
+        if not consumer.assignment() and time.monotonic() - started < GROUP_JOIN_WAIT_S_MAX:
+            last_record = time.monotonic()  # a group still forming: --timeout-ms counts after
         if records:
             last_record = time.monotonic()
             sys.stdout.write("".join(formatter.format(r) for r in records))

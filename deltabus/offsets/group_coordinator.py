@@ -112,6 +112,8 @@ class Group:
     join_deadline_s: float = 0.0  # the join phase ends by then, joined or not
     join_not_before_s: float = 0.0  # a new group's first join phase waits for more members
     empty_since_s: float = field(default_factory=time.time)
+    # Member ids handed out with MEMBER_ID_REQUIRED, not joined yet: id -> expiry time.
+    pending_members: dict[str, float] = field(default_factory=dict)
 
 
 class GroupCoordinator:
@@ -151,10 +153,14 @@ class GroupCoordinator:
             group = self._groups.setdefault(group_id, Group(group_id))
             self._check_protocols(group, member_id, protocol_type, protocols)
             now = self._clock()
-            if member_id:
-                if member_id not in group.members:
-                    raise errors.UnknownMemberIdError(
-                        f"member {member_id} is not in group {group_id}")
+            if not member_id:  # Kafka's KIP-394: the member learns its id before it waits
+                member_id = f"{client_id or 'consumer'}-{uuid.uuid4()}"
+                group.pending_members[member_id] = now + session_timeout_ms / 1000
+                error = errors.MemberIdRequiredError(
+                    f"join group {group_id} again with the member id {member_id}")
+                error.member_id = member_id  # type: ignore[attr-defined]
+                raise error
+            if member_id in group.members:
                 member = group.members[member_id]
                 if member.join is not None and not member.join.done():
                     member.join.set_exception(errors.RebalanceInProgressError(
@@ -162,11 +168,13 @@ class GroupCoordinator:
                 member.protocols, member.session_timeout_ms = protocols, session_timeout_ms
                 member.rebalance_timeout_ms = rebalance_timeout_ms
             else:
+                if group.pending_members.pop(member_id, None) is None:
+                    raise errors.UnknownMemberIdError(
+                        f"member {member_id} is not in group {group_id}")
                 if len(group.members) >= self._config.group_max_size:
                     raise errors.GroupMaxSizeReachedError(
                         f"group {group_id} has {len(group.members)} members, the maximum "
                         "(group.max.size)")
-                member_id = f"{client_id or 'consumer'}-{uuid.uuid4()}"
                 member = Member(member_id, client_id, client_host, session_timeout_ms,
                                 rebalance_timeout_ms, protocol_type, protocols, now)
                 group.members[member_id] = member
@@ -435,6 +443,9 @@ class GroupCoordinator:
         now = self._clock()
         with self._lock:
             for group in list(self._groups.values()):
+                for member_id, expiry in list(group.pending_members.items()):
+                    if now > expiry:  # handed an id, never came back with it
+                        del group.pending_members[member_id]
                 for member in list(group.members.values()):
                     waiting = member.join is not None or member.sync is not None
                     if not waiting and \

@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 PROTOCOL_TYPE = "consumer"
 # Errors after which the member must join again (its generation or membership is gone).
 REJOIN_ERRORS = (errors.RebalanceInProgressError, errors.IllegalGenerationError,
-                 errors.UnknownMemberIdError)
+                 errors.UnknownMemberIdError, errors.MemberIdRequiredError)
 COORDINATOR_ERRORS = (errors.NotCoordinatorError, errors.CoordinatorNotAvailableError,
                       errors.CoordinatorLoadInProgressError, errors.NetworkError)
 

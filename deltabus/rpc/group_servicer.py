@@ -41,7 +41,8 @@ class GroupServicerMixin:
             timeout_s = max(request.rebalance_timeout_ms, request.session_timeout_ms) / 1000
             result = _wait(future, timeout_s + LONG_POLL_SLACK_S)
         except errors.DeltaBusError as e:
-            return pb.JoinGroupResponse(error_code=e.code, error_message=e.message)
+            return pb.JoinGroupResponse(error_code=e.code, error_message=e.message,
+                                        member_id=getattr(e, "member_id", ""))
         return pb.JoinGroupResponse(
             generation_id=result.generation_id, protocol_name=result.protocol_name,
             leader=result.leader_id, member_id=result.member_id,

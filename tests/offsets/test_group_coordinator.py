@@ -44,10 +44,19 @@ def coordinator(tmp_path: Path, clock: Clock) -> Iterator[GroupCoordinator]:
     c.close()
 
 
-def join(c: GroupCoordinator, member_id: str = "", protocols=(("range", b"m"),)):
-    return c.join_group("g", member_id, "consumer", list(protocols),
-                        session_timeout_ms=SESSION_MS, rebalance_timeout_ms=REBALANCE_MS,
-                        client_id="client")
+def join(c: GroupCoordinator, member_id: str = "", protocols=(("range", b"m"),),
+         group: str = "g"):
+    """JoinGroup as Kafka's clients do: a new member first gets its id (MEMBER_ID_REQUIRED),
+    then joins with it."""
+    def call(mid: str):
+        return c.join_group(group, mid, "consumer", list(protocols),
+                            session_timeout_ms=SESSION_MS, rebalance_timeout_ms=REBALANCE_MS,
+                            client_id="client")
+    if member_id:
+        return call(member_id)
+    with pytest.raises(errors.MemberIdRequiredError) as required:
+        call("")
+    return call(required.value.member_id)
 
 
 def state(c: GroupCoordinator) -> str:
@@ -188,7 +197,7 @@ def test_bad_requests_get_kafka_errors(coordinator):
     with pytest.raises(errors.InvalidSessionTimeoutError):
         coordinator.join_group("g", "", "consumer", [("range", b"")],
                                session_timeout_ms=10, rebalance_timeout_ms=REBALANCE_MS)
-    with pytest.raises(errors.UnknownMemberIdError):
+    with pytest.raises(errors.UnknownMemberIdError):  # an id the coordinator never handed out
         join(coordinator, "nobody")
 
 
@@ -198,12 +207,25 @@ def test_offsets_of_a_long_empty_group_expire(tmp_path: Path, clock: Clock):
     c = GroupCoordinator(OffsetStore(str(tmp_path / "o")), config, clock)
     try:
         c.commit_offsets("old", -1, "", {("t", 0): OffsetAndMetadata(1)}).result(5)
-        a = c.join_group("busy", "", "consumer", [("range", b"")],
-                         session_timeout_ms=SESSION_MS, rebalance_timeout_ms=REBALANCE_MS
-                         ).result(1)
+        a = join(c, group="busy").result(1)
         c.sync_group("busy", 1, a.member_id, {}).result(1)
         c.commit_offsets("busy", 1, a.member_id, {("t", 0): OffsetAndMetadata(1)}).result(5)
         assert c.expire_offsets() == ["old"]  # an active group's offsets never expire
         assert c.fetch_offsets("old") == {} and c.fetch_offsets("busy")
     finally:
         c.close()
+
+
+def test_a_member_that_leaves_while_waiting_to_join_goes_at_once(coordinator):
+    """A consumer closed during a rebalance knows its member id (MEMBER_ID_REQUIRED came
+    first), so its LeaveGroup takes it out at once rather than after the rebalance timeout."""
+    a = join(coordinator).result(1)
+    coordinator.sync_group("g", 1, a.member_id, {}).result(1)
+    waiting = join(coordinator)
+    b = next(m.member_id for m in coordinator.describe_group("g").members
+             if m.member_id != a.member_id)
+    coordinator.leave_group("g", [b])
+    with pytest.raises(errors.UnknownMemberIdError):
+        waiting.result(1)
+    result = join(coordinator, a.member_id).result(1)
+    assert result.members == [(a.member_id, b"m")]  # generation 2 is a alone
