@@ -273,7 +273,13 @@ def test_unclean_leader_election_off_by_default_and_honoured_when_set(
     cluster.start_broker(follower)
     wait_until(lambda: state(cluster, unclean).leader == follower, "an unclean election")
     assert state(cluster, clean).leader == -1  # offline: waiting for its in-sync replica
-    assert raw_produce(cluster, unclean, [b"new-leader"], acks=-1).error_code == 0
+    # The new leader may not have applied the metadata that elected it yet: as a client does,
+    # retry NOT_LEADER_OR_FOLLOWER (which appends nothing) until it leads.
+    answers: list[int] = []
+    wait_until(lambda: answers.append(raw_produce(cluster, unclean, [b"new-leader"],
+                                                  acks=-1).error_code)
+               or answers[-1] != errors.NotLeaderOrFollowerError.code, "the new leader to lead")
+    assert answers[-1] == 0
     cluster.start_broker(leader)
     wait_until(lambda: state(cluster, clean).leader == leader, "the clean leader to return")
     wait_for_identical_replicas(cluster, clean, 1)
