@@ -367,11 +367,9 @@ class Producer:
     def _room(self, batch: _Batch, key: tuple[str, int]) -> bool:
         """May this batch go while others of its partition are in flight? Only a full one, and
         only up to the pipelining depth: sending a large batch while the previous one commits
-        hides its transfer; a small one does better waiting and collecting more records. A
-        retried batch goes too: the leader holds the later batches in flight until it comes."""
+        hides its transfer; a small one does better waiting and collecting more records."""
         busy = self._busy[key]
-        return busy == 0 or (busy < self._in_flight_max
-                             and (batch.nbytes >= self.batch_size or batch.base_sequence >= 0))
+        return busy == 0 or (busy < self._in_flight_max and batch.nbytes >= self.batch_size)
 
     def _take_sendable(self, now: float) -> list[_Batch]:
         """Due ready batches, in order, of partitions with room in flight (caller holds the
