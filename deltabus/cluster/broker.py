@@ -287,10 +287,15 @@ class Broker:
             isr=list(partition.isr), new_isr=new_isr)
         try:
             response = self._lifecycle.AlterPartition(request, timeout=10)
-            errors.check(response.error_code, response.error_message)
-        except (grpc.RpcError, errors.DeltaBusError) as e:
-            log.info("ISR change of %s-%d to %s refused: %s", partition.topic,
+        except grpc.RpcError as e:  # no answer: the controller may have committed it
+            log.info("ISR change of %s-%d to %s got no answer: %s", partition.topic,
                      partition.partition, new_isr, e)
+            partition.isr_change_failed(outcome_known=False)
+            return
+        if response.error_code:
+            log.info("ISR change of %s-%d to %s refused: %s", partition.topic,
+                     partition.partition, new_isr,
+                     errors.error_for_code(response.error_code, response.error_message))
             partition.isr_change_failed()
             return
         partition.isr_committed(tuple(response.isr), response.metadata_version)
@@ -335,9 +340,10 @@ class Broker:
         appended = hosted.log.append(batch, leader_epoch=leader_epoch,
                                      timestamp_type=timestamp_type, producer=producer,
                                      max_message_bytes=topic_config.max_message_bytes)
-        if acks == -1:
-            return hosted.replicated(appended, topic_config.min_insync_replicas)
-        return appended
+        if acks == 0:
+            return appended
+        return hosted.acknowledged(appended, leader_epoch, topic_config.min_insync_replicas
+                                   if acks == -1 else None)
 
     def fetch(self, specs: list[FetchSpec], *, max_wait_ms: int, min_bytes: int,
               max_bytes: int, replica_id: int) -> list[FetchResult]:

@@ -29,6 +29,10 @@ from deltabus.metadata import PartitionState
 
 log = logging.getLogger(__name__)
 
+# How long an ISR change whose AlterPartition got no answer stays pending: longer than the
+# request's timeout, so the controller has either committed it (metadata shows it) or never will.
+UNRESOLVED_ISR_CHANGE_S = 30.0
+
 
 @dataclass
 class FollowerState:
@@ -57,6 +61,7 @@ class Partition:
         self.isr: tuple[int, ...] = ()  # as committed by the controller
         self._isr_version = -1  # metadata version the ISR came from
         self._pending_isr: tuple[int, ...] | None = None  # an AlterPartition in flight
+        self._unresolved_until: float | None = None  # when a change with no answer is dropped
         self.leader_epoch_start_offset = -1
         self._followers: dict[int, FollowerState] = {}
 
@@ -85,7 +90,14 @@ class Partition:
             self.replicas = state.replicas
             if new_epoch or version >= self._isr_version:
                 self.isr, self._isr_version = state.isr, version
-                self._pending_isr = None
+                # A change in flight stays pending until its answer (or metadata showing it)
+                # comes: metadata the controller sent before committing it still shows the old
+                # ISR, and a high watermark computed from that could pass a replica the
+                # controller is about to count as in sync (and may then elect).
+                if new_epoch or self._pending_isr is None or set(state.isr) == set(
+                        self._pending_isr) or self._unresolved_expired():
+                    self._pending_isr = None
+                    self._unresolved_until = None
             if not new_epoch:  # replicas may have been added or removed (a reassignment)
                 now = self._clock()
                 self._followers = {
@@ -120,11 +132,29 @@ class Partition:
             if version >= self._isr_version:
                 self.isr, self._isr_version = isr, version
             self._pending_isr = None
+            self._unresolved_until = None
             self._advance_high_watermark()
 
-    def isr_change_failed(self) -> None:
+    def isr_change_failed(self, outcome_known: bool = True) -> None:
+        """The controller refused the change (`outcome_known`), or the request failed without an
+        answer: then the controller may still have committed it, so it stays pending (the high
+        watermark keeps waiting for any replica it adds) until metadata shows the ISR, or for
+        `UNRESOLVED_ISR_CHANGE_S`."""
         with self._lock:
-            self._pending_isr = None
+            if outcome_known:
+                self._pending_isr = None
+            else:
+                self._unresolved_until = self._clock() + UNRESOLVED_ISR_CHANGE_S
+
+    def _unresolved_expired(self) -> bool:
+        """Lock held."""
+        return self._unresolved_until is not None and self._clock() > self._unresolved_until
+
+    def _change_pending(self) -> bool:
+        """Lock held: is an ISR change still in flight (one with no answer expires)?"""
+        if self._pending_isr is not None and self._unresolved_expired():
+            self._pending_isr = self._unresolved_until = None
+        return self._pending_isr is not None
 
     # ---- leader: follower fetches --------------------------------------------------------------
 
@@ -176,7 +206,7 @@ class Partition:
             follower.last_fetch_s = now
             follower.last_fetch_leader_end_offset = leo
             self._advance_high_watermark()
-            if (replica_id not in self.isr and self._pending_isr is None
+            if (replica_id not in self.isr and not self._change_pending()
                     and fetch_offset >= self.log.high_watermark
                     and fetch_offset >= self.leader_epoch_start_offset):
                 self._pending_isr = tuple(r for r in self.replicas
@@ -189,7 +219,7 @@ class Partition:
         None when all keep up (or a change is already in flight)."""
         now = self._clock()
         with self._lock:
-            if not self.is_leader or self._pending_isr is not None:
+            if not self.is_leader or self._change_pending():
                 return None
             lagging = [r for r in self.isr if r != self.broker_id
                        and now - self._followers.get(r, FollowerState()).last_caught_up_s
@@ -220,17 +250,37 @@ class Partition:
 
     # ---- leader: produce -----------------------------------------------------------------------
 
-    def replicated(self, appended: Future[AppendResult],
-                   min_insync_replicas: int) -> Future[AppendResult]:
-        """acks=all: a future resolved once the high watermark passes the appended records,
-        failing NOT_ENOUGH_REPLICAS_AFTER_APPEND if the ISR shrank below the minimum meanwhile."""
+    def acknowledged(self, appended: Future[AppendResult], leader_epoch: int,
+                     min_insync_replicas: int | None = None) -> Future[AppendResult]:
+        """The answer to a produce appended at `leader_epoch`: acks=1 once the append
+        committed; acks=all (`min_insync_replicas` given) once the high watermark passes the
+        records too, failing NOT_ENOUGH_REPLICAS_AFTER_APPEND if the ISR shrank below the
+        minimum meanwhile.
+
+        Either only while this broker still leads at `leader_epoch`: an append queued before
+        the leadership moved commits afterwards, and the new leader's log will truncate it and
+        refill its offsets (a high watermark passing them as a follower says nothing about
+        them). Acknowledging it would lose the records, and an idempotent producer's next batch
+        would never be in sequence again; NOT_LEADER_OR_FOLLOWER makes the producer retry at
+        the new leader, which answers DUPLICATE_SEQUENCE_NUMBER if they did get there."""
         done: Future[AppendResult] = Future()
+
+        def still_leading() -> bool:
+            with self._lock:
+                if self.is_leader and self.leader_epoch == leader_epoch:
+                    return True
+            done.set_exception(errors.NotLeaderOrFollowerError(
+                f"broker {self.broker_id} no longer leads {self.topic}-{self.partition} at "
+                f"epoch {leader_epoch}: the records may not be replicated"))
+            return False
 
         def on_hw(hw_future: Future[int], result: AppendResult) -> None:
             error = hw_future.exception()
             if error is not None:
                 done.set_exception(error)
-            elif len(self.isr) < min_insync_replicas:
+            elif not still_leading():
+                return
+            elif min_insync_replicas is not None and len(self.isr) < min_insync_replicas:
                 done.set_exception(errors.NotEnoughReplicasAfterAppendError(
                     f"{self.topic}-{self.partition} has {len(self.isr)} in-sync replicas, fewer "
                     f"than min.insync.replicas={min_insync_replicas}; the records were "
@@ -242,10 +292,14 @@ class Partition:
             error = f.exception()
             if error is not None:
                 done.set_exception(error)
+            elif not still_leading():
                 return
-            result = f.result()
-            self.log.await_high_watermark(result.last_offset).add_done_callback(
-                lambda h: on_hw(h, result))
+            elif min_insync_replicas is None:
+                done.set_result(f.result())
+            else:
+                result = f.result()
+                self.log.await_high_watermark(result.last_offset).add_done_callback(
+                    lambda h: on_hw(h, result))
 
         appended.add_done_callback(on_append)
         return done

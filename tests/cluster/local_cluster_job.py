@@ -11,6 +11,7 @@ killed with SIGKILL. Prints one JSON line of findings for the test to check.
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import json
 import logging
@@ -103,8 +104,9 @@ def produce_through_leader_kill(cluster: Cluster) -> dict:
         return done
 
     def produce(name: str) -> None:
-        with Producer(cluster.bootstrap_servers, acks="all", linger_ms=2,
-                      delivery_timeout_ms=WAIT_S * 1000) as producer:
+        producer = Producer(cluster.bootstrap_servers, acks="all", linger_ms=2,
+                            delivery_timeout_ms=WAIT_S * 1000)
+        try:
             i = 0
             while not stop.is_set():
                 value = f"{name}-{i:07d}".encode()
@@ -114,6 +116,11 @@ def produce_through_leader_kill(cluster: Cluster) -> dict:
                 if i % 100 == 0:
                     time.sleep(0.02)
             producer.flush(WAIT_S)
+        except Exception as e:  # counted, so the loss check below still runs
+            failed.append(f"flush: {e!r}")
+        finally:
+            with contextlib.suppress(Exception):
+                producer.close(1)
 
     senders = [threading.Thread(target=produce, args=(n,)) for n in ("p", "q")]
     for t in senders:
@@ -141,7 +148,8 @@ def produce_through_leader_kill(cluster: Cluster) -> dict:
         == sorted(r.value for r in records if r.partition == p and r.value.startswith(name))
         for p in range(PARTITIONS) for name in (b"p", b"q"))
     wait_until(lambda: replicas_identical(cluster), "every replica to catch up")
-    return {"acked": len(acked), "failed": failed[:3],
+    first_of_each = list({e.split(":")[0]: e for e in reversed(failed)}.values())
+    return {"acked": len(acked), "failed": failed[:3] + first_of_each[:3],
             "lost": sum(1 for a in acked if stored.get((a[0], a[1])) != a[2]),
             "duplicates": len(values) - len(set(values)), "in_order": in_order,
             "new_leader_in_old_isr": new.leader in old.isr,

@@ -28,9 +28,9 @@ def test_replicated_cluster_in_separate_executors_survives_executor_kills(tmp_pa
     result = json.loads(done.stdout.strip().splitlines()[-1])
     kill = result["leader_kill"]
     # Every record acknowledged with acks=all is there once, in send order, on every replica.
-    assert kill["acked"] > 1000 and not kill["failed"]
-    assert kill["lost"] == 0 and kill["duplicates"] == 0 and kill["in_order"]
-    assert kill["new_leader_in_old_isr"] and kill["epoch_bumped"]
+    assert kill["acked"] > 1000 and not kill["failed"], kill
+    assert kill["lost"] == 0 and kill["duplicates"] == 0 and kill["in_order"], kill
+    assert kill["new_leader_in_old_isr"] and kill["epoch_bumped"], kill
     # With a follower down, 2 in-sync replicas still satisfy min.insync.replicas=2.
     assert result["follower_kill"]["produced_while_follower_down"] == 200
     # With two of three down, acks=all is refused, and what was committed stays readable.

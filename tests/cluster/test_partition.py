@@ -56,7 +56,7 @@ def test_high_watermark_is_the_smallest_log_end_in_the_isr(leader) -> None:
 def test_acks_all_waits_for_the_isr_and_checks_min_insync(leader) -> None:
     partition, _ = leader
     batch = normalize_produce(produce_batch([b"a", b"b"]))
-    done = partition.replicated(partition.log.append(batch, leader_epoch=3), 2)
+    done = partition.acknowledged(partition.log.append(batch, leader_epoch=3), 3, 2)
     partition.log.flush()
     assert not done.done()
     partition.follower_fetched(1, 2)
@@ -65,6 +65,23 @@ def test_acks_all_waits_for_the_isr_and_checks_min_insync(leader) -> None:
     partition.apply(PartitionState(0, 0, 3, (0, 1, 2), (0,)), version=2)
     with pytest.raises(errors.NotEnoughReplicasError, match="min.insync.replicas=2"):
         partition.check_min_isr(2)
+
+
+def test_an_append_committed_after_losing_the_leadership_is_not_acknowledged(leader) -> None:
+    """An append that commits after the leadership moved (it was queued before) must not be
+    acknowledged, with acks=1 or when the high watermark passes its offsets as a follower
+    (acks=all): the new leader's log truncates it and refills those offsets."""
+    partition, _ = leader
+    batch = normalize_produce(produce_batch([b"a", b"b"]))
+    appended = partition.log.append(batch, leader_epoch=3)
+    partition.apply(PartitionState(0, 1, 4, (0, 1, 2), (1, 2)), version=2)  # broker 1 leads
+    acks_all = partition.acknowledged(appended, 3, 2)  # the handler gets here only now
+    acks_1 = partition.acknowledged(appended, 3)
+    appended.result(30)
+    partition.follower_high_watermark(2)
+    for done in (acks_all, acks_1):
+        with pytest.raises(errors.NotLeaderOrFollowerError, match="epoch 3"):
+            done.result(5)
 
 
 def test_lagging_follower_is_proposed_out_and_a_caught_up_one_back_in(leader) -> None:
@@ -82,6 +99,44 @@ def test_lagging_follower_is_proposed_out_and_a_caught_up_one_back_in(leader) ->
     assert partition.isr == (0, 1) and partition.log.high_watermark == 10
     assert partition.follower_fetched(2, 7) is None  # behind the high watermark: not yet
     assert partition.follower_fetched(2, 10) == [0, 1, 2]
+
+
+def test_isr_expansion_in_flight_holds_the_high_watermark_until_answered(leader) -> None:
+    """While the controller is committing an expansion, metadata it sent earlier (still showing
+    the old ISR) must not make the leader forget the joining replica: the controller will count
+    it as in sync, and may elect it, so the high watermark must not pass what it holds. A lost
+    answer keeps the change pending too, for a while."""
+    partition, clock = leader
+    partition.apply(PartitionState(0, 0, 3, (0, 1, 2), (0, 2)), version=2)  # 1 fell out
+    _append(partition, 10)
+    partition.follower_fetched(2, 10)
+    assert partition.log.high_watermark == 10
+    assert partition.follower_fetched(1, 10) == [0, 1, 2]  # caught up: expansion proposed
+    _append(partition, 5)
+    partition.follower_fetched(2, 15)
+    assert partition.log.high_watermark == 10  # broker 1 counts already
+    partition.apply(PartitionState(0, 0, 3, (0, 1, 2), (0, 2)), version=3)  # older news
+    partition.follower_fetched(2, 15)
+    assert partition.maximal_isr == (0, 2, 1) and partition.log.high_watermark == 10
+    partition.isr_committed((0, 1, 2), version=4)
+    partition.follower_fetched(1, 15)
+    assert partition.log.high_watermark == 15
+
+    partition.apply(PartitionState(0, 0, 3, (0, 1, 2), (0, 2)), version=5)
+    _append(partition, 5)
+    partition.follower_fetched(2, 20)
+    assert partition.follower_fetched(1, 15) is None  # behind: not proposed
+    assert partition.follower_fetched(1, 20) == [0, 1, 2]
+    partition.isr_change_failed(outcome_known=False)
+    partition.apply(PartitionState(0, 0, 3, (0, 1, 2), (0, 2)), version=6)
+    assert 1 in partition.maximal_isr  # no answer: the controller may have taken it
+    clock.now += 31
+    partition.apply(PartitionState(0, 0, 3, (0, 1, 2), (0, 2)), version=7)
+    assert partition.maximal_isr == (0, 2)
+    partition.isr_change_failed()  # a refusal is an answer: nothing stays pending
+    assert partition.follower_fetched(1, 20) == [0, 1, 2]
+    partition.isr_change_failed()
+    assert partition.maximal_isr == (0, 2)
 
 
 def test_divergence_is_found_by_leader_epoch(leader) -> None:
