@@ -95,6 +95,9 @@ class MetadataImage:
     controller_id: int
     brokers: tuple[BrokerEndpoint, ...]
     topics: dict[str, TopicState]
+    # Where the partition tables live (`log_tables.layout`): Spark reads topics from there
+    # directly, with no broker in the data path.
+    log_root: str = ""
 
     def broker(self, broker_id: int) -> BrokerEndpoint | None:
         return next((b for b in self.brokers if b.broker_id == broker_id), None)

@@ -54,6 +54,15 @@ def cluster(spark: object, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     c.stop()
 
 
+@pytest.fixture
+def all_brokers_back(cluster) -> Iterator[None]:
+    """Whatever a test stops, every broker of the shared cluster runs again afterwards."""
+    yield
+    for broker_id in range(cluster.config.brokers):
+        cluster.start_broker(broker_id)
+    assert cluster.controller.wait_for_brokers(cluster.config.brokers, 90)
+
+
 def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 60) -> None:
     """Poll `condition` (every 50 ms) until it holds; fail naming `what` after `timeout_s`."""
     deadline = time.monotonic() + timeout_s

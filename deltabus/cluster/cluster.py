@@ -29,6 +29,7 @@ from deltabus.metadata import CONTROLLER_NODE_ID, BrokerEndpoint
 from deltabus.offsets.group_coordinator import GroupCoordinator
 from deltabus.offsets.offset_store import OffsetStore
 from deltabus.rpc.server import start_server
+from deltabus.spark import register
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +49,7 @@ def local_spark(task_slots: int, *, app_name: str = "deltabus", ui: bool = True)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     host = os.environ["SPARK_LOCAL_IP"]
-    return (
+    session = (
         SparkSession.builder.master(f"local[{task_slots}]")
         .appName(app_name)
         .config("spark.driver.host", host)
@@ -59,6 +60,8 @@ def local_spark(task_slots: int, *, app_name: str = "deltabus", ui: bool = True)
         .config("spark.python.worker.reuse", "true")
         .getOrCreate()
     )
+    register(session)
+    return session
 
 
 class Cluster:
@@ -79,6 +82,7 @@ class Cluster:
                                         **extra, **settings)
         self._owns_spark = spark is None
         self.spark = spark if spark is not None else local_spark(brokers + 2)
+        register(self.spark)  # format("deltabus") reads and writes this cluster's topics
         self.controller: Controller | None = None
         self.coordinator: GroupCoordinator | None = None
         self._server: Any = None

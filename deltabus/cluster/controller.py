@@ -117,7 +117,7 @@ class Controller:
                     (r.endpoint for r in self._brokers.values() if not r.fenced),
                     key=lambda b: b.broker_id))
                 self._image = MetadataImage(self._version, self._state.cluster_id, -1, brokers,
-                                            self._state.topic_states())
+                                            self._state.topic_states(), self._config.root)
             return self._image
 
     def _live_broker_ids(self) -> list[int]:

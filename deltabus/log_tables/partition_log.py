@@ -53,6 +53,13 @@ from deltalake.exceptions import DeltaError, TableNotFoundError
 from deltalake.transaction import AddAction, RemoveAction
 
 from deltabus import errors
+from deltabus.log_tables.log_reader import (
+    FILE_COLUMNS,
+    data_files,
+    files_overlapping,
+    offset_slice,
+    read_row_groups,
+)
 from deltabus.records import (
     CREATE_TIME,
     LOG_SCHEMA,
@@ -375,6 +382,9 @@ class PartitionLog:
             if producer.base_sequence < entry.next_sequence:
                 earlier = entry.earlier(producer.base_sequence, records)
                 if earlier is None:
+                    log.warning("%s-%d: producer %d sequence %d is below %d and not remembered",
+                                self.topic, self.partition, producer.producer_id,
+                                producer.base_sequence, entry.next_sequence)
                     raise errors.DuplicateSequenceNumberError(
                         f"sequence {producer.base_sequence} of producer {producer.producer_id} "
                         f"was written long ago (next is {entry.next_sequence})")
@@ -383,6 +393,10 @@ class PartitionLog:
                 return entry, None
             left = deadline - time.monotonic()
             if left <= 0:  # never skip the gap: its batch may still come, and be lost then
+                log.warning("%s-%d: producer %d sequence %d waited %d ms for %d (remembered "
+                            "%s, copied %s)", self.topic, self.partition, producer.producer_id,
+                            producer.base_sequence, self._config.sequence_wait_ms,
+                            entry.next_sequence, list(entry.recent), list(entry.copied)[-3:])
                 raise errors.OutOfOrderSequenceNumberError(
                     f"producer {producer.producer_id} sent sequence {producer.base_sequence} "
                     f"but {entry.next_sequence} is next on {self.topic}-{self.partition}")
@@ -888,50 +902,24 @@ class PartitionLog:
             if self._files_version != self._version:
                 if self._reader.version() != self._version:
                     self._reader.update_incremental()
-                actions = pa.table(self._reader.get_add_actions(flatten=True)).select(
-                    ["path", "min.offset", "max.offset", "size_bytes", "num_records",
-                     *_STATS_COLUMNS])
-                self._files_cache = actions.sort_by("min.offset")
+                self._files_cache = data_files(self._reader, [*FILE_COLUMNS, *_STATS_COLUMNS])
                 self._files_version = self._version
             return self._files_cache
 
     def _read_table(self, offset: int, end: int, max_bytes: int) -> pa.Table:
-        """Read from Parquet, touching only the files, and row groups, that hold the offsets.
-
-        delta-rs says which files make up the committed version and their offset statistics;
-        pyarrow reads the Parquet row groups whose own statistics overlap the range (the tables
-        use no deletion vectors or column mapping, so the data files are the table).
-        """
-        files = self._files()
-        mask = pc.and_(pc.greater_equal(files.column("max.offset"), offset),
-                       pc.less(files.column("min.offset"), end))
+        """Read from Parquet, touching only the files, and row groups, that hold the offsets
+        (see `log_reader`); stops after about `max_bytes`."""
         parts: list[pa.Table] = []
         size = 0
-        for path in files.filter(mask).column("path").to_pylist():
-            reader = self._parquet_file(path)
-            for group in range(reader.metadata.num_row_groups):
-                stats = reader.metadata.row_group(group).column(0).statistics  # offset
-                if stats is not None and stats.has_min_max and (
-                        stats.max < offset or stats.min >= end):
-                    continue
-                part = reader.read_row_group(group)
-                if not part.schema.equals(LOG_SCHEMA):  # files rewritten by a truncation
-                    part = part.cast(LOG_SCHEMA)  # use view types
+        for path in files_overlapping(self._files(), offset, end).column("path").to_pylist():
+            for part in read_row_groups(self._parquet_file(path), offset, end):
                 parts.append(part)
                 size += part.nbytes
                 if size >= max_bytes:
                     break
             if size >= max_bytes:
                 break
-        if not parts:
-            return LOG_SCHEMA.empty_table()
-        table = pa.concat_tables(parts)
-        offsets = table.column("offset").to_numpy()
-        if offsets.size > 1 and not (np.diff(offsets) > 0).all():
-            table = table.sort_by("offset")  # the writer may reorder rows within a file
-            offsets = table.column("offset").to_numpy()
-        lo, hi = np.searchsorted(offsets, [offset, end])
-        return table.slice(int(lo), int(hi - lo))
+        return offset_slice(parts, offset, end)
 
     def _parquet_file(self, path: str) -> pq.ParquetFile:
         """An open Parquet file of this table (footers cached: files never change)."""

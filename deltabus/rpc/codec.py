@@ -54,6 +54,7 @@ def image_to_proto(image: MetadataImage, topics: list[str] | None = None) -> pb.
         controller_id=image.controller_id,
         cluster_id=image.cluster_id,
         metadata_version=image.version,
+        log_root=image.log_root,
     )
     for name in (topics if topics else sorted(image.topics)):
         topic = image.topics.get(name)
@@ -78,7 +79,8 @@ def image_from_proto(msg: pb.MetadataResponse) -> MetadataImage:
         )
         topics[t.name] = TopicState(t.name, t.topic_id, parts, dict(t.configs))
     brokers = tuple(BrokerEndpoint(b.broker_id, b.host, b.port, b.rack) for b in msg.brokers)
-    return MetadataImage(msg.metadata_version, msg.cluster_id, msg.controller_id, brokers, topics)
+    return MetadataImage(msg.metadata_version, msg.cluster_id, msg.controller_id, brokers, topics,
+                         msg.log_root)
 
 
 def create_topics_request(topics: Iterable[NewTopic], timeout_ms: int,

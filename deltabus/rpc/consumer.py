@@ -30,6 +30,7 @@ import pyarrow as pa
 
 from deltabus import config as cfg
 from deltabus import errors
+from deltabus.metadata import MetadataImage
 from deltabus.offsets.assignors import Assignor, assignor
 from deltabus.records import ConsumerRecord, from_ipc, iter_consumer_records
 from deltabus.rpc.client import ClusterClient, error_from_rpc
@@ -178,6 +179,11 @@ class Consumer:
         if topic not in image.topics:
             raise errors.UnknownTopicOrPartitionError(f"Topic '{topic}' does not exist.")
         return set(range(len(image.topics[topic].partitions)))
+
+    def metadata(self) -> MetadataImage:
+        """The cluster's metadata, refreshed: topics with their leaders, replicas and ISR (Kafka's
+        listTopics), and where the partition tables live."""
+        return self._client.refresh_metadata()
 
     def topics(self) -> set[str]:
         return set(self._client.refresh_metadata().topics)

@@ -162,6 +162,7 @@ class Producer:
         enable_idempotence: bool = True,
         max_in_flight_batches_per_partition: int = 2,
         transactional_id: str | None = None,
+        producer_epoch: int | None = None,
     ) -> None:
         acks_value = _ACKS.get(str(acks))
         if acks_value is None:
@@ -191,6 +192,14 @@ class Producer:
         self.enable_idempotence = enable_idempotence
         # The same producer id across restarts (see deltabus.rpc.exactly_once).
         self.transactional_id = transactional_id
+        # With a transactional id, the epoch to write with instead of the cluster's: the Spark
+        # sink writes micro-batch b with epoch b, so leaders recognise a replay of b and fence
+        # an older batch's zombie task (see deltabus.spark.sink).
+        if producer_epoch is not None and not (
+                transactional_id is not None and 0 <= producer_epoch < 32_768):
+            raise errors.InvalidConfigError(
+                "producer_epoch needs a transactional_id and must be in [0, 32767]")
+        self._fixed_epoch = producer_epoch
         self._in_flight_max = (max_in_flight_batches_per_partition if enable_idempotence
                                else 1)
         self._producer_id = -1
@@ -429,6 +438,8 @@ class Producer:
                 transactional_id=self.transactional_id or ""))
             errors.check(response.error_code, response.error_message)
             self._producer_id, self._producer_epoch = response.producer_id, response.producer_epoch
+            if self._fixed_epoch is not None:
+                self._producer_epoch = self._fixed_epoch
         for batch in batches:
             if batch.base_sequence < 0:
                 key = (batch.topic, batch.partition)
@@ -537,6 +548,10 @@ class Producer:
             else:
                 done.append((batch, base_offset, error))
         for batch, base_offset, failure in done:
+            if failure is not None:  # as Kafka's producer: a lost batch is worth a line
+                log.warning("batch of %d records to %s-%d (sequence %d) failed: %s",
+                            batch.count, batch.topic, batch.partition, batch.base_sequence,
+                            failure)
             batch.complete(base_offset, failure)  # callbacks run before flush() can return
         with self._lock:
             if retry:  # back in creation order: a partition's batches must never swap places

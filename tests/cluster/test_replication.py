@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 
 import pytest
 from deltalake import DeltaTable
@@ -51,15 +50,6 @@ def wait_for_identical_replicas(cluster, topic: str, partitions: int) -> None:
                 return False
         return True
     wait_until(identical, f"every replica of {topic} to hold the leader's records")
-
-
-@pytest.fixture
-def all_brokers_back(cluster) -> Iterator[None]:
-    """Whatever a test stops, every broker runs again afterwards."""
-    yield
-    for broker_id in range(cluster.config.brokers):
-        cluster.start_broker(broker_id)
-    assert cluster.controller.wait_for_brokers(cluster.config.brokers, WAIT_S)
 
 
 def kill_and_hold(cluster, broker_id: int) -> None:

@@ -113,18 +113,20 @@ class MetadataRequest(_message.Message):
     def __init__(self, topics: _Optional[_Iterable[str]] = ..., allow_auto_topic_creation: _Optional[bool] = ...) -> None: ...
 
 class MetadataResponse(_message.Message):
-    __slots__ = ("brokers", "controller_id", "cluster_id", "topics", "metadata_version")
+    __slots__ = ("brokers", "controller_id", "cluster_id", "topics", "metadata_version", "log_root")
     BROKERS_FIELD_NUMBER: _ClassVar[int]
     CONTROLLER_ID_FIELD_NUMBER: _ClassVar[int]
     CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
     TOPICS_FIELD_NUMBER: _ClassVar[int]
     METADATA_VERSION_FIELD_NUMBER: _ClassVar[int]
+    LOG_ROOT_FIELD_NUMBER: _ClassVar[int]
     brokers: _containers.RepeatedCompositeFieldContainer[BrokerInfo]
     controller_id: int
     cluster_id: str
     topics: _containers.RepeatedCompositeFieldContainer[TopicMetadata]
     metadata_version: int
-    def __init__(self, brokers: _Optional[_Iterable[_Union[BrokerInfo, _Mapping]]] = ..., controller_id: _Optional[int] = ..., cluster_id: _Optional[str] = ..., topics: _Optional[_Iterable[_Union[TopicMetadata, _Mapping]]] = ..., metadata_version: _Optional[int] = ...) -> None: ...
+    log_root: str
+    def __init__(self, brokers: _Optional[_Iterable[_Union[BrokerInfo, _Mapping]]] = ..., controller_id: _Optional[int] = ..., cluster_id: _Optional[str] = ..., topics: _Optional[_Iterable[_Union[TopicMetadata, _Mapping]]] = ..., metadata_version: _Optional[int] = ..., log_root: _Optional[str] = ...) -> None: ...
 
 class CreatableReplicaAssignment(_message.Message):
     __slots__ = ("partition_index", "broker_ids")

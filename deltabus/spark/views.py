@@ -1,0 +1,30 @@
+"""SQL over topics: each topic as a temporary view, so `SELECT ... FROM payments` works."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from deltabus.rpc.admin import AdminClient
+
+
+def view_name(topic: str) -> str:
+    """A SQL identifier for a topic: Kafka allows '.' and '-' in names, SQL does not."""
+    return re.sub(r"[^0-9A-Za-z_]", "_", topic)
+
+
+def register_topic_views(spark: Any, bootstrap_servers: str,
+                         topics: list[str] | None = None) -> dict[str, str]:
+    """Register every topic (or these) as a temporary view with the Kafka source's columns and
+    headers; returns {topic: view name}. A view reads the topic's partition tables up to the
+    high watermark each time a query runs, so it always shows what consumers can see."""
+    with AdminClient(bootstrap_servers) as admin:
+        names = topics if topics is not None else admin.list_topics()
+    views = {}
+    for topic in names:
+        name = view_name(topic)
+        (spark.read.format("deltabus").option("kafka.bootstrap.servers", bootstrap_servers)
+         .option("subscribe", topic).option("includeHeaders", "true").load()
+         .createOrReplaceTempView(name))
+        views[topic] = name
+    return views
