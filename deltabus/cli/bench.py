@@ -12,6 +12,8 @@ a running one), in an order where each step leaves what the next needs:
     (g) latency as (e) but acks=all with replication factor 3
     (h) offset commits: 100 consumers each committing every 100 ms (see group_bench)
     (i) rebalance time of a 10-member group when one member leaves
+    (j) a Structured Streaming query draining a 10-million-record topic, against Spark reading
+        the same Parquet files directly (see stream_bench)
 
 The bulk target is relative as well as absolute, because what a 2-core laptop can write to Delta
 bounds every figure; (a) says what that bound was on this run.
@@ -33,7 +35,7 @@ import pyarrow as pa
 from deltalake import write_deltalake
 
 from deltabus import config as cfg
-from deltabus.cli import group_bench
+from deltabus.cli import group_bench, stream_bench
 from deltabus.cli.options import CliError
 from deltabus.cli.producer_performance import BULK_CHUNK_BYTES, payload, random_values
 from deltabus.cli.results import write_json
@@ -52,7 +54,7 @@ IDLE_MS_MAX = 10_000  # a fetch or a latency wait giving up after this long with
 TARGETS = {"bulk_rps": 500_000, "bulk_vs_straight": 0.70, "send_rps": 150_000,
            "fetch_rps": 1_000_000, "latency_p50_ms": 50.0,
            "replicated_vs_bulk": 0.5, "replicated_latency_p99_ms": 150.0,
-           "commits_vs_asked": 0.9, "rebalance_s": 3.0}
+           "commits_vs_asked": 0.9, "rebalance_s": 3.0, "stream_vs_direct": 0.8}
 
 
 def add_parser(subparsers: argparse._SubParsersAction, parent: argparse.ArgumentParser) -> None:
@@ -64,20 +66,27 @@ def add_parser(subparsers: argparse._SubParsersAction, parent: argparse.Argument
                    help="records for bulk produce and fetch (default 1000000)")
     p.add_argument("--send-records", type=int,
                    help="records for per-record send() (default: min(300000, --records))")
+    p.add_argument("--drain-records", type=int, default=10_000_000,
+                   help="records the streaming query drains in step (j) (default 10000000)")
     p.add_argument("--json", default="bench/results.json", metavar="FILE",
                    help="where to write the figures (default bench/results.json)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.records < 1 or (args.send_records is not None and args.send_records < 1):
-        raise CliError("--records and --send-records must be at least 1")
+    if args.records < 1 or args.drain_records < 1 or (
+            args.send_records is not None and args.send_records < 1):
+        raise CliError("--records, --send-records and --drain-records must be at least 1")
     send_records = args.send_records or min(300_000, args.records)
     root = tempfile.mkdtemp(prefix="deltabus-bench-")
     started = time.monotonic()
     try:
-        with _bootstrap(args.bootstrap_server, root) as bootstrap:
+        with _bootstrap(args.bootstrap_server, root) as (bootstrap, spark):
             figures = run_steps(bootstrap, root, args.records, send_records)
+            with _step(figures["step_s"], "j", "streaming query draining a topic"):
+                figures["drain"] = stream_bench.drain_vs_parquet(
+                    spark, bootstrap, pa.table({"value": random_values(
+                        min(args.drain_records, 100_000), VALUE_BYTES)}), args.drain_records)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     figures["elapsed_s"] = time.monotonic() - started
@@ -89,18 +98,22 @@ def run(args: argparse.Namespace) -> int:
 
 
 @contextlib.contextmanager
-def _bootstrap(bootstrap: str | None, root: str) -> Iterator[str]:
-    """The given cluster, or an embedded one (local Spark, 3 brokers) for the duration."""
-    if bootstrap:
-        yield bootstrap
-        return
+def _bootstrap(bootstrap: str | None, root: str) -> Iterator[tuple[str, Any]]:
+    """The given cluster, or an embedded one (local Spark, 3 brokers) for the duration; and a
+    SparkSession for the streaming step (2 task slots beside the brokers)."""
     from deltabus.cluster.cluster import Cluster, local_spark
 
-    spark = local_spark(5, app_name="deltabus-bench", ui=False)
+    spark = local_spark(2 if bootstrap else 5, app_name="deltabus-bench", ui=False)
     spark.sparkContext.setLogLevel("WARN")
+    if bootstrap:
+        try:
+            yield bootstrap, spark
+        finally:
+            spark.stop()
+        return
     cluster = Cluster(spark, root=f"{root}/cluster", brokers=3, port=0).start()
     try:
-        yield cluster.bootstrap_servers
+        yield cluster.bootstrap_servers, spark
     finally:
         cluster.stop()
         spark.stop()
@@ -307,12 +320,14 @@ def judge(f: dict[str, Any]) -> dict[str, bool]:
         "commits": (f["offset_commits"]["commits_per_s"]
                     >= TARGETS["commits_vs_asked"] * f["offset_commits"]["asked_per_s"]),
         "rebalance": f["rebalance_s"] <= TARGETS["rebalance_s"],
+        "drain": f["drain"]["stream_vs_direct"] >= TARGETS["stream_vs_direct"],
     }
 
 
 def report(f: dict[str, Any], ok: dict[str, bool]) -> str:
     """The table printed at the end: measured figure, target, PASS/MISS."""
-    lat, rlat, oc = f["latency_ms"], f["replicated_latency_ms"], f["offset_commits"]
+    lat, rlat, oc, dr = (f["latency_ms"], f["replicated_latency_ms"], f["offset_commits"],
+                         f["drain"])
     rows = [
         ("(a) straight write_deltalake", f"{f['straight_write_rps']:,.0f} rec/s",
          "the physical limit", ""),
@@ -340,12 +355,16 @@ def report(f: dict[str, Any], ok: dict[str, bool]) -> str:
          f">= {TARGETS['commits_vs_asked']:.0%} of asked", ok["commits"]),
         ("(i) rebalance, 10 members, 1 leaves", f"{f['rebalance_s']:.2f} s",
          f"<= {TARGETS['rebalance_s']:.0f} s", ok["rebalance"]),
+        (f"(j) stream drain, {dr['records'] / 1e6:g} M records",
+         (f"{dr['stream_rps']:,.0f} rec/s ({dr['stream_vs_direct']:.0%} of direct Parquet "
+          f"{dr['direct_rps']:,.0f}; {dr['stream_wall_rps']:,.0f} with start-up)"),
+         f">= {TARGETS['stream_vs_direct']:.0%} of direct Parquet", ok["drain"]),
     ]
     title = (f"deltabus bench: {f['records']:,} records of {f['value_bytes']} bytes "
              f"(send() {f['send_records']:,}), 1 partition, {f['elapsed_s']:.0f} s")
     lines = [title,
-             f"{'step':<32}{'measured':<60}{'target':<34}result"]
+             f"{'step':<38}{'measured':<60}{'target':<34}result"]
     for name, measured, target, passed in rows:
         verdict = "" if passed == "" else ("PASS" if passed else "MISS")
-        lines.append(f"{name:<32}{measured:<60}{target:<34}{verdict}".rstrip())
+        lines.append(f"{name:<38}{measured:<60}{target:<34}{verdict}".rstrip())
     return "\n".join(lines)
