@@ -11,6 +11,7 @@ import pandas  # noqa: F401, I001
 
 from deltabus import errors
 from deltabus.cluster.cluster import Cluster, local_spark
+from deltabus.config import AlterConfigOp, ConfigEntry
 from deltabus.errors import DeltaBusError
 from deltabus.metadata import NewTopic
 from deltabus.records import ConsumerRecord
@@ -27,8 +28,10 @@ from deltabus.rpc.producer import FutureRecordMetadata, Producer, RecordMetadata
 
 __all__ = [
     "AdminClient",
+    "AlterConfigOp",
     "Cluster",
     "CommitFailedError",
+    "ConfigEntry",
     "Consumer",
     "ConsumerRebalanceListener",
     "ConsumerRecord",

@@ -38,36 +38,128 @@ class TopicConfig:
 
     max_message_bytes: int = MESSAGE_MAX_BYTES
     message_timestamp_type: str = "CreateTime"  # or LogAppendTime
+    # Retention: whole committed files past either limit are removed (-1: no limit).
     retention_ms: int = 7 * 24 * 3600 * 1000
-    retention_bytes: int = -1
-    cleanup_policy: str = "delete"
+    retention_bytes: int = -1  # per partition
+    cleanup_policy: str = "delete"  # delete, compact, or both ("compact,delete")
+    # Compaction keeps a key's tombstone (null value) this long after it reached it, so
+    # consumers reading the tail see the delete; records younger than the lag stay as written.
+    delete_retention_ms: int = 24 * 3600 * 1000
+    min_compaction_lag_ms: int = 0
+    # Files a clean-up removed stay on disk this long, so running readers do not break.
+    file_delete_delay_ms: int = 60_000
+    # Small committed files are merged into files of up to this size.
+    segment_bytes: int = 1024 * 1024 * 1024
     # With acks=all, a produce needs this many in-sync replicas or fails NOT_ENOUGH_REPLICAS.
     min_insync_replicas: int = 1
     # Elect a replica outside the ISR when no in-sync one is alive (may lose acknowledged data).
     unclean_leader_election_enable: bool = False
 
+    @property
+    def deletes(self) -> bool:
+        """cleanup.policy includes delete: retention applies."""
+        return "delete" in self.cleanup_policy.split(",")
 
-def _parse_bool(raw: str) -> bool:
-    if raw.strip().lower() not in ("true", "false"):
-        raise ValueError(raw)
-    return raw.strip().lower() == "true"
+    @property
+    def compacts(self) -> bool:
+        """cleanup.policy includes compact: the latest record per key is kept."""
+        return "compact" in self.cleanup_policy.split(",")
 
 
-# Kafka's dotted name -> (TopicConfig field, parser). Only these may be set on a topic.
-TOPIC_CONFIG_KEYS: dict[str, tuple[str, Any]] = {
-    "max.message.bytes": ("max_message_bytes", int),
-    "message.timestamp.type": ("message_timestamp_type", str),
-    "retention.ms": ("retention_ms", int),
-    "retention.bytes": ("retention_bytes", int),
-    "cleanup.policy": ("cleanup_policy", str),
-    "min.insync.replicas": ("min_insync_replicas", int),
-    "unclean.leader.election.enable": ("unclean_leader_election_enable", _parse_bool),
-}
+@dataclass(frozen=True)
+class ConfigDef:
+    """One topic config as Kafka defines it: its type (Kafka's names, for messages and
+    DescribeConfigs), its bounds, and the broker config that gives its default (a synonym)."""
 
-_CHOICES = {
-    "message.timestamp.type": {"CreateTime", "LogAppendTime"},
-    "cleanup.policy": {"delete", "compact", "compact,delete", "delete,compact"},
-}
+    name: str
+    attr: str  # the TopicConfig field
+    type: str  # BOOLEAN, STRING, INT, LONG or LIST
+    broker_name: str
+    doc: str
+    minimum: int | None = None
+    maximum: int | None = None
+    choices: tuple[str, ...] = ()
+
+
+_INT_MAX = 2**31 - 1
+_LONG_MAX = 2**63 - 1
+
+TOPIC_CONFIGS: dict[str, ConfigDef] = {d.name: d for d in (
+    ConfigDef("cleanup.policy", "cleanup_policy", "LIST", "log.cleanup.policy",
+              "delete: remove records past retention; compact: keep the latest record per key",
+              choices=("compact", "delete")),
+    ConfigDef("delete.retention.ms", "delete_retention_ms", "LONG",
+              "log.cleaner.delete.retention.ms",
+              "how long compaction keeps a tombstone after reaching it", minimum=0),
+    ConfigDef("file.delete.delay.ms", "file_delete_delay_ms", "LONG",
+              "log.segment.delete.delay.ms",
+              "how long removed data files stay on disk for running readers", minimum=0),
+    ConfigDef("max.message.bytes", "max_message_bytes", "INT", "message.max.bytes",
+              "the largest record batch a produce may carry", minimum=1,
+              maximum=REQUEST_MAX_BYTES),
+    ConfigDef("message.timestamp.type", "message_timestamp_type", "STRING",
+              "log.message.timestamp.type",
+              "CreateTime: the producer's timestamp; LogAppendTime: the broker's",
+              choices=("CreateTime", "LogAppendTime")),
+    ConfigDef("min.compaction.lag.ms", "min_compaction_lag_ms", "LONG",
+              "log.cleaner.min.compaction.lag.ms",
+              "records younger than this are never compacted", minimum=0),
+    ConfigDef("min.insync.replicas", "min_insync_replicas", "INT", "min.insync.replicas",
+              "in-sync replicas an acks=all produce needs", minimum=1),
+    ConfigDef("retention.bytes", "retention_bytes", "LONG", "log.retention.bytes",
+              "the most a partition keeps before its oldest data is removed (-1: no limit)",
+              minimum=-1),
+    ConfigDef("retention.ms", "retention_ms", "LONG", "log.retention.ms",
+              "how long records are kept (-1: forever)", minimum=-1),
+    ConfigDef("segment.bytes", "segment_bytes", "INT", "log.segment.bytes",
+              "small committed files are merged into files of up to this size",
+              minimum=1024 * 1024),
+    ConfigDef("unclean.leader.election.enable", "unclean_leader_election_enable", "BOOLEAN",
+              "unclean.leader.election.enable",
+              "elect an out-of-sync replica when no in-sync one is alive (may lose data)"),
+)}
+
+
+def _parse(definition: ConfigDef, raw: str) -> Any:
+    """A config value from its text, or InvalidConfigError with Kafka's message."""
+    def invalid(reason: str) -> errors.DeltaBusError:
+        return errors.InvalidConfigError(
+            f"Invalid value {raw} for configuration {definition.name}: {reason}")
+
+    text = raw.strip()
+    if definition.type == "BOOLEAN":
+        if text.lower() not in ("true", "false"):
+            raise invalid("Expected value to be either true or false")
+        return text.lower() == "true"
+    if definition.type in ("INT", "LONG"):
+        limit = _INT_MAX if definition.type == "INT" else _LONG_MAX
+        try:
+            value = int(text)
+        except ValueError:
+            raise invalid(f"Not a number of type {definition.type}") from None
+        if not -limit - 1 <= value <= limit:
+            raise invalid(f"Not a number of type {definition.type}")
+        if definition.minimum is not None and value < definition.minimum:
+            raise invalid(f"Value must be at least {definition.minimum}")
+        if definition.maximum is not None and value > definition.maximum:
+            raise invalid(f"Value must be no more than {definition.maximum}")
+        return value
+    allowed = ", ".join(definition.choices)
+    if definition.type == "LIST":
+        items = [item.strip() for item in text.split(",")]
+        if not all(item in definition.choices for item in items):
+            raise invalid(f"String must be one of: {allowed}")
+        return ",".join(dict.fromkeys(items))
+    if definition.choices and text not in definition.choices:
+        raise invalid(f"String must be one of: {allowed}")
+    return text
+
+
+def _definition(key: str) -> ConfigDef:
+    definition = TOPIC_CONFIGS.get(key)
+    if definition is None:
+        raise errors.InvalidConfigError(f"Unknown topic config name: {key}")
+    return definition
 
 
 def topic_config(overrides: dict[str, str]) -> TopicConfig:
@@ -75,32 +167,76 @@ def topic_config(overrides: dict[str, str]) -> TopicConfig:
 
     Kafka refuses unknown keys and unparsable values with INVALID_CONFIG naming the key; so do we.
     """
-    values: dict[str, Any] = {}
+    values = {}
     for key, raw in overrides.items():
-        if key not in TOPIC_CONFIG_KEYS:
-            raise errors.InvalidConfigError(f"Unknown topic config name: {key}")
-        attr, parse = TOPIC_CONFIG_KEYS[key]
-        try:
-            value = parse(raw)
-        except ValueError:
-            raise errors.InvalidConfigError(
-                f"Invalid value {raw} for configuration {key}"
-            ) from None
-        if key in _CHOICES and value not in _CHOICES[key]:
-            raise errors.InvalidConfigError(
-                f"Invalid value {raw} for configuration {key}: must be one of "
-                f"{sorted(_CHOICES[key])}"
-            )
-        if attr == "max_message_bytes" and not 0 < value <= REQUEST_MAX_BYTES:
-            raise errors.InvalidConfigError(
-                f"Invalid value {raw} for configuration {key}: must be in [1, {REQUEST_MAX_BYTES}]"
-            )
-        if attr == "min_insync_replicas" and value < 1:
-            raise errors.InvalidConfigError(
-                f"Invalid value {raw} for configuration {key}: must be at least 1"
-            )
-        values[attr] = value
+        definition = _definition(key)
+        values[definition.attr] = _parse(definition, raw)
     return TopicConfig(**values)
+
+
+def render(value: Any) -> str:
+    """A config value as Kafka's tools print it."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+# Kafka's IncrementalAlterConfigs operations.
+SET, DELETE, APPEND, SUBTRACT = "SET", "DELETE", "APPEND", "SUBTRACT"
+
+
+@dataclass(frozen=True)
+class AlterConfigOp:
+    """One change to a topic's config (Kafka's AlterConfigOp): SET a value, DELETE the override
+    (back to the default), or APPEND/SUBTRACT items of a list config."""
+
+    name: str
+    op: str = SET
+    value: str | None = None
+
+
+def altered_overrides(overrides: dict[str, str], ops: list[AlterConfigOp],
+                      defaults: TopicConfig | None = None) -> dict[str, str]:
+    """A topic's overrides after `ops`, checked as a whole (InvalidConfigError naming the key,
+    and nothing changes). `defaults` are what APPEND/SUBTRACT start from without an override."""
+    out = dict(overrides)
+    base = defaults or TopicConfig()
+    for change in ops:
+        definition = _definition(change.name)
+        if change.op == DELETE:
+            out.pop(change.name, None)
+            continue
+        if change.op not in (SET, APPEND, SUBTRACT):
+            raise errors.InvalidRequestError(f"Unknown config operation {change.op}")
+        if change.value is None:
+            raise errors.InvalidRequestError(f"Null value not supported for : {change.name}")
+        if change.op == SET:
+            out[change.name] = change.value
+            continue
+        if definition.type != "LIST":
+            raise errors.InvalidConfigError(
+                f"Config value {change.op.lower()} is not allowed for config key: {change.name}")
+        current = out.get(change.name, render(getattr(base, definition.attr))).split(",")
+        items = [item.strip() for item in change.value.split(",") if item.strip()]
+        kept = ([*current, *(i for i in items if i not in current)] if change.op == APPEND
+                else [i for i in current if i not in items])
+        out[change.name] = ",".join(kept)
+    topic_config(out)
+    return out
+
+
+@dataclass(frozen=True)
+class ConfigEntry:
+    """One config of a topic as DescribeConfigs answers: its value, where the value comes from
+    (Kafka's DYNAMIC_TOPIC_CONFIG, STATIC_BROKER_CONFIG or DEFAULT_CONFIG) and its synonyms,
+    most specific first, as (source, name, value)."""
+
+    name: str
+    value: str
+    source: str
+    synonyms: tuple[tuple[str, str, str], ...]
+    type: str
+    doc: str
+    read_only: bool = False
+    sensitive: bool = False
 
 
 def _env_int(name: str, default: int) -> int:
@@ -210,15 +346,36 @@ class ClusterConfig:
         if self.replica_lag_time_max_ms < 2 * self.replica_fetch_wait_max_ms:
             raise ValueError("replica.lag.time.max.ms must cover at least two follower fetches")
 
+    def topic_defaults(self) -> TopicConfig:
+        """What a topic without overrides gets: Kafka's defaults, and this cluster's settings
+        for the configs a broker sets (min.insync.replicas, unclean.leader.election.enable)."""
+        return TopicConfig(min_insync_replicas=self.min_insync_replicas,
+                           unclean_leader_election_enable=self.unclean_leader_election_enable)
+
     def topic_config(self, overrides: dict[str, str]) -> TopicConfig:
         """A topic's effective config: its overrides over the cluster defaults."""
+        defaults = self.topic_defaults()
         config = topic_config(overrides)
-        defaults: dict[str, Any] = {}
-        if "min.insync.replicas" not in overrides:
-            defaults["min_insync_replicas"] = self.min_insync_replicas
-        if "unclean.leader.election.enable" not in overrides:
-            defaults["unclean_leader_election_enable"] = self.unclean_leader_election_enable
-        return replace(config, **defaults) if defaults else config
+        kept = {d.attr: getattr(defaults, d.attr) for d in TOPIC_CONFIGS.values()
+                if d.name not in overrides}
+        return replace(config, **kept)
+
+    def describe_topic_config(self, overrides: dict[str, str]) -> list[ConfigEntry]:
+        """Every config of a topic with its value and source, as kafka-configs --describe
+        --all shows them."""
+        kafka, cluster = TopicConfig(), self.topic_defaults()
+        entries = []
+        for name, d in sorted(TOPIC_CONFIGS.items()):
+            synonyms = []
+            if name in overrides:
+                synonyms.append(("DYNAMIC_TOPIC_CONFIG", name, overrides[name]))
+            static = render(getattr(cluster, d.attr))
+            if static != render(getattr(kafka, d.attr)):
+                synonyms.append(("STATIC_BROKER_CONFIG", d.broker_name, static))
+            synonyms.append(("DEFAULT_CONFIG", d.broker_name, render(getattr(kafka, d.attr))))
+            source, _, value = synonyms[0]
+            entries.append(ConfigEntry(name, value, source, tuple(synonyms), d.type, d.doc))
+        return entries
 
 
 def _check_relations() -> None:

@@ -6,7 +6,19 @@ from __future__ import annotations
 import pytest
 
 from deltabus import errors
-from deltabus.config import MESSAGE_MAX_BYTES, ClusterConfig, TopicConfig, topic_config
+from deltabus.config import (
+    APPEND,
+    DELETE,
+    MESSAGE_MAX_BYTES,
+    SET,
+    SUBTRACT,
+    TOPIC_CONFIGS,
+    AlterConfigOp,
+    ClusterConfig,
+    TopicConfig,
+    altered_overrides,
+    topic_config,
+)
 
 
 def test_defaults_are_kafkas() -> None:
@@ -69,3 +81,78 @@ def test_cluster_config_checks_relations() -> None:
                       broker_session_timeout_ms=6_000)
     with pytest.raises(ValueError):
         ClusterConfig(root="/tmp/x", group_commit_bytes_max=2, log_cache_bytes_max=1)
+
+
+def test_invalid_values_get_kafkas_messages() -> None:
+    cases = {
+        ("retention.ms", "abc"):
+            "Invalid value abc for configuration retention.ms: Not a number of type LONG",
+        ("retention.ms", "-2"):
+            "Invalid value -2 for configuration retention.ms: Value must be at least -1",
+        ("segment.bytes", "1000"):
+            "Invalid value 1000 for configuration segment.bytes: Value must be at least 1048576",
+        ("segment.bytes", str(2**31)):
+            f"Invalid value {2**31} for configuration segment.bytes: Not a number of type INT",
+        ("unclean.leader.election.enable", "yes"):
+            "Invalid value yes for configuration unclean.leader.election.enable: Expected value "
+            "to be either true or false",
+        ("cleanup.policy", "compact,forever"):
+            "Invalid value compact,forever for configuration cleanup.policy: String must be one "
+            "of: compact, delete",
+    }
+    for (key, value), message in cases.items():
+        with pytest.raises(errors.InvalidConfigError) as info:
+            topic_config({key: value})
+        assert str(info.value).endswith(message), str(info.value)
+
+
+def test_cleanup_policy_is_a_list() -> None:
+    both = topic_config({"cleanup.policy": "compact, delete"})
+    assert both.cleanup_policy == "compact,delete" and both.compacts and both.deletes
+    compact = topic_config({"cleanup.policy": "compact"})
+    assert compact.compacts and not compact.deletes
+    assert TopicConfig().deletes and not TopicConfig().compacts
+
+
+def test_incremental_alter_sets_deletes_appends_and_subtracts() -> None:
+    overrides = {"retention.ms": "1000", "min.insync.replicas": "2"}
+    out = altered_overrides(overrides, [
+        AlterConfigOp("retention.ms", DELETE),
+        AlterConfigOp("retention.bytes", SET, "4096"),
+        AlterConfigOp("cleanup.policy", APPEND, "compact"),  # onto the default, delete
+    ])
+    assert out == {"min.insync.replicas": "2", "retention.bytes": "4096",
+                   "cleanup.policy": "delete,compact"}
+    assert overrides == {"retention.ms": "1000", "min.insync.replicas": "2"}  # not modified
+    out = altered_overrides(out, [AlterConfigOp("cleanup.policy", SUBTRACT, "delete")])
+    assert out["cleanup.policy"] == "compact"
+    assert altered_overrides({}, [AlterConfigOp("retention.ms", DELETE)]) == {}
+
+
+def test_incremental_alter_refuses_the_whole_change_naming_the_key() -> None:
+    with pytest.raises(errors.InvalidConfigError, match="Unknown topic config name: retention"):
+        altered_overrides({}, [AlterConfigOp("retention", SET, "1")])
+    with pytest.raises(errors.InvalidConfigError, match="retention.ms: Not a number"):
+        altered_overrides({}, [AlterConfigOp("retention.bytes", SET, "1"),
+                               AlterConfigOp("retention.ms", SET, "soon")])
+    with pytest.raises(errors.InvalidConfigError,
+                       match="append is not allowed for config key: retention.ms"):
+        altered_overrides({}, [AlterConfigOp("retention.ms", APPEND, "1")])
+    with pytest.raises(errors.InvalidRequestError, match="Null value"):
+        altered_overrides({}, [AlterConfigOp("retention.ms", SET, None)])
+
+
+def test_describe_shows_value_source_and_synonyms() -> None:
+    cluster = ClusterConfig(root="unused", min_insync_replicas=2)
+    entries = {e.name: e for e in cluster.describe_topic_config({"retention.ms": "1000"})}
+    assert set(entries) == set(TOPIC_CONFIGS)
+    retention = entries["retention.ms"]
+    assert (retention.value, retention.source) == ("1000", "DYNAMIC_TOPIC_CONFIG")
+    assert retention.synonyms == (("DYNAMIC_TOPIC_CONFIG", "retention.ms", "1000"),
+                                  ("DEFAULT_CONFIG", "log.retention.ms", "604800000"))
+    isr = entries["min.insync.replicas"]
+    assert (isr.value, isr.source) == ("2", "STATIC_BROKER_CONFIG")
+    unclean = entries["unclean.leader.election.enable"]
+    assert (unclean.value, unclean.source, unclean.type) == ("false", "DEFAULT_CONFIG", "BOOLEAN")
+    assert cluster.topic_config({}).min_insync_replicas == 2
+    assert cluster.topic_config({"min.insync.replicas": "3"}).min_insync_replicas == 3

@@ -5,7 +5,8 @@ import deltabus
 
 def test_public_api_is_pinned():
     assert sorted(deltabus.__all__) == [
-        "AdminClient", "Cluster", "CommitFailedError", "Consumer", "ConsumerRebalanceListener",
+        "AdminClient", "AlterConfigOp", "Cluster", "CommitFailedError", "ConfigEntry", "Consumer",
+        "ConsumerRebalanceListener",
         "ConsumerRecord", "DeltaBusError", "ExactlyOncePipeline", "FutureRecordMetadata",
         "NewTopic",
         "OffsetAndMetadata", "Producer", "RecordMetadata", "TopicPartition", "errors",

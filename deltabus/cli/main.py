@@ -2,6 +2,7 @@
 
     deltabus cluster start        kafka-server-start.sh
     deltabus topics               kafka-topics.sh
+    deltabus configs              kafka-configs.sh (topic configs)
     deltabus console-producer     kafka-console-producer.sh
     deltabus console-consumer     kafka-console-consumer.sh
     deltabus consumer-groups      kafka-consumer-groups.sh
@@ -25,6 +26,7 @@ from typing import NoReturn
 from deltabus.cli import (
     bench,
     cluster_command,
+    config_command,
     console_consumer,
     console_producer,
     consumer_groups,
@@ -65,6 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     cluster_command.add_parser(commands, parent)
     topic_command.add_parser(commands, parent)
+    config_command.add_parser(commands, parent)
     console_producer.add_parser(commands, parent)
     console_consumer.add_parser(commands, parent)
     consumer_groups.add_parser(commands, parent)

@@ -80,7 +80,7 @@ def alter(args: argparse.Namespace) -> int:
     if not args.topic:
         raise CliError("--topic is required with --alter")
     if args.partitions is None:
-        raise CliError("--alter needs --partitions (topic configs: deltabus configs, coming)")
+        raise CliError("--alter needs --partitions (topic configs: deltabus configs --alter)")
     for flag in ("replication_factor", "config", "replica_assignment"):
         if getattr(args, flag) is not None:
             raise CliError(f"Option --{flag.replace('_', '-')} can only be used with --create")

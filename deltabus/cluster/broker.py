@@ -323,6 +323,17 @@ class Broker:
         response = self._controller.call_any("CreatePartitions", request, timeout_ms + 5000)
         return [codec.topic_result_from_proto(r) for r in response.topics]
 
+    def describe_configs(self, topics: list[str]) -> codec.ConfigResults:
+        response = self._controller.call_any("DescribeConfigs",
+                                             codec.describe_configs_request(topics))
+        return codec.describe_configs_results(response)
+
+    def alter_configs(self, changes: dict[str, list[cfg.AlterConfigOp]], *,
+                      validate_only: bool) -> dict[str, errors.DeltaBusError | None]:
+        response = self._controller.call_any(
+            "IncrementalAlterConfigs", codec.alter_configs_request(changes, validate_only))
+        return codec.alter_configs_results(response)
+
     def delete_topics(self, names: list[str], *, timeout_ms: int) -> list[TopicResult]:
         request = pb.DeleteTopicsRequest(topics=names, timeout_ms=timeout_ms)
         response = self._controller.call_any("DeleteTopics", request, timeout_ms + 5000)

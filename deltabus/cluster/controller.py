@@ -46,6 +46,7 @@ from deltabus.metadata import (
     new_topic_id,
 )
 from deltabus.records import ProducerState
+from deltabus.rpc import codec
 from deltabus.rpc.server import FetchResult, FetchSpec
 from deltabus.topics import INTERNAL_TOPICS, validate_topic_name
 
@@ -269,6 +270,50 @@ class Controller:
         return [{"type": "partition", "topic": name, "partition": p, "replicas": replicas,
                  "isr": replicas, "leader": replicas[0], "leader_epoch": 0}
                 for p, replicas in enumerate(assignment) if p >= current]
+
+    def describe_configs(self, topics: list[str]
+                         ) -> dict[str, list[cfg.ConfigEntry] | errors.DeltaBusError]:
+        """Every config of each topic, with its value and source (Kafka's DescribeConfigs)."""
+        results: dict[str, list[cfg.ConfigEntry] | errors.DeltaBusError] = {}
+        with self._lock:
+            for name in topics:
+                topic = self._state.topics.get(name)
+                results[name] = (
+                    self._config.describe_topic_config(topic["configs"]) if topic is not None
+                    else errors.UnknownTopicOrPartitionError(f"Topic '{name}' does not exist."))
+        return results
+
+    def alter_configs(self, changes: dict[str, list[cfg.AlterConfigOp]], *,
+                      validate_only: bool = False, timeout_ms: int = 30_000
+                      ) -> dict[str, errors.DeltaBusError | None]:
+        """Kafka's IncrementalAlterConfigs for topics: each topic's changes are checked as a
+        whole and committed as config records (or refused, changing nothing). Returns once the
+        brokers applied them, so the next produce sees the new values."""
+        results: dict[str, errors.DeltaBusError | None] = {}
+        with self._lock:
+            for name, ops in changes.items():
+                topic = self._state.topics.get(name)
+                try:
+                    if topic is None:
+                        raise errors.UnknownTopicOrPartitionError(
+                            f"Topic '{name}' does not exist.")
+                    old = topic["configs"]
+                    new = cfg.altered_overrides(old, ops, self._config.topic_defaults())
+                    records = [{"type": "config", "topic": name, "key": key,
+                                "value": new.get(key)}
+                               for key in sorted(set(old) | set(new))
+                               if old.get(key) != new.get(key)]
+                    if records and not validate_only:
+                        self._commit(records)
+                        log.info("topic %s configs changed: %s", name,
+                                 ", ".join(f"{r['key']}={r['value']}" for r in records))
+                    results[name] = None
+                except errors.DeltaBusError as e:
+                    results[name] = e
+            target = self._version
+        if not validate_only:
+            self._await_brokers(target, timeout_ms)
+        return results
 
     def delete_topics(self, names: list[str], *, timeout_ms: int = 30_000) -> list[TopicResult]:
         """Delete topics: remove them from metadata, let brokers close them, drop their tables."""
@@ -850,6 +895,13 @@ class ControllerHandler:
                           validate_only: bool) -> list[TopicResult]:
         return self._controller.create_partitions(counts, timeout_ms=timeout_ms,
                                                   validate_only=validate_only)
+
+    def describe_configs(self, topics: list[str]) -> codec.ConfigResults:
+        return self._controller.describe_configs(topics)
+
+    def alter_configs(self, changes: dict[str, list[cfg.AlterConfigOp]], *,
+                      validate_only: bool) -> dict[str, errors.DeltaBusError | None]:
+        return self._controller.alter_configs(changes, validate_only=validate_only)
 
     def _not_leader(self, topic: str, partition: int) -> errors.DeltaBusError:
         if self._controller.image().partition(topic, partition) is None:

@@ -1,5 +1,6 @@
-"""`AdminClient`: create, delete, list and describe topics, elect leaders, reassign partitions,
-and manage consumer groups and their offsets (Kafka's Admin API).
+"""`AdminClient`: create, delete, list and describe topics, describe and alter their configs,
+elect leaders, reassign partitions, and manage consumer groups and their offsets (Kafka's Admin
+API).
 
 Thread-safe. Admin calls go to any server; brokers forward them to the controller.
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from deltabus import config as cfg
 from deltabus import errors
 from deltabus.metadata import NewTopic, TopicState
 from deltabus.offsets.group_coordinator import GroupDescription, MemberDescription
@@ -49,6 +51,30 @@ class AdminClient:
             timeout_ms=timeout_ms, validate_only=validate_only)
         response = self._client.call_any("CreatePartitions", request, timeout_ms + 5000)
         self._results(response.topics)
+
+    def describe_configs(self, topics: Iterable[str]) -> dict[str, list[cfg.ConfigEntry]]:
+        """Every config of each topic: value, source (DYNAMIC_TOPIC_CONFIG for an override,
+        STATIC_BROKER_CONFIG or DEFAULT_CONFIG) and synonyms, as Kafka's describeConfigs.
+        Raises the first topic's error, if any."""
+        response = self._client.call_any("DescribeConfigs",
+                                         codec.describe_configs_request(topics))
+        results = codec.describe_configs_results(response)
+        for result in results.values():
+            if isinstance(result, errors.DeltaBusError):
+                raise result
+        return {name: list(entries) for name, entries in results.items()
+                if not isinstance(entries, errors.DeltaBusError)}
+
+    def incremental_alter_configs(self, changes: dict[str, list[cfg.AlterConfigOp]], *,
+                                  validate_only: bool = False) -> None:
+        """Kafka's incrementalAlterConfigs for topics: {topic: [AlterConfigOp(name, SET or
+        DELETE or APPEND or SUBTRACT, value)]}. Each topic's changes apply together or not at
+        all; raises the first topic's error (INVALID_CONFIG names the key and the reason)."""
+        response = self._client.call_any("IncrementalAlterConfigs",
+                                         codec.alter_configs_request(changes, validate_only))
+        for error in codec.alter_configs_results(response).values():
+            if error is not None:
+                raise error
 
     @staticmethod
     def _results(results: Iterable[pb.TopicResult]) -> dict[str, str]:

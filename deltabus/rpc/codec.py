@@ -10,6 +10,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from deltabus import config as cfg
 from deltabus import errors
 from deltabus.metadata import (
     BrokerEndpoint,
@@ -199,3 +200,88 @@ def reassignments_request(targets: dict[tuple[str, int], list[int]]
     return pb.AlterPartitionReassignmentsRequest(partitions=[
         pb.ReassignablePartition(topic=t, partition=p, replicas=r)
         for (t, p), r in targets.items()])
+
+
+# ---- topic configs (Kafka's DescribeConfigs and IncrementalAlterConfigs) ----------------------
+
+TOPIC_RESOURCE = 2  # Kafka's ConfigResource.Type.TOPIC
+CONFIG_SOURCES = {"DYNAMIC_TOPIC_CONFIG": 1, "STATIC_BROKER_CONFIG": 4, "DEFAULT_CONFIG": 5}
+CONFIG_TYPES = {"BOOLEAN": 1, "STRING": 2, "INT": 3, "LONG": 5, "LIST": 7}
+CONFIG_OPS = {cfg.SET: 0, cfg.DELETE: 1, cfg.APPEND: 2, cfg.SUBTRACT: 3}
+_SOURCE_NAMES = {v: k for k, v in CONFIG_SOURCES.items()}
+_TYPE_NAMES = {v: k for k, v in CONFIG_TYPES.items()}
+_OP_NAMES = {v: k for k, v in CONFIG_OPS.items()}
+
+ConfigResults = dict[str, "list[cfg.ConfigEntry] | errors.DeltaBusError"]
+
+
+def describe_configs_request(topics: Iterable[str]) -> pb.DescribeConfigsRequest:
+    return pb.DescribeConfigsRequest(resources=[
+        pb.DescribeConfigsResource(resource_type=TOPIC_RESOURCE, resource_name=t)
+        for t in topics])
+
+
+def describe_configs_response(results: ConfigResults) -> pb.DescribeConfigsResponse:
+    response = pb.DescribeConfigsResponse()
+    for name, result in results.items():
+        out = response.results.add(resource_type=TOPIC_RESOURCE, resource_name=name)
+        if isinstance(result, errors.DeltaBusError):
+            out.error_code, out.error_message = result.code, str(result)
+            continue
+        out.configs.extend(pb.DescribeConfigsEntry(
+            name=e.name, value=e.value, read_only=e.read_only,
+            config_source=CONFIG_SOURCES[e.source], is_sensitive=e.sensitive,
+            synonyms=[pb.ConfigSynonym(name=n, value=v, source=CONFIG_SOURCES[s])
+                      for s, n, v in e.synonyms],
+            config_type=CONFIG_TYPES[e.type], documentation=e.doc) for e in result)
+    return response
+
+
+def describe_configs_results(response: pb.DescribeConfigsResponse) -> ConfigResults:
+    results: ConfigResults = {}
+    for r in response.results:
+        if r.error_code:
+            results[r.resource_name] = errors.error_for_code(r.error_code, r.error_message)
+            continue
+        results[r.resource_name] = [cfg.ConfigEntry(
+            e.name, e.value, _SOURCE_NAMES.get(e.config_source, "UNKNOWN"),
+            tuple((_SOURCE_NAMES.get(s.source, "UNKNOWN"), s.name, s.value)
+                  for s in e.synonyms),
+            _TYPE_NAMES.get(e.config_type, "STRING"), e.documentation, e.read_only,
+            e.is_sensitive) for e in r.configs]
+    return results
+
+
+def alter_configs_request(changes: dict[str, list[cfg.AlterConfigOp]],
+                          validate_only: bool) -> pb.IncrementalAlterConfigsRequest:
+    request = pb.IncrementalAlterConfigsRequest(validate_only=validate_only)
+    for topic, ops in changes.items():
+        resource = request.resources.add(resource_type=TOPIC_RESOURCE, resource_name=topic)
+        for op in ops:
+            entry = resource.configs.add(name=op.name, config_operation=CONFIG_OPS[op.op])
+            if op.value is not None:
+                entry.value = op.value
+    return request
+
+
+def alter_configs_changes(resource: pb.AlterConfigsResource) -> list[cfg.AlterConfigOp]:
+    """A resource's changes; an unknown operation number is kept as a name the controller
+    refuses (INVALID_REQUEST)."""
+    return [cfg.AlterConfigOp(c.name, _OP_NAMES.get(c.config_operation, str(c.config_operation)),
+                              c.value if c.HasField("value") else None)
+            for c in resource.configs]
+
+
+def alter_configs_response(results: dict[str, errors.DeltaBusError | None]
+                           ) -> pb.IncrementalAlterConfigsResponse:
+    return pb.IncrementalAlterConfigsResponse(responses=[
+        pb.AlterConfigsResourceResponse(
+            error_code=e.code if e else 0, error_message=str(e) if e else "",
+            resource_type=TOPIC_RESOURCE, resource_name=name)
+        for name, e in results.items()])
+
+
+def alter_configs_results(response: pb.IncrementalAlterConfigsResponse
+                          ) -> dict[str, errors.DeltaBusError | None]:
+    return {r.resource_name: errors.error_for_code(r.error_code, r.error_message)
+            if r.error_code else None for r in response.responses}

@@ -76,6 +76,11 @@ class DeltaBusHandler(Protocol):
     def create_partitions(self, counts: dict[str, int], *, timeout_ms: int,
                           validate_only: bool) -> list[TopicResult]: ...
 
+    def describe_configs(self, topics: list[str]) -> codec.ConfigResults: ...
+
+    def alter_configs(self, changes: dict[str, list[cfg.AlterConfigOp]], *,
+                      validate_only: bool) -> dict[str, errors.DeltaBusError | None]: ...
+
     def produce(self, topic: str, partition: int, batch: pa.Table, *, acks: int,
                 producer: ProducerState) -> futures.Future[AppendResult]: ...
 
@@ -95,6 +100,14 @@ class DeltaBusHandler(Protocol):
     def find_coordinator(self, group_id: str) -> BrokerEndpoint:
         """The server that coordinates a group (node id -1: the controller)."""
         ...
+
+
+def _other_resource(resource_type: int) -> errors.DeltaBusError:
+    if resource_type == 4:  # BROKER
+        return errors.InvalidRequestError(
+            "deltabus brokers take their configs when the cluster starts (deltabus cluster "
+            "start); only topics have dynamic configs")
+    return errors.InvalidRequestError(f"unsupported config resource type {resource_type}")
 
 
 class LifecycleHandler(Protocol):
@@ -180,6 +193,48 @@ class DeltaBusServicer(GroupServicerMixin, pb_grpc.DeltaBusServicer):
             validate_only=request.validate_only)
         return pb.CreatePartitionsResponse(topics=[codec.topic_result_to_proto(r)
                                                    for r in results])
+
+    @_guard
+    def DescribeConfigs(self, request: pb.DescribeConfigsRequest,
+                        context: Any) -> pb.DescribeConfigsResponse:
+        topics = [r.resource_name for r in request.resources
+                  if r.resource_type == codec.TOPIC_RESOURCE]
+        results = self._handler.describe_configs(topics) if topics else {}
+        response = codec.describe_configs_response(results)
+        wanted = {r.resource_name: set(r.configuration_keys) for r in request.resources
+                  if r.resource_type == codec.TOPIC_RESOURCE and r.configuration_keys}
+        for result in response.results:
+            keys = wanted.get(result.resource_name)
+            if keys:
+                kept = [c for c in result.configs if c.name in keys]
+                del result.configs[:]
+                result.configs.extend(kept)
+        for r in request.resources:
+            if r.resource_type != codec.TOPIC_RESOURCE:
+                error = _other_resource(r.resource_type)
+                response.results.add(error_code=error.code, error_message=str(error),
+                                     resource_type=r.resource_type,
+                                     resource_name=r.resource_name)
+        return response
+
+    @_guard
+    def IncrementalAlterConfigs(self, request: pb.IncrementalAlterConfigsRequest,
+                                context: Any) -> pb.IncrementalAlterConfigsResponse:
+        changes = {r.resource_name: codec.alter_configs_changes(r) for r in request.resources
+                   if r.resource_type == codec.TOPIC_RESOURCE}
+        if len(changes) < sum(1 for r in request.resources
+                              if r.resource_type == codec.TOPIC_RESOURCE):
+            raise errors.InvalidRequestError("a topic appears twice in the request")
+        results = (self._handler.alter_configs(changes, validate_only=request.validate_only)
+                   if changes else {})
+        response = codec.alter_configs_response(results)
+        for r in request.resources:
+            if r.resource_type != codec.TOPIC_RESOURCE:
+                error = _other_resource(r.resource_type)
+                response.responses.add(error_code=error.code, error_message=str(error),
+                                       resource_type=r.resource_type,
+                                       resource_name=r.resource_name)
+        return response
 
     @_guard
     def Produce(self, request: pb.ProduceRequest, context: Any) -> pb.ProduceResponse:

@@ -59,6 +59,16 @@ class DeltaBusStub:
                 request_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DescribeTopicsRequest.SerializeToString,
                 response_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DescribeTopicsResponse.FromString,
                 _registered_method=True)
+        self.DescribeConfigs = channel.unary_unary(
+                '/deltabus.v1.DeltaBus/DescribeConfigs',
+                request_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DescribeConfigsRequest.SerializeToString,
+                response_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DescribeConfigsResponse.FromString,
+                _registered_method=True)
+        self.IncrementalAlterConfigs = channel.unary_unary(
+                '/deltabus.v1.DeltaBus/IncrementalAlterConfigs',
+                request_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.IncrementalAlterConfigsRequest.SerializeToString,
+                response_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.IncrementalAlterConfigsResponse.FromString,
+                _registered_method=True)
         self.Produce = channel.unary_unary(
                 '/deltabus.v1.DeltaBus/Produce',
                 request_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.ProduceRequest.SerializeToString,
@@ -170,6 +180,19 @@ class DeltaBusServicer:
         raise NotImplementedError('Method not implemented!')
 
     def DescribeTopics(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DescribeConfigs(self, request, context):
+        """Topic configs (Kafka's DescribeConfigs and IncrementalAlterConfigs; kafka-configs.sh).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def IncrementalAlterConfigs(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -305,6 +328,16 @@ def add_DeltaBusServicer_to_server(servicer, server):
                     servicer.DescribeTopics,
                     request_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DescribeTopicsRequest.FromString,
                     response_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DescribeTopicsResponse.SerializeToString,
+            ),
+            'DescribeConfigs': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeConfigs,
+                    request_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DescribeConfigsRequest.FromString,
+                    response_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DescribeConfigsResponse.SerializeToString,
+            ),
+            'IncrementalAlterConfigs': grpc.unary_unary_rpc_method_handler(
+                    servicer.IncrementalAlterConfigs,
+                    request_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.IncrementalAlterConfigsRequest.FromString,
+                    response_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.IncrementalAlterConfigsResponse.SerializeToString,
             ),
             'Produce': grpc.unary_unary_rpc_method_handler(
                     servicer.Produce,
@@ -522,6 +555,60 @@ class DeltaBus:
             '/deltabus.v1.DeltaBus/DescribeTopics',
             deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DescribeTopicsRequest.SerializeToString,
             deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DescribeTopicsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeConfigs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/deltabus.v1.DeltaBus/DescribeConfigs',
+            deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DescribeConfigsRequest.SerializeToString,
+            deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DescribeConfigsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def IncrementalAlterConfigs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/deltabus.v1.DeltaBus/IncrementalAlterConfigs',
+            deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.IncrementalAlterConfigsRequest.SerializeToString,
+            deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.IncrementalAlterConfigsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,117 @@
+"""`deltabus configs`: Kafka's kafka-configs.sh for topic configs, over AdminClient.
+
+Same flags (`--entity-type topics --entity-name T`, or `--topic T`; `--describe [--all]`;
+`--alter --add-config k=v,k2=[a,b] --delete-config k3`) and the same output lines, so a Kafka
+user's commands and scripts carry over. Only topics have dynamic configs in deltabus: brokers take
+theirs when the cluster starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+
+from deltabus import config as cfg
+from deltabus.cli.options import CliError
+from deltabus.rpc.admin import AdminClient
+
+ENTITY_TYPES = ("topics", "brokers")
+
+
+def add_parser(subparsers: argparse._SubParsersAction, parent: argparse.ArgumentParser) -> None:
+    p = subparsers.add_parser("configs", parents=[parent],
+                              help="describe and alter topic configs (kafka-configs.sh)")
+    actions = p.add_mutually_exclusive_group()
+    actions.add_argument("--describe", action="store_true", help="list configs")
+    actions.add_argument("--alter", action="store_true", help="change configs")
+    p.add_argument("--entity-type", choices=ENTITY_TYPES, help="topics (brokers: see above)")
+    p.add_argument("--entity-name", help="the topic (default with --describe: every topic)")
+    p.add_argument("--topic", help="the topic: --entity-type topics --entity-name TOPIC")
+    p.add_argument("--all", action="store_true",
+                   help="with --describe: every config, not only the overrides")
+    p.add_argument("--add-config", metavar="K=V,K2=[A,B]",
+                   help="with --alter: configs to set; list values go in square brackets")
+    p.add_argument("--delete-config", metavar="K,K2",
+                   help="with --alter: overrides to remove (back to the default)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if not (args.describe or args.alter):
+        raise CliError("Command must include exactly one action: --describe, --alter")
+    if args.topic is not None:
+        if args.entity_type not in (None, "topics") or args.entity_name is not None:
+            raise CliError("--topic cannot be used with --entity-type or --entity-name")
+        args.entity_type, args.entity_name = "topics", args.topic
+    if args.entity_type is None:
+        raise CliError("--entity-type must be specified")
+    if args.entity_type == "brokers":
+        raise CliError("deltabus brokers take their configs when the cluster starts (deltabus "
+                       "cluster start); only topics have dynamic configs")
+    if args.alter:
+        return alter(args)
+    if args.add_config is not None or args.delete_config is not None:
+        raise CliError("--add-config and --delete-config can only be used with --alter")
+    return describe(args)
+
+
+def describe(args: argparse.Namespace) -> int:
+    with AdminClient(args.bootstrap_server) as admin:
+        topics = [args.entity_name] if args.entity_name else admin.list_topics()
+        results = admin.describe_configs(topics)
+    for topic in topics:
+        print(f"{'All' if args.all else 'Dynamic'} configs for topic {topic} are:")
+        for entry in results[topic]:
+            if args.all or entry.source == "DYNAMIC_TOPIC_CONFIG":
+                print(f"  {format_entry(entry)}")
+    return 0
+
+
+def format_entry(entry: cfg.ConfigEntry) -> str:
+    """One config as kafka-configs prints it."""
+    synonyms = ", ".join(f"{source}:{name}={value}" for source, name, value in entry.synonyms)
+    return (f"{entry.name}={entry.value} sensitive={str(entry.sensitive).lower()} "
+            f"synonyms={{{synonyms}}}")
+
+
+def alter(args: argparse.Namespace) -> int:
+    if not args.entity_name:
+        raise CliError("An entity name must be specified with --alter of topics")
+    if args.all:
+        raise CliError("--all can only be used with --describe")
+    if args.add_config is None and args.delete_config is None:
+        raise CliError("At least one of --add-config or --delete-config must be specified with "
+                       "--alter")
+    ops = [cfg.AlterConfigOp(k, cfg.SET, v) for k, v in parse_add_config(args.add_config or "")]
+    deleted = [k.strip() for k in (args.delete_config or "").split(",") if k.strip()]
+    set_keys = {op.name for op in ops}
+    both = [k for k in deleted if k in set_keys]
+    if both:
+        raise CliError(f"Invalid config(s): {','.join(both)} cannot be both added and deleted")
+    ops += [cfg.AlterConfigOp(k, cfg.DELETE) for k in deleted]
+    with AdminClient(args.bootstrap_server) as admin:
+        admin.incremental_alter_configs({args.entity_name: ops})
+    print(f"Completed updating config for topic {args.entity_name}.")
+    return 0
+
+
+_PAIR = re.compile(r"\s*([^=,\s]+)\s*=\s*(\[[^\]]*\]|[^,]*)\s*(?:,|$)")
+
+
+def parse_add_config(text: str) -> list[tuple[str, str]]:
+    """`k1=v1,k2=[a,b]` as kafka-configs reads it: pairs split at commas, a bracketed value
+    keeps its commas (the brackets go)."""
+    pairs: list[tuple[str, str]] = []
+    position = 0
+    text = text.strip()
+    while position < len(text):
+        match = _PAIR.match(text, position)
+        if match is None or match.end() == position:
+            raise CliError('Invalid entity config: all configs to be added must be in the format '
+                           '"key=val".')
+        key, value = match.group(1), match.group(2).strip()
+        if value.startswith("["):
+            value = value[1:-1]
+        pairs.append((key, value))
+        position = match.end()
+    return pairs
