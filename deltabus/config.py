@@ -327,6 +327,9 @@ class ClusterConfig:
     auto_leader_rebalance_enable: bool = True
     leader_imbalance_check_interval_ms: int = field(
         default_factory=lambda: _env_int("DELTABUS_LEADER_IMBALANCE_CHECK_INTERVAL_MS", 300_000))
+    # The log cleaner's retention job runs this often (Kafka's log.retention.check.interval.ms).
+    log_retention_check_interval_ms: int = field(
+        default_factory=lambda: _env_int("DELTABUS_LOG_RETENTION_CHECK_INTERVAL_MS", 300_000))
     # Cluster defaults for the topic configs of the same name.
     min_insync_replicas: int = 1
     unclean_leader_election_enable: bool = False

@@ -107,6 +107,22 @@ class Broker:
         threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True).start()
         threading.Thread(target=self._isr_loop, name="isr-shrink", daemon=True).start()
 
+    def _refresh_logs(self, refresh: list[pb.TopicPartitions]) -> None:
+        """Take in what the log cleaner's Spark job did to these tables (removed or rewrote old
+        files): the log start offset moves up, reads skip the removed files. The controller
+        says so with the next heartbeat, well within file.delete.delay.ms, so no read touches a
+        file vacuum deleted."""
+        for entry in refresh:
+            for p in entry.partitions:
+                with self._partitions_lock:
+                    partition = self._partitions.get((entry.topic, p))
+                if partition is None:
+                    continue
+                try:
+                    partition.log.refresh()
+                except Exception as e:  # storage trouble: reads refresh again on a miss
+                    log.warning("refreshing %s-%d failed: %s", entry.topic, p, e)
+
     def _register(self) -> None:
         # The rack is the executor's host: replicas spread across hosts where there are several.
         rack = os.environ.get("DELTABUS_RACK") or socket.gethostname()
@@ -145,6 +161,8 @@ class Broker:
                 continue
             if response.HasField("metadata"):
                 self._apply(codec.image_from_proto(response.metadata))
+            if response.refresh_logs:
+                self._refresh_logs(list(response.refresh_logs))
             if response.should_shut_down:
                 self._stopped.set()
 

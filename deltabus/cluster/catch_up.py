@@ -50,6 +50,8 @@ def copy_replica(source: PartitionLog, target: PartitionLog) -> tuple[int, int]:
     follower does), then copy whole files where `target` ends at a file boundary and records
     elsewhere. Returns (offset truncated to or -1, records copied)."""
     truncated = _truncate_divergence(source, target)
+    if target.log_end_offset < source.log_start_offset:  # retention took what it lacks
+        target.restart_at(source.log_start_offset).result(COMMIT_TIMEOUT_S)
     until = source.log_end_offset
     copied = 0
     while target.log_end_offset < until:

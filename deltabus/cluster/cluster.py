@@ -24,6 +24,7 @@ from deltabus import config as cfg
 from deltabus.cluster.broker import BrokerSpec, run_broker_task
 from deltabus.cluster.catch_up import CatchUpTask, catch_up_replicas
 from deltabus.cluster.controller import Controller, ControllerHandler
+from deltabus.cluster.log_cleaner import LogCleaner
 from deltabus.log_tables.layout import consumer_offsets_path, normalize_root
 from deltabus.metadata import CONTROLLER_NODE_ID, BrokerEndpoint
 from deltabus.offsets.group_coordinator import GroupCoordinator
@@ -85,6 +86,7 @@ class Cluster:
         register(self.spark)  # format("deltabus") reads and writes this cluster's topics
         self.controller: Controller | None = None
         self.coordinator: GroupCoordinator | None = None
+        self.log_cleaner: LogCleaner | None = None  # retention as Spark jobs, once started
         self._server: Any = None
         self._threads: list[threading.Thread] = []
         self._stopping = threading.Event()
@@ -112,6 +114,9 @@ class Cluster:
             threads=max(self.config.grpc_threads, group.coordinator_threads),
             groups=self.coordinator)
         handler.endpoint = BrokerEndpoint(CONTROLLER_NODE_ID, self.config.host, self.port)
+        self.log_cleaner = LogCleaner(self.spark, self.controller.retention_tasks,
+                                      self.controller.tables_changed,
+                                      self.config.log_retention_check_interval_ms)
         self._spawn(self._check_sessions_loop, "deltabus-session-checker")
         self._spawn(self._coordinator_loop, "deltabus-group-coordinator")
         for broker_id in range(self.config.brokers):
@@ -123,6 +128,7 @@ class Cluster:
             raise TimeoutError(
                 f"only {len(live)} of {self.config.brokers} brokers started in {timeout_s:.0f} s: "
                 "is Spark short of task slots or executors?")
+        self.log_cleaner.start()
         log.info("deltabus cluster up: bootstrap %s, %d brokers, root %s",
                  self.bootstrap_servers, self.config.brokers, self.config.root)
         return self
@@ -312,6 +318,8 @@ class Cluster:
         if self._stopping.is_set():
             return
         self._stopping.set()
+        if self.log_cleaner is not None:
+            self.log_cleaner.stop()
         if self.controller is not None:
             self.controller.begin_shutdown()
         deadline = time.monotonic() + self.config.shutdown_timeout_ms / 1000

@@ -31,6 +31,7 @@ import pyarrow.fs as pafs
 from deltabus import config as cfg
 from deltabus import errors
 from deltabus.cluster.catch_up import CatchUpTask
+from deltabus.cluster.log_cleaner import RetentionTask
 from deltabus.cluster.metadata_log import MetadataLog
 from deltabus.log_tables.layout import metadata_path, replica_path, topic_path
 from deltabus.log_tables.partition_log import AppendResult
@@ -86,6 +87,8 @@ class Controller:
         self._shutting_down = False
         self._brokers: dict[int, _Registration] = {}
         self._held: set[int] = set()  # brokers kept down: their registrations are refused
+        # partitions whose tables the log cleaner changed, per broker to tell
+        self._refresh_logs: dict[int, set[tuple[str, int]]] = {}
         self._next_broker_epoch = int(time.time() * 1000)
         self._log = MetadataLog(metadata_path(config.root))
         self._state = MetadataState()
@@ -417,10 +420,20 @@ class Controller:
                      endpoint.broker_id, endpoint.address, epoch, pid)
             return epoch
 
+    def tables_changed(self, partitions: list[tuple[str, int, tuple[int, ...]]]) -> None:
+        """The log cleaner changed these partitions' replica tables ((topic, partition,
+        replicas)): each replica's broker hears of it with its next heartbeat."""
+        with self._lock:
+            for topic, partition, replicas in partitions:
+                for broker_id in replicas:
+                    self._refresh_logs.setdefault(broker_id, set()).add((topic, partition))
+            self._lock.notify_all()
+
     def heartbeat(self, broker_id: int, epoch: int, applied_version: int,
-                  max_wait_ms: int) -> tuple[bool, MetadataImage | None]:
+                  max_wait_ms: int) -> tuple[bool, MetadataImage | None, list[tuple[str, int]]]:
         """Record a heartbeat, then wait (long poll) until the metadata moves past what the broker
-        applied. Returns (should_shut_down, the new image or None)."""
+        applied or its tables changed. Returns (should_shut_down, the new image or None, the
+        partitions whose tables to refresh)."""
         deadline = time.monotonic() + min(max_wait_ms, cfg.FETCH_WAIT_MS_MAX) / 1000
         with self._lock:
             reg = self._check_epoch(broker_id, epoch)
@@ -434,7 +447,8 @@ class Controller:
                 self._elect_leaders()
                 self._changed()
             while (self._version <= applied_version and not self._shutting_down
-                   and not reg.dead and not reg.shutting_down):
+                   and not reg.dead and not reg.shutting_down
+                   and not self._refresh_logs.get(broker_id)):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
@@ -444,8 +458,9 @@ class Controller:
             # A broker in controlled shutdown stops once it has applied the metadata that moved
             # its leadership away.
             stop = self._shutting_down or (reg.shutting_down and applied_version >= self._version)
+            refresh = sorted(self._refresh_logs.pop(broker_id, set()))
         image = self.image()
-        return stop, (image if image.version > applied_version else None)
+        return stop, (image if image.version > applied_version else None), refresh
 
     def hold_broker(self, broker_id: int) -> None:
         """Keep a broker down: its registrations are refused until `release_broker`."""
@@ -489,6 +504,23 @@ class Controller:
             self._changed()
         if self._on_fence is not None:
             self._on_fence(broker_id)
+
+    def retention_tasks(self) -> list[RetentionTask]:
+        """What the log cleaner's retention job checks: every partition of a topic whose
+        cleanup.policy includes delete and that has a leader, with its topic's limits."""
+        with self._lock:
+            tasks = []
+            for name, topic in sorted(self._state.topics.items()):
+                config = self._config.topic_config(topic["configs"])
+                if not config.deletes or (config.retention_ms < 0 and config.retention_bytes < 0):
+                    continue
+                for partition, s in sorted(topic["partitions"].items()):
+                    if s["leader"] >= 0:
+                        tasks.append(RetentionTask(
+                            self._config.root, name, partition, s["leader"],
+                            tuple(s["replicas"]), tuple(s["isr"]), config.retention_ms,
+                            config.retention_bytes, config.file_delete_delay_ms))
+            return tasks
 
     def catch_up_tasks(self, broker_id: int) -> list[CatchUpTask]:
         """What the catch-up job copies before broker `broker_id` is relaunched: each replica it

@@ -152,6 +152,14 @@ class ReplicaFetcher:
         """Queue what one partition's answer asks for: a truncation, file or record copies.
         Returns the future of the commit and the leader's high watermark (-1: none to take)."""
         plog = f.partition.log
+        if (r.error_code == errors.OffsetOutOfRangeError.code
+                and r.log_start_offset > plog.log_end_offset):
+            # Retention moved the leader's log start past our log end: what we hold is gone on
+            # the leader; start again at its log start offset (Kafka's truncateFullyAndStartAt).
+            log.info("broker %d: %s-%d ends at %d, below leader %d's log start offset %d; "
+                     "starting again there", self.broker_id, r.topic, r.partition,
+                     plog.log_end_offset, self.leader_id, r.log_start_offset)
+            return plog.restart_at(r.log_start_offset), -1
         if r.error_code:
             self._on_error(f, errors.error_for_code(r.error_code, r.error_message))
             return None

@@ -171,6 +171,9 @@ class _PendingTruncate:
     offset: int  # the new log end offset
     future: Future[AppendResult]
     nbytes: int = 0
+    # Kafka's truncateFullyAndStartAt: drop every record and continue at `offset`, which may be
+    # above the log end (a follower behind its leader's log start offset).
+    restart: bool = False
 
 
 def _map_delta_error(e: Exception, what: str) -> errors.DeltaBusError:
@@ -267,8 +270,9 @@ class PartitionLog:
         the commits after it, and the statistics are in the add actions it already holds.
         """
         actions = pa.table(table.get_add_actions(flatten=True))
-        if actions.num_rows == 0:
-            return 0, 0
+        if actions.num_rows == 0:  # empty, or emptied by restart_at: the last commit says where
+            end = table.transaction_version(LOG_TXN_APP_ID) or 0
+            return end, end
         lo = pc.min(actions.column("min.offset")).as_py()
         hi = pc.max(actions.column("max.offset")).as_py()
         if lo is None or hi is None:  # files without statistics: read the column
@@ -479,6 +483,21 @@ class PartitionLog:
         future: Future[AppendResult] = Future()
         self._enqueue(_PendingTruncate(offset, future))
         return future
+
+    def restart_at(self, offset: int) -> Future[AppendResult]:
+        """Queue Kafka's truncateFullyAndStartAt: remove every record and continue the log at
+        `offset` (a follower whose log ends below its leader's log start offset, which retention
+        moved past it). The future holds (offset, offset - 1)."""
+        future: Future[AppendResult] = Future()
+        self._enqueue(_PendingTruncate(offset, future, restart=True))
+        return future
+
+    def refresh(self) -> None:
+        """Take in commits another process made to the table (the log cleaner's, which remove
+        or rewrite old files): the data files to read and the log start offset."""
+        with self._reader_lock:
+            self._reader.update_incremental()
+        self._files()
 
     def _enqueue(self, item: _PendingAppend | _PendingFiles | _PendingTruncate) -> None:
         with self._lock:
@@ -728,8 +747,12 @@ class PartitionLog:
 
     def _commit_truncate(self, item: _PendingTruncate) -> None:
         offset = item.offset
+        if item.restart:
+            self._commit_restart(item)
+            return
         if offset < self.log_end_offset:
             try:
+                self._table.update_incremental()  # a delete from an older view would conflict
                 self._table.delete(
                     f'"offset" >= {offset}',
                     writer_properties=self._writer_properties,
@@ -754,6 +777,42 @@ class PartitionLog:
             self._after_change([])
         item.future.set_result(AppendResult(offset, offset - 1, int(time.time() * 1000),
                                             self.log_start_offset))
+
+    def _commit_restart(self, item: _PendingTruncate) -> None:
+        """Remove every data file and record `item.offset` as the log end in the same commit
+        (the log app transaction), so a reopened empty table starts there too."""
+        offset = item.offset
+        now_ms = int(time.time() * 1000)
+        try:
+            self._table.update_incremental()
+            files = data_files(self._table, ["path", "size_bytes", "min.offset"])
+            actions: list[AddAction | RemoveAction] = [
+                RemoveAction(path, True, now_ms, size) for path, size in zip(
+                files.column("path").to_pylist(), files.column("size_bytes").to_pylist(),
+                strict=True)]
+            self._table.create_write_transaction(
+                actions, mode="append", schema=LOG_SCHEMA,
+                commit_properties=self._commit_properties(offset, {
+                    "deltabus.operation": "restart", "deltabus.restartedAt": str(offset)}),
+                post_commithook_properties=PostCommitHookProperties(create_checkpoint=True))
+            self._table.update_incremental()
+        except Exception as e:
+            self._fail_from([], e)
+            item.future.set_exception(
+                _map_delta_error(e, f"restarting {self.topic}-{self.partition} failed"))
+            return
+        with self._lock:
+            self._version = self._table.version()
+            self.log_start_offset = self.log_end_offset = self.high_watermark = offset
+            self._cache.clear()
+            self._cache_bytes = 0
+            self._epochs = []
+            self._producers.clear()
+            self._lock.notify_all()
+        log.info("%s-%d emptied to start again at offset %d (below its leader's log start)",
+                 self.topic, self.partition, offset)
+        self._after_change([])
+        item.future.set_result(AppendResult(offset, offset - 1, now_ms, offset))
 
     def _truncate_cache(self, offset: int) -> None:
         """Lock held: drop cached records at or after `offset`."""
@@ -899,12 +958,23 @@ class PartitionLog:
         """The table's data files (path, offsets, size, statistics), by first offset: delta-rs's
         add actions of the committed version, cached per version."""
         with self._reader_lock:
-            if self._files_version != self._version:
-                if self._reader.version() != self._version:
-                    self._reader.update_incremental()
+            if self._reader.version() < self._version:
+                self._reader.update_incremental()
+            if self._files_version != self._reader.version():
                 self._files_cache = data_files(self._reader, [*FILE_COLUMNS, *_STATS_COLUMNS])
-                self._files_version = self._version
+                self._files_version = self._reader.version()
+                if self._files_cache.num_rows:  # the cleaner may have removed the oldest files
+                    self._raise_log_start(self._files_cache.column("min.offset")[0].as_py())
             return self._files_cache
+
+    def _raise_log_start(self, offset: int) -> None:
+        """Move the log start offset up to `offset` (never down, never past the log end). Called
+        with the reader lock held, so it takes no other lock: single int stores."""
+        offset = min(offset, self.log_end_offset)
+        if offset > self.log_start_offset:
+            self.log_start_offset = offset
+            if self.high_watermark < offset:
+                self.high_watermark = offset
 
     def _read_table(self, offset: int, end: int, max_bytes: int) -> pa.Table:
         """Read from Parquet, touching only the files, and row groups, that hold the offsets

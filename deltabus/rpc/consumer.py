@@ -238,10 +238,12 @@ class Consumer:
             out.update(self._list_offsets([TopicPartition(*tp)], ts))
         return out
 
-    def _reset(self, tps: list[TopicPartition]) -> None:
+    def _reset(self, tps: list[TopicPartition], *, committed: bool = True) -> None:
         """Positions for partitions with none: the group's committed offsets, else
-        auto_offset_reset (Kafka's order: committed offsets win over the reset policy)."""
-        if self._group is not None:
+        auto_offset_reset (Kafka's order: committed offsets win over the reset policy). A
+        position out of range (below a log start offset retention moved) follows the policy
+        alone (`committed` False): the committed offset may be that very position."""
+        if self._group is not None and committed:
             for tp, om in self._group.committed(tps).items():
                 if om is not None:
                     self._positions[tp] = om.offset
@@ -422,7 +424,14 @@ class Consumer:
             if tp not in self._positions or self._positions[tp] != sent.get(tp):
                 continue  # unassigned or seeked since the fetch was sent
             if p.error_code == errors.OffsetOutOfRangeError.code:
-                self._reset([tp])
+                if self.auto_offset_reset == "none":
+                    raise errors.OffsetOutOfRangeError(
+                        f"Fetch position {self._positions[tp]} is out of range for partition "
+                        f"{tp.topic}-{tp.partition} (log start offset {p.log_start_offset}, "
+                        f"high watermark {p.high_watermark}) and auto_offset_reset is none")
+                log.info("fetch position %s of %s-%d is out of range; resetting to %s",
+                         self._positions[tp], tp.topic, tp.partition, self.auto_offset_reset)
+                self._reset([tp], committed=False)
                 continue
             if p.error_code:
                 error = errors.error_for_code(p.error_code, p.error_message)

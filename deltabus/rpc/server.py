@@ -114,7 +114,8 @@ class LifecycleHandler(Protocol):
     def register_broker(self, endpoint: BrokerEndpoint, pid: int) -> int: ...
 
     def heartbeat(self, broker_id: int, epoch: int, applied_version: int,
-                  max_wait_ms: int) -> tuple[bool, MetadataImage | None]: ...
+                  max_wait_ms: int
+                  ) -> tuple[bool, MetadataImage | None, list[tuple[str, int]]]: ...
 
     def alter_partition(self, broker_id: int, broker_epoch: int, topic: str, partition: int,
                         leader_epoch: int, isr: list[int],
@@ -365,11 +366,17 @@ class BrokerLifecycleServicer(pb_grpc.BrokerLifecycleServicer):
     def BrokerHeartbeat(self, request: pb.BrokerHeartbeatRequest,
                         context: Any) -> pb.BrokerHeartbeatResponse:
         try:
-            stop, image = self._handler.heartbeat(request.broker_id, request.broker_epoch,
-                                                  request.metadata_version, request.max_wait_ms)
+            stop, image, refresh = self._handler.heartbeat(
+                request.broker_id, request.broker_epoch, request.metadata_version,
+                request.max_wait_ms)
         except errors.DeltaBusError as e:
             return pb.BrokerHeartbeatResponse(error_code=e.code, error_message=e.message)
         response = pb.BrokerHeartbeatResponse(should_shut_down=stop)
+        by_topic: dict[str, list[int]] = {}
+        for topic, partition in refresh:
+            by_topic.setdefault(topic, []).append(partition)
+        response.refresh_logs.extend(pb.TopicPartitions(topic=t, partitions=ps)
+                                     for t, ps in by_topic.items())
         if image is not None:
             response.metadata.CopyFrom(codec.image_to_proto(image))
         return response

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 from pyspark.errors import StreamingQueryException
 
-from deltabus import AdminClient, NewTopic, Producer
+from deltabus import AdminClient, AlterConfigOp, NewTopic, Producer
+from deltabus.config import SET
 from deltabus.spark import register_topic_views
 from tests.conftest import wait_until
 
@@ -32,6 +33,20 @@ def produce(cluster, topic: str, values: list[str], **kwargs) -> None:
     with Producer(cluster.bootstrap_servers) as producer:
         for i, value in enumerate(values):
             producer.send(topic, value, key=f"k{i % 13}", **kwargs)
+
+
+def produce_until(cluster, topic: str, stop: threading.Event, produced: list[str], prefix: str,
+                  keys: int) -> None:
+    """A live producer: `prefix`NNNNNN values over `keys` keys until `stop`, noting each."""
+    with Producer(cluster.bootstrap_servers, linger_ms=5) as producer:
+        i = 0
+        while not stop.is_set():
+            value = f"{prefix}{i:06d}"
+            producer.send(topic, value, key=f"k{i % keys}")
+            produced.append(value)
+            i += 1
+            if i % 20 == 0:
+                time.sleep(0.02)
 
 
 def source(spark, cluster, kind: str = "read", **options: str):
@@ -149,15 +164,7 @@ def test_stream_from_live_producers_restarted_from_its_checkpoint_neither_skips_
     stop = threading.Event()
 
     def keep_producing() -> None:
-        with Producer(cluster.bootstrap_servers, linger_ms=5) as producer:
-            i = 0
-            while not stop.is_set():
-                value = f"r{i:06d}"
-                producer.send(topic_name, value, key=f"k{i % 17}")
-                produced.append(value)
-                i += 1
-                if i % 20 == 0:
-                    time.sleep(0.02)
+        produce_until(cluster, topic_name, stop, produced, "r", 17)
 
     out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
 
@@ -298,15 +305,7 @@ def test_a_killed_query_restarted_from_its_checkpoint_neither_skips_nor_repeats(
     stop = threading.Event()
 
     def keep_producing() -> None:
-        with Producer(cluster.bootstrap_servers, linger_ms=5) as producer:
-            i = 0
-            while not stop.is_set():
-                value = f"x{i:06d}"
-                producer.send(topic_name, value, key=f"k{i % 11}")
-                produced.append(value)
-                i += 1
-                if i % 20 == 0:
-                    time.sleep(0.02)
+        produce_until(cluster, topic_name, stop, produced, "x", 11)
 
     produce(cluster, topic_name, [f"w{i:06d}" for i in range(300)])  # the first batch
     produced.extend(f"w{i:06d}" for i in range(300))
@@ -335,3 +334,40 @@ def test_a_killed_query_restarted_from_its_checkpoint_neither_skips_nor_repeats(
     values = [r.value for r in spark.read.parquet(str(out)).collect()]
     assert len(values) == len(set(values)), "a record was read twice"
     assert sorted(values) == sorted(produced), "a record was skipped"
+
+
+def test_a_query_behind_the_log_start_after_retention_follows_fail_on_data_loss(
+        spark, cluster, topic_name, tmp_path: Path):
+    with AdminClient(cluster.bootstrap_servers) as admin:
+        admin.create_topics([NewTopic(topic_name, 1, 1, {"file.delete.delay.ms": "0"})])
+    two_hours_ago = int(time.time() * 1000) - 2 * 3_600_000
+
+    def run(name: str, **options: str):
+        query = (source(spark, cluster, "stream", subscribe=topic_name,
+                        startingOffsets="earliest", **options)
+                 .selectExpr("cast(value as string) as value", "offset")
+                 .writeStream.format("parquet").option("path", str(tmp_path / name))
+                 .option("checkpointLocation", str(tmp_path / f"{name}-checkpoint"))
+                 .trigger(availableNow=True).start())
+        try:
+            query.awaitTermination(180)
+        except StreamingQueryException as e:
+            return e
+        return query.exception()
+
+    produce(cluster, topic_name, [f"old-{i}" for i in range(50)], timestamp_ms=two_hours_ago)
+    for name in ("strict", "lenient"):
+        assert run(name) is None and rows_written(spark, tmp_path / name) == 50
+    produce(cluster, topic_name, [f"old-{i}" for i in range(50, 100)], timestamp_ms=two_hours_ago)
+    produce(cluster, topic_name, [f"new-{i}" for i in range(50)])
+    with AdminClient(cluster.bootstrap_servers) as admin:
+        admin.incremental_alter_configs(
+            {topic_name: [AlterConfigOp("retention.ms", SET, "3600000")]})
+    result = [r for r in cluster.log_cleaner.run() if r.task.topic == topic_name][0]
+    assert result.log_start_offset == 100  # offsets 50-99 went before either query read them
+
+    failed = run("strict")
+    assert failed is not None and "set the source option failOnDataLoss to false" in str(failed)
+    assert run("lenient", failOnDataLoss="false") is None
+    rows = spark.read.parquet(str(tmp_path / "lenient")).orderBy("offset").collect()
+    assert [r.offset for r in rows] == [*range(50), *range(100, 150)]

@@ -562,16 +562,18 @@ class BrokerHeartbeatRequest(_message.Message):
     def __init__(self, broker_id: _Optional[int] = ..., broker_epoch: _Optional[int] = ..., metadata_version: _Optional[int] = ..., max_wait_ms: _Optional[int] = ...) -> None: ...
 
 class BrokerHeartbeatResponse(_message.Message):
-    __slots__ = ("error_code", "error_message", "should_shut_down", "metadata")
+    __slots__ = ("error_code", "error_message", "should_shut_down", "metadata", "refresh_logs")
     ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
     ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     SHOULD_SHUT_DOWN_FIELD_NUMBER: _ClassVar[int]
     METADATA_FIELD_NUMBER: _ClassVar[int]
+    REFRESH_LOGS_FIELD_NUMBER: _ClassVar[int]
     error_code: int
     error_message: str
     should_shut_down: bool
     metadata: MetadataResponse
-    def __init__(self, error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., should_shut_down: _Optional[bool] = ..., metadata: _Optional[_Union[MetadataResponse, _Mapping]] = ...) -> None: ...
+    refresh_logs: _containers.RepeatedCompositeFieldContainer[TopicPartitions]
+    def __init__(self, error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., should_shut_down: _Optional[bool] = ..., metadata: _Optional[_Union[MetadataResponse, _Mapping]] = ..., refresh_logs: _Optional[_Iterable[_Union[TopicPartitions, _Mapping]]] = ...) -> None: ...
 
 class AlterPartitionRequest(_message.Message):
     __slots__ = ("broker_id", "broker_epoch", "topic", "partition", "leader_epoch", "isr", "new_isr")

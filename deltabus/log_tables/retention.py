@@ -1,0 +1,124 @@
+"""Retention (cleanup.policy=delete): whole committed files past `retention.ms`, or beyond
+`retention.bytes`, leave a partition's replica tables, oldest first, and the log start offset
+moves up. The log cleaner's Spark job calls these on the executors (see cluster/log_cleaner.py).
+
+As Kafka deletes whole segments: never the newest file (it holds the log end offset), never a file
+with records at or above the high watermark. The leader's table decides the new log start offset;
+every replica then drops its files wholly below it (a follower's file boundaries may differ: it
+copied records, not files, at times).
+
+The removal is a Delta commit of remove actions marked dataChange=false. The records stay readable
+at older versions, so running readers do not break; a broker appending to the table at the same
+time is not disturbed (delta-rs fails a concurrent append after a dataChange=true remove); and a
+delta-spark stream over the table does not see a delete, as a Kafka consumer does not. The files
+themselves go after `file.delete.delay.ms` (`vacuum`).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import CommitProperties, DeltaTable
+from deltalake.transaction import AddAction, RemoveAction
+
+from deltabus.log_tables.log_reader import data_files
+from deltabus.records import LOG_SCHEMA
+
+# delta-rs vacuums by whole hours of retention. The cleaner stamps its removals this long ago
+# minus `file.delete.delay.ms`, and vacuums with this retention: its files go after the delay,
+# files other writers removed (a truncation) after an hour.
+VACUUM_RETENTION_HOURS = 1
+COMMIT_RETRIES = 20
+
+_COLUMNS = ["path", "size_bytes", "num_records", "min.offset", "max.offset", "max.timestamp"]
+
+
+@dataclass(frozen=True)
+class Removed:
+    """What retention took from one replica table."""
+
+    files: int
+    records: int
+    bytes: int
+    log_start_offset: int  # the table's first offset afterwards
+
+
+def table_files(table: DeltaTable) -> pa.Table:
+    """A table's data files by first offset, with the statistics retention needs (the newest
+    record timestamp as milliseconds)."""
+    files = data_files(table, _COLUMNS)
+    newest = pc.cast(pc.cast(files.column("max.timestamp"), pa.timestamp("ms")), pa.int64())
+    return files.set_column(files.schema.get_field_index("max.timestamp"), "max.timestamp",
+                            newest)
+
+
+def log_end_offset(table: DeltaTable) -> int:
+    files = data_files(table, ["min.offset", "max.offset"])
+    if files.num_rows == 0:
+        return -1
+    return int(pc.max(files.column("max.offset")).as_py()) + 1
+
+
+def retention_cut(files: pa.Table, *, now_ms: int, retention_ms: int, retention_bytes: int,
+                  high_watermark: int) -> int:
+    """The new log start offset for a table whose data files are `files` (`table_files`), or
+    -1 when nothing is due. Oldest first, a file goes while it is not the newest, ends below
+    the high watermark, and either its newest record is older than `retention.ms` or the
+    partition is over `retention.bytes` even without it (Kafka's two rules; -1 turns one off)."""
+    if files.num_rows < 2:
+        return -1
+    sizes = files.column("size_bytes").to_pylist()
+    last_offsets = files.column("max.offset").to_pylist()
+    newest = files.column("max.timestamp").to_pylist()
+    over = sum(sizes) - retention_bytes if retention_bytes >= 0 else -math.inf
+    cut = 0
+    for i in range(files.num_rows - 1):
+        if last_offsets[i] >= high_watermark:
+            break
+        expired = retention_ms >= 0 and newest[i] is not None and newest[i] < now_ms - retention_ms
+        too_big = over - sizes[i] >= 0
+        if not (expired or too_big):
+            break
+        over -= sizes[i]
+        cut = i + 1
+    return files.column("min.offset")[cut].as_py() if cut else -1
+
+
+def remove_below(table: DeltaTable, cut: int, *, delete_delay_ms: int,
+                 now_ms: int | None = None) -> Removed:
+    """Commit the removal of `table`'s files that lie wholly below offset `cut` (never its
+    newest file)."""
+    files = table_files(table)
+    if files.num_rows == 0:
+        return Removed(0, 0, 0, -1)
+    doomed = files.slice(0, files.num_rows - 1).filter(pc.less(files.column("max.offset")
+                                                                .slice(0, files.num_rows - 1),
+                                                                cut))
+    if doomed.num_rows == 0:
+        return Removed(0, 0, 0, files.column("min.offset")[0].as_py())
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    stamp = now_ms - VACUUM_RETENTION_HOURS * 3_600_000 + delete_delay_ms
+    actions: list[AddAction | RemoveAction] = [
+        RemoveAction(path, False, stamp, size) for path, size in zip(
+        doomed.column("path").to_pylist(), doomed.column("size_bytes").to_pylist(), strict=True)]
+    start = files.column("min.offset")[doomed.num_rows].as_py()
+    table.create_write_transaction(
+        actions, mode="append", schema=LOG_SCHEMA,
+        commit_properties=CommitProperties(
+            custom_metadata={"deltabus.operation": "retention",
+                             "deltabus.logStartOffset": str(start)},
+            max_commit_retries=COMMIT_RETRIES))
+    return Removed(doomed.num_rows, int(pc.sum(doomed.column("num_records")).as_py()),
+                   int(pc.sum(doomed.column("size_bytes")).as_py()), start)
+
+
+def vacuum(table: DeltaTable) -> int:
+    """Delete the data files the cleaner removed more than `file.delete.delay.ms` ago (and
+    those other writers removed over an hour ago). Returns how many went."""
+    return len(table.vacuum(retention_hours=VACUUM_RETENTION_HOURS, dry_run=False,
+                            enforce_retention_duration=False,
+                            commit_properties=CommitProperties(max_commit_retries=COMMIT_RETRIES)))
