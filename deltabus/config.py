@@ -330,6 +330,10 @@ class ClusterConfig:
     # The log cleaner's retention job runs this often (Kafka's log.retention.check.interval.ms).
     log_retention_check_interval_ms: int = field(
         default_factory=lambda: _env_int("DELTABUS_LOG_RETENTION_CHECK_INTERVAL_MS", 300_000))
+    # It merges a partition table's small files once they are this old (followers and tailing
+    # readers are done with them by then).
+    log_cleaner_merge_min_age_ms: int = field(
+        default_factory=lambda: _env_int("DELTABUS_LOG_CLEANER_MERGE_MIN_AGE_MS", 60_000))
     # Cluster defaults for the topic configs of the same name.
     min_insync_replicas: int = 1
     unclean_leader_election_enable: bool = False

@@ -23,6 +23,8 @@ os.environ.setdefault("DELTABUS_GROUP_MIN_SESSION_TIMEOUT_MS", "1000")
 os.environ.setdefault("DELTABUS_GROUP_INITIAL_REBALANCE_DELAY_MS", "200")
 # Leadership goes back to preferred replicas within a second: every test must live with it.
 os.environ.setdefault("DELTABUS_LEADER_IMBALANCE_CHECK_INTERVAL_MS", "1000")
+# The periodic log cleaner merges no test's files behind its back (tests merge on demand).
+os.environ.setdefault("DELTABUS_LOG_CLEANER_MERGE_MIN_AGE_MS", "3600000")
 
 # Shared cluster: 3 brokers; a second, short-lived cluster in restart tests: 3 more; 2 spare.
 SPARK_TASK_SLOTS = 8

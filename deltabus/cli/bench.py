@@ -14,6 +14,8 @@ a running one), in an order where each step leaves what the next needs:
     (i) rebalance time of a 10-member group when one member leaves
     (j) a Structured Streaming query draining a 10-million-record topic, against Spark reading
         the same Parquet files directly (see stream_bench)
+    (k) a partition table after 10,000 small commits: open time and fetch rate of the broker's
+        log, before and after the log cleaner's small-file compaction (see merge_bench)
 
 The bulk target is relative as well as absolute, because what a 2-core laptop can write to Delta
 bounds every figure; (a) says what that bound was on this run.
@@ -35,7 +37,7 @@ import pyarrow as pa
 from deltalake import write_deltalake
 
 from deltabus import config as cfg
-from deltabus.cli import group_bench, stream_bench
+from deltabus.cli import group_bench, merge_bench, stream_bench
 from deltabus.cli.options import CliError
 from deltabus.cli.producer_performance import BULK_CHUNK_BYTES, payload, random_values
 from deltabus.cli.results import write_json
@@ -54,7 +56,8 @@ IDLE_MS_MAX = 10_000  # a fetch or a latency wait giving up after this long with
 TARGETS = {"bulk_rps": 500_000, "bulk_vs_straight": 0.70, "send_rps": 150_000,
            "fetch_rps": 1_000_000, "latency_p50_ms": 50.0,
            "replicated_vs_bulk": 0.5, "replicated_latency_p99_ms": 150.0,
-           "commits_vs_asked": 0.9, "rebalance_s": 3.0, "stream_vs_direct": 0.8}
+           "commits_vs_asked": 0.9, "rebalance_s": 3.0, "stream_vs_direct": 0.8,
+           "merged_open_speedup": 1.0, "merged_fetch_speedup": 1.0}
 
 
 def add_parser(subparsers: argparse._SubParsersAction, parent: argparse.ArgumentParser) -> None:
@@ -68,15 +71,18 @@ def add_parser(subparsers: argparse._SubParsersAction, parent: argparse.Argument
                    help="records for per-record send() (default: min(300000, --records))")
     p.add_argument("--drain-records", type=int, default=10_000_000,
                    help="records the streaming query drains in step (j) (default 10000000)")
+    p.add_argument("--small-commits", type=int, default=10_000,
+                   help="small commits before the merge in step (k) (default 10000)")
     p.add_argument("--json", default="bench/results.json", metavar="FILE",
                    help="where to write the figures (default bench/results.json)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.records < 1 or args.drain_records < 1 or (
+    if args.records < 1 or args.drain_records < 1 or args.small_commits < 2 or (
             args.send_records is not None and args.send_records < 1):
-        raise CliError("--records, --send-records and --drain-records must be at least 1")
+        raise CliError("--records, --send-records and --drain-records must be at least 1, "
+                       "--small-commits at least 2")
     send_records = args.send_records or min(300_000, args.records)
     root = tempfile.mkdtemp(prefix="deltabus-bench-")
     started = time.monotonic()
@@ -87,6 +93,9 @@ def run(args: argparse.Namespace) -> int:
                 figures["drain"] = stream_bench.drain_vs_parquet(
                     spark, bootstrap, pa.table({"value": random_values(
                         min(args.drain_records, 100_000), VALUE_BYTES)}), args.drain_records)
+        with _step(figures["step_s"], "k", f"{args.small_commits:,} small commits, then merge"):
+            figures["small_files"] = merge_bench.small_commits_then_merge(
+                f"{root}/small-commits", args.small_commits, VALUE_BYTES)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     figures["elapsed_s"] = time.monotonic() - started
@@ -321,13 +330,15 @@ def judge(f: dict[str, Any]) -> dict[str, bool]:
                     >= TARGETS["commits_vs_asked"] * f["offset_commits"]["asked_per_s"]),
         "rebalance": f["rebalance_s"] <= TARGETS["rebalance_s"],
         "drain": f["drain"]["stream_vs_direct"] >= TARGETS["stream_vs_direct"],
+        "small_files": (f["small_files"]["open_speedup"] >= TARGETS["merged_open_speedup"]
+                        and f["small_files"]["fetch_speedup"] >= TARGETS["merged_fetch_speedup"]),
     }
 
 
 def report(f: dict[str, Any], ok: dict[str, bool]) -> str:
     """The table printed at the end: measured figure, target, PASS/MISS."""
-    lat, rlat, oc, dr = (f["latency_ms"], f["replicated_latency_ms"], f["offset_commits"],
-                         f["drain"])
+    lat, rlat, oc, dr, sf = (f["latency_ms"], f["replicated_latency_ms"], f["offset_commits"],
+                             f["drain"], f["small_files"])
     rows = [
         ("(a) straight write_deltalake", f"{f['straight_write_rps']:,.0f} rec/s",
          "the physical limit", ""),
@@ -359,6 +370,11 @@ def report(f: dict[str, Any], ok: dict[str, bool]) -> str:
          (f"{dr['stream_rps']:,.0f} rec/s ({dr['stream_vs_direct']:.0%} of direct Parquet "
           f"{dr['direct_rps']:,.0f}; {dr['stream_wall_rps']:,.0f} with start-up)"),
          f">= {TARGETS['stream_vs_direct']:.0%} of direct Parquet", ok["drain"]),
+        (f"(k) {sf['commits']:,} small commits, merged",
+         (f"open {sf['before']['open_ms']:,.0f} -> {sf['after']['open_ms']:,.0f} ms, fetch "
+          f"{sf['before']['fetch_rps']:,.0f} -> {sf['after']['fetch_rps']:,.0f} rec/s; "
+          f"{sf['files_before']:,} -> {sf['files_after']} files in {sf['merge_s']:.1f} s"),
+         "faster after the merge", ok["small_files"]),
     ]
     title = (f"deltabus bench: {f['records']:,} records of {f['value_bytes']} bytes "
              f"(send() {f['send_records']:,}), 1 partition, {f['elapsed_s']:.0f} s")

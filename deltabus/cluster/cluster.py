@@ -114,7 +114,7 @@ class Cluster:
             threads=max(self.config.grpc_threads, group.coordinator_threads),
             groups=self.coordinator)
         handler.endpoint = BrokerEndpoint(CONTROLLER_NODE_ID, self.config.host, self.port)
-        self.log_cleaner = LogCleaner(self.spark, self.controller.retention_tasks,
+        self.log_cleaner = LogCleaner(self.spark, self.controller.cleaner_tasks,
                                       self.controller.tables_changed,
                                       self.config.log_retention_check_interval_ms)
         self._spawn(self._check_sessions_loop, "deltabus-session-checker")

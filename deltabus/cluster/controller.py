@@ -31,7 +31,7 @@ import pyarrow.fs as pafs
 from deltabus import config as cfg
 from deltabus import errors
 from deltabus.cluster.catch_up import CatchUpTask
-from deltabus.cluster.log_cleaner import RetentionTask
+from deltabus.cluster.log_cleaner import CleanerTask
 from deltabus.cluster.metadata_log import MetadataLog
 from deltabus.log_tables.layout import metadata_path, replica_path, topic_path
 from deltabus.log_tables.partition_log import AppendResult
@@ -505,21 +505,27 @@ class Controller:
         if self._on_fence is not None:
             self._on_fence(broker_id)
 
-    def retention_tasks(self) -> list[RetentionTask]:
-        """What the log cleaner's retention job checks: every partition of a topic whose
-        cleanup.policy includes delete and that has a leader, with its topic's limits."""
+    def cleaner_tasks(self, topics: list[str] | None = None,
+                      merge_min_age_ms: int | None = None) -> list[CleanerTask]:
+        """What the log cleaner's job works on: every partition with a leader (of `topics`,
+        when given), with its topic's retention limits (none unless cleanup.policy includes
+        delete) and merge settings (`merge_min_age_ms` overrides the cluster's)."""
+        min_age = (self._config.log_cleaner_merge_min_age_ms if merge_min_age_ms is None
+                   else merge_min_age_ms)
         with self._lock:
             tasks = []
             for name, topic in sorted(self._state.topics.items()):
-                config = self._config.topic_config(topic["configs"])
-                if not config.deletes or (config.retention_ms < 0 and config.retention_bytes < 0):
+                if topics is not None and name not in topics:
                     continue
+                config = self._config.topic_config(topic["configs"])
                 for partition, s in sorted(topic["partitions"].items()):
                     if s["leader"] >= 0:
-                        tasks.append(RetentionTask(
+                        tasks.append(CleanerTask(
                             self._config.root, name, partition, s["leader"],
-                            tuple(s["replicas"]), tuple(s["isr"]), config.retention_ms,
-                            config.retention_bytes, config.file_delete_delay_ms))
+                            tuple(s["replicas"]), tuple(s["isr"]),
+                            config.retention_ms if config.deletes else -1,
+                            config.retention_bytes if config.deletes else -1,
+                            config.file_delete_delay_ms, config.segment_bytes, min_age))
             return tasks
 
     def catch_up_tasks(self, broker_id: int) -> list[CatchUpTask]:

@@ -1,9 +1,10 @@
 """The log cleaner, as Spark work: every `log.retention.check.interval.ms` the driver runs one
-Spark job ("deltabus log cleaner: retention") with a task per partition whose topic deletes old
-data. Each task decides on the leader's table how far retention reaches, removes the expired files
-from every replica's table, and vacuums files removed longer than `file.delete.delay.ms` ago (see
-log_tables/retention.py). The controller tells the replicas' brokers with their next heartbeat,
-and they take the new log start offset in from their tables.
+Spark job ("deltabus log cleaner") with a task per partition. Each task decides on the leader's
+table how far retention reaches (topics whose cleanup.policy includes delete) and removes the
+expired files from every replica's table (log_tables/retention.py), merges each replica table's
+runs of small old files into files of up to `segment.bytes` (log_tables/merge.py), and vacuums
+files removed longer than `file.delete.delay.ms` ago. The controller tells the replicas' brokers
+with their next heartbeat, and they take the changed tables in (the new log start offset).
 
 The cleaner never competes with brokers for their task slots or threads: it is an ordinary short
 Spark job, visible in the Spark UI under its job group, and each run logs what it removed per
@@ -22,6 +23,7 @@ from typing import Any
 from deltalake import DeltaTable
 
 from deltabus.log_tables.layout import replica_path
+from deltabus.log_tables.merge import Merged, merge_small_files
 from deltabus.log_tables.retention import (
     Removed,
     log_end_offset,
@@ -37,8 +39,9 @@ JOB_GROUP = "deltabus-log-cleaner"
 
 
 @dataclass(frozen=True)
-class RetentionTask:
-    """Apply retention to partition `topic`-`partition` (all its replica tables)."""
+class CleanerTask:
+    """Clean partition `topic`-`partition` (all its replica tables); retention_ms and
+    retention_bytes are -1 where the topic's cleanup.policy does not include delete."""
 
     root: str
     topic: str
@@ -49,20 +52,28 @@ class RetentionTask:
     retention_ms: int
     retention_bytes: int
     file_delete_delay_ms: int
-    vacuum: bool = True
+    segment_bytes: int
+    merge_min_age_ms: int
 
 
 @dataclass(frozen=True)
-class RetentionResult:
-    task: RetentionTask
+class CleanerResult:
+    task: CleanerTask
     log_start_offset: int  # the leader's, after this run (-1: nothing removed)
     removed: dict[int, Removed] = field(default_factory=dict)  # per replica
+    merged: dict[int, Merged] = field(default_factory=dict)  # per replica
     vacuumed: int = 0
     elapsed_s: float = 0.0
     error: str = ""
 
+    @property
+    def changed(self) -> bool:
+        """Did the run change a table the brokers read (they must refresh)?"""
+        return (any(x.files for x in self.removed.values())
+                or any(x.merged_files for x in self.merged.values()))
 
-def run_retention(task: RetentionTask) -> RetentionResult:
+
+def run_cleaner(task: CleanerTask) -> CleanerResult:
     """The Spark task body, on an executor: one partition, every replica table. Errors are
     reported, not raised, so one partition's trouble does not fail the others."""
     started = time.monotonic()
@@ -74,7 +85,7 @@ def run_retention(task: RetentionTask) -> RetentionResult:
             if os.path.exists(os.path.join(path, "_delta_log")) or "://" in path:
                 tables[r] = DeltaTable(path)
         if task.leader not in tables:
-            return RetentionResult(task, -1, error="the leader's table is missing")
+            return CleanerResult(task, -1, error="the leader's table is missing")
         # Every in-sync replica holds the log below the high watermark; the smallest log end
         # among them bounds it from above.
         high_watermark = min(log_end_offset(tables[r]) for r in task.isr if r in tables)
@@ -86,15 +97,19 @@ def run_retention(task: RetentionTask) -> RetentionResult:
             for r, table in tables.items():
                 removed[r] = remove_below(table, cut, delete_delay_ms=task.file_delete_delay_ms,
                                           now_ms=now_ms)
-        vacuumed = 0
-        if task.vacuum:
-            for r in tables:
-                vacuumed += vacuum(DeltaTable(replica_path(task.root, task.topic,
-                                                           task.partition, r)))
-        return RetentionResult(task, cut, removed, vacuumed, time.monotonic() - started)
+        merged = {}
+        for r in tables:
+            path = replica_path(task.root, task.topic, task.partition, r)
+            merged[r] = merge_small_files(
+                DeltaTable(path), target_bytes=task.segment_bytes,
+                min_age_ms=task.merge_min_age_ms, high_watermark=high_watermark,
+                delete_delay_ms=task.file_delete_delay_ms, now_ms=now_ms)
+        vacuumed = sum(vacuum(DeltaTable(replica_path(task.root, task.topic, task.partition, r)))
+                       for r in tables)
+        return CleanerResult(task, cut, removed, merged, vacuumed, time.monotonic() - started)
     except Exception as e:  # a table a concurrent delete removed, storage trouble
-        return RetentionResult(task, -1, error=f"{type(e).__name__}: {e}",
-                               elapsed_s=time.monotonic() - started)
+        return CleanerResult(task, -1, error=f"{type(e).__name__}: {e}",
+                             elapsed_s=time.monotonic() - started)
 
 
 class LogCleaner:
@@ -103,7 +118,8 @@ class LogCleaner:
 
     def __init__(self, spark: Any, tasks: Any, changed: Any, interval_ms: int) -> None:
         self._spark = spark
-        self._tasks = tasks  # () -> list[RetentionTask], from the controller's metadata
+        # (topics, merge_min_age_ms) -> list[CleanerTask], from the controller's metadata
+        self._tasks = tasks
         self._changed = changed  # (list[(topic, partition, replicas)]) -> None: tell brokers
         self.interval_s = interval_ms / 1000
         self._run_lock = threading.Lock()
@@ -134,33 +150,43 @@ class LogCleaner:
                 if not self._stopping.is_set():
                     log.warning("log cleaner run failed: %s", str(e).splitlines()[0][:300])
 
-    def run(self) -> list[RetentionResult]:
-        """One retention run over every partition that may have data to remove; returns what
-        it did per partition (also logged)."""
+    def run(self, topics: list[str] | None = None,
+            merge_min_age_ms: int | None = None) -> list[CleanerResult]:
+        """One cleaner run over every partition (of `topics`, when given; small files younger
+        than `merge_min_age_ms` are left, the cluster's setting by default); returns what it did
+        per partition (also logged)."""
         with self._run_lock:
-            tasks = self._tasks()
+            tasks = self._tasks(topics, merge_min_age_ms)
             if not tasks:
                 return []
             sc = self._spark.sparkContext
-            sc.setJobGroup(JOB_GROUP, f"deltabus log cleaner: retention of {len(tasks)} "
-                           "partitions", interruptOnCancel=True)
+            sc.setJobGroup(JOB_GROUP, f"deltabus log cleaner: retention and small-file merge "
+                           f"of {len(tasks)} partitions", interruptOnCancel=True)
             started = time.monotonic()
-            results: list[RetentionResult] = (
-                sc.parallelize(tasks, len(tasks)).map(run_retention).collect())
+            results: list[CleanerResult] = (
+                sc.parallelize(tasks, len(tasks)).map(run_cleaner).collect())
             self.runs += 1
         self._changed([(r.task.topic, r.task.partition, r.task.replicas) for r in results
-                       if any(x.files for x in r.removed.values())])
+                       if r.changed])
         for r in results:
             t = r.task
             if r.error:
-                log.warning("log cleaner: retention of %s-%d failed: %s", t.topic, t.partition,
-                            r.error)
-            elif r.removed or r.vacuumed:
-                removed = ", ".join(f"replica {b}: {x.files} files, {x.records} records, "
-                                    f"{x.bytes} bytes" for b, x in sorted(r.removed.items()))
-                log.info("log cleaner: %s-%d log start offset %d (%s); %d removed files "
-                         "deleted", t.topic, t.partition, r.log_start_offset,
-                         removed or "nothing new", r.vacuumed)
-        log.debug("log cleaner: retention of %d partitions took %.1f s", len(tasks),
+                log.warning("log cleaner: %s-%d failed: %s", t.topic, t.partition, r.error)
+                continue
+            if any(x.files for x in r.removed.values()):
+                log.info("log cleaner: %s-%d retention moved the log start offset to %d, "
+                         "removing %s", t.topic, t.partition, r.log_start_offset, ", ".join(
+                             f"replica {b}: {x.files} files, {x.records} records, {x.bytes} "
+                             "bytes" for b, x in sorted(r.removed.items())))
+            if any(x.merged_files for x in r.merged.values()):
+                log.info("log cleaner: %s-%d merged small files: %s", t.topic, t.partition,
+                         ", ".join(f"replica {b}: {x.merged_files} files ({x.records} records) "
+                                   f"into {x.merged_files - x.files_before + x.files_after}, "
+                                   f"{x.files_after} files now"
+                                   for b, x in sorted(r.merged.items()) if x.merged_files))
+            if r.vacuumed:
+                log.info("log cleaner: %s-%d deleted %d removed files from disk", t.topic,
+                         t.partition, r.vacuumed)
+        log.debug("log cleaner: %d partitions took %.1f s", len(tasks),
                   time.monotonic() - started)
         return results

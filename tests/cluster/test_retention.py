@@ -1,11 +1,13 @@
-"""Retention on the shared 3-broker cluster: the log cleaner's Spark job removes expired batches
-from every replica, the log start offset moves, consumers below it follow auto_offset_reset, a
-follower that was down past the new log start starts again there, and the periodic cleaner does
-it by itself."""
+"""The log cleaner on the shared 3-broker cluster. Retention: expired batches leave every
+replica, the log start offset moves, consumers below it follow auto_offset_reset, a follower that
+was down past the new log start starts again there, and the periodic cleaner does it by itself.
+Small-file compaction: merges while producers and consumers run lose, duplicate and reorder
+nothing."""
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 import pyarrow as pa
@@ -80,12 +82,12 @@ def test_retention_removes_expired_batches_from_every_replica_and_moves_the_log_
                            .file_uris()) for b in range(3)}
 
     # nothing is due under the 7-day default
-    result = [r for r in cluster.log_cleaner.run() if r.task.topic == topic_name][0]
+    result = [r for r in cluster.log_cleaner.run([topic_name])][0]
     assert (result.log_start_offset, result.error) == (-1, "")
     with AdminClient(cluster.bootstrap_servers) as admin:
         admin.incremental_alter_configs(
             {topic_name: [AlterConfigOp("retention.ms", SET, str(HOUR_MS))]})
-    result = [r for r in cluster.log_cleaner.run() if r.task.topic == topic_name][0]
+    result = [r for r in cluster.log_cleaner.run([topic_name])][0]
     assert result.error == "" and result.log_start_offset == 150
     assert {b: r.records for b, r in result.removed.items()} == {0: 150, 1: 150, 2: 150}
     for broker in range(3):  # every replica keeps exactly the recent batches
@@ -129,7 +131,7 @@ def test_a_follower_down_past_the_new_log_start_starts_again_there(
     # while it is down: batches that are already expired, then a recent one
     produce_batches(cluster, topic_name, 3, two_hours_ago)
     produce_batches(cluster, topic_name, 1, None)
-    result = [r for r in cluster.log_cleaner.run() if r.task.topic == topic_name][0]
+    result = [r for r in cluster.log_cleaner.run([topic_name])][0]
     assert result.log_start_offset == 200, result
     assert table_offsets(cluster, topic_name, follower)[1] == 49  # it ends below 200
     cluster.start_broker(follower)
@@ -148,3 +150,52 @@ def test_the_periodic_cleaner_applies_retention_by_itself(cluster, topic_name) -
                    "the periodic cleaner to apply retention.bytes=0 (all but the newest file)")
     finally:
         cluster.log_cleaner.interval_s = interval
+
+
+def test_small_files_are_merged_while_producers_and_consumers_run(cluster, topic_name) -> None:
+    """Many small commits on a replicated topic; the cleaner merges them twice while a producer
+    keeps sending and a consumer keeps reading: every acknowledged record is read exactly once,
+    in order, and every replica ends up with the same records in fewer files."""
+    with AdminClient(cluster.bootstrap_servers) as admin:
+        admin.create_topics([NewTopic(topic_name, 1, 3)])
+    stop = threading.Event()
+    acked: list[int] = []
+    read: list[tuple[int, bytes]] = []
+
+    def produce() -> None:
+        with Producer(cluster.bootstrap_servers, linger_ms=0) as producer:
+            i = 0
+            while not stop.is_set():
+                futures = [producer.send(topic_name, f"{i + j:06d}".encode(), partition=0)
+                           for j in range(20)]
+                producer.flush()  # a commit, and a small file, per 20 records
+                acked.extend(i + j for j, f in enumerate(futures) if f.exception() is None)
+                i += 20
+
+    def consume() -> None:
+        with Consumer(cluster.bootstrap_servers, auto_offset_reset="earliest") as consumer:
+            consumer.assign([TopicPartition(topic_name, 0)])
+            while not stop.is_set() or len(read) < len(acked):
+                read.extend((r.offset, r.value) for r in consumer.poll(200))
+
+    threads = [threading.Thread(target=produce), threading.Thread(target=consume)]
+    for t in threads:
+        t.start()
+    try:
+        wait_until(lambda: len(acked) >= 2000, "100 small commits")
+        first = cluster.log_cleaner.run([topic_name], merge_min_age_ms=0)[0]
+        wait_until(lambda: len(acked) >= 3000, "50 more")
+        second = cluster.log_cleaner.run([topic_name], merge_min_age_ms=0)[0]
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(60)
+    assert first.error == second.error == ""
+    assert all(m.merged_files >= 50 for m in first.merged.values()), first.merged
+    assert [int(v) for _, v in read] == acked == list(range(len(acked)))  # once, in order
+    assert [o for o, _ in read] == list(range(len(read)))
+    wait_for_identical_replicas(cluster, topic_name, 1)
+    for broker in range(3):
+        table = DeltaTable(replica_path(cluster.config.root, topic_name, 0, broker))
+        files = len(table.file_uris())
+        assert files < len(acked) // 20 // 2, (broker, files)

@@ -1,0 +1,134 @@
+"""Small-file compaction: a partition table grows a data file per group commit, and a table of
+thousands of small files opens and reads slowly. The log cleaner's Spark job merges runs of
+adjacent small files, once they are old enough, into files of up to `segment.bytes`, on every
+replica table (see cluster/log_cleaner.py).
+
+What must stay true: the same records at the same offsets, in offset order inside each merged
+file, with row groups of bounded size and per-file offset statistics, so range reads stay pruned
+and followers can still copy whole files. The rewrite is one Delta commit that adds the merged file
+and removes its inputs, marked dataChange=false (the data did not change: readers at any version
+see the same records, and an appending broker is not disturbed). Nothing at or above the high
+watermark and never the newest file is touched. The inputs go from disk after
+`file.delete.delay.ms` (retention.vacuum).
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+from deltalake import CommitProperties, DeltaTable
+from deltalake.transaction import AddAction, RemoveAction
+
+from deltabus.log_tables.log_reader import data_files
+from deltabus.log_tables.retention import COMMIT_RETRIES, VACUUM_RETENTION_HOURS
+from deltabus.records import LOG_SCHEMA
+
+ROW_GROUP_RECORDS_MAX = 65_536  # as the broker writes: range reads skip row groups by offset
+_COLUMNS = ["path", "size_bytes", "num_records", "min.offset", "max.offset", "modification_time"]
+
+
+@dataclass(frozen=True)
+class Merged:
+    """What merging did to one replica table."""
+
+    files_before: int
+    files_after: int
+    merged_files: int  # inputs rewritten
+    records: int  # records rewritten
+
+
+def merge_runs(files: pa.Table, *, target_bytes: int, min_age_ms: int, now_ms: int,
+               high_watermark: int) -> list[list[int]]:
+    """Indexes (into `files`, sorted by first offset) of the runs to merge, each into one file:
+    adjacent files each smaller than half of `target_bytes`, older than `min_age_ms`, below the
+    high watermark and not the newest file, packed in order up to `target_bytes`."""
+    sizes = files.column("size_bytes").to_pylist()
+    firsts = files.column("min.offset").to_pylist()
+    lasts = files.column("max.offset").to_pylist()
+    modified = files.column("modification_time").to_pylist()
+    runs: list[list[int]] = []
+    run: list[int] = []
+    run_bytes = 0
+    for i in range(files.num_rows - 1):
+        eligible = (sizes[i] < target_bytes // 2 and lasts[i] < high_watermark
+                    and _ms(modified[i]) <= now_ms - min_age_ms)
+        adjacent = bool(run) and firsts[i] > lasts[run[-1]]
+        if not eligible or (run and (not adjacent or run_bytes + sizes[i] > target_bytes)):
+            if len(run) > 1:
+                runs.append(run)
+            run, run_bytes = [], 0
+        if eligible:
+            run.append(i)
+            run_bytes += sizes[i]
+    if len(run) > 1:
+        runs.append(run)
+    return runs
+
+
+def _ms(value: Any) -> int:
+    """A modification time from the add actions (a timestamp or epoch milliseconds)."""
+    if isinstance(value, int):
+        return value
+    return int(value.timestamp() * 1000)
+
+
+def merge_small_files(table: DeltaTable, *, target_bytes: int, min_age_ms: int,
+                      high_watermark: int, delete_delay_ms: int,
+                      now_ms: int | None = None) -> Merged:
+    """Merge `table`'s runs of small files (`merge_runs`), one commit per merged file."""
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    files = data_files(table, _COLUMNS)
+    runs = merge_runs(files, target_bytes=target_bytes, min_age_ms=min_age_ms, now_ms=now_ms,
+                      high_watermark=high_watermark)
+    fs, base = pafs.FileSystem.from_uri(table.table_uri)
+    merged = records = 0
+    for run in runs:
+        inputs = files.take(run)
+        paths = inputs.column("path").to_pylist()
+        data = pa.concat_tables(
+            pq.read_table(posixpath.join(base, p), filesystem=fs, schema=LOG_SCHEMA)
+            for p in paths).sort_by("offset")
+        name = f"part-00000-{uuid.uuid4()}-c000.merged.parquet"
+        with fs.open_output_stream(posixpath.join(base, name)) as out:
+            pq.write_table(data, out, row_group_size=ROW_GROUP_RECORDS_MAX,
+                           compression="snappy")
+        size = fs.get_file_info(posixpath.join(base, name)).size
+        # the inputs are vacuumed file.delete.delay.ms from now, as retention's removals
+        stamp = now_ms - VACUUM_RETENTION_HOURS * 3_600_000 + delete_delay_ms
+        actions: list[AddAction | RemoveAction] = [
+            AddAction(name, size, {}, now_ms, False, stats_json(data))]
+        actions += [RemoveAction(p, False, stamp, s) for p, s in zip(
+            paths, inputs.column("size_bytes").to_pylist(), strict=True)]
+        table.create_write_transaction(
+            actions, mode="append", schema=LOG_SCHEMA,
+            commit_properties=CommitProperties(
+                custom_metadata={"deltabus.operation": "merge",
+                                 "deltabus.baseOffset": str(data.column("offset")[0].as_py()),
+                                 "deltabus.mergedFiles": str(len(paths))},
+                max_commit_retries=COMMIT_RETRIES))
+        merged += len(paths)
+        records += data.num_rows
+    return Merged(files.num_rows, files.num_rows - merged + len(runs), merged, records)
+
+
+def stats_json(data: pa.Table) -> str:
+    """Delta statistics of a data file holding `data` (the first three columns, as the tables'
+    delta.dataSkippingNumIndexedCols says)."""
+    def ts(value: Any) -> str:
+        return value.strftime("%Y-%m-%dT%H:%M:%S.") + f"{value.microsecond // 1000:03d}Z"
+
+    low = {c: pc.min(data.column(c)).as_py() for c in ("offset", "timestamp", "timestamp_type")}
+    high = {c: pc.max(data.column(c)).as_py() for c in ("offset", "timestamp", "timestamp_type")}
+    low["timestamp"], high["timestamp"] = ts(low["timestamp"]), ts(high["timestamp"])
+    return json.dumps({"numRecords": data.num_rows, "minValues": low, "maxValues": high,
+                       "nullCount": {"offset": 0, "timestamp": 0, "timestamp_type": 0}},
+                      separators=(",", ":"))

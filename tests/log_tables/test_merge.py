@@ -1,0 +1,93 @@
+"""Small-file compaction on real Delta tables: runs of adjacent small files become one file with
+the same records in offset order, while the broker's log keeps appending; readers, a reopened log
+and a follower copying files see the same log."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pyarrow as pa
+from deltalake import DeltaTable
+
+from deltabus.log_tables.merge import merge_runs, merge_small_files
+from deltabus.log_tables.partition_log import PartitionLog
+from deltabus.log_tables.retention import vacuum
+from deltabus.records import normalize_produce, produce_batch
+
+MIB = 1024 * 1024
+
+
+def _append(log: PartitionLog, n: int, tag: str) -> None:
+    batch = normalize_produce(produce_batch([f"{tag}-{i}".encode() for i in range(n)],
+                                            keys=[b"k"] * n))
+    log.append(batch, leader_epoch=0).result(30)
+
+
+def _files(sizes: list[int], ages_ms: list[int], now_ms: int = 10_000_000) -> pa.Table:
+    firsts = [10 * i for i in range(len(sizes))]
+    return pa.table({"size_bytes": sizes, "min.offset": firsts,
+                     "max.offset": [f + 9 for f in firsts],
+                     "modification_time": [now_ms - a for a in ages_ms]})
+
+
+def test_runs_are_adjacent_small_old_files_packed_up_to_the_target() -> None:
+    files = _files([10, 10, 60, 10, 10, 10, 10], [1000] * 7)
+    # 60 is not small (>= target/2); the newest file is never merged; 10+10+10 > 25 splits
+    assert merge_runs(files, target_bytes=100, min_age_ms=0, now_ms=10_000_000,
+                      high_watermark=70) == [[0, 1], [3, 4, 5]]
+    assert merge_runs(files, target_bytes=25, min_age_ms=0, now_ms=10_000_000,
+                      high_watermark=70) == [[0, 1], [3, 4]]
+    young = _files([10] * 4, [1000, 1000, 10, 10])
+    assert merge_runs(young, target_bytes=100, min_age_ms=500, now_ms=10_000_000,
+                      high_watermark=40) == [[0, 1]]
+    assert merge_runs(files, target_bytes=100, min_age_ms=0, now_ms=10_000_000,
+                      high_watermark=15) == []  # the second file reaches the high watermark
+
+
+def test_merge_keeps_every_record_in_order_while_the_log_appends(tmp_path: Path) -> None:
+    path = str(tmp_path / "replica-0")
+    log = PartitionLog(path, topic="t", partition=0)
+    for i in range(30):
+        _append(log, 7, f"b{i}")
+    before = log.read(0, 1 << 30)
+    stop = threading.Event()
+
+    def keep_appending() -> None:
+        i = 0
+        while not stop.is_set():
+            _append(log, 3, f"late{i}")
+            i += 1
+
+    table = DeltaTable(path)  # the cleaner's view: 30 files; appends commit after it
+    appender = threading.Thread(target=keep_appending)
+    appender.start()
+    try:
+        merged = merge_small_files(table, target_bytes=MIB, min_age_ms=0, high_watermark=210,
+                                   delete_delay_ms=60_000)
+    finally:
+        stop.set()
+        appender.join()
+    assert merged.merged_files == 29 and merged.records == 203  # all but the newest of the 30
+    log.refresh()
+    assert log.read(0, 1 << 30).slice(0, 210).equals(before)
+    end = log.log_end_offset
+    log.close()
+
+    table = DeltaTable(path)
+    assert vacuum(table) == 0  # the inputs stay for readers until file.delete.delay.ms
+    reopened = PartitionLog(path, topic="t", partition=0)
+    assert (reopened.log_start_offset, reopened.log_end_offset) == (0, end)
+    everything = reopened.read(0, 1 << 30)
+    assert everything.column("offset").to_pylist() == list(range(end))
+    assert everything.slice(0, 210).equals(before)
+    # a follower copies the merged file whole, statistics and all
+    files = reopened.files_from(0, 1 << 30)
+    assert files[0].base_offset == 0 and files[0].last_offset == 202
+    follower = PartitionLog(str(tmp_path / "replica-1"), topic="t", partition=0,
+                            replicated=True)
+    follower.append_files(files[:1]).result(30)
+    assert follower.log_end_offset == 203
+    assert follower.read(0, 1 << 30, to_log_end=True).equals(everything.slice(0, 203))
+    follower.close()
+    reopened.close()
