@@ -9,8 +9,10 @@ vectors or column mapping, so the data files are the table.
 
 from __future__ import annotations
 
+import json
 import posixpath
 from collections.abc import Iterator
+from typing import Any
 from urllib.parse import unquote
 
 import numpy as np
@@ -90,3 +92,22 @@ class LogReader:
             table = offset_slice(parts, start, end)
             if table.num_rows:
                 yield table
+
+
+def stats_json(row: dict[str, Any]) -> str:
+    """A data file's Delta statistics, as delta-rs writes them, from its flattened add action
+    (or the same keys computed from the data)."""
+    def ts(value: Any) -> str | None:  # Delta keeps milliseconds in statistics
+        return None if value is None else value.strftime("%Y-%m-%dT%H:%M:%S.") + (
+            f"{value.microsecond // 1000:03d}Z")
+    stats = {
+        "numRecords": row["num_records"],
+        "minValues": {"offset": row["min.offset"], "timestamp": ts(row["min.timestamp"]),
+                      "timestamp_type": row["min.timestamp_type"]},
+        "maxValues": {"offset": row["max.offset"], "timestamp": ts(row["max.timestamp"]),
+                      "timestamp_type": row["max.timestamp_type"]},
+        "nullCount": {"offset": row["null_count.offset"],
+                      "timestamp": row["null_count.timestamp"],
+                      "timestamp_type": row["null_count.timestamp_type"]},
+    }
+    return json.dumps(stats, separators=(",", ":"))

@@ -14,7 +14,6 @@ watermark and never the newest file is touched. The inputs go from disk after
 
 from __future__ import annotations
 
-import json
 import posixpath
 import time
 import uuid
@@ -28,7 +27,7 @@ import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable
 from deltalake.transaction import AddAction, RemoveAction
 
-from deltabus.log_tables.log_reader import data_files
+from deltabus.log_tables.log_reader import data_files, stats_json
 from deltabus.log_tables.retention import COMMIT_RETRIES, VACUUM_RETENTION_HOURS
 from deltabus.records import LOG_SCHEMA
 
@@ -74,6 +73,16 @@ def merge_runs(files: pa.Table, *, target_bytes: int, min_age_ms: int, now_ms: i
     return runs
 
 
+def _stats_row(data: pa.Table) -> dict[str, Any]:
+    """What `stats_json` reads from an add action, computed from a merged file's records."""
+    row: dict[str, Any] = {"num_records": data.num_rows}
+    for column in ("offset", "timestamp", "timestamp_type"):
+        row[f"min.{column}"] = pc.min(data.column(column)).as_py()
+        row[f"max.{column}"] = pc.max(data.column(column)).as_py()
+        row[f"null_count.{column}"] = 0
+    return row
+
+
 def _ms(value: Any) -> int:
     """A modification time from the add actions (a timestamp or epoch milliseconds)."""
     if isinstance(value, int):
@@ -105,7 +114,7 @@ def merge_small_files(table: DeltaTable, *, target_bytes: int, min_age_ms: int,
         # the inputs are vacuumed file.delete.delay.ms from now, as retention's removals
         stamp = now_ms - VACUUM_RETENTION_HOURS * 3_600_000 + delete_delay_ms
         actions: list[AddAction | RemoveAction] = [
-            AddAction(name, size, {}, now_ms, False, stats_json(data))]
+            AddAction(name, size, {}, now_ms, False, stats_json(_stats_row(data)))]
         actions += [RemoveAction(p, False, stamp, s) for p, s in zip(
             paths, inputs.column("size_bytes").to_pylist(), strict=True)]
         table.create_write_transaction(
@@ -118,17 +127,3 @@ def merge_small_files(table: DeltaTable, *, target_bytes: int, min_age_ms: int,
         merged += len(paths)
         records += data.num_rows
     return Merged(files.num_rows, files.num_rows - merged + len(runs), merged, records)
-
-
-def stats_json(data: pa.Table) -> str:
-    """Delta statistics of a data file holding `data` (the first three columns, as the tables'
-    delta.dataSkippingNumIndexedCols says)."""
-    def ts(value: Any) -> str:
-        return value.strftime("%Y-%m-%dT%H:%M:%S.") + f"{value.microsecond // 1000:03d}Z"
-
-    low = {c: pc.min(data.column(c)).as_py() for c in ("offset", "timestamp", "timestamp_type")}
-    high = {c: pc.max(data.column(c)).as_py() for c in ("offset", "timestamp", "timestamp_type")}
-    low["timestamp"], high["timestamp"] = ts(low["timestamp"]), ts(high["timestamp"])
-    return json.dumps({"numRecords": data.num_rows, "minValues": low, "maxValues": high,
-                       "nullCount": {"offset": 0, "timestamp": 0, "timestamp_type": 0}},
-                      separators=(",", ":"))

@@ -25,7 +25,6 @@ from __future__ import annotations
 import bisect
 import collections
 import heapq
-import json
 import logging
 import posixpath
 import threading
@@ -33,7 +32,6 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
 from urllib.parse import unquote
 
 import numpy as np
@@ -59,6 +57,7 @@ from deltabus.log_tables.log_reader import (
     files_overlapping,
     offset_slice,
     read_row_groups,
+    stats_json,
 )
 from deltabus.records import (
     CREATE_TIME,
@@ -948,7 +947,7 @@ class PartitionLog:
             if first != expected or row["num_records"] != last - first + 1:
                 break
             out.append(LogFile(posixpath.join(self.path, unquote(row["path"])),
-                               row["size_bytes"], _stats_json(row), first, last))
+                               row["size_bytes"], stats_json(row), first, last))
             size += row["size_bytes"]
             expected = last + 1
             i += 1
@@ -1135,21 +1134,3 @@ def _merge_epoch_start(starts: dict[int, int], epoch: int, start: int) -> None:
 # first three columns: offset, timestamp, timestamp_type).
 _STATS_COLUMNS = ["min.timestamp", "max.timestamp", "min.timestamp_type", "max.timestamp_type",
                   "null_count.offset", "null_count.timestamp", "null_count.timestamp_type"]
-
-
-def _stats_json(row: dict) -> str:
-    """A data file's Delta statistics, as delta-rs writes them, from its flattened add action."""
-    def ts(value: Any) -> str | None:  # Delta keeps milliseconds in statistics
-        return None if value is None else value.strftime("%Y-%m-%dT%H:%M:%S.") + (
-            f"{value.microsecond // 1000:03d}Z")
-    stats = {
-        "numRecords": row["num_records"],
-        "minValues": {"offset": row["min.offset"], "timestamp": ts(row["min.timestamp"]),
-                      "timestamp_type": row["min.timestamp_type"]},
-        "maxValues": {"offset": row["max.offset"], "timestamp": ts(row["max.timestamp"]),
-                      "timestamp_type": row["max.timestamp_type"]},
-        "nullCount": {"offset": row["null_count.offset"],
-                      "timestamp": row["null_count.timestamp"],
-                      "timestamp_type": row["null_count.timestamp_type"]},
-    }
-    return json.dumps(stats, separators=(",", ":"))
