@@ -212,6 +212,8 @@ class PartitionLog:
             max_row_group_size=config.row_group_records_max)
         self._table = self._open_or_create()
         self._reader = DeltaTable(path, storage_options=storage_options)
+        # Versions the table objects were loaded at (see _renew_writer)
+        self._table_base = self._reader_base = self._table.version()
         self._reader_lock = threading.Lock()
         self._version = self._table.version()  # read by other threads instead of self._table
         self._files_version = -1
@@ -495,7 +497,7 @@ class PartitionLog:
         """Take in commits another process made to the table (the log cleaner's, which remove
         or rewrite old files): the data files to read and the log start offset."""
         with self._reader_lock:
-            self._reader.update_incremental()
+            self._update_reader()
         self._files()
 
     def _enqueue(self, item: _PendingAppend | _PendingFiles | _PendingTruncate) -> None:
@@ -602,6 +604,7 @@ class PartitionLog:
                     self._commit_files(work)
                 else:
                     self._commit_group(work)
+                self._renew_writer()
             finally:
                 with self._lock:
                     self._committing = False
@@ -678,6 +681,24 @@ class PartitionLog:
         self._after_change(ready)
         for item, (first, last) in zip(group, results, strict=True):
             item.future.set_result(AppendResult(first, last, now_ms, self.log_start_offset))
+
+    def _renew_writer(self) -> None:
+        """Appender thread, after a commit. delta-rs replays, on every commit, each commit made
+        since the table object was loaded (measured: 7 ms more a commit every 100 commits, 400 ms
+        a commit after 5,000): every checkpoint_interval commits the object is loaded afresh from
+        the latest checkpoint, so commit time stays flat however long the broker runs."""
+        if self._table.version() - self._table_base >= self._config.checkpoint_interval:
+            self._table = DeltaTable(self.path, storage_options=self._storage_options)
+            self._table_base = self._table.version()
+
+    def _update_reader(self) -> None:
+        """Reader lock held: bring the reader to the latest version, loading it afresh from the
+        latest checkpoint every checkpoint_interval versions (as _renew_writer)."""
+        if self._version - self._reader_base >= self._config.checkpoint_interval:
+            self._reader = DeltaTable(self.path, storage_options=self._storage_options)
+            self._reader_base = self._reader.version()
+        else:
+            self._reader.update_incremental()
 
     def _fail_from(self, group: list[_PendingAppend], e: Exception | None) -> None:
         """A commit failed (or could not be tried): it and everything queued behind it fail
@@ -860,6 +881,7 @@ class PartitionLog:
         """After a failed commit, trust only the table: reload it and its offsets."""
         try:
             self._table = DeltaTable(self.path, storage_options=self._storage_options)
+            self._table_base = self._table.version()
             _, leo = self._recover_offsets(self._table)
         except Exception:  # the storage may still be down; the next commit will fail cleanly too
             log.exception("reloading %s after a failed commit", self.path)
@@ -958,7 +980,7 @@ class PartitionLog:
         add actions of the committed version, cached per version."""
         with self._reader_lock:
             if self._reader.version() < self._version:
-                self._reader.update_incremental()
+                self._update_reader()
             if self._files_version != self._reader.version():
                 self._files_cache = data_files(self._reader, [*FILE_COLUMNS, *_STATS_COLUMNS])
                 self._files_version = self._reader.version()
@@ -1024,7 +1046,7 @@ class PartitionLog:
             return start, -1
         with self._reader_lock:
             if self._reader.version() != self._version:
-                self._reader.update_incremental()
+                self._update_reader()
             dataset = self._reader.to_pyarrow_dataset()
         table = dataset.to_table(columns=["offset", "timestamp"],
                                  filter=pc.field("offset") < hw)

@@ -63,6 +63,7 @@ TABLE_CONFIGURATION: dict[str, str | None] = {
 }
 COMMIT = "offset-commit"
 COMPACTION = "offset-compaction"
+RENEW_COMMITS = 100  # commits between fresh loads of the table object
 
 _INT32 = (-(2**31), 2**31 - 1)
 _INT64 = (-(2**63), 2**63 - 1)
@@ -126,7 +127,9 @@ class OffsetStore:
         self._linger_s = commit_linger_ms / 1000
         self._batch_max = commit_batch_max
         self._compact_min_rows = compact_min_rows
+        self._storage_options = storage_options
         self._table = _open(path, storage_options)
+        self._table_base = self._table.version()  # the version the table object was loaded at
         # State below: changed by the writer thread only, under the lock; read under the lock.
         self._lock = threading.Condition()
         self._groups: dict[str, dict[tuple[str, int], _Entry]] = {}
@@ -277,6 +280,7 @@ class OffsetStore:
             try:
                 write_deltalake(self._table, pa.Table.from_pylist(rows, schema=SCHEMA),
                                 mode="append", commit_properties=_properties(COMMIT, first))
+                self._renew_table()
             except Exception as e:
                 if not self._landed(version, first):
                     log.warning("cannot write %d offset commits to %s: %s",
@@ -291,6 +295,14 @@ class OffsetStore:
             self._rows += len(rows)
         for request in batch:
             request.future.set_result(None)
+
+    def _renew_table(self) -> None:
+        """Writer thread: load the table object afresh every RENEW_COMMITS commits. delta-rs
+        replays, on every commit, each commit made since the object was loaded, so commit time
+        would grow for as long as the cluster runs (see PartitionLog._renew_writer)."""
+        if self._table.version() - self._table_base >= RENEW_COMMITS:
+            self._table = _open(self.path, self._storage_options)
+            self._table_base = self._table.version()
 
     def _tombstones(self, group_id: str, pending: dict[tuple[str, str, int], bool]
                     ) -> list[OffsetCommit]:
