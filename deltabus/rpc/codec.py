@@ -226,7 +226,7 @@ def describe_configs_response(results: ConfigResults) -> pb.DescribeConfigsRespo
     for name, result in results.items():
         out = response.results.add(resource_type=TOPIC_RESOURCE, resource_name=name)
         if isinstance(result, errors.DeltaBusError):
-            out.error_code, out.error_message = result.code, str(result)
+            out.error_code, out.error_message = result.code, result.message
             continue
         out.configs.extend(pb.DescribeConfigsEntry(
             name=e.name, value=e.value, read_only=e.read_only,
@@ -276,7 +276,7 @@ def alter_configs_response(results: dict[str, errors.DeltaBusError | None]
                            ) -> pb.IncrementalAlterConfigsResponse:
     return pb.IncrementalAlterConfigsResponse(responses=[
         pb.AlterConfigsResourceResponse(
-            error_code=e.code if e else 0, error_message=str(e) if e else "",
+            error_code=e.code if e else 0, error_message=e.message if e else "",
             resource_type=TOPIC_RESOURCE, resource_name=name)
         for name, e in results.items()])
 

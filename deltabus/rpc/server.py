@@ -213,7 +213,7 @@ class DeltaBusServicer(GroupServicerMixin, pb_grpc.DeltaBusServicer):
         for r in request.resources:
             if r.resource_type != codec.TOPIC_RESOURCE:
                 error = _other_resource(r.resource_type)
-                response.results.add(error_code=error.code, error_message=str(error),
+                response.results.add(error_code=error.code, error_message=error.message,
                                      resource_type=r.resource_type,
                                      resource_name=r.resource_name)
         return response
@@ -232,7 +232,7 @@ class DeltaBusServicer(GroupServicerMixin, pb_grpc.DeltaBusServicer):
         for r in request.resources:
             if r.resource_type != codec.TOPIC_RESOURCE:
                 error = _other_resource(r.resource_type)
-                response.responses.add(error_code=error.code, error_message=str(error),
+                response.responses.add(error_code=error.code, error_message=error.message,
                                        resource_type=r.resource_type,
                                        resource_name=r.resource_name)
         return response

@@ -66,6 +66,7 @@ def test_bad_config_changes_are_refused_and_change_nothing(cli: Cli, topic_name:
                "retention.ms=60000")[0] == 0
     rc, out, err = cli("configs", "--topic", topic_name, *argv)
     assert rc == 1 and out == "" and message in err and err.count("\n") == 1, err
+    assert err.count("INVALID_CONFIG") <= 1, err  # the code named once
     rc, out, _ = cli("configs", "--describe", "--topic", topic_name)
     assert out.splitlines()[1:] == [
         "  retention.ms=60000 sensitive=false synonyms={DYNAMIC_TOPIC_CONFIG:retention.ms=60000, "
