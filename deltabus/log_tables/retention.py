@@ -95,9 +95,8 @@ def remove_below(table: DeltaTable, cut: int, *, delete_delay_ms: int,
     files = table_files(table)
     if files.num_rows == 0:
         return Removed(0, 0, 0, -1)
-    doomed = files.slice(0, files.num_rows - 1).filter(pc.less(files.column("max.offset")
-                                                                .slice(0, files.num_rows - 1),
-                                                                cut))
+    older = files.slice(0, files.num_rows - 1)  # the newest file always stays
+    doomed = older.filter(pc.less(older.column("max.offset"), cut))
     if doomed.num_rows == 0:
         return Removed(0, 0, 0, files.column("min.offset")[0].as_py())
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms

@@ -102,12 +102,18 @@ class DeltaBusHandler(Protocol):
         ...
 
 
-def _other_resource(resource_type: int) -> errors.DeltaBusError:
-    if resource_type == 4:  # BROKER
-        return errors.InvalidRequestError(
+def _refuse_other_resources(resources: Any, add: Callable[..., Any]) -> None:
+    """Answer every config resource that is not a topic with INVALID_REQUEST (`add` appends a
+    result to the response)."""
+    for r in resources:
+        if r.resource_type == codec.TOPIC_RESOURCE:
+            continue
+        error = errors.InvalidRequestError(
             "deltabus brokers take their configs when the cluster starts (deltabus cluster "
-            "start); only topics have dynamic configs")
-    return errors.InvalidRequestError(f"unsupported config resource type {resource_type}")
+            "start); only topics have dynamic configs" if r.resource_type == 4  # BROKER
+            else f"unsupported config resource type {r.resource_type}")
+        add(error_code=error.code, error_message=error.message, resource_type=r.resource_type,
+            resource_name=r.resource_name)
 
 
 class LifecycleHandler(Protocol):
@@ -210,12 +216,7 @@ class DeltaBusServicer(GroupServicerMixin, pb_grpc.DeltaBusServicer):
                 kept = [c for c in result.configs if c.name in keys]
                 del result.configs[:]
                 result.configs.extend(kept)
-        for r in request.resources:
-            if r.resource_type != codec.TOPIC_RESOURCE:
-                error = _other_resource(r.resource_type)
-                response.results.add(error_code=error.code, error_message=error.message,
-                                     resource_type=r.resource_type,
-                                     resource_name=r.resource_name)
+        _refuse_other_resources(request.resources, response.results.add)
         return response
 
     @_guard
@@ -229,12 +230,7 @@ class DeltaBusServicer(GroupServicerMixin, pb_grpc.DeltaBusServicer):
         results = (self._handler.alter_configs(changes, validate_only=request.validate_only)
                    if changes else {})
         response = codec.alter_configs_response(results)
-        for r in request.resources:
-            if r.resource_type != codec.TOPIC_RESOURCE:
-                error = _other_resource(r.resource_type)
-                response.responses.add(error_code=error.code, error_message=error.message,
-                                       resource_type=r.resource_type,
-                                       resource_name=r.resource_name)
+        _refuse_other_resources(request.resources, response.responses.add)
         return response
 
     @_guard

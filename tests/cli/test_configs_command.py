@@ -106,3 +106,27 @@ def test_an_altered_config_takes_effect_on_the_next_produce(cluster: Any,
             admin.incremental_alter_configs(
                 {topic_name: [AlterConfigOp("max.message.bytes", SET, "0")]},
                 validate_only=True)
+
+
+def test_a_broker_resource_on_the_wire_is_refused_and_the_topic_beside_it_answered(
+        cluster: Any, topic_name: str) -> None:
+    """Kafka's clients may ask for broker configs: each such resource gets INVALID_REQUEST,
+    the topics in the same request their configs."""
+    from deltabus.rpc.client import ClusterClient
+    from deltabus.rpc.v1 import deltabus_pb2 as pb
+
+    with AdminClient(cluster.bootstrap_servers) as admin:
+        admin.create_topics([NewTopic(topic_name, 1, 1)])
+    client = ClusterClient(cluster.bootstrap_servers)
+    try:
+        response = client.call_any("DescribeConfigs", pb.DescribeConfigsRequest(resources=[
+            pb.DescribeConfigsResource(resource_type=4, resource_name="0"),
+            pb.DescribeConfigsResource(resource_type=2, resource_name=topic_name,
+                                       configuration_keys=["retention.ms"])]))
+    finally:
+        client.close()
+    by_name = {r.resource_name: r for r in response.results}
+    assert by_name["0"].error_code == errors.InvalidRequestError.code
+    assert "only topics have dynamic configs" in by_name["0"].error_message
+    assert [(c.name, c.value) for c in by_name[topic_name].configs] == [
+        ("retention.ms", "604800000")]

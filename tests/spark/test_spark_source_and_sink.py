@@ -57,6 +57,15 @@ def source(spark, cluster, kind: str = "read", **options: str):
     return reader.load()
 
 
+def finished(query):
+    """Wait for an availableNow query to end; its failure, or None."""
+    try:
+        query.awaitTermination(180)
+    except StreamingQueryException as e:
+        return e
+    return query.exception()
+
+
 def rows_written(spark, path: Path) -> int:
     """Rows a streaming file sink has committed so far (0 before its first batch)."""
     if not (path / "_spark_metadata" / "0").exists():
@@ -126,15 +135,10 @@ def test_a_query_whose_topic_was_deleted_fails_unless_fail_on_data_loss_is_false
     produce(cluster, topic_name, ["a", "b"])
 
     def run(checkpoint: Path, **options: str):
-        query = (source(spark, cluster, "stream", subscribe=topic_name,
-                        startingOffsets="earliest", **options)
-                 .writeStream.format("noop").option("checkpointLocation", str(checkpoint))
-                 .trigger(availableNow=True).start())
-        try:
-            query.awaitTermination(180)
-        except StreamingQueryException as e:
-            return e
-        return query.exception()
+        return finished(source(spark, cluster, "stream", subscribe=topic_name,
+                               startingOffsets="earliest", **options)
+                        .writeStream.format("noop").option("checkpointLocation", str(checkpoint))
+                        .trigger(availableNow=True).start())
 
     for checkpoint in ("strict", "lenient"):
         assert run(tmp_path / checkpoint) is None
@@ -343,17 +347,12 @@ def test_a_query_behind_the_log_start_after_retention_follows_fail_on_data_loss(
     two_hours_ago = int(time.time() * 1000) - 2 * 3_600_000
 
     def run(name: str, **options: str):
-        query = (source(spark, cluster, "stream", subscribe=topic_name,
-                        startingOffsets="earliest", **options)
-                 .selectExpr("cast(value as string) as value", "offset")
-                 .writeStream.format("parquet").option("path", str(tmp_path / name))
-                 .option("checkpointLocation", str(tmp_path / f"{name}-checkpoint"))
-                 .trigger(availableNow=True).start())
-        try:
-            query.awaitTermination(180)
-        except StreamingQueryException as e:
-            return e
-        return query.exception()
+        return finished(source(spark, cluster, "stream", subscribe=topic_name,
+                               startingOffsets="earliest", **options)
+                        .selectExpr("cast(value as string) as value", "offset")
+                        .writeStream.format("parquet").option("path", str(tmp_path / name))
+                        .option("checkpointLocation", str(tmp_path / f"{name}-checkpoint"))
+                        .trigger(availableNow=True).start())
 
     produce(cluster, topic_name, [f"old-{i}" for i in range(50)], timestamp_ms=two_hours_ago)
     for name in ("strict", "lenient"):
