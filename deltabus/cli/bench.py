@@ -368,7 +368,9 @@ def report(f: dict[str, Any], ok: dict[str, bool]) -> str:
          f"<= {TARGETS['rebalance_s']:.0f} s", ok["rebalance"]),
         (f"(j) stream drain, {dr['records'] / 1e6:g} M records",
          (f"{dr['stream_rps']:,.0f} rec/s ({dr['stream_vs_direct']:.0%} of direct Parquet "
-          f"{dr['direct_rps']:,.0f}; {dr['stream_wall_rps']:,.0f} with start-up)"),
+          f"{dr['direct_rps']:,.0f}; Python source ceiling {dr['memory_rps']:,.0f} = "
+          f"{dr['memory_vs_direct']:.0%}; {dr['stream_wall_rps']:,.0f} with start-up; "
+          f"medians of {len(dr['rounds'])})"),
          f">= {TARGETS['stream_vs_direct']:.0%} of direct Parquet", ok["drain"]),
         (f"(k) {sf['commits']:,} small commits, merged",
          (f"open {sf['before']['open_ms']:,.0f} -> {sf['after']['open_ms']:,.0f} ms, fetch "
