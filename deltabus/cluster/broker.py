@@ -368,7 +368,8 @@ class Broker:
                           else CREATE_TIME)
         appended = hosted.log.append(batch, leader_epoch=leader_epoch,
                                      timestamp_type=timestamp_type, producer=producer,
-                                     max_message_bytes=topic_config.max_message_bytes)
+                                     max_message_bytes=topic_config.max_message_bytes,
+                                     compacted=topic_config.compacts)
         if acks == 0:
             return appended
         return hosted.acknowledged(appended, leader_epoch, topic_config.min_insync_replicas

@@ -59,9 +59,9 @@ def copy_replica(source: PartitionLog, target: PartitionLog) -> tuple[int, int]:
         if files:
             result = target.append_files(files).result(COMMIT_TIMEOUT_S)
         else:
-            records = source.read(target.log_end_offset, RECORDS_ROUND_BYTES_MAX,
-                                  to_log_end=True)
-            result = target.append_copy(records).result(COMMIT_TIMEOUT_S)
+            fetch_offset = target.log_end_offset
+            records = source.read(fetch_offset, RECORDS_ROUND_BYTES_MAX, to_log_end=True)
+            result = target.append_copy(records, fetch_offset).result(COMMIT_TIMEOUT_S)
         copied += result.last_offset - result.base_offset + 1
     return truncated, copied
 

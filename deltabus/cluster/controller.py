@@ -509,7 +509,8 @@ class Controller:
                       merge_min_age_ms: int | None = None) -> list[CleanerTask]:
         """What the log cleaner's job works on: every partition with a leader (of `topics`,
         when given), with its topic's retention limits (none unless cleanup.policy includes
-        delete) and merge settings (`merge_min_age_ms` overrides the cluster's)."""
+        delete), compaction settings (none unless it includes compact) and merge settings
+        (`merge_min_age_ms` overrides the cluster's)."""
         min_age = (self._config.log_cleaner_merge_min_age_ms if merge_min_age_ms is None
                    else merge_min_age_ms)
         with self._lock:
@@ -525,7 +526,9 @@ class Controller:
                             tuple(s["replicas"]), tuple(s["isr"]),
                             config.retention_ms if config.deletes else -1,
                             config.retention_bytes if config.deletes else -1,
-                            config.file_delete_delay_ms, config.segment_bytes, min_age))
+                            config.file_delete_delay_ms, config.segment_bytes, min_age,
+                            config.compacts, config.min_compaction_lag_ms,
+                            config.delete_retention_ms))
             return tasks
 
     def catch_up_tasks(self, broker_id: int) -> list[CatchUpTask]:

@@ -1,7 +1,9 @@
 """The log cleaner, as Spark work: every `log.retention.check.interval.ms` the driver runs one
 Spark job ("deltabus log cleaner") with a task per partition. Each task decides on the leader's
 table how far retention reaches (topics whose cleanup.policy includes delete) and removes the
-expired files from every replica's table (log_tables/retention.py), merges each replica table's
+expired files from every replica's table (log_tables/retention.py), compacts each replica table
+to the latest record per key (topics whose cleanup.policy includes compact:
+log_tables/compaction.py), merges each replica table's
 runs of small old files into files of up to `segment.bytes` (log_tables/merge.py), and vacuums
 files removed longer than `file.delete.delay.ms` ago. The controller tells the replicas' brokers
 with their next heartbeat, and they take the changed tables in (the new log start offset).
@@ -22,6 +24,7 @@ from typing import Any
 
 from deltalake import DeltaTable
 
+from deltabus.log_tables.compaction import Compacted, compact
 from deltabus.log_tables.layout import replica_path
 from deltabus.log_tables.merge import Merged, merge_small_files
 from deltabus.log_tables.retention import (
@@ -41,7 +44,8 @@ JOB_GROUP = "deltabus-log-cleaner"
 @dataclass(frozen=True)
 class CleanerTask:
     """Clean partition `topic`-`partition` (all its replica tables); retention_ms and
-    retention_bytes are -1 where the topic's cleanup.policy does not include delete."""
+    retention_bytes are -1 where the topic's cleanup.policy does not include delete, and
+    `compact` is false where it does not include compact."""
 
     root: str
     topic: str
@@ -54,6 +58,9 @@ class CleanerTask:
     file_delete_delay_ms: int
     segment_bytes: int
     merge_min_age_ms: int
+    compact: bool = False
+    min_compaction_lag_ms: int = 0
+    delete_retention_ms: int = 86_400_000
 
 
 @dataclass(frozen=True)
@@ -62,6 +69,7 @@ class CleanerResult:
     log_start_offset: int  # the leader's, after this run (-1: nothing removed)
     removed: dict[int, Removed] = field(default_factory=dict)  # per replica
     merged: dict[int, Merged] = field(default_factory=dict)  # per replica
+    compacted: dict[int, Compacted] = field(default_factory=dict)  # per replica
     vacuumed: int = 0
     elapsed_s: float = 0.0
     error: str = ""
@@ -70,7 +78,8 @@ class CleanerResult:
     def changed(self) -> bool:
         """Did the run change a table the brokers read (they must refresh)?"""
         return (any(x.files for x in self.removed.values())
-                or any(x.merged_files for x in self.merged.values()))
+                or any(x.merged_files for x in self.merged.values())
+                or any(x.files_rewritten for x in self.compacted.values()))
 
 
 def run_cleaner(task: CleanerTask) -> CleanerResult:
@@ -97,6 +106,15 @@ def run_cleaner(task: CleanerTask) -> CleanerResult:
             for r, table in tables.items():
                 removed[r] = remove_below(table, cut, delete_delay_ms=task.file_delete_delay_ms,
                                           now_ms=now_ms)
+        compacted = {}
+        if task.compact:
+            for r in tables:
+                path = replica_path(task.root, task.topic, task.partition, r)
+                compacted[r] = compact(
+                    DeltaTable(path), high_watermark=high_watermark,
+                    min_lag_ms=task.min_compaction_lag_ms,
+                    delete_retention_ms=task.delete_retention_ms,
+                    delete_delay_ms=task.file_delete_delay_ms, now_ms=now_ms)
         merged = {}
         for r in tables:
             path = replica_path(task.root, task.topic, task.partition, r)
@@ -106,7 +124,8 @@ def run_cleaner(task: CleanerTask) -> CleanerResult:
                 delete_delay_ms=task.file_delete_delay_ms, now_ms=now_ms)
         vacuumed = sum(vacuum(DeltaTable(replica_path(task.root, task.topic, task.partition, r)))
                        for r in tables)
-        return CleanerResult(task, cut, removed, merged, vacuumed, time.monotonic() - started)
+        return CleanerResult(task, cut, removed, merged, compacted, vacuumed,
+                             time.monotonic() - started)
     except Exception as e:  # a table a concurrent delete removed, storage trouble
         return CleanerResult(task, -1, error=f"{type(e).__name__}: {e}",
                              elapsed_s=time.monotonic() - started)
@@ -160,8 +179,8 @@ class LogCleaner:
             if not tasks:
                 return []
             sc = self._spark.sparkContext
-            sc.setJobGroup(JOB_GROUP, f"deltabus log cleaner: retention and small-file merge "
-                           f"of {len(tasks)} partitions", interruptOnCancel=True)
+            sc.setJobGroup(JOB_GROUP, f"deltabus log cleaner: retention, compaction and "
+                           f"small-file merge of {len(tasks)} partitions", interruptOnCancel=True)
             started = time.monotonic()
             results: list[CleanerResult] = (
                 sc.parallelize(tasks, len(tasks)).map(run_cleaner).collect())
@@ -178,6 +197,13 @@ class LogCleaner:
                          "removing %s", t.topic, t.partition, r.log_start_offset, ", ".join(
                              f"replica {b}: {x.files} files, {x.records} records, {x.bytes} "
                              "bytes" for b, x in sorted(r.removed.items())))
+            if any(x.files_rewritten for x in r.compacted.values()):
+                log.info("log cleaner: %s-%d compacted below offset %d: %s", t.topic,
+                         t.partition, max(x.cleanable_end for x in r.compacted.values()),
+                         ", ".join(f"replica {b}: {x.removed} of {x.records_before} records "
+                                   f"removed ({x.tombstones_removed} tombstones), "
+                                   f"{x.files_rewritten} files rewritten"
+                                   for b, x in sorted(r.compacted.items()) if x.files_rewritten))
             if any(x.merged_files for x in r.merged.values()):
                 log.info("log cleaner: %s-%d merged small files: %s", t.topic, t.partition,
                          ", ".join(f"replica {b}: {x.merged_files} files ({x.records} records) "

@@ -116,11 +116,13 @@ class ReplicaFetcher:
             replica_id=self.broker_id, max_wait_ms=config.replica_fetch_wait_max_ms, min_bytes=1,
             max_bytes=config.replica_fetch_response_max_bytes, format=pb.ARROW)
         by_key = {}
+        fetched_from = {}
         for f in followed:
             plog = f.partition.log
+            fetched_from[(f.partition.topic, f.partition.partition)] = plog.log_end_offset
             request.partitions.append(pb.FetchPartition(
                 topic=f.partition.topic, partition=f.partition.partition,
-                fetch_offset=plog.log_end_offset,
+                fetch_offset=fetched_from[(f.partition.topic, f.partition.partition)],
                 partition_max_bytes=config.replica_fetch_max_bytes,
                 current_leader_epoch=f.leader_epoch, last_fetched_epoch=plog.last_epoch))
             by_key[(f.partition.topic, f.partition.partition)] = f
@@ -132,7 +134,7 @@ class ReplicaFetcher:
             if found is None or not self._still_follows(found):
                 continue
             try:
-                step = self._start_copy(found, r)
+                step = self._start_copy(found, r, fetched_from[(r.topic, r.partition)])
             except Exception as e:  # a file that vanished, a closed log: try again later
                 self._on_error(found, e)
                 continue
@@ -147,7 +149,7 @@ class ReplicaFetcher:
             if high_watermark >= 0:
                 f.partition.follower_high_watermark(high_watermark)
 
-    def _start_copy(self, f: _Followed, r: pb.FetchPartitionResponse
+    def _start_copy(self, f: _Followed, r: pb.FetchPartitionResponse, fetch_offset: int
                     ) -> tuple[Future[AppendResult], int] | None:
         """Queue what one partition's answer asks for: a truncation, file or record copies.
         Returns the future of the commit and the leader's high watermark (-1: none to take)."""
@@ -175,7 +177,8 @@ class ReplicaFetcher:
                      for x in r.files]
             return plog.append_files(files), r.high_watermark
         if r.arrow_records:
-            return plog.append_copy(from_ipc(r.arrow_records)), r.high_watermark
+            return (plog.append_copy(from_ipc(r.arrow_records), fetch_offset),
+                    r.high_watermark)
         f.partition.follower_high_watermark(r.high_watermark)
         return None
 

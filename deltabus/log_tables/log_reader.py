@@ -54,6 +54,15 @@ def read_row_groups(reader: pq.ParquetFile, start: int, end: int,
         yield part if part.schema.equals(schema) else part.cast(schema)
 
 
+def leaf_columns(reader: pq.ParquetFile) -> dict[str, int]:
+    """Parquet leaf column index by top-level name (for the flat columns whose statistics we
+    use; nested ones such as headers have several leaves)."""
+    meta = reader.metadata.row_group(0) if reader.metadata.num_row_groups else None
+    if meta is None:
+        return {}
+    return {meta.column(i).path_in_schema: i for i in range(meta.num_columns)}
+
+
 def offset_slice(parts: list[pa.Table], start: int, end: int) -> pa.Table:
     """Records [start, end) of `parts`, in offset order (delta-rs may write the rows of a file
     in any order, so they are sorted when they are not already)."""
@@ -80,6 +89,14 @@ class LogReader:
     @property
     def version(self) -> int:
         return self._table.version()
+
+    @property
+    def log_start_offset(self) -> int | None:
+        """The first offset the table covers (None when it has no files): retention moves it
+        up, compaction does not (it leaves gaps inside the range)."""
+        if self._files.num_rows == 0:
+            return None
+        return int(self._files.column("min.offset")[0].as_py())
 
     def read(self, start: int, end: int, columns: list[str] | None = None) -> Iterator[pa.Table]:
         """Records [start, end) in offset order, one table per data file (bounded memory)."""

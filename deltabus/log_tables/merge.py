@@ -32,7 +32,8 @@ from deltabus.log_tables.retention import COMMIT_RETRIES, VACUUM_RETENTION_HOURS
 from deltabus.records import LOG_SCHEMA
 
 ROW_GROUP_RECORDS_MAX = 65_536  # as the broker writes: range reads skip row groups by offset
-_COLUMNS = ["path", "size_bytes", "num_records", "min.offset", "max.offset", "modification_time"]
+_COLUMNS = ["path", "size_bytes", "num_records", "min.offset", "max.offset", "modification_time",
+            "min.timestamp", "max.timestamp", "min.timestamp_type", "max.timestamp_type"]
 
 
 @dataclass(frozen=True)
@@ -73,12 +74,14 @@ def merge_runs(files: pa.Table, *, target_bytes: int, min_age_ms: int, now_ms: i
     return runs
 
 
-def _stats_row(data: pa.Table) -> dict[str, Any]:
-    """What `stats_json` reads from an add action, computed from a merged file's records."""
-    row: dict[str, Any] = {"num_records": data.num_rows}
+def _stats_row(inputs: pa.Table, records: int) -> dict[str, Any]:
+    """What `stats_json` reads from an add action, for a merged file: its inputs' bounds (a
+    compacted input's offsets bound the range it covers, not only the records left in it, see
+    compaction.py), with the records it holds."""
+    row: dict[str, Any] = {"num_records": records}
     for column in ("offset", "timestamp", "timestamp_type"):
-        row[f"min.{column}"] = pc.min(data.column(column)).as_py()
-        row[f"max.{column}"] = pc.max(data.column(column)).as_py()
+        row[f"min.{column}"] = pc.min(inputs.column(f"min.{column}")).as_py()
+        row[f"max.{column}"] = pc.max(inputs.column(f"max.{column}")).as_py()
         row[f"null_count.{column}"] = 0
     return row
 
@@ -114,14 +117,14 @@ def merge_small_files(table: DeltaTable, *, target_bytes: int, min_age_ms: int,
         # the inputs are vacuumed file.delete.delay.ms from now, as retention's removals
         stamp = now_ms - VACUUM_RETENTION_HOURS * 3_600_000 + delete_delay_ms
         actions: list[AddAction | RemoveAction] = [
-            AddAction(name, size, {}, now_ms, False, stats_json(_stats_row(data)))]
+            AddAction(name, size, {}, now_ms, False, stats_json(_stats_row(inputs, data.num_rows)))]
         actions += [RemoveAction(p, False, stamp, s) for p, s in zip(
             paths, inputs.column("size_bytes").to_pylist(), strict=True)]
         table.create_write_transaction(
             actions, mode="append", schema=LOG_SCHEMA,
             commit_properties=CommitProperties(
                 custom_metadata={"deltabus.operation": "merge",
-                                 "deltabus.baseOffset": str(data.column("offset")[0].as_py()),
+                                 "deltabus.baseOffset": str(inputs.column("min.offset")[0]),
                                  "deltabus.mergedFiles": str(len(paths))},
                 max_commit_retries=COMMIT_RETRIES))
         merged += len(paths)

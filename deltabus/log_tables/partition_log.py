@@ -4,8 +4,9 @@ Runs on a broker (a Spark executor). Thread-safe: many gRPC threads append and r
 appender thread per log is the only writer of its table.
 
 Invariants:
-- Offsets are contiguous from the log start offset to the log end offset; only the appender thread
-  assigns them, at commit time, so a failed commit leaves no gap.
+- Offsets are contiguous from the log start offset to the log end offset, but for the records a
+  compacted topic's cleaner removed (log_tables/compaction.py); only the appender thread assigns
+  them, at commit time, so a failed commit leaves no gap.
 - Each Delta commit appends whole produce batches and records the offset range it holds in its
   commitInfo (`deltabus.baseOffset`, `deltabus.lastOffset`); per-file offset statistics map offsets
   to files, and back to versions.
@@ -55,6 +56,7 @@ from deltabus.log_tables.log_reader import (
     FILE_COLUMNS,
     data_files,
     files_overlapping,
+    leaf_columns,
     offset_slice,
     read_row_groups,
     stats_json,
@@ -143,6 +145,7 @@ class _PendingAppend:
     producer: ProducerState
     future: Future[AppendResult]
     copied: bool = False  # a follower's copy of the leader's records
+    fetch_offset: int = -1  # a copy: the offset the leader read it from (-1: its first)
 
 
 @dataclass(frozen=True)
@@ -287,7 +290,7 @@ class PartitionLog:
         starts: dict[int, int] = {}
         for path in self._files().column("path").to_pylist():
             reader = self._parquet_file(path)
-            columns = _leaf_columns(reader)
+            columns = leaf_columns(reader)
             for group in range(reader.metadata.num_row_groups):
                 meta = reader.metadata.row_group(group)
                 epoch_stats = meta.column(columns["leader_epoch"]).statistics
@@ -335,6 +338,7 @@ class PartitionLog:
         timestamp_type: int = CREATE_TIME,
         producer: ProducerState = NO_PRODUCER,
         max_message_bytes: int | None = None,
+        compacted: bool = False,
     ) -> Future[AppendResult]:
         """Queue a normalised produce batch for the next group commit; the future resolves once
         the Delta commit holding it succeeded.
@@ -360,6 +364,10 @@ class PartitionLog:
                 self._lock.notify_all()
             self._check_open()
             _check_records(batch, max_message_bytes)
+            if compacted and batch.column("key").null_count:
+                raise errors.InvalidRecordError(
+                    f"Compacted topic cannot accept message without key in topic partition "
+                    f"{self.topic}-{self.partition}.")
             self._pending.append(item)
             self._pending_bytes += item.nbytes
             if entry is not None:
@@ -426,7 +434,7 @@ class PartitionLog:
         parts = []
         for path in self._files().column("path").to_pylist():
             reader = self._parquet_file(path)
-            column = _leaf_columns(reader).get("producer_id")
+            column = leaf_columns(reader).get("producer_id")
             for group in range(reader.metadata.num_row_groups):
                 stats = (reader.metadata.row_group(group).column(column).statistics
                          if column is not None else None)
@@ -439,17 +447,19 @@ class PartitionLog:
         if parts:
             self._note_copied_producers(pa.concat_tables(parts).sort_by("offset"))
 
-    def append_copy(self, records: pa.Table) -> Future[AppendResult]:
+    def append_copy(self, records: pa.Table, fetch_offset: int = -1) -> Future[AppendResult]:
         """Queue records copied from the leader, with their offsets, epochs and producer fields,
         for the next group commit. They must start at the log end offset (after whatever is
-        queued before them); otherwise the future fails and nothing is written."""
+        queued before them); otherwise the future fails and nothing is written. A copy that
+        is the leader's answer to a read from `fetch_offset` may start above it, if that is the
+        log end: a compacted topic's leader has no records in between."""
         if records.num_rows == 0:
             raise errors.InvalidRecordError("a copied batch must hold at least one record")
         if not records.schema.equals(LOG_SCHEMA):
             records = records.select(LOG_SCHEMA.names).cast(LOG_SCHEMA)
         future: Future[AppendResult] = Future()
         item = _PendingAppend(records, records.nbytes, -1, CREATE_TIME, NO_PRODUCER, future,
-                              copied=True)
+                              copied=True, fetch_offset=fetch_offset)
         self._enqueue(item)
         return future
 
@@ -495,7 +505,11 @@ class PartitionLog:
 
     def refresh(self) -> None:
         """Take in commits another process made to the table (the log cleaner's, which remove
-        or rewrite old files): the data files to read and the log start offset."""
+        or rewrite old files): the data files to read and the log start offset. The cache of
+        recent records is dropped, as compaction may have removed some of them."""
+        with self._lock:
+            self._cache.clear()
+            self._cache_bytes = 0
         with self._reader_lock:
             self._update_reader()
         self._files()
@@ -613,25 +627,29 @@ class PartitionLog:
     def _build_group(self, group: list[_PendingAppend],
                      now_ms: int) -> tuple[pa.Table, list[tuple[int, int]]]:
         """The log batch a group commits, and each item's offsets. Produced batches get offsets
-        from the log end; copied ones must continue it exactly."""
+        from the log end; copied ones continue it, in increasing offsets (gaps are records a
+        compacted topic's cleaner removed on the leader)."""
         next_offset = self.log_end_offset
         parts = []
         results = []
         for item in group:
             if item.copied:
                 first = item.batch.column("offset")[0].as_py()
-                if first != next_offset or not _contiguous(item.batch):
+                gap = first > next_offset and item.fetch_offset != next_offset
+                if first < next_offset or gap or not _increasing(item.batch):
                     raise errors.InvalidRecordError(
                         f"copied records start at offset {first} but {self.topic}-"
-                        f"{self.partition} continues at {next_offset} (or have gaps)")
+                        f"{self.partition} continues at {next_offset} (or are out of order)")
                 parts.append(item.batch)
+                last = item.batch.column("offset")[-1].as_py()
             else:
                 parts.append(to_log_batch(
                     item.batch, base_offset=next_offset, now_ms=now_ms,
                     leader_epoch=item.leader_epoch, timestamp_type=item.timestamp_type,
                     producer=item.producer))
-            results.append((next_offset, next_offset + item.batch.num_rows - 1))
-            next_offset += item.batch.num_rows
+                first, last = next_offset, next_offset + item.batch.num_rows - 1
+            results.append((first, last))
+            next_offset = last + 1
         # One chunk: delta-rs may write the chunks of a table in any order.
         table = pa.concat_tables(parts).combine_chunks() if len(parts) > 1 else parts[0]
         return table, results
@@ -649,7 +667,7 @@ class PartitionLog:
         copied = group[0].copied
         try:
             table, results = self._build_group(group, now_ms)
-            next_offset = base + table.num_rows
+            next_offset = results[-1][1] + 1
             write_deltalake(
                 self._table,
                 table,
@@ -838,9 +856,9 @@ class PartitionLog:
         """Lock held: drop cached records at or after `offset`."""
         kept: collections.deque[pa.Table] = collections.deque()
         for table in self._cache:
-            first = table.column("offset")[0].as_py()
-            if first < offset:
-                kept.append(table.slice(0, min(table.num_rows, offset - first)))
+            below = int(np.searchsorted(table.column("offset").to_numpy(), offset))
+            if below:
+                kept.append(table.slice(0, below))
         self._cache = kept
         self._cache_bytes = sum(t.nbytes for t in kept)
 
@@ -936,18 +954,16 @@ class PartitionLog:
         parts: list[pa.Table] = []
         size = 0
         for table in cache:
-            first = table.column("offset")[0].as_py()
-            last = first + table.num_rows  # exclusive
-            if last <= offset:
+            offsets = table.column("offset").to_numpy()
+            if offsets[-1] < offset:
                 continue
-            lo = max(offset, first) - first
-            hi = min(end, last) - first
+            lo, hi = np.searchsorted(offsets, [offset, end])  # copies may have gaps
             if hi <= lo:
                 break
-            part = table.slice(lo, hi - lo)
+            part = table.slice(int(lo), int(hi - lo))
             parts.append(part)
             size += part.nbytes
-            if size >= max_bytes or last >= end:
+            if size >= max_bytes or offsets[-1] + 1 >= end:
                 break
         return pa.concat_tables(parts) if parts else LOG_SCHEMA.empty_table()
 
@@ -966,7 +982,7 @@ class PartitionLog:
         while i < files.num_rows and (not out or size < max_bytes):
             row = {name: files.column(name)[i].as_py() for name in files.column_names}
             first, last = row["min.offset"], row["max.offset"]
-            if first != expected or row["num_records"] != last - first + 1:
+            if first != expected:  # a compacted file covers its range with fewer records
                 break
             out.append(LogFile(posixpath.join(self.path, unquote(row["path"])),
                                row["size_bytes"], stats_json(row), first, last))
@@ -1119,9 +1135,9 @@ def _check_records(batch: pa.Table, max_message_bytes: int | None) -> None:
                 f"max.message.bytes={max_message_bytes}")
 
 
-def _contiguous(table: pa.Table) -> bool:
+def _increasing(table: pa.Table) -> bool:
     offsets = table.column("offset").to_numpy()
-    return bool((np.diff(offsets) == 1).all())
+    return bool((np.diff(offsets) > 0).all())
 
 
 def _trim_to_bytes(table: pa.Table, max_bytes: int) -> pa.Table:
@@ -1130,15 +1146,6 @@ def _trim_to_bytes(table: pa.Table, max_bytes: int) -> pa.Table:
         return table
     per_record = table.nbytes / table.num_rows
     return table.slice(0, max(1, int(max_bytes / per_record)))
-
-
-def _leaf_columns(reader: pq.ParquetFile) -> dict[str, int]:
-    """Parquet leaf column index by top-level name (for the flat columns whose statistics we
-    use; nested ones such as headers have several leaves)."""
-    meta = reader.metadata.row_group(0) if reader.metadata.num_row_groups else None
-    if meta is None:
-        return {}
-    return {meta.column(i).path_in_schema: i for i in range(meta.num_columns)}
 
 
 def _epoch_starts(table: pa.Table) -> list[tuple[int, int]]:

@@ -101,7 +101,7 @@ def test_an_altered_config_takes_effect_on_the_next_produce(cluster: Any,
         admin.incremental_alter_configs(
             {topic_name: [AlterConfigOp("max.message.bytes", DELETE)]})
         with Producer(cluster.bootstrap_servers) as producer:
-            assert producer.send(topic_name, b"x" * 5000).get(30).offset == 0
+            assert producer.send(topic_name, b"x" * 5000, key=b"k").get(30).offset == 0
         with pytest.raises(errors.InvalidConfigError, match="max.message.bytes"):
             admin.incremental_alter_configs(
                 {topic_name: [AlterConfigOp("max.message.bytes", SET, "0")]},

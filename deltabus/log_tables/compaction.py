@@ -1,0 +1,179 @@
+"""Key compaction (cleanup.policy=compact): below the cleanable end, a partition keeps only the
+latest record of each key, as Kafka's log cleaner does. The log cleaner's Spark job calls this on
+every replica table (see cluster/log_cleaner.py).
+
+What a Kafka user relies on, and how it holds here:
+- Offsets never change. A record keeps its offset; the removed ones leave gaps, and a read from
+  inside a gap returns the next record (log_reader.offset_slice). A rewritten file keeps its
+  input's offset statistics (the offsets it covered, not the ones left in it): those are still
+  true bounds, so range reads stay pruned, the log start and end offsets do not move, and a
+  follower copying whole files continues exactly where the file's range ends.
+- The cleanable end: never the newest file, nothing at or above the high watermark, and nothing
+  from the first file with a record younger than `min.compaction.lag.ms` on.
+- A tombstone (null value) stays while it is the latest for its key and younger than
+  `delete.retention.ms` (by its timestamp), so consumers that were behind still see the delete.
+- Keyless records cannot be compacted and go, as Kafka's cleaner drops them (producers cannot
+  write them to a compacted topic: INVALID_RECORD).
+- Each idempotent producer's last record in the cleaned range stays, so a broker that rebuilds a
+  producer's sequence from the log after a restart still finds it (Kafka keeps each producer's
+  last batch for the same reason).
+- The rewrite is one Delta commit of dataChange=false actions, as retention's and the merge's:
+  an appending broker is not disturbed, readers at older versions still see the old files, and
+  the removed files go after `file.delete.delay.ms` (retention.vacuum).
+"""
+
+from __future__ import annotations
+
+import posixpath
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+from deltalake import CommitProperties, DeltaTable
+from deltalake.transaction import AddAction, RemoveAction
+
+from deltabus.log_tables.log_reader import data_files, leaf_columns, stats_json
+from deltabus.log_tables.retention import COMMIT_RETRIES, VACUUM_RETENTION_HOURS
+from deltabus.records import LOG_SCHEMA
+
+ROW_GROUP_RECORDS_MAX = 65_536  # as the broker writes: range reads skip row groups by offset
+_STATS = ["min.offset", "max.offset", "min.timestamp", "max.timestamp", "min.timestamp_type",
+          "max.timestamp_type"]
+_COLUMNS = ["path", "size_bytes", "num_records", *_STATS]
+_SCAN_COLUMNS = ["offset", "timestamp", "key", "producer_id"]
+
+
+@dataclass(frozen=True)
+class Compacted:
+    """What compaction did to one replica table."""
+
+    cleanable_end: int  # the first offset it did not look at
+    records_before: int  # in the files it looked at
+    removed: int  # records removed, tombstones and keyless ones included
+    tombstones_removed: int
+    files_rewritten: int
+
+
+def cleanable_end(files: pa.Table, *, now_ms: int, min_lag_ms: int, high_watermark: int) -> int:
+    """The first offset compaction leaves alone: the start of the newest file, of the first file
+    reaching the high watermark, or of the first file holding a record younger than
+    `min_lag_ms`. `files` are `data_files` with max.timestamp, by first offset."""
+    if files.num_rows == 0:
+        return 0
+    firsts = files.column("min.offset").to_pylist()
+    lasts = files.column("max.offset").to_pylist()
+    newest = _epoch_ms(files.column("max.timestamp")).to_pylist()
+    for i in range(files.num_rows - 1):
+        young = newest[i] is None or newest[i] > now_ms - min_lag_ms
+        if lasts[i] >= high_watermark or young:
+            return int(firsts[i])
+    return int(firsts[-1])
+
+
+def _epoch_ms(timestamps: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
+    """Timestamps (any unit, with or without a time zone: UTC) as epoch milliseconds."""
+    unit = pa.timestamp("ms", tz=getattr(timestamps.type, "tz", None))
+    return pc.cast(pc.cast(timestamps, unit), pa.int64())
+
+
+def retained(records: pa.Table, tombstone: pa.Array, *, now_ms: int,
+             delete_retention_ms: int) -> tuple[pa.Array, int]:
+    """The offsets to keep of `records` (offset, timestamp, key, producer_id: the whole
+    cleanable range), and how many tombstones go. `tombstone` says which records have a null
+    value."""
+    index = pa.array(range(records.num_rows), pa.int64())
+    table = records.append_column("row", index).append_column("tombstone", tombstone)
+    keyed = table.filter(pc.is_valid(table.column("key")))
+    latest = keyed.group_by("key").aggregate([("offset", "max")])
+    latest_rows = keyed.join(latest, "key").filter(
+        pc.equal(pc.field("offset"), pc.field("offset_max")))
+    horizon = pa.scalar(now_ms - delete_retention_ms, pa.int64())
+    expired = pc.and_(latest_rows.column("tombstone"),
+                      pc.less(_epoch_ms(latest_rows.column("timestamp")), horizon))
+    keep = latest_rows.filter(pc.invert(expired)).column("offset")
+    produced = table.filter(pc.greater_equal(table.column("producer_id"), 0))
+    last_of_producer = produced.group_by("producer_id").aggregate([("offset", "max")])
+    keep = pc.unique(pa.chunked_array([keep, last_of_producer.column("offset_max")],
+                                      pa.int64()).combine_chunks())
+    return keep, int(pc.sum(expired).as_py() or 0)
+
+
+def _may_hold_nulls(reader: pq.ParquetFile, column: str) -> bool:
+    """Whether a column of a Parquet file may hold nulls, from its row groups' statistics."""
+    index = leaf_columns(reader).get(column)
+    if index is None:
+        return reader.metadata.num_rows > 0
+    for group in range(reader.metadata.num_row_groups):
+        stats = reader.metadata.row_group(group).column(index).statistics
+        if stats is None or not stats.has_null_count or stats.null_count:
+            return True
+    return False
+
+
+def compact(table: DeltaTable, *, high_watermark: int, min_lag_ms: int, delete_retention_ms: int,
+            delete_delay_ms: int, now_ms: int | None = None) -> Compacted:
+    """Compact `table` below its cleanable end: rewrite each file that holds records to drop
+    (one commit for all of them)."""
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    files = data_files(table, _COLUMNS)
+    end = cleanable_end(files, now_ms=now_ms, min_lag_ms=min_lag_ms,
+                        high_watermark=high_watermark)
+    files = files.filter(pc.less(files.column("max.offset"), end))
+    if files.num_rows == 0:
+        return Compacted(end, 0, 0, 0, 0)
+    fs, base = pafs.FileSystem.from_uri(table.table_uri)
+    paths = files.column("path").to_pylist()
+    scans, tombstones = [], []
+    for path in paths:  # keys and offsets; values only where a file has tombstones
+        with fs.open_input_file(posixpath.join(base, path)) as source:
+            reader = pq.ParquetFile(source)
+            part = reader.read(columns=_SCAN_COLUMNS)
+            if _may_hold_nulls(reader, "value"):
+                tombstones.append(pc.is_null(reader.read(columns=["value"]).column("value")))
+            else:
+                tombstones.append(pa.chunked_array([pa.repeat(False, part.num_rows)]))
+        scans.append(part.cast(pa.schema([LOG_SCHEMA.field(c) for c in _SCAN_COLUMNS])))
+    records = pa.concat_tables(scans)
+    keep, tombstones_removed = retained(
+        records, pa.chunked_array([c for t in tombstones for c in t.chunks], pa.bool_()),
+        now_ms=now_ms, delete_retention_ms=delete_retention_ms)
+    if len(keep) == records.num_rows:
+        return Compacted(end, records.num_rows, 0, 0, 0)
+    stamp = now_ms - VACUUM_RETENTION_HOURS * 3_600_000 + delete_delay_ms
+    actions: list[AddAction | RemoveAction] = []
+    for i, path in enumerate(paths):
+        row = {name: files.column(name)[i].as_py() for name in files.column_names}
+        scanned = scans[i].column("offset")
+        if pc.all(pc.is_in(scanned, keep)).as_py():
+            continue
+        data = pq.read_table(posixpath.join(base, path), filesystem=fs, schema=LOG_SCHEMA)
+        data = data.filter(pc.is_in(data.column("offset"), keep)).sort_by("offset")
+        name = f"part-00000-{uuid.uuid4()}-c000.compacted.parquet"
+        with fs.open_output_stream(posixpath.join(base, name)) as out:
+            pq.write_table(data, out, row_group_size=ROW_GROUP_RECORDS_MAX,
+                           compression="snappy")
+        size = fs.get_file_info(posixpath.join(base, name)).size
+        actions.append(AddAction(name, size, {}, now_ms, False,
+                                 kept_range_stats(row, data.num_rows)))
+        actions.append(RemoveAction(path, False, stamp, row["size_bytes"]))
+    table.create_write_transaction(
+        actions, mode="append", schema=LOG_SCHEMA,
+        commit_properties=CommitProperties(
+            custom_metadata={"deltabus.operation": "compact",
+                             "deltabus.cleanableEnd": str(end),
+                             "deltabus.removedRecords": str(records.num_rows - len(keep))},
+            max_commit_retries=COMMIT_RETRIES))
+    return Compacted(end, records.num_rows, records.num_rows - len(keep), tombstones_removed,
+                     len(actions) // 2)
+
+
+def kept_range_stats(row: dict[str, Any], records: int) -> str:
+    """Delta statistics for a rewritten file: its input's bounds (offsets, timestamps), which
+    still hold, with the records left in it."""
+    return stats_json({**row, "num_records": records, "null_count.offset": 0,
+                       "null_count.timestamp": 0, "null_count.timestamp_type": 0})
