@@ -7,6 +7,7 @@ limits are checked at import, so a bad edit fails at once rather than in product
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -46,6 +47,9 @@ class TopicConfig:
     # consumers reading the tail see the delete; records younger than the lag stay as written.
     delete_retention_ms: int = 24 * 3600 * 1000
     min_compaction_lag_ms: int = 0
+    # Compaction waits until this share of the cleanable log (by bytes) was written since it
+    # last ran, so a big log is not rewritten for a few new records.
+    min_cleanable_dirty_ratio: float = 0.5
     # Files a clean-up removed stay on disk this long, so running readers do not break.
     file_delete_delay_ms: int = 60_000
     # Small committed files are merged into files of up to this size.
@@ -73,7 +77,7 @@ class ConfigDef:
 
     name: str
     attr: str  # the TopicConfig field
-    type: str  # BOOLEAN, STRING, INT, LONG or LIST
+    type: str  # BOOLEAN, STRING, INT, LONG, DOUBLE or LIST
     broker_name: str
     doc: str
     minimum: int | None = None
@@ -101,6 +105,10 @@ TOPIC_CONFIGS: dict[str, ConfigDef] = {d.name: d for d in (
               "log.message.timestamp.type",
               "CreateTime: the producer's timestamp; LogAppendTime: the broker's",
               choices=("CreateTime", "LogAppendTime")),
+    ConfigDef("min.cleanable.dirty.ratio", "min_cleanable_dirty_ratio", "DOUBLE",
+              "log.cleaner.min.cleanable.ratio",
+              "compaction waits until this share of the cleanable log is new since it last ran",
+              minimum=0, maximum=1),
     ConfigDef("min.compaction.lag.ms", "min_compaction_lag_ms", "LONG",
               "log.cleaner.min.compaction.lag.ms",
               "records younger than this are never compacted", minimum=0),
@@ -131,14 +139,16 @@ def _parse(definition: ConfigDef, raw: str) -> Any:
         if text.lower() not in ("true", "false"):
             raise invalid("Expected value to be either true or false")
         return text.lower() == "true"
-    if definition.type in ("INT", "LONG"):
-        limit = _INT_MAX if definition.type == "INT" else _LONG_MAX
+    if definition.type in ("INT", "LONG", "DOUBLE"):
+        number: int | float
         try:
-            value = int(text)
+            number = float(text) if definition.type == "DOUBLE" else int(text)
         except ValueError:
             raise invalid(f"Not a number of type {definition.type}") from None
-        if not -limit - 1 <= value <= limit:
+        limit = {"INT": _INT_MAX, "LONG": _LONG_MAX, "DOUBLE": math.inf}[definition.type]
+        if not -limit - 1 <= number <= limit or math.isnan(number):
             raise invalid(f"Not a number of type {definition.type}")
+        value = number
         if definition.minimum is not None and value < definition.minimum:
             raise invalid(f"Value must be at least {definition.minimum}")
         if definition.maximum is not None and value > definition.maximum:

@@ -96,6 +96,12 @@ def test_invalid_values_get_kafkas_messages() -> None:
         ("unclean.leader.election.enable", "yes"):
             "Invalid value yes for configuration unclean.leader.election.enable: Expected value "
             "to be either true or false",
+        ("min.cleanable.dirty.ratio", "half"):
+            "Invalid value half for configuration min.cleanable.dirty.ratio: Not a number of "
+            "type DOUBLE",
+        ("min.cleanable.dirty.ratio", "1.5"):
+            "Invalid value 1.5 for configuration min.cleanable.dirty.ratio: Value must be no "
+            "more than 1",
         ("cleanup.policy", "compact,forever"):
             "Invalid value compact,forever for configuration cleanup.policy: String must be one "
             "of: compact, delete",
@@ -104,6 +110,11 @@ def test_invalid_values_get_kafkas_messages() -> None:
         with pytest.raises(errors.InvalidConfigError) as info:
             topic_config({key: value})
         assert str(info.value).endswith(message), str(info.value)
+
+
+def test_the_dirty_ratio_is_a_double() -> None:
+    assert topic_config({"min.cleanable.dirty.ratio": "0.1"}).min_cleanable_dirty_ratio == 0.1
+    assert topic_config({}).min_cleanable_dirty_ratio == 0.5  # Kafka's default
 
 
 def test_cleanup_policy_is_a_list() -> None:

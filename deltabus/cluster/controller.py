@@ -528,7 +528,7 @@ class Controller:
                             config.retention_bytes if config.deletes else -1,
                             config.file_delete_delay_ms, config.segment_bytes, min_age,
                             config.compacts, config.min_compaction_lag_ms,
-                            config.delete_retention_ms))
+                            config.delete_retention_ms, config.min_cleanable_dirty_ratio))
             return tasks
 
     def catch_up_tasks(self, broker_id: int) -> list[CatchUpTask]:

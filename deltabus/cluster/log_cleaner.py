@@ -61,6 +61,7 @@ class CleanerTask:
     compact: bool = False
     min_compaction_lag_ms: int = 0
     delete_retention_ms: int = 86_400_000
+    min_cleanable_dirty_ratio: float = 0.5
 
 
 @dataclass(frozen=True)
@@ -114,7 +115,8 @@ def run_cleaner(task: CleanerTask) -> CleanerResult:
                     DeltaTable(path), high_watermark=high_watermark,
                     min_lag_ms=task.min_compaction_lag_ms,
                     delete_retention_ms=task.delete_retention_ms,
-                    delete_delay_ms=task.file_delete_delay_ms, now_ms=now_ms)
+                    delete_delay_ms=task.file_delete_delay_ms,
+                    min_dirty_ratio=task.min_cleanable_dirty_ratio, now_ms=now_ms)
         merged = {}
         for r in tables:
             path = replica_path(task.root, task.topic, task.partition, r)

@@ -17,6 +17,9 @@ What a Kafka user relies on, and how it holds here:
 - Each idempotent producer's last record in the cleaned range stays, so a broker that rebuilds a
   producer's sequence from the log after a restart still finds it (Kafka keeps each producer's
   last batch for the same reason).
+- As Kafka's `min.cleanable.dirty.ratio`: a table is compacted once the files written since it
+  was last compacted (the cleanable end then is kept in the Delta app transaction
+  `deltabus.compact`) are at least that share of the cleanable range's bytes.
 - The rewrite is one Delta commit of dataChange=false actions, as retention's and the merge's:
   an appending broker is not disturbed, readers at older versions still see the old files, and
   the removed files go after `file.delete.delay.ms` (retention.vacuum).
@@ -34,7 +37,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
-from deltalake import CommitProperties, DeltaTable
+from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake.transaction import AddAction, RemoveAction
 
 from deltabus.log_tables.log_reader import data_files, leaf_columns, stats_json
@@ -46,6 +49,7 @@ _STATS = ["min.offset", "max.offset", "min.timestamp", "max.timestamp", "min.tim
           "max.timestamp_type"]
 _COLUMNS = ["path", "size_bytes", "num_records", *_STATS]
 _SCAN_COLUMNS = ["offset", "timestamp", "key", "producer_id"]
+CLEANED_TXN_APP_ID = "deltabus.compact"  # Delta app transaction: where the last run stopped
 
 
 @dataclass(frozen=True)
@@ -53,7 +57,8 @@ class Compacted:
     """What compaction did to one replica table."""
 
     cleanable_end: int  # the first offset it did not look at
-    records_before: int  # in the files it looked at
+    dirty_ratio: float  # the share of the cleanable bytes new since the last compaction
+    records_before: int  # in the files it looked at (0: it did not look)
     removed: int  # records removed, tombstones and keyless ones included
     tombstones_removed: int
     files_rewritten: int
@@ -115,17 +120,26 @@ def _may_hold_nulls(reader: pq.ParquetFile, column: str) -> bool:
     return False
 
 
+def dirty_ratio(files: pa.Table, cleaned_end: int) -> float:
+    """The share of the bytes of `files` (the cleanable range) at or above `cleaned_end`."""
+    total = pc.sum(files.column("size_bytes")).as_py() or 0
+    dirty = files.filter(pc.greater_equal(files.column("min.offset"), cleaned_end))
+    return (pc.sum(dirty.column("size_bytes")).as_py() or 0) / total if total else 0.0
+
+
 def compact(table: DeltaTable, *, high_watermark: int, min_lag_ms: int, delete_retention_ms: int,
-            delete_delay_ms: int, now_ms: int | None = None) -> Compacted:
-    """Compact `table` below its cleanable end: rewrite each file that holds records to drop
-    (one commit for all of them)."""
+            delete_delay_ms: int, min_dirty_ratio: float = 0.0,
+            now_ms: int | None = None) -> Compacted:
+    """Compact `table` below its cleanable end, if dirty enough: rewrite each file that holds
+    records to drop (one commit for all of them, which also records the new cleaned end)."""
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
     files = data_files(table, _COLUMNS)
     end = cleanable_end(files, now_ms=now_ms, min_lag_ms=min_lag_ms,
                         high_watermark=high_watermark)
     files = files.filter(pc.less(files.column("max.offset"), end))
-    if files.num_rows == 0:
-        return Compacted(end, 0, 0, 0, 0)
+    ratio = dirty_ratio(files, table.transaction_version(CLEANED_TXN_APP_ID) or 0)
+    if files.num_rows == 0 or ratio == 0 or ratio < min_dirty_ratio:
+        return Compacted(end, ratio, 0, 0, 0, 0)
     fs, base = pafs.FileSystem.from_uri(table.table_uri)
     paths = files.column("path").to_pylist()
     scans, tombstones = [], []
@@ -142,15 +156,13 @@ def compact(table: DeltaTable, *, high_watermark: int, min_lag_ms: int, delete_r
     keep, tombstones_removed = retained(
         records, pa.chunked_array([c for t in tombstones for c in t.chunks], pa.bool_()),
         now_ms=now_ms, delete_retention_ms=delete_retention_ms)
-    if len(keep) == records.num_rows:
-        return Compacted(end, records.num_rows, 0, 0, 0)
     stamp = now_ms - VACUUM_RETENTION_HOURS * 3_600_000 + delete_delay_ms
     actions: list[AddAction | RemoveAction] = []
     for i, path in enumerate(paths):
-        row = {name: files.column(name)[i].as_py() for name in files.column_names}
-        scanned = scans[i].column("offset")
-        if pc.all(pc.is_in(scanned, keep)).as_py():
+        if len(keep) == records.num_rows or pc.all(pc.is_in(scans[i].column("offset"),
+                                                            keep)).as_py():
             continue
+        row = {name: files.column(name)[i].as_py() for name in files.column_names}
         data = pq.read_table(posixpath.join(base, path), filesystem=fs, schema=LOG_SCHEMA)
         data = data.filter(pc.is_in(data.column("offset"), keep)).sort_by("offset")
         name = f"part-00000-{uuid.uuid4()}-c000.compacted.parquet"
@@ -161,15 +173,17 @@ def compact(table: DeltaTable, *, high_watermark: int, min_lag_ms: int, delete_r
         actions.append(AddAction(name, size, {}, now_ms, False,
                                  kept_range_stats(row, data.num_rows)))
         actions.append(RemoveAction(path, False, stamp, row["size_bytes"]))
+    # Also when nothing went: the range is clean, and the next run need not read it again.
     table.create_write_transaction(
         actions, mode="append", schema=LOG_SCHEMA,
         commit_properties=CommitProperties(
             custom_metadata={"deltabus.operation": "compact",
                              "deltabus.cleanableEnd": str(end),
                              "deltabus.removedRecords": str(records.num_rows - len(keep))},
+            app_transactions=[Transaction(CLEANED_TXN_APP_ID, end)],
             max_commit_retries=COMMIT_RETRIES))
-    return Compacted(end, records.num_rows, records.num_rows - len(keep), tombstones_removed,
-                     len(actions) // 2)
+    return Compacted(end, ratio, records.num_rows, records.num_rows - len(keep),
+                     tombstones_removed, len(actions) // 2)
 
 
 def kept_range_stats(row: dict[str, Any], records: int) -> str:

@@ -206,7 +206,7 @@ def reassignments_request(targets: dict[tuple[str, int], list[int]]
 
 TOPIC_RESOURCE = 2  # Kafka's ConfigResource.Type.TOPIC
 CONFIG_SOURCES = {"DYNAMIC_TOPIC_CONFIG": 1, "STATIC_BROKER_CONFIG": 4, "DEFAULT_CONFIG": 5}
-CONFIG_TYPES = {"BOOLEAN": 1, "STRING": 2, "INT": 3, "LONG": 5, "LIST": 7}
+CONFIG_TYPES = {"BOOLEAN": 1, "STRING": 2, "INT": 3, "LONG": 5, "DOUBLE": 6, "LIST": 7}
 CONFIG_OPS = {cfg.SET: 0, cfg.DELETE: 1, cfg.APPEND: 2, cfg.SUBTRACT: 3}
 _SOURCE_NAMES = {v: k for k, v in CONFIG_SOURCES.items()}
 _TYPE_NAMES = {v: k for k, v in CONFIG_TYPES.items()}

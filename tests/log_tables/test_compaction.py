@@ -109,6 +109,26 @@ def test_compaction_keeps_the_latest_value_per_key_at_its_offset(tmp_path: Path)
     log.close()
 
 
+def test_compaction_waits_until_the_dirty_share_reaches_min_cleanable_dirty_ratio(
+        tmp_path: Path) -> None:
+    log = _keyed_log(tmp_path)
+    first = compact(DeltaTable(log.path), high_watermark=log.high_watermark, min_lag_ms=0,
+                    delete_retention_ms=HOUR_MS, delete_delay_ms=0, min_dirty_ratio=0.5)
+    assert first.dirty_ratio == 1.0 and first.removed == 182  # never compacted: all dirty
+    for c in range(3):  # a little new data: below half of the cleanable bytes
+        _append(log, [b"k2"], [f"again{c}".encode()])
+    waits = compact(DeltaTable(log.path), high_watermark=log.high_watermark, min_lag_ms=0,
+                    delete_retention_ms=HOUR_MS, delete_delay_ms=0, min_dirty_ratio=0.5)
+    assert 0 < waits.dirty_ratio < 0.5 and waits.records_before == 0 and waits.removed == 0
+    runs = compact(DeltaTable(log.path), high_watermark=log.high_watermark, min_lag_ms=0,
+                   delete_retention_ms=HOUR_MS, delete_delay_ms=0, min_dirty_ratio=0.0)
+    assert runs.removed == 3  # k2 at 182 and again0; k9 at 189 (its newest is cleanable now)
+    again = compact(DeltaTable(log.path), high_watermark=log.high_watermark, min_lag_ms=0,
+                    delete_retention_ms=HOUR_MS, delete_delay_ms=0, min_dirty_ratio=0.0)
+    assert again.dirty_ratio == 0 and again.records_before == 0  # clean: not read again
+    log.close()
+
+
 def test_tombstones_go_after_delete_retention_and_records_stay_until_min_lag(
         tmp_path: Path) -> None:
     log = _keyed_log(tmp_path)
