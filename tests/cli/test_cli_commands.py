@@ -197,3 +197,14 @@ def test_cluster_start_serves_until_signalled_and_flushes(tmp_path: Any, stop_si
     assert "Traceback" not in err
     table = DeltaTable(str(tmp_path / "data" / "topics" / "flushed" / "0" / "replica-0"))
     assert sorted(table.to_pyarrow_table().column("offset").to_pylist()) == list(range(200))
+
+
+def test_console_producer_to_a_compacted_topic_needs_keys(cli: Cli, topic_name: str) -> None:
+    cli("topics", "--create", "--topic", topic_name, "--config", "cleanup.policy=compact")
+    rc, out, err = cli("console-producer", "--topic", topic_name, stdin="no key\n")
+    assert rc == 1 and err.count("\n") == 1
+    assert ("INVALID_RECORD: Compacted topic cannot accept message without key in topic "
+            f"partition {topic_name}-0.") in err
+    rc, _, err = cli("console-producer", "--topic", topic_name, "--property", "parse.key=true",
+                     "--property", "key.separator=:", stdin="k:v\n")
+    assert (rc, err) == (0, "")
