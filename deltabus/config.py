@@ -16,6 +16,7 @@ from deltabus import errors
 
 # Ports and addresses. Every server binds loopback unless told otherwise.
 DEFAULT_HOST = "127.0.0.1"
+DEFAULT_KAFKA_PORT = 9092  # the Kafka protocol bootstrap, where Kafka's clients expect it
 DEFAULT_BOOTSTRAP_PORT = 9192  # the controller's gRPC port: the cluster's bootstrap address
 
 # Records and requests.
@@ -295,6 +296,10 @@ class ClusterConfig:
     host: str = field(default_factory=lambda: os.environ.get("DELTABUS_HOST")
                       or os.environ.get("SPARK_LOCAL_IP") or DEFAULT_HOST)
     port: int = DEFAULT_BOOTSTRAP_PORT
+    # Kafka's wire protocol: the bootstrap listens here, broker b on kafka_port + 1 + b (0: any
+    # free ports; -1: no Kafka listeners).
+    kafka_port: int = field(
+        default_factory=lambda: _env_int("DELTABUS_KAFKA_PORT", DEFAULT_KAFKA_PORT))
     num_partitions: int = 1  # Kafka's num.partitions
     default_replication_factor: int = 1
     # A broker heartbeats at least this often; one silent for the session timeout is fenced.

@@ -79,6 +79,8 @@ CorruptMessageError = _kafka_error(2, "CORRUPT_MESSAGE", retriable=True, grpc_st
 UnknownTopicOrPartitionError = _kafka_error(
     3, "UNKNOWN_TOPIC_OR_PARTITION", retriable=True, invalid_metadata=True, grpc_status=_S.NOT_FOUND
 )
+CorruptRecordError = _kafka_error(2, "CORRUPT_MESSAGE", retriable=True,
+                                  grpc_status=_S.INVALID_ARGUMENT)
 InvalidFetchSizeError = _kafka_error(4, "INVALID_FETCH_SIZE", grpc_status=_S.INVALID_ARGUMENT)
 LeaderNotAvailableError = _kafka_error(
     5, "LEADER_NOT_AVAILABLE", retriable=True, invalid_metadata=True, grpc_status=_S.UNAVAILABLE
@@ -129,6 +131,8 @@ InvalidReplicationFactorError = _kafka_error(
 InvalidConfigError = _kafka_error(40, "INVALID_CONFIG", grpc_status=_S.INVALID_ARGUMENT)
 NotControllerError = _kafka_error(41, "NOT_CONTROLLER", retriable=True)
 InvalidRequestError = _kafka_error(42, "INVALID_REQUEST", grpc_status=_S.INVALID_ARGUMENT)
+UnsupportedForMessageFormatError = _kafka_error(
+    43, "UNSUPPORTED_FOR_MESSAGE_FORMAT", grpc_status=_S.INVALID_ARGUMENT)
 OutOfOrderSequenceNumberError = _kafka_error(45, "OUT_OF_ORDER_SEQUENCE_NUMBER", retriable=True)
 DuplicateSequenceNumberError = _kafka_error(46, "DUPLICATE_SEQUENCE_NUMBER")
 InvalidProducerEpochError = _kafka_error(47, "INVALID_PRODUCER_EPOCH")

@@ -52,6 +52,7 @@ class BrokerEndpoint:
     host: str
     port: int
     rack: str = ""
+    kafka_port: int = 0  # the Kafka protocol listener (0: none)
 
     @property
     def address(self) -> str:

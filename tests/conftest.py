@@ -25,6 +25,7 @@ os.environ.setdefault("DELTABUS_GROUP_INITIAL_REBALANCE_DELAY_MS", "200")
 os.environ.setdefault("DELTABUS_LEADER_IMBALANCE_CHECK_INTERVAL_MS", "1000")
 # The periodic log cleaner merges no test's files behind its back (tests merge on demand).
 os.environ.setdefault("DELTABUS_LOG_CLEANER_MERGE_MIN_AGE_MS", "3600000")
+os.environ.setdefault("DELTABUS_KAFKA_PORT", "0")  # Kafka listeners on any free ports
 
 # Shared cluster: 3 brokers; a second, short-lived cluster in restart tests: 3 more; 2 spare.
 SPARK_TASK_SLOTS = 8

@@ -50,6 +50,7 @@ from deltabus.metadata import (
 from deltabus.records import CREATE_TIME, LOG_APPEND_TIME, ProducerState
 from deltabus.rpc import codec
 from deltabus.rpc.client import ClusterClient
+from deltabus.rpc.kafka.listener import KafkaListener
 from deltabus.rpc.server import FetchResult, FetchSpec, start_server
 from deltabus.rpc.v1 import deltabus_pb2 as pb
 from deltabus.rpc.v1 import deltabus_pb2_grpc as pb_grpc
@@ -97,12 +98,17 @@ class Broker:
         self._alter_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="alter-isr")
         self._server: grpc.Server | None = None
         self.port = -1
+        self._kafka: KafkaListener | None = None
 
     # ---- lifecycle ---------------------------------------------------------------------------
 
     def start(self) -> None:
         self._server, self.port = start_server(self._config.host, 0, self,
                                                threads=self._config.grpc_threads)
+        base = self._config.kafka_port
+        if base >= 0:
+            self._kafka = KafkaListener(self._config.host,
+                                        base + 1 + self.broker_id if base else 0, self).start()
         self._register()
         threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True).start()
         threading.Thread(target=self._isr_loop, name="isr-shrink", daemon=True).start()
@@ -128,7 +134,8 @@ class Broker:
         rack = os.environ.get("DELTABUS_RACK") or socket.gethostname()
         request = pb.RegisterBrokerRequest(
             broker_id=self.broker_id, host=self._config.host, port=self.port, rack=rack,
-            pid=os.getpid(), incarnation_id=uuid.uuid4().hex)
+            pid=os.getpid(), incarnation_id=uuid.uuid4().hex,
+            kafka_port=self._kafka.port if self._kafka is not None else 0)
         deadline = time.monotonic() + self._config.startup_timeout_ms / 1000
         while True:
             try:
@@ -179,6 +186,8 @@ class Broker:
         for partition in partitions:
             partition.log.close()
         self._alter_pool.shutdown(wait=False, cancel_futures=True)
+        if self._kafka is not None:
+            self._kafka.stop()
         if self._server is not None:
             self._server.stop(grace=2).wait(5)
         self._controller.close()

@@ -29,6 +29,7 @@ from deltabus.log_tables.layout import consumer_offsets_path, normalize_root
 from deltabus.metadata import CONTROLLER_NODE_ID, BrokerEndpoint
 from deltabus.offsets.group_coordinator import GroupCoordinator
 from deltabus.offsets.offset_store import OffsetStore
+from deltabus.rpc.kafka.listener import KafkaListener
 from deltabus.rpc.server import start_server
 from deltabus.spark import register
 
@@ -88,6 +89,7 @@ class Cluster:
         self.coordinator: GroupCoordinator | None = None
         self.log_cleaner: LogCleaner | None = None  # retention as Spark jobs, once started
         self._server: Any = None
+        self._kafka: KafkaListener | None = None
         self._threads: list[threading.Thread] = []
         self._stopping = threading.Event()
         self.port = port
@@ -114,6 +116,8 @@ class Cluster:
             threads=max(self.config.grpc_threads, group.coordinator_threads),
             groups=self.coordinator)
         handler.endpoint = BrokerEndpoint(CONTROLLER_NODE_ID, self.config.host, self.port)
+        if self.config.kafka_port >= 0:
+            self._kafka = KafkaListener(self.config.host, self.config.kafka_port, handler).start()
         self.log_cleaner = LogCleaner(self.spark, self.controller.cleaner_tasks,
                                       self.controller.tables_changed,
                                       self.config.log_retention_check_interval_ms)
@@ -250,6 +254,13 @@ class Cluster:
         return f"{self.config.host}:{self.port}"
 
     @property
+    def kafka_bootstrap_servers(self) -> str:
+        """Where Kafka's own clients bootstrap (`bootstrap.servers`)."""
+        if self._kafka is None:
+            raise RuntimeError("this cluster has no Kafka listener (kafka_port=-1)")
+        return f"{self._kafka.host}:{self._kafka.port}"
+
+    @property
     def spark_ui_url(self) -> str | None:
         return self.spark.sparkContext.uiWebUrl
 
@@ -331,6 +342,8 @@ class Cluster:
                 sc.cancelJobGroup(f"deltabus-broker-{broker_id}")
         if self._server is not None:
             self._server.stop(grace=1).wait(5)
+        if self._kafka is not None:
+            self._kafka.stop()
         if self.coordinator is not None:
             self.coordinator.close()
         if self._owns_spark:

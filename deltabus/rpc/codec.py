@@ -50,7 +50,8 @@ def topic_to_proto(topic: TopicState) -> pb.TopicMetadata:
 def image_to_proto(image: MetadataImage, topics: list[str] | None = None) -> pb.MetadataResponse:
     """Encode a metadata image; `topics` limits the topic list (unknown ones get error 3)."""
     out = pb.MetadataResponse(
-        brokers=[pb.BrokerInfo(broker_id=b.broker_id, host=b.host, port=b.port, rack=b.rack)
+        brokers=[pb.BrokerInfo(broker_id=b.broker_id, host=b.host, port=b.port, rack=b.rack,
+                               kafka_port=b.kafka_port)
                  for b in image.brokers],
         controller_id=image.controller_id,
         cluster_id=image.cluster_id,
@@ -79,7 +80,8 @@ def image_from_proto(msg: pb.MetadataResponse) -> MetadataImage:
             for p in sorted(t.partitions, key=lambda p: p.partition)
         )
         topics[t.name] = TopicState(t.name, t.topic_id, parts, dict(t.configs))
-    brokers = tuple(BrokerEndpoint(b.broker_id, b.host, b.port, b.rack) for b in msg.brokers)
+    brokers = tuple(BrokerEndpoint(b.broker_id, b.host, b.port, b.rack, b.kafka_port)
+                    for b in msg.brokers)
     return MetadataImage(msg.metadata_version, msg.cluster_id, msg.controller_id, brokers, topics,
                          msg.log_root)
 

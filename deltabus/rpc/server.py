@@ -352,7 +352,8 @@ class BrokerLifecycleServicer(pb_grpc.BrokerLifecycleServicer):
 
     def RegisterBroker(self, request: pb.RegisterBrokerRequest,
                        context: Any) -> pb.RegisterBrokerResponse:
-        endpoint = BrokerEndpoint(request.broker_id, request.host, request.port, request.rack)
+        endpoint = BrokerEndpoint(request.broker_id, request.host, request.port, request.rack,
+                                  request.kafka_port)
         try:
             epoch = self._handler.register_broker(endpoint, request.pid)
         except errors.DeltaBusError as e:

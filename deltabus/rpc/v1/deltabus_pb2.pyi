@@ -46,16 +46,18 @@ class Record(_message.Message):
     def __init__(self, key: _Optional[bytes] = ..., value: _Optional[bytes] = ..., timestamp_ms: _Optional[int] = ..., headers: _Optional[_Iterable[_Union[Header, _Mapping]]] = ..., offset: _Optional[int] = ..., timestamp_type: _Optional[int] = ...) -> None: ...
 
 class BrokerInfo(_message.Message):
-    __slots__ = ("broker_id", "host", "port", "rack")
+    __slots__ = ("broker_id", "host", "port", "rack", "kafka_port")
     BROKER_ID_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
     PORT_FIELD_NUMBER: _ClassVar[int]
     RACK_FIELD_NUMBER: _ClassVar[int]
+    KAFKA_PORT_FIELD_NUMBER: _ClassVar[int]
     broker_id: int
     host: str
     port: int
     rack: str
-    def __init__(self, broker_id: _Optional[int] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., rack: _Optional[str] = ...) -> None: ...
+    kafka_port: int
+    def __init__(self, broker_id: _Optional[int] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., rack: _Optional[str] = ..., kafka_port: _Optional[int] = ...) -> None: ...
 
 class PartitionMetadata(_message.Message):
     __slots__ = ("partition", "leader", "leader_epoch", "replicas", "isr", "offline_replicas", "error_code", "adding_replicas", "removing_replicas")
@@ -524,20 +526,22 @@ class InitProducerIdResponse(_message.Message):
     def __init__(self, error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ...) -> None: ...
 
 class RegisterBrokerRequest(_message.Message):
-    __slots__ = ("broker_id", "host", "port", "rack", "pid", "incarnation_id")
+    __slots__ = ("broker_id", "host", "port", "rack", "pid", "incarnation_id", "kafka_port")
     BROKER_ID_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
     PORT_FIELD_NUMBER: _ClassVar[int]
     RACK_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_ID_FIELD_NUMBER: _ClassVar[int]
+    KAFKA_PORT_FIELD_NUMBER: _ClassVar[int]
     broker_id: int
     host: str
     port: int
     rack: str
     pid: int
     incarnation_id: str
-    def __init__(self, broker_id: _Optional[int] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., rack: _Optional[str] = ..., pid: _Optional[int] = ..., incarnation_id: _Optional[str] = ...) -> None: ...
+    kafka_port: int
+    def __init__(self, broker_id: _Optional[int] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., rack: _Optional[str] = ..., pid: _Optional[int] = ..., incarnation_id: _Optional[str] = ..., kafka_port: _Optional[int] = ...) -> None: ...
 
 class RegisterBrokerResponse(_message.Message):
     __slots__ = ("error_code", "error_message", "broker_epoch")

@@ -1,0 +1,275 @@
+"""What each Kafka API does, in terms of the same handler the gRPC server calls (a broker, or the
+controller for the bootstrap listener): the Kafka door and the gRPC door reach the same
+partitions, offsets and producer ids.
+
+Each API answers every version kio has a schema for, one code path building the response with
+the fields that version has (`frames.make`). The versions advertised through ApiVersions are the
+ones current clients negotiate and the tests drive; a request outside them gets
+UNSUPPORTED_VERSION in its response, as a Kafka broker answers it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from concurrent import futures
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from kio.schema.errors import ErrorCode
+
+from deltabus import config as cfg
+from deltabus import errors
+from deltabus.metadata import MetadataImage
+from deltabus.rpc.kafka import batches
+from deltabus.rpc.kafka.frames import error_code, load_response_schema, make, nested
+from deltabus.rpc.server import (
+    DEFAULT_PRODUCE_TIMEOUT_MS,
+    DeltaBusHandler,
+    FetchResult,
+    FetchSpec,
+)
+
+log = logging.getLogger(__name__)
+
+API_VERSIONS, METADATA, PRODUCE, FETCH, LIST_OFFSETS, INIT_PRODUCER_ID = 18, 3, 0, 1, 2, 22
+# Advertised (API key -> (min, max)): what current kafka-python, librdkafka and KafkaJS use.
+SUPPORTED: dict[int, tuple[int, int]] = {
+    PRODUCE: (3, 9),
+    FETCH: (4, 12),
+    LIST_OFFSETS: (1, 7),
+    METADATA: (0, 12),
+    API_VERSIONS: (0, 3),
+    INIT_PRODUCER_ID: (0, 4),
+}
+NO_TIME = timedelta(0)
+
+
+@dataclass(frozen=True)
+class KafkaEndpoint:
+    """A broker's Kafka listener, as Metadata lists it."""
+
+    node_id: int
+    host: str
+    port: int
+    rack: str | None = None
+
+
+class KafkaApis:
+    """Answers decoded Kafka requests. Thread-safe: each connection's thread calls it."""
+
+    def __init__(self, handler: DeltaBusHandler) -> None:
+        self._handler = handler
+        self._apis: dict[int, Callable[[int, Any, errors.DeltaBusError | None], Any]] = {
+            API_VERSIONS: self.api_versions, METADATA: self.metadata, PRODUCE: self.produce,
+            FETCH: self.fetch, LIST_OFFSETS: self.list_offsets,
+            INIT_PRODUCER_ID: self.init_producer_id,
+        }
+
+    def knows(self, api_key: int) -> bool:
+        return api_key in self._apis
+
+    def handle(self, api_key: int, version: int, request: Any) -> Any:
+        """The response to a request; one outside the advertised versions gets
+        UNSUPPORTED_VERSION."""
+        lo, hi = SUPPORTED[api_key]
+        refused = None if lo <= version <= hi else errors.UnsupportedVersionError(
+            f"API {api_key} version {version} is not supported (versions {lo} to {hi} are)")
+        return self._apis[api_key](version, request, refused)
+
+    # ---- ApiVersions, Metadata ----------------------------------------------------------------
+
+    def api_versions(self, version: int, request: Any,
+                     refused: errors.DeltaBusError | None = None) -> Any:
+        cls = load_response_schema(API_VERSIONS, version)
+        entry = nested(cls, "ApiVersion")
+        return make(cls, error_code=error_code(refused), throttle_time=NO_TIME,
+                    api_keys=tuple(entry(api_key=k, min_version=lo, max_version=hi)
+                                   for k, (lo, hi) in sorted(SUPPORTED.items())))
+
+    def metadata(self, version: int, request: Any,
+                 refused: errors.DeltaBusError | None = None) -> Any:
+        cls = load_response_schema(METADATA, version)
+        broker_cls, topic_cls, partition_cls = (nested(cls, n) for n in (
+            "MetadataResponseBroker", "MetadataResponseTopic", "MetadataResponsePartition"))
+        # v0: an empty list means every topic; v1 and later: a null list does.
+        names = (None if request.topics is None or (version == 0 and not request.topics)
+                 else [t.name for t in request.topics])
+        auto_create = bool(getattr(request, "allow_auto_topic_creation", True))
+        image = self._handler.metadata(names or [], auto_create and bool(names))
+        brokers = tuple(make(broker_cls, node_id=b.node_id, host=b.host, port=b.port,
+                             rack=b.rack) for b in kafka_endpoints(image))
+        live = {b.node_id for b in brokers}
+        topics = []
+        for name in sorted(image.topics) if names is None else names:
+            state = image.topics.get(name)
+            if refused is not None or state is None:
+                error = refused or errors.UnknownTopicOrPartitionError(f"unknown topic {name}")
+                topics.append(make(topic_cls, error_code=error_code(error), name=name,
+                                   topic_id=None, is_internal=False, partitions=()))
+                continue
+            partitions = tuple(make(
+                partition_cls,
+                error_code=(ErrorCode.none if p.leader in live
+                            else ErrorCode.leader_not_available),
+                partition_index=p.partition, leader_id=p.leader if p.leader in live else -1,
+                leader_epoch=p.leader_epoch, replica_nodes=p.replicas, isr_nodes=p.isr,
+                offline_replicas=tuple(r for r in p.replicas if r not in live))
+                for p in state.partitions)
+            topics.append(make(topic_cls, error_code=ErrorCode.none, name=name,
+                               topic_id=_uuid(state.topic_id), is_internal=False,
+                               partitions=partitions))
+        return make(cls, throttle_time=NO_TIME, brokers=brokers,
+                    cluster_id=image.cluster_id or None,
+                    controller_id=min(live) if live else -1, topics=tuple(topics))
+
+    # ---- Produce ------------------------------------------------------------------------------
+
+    def produce(self, version: int, request: Any,
+                refused: errors.DeltaBusError | None = None) -> Any | None:
+        """Appends each partition's batches; answers once they are acknowledged as acks asks
+        (nothing at all for acks=0, as Kafka)."""
+        cls = load_response_schema(PRODUCE, version)
+        topic_cls, partition_cls = (nested(cls, n) for n in (
+            "TopicProduceResponse", "PartitionProduceResponse"))
+        acks = request.acks
+        if refused is None and acks not in (0, 1, -1):
+            refused = errors.InvalidRequiredAcksError(f"acks must be 0, 1 or -1, not {acks}")
+        if refused is None and request.transactional_id is not None:
+            refused = errors.UnsupportedVersionError("transactions are not supported yet")
+        pending: list[tuple[str, int, list[Any], errors.DeltaBusError | None]] = []
+        for topic in request.topic_data:
+            for data in topic.partition_data:
+                appended: list[Any] = []
+                error = refused
+                if error is None:
+                    try:
+                        for batch in batches.decode_produce(data.records or b""):
+                            if batch.transactional:
+                                raise errors.InvalidRecordError(
+                                    "transactional batches are not supported yet")
+                            appended.append(self._handler.produce(
+                                topic.name, data.index, batch.records, acks=acks,
+                                producer=batch.producer))
+                    except errors.DeltaBusError as e:
+                        error = e
+                pending.append((topic.name, data.index, appended, error))
+        if acks == 0 and refused is None:
+            return None
+        timeout_ms = request.timeout.total_seconds() * 1000 or DEFAULT_PRODUCE_TIMEOUT_MS
+        deadline = time.monotonic() + timeout_ms / 1000
+        by_topic: dict[str, list[Any]] = {}
+        for name, index, appended, error in pending:
+            base_offset, log_start = -1, -1
+            for i, future in enumerate(appended):
+                try:
+                    result = future.result(max(0.0, deadline - time.monotonic()))
+                    if i == 0:
+                        base_offset, log_start = result.base_offset, result.log_start_offset
+                except futures.TimeoutError:
+                    error = error or errors.RequestTimedOutError(
+                        f"the append to {name}-{index} did not complete in {timeout_ms:.0f} ms")
+                except errors.DeltaBusError as e:
+                    error = error or e
+            by_topic.setdefault(name, []).append(make(
+                partition_cls, index=index, error_code=error_code(error),
+                base_offset=base_offset if error is None else -1, log_append_time=None,
+                log_start_offset=log_start, record_errors=(),
+                error_message=error.message if error else None))
+        return make(cls, throttle_time=NO_TIME, responses=tuple(
+            make(topic_cls, name=name, partition_responses=tuple(parts))
+            for name, parts in by_topic.items()))
+
+    # ---- Fetch, ListOffsets -------------------------------------------------------------------
+
+    def fetch(self, version: int, request: Any,
+              refused: errors.DeltaBusError | None = None) -> Any:
+        """Kafka's long poll over the handler's fetch: up to the high watermark, waiting up to
+        max_wait for min_bytes."""
+        cls = load_response_schema(FETCH, version)
+        topic_cls, partition_cls = (nested(cls, n) for n in ("FetchableTopicResponse",
+                                                              "PartitionData"))
+        specs = [FetchSpec(t.topic, p.partition, p.fetch_offset,
+                           p.partition_max_bytes or cfg.FETCH_PARTITION_MAX_BYTES,
+                           getattr(p, "current_leader_epoch", -1))
+                 for t in request.topics for p in t.partitions]
+        if refused is not None:
+            results = [_failed(s, refused) for s in specs]
+        else:
+            results = self._handler.fetch(
+                specs, max_wait_ms=min(int(request.max_wait.total_seconds() * 1000),
+                                       cfg.FETCH_WAIT_MS_MAX),
+                min_bytes=request.min_bytes,
+                max_bytes=getattr(request, "max_bytes", 0) or cfg.FETCH_MAX_BYTES,
+                replica_id=-1)
+        by_topic: dict[str, list[Any]] = {}
+        for r in results:
+            records = (batches.encode_fetch(r.records)
+                       if r.records is not None and r.records.num_rows else None)
+            by_topic.setdefault(r.topic, []).append(make(
+                partition_cls, partition_index=r.partition, error_code=error_code(r.error),
+                high_watermark=r.high_watermark, last_stable_offset=r.high_watermark,
+                log_start_offset=r.log_start_offset, aborted_transactions=None,
+                preferred_read_replica=-1, records=records))
+        return make(cls, throttle_time=NO_TIME, error_code=ErrorCode.none, session_id=0,
+                    responses=tuple(make(topic_cls, topic=name, partitions=tuple(parts))
+                                    for name, parts in by_topic.items()))
+
+    def list_offsets(self, version: int, request: Any,
+                     refused: errors.DeltaBusError | None = None) -> Any:
+        cls = load_response_schema(LIST_OFFSETS, version)
+        topic_cls, partition_cls = (nested(cls, n) for n in ("ListOffsetsTopicResponse",
+                                                              "ListOffsetsPartitionResponse"))
+        topics = []
+        for t in request.topics:
+            parts = []
+            for p in t.partitions:
+                offset, timestamp, epoch, error = -1, -1, -1, refused
+                if error is None:
+                    try:
+                        offset, timestamp, epoch = self._handler.list_offsets(
+                            t.name, p.partition_index, p.timestamp)
+                    except errors.DeltaBusError as e:
+                        error = e
+                parts.append(make(partition_cls, partition_index=p.partition_index,
+                                  error_code=error_code(error), timestamp=timestamp,
+                                  offset=offset, leader_epoch=epoch))
+            topics.append(make(topic_cls, name=t.name, partitions=tuple(parts)))
+        return make(cls, throttle_time=NO_TIME, topics=tuple(topics))
+
+    # ---- InitProducerId -----------------------------------------------------------------------
+
+    def init_producer_id(self, version: int, request: Any,
+                         refused: errors.DeltaBusError | None = None) -> Any:
+        cls = load_response_schema(INIT_PRODUCER_ID, version)
+        error = refused
+        if error is None and request.transactional_id is not None:
+            error = errors.UnsupportedVersionError("transactions are not supported yet")
+        producer_id, epoch = -1, -1
+        if error is None:
+            try:
+                producer_id, epoch = self._handler.init_producer_id("")
+            except errors.DeltaBusError as e:
+                error = e
+        return make(cls, throttle_time=NO_TIME, error_code=error_code(error),
+                    producer_id=producer_id, producer_epoch=epoch)
+
+
+def kafka_endpoints(image: MetadataImage) -> list[KafkaEndpoint]:
+    """The brokers' Kafka listeners (brokers without one are left out)."""
+    return [KafkaEndpoint(b.broker_id, b.host, b.kafka_port, b.rack or None)
+            for b in image.brokers if b.kafka_port > 0]
+
+
+def _uuid(topic_id: str) -> uuid.UUID | None:
+    try:
+        return uuid.UUID(topic_id)
+    except ValueError:
+        return None
+
+
+def _failed(spec: FetchSpec, error: errors.DeltaBusError) -> FetchResult:
+    return FetchResult(spec.topic, spec.partition, error=error)

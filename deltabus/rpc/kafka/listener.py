@@ -1,0 +1,176 @@
+"""The Kafka protocol listener: TCP on the broker's Kafka port, a thread per connection.
+
+Requests on one connection are answered one at a time, in order (Kafka's clients pipeline
+requests and match responses by order and correlation id; a long-polling fetch holds its
+connection as on a Kafka broker). What Kafka's broker does with bad input, this does too:
+- an API or version outside the advertised ones gets UNSUPPORTED_VERSION in a response of that
+  API (ApiVersions answers in its v0 form, so any client can read the versions it may use);
+- a frame larger than `socket.request.max.bytes`, a negative size, a header or body that does not
+  parse, or an API kio has no schema for closes that connection, with a log line saying why;
+- one connection's trouble never touches the others, nor the broker.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import socket
+import socketserver
+import struct
+import threading
+import types
+import typing
+from datetime import timedelta
+from typing import Any
+
+from kio.schema.errors import ErrorCode
+
+from deltabus import config as cfg
+from deltabus import errors
+from deltabus.rpc.kafka import apis
+from deltabus.rpc.kafka.frames import (
+    BadRequest,
+    UnknownAPIKey,
+    UnknownEntity,
+    encode_response,
+    load_response_schema,
+    parse_request,
+    peek,
+)
+from deltabus.rpc.server import DeltaBusHandler
+
+log = logging.getLogger(__name__)
+
+_SIZE = struct.Struct(">i")
+
+
+class _Connection(socketserver.BaseRequestHandler):
+    server: _Server
+
+    def handle(self) -> None:
+        sock: socket.socket = self.request
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        peer = f"{self.client_address[0]}:{self.client_address[1]}"
+        while not self.server.closing.is_set():
+            try:
+                head = _read_exactly(sock, 4)
+                if head is None:
+                    return  # the client closed the connection
+                (size,) = _SIZE.unpack(head)
+                if not 0 < size <= self.server.max_request_bytes:
+                    log.warning("closing Kafka connection from %s: a request of %d bytes (the "
+                                "most is socket.request.max.bytes=%d)", peer, size,
+                                self.server.max_request_bytes)
+                    return
+                frame = _read_exactly(sock, size)
+                if frame is None:
+                    log.info("closing Kafka connection from %s: it ended inside a request", peer)
+                    return
+                response = self.server.answer(frame)
+            except BadRequest as e:
+                log.warning("closing Kafka connection from %s: %s", peer, e)
+                return
+            except OSError:
+                return
+            if response is not None:
+                try:
+                    sock.sendall(response)
+                except OSError:
+                    return
+
+
+class _Server(socketserver.ThreadingTCPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, address: tuple[str, int], handler: DeltaBusHandler,
+                 max_request_bytes: int) -> None:
+        self.apis = apis.KafkaApis(handler)
+        self.max_request_bytes = max_request_bytes
+        self.closing = threading.Event()
+        super().__init__(address, _Connection)
+
+    def answer(self, frame: bytes) -> bytes | None:
+        """The response frame to one request frame (None: none is due, as for acks=0)."""
+        key, version, correlation_id = peek(frame)
+        if key == apis.API_VERSIONS and not (
+                apis.SUPPORTED[key][0] <= version <= apis.SUPPORTED[key][1]):
+            # KIP-511: a client newer than us learns our versions from a v0 answer
+            refused = errors.UnsupportedVersionError(f"ApiVersions v{version} is not supported")
+            return encode_response(correlation_id, self.apis.api_versions(0, None, refused))
+        try:
+            _, request = parse_request(frame)
+        except (UnknownAPIKey, UnknownEntity):
+            raise BadRequest(f"API {key} version {version} is unknown") from None
+        if not self.apis.knows(key):
+            return encode_response(correlation_id, unsupported(key, version))
+        try:
+            response = self.apis.handle(key, version, request)
+        except errors.DeltaBusError as e:  # one the API could not place in its response
+            log.warning("Kafka API %d v%d failed: %s", key, version, e)
+            raise BadRequest(f"API {key} v{version} failed: {e}") from None
+        return None if response is None else encode_response(correlation_id, response)
+
+
+def unsupported(key: int, version: int) -> Any:
+    """A response of an API deltabus does not implement: UNSUPPORTED_VERSION where the response
+    has an error code, nothing in its lists."""
+    cls = load_response_schema(key, version)
+    values: dict[str, Any] = {}
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING:
+            continue
+        kind = hints[f.name]
+        if f.name == "error_code":
+            values[f.name] = ErrorCode.unsupported_version
+        elif kind is timedelta or "Timedelta" in getattr(kind, "__name__", ""):
+            values[f.name] = timedelta(0)
+        elif typing.get_origin(kind) is tuple:
+            values[f.name] = ()
+        elif typing.get_origin(kind) in (typing.Union, types.UnionType):
+            values[f.name] = None
+        elif kind is bool:
+            values[f.name] = False
+        elif kind is str:
+            values[f.name] = ""
+        else:
+            values[f.name] = -1
+    return cls(**values)
+
+
+def _read_exactly(sock: socket.socket, n: int) -> bytes | None:
+    chunks = []
+    while n:
+        chunk = sock.recv(min(n, 1 << 20))
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        n -= len(chunk)
+    return b"".join(chunks)
+
+
+class KafkaListener:
+    """A Kafka protocol listener in front of `handler`, on host:port (0: any free port)."""
+
+    def __init__(self, host: str, port: int, handler: DeltaBusHandler, *,
+                 max_request_bytes: int = cfg.REQUEST_MAX_BYTES) -> None:
+        try:
+            self._server = _Server((host, port), handler, max_request_bytes)
+        except OSError as e:
+            raise errors.BrokerNotAvailableError(
+                f"cannot listen for Kafka clients on {host}:{port}: {e.strerror}") from None
+        address = self._server.server_address
+        self.host: str = str(address[0])
+        self.port: int = int(address[1])
+        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.2,),
+                                        name=f"kafka-listener-{self.port}", daemon=True)
+
+    def start(self) -> KafkaListener:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.closing.set()
+        self._server.shutdown()
+        self._server.server_close()

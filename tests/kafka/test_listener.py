@@ -1,0 +1,130 @@
+"""The Kafka listener with raw frames: versions outside the advertised ones are answered with
+UNSUPPORTED_VERSION (ApiVersions in its v0 form), and garbage, truncated or oversized frames and
+unknown APIs close only their own connection while the broker keeps serving everyone else."""
+
+from __future__ import annotations
+
+import io
+import socket
+import struct
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from kio.index import load_request_schema, load_response_schema
+from kio.schema.errors import ErrorCode
+from kio.serial import entity_reader, entity_writer
+
+from deltabus import AdminClient, NewTopic
+from deltabus.rpc.kafka.apis import SUPPORTED
+from deltabus.rpc.kafka.frames import make, nested
+
+
+def connect(cluster) -> socket.socket:
+    host, port = cluster.kafka_bootstrap_servers.rsplit(":", 1)
+    return socket.create_connection((host, int(port)), timeout=10)
+
+
+def frame(key: int, version: int, body: Any, correlation_id: int = 7) -> bytes:
+    cls = load_request_schema(key, version)
+    header_cls = cls.__header_schema__
+    out = io.BytesIO()
+    entity_writer(header_cls)(out, make(header_cls, request_api_key=key,
+                                        request_api_version=version,
+                                        correlation_id=correlation_id, client_id="test"))
+    entity_writer(cls)(out, body)
+    data = out.getvalue()
+    return struct.pack(">i", len(data)) + data
+
+
+def read_response(sock: socket.socket, key: int, version: int) -> tuple[int, Any]:
+    size = struct.unpack(">i", recv_exactly(sock, 4))[0]
+    data = recv_exactly(sock, size)
+    cls = load_response_schema(key, version)
+    header, n = entity_reader(cls.__header_schema__)(data, 0)
+    body, _ = entity_reader(cls)(data, n)
+    return header.correlation_id, body
+
+
+def recv_exactly(sock: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        assert chunk, "the broker closed the connection"
+        data += chunk
+    return data
+
+
+def closed(sock: socket.socket) -> bool:
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+def api_versions(cluster) -> dict[int, tuple[int, int]]:
+    """A well-behaved client on its own connection: the advertised versions."""
+    with connect(cluster) as sock:
+        sock.sendall(frame(18, 3, make(load_request_schema(18, 3), client_software_name="t",
+                                       client_software_version="1")))
+        _, body = read_response(sock, 18, 3)
+    assert body.error_code == ErrorCode.none
+    return {k.api_key: (k.min_version, k.max_version) for k in body.api_keys}
+
+
+def test_api_versions_lists_what_is_advertised_and_answers_a_newer_client_in_v0(cluster):
+    assert api_versions(cluster) == SUPPORTED
+    with connect(cluster) as sock:  # a client newer than us: KIP-511's v0 answer
+        body_v4 = make(load_request_schema(18, 4), client_software_name="t",
+                       client_software_version="1")
+        sock.sendall(frame(18, 4, body_v4, correlation_id=11))
+        correlation_id, body = read_response(sock, 18, 0)
+    assert correlation_id == 11 and body.error_code == ErrorCode.unsupported_version
+    assert {k.api_key for k in body.api_keys} == set(SUPPORTED)
+
+
+def test_an_unsupported_version_or_api_gets_unsupported_version(cluster, topic_name):
+    with AdminClient(cluster.bootstrap_servers) as admin:
+        admin.create_topics([NewTopic(topic_name, 1, 1)])
+    produce = load_request_schema(0, 10)  # kio has it; we advertise up to 9
+    body = make(produce, transactional_id=None, acks=1, timeout=timedelta(seconds=5),
+                topic_data=(nested(produce, "TopicProduceData")(
+                    name=topic_name, partition_data=(nested(produce, "PartitionProduceData")(
+                        index=0, records=None),)),))
+    acls = load_request_schema(29, 1)  # DescribeAcls: not implemented
+    with connect(cluster) as sock:
+        sock.sendall(frame(0, 10, body, correlation_id=1))
+        _, produced = read_response(sock, 0, 10)
+        sock.sendall(frame(29, 1, make(acls, resource_type_filter=1, resource_name_filter=None,
+                                       pattern_type_filter=3, principal_filter=None,
+                                       host_filter=None, operation=1, permission_type=1),
+                           correlation_id=2))
+        correlation_id, described = read_response(sock, 29, 1)
+    (partition,) = produced.responses[0].partition_responses
+    assert partition.error_code == ErrorCode.unsupported_version
+    assert correlation_id == 2 and described.error_code == ErrorCode.unsupported_version
+
+
+@pytest.mark.parametrize("bad", [
+    struct.pack(">i", 10) + b"\x99" * 10,  # garbage: no such API
+    struct.pack(">i", 12) + struct.pack(">hhi", 3, 12, 1) + b"\xff\xff\xff\xff",  # bad header
+    struct.pack(">i", 1 << 30),  # larger than socket.request.max.bytes
+    struct.pack(">i", -5),  # a negative size
+])
+def test_bad_frames_close_their_connection_and_nobody_elses(cluster, bad):
+    bystander = connect(cluster)
+    try:
+        with connect(cluster) as sock:
+            sock.sendall(bad)
+            assert closed(sock)
+        with connect(cluster) as sock:  # a frame that stops in the middle
+            sock.sendall(frame(18, 3, make(load_request_schema(18, 3), client_software_name="t",
+                                           client_software_version="1"))[:9])
+        # the bystander's connection, opened before, still gets its answers
+        bystander.sendall(frame(18, 3, make(load_request_schema(18, 3), client_software_name="t",
+                                            client_software_version="1")))
+        _, body = read_response(bystander, 18, 3)
+        assert body.error_code == ErrorCode.none
+    finally:
+        bystander.close()
+    assert api_versions(cluster) == SUPPORTED
