@@ -67,6 +67,7 @@ class BrokerSpec:
     broker_id: int
     controller_address: str
     config: cfg.ClusterConfig
+    kafka_coordinator: str = ""  # host:port of the group coordinator's Kafka listener
 
 
 class Broker:
@@ -108,7 +109,8 @@ class Broker:
         base = self._config.kafka_port
         if base >= 0:
             self._kafka = KafkaListener(self._config.host,
-                                        base + 1 + self.broker_id if base else 0, self).start()
+                                        base + 1 + self.broker_id if base else 0, self,
+                                        coordinator=self.spec.kafka_coordinator).start()
         self._register()
         threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True).start()
         threading.Thread(target=self._isr_loop, name="isr-shrink", daemon=True).start()

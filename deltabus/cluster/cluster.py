@@ -117,7 +117,8 @@ class Cluster:
             groups=self.coordinator)
         handler.endpoint = BrokerEndpoint(CONTROLLER_NODE_ID, self.config.host, self.port)
         if self.config.kafka_port >= 0:
-            self._kafka = KafkaListener(self.config.host, self.config.kafka_port, handler).start()
+            self._kafka = KafkaListener(self.config.host, self.config.kafka_port, handler,
+                                        groups=self.coordinator).start()
         self.log_cleaner = LogCleaner(self.spark, self.controller.cleaner_tasks,
                                       self.controller.tables_changed,
                                       self.config.log_retention_check_interval_ms)
@@ -160,7 +161,8 @@ class Cluster:
         """Run broker `broker_id` as a one-task Spark job, again and again until the cluster
         stops."""
         sc = self.spark.sparkContext
-        spec = BrokerSpec(broker_id, f"{self.config.host}:{self.port}", self.config)
+        spec = BrokerSpec(broker_id, f"{self.config.host}:{self.port}", self.config,
+                          self.kafka_bootstrap_servers if self._kafka is not None else "")
         group = f"deltabus-broker-{broker_id}"
         while not self._stopping.is_set():
             sc.setJobGroup(group, f"deltabus broker {broker_id}", interruptOnCancel=True)

@@ -39,7 +39,7 @@ class GroupServicerMixin:
                 rebalance_timeout_ms=request.rebalance_timeout_ms,
                 client_id=request.client_id, client_host=_peer_host(context))
             timeout_s = max(request.rebalance_timeout_ms, request.session_timeout_ms) / 1000
-            result = _wait(future, timeout_s + LONG_POLL_SLACK_S)
+            result = wait_result(future, timeout_s + LONG_POLL_SLACK_S)
         except errors.DeltaBusError as e:
             return pb.JoinGroupResponse(error_code=e.code, error_message=e.message,
                                         member_id=getattr(e, "member_id", ""))
@@ -53,7 +53,7 @@ class GroupServicerMixin:
             future = self._coordinator().sync_group(
                 request.group_id, request.generation_id, request.member_id,
                 {a.member_id: a.assignment for a in request.assignments})
-            assignment = _wait(future, self._sync_timeout_s(request.group_id))
+            assignment = wait_result(future, self._sync_timeout_s(request.group_id))
         except errors.DeltaBusError as e:
             return pb.SyncGroupResponse(error_code=e.code, error_message=e.message)
         return pb.SyncGroupResponse(assignment=assignment)
@@ -89,7 +89,7 @@ class GroupServicerMixin:
                         f"cannot commit offset {om.offset} of {topic}-{partition}")
             future = self._coordinator().commit_offsets(
                 request.group_id, request.generation_id, request.member_id, offsets)
-            _wait(future, 30.0)
+            wait_result(future, 30.0)
         except errors.DeltaBusError as e:
             error = e
         return pb.OffsetCommitResponse(results=[
@@ -155,7 +155,8 @@ class GroupServicerMixin:
             for g, e in results.items()])
 
 
-def _wait(future: futures.Future, timeout_s: float) -> Any:
+def wait_result(future: futures.Future, timeout_s: float) -> Any:
+    """A coordinator future's result, or REQUEST_TIMED_OUT after `timeout_s`."""
     try:
         return future.result(timeout_s)
     except futures.TimeoutError:

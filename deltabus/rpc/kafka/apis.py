@@ -24,7 +24,8 @@ from kio.schema.errors import ErrorCode
 from deltabus import config as cfg
 from deltabus import errors
 from deltabus.metadata import MetadataImage
-from deltabus.rpc.kafka import batches
+from deltabus.offsets.group_coordinator import GroupCoordinator
+from deltabus.rpc.kafka import batches, groups
 from deltabus.rpc.kafka.frames import error_code, load_response_schema, make, nested
 from deltabus.rpc.server import (
     DEFAULT_PRODUCE_TIMEOUT_MS,
@@ -44,6 +45,7 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     METADATA: (0, 12),
     API_VERSIONS: (0, 3),
     INIT_PRODUCER_ID: (0, 4),
+    **groups.SUPPORTED,
 }
 NO_TIME = timedelta(0)
 
@@ -61,23 +63,30 @@ class KafkaEndpoint:
 class KafkaApis:
     """Answers decoded Kafka requests. Thread-safe: each connection's thread calls it."""
 
-    def __init__(self, handler: DeltaBusHandler) -> None:
+    def __init__(self, handler: DeltaBusHandler, groups_: GroupCoordinator | None = None,
+                 coordinator: tuple[str, int] | None = None) -> None:
+        """`groups_`: the group coordinator, where this listener has it (the bootstrap);
+        `coordinator`: where Kafka clients find it (FindCoordinator's answer)."""
         self._handler = handler
-        self._apis: dict[int, Callable[[int, Any, errors.DeltaBusError | None], Any]] = {
+        self.groups = groups.KafkaGroupApis(groups_, coordinator)
+        self._apis: dict[int, Callable[..., Any]] = {
             API_VERSIONS: self.api_versions, METADATA: self.metadata, PRODUCE: self.produce,
             FETCH: self.fetch, LIST_OFFSETS: self.list_offsets,
-            INIT_PRODUCER_ID: self.init_producer_id,
+            INIT_PRODUCER_ID: self.init_producer_id, **self.groups.apis,
         }
 
     def knows(self, api_key: int) -> bool:
         return api_key in self._apis
 
-    def handle(self, api_key: int, version: int, request: Any) -> Any:
+    def handle(self, api_key: int, version: int, request: Any,
+               client: tuple[str, str] = ("", "")) -> Any:
         """The response to a request; one outside the advertised versions gets
-        UNSUPPORTED_VERSION."""
+        UNSUPPORTED_VERSION. `client`: the header's client id and the client's host."""
         lo, hi = SUPPORTED[api_key]
         refused = None if lo <= version <= hi else errors.UnsupportedVersionError(
             f"API {api_key} version {version} is not supported (versions {lo} to {hi} are)")
+        if api_key == groups.JOIN_GROUP:
+            return self.groups.join_group(version, request, refused, client)
         return self._apis[api_key](version, request, refused)
 
     # ---- ApiVersions, Metadata ----------------------------------------------------------------

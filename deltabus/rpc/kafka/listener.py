@@ -27,6 +27,7 @@ from kio.schema.errors import ErrorCode
 
 from deltabus import config as cfg
 from deltabus import errors
+from deltabus.offsets.group_coordinator import GroupCoordinator
 from deltabus.rpc.kafka import apis
 from deltabus.rpc.kafka.frames import (
     BadRequest,
@@ -66,7 +67,7 @@ class _Connection(socketserver.BaseRequestHandler):
                 if frame is None:
                     log.info("closing Kafka connection from %s: it ended inside a request", peer)
                     return
-                response = self.server.answer(frame)
+                response = self.server.answer(frame, self.client_address[0])
             except BadRequest as e:
                 log.warning("closing Kafka connection from %s: %s", peer, e)
                 return
@@ -83,14 +84,14 @@ class _Server(socketserver.ThreadingTCPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, address: tuple[str, int], handler: DeltaBusHandler,
+    def __init__(self, address: tuple[str, int], kafka_apis: apis.KafkaApis,
                  max_request_bytes: int) -> None:
-        self.apis = apis.KafkaApis(handler)
+        self.apis = kafka_apis
         self.max_request_bytes = max_request_bytes
         self.closing = threading.Event()
         super().__init__(address, _Connection)
 
-    def answer(self, frame: bytes) -> bytes | None:
+    def answer(self, frame: bytes, peer_host: str = "") -> bytes | None:
         """The response frame to one request frame (None: none is due, as for acks=0)."""
         key, version, correlation_id = peek(frame)
         if key == apis.API_VERSIONS and not (
@@ -99,13 +100,14 @@ class _Server(socketserver.ThreadingTCPServer):
             refused = errors.UnsupportedVersionError(f"ApiVersions v{version} is not supported")
             return encode_response(correlation_id, self.apis.api_versions(0, None, refused))
         try:
-            _, request = parse_request(frame)
+            header, request = parse_request(frame)
         except (UnknownAPIKey, UnknownEntity):
             raise BadRequest(f"API {key} version {version} is unknown") from None
         if not self.apis.knows(key):
             return encode_response(correlation_id, unsupported(key, version))
         try:
-            response = self.apis.handle(key, version, request)
+            response = self.apis.handle(key, version, request,
+                                        (header.client_id or "", f"/{peer_host}"))
         except errors.DeltaBusError as e:  # one the API could not place in its response
             log.warning("Kafka API %d v%d failed: %s", key, version, e)
             raise BadRequest(f"API {key} v{version} failed: {e}") from None
@@ -139,6 +141,13 @@ def unsupported(key: int, version: int) -> Any:
     return cls(**values)
 
 
+def _address(host_port: str) -> tuple[str, int] | None:
+    if not host_port:
+        return None
+    host, port = host_port.rsplit(":", 1)
+    return host, int(port)
+
+
 def _read_exactly(sock: socket.socket, n: int) -> bytes | None:
     chunks = []
     while n:
@@ -154,15 +163,22 @@ class KafkaListener:
     """A Kafka protocol listener in front of `handler`, on host:port (0: any free port)."""
 
     def __init__(self, host: str, port: int, handler: DeltaBusHandler, *,
+                 groups: GroupCoordinator | None = None, coordinator: str = "",
                  max_request_bytes: int = cfg.REQUEST_MAX_BYTES) -> None:
+        """`groups`: the group coordinator, on the listener that has it (the bootstrap, which
+        then tells clients to come to itself); `coordinator`: host:port of that listener, for
+        the brokers' FindCoordinator answers."""
+        kafka_apis = apis.KafkaApis(handler, groups, _address(coordinator))
         try:
-            self._server = _Server((host, port), handler, max_request_bytes)
+            self._server = _Server((host, port), kafka_apis, max_request_bytes)
         except OSError as e:
             raise errors.BrokerNotAvailableError(
                 f"cannot listen for Kafka clients on {host}:{port}: {e.strerror}") from None
         address = self._server.server_address
         self.host: str = str(address[0])
         self.port: int = int(address[1])
+        if groups is not None:
+            kafka_apis.groups.coordinator_address = (self.host, self.port)
         self._thread = threading.Thread(target=self._server.serve_forever, args=(0.2,),
                                         name=f"kafka-listener-{self.port}", daemon=True)
 

@@ -1,0 +1,260 @@
+"""Kafka's consumer-group APIs over the cluster's group coordinator: the same groups, members
+and committed offsets (`__consumer_offsets`) as through gRPC, so a Kafka client and a deltabus
+client can share one group. The coordinator lives in the Spark driver; FindCoordinator sends
+Kafka clients to the bootstrap listener there, and the brokers' listeners answer the other group
+APIs with NOT_COORDINATOR, as a Kafka broker does for a group it does not coordinate.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from kio.schema.errors import ErrorCode
+
+from deltabus import errors
+from deltabus.offsets.group_coordinator import GroupCoordinator
+from deltabus.offsets.offset_store import OffsetAndMetadata
+from deltabus.rpc.group_servicer import LONG_POLL_SLACK_S, wait_result
+from deltabus.rpc.kafka.frames import error_code, load_response_schema, make, nested
+
+(FIND_COORDINATOR, JOIN_GROUP, SYNC_GROUP, HEARTBEAT, LEAVE_GROUP, OFFSET_COMMIT, OFFSET_FETCH,
+ LIST_GROUPS, DESCRIBE_GROUPS) = 10, 11, 14, 12, 13, 8, 9, 16, 15
+SUPPORTED: dict[int, tuple[int, int]] = {
+    FIND_COORDINATOR: (0, 3),
+    JOIN_GROUP: (0, 7),
+    SYNC_GROUP: (0, 5),
+    HEARTBEAT: (0, 4),
+    LEAVE_GROUP: (0, 4),
+    OFFSET_COMMIT: (2, 8),
+    OFFSET_FETCH: (1, 7),
+    LIST_GROUPS: (0, 4),
+    DESCRIBE_GROUPS: (0, 5),
+}
+# The coordinator's node id in FindCoordinator answers: no broker has it, so clients keep a
+# connection of its own for it.
+COORDINATOR_NODE_ID = 2**31 - 1
+NO_TIME = timedelta(0)
+COMMIT_TIMEOUT_S = 30.0
+
+
+class KafkaGroupApis:
+    """The group APIs; `groups` is None on a broker (everything but FindCoordinator then
+    answers NOT_COORDINATOR). `coordinator` is the (host, port) of the bootstrap listener."""
+
+    def __init__(self, groups: GroupCoordinator | None,
+                 coordinator: tuple[str, int] | None) -> None:
+        self._groups = groups
+        self.coordinator_address = coordinator
+        self.apis = {
+            FIND_COORDINATOR: self.find_coordinator, JOIN_GROUP: self.join_group,
+            SYNC_GROUP: self.sync_group, HEARTBEAT: self.heartbeat,
+            LEAVE_GROUP: self.leave_group, OFFSET_COMMIT: self.offset_commit,
+            OFFSET_FETCH: self.offset_fetch, LIST_GROUPS: self.list_groups,
+            DESCRIBE_GROUPS: self.describe_groups,
+        }
+
+    def _coordinator(self) -> GroupCoordinator:
+        if self._groups is None:
+            raise errors.NotCoordinatorError(
+                "this broker is not the group coordinator: ask FindCoordinator")
+        return self._groups
+
+    def find_coordinator(self, version: int, request: Any,
+                         refused: errors.DeltaBusError | None = None) -> Any:
+        cls = load_response_schema(FIND_COORDINATOR, version)
+        error = refused
+        if error is None and getattr(request, "key_type", 0) != 0:
+            error = errors.InvalidRequestError("only group coordinators are supported "
+                                               "(transactions are not)")
+        if error is None and self.coordinator_address is None:
+            error = errors.CoordinatorNotAvailableError("no group coordinator is listening for "
+                                                        "Kafka clients")
+        host, port = self.coordinator_address or ("", -1)
+        return make(cls, throttle_time=NO_TIME, error_code=error_code(error),
+                    error_message=error.message if error else None,
+                    node_id=COORDINATOR_NODE_ID if error is None else -1,
+                    host=host if error is None else "", port=port if error is None else -1)
+
+    def join_group(self, version: int, request: Any, refused: errors.DeltaBusError | None = None,
+                   client: tuple[str, str] = ("", "")) -> Any:
+        """`client`: the request header's client id and the client's host, as
+        consumer-groups --describe shows them."""
+        cls = load_response_schema(JOIN_GROUP, version)
+        member_cls = nested(cls, "JoinGroupResponseMember")
+        session_ms = int(request.session_timeout.total_seconds() * 1000)
+        rebalance = getattr(request, "rebalance_timeout", None)
+        rebalance_ms = int(rebalance.total_seconds() * 1000) if rebalance else session_ms
+        member_id = request.member_id
+        try:
+            if refused is not None:
+                raise refused
+            protocols = [(p.name, bytes(p.metadata)) for p in request.protocols]
+
+            def join(member: str) -> Any:
+                future = self._coordinator().join_group(
+                    request.group_id, member, request.protocol_type, protocols,
+                    session_timeout_ms=session_ms, rebalance_timeout_ms=rebalance_ms,
+                    client_id=client[0], client_host=client[1])
+                return wait_result(future, max(session_ms, rebalance_ms) / 1000 + LONG_POLL_SLACK_S)
+
+            try:
+                result = join(member_id)
+            except errors.MemberIdRequiredError as e:
+                if version >= 4:  # the client joins again with its new id (KIP-394)
+                    raise
+                member_id = e.member_id  # type: ignore[attr-defined]
+                result = join(member_id)
+        except errors.DeltaBusError as e:
+            return make(cls, throttle_time=NO_TIME, error_code=error_code(e), generation_id=-1,
+                        protocol_type=None, protocol_name=None if version >= 7 else "",
+                        leader="", member_id=getattr(e, "member_id", member_id), members=())
+        return make(cls, throttle_time=NO_TIME, error_code=ErrorCode.none,
+                    generation_id=result.generation_id, protocol_type=request.protocol_type,
+                    protocol_name=result.protocol_name, leader=result.leader_id,
+                    member_id=result.member_id,
+                    members=tuple(member_cls(member_id=m, group_instance_id=None, metadata=md)
+                                  for m, md in result.members))
+
+    def sync_group(self, version: int, request: Any,
+                   refused: errors.DeltaBusError | None = None) -> Any:
+        cls = load_response_schema(SYNC_GROUP, version)
+        try:
+            if refused is not None:
+                raise refused
+            coordinator = self._coordinator()
+            future = coordinator.sync_group(
+                request.group_id, request.generation_id, request.member_id,
+                {a.member_id: bytes(a.assignment) for a in request.assignments})
+            assignment = wait_result(future, coordinator.rebalance_timeout_s(request.group_id)
+                               + LONG_POLL_SLACK_S)
+        except errors.DeltaBusError as e:
+            return make(cls, throttle_time=NO_TIME, error_code=error_code(e), assignment=b"")
+        return make(cls, throttle_time=NO_TIME, error_code=ErrorCode.none,
+                    protocol_type=getattr(request, "protocol_type", None),
+                    protocol_name=getattr(request, "protocol_name", None),
+                    assignment=assignment)
+
+    def heartbeat(self, version: int, request: Any,
+                  refused: errors.DeltaBusError | None = None) -> Any:
+        cls = load_response_schema(HEARTBEAT, version)
+        error = refused
+        if error is None:
+            try:
+                self._coordinator().heartbeat(request.group_id, request.generation_id,
+                                              request.member_id)
+            except errors.DeltaBusError as e:
+                error = e
+        return make(cls, throttle_time=NO_TIME, error_code=error_code(error))
+
+    def leave_group(self, version: int, request: Any,
+                    refused: errors.DeltaBusError | None = None) -> Any:
+        cls = load_response_schema(LEAVE_GROUP, version)
+        members = ([m.member_id for m in request.members] if hasattr(request, "members")
+                   else [request.member_id])
+        error = refused
+        if error is None:
+            try:
+                self._coordinator().leave_group(request.group_id, members)
+            except errors.DeltaBusError as e:
+                error = e
+        response_member = (nested(cls, "MemberResponse") if version >= 3 else None)
+        return make(cls, throttle_time=NO_TIME, error_code=error_code(error), members=tuple(
+            response_member(member_id=m, group_instance_id=None, error_code=error_code(error))
+            for m in members) if response_member is not None else ())
+
+    def offset_commit(self, version: int, request: Any,
+                      refused: errors.DeltaBusError | None = None) -> Any:
+        cls = load_response_schema(OFFSET_COMMIT, version)
+        topic_cls, partition_cls = (nested(cls, n) for n in ("OffsetCommitResponseTopic",
+                                                              "OffsetCommitResponsePartition"))
+        offsets = {(t.name, p.partition_index): OffsetAndMetadata(
+            p.committed_offset, getattr(p, "committed_leader_epoch", -1),
+            p.committed_metadata or "")
+            for t in request.topics for p in t.partitions}
+        error = refused
+        if error is None:
+            try:
+                for (topic, partition), om in offsets.items():
+                    if om.offset < 0 or partition < 0:
+                        raise errors.InvalidCommitOffsetSizeError(
+                            f"cannot commit offset {om.offset} of {topic}-{partition}")
+                generation = getattr(request, "generation_id_or_member_epoch",
+                                     getattr(request, "generation_id", -1))
+                wait_result(self._coordinator().commit_offsets(
+                    request.group_id, generation, request.member_id, offsets), COMMIT_TIMEOUT_S)
+            except errors.DeltaBusError as e:
+                error = e
+        by_topic: dict[str, list[Any]] = {}
+        for topic, partition in offsets:
+            by_topic.setdefault(topic, []).append(
+                partition_cls(partition_index=partition, error_code=error_code(error)))
+        return make(cls, throttle_time=NO_TIME, topics=tuple(
+            topic_cls(name=t, partitions=tuple(ps)) for t, ps in by_topic.items()))
+
+    def offset_fetch(self, version: int, request: Any,
+                     refused: errors.DeltaBusError | None = None) -> Any:
+        cls = load_response_schema(OFFSET_FETCH, version)
+        topic_cls, partition_cls = (nested(cls, n) for n in ("OffsetFetchResponseTopic",
+                                                              "OffsetFetchResponsePartition"))
+        wanted = (None if request.topics is None else
+                  [(t.name, p) for t in request.topics for p in t.partition_indexes])
+        committed: dict[tuple[str, int], OffsetAndMetadata] = {}
+        error = refused
+        if error is None:
+            try:
+                committed = self._coordinator().fetch_offsets(request.group_id, wanted)
+            except errors.DeltaBusError as e:
+                error = e
+        by_topic: dict[str, list[Any]] = {}
+        for topic, partition in (wanted if wanted is not None else sorted(committed)):
+            om = committed.get((topic, partition))
+            by_topic.setdefault(topic, []).append(make(
+                partition_cls, partition_index=partition,
+                committed_offset=om.offset if om else -1,
+                committed_leader_epoch=om.leader_epoch if om else -1,
+                metadata=om.metadata if om else "", error_code=ErrorCode.none))
+        return make(cls, throttle_time=NO_TIME, error_code=error_code(error), topics=tuple(
+            topic_cls(name=t, partitions=tuple(ps)) for t, ps in by_topic.items()))
+
+    def list_groups(self, version: int, request: Any,
+                    refused: errors.DeltaBusError | None = None) -> Any:
+        cls = load_response_schema(LIST_GROUPS, version)
+        group_cls = nested(cls, "ListedGroup")
+        listed: list[tuple[str, str, str]] = []
+        error = refused
+        if error is None:
+            try:
+                listed = self._coordinator().list_groups()
+            except errors.DeltaBusError as e:
+                error = e
+        states = {s.lower() for s in getattr(request, "states_filter", ())}
+        return make(cls, throttle_time=NO_TIME, error_code=error_code(error), groups=tuple(
+            make(group_cls, group_id=g, protocol_type=t, group_state=s)
+            for g, t, s in listed if not states or s.lower() in states))
+
+    def describe_groups(self, version: int, request: Any,
+                        refused: errors.DeltaBusError | None = None) -> Any:
+        cls = load_response_schema(DESCRIBE_GROUPS, version)
+        group_cls, member_cls = (nested(cls, n) for n in ("DescribedGroup",
+                                                          "DescribedGroupMember"))
+        described = []
+        for group_id in request.groups:
+            try:
+                if refused is not None:
+                    raise refused
+                d = self._coordinator().describe_group(group_id)
+            except errors.DeltaBusError as e:
+                described.append(make(group_cls, error_code=error_code(e), group_id=group_id,
+                                      group_state="", protocol_type="", protocol_data="",
+                                      members=()))
+                continue
+            described.append(make(
+                group_cls, error_code=ErrorCode.none, group_id=d.group_id, group_state=d.state,
+                protocol_type=d.protocol_type, protocol_data=d.protocol, members=tuple(
+                    make(member_cls, member_id=m.member_id, group_instance_id=None,
+                         client_id=m.client_id, client_host=m.client_host,
+                         member_metadata=m.metadata, member_assignment=m.assignment)
+                    for m in d.members)))
+        return make(cls, throttle_time=NO_TIME, groups=tuple(described))
+
