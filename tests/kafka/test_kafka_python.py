@@ -78,3 +78,35 @@ def test_what_deltabus_produces_kafka_python_reads(cluster, topic_name) -> None:
     finally:
         consumer.close()
     assert got == expected
+
+
+def test_kafka_pythons_admin_client_manages_topics(cluster, topic_name) -> None:
+    from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient, NewPartitions
+    from kafka.admin import NewTopic as KafkaNewTopic
+    from kafka.errors import TopicAlreadyExistsError
+
+    admin = KafkaAdminClient(bootstrap_servers=cluster.kafka_bootstrap_servers)
+    try:
+        admin.create_topics([KafkaNewTopic(topic_name, 2, 3,
+                                           topic_configs={"retention.ms": "3600000"})])
+        with pytest.raises(TopicAlreadyExistsError):
+            admin.create_topics([KafkaNewTopic(topic_name, 2, 3)])
+        assert topic_name in admin.list_topics()
+        (described,) = admin.describe_topics([topic_name])
+        assert len(described["partitions"]) == 2
+        assert all(len(p["replica_nodes"]) == 3 for p in described["partitions"])
+        configs = admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic_name)],
+                                         config_filter="all")
+        (entries,) = configs.values()
+        entries = entries[topic_name]
+        assert entries["retention.ms"]["value"] == "3600000"
+        assert entries["cleanup.policy"]["value"] == "delete"
+        admin.create_partitions({topic_name: NewPartitions(total_count=3)})
+        cluster_info = admin.describe_cluster()
+        assert {b["broker_id"] for b in cluster_info["brokers"]} == {0, 1, 2}
+        assert cluster_info["controller_id"] in {0, 1, 2}
+        admin.delete_topics([topic_name])
+    finally:
+        admin.close()
+    with AdminClient(cluster.bootstrap_servers) as ours:  # the same cluster state
+        assert topic_name not in ours.list_topics()

@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import logging
 import time
-import uuid
 from collections.abc import Callable
 from concurrent import futures
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -23,9 +21,9 @@ from kio.schema.errors import ErrorCode
 
 from deltabus import config as cfg
 from deltabus import errors
-from deltabus.metadata import MetadataImage
 from deltabus.offsets.group_coordinator import GroupCoordinator
-from deltabus.rpc.kafka import batches, groups
+from deltabus.rpc.kafka import admin, batches, groups
+from deltabus.rpc.kafka.admin import controller_id, kafka_endpoints, topic_uuid
 from deltabus.rpc.kafka.frames import error_code, load_response_schema, make, nested
 from deltabus.rpc.server import (
     DEFAULT_PRODUCE_TIMEOUT_MS,
@@ -46,18 +44,9 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     API_VERSIONS: (0, 3),
     INIT_PRODUCER_ID: (0, 4),
     **groups.SUPPORTED,
+    **admin.SUPPORTED,
 }
 NO_TIME = timedelta(0)
-
-
-@dataclass(frozen=True)
-class KafkaEndpoint:
-    """A broker's Kafka listener, as Metadata lists it."""
-
-    node_id: int
-    host: str
-    port: int
-    rack: str | None = None
 
 
 class KafkaApis:
@@ -73,6 +62,7 @@ class KafkaApis:
             API_VERSIONS: self.api_versions, METADATA: self.metadata, PRODUCE: self.produce,
             FETCH: self.fetch, LIST_OFFSETS: self.list_offsets,
             INIT_PRODUCER_ID: self.init_producer_id, **self.groups.apis,
+            **admin.KafkaAdminApis(handler).apis,
         }
 
     def knows(self, api_key: int) -> bool:
@@ -129,11 +119,11 @@ class KafkaApis:
                 offline_replicas=tuple(r for r in p.replicas if r not in live))
                 for p in state.partitions)
             topics.append(make(topic_cls, error_code=ErrorCode.none, name=name,
-                               topic_id=_uuid(state.topic_id), is_internal=False,
+                               topic_id=topic_uuid(state.topic_id), is_internal=False,
                                partitions=partitions))
         return make(cls, throttle_time=NO_TIME, brokers=brokers,
                     cluster_id=image.cluster_id or None,
-                    controller_id=min(live) if live else -1, topics=tuple(topics))
+                    controller_id=controller_id(image), topics=tuple(topics))
 
     # ---- Produce ------------------------------------------------------------------------------
 
@@ -265,19 +255,6 @@ class KafkaApis:
                 error = e
         return make(cls, throttle_time=NO_TIME, error_code=error_code(error),
                     producer_id=producer_id, producer_epoch=epoch)
-
-
-def kafka_endpoints(image: MetadataImage) -> list[KafkaEndpoint]:
-    """The brokers' Kafka listeners (brokers without one are left out)."""
-    return [KafkaEndpoint(b.broker_id, b.host, b.kafka_port, b.rack or None)
-            for b in image.brokers if b.kafka_port > 0]
-
-
-def _uuid(topic_id: str) -> uuid.UUID | None:
-    try:
-        return uuid.UUID(topic_id)
-    except ValueError:
-        return None
 
 
 def _failed(spec: FetchSpec, error: errors.DeltaBusError) -> FetchResult:

@@ -108,9 +108,9 @@ class _Server(socketserver.ThreadingTCPServer):
         try:
             response = self.apis.handle(key, version, request,
                                         (header.client_id or "", f"/{peer_host}"))
-        except errors.DeltaBusError as e:  # one the API could not place in its response
-            log.warning("Kafka API %d v%d failed: %s", key, version, e)
-            raise BadRequest(f"API {key} v{version} failed: {e}") from None
+        except Exception as e:  # a bug: the client gets a closed connection, the log says why
+            log.exception("Kafka API %d v%d failed", key, version)
+            raise BadRequest(f"API {key} v{version} failed: {type(e).__name__}: {e}") from None
         return None if response is None else encode_response(correlation_id, response)
 
 

@@ -1,0 +1,195 @@
+"""Kafka's admin APIs over the same handler calls as gRPC's: CreateTopics, DeleteTopics,
+CreatePartitions, DescribeConfigs and DescribeCluster. Metadata names a live broker as the
+controller, so Kafka's admin clients send these to a broker, which passes them to the
+controller in the driver (as it does for gRPC).
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from kio.schema.errors import ErrorCode
+
+from deltabus import errors
+from deltabus.metadata import MetadataImage, NewTopic, TopicResult
+from deltabus.rpc import codec
+from deltabus.rpc.kafka.frames import error_code, load_response_schema, make, nested
+from deltabus.rpc.server import DeltaBusHandler
+
+CREATE_TOPICS, DELETE_TOPICS, CREATE_PARTITIONS, DESCRIBE_CONFIGS, DESCRIBE_CLUSTER = (
+    19, 20, 37, 32, 60)
+SUPPORTED: dict[int, tuple[int, int]] = {
+    CREATE_TOPICS: (2, 7),
+    DELETE_TOPICS: (1, 6),
+    CREATE_PARTITIONS: (0, 3),
+    DESCRIBE_CONFIGS: (1, 4),
+    DESCRIBE_CLUSTER: (0, 1),
+}
+NO_TIME = timedelta(0)
+
+
+@dataclass(frozen=True)
+class KafkaEndpoint:
+    """A broker's Kafka listener, as Metadata and DescribeCluster list it."""
+
+    node_id: int
+    host: str
+    port: int
+    rack: str | None = None
+
+
+def kafka_endpoints(image: MetadataImage) -> list[KafkaEndpoint]:
+    """The live brokers' Kafka listeners (brokers without one are left out)."""
+    return [KafkaEndpoint(b.broker_id, b.host, b.kafka_port, b.rack or None)
+            for b in image.brokers if b.kafka_port > 0]
+
+
+def controller_id(image: MetadataImage) -> int:
+    """The node Kafka clients send controller requests to: a live broker (the lowest id), which
+    passes them on to deltabus's controller in the driver; -1 when none is up."""
+    return min((b.node_id for b in kafka_endpoints(image)), default=-1)
+
+
+def topic_uuid(topic_id: str) -> uuid.UUID | None:
+    """A topic id as Kafka's UUID (None: none, or not one)."""
+    try:
+        return uuid.UUID(topic_id)
+    except ValueError:
+        return None
+
+
+def _ms(timeout: timedelta | None, default_ms: int = 30_000) -> int:
+    return int(timeout.total_seconds() * 1000) if timeout else default_ms
+
+
+def _message(error: errors.DeltaBusError | None) -> str | None:
+    return error.message if error is not None else None
+
+
+class KafkaAdminApis:
+    def __init__(self, handler: DeltaBusHandler) -> None:
+        self._handler = handler
+        self.apis = {
+            CREATE_TOPICS: self.create_topics, DELETE_TOPICS: self.delete_topics,
+            CREATE_PARTITIONS: self.create_partitions, DESCRIBE_CONFIGS: self.describe_configs,
+            DESCRIBE_CLUSTER: self.describe_cluster,
+        }
+
+    def create_topics(self, version: int, request: Any,
+                      refused: errors.DeltaBusError | None = None) -> Any:
+        cls = load_response_schema(CREATE_TOPICS, version)
+        result_cls = nested(cls, "CreatableTopicResult")
+        wanted = [NewTopic(
+            t.name, t.num_partitions, t.replication_factor,
+            {c.name: c.value for c in t.configs if c.value is not None} or None,
+            {a.partition_index: list(a.broker_ids) for a in t.assignments} or None)
+            for t in request.topics]
+        results: list[TopicResult]
+        if refused is not None:
+            results = [TopicResult(t.name, refused) for t in wanted]
+        else:
+            results = self._handler.create_topics(wanted, timeout_ms=_ms(request.timeout),
+                                                  validate_only=bool(request.validate_only))
+        return make(cls, throttle_time=NO_TIME, topics=tuple(make(
+            result_cls, name=r.name, topic_id=topic_uuid(r.topic_id),
+            error_code=error_code(r.error), error_message=_message(r.error),
+            num_partitions=r.num_partitions if r.error is None else -1,
+            replication_factor=r.replication_factor if r.error is None else -1, configs=None)
+            for r in results))
+
+    def delete_topics(self, version: int, request: Any,
+                      refused: errors.DeltaBusError | None = None) -> Any:
+        cls = load_response_schema(DELETE_TOPICS, version)
+        result_cls = nested(cls, "DeletableTopicResult")
+        names = ([t.name for t in request.topics] if hasattr(request, "topics")
+                 else list(request.topic_names))
+        results: list[tuple[str, errors.DeltaBusError | None]]
+        if refused is not None:
+            results = [(n, refused) for n in names]
+        else:
+            results = [(r.name, r.error) for r in self._handler.delete_topics(
+                [n for n in names if n is not None], timeout_ms=_ms(request.timeout))]
+        return make(cls, throttle_time=NO_TIME, responses=tuple(make(
+            result_cls, name=name, topic_id=None, error_code=error_code(error),
+            error_message=_message(error)) for name, error in results))
+
+    def create_partitions(self, version: int, request: Any,
+                          refused: errors.DeltaBusError | None = None) -> Any:
+        cls = load_response_schema(CREATE_PARTITIONS, version)
+        result_cls = nested(cls, "CreatePartitionsTopicResult")
+        counts = {t.name: t.count for t in request.topics}
+        if any(t.assignments for t in request.topics) and refused is None:
+            refused = errors.InvalidReplicaAssignmentError(
+                "deltabus places new partitions itself: leave out the assignments")
+        results: list[tuple[str, errors.DeltaBusError | None]]
+        if refused is not None:
+            results = [(n, refused) for n in counts]
+        else:
+            results = [(r.name, r.error) for r in self._handler.create_partitions(
+                counts, timeout_ms=_ms(request.timeout),
+                validate_only=bool(request.validate_only))]
+        return make(cls, throttle_time=NO_TIME, results=tuple(make(
+            result_cls, name=name, error_code=error_code(error), error_message=_message(error))
+            for name, error in results))
+
+    def describe_configs(self, version: int, request: Any,
+                         refused: errors.DeltaBusError | None = None) -> Any:
+        cls = load_response_schema(DESCRIBE_CONFIGS, version)
+        result_cls, entry_cls = (nested(cls, n) for n in ("DescribeConfigsResult",
+                                                          "DescribeConfigsResourceResult"))
+        synonym_cls = nested(cls, "DescribeConfigsSynonym") if version >= 1 else None
+        topics = [r.resource_name for r in request.resources
+                  if r.resource_type == codec.TOPIC_RESOURCE]
+        found: codec.ConfigResults = (
+            {t: refused for t in topics} if refused is not None
+            else self._handler.describe_configs(topics) if topics else {})
+        results = []
+        for r in request.resources:
+            if r.resource_type != codec.TOPIC_RESOURCE:
+                error: errors.DeltaBusError = errors.InvalidRequestError(
+                    "only topics have dynamic configs in deltabus"
+                    if r.resource_type == 4 else
+                    f"unsupported config resource type {r.resource_type}")
+                results.append(make(result_cls, error_code=error_code(error),
+                                    error_message=error.message, resource_type=r.resource_type,
+                                    resource_name=r.resource_name, configs=()))
+                continue
+            entries = found.get(r.resource_name)
+            if isinstance(entries, errors.DeltaBusError) or entries is None:
+                error = entries or errors.UnknownTopicOrPartitionError(
+                    f"unknown topic {r.resource_name}")
+                results.append(make(result_cls, error_code=error_code(error),
+                                    error_message=error.message, resource_type=r.resource_type,
+                                    resource_name=r.resource_name, configs=()))
+                continue
+            keys = set(r.configuration_keys or ())
+            results.append(make(
+                result_cls, error_code=ErrorCode.none, error_message=None,
+                resource_type=r.resource_type, resource_name=r.resource_name, configs=tuple(
+                    make(entry_cls, name=e.name, value=e.value, read_only=e.read_only,
+                         config_source=codec.CONFIG_SOURCES[e.source],
+                         is_default=e.source == "DEFAULT_CONFIG", is_sensitive=e.sensitive,
+                         synonyms=tuple(
+                             synonym_cls(name=n, value=v, source=codec.CONFIG_SOURCES[s])
+                             for s, n, v in e.synonyms)
+                         if synonym_cls is not None and request.include_synonyms else (),
+                         config_type=codec.CONFIG_TYPES[e.type],
+                         documentation=e.doc if getattr(request, "include_documentation",
+                                                        False) else None)
+                    for e in entries if not keys or e.name in keys)))
+        return make(cls, throttle_time=NO_TIME, results=tuple(results))
+
+    def describe_cluster(self, version: int, request: Any,
+                         refused: errors.DeltaBusError | None = None) -> Any:
+        cls = load_response_schema(DESCRIBE_CLUSTER, version)
+        broker_cls = nested(cls, "DescribeClusterBroker")
+        image = self._handler.metadata([], False)
+        brokers = kafka_endpoints(image)
+        return make(cls, throttle_time=NO_TIME, error_code=error_code(refused),
+                    error_message=_message(refused), endpoint_type=1,
+                    cluster_id=image.cluster_id or "", controller_id=controller_id(image),
+                    brokers=tuple(make(broker_cls, broker_id=b.node_id, host=b.host,
+                                       port=b.port, rack=b.rack) for b in brokers))
