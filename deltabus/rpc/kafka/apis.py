@@ -102,6 +102,12 @@ class KafkaApis:
         brokers = tuple(make(broker_cls, node_id=b.node_id, host=b.host, port=b.port,
                              rack=b.rack) for b in kafka_endpoints(image))
         live = {b.node_id for b in brokers}
+        if self.groups.coordinator_address is not None:
+            # librdkafka drops a coordinator that Metadata does not list: the group
+            # coordinator's listener (in the driver) is listed too, leading no partition.
+            host, port = self.groups.coordinator_address
+            brokers += (make(broker_cls, node_id=groups.COORDINATOR_NODE_ID, host=host,
+                             port=port, rack=None),)
         topics = []
         for name in sorted(image.topics) if names is None else names:
             state = image.topics.get(name)
