@@ -16,6 +16,8 @@ a running one), in an order where each step leaves what the next needs:
         the same Parquet files directly (see stream_bench)
     (k) a partition table after 10,000 small commits: open time and fetch rate of the broker's
         log, before and after the log cleaner's small-file compaction (see merge_bench)
+    (l) Kafka's perf-test workload through a Kafka client (confluent-kafka) on the Kafka
+        listeners, beside deltabus's gRPC clients, in the same run (see kafka_bench)
 
 The bulk target is relative as well as absolute, because what a 2-core laptop can write to Delta
 bounds every figure; (a) says what that bound was on this run.
@@ -37,7 +39,7 @@ import pyarrow as pa
 from deltalake import write_deltalake
 
 from deltabus import config as cfg
-from deltabus.cli import group_bench, merge_bench, stream_bench
+from deltabus.cli import group_bench, kafka_bench, merge_bench, stream_bench
 from deltabus.cli.options import CliError
 from deltabus.cli.producer_performance import BULK_CHUNK_BYTES, payload, random_values
 from deltabus.cli.results import write_json
@@ -71,6 +73,9 @@ def add_parser(subparsers: argparse._SubParsersAction, parent: argparse.Argument
                    help="records for per-record send() (default: min(300000, --records))")
     p.add_argument("--drain-records", type=int, default=10_000_000,
                    help="records the streaming query drains in step (j) (default 10000000)")
+    p.add_argument("--kafka-bootstrap-server", metavar="HOST:PORT",
+                   help="the running cluster's Kafka listener, for step (l) with "
+                        "--bootstrap-server (the embedded cluster's otherwise)")
     p.add_argument("--small-commits", type=int, default=10_000,
                    help="small commits before the merge in step (k) (default 10000)")
     p.add_argument("--json", default="bench/results.json", metavar="FILE",
@@ -87,12 +92,19 @@ def run(args: argparse.Namespace) -> int:
     root = tempfile.mkdtemp(prefix="deltabus-bench-")
     started = time.monotonic()
     try:
-        with _bootstrap(args.bootstrap_server, root) as (bootstrap, spark):
+        with _bootstrap(args.bootstrap_server, root) as (bootstrap, spark, kafka_bootstrap):
             figures = run_steps(bootstrap, root, args.records, send_records)
             with _step(figures["step_s"], "j", "streaming query draining a topic"):
                 figures["drain"] = stream_bench.drain_vs_parquet(
                     spark, bootstrap, pa.table({"value": random_values(
                         min(args.drain_records, 100_000), VALUE_BYTES)}), args.drain_records)
+            kafka_bootstrap = args.kafka_bootstrap_server or kafka_bootstrap
+            if kafka_bootstrap:
+                with _step(figures["step_s"], "l", "Kafka client and gRPC perf workload"):
+                    figures["kafka"] = kafka_bench.kafka_vs_grpc(
+                        bootstrap, kafka_bootstrap, send_records, payload(VALUE_BYTES))
+            else:
+                print("(l) skipped: give --kafka-bootstrap-server with --bootstrap-server")
         with _step(figures["step_s"], "k", f"{args.small_commits:,} small commits, then merge"):
             figures["small_files"] = merge_bench.small_commits_then_merge(
                 f"{root}/small-commits", args.small_commits, VALUE_BYTES)
@@ -107,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 @contextlib.contextmanager
-def _bootstrap(bootstrap: str | None, root: str) -> Iterator[tuple[str, Any]]:
+def _bootstrap(bootstrap: str | None, root: str) -> Iterator[tuple[str, Any, str | None]]:
     """The given cluster, or an embedded one (local Spark, 3 brokers) for the duration; and a
     SparkSession for the streaming step (2 task slots beside the brokers)."""
     from deltabus.cluster.cluster import Cluster, local_spark
@@ -116,13 +128,13 @@ def _bootstrap(bootstrap: str | None, root: str) -> Iterator[tuple[str, Any]]:
     spark.sparkContext.setLogLevel("WARN")
     if bootstrap:
         try:
-            yield bootstrap, spark
+            yield bootstrap, spark, None
         finally:
             spark.stop()
         return
-    cluster = Cluster(spark, root=f"{root}/cluster", brokers=3, port=0).start()
+    cluster = Cluster(spark, root=f"{root}/cluster", brokers=3, port=0, kafka_port=0).start()
     try:
-        yield cluster.bootstrap_servers, spark
+        yield cluster.bootstrap_servers, spark, cluster.kafka_bootstrap_servers
     finally:
         cluster.stop()
         spark.stop()
@@ -378,6 +390,13 @@ def report(f: dict[str, Any], ok: dict[str, bool]) -> str:
           f"{sf['files_before']:,} -> {sf['files_after']} files in {sf['merge_s']:.1f} s"),
          "faster after the merge", ok["small_files"]),
     ]
+    if "kafka" in f:
+        k = f["kafka"]
+        rows.append((f"(l) perf workload, {k['records']:,} records",
+                     (f"produce: Kafka client {k['kafka_produce_rps']:,.0f}, gRPC "
+                      f"{k['grpc_produce_rps']:,.0f} rec/s; consume: Kafka client "
+                      f"{k['kafka_consume_rps']:,.0f}, gRPC {k['grpc_consume_rps']:,.0f} rec/s"),
+                     "reported side by side", ""))
     title = (f"deltabus bench: {f['records']:,} records of {f['value_bytes']} bytes "
              f"(send() {f['send_records']:,}), 1 partition, {f['elapsed_s']:.0f} s")
     lines = [title,
