@@ -32,6 +32,9 @@ def add_parser(subparsers: argparse._SubParsersAction, parent: argparse.Argument
     s.add_argument("--master", help="Spark master URL (default: local with brokers + 2 slots)")
     s.add_argument("--port", type=int,
                    help="bootstrap port (default: the port of --bootstrap-server)")
+    s.add_argument("--kafka-port", type=int, default=None,
+                   help="Kafka protocol bootstrap port; broker b listens on it + 1 + b "
+                        "(default: $DELTABUS_KAFKA_PORT or 9092; 0: any free ports; -1: none)")
     s.set_defaults(func=start)
 
 
@@ -70,12 +73,16 @@ def start(args: argparse.Namespace) -> int:
     spark.sparkContext.setLogLevel(SPARK_LOG_LEVEL)
     try:
         try:
+            kafka = {} if args.kafka_port is None else {"kafka_port": args.kafka_port}
             cluster = Cluster(spark, root=args.root, brokers=args.brokers, port=port,
-                              host=host).start()
+                              host=host, **kafka).start()
         except (TimeoutError, ValueError) as e:
             raise CliError(str(e)) from None
         print(f"deltabus cluster started: bootstrap {cluster.bootstrap_servers}, "
               f"{args.brokers} brokers, data under {cluster.config.root}", flush=True)
+        if cluster.config.kafka_port >= 0:
+            print(f"Kafka clients: bootstrap.servers={cluster.kafka_bootstrap_servers}",
+                  flush=True)
         if cluster.spark_ui_url:
             print(f"Spark UI: {cluster.spark_ui_url}", flush=True)
         print("Press Ctrl-C to stop.", flush=True)

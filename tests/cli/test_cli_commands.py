@@ -176,13 +176,14 @@ def test_cluster_start_serves_until_signalled_and_flushes(tmp_path: Any, stop_si
     process = subprocess.Popen(
         [sys.executable, "-m", "deltabus.cli.main", "cluster", "start", "--brokers", "1",
          "--master", "local[3]",
-         "--root", str(tmp_path / "data"), "--port", str(port)],
+         "--root", str(tmp_path / "data"), "--port", str(port), "--kafka-port", "0"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         assert process.stdout is not None
         first = process.stdout.readline()
         assert first == (f"deltabus cluster started: bootstrap 127.0.0.1:{port}, 1 brokers, "
                          f"data under {tmp_path / 'data'}\n")
+        assert process.stdout.readline().startswith("Kafka clients: bootstrap.servers=127.0.0.1:")
         assert process.stdout.readline().startswith("Spark UI: http://")
         with Producer(f"127.0.0.1:{port}", acks=0) as producer:
             for i in range(200):
