@@ -3,14 +3,18 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# Kafka clients the tests drive unmodified besides the Python ones: KafkaJS (npm, pinned by the
+# lock file) and kcat (Debian's package, on librdkafka).
+NODE_TESTS := tests/kafka/node
+NODE_STAMP := $(NODE_TESTS)/node_modules/.installed
 PROTO := deltabus/rpc/v1/deltabus.proto
 export SPARK_LOCAL_IP ?= 127.0.0.1
 export PYSPARK_PYTHON = $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON = $(abspath $(PY))
 
-.PHONY: setup run test bench protos lint clean
+.PHONY: setup kcat run test bench protos lint clean
 
-setup: $(STAMP)
+setup: $(STAMP) $(NODE_STAMP) kcat
 
 $(STAMP): setup.cfg pyproject.toml
 	@command -v java >/dev/null 2>&1 || [ -n "$$JAVA_HOME" ] || { \
@@ -19,6 +23,18 @@ $(STAMP): setup.cfg pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev]'
 	@touch $(STAMP)
+
+# Where KafkaJS or kcat cannot be installed, set-up says what to install and goes on; their tests
+# then fail, saying the same. Each is tried again at the next set-up until it is there.
+$(NODE_STAMP): $(NODE_TESTS)/package.json $(NODE_TESTS)/package-lock.json
+	@if command -v npm >/dev/null 2>&1 && \
+	  npm ci --prefix $(NODE_TESTS) --no-audit --no-fund --loglevel=error; then touch $@; else \
+	  echo "KafkaJS tests need Node.js with npm (Debian/Ubuntu: apt-get install -y nodejs npm), then: npm ci --prefix $(NODE_TESTS)" >&2; fi
+
+kcat:
+	@command -v kcat >/dev/null 2>&1 || \
+	  { apt-get update -qq && apt-get install -y -qq kcat; } >/dev/null 2>&1 || \
+	  echo "kcat tests need kcat: install it (Debian/Ubuntu: apt-get install -y kcat)" >&2
 
 run: setup
 	$(VENV)/bin/deltabus cluster start $(ARGS)

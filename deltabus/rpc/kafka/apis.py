@@ -212,8 +212,10 @@ class KafkaApis:
                 replica_id=-1)
         by_topic: dict[str, list[Any]] = {}
         for r in results:
+            # nothing new is an empty record set, never a null one: Kafka's brokers send that,
+            # and librdkafka 2.0 (Debian's kcat) fails to parse a null
             records = (batches.encode_fetch(r.records)
-                       if r.records is not None and r.records.num_rows else None)
+                       if r.records is not None and r.records.num_rows else b"")
             by_topic.setdefault(r.topic, []).append(make(
                 partition_cls, partition_index=r.partition, error_code=error_code(r.error),
                 high_watermark=r.high_watermark, last_stable_offset=r.high_watermark,
