@@ -1,0 +1,90 @@
+"""Record batches to and from log rows, checked with kafka-python's own decoder: what a fetch
+sends is what the log holds (offsets with gaps, keys and values null or not, headers, timestamps
+in any order, both timestamp types), and what a producer sends is what the log takes."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
+from kafka.record.memory_records import MemoryRecords
+
+from deltabus.records import LOG_SCHEMA
+from deltabus.rpc.kafka.batches import FETCH_BATCH_RECORDS_MAX, decode_produce, encode_fetch
+
+record = st.tuples(
+    st.integers(1, 3),  # gap to the previous offset (compaction leaves gaps)
+    st.integers(1_600_000_000_000, 1_800_000_000_000),
+    st.none() | st.binary(max_size=40),
+    st.none() | st.binary(max_size=300),
+    st.lists(st.tuples(st.text(max_size=8), st.none() | st.binary(max_size=8)), max_size=2),
+)
+
+
+def log_rows(records: list[tuple], timestamp_type: int, base: int) -> pa.Table:
+    offsets, offset = [], base
+    for gap, *_ in records:
+        offsets.append(offset)
+        offset += gap
+    return pa.table({
+        "offset": offsets,
+        "timestamp": pa.array([r[1] * 1000 for r in records], pa.timestamp("us", tz="UTC")),
+        "timestamp_type": pa.array([timestamp_type] * len(records), pa.int32()),
+        "key": pa.array([r[2] for r in records], pa.binary()),
+        "value": pa.array([r[3] for r in records], pa.binary()),
+        "headers": pa.array([[{"key": k, "value": v} for k, v in r[4]] or None
+                             for r in records], LOG_SCHEMA.field("headers").type),
+        "producer_id": pa.array([-1] * len(records), pa.int64()),
+        "producer_epoch": pa.array([-1] * len(records), pa.int16()),
+        "sequence": pa.array([-1] * len(records), pa.int32()),
+        "leader_epoch": pa.array([3] * len(records), pa.int32()),
+    }, schema=LOG_SCHEMA)
+
+
+def decoded(data: bytes) -> tuple[list[tuple], list[DefaultRecordBatch]]:
+    out, batches = [], []
+    records = MemoryRecords(data)
+    while records.has_next():
+        batch = records.next_batch()
+        assert batch.validate_crc()
+        batches.append(batch)
+        out += [(r.offset, r.timestamp, r.key, r.value,
+                 [(k, v) for k, v in r.headers]) for r in batch]
+    return out, batches
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(record, min_size=1, max_size=60), st.sampled_from([0, 1]),
+       st.integers(0, 10**12), st.booleans())
+def test_fetched_batches_decode_to_the_log_rows(records, timestamp_type, base, no_headers):
+    if no_headers:  # the column-wise encoder's case
+        records = [(*r[:4], []) for r in records]
+    rows = log_rows(records, timestamp_type, base)
+    got, batches = decoded(encode_fetch(rows))
+    assert got == [(o, r[1], r[2], r[3], r[4]) for o, r in
+                   zip(rows.column("offset").to_pylist(), records, strict=True)]
+    assert all(b.timestamp_type == timestamp_type and b.leader_epoch == 3 for b in batches)
+
+
+def test_a_long_fetch_is_split_into_batches() -> None:
+    records = [(1, 1_700_000_000_000 + i, None, b"v", []) for i in range(10_000)]
+    got, batches = decoded(encode_fetch(log_rows(records, 0, 0)))
+    assert len(got) == 10_000 and len(batches) == -(-10_000 // FETCH_BATCH_RECORDS_MAX)
+    assert [b.base_offset for b in batches] == list(range(0, 10_000, FETCH_BATCH_RECORDS_MAX))
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(record, min_size=1, max_size=30), st.sampled_from([0, 1, 2, 3, 4]))
+def test_produced_batches_decode_to_produce_rows(records, codec):
+    builder = DefaultRecordBatchBuilder(magic=2, compression_type=codec, is_transactional=False,
+                                        producer_id=9, producer_epoch=1, base_sequence=5,
+                                        batch_size=1 << 24)
+    for i, (_, ts, key, value, headers) in enumerate(records):
+        builder.append(i, timestamp=ts, key=key, value=value, headers=headers)
+    (batch,) = decode_produce(bytes(builder.build()))
+    assert (batch.producer.producer_id, batch.producer.base_sequence) == (9, 5)
+    rows = batch.records.to_pylist()
+    assert [(r["key"], r["value"], int(r["timestamp"].timestamp() * 1000),
+             [(h["key"], h["value"]) for h in r["headers"] or []]) for r in rows] == [
+        (key, value, ts, headers) for _, ts, key, value, headers in records]
