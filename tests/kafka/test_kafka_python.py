@@ -110,3 +110,19 @@ def test_kafka_pythons_admin_client_manages_topics(cluster, topic_name) -> None:
         admin.close()
     with AdminClient(cluster.bootstrap_servers) as ours:  # the same cluster state
         assert topic_name not in ours.list_topics()
+
+
+def test_acks_0_gets_no_answer_and_the_records_still_land(cluster, topic_name) -> None:
+    with AdminClient(cluster.bootstrap_servers) as admin:
+        admin.create_topics([NewTopic(topic_name, 1, 1)])
+    producer = KafkaProducer(bootstrap_servers=cluster.kafka_bootstrap_servers, acks=0)
+    try:
+        futures = [producer.send(topic_name, f"fire {i}".encode(), partition=0)
+                   for i in range(20)]
+        producer.flush(30)
+        for future in futures:
+            future.get(10)  # done without an answer from the broker, and without an error
+    finally:
+        producer.close(10)
+    stored = deltabus_records(cluster, topic_name, 0, 20)
+    assert [value for _, _, value, _, _ in stored] == [f"fire {i}".encode() for i in range(20)]
