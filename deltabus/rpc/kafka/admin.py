@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 
 from kio.schema.errors import ErrorCode
@@ -16,11 +15,19 @@ from kio.schema.errors import ErrorCode
 from deltabus import errors
 from deltabus.metadata import MetadataImage, NewTopic, TopicResult
 from deltabus.rpc import codec
-from deltabus.rpc.kafka.frames import error_code, load_response_schema, make, nested
+from deltabus.rpc.kafka.frames import (
+    NO_TIME,
+    error_code,
+    load_response_schema,
+    make,
+    millis,
+    nested,
+)
 from deltabus.rpc.server import DeltaBusHandler
 
 CREATE_TOPICS, DELETE_TOPICS, CREATE_PARTITIONS, DESCRIBE_CONFIGS, DESCRIBE_CLUSTER = (
     19, 20, 37, 32, 60)
+ADMIN_TIMEOUT_MS = 30_000  # where a request gives none
 SUPPORTED: dict[int, tuple[int, int]] = {
     CREATE_TOPICS: (2, 7),
     DELETE_TOPICS: (1, 6),
@@ -28,7 +35,6 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     DESCRIBE_CONFIGS: (1, 4),
     DESCRIBE_CLUSTER: (0, 1),
 }
-NO_TIME = timedelta(0)
 
 
 @dataclass(frozen=True)
@@ -61,10 +67,6 @@ def topic_uuid(topic_id: str) -> uuid.UUID | None:
         return None
 
 
-def _ms(timeout: timedelta | None, default_ms: int = 30_000) -> int:
-    return int(timeout.total_seconds() * 1000) if timeout else default_ms
-
-
 def _message(error: errors.DeltaBusError | None) -> str | None:
     return error.message if error is not None else None
 
@@ -91,8 +93,9 @@ class KafkaAdminApis:
         if refused is not None:
             results = [TopicResult(t.name, refused) for t in wanted]
         else:
-            results = self._handler.create_topics(wanted, timeout_ms=_ms(request.timeout),
-                                                  validate_only=bool(request.validate_only))
+            results = self._handler.create_topics(
+                wanted, timeout_ms=millis(request.timeout, ADMIN_TIMEOUT_MS),
+                validate_only=bool(request.validate_only))
         return make(cls, throttle_time=NO_TIME, topics=tuple(make(
             result_cls, name=r.name, topic_id=topic_uuid(r.topic_id),
             error_code=error_code(r.error), error_message=_message(r.error),
@@ -111,7 +114,8 @@ class KafkaAdminApis:
             results = [(n, refused) for n in names]
         else:
             results = [(r.name, r.error) for r in self._handler.delete_topics(
-                [n for n in names if n is not None], timeout_ms=_ms(request.timeout))]
+                [n for n in names if n is not None],
+                timeout_ms=millis(request.timeout, ADMIN_TIMEOUT_MS))]
         return make(cls, throttle_time=NO_TIME, responses=tuple(make(
             result_cls, name=name, topic_id=None, error_code=error_code(error),
             error_message=_message(error)) for name, error in results))
@@ -129,7 +133,7 @@ class KafkaAdminApis:
             results = [(n, refused) for n in counts]
         else:
             results = [(r.name, r.error) for r in self._handler.create_partitions(
-                counts, timeout_ms=_ms(request.timeout),
+                counts, timeout_ms=millis(request.timeout, ADMIN_TIMEOUT_MS),
                 validate_only=bool(request.validate_only))]
         return make(cls, throttle_time=NO_TIME, results=tuple(make(
             result_cls, name=name, error_code=error_code(error), error_message=_message(error))

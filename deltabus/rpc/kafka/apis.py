@@ -14,7 +14,6 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent import futures
-from datetime import timedelta
 from typing import Any
 
 from kio.schema.errors import ErrorCode
@@ -24,7 +23,14 @@ from deltabus import errors
 from deltabus.offsets.group_coordinator import GroupCoordinator
 from deltabus.rpc.kafka import admin, batches, groups
 from deltabus.rpc.kafka.admin import controller_id, kafka_endpoints, topic_uuid
-from deltabus.rpc.kafka.frames import error_code, load_response_schema, make, nested
+from deltabus.rpc.kafka.frames import (
+    NO_TIME,
+    error_code,
+    load_response_schema,
+    make,
+    millis,
+    nested,
+)
 from deltabus.rpc.server import (
     DEFAULT_PRODUCE_TIMEOUT_MS,
     DeltaBusHandler,
@@ -46,7 +52,6 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     **groups.SUPPORTED,
     **admin.SUPPORTED,
 }
-NO_TIME = timedelta(0)
 
 
 class KafkaApis:
@@ -164,7 +169,7 @@ class KafkaApis:
                 pending.append((topic.name, data.index, appended, error))
         if acks == 0 and refused is None:
             return None
-        timeout_ms = request.timeout.total_seconds() * 1000 or DEFAULT_PRODUCE_TIMEOUT_MS
+        timeout_ms = millis(request.timeout, DEFAULT_PRODUCE_TIMEOUT_MS)
         deadline = time.monotonic() + timeout_ms / 1000
         by_topic: dict[str, list[Any]] = {}
         for name, index, appended, error in pending:
@@ -205,7 +210,7 @@ class KafkaApis:
             results = [_failed(s, refused) for s in specs]
         else:
             results = self._handler.fetch(
-                specs, max_wait_ms=min(int(request.max_wait.total_seconds() * 1000),
+                specs, max_wait_ms=min(millis(request.max_wait),
                                        cfg.FETCH_WAIT_MS_MAX),
                 min_bytes=request.min_bytes,
                 max_bytes=getattr(request, "max_bytes", 0) or cfg.FETCH_MAX_BYTES,

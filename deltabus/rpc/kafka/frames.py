@@ -12,9 +12,11 @@ import dataclasses
 import io
 import struct
 import sys
+from datetime import timedelta
 from typing import Any
 
 from kio.index import UnknownAPIKey, UnknownEntity, load_request_schema, load_response_schema
+from kio.schema.errors import ErrorCode
 from kio.serial import entity_reader, entity_writer
 
 from deltabus import errors
@@ -22,6 +24,14 @@ from deltabus import errors
 __all__ = ["UnknownAPIKey", "UnknownEntity", "load_response_schema"]
 
 HEADER = struct.Struct(">hhi")  # api_key, api_version, correlation_id: fixed in every version
+
+
+NO_TIME = timedelta(0)  # throttle_time: deltabus does not throttle
+
+
+def millis(duration: timedelta | None, default: int = 0) -> int:
+    """A kio duration field in milliseconds; `default` where it is null or zero."""
+    return int(duration.total_seconds() * 1000) if duration else default
 
 
 class BadRequest(Exception):
@@ -76,8 +86,6 @@ def nested(cls: type, name: str) -> Any:
     return getattr(sys.modules[cls.__module__], name)
 
 
-def error_code(error: errors.DeltaBusError | None) -> Any:
+def error_code(error: errors.DeltaBusError | None) -> ErrorCode:
     """kio's ErrorCode for one of ours (ours carry Kafka's codes)."""
-    from kio.schema.errors import ErrorCode
-
     return ErrorCode.none if error is None else ErrorCode(error.code)

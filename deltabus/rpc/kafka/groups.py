@@ -7,7 +7,6 @@ APIs with NOT_COORDINATOR, as a Kafka broker does for a group it does not coordi
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Any
 
 from kio.schema.errors import ErrorCode
@@ -16,7 +15,14 @@ from deltabus import errors
 from deltabus.offsets.group_coordinator import GroupCoordinator
 from deltabus.offsets.offset_store import OffsetAndMetadata
 from deltabus.rpc.group_servicer import LONG_POLL_SLACK_S, wait_result
-from deltabus.rpc.kafka.frames import error_code, load_response_schema, make, nested
+from deltabus.rpc.kafka.frames import (
+    NO_TIME,
+    error_code,
+    load_response_schema,
+    make,
+    millis,
+    nested,
+)
 
 (FIND_COORDINATOR, JOIN_GROUP, SYNC_GROUP, HEARTBEAT, LEAVE_GROUP, OFFSET_COMMIT, OFFSET_FETCH,
  LIST_GROUPS, DESCRIBE_GROUPS) = 10, 11, 14, 12, 13, 8, 9, 16, 15
@@ -34,7 +40,6 @@ SUPPORTED: dict[int, tuple[int, int]] = {
 # The coordinator's node id in FindCoordinator answers: no broker has it, so clients keep a
 # connection of its own for it.
 COORDINATOR_NODE_ID = 2**31 - 1
-NO_TIME = timedelta(0)
 COMMIT_TIMEOUT_S = 30.0
 
 
@@ -82,9 +87,8 @@ class KafkaGroupApis:
         consumer-groups --describe shows them."""
         cls = load_response_schema(JOIN_GROUP, version)
         member_cls = nested(cls, "JoinGroupResponseMember")
-        session_ms = int(request.session_timeout.total_seconds() * 1000)
-        rebalance = getattr(request, "rebalance_timeout", None)
-        rebalance_ms = int(rebalance.total_seconds() * 1000) if rebalance else session_ms
+        session_ms = millis(request.session_timeout)
+        rebalance_ms = millis(getattr(request, "rebalance_timeout", None), session_ms)
         member_id = request.member_id
         try:
             if refused is not None:

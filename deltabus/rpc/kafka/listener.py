@@ -30,6 +30,7 @@ from deltabus import errors
 from deltabus.offsets.group_coordinator import GroupCoordinator
 from deltabus.rpc.kafka import apis
 from deltabus.rpc.kafka.frames import (
+    NO_TIME,
     BadRequest,
     UnknownAPIKey,
     UnknownEntity,
@@ -127,7 +128,7 @@ def unsupported(key: int, version: int) -> Any:
         if f.name == "error_code":
             values[f.name] = ErrorCode.unsupported_version
         elif kind is timedelta or "Timedelta" in getattr(kind, "__name__", ""):
-            values[f.name] = timedelta(0)
+            values[f.name] = NO_TIME
         elif typing.get_origin(kind) is tuple:
             values[f.name] = ()
         elif typing.get_origin(kind) in (typing.Union, types.UnionType):
