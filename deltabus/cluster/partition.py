@@ -77,6 +77,16 @@ class Partition:
                 return self.isr
             return self.isr + tuple(r for r in self._pending_isr if r not in self.isr)
 
+    @property
+    def minimal_isr(self) -> tuple[int, ...]:
+        """The ISR without replicas an in-flight AlterPartition drops: what acks=all may count
+        on. A replica the leader proposed to drop is lagging; counting it towards
+        min.insync.replicas would append records it then cannot replicate."""
+        with self._lock:
+            if self._pending_isr is None:
+                return self.isr
+            return tuple(r for r in self.isr if r in self._pending_isr)
+
     # ---- metadata ------------------------------------------------------------------------------
 
     def apply(self, state: PartitionState, version: int) -> bool:
@@ -305,7 +315,7 @@ class Partition:
         return done
 
     def check_min_isr(self, min_insync_replicas: int) -> None:
-        isr = self.isr
+        isr = self.minimal_isr
         if len(isr) < min_insync_replicas:
             raise errors.NotEnoughReplicasError(
                 f"{self.topic}-{self.partition} has {len(isr)} in-sync replicas {list(isr)}, "

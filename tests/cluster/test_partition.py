@@ -101,6 +101,25 @@ def test_lagging_follower_is_proposed_out_and_a_caught_up_one_back_in(leader) ->
     assert partition.follower_fetched(2, 10) == [0, 1, 2]
 
 
+def test_a_shrink_in_flight_already_counts_against_min_insync(leader) -> None:
+    """Once the leader has proposed dropping a lagging follower, acks=all no longer counts it:
+    otherwise a produce checked before the controller's answer arrives would be appended and
+    then fail NOT_ENOUGH_REPLICAS_AFTER_APPEND instead of being refused with nothing written."""
+    partition, clock = leader
+    _append(partition, 5)
+    partition.follower_fetched(1, 5)
+    partition.follower_fetched(2, 5)
+    partition.check_min_isr(2)
+    clock.now += 6  # neither follower fetches again
+    assert partition.lagging_isr(lag_max_ms=5000) == [0]  # proposed, not answered yet
+    assert partition.isr == (0, 1, 2)
+    with pytest.raises(errors.NotEnoughReplicasError, match=r"1 in-sync replicas \[0\]"):
+        partition.check_min_isr(2)
+    partition.isr_committed((0,), version=5)
+    with pytest.raises(errors.NotEnoughReplicasError):
+        partition.check_min_isr(2)
+
+
 def test_isr_expansion_in_flight_holds_the_high_watermark_until_answered(leader) -> None:
     """While the controller is committing an expansion, metadata it sent earlier (still showing
     the old ISR) must not make the leader forget the joining replica: the controller will count
