@@ -19,6 +19,7 @@ __all__ = [
     "DeltaBusError",
     "ClientError",
     "KafkaTimeoutError",
+    "LogTruncationError",
     "error_for_code",
     "ERRORS_BY_CODE",
 ]
@@ -145,6 +146,10 @@ FencedLeaderEpochError = _kafka_error(
     74, "FENCED_LEADER_EPOCH", retriable=True, invalid_metadata=True)
 UnknownLeaderEpochError = _kafka_error(75, "UNKNOWN_LEADER_EPOCH", retriable=True)
 StaleBrokerEpochError = _kafka_error(77, "STALE_BROKER_EPOCH")
+# A new leader's high watermark has not yet caught up with its log end after the election:
+# ListOffsets cannot answer "latest" (or a timestamp) without going back in time. Retry.
+OffsetNotAvailableError = _kafka_error(
+    78, "OFFSET_NOT_AVAILABLE", retriable=True, grpc_status=_S.UNAVAILABLE)
 MemberIdRequiredError = _kafka_error(79, "MEMBER_ID_REQUIRED")
 PreferredLeaderNotAvailableError = _kafka_error(80, "PREFERRED_LEADER_NOT_AVAILABLE",
                                                 retriable=True)
@@ -163,6 +168,15 @@ class ClientError(DeltaBusError):
 
     name = "CLIENT_ERROR"
     grpc_status = grpc.StatusCode.CANCELLED
+
+
+class LogTruncationError(ClientError):
+    """The consumer's position is past the end of its leader epoch in the new leader's log: the
+    records it read were truncated (an unclean election). Raised only with
+    auto_offset_reset="none" (Kafka's LogTruncationException); otherwise the consumer moves to
+    the first offset that diverged and logs it."""
+
+    name = "LOG_TRUNCATION"
 
 
 class KafkaTimeoutError(ClientError):

@@ -36,7 +36,12 @@ from deltabus import errors
 from deltabus.cluster.partition import Partition
 from deltabus.cluster.replica_fetcher import ReplicaFetcher
 from deltabus.log_tables.layout import replica_path
-from deltabus.log_tables.partition_log import AppendResult, LogConfig, PartitionLog
+from deltabus.log_tables.partition_log import (
+    EARLIEST_TIMESTAMP,
+    AppendResult,
+    LogConfig,
+    PartitionLog,
+)
 from deltabus.metadata import (
     CONTROLLER_NODE_ID,
     NO_LEADER,
@@ -481,8 +486,16 @@ class Broker:
     def list_offsets(self, topic: str, partition: int, timestamp: int) -> tuple[int, int, int]:
         hosted = self._partition(topic, partition)
         leader_epoch = hosted.check_leader()
+        if timestamp != EARLIEST_TIMESTAMP:
+            hosted.check_offsets_available()
         offset, ts = hosted.log.offset_for_timestamp(timestamp)
         return offset, ts, leader_epoch
+
+    def offset_for_leader_epoch(self, topic: str, partition: int, current_leader_epoch: int,
+                                leader_epoch: int) -> tuple[int, int]:
+        hosted = self._partition(topic, partition)
+        hosted.check_leader(current_leader_epoch)
+        return hosted.end_offset_for_epoch(leader_epoch)
 
 
 def _cap_bytes(results: list[FetchResult], max_bytes: int) -> int:

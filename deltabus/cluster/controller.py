@@ -963,6 +963,10 @@ class ControllerHandler:
     def list_offsets(self, topic: str, partition: int, timestamp: int) -> tuple[int, int, int]:
         raise self._not_leader(topic, partition)
 
+    def offset_for_leader_epoch(self, topic: str, partition: int, current_leader_epoch: int,
+                                leader_epoch: int) -> tuple[int, int]:
+        raise self._not_leader(topic, partition)
+
     def init_producer_id(self, transactional_id: str = "") -> tuple[int, int]:
         return self._controller.init_producer_id(transactional_id)
 

@@ -185,6 +185,29 @@ class Partition:
                 f"leader epoch {current_leader_epoch} is newer than {epoch}")
         return epoch
 
+    def check_offsets_available(self) -> None:
+        """Raise OFFSET_NOT_AVAILABLE while this new leader's high watermark is below the start
+        of its epoch: the old leader may have shown consumers offsets up to there, so "latest"
+        (or a timestamp lookup) now could go back in time (Kafka's KIP-207). Retriable: it ends
+        once the followers fetch and the high watermark catches up."""
+        with self._lock:
+            start = self.leader_epoch_start_offset
+        hw = self.log.high_watermark
+        if hw < start:
+            raise errors.OffsetNotAvailableError(
+                f"{self.topic}-{self.partition}: the high watermark {hw} of the new leader has "
+                f"not reached the start of its epoch {self.leader_epoch} at offset {start}")
+
+    def end_offset_for_epoch(self, leader_epoch: int) -> tuple[int, int]:
+        """Kafka's OffsetForLeaderEpoch on the leader: (the largest epoch at most
+        `leader_epoch`, where it ends in this log); (-1, -1) for an epoch newer than this
+        leader's (Kafka's UNDEFINED_EPOCH_OFFSET). A consumer whose position is past the end of
+        its epoch lost records to a truncation."""
+        with self._lock:
+            if leader_epoch > self.leader_epoch:
+                return -1, -1
+        return self.log.end_offset_for_epoch(leader_epoch)
+
     def diverging_epoch(self, fetch_offset: int, last_fetched_epoch: int) -> tuple[int, int] | None:
         """Where a follower's log parts from ours (Kafka's DivergingEpoch), or None when its
         records up to `fetch_offset` agree with ours."""

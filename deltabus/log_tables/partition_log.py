@@ -928,20 +928,22 @@ class PartitionLog:
         fetch, `to_log_end`), or `upto`; about `max_bytes` of them but always at least one record
         when any is there (as Kafka returns at least one batch).
 
-        Raises OffsetOutOfRangeError when `offset` is outside [log start offset, that end].
+        Raises OffsetOutOfRangeError only when `offset` is outside [log start offset, log end
+        offset]. An offset above the high watermark but within the log is a position the
+        consumer may well hold: a new leader's high watermark lags the old leader's until its
+        followers fetch again, so it gets no records, never a reset (as in Kafka).
         """
         with self._lock:
-            limit = self.log_end_offset if to_log_end else self.high_watermark
+            leo = self.log_end_offset
+            limit = leo if to_log_end else self.high_watermark
             end = limit if upto is None else min(upto, limit)
             start = self.log_start_offset
             cache = list(self._cache)
-        if offset < start or offset > end:
+        if offset < start or offset > leo:
             raise errors.OffsetOutOfRangeError(
                 f"offset {offset} is out of range for {self.topic}-{self.partition}: "
-                f"log start offset {start}, {'log end offset' if to_log_end else 'high watermark'} "
-                f"{end}"
-            )
-        if offset == end:
+                f"log start offset {start}, log end offset {leo}")
+        if offset >= end:
             return LOG_SCHEMA.empty_table()
         if cache and cache[0].column("offset")[0].as_py() <= offset:
             table = self._read_cache(cache, offset, end, max_bytes)

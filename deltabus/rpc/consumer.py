@@ -5,6 +5,13 @@ assigned partition: the offset of the next record `poll` returns. A partition wi
 starts at the group's committed offset, else where `auto_offset_reset` says (earliest or latest);
 one whose position fell out of range is reset the same way.
 
+A position also knows the leader epoch of the record before it. After a leader change (the
+metadata shows a new leader epoch) the consumer validates its position with the new leader
+before fetching again (OffsetForLeaderEpoch, Kafka's KIP-320): only when the new leader's log
+ends that epoch below the position, records the consumer read were truncated away (an unclean
+election), and it moves to where the logs part, saying so in its log. A clean failover never
+moves a position: a new leader whose high watermark still lags answers with no records.
+
 With a `group_id`, `subscribe` makes the consumer a member of the group (see
 `consumer_coordinator`): partitions are assigned by the group, `poll` takes part in rebalances,
 and positions are committed to `__consumer_offsets` (automatically every
@@ -116,6 +123,11 @@ class Consumer:
         self._next_auto_commit_s = time.monotonic() + auto_commit_interval_ms / 1000
         self._committer: ThreadPoolExecutor | None = None  # commit_async, in call order
         self._positions: dict[TopicPartition, int | None] = {}
+        # The leader epoch of the record before each position (-1: unknown, not validated), and
+        # the leader epoch of the leader that position is known to be valid with.
+        self._position_epochs: dict[TopicPartition, int] = {}
+        self._validated_epochs: dict[TopicPartition, int] = {}
+        self._consumed_epochs: dict[TopicPartition, int] = {}  # of the last record poll returned
         self._buffer: collections.OrderedDict[TopicPartition, pa.Table] = collections.OrderedDict()
         # Fetches sent ahead: (gRPC future, the fetch offset of each partition it asks for).
         self._inflight: list[tuple[Any, dict[TopicPartition, int | None]]] = []
@@ -198,8 +210,7 @@ class Consumer:
         tp = self._check_assigned(partition)  # type: ignore[arg-type]
         if offset < 0:
             raise errors.ClientError(f"seek offset must not be negative: {offset}")
-        self._positions[tp] = offset
-        self._buffer.pop(tp, None)
+        self._set_position(tp, offset)
 
     def seek_to_beginning(self, *partitions: TopicPartition) -> None:
         self._seek_to(partitions, -2)
@@ -210,8 +221,7 @@ class Consumer:
     def _seek_to(self, partitions: Iterable[TopicPartition], timestamp: int) -> None:
         tps = [self._check_assigned(tp) for tp in partitions] or list(self._positions)
         for tp, offset in self._list_offsets(tps, timestamp).items():
-            self._positions[tp] = offset
-            self._buffer.pop(tp, None)
+            self._set_position(tp, offset)
 
     def position(self, partition: TopicPartition | tuple[str, int]) -> int:
         """The offset of the next record poll will return for this partition."""
@@ -245,8 +255,8 @@ class Consumer:
         alone (`committed` False): the committed offset may be that very position."""
         if self._group is not None and committed:
             for tp, om in self._group.committed(tps).items():
-                if om is not None:
-                    self._positions[tp] = om.offset
+                if om is not None:  # validated before the first fetch when it has an epoch
+                    self._set_position(tp, om.offset, epoch=om.leader_epoch)
             tps = [tp for tp in tps if self._positions.get(tp) is None]
             if not tps:
                 return
@@ -255,7 +265,18 @@ class Consumer:
                 f"no position for {[f'{t.topic}-{t.partition}' for t in tps]} and "
                 "auto_offset_reset is none")
         timestamp = -2 if self.auto_offset_reset == "earliest" else -1
-        self._positions.update(self._list_offsets(tps, timestamp))
+        for tp, offset in self._list_offsets(tps, timestamp).items():
+            self._set_position(tp, offset)
+
+    def _set_position(self, tp: TopicPartition, offset: int, *, epoch: int = -1,
+                      validated_epoch: int = -1) -> None:
+        """Move a position other than by fetching (seek, reset, committed offset, truncation):
+        what was fetched ahead of the old position goes."""
+        self._positions[tp] = offset
+        self._position_epochs[tp] = epoch
+        self._validated_epochs[tp] = validated_epoch
+        self._consumed_epochs.pop(tp, None)
+        self._buffer.pop(tp, None)
 
     def _list_offsets(self, tps: list[TopicPartition], timestamp: int) -> dict[TopicPartition, int]:
         """ListOffsets against each partition's leader, retrying while leaders move."""
@@ -354,6 +375,7 @@ class Consumer:
             else:
                 del self._buffer[tp]
             out[tp] = part
+            self._consumed_epochs[tp] = part.column("leader_epoch")[-1].as_py()
             limit -= part.num_rows
         if out:  # fetch ahead while the application works on these records
             self._send_fetches(self.fetch_max_wait_ms)
@@ -366,7 +388,8 @@ class Consumer:
         unknown = [tp for tp in todo if self._positions[tp] is None]
         if unknown:
             self._reset(unknown)
-        retry: list[TopicPartition] = []
+        retry = self._validate_positions([tp for tp in todo if self._needs_validation(tp)])
+        todo = [tp for tp in todo if tp not in retry]
         for address, group in self._by_leader(todo, retry).items():
             request = pb.FetchRequest(
                 max_wait_ms=max_wait_ms, min_bytes=self.fetch_min_bytes,
@@ -378,9 +401,77 @@ class Consumer:
             except errors.DeltaBusError:
                 retry.extend(group)
                 continue
+            for t in group:  # what the leader at this epoch answers is valid there
+                self._validated_epochs[t] = self._leader_epoch(t)
             self._inflight.append((call, {t: self._positions[t] for t in group}))
         if retry:
             self._back_off()
+
+    def _leader_epoch(self, tp: TopicPartition) -> int:
+        """The partition's leader epoch in the cached metadata (-1: unknown)."""
+        state = self._client.image.partition(tp.topic, tp.partition)
+        return state.leader_epoch if state is not None else -1
+
+    def _needs_validation(self, tp: TopicPartition) -> bool:
+        """A position with a known epoch not yet checked against the current leader."""
+        return (self._position_epochs.get(tp, -1) >= 0
+                and self._validated_epochs.get(tp) != self._leader_epoch(tp))
+
+    def _validate_positions(self, tps: list[TopicPartition]) -> list[TopicPartition]:
+        """Check positions against their new leaders (OffsetForLeaderEpoch); returns the
+        partitions that could not be checked yet (not fetched until they are)."""
+        retry: list[TopicPartition] = []
+        for address, group in self._by_leader(tps, retry).items():
+            current = {tp: self._leader_epoch(tp) for tp in group}
+            request = pb.OffsetForLeaderEpochRequest(partitions=[
+                pb.OffsetForLeaderEpochPartition(
+                    topic=tp.topic, partition=tp.partition, current_leader_epoch=current[tp],
+                    leader_epoch=self._position_epochs[tp]) for tp in group])
+            try:
+                response = self._client.call(address, "OffsetForLeaderEpoch", request)
+            except errors.DeltaBusError as e:
+                if not e.retriable:
+                    raise
+                retry.extend(group)
+                continue
+            for p in response.partitions:
+                tp = TopicPartition(p.topic, p.partition)
+                if tp not in current:
+                    continue
+                if p.error_code:
+                    error = errors.error_for_code(p.error_code, p.error_message)
+                    if not error.retriable:
+                        raise error
+                    retry.append(tp)
+                    continue
+                self._complete_validation(tp, p.leader_epoch, p.end_offset, current[tp])
+        return retry
+
+    def _complete_validation(self, tp: TopicPartition, epoch: int, end_offset: int,
+                             leader_epoch: int) -> None:
+        """Kafka's rules: a position within the epoch's end in the leader's log stands; one past
+        it was truncated and moves back to where the logs part (with auto_offset_reset none,
+        LogTruncationError); an epoch the leader does not know resets by auto_offset_reset."""
+        position = self._positions[tp]
+        assert position is not None
+        if epoch >= 0 and end_offset >= position:
+            self._validated_epochs[tp] = leader_epoch
+            return
+        where = f"{tp.topic}-{tp.partition}"
+        if self.auto_offset_reset == "none":
+            raise errors.LogTruncationError(
+                f"Truncation detected for partition {where} at offset {position} (epoch "
+                f"{self._position_epochs[tp]}): the leader's log ends that epoch at "
+                f"{end_offset}, and auto_offset_reset is none")
+        if epoch < 0 or end_offset < 0:
+            log.warning("Truncation detected for partition %s at offset %d: the leader knows no "
+                        "epoch at or before %d; resetting with auto_offset_reset=%s", where,
+                        position, self._position_epochs[tp], self.auto_offset_reset)
+            self._reset([tp], committed=False)
+            return
+        log.warning("Truncation detected for partition %s at offset %d, resetting offset to the "
+                    "first offset known to diverge %d", where, position, end_offset)
+        self._set_position(tp, end_offset, epoch=epoch, validated_epoch=leader_epoch)
 
     def _complete_fetches(self, deadline: float) -> None:
         """Take the answers of in-flight fetches that complete before the deadline."""
@@ -444,6 +535,7 @@ class Consumer:
                 if table.num_rows:
                     self._buffer[tp] = table
                     self._positions[tp] = table.column("offset")[-1].as_py() + 1
+                    self._position_epochs[tp] = table.column("leader_epoch")[-1].as_py()
 
     # ---- groups: rebalances and commits ---------------------------------------------------------
 
@@ -451,8 +543,8 @@ class Consumer:
         """Before partitions go: auto-commit what was consumed, let the listener commit."""
         if self.enable_auto_commit:
             try:
-                self.commit({tp: OffsetAndMetadata(self.position(tp)) for tp in revoked
-                             if tp in self._positions and self._has_position(tp)})
+                gone = set(revoked)
+                self.commit({tp: om for tp, om in self._consumed().items() if tp in gone})
             except (CommitFailedError, errors.DeltaBusError) as e:
                 log.warning("auto-commit before a rebalance failed: %s", e)
         if self._listener is not None:
@@ -473,8 +565,10 @@ class Consumer:
         return tp in self._buffer or self._positions.get(tp) is not None
 
     def _consumed(self) -> dict[TopicPartition, OffsetAndMetadata]:
-        return {tp: OffsetAndMetadata(self.position(tp)) for tp in self._positions
-                if self._has_position(tp)}
+        """Every position, with the leader epoch of the last record poll returned (the next
+        owner validates the committed offset with it after a leader change)."""
+        return {tp: OffsetAndMetadata(self.position(tp), "", self._consumed_epochs.get(tp, -1))
+                for tp in self._positions if self._has_position(tp)}
 
     def _maybe_auto_commit(self) -> None:
         if not self.enable_auto_commit or time.monotonic() < self._next_auto_commit_s:

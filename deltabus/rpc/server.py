@@ -89,6 +89,11 @@ class DeltaBusHandler(Protocol):
 
     def list_offsets(self, topic: str, partition: int, timestamp: int) -> tuple[int, int, int]: ...
 
+    def offset_for_leader_epoch(self, topic: str, partition: int, current_leader_epoch: int,
+                                leader_epoch: int) -> tuple[int, int]:
+        """(epoch, end offset): where `leader_epoch` ends in the leader's log, or (-1, -1)."""
+        ...
+
     def init_producer_id(self, transactional_id: str = "") -> tuple[int, int]: ...
 
     def elect_leaders(self, election_type: str, partitions: list[tuple[str, int]] | None
@@ -323,6 +328,22 @@ class DeltaBusServicer(GroupServicerMixin, pb_grpc.DeltaBusServicer):
             response.partitions.append(entry)
         return response
 
+    @_guard
+    def OffsetForLeaderEpoch(self, request: pb.OffsetForLeaderEpochRequest,
+                             context: Any) -> pb.OffsetForLeaderEpochResponse:
+        response = pb.OffsetForLeaderEpochResponse()
+        for p in request.partitions:
+            entry = pb.EpochEndOffsetResult(topic=p.topic, partition=p.partition,
+                                            leader_epoch=-1, end_offset=-1)
+            try:
+                entry.leader_epoch, entry.end_offset = self._handler.offset_for_leader_epoch(
+                    p.topic, p.partition,
+                    p.current_leader_epoch if p.HasField("current_leader_epoch") else -1,
+                    p.leader_epoch)
+            except errors.DeltaBusError as e:
+                entry.error_code, entry.error_message = e.code, e.message
+            response.partitions.append(entry)
+        return response
 
     @_guard
     def InitProducerId(self, request: pb.InitProducerIdRequest,

@@ -12,7 +12,7 @@ from deltabus.cluster.controller import assign_replicas
 from deltabus.cluster.partition import Partition
 from deltabus.log_tables.partition_log import PartitionLog
 from deltabus.metadata import PartitionState
-from deltabus.records import normalize_produce, produce_batch
+from deltabus.records import normalize_produce, produce_batch, to_log_batch
 
 
 class Clock:
@@ -34,6 +34,12 @@ def leader(tmp_path: Path):
     partition.apply(PartitionState(0, 0, 3, (0, 1, 2), (0, 1, 2)), version=1)
     yield partition, clock
     log.close()
+
+
+def log_rows(base_offset: int, n: int, leader_epoch: int):
+    """`n` records as a leader wrote them: what a follower copies."""
+    return to_log_batch(normalize_produce(produce_batch([b"x"] * n)), base_offset=base_offset,
+                        now_ms=0, leader_epoch=leader_epoch)
 
 
 def _append(partition: Partition, n: int) -> int:
@@ -176,3 +182,34 @@ def test_replicas_spread_across_racks_and_leaders_across_brokers() -> None:
     assert sorted(leaders.count(b) for b in racks) == [2] * 6
     for replicas in assign_replicas([0, 1, 2], 6, 3):  # one rack: still distinct brokers
         assert sorted(replicas) == [0, 1, 2]
+
+
+def test_a_new_leader_with_a_lagging_high_watermark_serves_no_records_past_it(tmp_path) -> None:
+    """A follower elected leader holds records up to its log end but only knows the old
+    leader's high watermark of its last fetch. Until its followers fetch from it, a consumer
+    already past that high watermark gets no records (never OFFSET_OUT_OF_RANGE), "latest" is
+    OFFSET_NOT_AVAILABLE (retriable) rather than an offset in the past, and OffsetForLeaderEpoch
+    tells where each epoch ends, so positions validate."""
+    holder: list[Partition] = []
+    log = PartitionLog(str(tmp_path / "replica-1"), topic="t", partition=0, replicated=True,
+                       on_append=lambda: holder[0].on_log_change() if holder else None)
+    partition = Partition("t", 0, 1, log, Clock())
+    holder.append(partition)
+    try:
+        partition.apply(PartitionState(0, 0, 3, (0, 1, 2), (0, 1, 2)), version=1)  # follows 0
+        log.append_copy(log_rows(0, 10, leader_epoch=3)).result(30)
+        partition.follower_high_watermark(6)  # the leader's high watermark of the last fetch
+        partition.apply(PartitionState(0, 1, 4, (0, 1, 2), (1, 2)), version=2)  # 0 died
+        assert partition.is_leader and log.high_watermark == 6 and log.log_end_offset == 10
+        assert log.read(8, 1 << 20).num_rows == 0  # a consumer at 8 read it from leader 0
+        with pytest.raises(errors.OffsetNotAvailableError) as info:
+            partition.check_offsets_available()
+        assert info.value.retriable and info.value.code == 78
+        assert partition.end_offset_for_epoch(3) == (3, 10)
+        assert partition.end_offset_for_epoch(5) == (-1, -1)  # newer than this leader's
+        partition.follower_fetched(2, 10)  # the other follower catches up
+        assert log.high_watermark == 10
+        partition.check_offsets_available()
+        assert log.read(8, 1 << 20).column("offset").to_pylist() == [8, 9]
+    finally:
+        log.close()

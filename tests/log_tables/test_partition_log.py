@@ -324,6 +324,25 @@ def test_read_at_high_watermark_is_empty_and_past_it_is_out_of_range(log: Partit
         assert info.value.code == 1
 
 
+def test_a_position_above_the_high_watermark_within_the_log_gets_no_records(path: Path) -> None:
+    """A new leader's high watermark lags its log end until its followers fetch again; a
+    consumer already past it (it read that far from the old leader) must get no records, not
+    OFFSET_OUT_OF_RANGE (which resets it)."""
+    log = PartitionLog(str(path), topic="t", partition=0, config=LogConfig(), replicated=True)
+    try:
+        log.append(_batch(_values("v", 10)), leader_epoch=0).result(RESULT_TIMEOUT_S)
+        log.advance_high_watermark(4)
+        assert (log.high_watermark, log.log_end_offset) == (4, 10)
+        for position in (5, 9, 10):
+            assert log.read(position, READ_ALL).num_rows == 0
+        assert log.read(2, READ_ALL).column("offset").to_pylist() == [2, 3]
+        assert log.read(7, READ_ALL, to_log_end=True).column("offset").to_pylist() == [7, 8, 9]
+        with pytest.raises(errors.OffsetOutOfRangeError, match="log end offset 10"):
+            log.read(11, READ_ALL)
+    finally:
+        log.close()
+
+
 # ---- ListOffsets ---------------------------------------------------------------------------
 
 

@@ -41,6 +41,7 @@ from deltabus.rpc.server import (
 log = logging.getLogger(__name__)
 
 API_VERSIONS, METADATA, PRODUCE, FETCH, LIST_OFFSETS, INIT_PRODUCER_ID = 18, 3, 0, 1, 2, 22
+OFFSET_FOR_LEADER_EPOCH = 23
 # Advertised (API key -> (min, max)): what current kafka-python, librdkafka and KafkaJS use.
 SUPPORTED: dict[int, tuple[int, int]] = {
     PRODUCE: (3, 9),
@@ -49,6 +50,7 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     METADATA: (0, 12),
     API_VERSIONS: (0, 3),
     INIT_PRODUCER_ID: (0, 4),
+    OFFSET_FOR_LEADER_EPOCH: (2, 4),
     **groups.SUPPORTED,
     **admin.SUPPORTED,
 }
@@ -66,7 +68,8 @@ class KafkaApis:
         self._apis: dict[int, Callable[..., Any]] = {
             API_VERSIONS: self.api_versions, METADATA: self.metadata, PRODUCE: self.produce,
             FETCH: self.fetch, LIST_OFFSETS: self.list_offsets,
-            INIT_PRODUCER_ID: self.init_producer_id, **self.groups.apis,
+            INIT_PRODUCER_ID: self.init_producer_id,
+            OFFSET_FOR_LEADER_EPOCH: self.offset_for_leader_epoch, **self.groups.apis,
             **admin.KafkaAdminApis(handler).apis,
         }
 
@@ -250,6 +253,31 @@ class KafkaApis:
                                   error_code=error_code(error), timestamp=timestamp,
                                   offset=offset, leader_epoch=epoch))
             topics.append(make(topic_cls, name=t.name, partitions=tuple(parts)))
+        return make(cls, throttle_time=NO_TIME, topics=tuple(topics))
+
+    def offset_for_leader_epoch(self, version: int, request: Any,
+                                refused: errors.DeltaBusError | None = None) -> Any:
+        """Where each asked epoch ends in the leader's log: consumers validate their position
+        after a leader change with it (KIP-320); followers of deltabus use the gRPC door."""
+        cls = load_response_schema(OFFSET_FOR_LEADER_EPOCH, version)
+        topic_cls, partition_cls = (nested(cls, n) for n in ("OffsetForLeaderTopicResult",
+                                                              "EpochEndOffset"))
+        topics = []
+        for t in request.topics:
+            parts = []
+            for p in t.partitions:
+                epoch, end_offset, error = -1, -1, refused
+                if error is None:
+                    try:
+                        epoch, end_offset = self._handler.offset_for_leader_epoch(
+                            t.topic, p.partition, getattr(p, "current_leader_epoch", -1),
+                            p.leader_epoch)
+                    except errors.DeltaBusError as e:
+                        error = e
+                parts.append(make(partition_cls, error_code=error_code(error),
+                                  partition=p.partition, leader_epoch=epoch,
+                                  end_offset=end_offset))
+            topics.append(make(topic_cls, topic=t.topic, partitions=tuple(parts)))
         return make(cls, throttle_time=NO_TIME, topics=tuple(topics))
 
     # ---- InitProducerId -----------------------------------------------------------------------

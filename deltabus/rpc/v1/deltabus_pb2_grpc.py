@@ -84,6 +84,11 @@ class DeltaBusStub:
                 request_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.ListOffsetsRequest.SerializeToString,
                 response_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.ListOffsetsResponse.FromString,
                 _registered_method=True)
+        self.OffsetForLeaderEpoch = channel.unary_unary(
+                '/deltabus.v1.DeltaBus/OffsetForLeaderEpoch',
+                request_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.OffsetForLeaderEpochRequest.SerializeToString,
+                response_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.OffsetForLeaderEpochResponse.FromString,
+                _registered_method=True)
         self.InitProducerId = channel.unary_unary(
                 '/deltabus.v1.DeltaBus/InitProducerId',
                 request_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.InitProducerIdRequest.SerializeToString,
@@ -212,6 +217,14 @@ class DeltaBusServicer:
 
     def ListOffsets(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def OffsetForLeaderEpoch(self, request, context):
+        """Where a leader epoch ends in the leader's log (Kafka's OffsetForLeaderEpoch, KIP-320): a
+        consumer validates its position with it after a leader change.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -353,6 +366,11 @@ def add_DeltaBusServicer_to_server(servicer, server):
                     servicer.ListOffsets,
                     request_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.ListOffsetsRequest.FromString,
                     response_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.ListOffsetsResponse.SerializeToString,
+            ),
+            'OffsetForLeaderEpoch': grpc.unary_unary_rpc_method_handler(
+                    servicer.OffsetForLeaderEpoch,
+                    request_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.OffsetForLeaderEpochRequest.FromString,
+                    response_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.OffsetForLeaderEpochResponse.SerializeToString,
             ),
             'InitProducerId': grpc.unary_unary_rpc_method_handler(
                     servicer.InitProducerId,
@@ -690,6 +708,33 @@ class DeltaBus:
             '/deltabus.v1.DeltaBus/ListOffsets',
             deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.ListOffsetsRequest.SerializeToString,
             deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.ListOffsetsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def OffsetForLeaderEpoch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/deltabus.v1.DeltaBus/OffsetForLeaderEpoch',
+            deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.OffsetForLeaderEpochRequest.SerializeToString,
+            deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.OffsetForLeaderEpochResponse.FromString,
             options,
             channel_credentials,
             insecure,
