@@ -128,3 +128,35 @@ def test_bad_frames_close_their_connection_and_nobody_elses(cluster, bad):
     finally:
         bystander.close()
     assert api_versions(cluster) == SUPPORTED
+
+
+def test_offset_for_leader_epoch_tells_consumers_where_an_epoch_ends(cluster, topic_name):
+    """KIP-320's request, as a consumer sends it after a leader change: the leader answers where
+    the asked epoch ends in its log (its log end for its latest epoch), and refuses a client whose
+    leader epoch it does not know, so it refreshes metadata before it trusts the answer."""
+    from deltabus import Producer
+    with AdminClient(cluster.bootstrap_servers) as admin:
+        admin.create_topics([NewTopic(topic_name, 1, 1)])
+    with Producer(cluster.bootstrap_servers) as producer:
+        for i in range(5):
+            producer.send(topic_name, b"v%d" % i, partition=0)
+    image = cluster.controller.image()
+    partition = image.partition(topic_name, 0)
+    broker = image.broker(partition.leader)
+    request = load_request_schema(23, 4)
+    topic_cls, partition_cls = (nested(request, n) for n in ("OffsetForLeaderTopic",
+                                                             "OffsetForLeaderPartition"))
+
+    def ask(current_leader_epoch: int) -> Any:
+        body = make(request, replica_id=-1, topics=(topic_cls(topic=topic_name, partitions=(
+            partition_cls(partition=0, current_leader_epoch=current_leader_epoch,
+                          leader_epoch=partition.leader_epoch),)),))
+        with socket.create_connection((broker.host, broker.kafka_port), timeout=10) as sock:
+            sock.sendall(frame(23, 4, body))
+            _, answer = read_response(sock, 23, 4)
+        return answer.topics[0].partitions[0]
+
+    found = ask(partition.leader_epoch)
+    assert found.error_code == ErrorCode.none
+    assert (found.leader_epoch, found.end_offset) == (partition.leader_epoch, 5)
+    assert ask(partition.leader_epoch + 1).error_code == ErrorCode.unknown_leader_epoch
