@@ -29,6 +29,9 @@ FETCH_MAX_WAIT_MS = 500  # Kafka's fetch.max.wait.ms
 # of tens of MB moves slower per byte than several of a few MB (measured: 8 MB 1.4M records/s,
 # 32 MB 0.9M). Kafka's broker caps responses the same way (replica.fetch.response.max.bytes).
 FETCH_RESPONSE_PARTITION_BYTES_MAX = 8 * 1024 * 1024
+# A Fetch answer holds at most this much, whatever a client asks for (the broker's fetch.max.bytes,
+# KIP-541, Kafka's default), so it always fits one gRPC message.
+FETCH_RESPONSE_MAX_BYTES = 57_671_680
 FETCH_WAIT_MS_MAX = 60_000  # no long poll waits longer than this
 PARTITIONS_MAX = 10_000  # per topic
 TOPIC_NAME_LENGTH_MAX = 249  # Kafka's limit
@@ -401,7 +404,8 @@ class ClusterConfig:
 
 
 def _check_relations() -> None:
-    assert FETCH_PARTITION_MAX_BYTES <= FETCH_MAX_BYTES <= REQUEST_MAX_BYTES
+    assert FETCH_PARTITION_MAX_BYTES <= FETCH_MAX_BYTES <= FETCH_RESPONSE_MAX_BYTES
+    assert FETCH_RESPONSE_MAX_BYTES + FETCH_RESPONSE_PARTITION_BYTES_MAX < REQUEST_MAX_BYTES
     assert FETCH_PARTITION_MAX_BYTES <= FETCH_RESPONSE_PARTITION_BYTES_MAX
     assert MESSAGE_MAX_BYTES < REQUEST_MAX_BYTES
     assert FETCH_MAX_WAIT_MS <= FETCH_WAIT_MS_MAX

@@ -188,6 +188,17 @@ def test_ipc_round_trip_of_produce_and_log_batches(rows: list) -> None:
     assert [r.offset for r in consumed] == list(range(5, 5 + len(rows)))
 
 
+def test_ipc_of_a_read_across_many_files_is_about_its_size() -> None:
+    # One chunk per file: 500 files of 20 records of 100 bytes once went out as 20 times the
+    # records' size (a record batch, with its metadata, per chunk).
+    files = [to_log_batch(normalize_produce(produce_batch([b"x" * 100] * 20)),
+                          base_offset=20 * i, now_ms=NOW_MS, leader_epoch=0) for i in range(500)]
+    read = pa.concat_tables(files)
+    data = to_ipc(read)
+    assert len(data) < read.nbytes * 1.1
+    assert from_ipc(data).equals(read)
+
+
 @pytest.mark.parametrize(
     "data", [b"", b"garbage", b"\xff\xff\xff\xff\x10\x00\x00\x00junk", b"\x00" * 3]
 )

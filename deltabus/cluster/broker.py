@@ -395,7 +395,9 @@ class Broker:
               max_bytes: int, replica_id: int) -> list[FetchResult]:
         """Read every partition; if less than min_bytes came back and no partition failed, wait
         for an append (or max_wait_ms) and read again: Kafka's long poll. A follower's fetch
-        first tells each partition's leader state how far the follower's log reaches."""
+        first tells each partition's leader state how far the follower's log reaches. Each
+        partition is read within its own max bytes; the door cuts the answer to `max_bytes` on
+        the bytes it sends (`rpc.fetch_size`)."""
         deadline = time.monotonic() + max_wait_ms / 1000
         follower_errors = self._follower_fetched(specs, replica_id) if replica_id >= 0 else {}
         while True:
@@ -403,7 +405,7 @@ class Broker:
                 seq = self._append_seq
             results = [follower_errors.get(i) or self._fetch_one(spec, replica_id)
                        for i, spec in enumerate(specs)]
-            total = _cap_bytes(results, max_bytes)
+            total = _read_bytes(results)
             if (total >= max(min_bytes, 1) or any(r.error or r.diverging_epoch for r in results)
                     or self._stopped.is_set()):
                 return results
@@ -454,9 +456,11 @@ class Broker:
                 result.files = plog.files_from(spec.offset, self._config.replica_files_max_bytes)
                 if result.files:
                     return result
-            result.records = plog.read(
-                spec.offset, min(spec.max_bytes, cfg.FETCH_RESPONSE_PARTITION_BYTES_MAX),
-                to_log_end=replica_id >= 0)
+            # Read a little under the limit: the encoding adds its metadata, and a read that
+            # fits whole is sent without the door searching for a shorter prefix.
+            limit = min(spec.max_bytes, cfg.FETCH_RESPONSE_PARTITION_BYTES_MAX)
+            result.records = plog.read(spec.offset, limit - limit // FETCH_READ_SLACK_SHARE,
+                                       to_log_end=replica_id >= 0)
         except errors.DeltaBusError as e:
             result.error = e
         return result
@@ -498,17 +502,15 @@ class Broker:
         return hosted.end_offset_for_epoch(leader_epoch)
 
 
-def _cap_bytes(results: list[FetchResult], max_bytes: int) -> int:
-    """Keep the response within max_bytes (but always the first partition's records)."""
-    total = 0
-    for r in results:
-        total += sum(f.size_bytes for f in r.files or ())
-        if r.records is None:
-            continue
-        if total and total + r.records.nbytes > max_bytes:
-            r.records = r.records.slice(0, 0)
-        total += r.records.nbytes
-    return total
+FETCH_READ_SLACK_SHARE = 16  # a partition's read leaves 1/16 of its limit for the encoding
+
+
+def _read_bytes(results: list[FetchResult]) -> int:
+    """How much a fetch read (records, and files a follower copies): what min_bytes measures.
+    The answer's own limits (max_bytes, each partition's) are the door's to keep, on the bytes
+    it encodes (`rpc.fetch_size`)."""
+    return sum(sum(f.size_bytes for f in r.files or ())
+               + (r.records.nbytes if r.records is not None else 0) for r in results)
 
 
 def run_broker_task(specs: Iterator[BrokerSpec]) -> Iterator[tuple[int, str]]:

@@ -30,6 +30,7 @@ from deltabus.metadata import (
 from deltabus.offsets.group_coordinator import GroupCoordinator
 from deltabus.records import ProducerState
 from deltabus.rpc import codec
+from deltabus.rpc.fetch_size import FetchBudget
 from deltabus.rpc.group_servicer import GroupServicerMixin
 from deltabus.rpc.v1 import deltabus_pb2 as pb
 from deltabus.rpc.v1 import deltabus_pb2_grpc as pb_grpc
@@ -151,6 +152,11 @@ def _guard(method: Callable) -> Callable:
 
 def _code(error: errors.DeltaBusError | None) -> tuple[int, str]:
     return (error.code, error.message) if error else (0, "")
+
+
+def _repeated_field_bytes(message_bytes: int) -> int:
+    """What one message of a repeated field adds to its parent: tag, length varint, message."""
+    return 1 + max(1, (message_bytes.bit_length() + 6) // 7) + message_bytes
 
 
 class DeltaBusServicer(GroupServicerMixin, pb_grpc.DeltaBusServicer):
@@ -284,6 +290,7 @@ class DeltaBusServicer(GroupServicerMixin, pb_grpc.DeltaBusServicer):
         max_bytes = request.max_bytes or cfg.FETCH_MAX_BYTES
         if max_bytes < 0:
             raise errors.InvalidFetchSizeError(f"max_bytes must not be negative: {max_bytes}")
+        max_bytes = min(max_bytes, cfg.FETCH_RESPONSE_MAX_BYTES)
         specs = [FetchSpec(p.topic, p.partition, p.fetch_offset,
                            p.partition_max_bytes or cfg.FETCH_PARTITION_MAX_BYTES,
                            p.current_leader_epoch if p.HasField("current_leader_epoch") else -1,
@@ -294,7 +301,8 @@ class DeltaBusServicer(GroupServicerMixin, pb_grpc.DeltaBusServicer):
             min_bytes=request.min_bytes, max_bytes=max_bytes,
             replica_id=request.replica_id if request.HasField("replica_id") else -1)
         response = pb.FetchResponse()
-        for r in results:
+        budget = FetchBudget(max_bytes)  # Kafka's limits, on the bytes this answer carries
+        for spec, r in zip(specs, results, strict=True):
             code, message = _code(r.error)
             entry = pb.FetchPartitionResponse(
                 topic=r.topic, partition=r.partition, error_code=code, error_message=message,
@@ -306,11 +314,15 @@ class DeltaBusServicer(GroupServicerMixin, pb_grpc.DeltaBusServicer):
                 entry.files.append(pb.LogFile(uri=f.uri, size_bytes=f.size_bytes, stats=f.stats,
                                               base_offset=f.base_offset,
                                               last_offset=f.last_offset))
+            budget.spend(sum(f.size_bytes for f in r.files or ()))
             if r.records is not None and r.records.num_rows:
                 if request.format == pb.PROTO:
-                    entry.records.extend(codec.table_to_records(r.records))
+                    records = codec.table_to_records(r.records)
+                    sizes = [_repeated_field_bytes(record.ByteSize()) for record in records]
+                    entry.records.extend(records[:budget.fit_sized(sizes, spec.max_bytes)])
                 else:
-                    entry.arrow_records = codec.table_to_arrow_records(r.records)
+                    _, entry.arrow_records = budget.fit(r.records, spec.max_bytes,
+                                                        codec.table_to_arrow_records)
             response.partitions.append(entry)
         return response
 

@@ -21,6 +21,7 @@ from kio.schema.errors import ErrorCode
 from deltabus import config as cfg
 from deltabus import errors
 from deltabus.offsets.group_coordinator import GroupCoordinator
+from deltabus.rpc.fetch_size import FetchBudget
 from deltabus.rpc.kafka import admin, batches, groups
 from deltabus.rpc.kafka.admin import controller_id, kafka_endpoints, topic_uuid
 from deltabus.rpc.kafka.frames import (
@@ -209,6 +210,8 @@ class KafkaApis:
                            p.partition_max_bytes or cfg.FETCH_PARTITION_MAX_BYTES,
                            getattr(p, "current_leader_epoch", -1))
                  for t in request.topics for p in t.partitions]
+        max_bytes = min(getattr(request, "max_bytes", 0) or cfg.FETCH_MAX_BYTES,  # v3 and later
+                        cfg.FETCH_RESPONSE_MAX_BYTES)
         if refused is not None:
             results = [_failed(s, refused) for s in specs]
         else:
@@ -216,14 +219,15 @@ class KafkaApis:
                 specs, max_wait_ms=min(millis(request.max_wait),
                                        cfg.FETCH_WAIT_MS_MAX),
                 min_bytes=request.min_bytes,
-                max_bytes=getattr(request, "max_bytes", 0) or cfg.FETCH_MAX_BYTES,
-                replica_id=-1)
+                max_bytes=max_bytes, replica_id=-1)
         by_topic: dict[str, list[Any]] = {}
-        for r in results:
+        budget = FetchBudget(max_bytes)  # Kafka's limits, on the record bytes this answer carries
+        for spec, r in zip(specs, results, strict=True):
             # nothing new is an empty record set, never a null one: Kafka's brokers send that,
             # and librdkafka 2.0 (Debian's kcat) fails to parse a null
-            records = (batches.encode_fetch(r.records)
-                       if r.records is not None and r.records.num_rows else b"")
+            records = b""
+            if r.records is not None and r.records.num_rows:
+                _, records = budget.fit(r.records, spec.max_bytes, batches.encode_fetch)
             by_topic.setdefault(r.topic, []).append(make(
                 partition_cls, partition_index=r.partition, error_code=error_code(r.error),
                 high_watermark=r.high_watermark, last_stable_offset=r.high_watermark,
