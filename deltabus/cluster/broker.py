@@ -240,11 +240,11 @@ class Broker:
     def _apply_partition(self, partition: Partition, state: PartitionState,
                          image: MetadataImage) -> None:
         key = (partition.topic, partition.partition)
-        if state.leader != self.broker_id:
-            self._unfollow(key, keep=state.leader)
+        following = state.leader not in (self.broker_id, NO_LEADER)
+        # Before the role changes: a copy from the old leader lands first, or not at all.
+        self._unfollow(key, keep=state.leader if following else NO_LEADER)
         partition.apply(state, image.version)
-        if state.leader == self.broker_id or state.leader == NO_LEADER:
-            self._unfollow(key)
+        if not following:
             return
         fetcher = self._fetchers.get(state.leader)
         if fetcher is None:

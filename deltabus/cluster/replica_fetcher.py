@@ -49,6 +49,9 @@ class ReplicaFetcher:
         self._client = client
         self._config = config
         self._lock = threading.Condition()
+        # Held while a round's answers are copied: `unfollow` waits on it, so a copy in flight
+        # lands before the broker takes the partition over, never after it leads.
+        self._round_lock = threading.Lock()
         self._followed: dict[tuple[str, int], _Followed] = {}
         self._address = ""
         self._stopped = False
@@ -70,8 +73,15 @@ class ReplicaFetcher:
                 self._lock.notify_all()
 
     def unfollow(self, key: tuple[str, int]) -> None:
+        """Stop copying `key`; returns once no copy of it is in flight (Kafka's
+        removeFetcherForPartitions). A copy committed after this broker became the leader
+        would put the old leader's records above the new epoch's start offset, where a
+        producer's retry already landed: the same records twice."""
         with self._lock:
-            self._followed.pop(key, None)
+            if self._followed.pop(key, None) is None:
+                return
+        with self._round_lock:
+            pass
 
     def keys(self) -> set[tuple[str, int]]:
         with self._lock:
@@ -128,6 +138,13 @@ class ReplicaFetcher:
             by_key[(f.partition.topic, f.partition.partition)] = f
         timeout_ms = config.replica_fetch_wait_max_ms + self._client.request_timeout_ms
         response = self._client.call(address, "Fetch", request, timeout_ms)
+        with self._round_lock:
+            self._copy_answers(response, by_key, fetched_from)
+
+    def _copy_answers(self, response: pb.FetchResponse, by_key: dict[tuple[str, int], _Followed],
+                      fetched_from: dict[tuple[str, int], int]) -> None:
+        """Copy what the leader answered, for the partitions still followed; returns once the
+        copies are committed."""
         pending: list[tuple[_Followed, Future[AppendResult], int]] = []
         for r in response.partitions:
             found = by_key.get((r.topic, r.partition))
