@@ -12,7 +12,7 @@ export SPARK_LOCAL_IP ?= 127.0.0.1
 export PYSPARK_PYTHON = $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON = $(abspath $(PY))
 
-.PHONY: setup kcat run test bench protos lint clean
+.PHONY: setup kcat run test bench soak protos lint clean
 
 setup: $(STAMP) $(NODE_STAMP) kcat
 
@@ -44,6 +44,14 @@ test: setup lint
 
 bench: setup
 	$(PY) -m deltabus.cli.main bench $(ARGS)
+
+# Fault injection for longer than `make test` runs it (issue 14): DELTABUS_SOAK_S seconds of
+# broker kills per run (240 by default). The soak file's name is outside pytest's test_*.py
+# pattern, so only this target, naming it, collects it.
+DELTABUS_SOAK_S ?= 240
+SOAK := tests/soak/soak_fault_injection.py
+soak: setup
+	DELTABUS_SOAK_S=$(DELTABUS_SOAK_S) $(PY) -m pytest -q -s $(SOAK) $(ARGS)
 
 # Regenerate the gRPC code from the .proto files (tests check it is in sync).
 protos: setup
