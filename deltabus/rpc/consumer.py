@@ -28,7 +28,7 @@ import collections
 import logging
 import re
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -285,26 +285,11 @@ class Consumer:
         pending = list(tps)
         while pending:
             retry: list[TopicPartition] = []
-            for address, group in self._by_leader(pending, retry).items():
-                request = pb.ListOffsetsRequest(partitions=[
-                    pb.ListOffsetsPartition(topic=t.topic, partition=t.partition,
-                                            timestamp=timestamp) for t in group])
-                try:
-                    response = self._client.call(address, "ListOffsets", request)
-                except errors.DeltaBusError as e:
-                    if not e.retriable:
-                        raise
-                    retry.extend(group)
-                    continue
-                for p in response.partitions:
-                    tp = TopicPartition(p.topic, p.partition)
-                    if p.error_code:
-                        error = errors.error_for_code(p.error_code, p.error_message)
-                        if not error.retriable:
-                            raise error
-                        retry.append(tp)
-                    else:
-                        out[tp] = p.offset
+            for tp, answer in self._ask_leaders(pending, "ListOffsets", lambda group: (
+                    pb.ListOffsetsRequest(partitions=[
+                        pb.ListOffsetsPartition(topic=t.topic, partition=t.partition,
+                                                timestamp=timestamp) for t in group])), retry):
+                out[tp] = answer.offset
             if retry and time.monotonic() > deadline:
                 raise errors.KafkaTimeoutError(
                     f"could not list offsets of {retry} in {self._client.request_timeout_ms} ms")
@@ -313,6 +298,30 @@ class Consumer:
                 self._client.refresh_metadata()
             pending = retry
         return out
+
+    def _ask_leaders(self, tps: list[TopicPartition], method: str,
+                     request_for: Callable[[list[TopicPartition]], Any],
+                     retry: list[TopicPartition]) -> Iterator[tuple[TopicPartition, Any]]:
+        """One `method` call to each leader of `tps`; yields each partition's answer that
+        carries no error. Partitions whose leader is unknown, unreachable or answered a
+        retriable error go to `retry`; any other error raises."""
+        for address, group in self._by_leader(tps, retry).items():
+            try:
+                response = self._client.call(address, method, request_for(group))
+            except errors.DeltaBusError as e:
+                if not e.retriable:
+                    raise
+                retry.extend(group)
+                continue
+            for p in response.partitions:
+                tp = TopicPartition(p.topic, p.partition)
+                if p.error_code:
+                    error = errors.error_for_code(p.error_code, p.error_message)
+                    if not error.retriable:
+                        raise error
+                    retry.append(tp)
+                else:
+                    yield tp, p
 
     def _by_leader(self, tps: list[TopicPartition],
                    retry: list[TopicPartition]) -> dict[str, list[TopicPartition]]:
@@ -421,30 +430,14 @@ class Consumer:
         """Check positions against their new leaders (OffsetForLeaderEpoch); returns the
         partitions that could not be checked yet (not fetched until they are)."""
         retry: list[TopicPartition] = []
-        for address, group in self._by_leader(tps, retry).items():
-            current = {tp: self._leader_epoch(tp) for tp in group}
-            request = pb.OffsetForLeaderEpochRequest(partitions=[
-                pb.OffsetForLeaderEpochPartition(
-                    topic=tp.topic, partition=tp.partition, current_leader_epoch=current[tp],
-                    leader_epoch=self._position_epochs[tp]) for tp in group])
-            try:
-                response = self._client.call(address, "OffsetForLeaderEpoch", request)
-            except errors.DeltaBusError as e:
-                if not e.retriable:
-                    raise
-                retry.extend(group)
-                continue
-            for p in response.partitions:
-                tp = TopicPartition(p.topic, p.partition)
-                if tp not in current:
-                    continue
-                if p.error_code:
-                    error = errors.error_for_code(p.error_code, p.error_message)
-                    if not error.retriable:
-                        raise error
-                    retry.append(tp)
-                    continue
-                self._complete_validation(tp, p.leader_epoch, p.end_offset, current[tp])
+        current = {tp: self._leader_epoch(tp) for tp in tps}
+        for tp, answer in self._ask_leaders(tps, "OffsetForLeaderEpoch", lambda group: (
+                pb.OffsetForLeaderEpochRequest(partitions=[
+                    pb.OffsetForLeaderEpochPartition(
+                        topic=t.topic, partition=t.partition, current_leader_epoch=current[t],
+                        leader_epoch=self._position_epochs[t]) for t in group])), retry):
+            if tp in current:
+                self._complete_validation(tp, answer.leader_epoch, answer.end_offset, current[tp])
         return retry
 
     def _complete_validation(self, tp: TopicPartition, epoch: int, end_offset: int,

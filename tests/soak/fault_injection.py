@@ -138,6 +138,19 @@ class Report:
         lines += [f"  e.g. {e}" for e in self.examples]
         return "\n".join(lines)
 
+    def assert_nothing_lost_or_reset(self) -> None:
+        """What every run must show: brokers were killed, yet every acknowledged record was
+        processed, stored once at its acknowledged offset, and no position was reset."""
+        assert self.kills, "the nemesis killed no broker"
+        assert not self.errors, self.summary()
+        assert self.lost == 0, self.summary()
+        assert self.backwards == 0, self.summary()
+        assert self.skipped == 0, self.summary()
+        assert self.resets_logged == 0, self.summary()
+        assert self.misplaced == 0, self.summary()
+        assert self.written_twice == 0, self.summary()
+        assert self.processed >= self.acknowledged > 0, self.summary()
+
 
 class Ledger:
     """What producers were told and what members processed, shared by every thread (locked)."""

@@ -24,12 +24,4 @@ def test_soak_acks_all_load_and_a_group_through_broker_kills(
     report = run(cluster, FaultPlan(topic_name, nemesis_s=SOAK_S, kill_every_s=10,
                                     kill_jitter_s=5, auto_offset_reset=auto_offset_reset))
     print(report.summary())
-    assert report.kills, "the nemesis killed no broker"
-    assert not report.errors, report.summary()
-    assert report.lost == 0, report.summary()
-    assert report.backwards == 0, report.summary()
-    assert report.skipped == 0, report.summary()
-    assert report.resets_logged == 0, report.summary()
-    assert report.misplaced == 0, report.summary()
-    assert report.written_twice == 0, report.summary()
-    assert report.processed >= report.acknowledged > 0
+    report.assert_nothing_lost_or_reset()
