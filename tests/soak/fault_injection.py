@@ -31,6 +31,7 @@ shared cluster is quiet for the next test. Waits are on progress, never on fixed
 
 from __future__ import annotations
 
+import abc
 import collections
 import logging
 import random
@@ -192,7 +193,7 @@ class Ledger:
             return missing, sum(self.processed.values())
 
 
-class Worker(threading.Thread):
+class Worker(threading.Thread, abc.ABC):
     """A daemon thread that keeps the exception that ended it, for the report."""
 
     def __init__(self, name: str) -> None:
@@ -207,8 +208,9 @@ class Worker(threading.Thread):
             log.exception("%s died", self.name)
             self.error = e
 
+    @abc.abstractmethod
     def work(self) -> None:
-        raise NotImplementedError
+        """The thread's job; it returns once `stop_event` is set (or it fails)."""
 
     def stop(self, timeout_s: float) -> None:
         self.stop_event.set()
@@ -231,13 +233,17 @@ class Pacer:
         return not stop.wait(max(0.0, self.next_s - time.monotonic()))
 
 
-class DeltabusSender(Worker):
-    """An idempotent deltabus Producer at acks=all sending unique values "<name>-<seq>"."""
+class Sender(Worker):
+    """A producer thread sending unique values "<name>-<seq>" to the plan's topic."""
 
     def __init__(self, name: str, bootstrap: str, plan: FaultPlan, ledger: Ledger) -> None:
         super().__init__(name)
         self.bootstrap, self.plan, self.ledger = bootstrap, plan, ledger
         self.sent = 0
+
+
+class DeltabusSender(Sender):
+    """An idempotent deltabus Producer at acks=all."""
 
     def work(self) -> None:
         pacer = Pacer(self.plan.records_per_s)
@@ -260,13 +266,8 @@ class DeltabusSender(Worker):
             self.ledger.fail()
 
 
-class KafkaSender(Worker):
+class KafkaSender(Sender):
     """confluent-kafka (librdkafka) on the Kafka door, acks=all and idempotent, as in issue 14."""
-
-    def __init__(self, name: str, bootstrap: str, plan: FaultPlan, ledger: Ledger) -> None:
-        super().__init__(name)
-        self.bootstrap, self.plan, self.ledger = bootstrap, plan, ledger
-        self.sent = 0
 
     def work(self) -> None:
         producer = KafkaProducer({
