@@ -2,29 +2,44 @@
 
 Every topic-partition is a Delta table.
 
-The public API is what `__all__` names (a test pins it); everything else may change.
+The public API is what `__all__` names (a test pins it); everything else may change. `Cluster`
+and `local_spark` load on first use, so `import deltabus` (and `import deltabus.client`) stays
+free of Spark and Delta for users who only produce and consume.
+
+Packages, by the process they run in:
+    client/      the user's process: Producer, Consumer, AdminClient, ExactlyOncePipeline
+    cluster/     the driver (controller, Cluster) and executors (brokers, partitions, fetchers)
+    log_tables/  executors: partition logs as Delta tables
+    offsets/     the driver: group coordinator, __consumer_offsets
+    rpc/         the doors: gRPC servicers, the Kafka listener, generated code, codec
+    spark/       Spark's data source and sink (driver and executors)
+    cli/         the `deltabus` command
+Pure modules (errors, config, metadata, records, partitioner, topics) run anywhere.
 """
 
 # pandas first: once a SparkSession exists, PySpark 4.3 has left half-imported pandas modules
 # behind, and the first `import pandas` (pyarrow imports it for Delta reads) then fails.
 import pandas  # noqa: F401, I001
 
+from typing import Any
+
 from deltabus import errors
-from deltabus.cluster.cluster import Cluster, local_spark
+from deltabus.client import (
+    AdminClient,
+    CommitFailedError,
+    Consumer,
+    ConsumerRebalanceListener,
+    ExactlyOncePipeline,
+    FutureRecordMetadata,
+    OffsetAndMetadata,
+    Producer,
+    RecordMetadata,
+    TopicPartition,
+)
 from deltabus.config import AlterConfigOp, ConfigEntry
 from deltabus.errors import DeltaBusError
 from deltabus.metadata import NewTopic
 from deltabus.records import ConsumerRecord
-from deltabus.rpc.admin import AdminClient
-from deltabus.rpc.consumer import (
-    CommitFailedError,
-    Consumer,
-    ConsumerRebalanceListener,
-    OffsetAndMetadata,
-    TopicPartition,
-)
-from deltabus.rpc.exactly_once import ExactlyOncePipeline
-from deltabus.rpc.producer import FutureRecordMetadata, Producer, RecordMetadata
 
 __all__ = [
     "AdminClient",
@@ -46,3 +61,13 @@ __all__ = [
     "errors",
     "local_spark",
 ]
+
+_LAZY = {"Cluster", "local_spark"}  # need pyspark and deltalake: loaded when first asked for
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        from deltabus.cluster import cluster
+
+        return getattr(cluster, name)
+    raise AttributeError(f"module 'deltabus' has no attribute {name!r}")

@@ -1,6 +1,6 @@
 """The one error tree of deltabus, with Kafka's error codes.
 
-    DeltaBusError                      root; `code`, `retriable`, `invalid_metadata`, `grpc_status`
+    DeltaBusError                      root; `code`, `retriable`, `invalid_metadata`
     ├── one subclass per Kafka code    UnknownTopicOrPartitionError (3), NotLeaderOrFollowerError...
     │   raised by brokers and the controller, carried on the wire as `error_code` + message,
     │   and raised again by clients from the code (`error_for_code`)
@@ -8,12 +8,12 @@
 
 Retry loops test `retriable` (try again later) and `invalid_metadata` (refresh metadata first: the
 leader moved), never a list of types. grpc and delta-rs exceptions are mapped into this tree in one
-place each: `deltabus.rpc.status.error_from_rpc` and `deltabus.log_tables.partition_log`.
+place each: `deltabus.rpc.status` (both ways: an error to a gRPC status, a failed call to an error)
+and `deltabus.log_tables.partition_log`. This module imports nothing but the standard library, so
+every layer may raise these errors.
 """
 
 from __future__ import annotations
-
-import grpc
 
 __all__ = [
     "DeltaBusError",
@@ -32,7 +32,6 @@ class DeltaBusError(Exception):
     name: str = "UNKNOWN_SERVER_ERROR"
     retriable: bool = False
     invalid_metadata: bool = False
-    grpc_status: grpc.StatusCode = grpc.StatusCode.UNKNOWN
 
     def __init__(self, message: str = "") -> None:
         super().__init__(message or self.name)
@@ -51,7 +50,6 @@ def _kafka_error(
     *,
     retriable: bool = False,
     invalid_metadata: bool = False,
-    grpc_status: grpc.StatusCode = grpc.StatusCode.FAILED_PRECONDITION,
 ) -> type[DeltaBusError]:
     """Make the class for one Kafka error code and index it by code."""
     class_name = "".join(part.capitalize() for part in name.split("_"))
@@ -65,83 +63,82 @@ def _kafka_error(
             "name": name,
             "retriable": retriable,
             "invalid_metadata": invalid_metadata,
-            "grpc_status": grpc_status,
             "__doc__": f"Kafka error {code}, {name}.",
         },
     )
+    if code in ERRORS_BY_CODE:
+        raise AssertionError(f"error code {code} has two classes: {ERRORS_BY_CODE[code].__name__}, "
+                             f"{class_name}")
     ERRORS_BY_CODE[code] = cls
     return cls
 
 
-_S = grpc.StatusCode
-UnknownServerError = _kafka_error(-1, "UNKNOWN_SERVER_ERROR", grpc_status=_S.INTERNAL)
-OffsetOutOfRangeError = _kafka_error(1, "OFFSET_OUT_OF_RANGE", grpc_status=_S.OUT_OF_RANGE)
-CorruptMessageError = _kafka_error(2, "CORRUPT_MESSAGE", retriable=True, grpc_status=_S.DATA_LOSS)
+UnknownServerError = _kafka_error(-1, "UNKNOWN_SERVER_ERROR")
+OffsetOutOfRangeError = _kafka_error(1, "OFFSET_OUT_OF_RANGE")
+CorruptMessageError = _kafka_error(2, "CORRUPT_MESSAGE", retriable=True)
 UnknownTopicOrPartitionError = _kafka_error(
-    3, "UNKNOWN_TOPIC_OR_PARTITION", retriable=True, invalid_metadata=True, grpc_status=_S.NOT_FOUND
+    3, "UNKNOWN_TOPIC_OR_PARTITION", retriable=True, invalid_metadata=True
 )
-CorruptRecordError = _kafka_error(2, "CORRUPT_MESSAGE", retriable=True,
-                                  grpc_status=_S.INVALID_ARGUMENT)
-InvalidFetchSizeError = _kafka_error(4, "INVALID_FETCH_SIZE", grpc_status=_S.INVALID_ARGUMENT)
+InvalidFetchSizeError = _kafka_error(4, "INVALID_FETCH_SIZE")
 LeaderNotAvailableError = _kafka_error(
-    5, "LEADER_NOT_AVAILABLE", retriable=True, invalid_metadata=True, grpc_status=_S.UNAVAILABLE
+    5, "LEADER_NOT_AVAILABLE", retriable=True, invalid_metadata=True
 )
 NotLeaderOrFollowerError = _kafka_error(
     6, "NOT_LEADER_OR_FOLLOWER", retriable=True, invalid_metadata=True
 )
 RequestTimedOutError = _kafka_error(
-    7, "REQUEST_TIMED_OUT", retriable=True, grpc_status=_S.DEADLINE_EXCEEDED
+    7, "REQUEST_TIMED_OUT", retriable=True
 )
-BrokerNotAvailableError = _kafka_error(8, "BROKER_NOT_AVAILABLE", grpc_status=_S.UNAVAILABLE)
-MessageTooLargeError = _kafka_error(10, "MESSAGE_TOO_LARGE", grpc_status=_S.INVALID_ARGUMENT)
+BrokerNotAvailableError = _kafka_error(8, "BROKER_NOT_AVAILABLE")
+MessageTooLargeError = _kafka_error(10, "MESSAGE_TOO_LARGE")
 NetworkError = _kafka_error(
-    13, "NETWORK_EXCEPTION", retriable=True, invalid_metadata=True, grpc_status=_S.UNAVAILABLE
+    13, "NETWORK_EXCEPTION", retriable=True, invalid_metadata=True
 )
 OffsetMetadataTooLargeError = _kafka_error(
-    12, "OFFSET_METADATA_TOO_LARGE", grpc_status=_S.INVALID_ARGUMENT)
+    12, "OFFSET_METADATA_TOO_LARGE")
 CoordinatorLoadInProgressError = _kafka_error(
-    14, "COORDINATOR_LOAD_IN_PROGRESS", retriable=True, grpc_status=_S.UNAVAILABLE)
+    14, "COORDINATOR_LOAD_IN_PROGRESS", retriable=True)
 CoordinatorNotAvailableError = _kafka_error(
-    15, "COORDINATOR_NOT_AVAILABLE", retriable=True, grpc_status=_S.UNAVAILABLE)
+    15, "COORDINATOR_NOT_AVAILABLE", retriable=True)
 NotCoordinatorError = _kafka_error(16, "NOT_COORDINATOR", retriable=True)
-InvalidTopicError = _kafka_error(17, "INVALID_TOPIC_EXCEPTION", grpc_status=_S.INVALID_ARGUMENT)
-RecordListTooLargeError = _kafka_error(18, "RECORD_LIST_TOO_LARGE", grpc_status=_S.INVALID_ARGUMENT)
+InvalidTopicError = _kafka_error(17, "INVALID_TOPIC_EXCEPTION")
+RecordListTooLargeError = _kafka_error(18, "RECORD_LIST_TOO_LARGE")
 NotEnoughReplicasError = _kafka_error(19, "NOT_ENOUGH_REPLICAS", retriable=True)
 NotEnoughReplicasAfterAppendError = _kafka_error(
     20, "NOT_ENOUGH_REPLICAS_AFTER_APPEND", retriable=True)
 InvalidRequiredAcksError = _kafka_error(
-    21, "INVALID_REQUIRED_ACKS", grpc_status=_S.INVALID_ARGUMENT)
+    21, "INVALID_REQUIRED_ACKS")
 IllegalGenerationError = _kafka_error(22, "ILLEGAL_GENERATION")
 InconsistentGroupProtocolError = _kafka_error(23, "INCONSISTENT_GROUP_PROTOCOL")
-InvalidGroupIdError = _kafka_error(24, "INVALID_GROUP_ID", grpc_status=_S.INVALID_ARGUMENT)
+InvalidGroupIdError = _kafka_error(24, "INVALID_GROUP_ID")
 UnknownMemberIdError = _kafka_error(25, "UNKNOWN_MEMBER_ID")
 InvalidSessionTimeoutError = _kafka_error(
-    26, "INVALID_SESSION_TIMEOUT", grpc_status=_S.INVALID_ARGUMENT)
+    26, "INVALID_SESSION_TIMEOUT")
 RebalanceInProgressError = _kafka_error(27, "REBALANCE_IN_PROGRESS")
 InvalidCommitOffsetSizeError = _kafka_error(
-    28, "INVALID_COMMIT_OFFSET_SIZE", grpc_status=_S.INVALID_ARGUMENT)
-InvalidTimestampError = _kafka_error(32, "INVALID_TIMESTAMP", grpc_status=_S.INVALID_ARGUMENT)
-UnsupportedVersionError = _kafka_error(35, "UNSUPPORTED_VERSION", grpc_status=_S.UNIMPLEMENTED)
-TopicAlreadyExistsError = _kafka_error(36, "TOPIC_ALREADY_EXISTS", grpc_status=_S.ALREADY_EXISTS)
-InvalidPartitionsError = _kafka_error(37, "INVALID_PARTITIONS", grpc_status=_S.INVALID_ARGUMENT)
+    28, "INVALID_COMMIT_OFFSET_SIZE")
+InvalidTimestampError = _kafka_error(32, "INVALID_TIMESTAMP")
+UnsupportedVersionError = _kafka_error(35, "UNSUPPORTED_VERSION")
+TopicAlreadyExistsError = _kafka_error(36, "TOPIC_ALREADY_EXISTS")
+InvalidPartitionsError = _kafka_error(37, "INVALID_PARTITIONS")
 InvalidReplicaAssignmentError = _kafka_error(
-    39, "INVALID_REPLICA_ASSIGNMENT", grpc_status=_S.INVALID_ARGUMENT)
+    39, "INVALID_REPLICA_ASSIGNMENT")
 InvalidReplicationFactorError = _kafka_error(
-    38, "INVALID_REPLICATION_FACTOR", grpc_status=_S.INVALID_ARGUMENT
+    38, "INVALID_REPLICATION_FACTOR"
 )
-InvalidConfigError = _kafka_error(40, "INVALID_CONFIG", grpc_status=_S.INVALID_ARGUMENT)
+InvalidConfigError = _kafka_error(40, "INVALID_CONFIG")
 NotControllerError = _kafka_error(41, "NOT_CONTROLLER", retriable=True)
-InvalidRequestError = _kafka_error(42, "INVALID_REQUEST", grpc_status=_S.INVALID_ARGUMENT)
+InvalidRequestError = _kafka_error(42, "INVALID_REQUEST")
 UnsupportedForMessageFormatError = _kafka_error(
-    43, "UNSUPPORTED_FOR_MESSAGE_FORMAT", grpc_status=_S.INVALID_ARGUMENT)
+    43, "UNSUPPORTED_FOR_MESSAGE_FORMAT")
 OutOfOrderSequenceNumberError = _kafka_error(45, "OUT_OF_ORDER_SEQUENCE_NUMBER", retriable=True)
 DuplicateSequenceNumberError = _kafka_error(46, "DUPLICATE_SEQUENCE_NUMBER")
 InvalidProducerEpochError = _kafka_error(47, "INVALID_PRODUCER_EPOCH")
 KafkaStorageError = _kafka_error(
-    56, "KAFKA_STORAGE_ERROR", retriable=True, invalid_metadata=True, grpc_status=_S.UNAVAILABLE
+    56, "KAFKA_STORAGE_ERROR", retriable=True, invalid_metadata=True
 )
 NonEmptyGroupError = _kafka_error(68, "NON_EMPTY_GROUP")
-GroupIdNotFoundError = _kafka_error(69, "GROUP_ID_NOT_FOUND", grpc_status=_S.NOT_FOUND)
+GroupIdNotFoundError = _kafka_error(69, "GROUP_ID_NOT_FOUND")
 FencedLeaderEpochError = _kafka_error(
     74, "FENCED_LEADER_EPOCH", retriable=True, invalid_metadata=True)
 UnknownLeaderEpochError = _kafka_error(75, "UNKNOWN_LEADER_EPOCH", retriable=True)
@@ -149,7 +146,7 @@ StaleBrokerEpochError = _kafka_error(77, "STALE_BROKER_EPOCH")
 # A new leader's high watermark has not yet caught up with its log end after the election:
 # ListOffsets cannot answer "latest" (or a timestamp) without going back in time. Retry.
 OffsetNotAvailableError = _kafka_error(
-    78, "OFFSET_NOT_AVAILABLE", retriable=True, grpc_status=_S.UNAVAILABLE)
+    78, "OFFSET_NOT_AVAILABLE", retriable=True)
 MemberIdRequiredError = _kafka_error(79, "MEMBER_ID_REQUIRED")
 PreferredLeaderNotAvailableError = _kafka_error(80, "PREFERRED_LEADER_NOT_AVAILABLE",
                                                 retriable=True)
@@ -158,7 +155,7 @@ EligibleLeadersNotAvailableError = _kafka_error(83, "ELIGIBLE_LEADERS_NOT_AVAILA
 GroupMaxSizeReachedError = _kafka_error(81, "GROUP_MAX_SIZE_REACHED")
 ElectionNotNeededError = _kafka_error(84, "ELECTION_NOT_NEEDED")
 NoReassignmentInProgressError = _kafka_error(85, "NO_REASSIGNMENT_IN_PROGRESS")
-InvalidRecordError = _kafka_error(87, "INVALID_RECORD", grpc_status=_S.INVALID_ARGUMENT)
+InvalidRecordError = _kafka_error(87, "INVALID_RECORD")
 InvalidUpdateVersionError = _kafka_error(95, "INVALID_UPDATE_VERSION")
 IneligibleReplicaError = _kafka_error(107, "INELIGIBLE_REPLICA")
 
@@ -167,7 +164,6 @@ class ClientError(DeltaBusError):
     """A client-side failure with no Kafka error code (for example, the client is closed)."""
 
     name = "CLIENT_ERROR"
-    grpc_status = grpc.StatusCode.CANCELLED
 
 
 class LogTruncationError(ClientError):

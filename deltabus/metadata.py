@@ -43,6 +43,30 @@ class TopicResult:
     replication_factor: int = -1
 
 
+# What DescribeGroups answers (AdminClient.describe_consumer_groups, the Kafka door, the CLI).
+@dataclass(frozen=True)
+class MemberDescription:
+    member_id: str
+    client_id: str
+    client_host: str
+    metadata: bytes
+    assignment: bytes
+
+
+@dataclass(frozen=True)
+class GroupDescription:
+    """A group as DescribeGroups answers it: members carry their protocol metadata and
+    assignment as the opaque bytes the clients sent."""
+
+    group_id: str
+    state: str
+    protocol_type: str
+    protocol: str
+    generation_id: int
+    leader_id: str
+    members: list[MemberDescription]
+
+
 CONTROLLER_NODE_ID = -1  # the controller's node id where an API names a node (FindCoordinator)
 
 

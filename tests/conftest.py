@@ -37,6 +37,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+SPARK_FIXTURES = {"spark", "cluster"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The `spark` marker covers every test that starts Spark: those using the shared session
+    (directly or through `cluster`, `cli`, ...) are marked here; those starting Spark in a
+    process of their own carry the marker in their module. So `-m "not spark"` is a fast unit
+    run with no JVM."""
+    for item in items:
+        if SPARK_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.spark)
+
+
 @pytest.fixture(scope="session")
 def spark() -> Iterator[object]:
     from deltabus import local_spark

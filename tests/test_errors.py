@@ -79,3 +79,54 @@ def test_client_errors_have_no_kafka_code_but_share_the_root() -> None:
     assert issubclass(errors.ClientError, errors.DeltaBusError)
     assert errors.KafkaTimeoutError().retriable is True
     assert errors.KafkaTimeoutError not in errors.ERRORS_BY_CODE.values()
+
+
+def test_each_kafka_code_has_one_class_and_comes_back_as_it() -> None:
+    """What a server raises is what a client raises again from the code: two classes claiming
+    one code (CORRUPT_MESSAGE once had two) would turn one into the other on the wire."""
+    classes = [value for value in vars(errors).values()
+               if isinstance(value, type) and issubclass(value, errors.DeltaBusError)
+               and not issubclass(value, errors.ClientError) and value is not errors.DeltaBusError]
+    for cls in classes:
+        assert errors.error_for_code(cls.code).__class__ is cls, cls.__name__
+    assert len({cls.code for cls in classes}) == len(classes)
+
+
+def test_a_server_error_reaches_a_client_as_its_class_and_status() -> None:
+    """Through a real gRPC server: the class, message and status the server's error maps to."""
+    from concurrent import futures
+
+    import grpc
+
+    from deltabus.rpc import status
+
+    def fail(request: bytes, context: grpc.ServicerContext) -> bytes:
+        status.abort(context, errors.CorruptMessageError("a record batch failed its CRC"))
+
+    handler = grpc.method_handlers_generic_handler(
+        "t.T", {"Fail": grpc.unary_unary_rpc_method_handler(fail)})
+    server = grpc.server(futures.ThreadPoolExecutor(1), handlers=[handler])
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            with pytest.raises(grpc.RpcError) as info:
+                channel.unary_unary("/t.T/Fail")(b"")
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        error = status.error_from_rpc(info.value)
+        assert type(error) is errors.CorruptMessageError
+        assert error.message == "a record batch failed its CRC"
+    finally:
+        server.stop(None)
+
+
+def test_errors_module_imports_only_the_standard_library() -> None:
+    import ast
+    import sys
+
+    tree = ast.parse(open(errors.__file__).read())
+    imported = {alias.name.split(".")[0] for node in ast.walk(tree)
+                if isinstance(node, ast.Import) for alias in node.names}
+    imported |= {node.module.split(".")[0] for node in ast.walk(tree)
+                 if isinstance(node, ast.ImportFrom) and node.module}
+    assert imported <= set(sys.stdlib_module_names) | {"__future__"}, imported

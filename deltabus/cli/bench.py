@@ -43,12 +43,12 @@ from deltabus.cli import group_bench, kafka_bench, merge_bench, stream_bench
 from deltabus.cli.options import CliError
 from deltabus.cli.producer_performance import BULK_CHUNK_BYTES, payload, random_values
 from deltabus.cli.results import write_json
+from deltabus.client.admin import AdminClient
+from deltabus.client.consumer import Consumer, TopicPartition
+from deltabus.client.producer import Producer
 from deltabus.errors import KafkaTimeoutError
 from deltabus.metadata import NewTopic
 from deltabus.records import normalize_produce, to_log_batch
-from deltabus.rpc.admin import AdminClient
-from deltabus.rpc.consumer import Consumer, TopicPartition
-from deltabus.rpc.producer import Producer
 
 VALUE_BYTES = 100
 LATENCY_RUN_S = 3.0

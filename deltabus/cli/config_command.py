@@ -13,7 +13,7 @@ import re
 
 from deltabus import config as cfg
 from deltabus.cli.options import CliError
-from deltabus.rpc.admin import AdminClient
+from deltabus.client.admin import AdminClient
 
 ENTITY_TYPES = ("topics", "brokers")
 

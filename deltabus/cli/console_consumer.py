@@ -25,8 +25,8 @@ from deltabus.cli.options import (
     parse_properties,
     warn_unknown,
 )
+from deltabus.client.consumer import Consumer, TopicPartition
 from deltabus.records import LOG_APPEND_TIME, ConsumerRecord
-from deltabus.rpc.consumer import Consumer, TopicPartition
 
 # A consumer in a group waits this long at most for partitions before --timeout-ms counts.
 GROUP_JOIN_WAIT_S_MAX = 30.0

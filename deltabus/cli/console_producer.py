@@ -20,7 +20,7 @@ from deltabus.cli.options import (
     parse_properties,
     warn_unknown,
 )
-from deltabus.rpc.producer import FutureRecordMetadata, Producer
+from deltabus.client.producer import FutureRecordMetadata, Producer
 
 READER_PROPERTIES = ("parse.key", "key.separator", "ignore.error")
 

@@ -15,10 +15,10 @@ import re
 from collections.abc import Iterable
 
 from deltabus.cli.options import CliError
-from deltabus.offsets.consumer_protocol import Assignment
-from deltabus.offsets.group_coordinator import GroupDescription
-from deltabus.rpc.admin import AdminClient
-from deltabus.rpc.consumer import Consumer, TopicPartition
+from deltabus.client.admin import AdminClient
+from deltabus.client.consumer import Consumer, TopicPartition
+from deltabus.client.consumer_protocol import Assignment
+from deltabus.metadata import GroupDescription
 
 SCENARIOS = ("to_earliest", "to_latest", "to_offset", "shift_by", "to_datetime", "by_duration",
              "to_current")

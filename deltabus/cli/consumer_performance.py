@@ -23,7 +23,7 @@ from deltabus.cli.options import (
     parse_properties,
 )
 from deltabus.cli.results import write_json
-from deltabus.rpc.consumer import Consumer, TopicPartition
+from deltabus.client.consumer import Consumer, TopicPartition
 
 HEADER = ("start.time, end.time, data.consumed.in.MB, MB.sec, data.consumed.in.nMsg, nMsg.sec, "
           "rebalance.time.ms, fetch.time.ms, fetch.MB.sec, fetch.nMsg.sec")

@@ -12,7 +12,7 @@ import multiprocessing
 import threading
 import time
 
-from deltabus.rpc.consumer import Consumer, TopicPartition
+from deltabus.client.consumer import Consumer, TopicPartition
 
 COMMITTERS = 100
 COMMIT_INTERVAL_S = 0.1

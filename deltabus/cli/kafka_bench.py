@@ -10,10 +10,10 @@ import time
 import uuid
 from typing import Any
 
+from deltabus.client.admin import AdminClient
+from deltabus.client.consumer import Consumer, TopicPartition
+from deltabus.client.producer import Producer
 from deltabus.metadata import NewTopic
-from deltabus.rpc.admin import AdminClient
-from deltabus.rpc.consumer import Consumer, TopicPartition
-from deltabus.rpc.producer import Producer
 
 IDLE_S_MAX = 10.0  # a consume giving up after this long with nothing new
 

@@ -11,7 +11,7 @@ import argparse
 
 from deltabus import errors
 from deltabus.cli.options import CliError
-from deltabus.rpc.admin import AdminClient
+from deltabus.client.admin import AdminClient
 
 
 def add_parser(subparsers: argparse._SubParsersAction, parent: argparse.ArgumentParser) -> None:

@@ -26,7 +26,7 @@ from deltabus.cli.options import (
     parse_properties,
 )
 from deltabus.cli.results import write_json
-from deltabus.rpc.producer import FutureRecordMetadata, Producer
+from deltabus.client.producer import FutureRecordMetadata, Producer
 
 REPORT_INTERVAL_S = 5.0  # Kafka's reporting interval
 SAMPLES_MAX = 100_000  # latency callbacks per run, to keep measuring cheap

@@ -13,7 +13,7 @@ import json
 from typing import Any
 
 from deltabus.cli.options import CliError
-from deltabus.rpc.admin import AdminClient
+from deltabus.client.admin import AdminClient
 
 
 def add_parser(subparsers: argparse._SubParsersAction, parent: argparse.ArgumentParser) -> None:

@@ -28,11 +28,11 @@ import pyarrow.parquet as pq
 from deltalake import DeltaTable
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
+from deltabus.client.admin import AdminClient
+from deltabus.client.consumer import Consumer
+from deltabus.client.producer import Producer
 from deltabus.log_tables.layout import replica_path
 from deltabus.metadata import NewTopic
-from deltabus.rpc.admin import AdminClient
-from deltabus.rpc.consumer import Consumer
-from deltabus.rpc.producer import Producer
 from deltabus.spark.source import kafka_schema, to_kafka_columns
 
 PARTITIONS = 4

@@ -13,8 +13,8 @@ from collections.abc import Iterable
 
 from deltabus import errors
 from deltabus.cli.options import CliError, parse_properties, warn
+from deltabus.client.admin import AdminClient
 from deltabus.metadata import NO_LEADER, NewTopic, PartitionState, TopicState
-from deltabus.rpc.admin import AdminClient
 from deltabus.topics import has_collision_chars, validate_topic_name
 
 ACTIONS = ("create", "list", "describe", "delete", "alter")

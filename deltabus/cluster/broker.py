@@ -33,6 +33,7 @@ from pyspark import TaskContext
 
 from deltabus import config as cfg
 from deltabus import errors
+from deltabus.client.cluster_client import ClusterClient
 from deltabus.cluster.partition import Partition
 from deltabus.cluster.replica_fetcher import ReplicaFetcher
 from deltabus.log_tables.layout import replica_path
@@ -54,7 +55,6 @@ from deltabus.metadata import (
 )
 from deltabus.records import CREATE_TIME, LOG_APPEND_TIME, ProducerState
 from deltabus.rpc import codec
-from deltabus.rpc.client import ClusterClient
 from deltabus.rpc.kafka.listener import KafkaListener
 from deltabus.rpc.server import FetchResult, FetchSpec, start_server
 from deltabus.rpc.v1 import deltabus_pb2 as pb

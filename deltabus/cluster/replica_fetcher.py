@@ -21,10 +21,10 @@ from dataclasses import dataclass
 
 from deltabus import config as cfg
 from deltabus import errors
+from deltabus.client.cluster_client import ClusterClient
 from deltabus.cluster.partition import Partition
 from deltabus.log_tables.partition_log import AppendResult, LogFile
 from deltabus.records import from_ipc
-from deltabus.rpc.client import ClusterClient
 from deltabus.rpc.v1 import deltabus_pb2 as pb
 
 log = logging.getLogger(__name__)

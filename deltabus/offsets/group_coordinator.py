@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 
 from deltabus import config as cfg
 from deltabus import errors
+from deltabus.metadata import GroupDescription, MemberDescription
 from deltabus.offsets.offset_store import OffsetAndMetadata, OffsetCommit, OffsetStore
 
 log = logging.getLogger(__name__)
@@ -78,26 +79,6 @@ class JoinResult:
     leader_id: str
     member_id: str
     members: list[tuple[str, bytes]]  # (member id, metadata): only the leader gets them
-
-
-@dataclass(frozen=True)
-class MemberDescription:
-    member_id: str
-    client_id: str
-    client_host: str
-    metadata: bytes
-    assignment: bytes
-
-
-@dataclass(frozen=True)
-class GroupDescription:
-    group_id: str
-    state: str
-    protocol_type: str
-    protocol: str
-    generation_id: int
-    leader_id: str
-    members: list[MemberDescription]
 
 
 @dataclass

@@ -29,7 +29,7 @@ from deltabus.metadata import (
 )
 from deltabus.offsets.group_coordinator import GroupCoordinator
 from deltabus.records import ProducerState
-from deltabus.rpc import codec
+from deltabus.rpc import codec, status
 from deltabus.rpc.fetch_size import FetchBudget
 from deltabus.rpc.group_servicer import GroupServicerMixin
 from deltabus.rpc.v1 import deltabus_pb2 as pb
@@ -37,7 +37,6 @@ from deltabus.rpc.v1 import deltabus_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 
-ERROR_CODE_KEY = "deltabus-error-code"
 DEFAULT_PRODUCE_TIMEOUT_MS = 30_000
 
 
@@ -134,18 +133,13 @@ class LifecycleHandler(Protocol):
                         new_isr: list[int]) -> tuple[PartitionState, int]: ...
 
 
-def _abort(context: grpc.ServicerContext, error: errors.DeltaBusError) -> Any:
-    context.set_trailing_metadata(((ERROR_CODE_KEY, str(error.code)),))
-    context.abort(error.grpc_status, str(error))
-
-
 def _guard(method: Callable) -> Callable:
     """Request-level DeltaBusErrors become a gRPC status; anything else is a server bug."""
     def wrapper(self: Any, request: Any, context: grpc.ServicerContext) -> Any:
         try:
             return method(self, request, context)
         except errors.DeltaBusError as e:
-            return _abort(context, e)
+            status.abort(context, e)
     wrapper.__name__ = method.__name__
     return wrapper
 

@@ -30,8 +30,8 @@ from pyspark.sql.datasource import (
 )
 
 from deltabus import errors
+from deltabus.client.producer import FutureRecordMetadata, Producer
 from deltabus.partitioner import partition_for_key
-from deltabus.rpc.producer import FutureRecordMetadata, Producer
 
 log = logging.getLogger(__name__)
 

@@ -31,11 +31,11 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from deltabus import errors
+from deltabus.client.consumer import Consumer
+from deltabus.client.consumer_coordinator import TopicPartition
 from deltabus.log_tables.layout import replica_path
 from deltabus.log_tables.log_reader import LogReader
 from deltabus.metadata import MetadataImage
-from deltabus.rpc.consumer import Consumer
-from deltabus.rpc.consumer_coordinator import TopicPartition
 
 log = logging.getLogger(__name__)
 

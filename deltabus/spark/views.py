@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from deltabus.rpc.admin import AdminClient
+from deltabus.client.admin import AdminClient
 
 
 def view_name(topic: str) -> str:

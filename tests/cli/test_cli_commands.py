@@ -166,6 +166,7 @@ def test_perf_producer_and_consumer(cli: Cli, topic_name: str, tmp_path: Any) ->
     assert rc == 0 and "Exiting before consuming the expected number of messages" in err
 
 
+@pytest.mark.spark  # `cluster start` runs Spark in the process it starts
 @pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 def test_cluster_start_serves_until_signalled_and_flushes(tmp_path: Any, stop_signal: int) -> None:
     """Ctrl-C or SIGTERM stops cleanly: records sent with acks=0 just before are in the table."""

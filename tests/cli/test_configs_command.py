@@ -112,7 +112,7 @@ def test_a_broker_resource_on_the_wire_is_refused_and_the_topic_beside_it_answer
         cluster: Any, topic_name: str) -> None:
     """Kafka's clients may ask for broker configs: each such resource gets INVALID_REQUEST,
     the topics in the same request their configs."""
-    from deltabus.rpc.client import ClusterClient
+    from deltabus.client.cluster_client import ClusterClient
     from deltabus.rpc.v1 import deltabus_pb2 as pb
 
     with AdminClient(cluster.bootstrap_servers) as admin:

@@ -6,7 +6,7 @@ import threading
 import time
 
 from deltabus import AdminClient, Cluster, NewTopic, Producer
-from deltabus.rpc.client import ClusterClient
+from deltabus.client.cluster_client import ClusterClient
 from deltabus.rpc.v1 import deltabus_pb2 as pb
 from tests.conftest import read_records
 

@@ -16,6 +16,7 @@ from tests.conftest import free_port
 JOB = Path(__file__).with_name("local_cluster_job.py")
 
 
+@pytest.mark.spark  # the job runs a local-cluster of its own
 @pytest.mark.timeout(600)  # four JVMs on two cores: SIGKILLs, relaunches and catch-up jobs
 def test_replicated_cluster_in_separate_executors_survives_executor_kills(tmp_path):
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable,

@@ -11,10 +11,10 @@ import pytest
 from deltalake import DeltaTable
 
 from deltabus import AdminClient, NewTopic, Producer, errors
+from deltabus.client.cluster_client import ClusterClient
 from deltabus.log_tables.layout import replica_path
 from deltabus.metadata import PartitionState
 from deltabus.records import produce_batch, to_ipc
-from deltabus.rpc.client import ClusterClient
 from deltabus.rpc.v1 import deltabus_pb2 as pb
 from tests.conftest import read_records, wait_until
 

@@ -15,7 +15,7 @@ import signal
 import sys
 
 from deltabus import Consumer
-from deltabus.rpc.consumer import ConsumerRebalanceListener
+from deltabus.client.consumer import ConsumerRebalanceListener
 
 
 def emit(event: dict) -> None:

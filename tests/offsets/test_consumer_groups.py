@@ -20,8 +20,8 @@ from deltalake import DeltaTable
 
 from deltabus import AdminClient, Consumer, NewTopic, Producer, TopicPartition, errors
 from deltabus.cli.main import main
+from deltabus.client.consumer import CommitFailedError, ConsumerRebalanceListener
 from deltabus.log_tables.layout import consumer_offsets_path
-from deltabus.rpc.consumer import CommitFailedError, ConsumerRebalanceListener
 from tests.conftest import wait_until
 
 MEMBER = Path(__file__).with_name("group_member.py")

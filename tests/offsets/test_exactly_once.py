@@ -1,6 +1,6 @@
 """Exactly-once from topic to topic: a pipeline that crashes after writing a batch's output but
 before committing its input offsets is replaced by one that writes nothing twice and loses
-nothing (the idempotent producer, made deterministic; see deltabus.rpc.exactly_once)."""
+nothing (the idempotent producer, made deterministic; see deltabus.client.exactly_once)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import time
 import pytest
 
 from deltabus import AdminClient, Consumer, NewTopic, Producer, TopicPartition
+from deltabus.client.exactly_once import ExactlyOncePipeline
 from deltabus.records import ConsumerRecord
-from deltabus.rpc.exactly_once import ExactlyOncePipeline
 from tests.conftest import read_records
 
 

@@ -12,9 +12,9 @@ from deltalake import DeltaTable
 
 from deltabus import AdminClient, Consumer, NewTopic, TopicPartition
 from deltabus import config as cfg
+from deltabus.client.cluster_client import ClusterClient
 from deltabus.log_tables.layout import replica_path
 from deltabus.records import from_ipc, produce_batch, to_ipc
-from deltabus.rpc.client import ClusterClient
 from deltabus.rpc.v1 import deltabus_pb2 as pb
 
 PARTITIONS = 6

@@ -55,7 +55,7 @@ def test_a_consumer_past_an_unclean_leaders_log_end_moves_to_where_the_logs_part
                                                       acks=-1).error_code)
                    or answers[-1] != errors.NotLeaderOrFollowerError.code, "the new leader")
         assert answers[-1] == 0
-        with caplog.at_level(logging.WARNING, logger="deltabus.rpc.consumer"):
+        with caplog.at_level(logging.WARNING, logger="deltabus.client.consumer"):
             after = poll_until(earliest, 1, "the new leader's record")
         # Back to where the logs part (offset 3), not to the start of the log.
         assert [(r.offset, r.value) for r in after] == [(3, b"new-3")]

@@ -10,11 +10,11 @@ import pytest
 from deltalake import DeltaTable
 
 from deltabus import AdminClient, Consumer, NewTopic, Producer, TopicPartition, errors
+from deltabus.client.cluster_client import ClusterClient
 from deltabus.log_tables.layout import replica_path
 from deltabus.partitioner import partition_for_key
 from deltabus.records import produce_batch, to_ipc
-from deltabus.rpc.client import ClusterClient
-from deltabus.rpc.server import ERROR_CODE_KEY
+from deltabus.rpc.status import ERROR_CODE_KEY
 from deltabus.rpc.v1 import deltabus_pb2 as pb
 from tests.conftest import read_records
 

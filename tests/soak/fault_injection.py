@@ -570,7 +570,7 @@ def run(cluster, plan: FaultPlan) -> Report:
         senders.append(KafkaSender("k0", cluster.kafka_bootstrap_servers, plan, ledger))
     nemesis = Nemesis(cluster, plan)
     resets = ResetCounter()
-    consumer_log = logging.getLogger("deltabus.rpc.consumer")
+    consumer_log = logging.getLogger("deltabus.client.consumer")
     level = consumer_log.level
     consumer_log.addHandler(resets)
     consumer_log.setLevel(logging.INFO)

@@ -39,7 +39,7 @@ class ProducedBatch:
 
 
 def decode_produce(data: bytes) -> list[ProducedBatch]:
-    """The record batches of one partition's produce data. Raises CorruptRecordError for a bad
+    """The record batches of one partition's produce data. Raises CorruptMessageError for a bad
     CRC or truncated batch, InvalidRecordError for what the log cannot take (old message
     formats, control batches, empty batches)."""
     out = []
@@ -52,13 +52,13 @@ def decode_produce(data: bytes) -> list[ProducedBatch]:
             raise errors.UnsupportedForMessageFormatError(
                 "only record batches of magic v2 are accepted (Kafka 0.11 and later clients)")
         if not batch.validate_crc():
-            raise errors.CorruptRecordError("a record batch failed its CRC-32C check")
+            raise errors.CorruptMessageError("a record batch failed its CRC-32C check")
         if batch.is_control_batch:
             raise errors.InvalidRecordError("producers may not send control batches")
         try:
             rows = [(r.key, r.value, r.timestamp, r.headers) for r in batch]
         except Exception as e:  # truncated or undecompressible
-            raise errors.CorruptRecordError(f"a record batch cannot be read: {e}") from None
+            raise errors.CorruptMessageError(f"a record batch cannot be read: {e}") from None
         if not rows:
             raise errors.InvalidRecordError("a record batch must hold at least one record")
         keys, values, timestamps, headers = zip(*rows, strict=True)

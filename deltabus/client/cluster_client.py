@@ -1,5 +1,5 @@
 """The low-level client every deltabus client shares: bootstrap, one channel per broker, cached
-metadata, and the mapping of gRPC failures into deltabus errors (the one place that happens).
+metadata; failed calls become deltabus errors through `deltabus.rpc.status.error_from_rpc`.
 
 Thread-safe. Clients find partition leaders through metadata and refresh it when a response says
 the metadata was stale (`invalid_metadata` errors), so a relaunched broker on a new port, or a
@@ -19,30 +19,9 @@ from deltabus import config as cfg
 from deltabus import errors
 from deltabus.metadata import BrokerEndpoint, MetadataImage, PartitionState, empty_image
 from deltabus.rpc import codec
-from deltabus.rpc.server import ERROR_CODE_KEY
+from deltabus.rpc.status import error_from_rpc
 from deltabus.rpc.v1 import deltabus_pb2 as pb
 from deltabus.rpc.v1 import deltabus_pb2_grpc as pb_grpc
-
-_STATUS_ERRORS: dict[grpc.StatusCode, type[errors.DeltaBusError]] = {
-    grpc.StatusCode.UNAVAILABLE: errors.NetworkError,
-    grpc.StatusCode.DEADLINE_EXCEEDED: errors.RequestTimedOutError,
-    grpc.StatusCode.RESOURCE_EXHAUSTED: errors.RecordListTooLargeError,
-    grpc.StatusCode.UNIMPLEMENTED: errors.UnsupportedVersionError,
-    grpc.StatusCode.CANCELLED: errors.NetworkError,
-}
-
-
-def error_from_rpc(e: grpc.RpcError) -> errors.DeltaBusError:
-    """The deltabus error for a failed gRPC call: the Kafka code the server sent, else one
-    inferred from the status (a dead or unreachable broker is a retriable NETWORK_EXCEPTION)."""
-    code = e.code() if hasattr(e, "code") else None
-    details = (e.details() if hasattr(e, "details") else "") or str(code)
-    for key, value in (e.trailing_metadata() or ()) if hasattr(e, "trailing_metadata") else ():
-        if key == ERROR_CODE_KEY:
-            message = details.split(": ", 1)[1] if ": " in details else details
-            return errors.error_for_code(int(value), message)
-    cls = _STATUS_ERRORS.get(code, errors.UnknownServerError) if code else errors.NetworkError
-    return cls(details)
 
 
 def parse_bootstrap(servers: str | Iterable[str]) -> list[str]:
@@ -94,7 +73,7 @@ class ClusterClient:
             return entry[1]
 
     def raw_produce(self, address: str) -> Any:
-        """Produce taking already-serialized request bytes (see deltabus.rpc.wire)."""
+        """Produce taking already-serialized request bytes (see deltabus.client.wire)."""
         self.stub(address)
         with self._lock:
             method = self._raw_produce.get(address)

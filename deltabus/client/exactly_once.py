@@ -30,11 +30,11 @@ from typing import Any
 
 import pyarrow as pa
 
+from deltabus.client.consumer import Consumer, ConsumerRebalanceListener, OffsetAndMetadata
+from deltabus.client.consumer_coordinator import TopicPartition
+from deltabus.client.producer import Producer
 from deltabus.partitioner import partition_for_key
 from deltabus.records import ConsumerRecord
-from deltabus.rpc.consumer import Consumer, ConsumerRebalanceListener, OffsetAndMetadata
-from deltabus.rpc.consumer_coordinator import TopicPartition
-from deltabus.rpc.producer import Producer
 
 log = logging.getLogger(__name__)
 

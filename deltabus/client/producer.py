@@ -27,10 +27,11 @@ import grpc
 import pyarrow as pa
 
 from deltabus import errors
+from deltabus.client import wire
+from deltabus.client.cluster_client import ClusterClient
 from deltabus.partitioner import StickyPartitioner, partition_for_key
 from deltabus.records import produce_batch, to_ipc
-from deltabus.rpc import wire
-from deltabus.rpc.client import ClusterClient, error_from_rpc
+from deltabus.rpc.status import error_from_rpc
 from deltabus.rpc.v1 import deltabus_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -190,7 +191,7 @@ class Producer:
         if transactional_id is not None and not enable_idempotence:
             raise errors.InvalidConfigError("a transactional_id needs enable_idempotence")
         self.enable_idempotence = enable_idempotence
-        # The same producer id across restarts (see deltabus.rpc.exactly_once).
+        # The same producer id across restarts (see deltabus.client.exactly_once).
         self.transactional_id = transactional_id
         # With a transactional id, the epoch to write with instead of the cluster's: the Spark
         # sink writes micro-batch b with epoch b, so leaders recognise a replay of b and fence

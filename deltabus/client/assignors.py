@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from deltabus import errors
-from deltabus.offsets.consumer_protocol import Subscription
+from deltabus.client.consumer_protocol import Subscription
 
 TopicPartition = tuple[str, int]
 Plan = dict[str, list[TopicPartition]]

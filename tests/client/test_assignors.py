@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from deltabus import errors
-from deltabus.offsets.assignors import ASSIGNORS, assignor
-from deltabus.offsets.consumer_protocol import Subscription
+from deltabus.client.assignors import ASSIGNORS, assignor
+from deltabus.client.consumer_protocol import Subscription
 
 RANGE, ROUND_ROBIN, STICKY = (ASSIGNORS[n] for n in ("range", "roundrobin",
                                                      "cooperative-sticky"))

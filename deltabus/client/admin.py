@@ -12,10 +12,9 @@ from typing import Any
 
 from deltabus import config as cfg
 from deltabus import errors
-from deltabus.metadata import NewTopic, TopicState
-from deltabus.offsets.group_coordinator import GroupDescription, MemberDescription
+from deltabus.client.cluster_client import ClusterClient
+from deltabus.metadata import GroupDescription, MemberDescription, NewTopic, TopicState
 from deltabus.rpc import codec
-from deltabus.rpc.client import ClusterClient
 from deltabus.rpc.v1 import deltabus_pb2 as pb
 
 __all__ = ["AdminClient", "NewTopic"]

@@ -23,9 +23,10 @@ from typing import Any, NamedTuple
 import grpc
 
 from deltabus import errors
-from deltabus.offsets.assignors import Assignor
-from deltabus.offsets.consumer_protocol import Assignment, Subscription
-from deltabus.rpc.client import ClusterClient, error_from_rpc
+from deltabus.client.assignors import Assignor
+from deltabus.client.cluster_client import ClusterClient
+from deltabus.client.consumer_protocol import Assignment, Subscription
+from deltabus.rpc.status import error_from_rpc
 from deltabus.rpc.v1 import deltabus_pb2 as pb
 
 log = logging.getLogger(__name__)

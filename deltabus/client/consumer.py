@@ -37,17 +37,18 @@ import pyarrow as pa
 
 from deltabus import config as cfg
 from deltabus import errors
-from deltabus.metadata import MetadataImage
-from deltabus.offsets.assignors import Assignor, assignor
-from deltabus.records import ConsumerRecord, from_ipc, iter_consumer_records
-from deltabus.rpc.client import ClusterClient, error_from_rpc
-from deltabus.rpc.consumer_coordinator import (
+from deltabus.client.assignors import Assignor, assignor
+from deltabus.client.cluster_client import ClusterClient
+from deltabus.client.consumer_coordinator import (
     CommitFailedError,
     ConsumerCoordinator,
     OffsetAndMetadata,
     TopicPartition,
     matching_topics,
 )
+from deltabus.metadata import MetadataImage
+from deltabus.records import ConsumerRecord, from_ipc, iter_consumer_records
+from deltabus.rpc.status import error_from_rpc
 from deltabus.rpc.v1 import deltabus_pb2 as pb
 
 __all__ = ["CommitFailedError", "Consumer", "ConsumerRebalanceListener", "OffsetAndMetadata",

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from deltabus import errors
-from deltabus.offsets.consumer_protocol import Assignment, Subscription
+from deltabus.client.consumer_protocol import Assignment, Subscription
 
 
 def test_subscription_v0_bytes_are_kafkas():

@@ -1,0 +1,33 @@
+"""What runs in the user's process: `Producer`, `Consumer` (with its group coordinator client and
+assignors), `AdminClient`, `ExactlyOncePipeline`, and the `ClusterClient` they share.
+
+Imports allowed: the pure modules (`deltabus.errors`, `config`, `metadata`, `records`,
+`partitioner`), pyarrow, grpc and the wire code of `deltabus.rpc` (`v1`, `codec`, `status`).
+Never deltalake, pyspark or a server module: `pip install` users and notebooks load the clients
+fast, and their tests need no Spark (tests/client/test_layering.py pins this in a fresh
+interpreter).
+"""
+
+from deltabus.client.admin import AdminClient
+from deltabus.client.consumer import (
+    CommitFailedError,
+    Consumer,
+    ConsumerRebalanceListener,
+    OffsetAndMetadata,
+    TopicPartition,
+)
+from deltabus.client.exactly_once import ExactlyOncePipeline
+from deltabus.client.producer import FutureRecordMetadata, Producer, RecordMetadata
+
+__all__ = [
+    "AdminClient",
+    "CommitFailedError",
+    "Consumer",
+    "ConsumerRebalanceListener",
+    "ExactlyOncePipeline",
+    "FutureRecordMetadata",
+    "OffsetAndMetadata",
+    "Producer",
+    "RecordMetadata",
+    "TopicPartition",
+]
