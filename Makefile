@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # lock file) and kcat (Debian's package, on librdkafka).
 NODE_TESTS := tests/kafka/node
 NODE_STAMP := $(NODE_TESTS)/node_modules/.installed
-PROTO := deltabus/rpc/v1/deltabus.proto
+PROTO := deltabus/rpc/v1/deltabus.proto deltabus/rpc/v1/internal.proto
 export SPARK_LOCAL_IP ?= 127.0.0.1
 export PYSPARK_PYTHON = $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON = $(abspath $(PY))

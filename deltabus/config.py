@@ -25,6 +25,9 @@ REQUEST_MAX_BYTES = 104_857_600  # Kafka's socket.request.max.bytes: the largest
 FETCH_MAX_BYTES = 52_428_800  # Kafka's fetch.max.bytes
 FETCH_PARTITION_MAX_BYTES = 1_048_576  # Kafka's max.partition.fetch.bytes
 FETCH_MAX_WAIT_MS = 500  # Kafka's fetch.max.wait.ms
+# A produce that does not say how long it may wait for its acks waits this long (Kafka's producer
+# request.timeout.ms default).
+PRODUCE_TIMEOUT_MS_DEFAULT = 30_000
 # A broker answers a partition with at most this much, whatever a consumer allows: one gRPC message
 # of tens of MB moves slower per byte than several of a few MB (measured: 8 MB 1.4M records/s,
 # 32 MB 0.9M). Kafka's broker caps responses the same way (replica.fetch.response.max.bytes).
@@ -251,6 +254,10 @@ class ConfigEntry:
     doc: str
     read_only: bool = False
     sensitive: bool = False
+
+
+# DescribeConfigs' answer: per topic, its entries or the error that refused it.
+ConfigResults = dict[str, "list[ConfigEntry] | errors.DeltaBusError"]
 
 
 def _env_int(name: str, default: int) -> int:

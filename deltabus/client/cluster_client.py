@@ -15,10 +15,10 @@ from typing import Any
 
 import grpc
 
-from deltabus import config as cfg
 from deltabus import errors
 from deltabus.metadata import BrokerEndpoint, MetadataImage, PartitionState, empty_image
 from deltabus.rpc import codec
+from deltabus.rpc.channel import open_channel
 from deltabus.rpc.status import error_from_rpc
 from deltabus.rpc.v1 import deltabus_pb2 as pb
 from deltabus.rpc.v1 import deltabus_pb2_grpc as pb_grpc
@@ -62,12 +62,7 @@ class ClusterClient:
                 raise errors.ClientError("the client is closed")
             entry = self._stubs.get(address)
             if entry is None:
-                channel = grpc.insecure_channel(address, options=[
-                    ("grpc.max_receive_message_length", cfg.REQUEST_MAX_BYTES),
-                    ("grpc.max_send_message_length", cfg.REQUEST_MAX_BYTES),
-                    ("grpc.primary_user_agent", self.client_id),
-                    ("grpc.enable_retries", 0),
-                ])
+                channel = open_channel(address, self.client_id)
                 entry = (channel, pb_grpc.DeltaBusStub(channel))
                 self._stubs[address] = entry
             return entry[1]

@@ -26,14 +26,14 @@ import uuid
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
-import grpc
 import pyarrow as pa
 from pyspark import TaskContext
 
 from deltabus import config as cfg
 from deltabus import errors
-from deltabus.client.cluster_client import ClusterClient
+from deltabus.cluster.handler import FetchResult, FetchSpec
 from deltabus.cluster.partition import Partition
 from deltabus.cluster.replica_fetcher import ReplicaFetcher
 from deltabus.log_tables.layout import replica_path
@@ -54,11 +54,10 @@ from deltabus.metadata import (
     empty_image,
 )
 from deltabus.records import CREATE_TIME, LOG_APPEND_TIME, ProducerState
-from deltabus.rpc import codec
+from deltabus.rpc.controller_channel import ControllerChannel
 from deltabus.rpc.kafka.listener import KafkaListener
-from deltabus.rpc.server import FetchResult, FetchSpec, start_server
-from deltabus.rpc.v1 import deltabus_pb2 as pb
-from deltabus.rpc.v1 import deltabus_pb2_grpc as pb_grpc
+from deltabus.rpc.leader_endpoint import RemoteLeaderEndpoint
+from deltabus.rpc.server import start_server
 
 log = logging.getLogger(__name__)
 
@@ -97,12 +96,10 @@ class Broker:
         self._append_seq = 0
         self._stopped = threading.Event()
         self._epoch = -1
-        self._controller = ClusterClient(spec.controller_address)
-        self._replication = ClusterClient(spec.controller_address)
-        channel = grpc.insecure_channel(spec.controller_address)
-        self._lifecycle = pb_grpc.BrokerLifecycleStub(channel)
+        self._controller = ControllerChannel(spec.controller_address, spec.broker_id)
+        self._leaders = RemoteLeaderEndpoint(spec.broker_id)
         self._alter_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="alter-isr")
-        self._server: grpc.Server | None = None
+        self._server: Any = None  # the gRPC server, once started
         self.port = -1
         self._kafka: KafkaListener | None = None
 
@@ -110,7 +107,8 @@ class Broker:
 
     def start(self) -> None:
         self._server, self.port = start_server(self._config.host, 0, self,
-                                               threads=self._config.grpc_threads)
+                                               threads=self._config.grpc_threads,
+                                               replica_fetch=True)
         base = self._config.kafka_port
         if base >= 0:
             self._kafka = KafkaListener(self._config.host,
@@ -120,39 +118,36 @@ class Broker:
         threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True).start()
         threading.Thread(target=self._isr_loop, name="isr-shrink", daemon=True).start()
 
-    def _refresh_logs(self, refresh: list[pb.TopicPartitions]) -> None:
+    def _refresh_logs(self, refresh: list[tuple[str, int]]) -> None:
         """Take in what the log cleaner's Spark job did to these tables (removed or rewrote old
         files): the log start offset moves up, reads skip the removed files. The controller
         says so with the next heartbeat, well within file.delete.delay.ms, so no read touches a
         file vacuum deleted."""
-        for entry in refresh:
-            for p in entry.partitions:
-                with self._partitions_lock:
-                    partition = self._partitions.get((entry.topic, p))
-                if partition is None:
-                    continue
-                try:
-                    partition.log.refresh()
-                except Exception as e:  # storage trouble: reads refresh again on a miss
-                    log.warning("refreshing %s-%d failed: %s", entry.topic, p, e)
+        for topic, p in refresh:
+            with self._partitions_lock:
+                partition = self._partitions.get((topic, p))
+            if partition is None:
+                continue
+            try:
+                partition.log.refresh()
+            except Exception as e:  # storage trouble: reads refresh again on a miss
+                log.warning("refreshing %s-%d failed: %s", topic, p, e)
 
     def _register(self) -> None:
         # The rack is the executor's host: replicas spread across hosts where there are several.
         rack = os.environ.get("DELTABUS_RACK") or socket.gethostname()
-        request = pb.RegisterBrokerRequest(
-            broker_id=self.broker_id, host=self._config.host, port=self.port, rack=rack,
-            pid=os.getpid(), incarnation_id=uuid.uuid4().hex,
-            kafka_port=self._kafka.port if self._kafka is not None else 0)
+        endpoint = BrokerEndpoint(self.broker_id, self._config.host, self.port, rack,
+                                  self._kafka.port if self._kafka is not None else 0)
+        incarnation_id = uuid.uuid4().hex
         deadline = time.monotonic() + self._config.startup_timeout_ms / 1000
         while True:
             try:
-                response = self._lifecycle.RegisterBroker(request, timeout=10)
-                errors.check(response.error_code, response.error_message)
-                self._epoch = response.broker_epoch
+                self._epoch = self._controller.register(endpoint, pid=os.getpid(),
+                                                        incarnation_id=incarnation_id)
                 log.info("broker %d registered, epoch %d, serving on %s:%d",
                          self.broker_id, self._epoch, self._config.host, self.port)
                 return
-            except grpc.RpcError as e:
+            except errors.NetworkError as e:  # no answer yet: the controller may be starting
                 if time.monotonic() > deadline:
                     raise errors.NetworkError(f"cannot reach the controller: {e}") from None
                 time.sleep(0.2)
@@ -160,24 +155,22 @@ class Broker:
     def _heartbeat_loop(self) -> None:
         interval_ms = self._config.broker_heartbeat_interval_ms
         while not self._stopped.is_set():
-            request = pb.BrokerHeartbeatRequest(
-                broker_id=self.broker_id, broker_epoch=self._epoch,
-                metadata_version=self._image.version, max_wait_ms=interval_ms)
             try:
-                response = self._lifecycle.BrokerHeartbeat(request, timeout=interval_ms / 500 + 5)
-            except grpc.RpcError as e:
-                log.warning("heartbeat to the controller failed: %s", e.code())
-                self._stopped.wait(interval_ms / 1000)
-                continue
-            if response.error_code == errors.StaleBrokerEpochError.code:
+                answer = self._controller.heartbeat(self.broker_id, self._epoch,
+                                                    self._image.version, max_wait_ms=interval_ms)
+            except errors.StaleBrokerEpochError:
                 log.warning("broker %d was fenced; registering again", self.broker_id)
                 self._register()
                 continue
-            if response.HasField("metadata"):
-                self._apply(codec.image_from_proto(response.metadata))
-            if response.refresh_logs:
-                self._refresh_logs(list(response.refresh_logs))
-            if response.should_shut_down:
+            except errors.DeltaBusError as e:
+                log.warning("heartbeat to the controller failed: %s", e)
+                self._stopped.wait(interval_ms / 1000)
+                continue
+            if answer.image is not None:
+                self._apply(answer.image)
+            if answer.refresh_logs:
+                self._refresh_logs(answer.refresh_logs)
+            if answer.should_shut_down:
                 self._stopped.set()
 
     def serve_until_stopped(self) -> None:
@@ -198,7 +191,7 @@ class Broker:
         if self._server is not None:
             self._server.stop(grace=2).wait(5)
         self._controller.close()
-        self._replication.close()
+        self._leaders.close()
 
     # ---- metadata ----------------------------------------------------------------------------
 
@@ -249,7 +242,7 @@ class Broker:
         fetcher = self._fetchers.get(state.leader)
         if fetcher is None:
             fetcher = self._fetchers[state.leader] = ReplicaFetcher(
-                self.broker_id, state.leader, self._replication, self._config)
+                self.broker_id, state.leader, self._leaders, self._config)
         leader = image.broker(state.leader)
         if leader is not None:
             fetcher.set_address(leader.address)
@@ -315,63 +308,48 @@ class Broker:
 
     def _alter_isr(self, partition: Partition, new_isr: list[int]) -> None:
         """Ask the controller for an ISR change; the partition holds it as pending until then."""
-        request = pb.AlterPartitionRequest(
-            broker_id=self.broker_id, broker_epoch=self._epoch, topic=partition.topic,
-            partition=partition.partition, leader_epoch=partition.leader_epoch,
-            isr=list(partition.isr), new_isr=new_isr)
         try:
-            response = self._lifecycle.AlterPartition(request, timeout=10)
-        except grpc.RpcError as e:  # no answer: the controller may have committed it
+            isr, version = self._controller.alter_partition(
+                self.broker_id, self._epoch, partition.topic, partition.partition,
+                leader_epoch=partition.leader_epoch, isr=list(partition.isr), new_isr=new_isr)
+        except errors.NetworkError as e:  # no answer: the controller may have committed it
             log.info("ISR change of %s-%d to %s got no answer: %s", partition.topic,
                      partition.partition, new_isr, e)
             partition.isr_change_failed(outcome_known=False)
             return
-        if response.error_code:
+        except errors.DeltaBusError as e:
             log.info("ISR change of %s-%d to %s refused: %s", partition.topic,
-                     partition.partition, new_isr,
-                     errors.error_for_code(response.error_code, response.error_message))
+                     partition.partition, new_isr, e)
             partition.isr_change_failed()
             return
-        partition.isr_committed(tuple(response.isr), response.metadata_version)
+        partition.isr_committed(isr, version)
 
     # ---- DeltaBusHandler ---------------------------------------------------------------------
 
     def metadata(self, topics: list[str], allow_auto_create: bool) -> MetadataImage:
         if allow_auto_create and any(t not in self._image.topics for t in topics):
-            response = self._controller.call_any(
-                "Metadata", pb.MetadataRequest(topics=topics, allow_auto_topic_creation=True))
-            return codec.image_from_proto(response)
+            return self._controller.metadata(topics, allow_auto_create=True)
         return self._image
 
     def create_topics(self, topics: list[NewTopic], *, timeout_ms: int,
                       validate_only: bool) -> list[TopicResult]:
-        request = codec.create_topics_request(topics, timeout_ms, validate_only)
-        response = self._controller.call_any("CreateTopics", request, timeout_ms + 5000)
-        return [codec.topic_result_from_proto(r) for r in response.topics]
+        return self._controller.create_topics(topics, timeout_ms=timeout_ms,
+                                              validate_only=validate_only)
 
     def create_partitions(self, counts: dict[str, int], *, timeout_ms: int,
                           validate_only: bool) -> list[TopicResult]:
-        request = pb.CreatePartitionsRequest(
-            topics=[pb.CreatePartitionsTopic(name=t, count=n) for t, n in counts.items()],
-            timeout_ms=timeout_ms, validate_only=validate_only)
-        response = self._controller.call_any("CreatePartitions", request, timeout_ms + 5000)
-        return [codec.topic_result_from_proto(r) for r in response.topics]
+        return self._controller.create_partitions(counts, timeout_ms=timeout_ms,
+                                                  validate_only=validate_only)
 
-    def describe_configs(self, topics: list[str]) -> codec.ConfigResults:
-        response = self._controller.call_any("DescribeConfigs",
-                                             codec.describe_configs_request(topics))
-        return codec.describe_configs_results(response)
+    def describe_configs(self, topics: list[str]) -> cfg.ConfigResults:
+        return self._controller.describe_configs(topics)
 
     def alter_configs(self, changes: dict[str, list[cfg.AlterConfigOp]], *,
                       validate_only: bool) -> dict[str, errors.DeltaBusError | None]:
-        response = self._controller.call_any(
-            "IncrementalAlterConfigs", codec.alter_configs_request(changes, validate_only))
-        return codec.alter_configs_results(response)
+        return self._controller.alter_configs(changes, validate_only=validate_only)
 
     def delete_topics(self, names: list[str], *, timeout_ms: int) -> list[TopicResult]:
-        request = pb.DeleteTopicsRequest(topics=names, timeout_ms=timeout_ms)
-        response = self._controller.call_any("DeleteTopics", request, timeout_ms + 5000)
-        return [codec.topic_result_from_proto(r) for r in response.topics]
+        return self._controller.delete_topics(names, timeout_ms=timeout_ms)
 
     def produce(self, topic: str, partition: int, batch: pa.Table, *, acks: int,
                 producer: ProducerState) -> Future[AppendResult]:
@@ -466,21 +444,15 @@ class Broker:
         return result
 
     def init_producer_id(self, transactional_id: str = "") -> tuple[int, int]:
-        response = self._controller.call_any(
-            "InitProducerId", pb.InitProducerIdRequest(transactional_id=transactional_id))
-        errors.check(response.error_code, response.error_message)
-        return response.producer_id, response.producer_epoch
+        return self._controller.init_producer_id(transactional_id)
 
     def elect_leaders(self, election_type: str, partitions: list[tuple[str, int]] | None
                       ) -> dict[tuple[str, int], errors.DeltaBusError | None]:
-        request = codec.elect_leaders_request(election_type, partitions)
-        return codec.election_results(self._controller.call_any("ElectLeaders", request))
+        return self._controller.elect_leaders(election_type, partitions)
 
     def reassign_partitions(self, targets: dict[tuple[str, int], list[int]]
                             ) -> dict[tuple[str, int], errors.DeltaBusError | None]:
-        response = self._controller.call_any("AlterPartitionReassignments",
-                                             codec.reassignments_request(targets))
-        return codec.election_results(response)
+        return self._controller.reassign_partitions(targets)
 
     def find_coordinator(self, group_id: str) -> BrokerEndpoint:
         """Groups are coordinated by the controller, in the driver."""

@@ -31,6 +31,7 @@ import pyarrow.fs as pafs
 from deltabus import config as cfg
 from deltabus import errors
 from deltabus.cluster.catch_up import CatchUpTask
+from deltabus.cluster.handler import FetchResult, FetchSpec
 from deltabus.cluster.log_cleaner import CleanerTask
 from deltabus.cluster.metadata_log import MetadataLog
 from deltabus.log_tables.layout import metadata_path, replica_path, topic_path
@@ -47,8 +48,6 @@ from deltabus.metadata import (
     new_topic_id,
 )
 from deltabus.records import ProducerState
-from deltabus.rpc import codec
-from deltabus.rpc.server import FetchResult, FetchSpec
 from deltabus.topics import INTERNAL_TOPICS, validate_topic_name
 
 log = logging.getLogger(__name__)
@@ -937,7 +936,7 @@ class ControllerHandler:
         return self._controller.create_partitions(counts, timeout_ms=timeout_ms,
                                                   validate_only=validate_only)
 
-    def describe_configs(self, topics: list[str]) -> codec.ConfigResults:
+    def describe_configs(self, topics: list[str]) -> cfg.ConfigResults:
         return self._controller.describe_configs(topics)
 
     def alter_configs(self, changes: dict[str, list[cfg.AlterConfigOp]], *,

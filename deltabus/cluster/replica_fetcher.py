@@ -1,7 +1,7 @@
 """Followers copy their leaders' logs: one fetcher thread per leader broker, inside the follower's
 broker task (Kafka's ReplicaFetcherThread). Runs on executors.
 
-Each round sends one Fetch (replica_id = this broker) for every partition followed from that
+Each round sends one fetch (`RemoteLeaderEndpoint.fetch`) for every partition followed from that
 leader, at the follower's log end offset with the epoch of its last record; the leader answers
 with records up to its log end offset, its high watermark, or where the two logs diverge. Records
 are appended as copies (same offsets, one Delta commit per partition per round), a divergence is
@@ -21,11 +21,10 @@ from dataclasses import dataclass
 
 from deltabus import config as cfg
 from deltabus import errors
-from deltabus.client.cluster_client import ClusterClient
+from deltabus.cluster.handler import FetchResult, FetchSpec
 from deltabus.cluster.partition import Partition
-from deltabus.log_tables.partition_log import AppendResult, LogFile
-from deltabus.records import from_ipc
-from deltabus.rpc.v1 import deltabus_pb2 as pb
+from deltabus.log_tables.partition_log import AppendResult
+from deltabus.rpc.leader_endpoint import RemoteLeaderEndpoint
 
 log = logging.getLogger(__name__)
 
@@ -42,11 +41,11 @@ class _Followed:
 class ReplicaFetcher:
     """Copies the partitions this broker follows from one leader broker."""
 
-    def __init__(self, broker_id: int, leader_id: int, client: ClusterClient,
+    def __init__(self, broker_id: int, leader_id: int, leaders: RemoteLeaderEndpoint,
                  config: cfg.ClusterConfig) -> None:
         self.broker_id = broker_id
         self.leader_id = leader_id
-        self._client = client
+        self._leaders = leaders
         self._config = config
         self._lock = threading.Condition()
         # Held while a round's answers are copied: `unfollow` waits on it, so a copy in flight
@@ -122,31 +121,28 @@ class ReplicaFetcher:
 
     def _fetch_round(self, address: str, followed: list[_Followed]) -> None:
         config = self._config
-        request = pb.FetchRequest(
-            replica_id=self.broker_id, max_wait_ms=config.replica_fetch_wait_max_ms, min_bytes=1,
-            max_bytes=config.replica_fetch_response_max_bytes, format=pb.ARROW)
         by_key = {}
         fetched_from = {}
+        specs = []
         for f in followed:
             plog = f.partition.log
-            fetched_from[(f.partition.topic, f.partition.partition)] = plog.log_end_offset
-            request.partitions.append(pb.FetchPartition(
-                topic=f.partition.topic, partition=f.partition.partition,
-                fetch_offset=fetched_from[(f.partition.topic, f.partition.partition)],
-                partition_max_bytes=config.replica_fetch_max_bytes,
-                current_leader_epoch=f.leader_epoch, last_fetched_epoch=plog.last_epoch))
-            by_key[(f.partition.topic, f.partition.partition)] = f
-        timeout_ms = config.replica_fetch_wait_max_ms + self._client.request_timeout_ms
-        response = self._client.call(address, "Fetch", request, timeout_ms)
+            key = (f.partition.topic, f.partition.partition)
+            fetched_from[key] = plog.log_end_offset
+            specs.append(FetchSpec(*key, fetched_from[key], config.replica_fetch_max_bytes,
+                                   current_leader_epoch=f.leader_epoch,
+                                   last_fetched_epoch=plog.last_epoch))
+            by_key[key] = f
+        results = self._leaders.fetch(address, specs, max_wait_ms=config.replica_fetch_wait_max_ms,
+                                      max_bytes=config.replica_fetch_response_max_bytes)
         with self._round_lock:
-            self._copy_answers(response, by_key, fetched_from)
+            self._copy_answers(results, by_key, fetched_from)
 
-    def _copy_answers(self, response: pb.FetchResponse, by_key: dict[tuple[str, int], _Followed],
+    def _copy_answers(self, results: list[FetchResult], by_key: dict[tuple[str, int], _Followed],
                       fetched_from: dict[tuple[str, int], int]) -> None:
         """Copy what the leader answered, for the partitions still followed; returns once the
         copies are committed."""
         pending: list[tuple[_Followed, Future[AppendResult], int]] = []
-        for r in response.partitions:
+        for r in results:
             found = by_key.get((r.topic, r.partition))
             if found is None or not self._still_follows(found):
                 continue
@@ -166,12 +162,12 @@ class ReplicaFetcher:
             if high_watermark >= 0:
                 f.partition.follower_high_watermark(high_watermark)
 
-    def _start_copy(self, f: _Followed, r: pb.FetchPartitionResponse, fetch_offset: int
+    def _start_copy(self, f: _Followed, r: FetchResult, fetch_offset: int
                     ) -> tuple[Future[AppendResult], int] | None:
         """Queue what one partition's answer asks for: a truncation, file or record copies.
         Returns the future of the commit and the leader's high watermark (-1: none to take)."""
         plog = f.partition.log
-        if (r.error_code == errors.OffsetOutOfRangeError.code
+        if (isinstance(r.error, errors.OffsetOutOfRangeError)
                 and r.log_start_offset > plog.log_end_offset):
             # Retention moved the leader's log start past our log end: what we hold is gone on
             # the leader; start again at its log start offset (Kafka's truncateFullyAndStartAt).
@@ -179,23 +175,19 @@ class ReplicaFetcher:
                      "starting again there", self.broker_id, r.topic, r.partition,
                      plog.log_end_offset, self.leader_id, r.log_start_offset)
             return plog.restart_at(r.log_start_offset), -1
-        if r.error_code:
-            self._on_error(f, errors.error_for_code(r.error_code, r.error_message))
+        if r.error is not None:
+            self._on_error(f, r.error)
             return None
-        if r.HasField("diverging_epoch"):
-            offset = f.partition.truncation_offset(
-                (r.diverging_epoch.epoch, r.diverging_epoch.end_offset))
+        if r.diverging_epoch is not None:
+            offset = f.partition.truncation_offset(r.diverging_epoch)
             log.info("broker %d: %s-%d diverges from leader %d at epoch %d; truncating to %d",
                      self.broker_id, r.topic, r.partition, self.leader_id,
-                     r.diverging_epoch.epoch, offset)
+                     r.diverging_epoch[0], offset)
             return plog.truncate_to(offset), -1
         if r.files:
-            files = [LogFile(x.uri, x.size_bytes, x.stats, x.base_offset, x.last_offset)
-                     for x in r.files]
-            return plog.append_files(files), r.high_watermark
-        if r.arrow_records:
-            return (plog.append_copy(from_ipc(r.arrow_records), fetch_offset),
-                    r.high_watermark)
+            return plog.append_files(r.files), r.high_watermark
+        if r.records is not None and r.records.num_rows:
+            return plog.append_copy(r.records, fetch_offset), r.high_watermark
         f.partition.follower_high_watermark(r.high_watermark)
         return None
 

@@ -33,8 +33,10 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from concurrent import futures
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import Any
 
 from deltabus import config as cfg
 from deltabus import errors
@@ -50,6 +52,8 @@ STABLE = "Stable"
 DEAD = "Dead"
 
 GROUP_ID_LENGTH_MAX = 255
+# A JoinGroup or SyncGroup waits for the rebalance at most its rebalance timeout and this much.
+LONG_POLL_SLACK_S = 5.0
 
 
 @dataclass
@@ -489,3 +493,12 @@ def _choose_protocol(members: list[Member]) -> str:
         votes[next(name for name, _ in m.protocols if name in common)] += 1
     first = [name for name, _ in members[0].protocols if name in common]
     return max(first, key=lambda name: (votes[name], -first.index(name)))
+
+
+def wait_result(future: Future, timeout_s: float) -> Any:
+    """A coordinator future's result, or REQUEST_TIMED_OUT after `timeout_s`."""
+    try:
+        return future.result(timeout_s)
+    except futures.TimeoutError:
+        raise errors.RequestTimedOutError(
+            f"the group coordinator did not answer in {timeout_s:.0f} s") from None

@@ -214,16 +214,13 @@ _SOURCE_NAMES = {v: k for k, v in CONFIG_SOURCES.items()}
 _TYPE_NAMES = {v: k for k, v in CONFIG_TYPES.items()}
 _OP_NAMES = {v: k for k, v in CONFIG_OPS.items()}
 
-ConfigResults = dict[str, "list[cfg.ConfigEntry] | errors.DeltaBusError"]
-
-
 def describe_configs_request(topics: Iterable[str]) -> pb.DescribeConfigsRequest:
     return pb.DescribeConfigsRequest(resources=[
         pb.DescribeConfigsResource(resource_type=TOPIC_RESOURCE, resource_name=t)
         for t in topics])
 
 
-def describe_configs_response(results: ConfigResults) -> pb.DescribeConfigsResponse:
+def describe_configs_response(results: cfg.ConfigResults) -> pb.DescribeConfigsResponse:
     response = pb.DescribeConfigsResponse()
     for name, result in results.items():
         out = response.results.add(resource_type=TOPIC_RESOURCE, resource_name=name)
@@ -239,8 +236,8 @@ def describe_configs_response(results: ConfigResults) -> pb.DescribeConfigsRespo
     return response
 
 
-def describe_configs_results(response: pb.DescribeConfigsResponse) -> ConfigResults:
-    results: ConfigResults = {}
+def describe_configs_results(response: pb.DescribeConfigsResponse) -> cfg.ConfigResults:
+    results: cfg.ConfigResults = {}
     for r in response.results:
         if r.error_code:
             results[r.resource_name] = errors.error_for_code(r.error_code, r.error_message)

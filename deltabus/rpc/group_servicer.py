@@ -7,16 +7,12 @@ the response (`error_code`), as Kafka's group APIs carry them.
 
 from __future__ import annotations
 
-from concurrent import futures
 from typing import Any
 
 from deltabus import errors
-from deltabus.offsets.group_coordinator import GroupCoordinator
+from deltabus.offsets.group_coordinator import LONG_POLL_SLACK_S, GroupCoordinator, wait_result
 from deltabus.offsets.offset_store import OffsetAndMetadata
 from deltabus.rpc.v1 import deltabus_pb2 as pb
-
-# A JoinGroup or SyncGroup waits for the rebalance at most its rebalance timeout and this much.
-LONG_POLL_SLACK_S = 5.0
 
 
 class GroupServicerMixin:
@@ -153,15 +149,6 @@ class GroupServicerMixin:
             pb.DeletedGroup(group_id=g, error_code=e.code if e else 0,
                             error_message=e.message if e else "")
             for g, e in results.items()])
-
-
-def wait_result(future: futures.Future, timeout_s: float) -> Any:
-    """A coordinator future's result, or REQUEST_TIMED_OUT after `timeout_s`."""
-    try:
-        return future.result(timeout_s)
-    except futures.TimeoutError:
-        raise errors.RequestTimedOutError(
-            f"the group coordinator did not answer in {timeout_s:.0f} s") from None
 
 
 def _peer_host(context: Any) -> str:

@@ -11,101 +11,25 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent import futures
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import grpc
-import pyarrow as pa
 
 from deltabus import config as cfg
 from deltabus import errors
-from deltabus.log_tables.partition_log import AppendResult, LogFile
-from deltabus.metadata import (
-    BrokerEndpoint,
-    MetadataImage,
-    NewTopic,
-    PartitionState,
-    TopicResult,
-)
+from deltabus.cluster.handler import DeltaBusHandler, FetchSpec, LifecycleHandler
+from deltabus.log_tables.partition_log import AppendResult
 from deltabus.offsets.group_coordinator import GroupCoordinator
 from deltabus.records import ProducerState
 from deltabus.rpc import codec, status
 from deltabus.rpc.fetch_size import FetchBudget
 from deltabus.rpc.group_servicer import GroupServicerMixin
+from deltabus.rpc.internal_servicer import BrokerLifecycleServicer, ReplicaFetchServicer
 from deltabus.rpc.v1 import deltabus_pb2 as pb
 from deltabus.rpc.v1 import deltabus_pb2_grpc as pb_grpc
+from deltabus.rpc.v1 import internal_pb2_grpc as ipb_grpc
 
 log = logging.getLogger(__name__)
-
-DEFAULT_PRODUCE_TIMEOUT_MS = 30_000
-
-
-@dataclass(frozen=True)
-class FetchSpec:
-    topic: str
-    partition: int
-    offset: int
-    max_bytes: int
-    current_leader_epoch: int = -1
-    last_fetched_epoch: int = -1  # followers: the epoch of their last record
-
-
-@dataclass
-class FetchResult:
-    topic: str
-    partition: int
-    error: errors.DeltaBusError | None = None
-    records: pa.Table | None = None
-    high_watermark: int = -1
-    log_start_offset: int = -1
-    log_end_offset: int = -1
-    diverging_epoch: tuple[int, int] | None = None  # (epoch, end offset) for a follower
-    files: list[LogFile] | None = None  # for a follower: whole files instead of records
-
-
-class DeltaBusHandler(Protocol):
-    """What a DeltaBus server needs from the domain (implemented by Controller and Broker)."""
-
-    def metadata(self, topics: list[str], allow_auto_create: bool) -> MetadataImage: ...
-
-    def create_topics(self, topics: list[NewTopic], *, timeout_ms: int,
-                      validate_only: bool) -> list[TopicResult]: ...
-
-    def delete_topics(self, names: list[str], *, timeout_ms: int) -> list[TopicResult]: ...
-
-    def create_partitions(self, counts: dict[str, int], *, timeout_ms: int,
-                          validate_only: bool) -> list[TopicResult]: ...
-
-    def describe_configs(self, topics: list[str]) -> codec.ConfigResults: ...
-
-    def alter_configs(self, changes: dict[str, list[cfg.AlterConfigOp]], *,
-                      validate_only: bool) -> dict[str, errors.DeltaBusError | None]: ...
-
-    def produce(self, topic: str, partition: int, batch: pa.Table, *, acks: int,
-                producer: ProducerState) -> futures.Future[AppendResult]: ...
-
-    def fetch(self, specs: list[FetchSpec], *, max_wait_ms: int, min_bytes: int,
-              max_bytes: int, replica_id: int) -> list[FetchResult]: ...
-
-    def list_offsets(self, topic: str, partition: int, timestamp: int) -> tuple[int, int, int]: ...
-
-    def offset_for_leader_epoch(self, topic: str, partition: int, current_leader_epoch: int,
-                                leader_epoch: int) -> tuple[int, int]:
-        """(epoch, end offset): where `leader_epoch` ends in the leader's log, or (-1, -1)."""
-        ...
-
-    def init_producer_id(self, transactional_id: str = "") -> tuple[int, int]: ...
-
-    def elect_leaders(self, election_type: str, partitions: list[tuple[str, int]] | None
-                      ) -> dict[tuple[str, int], errors.DeltaBusError | None]: ...
-
-    def reassign_partitions(self, targets: dict[tuple[str, int], list[int]]
-                            ) -> dict[tuple[str, int], errors.DeltaBusError | None]: ...
-
-    def find_coordinator(self, group_id: str) -> BrokerEndpoint:
-        """The server that coordinates a group (node id -1: the controller)."""
-        ...
-
 
 def _refuse_other_resources(resources: Any, add: Callable[..., Any]) -> None:
     """Answer every config resource that is not a topic with INVALID_REQUEST (`add` appends a
@@ -119,18 +43,6 @@ def _refuse_other_resources(resources: Any, add: Callable[..., Any]) -> None:
             else f"unsupported config resource type {r.resource_type}")
         add(error_code=error.code, error_message=error.message, resource_type=r.resource_type,
             resource_name=r.resource_name)
-
-
-class LifecycleHandler(Protocol):
-    def register_broker(self, endpoint: BrokerEndpoint, pid: int) -> int: ...
-
-    def heartbeat(self, broker_id: int, epoch: int, applied_version: int,
-                  max_wait_ms: int
-                  ) -> tuple[bool, MetadataImage | None, list[tuple[str, int]]]: ...
-
-    def alter_partition(self, broker_id: int, broker_epoch: int, topic: str, partition: int,
-                        leader_epoch: int, isr: list[int],
-                        new_isr: list[int]) -> tuple[PartitionState, int]: ...
 
 
 def _guard(method: Callable) -> Callable:
@@ -256,7 +168,7 @@ class DeltaBusServicer(GroupServicerMixin, pb_grpc.DeltaBusServicer):
                 pending.append((data, future, None))
             except errors.DeltaBusError as e:
                 pending.append((data, None, e))
-        timeout_s = (request.timeout_ms or DEFAULT_PRODUCE_TIMEOUT_MS) / 1000
+        timeout_s = (request.timeout_ms or cfg.PRODUCE_TIMEOUT_MS_DEFAULT) / 1000
         deadline = time.monotonic() + timeout_s
         response = pb.ProduceResponse()
         for data, future, error in pending:
@@ -287,13 +199,12 @@ class DeltaBusServicer(GroupServicerMixin, pb_grpc.DeltaBusServicer):
         max_bytes = min(max_bytes, cfg.FETCH_RESPONSE_MAX_BYTES)
         specs = [FetchSpec(p.topic, p.partition, p.fetch_offset,
                            p.partition_max_bytes or cfg.FETCH_PARTITION_MAX_BYTES,
-                           p.current_leader_epoch if p.HasField("current_leader_epoch") else -1,
-                           p.last_fetched_epoch if p.HasField("last_fetched_epoch") else -1)
+                           p.current_leader_epoch if p.HasField("current_leader_epoch") else -1)
                  for p in request.partitions]
         results = self._handler.fetch(
             specs, max_wait_ms=min(max(request.max_wait_ms, 0), cfg.FETCH_WAIT_MS_MAX),
             min_bytes=request.min_bytes, max_bytes=max_bytes,
-            replica_id=request.replica_id if request.HasField("replica_id") else -1)
+            replica_id=-1)  # followers fetch with the internal ReplicaFetch
         response = pb.FetchResponse()
         budget = FetchBudget(max_bytes)  # Kafka's limits, on the bytes this answer carries
         for spec, r in zip(specs, results, strict=True):
@@ -302,13 +213,6 @@ class DeltaBusServicer(GroupServicerMixin, pb_grpc.DeltaBusServicer):
                 topic=r.topic, partition=r.partition, error_code=code, error_message=message,
                 high_watermark=r.high_watermark, log_start_offset=r.log_start_offset,
                 log_end_offset=r.log_end_offset)
-            if r.diverging_epoch is not None:
-                entry.diverging_epoch.epoch, entry.diverging_epoch.end_offset = r.diverging_epoch
-            for f in r.files or ():
-                entry.files.append(pb.LogFile(uri=f.uri, size_bytes=f.size_bytes, stats=f.stats,
-                                              base_offset=f.base_offset,
-                                              last_offset=f.last_offset))
-            budget.spend(sum(f.size_bytes for f in r.files or ()))
             if r.records is not None and r.records.num_rows:
                 if request.format == pb.PROTO:
                     records = codec.table_to_records(r.records)
@@ -373,55 +277,13 @@ class DeltaBusServicer(GroupServicerMixin, pb_grpc.DeltaBusServicer):
         return pb.AlterPartitionReassignmentsResponse(results=codec.partition_results(results))
 
 
-class BrokerLifecycleServicer(pb_grpc.BrokerLifecycleServicer):
-    def __init__(self, handler: LifecycleHandler) -> None:
-        self._handler = handler
-
-    def RegisterBroker(self, request: pb.RegisterBrokerRequest,
-                       context: Any) -> pb.RegisterBrokerResponse:
-        endpoint = BrokerEndpoint(request.broker_id, request.host, request.port, request.rack,
-                                  request.kafka_port)
-        try:
-            epoch = self._handler.register_broker(endpoint, request.pid)
-        except errors.DeltaBusError as e:
-            return pb.RegisterBrokerResponse(error_code=e.code, error_message=e.message)
-        return pb.RegisterBrokerResponse(broker_epoch=epoch)
-
-    def BrokerHeartbeat(self, request: pb.BrokerHeartbeatRequest,
-                        context: Any) -> pb.BrokerHeartbeatResponse:
-        try:
-            stop, image, refresh = self._handler.heartbeat(
-                request.broker_id, request.broker_epoch, request.metadata_version,
-                request.max_wait_ms)
-        except errors.DeltaBusError as e:
-            return pb.BrokerHeartbeatResponse(error_code=e.code, error_message=e.message)
-        response = pb.BrokerHeartbeatResponse(should_shut_down=stop)
-        by_topic: dict[str, list[int]] = {}
-        for topic, partition in refresh:
-            by_topic.setdefault(topic, []).append(partition)
-        response.refresh_logs.extend(pb.TopicPartitions(topic=t, partitions=ps)
-                                     for t, ps in by_topic.items())
-        if image is not None:
-            response.metadata.CopyFrom(codec.image_to_proto(image))
-        return response
-
-    def AlterPartition(self, request: pb.AlterPartitionRequest,
-                       context: Any) -> pb.AlterPartitionResponse:
-        try:
-            state, version = self._handler.alter_partition(
-                request.broker_id, request.broker_epoch, request.topic, request.partition,
-                request.leader_epoch, list(request.isr), list(request.new_isr))
-        except errors.DeltaBusError as e:
-            return pb.AlterPartitionResponse(error_code=e.code, error_message=e.message)
-        return pb.AlterPartitionResponse(leader_epoch=state.leader_epoch, isr=state.isr,
-                                         metadata_version=version)
-
-
 def start_server(host: str, port: int, handler: DeltaBusHandler,
                  lifecycle: LifecycleHandler | None = None, *,
-                 threads: int = 32,
-                 groups: GroupCoordinator | None = None) -> tuple[grpc.Server, int]:
+                 threads: int = 32, groups: GroupCoordinator | None = None,
+                 replica_fetch: bool = False) -> tuple[grpc.Server, int]:
     """Start a gRPC server on host:port (0 picks a free port); returns it and the bound port.
+    The controller passes `lifecycle` (brokers register with it); brokers pass `replica_fetch`
+    (their followers fetch from them).
 
     Raises BrokerNotAvailableError when the port cannot be bound (already in use).
     """
@@ -433,7 +295,9 @@ def start_server(host: str, port: int, handler: DeltaBusHandler,
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=threads), options=options)
     pb_grpc.add_DeltaBusServicer_to_server(DeltaBusServicer(handler, groups), server)
     if lifecycle is not None:
-        pb_grpc.add_BrokerLifecycleServicer_to_server(BrokerLifecycleServicer(lifecycle), server)
+        ipb_grpc.add_BrokerLifecycleServicer_to_server(BrokerLifecycleServicer(lifecycle), server)
+    if replica_fetch:
+        ipb_grpc.add_ReplicaFetchServicer_to_server(ReplicaFetchServicer(handler), server)
     try:
         bound = server.add_insecure_port(f"{host}:{port}")
     except RuntimeError as e:

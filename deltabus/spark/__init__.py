@@ -5,6 +5,10 @@ views over topics.
     >>> deltabus.spark.register(spark)  # done by deltabus.local_spark and Cluster(spark)
     >>> spark.readStream.format("deltabus").option("kafka.bootstrap.servers", bootstrap) \\
     ...     .option("subscribe", "payments").load()
+
+Runs in the Spark driver (planning: offsets, partitions) and on executors (reading partition
+tables with delta-rs, producing with deltabus's `Producer`). May import the pure modules,
+`log_tables` (readers) and `client`; never a server module (tests/test_layering.py).
 """
 
 from __future__ import annotations

@@ -12,7 +12,9 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
+from deltabus import config as cfg
 from deltabus import errors
+from deltabus.cluster.handler import DeltaBusHandler
 from deltabus.metadata import MetadataImage, NewTopic, TopicResult
 from deltabus.rpc import codec
 from deltabus.rpc.kafka.frames import (
@@ -23,7 +25,6 @@ from deltabus.rpc.kafka.frames import (
     millis,
     nested,
 )
-from deltabus.rpc.server import DeltaBusHandler
 
 CREATE_TOPICS, DELETE_TOPICS, CREATE_PARTITIONS, DESCRIBE_CONFIGS, DESCRIBE_CLUSTER = (
     19, 20, 37, 32, 60)
@@ -147,7 +148,7 @@ class KafkaAdminApis:
         synonym_cls = nested(cls, "DescribeConfigsSynonym") if version >= 1 else None
         topics = [r.resource_name for r in request.resources
                   if r.resource_type == codec.TOPIC_RESOURCE]
-        found: codec.ConfigResults = (
+        found: cfg.ConfigResults = (
             {t: refused for t in topics} if refused is not None
             else self._handler.describe_configs(topics) if topics else {})
         results = []

@@ -20,6 +20,7 @@ from kio.schema.errors import ErrorCode
 
 from deltabus import config as cfg
 from deltabus import errors
+from deltabus.cluster.handler import DeltaBusHandler, FetchResult, FetchSpec
 from deltabus.offsets.group_coordinator import GroupCoordinator
 from deltabus.rpc.fetch_size import FetchBudget
 from deltabus.rpc.kafka import admin, batches, groups
@@ -31,12 +32,6 @@ from deltabus.rpc.kafka.frames import (
     make,
     millis,
     nested,
-)
-from deltabus.rpc.server import (
-    DEFAULT_PRODUCE_TIMEOUT_MS,
-    DeltaBusHandler,
-    FetchResult,
-    FetchSpec,
 )
 
 log = logging.getLogger(__name__)
@@ -173,7 +168,7 @@ class KafkaApis:
                 pending.append((topic.name, data.index, appended, error))
         if acks == 0 and refused is None:
             return None
-        timeout_ms = millis(request.timeout, DEFAULT_PRODUCE_TIMEOUT_MS)
+        timeout_ms = millis(request.timeout, cfg.PRODUCE_TIMEOUT_MS_DEFAULT)
         deadline = time.monotonic() + timeout_ms / 1000
         by_topic: dict[str, list[Any]] = {}
         for name, index, appended, error in pending:

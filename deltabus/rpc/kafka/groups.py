@@ -12,9 +12,8 @@ from typing import Any
 from kio.schema.errors import ErrorCode
 
 from deltabus import errors
-from deltabus.offsets.group_coordinator import GroupCoordinator
+from deltabus.offsets.group_coordinator import LONG_POLL_SLACK_S, GroupCoordinator, wait_result
 from deltabus.offsets.offset_store import OffsetAndMetadata
-from deltabus.rpc.group_servicer import LONG_POLL_SLACK_S, wait_result
 from deltabus.rpc.kafka.frames import (
     NO_TIME,
     error_code,

@@ -27,6 +27,7 @@ from kio.schema.errors import ErrorCode
 
 from deltabus import config as cfg
 from deltabus import errors
+from deltabus.cluster.handler import DeltaBusHandler
 from deltabus.offsets.group_coordinator import GroupCoordinator
 from deltabus.rpc.kafka import apis
 from deltabus.rpc.kafka.frames import (
@@ -39,7 +40,6 @@ from deltabus.rpc.kafka.frames import (
     parse_request,
     peek,
 )
-from deltabus.rpc.server import DeltaBusHandler
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,102 @@
+"""The contracts between the doors and the domain: what a server needs from the controller or a
+broker, in domain types. `deltabus.rpc` decodes requests into these calls and encodes their
+answers; the controller (driver) and `Broker` (executors) implement them.
+
+Pure types: no grpc, no I/O, so the domain can implement them without knowing the transport.
+"""
+
+from __future__ import annotations
+
+from concurrent import futures
+from dataclasses import dataclass
+from typing import Protocol
+
+import pyarrow as pa
+
+from deltabus import config as cfg
+from deltabus import errors
+from deltabus.log_tables.partition_log import AppendResult, LogFile
+from deltabus.metadata import BrokerEndpoint, MetadataImage, NewTopic, PartitionState, TopicResult
+from deltabus.records import ProducerState
+
+
+@dataclass(frozen=True)
+class FetchSpec:
+    topic: str
+    partition: int
+    offset: int
+    max_bytes: int
+    current_leader_epoch: int = -1
+    last_fetched_epoch: int = -1  # followers: the epoch of their last record
+
+
+@dataclass
+class FetchResult:
+    topic: str
+    partition: int
+    error: errors.DeltaBusError | None = None
+    records: pa.Table | None = None
+    high_watermark: int = -1
+    log_start_offset: int = -1
+    log_end_offset: int = -1
+    diverging_epoch: tuple[int, int] | None = None  # (epoch, end offset) for a follower
+    files: list[LogFile] | None = None  # for a follower: whole files instead of records
+
+
+class DeltaBusHandler(Protocol):
+    """What a DeltaBus server needs from the domain (implemented by Controller and Broker)."""
+
+    def metadata(self, topics: list[str], allow_auto_create: bool) -> MetadataImage: ...
+
+    def create_topics(self, topics: list[NewTopic], *, timeout_ms: int,
+                      validate_only: bool) -> list[TopicResult]: ...
+
+    def delete_topics(self, names: list[str], *, timeout_ms: int) -> list[TopicResult]: ...
+
+    def create_partitions(self, counts: dict[str, int], *, timeout_ms: int,
+                          validate_only: bool) -> list[TopicResult]: ...
+
+    def describe_configs(self, topics: list[str]) -> cfg.ConfigResults: ...
+
+    def alter_configs(self, changes: dict[str, list[cfg.AlterConfigOp]], *,
+                      validate_only: bool) -> dict[str, errors.DeltaBusError | None]: ...
+
+    def produce(self, topic: str, partition: int, batch: pa.Table, *, acks: int,
+                producer: ProducerState) -> futures.Future[AppendResult]: ...
+
+    def fetch(self, specs: list[FetchSpec], *, max_wait_ms: int, min_bytes: int,
+              max_bytes: int, replica_id: int) -> list[FetchResult]: ...
+
+    def list_offsets(self, topic: str, partition: int, timestamp: int) -> tuple[int, int, int]: ...
+
+    def offset_for_leader_epoch(self, topic: str, partition: int, current_leader_epoch: int,
+                                leader_epoch: int) -> tuple[int, int]:
+        """(epoch, end offset): where `leader_epoch` ends in the leader's log, or (-1, -1)."""
+        ...
+
+    def init_producer_id(self, transactional_id: str = "") -> tuple[int, int]: ...
+
+    def elect_leaders(self, election_type: str, partitions: list[tuple[str, int]] | None
+                      ) -> dict[tuple[str, int], errors.DeltaBusError | None]: ...
+
+    def reassign_partitions(self, targets: dict[tuple[str, int], list[int]]
+                            ) -> dict[tuple[str, int], errors.DeltaBusError | None]: ...
+
+    def find_coordinator(self, group_id: str) -> BrokerEndpoint:
+        """The server that coordinates a group (node id -1: the controller)."""
+        ...
+
+
+
+class LifecycleHandler(Protocol):
+    """What the controller answers brokers: registration, heartbeats, ISR changes."""
+
+    def register_broker(self, endpoint: BrokerEndpoint, pid: int) -> int: ...
+
+    def heartbeat(self, broker_id: int, epoch: int, applied_version: int,
+                  max_wait_ms: int
+                  ) -> tuple[bool, MetadataImage | None, list[tuple[str, int]]]: ...
+
+    def alter_partition(self, broker_id: int, broker_epoch: int, topic: str, partition: int,
+                        leader_epoch: int, isr: list[int],
+                        new_isr: list[int]) -> tuple[PartitionState, int]: ...

@@ -1,0 +1,148 @@
+"""A broker's line to the controller (Kafka's BrokerToControllerChannelManager): registration,
+heartbeats and ISR changes on the internal API, and the admin calls a broker forwards, all taking
+and returning domain types so `deltabus.cluster` never sees grpc or protobuf.
+
+Failures are deltabus errors: the controller's answer raises its Kafka code; no answer at all
+(the controller is down, restarting or slow) raises NETWORK_EXCEPTION, which for a write such as
+AlterPartition means the outcome is unknown. Thread-safe (one gRPC channel, shared).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from deltabus import config as cfg
+from deltabus import errors
+from deltabus.metadata import BrokerEndpoint, MetadataImage, NewTopic, TopicResult
+from deltabus.rpc import codec
+from deltabus.rpc.channel import open_channel
+from deltabus.rpc.status import error_from_rpc
+from deltabus.rpc.v1 import deltabus_pb2 as pb
+from deltabus.rpc.v1 import deltabus_pb2_grpc as pb_grpc
+from deltabus.rpc.v1 import internal_pb2 as ipb
+from deltabus.rpc.v1 import internal_pb2_grpc as ipb_grpc
+
+ADMIN_TIMEOUT_SLACK_MS = 5_000  # a forwarded admin call waits its own timeout and this much
+
+
+@dataclass(frozen=True)
+class HeartbeatAnswer:
+    should_shut_down: bool
+    image: MetadataImage | None  # set when the metadata moved past the version the broker has
+    refresh_logs: list[tuple[str, int]]  # partitions whose tables the log cleaner changed
+
+
+class ControllerChannel:
+    """Calls from one broker to the controller at `address`."""
+
+    def __init__(self, address: str, broker_id: int, *, request_timeout_ms: int = 30_000) -> None:
+        self.address = address
+        self.request_timeout_ms = request_timeout_ms
+        self._channel = open_channel(address, f"deltabus-broker-{broker_id}")
+        self._lifecycle = ipb_grpc.BrokerLifecycleStub(self._channel)
+        self._admin = pb_grpc.DeltaBusStub(self._channel)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    # ---- lifecycle (internal API) --------------------------------------------------------------
+
+    def register(self, endpoint: BrokerEndpoint, *, pid: int, incarnation_id: str,
+                 timeout_s: float = 10) -> int:
+        """Register this broker; returns its new broker epoch."""
+        response = self._lifecycle_call("RegisterBroker", ipb.RegisterBrokerRequest(
+            broker_id=endpoint.broker_id, host=endpoint.host, port=endpoint.port,
+            rack=endpoint.rack, pid=pid, incarnation_id=incarnation_id,
+            kafka_port=endpoint.kafka_port), timeout_s)
+        return int(response.broker_epoch)
+
+    def heartbeat(self, broker_id: int, broker_epoch: int, metadata_version: int, *,
+                  max_wait_ms: int) -> HeartbeatAnswer:
+        """A long poll: answers as soon as the metadata moves past `metadata_version`, else
+        after `max_wait_ms`. A fenced broker gets STALE_BROKER_EPOCH."""
+        response = self._lifecycle_call("BrokerHeartbeat", ipb.BrokerHeartbeatRequest(
+            broker_id=broker_id, broker_epoch=broker_epoch, metadata_version=metadata_version,
+            max_wait_ms=max_wait_ms), max_wait_ms / 500 + 5)
+        image = (codec.image_from_proto(response.metadata) if response.HasField("metadata")
+                 else None)
+        refresh = [(tp.topic, p) for tp in response.refresh_logs for p in tp.partitions]
+        return HeartbeatAnswer(response.should_shut_down, image, refresh)
+
+    def alter_partition(self, broker_id: int, broker_epoch: int, topic: str, partition: int, *,
+                        leader_epoch: int, isr: list[int], new_isr: list[int],
+                        timeout_s: float = 10) -> tuple[tuple[int, ...], int]:
+        """Ask for an ISR change; returns the ISR now committed and the metadata version."""
+        response = self._lifecycle_call("AlterPartition", ipb.AlterPartitionRequest(
+            broker_id=broker_id, broker_epoch=broker_epoch, topic=topic, partition=partition,
+            leader_epoch=leader_epoch, isr=isr, new_isr=new_isr), timeout_s)
+        return tuple(response.isr), int(response.metadata_version)
+
+    def _lifecycle_call(self, method: str, request: Any, timeout_s: float) -> Any:
+        try:
+            response = getattr(self._lifecycle, method)(request, timeout=timeout_s)
+        except grpc.RpcError as e:  # no answer: whatever the status, the outcome is unknown
+            raise errors.NetworkError(f"{method} to the controller at {self.address} got no "
+                                      f"answer: {e.code() if hasattr(e, 'code') else e}") from None
+        errors.check(response.error_code, response.error_message)
+        return response
+
+    # ---- admin calls a broker forwards (public API) -------------------------------------------
+
+    def metadata(self, topics: list[str], allow_auto_create: bool) -> MetadataImage:
+        return codec.image_from_proto(self._admin_call("Metadata", pb.MetadataRequest(
+            topics=topics, allow_auto_topic_creation=allow_auto_create)))
+
+    def create_topics(self, topics: list[NewTopic], *, timeout_ms: int,
+                      validate_only: bool) -> list[TopicResult]:
+        response = self._admin_call("CreateTopics", codec.create_topics_request(
+            topics, timeout_ms, validate_only), timeout_ms + ADMIN_TIMEOUT_SLACK_MS)
+        return [codec.topic_result_from_proto(r) for r in response.topics]
+
+    def create_partitions(self, counts: dict[str, int], *, timeout_ms: int,
+                          validate_only: bool) -> list[TopicResult]:
+        response = self._admin_call("CreatePartitions", pb.CreatePartitionsRequest(
+            topics=[pb.CreatePartitionsTopic(name=t, count=n) for t, n in counts.items()],
+            timeout_ms=timeout_ms, validate_only=validate_only),
+            timeout_ms + ADMIN_TIMEOUT_SLACK_MS)
+        return [codec.topic_result_from_proto(r) for r in response.topics]
+
+    def delete_topics(self, names: list[str], *, timeout_ms: int) -> list[TopicResult]:
+        response = self._admin_call("DeleteTopics", pb.DeleteTopicsRequest(
+            topics=names, timeout_ms=timeout_ms), timeout_ms + ADMIN_TIMEOUT_SLACK_MS)
+        return [codec.topic_result_from_proto(r) for r in response.topics]
+
+    def describe_configs(self, topics: list[str]) -> cfg.ConfigResults:
+        return codec.describe_configs_results(self._admin_call(
+            "DescribeConfigs", codec.describe_configs_request(topics)))
+
+    def alter_configs(self, changes: dict[str, list[cfg.AlterConfigOp]], *,
+                      validate_only: bool) -> dict[str, errors.DeltaBusError | None]:
+        return codec.alter_configs_results(self._admin_call(
+            "IncrementalAlterConfigs", codec.alter_configs_request(changes, validate_only)))
+
+    def init_producer_id(self, transactional_id: str) -> tuple[int, int]:
+        response = self._admin_call("InitProducerId", pb.InitProducerIdRequest(
+            transactional_id=transactional_id))
+        errors.check(response.error_code, response.error_message)
+        return response.producer_id, response.producer_epoch
+
+    def elect_leaders(self, election_type: str, partitions: list[tuple[str, int]] | None
+                      ) -> dict[tuple[str, int], errors.DeltaBusError | None]:
+        return codec.election_results(self._admin_call(
+            "ElectLeaders", codec.elect_leaders_request(election_type, partitions)))
+
+    def reassign_partitions(self, targets: dict[tuple[str, int], list[int]]
+                            ) -> dict[tuple[str, int], errors.DeltaBusError | None]:
+        return codec.election_results(self._admin_call(
+            "AlterPartitionReassignments", codec.reassignments_request(targets)))
+
+    def _admin_call(self, method: str, request: Any, timeout_ms: int | None = None) -> Any:
+        """One forwarded call; a failed call raises the controller's error (its Kafka code)."""
+        try:
+            return getattr(self._admin, method)(
+                request, timeout=(timeout_ms or self.request_timeout_ms) / 1000)
+        except grpc.RpcError as e:
+            raise error_from_rpc(e) from None

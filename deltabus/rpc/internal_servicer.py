@@ -1,0 +1,101 @@
+"""The internal API's servicers: the controller's `BrokerLifecycle` (registration, heartbeats, ISR
+changes) and a broker's `ReplicaFetch` (what it answers its followers). Clients never reach these
+through deltabus's own code; decode, call the domain object, encode, as the public servicers do.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from deltabus import config as cfg
+from deltabus import errors
+from deltabus.cluster.handler import DeltaBusHandler, FetchResult, FetchSpec, LifecycleHandler
+from deltabus.metadata import BrokerEndpoint
+from deltabus.records import to_ipc
+from deltabus.rpc import codec
+from deltabus.rpc.fetch_size import FetchBudget
+from deltabus.rpc.v1 import deltabus_pb2 as pb
+from deltabus.rpc.v1 import internal_pb2 as ipb
+from deltabus.rpc.v1 import internal_pb2_grpc as ipb_grpc
+
+
+class BrokerLifecycleServicer(ipb_grpc.BrokerLifecycleServicer):
+    def __init__(self, handler: LifecycleHandler) -> None:
+        self._handler = handler
+
+    def RegisterBroker(self, request: ipb.RegisterBrokerRequest,
+                       context: Any) -> ipb.RegisterBrokerResponse:
+        endpoint = BrokerEndpoint(request.broker_id, request.host, request.port, request.rack,
+                                  request.kafka_port)
+        try:
+            epoch = self._handler.register_broker(endpoint, request.pid)
+        except errors.DeltaBusError as e:
+            return ipb.RegisterBrokerResponse(error_code=e.code, error_message=e.message)
+        return ipb.RegisterBrokerResponse(broker_epoch=epoch)
+
+    def BrokerHeartbeat(self, request: ipb.BrokerHeartbeatRequest,
+                        context: Any) -> ipb.BrokerHeartbeatResponse:
+        try:
+            stop, image, refresh = self._handler.heartbeat(
+                request.broker_id, request.broker_epoch, request.metadata_version,
+                request.max_wait_ms)
+        except errors.DeltaBusError as e:
+            return ipb.BrokerHeartbeatResponse(error_code=e.code, error_message=e.message)
+        response = ipb.BrokerHeartbeatResponse(should_shut_down=stop)
+        by_topic: dict[str, list[int]] = {}
+        for topic, partition in refresh:
+            by_topic.setdefault(topic, []).append(partition)
+        response.refresh_logs.extend(pb.TopicPartitions(topic=t, partitions=ps)
+                                     for t, ps in by_topic.items())
+        if image is not None:
+            response.metadata.CopyFrom(codec.image_to_proto(image))
+        return response
+
+    def AlterPartition(self, request: ipb.AlterPartitionRequest,
+                       context: Any) -> ipb.AlterPartitionResponse:
+        try:
+            state, version = self._handler.alter_partition(
+                request.broker_id, request.broker_epoch, request.topic, request.partition,
+                request.leader_epoch, list(request.isr), list(request.new_isr))
+        except errors.DeltaBusError as e:
+            return ipb.AlterPartitionResponse(error_code=e.code, error_message=e.message)
+        return ipb.AlterPartitionResponse(leader_epoch=state.leader_epoch, isr=state.isr,
+                                         metadata_version=version)
+
+
+class ReplicaFetchServicer(ipb_grpc.ReplicaFetchServicer):
+    """A leader's answers to its followers' fetches."""
+
+    def __init__(self, handler: DeltaBusHandler) -> None:
+        self._handler = handler
+
+    def Fetch(self, request: ipb.ReplicaFetchRequest, context: Any) -> ipb.ReplicaFetchResponse:
+        max_bytes = min(request.max_bytes or cfg.FETCH_MAX_BYTES, cfg.FETCH_RESPONSE_MAX_BYTES)
+        specs = [FetchSpec(p.topic, p.partition, p.fetch_offset,
+                           p.partition_max_bytes or cfg.FETCH_PARTITION_MAX_BYTES,
+                           p.current_leader_epoch, p.last_fetched_epoch)
+                 for p in request.partitions]
+        results = self._handler.fetch(
+            specs, max_wait_ms=min(max(request.max_wait_ms, 0), cfg.FETCH_WAIT_MS_MAX),
+            min_bytes=request.min_bytes, max_bytes=max_bytes, replica_id=request.replica_id)
+        budget = FetchBudget(max_bytes)  # the same limits as a consumer's answer
+        return ipb.ReplicaFetchResponse(partitions=[
+            _result_to_proto(spec, r, budget) for spec, r in zip(specs, results, strict=True)])
+
+
+def _result_to_proto(spec: FetchSpec, r: FetchResult,
+                     budget: FetchBudget) -> ipb.ReplicaFetchPartitionResponse:
+    out = ipb.ReplicaFetchPartitionResponse(
+        topic=r.topic, partition=r.partition, high_watermark=r.high_watermark,
+        log_start_offset=r.log_start_offset, log_end_offset=r.log_end_offset)
+    if r.error is not None:
+        out.error_code, out.error_message = r.error.code, r.error.message
+    if r.diverging_epoch is not None:
+        out.diverging_epoch.epoch, out.diverging_epoch.end_offset = r.diverging_epoch
+    out.files.extend(ipb.LogFile(uri=f.uri, size_bytes=f.size_bytes, stats=f.stats,
+                                 base_offset=f.base_offset, last_offset=f.last_offset)
+                     for f in r.files or ())
+    budget.spend(sum(f.size_bytes for f in r.files or ()))
+    if r.records is not None and r.records.num_rows:
+        _, out.arrow_records = budget.fit(r.records, spec.max_bytes, to_ipc)
+    return out

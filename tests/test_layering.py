@@ -1,0 +1,117 @@
+"""The package's layers import downward only, and the domain never imports the transport.
+
+Every module of `deltabus` belongs to one layer (by where it runs and what it knows); a module
+may import only from the layers its own layer lists. grpc and the generated protobuf code stay in
+the doors (`rpc/`) and the clients: `cluster/`, `log_tables/`, `offsets/` and the pure modules
+work in domain types. The walk reads the source (every import, also those inside functions), so
+it needs no Spark and fails on the first edge a change adds against the rules.
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "deltabus"
+
+# Layer by module prefix; the longest matching prefix wins.
+LAYERS = {
+    "deltabus": "top",
+    "deltabus.errors": "pure", "deltabus.config": "pure", "deltabus.metadata": "pure",
+    "deltabus.records": "pure", "deltabus.partitioner": "pure", "deltabus.topics": "pure",
+    "deltabus.log_tables": "log_tables",
+    "deltabus.offsets": "offsets",
+    "deltabus.cluster.handler": "contracts",
+    "deltabus.rpc": "doors",
+    "deltabus.rpc.v1": "wire", "deltabus.rpc.codec": "wire", "deltabus.rpc.status": "wire",
+    "deltabus.rpc.channel": "wire",
+    "deltabus.client": "client",
+    "deltabus.cluster": "cluster",
+    "deltabus.spark": "spark",
+    "deltabus.cli": "cli",
+}
+ALLOWED = {
+    "pure": {"pure"},
+    "log_tables": {"pure", "log_tables"},
+    "offsets": {"pure", "log_tables", "offsets"},
+    "contracts": {"pure", "log_tables", "contracts"},
+    "wire": {"pure", "wire"},
+    "client": {"pure", "wire", "client"},
+    "doors": {"pure", "log_tables", "offsets", "contracts", "wire", "doors"},
+    # The Cluster in the driver registers the Spark data source: Spark sits below it.
+    "cluster": {"pure", "log_tables", "offsets", "contracts", "doors", "spark", "cluster"},
+    "spark": {"pure", "log_tables", "wire", "client", "spark"},
+    "cli": {"pure", "log_tables", "offsets", "contracts", "wire", "client", "cluster", "spark",
+            "cli"},
+    "top": {"pure", "client", "cluster", "top"},
+}
+TRANSPORT = ("grpc", "deltabus.rpc.v1")
+NO_TRANSPORT = {"pure", "log_tables", "offsets", "contracts", "cluster"}
+
+
+def layer(module: str) -> str:
+    parts = module.split(".")
+    for n in range(len(parts), 0, -1):
+        found = LAYERS.get(".".join(parts[:n]))
+        if found:
+            return found
+    raise AssertionError(f"{module} is in no layer: add it to LAYERS")
+
+
+def modules() -> dict[str, pathlib.Path]:
+    out = {}
+    for path in PACKAGE.rglob("*.py"):
+        rel = path.relative_to(ROOT).with_suffix("")
+        parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+        if "v1" in parts:
+            continue  # generated code
+        out[".".join(parts)] = path
+    return out
+
+
+def imports(module: str, path: pathlib.Path) -> set[str]:
+    """Every module `module` imports, absolute names (relative imports resolved)."""
+    package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            submodules = {f"{base}.{alias.name}" for alias in node.names
+                          if f"{base}.{alias.name}" in MODULES}
+            # `from package import module` names the module; the package's __init__ it also
+            # runs holds no imports of its own (checked as a module by itself).
+            found |= submodules or {base}
+    return found
+
+
+MODULES = modules()
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_imports_go_down_the_layers(module: str) -> None:
+    own = layer(module)
+    wrong = sorted(f"{target} ({layer(target)})" for target in imports(module, MODULES[module])
+                   if target.startswith("deltabus") and target != "deltabus"
+                   and layer(target) not in ALLOWED[own])
+    assert wrong == [], f"{module} ({own}) imports upward or sideways"
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if layer(m) in NO_TRANSPORT))
+def test_the_domain_does_not_import_the_transport(module: str) -> None:
+    wrong = sorted(t for t in imports(module, MODULES[module])
+                   if any(t == x or t.startswith(x + ".") for x in TRANSPORT))
+    assert wrong == [], f"{module} imports {wrong}"
+
+
+def test_every_module_has_a_layer() -> None:
+    assert len(MODULES) > 50
+    for module in MODULES:
+        layer(module)
