@@ -1,9 +1,9 @@
 """Cluster metadata: what the controller decides and every broker and client caches.
 
-The controller's state is a log of metadata records (persisted as a Delta table); the in-memory
-`MetadataState` is what replaying them gives, so loading after a restart is the same replay.
-`MetadataImage` is an immutable snapshot of it, sent to brokers in heartbeats and to clients in
-Metadata responses.
+The controller's state is a log of metadata records (persisted as a Delta table); its in-memory
+state is what replaying them gives (`cluster.metadata_state`), so loading after a restart is the
+same replay. `MetadataImage` is an immutable snapshot of it, sent to brokers in heartbeats and to
+clients in Metadata responses.
 
 Invariants: a partition's leader is one of its replicas or -1 (no live leader); leader epochs only
 grow; `version` grows with every change a broker or client could see.
@@ -11,10 +11,8 @@ grow; `version` grows with every change a broker or client could see.
 
 from __future__ import annotations
 
-import copy
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
 
 from deltabus.errors import DeltaBusError
 
@@ -136,65 +134,6 @@ class MetadataImage:
 
 def empty_image() -> MetadataImage:
     return MetadataImage(0, "", -1, (), {})
-
-
-class MetadataState:
-    """The controller's metadata, built only by replaying records. Driver only; not thread-safe
-    (the controller holds its lock around it)."""
-
-    def __init__(self) -> None:
-        self.cluster_id = ""
-        self.topics: dict[str, dict[str, Any]] = {}
-        self.offset = -1  # offset of the last replayed record
-        self.producer_ids_end = 0  # producer ids below this were handed out (or reserved)
-        # A stable producer id per transactional id: an exactly-once pipeline that restarts
-        # writes with the same id and sequences, so the leaders drop what it wrote before.
-        self.transactional_ids: dict[str, int] = {}
-
-    def replay(self, record: dict[str, Any]) -> None:
-        """Apply one record. Record types follow KRaft's: cluster, topic, partition,
-        partition_change, remove_topic, config, producer_ids."""
-        kind = record["type"]
-        if kind == "cluster":
-            self.cluster_id = record["cluster_id"]
-        elif kind == "topic":
-            self.topics[record["name"]] = {
-                "topic_id": record["topic_id"], "partitions": {}, "configs": {}}
-        elif kind == "partition":
-            self.topics[record["topic"]]["partitions"][record["partition"]] = {
-                "replicas": list(record["replicas"]), "isr": list(record["isr"]),
-                "leader": record["leader"], "leader_epoch": record["leader_epoch"]}
-        elif kind == "partition_change":
-            state = self.topics[record["topic"]]["partitions"][record["partition"]]
-            for key in ("leader", "isr", "replicas", "leader_epoch", "adding", "removing"):
-                if key in record:
-                    state[key] = copy.copy(record[key])
-        elif kind == "producer_ids":
-            self.producer_ids_end = record["end"]
-        elif kind == "transactional_id":
-            self.transactional_ids[record["id"]] = record["producer_id"]
-        elif kind == "remove_topic":
-            self.topics.pop(record["name"], None)
-        elif kind == "config":
-            configs = self.topics[record["topic"]]["configs"]
-            if record["value"] is None:
-                configs.pop(record["key"], None)
-            else:
-                configs[record["key"]] = record["value"]
-        else:
-            raise ValueError(f"unknown metadata record type {kind!r}")
-
-    def topic_states(self) -> dict[str, TopicState]:
-        out = {}
-        for name, t in self.topics.items():
-            parts = tuple(
-                PartitionState(p, s["leader"], s["leader_epoch"], tuple(s["replicas"]),
-                               tuple(s["isr"]), tuple(s.get("adding", ())),
-                               tuple(s.get("removing", ())))
-                for p, s in sorted(t["partitions"].items())
-            )
-            out[name] = TopicState(name, t["topic_id"], parts, dict(t["configs"]))
-        return out
 
 
 def new_topic_id() -> str:

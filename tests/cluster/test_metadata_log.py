@@ -8,7 +8,8 @@ import pytest
 from deltalake import DeltaTable
 
 from deltabus.cluster.metadata_log import SCHEMA, MetadataLog
-from deltabus.metadata import MetadataState, PartitionState, TopicState
+from deltabus.cluster.metadata_state import MetadataState
+from deltabus.metadata import PartitionState, TopicState
 
 
 def _records() -> list[dict]:

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from deltabus import errors
-from deltabus.cluster.controller import assign_replicas
 from deltabus.cluster.partition import Partition
+from deltabus.cluster.replica_placement import assign_replicas
 from deltabus.log_tables.partition_log import PartitionLog
 from deltabus.metadata import PartitionState
 from deltabus.records import normalize_produce, produce_batch, to_log_batch

@@ -1,0 +1,231 @@
+"""Metadata records: every change to the controller's state, as a typed record.
+
+Pure data (no I/O); built by the controller's handlers and applied by `MetadataState.replay`,
+both in the driver. Names follow KRaft's metadata records where the concept matches.
+
+Two kinds:
+- persisted records go to the metadata log (`MetadataLog`, a Delta table) before they are
+  replayed, so a restarted controller replays exactly what it had acknowledged;
+- broker registration records (`RegisterBrokerRecord`, `FenceBrokerRecord`, ...) are replayed but
+  never written: brokers register again at every start, so the log holds no broker.
+
+Invariants: the stored form of a persisted record is a JSON object whose `type` and keys are the
+ones deltabus has always written (`to_stored` / `from_stored` are exact inverses on them, and a
+field whose default is None is left out while None, as the old dict records left the key out), so
+an existing data directory still loads. Records are frozen and hold tuples, never lists: a record
+cannot change after it is built, and replaying it cannot alias state to it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Generic, TypeVar
+
+from deltabus.metadata import BrokerEndpoint
+
+T = TypeVar("T")
+
+
+class MetadataRecord:
+    """The base of every record. `type` names the record in the log's `type` column."""
+
+    type: ClassVar[str]
+    persisted: ClassVar[bool] = True  # written to the metadata log before it is replayed
+    # False for records brokers and clients never see: replaying them makes no new version.
+    changes_image: ClassVar[bool] = True
+    # Field name -> key in the stored JSON object, where the two differ.
+    STORED_KEYS: ClassVar[Mapping[str, str]] = {}
+    # Every record class is a dataclass: this tells type checkers so (`dataclasses.fields`).
+    __dataclass_fields__: ClassVar[dict[str, Any]]
+
+
+# ---- persisted records (the metadata log) ----------------------------------------------------
+
+@dataclass(frozen=True)
+class ClusterIdRecord(MetadataRecord):
+    """The cluster's id, written once when the metadata log is new."""
+
+    type: ClassVar[str] = "cluster"
+    cluster_id: str
+
+
+@dataclass(frozen=True)
+class TopicRecord(MetadataRecord):
+    """A new topic; its partitions and configs follow as their own records."""
+
+    type: ClassVar[str] = "topic"
+    name: str
+    topic_id: str
+
+
+@dataclass(frozen=True)
+class PartitionRecord(MetadataRecord):
+    """A new partition of a topic, with its whole state."""
+
+    type: ClassVar[str] = "partition"
+    topic: str
+    partition: int
+    replicas: tuple[int, ...]
+    isr: tuple[int, ...]
+    leader: int
+    leader_epoch: int
+
+
+@dataclass(frozen=True)
+class PartitionChangeRecord(MetadataRecord):
+    """A change to a partition: a field left None stays as it was."""
+
+    type: ClassVar[str] = "partition_change"
+    STORED_KEYS: ClassVar[Mapping[str, str]] = {
+        "adding_replicas": "adding", "removing_replicas": "removing"}
+    topic: str
+    partition: int
+    leader: int | None = None
+    leader_epoch: int | None = None
+    isr: tuple[int, ...] | None = None
+    replicas: tuple[int, ...] | None = None
+    # A reassignment in progress: replicas being added (catching up) and to be removed after.
+    adding_replicas: tuple[int, ...] | None = None
+    removing_replicas: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class RemoveTopicRecord(MetadataRecord):
+    """A topic deleted with all its partitions and configs."""
+
+    type: ClassVar[str] = "remove_topic"
+    name: str
+    topic_id: str | None = None  # logs written before it was recorded lack it
+
+
+@dataclass(frozen=True)
+class ConfigRecord(MetadataRecord):
+    """A topic config override set, or removed (`value` None: back to the cluster default)."""
+
+    type: ClassVar[str] = "config"
+    topic: str
+    key: str
+    value: str | None
+
+
+@dataclass(frozen=True)
+class ProducerIdsRecord(MetadataRecord):
+    """A block of producer ids reserved: ids below `producer_ids_end` are never handed out
+    again, even by a restarted controller."""
+
+    type: ClassVar[str] = "producer_ids"
+    changes_image: ClassVar[bool] = False
+    STORED_KEYS: ClassVar[Mapping[str, str]] = {"producer_ids_end": "end"}
+    producer_ids_end: int
+
+
+@dataclass(frozen=True)
+class TransactionalIdRecord(MetadataRecord):
+    """The producer id a transactional id always gets (an exactly-once pipeline that restarts
+    writes with the same id and sequences, so the leaders drop what it wrote before)."""
+
+    type: ClassVar[str] = "transactional_id"
+    changes_image: ClassVar[bool] = False
+    STORED_KEYS: ClassVar[Mapping[str, str]] = {"transactional_id": "id"}
+    transactional_id: str
+    producer_id: int
+
+
+# ---- broker registration records (replayed, never persisted) ---------------------------------
+
+@dataclass(frozen=True)
+class RegisterBrokerRecord(MetadataRecord):
+    """A broker (re)started with a new epoch. It starts fenced, until it has applied
+    `registered_version` (the metadata version when it registered)."""
+
+    type: ClassVar[str] = "register_broker"
+    persisted: ClassVar[bool] = False
+    endpoint: BrokerEndpoint
+    broker_epoch: int
+    pid: int
+    registered_version: int
+
+    @property
+    def broker_id(self) -> int:
+        return self.endpoint.broker_id
+
+
+@dataclass(frozen=True)
+class UnfenceBrokerRecord(MetadataRecord):
+    """A registered broker caught up with the metadata: it may lead and join ISRs."""
+
+    type: ClassVar[str] = "unfence_broker"
+    persisted: ClassVar[bool] = False
+    broker_id: int
+    broker_epoch: int
+
+
+@dataclass(frozen=True)
+class FenceBrokerRecord(MetadataRecord):
+    """A broker declared dead (missed heartbeats, its task ended, or a new incarnation
+    registered): its registration ends, so its epoch is stale and it must register again."""
+
+    type: ClassVar[str] = "fence_broker"
+    persisted: ClassVar[bool] = False
+    broker_id: int
+    broker_epoch: int
+
+
+@dataclass(frozen=True)
+class BrokerRegistrationChangeRecord(MetadataRecord):
+    """A broker entered controlled shutdown: leadership moves off it, then it stops."""
+
+    type: ClassVar[str] = "broker_registration_change"
+    persisted: ClassVar[bool] = False
+    broker_id: int
+    broker_epoch: int
+    in_controlled_shutdown: bool
+
+
+PERSISTED_RECORD_TYPES: Mapping[str, type[MetadataRecord]] = {
+    cls.type: cls for cls in (
+        ClusterIdRecord, TopicRecord, PartitionRecord, PartitionChangeRecord, RemoveTopicRecord,
+        ConfigRecord, ProducerIdsRecord, TransactionalIdRecord)
+}
+
+
+@dataclass(frozen=True)
+class ControllerResult(Generic[T]):
+    """What a handler returns (Kafka's ControllerResult): the records to write and replay, and
+    the answer to give once they are committed."""
+
+    records: Sequence[MetadataRecord]
+    response: T
+
+
+# ---- the stored form -------------------------------------------------------------------------
+
+def to_stored(record: MetadataRecord) -> dict[str, Any]:
+    """The JSON object the metadata log holds for `record`."""
+    if not record.persisted:
+        raise ValueError(f"{record.type} records are never written to the metadata log")
+    stored: dict[str, Any] = {"type": record.type}
+    for f in dataclasses.fields(record):
+        value = getattr(record, f.name)
+        if value is None and f.default is None:
+            continue
+        stored[record.STORED_KEYS.get(f.name, f.name)] = (
+            list(value) if isinstance(value, tuple) else value)
+    return stored
+
+
+def from_stored(stored: Mapping[str, Any]) -> MetadataRecord:
+    """The record a stored JSON object holds; keys it does not know are ignored."""
+    kind = stored.get("type")
+    cls = PERSISTED_RECORD_TYPES.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        raise ValueError(f"unknown metadata record type {kind!r}")
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        key = cls.STORED_KEYS.get(f.name, f.name)
+        if key in stored:
+            value = stored[key]
+            values[f.name] = tuple(value) if isinstance(value, list) else value
+    return cls(**values)

@@ -1,0 +1,117 @@
+"""The controller's in-memory metadata: what replaying the metadata records gives.
+
+Runs in the driver. Loading after a restart is the same replay as committing: the controller
+replays each persisted record read back from the metadata log, then each record it commits. Only
+`MetadataState.replay` changes this state; the handlers read it and return records.
+
+Invariants: partitions and registrations are frozen values (tuples, not lists), so a handler
+cannot change them by accident and the image built from them shares nothing mutable; a partition
+record's topic exists (replaying one for an unknown topic is a bug and raises).
+
+Not thread-safe: the controller holds its lock around every read and replay.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from deltabus.cluster.broker_registry import BrokerRegistry
+from deltabus.cluster.metadata_records import (
+    ClusterIdRecord,
+    ConfigRecord,
+    MetadataRecord,
+    PartitionChangeRecord,
+    PartitionRecord,
+    ProducerIdsRecord,
+    RemoveTopicRecord,
+    TopicRecord,
+    TransactionalIdRecord,
+    from_stored,
+)
+from deltabus.metadata import PartitionState, TopicState
+
+
+@dataclass(frozen=True)
+class PartitionRegistration:
+    """A partition as the controller holds it (Kafka's PartitionRegistration)."""
+
+    replicas: tuple[int, ...]
+    isr: tuple[int, ...]
+    leader: int
+    leader_epoch: int
+    # A reassignment in progress: replicas being added (catching up) and to be removed after.
+    adding_replicas: tuple[int, ...] = ()
+    removing_replicas: tuple[int, ...] = ()
+
+    def merge(self, change: PartitionChangeRecord) -> PartitionRegistration:
+        """This partition with `change` applied (fields the change leaves None stay)."""
+        updates = {f.name: getattr(change, f.name) for f in dataclasses.fields(self)
+                   if getattr(change, f.name) is not None}
+        return dataclasses.replace(self, **updates)
+
+    def state(self, partition: int) -> PartitionState:
+        return PartitionState(partition, self.leader, self.leader_epoch, self.replicas, self.isr,
+                              self.adding_replicas, self.removing_replicas)
+
+
+@dataclass
+class TopicRegistration:
+    topic_id: str
+    partitions: dict[int, PartitionRegistration] = field(default_factory=dict)
+    configs: dict[str, str] = field(default_factory=dict)  # overrides of the cluster defaults
+
+
+@dataclass
+class MetadataState:
+    """Topics, partitions, configs, producer ids and registered brokers."""
+
+    cluster_id: str = ""
+    topics: dict[str, TopicRegistration] = field(default_factory=dict)
+    producer_ids_end: int = 0  # producer ids below this were handed out (or reserved)
+    transactional_ids: dict[str, int] = field(default_factory=dict)
+    brokers: BrokerRegistry = field(default_factory=BrokerRegistry)
+
+    def replay(self, record: MetadataRecord | Mapping[str, Any]) -> None:
+        """Apply one record. A mapping is a record in its stored form (as the metadata log
+        holds it) and is decoded first; an unknown type raises ValueError."""
+        if not isinstance(record, MetadataRecord):
+            record = from_stored(record)
+        if not record.persisted:
+            self.brokers.replay(record)
+        elif isinstance(record, PartitionChangeRecord):
+            partitions = self.topics[record.topic].partitions
+            partitions[record.partition] = partitions[record.partition].merge(record)
+        elif isinstance(record, PartitionRecord):
+            self.topics[record.topic].partitions[record.partition] = PartitionRegistration(
+                record.replicas, record.isr, record.leader, record.leader_epoch)
+        elif isinstance(record, ConfigRecord):
+            configs = self.topics[record.topic].configs
+            if record.value is None:
+                configs.pop(record.key, None)
+            else:
+                configs[record.key] = record.value
+        elif isinstance(record, TopicRecord):
+            self.topics[record.name] = TopicRegistration(record.topic_id)
+        elif isinstance(record, RemoveTopicRecord):
+            self.topics.pop(record.name, None)
+        elif isinstance(record, ProducerIdsRecord):
+            self.producer_ids_end = record.producer_ids_end
+        elif isinstance(record, TransactionalIdRecord):
+            self.transactional_ids[record.transactional_id] = record.producer_id
+        elif isinstance(record, ClusterIdRecord):
+            self.cluster_id = record.cluster_id
+        else:
+            raise ValueError(f"unknown metadata record type {record.type!r}")
+
+    def partition(self, topic: str, partition: int) -> PartitionRegistration | None:
+        t = self.topics.get(topic)
+        return None if t is None else t.partitions.get(partition)
+
+    def topic_states(self) -> dict[str, TopicState]:
+        return {name: TopicState(name, t.topic_id,
+                                 tuple(s.state(p) for p, s in sorted(t.partitions.items())),
+                                 dict(t.configs))
+                for name, t in self.topics.items()}

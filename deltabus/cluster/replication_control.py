@@ -1,0 +1,447 @@
+"""Topics, partitions and their leaders and ISRs (KRaft's ReplicationControlManager). Runs in the
+driver, inside the controller.
+
+Every handler here takes a request and the current `MetadataState`, validates the request
+(raising a DeltaBusError, or answering one per item), and returns the records to commit and the
+answer: it changes nothing, so the controller can run it under its lock, write the records, and
+only then replay them. Elections after a broker change are computed against the broker registry
+as it will be once the broker records are replayed (`BrokerRegistry.replayed`).
+
+Invariants the records keep: a leader is always in the ISR; the ISR is never empty; a leader
+change bumps the leader epoch; only the current leader may change the ISR (AlterPartition), and
+only from the ISR the controller holds (a stale request gets INVALID_UPDATE_VERSION). A broker
+that leaves (fenced, or in controlled shutdown) leaves every ISR it is in unless it is the last
+member; a partition with no live ISR member goes offline (leader -1) until one registers again,
+unless the topic allows unclean leader election.
+
+Not thread-safe: the controller holds its lock around every call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Sequence
+
+from deltabus import config as cfg
+from deltabus import errors
+from deltabus.cluster.broker_registry import BrokerRegistry
+from deltabus.cluster.catch_up import CatchUpTask
+from deltabus.cluster.log_cleaner import CleanerTask
+from deltabus.cluster.metadata_records import (
+    ConfigRecord,
+    ControllerResult,
+    MetadataRecord,
+    PartitionChangeRecord,
+    PartitionRecord,
+    RemoveTopicRecord,
+    TopicRecord,
+)
+from deltabus.cluster.metadata_state import MetadataState, PartitionRegistration
+from deltabus.cluster.replica_placement import assign_replicas
+from deltabus.metadata import NO_LEADER, NewTopic, PartitionState, TopicResult, new_topic_id
+from deltabus.topics import INTERNAL_TOPICS, validate_topic_name
+
+log = logging.getLogger(__name__)
+
+ElectionResults = dict[tuple[str, int], errors.DeltaBusError | None]
+Reassignment = tuple[str, int, list[int]]  # (topic, partition, target replicas)
+
+
+# ---- topics ----------------------------------------------------------------------------------
+
+def create_topic(state: MetadataState, config: cfg.ClusterConfig, topic: NewTopic, *,
+                 duplicated: bool = False) -> ControllerResult[TopicResult]:
+    """Kafka's CreateTopics for one topic (`duplicated`: the request names it twice)."""
+    if duplicated:
+        raise errors.InvalidRequestError(
+            f"Create topics request from client has multiple entries for {topic.name}")
+    validate_topic_name(topic.name)
+    if topic.name in state.topics:
+        raise errors.TopicAlreadyExistsError(f"Topic '{topic.name}' already exists.")
+    configs = dict(topic.configs or {})
+    cfg.topic_config(configs)  # raises InvalidConfigError
+    if topic.replica_assignment:
+        assignment = _check_assignment(state.brokers, topic)
+    else:
+        assignment = _assign(state.brokers, config, topic)
+    topic_id = new_topic_id()
+    records: list[MetadataRecord] = [TopicRecord(topic.name, topic_id)]
+    records += _new_partitions(topic.name, assignment, 0)
+    records += [ConfigRecord(topic.name, key, value) for key, value in sorted(configs.items())]
+    return ControllerResult(records, TopicResult(topic.name, None, topic_id, len(assignment),
+                                                 len(assignment[0])))
+
+
+def _new_partitions(topic: str, assignment: list[list[int]],
+                    first: int) -> list[MetadataRecord]:
+    """Records for partitions `first`.. of an assignment; each starts led by its first replica
+    with every replica in sync (a new partition's tables are empty)."""
+    return [PartitionRecord(topic, p, tuple(replicas), tuple(replicas), replicas[0], 0)
+            for p, replicas in enumerate(assignment) if p >= first]
+
+
+def _check_assignment(brokers: BrokerRegistry, topic: NewTopic) -> list[list[int]]:
+    """An explicit replica assignment, checked as Kafka checks it."""
+    assignment = topic.replica_assignment or {}
+    if topic.num_partitions != -1 or topic.replication_factor != -1:
+        raise errors.InvalidRequestError(
+            "Both numPartitions or replicationFactor and replicasAssignments were set. "
+            "Both cannot be used at the same time.")
+    if sorted(assignment) != list(range(len(assignment))):
+        raise errors.InvalidReplicaAssignmentError(
+            f"Partitions should be a consecutive 0-based integer sequence: "
+            f"{sorted(assignment)}")
+    if len(assignment) > cfg.PARTITIONS_MAX:
+        raise errors.InvalidPartitionsError(
+            f"Number of partitions {len(assignment)} is more than the limit "
+            f"{cfg.PARTITIONS_MAX}.")
+    live = set(brokers.live_broker_ids())
+    sizes = {len(replicas) for replicas in assignment.values()}
+    for p, replicas in sorted(assignment.items()):
+        if not replicas or len(set(replicas)) != len(replicas):
+            raise errors.InvalidReplicaAssignmentError(
+                f"Partition {p} has an empty or duplicated replica list {replicas}.")
+        unknown = [b for b in replicas if b not in live]
+        if unknown:
+            raise errors.InvalidReplicaAssignmentError(
+                f"Partition {p} names brokers {unknown} that are not live.")
+    if len(sizes) > 1:
+        raise errors.InvalidReplicaAssignmentError(
+            "All partitions should have the same number of replicas.")
+    return [list(assignment[p]) for p in range(len(assignment))]
+
+
+def _assign(brokers: BrokerRegistry, config: cfg.ClusterConfig,
+            topic: NewTopic) -> list[list[int]]:
+    partitions = (config.num_partitions if topic.num_partitions == -1
+                  else topic.num_partitions)
+    if partitions < 1:
+        raise errors.InvalidPartitionsError("Number of partitions must be larger than 0.")
+    if partitions > cfg.PARTITIONS_MAX:
+        raise errors.InvalidPartitionsError(
+            f"Number of partitions {partitions} is more than the limit {cfg.PARTITIONS_MAX}.")
+    rf = (config.default_replication_factor if topic.replication_factor == -1
+          else topic.replication_factor)
+    if rf < 1:
+        raise errors.InvalidReplicationFactorError(
+            "Replication factor must be larger than 0.")
+    return _place(brokers, partitions, rf)
+
+
+def _place(brokers: BrokerRegistry, partitions: int, rf: int) -> list[list[int]]:
+    live = brokers.live_broker_ids()
+    if rf > len(live):
+        raise errors.InvalidReplicationFactorError(
+            f"Replication factor: {rf} larger than available brokers: {len(live)}.")
+    return assign_replicas(live, partitions, rf, brokers.racks(live))
+
+
+def create_partitions(state: MetadataState, name: str,
+                      count: int) -> ControllerResult[TopicResult]:
+    """Kafka's CreatePartitions for one topic: `count` is its new total. New partitions get
+    replicas as a new topic would, with the topic's replication factor."""
+    topic = state.topics.get(name)
+    if topic is None:
+        raise errors.UnknownTopicOrPartitionError(f"Topic '{name}' does not exist.")
+    current = len(topic.partitions)
+    if count <= current:
+        raise errors.InvalidPartitionsError(
+            f"Topic currently has {current} partitions, which is "
+            f"{'higher than' if count < current else 'equal to'} the requested {count}.")
+    if count > cfg.PARTITIONS_MAX:
+        raise errors.InvalidPartitionsError(
+            f"Number of partitions {count} is more than the limit {cfg.PARTITIONS_MAX}.")
+    rf = len(topic.partitions[0].replicas)
+    records = _new_partitions(name, _place(state.brokers, count, rf), current)
+    return ControllerResult(records, TopicResult(name, None, "", count, rf))
+
+
+def delete_topic(state: MetadataState, name: str) -> ControllerResult[TopicResult]:
+    """Kafka's DeleteTopics for one topic (internal topics cannot be deleted)."""
+    topic = state.topics.get(name)
+    if topic is None:
+        raise errors.UnknownTopicOrPartitionError(f"Topic '{name}' does not exist.")
+    if name in INTERNAL_TOPICS:
+        raise errors.InvalidTopicError(f"Topic '{name}' is internal and cannot be deleted.")
+    return ControllerResult([RemoveTopicRecord(name, topic.topic_id)],
+                            TopicResult(name, None, topic.topic_id))
+
+
+# ---- ISR changes -----------------------------------------------------------------------------
+
+def alter_partition(state: MetadataState, broker_id: int, broker_epoch: int, topic: str,
+                    partition: int, leader_epoch: int, isr: list[int],
+                    new_isr: list[int]) -> ControllerResult[PartitionState]:
+    """Kafka's AlterPartition: a leader shrinks or grows its partition's ISR. The answer is the
+    partition's state once the records are committed."""
+    state.brokers.check_epoch(broker_id, broker_epoch)
+    s = state.partition(topic, partition)
+    if s is None:
+        raise errors.UnknownTopicOrPartitionError(
+            f"This server does not host this topic-partition: {topic}-{partition}")
+    if s.leader != broker_id:
+        raise errors.NotLeaderOrFollowerError(
+            f"broker {broker_id} does not lead {topic}-{partition} (leader: {s.leader})")
+    if leader_epoch != s.leader_epoch:
+        raise errors.FencedLeaderEpochError(
+            f"leader epoch {leader_epoch} of {topic}-{partition} is not the current "
+            f"{s.leader_epoch}")
+    if sorted(isr) != sorted(s.isr):
+        raise errors.InvalidUpdateVersionError(
+            f"the ISR of {topic}-{partition} is {list(s.isr)}, not {isr}")
+    if broker_id not in new_isr or any(r not in s.replicas for r in new_isr):
+        raise errors.InvalidRequestError(
+            f"ISR {new_isr} must hold the leader and only replicas of {topic}-{partition} "
+            f"({list(s.replicas)})")
+    live = state.brokers.leader_candidates()
+    added = [r for r in new_isr if r not in s.isr]
+    if any(r not in live for r in added):
+        raise errors.IneligibleReplicaError(
+            f"replicas {added} cannot join the ISR of {topic}-{partition}: not all live")
+    ordered = tuple(r for r in s.replicas if r in new_isr)
+    records: list[MetadataRecord] = []
+    if ordered != s.isr:
+        log.info("%s-%d ISR %s -> %s", topic, partition, list(s.isr), list(ordered))
+        records.append(PartitionChangeRecord(topic, partition, isr=ordered))
+    answer = PartitionState(partition, s.leader, s.leader_epoch, s.replicas, ordered)
+    return ControllerResult(records, answer)
+
+
+# ---- elections -------------------------------------------------------------------------------
+
+def elect_after_broker_change(state: MetadataState, config: cfg.ClusterConfig,
+                              broker_records: Sequence[MetadataRecord],
+                              leaving: int | None = None) -> list[MetadataRecord]:
+    """`broker_records` and the partition changes they bring: a `leaving` broker (fenced, or in
+    controlled shutdown) leaves every ISR it is in (but the last member), and every partition
+    without an eligible leader gets one: the first live in-sync replica in replica order, or,
+    where the topic allows unclean election, the first live replica at all. A broker in
+    controlled shutdown keeps what no other in-sync replica can take, until it stops. Leader
+    changes are metadata records, so epochs survive restarts."""
+    after = state.brokers.replayed(broker_records)
+    live = after.leader_candidates()
+    records = list(broker_records)
+    for name, topic in state.topics.items():
+        unclean = config.topic_config(topic.configs).unclean_leader_election_enable
+        for p, s in topic.partitions.items():
+            isr = list(s.isr)
+            if leaving in isr and len(isr) > 1:
+                isr.remove(leaving)
+            leader = s.leader
+            if leader not in live:
+                stopping = after.get(leader)
+                alive = stopping is not None and not stopping.fenced
+                # Never elect an out-of-sync replica while the leader still runs.
+                leader, isr = _elect(s.replicas, isr, live, unclean and not alive)
+                if leader == NO_LEADER and alive and s.leader in isr:
+                    leader = s.leader  # controlled shutdown: no one else can lead yet
+            change = _leader_change(name, p, s, leader, isr)
+            if change is not None:
+                records.append(change)
+    return records
+
+
+def _leader_change(topic: str, partition: int, s: PartitionRegistration, leader: int,
+                   isr: list[int]) -> PartitionChangeRecord | None:
+    change = PartitionChangeRecord(topic, partition)
+    if tuple(isr) != s.isr:
+        change = dataclasses.replace(change, isr=tuple(isr))
+    if leader != s.leader:
+        change = dataclasses.replace(change, leader=leader, leader_epoch=s.leader_epoch + 1)
+        if leader != NO_LEADER and leader not in s.isr:
+            log.warning("unclean leader election: %s-%d led by out-of-sync replica %d; "
+                        "records only the old ISR held are lost", topic, partition, leader)
+    return None if change == PartitionChangeRecord(topic, partition) else change
+
+
+def _elect(replicas: Sequence[int], isr: list[int], live: set[int],
+           unclean: bool) -> tuple[int, list[int]]:
+    """(leader, ISR) for a partition whose leader is gone."""
+    for r in replicas:
+        if r in isr and r in live:
+            return r, isr
+    if unclean:
+        for r in replicas:
+            if r in live:
+                return r, [r]
+    return NO_LEADER, isr
+
+
+def elect_leaders(state: MetadataState, election_type: str,
+                  partitions: list[tuple[str, int]] | None
+                  ) -> ControllerResult[ElectionResults]:
+    """Kafka's ElectLeaders. "preferred": give each partition its first replica as leader
+    where that replica is live and in sync. "unclean": give a partition without a leader any
+    live replica. `partitions` None means all; the answer is an error or None per partition."""
+    if election_type not in ("preferred", "unclean"):
+        raise errors.InvalidRequestError(
+            f"election type must be preferred or unclean, not {election_type!r}")
+    live = state.brokers.leader_candidates()
+    if partitions is None:
+        partitions = [(t, p) for t, topic in sorted(state.topics.items())
+                      for p in sorted(topic.partitions)]
+    results: ElectionResults = {}
+    records: list[MetadataRecord] = []
+    for topic, partition in partitions:
+        s = state.partition(topic, partition)
+        if s is None:
+            results[(topic, partition)] = errors.UnknownTopicOrPartitionError(
+                f"The partition {topic}-{partition} does not exist.")
+            continue
+        current = s.replicas[0] if election_type == "preferred" else s.leader
+        if s.leader == current and current in live:
+            results[(topic, partition)] = errors.ElectionNotNeededError(
+                "Leader election not needed for topic partition")
+            continue
+        leader, isr = _choose_leader(election_type, s, live)
+        if leader == NO_LEADER or leader == s.leader:
+            results[(topic, partition)] = errors.PreferredLeaderNotAvailableError(
+                f"Failed to elect leader for partition {topic}-{partition} under "
+                f"strategy {election_type}")
+        else:
+            records.append(PartitionChangeRecord(topic, partition, leader=leader,
+                                                 leader_epoch=s.leader_epoch + 1,
+                                                 isr=tuple(isr)))
+            results[(topic, partition)] = None
+    return ControllerResult(records, results)
+
+
+def _choose_leader(election_type: str, s: PartitionRegistration,
+                   live: set[int]) -> tuple[int, list[int]]:
+    """(leader, ISR) an ElectLeaders request would give a partition (NO_LEADER: none)."""
+    if election_type == "preferred":
+        preferred = s.replicas[0]
+        if preferred in live and preferred in s.isr:
+            return preferred, list(s.isr)
+        return NO_LEADER, list(s.isr)
+    return _elect(s.replicas, list(s.isr), live, unclean=True)
+
+
+# ---- reassignments ---------------------------------------------------------------------------
+
+def reassign_partitions(state: MetadataState, targets: dict[tuple[str, int], list[int]]
+                        ) -> ControllerResult[tuple[ElectionResults, list[Reassignment]]]:
+    """Kafka's AlterPartitionReassignments, checked: the answer is an error or None per
+    partition, and the reassignments to start (those whose replicas change). Nothing is written
+    yet: the new replicas catch up first (`start_reassignments`)."""
+    results: ElectionResults = {}
+    started: list[Reassignment] = []
+    live = state.brokers.leader_candidates()
+    for (topic, partition), replicas in targets.items():
+        s = state.partition(topic, partition)
+        try:
+            s = _check_reassignment(topic, partition, s, replicas, live)
+        except errors.DeltaBusError as e:
+            results[(topic, partition)] = e
+            continue
+        results[(topic, partition)] = None
+        if tuple(replicas) != s.replicas:
+            started.append((topic, partition, list(replicas)))
+    return ControllerResult([], (results, started))
+
+
+def _check_reassignment(topic: str, partition: int, s: PartitionRegistration | None,
+                        replicas: list[int], live: set[int]) -> PartitionRegistration:
+    if s is None:
+        raise errors.UnknownTopicOrPartitionError(
+            f"The partition {topic}-{partition} does not exist.")
+    if not replicas or len(set(replicas)) != len(replicas):
+        raise errors.InvalidReplicaAssignmentError(
+            f"The proposed assignment {replicas} for {topic}-{partition} is empty or contains "
+            "duplicates.")
+    new = [r for r in replicas if r not in s.replicas]
+    if any(r not in live for r in new):
+        raise errors.InvalidReplicaAssignmentError(
+            f"The proposed assignment for {topic}-{partition} contains brokers that are not "
+            f"live: {[r for r in new if r not in live]}")
+    if s.adding_replicas or s.removing_replicas:
+        raise errors.InvalidRequestError(
+            f"A reassignment of {topic}-{partition} is already in progress.")
+    return s
+
+
+def reassignment_catch_up_tasks(state: MetadataState, root: str,
+                                started: list[Reassignment]) -> list[CatchUpTask]:
+    """What the catch-up job copies before new replicas join: each from its partition's
+    leader (partitions without a leader or gone meanwhile are skipped)."""
+    tasks = []
+    for topic, partition, replicas in started:
+        s = state.partition(topic, partition)
+        if s is None or s.leader == NO_LEADER:
+            continue
+        tasks += [CatchUpTask(root, topic, partition, s.leader, r)
+                  for r in replicas if r not in s.replicas]
+    return tasks
+
+
+def start_reassignments(state: MetadataState,
+                        started: list[Reassignment]) -> list[MetadataRecord]:
+    """Add the new replicas (as `adding`, followers that catch up) and mark the ones to go as
+    `removing`; the replica list holds both until the reassignment completes."""
+    records: list[MetadataRecord] = []
+    for topic, partition, replicas in started:
+        s = state.partition(topic, partition)
+        if s is None:
+            continue
+        adding = tuple(r for r in replicas if r not in s.replicas)
+        removing = tuple(r for r in s.replicas if r not in replicas)
+        records.append(PartitionChangeRecord(
+            topic, partition, replicas=tuple(replicas) + removing, adding_replicas=adding,
+            removing_replicas=removing))
+    return records
+
+
+def complete_reassignment(state: MetadataState, topic: str,
+                          partition: int) -> ControllerResult[tuple[int, ...] | None]:
+    """Once every added replica is in sync, make the target list the replicas; a leader that is
+    not in it hands over. The answer is None while added replicas are still catching up, else
+    the replicas removed (whose tables may go once brokers closed them)."""
+    s = state.partition(topic, partition)
+    if s is None or not (s.adding_replicas or s.removing_replicas):
+        return ControllerResult([], ())  # done, or moot
+    if any(r not in s.isr for r in s.adding_replicas):
+        return ControllerResult([], None)
+    replicas = tuple(r for r in s.replicas if r not in s.removing_replicas)
+    isr = tuple(r for r in replicas if r in s.isr)
+    change = PartitionChangeRecord(topic, partition, replicas=replicas, isr=isr,
+                                   adding_replicas=(), removing_replicas=())
+    if s.leader not in replicas:
+        live = state.brokers.leader_candidates()
+        leader = next((r for r in replicas if r in isr and r in live), NO_LEADER)
+        change = dataclasses.replace(change, leader=leader, leader_epoch=s.leader_epoch + 1)
+    return ControllerResult([change], s.removing_replicas)
+
+
+# ---- what the driver's Spark jobs work on ----------------------------------------------------
+
+def cleaner_tasks(state: MetadataState, config: cfg.ClusterConfig, topics: list[str] | None,
+                  merge_min_age_ms: int) -> list[CleanerTask]:
+    """Every partition with a leader (of `topics`, when given), with its topic's retention
+    limits (none unless cleanup.policy includes delete), compaction settings (none unless it
+    includes compact) and merge settings."""
+    tasks = []
+    for name, topic in sorted(state.topics.items()):
+        if topics is not None and name not in topics:
+            continue
+        c = config.topic_config(topic.configs)
+        for partition, s in sorted(topic.partitions.items()):
+            if s.leader >= 0:
+                tasks.append(CleanerTask(
+                    config.root, name, partition, s.leader, s.replicas, s.isr,
+                    c.retention_ms if c.deletes else -1,
+                    c.retention_bytes if c.deletes else -1,
+                    c.file_delete_delay_ms, c.segment_bytes, merge_min_age_ms,
+                    c.compacts, c.min_compaction_lag_ms, c.delete_retention_ms,
+                    c.min_cleanable_dirty_ratio))
+    return tasks
+
+
+def catch_up_tasks(state: MetadataState, root: str, broker_id: int) -> list[CatchUpTask]:
+    """What the catch-up job copies before broker `broker_id` is relaunched: each replica it
+    follows, from the partition's registered leader."""
+    registered = set(state.brokers.registrations) - {broker_id}
+    return [CatchUpTask(root, topic, partition, s.leader, broker_id)
+            for topic, t in sorted(state.topics.items())
+            for partition, s in sorted(t.partitions.items())
+            if broker_id in s.replicas and s.leader in registered]
