@@ -1,0 +1,113 @@
+"""Typed metadata records keep the stored form deltabus has always written, byte for byte."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+import pytest
+
+from deltabus.cluster.metadata_records import (
+    PERSISTED_RECORD_TYPES,
+    ClusterIdRecord,
+    ConfigRecord,
+    FenceBrokerRecord,
+    MetadataRecord,
+    PartitionChangeRecord,
+    PartitionRecord,
+    ProducerIdsRecord,
+    RegisterBrokerRecord,
+    RemoveTopicRecord,
+    TopicRecord,
+    TransactionalIdRecord,
+    from_stored,
+    to_stored,
+)
+from deltabus.metadata import BrokerEndpoint
+
+# Each record as the dict-based controller built it, and the same record typed.
+OLD_AND_TYPED: list[tuple[dict[str, Any], MetadataRecord]] = [
+    ({"type": "cluster", "cluster_id": "c-1"}, ClusterIdRecord("c-1")),
+    ({"type": "topic", "name": "orders", "topic_id": "t1"}, TopicRecord("orders", "t1")),
+    ({"type": "partition", "topic": "orders", "partition": 0, "replicas": [1, 2], "isr": [1, 2],
+      "leader": 1, "leader_epoch": 0},
+     PartitionRecord("orders", 0, (1, 2), (1, 2), 1, 0)),
+    ({"type": "config", "topic": "orders", "key": "retention.ms", "value": "1000"},
+     ConfigRecord("orders", "retention.ms", "1000")),
+    ({"type": "config", "topic": "orders", "key": "retention.ms", "value": None},
+     ConfigRecord("orders", "retention.ms", None)),
+    ({"type": "partition_change", "topic": "orders", "partition": 0, "isr": [1]},
+     PartitionChangeRecord("orders", 0, isr=(1,))),
+    ({"type": "partition_change", "topic": "orders", "partition": 0, "leader": 2, "isr": [2],
+      "leader_epoch": 1},
+     PartitionChangeRecord("orders", 0, leader=2, leader_epoch=1, isr=(2,))),
+    ({"type": "partition_change", "topic": "orders", "partition": 0, "replicas": [3, 2, 1],
+      "adding": [3], "removing": [1]},
+     PartitionChangeRecord("orders", 0, replicas=(3, 2, 1), adding_replicas=(3,),
+                           removing_replicas=(1,))),
+    ({"type": "partition_change", "topic": "orders", "partition": 0, "replicas": [3, 2],
+      "isr": [3, 2], "adding": [], "removing": [], "leader": 3, "leader_epoch": 2},
+     PartitionChangeRecord("orders", 0, leader=3, leader_epoch=2, isr=(3, 2), replicas=(3, 2),
+                           adding_replicas=(), removing_replicas=())),
+    ({"type": "remove_topic", "name": "orders", "topic_id": "t1"},
+     RemoveTopicRecord("orders", "t1")),
+    ({"type": "remove_topic", "name": "orders"}, RemoveTopicRecord("orders")),
+    ({"type": "producer_ids", "end": 2000}, ProducerIdsRecord(2000)),
+    ({"type": "transactional_id", "id": "tx-1", "producer_id": 7},
+     TransactionalIdRecord("tx-1", 7)),
+]
+
+
+@pytest.mark.parametrize(("old", "typed"), OLD_AND_TYPED)
+def test_typed_record_has_the_old_stored_form(old: dict[str, Any],
+                                              typed: MetadataRecord) -> None:
+    assert to_stored(typed) == old
+    # What the metadata log writes (MetadataLog.append): the same JSON text.
+    assert json.dumps(to_stored(typed), sort_keys=True) == json.dumps(old, sort_keys=True)
+    assert from_stored(old) == typed
+    assert from_stored(json.loads(json.dumps(old))) == typed
+
+
+def test_every_persisted_type_is_covered() -> None:
+    assert {typed.type for _, typed in OLD_AND_TYPED} == set(PERSISTED_RECORD_TYPES)
+
+
+def test_stored_records_hold_no_tuples_and_typed_records_no_lists() -> None:
+    record = from_stored({"type": "partition", "topic": "t", "partition": 0, "replicas": [1],
+                          "isr": [1], "leader": 1, "leader_epoch": 0})
+    assert isinstance(record, PartitionRecord)
+    assert record.replicas == (1,) and record.isr == (1,)
+    assert to_stored(record)["replicas"] == [1]
+
+
+def test_unknown_keys_are_ignored_and_unknown_types_refused() -> None:
+    assert from_stored({"type": "topic", "name": "a", "topic_id": "x", "later": 1}) == \
+        TopicRecord("a", "x")
+    with pytest.raises(ValueError, match="unknown metadata record type"):
+        from_stored({"type": "no_such_type"})
+    with pytest.raises(ValueError, match="unknown metadata record type"):
+        from_stored({"name": "a"})
+
+
+def test_broker_records_are_never_written() -> None:
+    register = RegisterBrokerRecord(BrokerEndpoint(1, "127.0.0.1", 9000), 5, 123, 2)
+    assert not register.persisted and register.broker_id == 1
+    with pytest.raises(ValueError, match="never written"):
+        to_stored(register)
+    with pytest.raises(ValueError, match="never written"):
+        to_stored(FenceBrokerRecord(1, 5))
+    assert "register_broker" not in PERSISTED_RECORD_TYPES
+
+
+def test_records_are_frozen() -> None:
+    record = PartitionChangeRecord("orders", 0, isr=(1,))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        record.isr = (2,)  # type: ignore[misc]
+
+
+def test_producer_id_records_make_no_new_version() -> None:
+    assert not ProducerIdsRecord(1000).changes_image
+    assert not TransactionalIdRecord("tx", 1).changes_image
+    assert PartitionChangeRecord("orders", 0, isr=(1,)).changes_image
+    assert FenceBrokerRecord(1, 5).changes_image
