@@ -1,0 +1,146 @@
+"""The controller over a real metadata log (a Delta table under tmp_path), with no Spark and no
+brokers: a log written in the old dict form still loads, what the controller writes now is that
+same form, and a restart replays it to the same image."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from deltalake import DeltaTable
+
+from deltabus import config as cfg
+from deltabus.cluster.controller import Controller
+from deltabus.cluster.metadata_log import MetadataLog
+from deltabus.cluster.producer_id_control import PRODUCER_ID_BLOCK
+from deltabus.log_tables.layout import metadata_path
+from deltabus.metadata import BrokerEndpoint, NewTopic, PartitionState, TopicState
+
+# A log as the dict-based controller wrote it: every record type, several commits.
+OLD_LOG: list[list[dict[str, Any]]] = [
+    [{"type": "cluster", "cluster_id": "old-cluster"}],
+    [{"type": "topic", "name": "orders", "topic_id": "tid-orders"},
+     {"type": "partition", "topic": "orders", "partition": 0, "replicas": [0, 1, 2],
+      "isr": [0, 1, 2], "leader": 0, "leader_epoch": 0},
+     {"type": "partition", "topic": "orders", "partition": 1, "replicas": [1, 2, 0],
+      "isr": [1, 2, 0], "leader": 1, "leader_epoch": 0},
+     {"type": "config", "topic": "orders", "key": "retention.ms", "value": "1000"}],
+    [{"type": "producer_ids", "end": 1000}],
+    [{"type": "transactional_id", "id": "tx", "producer_id": 0}],
+    [{"type": "partition_change", "topic": "orders", "partition": 0, "isr": [0, 2]}],
+    [{"type": "partition_change", "topic": "orders", "partition": 0, "leader": 2,
+      "leader_epoch": 1, "isr": [2]}],
+    [{"type": "partition_change", "topic": "orders", "partition": 1, "replicas": [1, 2, 0, 3],
+      "adding": [3], "removing": [0]}],
+    [{"type": "topic", "name": "gone", "topic_id": "tid-gone"},
+     {"type": "partition", "topic": "gone", "partition": 0, "replicas": [1], "isr": [1],
+      "leader": 1, "leader_epoch": 0}],
+    [{"type": "config", "topic": "orders", "key": "cleanup.policy", "value": "compact"},
+     {"type": "config", "topic": "orders", "key": "retention.ms", "value": None}],
+    [{"type": "remove_topic", "name": "gone", "topic_id": "tid-gone"}],
+]
+
+OLD_LOG_TOPICS = {
+    "orders": TopicState("orders", "tid-orders", (
+        PartitionState(0, 2, 1, (0, 1, 2), (2,)),
+        PartitionState(1, 1, 0, (1, 2, 0, 3), (1, 2, 0), (3,), (0,))),
+        {"cleanup.policy": "compact"}),
+}
+
+
+def _config(tmp_path: Path) -> cfg.ClusterConfig:
+    return cfg.ClusterConfig(root=str(tmp_path), brokers=3, kafka_port=-1)
+
+
+def _stored(tmp_path: Path) -> list[dict[str, Any]]:
+    table = DeltaTable(metadata_path(str(tmp_path))).to_pyarrow_table().sort_by("offset")
+    return [json.loads(r) for r in table.column("record").to_pylist()]
+
+
+def _start_brokers(controller: Controller, count: int) -> dict[int, int]:
+    """Register and unfence brokers, as their first heartbeats would."""
+    epochs = {b: controller.register_broker(BrokerEndpoint(b, "127.0.0.1", 9000 + b), 100 + b)
+              for b in range(count)}
+    for b, epoch in epochs.items():
+        controller.heartbeat(b, epoch, controller.image().version, 0)
+    assert controller.live_brokers() == list(range(count))
+    return epochs
+
+
+def test_a_log_in_the_old_dict_form_replays_to_the_same_image(tmp_path: Path) -> None:
+    log = MetadataLog(metadata_path(str(tmp_path)))
+    for commit in OLD_LOG:
+        log.append(commit)
+    controller = Controller(_config(tmp_path))
+    image = controller.image()
+    assert image.cluster_id == "old-cluster"
+    assert image.topics == OLD_LOG_TOPICS
+    assert _stored(tmp_path) == [r for commit in OLD_LOG for r in commit]  # nothing added
+    # Producer ids go on after the reserved block; a transactional id keeps its id.
+    assert controller.init_producer_id() == (1000, 0)
+    assert controller.init_producer_id("tx") == (0, 0)
+
+
+def test_the_controller_writes_the_old_stored_form(tmp_path: Path) -> None:
+    controller = Controller(_config(tmp_path))
+    epochs = _start_brokers(controller, 3)
+    [created] = controller.create_topics(
+        [NewTopic("orders", replica_assignment={0: [0, 1], 1: [1, 2]},
+                  configs={"retention.ms": "1000"})], timeout_ms=0)
+    controller.alter_partition(0, epochs[0], "orders", 0, 0, [0, 1], [0])
+    controller.fence_broker(1, "test")
+    controller.alter_configs({"orders": [cfg.AlterConfigOp("retention.ms", cfg.DELETE)]},
+                             timeout_ms=0)
+    controller.init_producer_id("tx")
+    controller.delete_topics(["orders"], timeout_ms=0)
+    cluster_id, topic_id = controller.image().cluster_id, created.topic_id
+    assert _stored(tmp_path) == [
+        {"type": "cluster", "cluster_id": cluster_id},
+        {"type": "topic", "name": "orders", "topic_id": topic_id},
+        {"type": "partition", "topic": "orders", "partition": 0, "replicas": [0, 1],
+         "isr": [0, 1], "leader": 0, "leader_epoch": 0},
+        {"type": "partition", "topic": "orders", "partition": 1, "replicas": [1, 2],
+         "isr": [1, 2], "leader": 1, "leader_epoch": 0},
+        {"type": "config", "topic": "orders", "key": "retention.ms", "value": "1000"},
+        {"type": "partition_change", "topic": "orders", "partition": 0, "isr": [0]},
+        {"type": "partition_change", "topic": "orders", "partition": 1, "isr": [2],
+         "leader": 2, "leader_epoch": 1},
+        {"type": "config", "topic": "orders", "key": "retention.ms", "value": None},
+        {"type": "producer_ids", "end": PRODUCER_ID_BLOCK},
+        {"type": "transactional_id", "id": "tx", "producer_id": 0},
+        {"type": "remove_topic", "name": "orders", "topic_id": topic_id},
+    ]
+
+
+def test_a_restart_replays_the_log_to_the_same_image(tmp_path: Path) -> None:
+    controller = Controller(_config(tmp_path))
+    epochs = _start_brokers(controller, 3)
+    controller.create_topics([NewTopic("orders", 4, 3, configs={"retention.ms": "5"})],
+                             timeout_ms=0)
+    state = controller.image().topics["orders"].partitions[0]
+    controller.alter_partition(state.leader, epochs[state.leader], "orders", 0, 0,
+                               list(state.isr), [state.leader])
+    controller.shut_down_broker(2)
+    controller.elect_leaders("preferred")
+    before = controller.image()
+
+    restarted = Controller(_config(tmp_path))
+    after = restarted.image()
+    assert after.cluster_id == before.cluster_id
+    assert after.topics == before.topics
+    assert after.brokers == ()  # brokers are not in the log: they register again
+
+
+def test_only_changes_brokers_see_make_a_new_version(tmp_path: Path) -> None:
+    controller = Controller(_config(tmp_path))
+    epochs = _start_brokers(controller, 1)
+    version = controller.image().version
+    controller.init_producer_id("tx")
+    controller.create_topics([NewTopic("orders")], timeout_ms=0, validate_only=True)
+    assert controller.image().version == version
+    assert controller.image().topics == {}
+    controller.create_topics([NewTopic("orders")], timeout_ms=0)
+    assert controller.image().version == version + 1
+    stop, image, refresh = controller.heartbeat(0, epochs[0], version, 0)
+    assert not stop and image is not None and image.version == version + 1 and refresh == []
