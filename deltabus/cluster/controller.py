@@ -50,6 +50,7 @@ from deltabus.cluster.metadata_log import MetadataLog
 from deltabus.cluster.metadata_records import (
     ClusterIdRecord,
     ConfigRecord,
+    FenceBrokerRecord,
     MetadataRecord,
     to_stored,
 )
@@ -266,7 +267,11 @@ class Controller:
             result = broker_registry.register_broker(
                 self._state.brokers, endpoint, pid, brokers=self._config.brokers,
                 held=self._held, version=self._version)
-            self._commit_broker_change(result.records, leaving=endpoint.broker_id)
+            if any(isinstance(r, FenceBrokerRecord) for r in result.records):
+                # The old incarnation is fenced now: its partitions get new leader epochs.
+                self._commit_broker_change(result.records, leaving=endpoint.broker_id)
+            else:  # a new registration is fenced: it changes no partition until it catches up
+                self._commit(result.records)
             self._heartbeats.register(endpoint.broker_id, time.monotonic())
             epoch = result.response
             log.info("broker %d registered at %s (epoch %d, pid %d)",

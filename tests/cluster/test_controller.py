@@ -144,3 +144,20 @@ def test_only_changes_brokers_see_make_a_new_version(tmp_path: Path) -> None:
     assert controller.image().version == version + 1
     stop, image, refresh = controller.heartbeat(0, epochs[0], version, 0)
     assert not stop and image is not None and image.version == version + 1 and refresh == []
+
+
+def test_a_broker_registering_after_a_restart_changes_no_partition(tmp_path: Path) -> None:
+    controller = Controller(_config(tmp_path))
+    _start_brokers(controller, 3)
+    controller.create_topics([NewTopic("orders", 3, 3)], timeout_ms=0)
+    before = controller.image().topics
+    records = len(_stored(tmp_path))
+
+    restarted = Controller(_config(tmp_path))
+    epoch = restarted.register_broker(BrokerEndpoint(0, "127.0.0.1", 9000), 100)
+    assert restarted.image().topics == before  # fenced: it leads nothing, leaves no ISR
+    assert len(_stored(tmp_path)) == records
+    restarted.heartbeat(0, epoch, restarted.image().version, 0)  # caught up: unfenced
+    assert restarted.live_brokers() == [0]
+    for p in restarted.image().topics["orders"].partitions:
+        assert p.leader == 0 and p.leader_epoch == (0 if p.replicas[0] == 0 else 1)
