@@ -44,7 +44,7 @@ from deltabus.topics import INTERNAL_TOPICS, validate_topic_name
 
 log = logging.getLogger(__name__)
 
-ElectionResults = dict[tuple[str, int], errors.DeltaBusError | None]
+PartitionResults = dict[tuple[str, int], errors.DeltaBusError | None]
 Reassignment = tuple[str, int, list[int]]  # (topic, partition, target replicas)
 
 
@@ -270,7 +270,7 @@ def _elect(replicas: Sequence[int], isr: list[int], live: set[int],
 
 def elect_leaders(state: MetadataState, election_type: str,
                   partitions: list[tuple[str, int]] | None
-                  ) -> ControllerResult[ElectionResults]:
+                  ) -> ControllerResult[PartitionResults]:
     """Kafka's ElectLeaders. "preferred": give each partition its first replica as leader
     where that replica is live and in sync. "unclean": give a partition without a leader any
     live replica. `partitions` None means all; the answer is an error or None per partition."""
@@ -281,7 +281,7 @@ def elect_leaders(state: MetadataState, election_type: str,
     if partitions is None:
         partitions = [(t, p) for t, topic in sorted(state.topics.items())
                       for p in sorted(topic.partitions)]
-    results: ElectionResults = {}
+    results: PartitionResults = {}
     records: list[MetadataRecord] = []
     for topic, partition in partitions:
         s = state.partition(topic, partition)
@@ -321,11 +321,11 @@ def _choose_leader(election_type: str, s: PartitionRegistration,
 # ---- reassignments ---------------------------------------------------------------------------
 
 def reassign_partitions(state: MetadataState, targets: dict[tuple[str, int], list[int]]
-                        ) -> ControllerResult[tuple[ElectionResults, list[Reassignment]]]:
+                        ) -> ControllerResult[tuple[PartitionResults, list[Reassignment]]]:
     """Kafka's AlterPartitionReassignments, checked: the answer is an error or None per
     partition, and the reassignments to start (those whose replicas change). Nothing is written
     yet: the new replicas catch up first (`start_reassignments`)."""
-    results: ElectionResults = {}
+    results: PartitionResults = {}
     started: list[Reassignment] = []
     live = state.brokers.leader_candidates()
     for (topic, partition), replicas in targets.items():

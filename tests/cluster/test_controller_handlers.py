@@ -273,9 +273,8 @@ def test_reassignment_is_checked_started_and_completed(state: MetadataState) -> 
     assert records == [PartitionChangeRecord("orders", 0, replicas=(1, 2, 0),
                                              adding_replicas=(), removing_replicas=(0,))]
     moving = _apply(state, ControllerResult(records, None))
-    with pytest.raises(errors.InvalidRequestError, match="in progress"):
-        replication_control._check_reassignment(
-            "orders", 0, moving.partition("orders", 0), [1], {0, 1, 2})
+    again = replication_control.reassign_partitions(moving, {("orders", 0): [1]})
+    assert isinstance(again.response[0][("orders", 0)], errors.InvalidRequestError)
 
     done = replication_control.complete_reassignment(moving, "orders", 0)
     assert done.response == (0,)
