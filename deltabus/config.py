@@ -38,6 +38,9 @@ FETCH_RESPONSE_MAX_BYTES = 57_671_680
 FETCH_WAIT_MS_MAX = 60_000  # no long poll waits longer than this
 PARTITIONS_MAX = 10_000  # per topic
 TOPIC_NAME_LENGTH_MAX = 249  # Kafka's limit
+# Kafka's offset.metadata.max.bytes default: the longest metadata string an offset commit carries,
+# in UTF-8 bytes. The group config sets it; the offset store enforces it.
+OFFSET_METADATA_MAX_BYTES = 4096
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -282,7 +285,7 @@ class GroupConfig:
     # this long) expire; checked this often.
     offsets_retention_minutes: int = 7 * 24 * 60
     offsets_retention_check_interval_ms: int = 600_000
-    offset_metadata_max_bytes: int = 4096
+    offset_metadata_max_bytes: int = OFFSET_METADATA_MAX_BYTES
     # Commits queued within this long share one Delta commit of __consumer_offsets.
     offsets_commit_linger_ms: int = 5
     # The coordinator answers joins and syncs of this many members at once (server threads).

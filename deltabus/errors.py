@@ -4,7 +4,8 @@
     ├── one subclass per Kafka code    UnknownTopicOrPartitionError (3), NotLeaderOrFollowerError...
     │   raised by brokers and the controller, carried on the wire as `error_code` + message,
     │   and raised again by clients from the code (`error_for_code`)
-    └── ClientError                    client-side problems with no Kafka code (closed, timeout)
+    └── ClientError                    client-side problems with no Kafka code (closed, timeout,
+                                       a Spark query's data loss)
 
 Retry loops test `retriable` (try again later) and `invalid_metadata` (refresh metadata first: the
 leader moved), never a list of types. grpc and delta-rs exceptions are mapped into this tree in one
@@ -18,6 +19,7 @@ from __future__ import annotations
 __all__ = [
     "DeltaBusError",
     "ClientError",
+    "DataLossError",
     "KafkaTimeoutError",
     "LogTruncationError",
     "error_for_code",
@@ -173,6 +175,13 @@ class LogTruncationError(ClientError):
     the first offset that diverged and logs it."""
 
     name = "LOG_TRUNCATION"
+
+
+class DataLossError(ClientError):
+    """Records a Spark query should read are gone (retention, or a deleted topic): Spark's Kafka
+    source fails the same way, unless the query sets failOnDataLoss to false."""
+
+    name = "DATA_LOSS"
 
 
 class KafkaTimeoutError(ClientError):

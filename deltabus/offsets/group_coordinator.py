@@ -335,12 +335,6 @@ class GroupCoordinator:
         """OffsetCommit: members of the current generation, or a standalone consumer
         (generation -1, no member id) while the group has no members. Resolves once durable."""
         _check_group_id(group_id)
-        limit = self._config.offset_metadata_max_bytes
-        for (topic, partition), om in offsets.items():
-            if len(om.metadata.encode()) > limit:
-                raise errors.OffsetMetadataTooLargeError(
-                    f"metadata of {topic}-{partition} is longer than {limit} bytes "
-                    "(offset.metadata.max.bytes)")
         with self._lock:
             group = self._groups.get(group_id)
             if generation_id < 0 and not member_id:

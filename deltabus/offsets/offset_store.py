@@ -35,6 +35,7 @@ import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, write_deltalake
 from deltalake.exceptions import TableNotFoundError
 
+from deltabus import config as cfg
 from deltabus import errors
 
 log = logging.getLogger(__name__)
@@ -51,7 +52,6 @@ SCHEMA = pa.schema([
     pa.field("member_id", pa.string()),
     pa.field("generation_id", pa.int32()),
 ])
-METADATA_MAX_CHARS = 4096  # Kafka's offset.metadata.max.bytes (Kafka compares String.length())
 # Files a compaction removed stay this long, for readers still scanning an older version.
 VACUUM_RETENTION_HOURS = 1
 # Set when the store creates the table. Compaction destroys history anyway, so a short log keeps
@@ -117,6 +117,7 @@ class OffsetStore:
 
     def __init__(self, path: str, *, commit_linger_ms: int = 5, commit_batch_max: int = 10_000,
                  compact_min_rows: int = 10_000,
+                 metadata_max_bytes: int = cfg.OFFSET_METADATA_MAX_BYTES,
                  storage_options: dict[str, str] | None = None) -> None:
         if commit_linger_ms < 0 or commit_batch_max < 1 or compact_min_rows < 0:
             raise errors.InvalidConfigError(
@@ -124,6 +125,7 @@ class OffsetStore:
                 f"commit_batch_max {commit_batch_max} >= 1, compact_min_rows "
                 f"{compact_min_rows} >= 0")
         self.path = path
+        self.metadata_max_bytes = metadata_max_bytes
         self._linger_s = commit_linger_ms / 1000
         self._batch_max = commit_batch_max
         self._compact_min_rows = compact_min_rows
@@ -178,7 +180,7 @@ class OffsetStore:
         the whole batch it would have shared with other groups' commits."""
         commits = list(commits)
         for c in commits:
-            _check(c)
+            _check(c, self.metadata_max_bytes)
         return self._enqueue(_Request(commits, None, Future(), time.monotonic()))
 
     def delete_group(self, group_id: str) -> Future[None]:
@@ -436,7 +438,7 @@ def _open(path: str, storage_options: dict[str, str] | None) -> DeltaTable:
         raise errors.KafkaStorageError(f"cannot open {path}: {e}") from e
 
 
-def _check(c: OffsetCommit) -> None:
+def _check(c: OffsetCommit, metadata_max_bytes: int) -> None:
     """Kafka's limits, and values that fit the columns (a bad one would fail a shared append)."""
     if not isinstance(c, OffsetCommit):
         raise errors.InvalidRequestError(f"{c!r} is not an OffsetCommit")
@@ -460,10 +462,10 @@ def _check(c: OffsetCommit) -> None:
             f"{where}: commit timestamp {om.commit_timestamp_ms!r} out of range")
     if not isinstance(om.metadata, str):
         raise errors.InvalidRequestError(f"{where}: metadata {om.metadata!r} is not a string")
-    if len(om.metadata) > METADATA_MAX_CHARS:
+    if len(om.metadata.encode()) > metadata_max_bytes:
         raise errors.OffsetMetadataTooLargeError(
-            f"{where}: metadata of {len(om.metadata)} characters, more than "
-            f"{METADATA_MAX_CHARS} (offset.metadata.max.bytes)")
+            f"{where}: metadata of {len(om.metadata.encode())} bytes, more than "
+            f"{metadata_max_bytes} (offset.metadata.max.bytes)")
 
 
 def _fits(value: object, low: int, high: int) -> bool:

@@ -74,6 +74,19 @@ def _positive(options: dict[str, str], name: str) -> int | None:
     return number
 
 
+def _timestamp_ms(options: dict[str, str], name: str) -> int | None:
+    """A timestamp option: milliseconds since the epoch, as Spark's Kafka source takes it."""
+    value = options.get(name)
+    if not value:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise errors.InvalidConfigError(
+            f"option {name} must be a timestamp in milliseconds since the epoch, not {value!r}"
+        ) from None
+
+
 def bootstrap_servers(options: dict[str, str]) -> str:
     """The cluster address: `kafka.bootstrap.servers`, as Spark's Kafka source names it."""
     for name in ("kafka.bootstrap.servers", "bootstrap.servers"):
@@ -171,8 +184,7 @@ class SourceOptions:
             bootstrap=bootstrap_servers(options),
             subscribe=subscribe, pattern=pattern, assign=assign,
             starting=starting, ending=ending,
-            starting_timestamp=(int(options["startingtimestamp"])
-                                if options.get("startingtimestamp") else None),
+            starting_timestamp=_timestamp_ms(options, "startingtimestamp"),
             starting_by_timestamp=by_timestamp, timestamp_strategy=strategy,
             max_offsets_per_trigger=_positive(options, "maxoffsetspertrigger"),
             min_partitions=_positive(options, "minpartitions"),
@@ -213,9 +225,7 @@ class RangePartition(InputPartition):
         self.ranges = ranges
 
 
-class DataLossError(RuntimeError):
-    """Records a query should read are gone (retention, or a deleted topic): Spark's Kafka
-    source fails the same way, unless failOnDataLoss is false."""
+DataLossError = errors.DataLossError  # importable from deltabus.spark, as before
 
 
 def _data_loss(message: str, fail: bool) -> None:

@@ -229,3 +229,20 @@ def test_a_member_that_leaves_while_waiting_to_join_goes_at_once(coordinator):
         waiting.result(1)
     result = join(coordinator, a.member_id).result(1)
     assert result.members == [(a.member_id, b"m")]  # generation 2 is a alone
+
+
+def test_offset_metadata_up_to_the_configured_limit_is_stored(tmp_path: Path, clock: Clock):
+    """offset.metadata.max.bytes is enforced once, from the config: a cluster configured for
+    longer metadata stores it (the store once refused anything above a hard-coded 4096)."""
+    config = GroupConfig(group_min_session_timeout_ms=1000, group_initial_rebalance_delay_ms=0,
+                         offset_metadata_max_bytes=10_000)
+    store = OffsetStore(str(tmp_path / "o"), metadata_max_bytes=config.offset_metadata_max_bytes)
+    c = GroupCoordinator(store, config, clock)
+    try:
+        c.commit_offsets("g", -1, "", {("t", 0): OffsetAndMetadata(3, -1, "é" * 4000)}).result(5)
+        assert c.fetch_offsets("g")[("t", 0)].metadata == "é" * 4000  # 8,000 bytes
+        with pytest.raises(errors.OffsetMetadataTooLargeError):
+            c.commit_offsets("g", -1, "", {("t", 0): OffsetAndMetadata(4, -1, "é" * 5001)})
+        assert c.fetch_offsets("g")[("t", 0)].offset == 3
+    finally:
+        c.close()

@@ -17,8 +17,8 @@ import pytest
 from deltalake import DeltaTable
 
 from deltabus import errors
+from deltabus.config import OFFSET_METADATA_MAX_BYTES as METADATA_MAX_CHARS
 from deltabus.offsets.offset_store import (
-    METADATA_MAX_CHARS,
     OffsetAndMetadata,
     OffsetCommit,
     OffsetStore,
