@@ -297,6 +297,23 @@ class GroupConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class LogConfig:
+    """How a partition log commits and caches: a broker's come from its ClusterConfig
+    (`ClusterConfig.log_config`), whose fields of the same names default to these."""
+
+    # Group commit: produce requests for one partition gathered into one Delta commit.
+    group_commit_bytes_max: int = 32 * 1024 * 1024
+    group_commit_linger_ms: int = 1
+    # Recently committed batches kept in broker memory, so tail fetches never read Parquet.
+    log_cache_bytes_max: int = 64 * 1024 * 1024  # per partition
+    # Delta checkpoint every N commits keeps table open time flat however long the log grows.
+    checkpoint_interval: int = 100
+    pending_bytes_max: int = 256 * 1024 * 1024  # produce requests waiting for a commit
+    # How long a producer's batch that arrived ahead of its predecessor waits for it.
+    sequence_wait_ms: int = 10_000
+
+
+@dataclass(frozen=True, kw_only=True)
 class ClusterConfig:
     """Settings of one deltabus cluster: controller, brokers and their logs.
 
@@ -325,13 +342,11 @@ class ClusterConfig:
         default_factory=lambda: _env_int("DELTABUS_STARTUP_TIMEOUT_MS", 120_000))
     shutdown_timeout_ms: int = field(
         default_factory=lambda: _env_int("DELTABUS_SHUTDOWN_TIMEOUT_MS", 30_000))
-    # Group commit: produce requests for one partition gathered into one Delta commit.
-    group_commit_bytes_max: int = 32 * 1024 * 1024
-    group_commit_linger_ms: int = 1
-    # Recently committed batches kept in broker memory, so tail fetches never read Parquet.
-    log_cache_bytes_max: int = 64 * 1024 * 1024  # per partition
-    # Delta checkpoint every N commits keeps table open time flat however long the log grows.
-    checkpoint_interval: int = 100
+    # The brokers' partition logs (LogConfig says what each means).
+    group_commit_bytes_max: int = LogConfig.group_commit_bytes_max
+    group_commit_linger_ms: int = LogConfig.group_commit_linger_ms
+    log_cache_bytes_max: int = LogConfig.log_cache_bytes_max
+    checkpoint_interval: int = LogConfig.checkpoint_interval
     grpc_threads: int = 32
     # Replication. A follower that has not caught up with the leader's log end for this long
     # leaves the ISR (Kafka's replica.lag.time.max.ms).
@@ -380,6 +395,13 @@ class ClusterConfig:
             raise ValueError("the log cache must hold at least one group commit")
         if self.replica_lag_time_max_ms < 2 * self.replica_fetch_wait_max_ms:
             raise ValueError("replica.lag.time.max.ms must cover at least two follower fetches")
+
+    def log_config(self) -> LogConfig:
+        """The config of every partition log a broker of this cluster opens."""
+        return LogConfig(group_commit_bytes_max=self.group_commit_bytes_max,
+                         group_commit_linger_ms=self.group_commit_linger_ms,
+                         log_cache_bytes_max=self.log_cache_bytes_max,
+                         checkpoint_interval=self.checkpoint_interval)
 
     def topic_defaults(self) -> TopicConfig:
         """What a topic without overrides gets: Kafka's defaults, and this cluster's settings

@@ -15,6 +15,7 @@ from deltabus.config import (
     TOPIC_CONFIGS,
     AlterConfigOp,
     ClusterConfig,
+    LogConfig,
     TopicConfig,
     altered_overrides,
     topic_config,
@@ -81,6 +82,15 @@ def test_cluster_config_checks_relations() -> None:
                       broker_session_timeout_ms=6_000)
     with pytest.raises(ValueError):
         ClusterConfig(root="/tmp/x", group_commit_bytes_max=2, log_cache_bytes_max=1)
+
+
+def test_every_broker_log_gets_the_clusters_log_settings() -> None:
+    config = ClusterConfig(root="/tmp/x", group_commit_linger_ms=7, checkpoint_interval=12,
+                           group_commit_bytes_max=1 << 20, log_cache_bytes_max=1 << 21)
+    log = config.log_config()
+    assert (log.group_commit_linger_ms, log.checkpoint_interval, log.group_commit_bytes_max,
+            log.log_cache_bytes_max) == (7, 12, 1 << 20, 1 << 21)
+    assert ClusterConfig(root="/tmp/x").log_config() == LogConfig()  # one set of defaults
 
 
 def test_invalid_values_get_kafkas_messages() -> None:

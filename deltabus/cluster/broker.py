@@ -40,7 +40,6 @@ from deltabus.log_tables.layout import replica_path
 from deltabus.log_tables.partition_log import (
     EARLIEST_TIMESTAMP,
     AppendResult,
-    LogConfig,
     PartitionLog,
 )
 from deltabus.metadata import (
@@ -81,12 +80,7 @@ class Broker:
         self.spec = spec
         self.broker_id = spec.broker_id
         self._config = spec.config
-        self._log_config = LogConfig(
-            group_commit_bytes_max=spec.config.group_commit_bytes_max,
-            group_commit_linger_ms=spec.config.group_commit_linger_ms,
-            log_cache_bytes_max=spec.config.log_cache_bytes_max,
-            checkpoint_interval=spec.config.checkpoint_interval,
-        )
+        self._log_config = spec.config.log_config()
         self._image = empty_image()
         self._topic_configs: dict[str, cfg.TopicConfig] = {}
         self._partitions: dict[tuple[str, int], Partition] = {}

@@ -12,10 +12,11 @@ import time
 from typing import Any
 
 import pyarrow as pa
-from deltalake import CommitProperties, DeltaTable, write_deltalake
+from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import TableNotFoundError
 
 from deltabus import errors
+from deltabus.log_tables.delta_writes import commit_properties
 
 SCHEMA = pa.schema([
     pa.field("offset", pa.int64(), nullable=False),
@@ -59,7 +60,7 @@ class MetadataLog:
         }, schema=SCHEMA)
         try:
             write_deltalake(self._table, batch, mode="append",
-                            commit_properties=CommitProperties(max_commit_retries=20))
+                            commit_properties=commit_properties({"deltabus.operation": "metadata"}))
         except Exception as e:
             raise errors.KafkaStorageError(f"cannot write the metadata log: {e}") from e
         self.next_offset += n

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import posixpath
 import time
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,14 +36,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
-from deltalake import CommitProperties, DeltaTable, Transaction
+from deltalake import DeltaTable, Transaction
 from deltalake.transaction import AddAction, RemoveAction
 
+from deltabus.log_tables.delta_writes import commit_properties, removal_stamp, write_data_file
 from deltabus.log_tables.log_reader import data_files, leaf_columns, stats_json
-from deltabus.log_tables.retention import COMMIT_RETRIES, VACUUM_RETENTION_HOURS
 from deltabus.records import LOG_SCHEMA
 
-ROW_GROUP_RECORDS_MAX = 65_536  # as the broker writes: range reads skip row groups by offset
 _STATS = ["min.offset", "max.offset", "min.timestamp", "max.timestamp", "min.timestamp_type",
           "max.timestamp_type"]
 _COLUMNS = ["path", "size_bytes", "num_records", *_STATS]
@@ -156,7 +154,7 @@ def compact(table: DeltaTable, *, high_watermark: int, min_lag_ms: int, delete_r
     keep, tombstones_removed = retained(
         records, pa.chunked_array([c for t in tombstones for c in t.chunks], pa.bool_()),
         now_ms=now_ms, delete_retention_ms=delete_retention_ms)
-    stamp = now_ms - VACUUM_RETENTION_HOURS * 3_600_000 + delete_delay_ms
+    stamp = removal_stamp(now_ms, delete_delay_ms)
     actions: list[AddAction | RemoveAction] = []
     for i, path in enumerate(paths):
         if len(keep) == records.num_rows or pc.all(pc.is_in(scans[i].column("offset"),
@@ -165,23 +163,17 @@ def compact(table: DeltaTable, *, high_watermark: int, min_lag_ms: int, delete_r
         row = {name: files.column(name)[i].as_py() for name in files.column_names}
         data = pq.read_table(posixpath.join(base, path), filesystem=fs, schema=LOG_SCHEMA)
         data = data.filter(pc.is_in(data.column("offset"), keep)).sort_by("offset")
-        name = f"part-00000-{uuid.uuid4()}-c000.compacted.parquet"
-        with fs.open_output_stream(posixpath.join(base, name)) as out:
-            pq.write_table(data, out, row_group_size=ROW_GROUP_RECORDS_MAX,
-                           compression="snappy")
-        size = fs.get_file_info(posixpath.join(base, name)).size
+        name, size = write_data_file(fs, base, data, "compacted")
         actions.append(AddAction(name, size, {}, now_ms, False,
                                  kept_range_stats(row, data.num_rows)))
         actions.append(RemoveAction(path, False, stamp, row["size_bytes"]))
     # Also when nothing went: the range is clean, and the next run need not read it again.
     table.create_write_transaction(
         actions, mode="append", schema=LOG_SCHEMA,
-        commit_properties=CommitProperties(
-            custom_metadata={"deltabus.operation": "compact",
-                             "deltabus.cleanableEnd": str(end),
-                             "deltabus.removedRecords": str(records.num_rows - len(keep))},
-            app_transactions=[Transaction(CLEANED_TXN_APP_ID, end)],
-            max_commit_retries=COMMIT_RETRIES))
+        commit_properties=commit_properties(
+            {"deltabus.operation": "compact", "deltabus.cleanableEnd": str(end),
+             "deltabus.removedRecords": str(records.num_rows - len(keep))},
+            app_transactions=[Transaction(CLEANED_TXN_APP_ID, end)]))
     return Compacted(end, ratio, records.num_rows, records.num_rows - len(keep),
                      tombstones_removed, len(actions) // 2)
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import posixpath
 import time
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,14 +23,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
-from deltalake import CommitProperties, DeltaTable
+from deltalake import DeltaTable
 from deltalake.transaction import AddAction, RemoveAction
 
+from deltabus.log_tables.delta_writes import commit_properties, removal_stamp, write_data_file
 from deltabus.log_tables.log_reader import data_files, stats_json
-from deltabus.log_tables.retention import COMMIT_RETRIES, VACUUM_RETENTION_HOURS
 from deltabus.records import LOG_SCHEMA
 
-ROW_GROUP_RECORDS_MAX = 65_536  # as the broker writes: range reads skip row groups by offset
 _COLUMNS = ["path", "size_bytes", "num_records", "min.offset", "max.offset", "modification_time",
             "min.timestamp", "max.timestamp", "min.timestamp_type", "max.timestamp_type"]
 
@@ -109,24 +107,19 @@ def merge_small_files(table: DeltaTable, *, target_bytes: int, min_age_ms: int,
         data = pa.concat_tables(
             pq.read_table(posixpath.join(base, p), filesystem=fs, schema=LOG_SCHEMA)
             for p in paths).sort_by("offset")
-        name = f"part-00000-{uuid.uuid4()}-c000.merged.parquet"
-        with fs.open_output_stream(posixpath.join(base, name)) as out:
-            pq.write_table(data, out, row_group_size=ROW_GROUP_RECORDS_MAX,
-                           compression="snappy")
-        size = fs.get_file_info(posixpath.join(base, name)).size
+        name, size = write_data_file(fs, base, data, "merged")
         # the inputs are vacuumed file.delete.delay.ms from now, as retention's removals
-        stamp = now_ms - VACUUM_RETENTION_HOURS * 3_600_000 + delete_delay_ms
+        stamp = removal_stamp(now_ms, delete_delay_ms)
         actions: list[AddAction | RemoveAction] = [
             AddAction(name, size, {}, now_ms, False, stats_json(_stats_row(inputs, data.num_rows)))]
         actions += [RemoveAction(p, False, stamp, s) for p, s in zip(
             paths, inputs.column("size_bytes").to_pylist(), strict=True)]
         table.create_write_transaction(
             actions, mode="append", schema=LOG_SCHEMA,
-            commit_properties=CommitProperties(
-                custom_metadata={"deltabus.operation": "merge",
-                                 "deltabus.baseOffset": str(inputs.column("min.offset")[0]),
-                                 "deltabus.mergedFiles": str(len(paths))},
-                max_commit_retries=COMMIT_RETRIES))
+            commit_properties=commit_properties(
+                {"deltabus.operation": "merge",
+                 "deltabus.baseOffset": str(inputs.column("min.offset")[0]),
+                 "deltabus.mergedFiles": str(len(paths))}))
         merged += len(paths)
         records += data.num_rows
     return Merged(files.num_rows, files.num_rows - merged + len(runs), merged, records)

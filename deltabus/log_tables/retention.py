@@ -22,17 +22,16 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import CommitProperties, DeltaTable
+from deltalake import DeltaTable
 from deltalake.transaction import AddAction, RemoveAction
 
+from deltabus.log_tables.delta_writes import (
+    VACUUM_RETENTION_HOURS,
+    commit_properties,
+    removal_stamp,
+)
 from deltabus.log_tables.log_reader import data_files
 from deltabus.records import LOG_SCHEMA
-
-# delta-rs vacuums by whole hours of retention. The cleaner stamps its removals this long ago
-# minus `file.delete.delay.ms`, and vacuums with this retention: its files go after the delay,
-# files other writers removed (a truncation) after an hour.
-VACUUM_RETENTION_HOURS = 1
-COMMIT_RETRIES = 20
 
 _COLUMNS = ["path", "size_bytes", "num_records", "min.offset", "max.offset", "max.timestamp"]
 
@@ -100,17 +99,15 @@ def remove_below(table: DeltaTable, cut: int, *, delete_delay_ms: int,
     if doomed.num_rows == 0:
         return Removed(0, 0, 0, files.column("min.offset")[0].as_py())
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
-    stamp = now_ms - VACUUM_RETENTION_HOURS * 3_600_000 + delete_delay_ms
+    stamp = removal_stamp(now_ms, delete_delay_ms)
     actions: list[AddAction | RemoveAction] = [
         RemoveAction(path, False, stamp, size) for path, size in zip(
         doomed.column("path").to_pylist(), doomed.column("size_bytes").to_pylist(), strict=True)]
     start = files.column("min.offset")[doomed.num_rows].as_py()
     table.create_write_transaction(
         actions, mode="append", schema=LOG_SCHEMA,
-        commit_properties=CommitProperties(
-            custom_metadata={"deltabus.operation": "retention",
-                             "deltabus.logStartOffset": str(start)},
-            max_commit_retries=COMMIT_RETRIES))
+        commit_properties=commit_properties(
+            {"deltabus.operation": "retention", "deltabus.logStartOffset": str(start)}))
     return Removed(doomed.num_rows, int(pc.sum(doomed.column("num_records")).as_py()),
                    int(pc.sum(doomed.column("size_bytes")).as_py()), start)
 
@@ -120,4 +117,4 @@ def vacuum(table: DeltaTable) -> int:
     those other writers removed over an hour ago). Returns how many went."""
     return len(table.vacuum(retention_hours=VACUUM_RETENTION_HOURS, dry_run=False,
                             enforce_retention_duration=False,
-                            commit_properties=CommitProperties(max_commit_retries=COMMIT_RETRIES)))
+                            commit_properties=commit_properties({"deltabus.operation": "vacuum"})))

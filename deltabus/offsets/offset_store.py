@@ -37,6 +37,7 @@ from deltalake.exceptions import TableNotFoundError
 
 from deltabus import config as cfg
 from deltabus import errors
+from deltabus.log_tables.delta_writes import VACUUM_RETENTION_HOURS, commit_properties
 
 log = logging.getLogger(__name__)
 
@@ -52,8 +53,6 @@ SCHEMA = pa.schema([
     pa.field("member_id", pa.string()),
     pa.field("generation_id", pa.int32()),
 ])
-# Files a compaction removed stay this long, for readers still scanning an older version.
-VACUUM_RETENTION_HOURS = 1
 # Set when the store creates the table. Compaction destroys history anyway, so a short log keeps
 # `_delta_log` small (opening lists it); removed files stay in checkpoints a day, long enough for
 # the vacuum of a later compaction to see them, short enough that checkpoints stay small.
@@ -494,4 +493,4 @@ def _properties(operation: str, first_sequence: int | None = None) -> CommitProp
     metadata: dict[str, Any] = {"deltabus.operation": operation}
     if first_sequence is not None:
         metadata["deltabus.first_sequence"] = first_sequence
-    return CommitProperties(custom_metadata=metadata, max_commit_retries=20)
+    return commit_properties(metadata)

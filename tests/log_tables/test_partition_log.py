@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from deltabus import errors
-from deltabus.log_tables import partition_log
+from deltabus.log_tables import appender
 from deltabus.log_tables.partition_log import (
     EARLIEST_TIMESTAMP,
     LATEST_TIMESTAMP,
@@ -167,7 +167,7 @@ def test_failed_commit_fails_its_appends_and_leaves_no_gap(
     log: PartitionLog, path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     log.append(_batch([b"before"]), leader_epoch=0).result(RESULT_TIMEOUT_S)
-    real_write = partition_log.write_deltalake
+    real_write = appender.write_deltalake
     calls = {"n": 0}
 
     def fail_once(*args, **kwargs):
@@ -176,7 +176,7 @@ def test_failed_commit_fails_its_appends_and_leaves_no_gap(
             raise OSError("disk on fire")
         return real_write(*args, **kwargs)
 
-    monkeypatch.setattr(partition_log, "write_deltalake", fail_once)
+    monkeypatch.setattr(appender, "write_deltalake", fail_once)
     failed = log.append(_batch([b"lost", b"lost"]), leader_epoch=0)
     with pytest.raises(errors.KafkaStorageError) as info:
         failed.result(RESULT_TIMEOUT_S)
@@ -278,7 +278,7 @@ def test_read_after_reopen_comes_from_parquet_intact(path: Path) -> None:
     log.close()
     reopened = _open(path)
     try:
-        assert not reopened._cache  # nothing in memory: these reads are Parquet reads
+        assert not reopened._tail  # nothing in memory: these reads are Parquet reads
         for offset in range(sent.num_rows):
             _assert_records(_read_all(reopened, offset), sent, offset)
     finally:

@@ -11,8 +11,8 @@ import pytest
 from deltalake import DeltaTable
 
 from deltabus import errors
+from deltabus.log_tables.appender import LOG_TXN_APP_ID
 from deltabus.log_tables.partition_log import (
-    LOG_TXN_APP_ID,
     NO_PRODUCER,
     LogConfig,
     PartitionLog,

@@ -1,0 +1,442 @@
+"""The one writer of a partition table: group commit, offset assignment, checkpoints.
+
+Produce batches, a follower's copies (records or whole files) and truncations queue here, under
+the log's lock. The log's appender thread takes them in groups (`take`): produce batches that
+arrived within `group_commit.linger.ms` of each other, up to `group_commit_bytes_max`, become one
+Delta commit (`commit`), which gives them their offsets from the log end as it is written, so a
+failed commit leaves no gap. Every commit sets the Delta app transaction `deltabus.log` to the
+log end offset it leaves, so two processes writing one table conflict and one fails, and asks
+delta-rs for a checkpoint every `checkpoint_interval` commits.
+
+What a commit changed comes back as `Committed`; the log applies it to its offsets, cache, epochs
+and producers (partition_log.py).
+"""
+
+from __future__ import annotations
+
+import collections
+import posixpath
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+from deltalake import (
+    CommitProperties,
+    DeltaTable,
+    PostCommitHookProperties,
+    Transaction,
+    write_deltalake,
+)
+from deltalake.exceptions import DeltaError, TableNotFoundError
+from deltalake.transaction import AddAction, RemoveAction
+
+from deltabus import errors
+from deltabus.config import LogConfig
+from deltabus.log_tables.delta_writes import (
+    APPEND_COMMIT_RETRIES,
+    commit_properties,
+    writer_properties,
+)
+from deltabus.log_tables.log_reader import data_files
+from deltabus.log_tables.partition_reader import LogFile
+from deltabus.records import LOG_SCHEMA, ProducerState, to_log_batch
+
+LOG_TXN_APP_ID = "deltabus.log"  # Delta app transaction every commit of a log sets
+_CHECKPOINT = PostCommitHookProperties(create_checkpoint=True)
+# What the epoch list and producer state need of records copied as files.
+_STATE_COLUMNS = ["offset", "leader_epoch", "producer_id", "producer_epoch", "sequence"]
+
+
+@dataclass(frozen=True)
+class AppendResult:
+    base_offset: int
+    last_offset: int
+    log_append_time_ms: int
+    log_start_offset: int
+
+
+@dataclass
+class PendingAppend:
+    batch: pa.Table  # normalised produce batch; a log batch with its offsets when `copied`
+    nbytes: int
+    leader_epoch: int
+    timestamp_type: int
+    producer: ProducerState
+    future: Future[AppendResult]
+    copied: bool = False  # a follower's copy of the leader's records
+    fetch_offset: int = -1  # a copy: the offset the leader read it from (-1: its first)
+
+
+@dataclass
+class PendingFiles:
+    """Files copied from the leader into this table's directory, to be committed."""
+
+    files: list[tuple[str, LogFile]]  # (name in this table, the leader's file)
+    future: Future[AppendResult]
+    nbytes: int = 0
+
+
+@dataclass
+class PendingTruncate:
+    offset: int  # the new log end offset
+    future: Future[AppendResult]
+    nbytes: int = 0
+    # Kafka's truncateFullyAndStartAt: drop every record and continue at `offset`, which may be
+    # above the log end (a follower behind its leader's log start offset).
+    restart: bool = False
+
+
+Pending = PendingAppend | PendingFiles | PendingTruncate
+Work = list[PendingAppend] | PendingFiles | PendingTruncate
+
+
+@dataclass(frozen=True)
+class Committed:
+    """What one commit did, for the log to apply before it resolves the futures."""
+
+    kind: str  # "append", "copy", "files", "truncate" or "restart"
+    version: int  # the table version it made (the last one, if it made none)
+    end_offset: int  # the log end offset it leaves
+    # append and copy: the records written; files: their offset, epoch and producer columns
+    records: pa.Table | None
+    results: list[tuple[Future[AppendResult], int, int]]  # (future, first offset, last offset)
+    now_ms: int
+
+
+class CommitFailed(Exception):
+    """A commit failed, or could not be tried: nothing of it was written. The work's futures
+    fail with `error`, everything queued behind it with `pending_error` (order is kept), and
+    after a failed Delta commit (`reload`) the log trusts only what the table holds."""
+
+    def __init__(self, error: errors.DeltaBusError, pending_error: errors.DeltaBusError,
+                 reload: bool) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.pending_error = pending_error
+        self.reload = reload
+
+
+def storage_error(e: Exception, what: str) -> errors.DeltaBusError:
+    """The one place delta-rs failures become deltabus errors."""
+    return errors.KafkaStorageError(f"{what}: {type(e).__name__}: {e}")
+
+
+def log_offsets(table: DeltaTable) -> tuple[int, int]:
+    """(log start offset, log end offset) from the table alone: per-file offset statistics.
+
+    Open time does not grow with the number of commits: delta-rs loads the last checkpoint and
+    the commits after it, and the statistics are in the add actions it already holds.
+    """
+    actions = pa.table(table.get_add_actions(flatten=True))
+    if actions.num_rows == 0:  # empty, or emptied by restart_at: the last commit says where
+        end = table.transaction_version(LOG_TXN_APP_ID) or 0
+        return end, end
+    lo = pc.min(actions.column("min.offset")).as_py()
+    hi = pc.max(actions.column("max.offset")).as_py()
+    if lo is None or hi is None:  # files without statistics: read the column
+        offsets = table.to_pyarrow_dataset().to_table(columns=["offset"]).column("offset")
+        lo, hi = pc.min(offsets).as_py(), pc.max(offsets).as_py()
+    return int(lo), int(hi) + 1
+
+
+class LogAppender:
+    """The queue of a log's pending writes and the Delta commits that take them."""
+
+    def __init__(self, path: str, *, topic: str, partition: int, config: LogConfig,
+                 storage_options: dict[str, str] | None, lock: threading.Condition) -> None:
+        """Open (or create) the table at `path`. `lock` is the log's: it guards the queue."""
+        self.path = path
+        self._topic, self._partition = topic, partition
+        self._name = f"{topic}-{partition}"  # in messages
+        self._config = config
+        self._storage_options = storage_options
+        self._lock = lock
+        self.table = self._open_or_create()
+        self._table_base = self.table.version()  # loaded afresh at this version
+        self._fs, self._fs_base = pafs.FileSystem.from_uri(path)
+        self._pending: collections.deque[Pending] = collections.deque()
+        self.pending_bytes = 0
+        self.committing = False  # a group is taken off the queue but not yet committed
+
+    def _open_or_create(self) -> DeltaTable:
+        try:
+            return DeltaTable(self.path, storage_options=self._storage_options)
+        except TableNotFoundError:
+            pass
+        try:
+            return DeltaTable.create(
+                self.path,
+                LOG_SCHEMA,
+                mode="ignore",
+                name=self._name,
+                description=f"deltabus log of topic {self._topic} partition {self._partition}",
+                configuration={
+                    "delta.checkpointInterval": str(self._config.checkpoint_interval),
+                    "delta.dataSkippingNumIndexedCols": "3",
+                },
+                storage_options=self._storage_options,
+            )
+        except DeltaError as e:
+            raise storage_error(e, f"cannot create {self.path}") from e
+
+    # ---- the queue (the log's lock held) -------------------------------------------------------
+
+    def enqueue(self, item: Pending) -> None:
+        self._pending.append(item)
+        self.pending_bytes += item.nbytes
+        self._lock.notify_all()
+
+    def busy(self) -> bool:
+        return bool(self._pending) or self.committing
+
+    def queued(self) -> list[Pending]:
+        return list(self._pending)
+
+    def drain(self) -> list[Pending]:
+        """Take everything queued off the queue (to fail it)."""
+        items = list(self._pending)
+        self._pending.clear()
+        self.pending_bytes = 0
+        self._lock.notify_all()
+        return items
+
+    def take(self, closed: Callable[[], bool]) -> Work | None:
+        """Wait for pending work, linger briefly for produce appends, and take a group of
+        appends of one kind (produced or copied) up to the byte limit, or one file copy or
+        truncation. None once the log is closed and the queue drained."""
+        with self._lock:
+            while not self._pending and not closed():
+                self._lock.wait()
+            if not self._pending:
+                return None
+            head = self._pending[0]
+            if not isinstance(head, PendingAppend):
+                self._pending.popleft()
+                self.committing = True
+                return head
+            linger_s = self._config.group_commit_linger_ms / 1000
+            if linger_s > 0 and not closed() and not head.copied:
+                deadline = time.monotonic() + linger_s
+                while self.pending_bytes < self._config.group_commit_bytes_max and not closed():
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._lock.wait(left)
+            group: list[PendingAppend] = []
+            size = 0
+            while self._pending:
+                item = self._pending[0]
+                if (not isinstance(item, PendingAppend) or item.copied != head.copied
+                        or (group and size + item.nbytes > self._config.group_commit_bytes_max)):
+                    break
+                self._pending.popleft()
+                size += item.nbytes
+                group.append(item)
+            self.pending_bytes -= size
+            self.committing = True
+            self._lock.notify_all()
+            return group
+
+    def done(self) -> None:
+        """The work `take` gave out is committed or failed."""
+        with self._lock:
+            self.committing = False
+            self._lock.notify_all()
+
+    # ---- copying files (a follower's request thread) --------------------------------------------
+
+    def copy_in(self, files: list[LogFile]) -> list[tuple[str, LogFile]]:
+        """Copy a leader's data files, byte for byte, into this table's directory (not yet
+        part of the table): (name here, the leader's file) for each."""
+        copied = []
+        for leader_file in files:
+            name = posixpath.basename(leader_file.uri)
+            source_fs, source = pafs.FileSystem.from_uri(leader_file.uri)
+            target = posixpath.join(self._fs_base, name)
+            if source_fs.type_name == self._fs.type_name:
+                self._fs.copy_file(source, target)
+            else:
+                pafs.copy_files(source, target, source_filesystem=source_fs,
+                                destination_filesystem=self._fs)
+            copied.append((name, leader_file))
+        return copied
+
+    # ---- committing (the appender thread) -------------------------------------------------------
+
+    def commit(self, work: Work, log_end_offset: int) -> Committed:
+        """Make `work` one Delta commit continuing the log at `log_end_offset`. Raises
+        CommitFailed when nothing was written."""
+        if isinstance(work, PendingTruncate):
+            done = (self._commit_restart(work) if work.restart
+                    else self._commit_truncate(work, log_end_offset))
+        elif isinstance(work, PendingFiles):
+            done = self._commit_files(work, log_end_offset)
+        else:
+            done = self._commit_group(work, log_end_offset)
+        self._renew()
+        return done
+
+    def reload(self) -> tuple[int, int]:
+        """After a failed commit, trust only the table: reload it. (version, log end offset)."""
+        self.table = DeltaTable(self.path, storage_options=self._storage_options)
+        self._table_base = self.table.version()
+        return self.table.version(), log_offsets(self.table)[1]
+
+    def _properties(self, end_offset: int, metadata: dict[str, str]) -> CommitProperties:
+        return commit_properties(metadata, retries=APPEND_COMMIT_RETRIES,
+                                 app_transactions=[Transaction(LOG_TXN_APP_ID, end_offset)])
+
+    def _build_group(self, group: list[PendingAppend], base: int,
+                     now_ms: int) -> tuple[pa.Table, list[tuple[int, int]]]:
+        """The log batch a group commits, and each item's offsets. Produced batches get offsets
+        from the log end; copied ones continue it, in increasing offsets (gaps are records a
+        compacted topic's cleaner removed on the leader)."""
+        next_offset = base
+        parts = []
+        results = []
+        for item in group:
+            if item.copied:
+                first = item.batch.column("offset")[0].as_py()
+                gap = first > next_offset and item.fetch_offset != next_offset
+                if first < next_offset or gap or not _increasing(item.batch):
+                    raise errors.InvalidRecordError(
+                        f"copied records start at offset {first} but {self._name} continues "
+                        f"at {next_offset} (or are out of order)")
+                parts.append(item.batch)
+                last = item.batch.column("offset")[-1].as_py()
+            else:
+                parts.append(to_log_batch(
+                    item.batch, base_offset=next_offset, now_ms=now_ms,
+                    leader_epoch=item.leader_epoch, timestamp_type=item.timestamp_type,
+                    producer=item.producer))
+                first, last = next_offset, next_offset + item.batch.num_rows - 1
+            results.append((first, last))
+            next_offset = last + 1
+        # One chunk: delta-rs may write the chunks of a table in any order.
+        table = pa.concat_tables(parts).combine_chunks() if len(parts) > 1 else parts[0]
+        return table, results
+
+    def _commit_group(self, group: list[PendingAppend], base: int) -> Committed:
+        now_ms = int(time.time() * 1000)
+        copied = group[0].copied
+        try:
+            table, results = self._build_group(group, base, now_ms)
+            next_offset = results[-1][1] + 1
+            write_deltalake(
+                self.table,
+                table,
+                mode="append",
+                commit_properties=self._properties(next_offset, {
+                    "deltabus.operation": "copy" if copied else "append",
+                    "deltabus.baseOffset": str(base),
+                    "deltabus.lastOffset": str(next_offset - 1),
+                    "deltabus.batches": str(len(group)),
+                }),
+                post_commithook_properties=_CHECKPOINT,
+                writer_properties=writer_properties(),
+            )
+        except Exception as e:  # delta-rs, IO, a bad copy: no offset was given out
+            error = (e if isinstance(e, errors.DeltaBusError)
+                     else storage_error(e, f"append to {self._name} failed"))
+            raise CommitFailed(error, error, reload=True) from e
+        return Committed("copy" if copied else "append", self.table.version(), next_offset,
+                         table, [(item.future, first, last) for item, (first, last)
+                                 in zip(group, results, strict=True)], now_ms)
+
+    def _commit_files(self, item: PendingFiles, base: int) -> Committed:
+        expected = base
+        for _, leader_file in item.files:
+            if leader_file.base_offset != expected:
+                raise CommitFailed(
+                    errors.InvalidRecordError(
+                        f"copied file starts at offset {leader_file.base_offset} but "
+                        f"{self._name} continues at {expected}"),
+                    errors.InvalidRecordError("an earlier copy did not continue the log"),
+                    reload=False)
+            expected = leader_file.last_offset + 1
+        now_ms = int(time.time() * 1000)
+        actions: list[AddAction | RemoveAction] = [
+            AddAction(name, f.size_bytes, {}, now_ms, True, f.stats) for name, f in item.files]
+        try:
+            self.table.create_write_transaction(
+                actions, mode="append", schema=LOG_SCHEMA,
+                commit_properties=self._properties(expected, {
+                    "deltabus.operation": "copy", "deltabus.baseOffset": str(base),
+                    "deltabus.lastOffset": str(expected - 1),
+                    "deltabus.batches": str(len(actions))}),
+                post_commithook_properties=_CHECKPOINT)
+            self.table.update_incremental()  # unlike write_deltalake, it leaves the snapshot
+            written = pa.concat_tables(
+                pq.read_table(posixpath.join(self._fs_base, name), columns=_STATE_COLUMNS,
+                              filesystem=self._fs) for name, _ in item.files)
+        except Exception as e:
+            raise CommitFailed(storage_error(e, f"copying files into {self._name} failed"),
+                               storage_error(e, f"append to {self._name} failed"),
+                               reload=True) from e
+        return Committed("files", self.table.version(), expected, written.sort_by("offset"),
+                         [(item.future, base, expected - 1)], now_ms)
+
+    def _commit_truncate(self, item: PendingTruncate, log_end_offset: int) -> Committed:
+        offset = item.offset
+        if offset < log_end_offset:
+            try:
+                self.table.update_incremental()  # a delete from an older view would conflict
+                self.table.delete(
+                    f'"offset" >= {offset}',
+                    writer_properties=writer_properties(),
+                    commit_properties=self._properties(offset, {
+                        "deltabus.operation": "truncate", "deltabus.truncatedTo": str(offset)}),
+                    post_commithook_properties=_CHECKPOINT,
+                )
+            except Exception as e:
+                raise CommitFailed(storage_error(e, f"truncating {self._name} failed"),
+                                   storage_error(e, f"append to {self._name} failed"),
+                                   reload=True) from e
+        return Committed("truncate", self.table.version(), min(offset, log_end_offset), None,
+                         [(item.future, offset, offset - 1)], int(time.time() * 1000))
+
+    def _commit_restart(self, item: PendingTruncate) -> Committed:
+        """Remove every data file and record `item.offset` as the log end in the same commit
+        (the log app transaction), so a reopened empty table starts there too."""
+        offset = item.offset
+        now_ms = int(time.time() * 1000)
+        try:
+            self.table.update_incremental()
+            files = data_files(self.table, ["path", "size_bytes", "min.offset"])
+            actions: list[AddAction | RemoveAction] = [
+                RemoveAction(path, True, now_ms, size) for path, size in zip(
+                files.column("path").to_pylist(), files.column("size_bytes").to_pylist(),
+                strict=True)]
+            self.table.create_write_transaction(
+                actions, mode="append", schema=LOG_SCHEMA,
+                commit_properties=self._properties(offset, {
+                    "deltabus.operation": "restart", "deltabus.restartedAt": str(offset)}),
+                post_commithook_properties=_CHECKPOINT)
+            self.table.update_incremental()
+        except Exception as e:
+            raise CommitFailed(storage_error(e, f"restarting {self._name} failed"),
+                               storage_error(e, f"append to {self._name} failed"),
+                               reload=True) from e
+        return Committed("restart", self.table.version(), offset, None,
+                         [(item.future, offset, offset - 1)], now_ms)
+
+    def _renew(self) -> None:
+        """After a commit. delta-rs replays, on every commit, each commit made since the table
+        object was loaded (measured: 7 ms more a commit every 100 commits, 400 ms a commit after
+        5,000): every checkpoint_interval commits the object is loaded afresh from the latest
+        checkpoint, so commit time stays flat however long the broker runs."""
+        if self.table.version() - self._table_base >= self._config.checkpoint_interval:
+            self.table = DeltaTable(self.path, storage_options=self._storage_options)
+            self._table_base = self.table.version()
+
+
+def _increasing(table: pa.Table) -> bool:
+    offsets = table.column("offset").to_numpy()
+    return bool((np.diff(offsets) > 0).all())

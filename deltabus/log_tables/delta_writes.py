@@ -1,0 +1,63 @@
+"""How deltabus writes its Delta tables: the numbers every writer shares, each set once.
+
+The broker's appender, the log cleaner's retention, merge and compaction, the offset store and
+the metadata log all commit to Delta tables with delta-rs. What they must agree on lives here:
+the row-group size range reads rely on, how often a commit retries a conflict, and how a removed
+file is stamped so that `vacuum` deletes it after `file.delete.delay.ms`.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import uuid
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+from deltalake import CommitProperties, Transaction, WriterProperties
+
+# Row groups of a bounded size carry offset statistics, so a range read inside a large
+# group-committed (or merged) file skips the row groups it does not need.
+ROW_GROUP_RECORDS_MAX = 65_536
+# Conflicts a commit retries before it fails. Background writers (the cleaner, the offset store,
+# the metadata log) simply run again after a failure.
+COMMIT_RETRIES = 20
+# A broker's appends race the cleaner's commits on the same table, and a failed append fails
+# produce requests: they retry longer.
+APPEND_COMMIT_RETRIES = 50
+# delta-rs vacuums by whole hours of retention. The cleaner stamps its removals this long ago
+# minus `file.delete.delay.ms` (`removal_stamp`) and vacuums with this retention: its files go
+# after the delay, files other writers removed (a truncation, a compaction of the offsets table)
+# after an hour.
+VACUUM_RETENTION_HOURS = 1
+
+
+def writer_properties() -> WriterProperties:
+    """delta-rs writer settings for every data file deltabus writes through `write_deltalake`."""
+    return WriterProperties(max_row_group_size=ROW_GROUP_RECORDS_MAX)
+
+
+def commit_properties(metadata: dict[str, Any], *, retries: int = COMMIT_RETRIES,
+                      app_transactions: list[Transaction] | None = None) -> CommitProperties:
+    """A commit's properties: the commitInfo saying what it was (Delta history shows it), its
+    app transactions, and how many conflicts it retries."""
+    return CommitProperties(custom_metadata=metadata, app_transactions=app_transactions,
+                            max_commit_retries=retries)
+
+
+def removal_stamp(now_ms: int, delete_delay_ms: int) -> int:
+    """The deletion timestamp of a file removed now that `vacuum` (with
+    VACUUM_RETENTION_HOURS) must delete only after `delete_delay_ms`."""
+    return now_ms - VACUUM_RETENTION_HOURS * 3_600_000 + delete_delay_ms
+
+
+def write_data_file(fs: pafs.FileSystem, base: str, data: pa.Table, kind: str) -> tuple[str, int]:
+    """Write `data` as a new Parquet data file of the table at `base` (with the broker's row
+    groups); returns its name (relative to the table) and size, for the add action. `kind`
+    ends the name, saying which job wrote it."""
+    name = f"part-00000-{uuid.uuid4()}-c000.{kind}.parquet"
+    location = posixpath.join(base, name)
+    with fs.open_output_stream(location) as out:
+        pq.write_table(data, out, row_group_size=ROW_GROUP_RECORDS_MAX, compression="snappy")
+    return name, fs.get_file_info(location).size

@@ -1,0 +1,226 @@
+"""What a broker reads from its replica of a partition: offset ranges for fetches, whole files
+for followers, the records ListOffsets searches by timestamp.
+
+Recent commits are served from memory (`TailCache`), so tail fetches never read Parquet; older
+ranges from the data files holding them, and in those only the row groups whose offset statistics
+overlap (`log_reader`). The reader's table object follows the log's committed version and reloads
+from the latest checkpoint every `checkpoint_interval` versions, as the appender's does.
+"""
+
+from __future__ import annotations
+
+import collections
+import posixpath
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from urllib.parse import unquote
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+from deltalake import DeltaTable
+
+from deltabus.log_tables.log_reader import (
+    FILE_COLUMNS,
+    data_files,
+    files_overlapping,
+    offset_slice,
+    read_row_groups,
+    stats_json,
+)
+from deltabus.records import LOG_SCHEMA
+
+PARQUET_FILES_OPEN_MAX = 256  # footers kept per log; a file handle each
+# Statistics beyond the offsets that a copied file's add action carries (the table indexes its
+# first three columns: offset, timestamp, timestamp_type).
+_STATS_COLUMNS = ["min.timestamp", "max.timestamp", "min.timestamp_type", "max.timestamp_type",
+                  "null_count.offset", "null_count.timestamp", "null_count.timestamp_type"]
+
+
+@dataclass(frozen=True)
+class LogFile:
+    """One committed data file of a log: what a follower copies whole from its leader."""
+
+    uri: str
+    size_bytes: int
+    stats: str  # the add action's statistics (Delta JSON), copied into the follower's commit
+    base_offset: int
+    last_offset: int
+
+
+class TailCache:
+    """The log's most recent commits in memory, up to `bytes_max` (at least the last commit).
+
+    Always a suffix of the log: a commit that does not continue it (copied files) empties it.
+    Not locked itself: the log's lock guards every call.
+    """
+
+    def __init__(self, bytes_max: int) -> None:
+        self._bytes_max = bytes_max
+        self._tables: collections.deque[pa.Table] = collections.deque()
+        self._bytes = 0
+
+    def __bool__(self) -> bool:
+        return bool(self._tables)
+
+    def append(self, table: pa.Table) -> None:
+        self._tables.append(table)
+        self._bytes += table.nbytes
+        while self._bytes > self._bytes_max and len(self._tables) > 1:
+            self._bytes -= self._tables.popleft().nbytes
+
+    def clear(self) -> None:
+        self._tables.clear()
+        self._bytes = 0
+
+    def truncate(self, offset: int) -> None:
+        """Drop the records at or after `offset`."""
+        kept: collections.deque[pa.Table] = collections.deque()
+        for table in self._tables:
+            below = int(np.searchsorted(table.column("offset").to_numpy(), offset))
+            if below:
+                kept.append(table.slice(0, below))
+        self._tables = kept
+        self._bytes = sum(t.nbytes for t in kept)
+
+    def snapshot(self) -> list[pa.Table]:
+        """The cached commits now, to read outside the lock (tables never change)."""
+        return list(self._tables)
+
+
+def read_cached(cache: list[pa.Table], offset: int, end: int, max_bytes: int) -> pa.Table:
+    """Records [offset, end) of a `TailCache.snapshot`, about `max_bytes` of them."""
+    parts: list[pa.Table] = []
+    size = 0
+    for table in cache:
+        offsets = table.column("offset").to_numpy()
+        if offsets[-1] < offset:
+            continue
+        lo, hi = np.searchsorted(offsets, [offset, end])  # copies may have gaps
+        if hi <= lo:
+            break
+        part = table.slice(int(lo), int(hi - lo))
+        parts.append(part)
+        size += part.nbytes
+        if size >= max_bytes or offsets[-1] + 1 >= end:
+            break
+    return pa.concat_tables(parts) if parts else LOG_SCHEMA.empty_table()
+
+
+class PartitionReader:
+    """Reads one replica's committed data files. Thread-safe (its own lock)."""
+
+    def __init__(self, path: str, *, storage_options: dict[str, str] | None,
+                 checkpoint_interval: int, committed_version: Callable[[], int],
+                 on_log_start: Callable[[int], None]) -> None:
+        """`committed_version` says which version the log has committed (the reader catches
+        up to it before answering); `on_log_start` hears the first offset of the oldest file,
+        which moves up when the cleaner removes files. It is called with this reader's lock
+        held, and must take no lock that is held while calling into the reader."""
+        self.path = path
+        self._storage_options = storage_options
+        self._checkpoint_interval = checkpoint_interval
+        self._committed_version = committed_version
+        self._on_log_start = on_log_start
+        self._lock = threading.Lock()
+        self._table = DeltaTable(path, storage_options=storage_options)
+        self._table_base = self._table.version()  # loaded afresh at this version
+        self._files_version = -1
+        self._files_cache = pa.table({})
+        self._fs, self._fs_base = pafs.FileSystem.from_uri(path)
+        self._parquet_files: dict[str, pq.ParquetFile] = {}
+
+    def files(self) -> pa.Table:
+        """The table's data files (path, offsets, size, statistics), by first offset: delta-rs's
+        add actions of the committed version, cached per version."""
+        with self._lock:
+            if self._table.version() < self._committed_version():
+                self._update()
+            if self._files_version != self._table.version():
+                self._files_cache = data_files(self._table, [*FILE_COLUMNS, *_STATS_COLUMNS])
+                self._files_version = self._table.version()
+                if self._files_cache.num_rows:  # the cleaner may have removed the oldest files
+                    self._on_log_start(self._files_cache.column("min.offset")[0].as_py())
+            return self._files_cache
+
+    def refresh(self) -> None:
+        """Take in commits another process made (the log cleaner's)."""
+        with self._lock:
+            self._update()
+        self.files()
+
+    def parquet_files(self) -> Iterator[pq.ParquetFile]:
+        """The committed data files, opened, in offset order."""
+        for path in self.files().column("path").to_pylist():
+            yield self.parquet_file(path)
+
+    def read(self, offset: int, end: int, max_bytes: int) -> pa.Table:
+        """Records [offset, end) from Parquet, touching only the files, and row groups, that
+        hold them; stops after about `max_bytes`."""
+        parts: list[pa.Table] = []
+        size = 0
+        for path in files_overlapping(self.files(), offset, end).column("path").to_pylist():
+            for part in read_row_groups(self.parquet_file(path), offset, end):
+                parts.append(part)
+                size += part.nbytes
+                if size >= max_bytes:
+                    break
+            if size >= max_bytes:
+                break
+        return offset_slice(parts, offset, end)
+
+    def files_from(self, offset: int, max_bytes: int) -> list[LogFile]:
+        """The committed data files holding the log from exactly `offset` on, whole and in
+        order, about `max_bytes` of them (at least one): what a follower copies as files. Empty
+        when no file starts at `offset` (the follower then copies records)."""
+        files = self.files()
+        if files.num_rows == 0:
+            return []
+        firsts = files.column("min.offset").to_numpy()
+        i = int(np.searchsorted(firsts, offset))
+        out: list[LogFile] = []
+        size = 0
+        expected = offset
+        while i < files.num_rows and (not out or size < max_bytes):
+            row = {name: files.column(name)[i].as_py() for name in files.column_names}
+            first, last = row["min.offset"], row["max.offset"]
+            if first != expected:  # a compacted file covers its range with fewer records
+                break
+            out.append(LogFile(posixpath.join(self.path, unquote(row["path"])),
+                               row["size_bytes"], stats_json(row), first, last))
+            size += row["size_bytes"]
+            expected = last + 1
+            i += 1
+        return out
+
+    def offsets_and_timestamps(self, end: int) -> pa.Table:
+        """Offset and timestamp of every record below `end` (ListOffsets by timestamp)."""
+        with self._lock:
+            if self._table.version() != self._committed_version():
+                self._update()
+            dataset = self._table.to_pyarrow_dataset()
+        return dataset.to_table(columns=["offset", "timestamp"], filter=pc.field("offset") < end)
+
+    def parquet_file(self, path: str) -> pq.ParquetFile:
+        """An open Parquet file of this table (footers cached: files never change)."""
+        reader = self._parquet_files.get(path)
+        if reader is None:
+            location = posixpath.join(self._fs_base, unquote(path))
+            reader = pq.ParquetFile(self._fs.open_input_file(location))
+            if len(self._parquet_files) >= PARQUET_FILES_OPEN_MAX:
+                self._parquet_files.pop(next(iter(self._parquet_files)))
+            self._parquet_files[path] = reader
+        return reader
+
+    def _update(self) -> None:
+        """Lock held: bring the table to the latest version, loading it afresh from the latest
+        checkpoint every checkpoint_interval versions (delta-rs replays every commit since the
+        object was loaded, so a long-lived object slows down)."""
+        if self._committed_version() - self._table_base >= self._checkpoint_interval:
+            self._table = DeltaTable(self.path, storage_options=self._storage_options)
+            self._table_base = self._table.version()
+        else:
+            self._table.update_incremental()

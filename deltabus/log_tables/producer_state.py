@@ -1,0 +1,183 @@
+"""What a partition log knows of its idempotent producers: Kafka's ProducerStateManager.
+
+A producer's batches carry (producer id, producer epoch, base sequence). The log takes them in
+sequence order: a batch that arrives before its predecessor waits for it (pipelined requests may
+be served out of order), a retried one is answered with its first result (no duplicate), and an
+older epoch is fenced. A producer the log has not seen since it opened is rebuilt from the records
+it wrote; a follower builds its producers from the records it copies, so as a new leader it
+recognises their retries and next sequences.
+
+Not locked itself: the log's lock (a Condition) guards every call, and the out-of-order hold
+waits on it.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from deltabus import errors
+from deltabus.log_tables.appender import AppendResult
+from deltabus.log_tables.log_reader import leaf_columns
+from deltabus.records import ProducerState
+
+log = logging.getLogger(__name__)
+
+NO_PRODUCER = ProducerState()
+PRODUCER_BATCHES_REMEMBERED = 5  # as Kafka's broker: retries of the last 5 batches are answered
+_COLUMNS = ["offset", "producer_id", "producer_epoch", "sequence"]
+
+
+@dataclass
+class ProducerEntry:
+    """What the log knows of one idempotent producer: its epoch, the next sequence it must send,
+    the futures of its last few batches (to answer retries with their first result), and the
+    sequence runs a follower copied (first sequence, last sequence, first offset): a retry sent
+    to a new leader is answered with the offsets the old leader gave it."""
+
+    epoch: int
+    next_sequence: int
+    recent: collections.OrderedDict[int, Future[AppendResult]] = field(
+        default_factory=collections.OrderedDict)
+    copied: collections.deque[tuple[int, int, int]] = field(
+        default_factory=lambda: collections.deque(maxlen=PRODUCER_BATCHES_REMEMBERED))
+
+    def remember(self, base_sequence: int, future: Future[AppendResult]) -> None:
+        self.recent[base_sequence] = future
+        while len(self.recent) > PRODUCER_BATCHES_REMEMBERED:
+            self.recent.popitem(last=False)
+
+    def earlier(self, base_sequence: int, records: int) -> Future[AppendResult] | None:
+        """The result of a batch written before (a retry), if it is still remembered."""
+        future = self.recent.get(base_sequence)
+        if future is not None:
+            return future
+        for first_seq, last_seq, first_offset in self.copied:
+            if first_seq <= base_sequence and base_sequence + records - 1 <= last_seq:
+                base = first_offset + base_sequence - first_seq
+                future = Future()
+                future.set_result(AppendResult(base, base + records - 1, -1, -1))
+                return future
+        return None
+
+
+class ProducerStateManager:
+    """The idempotent producers of one log (see the module docstring)."""
+
+    def __init__(self, name: str, lock: threading.Condition,
+                 data_files: Callable[[], Iterable[pq.ParquetFile]],
+                 sequence_wait_ms: int) -> None:
+        """`name` names the log in messages; `data_files` gives the log's committed Parquet
+        files, in offset order, to rebuild a producer from."""
+        self._name = name
+        self._lock = lock
+        self._data_files = data_files
+        self._sequence_wait_ms = sequence_wait_ms
+        self._producers: dict[int, ProducerEntry] = {}
+
+    def await_turn(self, producer: ProducerState, records: int,
+                   closed: Callable[[], bool]) -> tuple[ProducerEntry, Future[AppendResult] | None]:
+        """Wait (lock held) until `producer`'s batch of `records` is next in its sequence, or
+        the log closes. Returns the producer's entry, and the first append's future when the
+        batch is a retry of one already taken. Raises when the epoch is fenced, the sequence
+        was written too long ago to answer, or its predecessor did not come in time."""
+        deadline = time.monotonic() + self._sequence_wait_ms / 1000
+        while True:
+            entry = self._entry(producer)
+            if producer.producer_epoch < entry.epoch:
+                raise errors.InvalidProducerEpochError(
+                    f"producer {producer.producer_id} epoch {producer.producer_epoch} is older "
+                    f"than {entry.epoch}")
+            if producer.base_sequence < entry.next_sequence:
+                earlier = entry.earlier(producer.base_sequence, records)
+                if earlier is None:
+                    log.warning("%s: producer %d sequence %d is below %d and not remembered",
+                                self._name, producer.producer_id, producer.base_sequence,
+                                entry.next_sequence)
+                    raise errors.DuplicateSequenceNumberError(
+                        f"sequence {producer.base_sequence} of producer {producer.producer_id} "
+                        f"was written long ago (next is {entry.next_sequence})")
+                return entry, earlier
+            if producer.base_sequence == entry.next_sequence or closed():
+                return entry, None
+            left = deadline - time.monotonic()
+            if left <= 0:  # never skip the gap: its batch may still come, and be lost then
+                log.warning("%s: producer %d sequence %d waited %d ms for %d (remembered %s, "
+                            "copied %s)", self._name, producer.producer_id,
+                            producer.base_sequence, self._sequence_wait_ms, entry.next_sequence,
+                            list(entry.recent), list(entry.copied)[-3:])
+                raise errors.OutOfOrderSequenceNumberError(
+                    f"producer {producer.producer_id} sent sequence {producer.base_sequence} "
+                    f"but {entry.next_sequence} is next on {self._name}")
+            self._lock.wait(left)
+
+    def note_copied(self, table: pa.Table) -> None:
+        """Take in the producers' state from records a follower copied (offsets, producer id,
+        epoch and sequence columns, in offset order)."""
+        pids = table.column("producer_id").to_numpy()
+        if not (pids >= 0).any():
+            return
+        seqs = table.column("sequence").to_numpy()
+        epochs = table.column("producer_epoch").to_numpy()
+        offsets = table.column("offset").to_numpy()
+        for pid in np.unique(pids[pids >= 0]):
+            rows = np.nonzero(pids == pid)[0]
+            breaks = np.nonzero((np.diff(seqs[rows]) != 1) | (np.diff(offsets[rows]) != 1)
+                                | (np.diff(epochs[rows]) != 0))[0] + 1
+            for run in np.split(rows, breaks):
+                first, last = int(run[0]), int(run[-1])
+                epoch = int(epochs[last])
+                entry = self._producers.get(int(pid))
+                if entry is None or epoch > entry.epoch:
+                    entry = self._producers[int(pid)] = ProducerEntry(epoch, 0)
+                elif epoch < entry.epoch:
+                    continue
+                entry.next_sequence = max(entry.next_sequence, int(seqs[last]) + 1)
+                entry.copied.append((int(seqs[first]), int(seqs[last]), int(offsets[first])))
+
+    def clear(self) -> None:
+        """Forget every producer (the log was truncated, or a commit failed): each is rebuilt
+        from the table on its next batch."""
+        self._producers.clear()
+
+    def _entry(self, producer: ProducerState) -> ProducerEntry:
+        """What the log knows of a producer; one it has not seen since it opened is looked up
+        in the table (its first batch may be a retry of one written before a restart or by an
+        earlier leader)."""
+        pid = producer.producer_id
+        if pid not in self._producers:
+            written = producer_rows(self._data_files(), pid)
+            if written is not None:
+                self.note_copied(written)
+        entry = self._producers.get(pid)
+        if entry is None or producer.producer_epoch > entry.epoch:
+            entry = self._producers[pid] = ProducerEntry(producer.producer_epoch, 0)
+        return entry
+
+
+def producer_rows(files: Iterable[pq.ParquetFile], producer_id: int) -> pa.Table | None:
+    """The records one producer wrote (offset, producer id, epoch, sequence), in offset order,
+    or None. Only row groups whose producer_id statistics may hold it are read: a new producer's
+    id is above every id written before, so for it this reads no data at all."""
+    parts = []
+    for reader in files:
+        column = leaf_columns(reader).get("producer_id")
+        for group in range(reader.metadata.num_row_groups):
+            stats = (reader.metadata.row_group(group).column(column).statistics
+                     if column is not None else None)
+            if stats is not None and stats.has_min_max and not (
+                    stats.min <= producer_id <= stats.max):
+                continue
+            part = reader.read_row_group(group, columns=_COLUMNS)
+            parts.append(part.filter(pc.equal(part.column("producer_id"), producer_id)))
+    return pa.concat_tables(parts).sort_by("offset") if parts else None

@@ -1,0 +1,132 @@
+"""The parts a PartitionLog is made of, each on its own (no Delta table): the producer state,
+the leader epochs and the tail cache."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Future
+
+import pyarrow as pa
+import pytest
+
+from deltabus import errors
+from deltabus.log_tables.appender import AppendResult
+from deltabus.log_tables.leader_epochs import LeaderEpochCache, epoch_starts
+from deltabus.log_tables.partition_reader import TailCache, read_cached
+from deltabus.log_tables.producer_state import ProducerStateManager
+from deltabus.records import ProducerState
+
+
+def _records(offsets: list[int], epochs: list[int] | None = None, pid: int = -1,
+             seqs: list[int] | None = None) -> pa.Table:
+    n = len(offsets)
+    return pa.table({
+        "offset": pa.array(offsets, pa.int64()),
+        "leader_epoch": pa.array(epochs or [0] * n, pa.int32()),
+        "producer_id": pa.array([pid] * n, pa.int64()),
+        "producer_epoch": pa.array([0] * n, pa.int16()),
+        "sequence": pa.array(seqs or [-1] * n, pa.int32()),
+    })
+
+
+def _manager(wait_ms: int = 10_000) -> tuple[ProducerStateManager, threading.Condition]:
+    lock = threading.Condition()
+    return ProducerStateManager("t-0", lock, lambda: [], wait_ms), lock
+
+
+def _take(manager: ProducerStateManager, producer: ProducerState, records: int,
+          future: Future[AppendResult]) -> Future[AppendResult] | None:
+    """What PartitionLog.append does with the producer state: wait for the turn, then take."""
+    entry, duplicate = manager.await_turn(producer, records, lambda: False)
+    if duplicate is not None:
+        return duplicate
+    entry.next_sequence = producer.base_sequence + records
+    entry.remember(producer.base_sequence, future)
+    return None
+
+
+def test_a_retried_batch_gets_its_first_result_and_an_old_epoch_is_fenced() -> None:
+    manager, lock = _manager()
+    first: Future[AppendResult] = Future()
+    with lock:
+        assert _take(manager, ProducerState(7, 0, 0), 5, first) is None
+        assert _take(manager, ProducerState(7, 0, 0), 5, Future()) is first
+        assert _take(manager, ProducerState(7, 1, 0), 3, Future()) is None  # a new epoch
+        with pytest.raises(errors.InvalidProducerEpochError):
+            manager.await_turn(ProducerState(7, 0, 5), 1, lambda: False)
+
+
+def test_a_batch_ahead_of_its_predecessor_waits_then_fails_out_of_order() -> None:
+    manager, lock = _manager(wait_ms=50)
+    with lock:
+        _take(manager, ProducerState(3, 0, 0), 2, Future())
+        with pytest.raises(errors.OutOfOrderSequenceNumberError):
+            manager.await_turn(ProducerState(3, 0, 4), 1, lambda: False)  # 2 and 3 never came
+
+
+def test_a_waiting_batch_goes_once_its_predecessor_is_taken() -> None:
+    manager, lock = _manager()
+    with lock:
+        _take(manager, ProducerState(3, 0, 0), 1, Future())
+    waiting = threading.Event()
+    turns: list[int] = []
+
+    def checked() -> bool:  # await_turn asks this just before it waits (its lock held)
+        waiting.set()
+        return False
+
+    def later() -> None:
+        with lock:
+            entry, _ = manager.await_turn(ProducerState(3, 0, 2), 1, checked)
+            turns.append(entry.next_sequence)
+
+    waiter = threading.Thread(target=later)
+    waiter.start()
+    assert waiting.wait(60), "the batch ahead of its turn did not wait"
+    with lock:  # the waiter released the lock to wait: sequence 1 comes now
+        assert turns == []
+        _take(manager, ProducerState(3, 0, 1), 1, Future())
+        lock.notify_all()
+    waiter.join()
+    assert turns == [2]
+
+
+def test_copied_records_answer_a_retry_with_the_old_leaders_offsets() -> None:
+    manager, lock = _manager()
+    with lock:
+        manager.note_copied(_records([40, 41, 42], pid=9, seqs=[0, 1, 2]))
+        retry = manager.await_turn(ProducerState(9, 0, 1), 2, lambda: False)[1]
+        assert retry is not None and retry.result() == AppendResult(41, 42, -1, -1)
+        manager.clear()  # forgotten, and nothing in the table to rebuild it from
+        assert manager.await_turn(ProducerState(9, 0, 0), 1, lambda: False)[1] is None
+
+
+def test_leader_epochs_answer_where_an_epoch_ends() -> None:
+    epochs = LeaderEpochCache("t-0", [])
+    assert epochs.end_offset_for(3, 0) == (-1, -1) and epochs.latest == -1
+    epochs.assign(_records([0, 1, 2, 3, 4], epochs=[1, 1, 3, 3, 3]))
+    epochs.assign(_records([5, 6], epochs=[2, 5]))  # an older epoch is refused (logged)
+    assert epochs.latest == 5
+    assert epochs.end_offset_for(1, 7) == (1, 2)
+    assert epochs.end_offset_for(2, 7) == (1, 2)  # no epoch 2: the largest below it
+    assert epochs.end_offset_for(4, 7) == (3, 6)
+    assert epochs.end_offset_for(9, 7) == (5, 7)
+    assert epochs.end_offset_for(0, 7) == (0, 0)  # older than all: the first epoch's start
+    epochs.truncate_from(2)
+    assert epochs.latest == 1 and epochs.end_offset_for(9, 2) == (1, 2)
+    assert epoch_starts(_records([8, 9, 10], epochs=[4, 4, 6])) == [(4, 8), (6, 10)]
+
+
+def test_the_tail_cache_keeps_the_newest_commits_and_truncates() -> None:
+    commits = [_records(list(range(i * 10, i * 10 + 10))) for i in range(4)]
+    cache = TailCache(bytes_max=commits[0].nbytes * 2)
+    for table in commits:
+        cache.append(table)
+    held = cache.snapshot()
+    assert [t.column("offset")[0].as_py() for t in held] == [20, 30]  # the newest two
+    assert read_cached(held, 25, 35, 1 << 20).column("offset").to_pylist() == list(range(25, 35))
+    cache.truncate(33)
+    assert read_cached(cache.snapshot(), 20, 40, 1 << 20).column("offset").to_pylist() == list(
+        range(20, 33))
+    cache.clear()
+    assert not cache
