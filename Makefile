@@ -42,8 +42,11 @@ run: setup
 test: setup lint
 	$(PY) -m pytest -q $(ARGS)
 
+# The benchmarks (bench/, a development tool beside tests/, not installed): the README's figures.
+# Smaller and quicker, e.g. ARGS="--records 10000 --drain-records 10000 --small-commits 20";
+# `$(PY) -m bench --help` lists every size.
 bench: setup
-	$(PY) -m deltabus.cli.main bench $(ARGS)
+	$(PY) -m bench $(ARGS)
 
 # Fault injection for longer than `make test` runs it (issue 14): DELTABUS_SOAK_S seconds of
 # broker kills per run (240 by default). The soak file's name is outside pytest's test_*.py
@@ -59,8 +62,8 @@ protos: setup
 
 # House style: ruff and mypy clean (part of `make test`).
 lint: setup
-	$(VENV)/bin/ruff check deltabus tests
-	$(VENV)/bin/mypy deltabus
+	$(VENV)/bin/ruff check deltabus tests bench
+	$(VENV)/bin/mypy deltabus bench
 
 clean:
 	rm -rf data .pytest_cache build *.egg-info

@@ -5,6 +5,9 @@ may import only from the layers its own layer lists. grpc and the generated prot
 the doors (`rpc/`) and the clients: `cluster/`, `log_tables/`, `offsets/` and the pure modules
 work in domain types. The walk reads the source (every import, also those inside functions), so
 it needs no Spark and fails on the first edge a change adds against the rules.
+
+Beside the package, `bench/` (`make bench`) and `tests/` are development tools, not installed:
+they import deltabus, and deltabus imports neither (an installed deltabus would not find them).
 """
 
 from __future__ import annotations
@@ -61,9 +64,9 @@ def layer(module: str) -> str:
     raise AssertionError(f"{module} is in no layer: add it to LAYERS")
 
 
-def modules() -> dict[str, pathlib.Path]:
+def modules(package: pathlib.Path = PACKAGE) -> dict[str, pathlib.Path]:
     out = {}
-    for path in PACKAGE.rglob("*.py"):
+    for path in package.rglob("*.py"):
         rel = path.relative_to(ROOT).with_suffix("")
         parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
         if "v1" in parts:
@@ -115,3 +118,21 @@ def test_every_module_has_a_layer() -> None:
     assert len(MODULES) > 50
     for module in MODULES:
         layer(module)
+
+
+DEVELOPMENT_TOOLS = ("bench", "tests")
+
+
+def test_the_package_imports_no_development_tool() -> None:
+    wrong = sorted(f"{module} imports {target}" for module, path in MODULES.items()
+                   for target in imports(module, path)
+                   if target.split(".")[0] in DEVELOPMENT_TOOLS)
+    assert wrong == []
+
+
+def test_the_bench_imports_deltabus_not_the_tests() -> None:
+    bench = modules(ROOT / "bench")
+    assert "bench.run" in bench
+    found = {target for module, path in bench.items() for target in imports(module, path)}
+    assert "deltabus.client.producer" in found  # the walk sees the bench's imports
+    assert sorted(t for t in found if t.split(".")[0] == "tests") == []

@@ -6,9 +6,13 @@
     deltabus console-producer     kafka-console-producer.sh
     deltabus console-consumer     kafka-console-consumer.sh
     deltabus consumer-groups      kafka-consumer-groups.sh
+    deltabus leader-election      kafka-leader-election.sh
+    deltabus reassign-partitions  kafka-reassign-partitions.sh
     deltabus perf producer        kafka-producer-perf-test.sh
     deltabus perf consumer        kafka-consumer-perf-test.sh
-    deltabus bench                the project's benchmark (`make bench`)
+
+The project's own benchmark is no command here: it is the `bench` package beside `deltabus`
+(`make bench`), a development tool that is not installed.
 
 Every failure a user can cause ends as one line, `Error: <message>`, on stderr, never a traceback:
 exit 2 for a command line argparse rejects, 1 for bad input found later or a DeltaBusError. A
@@ -24,7 +28,6 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from deltabus.cli import (
-    bench,
     cluster_command,
     config_command,
     console_consumer,
@@ -77,7 +80,6 @@ def build_parser() -> argparse.ArgumentParser:
     perf_commands = perf.add_subparsers(dest="perf_command", metavar="COMMAND", required=True)
     producer_performance.add_parser(perf_commands, parent)
     consumer_performance.add_parser(perf_commands, parent)
-    bench.add_parser(commands, parent)
     for sub in _all_parsers(parser):
         sub.allow_abbrev = False  # `--partition` must never pass for `--partitions`
     return parser

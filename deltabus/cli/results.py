@@ -1,5 +1,5 @@
-"""Writing benchmark figures as JSON, the one format every perf command and `bench` share, so
-runs can be compared by a script rather than by reading terminal output."""
+"""Writing benchmark figures as JSON, the one format every perf command and the project's bench
+(`make bench`) share, so runs can be compared by a script rather than by reading terminal output."""
 
 from __future__ import annotations
 

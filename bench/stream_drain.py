@@ -5,19 +5,22 @@ Both run in the same Spark session, on the same data files (the partition leader
 tables), with the same columns into Spark's `noop` sink. The JVM's JIT keeps speeding Spark's
 own Parquet reader up over the first few reads (2.9 -> 6.4 M records/s over four reads here), so
 one read of each compares whatever state the JIT was in: after a warm-up of each on a small topic
-and one untimed round on the big one, ROUNDS interleaved rounds are timed and the medians are
-compared. The streaming rate is Spark's own measure, input rows over the micro-batches' trigger
-time (`processedRowsPerSecond`); the wall time from `start()` to the end, query start-up included,
-is reported beside it.
+and one untimed round on the big one, `rounds` interleaved rounds (3 by default) are timed and
+the medians are compared. The streaming rate is Spark's own measure, input rows over the
+micro-batches' trigger time (`processedRowsPerSecond`); the wall time from `start()` to the end,
+query start-up included, is reported beside it.
 
 Each round also times a Python data source that yields Arrow batches already in memory (the same
 records, no I/O at all): what Spark's Python data source path itself can carry on this machine,
-the ceiling for any reader built on it, as deltabus's source is.
+the ceiling for any reader built on it, as deltabus's source is. That source's class is
+pickled by value, so Spark's Python workers need not find the `bench` package, which is not
+installed.
 """
 
 from __future__ import annotations
 
 import statistics
+import sys
 import tempfile
 import time
 import uuid
@@ -26,6 +29,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
+from pyspark import cloudpickle
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from deltabus.client.admin import AdminClient
@@ -36,8 +40,7 @@ from deltabus.metadata import NewTopic
 from deltabus.spark.source import kafka_schema, to_kafka_columns
 
 PARTITIONS = 4
-WARM_UP_RECORDS = 200_000
-ROUNDS = 3
+WARM_UP_RECORDS_MAX = 200_000  # the small topic warming each reader up
 COLUMNS = ["key", "value", "offset", "timestamp", "timestamp_type"]  # what the source reads
 
 
@@ -127,14 +130,15 @@ def memory_read(spark: Any, files: list[str], records: int, topic: str) -> float
 
 def stream_drain(spark: Any, bootstrap: str, topic: str) -> dict[str, float]:
     """A query from the earliest offsets until the topic is drained (availableNow)."""
-    checkpoint = tempfile.mkdtemp(prefix="deltabus-bench-checkpoint-")
-    start = time.perf_counter()
-    query = (spark.readStream.format("deltabus").option("kafka.bootstrap.servers", bootstrap)
-             .option("subscribe", topic).option("startingOffsets", "earliest").load()
-             .writeStream.format("noop").option("checkpointLocation", checkpoint)
-             .trigger(availableNow=True).start())
-    query.awaitTermination()
-    wall = time.perf_counter() - start
+    with tempfile.TemporaryDirectory(prefix="deltabus-bench-checkpoint-") as checkpoint:
+        start = time.perf_counter()
+        query = (spark.readStream.format("deltabus")
+                 .option("kafka.bootstrap.servers", bootstrap).option("subscribe", topic)
+                 .option("startingOffsets", "earliest").load()
+                 .writeStream.format("noop").option("checkpointLocation", checkpoint)
+                 .trigger(availableNow=True).start())
+        query.awaitTermination()
+        wall = time.perf_counter() - start
     if query.exception() is not None:
         raise RuntimeError(f"the streaming query failed: {query.exception()}")
     progress = query.recentProgress
@@ -143,38 +147,39 @@ def stream_drain(spark: Any, bootstrap: str, topic: str) -> dict[str, float]:
     return {"rows": rows, "trigger_s": trigger_s, "wall_s": wall, "batches": len(progress)}
 
 
-def drain_vs_parquet(spark: Any, bootstrap: str, values: pa.Table,
-                     records: int) -> dict[str, Any]:
-    """Medians of ROUNDS interleaved rounds of the direct read, the in-memory ceiling and the
+def drain_vs_parquet(spark: Any, bootstrap: str, values: pa.Table, records: int,
+                     rounds: int) -> dict[str, Any]:
+    """Medians of `rounds` interleaved rounds of the direct read, the in-memory ceiling and the
     streaming query, each round's figures kept beside them."""
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
     spark.dataSource.register(MemorySource)
     run_id = uuid.uuid4().hex[:8]
     warm, topic = f"bench-drain-warm-{run_id}", f"bench-drain-{run_id}"
-    rounds: list[dict[str, float]] = []
+    timed: list[dict[str, float]] = []
     with AdminClient(bootstrap) as admin:
         admin.create_topics([NewTopic(warm, PARTITIONS, 1), NewTopic(topic, PARTITIONS, 1)])
         try:
-            fill(bootstrap, warm, values, WARM_UP_RECORDS)
+            fill(bootstrap, warm, values, min(WARM_UP_RECORDS_MAX, records))
             direct_read(spark, leader_files(bootstrap, warm))
             stream_drain(spark, bootstrap, warm)
             fill(bootstrap, topic, values, records)
             files = leader_files(bootstrap, topic)
             memory_files = [files[0]] * PARTITIONS
-            for i in range(ROUNDS + 1):  # the first round warms up
+            for i in range(rounds + 1):  # the first round warms up
                 direct_s = direct_read(spark, files)
                 memory_s = memory_read(spark, memory_files, records, topic)
                 stream = stream_drain(spark, bootstrap, topic)
                 if stream["rows"] != records:
                     raise RuntimeError(f"the query read {stream['rows']} records, not {records}")
                 if i:
-                    rounds.append({"direct_rps": records / direct_s,
-                                   "memory_rps": records / memory_s,
-                                   "stream_rps": records / stream["trigger_s"],
-                                   "stream_wall_rps": records / stream["wall_s"]})
+                    timed.append({"direct_rps": records / direct_s,
+                                  "memory_rps": records / memory_s,
+                                  "stream_rps": records / stream["trigger_s"],
+                                  "stream_wall_rps": records / stream["wall_s"]})
         finally:
             admin.delete_topics([warm, topic])
-    median = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
+    median = {k: statistics.median(r[k] for r in timed) for k in timed[0]}
     return {"records": records, **median,
             "stream_vs_direct": median["stream_rps"] / median["direct_rps"],
             "memory_vs_direct": median["memory_rps"] / median["direct_rps"],
-            "micro_batches": stream["batches"], "rounds": rounds}
+            "micro_batches": stream["batches"], "rounds": timed}

@@ -1,9 +1,9 @@
-"""Consumer-group steps of `deltabus bench`: offset commits at scale, and rebalance time.
+"""Consumer-group steps of the bench: offset commits at scale, and rebalance time.
 
-    (h) 100 consumers, each committing its offsets every 100 ms for a few seconds: commits per
-        second the coordinator and `__consumer_offsets` sustain, and commit latency
-    (i) a group of 10 members on a 10-partition topic; one leaves (close): the time until the
-        other nine hold every partition again
+    (h) 100 consumers (by default), each committing its offsets every 100 ms for a few seconds:
+        commits per second the coordinator and `__consumer_offsets` sustain, and commit latency
+    (i) a group of 10 members (by default) on a topic of as many partitions; one leaves (close):
+        the time until the others hold every partition again
 """
 
 from __future__ import annotations
@@ -14,31 +14,29 @@ import time
 
 from deltabus.client.consumer import Consumer, TopicPartition
 
-COMMITTERS = 100
 COMMIT_INTERVAL_S = 0.1
-COMMIT_RUN_S = 5.0
-GROUP_MEMBERS = 10
 POLL_MS = 50
 SETTLE_TIMEOUT_S = 120.0
 
 
-def offset_commits(bootstrap: str, topic: str) -> dict[str, float]:
+def offset_commits(bootstrap: str, topic: str, count: int, run_s: float) -> dict[str, float]:
     """`committers` in a process of their own: in the driver's process they would compete with
     the coordinator for one interpreter lock, which no deployment does."""
     context = multiprocessing.get_context("spawn")
     with context.Pool(1) as pool:
-        return dict(pool.apply(committers, (bootstrap, topic)))
+        return dict(pool.apply(committers, (bootstrap, topic, count, run_s)))
 
 
-def committers(bootstrap: str, topic: str) -> dict[str, float]:
-    """Each consumer (its own group, as 100 applications would be) commits an advancing offset
-    every COMMIT_INTERVAL_S; returns commits/s achieved, the rate asked for, and latencies."""
+def committers(bootstrap: str, topic: str, count: int, run_s: float) -> dict[str, float]:
+    """`count` consumers, each its own group (as that many applications would be), commit an
+    advancing offset every COMMIT_INTERVAL_S for `run_s`; returns commits/s achieved, the rate
+    asked for, and latencies."""
     consumers = [Consumer(bootstrap, group_id=f"bench-commit-{i}", client_id=f"committer-{i}")
-                 for i in range(COMMITTERS)]
+                 for i in range(count)]
     latencies: list[float] = []
     lock = threading.Lock()
     start = time.monotonic()
-    stop_at = start + COMMIT_RUN_S
+    stop_at = start + run_s
 
     def commit_loop(consumer: Consumer) -> None:
         """commit_async every interval, as applications (and Kafka's auto-commit) do."""
@@ -67,20 +65,23 @@ def committers(bootstrap: str, topic: str) -> dict[str, float]:
         for c in consumers:
             c.close()  # waits for its async commits
     elapsed = time.monotonic() - start
+    if not latencies:
+        raise RuntimeError("offset commits: no commit succeeded")
     latencies.sort()
-    return {"commits_per_s": len(latencies) / elapsed,
-            "asked_per_s": COMMITTERS / COMMIT_INTERVAL_S,
+    return {"committers": count, "commits_per_s": len(latencies) / elapsed,
+            "asked_per_s": count / COMMIT_INTERVAL_S,
             "p50_ms": latencies[len(latencies) // 2],
             "p99_ms": latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))]}
 
 
-def rebalance_time(bootstrap: str, topic: str) -> float:
-    """Seconds from one member's close() until the other nine cover every partition again."""
+def rebalance_time(bootstrap: str, topic: str, count: int) -> float:
+    """Seconds from one member's close() until the other `count - 1` cover every partition
+    again; the topic has `count` partitions, one for each member before one leaves."""
     group = f"bench-rebalance-{topic}"
     stop = threading.Event()
     members = [Consumer(bootstrap, group_id=group, client_id=f"member-{i}",
                         session_timeout_ms=10_000, heartbeat_interval_ms=1_000)
-               for i in range(GROUP_MEMBERS)]
+               for i in range(count)]
     assigned: dict[int, set[TopicPartition]] = {}
     lock = threading.Lock()
 
@@ -93,7 +94,7 @@ def rebalance_time(bootstrap: str, topic: str) -> float:
                 if i in assigned:
                     assigned[i] = consumer.assignment()
 
-    everything = {TopicPartition(topic, p) for p in range(GROUP_MEMBERS)}
+    everything = {TopicPartition(topic, p) for p in range(count)}
 
     def covered(expected_members: int) -> bool:
         with lock:
@@ -101,19 +102,20 @@ def rebalance_time(bootstrap: str, topic: str) -> float:
         return (len(sets) == expected_members and all(len(s) == 1 for s in sets)
                 and set().union(*sets) == everything)
 
-    for i in range(GROUP_MEMBERS):
+    for i in range(count):
         assigned[i] = set()
-    threads = [threading.Thread(target=member, args=(i,)) for i in range(GROUP_MEMBERS)]
+    threads = [threading.Thread(target=member, args=(i,)) for i in range(count)]
     for t in threads:
         t.start()
     try:
-        _wait(lambda: covered(GROUP_MEMBERS), "the group of 10 to form")
+        _wait(lambda: covered(count), f"the group of {count} to form")
         with lock:
             del assigned[0]  # member 0's thread stops polling
         threads[0].join()
         started = time.monotonic()
         members[0].close()
-        _wait(lambda: _nine_cover(assigned, lock, everything), "the nine to take over")
+        _wait(lambda: _rest_cover(assigned, lock, everything, count - 1),
+              f"the other {count - 1} to take over")
         return time.monotonic() - started
     finally:
         stop.set()
@@ -123,11 +125,11 @@ def rebalance_time(bootstrap: str, topic: str) -> float:
             c.close()
 
 
-def _nine_cover(assigned: dict[int, set[TopicPartition]], lock: threading.Lock,
-                everything: set[TopicPartition]) -> bool:
+def _rest_cover(assigned: dict[int, set[TopicPartition]], lock: threading.Lock,
+                everything: set[TopicPartition], rest: int) -> bool:
     with lock:
         sets = list(assigned.values())
-    return len(sets) == GROUP_MEMBERS - 1 and set().union(*sets) == everything
+    return len(sets) == rest and set().union(*sets) == everything
 
 
 def _wait(condition: object, what: str) -> None:

@@ -1,6 +1,6 @@
-"""Bench step (k): a partition table after 10,000 small commits, before and after small-file
-compaction: how long the broker's log takes to open it, and how fast it reads the whole log back
-(the fetch path from Parquet, no cache), both measured on the same table in the same run.
+"""Bench step (k): a partition table after 10,000 small commits (by default), before and after
+small-file compaction: how long the broker's log takes to open it, and how fast it reads the whole
+log back (the fetch path from Parquet, no cache), both measured on the same table in the same run.
 
 The commits are made by a PartitionLog one append at a time (group commit cannot merge them), as a
 trickle of small produce requests would leave them; the merge is the log cleaner's

@@ -1,0 +1,161 @@
+"""Bench steps (a)-(g): the physical limit, produce, fetch and produce-to-consume latency.
+
+    (a) straight write_deltalake of the produce batches: the physical limit of this machine
+    (b) bulk produce (send_batch) of the same batches; (f) the same with acks=all and RF 3
+    (c) per-record send()
+    (d) fetch of the whole topic with poll_batch, from the beginning
+    (e) produce-to-consume latency: one small record every ~2 ms, linger.ms=0; (g) with acks=all
+
+Each function returns its figure; the caller owns the topics. A fetch or a latency wait gives up
+after IDLE_MS_MAX with nothing new, so a stuck cluster ends the bench instead of hanging it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Iterator
+
+import pyarrow as pa
+from deltalake import write_deltalake
+
+from bench.sizes import VALUE_BYTES
+from deltabus import config as cfg
+from deltabus.cli.producer_performance import payload
+from deltabus.client.consumer import Consumer, TopicPartition
+from deltabus.client.producer import Producer
+from deltabus.errors import KafkaTimeoutError
+from deltabus.records import normalize_produce, to_log_batch
+
+LATENCY_INTERVAL_S = 0.002
+WARM_UP = b"warm-up"
+IDLE_MS_MAX = 10_000  # a fetch or a latency wait giving up after this long with nothing new
+
+
+def _chunks(values: pa.Table, records: int) -> Iterator[pa.Table]:
+    for first in range(0, records, values.num_rows):
+        yield values.slice(0, min(values.num_rows, records - first))
+
+
+def straight_write(path: str, values: pa.Table, records: int) -> float:
+    """Records/s of write_deltalake appending the log batches the broker would write."""
+    batches, offset = [], 0
+    for chunk in _chunks(values, records):
+        batches.append(to_log_batch(normalize_produce(chunk), base_offset=offset,
+                                    now_ms=int(time.time() * 1000), leader_epoch=0))
+        offset += chunk.num_rows
+    start = time.perf_counter()
+    for batch in batches:
+        write_deltalake(path, batch, mode="append")
+    return records / (time.perf_counter() - start)
+
+
+def bulk_produce(bootstrap: str, topic: str, values: pa.Table, records: int,
+                 acks: int | str = 1) -> float:
+    """Records/s of send_batch, from the first call until every chunk is acked."""
+    with Producer(bootstrap, acks=acks) as producer:
+        producer.send(topic, WARM_UP).get(30)  # metadata and channels outside the timing
+        start = time.perf_counter()
+        futures = [f for chunk in _chunks(values, records)
+                   for f in producer.send_batch(topic, chunk)]
+        producer.flush()
+        elapsed = time.perf_counter() - start
+        for future in futures:
+            future.get(0)  # raises the first failure, if any
+    return records / elapsed
+
+
+def send_each(bootstrap: str, topic: str, records: int) -> float:
+    """Records/s of a plain send() loop (linger.ms=5, acks=1), flush included."""
+    value = payload(VALUE_BYTES)
+    with Producer(bootstrap, acks=1) as producer:
+        producer.send(topic, WARM_UP).get(30)
+        start = time.perf_counter()
+        last = None
+        for _ in range(records):
+            last = producer.send(topic, value)
+        producer.flush()
+        elapsed = time.perf_counter() - start
+        if last is not None:
+            last.get(0)
+    return records / elapsed
+
+
+def fetch_all(bootstrap: str, topic: str) -> tuple[int, float]:
+    """(records, records/s) reading the whole topic with poll_batch from offset 0."""
+    tp = TopicPartition(topic, 0)
+    with Consumer(bootstrap, fetch_max_bytes=cfg.FETCH_MAX_BYTES,
+                  max_partition_fetch_bytes=cfg.FETCH_MAX_BYTES) as consumer:
+        consumer.assign([tp])
+        consumer.seek_to_beginning(tp)
+        end = consumer.end_offsets([tp])[tp]
+        count, last = 0, time.monotonic()
+        start = time.perf_counter()
+        while count < end and (time.monotonic() - last) * 1000 < IDLE_MS_MAX:
+            got = sum(t.num_rows for t in consumer.poll_batch(timeout_ms=1000).values())
+            if got:
+                count, last = count + got, time.monotonic()
+        elapsed = time.perf_counter() - start
+    if count < end:
+        raise RuntimeError(f"fetch stalled: {count} of {end} records in {elapsed:.1f} s")
+    return count, count / elapsed
+
+
+def latency(bootstrap: str, topic: str, run_s: float, acks: int | str = 1) -> dict[str, float]:
+    """Produce-to-consume latency (ms): a consumer thread polls while one small record is sent
+    every ~2 ms for `run_s` with linger.ms=0; latency is the consume time minus the record's
+    timestamp, which the producer sets at send time (both clocks are this process's)."""
+    tp = TopicPartition(topic, 0)
+    consumer = Consumer(bootstrap)
+    consumer.assign([tp])
+    consumer.seek_to_end(tp)
+    consumer.position(tp)
+    latencies: list[float] = []
+    stop = threading.Event()
+
+    def consume() -> None:
+        while not stop.is_set():
+            for record in consumer.poll(timeout_ms=100):
+                if record.value != WARM_UP:  # its latency includes opening the channels
+                    latencies.append(time.time() * 1000 - record.timestamp)
+
+    reader = threading.Thread(target=consume, name="deltabus-bench-consumer", daemon=True)
+    reader.start()
+    sent = _send_paced(bootstrap, topic, acks, run_s)
+    deadline = time.monotonic() + IDLE_MS_MAX / 1000
+    while len(latencies) < sent and time.monotonic() < deadline:
+        time.sleep(0.05)
+    stop.set()
+    reader.join(5)
+    consumer.close()
+    ordered = sorted(latencies)
+    if not ordered:
+        raise RuntimeError("latency: no record came back")
+
+    def pct(q: float) -> float:
+        return ordered[min(int(len(ordered) * q), len(ordered) - 1)]
+
+    return {"sent": sent, "received": len(ordered), "p50": pct(0.5), "p95": pct(0.95),
+            "p99": pct(0.99), "max": ordered[-1]}
+
+
+def _send_paced(bootstrap: str, topic: str, acks: int | str, run_s: float) -> int:
+    """Send one 16-byte record every LATENCY_INTERVAL_S for `run_s`; returns the count.
+
+    Waits at most IDLE_MS_MAX for the acks: a backlog must not stretch the bench without end.
+    """
+    producer = Producer(bootstrap, acks=acks, linger_ms=0)
+    try:
+        producer.send(topic, WARM_UP).get(30)
+        sent = 0
+        start = next_at = time.monotonic()
+        while time.monotonic() - start < run_s:
+            producer.send(topic, b"x" * 16, timestamp_ms=int(time.time() * 1000))
+            sent += 1
+            next_at += LATENCY_INTERVAL_S
+            time.sleep(max(0.0, next_at - time.monotonic()))
+    finally:
+        with contextlib.suppress(KafkaTimeoutError):
+            producer.close(timeout=IDLE_MS_MAX / 1000)
+    return sent

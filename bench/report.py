@@ -1,0 +1,96 @@
+"""The bench's targets, its PASS/MISS verdicts, and the table it prints at the end.
+
+The targets are the project's (README, Performance): the bulk target is relative as well as
+absolute, because what a 2-core laptop can write to Delta bounds every figure, and step (a) says
+what that bound was on the run.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+TARGETS = {"bulk_rps": 500_000, "bulk_vs_straight": 0.70, "send_rps": 150_000,
+           "fetch_rps": 1_000_000, "latency_p50_ms": 50.0,
+           "replicated_vs_bulk": 0.5, "replicated_latency_p99_ms": 150.0,
+           "commits_vs_asked": 0.9, "rebalance_s": 3.0, "stream_vs_direct": 0.8,
+           "merged_open_speedup": 1.0, "merged_fetch_speedup": 1.0}
+
+
+def judge(f: dict[str, Any]) -> dict[str, bool]:
+    """PASS/MISS per target."""
+    return {
+        "bulk": f["bulk_rps"] >= TARGETS["bulk_rps"]
+        and f["bulk_vs_straight"] >= TARGETS["bulk_vs_straight"],
+        "send": f["send_rps"] >= TARGETS["send_rps"],
+        "fetch": f["fetch_rps"] >= TARGETS["fetch_rps"],
+        "latency": f["latency_ms"]["p50"] <= TARGETS["latency_p50_ms"],
+        "replicated": f["replicated_vs_bulk"] >= TARGETS["replicated_vs_bulk"],
+        "replicated_latency": (f["replicated_latency_ms"]["p99"]
+                               <= TARGETS["replicated_latency_p99_ms"]),
+        "commits": (f["offset_commits"]["commits_per_s"]
+                    >= TARGETS["commits_vs_asked"] * f["offset_commits"]["asked_per_s"]),
+        "rebalance": f["rebalance_s"] <= TARGETS["rebalance_s"],
+        "drain": f["drain"]["stream_vs_direct"] >= TARGETS["stream_vs_direct"],
+        "small_files": (f["small_files"]["open_speedup"] >= TARGETS["merged_open_speedup"]
+                        and f["small_files"]["fetch_speedup"] >= TARGETS["merged_fetch_speedup"]),
+    }
+
+
+def report(f: dict[str, Any], ok: dict[str, bool]) -> str:
+    """The table printed at the end: measured figure, target, PASS/MISS."""
+    lat, rlat, oc, dr, sf = (f["latency_ms"], f["replicated_latency_ms"], f["offset_commits"],
+                             f["drain"], f["small_files"])
+    rows = [
+        ("(a) straight write_deltalake", f"{f['straight_write_rps']:,.0f} rec/s",
+         "the physical limit", ""),
+        ("(b) bulk produce, send_batch",
+         f"{f['bulk_rps']:,.0f} rec/s ({f['bulk_vs_straight']:.0%} of a)",
+         f">= {TARGETS['bulk_rps']:,} and >= {TARGETS['bulk_vs_straight']:.0%} of a", ok["bulk"]),
+        ("(c) per-record send()", f"{f['send_rps']:,.0f} rec/s",
+         f">= {TARGETS['send_rps']:,}", ok["send"]),
+        ("(d) fetch, poll_batch", f"{f['fetch_rps']:,.0f} rec/s",
+         f">= {TARGETS['fetch_rps']:,}", ok["fetch"]),
+        ("(e) produce-to-consume latency",
+         (f"p50 {lat['p50']:.1f} / p95 {lat['p95']:.1f} / p99 {lat['p99']:.1f} ms "
+          f"({lat['received']}/{lat['sent']} back)"),
+         f"p50 <= {TARGETS['latency_p50_ms']:.0f} ms", ok["latency"]),
+        ("(f) bulk, acks=all, RF 3",
+         f"{f['replicated_rps']:,.0f} rec/s ({f['replicated_vs_bulk']:.0%} of b)",
+         f">= {TARGETS['replicated_vs_bulk']:.0%} of b", ok["replicated"]),
+        ("(g) latency, acks=all, RF 3",
+         (f"p50 {rlat['p50']:.1f} / p95 {rlat['p95']:.1f} / p99 {rlat['p99']:.1f} ms "
+          f"({rlat['received']}/{rlat['sent']} back)"),
+         f"p99 <= {TARGETS['replicated_latency_p99_ms']:.0f} ms", ok["replicated_latency"]),
+        (f"(h) offset commits, {oc['committers']} consumers",
+         (f"{oc['commits_per_s']:,.0f}/s of {oc['asked_per_s']:,.0f} asked, latency p50 "
+          f"{oc['p50_ms']:.0f} / p99 {oc['p99_ms']:.0f} ms"),
+         f">= {TARGETS['commits_vs_asked']:.0%} of asked", ok["commits"]),
+        (f"(i) rebalance, {f['group_members']} members, 1 leaves", f"{f['rebalance_s']:.2f} s",
+         f"<= {TARGETS['rebalance_s']:.0f} s", ok["rebalance"]),
+        (f"(j) stream drain, {dr['records'] / 1e6:g} M records",
+         (f"{dr['stream_rps']:,.0f} rec/s ({dr['stream_vs_direct']:.0%} of direct Parquet "
+          f"{dr['direct_rps']:,.0f}; Python source ceiling {dr['memory_rps']:,.0f} = "
+          f"{dr['memory_vs_direct']:.0%}; {dr['stream_wall_rps']:,.0f} with start-up; "
+          f"medians of {len(dr['rounds'])})"),
+         f">= {TARGETS['stream_vs_direct']:.0%} of direct Parquet", ok["drain"]),
+        (f"(k) {sf['commits']:,} small commits, merged",
+         (f"open {sf['before']['open_ms']:,.0f} -> {sf['after']['open_ms']:,.0f} ms, fetch "
+          f"{sf['before']['fetch_rps']:,.0f} -> {sf['after']['fetch_rps']:,.0f} rec/s; "
+          f"{sf['files_before']:,} -> {sf['files_after']} files in {sf['merge_s']:.1f} s"),
+         "faster after the merge", ok["small_files"]),
+    ]
+    if "kafka" in f:
+        k = f["kafka"]
+        rows.append((f"(l) perf workload, {k['records']:,} records",
+                     (f"produce: Kafka client {k['kafka_produce_rps']:,.0f}, gRPC "
+                      f"{k['grpc_produce_rps']:,.0f} rec/s; consume: Kafka client "
+                      f"{k['kafka_consume_rps']:,.0f}, gRPC {k['grpc_consume_rps']:,.0f} rec/s"),
+                     "reported side by side", ""))
+    title = (f"deltabus bench: {f['records']:,} records of {f['value_bytes']} bytes "
+             f"(send() {f['send_records']:,}), 1 partition, {f['elapsed_s']:.0f} s")
+    lines = [title,
+             f"{'step':<38}{'measured':<60}{'target':<34}result"]
+    for name, measured, target, passed in rows:
+        verdict = "" if passed == "" else ("PASS" if passed else "MISS")
+        lines.append(f"{name:<38}{measured:<60}{target:<34}{verdict}".rstrip())
+    return "\n".join(lines)

@@ -1,0 +1,244 @@
+"""`make bench` (`python -m bench`): deltabus's throughput and latency against its targets.
+
+Everything runs in one process against an embedded 3-broker cluster (or, with --bootstrap-server,
+a running one), in an order where each step leaves what the next needs:
+
+    (a) straight write_deltalake of the produce batches: the physical limit of this machine
+    (b) bulk produce (send_batch, acks=1) of the same batches, to a 1-partition topic
+    (c) per-record send() to the same topic
+    (d) fetch of the whole topic with poll_batch, from the beginning
+    (e) produce-to-consume latency: one small record every ~2 ms for ~3 s, linger.ms=0
+    (f) bulk produce as (b) but acks=all to a topic with replication factor 3
+    (g) latency as (e) but acks=all with replication factor 3
+    (h) offset commits: 100 consumers each committing every 100 ms (see groups)
+    (i) rebalance time of a 10-member group when one member leaves
+    (j) a Structured Streaming query draining a 10-million-record topic, against Spark reading
+        the same Parquet files directly (see stream_drain)
+    (k) a partition table after 10,000 small commits: open time and fetch rate of the broker's
+        log, before and after the log cleaner's small-file compaction (see small_files)
+    (l) Kafka's perf-test workload through a Kafka client (confluent-kafka) on the Kafka
+        listeners, beside deltabus's gRPC clients, in the same run (see kafka_clients)
+
+Sizes are the README's by default; flags make every step smaller (see sizes). A command line
+argparse rejects exits 2; a step that fails raises, with its traceback: the bench is a
+development tool, and where it broke matters more than a tidy line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import shutil
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pyarrow as pa
+
+from bench import groups, kafka_clients, small_files, stream_drain
+from bench.produce_fetch import bulk_produce, fetch_all, latency, send_each, straight_write
+from bench.report import TARGETS, judge, report
+from bench.sizes import SEND_RECORDS_MAX, VALUE_BYTES, Sizes
+from deltabus.cli.producer_performance import BULK_CHUNK_BYTES, payload, random_values
+from deltabus.cli.results import write_json
+from deltabus.client.admin import AdminClient
+from deltabus.metadata import NewTopic
+
+DEFAULT = Sizes()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The flags of `python -m bench`; sizes default to the README's run."""
+    p = argparse.ArgumentParser(prog="python -m bench", allow_abbrev=False,
+                                description="deltabus's throughput and latency against the "
+                                            "targets (`make bench ARGS=...`)")
+    p.add_argument("--bootstrap-server", metavar="HOST:PORT",
+                   help="bench a running cluster (default: start an embedded one)")
+    p.add_argument("--kafka-bootstrap-server", metavar="HOST:PORT",
+                   help="the running cluster's Kafka listener, for step (l) with "
+                        "--bootstrap-server (the embedded cluster's otherwise)")
+    p.add_argument("--json", default="bench/results.json", metavar="FILE",
+                   help="where to write the figures (default bench/results.json)")
+    size = p.add_argument_group("sizes (smaller: quicker and noisier)")
+    size.add_argument("--records", type=int, default=DEFAULT.records,
+                      help=f"records for bulk produce and fetch (default {DEFAULT.records})")
+    size.add_argument("--send-records", type=int,
+                      help="records for per-record send() and step (l) "
+                           f"(default: min({SEND_RECORDS_MAX}, --records))")
+    size.add_argument("--latency-run-s", type=float, default=DEFAULT.latency_run_s,
+                      help="seconds each latency step sends for, steps (e) and (g) "
+                           f"(default {DEFAULT.latency_run_s:g})")
+    size.add_argument("--committers", type=int, default=DEFAULT.committers,
+                      help=f"consumers committing in step (h) (default {DEFAULT.committers})")
+    size.add_argument("--commit-run-s", type=float, default=DEFAULT.commit_run_s,
+                      help=f"seconds they commit for (default {DEFAULT.commit_run_s:g})")
+    size.add_argument("--group-members", type=int, default=DEFAULT.group_members,
+                      help=f"members of the group in step (i) (default {DEFAULT.group_members})")
+    size.add_argument("--drain-records", type=int, default=DEFAULT.drain_records,
+                      help="records the streaming query drains in step (j) "
+                           f"(default {DEFAULT.drain_records})")
+    size.add_argument("--drain-rounds", type=int, default=DEFAULT.drain_rounds,
+                      help=f"timed rounds of step (j) (default {DEFAULT.drain_rounds})")
+    size.add_argument("--small-commits", type=int, default=DEFAULT.small_commits,
+                      help="small commits before the merge in step (k) "
+                           f"(default {DEFAULT.small_commits})")
+    return p
+
+
+def sizes_from(args: argparse.Namespace) -> Sizes:
+    return Sizes(records=args.records,
+                 send_records=args.send_records or min(SEND_RECORDS_MAX, args.records),
+                 latency_run_s=args.latency_run_s, committers=args.committers,
+                 commit_run_s=args.commit_run_s, group_members=args.group_members,
+                 drain_records=args.drain_records, drain_rounds=args.drain_rounds,
+                 small_commits=args.small_commits)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the bench: print the table, write the JSON; returns the exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    sizes = sizes_from(args)
+    wrong = sizes.check()
+    if args.send_records is not None and args.send_records < 1:
+        wrong.insert(0, "--send-records must be at least 1")  # 0 would mean the default
+    if wrong:
+        parser.error("; ".join(wrong))
+    root = tempfile.mkdtemp(prefix="deltabus-bench-")
+    started = time.monotonic()
+    try:
+        with _bootstrap(args.bootstrap_server, root) as (bootstrap, spark, kafka_bootstrap):
+            figures = measure(bootstrap, spark, args.kafka_bootstrap_server or kafka_bootstrap,
+                              root, sizes)
+        measure_small_files(figures, root, sizes)  # needs no cluster: runs after it stopped
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    figures["elapsed_s"] = time.monotonic() - started
+    finish(figures, args.json)
+    return 0
+
+
+@contextlib.contextmanager
+def _bootstrap(bootstrap: str | None, root: str) -> Iterator[tuple[str, Any, str | None]]:
+    """The given cluster, or an embedded one (local Spark, 3 brokers) for the duration; and a
+    SparkSession for the streaming step (2 task slots beside the brokers)."""
+    from deltabus.cluster.cluster import Cluster, local_spark
+
+    spark = local_spark(2 if bootstrap else 5, app_name="deltabus-bench", ui=False)
+    spark.sparkContext.setLogLevel("WARN")
+    if bootstrap:
+        try:
+            yield bootstrap, spark, None
+        finally:
+            spark.stop()
+        return
+    cluster = Cluster(spark, root=f"{root}/cluster", brokers=3, port=0, kafka_port=0).start()
+    try:
+        yield cluster.bootstrap_servers, spark, cluster.kafka_bootstrap_servers
+    finally:
+        cluster.stop()
+        spark.stop()
+
+
+def measure(bootstrap: str, spark: Any, kafka_bootstrap: str | None, root: str,
+            sizes: Sizes) -> dict[str, Any]:
+    """The steps on a cluster, (a) to (j) and (l); (l) only with a Kafka listener. Scratch
+    files go under `root`, which the caller removes."""
+    figures = run_steps(bootstrap, root, sizes)
+    with _step(figures["step_s"], "j", "streaming query draining a topic"):
+        figures["drain"] = stream_drain.drain_vs_parquet(
+            spark, bootstrap, pa.table({"value": random_values(
+                min(sizes.drain_records, 100_000), VALUE_BYTES)}), sizes.drain_records,
+            sizes.drain_rounds)
+    if kafka_bootstrap:
+        with _step(figures["step_s"], "l", "Kafka client and gRPC perf workload"):
+            figures["kafka"] = kafka_clients.kafka_vs_grpc(
+                bootstrap, kafka_bootstrap, sizes.send_records, payload(VALUE_BYTES))
+    else:
+        print("(l) skipped: give --kafka-bootstrap-server with --bootstrap-server")
+    return figures
+
+
+def measure_small_files(figures: dict[str, Any], root: str, sizes: Sizes) -> None:
+    """Step (k), on a partition log of its own under `root`: adds its figures to `figures`."""
+    with _step(figures["step_s"], "k", f"{sizes.small_commits:,} small commits, then merge"):
+        figures["small_files"] = small_files.small_commits_then_merge(
+            f"{root}/small-commits", sizes.small_commits, VALUE_BYTES)
+
+
+def run_steps(bootstrap: str, root: str, sizes: Sizes) -> dict[str, Any]:
+    """Steps (a)-(i), in order, each on a topic of its own (deleted at the end); returns the
+    figures."""
+    run_id = uuid.uuid4().hex[:8]
+    topic, latency_topic = f"bench-{run_id}", f"bench-latency-{run_id}"
+    replicated, replicated_latency = f"bench-rf3-{run_id}", f"bench-rf3-latency-{run_id}"
+    commits, rebalance = f"bench-commits-{run_id}", f"bench-rebalance-{run_id}"
+    records = sizes.records
+    chunk_rows = max(1, min(records, BULK_CHUNK_BYTES // VALUE_BYTES))
+    # Distinct random values: a fixed payload would let Parquet dictionary-encode the straight
+    # write down to nothing and make the "physical limit" a measure of that, not of writing.
+    values = pa.table({"value": random_values(chunk_rows, VALUE_BYTES)})
+    with AdminClient(bootstrap) as admin:
+        admin.create_topics([NewTopic(topic, 1, 1), NewTopic(latency_topic, 1, 1),
+                             NewTopic(replicated, 1, 3, {"min.insync.replicas": "2"}),
+                             NewTopic(replicated_latency, 1, 3, {"min.insync.replicas": "2"}),
+                             NewTopic(commits, 1, 1),
+                             NewTopic(rebalance, sizes.group_members, 1)])
+        try:
+            figures: dict[str, Any] = {"records": records, "send_records": sizes.send_records,
+                                       "value_bytes": VALUE_BYTES, "chunk_records": chunk_rows,
+                                       "group_members": sizes.group_members}
+            steps = figures["step_s"] = {}
+            with _step(steps, "a", "straight write_deltalake"):
+                figures["straight_write_rps"] = straight_write(f"{root}/straight", values,
+                                                               records)
+            with _step(steps, "b", "bulk produce, send_batch"):
+                figures["bulk_rps"] = bulk_produce(bootstrap, topic, values, records)
+            figures["bulk_vs_straight"] = figures["bulk_rps"] / figures["straight_write_rps"]
+            with _step(steps, "c", "per-record send()"):
+                figures["send_rps"] = send_each(bootstrap, topic, sizes.send_records)
+            with _step(steps, "d", "fetch, poll_batch"):
+                figures["fetched_records"], figures["fetch_rps"] = fetch_all(bootstrap, topic)
+            with _step(steps, "e", "produce-to-consume latency"):
+                figures["latency_ms"] = latency(bootstrap, latency_topic, sizes.latency_run_s)
+            with _step(steps, "f", "bulk produce, acks=all, replication factor 3"):
+                figures["replicated_rps"] = bulk_produce(bootstrap, replicated, values, records,
+                                                         acks="all")
+            figures["replicated_vs_bulk"] = figures["replicated_rps"] / figures["bulk_rps"]
+            with _step(steps, "g", "latency, acks=all, replication factor 3"):
+                figures["replicated_latency_ms"] = latency(bootstrap, replicated_latency,
+                                                           sizes.latency_run_s, acks="all")
+            with _step(steps, "h", f"offset commits, {sizes.committers} consumers every "
+                                   f"{groups.COMMIT_INTERVAL_S * 1000:.0f} ms"):
+                figures["offset_commits"] = groups.offset_commits(
+                    bootstrap, commits, sizes.committers, sizes.commit_run_s)
+            with _step(steps, "i", f"rebalance of {sizes.group_members} members when one "
+                                   "leaves"):
+                figures["rebalance_s"] = groups.rebalance_time(bootstrap, rebalance,
+                                                               sizes.group_members)
+        finally:
+            admin.delete_topics([topic, latency_topic, replicated, replicated_latency, commits,
+                                 rebalance])
+    return figures
+
+
+@contextlib.contextmanager
+def _step(steps: dict[str, float], letter: str, what: str) -> Iterator[None]:
+    """Announce a step and record how long it took, so a slow bench says where time went."""
+    print(f"({letter}) {what}...", end="", flush=True)
+    start = time.monotonic()
+    yield
+    steps[letter] = time.monotonic() - start
+    print(f" {steps[letter]:.1f} s", flush=True)
+
+
+def finish(figures: dict[str, Any], json_path: str) -> dict[str, bool]:
+    """Judge the figures, print the table, write them with the targets and verdicts as JSON;
+    returns the verdicts."""
+    verdicts = judge(figures)
+    print(report(figures, verdicts))
+    write_json(json_path, {**figures, "targets": TARGETS, "pass": verdicts})
+    print(f"figures written to {json_path}")
+    return verdicts

@@ -1,0 +1,43 @@
+"""How big a bench run is: every count and duration the steps use, in one place.
+
+The defaults are the run the README's figures come from (`make bench` with no flags). Smaller
+sizes make the same steps quicker and their figures noisier: the smoke tests run every step with
+tiny ones, so the steps keep working, not so their figures mean anything.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+VALUE_BYTES = 100  # every produced record's value, as Kafka's perf test's --record-size
+SEND_RECORDS_MAX = 300_000  # per-record send() is slower: it gets at most this many by default
+
+
+@dataclass(frozen=True, kw_only=True)
+class Sizes:
+    """The knobs of one run; `check` says which is out of range."""
+
+    records: int = 1_000_000  # (a), (b), (d), (f): bulk produce and fetch
+    send_records: int = SEND_RECORDS_MAX  # (c) per-record send(), and (l)
+    latency_run_s: float = 3.0  # (e), (g): how long one small record goes every ~2 ms
+    committers: int = 100  # (h): consumers, each its own group, committing every 100 ms
+    commit_run_s: float = 5.0  # (h)
+    group_members: int = 10  # (i): members of a group on a topic of as many partitions
+    drain_records: int = 10_000_000  # (j): the topic the streaming query drains
+    drain_rounds: int = 3  # (j): timed rounds, after one warm-up round
+    small_commits: int = 10_000  # (k): commits of 10 records before the merge
+
+    def check(self) -> list[str]:
+        """What is out of range, one line each (empty when every knob is usable)."""
+        counts = {"records": (self.records, 1), "send-records": (self.send_records, 1),
+                  "committers": (self.committers, 1),
+                  "group-members": (self.group_members, 2),  # one leaves, one takes over
+                  "drain-records": (self.drain_records, 1),
+                  "drain-rounds": (self.drain_rounds, 1),
+                  "small-commits": (self.small_commits, 2)}  # a merge needs two files
+        wrong = [f"--{name} must be at least {least}"
+                 for name, (value, least) in counts.items() if value < least]
+        wrong += [f"--{name} must be more than 0" for name, value in
+                  (("latency-run-s", self.latency_run_s), ("commit-run-s", self.commit_run_s))
+                  if not value > 0]
+        return wrong

@@ -1,0 +1,147 @@
+"""Smoke tests of `make bench`: every step runs, with tiny sizes, and gives figures of the
+expected shape, so a change cannot break the bench unnoticed.
+
+One run of every step, (a) to (l), against the session's shared cluster and Spark (what
+`make bench` does against its embedded cluster), in a few seconds; each benchmark's figures are
+then checked by a test of their own. Figures of so small a run mean nothing: the tests check
+that each is there and positive, and the counts that must hold whatever the machine.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import pathlib
+from typing import Any
+
+import pytest
+
+from bench import run
+from bench.report import TARGETS
+from bench.sizes import VALUE_BYTES, Sizes
+
+TINY = Sizes(records=2_000, send_records=200, latency_run_s=0.3, committers=3,
+             commit_run_s=0.5, group_members=3, drain_records=2_000, drain_rounds=1,
+             small_commits=5)
+
+
+@pytest.fixture(scope="module")
+def figures(cluster: Any, spark: Any, tmp_path_factory: pytest.TempPathFactory
+            ) -> dict[str, Any]:
+    root = str(tmp_path_factory.mktemp("bench"))
+    out = run.measure(cluster.bootstrap_servers, spark, cluster.kafka_bootstrap_servers, root,
+                      TINY)
+    run.measure_small_files(out, root, TINY)
+    out["elapsed_s"] = sum(out["step_s"].values())
+    return out
+
+
+def positive(section: dict[str, Any], *keys: str) -> None:
+    for key in keys:
+        value = section[key]
+        assert isinstance(value, (int, float)) and math.isfinite(value) and value > 0, (key, value)
+
+
+def test_every_step_ran_and_took_time(figures: dict[str, Any]) -> None:
+    assert sorted(figures["step_s"]) == list("abcdefghijkl")
+    positive(figures["step_s"], *figures["step_s"])
+    assert (figures["records"], figures["send_records"], figures["value_bytes"]) == (
+        TINY.records, TINY.send_records, VALUE_BYTES)
+
+
+def test_produce_and_fetch(figures: dict[str, Any]) -> None:
+    positive(figures, "straight_write_rps", "bulk_rps", "bulk_vs_straight", "send_rps",
+             "fetch_rps", "replicated_rps", "replicated_vs_bulk")
+    # (d) reads back (b)'s and (c)'s records and each one's warm-up record
+    assert figures["fetched_records"] == TINY.records + TINY.send_records + 2
+
+
+@pytest.mark.parametrize("step", ["latency_ms", "replicated_latency_ms"])
+def test_latency(figures: dict[str, Any], step: str) -> None:
+    latency = figures[step]
+    positive(latency, "sent", "received", "p50", "p95", "p99", "max")
+    assert latency["received"] <= latency["sent"]
+    assert latency["p50"] <= latency["p95"] <= latency["p99"] <= latency["max"]
+
+
+def test_offset_commits(figures: dict[str, Any]) -> None:
+    commits = figures["offset_commits"]
+    positive(commits, "commits_per_s", "p50_ms", "p99_ms")
+    assert commits["committers"] == TINY.committers
+    assert commits["asked_per_s"] == pytest.approx(TINY.committers * 10)  # each every 100 ms
+
+
+def test_rebalance(figures: dict[str, Any]) -> None:
+    positive(figures, "rebalance_s")
+    assert figures["group_members"] == TINY.group_members
+
+
+def test_stream_drain(figures: dict[str, Any]) -> None:
+    drain = figures["drain"]
+    positive(drain, "direct_rps", "memory_rps", "stream_rps", "stream_wall_rps",
+             "stream_vs_direct", "memory_vs_direct", "micro_batches")
+    assert drain["records"] == TINY.drain_records
+    assert len(drain["rounds"]) == TINY.drain_rounds
+
+
+def test_small_files(figures: dict[str, Any]) -> None:
+    small = figures["small_files"]
+    positive(small, "commit_s", "merge_s", "files_after", "open_speedup", "fetch_speedup")
+    assert (small["commits"], small["records"]) == (TINY.small_commits, TINY.small_commits * 10)
+    assert small["files_before"] >= TINY.small_commits > small["files_after"]
+    for measured in (small["before"], small["after"]):
+        positive(measured, "open_ms", "fetch_rps")
+
+
+def test_kafka_clients(figures: dict[str, Any]) -> None:
+    kafka = figures["kafka"]
+    positive(kafka, "kafka_produce_rps", "grpc_produce_rps", "kafka_consume_rps",
+             "grpc_consume_rps")
+    assert kafka["records"] == TINY.send_records
+
+
+def test_results_json_and_report(figures: dict[str, Any], tmp_path: pathlib.Path,
+                                 capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "bench" / "results.json"
+    verdicts = run.finish(figures, str(path))
+    written = json.loads(path.read_text())
+    assert written["targets"] == TARGETS
+    assert written["pass"] == verdicts
+    assert set(verdicts) == {"bulk", "send", "fetch", "latency", "replicated",
+                             "replicated_latency", "commits", "rebalance", "drain",
+                             "small_files"}
+    assert written["drain"]["records"] == TINY.drain_records
+    table = capsys.readouterr().out
+    for letter in "abcdefghijkl":
+        assert f"({letter}) " in table
+    assert f"figures written to {path}" in table
+
+
+def test_the_flags_default_to_the_readme_run() -> None:
+    args = run.build_parser().parse_args([])
+    assert run.sizes_from(args) == Sizes()
+    assert args.json == "bench/results.json"
+
+
+def test_tiny_flags_make_tiny_sizes() -> None:
+    args = run.build_parser().parse_args(
+        ["--records", "2000", "--send-records", "200", "--latency-run-s", "0.3",
+         "--committers", "3", "--commit-run-s", "0.5", "--group-members", "3",
+         "--drain-records", "2000", "--drain-rounds", "1", "--small-commits", "5"])
+    assert run.sizes_from(args) == TINY
+    assert run.sizes_from(run.build_parser().parse_args(["--records", "50"])).send_records == 50
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--records", "0"], "--records must be at least 1"),
+    (["--send-records", "0"], "--send-records must be at least 1"),
+    (["--group-members", "1"], "--group-members must be at least 2"),
+    (["--small-commits", "1"], "--small-commits must be at least 2"),
+    (["--latency-run-s", "0"], "--latency-run-s must be more than 0"),
+])
+def test_sizes_out_of_range_exit_2_before_anything_starts(
+        argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        run.main(argv)
+    assert exited.value.code == 2
+    assert message in capsys.readouterr().err
