@@ -125,19 +125,23 @@ def produce_through_leader_kill(cluster: Cluster) -> dict:
     senders = [threading.Thread(target=produce, args=(n,)) for n in ("p", "q")]
     for t in senders:
         t.start()
-    time.sleep(1.5)
-    old = cluster.controller.image().partition(TOPIC, 0)
-    old_pid = cluster.broker_pids()[old.leader]
-    cluster.kill_broker(old.leader, executor=True)
-    wait_until(lambda: cluster.controller.image().partition(TOPIC, 0).leader
-               not in (old.leader, -1), "a new leader")
-    new = cluster.controller.image().partition(TOPIC, 0)
-    wait_until(lambda: cluster.broker_pids().get(old.leader, old_pid) != old_pid,
-               "the killed broker to be relaunched")
-    time.sleep(1.0)
-    stop.set()
-    for t in senders:
-        t.join()
+    try:
+        wait_until(lambda: len(acked) >= 200, "records acknowledged before the kill")
+        old = cluster.controller.image().partition(TOPIC, 0)
+        old_pid = cluster.broker_pids()[old.leader]
+        cluster.kill_broker(old.leader, executor=True)
+        wait_until(lambda: cluster.controller.image().partition(TOPIC, 0).leader
+                   not in (old.leader, -1), "a new leader")
+        new = cluster.controller.image().partition(TOPIC, 0)
+        wait_until(lambda: cluster.broker_pids().get(old.leader, old_pid) != old_pid,
+                   "the killed broker to be relaunched")
+        relaunched_at = len(acked)
+        wait_until(lambda: len(acked) >= relaunched_at + 200,
+                   "records acknowledged after the relaunch")
+    finally:
+        stop.set()
+        for t in senders:
+            t.join()
     progress(f"producers done: {len(acked)} acknowledged, {len(failed)} failed")
     records = read_all(cluster.bootstrap_servers, len(acked))
     progress(f"read {len(records)} records")

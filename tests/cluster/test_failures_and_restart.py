@@ -8,7 +8,7 @@ import time
 from deltabus import AdminClient, Cluster, NewTopic, Producer
 from deltabus.client.cluster_client import ClusterClient
 from deltabus.rpc.v1 import deltabus_pb2 as pb
-from tests.conftest import read_records
+from tests.conftest import read_records, wait_until
 
 _read_all = read_records
 
@@ -58,22 +58,31 @@ def test_killing_a_leader_during_produce_loses_no_acknowledged_record(cluster, t
                 failed.append(error)
         return callback
 
+    sent = [0]
+
     def produce() -> None:
-        i = 0
         while not stop.is_set():
+            i = sent[0]
             value = f"record-{i}".encode()
             producer.send(topic_name, value, key=str(i % 30)).add_done_callback(on_done(value))
-            i += 1
+            sent[0] = i + 1
             if i % 200 == 0:
                 time.sleep(0.01)
 
     sender = threading.Thread(target=produce)
     sender.start()
-    time.sleep(1.0)
-    victim = _kill_leader_and_await_relaunch(cluster, topic_name)
-    time.sleep(1.0)  # keep producing against the relaunched broker
-    stop.set()
-    sender.join()
+    try:
+        wait_until(lambda: len(acked) >= 200, "records acknowledged before the kill")
+        victim = _kill_leader_and_await_relaunch(cluster, topic_name)
+        relaunched_at = sent[0]
+        # Replication factor 1: partition 0 is back only on the relaunched broker, which must take
+        # records sent after it came back.
+        wait_until(lambda: any(p == 0 and int(v.split(b"-")[1]) >= relaunched_at
+                               for p, _, v in list(acked)),
+                   "a record sent after the relaunch acknowledged by the relaunched broker", 120)
+    finally:
+        stop.set()
+        sender.join()
     producer.flush(60)
     producer.close()
 
@@ -159,7 +168,7 @@ def test_pipelined_bulk_produce_through_a_leader_kill_is_exactly_once_in_order(c
         admin.create_topics([NewTopic(topic_name, 1, 1)])
     producer = Producer(cluster.bootstrap_servers, batch_size=50_000, max_request_size=200_000,
                         delivery_timeout_ms=60_000)
-    futures = []
+    batches: list[tuple[int, list]] = []  # (first record, its chunks' futures)
     sent = [0]
     stop = threading.Event()
 
@@ -167,20 +176,31 @@ def test_pipelined_bulk_produce_through_a_leader_kill_is_exactly_once_in_order(c
         while not stop.is_set():
             first = sent[0]
             values = [f"bulk-{i:08d}".encode() for i in range(first, first + 3000)]
-            futures.extend(producer.send_batch(topic_name, values, partition=0))
+            batches.append((first, producer.send_batch(topic_name, values, partition=0)))
             sent[0] += 3000
             time.sleep(0.02)
 
+    def acknowledged_from(record: int) -> bool:
+        """A batch starting at or after `record` is acknowledged whole."""
+        return any(first >= record and all(f.done() and f.exception() is None for f in chunks)
+                   for first, chunks in list(batches))
+
     sender = threading.Thread(target=produce)
     sender.start()
-    time.sleep(1.0)
-    _kill_leader_and_await_relaunch(cluster, topic_name)
-    time.sleep(1.0)
-    stop.set()
-    sender.join()
+    try:
+        wait_until(lambda: acknowledged_from(0), "a batch acknowledged before the kill")
+        _kill_leader_and_await_relaunch(cluster, topic_name)
+        # The one replica is back: a batch sent after the relaunch is acknowledged by it.
+        relaunched_at = sent[0]
+        wait_until(lambda: acknowledged_from(relaunched_at),
+                   "a batch sent after the relaunch acknowledged", 120)
+    finally:
+        stop.set()
+        sender.join()
     producer.flush(60)
     producer.close()
     assert sent[0] >= 30_000
+    futures = [f for _, chunks in batches for f in chunks]
     assert [f.exception() for f in futures if f.exception() is not None] == []
     values = [r.value for r in _read_all(cluster.bootstrap_servers, topic_name, 1, sent[0])]
     assert len(values) == len(set(values)), "a retried batch was written twice"

@@ -167,34 +167,49 @@ def test_leader_kill_under_acks_all_loses_nothing_and_replicas_converge(
     failed: list[BaseException] = []
     stop = threading.Event()
 
+    sent = {"p": 0, "q": 0}
+
     def produce(name: str) -> None:
         with Producer(cluster.bootstrap_servers, acks="all", linger_ms=2,
                       delivery_timeout_ms=60_000) as producer:
-            i = 0
             while not stop.is_set():
+                i = sent[name]
                 value = f"{name}-{i:07d}".encode()
                 future = producer.send(topic_name, value, key=f"{name}-{i % 7}")
                 future.add_done_callback(lambda f, v=value: _record(f, v, acked, failed))
-                i += 1
+                sent[name] = i + 1
                 if i % 100 == 0:
                     time.sleep(0.005)
             producer.flush(WAIT_S)
 
+    def acked_since(marks: dict[str, int]) -> bool:
+        """A record of partition 0 sent after `marks` (per producer) is acknowledged."""
+        for p, _, value in list(acked):
+            name, i = value.decode().split("-")
+            if p == 0 and int(i) >= marks[name]:
+                return True
+        return False
+
     senders = [threading.Thread(target=produce, args=(n,)) for n in ("p", "q")]
     for t in senders:
         t.start()
-    time.sleep(1.0)
-    cluster.kill_broker(old.leader, relaunch=False)
-    wait_until(lambda: state(cluster, topic_name).leader not in (old.leader, -1),
-               "a new leader from the ISR")
-    new = state(cluster, topic_name)
-    assert new.leader_epoch > old.leader_epoch and new.leader in old.isr
-    time.sleep(1.0)  # keep producing to the new leader
-    cluster.start_broker(old.leader)
-    time.sleep(0.5)
-    stop.set()
-    for t in senders:
-        t.join()
+    try:
+        wait_until(lambda: acked_since({"p": 0, "q": 0}), "records acknowledged before the kill")
+        cluster.kill_broker(old.leader, relaunch=False)
+        wait_until(lambda: state(cluster, topic_name).leader not in (old.leader, -1),
+                   "a new leader from the ISR")
+        new = state(cluster, topic_name)
+        assert new.leader_epoch > old.leader_epoch and new.leader in old.isr
+        elected = dict(sent)
+        wait_until(lambda: acked_since(elected), "records acknowledged by the new leader", WAIT_S)
+        cluster.start_broker(old.leader)
+        restarted = dict(sent)
+        wait_until(lambda: acked_since(restarted), "records acknowledged after the old leader "
+                   "came back", WAIT_S)
+    finally:
+        stop.set()
+        for t in senders:
+            t.join()
     assert not failed, failed[:3]
     records = read_records(cluster.bootstrap_servers, topic_name, partitions, len(acked))
     stored = {(r.partition, r.offset): r.value for r in records}
@@ -301,33 +316,43 @@ def test_controlled_shutdown_moves_leadership_first_and_it_comes_back(
             leaders_seen.add(state(cluster, topic_name).leader)
             time.sleep(0.005)
 
+    sent = [0]
+
     def produce() -> None:
         with Producer(cluster.bootstrap_servers, acks="all", linger_ms=2) as producer:
-            i = 0
             while not stop.is_set():
+                i = sent[0]
                 value = f"{i:07d}".encode()
                 producer.send(topic_name, value).add_done_callback(
                     lambda f, v=value: _record(f, v, acked, failed))
-                i += 1
+                sent[0] = i + 1
                 if i % 50 == 0:
                     time.sleep(0.005)
             producer.flush(WAIT_S)
 
+    def acked_from(mark: int) -> bool:
+        return any(int(v) >= mark for _, _, v in list(acked))
+
     threads = [threading.Thread(target=watch), threading.Thread(target=produce)]
     for t in threads:
         t.start()
-    time.sleep(0.5)
-    cluster.stop_broker(preferred)
-    moved = state(cluster, topic_name)
-    assert moved.leader not in (preferred, -1) and preferred not in moved.isr
-    time.sleep(0.5)
-    cluster.start_broker(preferred)
-    wait_until(lambda: state(cluster, topic_name).leader == preferred,
-               "the preferred replica to lead again")
-    time.sleep(0.3)
-    stop.set()
-    for t in threads:
-        t.join()
+    try:
+        wait_until(lambda: acked_from(0), "records acknowledged before the shutdown")
+        cluster.stop_broker(preferred)
+        moved = state(cluster, topic_name)
+        assert moved.leader not in (preferred, -1) and preferred not in moved.isr
+        mark = sent[0]
+        wait_until(lambda: acked_from(mark), "records acknowledged by the new leader", WAIT_S)
+        cluster.start_broker(preferred)
+        wait_until(lambda: state(cluster, topic_name).leader == preferred,
+                   "the preferred replica to lead again")
+        mark = sent[0]
+        wait_until(lambda: acked_from(mark), "records acknowledged by the preferred leader "
+                   "again", WAIT_S)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
     assert -1 not in leaders_seen and len(leaders_seen) >= 2
     assert not failed, failed[:3]
     records = read_records(cluster.bootstrap_servers, topic_name, 1, len(acked))
