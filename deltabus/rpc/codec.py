@@ -150,7 +150,8 @@ def records_to_table(records: Iterable[pb.Record]) -> pa.Table:
         keys.append(r.key if r.HasField("key") else None)
         values.append(r.value if r.HasField("value") else None)
         timestamps.append(present_or(r, "timestamp_ms", None))
-        headers.append([{"key": h.key, "value": h.value} for h in r.headers] or None)
+        headers.append([{"key": h.key, "value": present_or(h, "value", None)}
+                        for h in r.headers] or None)
     return pa.table({
         "key": pa.array(keys, pa.binary()),
         "value": pa.array(values, pa.binary()),
@@ -171,7 +172,7 @@ def table_to_records(table: pa.Table) -> list[pb.Record]:
         if row["value"] is not None:
             record.value = row["value"]
         for h in row["headers"] or ():
-            record.headers.append(pb.Header(key=h["key"], value=h["value"] or b""))
+            record.headers.append(pb.Header(key=h["key"], value=h["value"]))  # None: absent
         out.append(record)
     return out
 

@@ -1,8 +1,8 @@
 """What deltabus.proto promises a client written from it alone, checked without a cluster: its
 enums carry Kafka's numbers and stay equal to the server's own lists, optional fields keep 0
-apart from absent.
+apart from absent, and null header values survive the proto codec.
 
-The same promises over a real cluster: tests/rpc/test_api_defaults.py.
+The same promises over a real cluster: tests/rpc/test_api_defaults.py and test_header_values.py.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pyarrow as pa
 from deltabus import errors
 from deltabus.client import wire
 from deltabus.log_tables import partition_log
-from deltabus.records import CREATE_TIME, LOG_APPEND_TIME
+from deltabus.records import CREATE_TIME, HEADERS_TYPE, LOG_APPEND_TIME, LOG_SCHEMA
 from deltabus.rpc import codec
 from deltabus.rpc.v1 import deltabus_pb2 as pb
 
@@ -56,6 +56,26 @@ def test_absent_topic_counts_are_the_cluster_defaults() -> None:
     topic = codec.new_topic_from_proto(pb.CreatableTopic(name="t", num_partitions=0,
                                                          replication_factor=2))
     assert (topic.num_partitions, topic.replication_factor) == (0, 2)  # 0 is refused later
+
+
+def test_proto_records_keep_null_and_empty_header_values_apart() -> None:
+    records = [pb.Record(value=b"v", headers=[pb.Header(key="null"),
+                                              pb.Header(key="empty", value=b""),
+                                              pb.Header(key="set", value=b"1")])]
+    table = codec.records_to_table(records)
+    assert table.column("headers").to_pylist() == [[
+        {"key": "null", "value": None}, {"key": "empty", "value": b""},
+        {"key": "set", "value": b"1"}]]
+    log = pa.table({
+        "offset": [7], "timestamp": pa.array([1_000_000], LOG_SCHEMA.field("timestamp").type),
+        "timestamp_type": pa.array([LOG_APPEND_TIME], pa.int32()),
+        "key": pa.array([None], pa.binary()), "value": [b"v"],
+        "headers": pa.array(table.column("headers").to_pylist(), HEADERS_TYPE)})
+    (record,) = codec.table_to_records(log)
+    assert [(h.key, h.HasField("value"), h.value) for h in record.headers] == [
+        ("null", False, b""), ("empty", True, b""), ("set", True, b"1")]
+    assert (record.offset, record.timestamp_type, record.HasField("key")) == (
+        7, pb.LOG_APPEND_TIME, False)
 
 
 def test_a_record_timestamp_of_zero_is_the_epoch_and_absent_is_now() -> None:
