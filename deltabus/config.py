@@ -28,6 +28,11 @@ FETCH_MAX_WAIT_MS = 500  # Kafka's fetch.max.wait.ms
 # A produce that does not say how long it may wait for its acks waits this long (Kafka's producer
 # request.timeout.ms default).
 PRODUCE_TIMEOUT_MS_DEFAULT = 30_000
+# CreateTopics, DeleteTopics and CreatePartitions that do not say how long to wait for the brokers
+# to learn of the change wait this long (Kafka's admin request.timeout.ms default).
+ADMIN_TIMEOUT_MS_DEFAULT = 30_000
+# A JoinGroup that names no session timeout gets Kafka's consumer session.timeout.ms default.
+SESSION_TIMEOUT_MS_DEFAULT = 45_000
 # A broker answers a partition with at most this much, whatever a consumer allows: one gRPC message
 # of tens of MB moves slower per byte than several of a few MB (measured: 8 MB 1.4M records/s,
 # 32 MB 0.9M). Kafka's broker caps responses the same way (replica.fetch.response.max.bytes).

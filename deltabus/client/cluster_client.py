@@ -115,7 +115,7 @@ class ClusterClient:
         if topics and allow_auto_create:
             self.call_any("Metadata", pb.MetadataRequest(topics=topics,
                                                          allow_auto_topic_creation=True))
-        response = self.call_any("Metadata", pb.MetadataRequest())
+        response = self.call_any("Metadata", pb.MetadataRequest(allow_auto_topic_creation=False))
         image = codec.image_from_proto(response)
         with self._lock:
             self._image = image

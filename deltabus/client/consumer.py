@@ -403,7 +403,7 @@ class Consumer:
         for address, group in self._by_leader(todo, retry).items():
             request = pb.FetchRequest(
                 max_wait_ms=max_wait_ms, min_bytes=self.fetch_min_bytes,
-                max_bytes=self.fetch_max_bytes,
+                max_bytes=self.fetch_max_bytes, format=pb.ARROW,
                 partitions=[self._fetch_partition(t) for t in group])
             try:
                 call = self._client.stub(address).Fetch.future(

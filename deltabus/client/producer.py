@@ -37,7 +37,7 @@ from deltabus.rpc.v1 import deltabus_pb2 as pb
 log = logging.getLogger(__name__)
 
 _BATCH_ORDER = itertools.count()
-_ACKS = {"0": 0, "1": 1, "all": -1, "-1": -1}
+_ACKS = {"0": pb.ACKS_NONE, "1": pb.ACKS_LEADER, "all": pb.ACKS_ALL, "-1": pb.ACKS_ALL}
 
 
 class RecordMetadata(NamedTuple):

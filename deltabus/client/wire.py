@@ -30,7 +30,7 @@ def varint(value: int) -> bytes:
             return bytes(out)
 
 
-def produce_request(acks: int, timeout_ms: int,
+def produce_request(acks: pb.Acks, timeout_ms: int,
                     batches: Iterable[tuple[pb.PartitionProduceData, bytes]]) -> bytes:
     """The serialized ProduceRequest for batches given as (their PartitionProduceData without
     arrow_records, the Arrow IPC payload)."""

@@ -1,12 +1,14 @@
 """Translation between protobuf messages and deltabus's domain types, in both directions.
 
 Pure functions; used by servers and clients alike, so both sides read the wire the same way.
+An `optional` request field the client left out reads as Kafka's default (`present_or`), never
+as proto3's zero: a client written from the .proto alone gets what a Kafka client would.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, TypeVar
 
 import pyarrow as pa
 
@@ -27,6 +29,13 @@ from deltabus.records import (
     to_ipc,
 )
 from deltabus.rpc.v1 import deltabus_pb2 as pb
+
+T = TypeVar("T")
+
+
+def present_or(message: Any, field: str, default: T) -> T:
+    """An `optional` field's value when the client set it (even to 0), else `default`."""
+    return getattr(message, field) if message.HasField(field) else default
 
 
 def topic_to_proto(topic: TopicState) -> pb.TopicMetadata:
@@ -99,9 +108,11 @@ def create_topics_request(topics: Iterable[NewTopic], timeout_ms: int,
 
 
 def new_topic_from_proto(t: pb.CreatableTopic) -> NewTopic:
+    """A topic to create; absent counts are -1, the cluster's defaults (num.partitions,
+    default.replication.factor)."""
     assignment = {a.partition_index: list(a.broker_ids) for a in t.assignments}
-    return NewTopic(t.name, t.num_partitions, t.replication_factor, dict(t.configs),
-                    assignment or None)
+    return NewTopic(t.name, present_or(t, "num_partitions", -1),
+                    present_or(t, "replication_factor", -1), dict(t.configs), assignment or None)
 
 
 def topic_result_from_proto(r: pb.TopicResult) -> TopicResult:
@@ -138,8 +149,9 @@ def records_to_table(records: Iterable[pb.Record]) -> pa.Table:
     for r in records:
         keys.append(r.key if r.HasField("key") else None)
         values.append(r.value if r.HasField("value") else None)
-        timestamps.append(r.timestamp_ms or None)
-        headers.append([{"key": h.key, "value": h.value} for h in r.headers] or None)
+        timestamps.append(present_or(r, "timestamp_ms", None))
+        headers.append([{"key": h.key, "value": present_or(h, "value", None)}
+                        for h in r.headers] or None)
     return pa.table({
         "key": pa.array(keys, pa.binary()),
         "value": pa.array(values, pa.binary()),
@@ -160,7 +172,7 @@ def table_to_records(table: pa.Table) -> list[pb.Record]:
         if row["value"] is not None:
             record.value = row["value"]
         for h in row["headers"] or ():
-            record.headers.append(pb.Header(key=h["key"], value=h["value"] or b""))
+            record.headers.append(pb.Header(key=h["key"], value=h["value"]))  # None: absent
         out.append(record)
     return out
 

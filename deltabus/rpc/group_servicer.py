@@ -2,16 +2,19 @@
 
 A server without a coordinator (a broker) answers NOT_COORDINATOR, as a Kafka broker does for a
 group it does not coordinate; clients then ask FindCoordinator. Errors travel as Kafka codes in
-the response (`error_code`), as Kafka's group APIs carry them.
+the response (`error_code`), as Kafka's group APIs carry them; an `optional` field left out
+gets Kafka's default (`codec.present_or`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from deltabus import config as cfg
 from deltabus import errors
 from deltabus.offsets.group_coordinator import LONG_POLL_SLACK_S, GroupCoordinator, wait_result
 from deltabus.offsets.offset_store import OffsetAndMetadata
+from deltabus.rpc.codec import present_or
 from deltabus.rpc.v1 import deltabus_pb2 as pb
 
 
@@ -27,14 +30,16 @@ class GroupServicerMixin:
         return self._groups
 
     def JoinGroup(self, request: pb.JoinGroupRequest, context: Any) -> pb.JoinGroupResponse:
+        session_timeout_ms = present_or(request, "session_timeout_ms",
+                                        cfg.SESSION_TIMEOUT_MS_DEFAULT)
         try:
             future = self._coordinator().join_group(
                 request.group_id, request.member_id, request.protocol_type,
                 [(p.name, p.metadata) for p in request.protocols],
-                session_timeout_ms=request.session_timeout_ms,
+                session_timeout_ms=session_timeout_ms,
                 rebalance_timeout_ms=request.rebalance_timeout_ms,
                 client_id=request.client_id, client_host=_peer_host(context))
-            timeout_s = max(request.rebalance_timeout_ms, request.session_timeout_ms) / 1000
+            timeout_s = max(request.rebalance_timeout_ms, session_timeout_ms) / 1000
             result = wait_result(future, timeout_s + LONG_POLL_SLACK_S)
         except errors.DeltaBusError as e:
             return pb.JoinGroupResponse(error_code=e.code, error_message=e.message,
@@ -75,7 +80,7 @@ class GroupServicerMixin:
     def OffsetCommit(self, request: pb.OffsetCommitRequest,
                      context: Any) -> pb.OffsetCommitResponse:
         offsets = {(p.topic, p.partition): OffsetAndMetadata(
-            p.committed_offset, p.committed_leader_epoch, p.metadata)
+            p.committed_offset, present_or(p, "committed_leader_epoch", -1), p.metadata)
             for p in request.partitions}
         error: errors.DeltaBusError | None = None
         try:
@@ -84,7 +89,8 @@ class GroupServicerMixin:
                     raise errors.InvalidCommitOffsetSizeError(
                         f"cannot commit offset {om.offset} of {topic}-{partition}")
             future = self._coordinator().commit_offsets(
-                request.group_id, request.generation_id, request.member_id, offsets)
+                request.group_id, present_or(request, "generation_id", -1), request.member_id,
+                offsets)
             wait_result(future, 30.0)
         except errors.DeltaBusError as e:
             error = e

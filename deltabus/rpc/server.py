@@ -2,7 +2,9 @@
 
 `DeltaBusServicer` wraps any `DeltaBusHandler` (the controller's or a broker's); per-partition
 failures become Kafka error codes in the response, a request that cannot be read at all becomes a
-gRPC status with the Kafka code in trailing metadata (`deltabus-error-code`).
+gRPC status with the Kafka code in trailing metadata (`deltabus-error-code`). An `optional` field
+the client left out gets Kafka's default here (`codec.present_or`), as deltabus.proto documents
+field by field.
 """
 
 from __future__ import annotations
@@ -18,10 +20,11 @@ import grpc
 from deltabus import config as cfg
 from deltabus import errors
 from deltabus.cluster.handler import DeltaBusHandler, FetchSpec, LifecycleHandler
-from deltabus.log_tables.partition_log import AppendResult
+from deltabus.log_tables.partition_log import LATEST_TIMESTAMP, AppendResult
 from deltabus.offsets.group_coordinator import GroupCoordinator
 from deltabus.records import ProducerState
 from deltabus.rpc import codec, status
+from deltabus.rpc.codec import present_or
 from deltabus.rpc.fetch_size import FetchBudget
 from deltabus.rpc.group_servicer import GroupServicerMixin
 from deltabus.rpc.internal_servicer import BrokerLifecycleServicer, ReplicaFetchServicer
@@ -56,6 +59,11 @@ def _guard(method: Callable) -> Callable:
     return wrapper
 
 
+def _admin_timeout_ms(request: Any) -> int:
+    """An admin request's timeout_ms; absent: the default, 0: do not wait for the brokers."""
+    return max(0, present_or(request, "timeout_ms", cfg.ADMIN_TIMEOUT_MS_DEFAULT))
+
+
 def _code(error: errors.DeltaBusError | None) -> tuple[int, str]:
     return (error.code, error.message) if error else (0, "")
 
@@ -84,7 +92,8 @@ class DeltaBusServicer(GroupServicerMixin, pb_grpc.DeltaBusServicer):
     @_guard
     def Metadata(self, request: pb.MetadataRequest, context: Any) -> pb.MetadataResponse:
         topics = list(request.topics)
-        image = self._handler.metadata(topics, request.allow_auto_topic_creation)
+        image = self._handler.metadata(
+            topics, present_or(request, "allow_auto_topic_creation", True))
         return codec.image_to_proto(image, topics)
 
     @_guard
@@ -92,14 +101,14 @@ class DeltaBusServicer(GroupServicerMixin, pb_grpc.DeltaBusServicer):
                      context: Any) -> pb.CreateTopicsResponse:
         topics = [codec.new_topic_from_proto(t) for t in request.topics]
         results = self._handler.create_topics(
-            topics, timeout_ms=request.timeout_ms or 30_000, validate_only=request.validate_only)
+            topics, timeout_ms=_admin_timeout_ms(request), validate_only=request.validate_only)
         return pb.CreateTopicsResponse(topics=[codec.topic_result_to_proto(r) for r in results])
 
     @_guard
     def DeleteTopics(self, request: pb.DeleteTopicsRequest,
                      context: Any) -> pb.DeleteTopicsResponse:
         results = self._handler.delete_topics(list(request.topics),
-                                              timeout_ms=request.timeout_ms or 30_000)
+                                              timeout_ms=_admin_timeout_ms(request))
         return pb.DeleteTopicsResponse(topics=[codec.topic_result_to_proto(r) for r in results])
 
     @_guard
@@ -113,7 +122,7 @@ class DeltaBusServicer(GroupServicerMixin, pb_grpc.DeltaBusServicer):
     def CreatePartitions(self, request: pb.CreatePartitionsRequest,
                          context: Any) -> pb.CreatePartitionsResponse:
         results = self._handler.create_partitions(
-            {t.name: t.count for t in request.topics}, timeout_ms=request.timeout_ms or 30_000,
+            {t.name: t.count for t in request.topics}, timeout_ms=_admin_timeout_ms(request),
             validate_only=request.validate_only)
         return pb.CreatePartitionsResponse(topics=[codec.topic_result_to_proto(r)
                                                    for r in results])
@@ -152,9 +161,9 @@ class DeltaBusServicer(GroupServicerMixin, pb_grpc.DeltaBusServicer):
 
     @_guard
     def Produce(self, request: pb.ProduceRequest, context: Any) -> pb.ProduceResponse:
-        if request.acks not in (0, 1, -1):
-            raise errors.InvalidRequiredAcksError(
-                f"acks must be 0, 1 or -1 (all), not {request.acks}")
+        acks = int(present_or(request, "acks", pb.ACKS_ALL))
+        if acks not in (0, 1, -1):
+            raise errors.InvalidRequiredAcksError(f"acks must be 0, 1 or -1 (all), not {acks}")
         pending: list[tuple[pb.PartitionProduceData, Any, errors.DeltaBusError | None]] = []
         for data in request.partitions:
             try:
@@ -164,16 +173,17 @@ class DeltaBusServicer(GroupServicerMixin, pb_grpc.DeltaBusServicer):
                                           data.base_sequence)
                             if idempotent else ProducerState())
                 future = self._handler.produce(data.topic, data.partition, batch,
-                                               acks=request.acks, producer=producer)
+                                               acks=acks, producer=producer)
                 pending.append((data, future, None))
             except errors.DeltaBusError as e:
                 pending.append((data, None, e))
-        timeout_s = (request.timeout_ms or cfg.PRODUCE_TIMEOUT_MS_DEFAULT) / 1000
+        timeout_s = max(0, present_or(request, "timeout_ms",
+                                      cfg.PRODUCE_TIMEOUT_MS_DEFAULT)) / 1000
         deadline = time.monotonic() + timeout_s
         response = pb.ProduceResponse()
         for data, future, error in pending:
             result: AppendResult | None = None
-            if future is not None and request.acks != 0:
+            if future is not None and acks != 0:
                 try:
                     result = future.result(max(0.0, deadline - time.monotonic()))
                 except futures.TimeoutError:
@@ -193,16 +203,19 @@ class DeltaBusServicer(GroupServicerMixin, pb_grpc.DeltaBusServicer):
 
     @_guard
     def Fetch(self, request: pb.FetchRequest, context: Any) -> pb.FetchResponse:
-        max_bytes = request.max_bytes or cfg.FETCH_MAX_BYTES
+        max_bytes = present_or(request, "max_bytes", cfg.FETCH_MAX_BYTES)
         if max_bytes < 0:
             raise errors.InvalidFetchSizeError(f"max_bytes must not be negative: {max_bytes}")
         max_bytes = min(max_bytes, cfg.FETCH_RESPONSE_MAX_BYTES)
         specs = [FetchSpec(p.topic, p.partition, p.fetch_offset,
-                           p.partition_max_bytes or cfg.FETCH_PARTITION_MAX_BYTES,
-                           p.current_leader_epoch if p.HasField("current_leader_epoch") else -1)
+                           max(0, present_or(p, "partition_max_bytes",
+                                             cfg.FETCH_PARTITION_MAX_BYTES)),
+                           present_or(p, "current_leader_epoch", -1))
                  for p in request.partitions]
+        max_wait_ms = present_or(request, "max_wait_ms", cfg.FETCH_MAX_WAIT_MS)
+        record_format = present_or(request, "format", pb.PROTO)
         results = self._handler.fetch(
-            specs, max_wait_ms=min(max(request.max_wait_ms, 0), cfg.FETCH_WAIT_MS_MAX),
+            specs, max_wait_ms=min(max(max_wait_ms, 0), cfg.FETCH_WAIT_MS_MAX),
             min_bytes=request.min_bytes, max_bytes=max_bytes,
             replica_id=-1)  # followers fetch with the internal ReplicaFetch
         response = pb.FetchResponse()
@@ -214,7 +227,7 @@ class DeltaBusServicer(GroupServicerMixin, pb_grpc.DeltaBusServicer):
                 high_watermark=r.high_watermark, log_start_offset=r.log_start_offset,
                 log_end_offset=r.log_end_offset)
             if r.records is not None and r.records.num_rows:
-                if request.format == pb.PROTO:
+                if record_format == pb.PROTO:
                     records = codec.table_to_records(r.records)
                     sizes = [_repeated_field_bytes(record.ByteSize()) for record in records]
                     entry.records.extend(records[:budget.fit_sized(sizes, spec.max_bytes)])
@@ -232,7 +245,7 @@ class DeltaBusServicer(GroupServicerMixin, pb_grpc.DeltaBusServicer):
                                                     offset=-1, timestamp=-1)
             try:
                 entry.offset, entry.timestamp, entry.leader_epoch = self._handler.list_offsets(
-                    p.topic, p.partition, p.timestamp)
+                    p.topic, p.partition, present_or(p, "timestamp", LATEST_TIMESTAMP))
             except errors.DeltaBusError as e:
                 entry.error_code, entry.error_message = e.code, e.message
             response.partitions.append(entry)
@@ -248,8 +261,7 @@ class DeltaBusServicer(GroupServicerMixin, pb_grpc.DeltaBusServicer):
             try:
                 entry.leader_epoch, entry.end_offset = self._handler.offset_for_leader_epoch(
                     p.topic, p.partition,
-                    p.current_leader_epoch if p.HasField("current_leader_epoch") else -1,
-                    p.leader_epoch)
+                    present_or(p, "current_leader_epoch", -1), p.leader_epoch)
             except errors.DeltaBusError as e:
                 entry.error_code, entry.error_message = e.code, e.message
             response.partitions.append(entry)

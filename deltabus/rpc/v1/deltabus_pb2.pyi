@@ -7,17 +7,161 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class TimestampType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CREATE_TIME: _ClassVar[TimestampType]
+    LOG_APPEND_TIME: _ClassVar[TimestampType]
+
 class RecordFormat(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     ARROW: _ClassVar[RecordFormat]
     PROTO: _ClassVar[RecordFormat]
 
+class Acks(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ACKS_NONE: _ClassVar[Acks]
+    ACKS_LEADER: _ClassVar[Acks]
+    ACKS_ALL: _ClassVar[Acks]
+
+class OffsetSpec(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TIMESTAMP_ZERO: _ClassVar[OffsetSpec]
+    LATEST_TIMESTAMP: _ClassVar[OffsetSpec]
+    EARLIEST_TIMESTAMP: _ClassVar[OffsetSpec]
+    MAX_TIMESTAMP: _ClassVar[OffsetSpec]
+
+class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    NONE: _ClassVar[ErrorCode]
+    UNKNOWN_SERVER_ERROR: _ClassVar[ErrorCode]
+    OFFSET_OUT_OF_RANGE: _ClassVar[ErrorCode]
+    CORRUPT_MESSAGE: _ClassVar[ErrorCode]
+    UNKNOWN_TOPIC_OR_PARTITION: _ClassVar[ErrorCode]
+    INVALID_FETCH_SIZE: _ClassVar[ErrorCode]
+    LEADER_NOT_AVAILABLE: _ClassVar[ErrorCode]
+    NOT_LEADER_OR_FOLLOWER: _ClassVar[ErrorCode]
+    REQUEST_TIMED_OUT: _ClassVar[ErrorCode]
+    BROKER_NOT_AVAILABLE: _ClassVar[ErrorCode]
+    MESSAGE_TOO_LARGE: _ClassVar[ErrorCode]
+    OFFSET_METADATA_TOO_LARGE: _ClassVar[ErrorCode]
+    NETWORK_EXCEPTION: _ClassVar[ErrorCode]
+    COORDINATOR_LOAD_IN_PROGRESS: _ClassVar[ErrorCode]
+    COORDINATOR_NOT_AVAILABLE: _ClassVar[ErrorCode]
+    NOT_COORDINATOR: _ClassVar[ErrorCode]
+    INVALID_TOPIC_EXCEPTION: _ClassVar[ErrorCode]
+    RECORD_LIST_TOO_LARGE: _ClassVar[ErrorCode]
+    NOT_ENOUGH_REPLICAS: _ClassVar[ErrorCode]
+    NOT_ENOUGH_REPLICAS_AFTER_APPEND: _ClassVar[ErrorCode]
+    INVALID_REQUIRED_ACKS: _ClassVar[ErrorCode]
+    ILLEGAL_GENERATION: _ClassVar[ErrorCode]
+    INCONSISTENT_GROUP_PROTOCOL: _ClassVar[ErrorCode]
+    INVALID_GROUP_ID: _ClassVar[ErrorCode]
+    UNKNOWN_MEMBER_ID: _ClassVar[ErrorCode]
+    INVALID_SESSION_TIMEOUT: _ClassVar[ErrorCode]
+    REBALANCE_IN_PROGRESS: _ClassVar[ErrorCode]
+    INVALID_COMMIT_OFFSET_SIZE: _ClassVar[ErrorCode]
+    INVALID_TIMESTAMP: _ClassVar[ErrorCode]
+    UNSUPPORTED_VERSION: _ClassVar[ErrorCode]
+    TOPIC_ALREADY_EXISTS: _ClassVar[ErrorCode]
+    INVALID_PARTITIONS: _ClassVar[ErrorCode]
+    INVALID_REPLICATION_FACTOR: _ClassVar[ErrorCode]
+    INVALID_REPLICA_ASSIGNMENT: _ClassVar[ErrorCode]
+    INVALID_CONFIG: _ClassVar[ErrorCode]
+    NOT_CONTROLLER: _ClassVar[ErrorCode]
+    INVALID_REQUEST: _ClassVar[ErrorCode]
+    UNSUPPORTED_FOR_MESSAGE_FORMAT: _ClassVar[ErrorCode]
+    OUT_OF_ORDER_SEQUENCE_NUMBER: _ClassVar[ErrorCode]
+    DUPLICATE_SEQUENCE_NUMBER: _ClassVar[ErrorCode]
+    INVALID_PRODUCER_EPOCH: _ClassVar[ErrorCode]
+    KAFKA_STORAGE_ERROR: _ClassVar[ErrorCode]
+    NON_EMPTY_GROUP: _ClassVar[ErrorCode]
+    GROUP_ID_NOT_FOUND: _ClassVar[ErrorCode]
+    FENCED_LEADER_EPOCH: _ClassVar[ErrorCode]
+    UNKNOWN_LEADER_EPOCH: _ClassVar[ErrorCode]
+    STALE_BROKER_EPOCH: _ClassVar[ErrorCode]
+    OFFSET_NOT_AVAILABLE: _ClassVar[ErrorCode]
+    MEMBER_ID_REQUIRED: _ClassVar[ErrorCode]
+    PREFERRED_LEADER_NOT_AVAILABLE: _ClassVar[ErrorCode]
+    GROUP_MAX_SIZE_REACHED: _ClassVar[ErrorCode]
+    ELIGIBLE_LEADERS_NOT_AVAILABLE: _ClassVar[ErrorCode]
+    ELECTION_NOT_NEEDED: _ClassVar[ErrorCode]
+    NO_REASSIGNMENT_IN_PROGRESS: _ClassVar[ErrorCode]
+    INVALID_RECORD: _ClassVar[ErrorCode]
+    INVALID_UPDATE_VERSION: _ClassVar[ErrorCode]
+    INELIGIBLE_REPLICA: _ClassVar[ErrorCode]
+
 class ElectionType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     PREFERRED: _ClassVar[ElectionType]
     UNCLEAN: _ClassVar[ElectionType]
+CREATE_TIME: TimestampType
+LOG_APPEND_TIME: TimestampType
 ARROW: RecordFormat
 PROTO: RecordFormat
+ACKS_NONE: Acks
+ACKS_LEADER: Acks
+ACKS_ALL: Acks
+TIMESTAMP_ZERO: OffsetSpec
+LATEST_TIMESTAMP: OffsetSpec
+EARLIEST_TIMESTAMP: OffsetSpec
+MAX_TIMESTAMP: OffsetSpec
+NONE: ErrorCode
+UNKNOWN_SERVER_ERROR: ErrorCode
+OFFSET_OUT_OF_RANGE: ErrorCode
+CORRUPT_MESSAGE: ErrorCode
+UNKNOWN_TOPIC_OR_PARTITION: ErrorCode
+INVALID_FETCH_SIZE: ErrorCode
+LEADER_NOT_AVAILABLE: ErrorCode
+NOT_LEADER_OR_FOLLOWER: ErrorCode
+REQUEST_TIMED_OUT: ErrorCode
+BROKER_NOT_AVAILABLE: ErrorCode
+MESSAGE_TOO_LARGE: ErrorCode
+OFFSET_METADATA_TOO_LARGE: ErrorCode
+NETWORK_EXCEPTION: ErrorCode
+COORDINATOR_LOAD_IN_PROGRESS: ErrorCode
+COORDINATOR_NOT_AVAILABLE: ErrorCode
+NOT_COORDINATOR: ErrorCode
+INVALID_TOPIC_EXCEPTION: ErrorCode
+RECORD_LIST_TOO_LARGE: ErrorCode
+NOT_ENOUGH_REPLICAS: ErrorCode
+NOT_ENOUGH_REPLICAS_AFTER_APPEND: ErrorCode
+INVALID_REQUIRED_ACKS: ErrorCode
+ILLEGAL_GENERATION: ErrorCode
+INCONSISTENT_GROUP_PROTOCOL: ErrorCode
+INVALID_GROUP_ID: ErrorCode
+UNKNOWN_MEMBER_ID: ErrorCode
+INVALID_SESSION_TIMEOUT: ErrorCode
+REBALANCE_IN_PROGRESS: ErrorCode
+INVALID_COMMIT_OFFSET_SIZE: ErrorCode
+INVALID_TIMESTAMP: ErrorCode
+UNSUPPORTED_VERSION: ErrorCode
+TOPIC_ALREADY_EXISTS: ErrorCode
+INVALID_PARTITIONS: ErrorCode
+INVALID_REPLICATION_FACTOR: ErrorCode
+INVALID_REPLICA_ASSIGNMENT: ErrorCode
+INVALID_CONFIG: ErrorCode
+NOT_CONTROLLER: ErrorCode
+INVALID_REQUEST: ErrorCode
+UNSUPPORTED_FOR_MESSAGE_FORMAT: ErrorCode
+OUT_OF_ORDER_SEQUENCE_NUMBER: ErrorCode
+DUPLICATE_SEQUENCE_NUMBER: ErrorCode
+INVALID_PRODUCER_EPOCH: ErrorCode
+KAFKA_STORAGE_ERROR: ErrorCode
+NON_EMPTY_GROUP: ErrorCode
+GROUP_ID_NOT_FOUND: ErrorCode
+FENCED_LEADER_EPOCH: ErrorCode
+UNKNOWN_LEADER_EPOCH: ErrorCode
+STALE_BROKER_EPOCH: ErrorCode
+OFFSET_NOT_AVAILABLE: ErrorCode
+MEMBER_ID_REQUIRED: ErrorCode
+PREFERRED_LEADER_NOT_AVAILABLE: ErrorCode
+GROUP_MAX_SIZE_REACHED: ErrorCode
+ELIGIBLE_LEADERS_NOT_AVAILABLE: ErrorCode
+ELECTION_NOT_NEEDED: ErrorCode
+NO_REASSIGNMENT_IN_PROGRESS: ErrorCode
+INVALID_RECORD: ErrorCode
+INVALID_UPDATE_VERSION: ErrorCode
+INELIGIBLE_REPLICA: ErrorCode
 PREFERRED: ElectionType
 UNCLEAN: ElectionType
 
@@ -42,8 +186,8 @@ class Record(_message.Message):
     timestamp_ms: int
     headers: _containers.RepeatedCompositeFieldContainer[Header]
     offset: int
-    timestamp_type: int
-    def __init__(self, key: _Optional[bytes] = ..., value: _Optional[bytes] = ..., timestamp_ms: _Optional[int] = ..., headers: _Optional[_Iterable[_Union[Header, _Mapping]]] = ..., offset: _Optional[int] = ..., timestamp_type: _Optional[int] = ...) -> None: ...
+    timestamp_type: TimestampType
+    def __init__(self, key: _Optional[bytes] = ..., value: _Optional[bytes] = ..., timestamp_ms: _Optional[int] = ..., headers: _Optional[_Iterable[_Union[Header, _Mapping]]] = ..., offset: _Optional[int] = ..., timestamp_type: _Optional[_Union[TimestampType, str]] = ...) -> None: ...
 
 class BrokerInfo(_message.Message):
     __slots__ = ("broker_id", "host", "port", "rack", "kafka_port")
@@ -352,10 +496,10 @@ class ProduceRequest(_message.Message):
     ACKS_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     PARTITIONS_FIELD_NUMBER: _ClassVar[int]
-    acks: int
+    acks: Acks
     timeout_ms: int
     partitions: _containers.RepeatedCompositeFieldContainer[PartitionProduceData]
-    def __init__(self, acks: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., partitions: _Optional[_Iterable[_Union[PartitionProduceData, _Mapping]]] = ...) -> None: ...
+    def __init__(self, acks: _Optional[_Union[Acks, str]] = ..., timeout_ms: _Optional[int] = ..., partitions: _Optional[_Iterable[_Union[PartitionProduceData, _Mapping]]] = ...) -> None: ...
 
 class PartitionProduceResponse(_message.Message):
     __slots__ = ("topic", "partition", "error_code", "error_message", "base_offset", "log_append_time_ms", "log_start_offset")
