@@ -299,6 +299,10 @@ class FakeCluster:
     def log(self, topic: str, partition: int) -> FakeLog:
         return self._logs[(topic, partition)]
 
+    def leader(self, topic: str, partition: int) -> int:
+        with self._changed:
+            return self._state(topic, partition).leader
+
     def image(self) -> MetadataImage:
         with self._changed:
             return MetadataImage(self._version, "fake-cluster", 0, tuple(self.brokers),

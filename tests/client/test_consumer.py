@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -28,8 +29,8 @@ def consumers(fake: FakeCluster) -> Iterator[list[Consumer]]:
         consumer.close()
 
 
-def make(consumers: list[Consumer], fake: FakeCluster, **settings: object) -> Consumer:
-    consumer = Consumer(fake.bootstrap_servers, retry_backoff_ms=10, **settings)  # type: ignore[arg-type]
+def make(consumers: list[Consumer], fake: FakeCluster, **settings: Any) -> Consumer:
+    consumer = Consumer(fake.bootstrap_servers, retry_backoff_ms=10, **settings)
     consumers.append(consumer)
     return consumer
 
@@ -217,7 +218,7 @@ def test_a_leader_change_mid_read_neither_skips_nor_repeats(fake, consumers) -> 
     consumer = make(consumers, fake, auto_offset_reset="earliest")
     consumer.assign([TP])
     records = poll_until(consumer, 10)
-    old = fake.image().partition(TOPIC, 0).leader
+    old = fake.leader(TOPIC, 0)
     fake.move_leader(TOPIC, 0, 1 - old)  # the consumer's metadata still names the old one
     write(fake, 10, first=10)
     records += poll_until(consumer, 10)
@@ -253,7 +254,7 @@ def test_after_an_unclean_election_a_consumer_moves_back_to_where_the_logs_part(
     consumer = make(consumers, fake, auto_offset_reset="earliest")
     consumer.assign([TP])
     assert len(poll_until(consumer, 10)) == 10  # read up to 10, in leader epoch 0
-    old = fake.image().partition(TOPIC, 0).leader
+    old = fake.leader(TOPIC, 0)
     fake.unclean_election(TOPIC, 0, 1 - old, log_end_offset=6)  # offsets 6 to 9 are gone
     fake.write(TOPIC, 0, [b"new-6", b"new-7"])
     records = poll_until(consumer, 2)
@@ -267,7 +268,7 @@ def test_with_reset_none_a_truncated_position_raises_log_truncation(fake, consum
     consumer.assign([TP])
     consumer.seek(TP, 0)
     assert len(poll_until(consumer, 10)) == 10
-    old = fake.image().partition(TOPIC, 0).leader
+    old = fake.leader(TOPIC, 0)
     fake.unclean_election(TOPIC, 0, 1 - old, log_end_offset=6)
     with pytest.raises(errors.LogTruncationError, match="offset 10"):
         poll_until(consumer, 1)

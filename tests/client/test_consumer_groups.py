@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -28,12 +29,12 @@ def members(fake: FakeCluster) -> Iterator[list[Consumer]]:
 
 
 def member(members: list[Consumer], fake: FakeCluster, group: str = "g",
-           **settings: object) -> Consumer:
+           **settings: Any) -> Consumer:
     """A member with short timers: sessions of 1 s, heartbeats every 50 ms."""
-    options: dict[str, object] = {"group_id": group, "auto_offset_reset": "earliest",
+    options: dict[str, Any] = {"group_id": group, "auto_offset_reset": "earliest",
                                   "session_timeout_ms": 1000, "heartbeat_interval_ms": 50,
                                   "retry_backoff_ms": 10, **settings}
-    consumer = Consumer(fake.bootstrap_servers, **options)  # type: ignore[arg-type]
+    consumer = Consumer(fake.bootstrap_servers, **options)
     members.append(consumer)
     return consumer
 
@@ -121,8 +122,8 @@ def test_two_members_split_the_partitions_and_each_reads_only_its_own(fake, memb
 
 def test_cooperative_sticky_moves_only_what_must_move(fake, members) -> None:
     fake.create_topic(TOPIC, 4)
-    settings = {"partition_assignment_strategy": ["cooperative-sticky"]}
-    a, b = member(members, fake, **settings), member(members, fake, **settings)
+    a, b = (member(members, fake, partition_assignment_strategy=["cooperative-sticky"])
+            for _ in range(2))
     listener_a = Recorder()
     a.subscribe([TOPIC], listener=listener_a)
     poll_all_until([a], lambda: a.assignment() == ALL, "the first member's assignment")

@@ -4,12 +4,13 @@ timeouts. The end-to-end behaviour against real brokers is in tests/rpc/test_pro
 
 from __future__ import annotations
 
+import functools
 import time
 
 import pyarrow as pa
 import pytest
 
-from deltabus import Producer, errors
+from deltabus import FutureRecordMetadata, Producer, errors
 from deltabus.partitioner import partition_for_key
 from tests.client.fake_cluster import FakeCluster
 from tests.test_partitioner import KAFKA_MURMUR2_VECTORS
@@ -102,13 +103,17 @@ def test_unkeyed_records_stick_to_a_partition_until_their_batch_goes(fake: FakeC
     assert first_partitions != second_partitions  # the next batch moved on
 
 
+def note(seen: list[tuple[int, int]], i: int, future: FutureRecordMetadata) -> None:
+    seen.append((i, future.get(0).offset))
+
+
 def test_callbacks_get_each_records_metadata_before_flush_returns(fake: FakeCluster) -> None:
     fake.create_topic(TOPIC, 1)
     seen: list[tuple[int, int]] = []
     with Producer(fake.bootstrap_servers, linger_ms=60_000) as producer:
         for i in range(5):
             future = producer.send(TOPIC, b"v", partition=0)
-            future.add_done_callback(lambda f, i=i: seen.append((i, f.get(0).offset)))
+            future.add_done_callback(functools.partial(note, seen, i))
         producer.flush()
         assert seen == [(i, i) for i in range(5)]
         done = producer.send(TOPIC, b"late", partition=0)
@@ -210,7 +215,7 @@ def test_a_leader_that_moved_is_found_again_through_metadata(fake: FakeCluster) 
     fake.create_topic(TOPIC, 1)
     with Producer(fake.bootstrap_servers, retry_backoff_ms=10) as producer:
         assert producer.send(TOPIC, b"before").get(10).offset == 0
-        old = fake.image().partition(TOPIC, 0).leader
+        old = fake.leader(TOPIC, 0)
         fake.move_leader(TOPIC, 0, 1 - old)  # the producer's cached metadata is stale now
         assert producer.send(TOPIC, b"after").get(10).offset == 1
     attempts = [c.broker_id for c in fake.produce_calls]
