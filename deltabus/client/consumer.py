@@ -468,7 +468,9 @@ class Consumer:
         self._set_position(tp, end_offset, epoch=epoch, validated_epoch=leader_epoch)
 
     def _complete_fetches(self, deadline: float) -> None:
-        """Take the answers of in-flight fetches that complete before the deadline."""
+        """Take the answers of in-flight fetches that complete before the deadline. An answer
+        that raises (a non-retriable error) is taken all the same, as a failed call is: the next
+        poll fetches again rather than raising the same old answer at every poll."""
         pending: list[tuple[Any, dict[TopicPartition, int | None]]] = []
         retry: list[TopicPartition] = []
         for call, sent in self._inflight:
@@ -484,7 +486,11 @@ class Consumer:
                     raise error from None
                 retry.extend(sent)
                 continue
-            self._handle_fetch(response, sent, retry)
+            try:
+                self._handle_fetch(response, sent, retry)
+            except errors.DeltaBusError:
+                self._inflight = pending
+                raise
         self._inflight = pending
         if retry:
             self._back_off()

@@ -1,0 +1,705 @@
+"""An in-memory deltabus cluster for the clients' unit tests: no Spark, no Delta tables.
+
+A test double of the domain, not of the transport. Each broker is a `FakeBroker`, a
+`DeltaBusHandler` (deltabus/cluster/handler.py) served by the real `deltabus.rpc.server.
+start_server` on loopback, so a client's whole wire path runs as it does against a real cluster:
+protobuf and Arrow IPC, the servicer's decoding, encoding and fetch budget, gRPC statuses and
+Kafka error codes. Behind the brokers, one `FakeLog` per partition keeps its records in an Arrow
+table (LOG_SCHEMA), and the group calls go to the real `GroupCoordinator` over an in-memory
+offset store (`MemoryOffsetStore`), served by broker 0.
+
+As simple as the client tests allow:
+- no replication: the leader alone holds a partition's records; its high watermark is its log
+  end offset, and an append is acknowledged at once, whatever `acks` says;
+- an idempotent producer's batches follow the partition log's rules: a batch waits for its
+  predecessor's sequence, a retry of one of the last five batches gets its first answer again,
+  an older one DUPLICATE_SEQUENCE_NUMBER; a transactional id keeps its producer id (epoch 0);
+- topic names, partition counts, replication factors and configs are checked as the controller
+  does, with the pure rules of `deltabus.topics` and `deltabus.config`; elections and
+  reassignments are not there (UNSUPPORTED_VERSION).
+
+Tests steer it: `inject` makes a call fail (once or more, before or after the append),
+`move_leader` moves a partition to another broker with a new leader epoch (or offline),
+`unclean_election` also cuts the log (what an unclean leader lacks), `delete_records` moves a log
+start offset as retention does, `appends_held` keeps produce requests waiting as a slow broker
+would. `produce_calls` lists every append the brokers were asked for; `wait_until` waits on the
+fake's progress (no fixed sleeps).
+
+Thread-safe: gRPC threads call in; one condition (`_changed`) guards all state and is notified
+on every change.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from typing import Any, cast
+
+import grpc
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from deltabus import config as cfg
+from deltabus import errors
+from deltabus.cluster.handler import FetchResult, FetchSpec
+from deltabus.log_tables.partition_log import AppendResult
+from deltabus.metadata import (
+    NO_LEADER,
+    BrokerEndpoint,
+    MetadataImage,
+    NewTopic,
+    PartitionState,
+    TopicResult,
+    TopicState,
+    new_topic_id,
+)
+from deltabus.offsets.group_coordinator import GroupCoordinator
+from deltabus.offsets.offset_store import OffsetAndMetadata, OffsetCommit, OffsetStore
+from deltabus.records import (
+    LOG_SCHEMA,
+    ProducerState,
+    normalize_produce,
+    produce_batch,
+    record_sizes,
+    to_log_batch,
+)
+from deltabus.rpc.server import start_server
+from deltabus.topics import validate_topic_name
+
+HOST = "127.0.0.1"
+PRODUCER_BATCHES_REMEMBERED = 5  # as the partition log: retries of the last 5 batches answered
+COORDINATOR_TICK_S = 0.05  # the group coordinator's clock: session expiry, join deadlines
+EARLIEST_TIMESTAMP, LATEST_TIMESTAMP = -2, -1
+
+
+@dataclass
+class Fault:
+    """An error the next `times` matching calls get. `after_append`: a produce is appended
+    first, then answered with the error (the answer was lost, as in a timeout)."""
+
+    op: str  # produce, fetch, list_offsets, offset_for_leader_epoch, metadata
+    error: type[errors.DeltaBusError]
+    topic: str | None = None
+    partition: int | None = None
+    times: int = 1
+    after_append: bool = False
+
+    def matches(self, op: str, topic: str | None, partition: int | None) -> bool:
+        return (self.times > 0 and self.op == op
+                and self.topic in (None, topic) and self.partition in (None, partition))
+
+
+@dataclass(frozen=True)
+class ProduceCall:
+    """One append a broker was asked for (a retried batch shows up once per attempt)."""
+
+    broker_id: int
+    topic: str
+    partition: int
+    records: int
+    producer: ProducerState
+
+
+@dataclass
+class _ProducerEntry:
+    next_sequence: int = 0
+    recent: collections.OrderedDict[int, AppendResult] = field(
+        default_factory=collections.OrderedDict)
+
+
+class FakeLog:
+    """One partition's records. Offsets start at 0 and are never reused: records below the log
+    start offset stay in the table but are out of range. Callers hold the cluster's lock."""
+
+    def __init__(self) -> None:
+        self.records: pa.Table = LOG_SCHEMA.empty_table()
+        self.log_start_offset = 0
+        self.epoch_starts: list[tuple[int, int]] = [(0, 0)]  # (leader epoch, its first offset)
+        self.producers: dict[int, _ProducerEntry] = {}
+
+    @property
+    def log_end_offset(self) -> int:
+        return self.records.num_rows
+
+    def append(self, batch: pa.Table, leader_epoch: int, producer: ProducerState) -> AppendResult:
+        base = self.log_end_offset
+        self.records = pa.concat_tables([self.records, to_log_batch(
+            batch, base_offset=base, now_ms=int(time.time() * 1000), leader_epoch=leader_epoch,
+            producer=producer)]).combine_chunks()
+        return AppendResult(base, base + batch.num_rows - 1, -1, self.log_start_offset)
+
+    def read(self, offset: int) -> pa.Table:
+        """Records from `offset` to the high watermark (the log end: no replication)."""
+        if not self.log_start_offset <= offset <= self.log_end_offset:
+            raise errors.OffsetOutOfRangeError(
+                f"offset {offset} is out of range: log start offset {self.log_start_offset}, "
+                f"log end offset {self.log_end_offset}")
+        return self.records.slice(offset)
+
+    def offset_for_timestamp(self, timestamp_ms: int) -> tuple[int, int]:
+        """ListOffsets: -1 latest, -2 earliest, else the first record at or after the time."""
+        if timestamp_ms == LATEST_TIMESTAMP:
+            return self.log_end_offset, -1
+        if timestamp_ms == EARLIEST_TIMESTAMP:
+            return self.log_start_offset, -1
+        live = self.records.slice(self.log_start_offset)
+        stamps = pc.cast(live.column("timestamp"), pa.int64()).to_pylist()
+        for i, micros in enumerate(stamps):
+            if micros // 1000 >= timestamp_ms:
+                return self.log_start_offset + i, micros // 1000
+        return -1, -1
+
+    def end_offset_for_epoch(self, leader_epoch: int) -> tuple[int, int]:
+        """Kafka's OffsetForLeaderEpoch: the largest epoch at or below the one asked for, and
+        where it ends (the next epoch's first offset, or the log end); (-1, -1) if none."""
+        known = [e for e, _ in self.epoch_starts if e <= leader_epoch]
+        if not known:
+            return -1, -1
+        later = [start for e, start in self.epoch_starts if e > known[-1]]
+        return known[-1], later[0] if later else self.log_end_offset
+
+
+class MemoryOffsetStore:
+    """What `GroupCoordinator` needs of `OffsetStore`, in memory: a commit is durable at once."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._groups: dict[str, dict[tuple[str, int], OffsetAndMetadata]] = {}
+
+    def offsets(self, group_id: str) -> dict[tuple[str, int], OffsetAndMetadata]:
+        with self._lock:
+            return dict(self._groups.get(group_id, {}))
+
+    def groups(self) -> list[str]:
+        with self._lock:
+            return sorted(g for g, offsets in self._groups.items() if offsets)
+
+    def last_commit_ms(self, group_id: str) -> int:
+        with self._lock:
+            return max((om.commit_timestamp_ms for om in self._groups.get(group_id, {}).values()),
+                       default=0)
+
+    def commit(self, commits: list[OffsetCommit]) -> Future[None]:
+        now_ms = int(time.time() * 1000)
+        with self._lock:
+            for c in commits:
+                offsets = self._groups.setdefault(c.group_id, {})
+                if c.offset is None:
+                    offsets.pop((c.topic, c.partition), None)
+                else:
+                    offsets[(c.topic, c.partition)] = replace(
+                        c.offset, commit_timestamp_ms=c.offset.commit_timestamp_ms or now_ms)
+        return _done(None)
+
+    def delete_group(self, group_id: str) -> Future[None]:
+        with self._lock:
+            self._groups.pop(group_id, None)
+        return _done(None)
+
+    def close(self) -> None:
+        pass
+
+
+def _done(value: Any) -> Future[Any]:
+    future: Future[Any] = Future()
+    future.set_result(value)
+    return future
+
+
+class FakeCluster:
+    """`brokers` in-memory brokers on loopback; `bootstrap_servers` names them all."""
+
+    def __init__(self, brokers: int = 2, *, default_partitions: int = 1,
+                 auto_create_topics: bool = True, sequence_wait_ms: int = 10_000) -> None:
+        self._config = cfg.ClusterConfig(root="", brokers=brokers, host=HOST,
+                                         num_partitions=default_partitions)
+        self.auto_create_topics = auto_create_topics
+        # A batch waits this long for its predecessor's sequence, then OUT_OF_ORDER (the
+        # partition log's sequence_wait_ms).
+        self.sequence_wait_ms = sequence_wait_ms
+        self._changed = threading.Condition()
+        self._version = 1
+        self._topics: dict[str, TopicState] = {}
+        self._logs: dict[tuple[str, int], FakeLog] = {}
+        self._faults: list[Fault] = []
+        self._transactional_ids: dict[str, int] = {}
+        self._producer_ids = itertools.count(1000)
+        self._released = threading.Event()
+        self._released.set()
+        self.produce_calls: list[ProduceCall] = []
+        self.appends_waiting = 0  # produce requests held by `appends_held`
+        self.fetches_waiting = 0  # fetches long-polling for records
+        self._stopped = threading.Event()
+        self.coordinator = GroupCoordinator(
+            cast(OffsetStore, MemoryOffsetStore()),  # the coordinator takes it by duck typing
+            cfg.GroupConfig(group_min_session_timeout_ms=100,
+                            group_initial_rebalance_delay_ms=0))
+        self._servers: list[grpc.Server] = []
+        self.brokers: list[BrokerEndpoint] = []
+        for broker_id in range(brokers):
+            server, port = start_server(HOST, 0, FakeBroker(self, broker_id), threads=16,
+                                        groups=self.coordinator if broker_id == 0 else None)
+            self._servers.append(server)
+            self.brokers.append(BrokerEndpoint(broker_id, HOST, port))
+        self._ticker = threading.Thread(target=self._tick_loop, name="fake-coordinator",
+                                        daemon=True)
+        self._ticker.start()
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return ",".join(b.address for b in self.brokers)
+
+    def close(self) -> None:
+        self._stopped.set()
+        self._released.set()
+        with self._changed:
+            self._changed.notify_all()
+        for server in self._servers:
+            server.stop(None).wait(5)
+        self._ticker.join(5)
+        self.coordinator.close()
+
+    def _tick_loop(self) -> None:
+        while not self._stopped.wait(COORDINATOR_TICK_S):
+            self.coordinator.tick()
+
+    # ---- what tests set up and look at -------------------------------------------------------
+
+    def create_topic(self, name: str, partitions: int = 1, configs: dict[str, str] | None = None,
+                     replication_factor: int = 1) -> None:
+        [result] = self.create_topics(
+            [NewTopic(name, partitions, replication_factor, configs)], validate_only=False)
+        if result.error is not None:
+            raise result.error
+
+    def write(self, topic: str, partition: int, values: list[bytes],
+              keys: list[bytes | None] | None = None,
+              timestamps_ms: list[int] | None = None) -> int:
+        """Append records straight to a partition's log (no client); returns the base offset."""
+        batch = normalize_produce(produce_batch(values, keys, timestamps_ms))
+        with self._changed:
+            state = self._state(topic, partition)
+            result = self._logs[(topic, partition)].append(batch, state.leader_epoch,
+                                                           ProducerState())
+            self._changed.notify_all()
+            return result.base_offset
+
+    def values(self, topic: str, partition: int) -> list[bytes | None]:
+        """Every value in a partition's log, in offset order (from the log start)."""
+        with self._changed:
+            log = self._logs[(topic, partition)]
+            return log.records.slice(log.log_start_offset).column("value").to_pylist()
+
+    def log(self, topic: str, partition: int) -> FakeLog:
+        return self._logs[(topic, partition)]
+
+    def leader(self, topic: str, partition: int) -> int:
+        with self._changed:
+            return self._state(topic, partition).leader
+
+    def image(self) -> MetadataImage:
+        with self._changed:
+            return MetadataImage(self._version, "fake-cluster", 0, tuple(self.brokers),
+                                 dict(self._topics))
+
+    def inject(self, op: str, error: type[errors.DeltaBusError], *, topic: str | None = None,
+               partition: int | None = None, times: int = 1,
+               after_append: bool = False) -> Fault:
+        """The next `times` calls of `op` (on that topic-partition, if given) fail with `error`.
+        The returned Fault's `times` counts down as calls take it."""
+        fault = Fault(op, error, topic, partition, times, after_append)
+        with self._changed:
+            self._faults.append(fault)
+        return fault
+
+    def move_leader(self, topic: str, partition: int, leader: int) -> None:
+        """A new leader (NO_LEADER: offline), with the next leader epoch: what the controller
+        does when a broker goes or comes back. The log carries on as it was."""
+        with self._changed:
+            state = self._state(topic, partition)
+            replicas = state.replicas if leader in state.replicas or leader == NO_LEADER \
+                else (leader, *state.replicas)
+            self._set_partition(topic, replace(
+                state, leader=leader, leader_epoch=state.leader_epoch + 1, replicas=replicas,
+                isr=(leader,) if leader != NO_LEADER else ()))
+            self._logs[(topic, partition)].epoch_starts.append(
+                (state.leader_epoch + 1, self._logs[(topic, partition)].log_end_offset))
+            self._changed.notify_all()
+
+    def unclean_election(self, topic: str, partition: int, leader: int,
+                         log_end_offset: int) -> None:
+        """A leader elected from outside the ISR: its log ends at `log_end_offset`, so records
+        past it (which consumers may have read) are gone."""
+        with self._changed:
+            log = self._logs[(topic, partition)]
+            log.records = log.records.slice(0, log_end_offset)
+            log.epoch_starts = [(e, s) for e, s in log.epoch_starts if s <= log_end_offset]
+        self.move_leader(topic, partition, leader)
+
+    def delete_records(self, topic: str, partition: int, before_offset: int) -> None:
+        """Move the log start offset up, as retention does."""
+        with self._changed:
+            self._logs[(topic, partition)].log_start_offset = before_offset
+            self._changed.notify_all()
+
+    @contextmanager
+    def appends_held(self) -> Iterator[None]:
+        """Produce requests wait inside the broker (none is appended) until the block ends."""
+        self._released.clear()
+        try:
+            yield
+        finally:
+            self._released.set()
+
+    def wait_until(self, condition: Callable[[], bool], what: str,
+                   timeout_s: float = 10.0) -> None:
+        """Wait, on the fake's own progress, until `condition` holds (AssertionError if not)."""
+        with self._changed:
+            if not self._changed.wait_for(condition, timeout_s):
+                raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+    # ---- metadata and admin ------------------------------------------------------------------
+
+    def _state(self, topic: str, partition: int) -> PartitionState:
+        """Lock held."""
+        state = self._topics[topic].partitions[partition] if topic in self._topics and \
+            0 <= partition < len(self._topics[topic].partitions) else None
+        if state is None:
+            raise errors.UnknownTopicOrPartitionError(
+                f"This server does not host this topic-partition: {topic}-{partition}")
+        return state
+
+    def _set_partition(self, topic: str, state: PartitionState) -> None:
+        """Lock held."""
+        t = self._topics[topic]
+        parts = list(t.partitions)
+        parts[state.partition] = state
+        self._topics[topic] = replace(t, partitions=tuple(parts))
+        self._version += 1
+
+    def _placement(self, partition: int, replication_factor: int) -> PartitionState:
+        n = len(self.brokers)
+        replicas = tuple((partition + i) % n for i in range(replication_factor))
+        return PartitionState(partition, replicas[0], 0, replicas, replicas)
+
+    def metadata(self, topics: list[str], allow_auto_create: bool) -> MetadataImage:
+        self._take_fault("metadata", None, None)
+        with self._changed:
+            missing = [t for t in topics if t not in self._topics]
+        if missing and allow_auto_create and self.auto_create_topics:
+            self.create_topics([NewTopic(t) for t in missing], validate_only=False)
+        return self.image()
+
+    def create_topics(self, topics: list[NewTopic], *, validate_only: bool) -> list[TopicResult]:
+        with self._changed:
+            return [self._create_topic(t, validate_only) for t in topics]
+
+    def _create_topic(self, t: NewTopic, validate_only: bool) -> TopicResult:
+        """Lock held."""
+        try:
+            validate_topic_name(t.name)
+            if t.name in self._topics:
+                raise errors.TopicAlreadyExistsError(f"Topic '{t.name}' already exists.")
+            count = self._config.num_partitions if t.num_partitions == -1 else t.num_partitions
+            if count < 1:
+                raise errors.InvalidPartitionsError("Number of partitions must be larger than 0.")
+            factor = 1 if t.replication_factor == -1 else t.replication_factor
+            if not 1 <= factor <= len(self.brokers):
+                raise errors.InvalidReplicationFactorError(
+                    f"Replication factor: {factor} larger than available brokers: "
+                    f"{len(self.brokers)}.")
+            cfg.topic_config(t.configs or {})
+        except errors.DeltaBusError as e:
+            return TopicResult(t.name, e)
+        topic_id = new_topic_id()
+        if not validate_only:
+            self._topics[t.name] = TopicState(
+                t.name, topic_id, tuple(self._placement(p, factor) for p in range(count)),
+                dict(t.configs or {}))
+            for p in range(count):
+                self._logs[(t.name, p)] = FakeLog()
+            self._version += 1
+            self._changed.notify_all()
+        return TopicResult(t.name, None, topic_id, count, factor)
+
+    def delete_topics(self, names: list[str]) -> list[TopicResult]:
+        results = []
+        with self._changed:
+            for name in names:
+                topic = self._topics.pop(name, None)
+                if topic is None:
+                    results.append(TopicResult(name, errors.UnknownTopicOrPartitionError(
+                        f"Topic '{name}' does not exist.")))
+                    continue
+                for p in range(len(topic.partitions)):
+                    del self._logs[(name, p)]
+                self._version += 1
+                results.append(TopicResult(name, None, topic.topic_id))
+            self._changed.notify_all()
+        return results
+
+    def create_partitions(self, counts: dict[str, int], *,
+                          validate_only: bool) -> list[TopicResult]:
+        results = []
+        with self._changed:
+            for name, count in counts.items():
+                topic = self._topics.get(name)
+                if topic is None:
+                    error: errors.DeltaBusError = errors.UnknownTopicOrPartitionError(
+                        f"Topic '{name}' does not exist.")
+                    results.append(TopicResult(name, error))
+                    continue
+                have = len(topic.partitions)
+                if count <= have:
+                    results.append(TopicResult(name, errors.InvalidPartitionsError(
+                        f"Topic currently has {have} partitions, which is higher than or equal "
+                        f"to the requested {count}.")))
+                    continue
+                if not validate_only:
+                    factor = topic.replication_factor
+                    added = tuple(self._placement(p, factor) for p in range(have, count))
+                    self._topics[name] = replace(topic, partitions=topic.partitions + added)
+                    for p in range(have, count):
+                        self._logs[(name, p)] = FakeLog()
+                    self._version += 1
+                results.append(TopicResult(name, None, topic.topic_id, count))
+            self._changed.notify_all()
+        return results
+
+    def describe_configs(self, topics: list[str]) -> cfg.ConfigResults:
+        with self._changed:
+            return {name: (self._config.describe_topic_config(self._topics[name].configs)
+                           if name in self._topics else errors.UnknownTopicOrPartitionError(
+                               f"Topic '{name}' does not exist.")) for name in topics}
+
+    def alter_configs(self, changes: dict[str, list[cfg.AlterConfigOp]], *,
+                      validate_only: bool) -> dict[str, errors.DeltaBusError | None]:
+        results: dict[str, errors.DeltaBusError | None] = {}
+        with self._changed:
+            for name, ops in changes.items():
+                topic = self._topics.get(name)
+                try:
+                    if topic is None:
+                        raise errors.UnknownTopicOrPartitionError(
+                            f"Topic '{name}' does not exist.")
+                    configs = cfg.altered_overrides(topic.configs, ops)
+                except errors.DeltaBusError as e:
+                    results[name] = e
+                    continue
+                if not validate_only:
+                    self._topics[name] = replace(topic, configs=configs)
+                    self._version += 1
+                results[name] = None
+        return results
+
+    def init_producer_id(self, transactional_id: str) -> tuple[int, int]:
+        """A new producer id, or for a transactional id the one it always has (epoch 0)."""
+        with self._changed:
+            if not transactional_id:
+                return next(self._producer_ids), 0
+            if transactional_id not in self._transactional_ids:
+                self._transactional_ids[transactional_id] = next(self._producer_ids)
+            return self._transactional_ids[transactional_id], 0
+
+    # ---- data: what a partition's leader answers ---------------------------------------------
+
+    def _take_fault(self, op: str, topic: str | None, partition: int | None) -> Fault | None:
+        with self._changed:
+            fault = next((f for f in self._faults if f.matches(op, topic, partition)), None)
+            if fault is not None:
+                fault.times -= 1
+                self._changed.notify_all()
+                if not fault.after_append:
+                    raise fault.error(f"injected by the test ({op} {topic}-{partition})")
+            return fault
+
+    def _led_log(self, broker_id: int, topic: str, partition: int,
+                 current_leader_epoch: int = -1) -> tuple[FakeLog, int]:
+        """Lock held. The log, and the leader epoch, of a partition `broker_id` leads."""
+        state = self._state(topic, partition)
+        if state.leader != broker_id:
+            raise errors.NotLeaderOrFollowerError(
+                f"broker {broker_id} is not the leader of {topic}-{partition} "
+                f"(leader: {state.leader})")
+        if 0 <= current_leader_epoch < state.leader_epoch:
+            raise errors.FencedLeaderEpochError(
+                f"epoch {current_leader_epoch} is older than {state.leader_epoch}")
+        if current_leader_epoch > state.leader_epoch:
+            raise errors.UnknownLeaderEpochError(
+                f"epoch {current_leader_epoch} is newer than {state.leader_epoch}")
+        return self._logs[(topic, partition)], state.leader_epoch
+
+    def produce(self, broker_id: int, topic: str, partition: int, batch: pa.Table,
+                producer: ProducerState) -> AppendResult:
+        if not self._released.is_set():
+            with self._changed:
+                self.appends_waiting += 1
+                self._changed.notify_all()
+            self._released.wait()
+            with self._changed:
+                self.appends_waiting -= 1
+        with self._changed:
+            self.produce_calls.append(ProduceCall(broker_id, topic, partition, batch.num_rows,
+                                                  producer))
+            self._changed.notify_all()
+            fault = self._take_fault("produce", topic, partition)
+            log, leader_epoch = self._led_log(broker_id, topic, partition)
+            result = self._earlier_answer(log, producer, batch.num_rows)
+            if result is None:
+                if producer.producer_id >= 0:  # a refused batch uses up its sequence numbers
+                    log.producers[producer.producer_id].next_sequence = \
+                        producer.base_sequence + batch.num_rows
+                    self._changed.notify_all()
+                self._check_sizes(topic, batch)
+                result = log.append(batch, leader_epoch, producer)
+                if producer.producer_id >= 0:
+                    recent = log.producers[producer.producer_id].recent
+                    recent[producer.base_sequence] = result
+                    while len(recent) > PRODUCER_BATCHES_REMEMBERED:
+                        recent.popitem(last=False)
+                self._changed.notify_all()
+            if fault is not None:  # appended, but the answer is lost
+                raise fault.error(f"injected by the test after the append ({topic}-{partition})")
+            return result
+
+    def _earlier_answer(self, log: FakeLog, producer: ProducerState,
+                        records: int) -> AppendResult | None:
+        """Lock held. Wait until an idempotent producer's batch is next in its sequence; the
+        first answer when it is a retry of a batch already appended."""
+        if producer.producer_id < 0:
+            return None
+        entry = log.producers.setdefault(producer.producer_id, _ProducerEntry())
+        deadline = time.monotonic() + self.sequence_wait_ms / 1000
+        while producer.base_sequence > entry.next_sequence:
+            left = deadline - time.monotonic()
+            if left <= 0 or self._stopped.is_set():
+                raise errors.OutOfOrderSequenceNumberError(
+                    f"sequence {producer.base_sequence} but {entry.next_sequence} is next")
+            self._changed.wait(left)
+        if producer.base_sequence == entry.next_sequence:
+            return None
+        earlier = entry.recent.get(producer.base_sequence)
+        if earlier is None:
+            raise errors.DuplicateSequenceNumberError(
+                f"sequence {producer.base_sequence} was written long ago")
+        return earlier
+
+    def _check_sizes(self, topic: str, batch: pa.Table) -> None:
+        limit = self._config.topic_config(self._topics[topic].configs).max_message_bytes
+        biggest = int(record_sizes(batch).max())
+        if biggest > limit:
+            raise errors.MessageTooLargeError(
+                f"a record of {biggest} bytes is more than max.message.bytes={limit}")
+
+    def fetch(self, broker_id: int, specs: list[FetchSpec], max_wait_ms: int) -> list[FetchResult]:
+        """Every partition's records from its fetch offset; with none anywhere, wait for an
+        append (or max_wait_ms): Kafka's long poll."""
+        deadline = time.monotonic() + max_wait_ms / 1000
+        with self._changed:
+            while True:
+                results = [self._fetch_one(broker_id, spec) for spec in specs]
+                if any(r.error or (r.records is not None and r.records.num_rows)
+                       for r in results):
+                    return results
+                left = deadline - time.monotonic()
+                if left <= 0 or self._stopped.is_set():
+                    return results
+                self.fetches_waiting += 1
+                self._changed.notify_all()
+                self._changed.wait(left)
+                self.fetches_waiting -= 1
+
+    def _fetch_one(self, broker_id: int, spec: FetchSpec) -> FetchResult:
+        """Lock held."""
+        result = FetchResult(spec.topic, spec.partition)
+        try:
+            self._take_fault("fetch", spec.topic, spec.partition)
+            log, _ = self._led_log(broker_id, spec.topic, spec.partition,
+                                   spec.current_leader_epoch)
+            result.high_watermark = result.log_end_offset = log.log_end_offset
+            result.log_start_offset = log.log_start_offset
+            result.records = log.read(spec.offset)
+        except errors.DeltaBusError as e:
+            result.error = e
+        return result
+
+    def list_offsets(self, broker_id: int, topic: str, partition: int,
+                     timestamp: int) -> tuple[int, int, int]:
+        self._take_fault("list_offsets", topic, partition)
+        with self._changed:
+            log, leader_epoch = self._led_log(broker_id, topic, partition)
+            offset, ts = log.offset_for_timestamp(timestamp)
+            return offset, ts, leader_epoch
+
+    def offset_for_leader_epoch(self, broker_id: int, topic: str, partition: int,
+                                current_leader_epoch: int, leader_epoch: int) -> tuple[int, int]:
+        self._take_fault("offset_for_leader_epoch", topic, partition)
+        with self._changed:
+            log, _ = self._led_log(broker_id, topic, partition, current_leader_epoch)
+            return log.end_offset_for_epoch(leader_epoch)
+
+
+class FakeBroker:
+    """One broker of a FakeCluster: the DeltaBusHandler its gRPC server calls."""
+
+    def __init__(self, cluster: FakeCluster, broker_id: int) -> None:
+        self._cluster = cluster
+        self.broker_id = broker_id
+
+    def metadata(self, topics: list[str], allow_auto_create: bool) -> MetadataImage:
+        return self._cluster.metadata(topics, allow_auto_create)
+
+    def create_topics(self, topics: list[NewTopic], *, timeout_ms: int,
+                      validate_only: bool) -> list[TopicResult]:
+        return self._cluster.create_topics(topics, validate_only=validate_only)
+
+    def delete_topics(self, names: list[str], *, timeout_ms: int) -> list[TopicResult]:
+        return self._cluster.delete_topics(names)
+
+    def create_partitions(self, counts: dict[str, int], *, timeout_ms: int,
+                          validate_only: bool) -> list[TopicResult]:
+        return self._cluster.create_partitions(counts, validate_only=validate_only)
+
+    def describe_configs(self, topics: list[str]) -> cfg.ConfigResults:
+        return self._cluster.describe_configs(topics)
+
+    def alter_configs(self, changes: dict[str, list[cfg.AlterConfigOp]], *,
+                      validate_only: bool) -> dict[str, errors.DeltaBusError | None]:
+        return self._cluster.alter_configs(changes, validate_only=validate_only)
+
+    def produce(self, topic: str, partition: int, batch: pa.Table, *, acks: int,
+                producer: ProducerState) -> Future[AppendResult]:
+        return _done(self._cluster.produce(self.broker_id, topic, partition, batch, producer))
+
+    def fetch(self, specs: list[FetchSpec], *, max_wait_ms: int, min_bytes: int,
+              max_bytes: int, replica_id: int) -> list[FetchResult]:
+        return self._cluster.fetch(self.broker_id, specs, max_wait_ms)
+
+    def list_offsets(self, topic: str, partition: int, timestamp: int) -> tuple[int, int, int]:
+        return self._cluster.list_offsets(self.broker_id, topic, partition, timestamp)
+
+    def offset_for_leader_epoch(self, topic: str, partition: int, current_leader_epoch: int,
+                                leader_epoch: int) -> tuple[int, int]:
+        return self._cluster.offset_for_leader_epoch(self.broker_id, topic, partition,
+                                                     current_leader_epoch, leader_epoch)
+
+    def init_producer_id(self, transactional_id: str = "") -> tuple[int, int]:
+        return self._cluster.init_producer_id(transactional_id)
+
+    def elect_leaders(self, election_type: str, partitions: list[tuple[str, int]] | None
+                      ) -> dict[tuple[str, int], errors.DeltaBusError | None]:
+        raise errors.UnsupportedVersionError("the fake cluster holds no elections")
+
+    def reassign_partitions(self, targets: dict[tuple[str, int], list[int]]
+                            ) -> dict[tuple[str, int], errors.DeltaBusError | None]:
+        raise errors.UnsupportedVersionError("the fake cluster reassigns nothing")
+
+    def find_coordinator(self, group_id: str) -> BrokerEndpoint:
+        """Broker 0 coordinates every group."""
+        return self._cluster.brokers[0]
