@@ -61,7 +61,14 @@ from deltabus.log_tables.partition_reader import (
     read_cached,
 )
 from deltabus.log_tables.producer_state import NO_PRODUCER, ProducerStateManager
-from deltabus.records import CREATE_TIME, LOG_SCHEMA, ProducerState, record_sizes
+from deltabus.records import (
+    CREATE_TIME,
+    LOG_SCHEMA,
+    PRODUCE_SCHEMA,
+    ProducerState,
+    normalize_produce,
+    record_sizes,
+)
 
 log = logging.getLogger(__name__)
 
@@ -152,8 +159,9 @@ class PartitionLog:
         max_message_bytes: int | None = None,
         compacted: bool = False,
     ) -> Future[AppendResult]:
-        """Queue a normalised produce batch for the next group commit; the future resolves once
-        the Delta commit holding it succeeded.
+        """Queue a produce batch (PRODUCE_SCHEMA's columns, or a subset `normalize_produce`
+        completes) for the next group commit; the future resolves once the Delta commit holding
+        it succeeded.
 
         A batch of an idempotent producer is queued in its sequence order: one that arrives
         before its predecessor waits for it (pipelined requests may be served out of order),
@@ -161,6 +169,12 @@ class PartitionLog:
         anything is queued, so a bad batch changes nothing (it only uses up its sequence numbers,
         so the producer's later batches are not held up).
         """
+        refusal: errors.DeltaBusError | None = None
+        if not batch.schema.equals(PRODUCE_SCHEMA):
+            try:  # outside the lock; a refusal is raised once the sequence numbers are taken
+                batch = normalize_produce(batch)
+            except errors.DeltaBusError as e:
+                refusal = e
         future: Future[AppendResult] = Future()
         item = PendingAppend(batch, batch.nbytes, leader_epoch, timestamp_type, producer, future)
         with self._lock:
@@ -177,6 +191,8 @@ class PartitionLog:
                 entry.next_sequence = producer.base_sequence + batch.num_rows
                 self._lock.notify_all()
             self._check_open()
+            if refusal is not None:
+                raise refusal
             _check_records(batch, max_message_bytes)
             if compacted and batch.column("key").null_count:
                 raise errors.InvalidRecordError(

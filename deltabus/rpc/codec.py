@@ -25,7 +25,6 @@ from deltabus.metadata import (
 from deltabus.records import (
     HEADERS_TYPE,
     from_ipc,
-    normalize_produce,
     to_ipc,
 )
 from deltabus.rpc.v1 import deltabus_pb2 as pb
@@ -132,13 +131,15 @@ def topic_result_to_proto(result: TopicResult) -> pb.TopicResult:
 
 
 def produce_batch_from_proto(data: pb.PartitionProduceData) -> pa.Table:
-    """The normalised produce batch of one partition entry, from Arrow IPC or proto records."""
+    """The produce batch of one partition entry, from Arrow IPC or proto records, as the client
+    sent it: the partition log checks its columns (`normalize_produce`) once it has taken the
+    producer's sequence numbers, so a refused batch does not hold up the producer's next."""
     if data.arrow_records and len(data.records):
         raise errors.InvalidRequestError(
             "send either arrow_records or records for a partition, not both")
     if data.arrow_records:
-        return normalize_produce(from_ipc(data.arrow_records))
-    return normalize_produce(records_to_table(data.records))
+        return from_ipc(data.arrow_records)
+    return records_to_table(data.records)
 
 
 def records_to_table(records: Iterable[pb.Record]) -> pa.Table:

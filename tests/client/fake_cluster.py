@@ -556,6 +556,7 @@ class FakeCluster:
                     log.producers[producer.producer_id].next_sequence = \
                         producer.base_sequence + batch.num_rows
                     self._changed.notify_all()
+                batch = normalize_produce(batch)  # as the real log: after the sequence step
                 self._check_sizes(topic, batch)
                 result = log.append(batch, leader_epoch, producer)
                 if producer.producer_id >= 0:

@@ -237,11 +237,6 @@ def test_a_non_retriable_error_fails_only_its_batch(fake: FakeCluster) -> None:
     assert fake.values(TOPIC, 0) == [b"small", b"after"]
 
 
-@pytest.mark.xfail(strict=True, raises=errors.OutOfOrderSequenceNumberError, reason=(
-    "a batch the door refuses while decoding it (INVALID_RECORD: unknown column) never reaches "
-    "the log, so its sequence numbers are never used up; every later batch of the idempotent "
-    "producer on that partition then waits sequence_wait_ms and fails OUT_OF_ORDER, retried "
-    "until delivery.timeout.ms (the partition log means a refused batch to use them up)"))
 def test_a_batch_the_broker_cannot_read_does_not_hold_up_the_next() -> None:
     fake = FakeCluster(sequence_wait_ms=200)
     try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 
+import pyarrow as pa
 import pytest
 
 from deltabus import errors
@@ -72,6 +73,19 @@ def test_an_invalid_batch_uses_up_its_sequence_so_later_ones_flow(tmp_path):
     after = log.append(batch("ok", 1), leader_epoch=0, producer=ProducerState(2, 0, 3),
                        max_message_bytes=50).result(10)
     assert after.base_offset == 0
+    log.close()
+
+
+def test_a_batch_with_bad_columns_uses_up_its_sequence_so_later_ones_flow(tmp_path):
+    """The door hands the batch over as the client sent it; the log refuses an unknown column
+    only after taking the sequence numbers, so the producer's next batch is not held up."""
+    log = open_log(tmp_path, sequence_wait_ms=60_000)
+    odd = pa.table({"value": [b"v", b"w"], "colour": [b"red", b"blue"]})
+    with pytest.raises(errors.InvalidRecordError, match="colour"):
+        log.append(odd, leader_epoch=0, producer=ProducerState(4, 0, 0))
+    raw = pa.table({"value": [b"next"]})  # a subset of the columns is completed, not refused
+    after = log.append(raw, leader_epoch=0, producer=ProducerState(4, 0, 2)).result(10)
+    assert after.base_offset == 0 and values(log) == [b"next"]
     log.close()
 
 
