@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import secrets
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -353,6 +354,12 @@ class ClusterConfig:
     log_cache_bytes_max: int = LogConfig.log_cache_bytes_max
     checkpoint_interval: int = LogConfig.checkpoint_interval
     grpc_threads: int = 32
+    # The brokers' credential for the internal API (Kafka's ClusterAction, rpc/inter_broker.py):
+    # made afresh for every cluster and handed to its broker tasks only. Kept out of repr, so
+    # logs and error messages never show it; DELTABUS_INTER_BROKER_SECRET sets it.
+    inter_broker_secret: str = field(
+        default_factory=lambda: os.environ.get("DELTABUS_INTER_BROKER_SECRET")
+        or secrets.token_urlsafe(32), repr=False, compare=False)
     # Replication. A follower that has not caught up with the leader's log end for this long
     # leaves the ISR (Kafka's replica.lag.time.max.ms).
     replica_lag_time_max_ms: int = field(

@@ -119,7 +119,12 @@ InvalidSessionTimeoutError = _kafka_error(
 RebalanceInProgressError = _kafka_error(27, "REBALANCE_IN_PROGRESS")
 InvalidCommitOffsetSizeError = _kafka_error(
     28, "INVALID_COMMIT_OFFSET_SIZE")
+TopicAuthorizationFailedError = _kafka_error(29, "TOPIC_AUTHORIZATION_FAILED")
+GroupAuthorizationFailedError = _kafka_error(30, "GROUP_AUTHORIZATION_FAILED")
+ClusterAuthorizationFailedError = _kafka_error(31, "CLUSTER_AUTHORIZATION_FAILED")
 InvalidTimestampError = _kafka_error(32, "INVALID_TIMESTAMP")
+UnsupportedSaslMechanismError = _kafka_error(33, "UNSUPPORTED_SASL_MECHANISM")
+IllegalSaslStateError = _kafka_error(34, "ILLEGAL_SASL_STATE")
 UnsupportedVersionError = _kafka_error(35, "UNSUPPORTED_VERSION")
 TopicAlreadyExistsError = _kafka_error(36, "TOPIC_ALREADY_EXISTS")
 InvalidPartitionsError = _kafka_error(37, "INVALID_PARTITIONS")
@@ -136,9 +141,12 @@ UnsupportedForMessageFormatError = _kafka_error(
 OutOfOrderSequenceNumberError = _kafka_error(45, "OUT_OF_ORDER_SEQUENCE_NUMBER", retriable=True)
 DuplicateSequenceNumberError = _kafka_error(46, "DUPLICATE_SEQUENCE_NUMBER")
 InvalidProducerEpochError = _kafka_error(47, "INVALID_PRODUCER_EPOCH")
+TransactionalIdAuthorizationFailedError = _kafka_error(
+    53, "TRANSACTIONAL_ID_AUTHORIZATION_FAILED")
 KafkaStorageError = _kafka_error(
     56, "KAFKA_STORAGE_ERROR", retriable=True, invalid_metadata=True
 )
+SaslAuthenticationFailedError = _kafka_error(58, "SASL_AUTHENTICATION_FAILED")
 NonEmptyGroupError = _kafka_error(68, "NON_EMPTY_GROUP")
 GroupIdNotFoundError = _kafka_error(69, "GROUP_ID_NOT_FOUND")
 FencedLeaderEpochError = _kafka_error(

@@ -93,6 +93,17 @@ def test_every_broker_log_gets_the_clusters_log_settings() -> None:
     assert ClusterConfig(root="/tmp/x").log_config() == LogConfig()  # one set of defaults
 
 
+def test_each_cluster_gets_its_own_broker_credential_and_repr_never_shows_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("DELTABUS_INTER_BROKER_SECRET", raising=False)
+    one, two = ClusterConfig(root="/tmp/x"), ClusterConfig(root="/tmp/x")
+    assert len(one.inter_broker_secret) >= 32 and one.inter_broker_secret != two.inter_broker_secret
+    assert one.inter_broker_secret not in repr(one)
+    assert one.with_(brokers=5).inter_broker_secret == one.inter_broker_secret  # its brokers'
+    monkeypatch.setenv("DELTABUS_INTER_BROKER_SECRET", "from-the-environment")
+    assert ClusterConfig(root="/tmp/x").inter_broker_secret == "from-the-environment"
+
+
 def test_invalid_values_get_kafkas_messages() -> None:
     cases = {
         ("retention.ms", "abc"):

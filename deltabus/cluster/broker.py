@@ -90,8 +90,10 @@ class Broker:
         self._append_seq = 0
         self._stopped = threading.Event()
         self._epoch = -1
-        self._controller = ControllerChannel(spec.controller_address, spec.broker_id)
-        self._leaders = RemoteLeaderEndpoint(spec.broker_id)
+        secret = spec.config.inter_broker_secret
+        self._controller = ControllerChannel(spec.controller_address, spec.broker_id,
+                                             broker_secret=secret)
+        self._leaders = RemoteLeaderEndpoint(spec.broker_id, broker_secret=secret)
         self._alter_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="alter-isr")
         self._server: Any = None  # the gRPC server, once started
         self.port = -1
@@ -102,7 +104,8 @@ class Broker:
     def start(self) -> None:
         self._server, self.port = start_server(self._config.host, 0, self,
                                                threads=self._config.grpc_threads,
-                                               replica_fetch=True)
+                                               replica_fetch=True,
+                                               broker_secret=self._config.inter_broker_secret)
         base = self._config.kafka_port
         if base >= 0:
             self._kafka = KafkaListener(self._config.host,

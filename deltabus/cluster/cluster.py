@@ -58,6 +58,8 @@ def local_spark(task_slots: int, *, app_name: str = "deltabus", ui: bool = True)
         .config("spark.driver.bindAddress", host)
         .config("spark.ui.enabled", str(ui).lower())
         .config("spark.ui.showConsoleProgress", "false")
+        # Anyone who reaches the UI could kill the broker jobs: its kill links are off.
+        .config("spark.ui.killEnabled", "false")
         .config("spark.sql.shuffle.partitions", "4")
         .config("spark.python.worker.reuse", "true")
         .getOrCreate()
@@ -104,6 +106,7 @@ class Cluster:
     def start(self) -> Cluster:
         """Start the controller and every broker; return once all brokers have registered."""
         self._check_task_slots()
+        self._warn_of_kill_links()
         self.controller = Controller(self.config, on_fence=self._cancel_broker,
                                      catch_up=self._catch_up)
         group = self.config.group
@@ -115,7 +118,7 @@ class Cluster:
         self._server, self.port = start_server(
             self.config.host, self.config.port, handler, self.controller,
             threads=max(self.config.grpc_threads, group.coordinator_threads),
-            groups=self.coordinator)
+            groups=self.coordinator, broker_secret=self.config.inter_broker_secret)
         handler.endpoint = BrokerEndpoint(CONTROLLER_NODE_ID, self.config.host, self.port)
         if self.config.kafka_port >= 0:
             self._kafka = KafkaListener(self.config.host, self.config.kafka_port, handler,
@@ -152,6 +155,13 @@ class Cluster:
                 "for life and other jobs need one more: use master "
                 f"local[{self.config.brokers + 2}]"
                 " or add executors")
+
+    def _warn_of_kill_links(self) -> None:
+        """A session made elsewhere (a notebook's, Databricks') may leave the Spark UI's kill
+        links on: say so, since a click there stops a broker (the conf is fixed at start)."""
+        if self.spark.sparkContext.getConf().get("spark.ui.killEnabled", "true") != "false":
+            log.warning("spark.ui.killEnabled is on: anyone who reaches the Spark UI can kill "
+                        "the deltabus broker jobs; start Spark with spark.ui.killEnabled=false")
 
     def _spawn(self, target: Any, name: str) -> None:
         thread = threading.Thread(target=target, name=name, daemon=True)

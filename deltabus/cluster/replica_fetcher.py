@@ -14,6 +14,7 @@ Thread-safe: the broker adds and removes partitions from its metadata thread.
 from __future__ import annotations
 
 import logging
+import posixpath
 import threading
 import time
 from concurrent.futures import Future
@@ -23,7 +24,7 @@ from deltabus import config as cfg
 from deltabus import errors
 from deltabus.cluster.handler import FetchResult, FetchSpec
 from deltabus.cluster.partition import Partition
-from deltabus.log_tables.partition_log import AppendResult
+from deltabus.log_tables.partition_log import AppendResult, LogFile
 from deltabus.rpc.leader_endpoint import RemoteLeaderEndpoint
 
 log = logging.getLogger(__name__)
@@ -185,6 +186,13 @@ class ReplicaFetcher:
                      r.diverging_epoch[0], offset)
             return plog.truncate_to(offset), -1
         if r.files:
+            leader_dir = posixpath.join(posixpath.dirname(plog.path), f"replica-{self.leader_id}")
+            strays = files_outside(r.files, leader_dir)
+            if strays:  # copy only the leader's own table files, whatever an answer names
+                self._on_error(f, errors.CorruptMessageError(
+                    f"leader {self.leader_id} offered files outside its replica of "
+                    f"{r.topic}-{r.partition}: {strays[:3]}"))
+                return None
             return plog.append_files(r.files), r.high_watermark
         if r.records is not None and r.records.num_rows:
             return plog.append_copy(r.records, fetch_offset), r.high_watermark
@@ -203,3 +211,12 @@ class ReplicaFetcher:
                 f.partition.topic, f.partition.partition, self.leader_id, error)
         with self._lock:
             f.retry_at = time.monotonic() + self._config.replica_fetch_backoff_ms / 1000
+
+
+def files_outside(files: list[LogFile], leader_dir: str) -> list[str]:
+    """The URIs among a leader's offered files that are not data files directly in its replica
+    directory `leader_dir` (a follower copies nothing else into its table)."""
+    return [f.uri for f in files
+            if posixpath.dirname(f.uri) != leader_dir
+            or posixpath.basename(f.uri) in ("", ".", "..")
+            or not f.uri.endswith(".parquet")]

@@ -19,6 +19,7 @@ from deltabus import errors
 from deltabus.metadata import BrokerEndpoint, MetadataImage, NewTopic, TopicResult
 from deltabus.rpc import codec
 from deltabus.rpc.channel import open_channel
+from deltabus.rpc.inter_broker import credential_metadata
 from deltabus.rpc.status import error_from_rpc
 from deltabus.rpc.v1 import deltabus_pb2 as pb
 from deltabus.rpc.v1 import deltabus_pb2_grpc as pb_grpc
@@ -38,9 +39,13 @@ class HeartbeatAnswer:
 class ControllerChannel:
     """Calls from one broker to the controller at `address`."""
 
-    def __init__(self, address: str, broker_id: int, *, request_timeout_ms: int = 30_000) -> None:
+    def __init__(self, address: str, broker_id: int, *, broker_secret: str,
+                 request_timeout_ms: int = 30_000) -> None:
+        """`broker_secret`: the cluster's broker credential, which every lifecycle call
+        carries (`rpc.inter_broker`)."""
         self.address = address
         self.request_timeout_ms = request_timeout_ms
+        self._credential = credential_metadata(broker_secret)
         self._channel = open_channel(address, f"deltabus-broker-{broker_id}")
         self._lifecycle = ipb_grpc.BrokerLifecycleStub(self._channel)
         self._admin = pb_grpc.DeltaBusStub(self._channel)
@@ -82,8 +87,12 @@ class ControllerChannel:
 
     def _lifecycle_call(self, method: str, request: Any, timeout_s: float) -> Any:
         try:
-            response = getattr(self._lifecycle, method)(request, timeout=timeout_s)
+            response = getattr(self._lifecycle, method)(request, timeout=timeout_s,
+                                                        metadata=self._credential)
         except grpc.RpcError as e:  # no answer: whatever the status, the outcome is unknown
+            refusal = error_from_rpc(e)
+            if isinstance(refusal, errors.ClusterAuthorizationFailedError):
+                raise refusal from None  # but for a refused credential
             raise errors.NetworkError(f"{method} to the controller at {self.address} got no "
                                       f"answer: {e.code() if hasattr(e, 'code') else e}") from None
         errors.check(response.error_code, response.error_message)

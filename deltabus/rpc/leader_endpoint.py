@@ -17,6 +17,7 @@ from deltabus.cluster.handler import FetchResult, FetchSpec
 from deltabus.log_tables.partition_log import LogFile
 from deltabus.records import from_ipc
 from deltabus.rpc.channel import open_channel
+from deltabus.rpc.inter_broker import credential_metadata
 from deltabus.rpc.status import error_from_rpc
 from deltabus.rpc.v1 import internal_pb2 as ipb
 from deltabus.rpc.v1 import internal_pb2_grpc as ipb_grpc
@@ -25,8 +26,12 @@ from deltabus.rpc.v1 import internal_pb2_grpc as ipb_grpc
 class RemoteLeaderEndpoint:
     """Fetches for one follower broker (`replica_id`) from any leader broker."""
 
-    def __init__(self, replica_id: int, *, request_timeout_ms: int = 30_000) -> None:
+    def __init__(self, replica_id: int, *, broker_secret: str,
+                 request_timeout_ms: int = 30_000) -> None:
+        """`broker_secret`: the cluster's broker credential, which every follower fetch
+        carries (`rpc.inter_broker`)."""
         self.replica_id = replica_id
+        self._credential = credential_metadata(broker_secret)
         self.request_timeout_ms = request_timeout_ms
         self._lock = threading.Lock()
         self._stubs: dict[str, tuple[grpc.Channel, ipb_grpc.ReplicaFetchStub]] = {}
@@ -43,7 +48,8 @@ class RemoteLeaderEndpoint:
                 last_fetched_epoch=s.last_fetched_epoch) for s in specs])
         timeout_s = (max_wait_ms + self.request_timeout_ms) / 1000
         try:
-            response = self._stub(address).Fetch(request, timeout=timeout_s)
+            response = self._stub(address).Fetch(request, timeout=timeout_s,
+                                                  metadata=self._credential)
         except grpc.RpcError as e:
             raise error_from_rpc(e) from None
         return [_result_from_proto(r) for r in response.partitions]

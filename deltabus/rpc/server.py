@@ -27,6 +27,7 @@ from deltabus.rpc import codec, status
 from deltabus.rpc.codec import present_or
 from deltabus.rpc.fetch_size import FetchBudget
 from deltabus.rpc.group_servicer import GroupServicerMixin
+from deltabus.rpc.inter_broker import InterBrokerAuthorizer
 from deltabus.rpc.internal_servicer import BrokerLifecycleServicer, ReplicaFetchServicer
 from deltabus.rpc.v1 import deltabus_pb2 as pb
 from deltabus.rpc.v1 import deltabus_pb2_grpc as pb_grpc
@@ -292,10 +293,12 @@ class DeltaBusServicer(GroupServicerMixin, pb_grpc.DeltaBusServicer):
 def start_server(host: str, port: int, handler: DeltaBusHandler,
                  lifecycle: LifecycleHandler | None = None, *,
                  threads: int = 32, groups: GroupCoordinator | None = None,
-                 replica_fetch: bool = False) -> tuple[grpc.Server, int]:
+                 replica_fetch: bool = False,
+                 broker_secret: str | None = None) -> tuple[grpc.Server, int]:
     """Start a gRPC server on host:port (0 picks a free port); returns it and the bound port.
     The controller passes `lifecycle` (brokers register with it); brokers pass `replica_fetch`
-    (their followers fetch from them).
+    (their followers fetch from them). Either serves the internal API, which answers only calls
+    carrying `broker_secret`, the cluster's broker credential (`rpc.inter_broker`).
 
     Raises BrokerNotAvailableError when the port cannot be bound (already in use).
     """
@@ -304,7 +307,12 @@ def start_server(host: str, port: int, handler: DeltaBusHandler,
         ("grpc.max_send_message_length", cfg.REQUEST_MAX_BYTES),
         ("grpc.so_reuseport", 0),
     ]
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=threads), options=options)
+    internal = lifecycle is not None or replica_fetch
+    if internal and not broker_secret:
+        raise ValueError("a server of the internal API needs the cluster's broker credential")
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=threads), options=options,
+                         interceptors=[InterBrokerAuthorizer(broker_secret)]
+                         if internal and broker_secret else None)
     pb_grpc.add_DeltaBusServicer_to_server(DeltaBusServicer(handler, groups), server)
     if lifecycle is not None:
         ipb_grpc.add_BrokerLifecycleServicer_to_server(BrokerLifecycleServicer(lifecycle), server)

@@ -55,6 +55,13 @@ _STATUS_BY_CODE: dict[int, grpc.StatusCode] = {
     errors.GroupIdNotFoundError.code: _S.NOT_FOUND,
     errors.OffsetNotAvailableError.code: _S.UNAVAILABLE,
     errors.InvalidRecordError.code: _S.INVALID_ARGUMENT,
+    errors.TopicAuthorizationFailedError.code: _S.PERMISSION_DENIED,
+    errors.GroupAuthorizationFailedError.code: _S.PERMISSION_DENIED,
+    errors.ClusterAuthorizationFailedError.code: _S.PERMISSION_DENIED,
+    errors.TransactionalIdAuthorizationFailedError.code: _S.PERMISSION_DENIED,
+    errors.SaslAuthenticationFailedError.code: _S.UNAUTHENTICATED,
+    errors.UnsupportedSaslMechanismError.code: _S.UNAUTHENTICATED,
+    errors.IllegalSaslStateError.code: _S.UNAUTHENTICATED,
 }
 
 # A failed call with no Kafka code in its trailers: what the status alone tells.
@@ -64,6 +71,8 @@ _ERROR_BY_STATUS: dict[grpc.StatusCode, type[errors.DeltaBusError]] = {
     _S.RESOURCE_EXHAUSTED: errors.RecordListTooLargeError,
     _S.UNIMPLEMENTED: errors.UnsupportedVersionError,
     _S.CANCELLED: errors.NetworkError,
+    _S.UNAUTHENTICATED: errors.SaslAuthenticationFailedError,
+    _S.PERMISSION_DENIED: errors.ClusterAuthorizationFailedError,
 }
 
 
