@@ -302,6 +302,79 @@ class GroupConfig:
             raise ValueError("group.min.session.timeout.ms exceeds group.max.session.timeout.ms")
 
 
+SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+SSL_CLIENT_AUTH = ("none", "required")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ListenerSecurity:
+    """How the client listeners (the gRPC door and the Kafka door) secure their connections:
+    Kafka's `security.protocol` with the broker's `ssl.*` and `sasl.*` settings.
+
+    TLS material is held as PEM bytes, read once on the driver (`load`), so broker tasks on
+    other machines need no local files. The key stays out of repr.
+    """
+
+    security_protocol: str = "PLAINTEXT"
+    ssl_certificate: bytes = b""  # PEM: the listeners' certificate chain
+    ssl_key: bytes = field(default=b"", repr=False)  # PEM: its private key
+    # PEM: the CA that signed client certificates (ssl.client.auth) and the listeners' own,
+    # which brokers and the controller trust when they call each other.
+    ssl_ca: bytes = b""
+    ssl_client_auth: str = "none"  # Kafka's ssl.client.auth: none or required
+    sasl_enabled_mechanisms: tuple[str, ...] = SASL_MECHANISMS
+
+    @classmethod
+    def load(cls, *, security_protocol: str = "PLAINTEXT", ssl_certificate_location: str = "",
+             ssl_key_location: str = "", ssl_ca_location: str = "",
+             **settings: Any) -> ListenerSecurity:
+        """Read the PEM files named by Kafka-style `*_location` settings."""
+        def read(what: str, path: str) -> bytes:
+            if not path:
+                return b""
+            try:
+                with open(path, "rb") as f:
+                    return f.read()
+            except OSError as e:
+                raise errors.InvalidConfigError(
+                    f"cannot read {what} {path}: {e.strerror}") from None
+        return cls(security_protocol=security_protocol,
+                   ssl_certificate=read("ssl.certificate.location", ssl_certificate_location),
+                   ssl_key=read("ssl.key.location", ssl_key_location),
+                   ssl_ca=read("ssl.ca.location", ssl_ca_location), **settings)
+
+    @property
+    def uses_tls(self) -> bool:
+        return self.security_protocol in ("SSL", "SASL_SSL")
+
+    @property
+    def uses_sasl(self) -> bool:
+        return self.security_protocol in ("SASL_PLAINTEXT", "SASL_SSL")
+
+    def __post_init__(self) -> None:
+        if self.security_protocol not in SECURITY_PROTOCOLS:
+            raise errors.InvalidConfigError(
+                f"security.protocol must be one of {', '.join(SECURITY_PROTOCOLS)}, not "
+                f"{self.security_protocol!r}")
+        if self.uses_tls and not (self.ssl_certificate and self.ssl_key):
+            raise errors.InvalidConfigError(
+                f"security.protocol {self.security_protocol} needs the listeners' certificate "
+                "and key (ssl.certificate.location, ssl.key.location)")
+        if self.ssl_client_auth not in SSL_CLIENT_AUTH:
+            raise errors.InvalidConfigError(
+                f"ssl.client.auth must be none or required, not {self.ssl_client_auth!r}")
+        if self.ssl_client_auth == "required" and not (self.uses_tls and self.ssl_ca):
+            raise errors.InvalidConfigError(
+                "ssl.client.auth=required needs TLS and the CA of client certificates "
+                "(ssl.ca.location)")
+        unknown = set(self.sasl_enabled_mechanisms) - set(SASL_MECHANISMS)
+        if unknown or not self.sasl_enabled_mechanisms:
+            raise errors.InvalidConfigError(
+                f"sasl.enabled.mechanisms takes {', '.join(SASL_MECHANISMS)}, not "
+                f"{', '.join(sorted(unknown)) or 'none'}")
+
+
 @dataclass(frozen=True, kw_only=True)
 class LogConfig:
     """How a partition log commits and caches: a broker's come from its ClusterConfig
@@ -354,6 +427,8 @@ class ClusterConfig:
     log_cache_bytes_max: int = LogConfig.log_cache_bytes_max
     checkpoint_interval: int = LogConfig.checkpoint_interval
     grpc_threads: int = 32
+    # TLS and SASL on the client listeners (both doors); PLAINTEXT by default.
+    security: ListenerSecurity = field(default_factory=ListenerSecurity)
     # The brokers' credential for the internal API (Kafka's ClusterAction, rpc/inter_broker.py):
     # made afresh for every cluster and handed to its broker tasks only. Kept out of repr, so
     # logs and error messages never show it; DELTABUS_INTER_BROKER_SECRET sets it.

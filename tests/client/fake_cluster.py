@@ -69,6 +69,8 @@ from deltabus.records import (
     record_sizes,
     to_log_batch,
 )
+from deltabus.rpc.authentication import CredentialLookup
+from deltabus.rpc.kafka.listener import KafkaListener
 from deltabus.rpc.server import start_server
 from deltabus.topics import validate_topic_name
 
@@ -241,6 +243,7 @@ class FakeCluster:
             cfg.GroupConfig(group_min_session_timeout_ms=100,
                             group_initial_rebalance_delay_ms=0))
         self._servers: list[grpc.Server] = []
+        self._kafka_listeners: list[KafkaListener] = []
         self.brokers: list[BrokerEndpoint] = []
         for broker_id in range(brokers):
             server, port = start_server(HOST, 0, FakeBroker(self, broker_id), threads=16,
@@ -262,8 +265,25 @@ class FakeCluster:
             self._changed.notify_all()
         for server in self._servers:
             server.stop(None).wait(5)
+        for listener in self._kafka_listeners:
+            listener.stop()
         self._ticker.join(5)
         self.coordinator.close()
+
+    def serve_kafka(self, broker_id: int, *, security: cfg.ListenerSecurity | None = None,
+                    credentials: CredentialLookup | None = None) -> str:
+        """Put the real Kafka door in front of broker `broker_id` (metadata then lists its
+        Kafka port); returns its host:port. Broker 0's door has the group coordinator."""
+        listener = KafkaListener(HOST, 0, FakeBroker(self, broker_id),
+                                 groups=self.coordinator if broker_id == 0 else None,
+                                 security=security or cfg.ListenerSecurity(),
+                                 credentials=credentials).start()
+        self._kafka_listeners.append(listener)
+        with self._changed:
+            self.brokers[broker_id] = replace(self.brokers[broker_id], kafka_port=listener.port)
+            self._version += 1
+            self._changed.notify_all()
+        return f"{HOST}:{listener.port}"
 
     def _tick_loop(self) -> None:
         while not self._stopped.wait(COORDINATOR_TICK_S):

@@ -23,7 +23,7 @@ from deltabus import errors
 from deltabus.cluster.handler import DeltaBusHandler, FetchResult, FetchSpec
 from deltabus.offsets.group_coordinator import GroupCoordinator
 from deltabus.rpc.fetch_size import FetchBudget
-from deltabus.rpc.kafka import admin, batches, groups
+from deltabus.rpc.kafka import admin, batches, groups, sasl
 from deltabus.rpc.kafka.admin import controller_id, kafka_endpoints, topic_uuid
 from deltabus.rpc.kafka.frames import (
     NO_TIME,
@@ -49,6 +49,7 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     OFFSET_FOR_LEADER_EPOCH: (2, 4),
     **groups.SUPPORTED,
     **admin.SUPPORTED,
+    **sasl.SUPPORTED,
 }
 
 

@@ -8,6 +8,10 @@ connection as on a Kafka broker). What Kafka's broker does with bad input, this 
 - a frame larger than `socket.request.max.bytes`, a negative size, a header or body that does not
   parse, or an API kio has no schema for closes that connection, with a log line saying why;
 - one connection's trouble never touches the others, nor the broker.
+
+With TLS (SSL, SASL_SSL) each connection starts with the TLS handshake; a client certificate
+names an SSL connection's principal. With SASL (SASL_PLAINTEXT, SASL_SSL) a connection may send
+only ApiVersions, SaslHandshake and SaslAuthenticate until it has authenticated (`sasl`).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import dataclasses
 import logging
 import socket
 import socketserver
+import ssl
 import struct
 import threading
 import types
@@ -28,8 +33,11 @@ from kio.schema.errors import ErrorCode
 from deltabus import config as cfg
 from deltabus import errors
 from deltabus.cluster.handler import DeltaBusHandler
+from deltabus.config import ListenerSecurity
 from deltabus.offsets.group_coordinator import GroupCoordinator
-from deltabus.rpc.kafka import apis
+from deltabus.principal import ANONYMOUS
+from deltabus.rpc.authentication import Authenticator, CredentialLookup
+from deltabus.rpc.kafka import apis, sasl
 from deltabus.rpc.kafka.frames import (
     NO_TIME,
     BadRequest,
@@ -40,10 +48,14 @@ from deltabus.rpc.kafka.frames import (
     parse_request,
     peek,
 )
+from deltabus.rpc.kafka.sasl import KafkaSession
+from deltabus.rpc.tls import certificate_principal, server_ssl_context
 
 log = logging.getLogger(__name__)
 
 _SIZE = struct.Struct(">i")
+TLS_HANDSHAKE_TIMEOUT_S = 10
+PLAINTEXT = ListenerSecurity()
 
 
 class _Connection(socketserver.BaseRequestHandler):
@@ -53,6 +65,15 @@ class _Connection(socketserver.BaseRequestHandler):
         sock: socket.socket = self.request
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         peer = f"{self.client_address[0]}:{self.client_address[1]}"
+        session = KafkaSession(self.client_address[0],
+                               sasl_required=self.server.security.uses_sasl)
+        if self.server.ssl_context is not None:
+            wrapped = self._start_tls(sock, peer)
+            if wrapped is None:
+                return
+            sock = wrapped
+            if not session.sasl_required:
+                session.principal = certificate_principal(sock.getpeercert()) or ANONYMOUS
         while not self.server.closing.is_set():
             try:
                 head = _read_exactly(sock, 4)
@@ -68,7 +89,7 @@ class _Connection(socketserver.BaseRequestHandler):
                 if frame is None:
                     log.info("closing Kafka connection from %s: it ended inside a request", peer)
                     return
-                response = self.server.answer(frame, self.client_address[0])
+                response = self.server.answer(frame, session)
             except BadRequest as e:
                 log.warning("closing Kafka connection from %s: %s", peer, e)
                 return
@@ -79,6 +100,23 @@ class _Connection(socketserver.BaseRequestHandler):
                     sock.sendall(response)
                 except OSError:
                     return
+            if session.close_after_answer:
+                log.info("closing Kafka connection from %s (%s): SASL authentication failed",
+                         peer, session.principal)
+                return
+
+    def _start_tls(self, sock: socket.socket, peer: str) -> ssl.SSLSocket | None:
+        """The TLS handshake, within TLS_HANDSHAKE_TIMEOUT_S (a client that never finishes
+        it does not hold the connection's thread)."""
+        assert self.server.ssl_context is not None
+        sock.settimeout(TLS_HANDSHAKE_TIMEOUT_S)
+        try:
+            wrapped = self.server.ssl_context.wrap_socket(sock, server_side=True)
+        except (ssl.SSLError, OSError) as e:
+            log.info("closing Kafka connection from %s: TLS handshake failed: %s", peer, e)
+            return None
+        wrapped.settimeout(None)
+        return wrapped
 
 
 class _Server(socketserver.ThreadingTCPServer):
@@ -86,15 +124,22 @@ class _Server(socketserver.ThreadingTCPServer):
     allow_reuse_address = True
 
     def __init__(self, address: tuple[str, int], kafka_apis: apis.KafkaApis,
-                 max_request_bytes: int) -> None:
+                 max_request_bytes: int, security: ListenerSecurity,
+                 authenticator: Authenticator | None) -> None:
         self.apis = kafka_apis
         self.max_request_bytes = max_request_bytes
+        self.security = security
+        self.ssl_context = server_ssl_context(security) if security.uses_tls else None
+        self.authenticator = authenticator
         self.closing = threading.Event()
         super().__init__(address, _Connection)
 
-    def answer(self, frame: bytes, peer_host: str = "") -> bytes | None:
+    def answer(self, frame: bytes, session: KafkaSession | None = None) -> bytes | None:
         """The response frame to one request frame (None: none is due, as for acks=0)."""
+        session = session or KafkaSession("")
         key, version, correlation_id = peek(frame)
+        if not session.may_send(key):
+            raise BadRequest(f"API {key} sent before SASL authentication")
         if key == apis.API_VERSIONS and not (
                 apis.SUPPORTED[key][0] <= version <= apis.SUPPORTED[key][1]):
             # KIP-511: a client newer than us learns our versions from a v0 answer
@@ -104,11 +149,19 @@ class _Server(socketserver.ThreadingTCPServer):
             header, request = parse_request(frame)
         except (UnknownAPIKey, UnknownEntity):
             raise BadRequest(f"API {key} version {version} is unknown") from None
+        if key in sasl.SUPPORTED:
+            lo, hi = sasl.SUPPORTED[key]
+            if not lo <= version <= hi:
+                return encode_response(correlation_id, unsupported(key, version))
+            response = (sasl.handshake(version, request, session, self.authenticator)
+                        if key == sasl.SASL_HANDSHAKE else sasl.authenticate(version, request,
+                                                                            session))
+            return encode_response(correlation_id, response)
         if not self.apis.knows(key):
             return encode_response(correlation_id, unsupported(key, version))
         try:
             response = self.apis.handle(key, version, request,
-                                        (header.client_id or "", f"/{peer_host}"))
+                                        (header.client_id or "", f"/{session.host}"))
         except Exception as e:  # a bug: the client gets a closed connection, the log says why
             log.exception("Kafka API %d v%d failed", key, version)
             raise BadRequest(f"API {key} v{version} failed: {type(e).__name__}: {e}") from None
@@ -165,13 +218,22 @@ class KafkaListener:
 
     def __init__(self, host: str, port: int, handler: DeltaBusHandler, *,
                  groups: GroupCoordinator | None = None, coordinator: str = "",
-                 max_request_bytes: int = cfg.REQUEST_MAX_BYTES) -> None:
+                 max_request_bytes: int = cfg.REQUEST_MAX_BYTES,
+                 security: ListenerSecurity = PLAINTEXT,
+                 credentials: CredentialLookup | None = None) -> None:
         """`groups`: the group coordinator, on the listener that has it (the bootstrap, which
         then tells clients to come to itself); `coordinator`: host:port of that listener, for
-        the brokers' FindCoordinator answers."""
+        the brokers' FindCoordinator answers; `security`: TLS and SASL; `credentials`: the
+        users' SCRAM credentials a SASL listener checks."""
         kafka_apis = apis.KafkaApis(handler, groups, _address(coordinator))
+        authenticator = None
+        if security.uses_sasl:
+            if credentials is None:
+                raise ValueError("a SASL listener needs the users' credentials")
+            authenticator = Authenticator(credentials, security.sasl_enabled_mechanisms)
         try:
-            self._server = _Server((host, port), kafka_apis, max_request_bytes)
+            self._server = _Server((host, port), kafka_apis, max_request_bytes, security,
+                                   authenticator)
         except OSError as e:
             raise errors.BrokerNotAvailableError(
                 f"cannot listen for Kafka clients on {host}:{port}: {e.strerror}") from None
