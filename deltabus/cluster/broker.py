@@ -91,9 +91,11 @@ class Broker:
         self._stopped = threading.Event()
         self._epoch = -1
         secret = spec.config.inter_broker_secret
+        security = spec.config.security
         self._controller = ControllerChannel(spec.controller_address, spec.broker_id,
-                                             broker_secret=secret)
-        self._leaders = RemoteLeaderEndpoint(spec.broker_id, broker_secret=secret)
+                                             broker_secret=secret, security=security)
+        self._leaders = RemoteLeaderEndpoint(spec.broker_id, broker_secret=secret,
+                                             security=security)
         self._alter_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="alter-isr")
         self._server: Any = None  # the gRPC server, once started
         self.port = -1
@@ -105,12 +107,14 @@ class Broker:
         self._server, self.port = start_server(self._config.host, 0, self,
                                                threads=self._config.grpc_threads,
                                                replica_fetch=True,
-                                               broker_secret=self._config.inter_broker_secret)
+                                               broker_secret=self._config.inter_broker_secret,
+                                               security=self._config.security)
         base = self._config.kafka_port
         if base >= 0:
             self._kafka = KafkaListener(self._config.host,
                                         base + 1 + self.broker_id if base else 0, self,
-                                        coordinator=self.spec.kafka_coordinator).start()
+                                        coordinator=self.spec.kafka_coordinator,
+                                        security=self._config.security).start()
         self._register()
         threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True).start()
         threading.Thread(target=self._isr_loop, name="isr-shrink", daemon=True).start()

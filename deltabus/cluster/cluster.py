@@ -118,11 +118,13 @@ class Cluster:
         self._server, self.port = start_server(
             self.config.host, self.config.port, handler, self.controller,
             threads=max(self.config.grpc_threads, group.coordinator_threads),
-            groups=self.coordinator, broker_secret=self.config.inter_broker_secret)
+            groups=self.coordinator, broker_secret=self.config.inter_broker_secret,
+            security=self.config.security)
         handler.endpoint = BrokerEndpoint(CONTROLLER_NODE_ID, self.config.host, self.port)
         if self.config.kafka_port >= 0:
             self._kafka = KafkaListener(self.config.host, self.config.kafka_port, handler,
-                                        groups=self.coordinator).start()
+                                        groups=self.coordinator,
+                                        security=self.config.security).start()
         self.log_cleaner = LogCleaner(self.spark, self.controller.cleaner_tasks,
                                       self.controller.tables_changed,
                                       self.config.log_retention_check_interval_ms)

@@ -16,16 +16,19 @@ import grpc
 
 from deltabus import config as cfg
 from deltabus import errors
+from deltabus.config import ListenerSecurity
 from deltabus.metadata import BrokerEndpoint, MetadataImage, NewTopic, TopicResult
 from deltabus.rpc import codec
 from deltabus.rpc.channel import open_channel
 from deltabus.rpc.inter_broker import credential_metadata
 from deltabus.rpc.status import error_from_rpc
+from deltabus.rpc.tls import grpc_peer_credentials
 from deltabus.rpc.v1 import deltabus_pb2 as pb
 from deltabus.rpc.v1 import deltabus_pb2_grpc as pb_grpc
 from deltabus.rpc.v1 import internal_pb2 as ipb
 from deltabus.rpc.v1 import internal_pb2_grpc as ipb_grpc
 
+PLAINTEXT = ListenerSecurity()
 ADMIN_TIMEOUT_SLACK_MS = 5_000  # a forwarded admin call waits its own timeout and this much
 
 
@@ -40,13 +43,15 @@ class ControllerChannel:
     """Calls from one broker to the controller at `address`."""
 
     def __init__(self, address: str, broker_id: int, *, broker_secret: str,
+                 security: ListenerSecurity = PLAINTEXT,
                  request_timeout_ms: int = 30_000) -> None:
         """`broker_secret`: the cluster's broker credential, which every lifecycle call
-        carries (`rpc.inter_broker`)."""
+        carries (`rpc.inter_broker`); `security`: the listeners', TLS where they use it."""
         self.address = address
         self.request_timeout_ms = request_timeout_ms
         self._credential = credential_metadata(broker_secret)
-        self._channel = open_channel(address, f"deltabus-broker-{broker_id}")
+        self._channel = open_channel(address, f"deltabus-broker-{broker_id}",
+                                     grpc_peer_credentials(security))
         self._lifecycle = ipb_grpc.BrokerLifecycleStub(self._channel)
         self._admin = pb_grpc.DeltaBusStub(self._channel)
 

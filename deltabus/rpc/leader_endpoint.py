@@ -14,24 +14,30 @@ import grpc
 
 from deltabus import errors
 from deltabus.cluster.handler import FetchResult, FetchSpec
+from deltabus.config import ListenerSecurity
 from deltabus.log_tables.partition_log import LogFile
 from deltabus.records import from_ipc
 from deltabus.rpc.channel import open_channel
 from deltabus.rpc.inter_broker import credential_metadata
 from deltabus.rpc.status import error_from_rpc
+from deltabus.rpc.tls import grpc_peer_credentials
 from deltabus.rpc.v1 import internal_pb2 as ipb
 from deltabus.rpc.v1 import internal_pb2_grpc as ipb_grpc
+
+PLAINTEXT = ListenerSecurity()
 
 
 class RemoteLeaderEndpoint:
     """Fetches for one follower broker (`replica_id`) from any leader broker."""
 
     def __init__(self, replica_id: int, *, broker_secret: str,
+                 security: ListenerSecurity = PLAINTEXT,
                  request_timeout_ms: int = 30_000) -> None:
         """`broker_secret`: the cluster's broker credential, which every follower fetch
-        carries (`rpc.inter_broker`)."""
+        carries (`rpc.inter_broker`); `security`: the listeners', TLS where they use it."""
         self.replica_id = replica_id
         self._credential = credential_metadata(broker_secret)
+        self._tls = grpc_peer_credentials(security)
         self.request_timeout_ms = request_timeout_ms
         self._lock = threading.Lock()
         self._stubs: dict[str, tuple[grpc.Channel, ipb_grpc.ReplicaFetchStub]] = {}
@@ -64,7 +70,7 @@ class RemoteLeaderEndpoint:
         with self._lock:
             entry = self._stubs.get(address)
             if entry is None:
-                channel = open_channel(address, f"deltabus-replica-{self.replica_id}")
+                channel = open_channel(address, f"deltabus-replica-{self.replica_id}", self._tls)
                 entry = self._stubs[address] = (channel, ipb_grpc.ReplicaFetchStub(channel))
             return entry[1]
 

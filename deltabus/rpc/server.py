@@ -24,16 +24,21 @@ from deltabus.log_tables.partition_log import LATEST_TIMESTAMP, AppendResult
 from deltabus.offsets.group_coordinator import GroupCoordinator
 from deltabus.records import ProducerState
 from deltabus.rpc import codec, status
+from deltabus.rpc.authentication import Authenticator, CredentialLookup
+from deltabus.rpc.call_authentication import CallAuthenticator
 from deltabus.rpc.codec import present_or
 from deltabus.rpc.fetch_size import FetchBudget
 from deltabus.rpc.group_servicer import GroupServicerMixin
 from deltabus.rpc.inter_broker import InterBrokerAuthorizer
 from deltabus.rpc.internal_servicer import BrokerLifecycleServicer, ReplicaFetchServicer
+from deltabus.rpc.tls import grpc_server_credentials
 from deltabus.rpc.v1 import deltabus_pb2 as pb
 from deltabus.rpc.v1 import deltabus_pb2_grpc as pb_grpc
 from deltabus.rpc.v1 import internal_pb2_grpc as ipb_grpc
 
 log = logging.getLogger(__name__)
+
+PLAINTEXT = cfg.ListenerSecurity()
 
 def _refuse_other_resources(resources: Any, add: Callable[..., Any]) -> None:
     """Answer every config resource that is not a topic with INVALID_REQUEST (`add` appends a
@@ -294,11 +299,15 @@ def start_server(host: str, port: int, handler: DeltaBusHandler,
                  lifecycle: LifecycleHandler | None = None, *,
                  threads: int = 32, groups: GroupCoordinator | None = None,
                  replica_fetch: bool = False,
-                 broker_secret: str | None = None) -> tuple[grpc.Server, int]:
+                 broker_secret: str | None = None,
+                 security: cfg.ListenerSecurity = PLAINTEXT,
+                 credentials: CredentialLookup | None = None) -> tuple[grpc.Server, int]:
     """Start a gRPC server on host:port (0 picks a free port); returns it and the bound port.
     The controller passes `lifecycle` (brokers register with it); brokers pass `replica_fetch`
     (their followers fetch from them). Either serves the internal API, which answers only calls
-    carrying `broker_secret`, the cluster's broker credential (`rpc.inter_broker`).
+    carrying `broker_secret`, the cluster's broker credential (`rpc.inter_broker`). `security`
+    says whether the port speaks TLS and how callers authenticate (`rpc.call_authentication`,
+    against the users' SCRAM `credentials`).
 
     Raises BrokerNotAvailableError when the port cannot be bound (already in use).
     """
@@ -310,16 +319,23 @@ def start_server(host: str, port: int, handler: DeltaBusHandler,
     internal = lifecycle is not None or replica_fetch
     if internal and not broker_secret:
         raise ValueError("a server of the internal API needs the cluster's broker credential")
+    interceptors: list[grpc.ServerInterceptor] = []
+    if internal and broker_secret:
+        interceptors.append(InterBrokerAuthorizer(broker_secret))
+    if security.uses_sasl or security.uses_tls:
+        authenticator = (Authenticator(credentials, security.sasl_enabled_mechanisms)
+                         if security.uses_sasl and credentials is not None else None)
+        interceptors.append(CallAuthenticator(security, authenticator))
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=threads), options=options,
-                         interceptors=[InterBrokerAuthorizer(broker_secret)]
-                         if internal and broker_secret else None)
+                         interceptors=interceptors or None)
     pb_grpc.add_DeltaBusServicer_to_server(DeltaBusServicer(handler, groups), server)
     if lifecycle is not None:
         ipb_grpc.add_BrokerLifecycleServicer_to_server(BrokerLifecycleServicer(lifecycle), server)
     if replica_fetch:
         ipb_grpc.add_ReplicaFetchServicer_to_server(ReplicaFetchServicer(handler), server)
     try:
-        bound = server.add_insecure_port(f"{host}:{port}")
+        bound = (server.add_secure_port(f"{host}:{port}", grpc_server_credentials(security))
+                 if security.uses_tls else server.add_insecure_port(f"{host}:{port}"))
     except RuntimeError as e:
         raise errors.BrokerNotAvailableError(f"cannot listen on {host}:{port}: {e}") from None
     if bound == 0:

@@ -218,7 +218,11 @@ class FakeCluster:
     """`brokers` in-memory brokers on loopback; `bootstrap_servers` names them all."""
 
     def __init__(self, brokers: int = 2, *, default_partitions: int = 1,
-                 auto_create_topics: bool = True, sequence_wait_ms: int = 10_000) -> None:
+                 auto_create_topics: bool = True, sequence_wait_ms: int = 10_000,
+                 security: cfg.ListenerSecurity | None = None,
+                 credentials: CredentialLookup | None = None) -> None:
+        """`security` and `credentials`: the brokers' gRPC listeners use TLS and authenticate
+        callers as a real cluster's do (PLAINTEXT by default)."""
         self._config = cfg.ClusterConfig(root="", brokers=brokers, host=HOST,
                                          num_partitions=default_partitions)
         self.auto_create_topics = auto_create_topics
@@ -247,7 +251,9 @@ class FakeCluster:
         self.brokers: list[BrokerEndpoint] = []
         for broker_id in range(brokers):
             server, port = start_server(HOST, 0, FakeBroker(self, broker_id), threads=16,
-                                        groups=self.coordinator if broker_id == 0 else None)
+                                        groups=self.coordinator if broker_id == 0 else None,
+                                        security=security or cfg.ListenerSecurity(),
+                                        credentials=credentials)
             self._servers.append(server)
             self.brokers.append(BrokerEndpoint(broker_id, HOST, port))
         self._ticker = threading.Thread(target=self._tick_loop, name="fake-coordinator",
