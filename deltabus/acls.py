@@ -1,0 +1,170 @@
+"""Access control lists, Kafka's model: who (principal, host) may do what (operation) to which
+resource (a topic, group, the cluster, a transactional id; by literal name or name prefix).
+
+`Authorizer.authorize` decides as Kafka's StandardAuthorizer does:
+- a super user may do anything;
+- a DENY that matches wins over every ALLOW;
+- an ALLOW of the operation, of ALL, or of an operation that implies it (READ, WRITE, DELETE and
+  ALTER imply DESCRIBE; ALTER_CONFIGS implies DESCRIBE_CONFIGS) lets the request through;
+- when no ACL at all matches the resource, `allow.everyone.if.no.acl.found` decides (false by
+  default, as Kafka's once an authorizer is configured).
+An ACL matches a resource by literal name, by the literal wildcard `*`, or by prefix (PREFIXED);
+a principal by equality or `User:*`; a host by equality or `*`.
+
+Pure: the codes are Kafka's wire values, so both doors and the CLI share them.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from deltabus import errors
+from deltabus.principal import KafkaPrincipal
+
+WILDCARD = "*"
+WILDCARD_PRINCIPAL = "User:*"
+
+
+class ResourceType(enum.IntEnum):
+    ANY = 1
+    TOPIC = 2
+    GROUP = 3
+    CLUSTER = 4
+    TRANSACTIONAL_ID = 5
+
+
+class PatternType(enum.IntEnum):
+    ANY = 1  # filters only: literal or prefixed
+    MATCH = 2  # filters only: every ACL that would apply to the named resource
+    LITERAL = 3
+    PREFIXED = 4
+
+
+class Operation(enum.IntEnum):
+    ANY = 1  # filters only
+    ALL = 2
+    READ = 3
+    WRITE = 4
+    CREATE = 5
+    DELETE = 6
+    ALTER = 7
+    DESCRIBE = 8
+    CLUSTER_ACTION = 9
+    DESCRIBE_CONFIGS = 10
+    ALTER_CONFIGS = 11
+    IDEMPOTENT_WRITE = 12
+
+
+class Permission(enum.IntEnum):
+    ANY = 1  # filters only
+    DENY = 2
+    ALLOW = 3
+
+
+CLUSTER_NAME = "kafka-cluster"  # the one Cluster resource, as Kafka names it
+
+# An ALLOW of the key also allows these (Kafka's AclEntry.supportedOperations implications).
+_IMPLIED = {
+    Operation.DESCRIBE: {Operation.READ, Operation.WRITE, Operation.DELETE, Operation.ALTER},
+    Operation.DESCRIBE_CONFIGS: {Operation.ALTER_CONFIGS},
+}
+
+
+@dataclass(frozen=True, order=True)
+class AclBinding:
+    """One ACL: Kafka's AclBinding (a resource pattern and an access control entry)."""
+
+    resource_type: ResourceType
+    resource_name: str
+    pattern_type: PatternType
+    principal: str  # User:alice, or User:* for everyone
+    host: str  # an address, or * for any
+    operation: Operation
+    permission: Permission
+
+    def __post_init__(self) -> None:
+        if self.resource_type == ResourceType.ANY or self.pattern_type in (
+                PatternType.ANY, PatternType.MATCH) or self.operation == Operation.ANY or (
+                self.permission == Permission.ANY):
+            raise errors.InvalidRequestError("an ACL names exact values: ANY and MATCH are for "
+                                             "filters")
+        if not self.resource_name:
+            raise errors.InvalidRequestError("an ACL needs a resource name")
+        if self.resource_type == ResourceType.CLUSTER and self.resource_name != CLUSTER_NAME:
+            raise errors.InvalidRequestError(
+                f"the cluster resource is named {CLUSTER_NAME!r}, not {self.resource_name!r}")
+        KafkaPrincipal.parse(self.principal)
+        if not self.host:
+            raise errors.InvalidRequestError("an ACL needs a host (* for any)")
+
+    def covers(self, resource_type: ResourceType, name: str) -> bool:
+        """Whether this ACL applies to the named resource."""
+        if self.resource_type != resource_type:
+            return False
+        if self.pattern_type == PatternType.PREFIXED:
+            return name.startswith(self.resource_name)
+        return self.resource_name in (name, WILDCARD)
+
+    def applies_to(self, principal: KafkaPrincipal, host: str) -> bool:
+        return (self.principal in (str(principal), WILDCARD_PRINCIPAL)
+                and self.host in (host, WILDCARD))
+
+
+@dataclass(frozen=True)
+class AclBindingFilter:
+    """Which ACLs DescribeAcls lists and DeleteAcls removes: None, or ANY, matches anything."""
+
+    resource_type: ResourceType = ResourceType.ANY
+    resource_name: str | None = None
+    pattern_type: PatternType = PatternType.ANY
+    principal: str | None = None
+    host: str | None = None
+    operation: Operation = Operation.ANY
+    permission: Permission = Permission.ANY
+
+    def matches(self, acl: AclBinding) -> bool:
+        if self.resource_type not in (ResourceType.ANY, acl.resource_type):
+            return False
+        if self.pattern_type == PatternType.MATCH:
+            # Every ACL that would apply to the named resource: literal, wildcard or prefix.
+            if self.resource_name is not None and not acl.covers(acl.resource_type,
+                                                                   self.resource_name):
+                return False
+        else:
+            if self.pattern_type not in (PatternType.ANY, acl.pattern_type):
+                return False
+            if self.resource_name is not None and self.resource_name != acl.resource_name:
+                return False
+        return (self.principal in (None, acl.principal) and self.host in (None, acl.host)
+                and self.operation in (Operation.ANY, acl.operation)
+                and self.permission in (Permission.ANY, acl.permission))
+
+
+class Authorizer:
+    """Decides requests against a set of ACLs (Kafka's StandardAuthorizer)."""
+
+    def __init__(self, acls: Iterable[AclBinding], *, super_users: Iterable[str] = (),
+                 allow_everyone_if_no_acl_found: bool = False) -> None:
+        self._by_type: dict[ResourceType, list[AclBinding]] = {}
+        for acl in acls:
+            self._by_type.setdefault(acl.resource_type, []).append(acl)
+        self._super_users = frozenset(super_users)
+        self._allow_if_none = allow_everyone_if_no_acl_found
+
+    def authorize(self, principal: KafkaPrincipal, host: str, operation: Operation,
+                  resource_type: ResourceType, name: str) -> bool:
+        if str(principal) in self._super_users:
+            return True
+        matching = [acl for acl in self._by_type.get(resource_type, ())
+                    if acl.covers(resource_type, name)]
+        if not matching:
+            return self._allow_if_none
+        mine = [acl for acl in matching if acl.applies_to(principal, host)]
+        if any(acl.permission == Permission.DENY
+               and acl.operation in (operation, Operation.ALL) for acl in mine):
+            return False
+        allowed = {operation, Operation.ALL} | _IMPLIED.get(operation, set())
+        return any(acl.permission == Permission.ALLOW and acl.operation in allowed
+                   for acl in mine)
