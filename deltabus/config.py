@@ -429,6 +429,12 @@ class ClusterConfig:
     grpc_threads: int = 32
     # TLS and SASL on the client listeners (both doors); PLAINTEXT by default.
     security: ListenerSecurity = field(default_factory=ListenerSecurity)
+    # Kafka's StandardAuthorizer (authorizer.class.name): every request is checked against the
+    # ACLs. super.users may do anything; allow.everyone.if.no.acl.found lets requests on a
+    # resource no ACL names through (false, as in Kafka, once an authorizer is on).
+    authorizer: bool = False
+    super_users: tuple[str, ...] = ()
+    allow_everyone_if_no_acl_found: bool = False
     # The brokers' credential for the internal API (Kafka's ClusterAction, rpc/inter_broker.py):
     # made afresh for every cluster and handed to its broker tasks only. Kept out of repr, so
     # logs and error messages never show it; DELTABUS_INTER_BROKER_SECRET sets it.
@@ -480,6 +486,10 @@ class ClusterConfig:
             raise ValueError("broker session timeout must cover at least two heartbeats")
         if self.group_commit_bytes_max > self.log_cache_bytes_max:
             raise ValueError("the log cache must hold at least one group commit")
+        for principal in self.super_users:
+            kind, sep, name = principal.partition(":")
+            if not (kind and sep and name):
+                raise ValueError(f"super.users lists principals as User:name, not {principal!r}")
         if self.replica_lag_time_max_ms < 2 * self.replica_fetch_wait_max_ms:
             raise ValueError("replica.lag.time.max.ms must cover at least two follower fetches")
 

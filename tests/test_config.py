@@ -104,6 +104,19 @@ def test_each_cluster_gets_its_own_broker_credential_and_repr_never_shows_it(
     assert ClusterConfig(root="/tmp/x").inter_broker_secret == "from-the-environment"
 
 
+def test_an_open_listener_beyond_loopback_is_warned_of() -> None:
+    from deltabus.cluster.cluster import open_listener_warning
+
+    for host in ("127.0.0.1", "127.0.0.3", "localhost", "::1"):
+        assert open_listener_warning(ClusterConfig(root="/tmp/x", host=host)) is None
+    warning = open_listener_warning(ClusterConfig(root="/tmp/x", host="10.1.2.3"))
+    assert warning is not None and "ANYONE" in warning and "10.1.2.3" in warning
+    assert open_listener_warning(ClusterConfig(root="/tmp/x", host="10.1.2.3",
+                                               authorizer=True)) is None
+    with pytest.raises(ValueError, match="super.users"):
+        ClusterConfig(root="/tmp/x", super_users=("alice",))
+
+
 def test_invalid_values_get_kafkas_messages() -> None:
     cases = {
         ("retention.ms", "abc"):

@@ -12,6 +12,7 @@ Thread-safe: `start` and `stop` are meant for one thread; the rest may be called
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import signal
@@ -107,6 +108,7 @@ class Cluster:
         """Start the controller and every broker; return once all brokers have registered."""
         self._check_task_slots()
         self._warn_of_kill_links()
+        self._warn_if_open()
         self.controller = Controller(self.config, on_fence=self._cancel_broker,
                                      catch_up=self._catch_up)
         group = self.config.group
@@ -164,6 +166,11 @@ class Cluster:
         if self.spark.sparkContext.getConf().get("spark.ui.killEnabled", "true") != "false":
             log.warning("spark.ui.killEnabled is on: anyone who reaches the Spark UI can kill "
                         "the deltabus broker jobs; start Spark with spark.ui.killEnabled=false")
+
+    def _warn_if_open(self) -> None:
+        warning = open_listener_warning(self.config)
+        if warning:
+            log.warning("%s", warning)
 
     def _spawn(self, target: Any, name: str) -> None:
         thread = threading.Thread(target=target, name=name, daemon=True)
@@ -382,3 +389,23 @@ def executor_pid(worker_pid: int) -> int:
         with open(f"/proc/{pid}/stat") as f:
             pid = int(f.read().rsplit(")", 1)[1].split()[1])  # the parent's pid
     raise ValueError(f"process {worker_pid} runs in no separate executor (local mode?)")
+
+
+def open_listener_warning(config: cfg.ClusterConfig) -> str | None:
+    """Plaintext without an authorizer is fine on loopback (`make run`); on an address other
+    machines reach, anyone there can do anything: the warning Cluster.start logs, or None."""
+    if config.security.uses_sasl or config.authorizer or _is_loopback(config.host):
+        return None
+    return (f"deltabus listens on {config.host} with {config.security.security_protocol} and "
+            "no authorizer: ANYONE who reaches this address can read, write and delete every "
+            "topic. Use security.protocol SASL_SSL and authorizer=True on a shared network "
+            "(see the README's Security section).")
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
