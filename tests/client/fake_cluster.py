@@ -216,7 +216,10 @@ class FakeCluster:
     """`brokers` in-memory brokers on loopback; `bootstrap_servers` names them all."""
 
     def __init__(self, brokers: int = 2, *, default_partitions: int = 1,
-                 auto_create_topics: bool = True, sequence_wait_ms: int = 10_000) -> None:
+                 auto_create_topics: bool = True, sequence_wait_ms: int = 10_000,
+                 serve: Callable[..., tuple[grpc.Server, int]] = start_server) -> None:
+        """`serve` starts each broker's server, `start_server`'s way (tests/client/
+        secure_server.py serves the same servicer over TLS, recording every call)."""
         self._config = cfg.ClusterConfig(root="", brokers=brokers, host=HOST,
                                          num_partitions=default_partitions)
         self.auto_create_topics = auto_create_topics
@@ -243,8 +246,8 @@ class FakeCluster:
         self._servers: list[grpc.Server] = []
         self.brokers: list[BrokerEndpoint] = []
         for broker_id in range(brokers):
-            server, port = start_server(HOST, 0, FakeBroker(self, broker_id), threads=16,
-                                        groups=self.coordinator if broker_id == 0 else None)
+            server, port = serve(HOST, 0, FakeBroker(self, broker_id), threads=16,
+                                 groups=self.coordinator if broker_id == 0 else None)
             self._servers.append(server)
             self.brokers.append(BrokerEndpoint(broker_id, HOST, port))
         self._ticker = threading.Thread(target=self._tick_loop, name="fake-coordinator",
