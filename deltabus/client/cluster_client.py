@@ -39,12 +39,12 @@ def parse_bootstrap(servers: str | Iterable[str]) -> list[str]:
 
 # What a failed connection says when the two ends disagree on TLS, and what to tell the user.
 _TLS_MISMATCH = (
-    (False, "Socket closed", "the server closed the connection at once: if its listener is SSL "
-     "or SASL_SSL, set security.protocol (this client's is {protocol})"),
-    (True, "WRONG_VERSION_NUMBER", "the server does not answer in TLS: if its listener is "
-     "PLAINTEXT or SASL_PLAINTEXT, set security.protocol so (this client's is {protocol})"),
+    (False, "Socket closed", "the server closed the connection at once: is its listener SSL or "
+     "SASL_SSL? then set security.protocol, which is {protocol} here"),
+    (True, "WRONG_VERSION_NUMBER", "the server does not answer in TLS: is its listener PLAINTEXT "
+     "or SASL_PLAINTEXT? then set security.protocol, which is {protocol} here"),
     (True, "CERTIFICATE_VERIFY_FAILED", "the server's certificate is not signed by the CA of "
-     "ssl.ca.location (or, without it, by the system's roots)"),
+     "ssl.ca.location, or without it by the system's roots"),
 )
 
 
@@ -55,7 +55,7 @@ def explained(error: errors.DeltaBusError, security: ClientSecurity) -> errors.D
     for tls, sign, hint in _TLS_MISMATCH:
         if tls == security.uses_tls and sign in error.message:
             return type(error)(
-                f"{error.message} ({hint.format(protocol=security.security_protocol)})")
+                f"{error.message}; {hint.format(protocol=security.security_protocol)}")
     return error
 
 

@@ -41,6 +41,7 @@ __all__ = [
     "SECURITY_PROTOCOLS",
     "SecuritySettings",
     "parse_jaas_config",
+    "refuse_java_stores",
     "security_from_properties",
 ]
 
@@ -313,16 +314,22 @@ def _jaas_options(tokens: list[tuple[str, str]]) -> dict[str, str]:
     return options
 
 
-def security_from_properties(properties: Mapping[str, Any], *,
-                             prefix: str = "") -> ClientSecurity:
-    """A ClientSecurity from Kafka's property names (`security.protocol`, ...), each behind
-    `prefix` (Spark's options take `kafka.`). Java's key and trust stores are refused with
-    the PEM setting to give instead; other properties are left to the caller."""
+def refuse_java_stores(properties: Mapping[str, Any], *, prefix: str = "") -> None:
+    """InvalidConfigError for Java's key and trust store settings, naming the PEM setting to
+    give instead (a Kafka user's config often carries them)."""
     for java, pem in JAVA_STORE_PROPERTIES.items():
         if properties.get(prefix + java):
             raise errors.InvalidConfigError(
                 f"{prefix}{java} is Java's key or trust store setting: deltabus takes PEM files, "
                 f"give {' and '.join(prefix + p for p in pem.split(' and '))}")
+
+
+def security_from_properties(properties: Mapping[str, Any], *,
+                             prefix: str = "") -> ClientSecurity:
+    """A ClientSecurity from Kafka's property names (`security.protocol`, ...), each behind
+    `prefix` (Spark's options take `kafka.`). Java's key and trust stores are refused with
+    the PEM setting to give instead; other properties are left to the caller."""
+    refuse_java_stores(properties, prefix=prefix)
     settings = {keyword: properties[prefix + name] for name, keyword in SECURITY_PROPERTIES.items()
                 if properties.get(prefix + name) not in (None, "")}
     return ClientSecurity.from_settings(**settings)
