@@ -79,6 +79,7 @@ JAAS_FLAGS = ("required", "requisite", "sufficient", "optional")
 _JAAS_TOKEN = re.compile(r'\s*(?:(?P<quoted>"(?:[^"\\]|\\.)*")|(?P<word>[^\s=;"]+)|(?P<op>[=;]))',
                          re.DOTALL)
 _JAAS_ESCAPES = {"n": "\n", "t": "\t", "r": "\r"}
+_SETTING_NAME = re.compile(r"(?<![\w/.-])((?:security|sasl|ssl)\.[a-z.]*[a-z])")
 
 
 class SecuritySettings(TypedDict, total=False):
@@ -332,4 +333,10 @@ def security_from_properties(properties: Mapping[str, Any], *,
     refuse_java_stores(properties, prefix=prefix)
     settings = {keyword: properties[prefix + name] for name, keyword in SECURITY_PROPERTIES.items()
                 if properties.get(prefix + name) not in (None, "")}
-    return ClientSecurity.from_settings(**settings)
+    try:
+        return ClientSecurity.from_settings(**settings)
+    except errors.InvalidConfigError as e:
+        if not prefix:
+            raise
+        # name the settings as the caller gave them (kafka.security.protocol in Spark)
+        raise errors.InvalidConfigError(_SETTING_NAME.sub(prefix + r"\1", e.message)) from None
