@@ -12,7 +12,7 @@ import argparse
 import re
 
 from deltabus import config as cfg
-from deltabus.cli.options import CliError
+from deltabus.cli.options import CliError, add_command_config, admin_settings
 from deltabus.client.admin import AdminClient
 
 ENTITY_TYPES = ("topics", "brokers")
@@ -33,6 +33,7 @@ def add_parser(subparsers: argparse._SubParsersAction, parent: argparse.Argument
                    help="with --alter: configs to set; list values go in square brackets")
     p.add_argument("--delete-config", metavar="K,K2",
                    help="with --alter: overrides to remove (back to the default)")
+    add_command_config(p, clients="admin")
     p.set_defaults(func=run)
 
 
@@ -56,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def describe(args: argparse.Namespace) -> int:
-    with AdminClient(args.bootstrap_server) as admin:
+    with AdminClient(args.bootstrap_server, **admin_settings(args)) as admin:
         topics = [args.entity_name] if args.entity_name else admin.list_topics()
         results = admin.describe_configs(topics)
     for topic in topics:
@@ -89,7 +90,7 @@ def alter(args: argparse.Namespace) -> int:
     if both:
         raise CliError(f"Invalid config(s): {','.join(both)} cannot be both added and deleted")
     ops += [cfg.AlterConfigOp(k, cfg.DELETE) for k in deleted]
-    with AdminClient(args.bootstrap_server) as admin:
+    with AdminClient(args.bootstrap_server, **admin_settings(args)) as admin:
         admin.incremental_alter_configs({args.entity_name: ops})
     print(f"Completed updating config for topic {args.entity_name}.")
     return 0

@@ -20,7 +20,9 @@ from deltabus import errors
 from deltabus.cli.options import (
     CONSUMER_CONFIGS,
     CliError,
+    add_command_config,
     client_kwargs,
+    command_config,
     parse_bool,
     parse_properties,
     warn_unknown,
@@ -51,6 +53,7 @@ def add_parser(subparsers: argparse._SubParsersAction, parent: argparse.Argument
                         "line.separator, null.literal")
     p.add_argument("--consumer-property", action="append", metavar="KEY=VALUE",
                    help="a consumer config (fetch.max.bytes, max.poll.records, ...)")
+    add_command_config(p, "--consumer.config", clients="consumer")
     p.set_defaults(func=run)
 
 
@@ -103,8 +106,9 @@ def run(args: argparse.Namespace) -> int:
     props = parse_properties(args.property, "--property")
     warn_unknown(props, MessageFormatter.PROPERTIES)
     formatter = MessageFormatter(props)
-    kwargs = client_kwargs(parse_properties(args.consumer_property, "--consumer-property"),
-                           CONSUMER_CONFIGS)
+    kwargs = client_kwargs({**command_config(args),
+                            **parse_properties(args.consumer_property, "--consumer-property")},
+                           CONSUMER_CONFIGS, ignore=("bootstrap.servers",))
     start = _start_position(args)
     if args.group is not None and args.partition is not None:
         raise CliError("Options group and partition cannot be specified together.")

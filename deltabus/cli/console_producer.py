@@ -15,7 +15,9 @@ from typing import Any
 from deltabus.cli.options import (
     PRODUCER_CONFIGS,
     CliError,
+    add_command_config,
     client_kwargs,
+    command_config,
     parse_bool,
     parse_properties,
     warn_unknown,
@@ -33,6 +35,7 @@ def add_parser(subparsers: argparse._SubParsersAction, parent: argparse.Argument
                    help="line reader property: parse.key, key.separator, ignore.error")
     p.add_argument("--producer-property", action="append", metavar="KEY=VALUE",
                    help="a producer config (acks, linger.ms, batch.size, ...); repeat for more")
+    add_command_config(p, "--producer.config", clients="producer")
     p.set_defaults(func=run)
 
 
@@ -75,8 +78,9 @@ def run(args: argparse.Namespace) -> int:
     props = parse_properties(args.property, "--property")
     warn_unknown(props, READER_PROPERTIES)
     reader = LineReader(props)
-    kwargs = client_kwargs(parse_properties(args.producer_property, "--producer-property"),
-                           PRODUCER_CONFIGS)
+    kwargs = client_kwargs({**command_config(args),
+                            **parse_properties(args.producer_property, "--producer-property")},
+                           PRODUCER_CONFIGS, ignore=("bootstrap.servers",))
     producer = Producer(args.bootstrap_server, **kwargs)
     failures = _Failures()
     try:

@@ -14,7 +14,7 @@ import datetime as dt
 import re
 from collections.abc import Iterable
 
-from deltabus.cli.options import CliError
+from deltabus.cli.options import CliError, add_command_config, admin_settings
 from deltabus.client.admin import AdminClient
 from deltabus.client.consumer import Consumer, TopicPartition
 from deltabus.client.consumer_protocol import Assignment
@@ -56,11 +56,12 @@ def add_parser(subparsers: argparse._SubParsersAction, parent: argparse.Argument
     run_mode = p.add_mutually_exclusive_group()
     run_mode.add_argument("--dry-run", action="store_true", help="show the result (default)")
     run_mode.add_argument("--execute", action="store_true", help="reset the offsets")
+    add_command_config(p, clients="admin")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    with AdminClient(args.bootstrap_server) as admin:
+    with AdminClient(args.bootstrap_server, **admin_settings(args)) as admin:
         if args.list:
             for group_id, _ in admin.list_consumer_groups():
                 print(group_id)
@@ -102,7 +103,7 @@ def describe(admin: AdminClient, args: argparse.Namespace, groups: list[str]) ->
         if args.members:
             _print_members(description, args.verbose)
         else:
-            _print_offsets(admin, args.bootstrap_server, description)
+            _print_offsets(admin, args, description)
 
 
 def assignments(description: GroupDescription) -> dict[TopicPartition, tuple[str, str, str]]:
@@ -115,11 +116,12 @@ def assignments(description: GroupDescription) -> dict[TopicPartition, tuple[str
     return out
 
 
-def _print_offsets(admin: AdminClient, bootstrap: str, description: GroupDescription) -> None:
+def _print_offsets(admin: AdminClient, args: argparse.Namespace,
+                   description: GroupDescription) -> None:
     committed = admin.list_consumer_group_offsets(description.group_id)
     owners = assignments(description)
     tps = sorted({TopicPartition(*tp) for tp in committed} | set(owners))
-    ends = _end_offsets(bootstrap, tps)
+    ends = _end_offsets(args, tps)
     rows = [["GROUP", "TOPIC", "PARTITION", "CURRENT-OFFSET", "LOG-END-OFFSET", "LAG",
              "CONSUMER-ID", "HOST", "CLIENT-ID"]]
     for tp in tps:
@@ -132,10 +134,11 @@ def _print_offsets(admin: AdminClient, bootstrap: str, description: GroupDescrip
     _print_table(rows)
 
 
-def _end_offsets(bootstrap: str, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+def _end_offsets(args: argparse.Namespace,
+                 tps: list[TopicPartition]) -> dict[TopicPartition, int]:
     if not tps:
         return {}
-    with Consumer(bootstrap) as consumer:
+    with Consumer(args.bootstrap_server, **admin_settings(args)) as consumer:
         existing = set(consumer.topics())
         return consumer.end_offsets([tp for tp in tps if tp.topic in existing])
 
@@ -206,7 +209,7 @@ def _reset_partitions(args: argparse.Namespace,
     if args.all_topics:
         return sorted(committed)
     out: list[TopicPartition] = []
-    with Consumer(args.bootstrap_server) as consumer:
+    with Consumer(args.bootstrap_server, **admin_settings(args)) as consumer:
         for spec in args.topic:
             topic, _, parts = spec.partition(":")
             if parts:
@@ -220,7 +223,7 @@ def _reset_partitions(args: argparse.Namespace,
 def _new_offsets(args: argparse.Namespace, scenario: str, tps: list[TopicPartition],
                  committed: dict[TopicPartition, int]) -> dict[TopicPartition, int]:
     """Kafka's reset scenarios, clamped to [log start, log end] as Kafka clamps them."""
-    with Consumer(args.bootstrap_server) as consumer:
+    with Consumer(args.bootstrap_server, **admin_settings(args)) as consumer:
         starts = consumer.beginning_offsets(tps)
         ends = consumer.end_offsets(tps)
         if scenario in ("to_datetime", "by_duration"):

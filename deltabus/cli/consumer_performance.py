@@ -19,7 +19,9 @@ import pyarrow.compute as pc
 from deltabus.cli.options import (
     CONSUMER_CONFIGS,
     CliError,
+    add_command_config,
     client_kwargs,
+    command_config,
     parse_properties,
 )
 from deltabus.cli.results import write_json
@@ -44,13 +46,14 @@ def add_parser(subparsers: argparse._SubParsersAction, parent: argparse.Argument
     p.add_argument("--hide-header", action="store_true", help="print only the figures")
     p.add_argument("--bulk", action="store_true", help="read Arrow tables with poll_batch")
     p.add_argument("--json", metavar="FILE", help="also write the figures to FILE as JSON")
+    add_command_config(p, "--consumer.config", clients="consumer")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     if args.messages < 1:
         raise CliError("--messages must be at least 1")
-    props = parse_properties(args.consumer_props, "--consumer-props")
+    props = {**command_config(args), **parse_properties(args.consumer_props, "--consumer-props")}
     kwargs = {"max_partition_fetch_bytes": args.fetch_size,
               **client_kwargs(props, CONSUMER_CONFIGS, ignore=("bootstrap.servers",))}
     bootstrap = props.get("bootstrap.servers") or args.bootstrap_server

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 
 from deltabus import errors
-from deltabus.cli.options import CliError
+from deltabus.cli.options import CliError, add_command_config, admin_settings
 from deltabus.client.admin import AdminClient
 
 
@@ -24,6 +24,7 @@ def add_parser(subparsers: argparse._SubParsersAction, parent: argparse.Argument
     p.add_argument("--partition", type=int, help="the partition of --topic")
     p.add_argument("--all-topic-partitions", action="store_true",
                    help="elect every partition of every topic")
+    add_command_config(p, "--admin.config", clients="admin")
     p.set_defaults(func=run)
 
 
@@ -35,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
         raise CliError("Missing required option(s) [partition]")
     election = args.election_type
     partitions = None if args.all_topic_partitions else [(args.topic, args.partition)]
-    with AdminClient(args.bootstrap_server) as admin:
+    with AdminClient(args.bootstrap_server, **admin_settings(args)) as admin:
         results = admin.elect_leaders(election.lower(), partitions)
     elected = [_name(tp) for tp, error in results.items() if error is None]
     not_needed = [_name(tp) for tp, error in results.items()

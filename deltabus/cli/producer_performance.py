@@ -22,7 +22,9 @@ import pyarrow as pa
 from deltabus.cli.options import (
     PRODUCER_CONFIGS,
     CliError,
+    add_command_config,
     client_kwargs,
+    command_config,
     parse_properties,
 )
 from deltabus.cli.results import write_json
@@ -47,6 +49,7 @@ def add_parser(subparsers: argparse._SubParsersAction, parent: argparse.Argument
     p.add_argument("--batch-records", type=int,
                    help="with --bulk: records per send_batch call (default: 16 MiB of values)")
     p.add_argument("--json", metavar="FILE", help="also write the figures to FILE as JSON")
+    add_command_config(p, "--producer.config", clients="producer")
     p.set_defaults(func=run)
 
 
@@ -165,7 +168,7 @@ def random_values(n: int, size: int, seed: int = 7) -> pa.Array:
 def run(args: argparse.Namespace) -> int:
     if args.num_records < 1 or args.record_size < 0:
         raise CliError("--num-records must be at least 1 and --record-size at least 0")
-    props = parse_properties(args.producer_props, "--producer-props")
+    props = {**command_config(args), **parse_properties(args.producer_props, "--producer-props")}
     bootstrap = props.get("bootstrap.servers") or args.bootstrap_server
     kwargs = client_kwargs(props, PRODUCER_CONFIGS, ignore=("bootstrap.servers",))
     with Producer(bootstrap, **kwargs) as producer:

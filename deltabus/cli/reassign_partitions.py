@@ -12,7 +12,7 @@ import argparse
 import json
 from typing import Any
 
-from deltabus.cli.options import CliError
+from deltabus.cli.options import CliError, add_command_config, admin_settings
 from deltabus.client.admin import AdminClient
 
 
@@ -25,6 +25,7 @@ def add_parser(subparsers: argparse._SubParsersAction, parent: argparse.Argument
     actions.add_argument("--verify", action="store_true", help="report its progress")
     p.add_argument("--reassignment-json-file", metavar="FILE", required=True,
                    help="Kafka's reassignment JSON: the target replicas of each partition")
+    add_command_config(p, clients="admin")
     p.set_defaults(func=run)
 
 
@@ -32,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
     if not (args.execute or args.verify):
         raise CliError("Command must include exactly one action: --execute or --verify")
     targets = read_plan(args.reassignment_json_file)
-    with AdminClient(args.bootstrap_server) as admin:
+    with AdminClient(args.bootstrap_server, **admin_settings(args)) as admin:
         topics = {t.name: t for t in admin.describe_topics(sorted({t for t, _ in targets}))}
         if args.verify:
             print("Status of partition reassignment:")

@@ -12,7 +12,13 @@ import re
 from collections.abc import Iterable
 
 from deltabus import errors
-from deltabus.cli.options import CliError, parse_properties, warn
+from deltabus.cli.options import (
+    CliError,
+    add_command_config,
+    admin_settings,
+    parse_properties,
+    warn,
+)
 from deltabus.client.admin import AdminClient
 from deltabus.metadata import NO_LEADER, NewTopic, PartitionState, TopicState
 from deltabus.topics import has_collision_chars, validate_topic_name
@@ -44,6 +50,7 @@ def add_parser(subparsers: argparse._SubParsersAction, parent: argparse.Argument
                    help="with --describe: only partitions whose ISR is short of the replicas")
     p.add_argument("--unavailable-partitions", action="store_true",
                    help="with --describe: only partitions with no live leader")
+    add_command_config(p, clients="admin")
     p.set_defaults(func=run)
 
 
@@ -61,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
                 raise CliError(f"Option --{flag.replace('_', '-')} can only be used with --create")
     if action in ("create", "delete") and not args.topic:
         raise CliError(f"--topic is required with --{action}")
-    with AdminClient(args.bootstrap_server) as admin:
+    with AdminClient(args.bootstrap_server, **admin_settings(args)) as admin:
         if action == "create":
             create(admin, args)
         elif action == "list":
@@ -84,7 +91,7 @@ def alter(args: argparse.Namespace) -> int:
     for flag in ("replication_factor", "config", "replica_assignment"):
         if getattr(args, flag) is not None:
             raise CliError(f"Option --{flag.replace('_', '-')} can only be used with --create")
-    with AdminClient(args.bootstrap_server) as admin:
+    with AdminClient(args.bootstrap_server, **admin_settings(args)) as admin:
         names = matching(admin.list_topics(), args.topic)
         if not names:
             if args.if_exists:

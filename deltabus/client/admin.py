@@ -8,11 +8,12 @@ Thread-safe. Admin calls go to any server; brokers forward them to the controlle
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Unpack
 
 from deltabus import config as cfg
 from deltabus import errors
 from deltabus.client.cluster_client import ClusterClient
+from deltabus.client.security import ClientSecurity, SecuritySettings
 from deltabus.metadata import GroupDescription, MemberDescription, NewTopic, TopicState
 from deltabus.rpc import codec
 from deltabus.rpc.v1 import deltabus_pb2 as pb
@@ -24,9 +25,12 @@ class AdminClient:
     """Manage topics. Errors are raised per topic, as Kafka's admin futures do."""
 
     def __init__(self, bootstrap_servers: str | Iterable[str], *,
-                 request_timeout_ms: int = 30_000, client_id: str = "deltabus-admin") -> None:
+                 request_timeout_ms: int = 30_000, client_id: str = "deltabus-admin",
+                 **security: Unpack[SecuritySettings]) -> None:
+        """`security`: Kafka's client security configs (deltabus.client.security)."""
         self._client = ClusterClient(bootstrap_servers, request_timeout_ms=request_timeout_ms,
-                                     client_id=client_id)
+                                     client_id=client_id,
+                                     security=ClientSecurity.from_settings(**security))
 
     def create_topics(self, new_topics: Iterable[NewTopic], *, timeout_ms: int = 30_000,
                       validate_only: bool = False) -> dict[str, str]:

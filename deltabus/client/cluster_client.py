@@ -16,6 +16,7 @@ from typing import Any
 import grpc
 
 from deltabus import errors
+from deltabus.client.security import ClientSecurity
 from deltabus.metadata import BrokerEndpoint, MetadataImage, PartitionState, empty_image
 from deltabus.rpc import codec
 from deltabus.rpc.channel import open_channel
@@ -36,13 +37,41 @@ def parse_bootstrap(servers: str | Iterable[str]) -> list[str]:
     return out
 
 
+# What a failed connection says when the two ends disagree on TLS, and what to tell the user.
+_TLS_MISMATCH = (
+    (False, "Socket closed", "the server closed the connection at once: is its listener SSL or "
+     "SASL_SSL? then set security.protocol, which is {protocol} here"),
+    (True, "WRONG_VERSION_NUMBER", "the server does not answer in TLS: is its listener PLAINTEXT "
+     "or SASL_PLAINTEXT? then set security.protocol, which is {protocol} here"),
+    (True, "CERTIFICATE_VERIFY_FAILED", "the server's certificate is not signed by the CA of "
+     "ssl.ca.location, or without it by the system's roots"),
+)
+
+
+def explained(error: errors.DeltaBusError, security: ClientSecurity) -> errors.DeltaBusError:
+    """A connection failure that looks like a security.protocol mismatch, with a hint."""
+    if not isinstance(error, errors.NetworkError):
+        return error
+    for tls, sign, hint in _TLS_MISMATCH:
+        if tls == security.uses_tls and sign in error.message:
+            return type(error)(
+                f"{error.message}; {hint.format(protocol=security.security_protocol)}")
+    return error
+
+
 class ClusterClient:
     """Channels and metadata for one cluster."""
 
     def __init__(self, bootstrap_servers: str | Iterable[str], *, request_timeout_ms: int = 30_000,
                  retry_backoff_ms: int = 100, metadata_max_age_ms: int = 300_000,
-                 client_id: str = "deltabus") -> None:
+                 client_id: str = "deltabus", security: ClientSecurity | None = None) -> None:
+        """`security`: TLS and SASL for every channel (deltabus.client.security); PLAINTEXT
+        when None."""
         self.bootstrap = parse_bootstrap(bootstrap_servers)
+        self.security = security or ClientSecurity()
+        self._credentials = (self.security.channel_credentials() if self.security.uses_tls
+                             else None)
+        self._call_metadata = self.security.call_metadata()
         self.request_timeout_ms = request_timeout_ms
         self.retry_backoff_ms = retry_backoff_ms
         self.metadata_max_age_ms = metadata_max_age_ms
@@ -62,7 +91,8 @@ class ClusterClient:
                 raise errors.ClientError("the client is closed")
             entry = self._stubs.get(address)
             if entry is None:
-                channel = open_channel(address, self.client_id)
+                channel = open_channel(address, self.client_id, credentials=self._credentials,
+                                       metadata=self._call_metadata)
                 entry = (channel, pb_grpc.DeltaBusStub(channel))
                 self._stubs[address] = entry
             return entry[1]
@@ -87,7 +117,7 @@ class ClusterClient:
         try:
             return getattr(self.stub(address), method)(request, timeout=timeout_s)
         except grpc.RpcError as e:
-            raise error_from_rpc(e) from None
+            raise explained(error_from_rpc(e), self.security) from None
 
     def call_any(self, method: str, request: Any, timeout_ms: int | None = None) -> Any:
         """An RPC any server answers (metadata, admin): bootstrap servers first, then brokers."""

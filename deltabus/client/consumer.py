@@ -30,7 +30,7 @@ import re
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import Any, Unpack
 
 import grpc
 import pyarrow as pa
@@ -46,6 +46,7 @@ from deltabus.client.consumer_coordinator import (
     TopicPartition,
     matching_topics,
 )
+from deltabus.client.security import ClientSecurity, SecuritySettings
 from deltabus.metadata import MetadataImage
 from deltabus.records import ConsumerRecord, from_ipc, iter_consumer_records
 from deltabus.rpc.status import error_from_rpc
@@ -92,7 +93,9 @@ class Consumer:
         heartbeat_interval_ms: int = 3_000,
         max_poll_interval_ms: int = 300_000,
         partition_assignment_strategy: Iterable[str | Assignor] = ("range",),
+        **security: Unpack[SecuritySettings],
     ) -> None:
+        """`security`: Kafka's client security configs (deltabus.client.security)."""
         if auto_offset_reset not in ("earliest", "latest", "none"):
             raise errors.InvalidConfigError(
                 f"auto_offset_reset must be earliest, latest or none, not {auto_offset_reset!r}")
@@ -111,7 +114,8 @@ class Consumer:
         self.max_poll_records = max_poll_records
         self._client = ClusterClient(bootstrap_servers, request_timeout_ms=request_timeout_ms,
                                      retry_backoff_ms=retry_backoff_ms,
-                                     metadata_max_age_ms=metadata_max_age_ms, client_id=client_id)
+                                     metadata_max_age_ms=metadata_max_age_ms, client_id=client_id,
+                                     security=ClientSecurity.from_settings(**security))
         self._group: ConsumerCoordinator | None = None
         if group_id is not None:
             self._group = ConsumerCoordinator(

@@ -33,6 +33,7 @@ import pyarrow as pa
 from deltabus.client.consumer import Consumer, ConsumerRebalanceListener, OffsetAndMetadata
 from deltabus.client.consumer_coordinator import TopicPartition
 from deltabus.client.producer import Producer
+from deltabus.client.security import ClientSecurity, SecuritySettings
 from deltabus.partitioner import partition_for_key
 from deltabus.records import ConsumerRecord
 
@@ -48,12 +49,18 @@ class ExactlyOncePipeline:
     def __init__(self, bootstrap_servers: str, group_id: str, input_topic: str,
                  output_topic: str, transform: Callable[[ConsumerRecord], Iterable[Output]], *,
                  batch_records: int = 1000, **consumer_settings: Any) -> None:
+        """`consumer_settings`: the Consumer's keyword arguments; its security settings
+        (deltabus.client.security) are the output producers' too."""
         self.group_id, self.input_topic, self.output_topic = group_id, input_topic, output_topic
         self._bootstrap = bootstrap_servers
         self._transform = transform
         self._batch_records = batch_records
+        self._security = ClientSecurity.from_settings(**{
+            k: consumer_settings.pop(k) for k in SecuritySettings.__annotations__
+            if k in consumer_settings})
         self.consumer = Consumer(bootstrap_servers, group_id=group_id,
-                                 enable_auto_commit=False, **consumer_settings)
+                                 enable_auto_commit=False, security=self._security,
+                                 **consumer_settings)
         self._producers: dict[int, Producer] = {}
         self._pending_end: dict[int, int] = {}  # a batch to redo exactly, after a crash
         self._held: dict[int, list[ConsumerRecord]] = {}
@@ -65,7 +72,7 @@ class ExactlyOncePipeline:
         for tp in partitions:
             committed = self.consumer.committed(tp)
             state = json.loads(committed.metadata) if committed and committed.metadata else {}
-            producer = Producer(self._bootstrap, acks="all",
+            producer = Producer(self._bootstrap, acks="all", security=self._security,
                                 transactional_id=f"{self.group_id}.{tp.topic}.{tp.partition}")
             producer.restore_sequences({(self.output_topic, int(q)): n
                                         for q, n in state.get("sequences", {}).items()})

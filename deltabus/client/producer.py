@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Unpack
 
 import grpc
 import pyarrow as pa
@@ -29,6 +29,7 @@ import pyarrow as pa
 from deltabus import errors
 from deltabus.client import wire
 from deltabus.client.cluster_client import ClusterClient
+from deltabus.client.security import ClientSecurity, SecuritySettings
 from deltabus.partitioner import StickyPartitioner, partition_for_key
 from deltabus.records import produce_batch, to_ipc
 from deltabus.rpc.status import error_from_rpc
@@ -164,7 +165,9 @@ class Producer:
         max_in_flight_batches_per_partition: int = 2,
         transactional_id: str | None = None,
         producer_epoch: int | None = None,
+        **security: Unpack[SecuritySettings],
     ) -> None:
+        """`security`: Kafka's client security configs (deltabus.client.security)."""
         acks_value = _ACKS.get(str(acks))
         if acks_value is None:
             raise errors.InvalidRequiredAcksError(f"acks must be 0, 1 or all, not {acks!r}")
@@ -179,7 +182,8 @@ class Producer:
         self.max_block_s = max_block_ms / 1000
         self.allow_auto_create = allow_auto_create_topics
         self._client = ClusterClient(bootstrap_servers, request_timeout_ms=request_timeout_ms,
-                                     retry_backoff_ms=retry_backoff_ms, client_id=client_id)
+                                     retry_backoff_ms=retry_backoff_ms, client_id=client_id,
+                                     security=ClientSecurity.from_settings(**security))
         self._lock = threading.Condition()
         self._open: dict[tuple[str, int], _Batch] = {}
         self._ready: collections.deque[_Batch] = collections.deque()

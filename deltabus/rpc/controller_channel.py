@@ -51,7 +51,7 @@ class ControllerChannel:
         self.request_timeout_ms = request_timeout_ms
         self._credential = credential_metadata(broker_secret)
         self._channel = open_channel(address, f"deltabus-broker-{broker_id}",
-                                     grpc_peer_credentials(security))
+                                     credentials=grpc_peer_credentials(security))
         self._lifecycle = ipb_grpc.BrokerLifecycleStub(self._channel)
         self._admin = pb_grpc.DeltaBusStub(self._channel)
 

@@ -70,7 +70,8 @@ class RemoteLeaderEndpoint:
         with self._lock:
             entry = self._stubs.get(address)
             if entry is None:
-                channel = open_channel(address, f"deltabus-replica-{self.replica_id}", self._tls)
+                channel = open_channel(address, f"deltabus-replica-{self.replica_id}",
+                                       credentials=self._tls)
                 entry = self._stubs[address] = (channel, ipb_grpc.ReplicaFetchStub(channel))
             return entry[1]
 

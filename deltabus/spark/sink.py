@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -31,6 +31,7 @@ from pyspark.sql.datasource import (
 
 from deltabus import errors
 from deltabus.client.producer import FutureRecordMetadata, Producer
+from deltabus.client.security import ClientSecurity
 from deltabus.partitioner import partition_for_key
 
 log = logging.getLogger(__name__)
@@ -45,15 +46,18 @@ class SinkOptions:
     bootstrap: str
     topic: str | None
     delivery_timeout_ms: int = 120_000
+    security: ClientSecurity = field(default_factory=ClientSecurity)
 
     @classmethod
     def parse(cls, options: dict[str, str]) -> SinkOptions:
-        from deltabus.spark.source import bootstrap_servers
+        """Spark's Kafka sink options; security from the `kafka.`-prefixed ones
+        (`deltabus.spark.source.client_security`)."""
+        from deltabus.spark.source import bootstrap_servers, client_security
 
         lowered = {k.lower(): v for k, v in options.items()}
         timeout = lowered.get("kafka.delivery.timeout.ms") or lowered.get("delivery.timeout.ms")
         return cls(bootstrap_servers(lowered), lowered.get("topic") or None,
-                   int(timeout) if timeout else 120_000)
+                   int(timeout) if timeout else 120_000, client_security(lowered))
 
 
 @dataclass
@@ -149,7 +153,7 @@ class BatchWriter(DataSourceArrowWriter):
     def write(self, iterator: Iterator[pa.RecordBatch]) -> SentRecords:
         with Producer(self.options.bootstrap, acks="all",
                       delivery_timeout_ms=self.options.delivery_timeout_ms,
-                      client_id="deltabus-spark-sink") as producer:
+                      client_id="deltabus-spark-sink", security=self.options.security) as producer:
             sender = RowSender(self.options, producer, _task_partition())
             for batch in iterator:
                 sender.send(batch)
@@ -177,7 +181,8 @@ class StreamWriter(DataSourceStreamArrowWriter):
         with Producer(self.options.bootstrap, acks="all",
                       delivery_timeout_ms=self.options.delivery_timeout_ms,
                       transactional_id=f"spark-{query_id}.{task_partition}.{epoch_block}",
-                      producer_epoch=epoch, client_id="deltabus-spark-sink") as producer:
+                      producer_epoch=epoch, client_id="deltabus-spark-sink",
+                      security=self.options.security) as producer:
             sender = RowSender(self.options, producer, task_partition)
             for batch in iterator:
                 sender.send(batch)

@@ -18,7 +18,7 @@ import logging
 import math
 import re
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
@@ -33,6 +33,7 @@ from pyspark.sql.streaming.datasource import (
 from deltabus import errors
 from deltabus.client.consumer import Consumer
 from deltabus.client.consumer_coordinator import TopicPartition
+from deltabus.client.security import ClientSecurity, security_from_properties
 from deltabus.log_tables.layout import replica_path
 from deltabus.log_tables.log_reader import LogReader
 from deltabus.metadata import MetadataImage
@@ -97,6 +98,14 @@ def bootstrap_servers(options: dict[str, str]) -> str:
         "e.g. 127.0.0.1:9192)")
 
 
+def client_security(options: dict[str, str]) -> ClientSecurity:
+    """TLS and SASL from the `kafka.`-prefixed options, as Spark's Kafka source takes them
+    (kafka.security.protocol, kafka.sasl.mechanism, kafka.sasl.jaas.config, kafka.ssl.ca.location,
+    ...; deltabus.client.security). Checked on the driver, where the PEM files are read: the
+    executors get their bytes with the options and need no file."""
+    return security_from_properties(options, prefix="kafka.")
+
+
 def _offsets_json(options: dict[str, str], name: str) -> Offsets | None:
     text = options[name]
     try:
@@ -126,6 +135,7 @@ class SourceOptions:
     fail_on_data_loss: bool = True
     include_headers: bool = False
     group_id: str | None = None
+    security: ClientSecurity = field(default_factory=ClientSecurity)
 
     @classmethod
     def parse(cls, options: dict[str, str], *, streaming: bool) -> SourceOptions:
@@ -191,6 +201,7 @@ class SourceOptions:
             fail_on_data_loss=_flag(options, "failondataloss", True),
             include_headers=_flag(options, "includeheaders", False),
             group_id=options.get("kafka.group.id") or options.get("groupid") or None,
+            security=client_security(options),
         )
 
 
@@ -255,7 +266,8 @@ class TopicReader:
         if self._consumer is None:
             self._consumer = Consumer(self.options.bootstrap, enable_auto_commit=False,
                                       group_id=self.options.group_id,
-                                      client_id="deltabus-spark-source")
+                                      client_id="deltabus-spark-source",
+                                      security=self.options.security)
         return self._consumer
 
     def refresh(self) -> MetadataImage:

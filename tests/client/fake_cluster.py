@@ -219,10 +219,13 @@ class FakeCluster:
 
     def __init__(self, brokers: int = 2, *, default_partitions: int = 1,
                  auto_create_topics: bool = True, sequence_wait_ms: int = 10_000,
+                 serve: Callable[..., tuple[grpc.Server, int]] = start_server,
                  security: cfg.ListenerSecurity | None = None,
                  credentials: CredentialLookup | None = None) -> None:
-        """`security` and `credentials`: the brokers' gRPC listeners use TLS and authenticate
-        callers as a real cluster's do (PLAINTEXT by default)."""
+        """`serve` starts each broker's server, `start_server`'s way (tests/client/
+        secure_server.py serves the same servicer over TLS, recording every call).
+        `security` and `credentials`: the real start_server's TLS and authentication, as a real
+        cluster's brokers use them (PLAINTEXT by default)."""
         self._config = cfg.ClusterConfig(root="", brokers=brokers, host=HOST,
                                          num_partitions=default_partitions)
         self.auto_create_topics = auto_create_topics
@@ -250,10 +253,10 @@ class FakeCluster:
         self._kafka_listeners: list[KafkaListener] = []
         self.brokers: list[BrokerEndpoint] = []
         for broker_id in range(brokers):
-            server, port = start_server(HOST, 0, FakeBroker(self, broker_id), threads=16,
-                                        groups=self.coordinator if broker_id == 0 else None,
-                                        security=security or cfg.ListenerSecurity(),
-                                        credentials=credentials)
+            secured = ({"security": security, "credentials": credentials}
+                       if security is not None else {})
+            server, port = serve(HOST, 0, FakeBroker(self, broker_id), threads=16,
+                                 groups=self.coordinator if broker_id == 0 else None, **secured)
             self._servers.append(server)
             self.brokers.append(BrokerEndpoint(broker_id, HOST, port))
         self._ticker = threading.Thread(target=self._tick_loop, name="fake-coordinator",
