@@ -12,6 +12,7 @@ import grpc
 import pytest
 import trustme
 
+from deltabus import AdminClient, Producer, errors
 from deltabus import config as cfg
 from deltabus.rpc.status import ERROR_CODE_KEY
 from deltabus.rpc.v1 import deltabus_pb2 as pb
@@ -104,3 +105,21 @@ def test_ssl_with_required_client_certificates(ca: trustme.CA) -> None:
                 _produce(pb_grpc.DeltaBusStub(channel), b"anonymous")
             assert info.value.code() == grpc.StatusCode.UNAVAILABLE
         assert fake.values(TOPIC, 0) == [b"mtls"]
+
+
+def test_deltabus_clients_work_over_sasl_ssl_and_a_wrong_password_is_refused(
+        sasl_ssl: FakeCluster, ca: trustme.CA, tmp_path) -> None:
+    """The clients' side (deltabus.client.security) against the servers' side, both real."""
+    ca_file = tmp_path / "ca.pem"
+    ca.cert_pem.write_to_path(str(ca_file))
+    secured = dict(security_protocol="SASL_SSL", sasl_mechanism="SCRAM-SHA-256",
+                   sasl_username="alice", ssl_ca_location=str(ca_file))
+    with Producer(sasl_ssl.bootstrap_servers, sasl_password="alice-secret", **secured) as p:
+        offset = p.send(TOPIC, b"from a deltabus producer").get(30).offset
+    with AdminClient(sasl_ssl.bootstrap_servers, sasl_password="alice-secret",
+                     **secured) as admin:
+        assert TOPIC in admin.list_topics()
+    with pytest.raises(errors.SaslAuthenticationFailedError):
+        with AdminClient(sasl_ssl.bootstrap_servers, sasl_password="guess", **secured) as admin:
+            admin.list_topics()
+    assert sasl_ssl.values(TOPIC, 0)[offset] == b"from a deltabus producer"
