@@ -94,6 +94,9 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ELECTION_NOT_NEEDED: _ClassVar[ErrorCode]
     NO_REASSIGNMENT_IN_PROGRESS: _ClassVar[ErrorCode]
     INVALID_RECORD: _ClassVar[ErrorCode]
+    RESOURCE_NOT_FOUND: _ClassVar[ErrorCode]
+    DUPLICATE_RESOURCE: _ClassVar[ErrorCode]
+    UNACCEPTABLE_CREDENTIAL: _ClassVar[ErrorCode]
     INVALID_UPDATE_VERSION: _ClassVar[ErrorCode]
     INELIGIBLE_REPLICA: _ClassVar[ErrorCode]
 
@@ -174,6 +177,9 @@ ELIGIBLE_LEADERS_NOT_AVAILABLE: ErrorCode
 ELECTION_NOT_NEEDED: ErrorCode
 NO_REASSIGNMENT_IN_PROGRESS: ErrorCode
 INVALID_RECORD: ErrorCode
+RESOURCE_NOT_FOUND: ErrorCode
+DUPLICATE_RESOURCE: ErrorCode
+UNACCEPTABLE_CREDENTIAL: ErrorCode
 INVALID_UPDATE_VERSION: ErrorCode
 INELIGIBLE_REPLICA: ErrorCode
 PREFERRED: ElectionType
