@@ -103,38 +103,37 @@ class ScramCredentialInfo:
 
 @dataclass(frozen=True)
 class UserScramCredentialsDescription:
-    """One user's credentials (sorted by mechanism), or why there are none to show."""
+    """One user's credentials, sorted by mechanism."""
 
     user: str
-    scram_credential_infos: tuple[ScramCredentialInfo, ...] = ()
-    error: DeltaBusError | None = None
+    scram_credential_infos: tuple[ScramCredentialInfo, ...]
 
 
 ScramCredentials = Mapping[str, Mapping[str, ScramCredential]]  # user -> mechanism -> credential
+# DescribeUserScramCredentials' answer: per user, the description or why there is none.
+ScramDescriptions = dict[str, "UserScramCredentialsDescription | DeltaBusError"]
 
 
-def describe_scram_credentials(credentials: ScramCredentials, users: Sequence[str] | None
-                               ) -> list[UserScramCredentialsDescription]:
+def describe_scram_credentials(credentials: ScramCredentials,
+                               users: Sequence[str] | None) -> ScramDescriptions:
     """Kafka's DescribeUserScramCredentials over a set of credentials (the controller's, or a
     broker's image: Kafka's brokers answer it from their metadata). `users` None or empty:
     every user with a credential. A named user without one gets RESOURCE_NOT_FOUND, one named
-    twice DUPLICATE_RESOURCE, each in its own result."""
+    twice DUPLICATE_RESOURCE."""
     names = list(users or sorted(credentials))
-    out = []
+    out: ScramDescriptions = {}
     for user in dict.fromkeys(names):
-        error: DeltaBusError | None = None
-        infos: tuple[ScramCredentialInfo, ...] = ()
         if names.count(user) > 1:
-            error = DuplicateResourceError(
+            out[user] = DuplicateResourceError(
                 f"Cannot describe SCRAM credentials for the same user twice in a single "
                 f"request: {user}")
         elif not credentials.get(user):
-            error = ResourceNotFoundError(
+            out[user] = ResourceNotFoundError(
                 f"Attempt to describe a user credential that does not exist: {user}")
         else:
-            infos = tuple(ScramCredentialInfo(mechanism, c.iterations)
-                          for mechanism, c in sorted(credentials[user].items()))
-        out.append(UserScramCredentialsDescription(user, infos, error))
+            out[user] = UserScramCredentialsDescription(user, tuple(
+                ScramCredentialInfo(mechanism, c.iterations)
+                for mechanism, c in sorted(credentials[user].items())))
     return out
 
 

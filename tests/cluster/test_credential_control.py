@@ -156,13 +156,14 @@ def test_describe_shows_mechanisms_and_iterations_only() -> None:
     alice = UserScramCredentialsDescription("alice", (ScramCredentialInfo(SHA256, 4096),))
     bob = UserScramCredentialsDescription("bob", (ScramCredentialInfo(SHA256, 4096),
                                                   ScramCredentialInfo(SHA512, 8192)))
-    assert describe_scram_credentials(state.scram_credentials, None) == [alice, bob]
-    assert describe_scram_credentials(state.scram_credentials, []) == [alice, bob]
-    assert describe_scram_credentials(state.scram_credentials, ["bob"]) == [bob]
-    missing, twice = describe_scram_credentials(state.scram_credentials,
-                                                ["nobody", "alice", "alice"])
-    assert (missing.user, type(missing.error), missing.scram_credential_infos) == (
-        "nobody", errors.ResourceNotFoundError, ())
-    assert "does not exist: nobody" in missing.error.message
-    assert (twice.user, type(twice.error)) == ("alice", errors.DuplicateResourceError)
-    assert describe_scram_credentials({}, None) == []
+    assert describe_scram_credentials(state.scram_credentials, None) == {
+        "alice": alice, "bob": bob}
+    assert describe_scram_credentials(state.scram_credentials, []) == {
+        "alice": alice, "bob": bob}
+    assert describe_scram_credentials(state.scram_credentials, ["bob"]) == {"bob": bob}
+    results = describe_scram_credentials(state.scram_credentials, ["nobody", "alice", "alice"])
+    assert list(results) == ["nobody", "alice"]
+    assert isinstance(results["nobody"], errors.ResourceNotFoundError)
+    assert "does not exist: nobody" in results["nobody"].message
+    assert isinstance(results["alice"], errors.DuplicateResourceError)
+    assert describe_scram_credentials({}, None) == {}
