@@ -26,41 +26,23 @@ from deltabus import (
     UserScramCredentialUpsertion,
     errors,
 )
-from deltabus import config as cfg
-from deltabus.cluster.controller import Controller, ControllerHandler
+from deltabus.cluster.controller import Controller
 from deltabus.log_tables.layout import metadata_path
 from deltabus.metadata import BrokerEndpoint
 from deltabus.rpc.controller_channel import ControllerChannel
-from deltabus.rpc.server import start_server
 from deltabus.rpc.v1 import deltabus_pb2 as pb
 from deltabus.rpc.v1 import deltabus_pb2_grpc as pb_grpc
 from deltabus.scram import salted_password, verify_password
+from tests.cluster.controller_server import ControllerServer, serve
 
 SHA256, SHA512 = "SCRAM-SHA-256", "SCRAM-SHA-512"
 PASSWORD = "alice-Pa55word-that-must-never-be-stored"
 SALT = b"a-salt-chosen-by-the-test"
 
 
-class ControllerServer:
-    """A controller and its gRPC server (public API and brokers' lifecycle API)."""
-
-    def __init__(self, root: Path) -> None:
-        self.config = cfg.ClusterConfig(root=str(root), brokers=3, kafka_port=-1)
-        self.controller = Controller(self.config)
-        self.server, port = start_server(
-            "127.0.0.1", 0, ControllerHandler(self.controller), self.controller,
-            broker_secret=self.config.inter_broker_secret)
-        self.address = f"127.0.0.1:{port}"
-
-    def stop(self) -> None:
-        self.server.stop(grace=None)
-
-
 @pytest.fixture
 def controller_server(tmp_path: Path) -> Iterator[ControllerServer]:
-    server = ControllerServer(tmp_path)
-    yield server
-    server.stop()
+    yield from serve(tmp_path)
 
 
 def _upsert(user: str, password: str, mechanism: str = SHA256, iterations: int = 4096,
