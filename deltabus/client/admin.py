@@ -175,7 +175,7 @@ class AdminClient:
                 upsertions.append(_salted(a))
         response = self._client.call_any(
             "AlterUserScramCredentials", codec.alter_scram_request(deletions, upsertions),
-            cfg.ADMIN_TIMEOUT_MS_DEFAULT + 5000)
+            cfg.ADMIN_TIMEOUT_MS_DEFAULT + 10_000)  # past a forwarding broker's own timeout
         return codec.alter_scram_results(response)
 
     def describe_user_scram_credentials(self, users: Iterable[str] | None = None
@@ -272,7 +272,11 @@ def _salted(upsertion: UserScramCredentialUpsertion) -> ScramCredentialUpsertion
     if (info.mechanism in scram.MECHANISMS
             and scram.MIN_ITERATIONS <= info.iterations <= scram.MAX_ITERATIONS):
         password = upsertion.password
-        salted = scram.salted_password(
-            info.mechanism, password.decode() if isinstance(password, bytes) else password,
-            salt, info.iterations)
+        if isinstance(password, bytes):
+            try:
+                password = password.decode("utf-8")
+            except UnicodeDecodeError:
+                raise errors.ClientError(
+                    f"the password of user {upsertion.user!r} is not UTF-8") from None
+        salted = scram.salted_password(info.mechanism, password, salt, info.iterations)
     return ScramCredentialUpsertion(upsertion.user, info.mechanism, info.iterations, salt, salted)

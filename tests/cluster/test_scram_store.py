@@ -45,7 +45,7 @@ def controller_server(tmp_path: Path) -> Iterator[ControllerServer]:
     yield from serve(tmp_path)
 
 
-def _upsert(user: str, password: str, mechanism: str = SHA256, iterations: int = 4096,
+def _upsert(user: str, password: str | bytes, mechanism: str = SHA256, iterations: int = 4096,
             salt: bytes | None = None) -> UserScramCredentialUpsertion:
     return UserScramCredentialUpsertion(user, ScramCredentialInfo(mechanism, iterations),
                                         password, salt)
@@ -59,7 +59,7 @@ def test_alter_and_describe_over_grpc(controller_server: ControllerServer) -> No
     with AdminClient(controller_server.address) as admin:
         assert admin.alter_user_scram_credentials([
             _upsert("alice", PASSWORD, SHA256, 8192), _upsert("alice", "x", SHA512),
-            _upsert("bob", "b")]) == {"alice": None, "bob": None}
+            _upsert("bob", "bob-é".encode())]) == {"alice": None, "bob": None}
         assert admin.describe_user_scram_credentials() == {
             "alice": UserScramCredentialsDescription("alice", (
                 ScramCredentialInfo(SHA256, 8192), ScramCredentialInfo(SHA512, 4096))),
@@ -73,6 +73,7 @@ def test_alter_and_describe_over_grpc(controller_server: ControllerServer) -> No
     assert verify_password(controller_server.controller.scram_credential("alice", SHA256),
                            PASSWORD)
     assert controller_server.controller.scram_credential("alice", SHA512) is None
+    assert verify_password(controller_server.controller.scram_credential("bob", SHA256), "bob-é")
 
 
 def test_each_user_gets_kafkas_error(controller_server: ControllerServer) -> None:
