@@ -34,7 +34,11 @@ from deltabus.client import (
     OffsetAndMetadata,
     Producer,
     RecordMetadata,
+    ScramCredentialInfo,
     TopicPartition,
+    UserScramCredentialDeletion,
+    UserScramCredentialsDescription,
+    UserScramCredentialUpsertion,
 )
 from deltabus.config import AlterConfigOp, ConfigEntry
 from deltabus.errors import DeltaBusError
@@ -57,7 +61,11 @@ __all__ = [
     "OffsetAndMetadata",
     "Producer",
     "RecordMetadata",
+    "ScramCredentialInfo",
     "TopicPartition",
+    "UserScramCredentialDeletion",
+    "UserScramCredentialUpsertion",
+    "UserScramCredentialsDescription",
     "errors",
     "local_spark",
 ]

@@ -166,6 +166,13 @@ GroupMaxSizeReachedError = _kafka_error(81, "GROUP_MAX_SIZE_REACHED")
 ElectionNotNeededError = _kafka_error(84, "ELECTION_NOT_NEEDED")
 NoReassignmentInProgressError = _kafka_error(85, "NO_REASSIGNMENT_IN_PROGRESS")
 InvalidRecordError = _kafka_error(87, "INVALID_RECORD")
+# SCRAM credentials (AlterUserScramCredentials / DescribeUserScramCredentials): deleting or
+# describing a credential that is not there, one credential altered twice in a request, and a
+# credential the controller will not store (an empty user name, salt or salted password, or an
+# iteration count outside Kafka's limits).
+ResourceNotFoundError = _kafka_error(91, "RESOURCE_NOT_FOUND")
+DuplicateResourceError = _kafka_error(92, "DUPLICATE_RESOURCE")
+UnacceptableCredentialError = _kafka_error(93, "UNACCEPTABLE_CREDENTIAL")
 InvalidUpdateVersionError = _kafka_error(95, "INVALID_UPDATE_VERSION")
 IneligibleReplicaError = _kafka_error(107, "INELIGIBLE_REPLICA")
 

@@ -3,7 +3,7 @@
 The controller's state is a log of metadata records (persisted as a Delta table); its in-memory
 state is what replaying them gives (`cluster.metadata_state`), so loading after a restart is the
 same replay. `MetadataImage` is an immutable snapshot of it, sent to brokers in heartbeats and to
-clients in Metadata responses.
+clients in Metadata responses; its users' SCRAM credentials go to brokers only.
 
 Invariants: a partition's leader is one of its replicas or -1 (no live leader); leader epochs only
 grow; `version` grows with every change a broker or client could see.
@@ -12,9 +12,15 @@ grow; `version` grows with every change a broker or client could see.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from deltabus.errors import DeltaBusError
+from deltabus.errors import (
+    DeltaBusError,
+    DuplicateResourceError,
+    ResourceNotFoundError,
+)
+from deltabus.scram import ScramCredential
 
 NO_LEADER = -1
 
@@ -63,6 +69,72 @@ class GroupDescription:
     generation_id: int
     leader_id: str
     members: list[MemberDescription]
+
+
+# ---- users' SCRAM credentials (Kafka's AlterUserScramCredentials / Describe...) ------------------
+
+@dataclass(frozen=True)
+class ScramCredentialUpsertion:
+    """Set a user's credential for one mechanism, as Kafka's request carries it: the client
+    salted the password (`scram.salted_password`), so the password itself never leaves it."""
+
+    name: str
+    mechanism: str  # "SCRAM-SHA-256" or "SCRAM-SHA-512"
+    iterations: int
+    salt: bytes = field(repr=False)
+    salted_password: bytes = field(repr=False)
+
+
+@dataclass(frozen=True)
+class ScramCredentialDeletion:
+    """Remove a user's credential for one mechanism."""
+
+    name: str
+    mechanism: str
+
+
+@dataclass(frozen=True)
+class ScramCredentialInfo:
+    """A credential as DescribeUserScramCredentials shows it: never the salt or the keys."""
+
+    mechanism: str
+    iterations: int
+
+
+@dataclass(frozen=True)
+class UserScramCredentialsDescription:
+    """One user's credentials, sorted by mechanism."""
+
+    user: str
+    scram_credential_infos: tuple[ScramCredentialInfo, ...]
+
+
+ScramCredentials = Mapping[str, Mapping[str, ScramCredential]]  # user -> mechanism -> credential
+# DescribeUserScramCredentials' answer: per user, the description or why there is none.
+ScramDescriptions = dict[str, "UserScramCredentialsDescription | DeltaBusError"]
+
+
+def describe_scram_credentials(credentials: ScramCredentials,
+                               users: Sequence[str] | None) -> ScramDescriptions:
+    """Kafka's DescribeUserScramCredentials over a set of credentials (the controller's, or a
+    broker's image: Kafka's brokers answer it from their metadata). `users` None or empty:
+    every user with a credential. A named user without one gets RESOURCE_NOT_FOUND, one named
+    twice DUPLICATE_RESOURCE."""
+    names = list(users or sorted(credentials))
+    out: ScramDescriptions = {}
+    for user in dict.fromkeys(names):
+        if names.count(user) > 1:
+            out[user] = DuplicateResourceError(
+                f"Cannot describe SCRAM credentials for the same user twice in a single "
+                f"request: {user}")
+        elif not credentials.get(user):
+            out[user] = ResourceNotFoundError(
+                f"Attempt to describe a user credential that does not exist: {user}")
+        else:
+            out[user] = UserScramCredentialsDescription(user, tuple(
+                ScramCredentialInfo(mechanism, c.iterations)
+                for mechanism, c in sorted(credentials[user].items())))
+    return out
 
 
 CONTROLLER_NODE_ID = -1  # the controller's node id where an API names a node (FindCoordinator)
@@ -121,6 +193,10 @@ class MetadataImage:
     # Where the partition tables live (`log_tables.layout`): Spark reads topics from there
     # directly, with no broker in the data path.
     log_root: str = ""
+    # Users' SCRAM credentials (Kafka's ScramImage): brokers get them with the metadata, from
+    # the controller's heartbeat answer, to authenticate clients. Never in a client's Metadata
+    # answer (`rpc.codec.image_to_proto` leaves them out) nor in a repr.
+    scram_credentials: ScramCredentials = field(default_factory=dict, repr=False)
 
     def broker(self, broker_id: int) -> BrokerEndpoint | None:
         return next((b for b in self.brokers if b.broker_id == broker_id), None)
@@ -130,6 +206,9 @@ class MetadataImage:
         if state is None or not 0 <= partition < len(state.partitions):
             return None
         return state.partitions[partition]
+
+    def scram_credential(self, user: str, mechanism: str) -> ScramCredential | None:
+        return self.scram_credentials.get(user, {}).get(mechanism)
 
 
 def empty_image() -> MetadataImage:

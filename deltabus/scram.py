@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from deltabus import errors
 
@@ -25,16 +25,20 @@ MECHANISMS = {"SCRAM-SHA-256": "sha256", "SCRAM-SHA-512": "sha512"}
 MIN_ITERATIONS = 4096
 MAX_ITERATIONS = 16384
 DEFAULT_ITERATIONS = 4096
+# What a controller stores of a salt (Kafka sets no limit; clients send 16 to 64 bytes).
+SALT_BYTES_MAX = 1024
 
 
 @dataclass(frozen=True)
 class ScramCredential:
-    """One user's credential for one mechanism: what the controller stores and brokers hold."""
+    """One user's credential for one mechanism: what the controller stores and brokers hold.
+    The salt and keys stay out of its repr (as Kafka's ScramCredentialValue hides them), so
+    logging a credential, or anything holding one, shows none of them."""
 
     mechanism: str
-    salt: bytes
-    stored_key: bytes
-    server_key: bytes
+    salt: bytes = field(repr=False)
+    stored_key: bytes = field(repr=False)
+    server_key: bytes = field(repr=False)
     iterations: int
 
 
@@ -45,6 +49,11 @@ def _hash_name(mechanism: str) -> str:
         raise errors.UnsupportedSaslMechanismError(
             f"unsupported SCRAM mechanism {mechanism!r}: use one of "
             f"{', '.join(MECHANISMS)}") from None
+
+
+def digest_bytes(mechanism: str) -> int:
+    """The length of a salted password (and of the keys) for `mechanism`: its hash's size."""
+    return hashlib.new(_hash_name(mechanism)).digest_size
 
 
 def check_iterations(iterations: int) -> None:

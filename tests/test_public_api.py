@@ -9,8 +9,9 @@ def test_public_api_is_pinned():
         "ConsumerRebalanceListener",
         "ConsumerRecord", "DeltaBusError", "ExactlyOncePipeline", "FutureRecordMetadata",
         "NewTopic",
-        "OffsetAndMetadata", "Producer", "RecordMetadata", "TopicPartition", "errors",
-        "local_spark",
+        "OffsetAndMetadata", "Producer", "RecordMetadata", "ScramCredentialInfo", "TopicPartition",
+        "UserScramCredentialDeletion", "UserScramCredentialUpsertion",
+        "UserScramCredentialsDescription", "errors", "local_spark",
     ]
     for name in deltabus.__all__:
         assert hasattr(deltabus, name), name

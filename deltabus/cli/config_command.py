@@ -1,9 +1,11 @@
-"""`deltabus configs`: Kafka's kafka-configs.sh for topic configs, over AdminClient.
+"""`deltabus configs`: Kafka's kafka-configs.sh for topic configs and users' SCRAM credentials,
+over AdminClient.
 
 Same flags (`--entity-type topics --entity-name T`, or `--topic T`; `--describe [--all]`;
 `--alter --add-config k=v,k2=[a,b] --delete-config k3`) and the same output lines, so a Kafka
 user's commands and scripts carry over. Only topics have dynamic configs in deltabus: brokers take
-theirs when the cluster starts.
+theirs when the cluster starts. Users (`--entity-type users`) have SCRAM credentials
+(`cli.user_scram_configs`).
 """
 
 from __future__ import annotations
@@ -12,27 +14,34 @@ import argparse
 import re
 
 from deltabus import config as cfg
+from deltabus.cli import user_scram_configs
 from deltabus.cli.options import CliError, add_command_config, admin_settings
 from deltabus.client.admin import AdminClient
 
-ENTITY_TYPES = ("topics", "brokers")
+ENTITY_TYPES = ("topics", "users", "brokers")
 
 
 def add_parser(subparsers: argparse._SubParsersAction, parent: argparse.ArgumentParser) -> None:
     p = subparsers.add_parser("configs", parents=[parent],
-                              help="describe and alter topic configs (kafka-configs.sh)")
+                              help="describe and alter topic configs and users' SCRAM "
+                                   "credentials (kafka-configs.sh)")
     actions = p.add_mutually_exclusive_group()
     actions.add_argument("--describe", action="store_true", help="list configs")
     actions.add_argument("--alter", action="store_true", help="change configs")
-    p.add_argument("--entity-type", choices=ENTITY_TYPES, help="topics (brokers: see above)")
-    p.add_argument("--entity-name", help="the topic (default with --describe: every topic)")
+    p.add_argument("--entity-type", choices=ENTITY_TYPES,
+                   help="topics, or users (their SCRAM credentials)")
+    p.add_argument("--entity-name",
+                   help="the topic or user (default with --describe: every one)")
     p.add_argument("--topic", help="the topic: --entity-type topics --entity-name TOPIC")
     p.add_argument("--all", action="store_true",
                    help="with --describe: every config, not only the overrides")
     p.add_argument("--add-config", metavar="K=V,K2=[A,B]",
-                   help="with --alter: configs to set; list values go in square brackets")
+                   help="with --alter: configs to set; list values go in square brackets. "
+                        "Users: SCRAM-SHA-256=[iterations=8192,password=SECRET] (iterations "
+                        "optional, 4096 by default), SCRAM-SHA-512=[password=SECRET]")
     p.add_argument("--delete-config", metavar="K,K2",
-                   help="with --alter: overrides to remove (back to the default)")
+                   help="with --alter: overrides to remove (back to the default); users: "
+                        "SCRAM-SHA-256, SCRAM-SHA-512")
     add_command_config(p, clients="admin")
     p.set_defaults(func=run)
 
@@ -53,6 +62,10 @@ def run(args: argparse.Namespace) -> int:
         return alter(args)
     if args.add_config is not None or args.delete_config is not None:
         raise CliError("--add-config and --delete-config can only be used with --alter")
+    if args.entity_type == "users":
+        if args.all:
+            raise CliError("--all can only be used with --entity-type topics")
+        return user_scram_configs.describe(args)
     return describe(args)
 
 
@@ -76,19 +89,22 @@ def format_entry(entry: cfg.ConfigEntry) -> str:
 
 
 def alter(args: argparse.Namespace) -> int:
-    if not args.entity_name:
-        raise CliError("An entity name must be specified with --alter of topics")
     if args.all:
         raise CliError("--all can only be used with --describe")
     if args.add_config is None and args.delete_config is None:
         raise CliError("At least one of --add-config or --delete-config must be specified with "
                        "--alter")
-    ops = [cfg.AlterConfigOp(k, cfg.SET, v) for k, v in parse_add_config(args.add_config or "")]
+    added = parse_add_config(args.add_config or "")
     deleted = [k.strip() for k in (args.delete_config or "").split(",") if k.strip()]
-    set_keys = {op.name for op in ops}
+    set_keys = {k for k, _ in added}
     both = [k for k in deleted if k in set_keys]
     if both:
         raise CliError(f"Invalid config(s): {','.join(both)} cannot be both added and deleted")
+    if args.entity_type == "users":
+        return user_scram_configs.alter(args, added, deleted)
+    if not args.entity_name:
+        raise CliError("An entity name must be specified with --alter of topics")
+    ops = [cfg.AlterConfigOp(k, cfg.SET, v) for k, v in added]
     ops += [cfg.AlterConfigOp(k, cfg.DELETE) for k in deleted]
     with AdminClient(args.bootstrap_server, **admin_settings(args)) as admin:
         admin.incremental_alter_configs({args.entity_name: ops})

@@ -2,7 +2,7 @@
 
     deltabus cluster start        kafka-server-start.sh
     deltabus topics               kafka-topics.sh
-    deltabus configs              kafka-configs.sh (topic configs)
+    deltabus configs              kafka-configs.sh (topic configs, users' SCRAM credentials)
     deltabus console-producer     kafka-console-producer.sh
     deltabus console-consumer     kafka-console-consumer.sh
     deltabus consumer-groups      kafka-consumer-groups.sh

@@ -8,7 +8,13 @@ fast, and their tests need no Spark (tests/client/test_layering.py pins this in 
 interpreter).
 """
 
-from deltabus.client.admin import AdminClient
+from deltabus.client.admin import (
+    AdminClient,
+    ScramCredentialInfo,
+    UserScramCredentialDeletion,
+    UserScramCredentialsDescription,
+    UserScramCredentialUpsertion,
+)
 from deltabus.client.consumer import (
     CommitFailedError,
     Consumer,
@@ -29,5 +35,9 @@ __all__ = [
     "OffsetAndMetadata",
     "Producer",
     "RecordMetadata",
+    "ScramCredentialInfo",
     "TopicPartition",
+    "UserScramCredentialDeletion",
+    "UserScramCredentialUpsertion",
+    "UserScramCredentialsDescription",
 ]

@@ -1,24 +1,59 @@
 """`AdminClient`: create, delete, list and describe topics, describe and alter their configs,
-elect leaders, reassign partitions, and manage consumer groups and their offsets (Kafka's Admin
-API).
+elect leaders, reassign partitions, manage consumer groups and their offsets, and users' SCRAM
+credentials (Kafka's Admin API).
 
 Thread-safe. Admin calls go to any server; brokers forward them to the controller.
 """
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any, Unpack
 
 from deltabus import config as cfg
-from deltabus import errors
+from deltabus import errors, scram
 from deltabus.client.cluster_client import ClusterClient
 from deltabus.client.security import ClientSecurity, SecuritySettings
-from deltabus.metadata import GroupDescription, MemberDescription, NewTopic, TopicState
+from deltabus.metadata import (
+    GroupDescription,
+    MemberDescription,
+    NewTopic,
+    ScramCredentialDeletion,
+    ScramCredentialInfo,
+    ScramCredentialUpsertion,
+    ScramDescriptions,
+    TopicState,
+    UserScramCredentialsDescription,
+)
 from deltabus.rpc import codec
 from deltabus.rpc.v1 import deltabus_pb2 as pb
 
-__all__ = ["AdminClient", "NewTopic"]
+__all__ = ["AdminClient", "NewTopic", "ScramCredentialInfo", "UserScramCredentialDeletion",
+           "UserScramCredentialUpsertion", "UserScramCredentialsDescription"]
+
+SALT_BYTES = 32  # a new credential's random salt
+
+
+@dataclass(frozen=True)
+class UserScramCredentialUpsertion:
+    """Set (or replace) a user's SCRAM credential for one mechanism (confluent-kafka's and
+    Kafka's UserScramCredentialUpsertion). The password is salted and hashed in this process
+    (`AdminClient.alter_user_scram_credentials`) and never sent; `salt` None: a random one."""
+
+    user: str
+    scram_credential_info: ScramCredentialInfo  # mechanism ("SCRAM-SHA-256") and iterations
+    password: str | bytes = field(repr=False)
+    salt: bytes | None = field(default=None, repr=False)
+
+
+@dataclass(frozen=True)
+class UserScramCredentialDeletion:
+    """Remove a user's SCRAM credential for one mechanism."""
+
+    user: str
+    mechanism: str
 
 
 class AdminClient:
@@ -125,6 +160,38 @@ class AdminClient:
                                          codec.reassignments_request(targets))
         return codec.election_results(response)
 
+    # ---- users' SCRAM credentials -------------------------------------------------------------
+
+    def alter_user_scram_credentials(
+            self, alterations: Iterable[UserScramCredentialUpsertion | UserScramCredentialDeletion]
+    ) -> dict[str, errors.DeltaBusError | None]:
+        """Kafka's alterUserScramCredentials: set or remove users' credentials. Each password is
+        salted here (RFC 5802's Hi, as Kafka's clients do), so only the salt and the salted
+        password travel. Returns per user None (done: every broker authenticates with it) or
+        the error; a user's alterations apply together or not at all, and each mechanism of a
+        user may be altered once per call (DUPLICATE_RESOURCE)."""
+        deletions: list[ScramCredentialDeletion] = []
+        upsertions: list[ScramCredentialUpsertion] = []
+        for a in alterations:
+            if isinstance(a, UserScramCredentialDeletion):
+                deletions.append(ScramCredentialDeletion(a.user, a.mechanism))
+            else:
+                upsertions.append(_salted(a))
+        response = self._client.call_any(
+            "AlterUserScramCredentials", codec.alter_scram_request(deletions, upsertions),
+            cfg.ADMIN_TIMEOUT_MS_DEFAULT + 10_000)  # past a forwarding broker's own timeout
+        return codec.alter_scram_results(response)
+
+    def describe_user_scram_credentials(self, users: Iterable[str] | None = None
+                                        ) -> ScramDescriptions:
+        """Kafka's describeUserScramCredentials: per user (all with a credential when `users`
+        is None) the mechanisms and iteration counts, never salts or keys, or the error:
+        RESOURCE_NOT_FOUND for a named user without a credential."""
+        response = self._client.call_any("DescribeUserScramCredentials",
+                                         pb.DescribeUserScramCredentialsRequest(
+                                             users=list(users or ())))
+        return codec.describe_scram_results(response)
+
     # ---- consumer groups ----------------------------------------------------------------------
 
     def _group_call(self, group_id: str, method: str, request: Any) -> Any:
@@ -197,3 +264,23 @@ class AdminClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _salted(upsertion: UserScramCredentialUpsertion) -> ScramCredentialUpsertion:
+    """What the wire carries of an upsertion. A mechanism or iteration count the controller
+    refuses is sent unhashed (an empty salted password): it answers with Kafka's error, and no
+    client spends a second hashing a billion iterations."""
+    info = upsertion.scram_credential_info
+    salt = secrets.token_bytes(SALT_BYTES) if upsertion.salt is None else upsertion.salt
+    salted = b""
+    if (info.mechanism in scram.MECHANISMS
+            and scram.MIN_ITERATIONS <= info.iterations <= scram.MAX_ITERATIONS):
+        password = upsertion.password
+        if isinstance(password, bytes):
+            try:
+                password = password.decode("utf-8")
+            except UnicodeDecodeError:
+                raise errors.ClientError(
+                    f"the password of user {upsertion.user!r} is not UTF-8") from None
+        salted = scram.salted_password(info.mechanism, password, salt, info.iterations)
+    return ScramCredentialUpsertion(upsertion.user, info.mechanism, info.iterations, salt, salted)

@@ -49,7 +49,11 @@ from deltabus.metadata import (
     MetadataImage,
     NewTopic,
     PartitionState,
+    ScramCredentialDeletion,
+    ScramCredentialUpsertion,
+    ScramDescriptions,
     TopicResult,
+    describe_scram_credentials,
     empty_image,
 )
 from deltabus.records import CREATE_TIME, LOG_APPEND_TIME, ProducerState
@@ -57,6 +61,7 @@ from deltabus.rpc.controller_channel import ControllerChannel
 from deltabus.rpc.kafka.listener import KafkaListener
 from deltabus.rpc.leader_endpoint import RemoteLeaderEndpoint
 from deltabus.rpc.server import start_server
+from deltabus.scram import ScramCredential
 
 log = logging.getLogger(__name__)
 
@@ -454,6 +459,19 @@ class Broker:
     def reassign_partitions(self, targets: dict[tuple[str, int], list[int]]
                             ) -> dict[tuple[str, int], errors.DeltaBusError | None]:
         return self._controller.reassign_partitions(targets)
+
+    def alter_user_scram_credentials(self, deletions: list[ScramCredentialDeletion],
+                                     upsertions: list[ScramCredentialUpsertion]
+                                     ) -> dict[str, errors.DeltaBusError | None]:
+        return self._controller.alter_user_scram_credentials(deletions, upsertions)
+
+    def describe_user_scram_credentials(self, users: list[str] | None) -> ScramDescriptions:
+        """From this broker's metadata, as a KRaft broker answers it: what it authenticates
+        with, not only what the controller decided."""
+        return describe_scram_credentials(self._image.scram_credentials, users)
+
+    def scram_credential(self, user: str, mechanism: str) -> ScramCredential | None:
+        return self._image.scram_credential(user, mechanism)
 
     def find_coordinator(self, group_id: str) -> BrokerEndpoint:
         """Groups are coordinated by the controller, in the driver."""

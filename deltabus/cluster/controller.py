@@ -2,17 +2,17 @@
 
 Thread-safe: every public method takes `_lock` (a Condition that also wakes heartbeat long polls).
 
-The controller is thin, as KRaft's QuorumController is: it owns the lock, the metadata log and
-the commit path, and for every request calls a handler (`replication_control`, `config_control`,
-`broker_registry`, `producer_id_control`), which validates it and returns the records to write and
-the answer, changing nothing. `_commit` then writes the persisted records to the metadata log and
-only after that replays them into `MetadataState`, so what brokers and clients see is always
-durable; loading after a restart is the same replay of the log. Brokers are not in the log: they
-register at every start (a new broker epoch each time), and one that misses heartbeats for
-`broker_session_timeout_ms` (or whose Spark task ended) is fenced, as KRaft does: it leaves
-every ISR it is in (unless it is the last member), and partitions it led elect a new leader
-from the ISR, in replica order. A partition with no live ISR member goes offline (leader -1)
-until one registers again, unless the topic allows unclean leader election.
+The controller is thin, as KRaft's QuorumController is: it owns the lock, the metadata log and the
+commit path, and for every request calls a handler (`replication_control`, `config_control`,
+`broker_registry`, `producer_id_control`, `credential_control`), which validates it and returns the
+records to write and the answer, changing nothing. `_commit` then writes the persisted records to
+the metadata log and only after that replays them into `MetadataState`, so what brokers and clients
+see is always durable; loading after a restart is the same replay of the log. Brokers are not in
+the log: they register at every start (a new broker epoch each time), and one that misses
+heartbeats for `broker_session_timeout_ms` (or whose Spark task ended) is fenced, as KRaft does: it
+leaves every ISR it is in (unless it is the last member), and partitions it led elect a new leader
+from the ISR, in replica order. A partition with no live ISR member goes offline (leader -1) until
+one registers again, unless the topic allows unclean leader election.
 
 What stays here besides: waiting (brokers applying a version, heartbeat long polls), the
 reassignment thread and its catch-up job, and deleting the tables of deleted topics and
@@ -39,6 +39,7 @@ from deltabus import errors
 from deltabus.cluster import (
     broker_registry,
     config_control,
+    credential_control,
     producer_id_control,
     replication_control,
 )
@@ -52,6 +53,8 @@ from deltabus.cluster.metadata_records import (
     ConfigRecord,
     FenceBrokerRecord,
     MetadataRecord,
+    RemoveUserScramCredentialRecord,
+    UserScramCredentialRecord,
     to_stored,
 )
 from deltabus.cluster.metadata_state import MetadataState
@@ -62,10 +65,15 @@ from deltabus.metadata import (
     MetadataImage,
     NewTopic,
     PartitionState,
+    ScramCredentialDeletion,
+    ScramCredentialUpsertion,
+    ScramDescriptions,
     TopicResult,
+    describe_scram_credentials,
     new_cluster_id,
 )
 from deltabus.records import ProducerState
+from deltabus.scram import ScramCredential
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +130,8 @@ class Controller:
             if self._image is None or self._image.version != self._version:
                 self._image = MetadataImage(self._version, self._state.cluster_id, -1,
                                             self._state.brokers.live_endpoints(),
-                                            self._state.topic_states(), self._config.root)
+                                            self._state.topic_states(), self._config.root,
+                                            self._state.scram_credentials_copy())
             return self._image
 
     # ---- topics ------------------------------------------------------------------------------
@@ -237,6 +246,35 @@ class Controller:
                 if not behind or left <= 0 or self._shutting_down:
                     return
                 self._lock.wait(left)
+
+    # ---- users' SCRAM credentials ------------------------------------------------------------
+
+    def alter_user_scram_credentials(self, deletions: list[ScramCredentialDeletion],
+                                     upsertions: list[ScramCredentialUpsertion], *,
+                                     timeout_ms: int = cfg.ADMIN_TIMEOUT_MS_DEFAULT
+                                     ) -> dict[str, errors.DeltaBusError | None]:
+        """Kafka's AlterUserScramCredentials: None or the error per user. Returns once the live
+        brokers applied the change (they authenticate with it), or after `timeout_ms`."""
+        with self._lock:
+            result = credential_control.alter_user_scram_credentials(
+                self._state, deletions, upsertions)
+            self._commit(result.records)
+            target = self._version
+        for r in result.records:  # names only: never a salt or a key
+            if isinstance(r, UserScramCredentialRecord | RemoveUserScramCredentialRecord):
+                log.info("user %s: %s credential %s", r.name, r.mechanism,
+                         "set" if isinstance(r, UserScramCredentialRecord) else "deleted")
+        if result.records:
+            self._await_brokers(target, timeout_ms)
+        return result.response
+
+    def describe_user_scram_credentials(self, users: list[str] | None) -> ScramDescriptions:
+        with self._lock:
+            return describe_scram_credentials(self._state.scram_credentials, users)
+
+    def scram_credential(self, user: str, mechanism: str) -> ScramCredential | None:
+        with self._lock:
+            return self._state.scram_credential(user, mechanism)
 
     # ---- producer ids ------------------------------------------------------------------------
 
@@ -589,3 +627,14 @@ class ControllerHandler:
     def reassign_partitions(self, targets: dict[tuple[str, int], list[int]]
                             ) -> dict[tuple[str, int], errors.DeltaBusError | None]:
         return self._controller.reassign_partitions(targets)
+
+    def alter_user_scram_credentials(self, deletions: list[ScramCredentialDeletion],
+                                     upsertions: list[ScramCredentialUpsertion]
+                                     ) -> dict[str, errors.DeltaBusError | None]:
+        return self._controller.alter_user_scram_credentials(deletions, upsertions)
+
+    def describe_user_scram_credentials(self, users: list[str] | None) -> ScramDescriptions:
+        return self._controller.describe_user_scram_credentials(users)
+
+    def scram_credential(self, user: str, mechanism: str) -> ScramCredential | None:
+        return self._controller.scram_credential(user, mechanism)

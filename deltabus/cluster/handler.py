@@ -16,8 +16,18 @@ import pyarrow as pa
 from deltabus import config as cfg
 from deltabus import errors
 from deltabus.log_tables.partition_log import AppendResult, LogFile
-from deltabus.metadata import BrokerEndpoint, MetadataImage, NewTopic, PartitionState, TopicResult
+from deltabus.metadata import (
+    BrokerEndpoint,
+    MetadataImage,
+    NewTopic,
+    PartitionState,
+    ScramCredentialDeletion,
+    ScramCredentialUpsertion,
+    ScramDescriptions,
+    TopicResult,
+)
 from deltabus.records import ProducerState
+from deltabus.scram import ScramCredential
 
 
 @dataclass(frozen=True)
@@ -90,6 +100,23 @@ class DeltaBusHandler(Protocol):
         """The server that coordinates a group (node id -1: the controller)."""
         ...
 
+    def alter_user_scram_credentials(self, deletions: list[ScramCredentialDeletion],
+                                     upsertions: list[ScramCredentialUpsertion]
+                                     ) -> dict[str, errors.DeltaBusError | None]:
+        """Kafka's AlterUserScramCredentials, decided by the controller (brokers forward it):
+        None or the error per user. Returns once the live brokers hold the change, so a client
+        can authenticate with a new password at once."""
+        ...
+
+    def describe_user_scram_credentials(self, users: list[str] | None) -> ScramDescriptions:
+        """Kafka's DescribeUserScramCredentials, from this server's metadata (`users` None:
+        every user with a credential): mechanisms and iteration counts, never salts or keys."""
+        ...
+
+    def scram_credential(self, user: str, mechanism: str) -> ScramCredential | None:
+        """What the doors' authenticators check a SCRAM exchange or a password against: the
+        user's credential for `mechanism` in this server's metadata, None when it has none."""
+        ...
 
 
 class LifecycleHandler(Protocol):

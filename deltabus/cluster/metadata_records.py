@@ -12,15 +12,19 @@ Two kinds:
 Invariants: the stored form of a persisted record is a JSON object whose `type` and keys are the
 ones deltabus has always written (`to_stored` / `from_stored` are exact inverses on them, and a
 field whose default is None is left out while None, as the old dict records left the key out), so
-an existing data directory still loads. Records are frozen and hold tuples, never lists: a record
-cannot change after it is built, and replaying it cannot alias state to it.
+an existing data directory still loads; a bytes field is stored as base64 text. Records are
+frozen and hold tuples, never lists: a record cannot change after it is built, and replaying it
+cannot alias state to it. A SCRAM credential record holds a salt and keys, never a password, and
+its repr shows none of them.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import dataclasses
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, TypeVar
 
 from deltabus.metadata import BrokerEndpoint
@@ -133,6 +137,31 @@ class TransactionalIdRecord(MetadataRecord):
     producer_id: int
 
 
+@dataclass(frozen=True)
+class UserScramCredentialRecord(MetadataRecord):
+    """A user's SCRAM credential for one mechanism, set or replaced (Kafka's
+    UserScramCredentialRecord): the salt and the keys derived from the salted password, never
+    the password, which no server ever sees. Brokers get it with the metadata."""
+
+    type: ClassVar[str] = "user_scram_credential"
+    name: str
+    mechanism: str  # "SCRAM-SHA-256" or "SCRAM-SHA-512"
+    salt: bytes = field(repr=False)
+    stored_key: bytes = field(repr=False)
+    server_key: bytes = field(repr=False)
+    iterations: int
+
+
+@dataclass(frozen=True)
+class RemoveUserScramCredentialRecord(MetadataRecord):
+    """A user's SCRAM credential for one mechanism removed (Kafka's
+    RemoveUserScramCredentialRecord)."""
+
+    type: ClassVar[str] = "remove_user_scram_credential"
+    name: str
+    mechanism: str
+
+
 # ---- broker registration records (replayed, never persisted) ---------------------------------
 
 @dataclass(frozen=True)
@@ -187,7 +216,8 @@ class BrokerRegistrationChangeRecord(MetadataRecord):
 PERSISTED_RECORD_TYPES: Mapping[str, type[MetadataRecord]] = {
     cls.type: cls for cls in (
         ClusterIdRecord, TopicRecord, PartitionRecord, PartitionChangeRecord, RemoveTopicRecord,
-        ConfigRecord, ProducerIdsRecord, TransactionalIdRecord)
+        ConfigRecord, ProducerIdsRecord, TransactionalIdRecord, UserScramCredentialRecord,
+        RemoveUserScramCredentialRecord)
 }
 
 
@@ -211,8 +241,11 @@ def to_stored(record: MetadataRecord) -> dict[str, Any]:
         value = getattr(record, f.name)
         if value is None and f.default is None:
             continue
-        stored[record.STORED_KEYS.get(f.name, f.name)] = (
-            list(value) if isinstance(value, tuple) else value)
+        if isinstance(value, tuple):
+            value = list(value)
+        elif isinstance(value, bytes):
+            value = base64.b64encode(value).decode("ascii")
+        stored[record.STORED_KEYS.get(f.name, f.name)] = value
     return stored
 
 
@@ -227,5 +260,14 @@ def from_stored(stored: Mapping[str, Any]) -> MetadataRecord:
         key = cls.STORED_KEYS.get(f.name, f.name)
         if key in stored:
             value = stored[key]
+            if f.type in ("bytes", bytes):
+                value = _from_base64(value, cls.type, key)
             values[f.name] = tuple(value) if isinstance(value, list) else value
     return cls(**values)
+
+
+def _from_base64(value: Any, kind: str, key: str) -> bytes:
+    try:
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, TypeError, ValueError):
+        raise ValueError(f"{kind} record: {key} is not base64") from None

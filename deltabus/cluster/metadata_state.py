@@ -6,7 +6,8 @@ replays each persisted record read back from the metadata log, then each record 
 
 Invariants: partitions and registrations are frozen values (tuples, not lists), so a handler
 cannot change them by accident and the image built from them shares nothing mutable; a partition
-record's topic exists (replaying one for an unknown topic is a bug and raises).
+record's topic exists (replaying one for an unknown topic is a bug and raises); a removed SCRAM
+credential existed (the handler checked it), and a user with none has no entry.
 
 Not thread-safe: the controller holds its lock around every read and replay.
 """
@@ -27,11 +28,14 @@ from deltabus.cluster.metadata_records import (
     PartitionRecord,
     ProducerIdsRecord,
     RemoveTopicRecord,
+    RemoveUserScramCredentialRecord,
     TopicRecord,
     TransactionalIdRecord,
+    UserScramCredentialRecord,
     from_stored,
 )
 from deltabus.metadata import PartitionState, TopicState
+from deltabus.scram import ScramCredential
 
 
 @dataclass(frozen=True)
@@ -66,12 +70,15 @@ class TopicRegistration:
 
 @dataclass
 class MetadataState:
-    """Topics, partitions, configs, producer ids and registered brokers."""
+    """Topics, partitions, configs, producer ids, users' SCRAM credentials and registered
+    brokers."""
 
     cluster_id: str = ""
     topics: dict[str, TopicRegistration] = field(default_factory=dict)
     producer_ids_end: int = 0  # producer ids below this were handed out (or reserved)
     transactional_ids: dict[str, int] = field(default_factory=dict)
+    # user -> mechanism -> credential (Kafka's ScramControlManager.credentials)
+    scram_credentials: dict[str, dict[str, ScramCredential]] = field(default_factory=dict)
     brokers: BrokerRegistry = field(default_factory=BrokerRegistry)
 
     def replay(self, record: MetadataRecord | Mapping[str, Any]) -> None:
@@ -103,8 +110,28 @@ class MetadataState:
             self.transactional_ids[record.transactional_id] = record.producer_id
         elif isinstance(record, ClusterIdRecord):
             self.cluster_id = record.cluster_id
+        elif isinstance(record, UserScramCredentialRecord):
+            self.scram_credentials.setdefault(record.name, {})[record.mechanism] = (
+                ScramCredential(record.mechanism, record.salt, record.stored_key,
+                                record.server_key, record.iterations))
+        elif isinstance(record, RemoveUserScramCredentialRecord):
+            self._remove_scram_credential(record.name, record.mechanism)
         else:
             raise ValueError(f"unknown metadata record type {record.type!r}")
+
+    def _remove_scram_credential(self, user: str, mechanism: str) -> None:
+        mechanisms = self.scram_credentials.get(user, {})
+        if mechanisms.pop(mechanism, None) is None:  # as Kafka's replay: a bug, not bad input
+            raise ValueError(f"no {mechanism} credential of user {user!r} to remove")
+        if not mechanisms:
+            del self.scram_credentials[user]
+
+    def scram_credential(self, user: str, mechanism: str) -> ScramCredential | None:
+        return self.scram_credentials.get(user, {}).get(mechanism)
+
+    def scram_credentials_copy(self) -> dict[str, dict[str, ScramCredential]]:
+        """The credentials for an image: new dicts, so replaying on shares nothing with it."""
+        return {user: dict(mechanisms) for user, mechanisms in self.scram_credentials.items()}
 
     def partition(self, topic: str, partition: int) -> PartitionRegistration | None:
         t = self.topics.get(topic)

@@ -19,8 +19,14 @@ from deltabus.metadata import (
     MetadataImage,
     NewTopic,
     PartitionState,
+    ScramCredentialDeletion,
+    ScramCredentialInfo,
+    ScramCredentials,
+    ScramCredentialUpsertion,
+    ScramDescriptions,
     TopicResult,
     TopicState,
+    UserScramCredentialsDescription,
 )
 from deltabus.records import (
     HEADERS_TYPE,
@@ -28,6 +34,8 @@ from deltabus.records import (
     to_ipc,
 )
 from deltabus.rpc.v1 import deltabus_pb2 as pb
+from deltabus.rpc.v1 import internal_pb2 as ipb
+from deltabus.scram import ScramCredential
 
 T = TypeVar("T")
 
@@ -56,7 +64,9 @@ def topic_to_proto(topic: TopicState) -> pb.TopicMetadata:
 
 
 def image_to_proto(image: MetadataImage, topics: list[str] | None = None) -> pb.MetadataResponse:
-    """Encode a metadata image; `topics` limits the topic list (unknown ones get error 3)."""
+    """Encode a metadata image; `topics` limits the topic list (unknown ones get error 3). Users'
+    SCRAM credentials are never encoded here: this is what clients get
+    (`scram_credentials_to_proto` is the brokers' part of a heartbeat answer)."""
     out = pb.MetadataResponse(
         brokers=[pb.BrokerInfo(broker_id=b.broker_id, host=b.host, port=b.port, rack=b.rack,
                                kafka_port=b.kafka_port)
@@ -297,3 +307,96 @@ def alter_configs_results(response: pb.IncrementalAlterConfigsResponse
                           ) -> dict[str, errors.DeltaBusError | None]:
     return {r.resource_name: errors.error_for_code(r.error_code, r.error_message)
             if r.error_code else None for r in response.responses}
+
+
+# ---- users' SCRAM credentials (Kafka's Alter/DescribeUserScramCredentials) --------------------
+
+# Kafka's mechanism numbers; a number not listed reads as a name the controller refuses
+# (UNSUPPORTED_SASL_MECHANISM).
+SCRAM_MECHANISMS: dict[str, pb.ScramMechanism] = {
+    "SCRAM-SHA-256": pb.SCRAM_SHA_256, "SCRAM-SHA-512": pb.SCRAM_SHA_512}
+_SCRAM_MECHANISM_NAMES: dict[int, str] = {v: k for k, v in SCRAM_MECHANISMS.items()}
+
+
+def scram_mechanism_name(number: int) -> str:
+    return _SCRAM_MECHANISM_NAMES.get(number, f"UNKNOWN({number})")
+
+
+def scram_mechanism_number(name: str) -> pb.ScramMechanism:
+    return SCRAM_MECHANISMS.get(name, pb.SCRAM_MECHANISM_UNKNOWN)
+
+
+def alter_scram_request(deletions: Iterable[ScramCredentialDeletion],
+                        upsertions: Iterable[ScramCredentialUpsertion]
+                        ) -> pb.AlterUserScramCredentialsRequest:
+    return pb.AlterUserScramCredentialsRequest(
+        deletions=[pb.ScramCredentialDeletion(name=d.name,
+                                              mechanism=scram_mechanism_number(d.mechanism))
+                   for d in deletions],
+        upsertions=[pb.ScramCredentialUpsertion(
+            name=u.name, mechanism=scram_mechanism_number(u.mechanism), iterations=u.iterations,
+            salt=u.salt, salted_password=u.salted_password) for u in upsertions])
+
+
+def scram_alterations(request: pb.AlterUserScramCredentialsRequest
+                      ) -> tuple[list[ScramCredentialDeletion], list[ScramCredentialUpsertion]]:
+    return ([ScramCredentialDeletion(d.name, scram_mechanism_name(d.mechanism))
+             for d in request.deletions],
+            [ScramCredentialUpsertion(u.name, scram_mechanism_name(u.mechanism), u.iterations,
+                                      u.salt, u.salted_password) for u in request.upsertions])
+
+
+def alter_scram_response(results: dict[str, errors.DeltaBusError | None]
+                         ) -> pb.AlterUserScramCredentialsResponse:
+    return pb.AlterUserScramCredentialsResponse(results=[
+        pb.AlterUserScramCredentialsResult(user=user, error_code=e.code if e else 0,
+                                           error_message=e.message if e else "")
+        for user, e in results.items()])
+
+
+def alter_scram_results(response: pb.AlterUserScramCredentialsResponse
+                        ) -> dict[str, errors.DeltaBusError | None]:
+    return {r.user: errors.error_for_code(r.error_code, r.error_message) if r.error_code
+            else None for r in response.results}
+
+
+def describe_scram_response(descriptions: ScramDescriptions
+                            ) -> pb.DescribeUserScramCredentialsResponse:
+    response = pb.DescribeUserScramCredentialsResponse()
+    for user, d in descriptions.items():
+        result = response.results.add(user=user)
+        if isinstance(d, errors.DeltaBusError):
+            result.error_code, result.error_message = d.code, d.message
+            continue
+        result.credential_infos.extend(
+            pb.CredentialInfo(mechanism=scram_mechanism_number(i.mechanism),
+                              iterations=i.iterations) for i in d.scram_credential_infos)
+    return response
+
+
+def describe_scram_results(response: pb.DescribeUserScramCredentialsResponse
+                           ) -> ScramDescriptions:
+    return {r.user: errors.error_for_code(r.error_code, r.error_message) if r.error_code
+            else UserScramCredentialsDescription(r.user, tuple(
+                ScramCredentialInfo(scram_mechanism_name(i.mechanism), i.iterations)
+                for i in r.credential_infos))
+            for r in response.results}
+
+
+def scram_credentials_to_proto(credentials: ScramCredentials) -> list[ipb.UserScramCredential]:
+    """Every credential, for a broker's heartbeat answer (internal API only)."""
+    return [ipb.UserScramCredential(
+        name=user, mechanism=scram_mechanism_number(mechanism), salt=c.salt,
+        stored_key=c.stored_key, server_key=c.server_key, iterations=c.iterations)
+        for user, mechanisms in sorted(credentials.items())
+        for mechanism, c in sorted(mechanisms.items())]
+
+
+def scram_credentials_from_proto(credentials: Iterable[ipb.UserScramCredential]
+                                 ) -> dict[str, dict[str, ScramCredential]]:
+    out: dict[str, dict[str, ScramCredential]] = {}
+    for c in credentials:
+        mechanism = scram_mechanism_name(c.mechanism)
+        out.setdefault(c.name, {})[mechanism] = ScramCredential(
+            mechanism, c.salt, c.stored_key, c.server_key, c.iterations)
+    return out

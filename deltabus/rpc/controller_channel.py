@@ -9,6 +9,7 @@ AlterPartition means the outcome is unknown. Thread-safe (one gRPC channel, shar
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,7 +18,14 @@ import grpc
 from deltabus import config as cfg
 from deltabus import errors
 from deltabus.config import ListenerSecurity
-from deltabus.metadata import BrokerEndpoint, MetadataImage, NewTopic, TopicResult
+from deltabus.metadata import (
+    BrokerEndpoint,
+    MetadataImage,
+    NewTopic,
+    ScramCredentialDeletion,
+    ScramCredentialUpsertion,
+    TopicResult,
+)
 from deltabus.rpc import codec
 from deltabus.rpc.channel import open_channel
 from deltabus.rpc.inter_broker import credential_metadata
@@ -35,7 +43,9 @@ ADMIN_TIMEOUT_SLACK_MS = 5_000  # a forwarded admin call waits its own timeout a
 @dataclass(frozen=True)
 class HeartbeatAnswer:
     should_shut_down: bool
-    image: MetadataImage | None  # set when the metadata moved past the version the broker has
+    # Set when the metadata moved past the version the broker has, with every user's SCRAM
+    # credentials at that version.
+    image: MetadataImage | None
     refresh_logs: list[tuple[str, int]]  # partitions whose tables the log cleaner changed
 
 
@@ -76,8 +86,11 @@ class ControllerChannel:
         response = self._lifecycle_call("BrokerHeartbeat", ipb.BrokerHeartbeatRequest(
             broker_id=broker_id, broker_epoch=broker_epoch, metadata_version=metadata_version,
             max_wait_ms=max_wait_ms), max_wait_ms / 500 + 5)
-        image = (codec.image_from_proto(response.metadata) if response.HasField("metadata")
-                 else None)
+        image = None
+        if response.HasField("metadata"):
+            image = dataclasses.replace(
+                codec.image_from_proto(response.metadata),
+                scram_credentials=codec.scram_credentials_from_proto(response.scram_credentials))
         refresh = [(tp.topic, p) for tp in response.refresh_logs for p in tp.partitions]
         return HeartbeatAnswer(response.should_shut_down, image, refresh)
 
@@ -152,6 +165,15 @@ class ControllerChannel:
                             ) -> dict[tuple[str, int], errors.DeltaBusError | None]:
         return codec.election_results(self._admin_call(
             "AlterPartitionReassignments", codec.reassignments_request(targets)))
+
+    def alter_user_scram_credentials(self, deletions: list[ScramCredentialDeletion],
+                                     upsertions: list[ScramCredentialUpsertion]
+                                     ) -> dict[str, errors.DeltaBusError | None]:
+        """Forwarded as Kafka's brokers forward it; the controller answers once the brokers
+        applied the change (at most its admin timeout)."""
+        return codec.alter_scram_results(self._admin_call(
+            "AlterUserScramCredentials", codec.alter_scram_request(deletions, upsertions),
+            cfg.ADMIN_TIMEOUT_MS_DEFAULT + ADMIN_TIMEOUT_SLACK_MS))
 
     def _admin_call(self, method: str, request: Any, timeout_ms: int | None = None) -> Any:
         """One forwarded call; a failed call raises the controller's error (its Kafka code)."""

@@ -47,8 +47,10 @@ class BrokerLifecycleServicer(ipb_grpc.BrokerLifecycleServicer):
             by_topic.setdefault(topic, []).append(partition)
         response.refresh_logs.extend(pb.TopicPartitions(topic=t, partitions=ps)
                                      for t, ps in by_topic.items())
-        if image is not None:
+        if image is not None:  # a broker's metadata: with the credentials it authenticates with
             response.metadata.CopyFrom(codec.image_to_proto(image))
+            response.scram_credentials.extend(
+                codec.scram_credentials_to_proto(image.scram_credentials))
         return response
 
     def AlterPartition(self, request: ipb.AlterPartitionRequest,

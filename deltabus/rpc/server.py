@@ -294,6 +294,19 @@ class DeltaBusServicer(GroupServicerMixin, pb_grpc.DeltaBusServicer):
         results = self._handler.reassign_partitions(targets)
         return pb.AlterPartitionReassignmentsResponse(results=codec.partition_results(results))
 
+    @_guard
+    def AlterUserScramCredentials(self, request: pb.AlterUserScramCredentialsRequest,
+                                  context: Any) -> pb.AlterUserScramCredentialsResponse:
+        deletions, upsertions = codec.scram_alterations(request)
+        return codec.alter_scram_response(
+            self._handler.alter_user_scram_credentials(deletions, upsertions))
+
+    @_guard
+    def DescribeUserScramCredentials(self, request: pb.DescribeUserScramCredentialsRequest,
+                                     context: Any) -> pb.DescribeUserScramCredentialsResponse:
+        return codec.describe_scram_response(
+            self._handler.describe_user_scram_credentials(list(request.users) or None))
+
 
 def start_server(host: str, port: int, handler: DeltaBusHandler,
                  lifecycle: LifecycleHandler | None = None, *,

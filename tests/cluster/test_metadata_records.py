@@ -19,8 +19,10 @@ from deltabus.cluster.metadata_records import (
     ProducerIdsRecord,
     RegisterBrokerRecord,
     RemoveTopicRecord,
+    RemoveUserScramCredentialRecord,
     TopicRecord,
     TransactionalIdRecord,
+    UserScramCredentialRecord,
     from_stored,
     to_stored,
 )
@@ -56,6 +58,13 @@ OLD_AND_TYPED: list[tuple[dict[str, Any], MetadataRecord]] = [
     ({"type": "producer_ids", "end": 2000}, ProducerIdsRecord(2000)),
     ({"type": "transactional_id", "id": "tx-1", "producer_id": 7},
      TransactionalIdRecord("tx-1", 7)),
+    # bytes as base64 text
+    ({"type": "user_scram_credential", "name": "alice", "mechanism": "SCRAM-SHA-256",
+      "salt": "c2FsdA==", "stored_key": "AAEC", "server_key": "/w==", "iterations": 8192},
+     UserScramCredentialRecord("alice", "SCRAM-SHA-256", b"salt", b"\x00\x01\x02", b"\xff",
+                               8192)),
+    ({"type": "remove_user_scram_credential", "name": "alice", "mechanism": "SCRAM-SHA-512"},
+     RemoveUserScramCredentialRecord("alice", "SCRAM-SHA-512")),
 ]
 
 
@@ -88,6 +97,20 @@ def test_unknown_keys_are_ignored_and_unknown_types_refused() -> None:
         from_stored({"type": "no_such_type"})
     with pytest.raises(ValueError, match="unknown metadata record type"):
         from_stored({"name": "a"})
+
+
+def test_a_credential_record_that_is_not_base64_is_refused() -> None:
+    stored = to_stored(UserScramCredentialRecord("a", "SCRAM-SHA-256", b"s", b"k", b"k", 4096))
+    with pytest.raises(ValueError, match="stored_key is not base64"):
+        from_stored({**stored, "stored_key": "not base64!"})
+
+
+def test_credential_records_show_no_salt_or_keys() -> None:
+    record = UserScramCredentialRecord("alice", "SCRAM-SHA-256", b"pepper", b"stored-secret",
+                                       b"server-secret", 4096)
+    text = repr(record)
+    assert "alice" in text and "4096" in text
+    assert not any(s in text for s in ("pepper", "stored-secret", "server-secret"))
 
 
 def test_broker_records_are_never_written() -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import copy
 
+import pytest
+
 from deltabus.cluster.broker_registry import BrokerRegistration, BrokerRegistry
 from deltabus.cluster.metadata_records import (
     BrokerRegistrationChangeRecord,
@@ -16,13 +18,16 @@ from deltabus.cluster.metadata_records import (
     ProducerIdsRecord,
     RegisterBrokerRecord,
     RemoveTopicRecord,
+    RemoveUserScramCredentialRecord,
     TopicRecord,
     TransactionalIdRecord,
     UnfenceBrokerRecord,
+    UserScramCredentialRecord,
     to_stored,
 )
 from deltabus.cluster.metadata_state import MetadataState, PartitionRegistration
 from deltabus.metadata import BrokerEndpoint, PartitionState, TopicState
+from deltabus.scram import ScramCredential
 
 TOPIC_RECORDS: list[MetadataRecord] = [
     ClusterIdRecord("c-1"),
@@ -35,6 +40,11 @@ TOPIC_RECORDS: list[MetadataRecord] = [
     ConfigRecord("orders", "retention.ms", None),
     ProducerIdsRecord(1000),
     TransactionalIdRecord("tx", 4),
+    UserScramCredentialRecord("alice", "SCRAM-SHA-256", b"s1", b"stored1", b"server1", 4096),
+    UserScramCredentialRecord("alice", "SCRAM-SHA-512", b"s2", b"stored2", b"server2", 8192),
+    UserScramCredentialRecord("bob", "SCRAM-SHA-256", b"s3", b"stored3", b"server3", 4096),
+    UserScramCredentialRecord("alice", "SCRAM-SHA-256", b"s4", b"stored4", b"server4", 5000),
+    RemoveUserScramCredentialRecord("bob", "SCRAM-SHA-256"),
 ]
 
 
@@ -59,6 +69,24 @@ def test_replay_of_typed_records() -> None:
         "orders", "t1",
         (PartitionState(0, 2, 1, (1, 2, 3), (2, 3)), PartitionState(1, 2, 0, (2, 3, 1), (2, 3, 1))),
         {"cleanup.policy": "compact"})}
+
+
+def test_replay_of_scram_credential_records() -> None:
+    state = _replay(TOPIC_RECORDS)
+    assert state.scram_credentials == {"alice": {  # bob's only credential went, and bob too
+        "SCRAM-SHA-256": ScramCredential("SCRAM-SHA-256", b"s4", b"stored4", b"server4", 5000),
+        "SCRAM-SHA-512": ScramCredential("SCRAM-SHA-512", b"s2", b"stored2", b"server2", 8192)}}
+    assert state.scram_credential("alice", "SCRAM-SHA-512").iterations == 8192
+    assert state.scram_credential("bob", "SCRAM-SHA-256") is None
+    copied = state.scram_credentials_copy()
+    copied["alice"].clear()
+    assert len(state.scram_credentials["alice"]) == 2
+
+
+def test_removing_a_credential_that_is_not_there_is_a_bug() -> None:
+    state = _replay(TOPIC_RECORDS)
+    with pytest.raises(ValueError, match="no SCRAM-SHA-256 credential of user 'bob'"):
+        state.replay(RemoveUserScramCredentialRecord("bob", "SCRAM-SHA-256"))
 
 
 def test_typed_and_stored_records_replay_to_the_same_state() -> None:

@@ -1,7 +1,9 @@
 """Kafka's admin APIs over the same handler calls as gRPC's: CreateTopics, DeleteTopics,
-CreatePartitions, DescribeConfigs and DescribeCluster. Metadata names a live broker as the
+CreatePartitions, DescribeConfigs, DescribeCluster, and users' SCRAM credentials
+(AlterUserScramCredentials, DescribeUserScramCredentials). Metadata names a live broker as the
 controller, so Kafka's admin clients send these to a broker, which passes them to the
-controller in the driver (as it does for gRPC).
+controller in the driver (as it does for gRPC); a broker answers DescribeUserScramCredentials
+from its own metadata, as a KRaft broker does.
 """
 
 from __future__ import annotations
@@ -15,7 +17,13 @@ from kio.schema.errors import ErrorCode
 from deltabus import config as cfg
 from deltabus import errors
 from deltabus.cluster.handler import DeltaBusHandler
-from deltabus.metadata import MetadataImage, NewTopic, TopicResult
+from deltabus.metadata import (
+    MetadataImage,
+    NewTopic,
+    ScramCredentialDeletion,
+    ScramCredentialUpsertion,
+    TopicResult,
+)
 from deltabus.rpc import codec
 from deltabus.rpc.kafka.frames import (
     NO_TIME,
@@ -28,6 +36,7 @@ from deltabus.rpc.kafka.frames import (
 
 CREATE_TOPICS, DELETE_TOPICS, CREATE_PARTITIONS, DESCRIBE_CONFIGS, DESCRIBE_CLUSTER = (
     19, 20, 37, 32, 60)
+DESCRIBE_USER_SCRAM_CREDENTIALS, ALTER_USER_SCRAM_CREDENTIALS = 50, 51
 ADMIN_TIMEOUT_MS = 30_000  # where a request gives none
 SUPPORTED: dict[int, tuple[int, int]] = {
     CREATE_TOPICS: (2, 7),
@@ -35,6 +44,8 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     CREATE_PARTITIONS: (0, 3),
     DESCRIBE_CONFIGS: (1, 4),
     DESCRIBE_CLUSTER: (0, 1),
+    DESCRIBE_USER_SCRAM_CREDENTIALS: (0, 0),
+    ALTER_USER_SCRAM_CREDENTIALS: (0, 0),
 }
 
 
@@ -79,6 +90,8 @@ class KafkaAdminApis:
             CREATE_TOPICS: self.create_topics, DELETE_TOPICS: self.delete_topics,
             CREATE_PARTITIONS: self.create_partitions, DESCRIBE_CONFIGS: self.describe_configs,
             DESCRIBE_CLUSTER: self.describe_cluster,
+            DESCRIBE_USER_SCRAM_CREDENTIALS: self.describe_user_scram_credentials,
+            ALTER_USER_SCRAM_CREDENTIALS: self.alter_user_scram_credentials,
         }
 
     def create_topics(self, version: int, request: Any,
@@ -198,3 +211,45 @@ class KafkaAdminApis:
                     cluster_id=image.cluster_id or "", controller_id=controller_id(image),
                     brokers=tuple(make(broker_cls, broker_id=b.node_id, host=b.host,
                                        port=b.port, rack=b.rack) for b in brokers))
+
+    def describe_user_scram_credentials(self, version: int, request: Any,
+                                        refused: errors.DeltaBusError | None = None) -> Any:
+        """Mechanisms and iteration counts per user (a null or empty list: every user)."""
+        cls = load_response_schema(DESCRIBE_USER_SCRAM_CREDENTIALS, version)
+        result_cls, info_cls = (nested(cls, n) for n in ("DescribeUserScramCredentialsResult",
+                                                          "CredentialInfo"))
+        if refused is not None:
+            return make(cls, throttle_time=NO_TIME, error_code=error_code(refused),
+                        error_message=refused.message, results=())
+        users = [u.name for u in request.users or ()]
+        results = []
+        for user, d in self._handler.describe_user_scram_credentials(users or None).items():
+            error = d if isinstance(d, errors.DeltaBusError) else None
+            infos = () if isinstance(d, errors.DeltaBusError) else d.scram_credential_infos
+            results.append(make(
+                result_cls, user=user, error_code=error_code(error), error_message=_message(error),
+                credential_infos=tuple(
+                    make(info_cls, mechanism=codec.scram_mechanism_number(i.mechanism),
+                         iterations=i.iterations) for i in infos)))
+        return make(cls, throttle_time=NO_TIME, error_code=ErrorCode.none, error_message=None,
+                    results=tuple(results))
+
+    def alter_user_scram_credentials(self, version: int, request: Any,
+                                     refused: errors.DeltaBusError | None = None) -> Any:
+        """Upsertions carry the salted password the client computed, never the password."""
+        cls = load_response_schema(ALTER_USER_SCRAM_CREDENTIALS, version)
+        result_cls = nested(cls, "AlterUserScramCredentialsResult")
+        deletions = [ScramCredentialDeletion(d.name, codec.scram_mechanism_name(d.mechanism))
+                     for d in request.deletions]
+        upsertions = [ScramCredentialUpsertion(
+            u.name, codec.scram_mechanism_name(u.mechanism), u.iterations, u.salt,
+            u.salted_password) for u in request.upsertions]
+        results: dict[str, errors.DeltaBusError | None]
+        if refused is not None:
+            results = {name: refused for name in [*(d.name for d in deletions),
+                                                  *(u.name for u in upsertions)]}
+        else:
+            results = self._handler.alter_user_scram_credentials(deletions, upsertions)
+        return make(cls, throttle_time=NO_TIME, results=tuple(
+            make(result_cls, user=user, error_code=error_code(error),
+                 error_message=_message(error)) for user, error in results.items()))

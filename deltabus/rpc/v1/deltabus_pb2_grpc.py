@@ -104,6 +104,16 @@ class DeltaBusStub:
                 request_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.AlterPartitionReassignmentsRequest.SerializeToString,
                 response_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.AlterPartitionReassignmentsResponse.FromString,
                 _registered_method=True)
+        self.AlterUserScramCredentials = channel.unary_unary(
+                '/deltabus.v1.DeltaBus/AlterUserScramCredentials',
+                request_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.AlterUserScramCredentialsRequest.SerializeToString,
+                response_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.AlterUserScramCredentialsResponse.FromString,
+                _registered_method=True)
+        self.DescribeUserScramCredentials = channel.unary_unary(
+                '/deltabus.v1.DeltaBus/DescribeUserScramCredentials',
+                request_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DescribeUserScramCredentialsRequest.SerializeToString,
+                response_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DescribeUserScramCredentialsResponse.FromString,
+                _registered_method=True)
         self.FindCoordinator = channel.unary_unary(
                 '/deltabus.v1.DeltaBus/FindCoordinator',
                 request_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.FindCoordinatorRequest.SerializeToString,
@@ -251,6 +261,23 @@ class DeltaBusServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AlterUserScramCredentials(self, request, context):
+        """Users' SCRAM credentials (Kafka's AlterUserScramCredentials and DescribeUserScramCredentials;
+        kafka-configs.sh --entity-type users). The client salts the password, so it never crosses
+        the wire; the controller keeps the salt and the keys derived from the salted password, and
+        Describe shows mechanisms and iteration counts only. Alter returns once the brokers hold the
+        change; Describe is answered from the metadata of the server asked, as Kafka's brokers do.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DescribeUserScramCredentials(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def FindCoordinator(self, request, context):
         """Consumer groups (Kafka's classic group protocol). FindCoordinator names the server that
         coordinates a group; the other calls go there. JoinGroup and SyncGroup are long polls that
@@ -386,6 +413,16 @@ def add_DeltaBusServicer_to_server(servicer, server):
                     servicer.AlterPartitionReassignments,
                     request_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.AlterPartitionReassignmentsRequest.FromString,
                     response_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.AlterPartitionReassignmentsResponse.SerializeToString,
+            ),
+            'AlterUserScramCredentials': grpc.unary_unary_rpc_method_handler(
+                    servicer.AlterUserScramCredentials,
+                    request_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.AlterUserScramCredentialsRequest.FromString,
+                    response_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.AlterUserScramCredentialsResponse.SerializeToString,
+            ),
+            'DescribeUserScramCredentials': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeUserScramCredentials,
+                    request_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DescribeUserScramCredentialsRequest.FromString,
+                    response_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DescribeUserScramCredentialsResponse.SerializeToString,
             ),
             'FindCoordinator': grpc.unary_unary_rpc_method_handler(
                     servicer.FindCoordinator,
@@ -816,6 +853,60 @@ class DeltaBus:
             '/deltabus.v1.DeltaBus/AlterPartitionReassignments',
             deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.AlterPartitionReassignmentsRequest.SerializeToString,
             deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.AlterPartitionReassignmentsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AlterUserScramCredentials(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/deltabus.v1.DeltaBus/AlterUserScramCredentials',
+            deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.AlterUserScramCredentialsRequest.SerializeToString,
+            deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.AlterUserScramCredentialsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeUserScramCredentials(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/deltabus.v1.DeltaBus/DescribeUserScramCredentials',
+            deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DescribeUserScramCredentialsRequest.SerializeToString,
+            deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DescribeUserScramCredentialsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -48,18 +48,36 @@ class BrokerHeartbeatRequest(_message.Message):
     def __init__(self, broker_id: _Optional[int] = ..., broker_epoch: _Optional[int] = ..., metadata_version: _Optional[int] = ..., max_wait_ms: _Optional[int] = ...) -> None: ...
 
 class BrokerHeartbeatResponse(_message.Message):
-    __slots__ = ("error_code", "error_message", "should_shut_down", "metadata", "refresh_logs")
+    __slots__ = ("error_code", "error_message", "should_shut_down", "metadata", "refresh_logs", "scram_credentials")
     ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
     ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     SHOULD_SHUT_DOWN_FIELD_NUMBER: _ClassVar[int]
     METADATA_FIELD_NUMBER: _ClassVar[int]
     REFRESH_LOGS_FIELD_NUMBER: _ClassVar[int]
+    SCRAM_CREDENTIALS_FIELD_NUMBER: _ClassVar[int]
     error_code: int
     error_message: str
     should_shut_down: bool
     metadata: _deltabus_pb2.MetadataResponse
     refresh_logs: _containers.RepeatedCompositeFieldContainer[_deltabus_pb2.TopicPartitions]
-    def __init__(self, error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., should_shut_down: _Optional[bool] = ..., metadata: _Optional[_Union[_deltabus_pb2.MetadataResponse, _Mapping]] = ..., refresh_logs: _Optional[_Iterable[_Union[_deltabus_pb2.TopicPartitions, _Mapping]]] = ...) -> None: ...
+    scram_credentials: _containers.RepeatedCompositeFieldContainer[UserScramCredential]
+    def __init__(self, error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., should_shut_down: _Optional[bool] = ..., metadata: _Optional[_Union[_deltabus_pb2.MetadataResponse, _Mapping]] = ..., refresh_logs: _Optional[_Iterable[_Union[_deltabus_pb2.TopicPartitions, _Mapping]]] = ..., scram_credentials: _Optional[_Iterable[_Union[UserScramCredential, _Mapping]]] = ...) -> None: ...
+
+class UserScramCredential(_message.Message):
+    __slots__ = ("name", "mechanism", "salt", "stored_key", "server_key", "iterations")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    MECHANISM_FIELD_NUMBER: _ClassVar[int]
+    SALT_FIELD_NUMBER: _ClassVar[int]
+    STORED_KEY_FIELD_NUMBER: _ClassVar[int]
+    SERVER_KEY_FIELD_NUMBER: _ClassVar[int]
+    ITERATIONS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    mechanism: _deltabus_pb2.ScramMechanism
+    salt: bytes
+    stored_key: bytes
+    server_key: bytes
+    iterations: int
+    def __init__(self, name: _Optional[str] = ..., mechanism: _Optional[_Union[_deltabus_pb2.ScramMechanism, str]] = ..., salt: _Optional[bytes] = ..., stored_key: _Optional[bytes] = ..., server_key: _Optional[bytes] = ..., iterations: _Optional[int] = ...) -> None: ...
 
 class AlterPartitionRequest(_message.Message):
     __slots__ = ("broker_id", "broker_epoch", "topic", "partition", "leader_epoch", "isr", "new_isr")
