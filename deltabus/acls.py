@@ -168,3 +168,23 @@ class Authorizer:
         allowed = {operation, Operation.ALL} | _IMPLIED.get(operation, set())
         return any(acl.permission == Permission.ALLOW and acl.operation in allowed
                    for acl in mine)
+
+
+class AuthorizerCache:
+    """The Authorizer over a server's current ACLs, built again only when they change (each
+    metadata image holds them as one tuple)."""
+
+    def __init__(self, *, super_users: Iterable[str] = (),
+                 allow_everyone_if_no_acl_found: bool = False) -> None:
+        self._super_users = tuple(super_users)
+        self._allow_if_none = allow_everyone_if_no_acl_found
+        self._for: tuple[AclBinding, ...] | None = None
+        self._authorizer: Authorizer | None = None
+
+    def get(self, acls: tuple[AclBinding, ...]) -> Authorizer:
+        authorizer, built_for = self._authorizer, self._for
+        if authorizer is None or built_for is not acls:
+            authorizer = Authorizer(acls, super_users=self._super_users,
+                                    allow_everyone_if_no_acl_found=self._allow_if_none)
+            self._authorizer, self._for = authorizer, acls
+        return authorizer

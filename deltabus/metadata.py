@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from deltabus.acls import AclBinding
 from deltabus.errors import (
     DeltaBusError,
     DuplicateResourceError,
@@ -197,6 +198,8 @@ class MetadataImage:
     # the controller's heartbeat answer, to authenticate clients. Never in a client's Metadata
     # answer (`rpc.codec.image_to_proto` leaves them out) nor in a repr.
     scram_credentials: ScramCredentials = field(default_factory=dict, repr=False)
+    # The ACLs (Kafka's AclsImage): brokers authorize requests against them.
+    acls: tuple[AclBinding, ...] = ()
 
     def broker(self, broker_id: int) -> BrokerEndpoint | None:
         return next((b for b in self.brokers if b.broker_id == broker_id), None)

@@ -33,6 +33,7 @@ from pyspark import TaskContext
 
 from deltabus import config as cfg
 from deltabus import errors
+from deltabus.acls import Authorizer, AuthorizerCache
 from deltabus.cluster.handler import FetchResult, FetchSpec
 from deltabus.cluster.partition import Partition
 from deltabus.cluster.replica_fetcher import ReplicaFetcher
@@ -87,6 +88,9 @@ class Broker:
         self._config = spec.config
         self._log_config = spec.config.log_config()
         self._image = empty_image()
+        self._authorizers = AuthorizerCache(
+            super_users=spec.config.super_users,
+            allow_everyone_if_no_acl_found=spec.config.allow_everyone_if_no_acl_found)
         self._topic_configs: dict[str, cfg.TopicConfig] = {}
         self._partitions: dict[tuple[str, int], Partition] = {}
         self._partitions_lock = threading.Lock()
@@ -113,13 +117,15 @@ class Broker:
                                                threads=self._config.grpc_threads,
                                                replica_fetch=True,
                                                broker_secret=self._config.inter_broker_secret,
-                                               security=self._config.security)
+                                               security=self._config.security,
+                                               credentials=self.scram_credential)
         base = self._config.kafka_port
         if base >= 0:
             self._kafka = KafkaListener(self._config.host,
                                         base + 1 + self.broker_id if base else 0, self,
                                         coordinator=self.spec.kafka_coordinator,
-                                        security=self._config.security).start()
+                                        security=self._config.security,
+                                        credentials=self.scram_credential).start()
         self._register()
         threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True).start()
         threading.Thread(target=self._isr_loop, name="isr-shrink", daemon=True).start()
@@ -472,6 +478,11 @@ class Broker:
 
     def scram_credential(self, user: str, mechanism: str) -> ScramCredential | None:
         return self._image.scram_credential(user, mechanism)
+
+    def authorizer(self) -> Authorizer | None:
+        if not self._config.authorizer:
+            return None
+        return self._authorizers.get(self._image.acls)
 
     def find_coordinator(self, group_id: str) -> BrokerEndpoint:
         """Groups are coordinated by the controller, in the driver."""

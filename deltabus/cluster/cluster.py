@@ -121,12 +121,13 @@ class Cluster:
             self.config.host, self.config.port, handler, self.controller,
             threads=max(self.config.grpc_threads, group.coordinator_threads),
             groups=self.coordinator, broker_secret=self.config.inter_broker_secret,
-            security=self.config.security)
+            security=self.config.security, credentials=handler.scram_credential)
         handler.endpoint = BrokerEndpoint(CONTROLLER_NODE_ID, self.config.host, self.port)
         if self.config.kafka_port >= 0:
             self._kafka = KafkaListener(self.config.host, self.config.kafka_port, handler,
                                         groups=self.coordinator,
-                                        security=self.config.security).start()
+                                        security=self.config.security,
+                                        credentials=handler.scram_credential).start()
         self.log_cleaner = LogCleaner(self.spark, self.controller.cleaner_tasks,
                                       self.controller.tables_changed,
                                       self.config.log_retention_check_interval_ms)

@@ -36,6 +36,7 @@ import pyarrow.fs as pafs
 
 from deltabus import config as cfg
 from deltabus import errors
+from deltabus.acls import Authorizer, AuthorizerCache
 from deltabus.cluster import (
     broker_registry,
     config_control,
@@ -85,6 +86,9 @@ class Controller:
                  on_fence: Callable[[int], None] | None = None,
                  catch_up: Callable[[list[CatchUpTask], str], object] | None = None) -> None:
         self._config = config
+        self._authorizers = AuthorizerCache(
+            super_users=config.super_users,
+            allow_everyone_if_no_acl_found=config.allow_everyone_if_no_acl_found)
         self._on_fence = on_fence
         self._catch_up = catch_up  # runs the catch-up Spark job (given by Cluster)
         self._lock = threading.Condition()
@@ -123,6 +127,12 @@ class Controller:
         self._version += 1
         self._image = None
         self._lock.notify_all()
+
+    def authorizer(self) -> Authorizer | None:
+        """The authorizer over the current ACLs (None: the cluster runs without one)."""
+        if not self._config.authorizer:
+            return None
+        return self._authorizers.get(self.image().acls)
 
     def image(self) -> MetadataImage:
         """The current metadata snapshot (live brokers only, as Kafka lists them)."""
@@ -638,3 +648,6 @@ class ControllerHandler:
 
     def scram_credential(self, user: str, mechanism: str) -> ScramCredential | None:
         return self._controller.scram_credential(user, mechanism)
+
+    def authorizer(self) -> Authorizer | None:
+        return self._controller.authorizer()

@@ -15,6 +15,7 @@ import pyarrow as pa
 
 from deltabus import config as cfg
 from deltabus import errors
+from deltabus.acls import Authorizer
 from deltabus.log_tables.partition_log import AppendResult, LogFile
 from deltabus.metadata import (
     BrokerEndpoint,
@@ -116,6 +117,11 @@ class DeltaBusHandler(Protocol):
     def scram_credential(self, user: str, mechanism: str) -> ScramCredential | None:
         """What the doors' authenticators check a SCRAM exchange or a password against: the
         user's credential for `mechanism` in this server's metadata, None when it has none."""
+        ...
+
+    def authorizer(self) -> Authorizer | None:
+        """What the doors check every request against (`rpc.access`): the cluster's ACLs in
+        this server's metadata, or None when the cluster runs without an authorizer."""
         ...
 
 
