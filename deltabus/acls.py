@@ -169,6 +169,22 @@ class Authorizer:
         return any(acl.permission == Permission.ALLOW and acl.operation in allowed
                    for acl in mine)
 
+    def allows_any(self, principal: KafkaPrincipal, host: str, operation: Operation,
+                   resource_type: ResourceType) -> bool:
+        """Whether some resource of the type is allowed `operation` for the caller (Kafka's
+        authorizeByResourceType): an ALLOW that applies, on a name no DENY of the caller
+        covers."""
+        if str(principal) in self._super_users:
+            return True
+        mine = [acl for acl in self._by_type.get(resource_type, ())
+                if acl.applies_to(principal, host)]
+        denied = [acl for acl in mine if acl.permission == Permission.DENY
+                  and acl.operation in (operation, Operation.ALL)]
+        return any(acl.permission == Permission.ALLOW
+                   and acl.operation in (operation, Operation.ALL)
+                   and not any(d.covers(resource_type, acl.resource_name) for d in denied)
+                   for acl in mine)
+
 
 class AuthorizerCache:
     """The Authorizer over a server's current ACLs, built again only when they change (each

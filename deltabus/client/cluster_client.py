@@ -142,9 +142,12 @@ class ClusterClient:
                          allow_auto_create: bool = False) -> MetadataImage:
         """Fetch the whole cluster's metadata (Kafka clients fetch only their topics; ours is
         small). With `allow_auto_create`, a first request creates the missing `topics`."""
-        if topics and allow_auto_create:
-            self.call_any("Metadata", pb.MetadataRequest(topics=topics,
-                                                         allow_auto_topic_creation=True))
+        if topics:  # named: creates the missing ones if asked, and says which are refused
+            named = self.call_any("Metadata", pb.MetadataRequest(
+                topics=topics, allow_auto_topic_creation=allow_auto_create))
+            for t in named.topics:
+                if t.error_code == errors.TopicAuthorizationFailedError.code:
+                    raise errors.TopicAuthorizationFailedError(t.error_message)
         response = self.call_any("Metadata", pb.MetadataRequest(allow_auto_topic_creation=False))
         image = codec.image_from_proto(response)
         with self._lock:

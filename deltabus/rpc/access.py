@@ -8,10 +8,14 @@ and message, or None; nothing is written for a refused partition, topic or group
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
+from typing import Any
 
 from deltabus import errors
 from deltabus.acls import CLUSTER_NAME, Authorizer, Operation, ResourceType
+from deltabus.cluster.handler import DeltaBusHandler
+from deltabus.metadata import MetadataImage, TopicResult
 from deltabus.principal import ANONYMOUS, KafkaPrincipal
 
 
@@ -48,6 +52,19 @@ class Access:
         return errors.TransactionalIdAuthorizationFailedError(
             f"Transactional Id authorization failed: {name}")
 
+    def init_producer_id(self, transactional_id: str) -> errors.DeltaBusError | None:
+        """InitProducerId: WRITE on the transactional id; an idempotent producer needs
+        IDEMPOTENT_WRITE on the cluster or WRITE on some topic (KIP-679)."""
+        if transactional_id:
+            return self.transactional_id(Operation.WRITE, transactional_id)
+        if self._authorizer is None or self.allows(
+                Operation.IDEMPOTENT_WRITE, ResourceType.CLUSTER, CLUSTER_NAME) or (
+                self._authorizer.allows_any(self.principal, self.host, Operation.WRITE,
+                                            ResourceType.TOPIC)):
+            return None
+        return errors.ClusterAuthorizationFailedError(
+            f"Cluster authorization failed: {self.principal} may not IDEMPOTENT_WRITE")
+
     def may_create_topic(self, name: str) -> bool:
         """CreateTopics (and auto-creation): CREATE on the cluster or on the topic."""
         return (self.allows(Operation.CREATE, ResourceType.CLUSTER, CLUSTER_NAME)
@@ -61,3 +78,46 @@ class Access:
     def raise_if(refusal: errors.DeltaBusError | None) -> None:
         if refusal is not None:
             raise refusal
+
+
+def peer_host(context: Any) -> str:
+    """The caller's address from a gRPC context's peer (`ipv4:10.0.0.1:5000`, `ipv6:[::1]:5000`),
+    as ACLs name hosts."""
+    peer = str(context.peer() or "")
+    kind, _, rest = peer.partition(":")
+    if kind == "ipv6":
+        return rest.rpartition(":")[0].strip("[]")
+    return rest.rpartition(":")[0] if kind == "ipv4" else peer
+
+
+def authorized_metadata(handler: DeltaBusHandler, access: Access, topics: list[str],
+                        allow_auto_create: bool
+                        ) -> tuple[MetadataImage, dict[str, errors.DeltaBusError]]:
+    """Kafka's Metadata under ACLs: a named topic the caller may not DESCRIBE is refused
+    (TOPIC_AUTHORIZATION_FAILED), a missing one is created only if the caller may CREATE it,
+    and a listing of every topic shows only those the caller may DESCRIBE."""
+    refused = {t: e for t in topics if (e := access.topic(Operation.DESCRIBE, t))}
+    named = [t for t in topics if t not in refused]
+    if topics and not named:
+        image = handler.metadata([], False)
+        return dataclasses.replace(image, topics={}), refused
+    creatable = allow_auto_create and all(access.may_create_topic(t) for t in named)
+    image = handler.metadata(named, creatable)
+    if allow_auto_create and not creatable:  # create those it may, leave the rest unknown
+        missing = [t for t in named if t not in image.topics and access.may_create_topic(t)]
+        if missing:
+            handler.metadata(missing, True)
+            image = handler.metadata(named, False)
+    if not topics:
+        shown = set(access.describable_topics(image.topics))
+        image = dataclasses.replace(
+            image, topics={n: t for n, t in image.topics.items() if n in shown})
+    return image, refused
+
+
+def merge_refusals(names: list[str], results: list[TopicResult],
+                   refused: dict[str, errors.DeltaBusError]) -> list[TopicResult]:
+    """Per-topic answers in the request's order: the handler's, and the refusals."""
+    by_name = {r.name: r for r in results}
+    return [TopicResult(n, refused[n]) if n in refused else by_name[n] for n in names
+            if n in refused or n in by_name]

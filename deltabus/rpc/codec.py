@@ -63,10 +63,13 @@ def topic_to_proto(topic: TopicState) -> pb.TopicMetadata:
     )
 
 
-def image_to_proto(image: MetadataImage, topics: list[str] | None = None) -> pb.MetadataResponse:
-    """Encode a metadata image; `topics` limits the topic list (unknown ones get error 3). Users'
-    SCRAM credentials are never encoded here: this is what clients get
-    (`scram_credentials_to_proto` is the brokers' part of a heartbeat answer)."""
+def image_to_proto(image: MetadataImage, topics: list[str] | None = None,
+                   refused: dict[str, errors.DeltaBusError] | None = None
+                   ) -> pb.MetadataResponse:
+    """Encode a metadata image; `topics` limits the topic list (unknown ones get error 3,
+    `refused` ones their refusal). Users' SCRAM credentials and ACLs are never encoded here:
+    this is what clients get (`scram_credentials_to_proto` is the brokers' part of a heartbeat
+    answer)."""
     out = pb.MetadataResponse(
         brokers=[pb.BrokerInfo(broker_id=b.broker_id, host=b.host, port=b.port, rack=b.rack,
                                kafka_port=b.kafka_port)
@@ -78,7 +81,10 @@ def image_to_proto(image: MetadataImage, topics: list[str] | None = None) -> pb.
     )
     for name in (topics if topics else sorted(image.topics)):
         topic = image.topics.get(name)
-        if topic is None:
+        if refused and name in refused:
+            out.topics.append(pb.TopicMetadata(name=name, error_code=refused[name].code,
+                                               error_message=refused[name].message))
+        elif topic is None:
             out.topics.append(pb.TopicMetadata(
                 name=name, error_code=errors.UnknownTopicOrPartitionError.code,
                 error_message=f"Topic '{name}' does not exist."))

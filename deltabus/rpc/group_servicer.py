@@ -12,8 +12,10 @@ from typing import Any
 
 from deltabus import config as cfg
 from deltabus import errors
+from deltabus.acls import Operation
 from deltabus.offsets.group_coordinator import LONG_POLL_SLACK_S, GroupCoordinator, wait_result
 from deltabus.offsets.offset_store import OffsetAndMetadata
+from deltabus.rpc.access import Access
 from deltabus.rpc.codec import present_or
 from deltabus.rpc.v1 import deltabus_pb2 as pb
 
@@ -22,6 +24,14 @@ class GroupServicerMixin:
     """The group calls of `DeltaBusServicer`; `_groups` is the coordinator, or None."""
 
     _groups: GroupCoordinator | None
+
+    def _access(self, context: Any) -> Access:  # DeltaBusServicer's
+        raise NotImplementedError
+
+    def _group_refusal(self, context: Any, group_id: str,
+                       operation: Operation = Operation.READ) -> errors.DeltaBusError | None:
+        """Kafka's check of the group calls: READ on the group (DESCRIBE for describing it)."""
+        return self._access(context).group(operation, group_id)
 
     def _coordinator(self) -> GroupCoordinator:
         if self._groups is None:
@@ -33,6 +43,7 @@ class GroupServicerMixin:
         session_timeout_ms = present_or(request, "session_timeout_ms",
                                         cfg.SESSION_TIMEOUT_MS_DEFAULT)
         try:
+            Access.raise_if(self._group_refusal(context, request.group_id))
             future = self._coordinator().join_group(
                 request.group_id, request.member_id, request.protocol_type,
                 [(p.name, p.metadata) for p in request.protocols],
@@ -51,6 +62,7 @@ class GroupServicerMixin:
 
     def SyncGroup(self, request: pb.SyncGroupRequest, context: Any) -> pb.SyncGroupResponse:
         try:
+            Access.raise_if(self._group_refusal(context, request.group_id))
             future = self._coordinator().sync_group(
                 request.group_id, request.generation_id, request.member_id,
                 {a.member_id: a.assignment for a in request.assignments})
@@ -64,6 +76,7 @@ class GroupServicerMixin:
 
     def Heartbeat(self, request: pb.HeartbeatRequest, context: Any) -> pb.HeartbeatResponse:
         try:
+            Access.raise_if(self._group_refusal(context, request.group_id))
             self._coordinator().heartbeat(request.group_id, request.generation_id,
                                           request.member_id)
         except errors.DeltaBusError as e:
@@ -72,6 +85,7 @@ class GroupServicerMixin:
 
     def LeaveGroup(self, request: pb.LeaveGroupRequest, context: Any) -> pb.LeaveGroupResponse:
         try:
+            Access.raise_if(self._group_refusal(context, request.group_id))
             self._coordinator().leave_group(request.group_id, list(request.member_ids))
         except errors.DeltaBusError as e:
             return pb.LeaveGroupResponse(error_code=e.code, error_message=e.message)
@@ -82,31 +96,41 @@ class GroupServicerMixin:
         offsets = {(p.topic, p.partition): OffsetAndMetadata(
             p.committed_offset, present_or(p, "committed_leader_epoch", -1), p.metadata)
             for p in request.partitions}
-        error: errors.DeltaBusError | None = None
+        error: errors.DeltaBusError | None = self._group_refusal(context, request.group_id)
+        access = self._access(context)
+        refused = {t: e for t, _ in offsets if (e := access.topic(Operation.READ, t))}
+        offsets = {tp: om for tp, om in offsets.items() if tp[0] not in refused}
         try:
+            Access.raise_if(error)
             for (topic, partition), om in offsets.items():
                 if om.offset < 0 or partition < 0:
                     raise errors.InvalidCommitOffsetSizeError(
                         f"cannot commit offset {om.offset} of {topic}-{partition}")
-            future = self._coordinator().commit_offsets(
-                request.group_id, present_or(request, "generation_id", -1), request.member_id,
-                offsets)
-            wait_result(future, 30.0)
+            if offsets or not refused:
+                future = self._coordinator().commit_offsets(
+                    request.group_id, present_or(request, "generation_id", -1),
+                    request.member_id, offsets)
+                wait_result(future, 30.0)
         except errors.DeltaBusError as e:
             error = e
         return pb.OffsetCommitResponse(results=[
-            pb.PartitionResult(topic=t, partition=p, error_code=error.code if error else 0,
-                               error_message=error.message if error else "")
-            for t, p in offsets])
+            pb.PartitionResult(topic=p.topic, partition=p.partition,
+                               error_code=e.code if e else 0, error_message=e.message if e else "")
+            for p in request.partitions
+            for e in [refused.get(p.topic) or error]])
 
     def OffsetFetch(self, request: pb.OffsetFetchRequest, context: Any) -> pb.OffsetFetchResponse:
         wanted = [(tp.topic, p) for tp in request.topic_partitions for p in tp.partitions]
+        access = self._access(context)
         try:
+            Access.raise_if(self._group_refusal(context, request.group_id, Operation.DESCRIBE))
             committed = self._coordinator().fetch_offsets(request.group_id, wanted or None)
         except errors.DeltaBusError as e:
             return pb.OffsetFetchResponse(error_code=e.code, error_message=e.message)
         response = pb.OffsetFetchResponse()
         for topic, partition in wanted or sorted(committed):
+            if access.topic(Operation.DESCRIBE, topic) is not None:
+                continue  # Kafka leaves out the topics the caller may not DESCRIBE
             om = committed.get((topic, partition))
             response.partitions.append(pb.OffsetFetchPartition(
                 topic=topic, partition=partition,
@@ -122,15 +146,19 @@ class GroupServicerMixin:
         except errors.DeltaBusError as e:
             return pb.ListGroupsResponse(error_code=e.code, error_message=e.message)
         states = {s.lower() for s in request.states_filter}
+        access = self._access(context)
+        everything = access.cluster(Operation.DESCRIBE) is None
         return pb.ListGroupsResponse(groups=[
             pb.ListedGroup(group_id=g, protocol_type=t, group_state=s)
-            for g, t, s in groups if not states or s.lower() in states])
+            for g, t, s in groups if (not states or s.lower() in states)
+            and (everything or access.group(Operation.DESCRIBE, g) is None)])
 
     def DescribeGroups(self, request: pb.DescribeGroupsRequest,
                        context: Any) -> pb.DescribeGroupsResponse:
         response = pb.DescribeGroupsResponse()
         for group_id in request.group_ids:
             try:
+                Access.raise_if(self._group_refusal(context, group_id, Operation.DESCRIBE))
                 d = self._coordinator().describe_group(group_id)
             except errors.DeltaBusError as e:
                 response.groups.append(pb.DescribedGroup(
@@ -147,10 +175,14 @@ class GroupServicerMixin:
 
     def DeleteGroups(self, request: pb.DeleteGroupsRequest,
                      context: Any) -> pb.DeleteGroupsResponse:
+        refused = {g: e for g in request.group_ids
+                   if (e := self._group_refusal(context, g, Operation.DELETE))}
+        allowed = [g for g in request.group_ids if g not in refused]
         try:
-            results = self._coordinator().delete_groups(list(request.group_ids))
+            results = self._coordinator().delete_groups(allowed) if allowed else {}
         except errors.DeltaBusError as e:
-            results = {g: e for g in request.group_ids}
+            results = {g: e for g in allowed}
+        results = {**refused, **results}
         return pb.DeleteGroupsResponse(results=[
             pb.DeletedGroup(group_id=g, error_code=e.code if e else 0,
                             error_message=e.message if e else "")

@@ -19,13 +19,15 @@ import grpc
 
 from deltabus import config as cfg
 from deltabus import errors
+from deltabus.acls import Operation
 from deltabus.cluster.handler import DeltaBusHandler, FetchSpec, LifecycleHandler
 from deltabus.log_tables.partition_log import LATEST_TIMESTAMP, AppendResult
 from deltabus.offsets.group_coordinator import GroupCoordinator
 from deltabus.records import ProducerState
 from deltabus.rpc import codec, status
+from deltabus.rpc.access import Access, authorized_metadata, merge_refusals, peer_host
 from deltabus.rpc.authentication import Authenticator, CredentialLookup
-from deltabus.rpc.call_authentication import CallAuthenticator
+from deltabus.rpc.call_authentication import CallAuthenticator, current_principal
 from deltabus.rpc.codec import present_or
 from deltabus.rpc.fetch_size import FetchBudget
 from deltabus.rpc.group_servicer import GroupServicerMixin
@@ -84,12 +86,17 @@ class DeltaBusServicer(GroupServicerMixin, pb_grpc.DeltaBusServicer):
         self._handler = handler
         self._groups = groups
 
+    def _access(self, context: Any) -> Access:
+        """Who is calling (rpc.call_authentication) and what the cluster's ACLs let them do."""
+        return Access(self._handler.authorizer(), current_principal(), peer_host(context))
+
     def FindCoordinator(self, request: pb.FindCoordinatorRequest,
                         context: Any) -> pb.FindCoordinatorResponse:
         try:
             if request.key_type != 0:
                 raise errors.InvalidRequestError(
                     f"coordinator key type {request.key_type} is not supported (0: group)")
+            Access.raise_if(self._access(context).group(Operation.DESCRIBE, request.key))
             node = self._handler.find_coordinator(request.key)
         except errors.DeltaBusError as e:
             return pb.FindCoordinatorResponse(error_code=e.code, error_message=e.message)
@@ -98,47 +105,70 @@ class DeltaBusServicer(GroupServicerMixin, pb_grpc.DeltaBusServicer):
     @_guard
     def Metadata(self, request: pb.MetadataRequest, context: Any) -> pb.MetadataResponse:
         topics = list(request.topics)
-        image = self._handler.metadata(
-            topics, present_or(request, "allow_auto_topic_creation", True))
-        return codec.image_to_proto(image, topics)
+        image, refused = authorized_metadata(
+            self._handler, self._access(context), topics,
+            present_or(request, "allow_auto_topic_creation", True))
+        return codec.image_to_proto(image, topics, refused)
 
     @_guard
     def CreateTopics(self, request: pb.CreateTopicsRequest,
                      context: Any) -> pb.CreateTopicsResponse:
+        access = self._access(context)
         topics = [codec.new_topic_from_proto(t) for t in request.topics]
+        allowed = [t for t in topics if access.may_create_topic(t.name)]
         results = self._handler.create_topics(
-            topics, timeout_ms=_admin_timeout_ms(request), validate_only=request.validate_only)
-        return pb.CreateTopicsResponse(topics=[codec.topic_result_to_proto(r) for r in results])
+            allowed, timeout_ms=_admin_timeout_ms(request),
+            validate_only=request.validate_only) if allowed else []
+        refused = {t.name: errors.TopicAuthorizationFailedError(
+            f"Not authorized to create topic: {t.name}") for t in topics if t not in allowed}
+        return pb.CreateTopicsResponse(topics=[
+            codec.topic_result_to_proto(r)
+            for r in merge_refusals([t.name for t in topics], results, refused)])
 
     @_guard
     def DeleteTopics(self, request: pb.DeleteTopicsRequest,
                      context: Any) -> pb.DeleteTopicsResponse:
-        results = self._handler.delete_topics(list(request.topics),
-                                              timeout_ms=_admin_timeout_ms(request))
-        return pb.DeleteTopicsResponse(topics=[codec.topic_result_to_proto(r) for r in results])
+        access = self._access(context)
+        refused = {t: e for t in request.topics if (e := access.topic(Operation.DELETE, t))}
+        allowed = [t for t in request.topics if t not in refused]
+        results = self._handler.delete_topics(
+            allowed, timeout_ms=_admin_timeout_ms(request)) if allowed else []
+        return pb.DeleteTopicsResponse(topics=[codec.topic_result_to_proto(r) for r in
+                                               merge_refusals(list(request.topics), results,
+                                                              refused)])
 
     @_guard
     def DescribeTopics(self, request: pb.DescribeTopicsRequest,
                        context: Any) -> pb.DescribeTopicsResponse:
         topics = list(request.topics)
-        image = self._handler.metadata(topics, False)
-        return pb.DescribeTopicsResponse(topics=codec.image_to_proto(image, topics).topics)
+        image, refused = authorized_metadata(self._handler, self._access(context), topics, False)
+        return pb.DescribeTopicsResponse(
+            topics=codec.image_to_proto(image, topics, refused).topics)
 
     @_guard
     def CreatePartitions(self, request: pb.CreatePartitionsRequest,
                          context: Any) -> pb.CreatePartitionsResponse:
+        access = self._access(context)
+        refused = {t.name: e for t in request.topics
+                   if (e := access.topic(Operation.ALTER, t.name))}
+        counts = {t.name: t.count for t in request.topics if t.name not in refused}
         results = self._handler.create_partitions(
-            {t.name: t.count for t in request.topics}, timeout_ms=_admin_timeout_ms(request),
-            validate_only=request.validate_only)
-        return pb.CreatePartitionsResponse(topics=[codec.topic_result_to_proto(r)
-                                                   for r in results])
+            counts, timeout_ms=_admin_timeout_ms(request),
+            validate_only=request.validate_only) if counts else []
+        return pb.CreatePartitionsResponse(topics=[codec.topic_result_to_proto(r) for r in
+                                                   merge_refusals([t.name for t in request.topics],
+                                                                  results, refused)])
 
     @_guard
     def DescribeConfigs(self, request: pb.DescribeConfigsRequest,
                         context: Any) -> pb.DescribeConfigsResponse:
-        topics = [r.resource_name for r in request.resources
-                  if r.resource_type == codec.TOPIC_RESOURCE]
+        access = self._access(context)
+        named = [r.resource_name for r in request.resources
+                 if r.resource_type == codec.TOPIC_RESOURCE]
+        topics = [t for t in named if access.topic(Operation.DESCRIBE_CONFIGS, t) is None]
         results = self._handler.describe_configs(topics) if topics else {}
+        results.update({t: access.topic(Operation.DESCRIBE_CONFIGS, t) for t in named
+                        if t not in topics})
         response = codec.describe_configs_response(results)
         wanted = {r.resource_name: set(r.configuration_keys) for r in request.resources
                   if r.resource_type == codec.TOPIC_RESOURCE and r.configuration_keys}
@@ -159,8 +189,12 @@ class DeltaBusServicer(GroupServicerMixin, pb_grpc.DeltaBusServicer):
         if len(changes) < sum(1 for r in request.resources
                               if r.resource_type == codec.TOPIC_RESOURCE):
             raise errors.InvalidRequestError("a topic appears twice in the request")
-        results = (self._handler.alter_configs(changes, validate_only=request.validate_only)
-                   if changes else {})
+        access = self._access(context)
+        refused = {t: e for t in changes if (e := access.topic(Operation.ALTER_CONFIGS, t))}
+        allowed = {t: c for t, c in changes.items() if t not in refused}
+        results = (self._handler.alter_configs(allowed, validate_only=request.validate_only)
+                   if allowed else {})
+        results.update(refused)
         response = codec.alter_configs_response(results)
         _refuse_other_resources(request.resources, response.responses.add)
         return response
@@ -171,7 +205,12 @@ class DeltaBusServicer(GroupServicerMixin, pb_grpc.DeltaBusServicer):
         if acks not in (0, 1, -1):
             raise errors.InvalidRequiredAcksError(f"acks must be 0, 1 or -1 (all), not {acks}")
         pending: list[tuple[pb.PartitionProduceData, Any, errors.DeltaBusError | None]] = []
+        access = self._access(context)
         for data in request.partitions:
+            refusal = access.topic(Operation.WRITE, data.topic)
+            if refusal is not None:  # nothing of it is written
+                pending.append((data, None, refusal))
+                continue
             try:
                 batch = codec.produce_batch_from_proto(data)
                 idempotent = data.HasField("producer_id") and data.producer_id >= 0
@@ -213,18 +252,26 @@ class DeltaBusServicer(GroupServicerMixin, pb_grpc.DeltaBusServicer):
         if max_bytes < 0:
             raise errors.InvalidFetchSizeError(f"max_bytes must not be negative: {max_bytes}")
         max_bytes = min(max_bytes, cfg.FETCH_RESPONSE_MAX_BYTES)
+        access = self._access(context)
+        refused = {p.topic: e for p in request.partitions
+                   if (e := access.topic(Operation.READ, p.topic))}
         specs = [FetchSpec(p.topic, p.partition, p.fetch_offset,
                            max(0, present_or(p, "partition_max_bytes",
                                              cfg.FETCH_PARTITION_MAX_BYTES)),
                            present_or(p, "current_leader_epoch", -1))
-                 for p in request.partitions]
+                 for p in request.partitions if p.topic not in refused]
         max_wait_ms = present_or(request, "max_wait_ms", cfg.FETCH_MAX_WAIT_MS)
         record_format = present_or(request, "format", pb.PROTO)
         results = self._handler.fetch(
             specs, max_wait_ms=min(max(max_wait_ms, 0), cfg.FETCH_WAIT_MS_MAX),
             min_bytes=request.min_bytes, max_bytes=max_bytes,
             replica_id=-1)  # followers fetch with the internal ReplicaFetch
-        response = pb.FetchResponse()
+        response = pb.FetchResponse(partitions=[
+            pb.FetchPartitionResponse(topic=p.topic, partition=p.partition,
+                                      error_code=refused[p.topic].code,
+                                      error_message=refused[p.topic].message,
+                                      high_watermark=-1, log_start_offset=-1, log_end_offset=-1)
+            for p in request.partitions if p.topic in refused])
         budget = FetchBudget(max_bytes)  # Kafka's limits, on the bytes this answer carries
         for spec, r in zip(specs, results, strict=True):
             code, message = _code(r.error)
@@ -246,10 +293,12 @@ class DeltaBusServicer(GroupServicerMixin, pb_grpc.DeltaBusServicer):
     @_guard
     def ListOffsets(self, request: pb.ListOffsetsRequest, context: Any) -> pb.ListOffsetsResponse:
         response = pb.ListOffsetsResponse()
+        access = self._access(context)
         for p in request.partitions:
             entry = pb.ListOffsetsPartitionResponse(topic=p.topic, partition=p.partition,
                                                     offset=-1, timestamp=-1)
             try:
+                Access.raise_if(access.topic(Operation.DESCRIBE, p.topic))
                 entry.offset, entry.timestamp, entry.leader_epoch = self._handler.list_offsets(
                     p.topic, p.partition, present_or(p, "timestamp", LATEST_TIMESTAMP))
             except errors.DeltaBusError as e:
@@ -261,10 +310,12 @@ class DeltaBusServicer(GroupServicerMixin, pb_grpc.DeltaBusServicer):
     def OffsetForLeaderEpoch(self, request: pb.OffsetForLeaderEpochRequest,
                              context: Any) -> pb.OffsetForLeaderEpochResponse:
         response = pb.OffsetForLeaderEpochResponse()
+        access = self._access(context)
         for p in request.partitions:
             entry = pb.EpochEndOffsetResult(topic=p.topic, partition=p.partition,
                                             leader_epoch=-1, end_offset=-1)
             try:
+                Access.raise_if(access.topic(Operation.DESCRIBE, p.topic))
                 entry.leader_epoch, entry.end_offset = self._handler.offset_for_leader_epoch(
                     p.topic, p.partition,
                     present_or(p, "current_leader_epoch", -1), p.leader_epoch)
@@ -276,12 +327,14 @@ class DeltaBusServicer(GroupServicerMixin, pb_grpc.DeltaBusServicer):
     @_guard
     def InitProducerId(self, request: pb.InitProducerIdRequest,
                        context: Any) -> pb.InitProducerIdResponse:
+        Access.raise_if(self._access(context).init_producer_id(request.transactional_id))
         producer_id, epoch = self._handler.init_producer_id(request.transactional_id)
         return pb.InitProducerIdResponse(producer_id=producer_id, producer_epoch=epoch)
 
     @_guard
     def ElectLeaders(self, request: pb.ElectLeadersRequest,
                      context: Any) -> pb.ElectLeadersResponse:
+        Access.raise_if(self._access(context).cluster(Operation.ALTER))
         election_type = "unclean" if request.election_type == pb.UNCLEAN else "preferred"
         partitions = [(tp.topic, p) for tp in request.topic_partitions for p in tp.partitions]
         results = self._handler.elect_leaders(election_type, partitions or None)
@@ -290,6 +343,7 @@ class DeltaBusServicer(GroupServicerMixin, pb_grpc.DeltaBusServicer):
     @_guard
     def AlterPartitionReassignments(self, request: pb.AlterPartitionReassignmentsRequest,
                                     context: Any) -> pb.AlterPartitionReassignmentsResponse:
+        Access.raise_if(self._access(context).cluster(Operation.ALTER))
         targets = {(p.topic, p.partition): list(p.replicas) for p in request.partitions}
         results = self._handler.reassign_partitions(targets)
         return pb.AlterPartitionReassignmentsResponse(results=codec.partition_results(results))
@@ -297,6 +351,7 @@ class DeltaBusServicer(GroupServicerMixin, pb_grpc.DeltaBusServicer):
     @_guard
     def AlterUserScramCredentials(self, request: pb.AlterUserScramCredentialsRequest,
                                   context: Any) -> pb.AlterUserScramCredentialsResponse:
+        Access.raise_if(self._access(context).cluster(Operation.ALTER))
         deletions, upsertions = codec.scram_alterations(request)
         return codec.alter_scram_response(
             self._handler.alter_user_scram_credentials(deletions, upsertions))
@@ -304,6 +359,7 @@ class DeltaBusServicer(GroupServicerMixin, pb_grpc.DeltaBusServicer):
     @_guard
     def DescribeUserScramCredentials(self, request: pb.DescribeUserScramCredentialsRequest,
                                      context: Any) -> pb.DescribeUserScramCredentialsResponse:
+        Access.raise_if(self._access(context).cluster(Operation.DESCRIBE))
         return codec.describe_scram_response(
             self._handler.describe_user_scram_credentials(list(request.users) or None))
 

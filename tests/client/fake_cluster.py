@@ -47,6 +47,7 @@ import pyarrow.compute as pc
 
 from deltabus import config as cfg
 from deltabus import errors
+from deltabus.acls import Authorizer
 from deltabus.cluster.handler import FetchResult, FetchSpec
 from deltabus.log_tables.partition_log import AppendResult
 from deltabus.metadata import (
@@ -229,6 +230,9 @@ class FakeCluster:
         self._config = cfg.ClusterConfig(root="", brokers=brokers, host=HOST,
                                          num_partitions=default_partitions)
         self.auto_create_topics = auto_create_topics
+        # What every request is checked against (rpc.access); None: no authorizer, as a
+        # cluster without one.
+        self.authorizer: Authorizer | None = None
         # A batch waits this long for its predecessor's sequence, then OUT_OF_ORDER (the
         # partition log's sequence_wait_ms).
         self.sequence_wait_ms = sequence_wait_ms
@@ -684,6 +688,9 @@ class FakeBroker:
 
     def metadata(self, topics: list[str], allow_auto_create: bool) -> MetadataImage:
         return self._cluster.metadata(topics, allow_auto_create)
+
+    def authorizer(self) -> Authorizer | None:
+        return self._cluster.authorizer
 
     def create_topics(self, topics: list[NewTopic], *, timeout_ms: int,
                       validate_only: bool) -> list[TopicResult]:
