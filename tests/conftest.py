@@ -89,11 +89,12 @@ def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 60) 
 
 
 def read_records(bootstrap: str, topic: str, partitions: int, expected: int,
-                 timeout_s: float = 60) -> list:
-    """Every record of a topic from the beginning: polls until `expected` arrived or time is up."""
+                 timeout_s: float = 60, **settings: object) -> list:
+    """Every record of a topic from the beginning: polls until `expected` arrived or time is up.
+    `settings`: more Consumer settings (a secured cluster's)."""
     from deltabus import Consumer, TopicPartition
 
-    consumer = Consumer(bootstrap, auto_offset_reset="earliest")
+    consumer = Consumer(bootstrap, auto_offset_reset="earliest", **settings)
     consumer.assign([TopicPartition(topic, p) for p in range(partitions)])
     records: list = []
     deadline = time.monotonic() + timeout_s

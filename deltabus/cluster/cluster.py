@@ -15,6 +15,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
+import secrets
 import signal
 import sys
 import threading
@@ -27,11 +28,12 @@ from deltabus.cluster.catch_up import CatchUpTask, catch_up_replicas
 from deltabus.cluster.controller import Controller, ControllerHandler
 from deltabus.cluster.log_cleaner import LogCleaner
 from deltabus.log_tables.layout import consumer_offsets_path, normalize_root
-from deltabus.metadata import CONTROLLER_NODE_ID, BrokerEndpoint
+from deltabus.metadata import CONTROLLER_NODE_ID, BrokerEndpoint, ScramCredentialUpsertion
 from deltabus.offsets.group_coordinator import GroupCoordinator
 from deltabus.offsets.offset_store import OffsetStore
 from deltabus.rpc.kafka.listener import KafkaListener
 from deltabus.rpc.server import start_server
+from deltabus.scram import DEFAULT_ITERATIONS, salted_password
 from deltabus.spark import register
 
 log = logging.getLogger(__name__)
@@ -346,6 +348,22 @@ class Cluster:
             time.sleep(0.05)
 
     # ---- stopping ----------------------------------------------------------------------------
+
+    def add_scram_user(self, name: str, password: str, *, mechanism: str = "SCRAM-SHA-256",
+                       iterations: int = DEFAULT_ITERATIONS) -> None:
+        """Set a user's SCRAM password from the driver, which needs no credential: how the
+        first (super) user of a SASL cluster is made, as `kafka-storage format --add-scram`
+        does for Kafka. Later users can be made by any user allowed ALTER on the cluster
+        (`deltabus configs --entity-type users`). Returns once every live broker holds it."""
+        if self.controller is None:
+            raise RuntimeError("start the cluster first")
+        salt = secrets.token_bytes(32)
+        results = self.controller.alter_user_scram_credentials([], [ScramCredentialUpsertion(
+            name, mechanism, iterations, salt,
+            salted_password(mechanism, password, salt, iterations))])
+        error = results.get(name)
+        if error is not None:
+            raise error
 
     def stop(self) -> None:
         """Tell brokers to flush and stop, wait for their tasks, then stop the controller."""

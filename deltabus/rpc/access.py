@@ -8,8 +8,10 @@ and message, or None; nothing is written for a refused partition, topic or group
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from deltabus import errors
@@ -121,3 +123,24 @@ def merge_refusals(names: list[str], results: list[TopicResult],
     by_name = {r.name: r for r in results}
     return [TopicResult(n, refused[n]) if n in refused else by_name[n] for n in names
             if n in refused or n in by_name]
+
+
+_CURRENT: contextvars.ContextVar[Access | None] = contextvars.ContextVar(
+    "deltabus_access", default=None)
+_ANYONE = Access(None)
+
+
+def current_access() -> Access:
+    """The Access of the Kafka request this thread is answering (`acting_as`); one that
+    allows everything outside any request."""
+    return _CURRENT.get() or _ANYONE
+
+
+@contextlib.contextmanager
+def acting_as(access: Access) -> Iterator[None]:
+    """Answer a Kafka request as `access`'s caller (the Kafka door sets it per request)."""
+    token = _CURRENT.set(access)
+    try:
+        yield
+    finally:
+        _CURRENT.reset(token)

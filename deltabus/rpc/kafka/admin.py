@@ -16,6 +16,7 @@ from kio.schema.errors import ErrorCode
 
 from deltabus import config as cfg
 from deltabus import errors
+from deltabus.acls import Operation
 from deltabus.cluster.handler import DeltaBusHandler
 from deltabus.metadata import (
     MetadataImage,
@@ -25,6 +26,7 @@ from deltabus.metadata import (
     TopicResult,
 )
 from deltabus.rpc import codec
+from deltabus.rpc.access import current_access, merge_refusals
 from deltabus.rpc.kafka.frames import (
     NO_TIME,
     error_code,
@@ -104,12 +106,17 @@ class KafkaAdminApis:
             {a.partition_index: list(a.broker_ids) for a in t.assignments} or None)
             for t in request.topics]
         results: list[TopicResult]
+        access = current_access()
+        denied = {t.name: errors.TopicAuthorizationFailedError(
+            f"Not authorized to create topic: {t.name}")
+            for t in wanted if not access.may_create_topic(t.name)}
         if refused is not None:
             results = [TopicResult(t.name, refused) for t in wanted]
         else:
-            results = self._handler.create_topics(
-                wanted, timeout_ms=millis(request.timeout, ADMIN_TIMEOUT_MS),
-                validate_only=bool(request.validate_only))
+            allowed = [t for t in wanted if t.name not in denied]
+            results = merge_refusals([t.name for t in wanted], self._handler.create_topics(
+                allowed, timeout_ms=millis(request.timeout, ADMIN_TIMEOUT_MS),
+                validate_only=bool(request.validate_only)) if allowed else [], denied)
         return make(cls, throttle_time=NO_TIME, topics=tuple(make(
             result_cls, name=r.name, topic_id=topic_uuid(r.topic_id),
             error_code=error_code(r.error), error_message=_message(r.error),
@@ -124,12 +131,17 @@ class KafkaAdminApis:
         names = ([t.name for t in request.topics] if hasattr(request, "topics")
                  else list(request.topic_names))
         results: list[tuple[str, errors.DeltaBusError | None]]
+        access = current_access()
+        denied = {n: e for n in names if n is not None
+                  and (e := access.topic(Operation.DELETE, n))}
         if refused is not None:
             results = [(n, refused) for n in names]
         else:
-            results = [(r.name, r.error) for r in self._handler.delete_topics(
-                [n for n in names if n is not None],
-                timeout_ms=millis(request.timeout, ADMIN_TIMEOUT_MS))]
+            allowed = [n for n in names if n is not None and n not in denied]
+            results = [(r.name, r.error) for r in merge_refusals(
+                [n for n in names if n is not None], self._handler.delete_topics(
+                    allowed, timeout_ms=millis(request.timeout, ADMIN_TIMEOUT_MS))
+                if allowed else [], denied)]
         return make(cls, throttle_time=NO_TIME, responses=tuple(make(
             result_cls, name=name, topic_id=None, error_code=error_code(error),
             error_message=_message(error)) for name, error in results))
@@ -143,12 +155,16 @@ class KafkaAdminApis:
             refused = errors.InvalidReplicaAssignmentError(
                 "deltabus places new partitions itself: leave out the assignments")
         results: list[tuple[str, errors.DeltaBusError | None]]
+        access = current_access()
+        denied = {n: e for n in counts if (e := access.topic(Operation.ALTER, n))}
         if refused is not None:
             results = [(n, refused) for n in counts]
         else:
-            results = [(r.name, r.error) for r in self._handler.create_partitions(
-                counts, timeout_ms=millis(request.timeout, ADMIN_TIMEOUT_MS),
-                validate_only=bool(request.validate_only))]
+            allowed = {n: c for n, c in counts.items() if n not in denied}
+            results = [(r.name, r.error) for r in merge_refusals(
+                list(counts), self._handler.create_partitions(
+                    allowed, timeout_ms=millis(request.timeout, ADMIN_TIMEOUT_MS),
+                    validate_only=bool(request.validate_only)) if allowed else [], denied)]
         return make(cls, throttle_time=NO_TIME, results=tuple(make(
             result_cls, name=name, error_code=error_code(error), error_message=_message(error))
             for name, error in results))
@@ -159,11 +175,16 @@ class KafkaAdminApis:
         result_cls, entry_cls = (nested(cls, n) for n in ("DescribeConfigsResult",
                                                           "DescribeConfigsResourceResult"))
         synonym_cls = nested(cls, "DescribeConfigsSynonym") if version >= 1 else None
-        topics = [r.resource_name for r in request.resources
-                  if r.resource_type == codec.TOPIC_RESOURCE]
+        access = current_access()
+        named = [r.resource_name for r in request.resources
+                 if r.resource_type == codec.TOPIC_RESOURCE]
+        denied = {t: e for t in named if (e := access.topic(Operation.DESCRIBE_CONFIGS, t))}
+        topics = [t for t in named if t not in denied]
         found: cfg.ConfigResults = (
-            {t: refused for t in topics} if refused is not None
+            {t: refused for t in named} if refused is not None
             else self._handler.describe_configs(topics) if topics else {})
+        if refused is None:
+            found.update(denied)
         results = []
         for r in request.resources:
             if r.resource_type != codec.TOPIC_RESOURCE:

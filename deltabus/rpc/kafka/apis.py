@@ -20,8 +20,10 @@ from kio.schema.errors import ErrorCode
 
 from deltabus import config as cfg
 from deltabus import errors
+from deltabus.acls import Authorizer, Operation
 from deltabus.cluster.handler import DeltaBusHandler, FetchResult, FetchSpec
 from deltabus.offsets.group_coordinator import GroupCoordinator
+from deltabus.rpc.access import authorized_metadata, current_access
 from deltabus.rpc.fetch_size import FetchBudget
 from deltabus.rpc.kafka import admin, batches, groups, sasl
 from deltabus.rpc.kafka.admin import controller_id, kafka_endpoints, topic_uuid
@@ -80,9 +82,33 @@ class KafkaApis:
         lo, hi = SUPPORTED[api_key]
         refused = None if lo <= version <= hi else errors.UnsupportedVersionError(
             f"API {api_key} version {version} is not supported (versions {lo} to {hi} are)")
+        refused = refused or self._refusal(api_key, request)
         if api_key == groups.JOIN_GROUP:
             return self.groups.join_group(version, request, refused, client)
         return self._apis[api_key](version, request, refused)
+
+    def authorizer(self) -> Authorizer | None:
+        return self._handler.authorizer()
+
+    @staticmethod
+    def _refusal(api_key: int, request: Any) -> errors.DeltaBusError | None:
+        """The checks of a whole request (Kafka's): the group APIs on their group, producer
+        ids, cluster-wide changes. Per-topic checks are the APIs' own."""
+        access = current_access()
+        if api_key in (groups.JOIN_GROUP, groups.SYNC_GROUP, groups.HEARTBEAT,
+                       groups.LEAVE_GROUP, groups.OFFSET_COMMIT):
+            return access.group(Operation.READ, request.group_id)
+        if api_key == groups.OFFSET_FETCH and getattr(request, "group_id", None) is not None:
+            return access.group(Operation.DESCRIBE, request.group_id)
+        if api_key == groups.FIND_COORDINATOR and getattr(request, "key_type", 0) == 0:
+            return access.group(Operation.DESCRIBE, request.key)
+        if api_key == INIT_PRODUCER_ID:
+            return access.init_producer_id(request.transactional_id or "")
+        if api_key == admin.ALTER_USER_SCRAM_CREDENTIALS:
+            return access.cluster(Operation.ALTER)
+        if api_key in (admin.DESCRIBE_USER_SCRAM_CREDENTIALS, admin.DESCRIBE_CLUSTER):
+            return access.cluster(Operation.DESCRIBE)
+        return None
 
     # ---- ApiVersions, Metadata ----------------------------------------------------------------
 
@@ -103,7 +129,8 @@ class KafkaApis:
         names = (None if request.topics is None or (version == 0 and not request.topics)
                  else [t.name for t in request.topics])
         auto_create = bool(getattr(request, "allow_auto_topic_creation", True))
-        image = self._handler.metadata(names or [], auto_create and bool(names))
+        image, denied = authorized_metadata(self._handler, current_access(), names or [],
+                                            auto_create and bool(names))
         brokers = tuple(make(broker_cls, node_id=b.node_id, host=b.host, port=b.port,
                              rack=b.rack) for b in kafka_endpoints(image))
         live = {b.node_id for b in brokers}
@@ -116,8 +143,9 @@ class KafkaApis:
         topics = []
         for name in sorted(image.topics) if names is None else names:
             state = image.topics.get(name)
-            if refused is not None or state is None:
-                error = refused or errors.UnknownTopicOrPartitionError(f"unknown topic {name}")
+            if refused is not None or state is None or name in denied:
+                error = refused or denied.get(name) or errors.UnknownTopicOrPartitionError(
+                    f"unknown topic {name}")
                 topics.append(make(topic_cls, error_code=error_code(error), name=name,
                                    topic_id=None, is_internal=False, partitions=()))
                 continue
@@ -151,10 +179,12 @@ class KafkaApis:
         if refused is None and request.transactional_id is not None:
             refused = errors.UnsupportedVersionError("transactions are not supported yet")
         pending: list[tuple[str, int, list[Any], errors.DeltaBusError | None]] = []
+        access = current_access()
         for topic in request.topic_data:
+            denied = access.topic(Operation.WRITE, topic.name)
             for data in topic.partition_data:
                 appended: list[Any] = []
-                error = refused
+                error = refused or denied
                 if error is None:
                     try:
                         for batch in batches.decode_produce(data.records or b""):
@@ -208,14 +238,15 @@ class KafkaApis:
                  for t in request.topics for p in t.partitions]
         max_bytes = min(getattr(request, "max_bytes", 0) or cfg.FETCH_MAX_BYTES,  # v3 and later
                         cfg.FETCH_RESPONSE_MAX_BYTES)
-        if refused is not None:
-            results = [_failed(s, refused) for s in specs]
-        else:
-            results = self._handler.fetch(
-                specs, max_wait_ms=min(millis(request.max_wait),
-                                       cfg.FETCH_WAIT_MS_MAX),
-                min_bytes=request.min_bytes,
-                max_bytes=max_bytes, replica_id=-1)
+        access = current_access()
+        denied = {s.topic: e for s in specs if (e := refused or access.topic(Operation.READ,
+                                                                              s.topic))}
+        allowed = [s for s in specs if s.topic not in denied]
+        fetched = iter(self._handler.fetch(
+            allowed, max_wait_ms=min(millis(request.max_wait), cfg.FETCH_WAIT_MS_MAX),
+            min_bytes=request.min_bytes, max_bytes=max_bytes, replica_id=-1) if allowed else [])
+        results = [_failed(s, denied[s.topic]) if s.topic in denied else next(fetched)
+                   for s in specs]
         by_topic: dict[str, list[Any]] = {}
         budget = FetchBudget(max_bytes)  # Kafka's limits, on the record bytes this answer carries
         for spec, r in zip(specs, results, strict=True):
@@ -239,10 +270,12 @@ class KafkaApis:
         topic_cls, partition_cls = (nested(cls, n) for n in ("ListOffsetsTopicResponse",
                                                               "ListOffsetsPartitionResponse"))
         topics = []
+        access = current_access()
         for t in request.topics:
             parts = []
             for p in t.partitions:
-                offset, timestamp, epoch, error = -1, -1, -1, refused
+                offset, timestamp, epoch = -1, -1, -1
+                error = refused or access.topic(Operation.DESCRIBE, t.name)
                 if error is None:
                     try:
                         offset, timestamp, epoch = self._handler.list_offsets(
@@ -266,7 +299,8 @@ class KafkaApis:
         for t in request.topics:
             parts = []
             for p in t.partitions:
-                epoch, end_offset, error = -1, -1, refused
+                epoch, end_offset = -1, -1
+                error = refused or current_access().topic(Operation.DESCRIBE, t.topic)
                 if error is None:
                     try:
                         epoch, end_offset = self._handler.offset_for_leader_epoch(

@@ -12,8 +12,10 @@ from typing import Any
 from kio.schema.errors import ErrorCode
 
 from deltabus import errors
+from deltabus.acls import Operation
 from deltabus.offsets.group_coordinator import LONG_POLL_SLACK_S, GroupCoordinator, wait_result
 from deltabus.offsets.offset_store import OffsetAndMetadata
+from deltabus.rpc.access import current_access
 from deltabus.rpc.kafka.frames import (
     NO_TIME,
     error_code,
@@ -176,7 +178,10 @@ class KafkaGroupApis:
             p.committed_metadata or "")
             for t in request.topics for p in t.partitions}
         error = refused
-        if error is None:
+        access = current_access()
+        denied = {t: e for t, _ in offsets if (e := access.topic(Operation.READ, t))}
+        offsets = {tp: om for tp, om in offsets.items() if tp[0] not in denied}
+        if error is None and (offsets or not denied):
             try:
                 for (topic, partition), om in offsets.items():
                     if om.offset < 0 or partition < 0:
@@ -189,9 +194,11 @@ class KafkaGroupApis:
             except errors.DeltaBusError as e:
                 error = e
         by_topic: dict[str, list[Any]] = {}
-        for topic, partition in offsets:
-            by_topic.setdefault(topic, []).append(
-                partition_cls(partition_index=partition, error_code=error_code(error)))
+        for t in request.topics:
+            for p in t.partitions:
+                by_topic.setdefault(t.name, []).append(partition_cls(
+                    partition_index=p.partition_index,
+                    error_code=error_code(denied.get(t.name) or error)))
         return make(cls, throttle_time=NO_TIME, topics=tuple(
             topic_cls(name=t, partitions=tuple(ps)) for t, ps in by_topic.items()))
 
@@ -210,7 +217,10 @@ class KafkaGroupApis:
             except errors.DeltaBusError as e:
                 error = e
         by_topic: dict[str, list[Any]] = {}
+        access = current_access()
         for topic, partition in (wanted if wanted is not None else sorted(committed)):
+            if access.topic(Operation.DESCRIBE, topic) is not None:
+                continue  # Kafka leaves out what the caller may not DESCRIBE
             om = committed.get((topic, partition))
             by_topic.setdefault(topic, []).append(make(
                 partition_cls, partition_index=partition,
@@ -232,9 +242,12 @@ class KafkaGroupApis:
             except errors.DeltaBusError as e:
                 error = e
         states = {s.lower() for s in getattr(request, "states_filter", ())}
+        access = current_access()
+        everything = access.cluster(Operation.DESCRIBE) is None
         return make(cls, throttle_time=NO_TIME, error_code=error_code(error), groups=tuple(
             make(group_cls, group_id=g, protocol_type=t, group_state=s)
-            for g, t, s in listed if not states or s.lower() in states))
+            for g, t, s in listed if (not states or s.lower() in states)
+            and (everything or access.group(Operation.DESCRIBE, g) is None)))
 
     def describe_groups(self, version: int, request: Any,
                         refused: errors.DeltaBusError | None = None) -> Any:
@@ -246,6 +259,9 @@ class KafkaGroupApis:
             try:
                 if refused is not None:
                     raise refused
+                denied = current_access().group(Operation.DESCRIBE, group_id)
+                if denied is not None:
+                    raise denied
                 d = self._coordinator().describe_group(group_id)
             except errors.DeltaBusError as e:
                 described.append(make(group_cls, error_code=error_code(e), group_id=group_id,

@@ -36,6 +36,7 @@ from deltabus.cluster.handler import DeltaBusHandler
 from deltabus.config import ListenerSecurity
 from deltabus.offsets.group_coordinator import GroupCoordinator
 from deltabus.principal import ANONYMOUS
+from deltabus.rpc.access import Access, acting_as
 from deltabus.rpc.authentication import Authenticator, CredentialLookup
 from deltabus.rpc.kafka import apis, sasl
 from deltabus.rpc.kafka.frames import (
@@ -160,8 +161,9 @@ class _Server(socketserver.ThreadingTCPServer):
         if not self.apis.knows(key):
             return encode_response(correlation_id, unsupported(key, version))
         try:
-            response = self.apis.handle(key, version, request,
-                                        (header.client_id or "", f"/{session.host}"))
+            with acting_as(Access(self.apis.authorizer(), session.principal, session.host)):
+                response = self.apis.handle(key, version, request,
+                                            (header.client_id or "", f"/{session.host}"))
         except Exception as e:  # a bug: the client gets a closed connection, the log says why
             log.exception("Kafka API %d v%d failed", key, version)
             raise BadRequest(f"API {key} v{version} failed: {type(e).__name__}: {e}") from None
