@@ -19,6 +19,7 @@ from deltabus.acls import CLUSTER_NAME, Authorizer, Operation, ResourceType
 from deltabus.cluster.handler import DeltaBusHandler
 from deltabus.metadata import MetadataImage, TopicResult
 from deltabus.principal import ANONYMOUS, KafkaPrincipal
+from deltabus.rpc.call_authentication import current_principal
 
 
 class Access:
@@ -144,3 +145,9 @@ def acting_as(access: Access) -> Iterator[None]:
         yield
     finally:
         _CURRENT.reset(token)
+
+
+def requester() -> KafkaPrincipal:
+    """Who made the request this thread is answering, on either door."""
+    access = _CURRENT.get()
+    return access.principal if access is not None else current_principal()

@@ -6,6 +6,8 @@
   SASL_AUTHENTICATION_FAILED before it reaches a servicer.
 - SSL with ssl.client.auth=required: the verified client certificate's subject names the caller.
 - Otherwise the caller is User:ANONYMOUS, as on Kafka's PLAINTEXT listeners.
+- A broker forwarding its client's admin call to the controller (Kafka's envelope) carries the
+  cluster's broker credential and names that client: the call acts as that client.
 
 The principal is known to the servicer's code for the length of the call (`current_principal`).
 The internal API is the inter-broker door's business (`inter_broker`), not this one's.
@@ -25,7 +27,7 @@ from deltabus import errors
 from deltabus.config import ListenerSecurity
 from deltabus.principal import ANONYMOUS, KafkaPrincipal
 from deltabus.rpc.authentication import Authenticator
-from deltabus.rpc.inter_broker import INTERNAL_METHODS
+from deltabus.rpc.inter_broker import INTERNAL_METHODS, vouched_principal
 from deltabus.rpc.status import abort
 
 AUTHORIZATION_KEY = "authorization"
@@ -59,11 +61,15 @@ def basic_credentials(header: str) -> tuple[str, str]:
 class CallAuthenticator(grpc.ServerInterceptor):
     """Finds (and on SASL listeners checks) the principal of every public call."""
 
-    def __init__(self, security: ListenerSecurity, authenticator: Authenticator | None) -> None:
+    def __init__(self, security: ListenerSecurity, authenticator: Authenticator | None,
+                 broker_secret: str | None = None) -> None:
+        """`broker_secret`: the cluster's broker credential; a call carrying it is a broker
+        forwarding its client's admin call, on behalf of the principal it names."""
         if security.uses_sasl and authenticator is None:
             raise ValueError("a SASL listener needs the users' credentials")
         self._security = security
         self._authenticator = authenticator
+        self._broker_secret = broker_secret or ""
 
     def intercept_service(self, continuation: Callable[[Any], Any],
                           handler_call_details: Any) -> Any:
@@ -89,6 +95,9 @@ class CallAuthenticator(grpc.ServerInterceptor):
             response_serializer=handler.response_serializer)
 
     def _principal(self, context: grpc.ServicerContext) -> KafkaPrincipal:
+        forwarded = vouched_principal(context.invocation_metadata(), self._broker_secret)
+        if forwarded is not None:
+            return forwarded
         if self._security.uses_sasl:
             assert self._authenticator is not None
             header = next((v for k, v in context.invocation_metadata() or ()

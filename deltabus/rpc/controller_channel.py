@@ -27,8 +27,9 @@ from deltabus.metadata import (
     TopicResult,
 )
 from deltabus.rpc import codec
+from deltabus.rpc.access import requester
 from deltabus.rpc.channel import open_channel
-from deltabus.rpc.inter_broker import credential_metadata
+from deltabus.rpc.inter_broker import credential_metadata, forwarded_for
 from deltabus.rpc.status import error_from_rpc
 from deltabus.rpc.tls import grpc_peer_credentials
 from deltabus.rpc.v1 import deltabus_pb2 as pb
@@ -176,9 +177,12 @@ class ControllerChannel:
             cfg.ADMIN_TIMEOUT_MS_DEFAULT + ADMIN_TIMEOUT_SLACK_MS))
 
     def _admin_call(self, method: str, request: Any, timeout_ms: int | None = None) -> Any:
-        """One forwarded call; a failed call raises the controller's error (its Kafka code)."""
+        """One forwarded call, on behalf of the client whose request this broker is answering
+        (Kafka's envelope, KIP-590: the broker credential vouches for the principal it names);
+        a failed call raises the controller's error (its Kafka code)."""
         try:
             return getattr(self._admin, method)(
-                request, timeout=(timeout_ms or self.request_timeout_ms) / 1000)
+                request, timeout=(timeout_ms or self.request_timeout_ms) / 1000,
+                metadata=self._credential + forwarded_for(requester()))
         except grpc.RpcError as e:
             raise error_from_rpc(e) from None

@@ -21,17 +21,37 @@ from typing import Any
 import grpc
 
 from deltabus import errors
+from deltabus.principal import ANONYMOUS, KafkaPrincipal
 from deltabus.rpc.status import abort
 
 log = logging.getLogger(__name__)
 
 CREDENTIAL_KEY = "deltabus-broker-credential"
+FORWARDED_PRINCIPAL_KEY = "deltabus-forwarded-principal"
 INTERNAL_METHODS = "/deltabus.internal.v1."
 
 
 def credential_metadata(secret: str) -> tuple[tuple[str, str], ...]:
     """The metadata every internal call of a broker or the controller carries."""
     return ((CREDENTIAL_KEY, secret),)
+
+
+def forwarded_for(principal: KafkaPrincipal) -> tuple[tuple[str, str], ...]:
+    """The metadata naming the client a broker forwards an admin call for: trusted only
+    beside a valid broker credential (`vouched_principal`)."""
+    return ((FORWARDED_PRINCIPAL_KEY, str(principal)),)
+
+
+def vouched_principal(metadata: Any, secret: str) -> KafkaPrincipal | None:
+    """The client a call was forwarded for, if the call carries this cluster's broker
+    credential; None for any other call (a client cannot name a principal)."""
+    values = dict(metadata or ())
+    presented = values.get(CREDENTIAL_KEY, "")
+    if not secret or not hmac.compare_digest(
+            presented.encode() if isinstance(presented, str) else presented, secret.encode()):
+        return None
+    named = values.get(FORWARDED_PRINCIPAL_KEY)
+    return KafkaPrincipal.parse(named) if isinstance(named, str) else ANONYMOUS
 
 
 class InterBrokerAuthorizer(grpc.ServerInterceptor):

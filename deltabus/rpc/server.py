@@ -391,10 +391,10 @@ def start_server(host: str, port: int, handler: DeltaBusHandler,
     interceptors: list[grpc.ServerInterceptor] = []
     if internal and broker_secret:
         interceptors.append(InterBrokerAuthorizer(broker_secret))
-    if security.uses_sasl or security.uses_tls:
+    if security.uses_sasl or security.uses_tls or (lifecycle is not None and broker_secret):
         authenticator = (Authenticator(credentials, security.sasl_enabled_mechanisms)
                          if security.uses_sasl and credentials is not None else None)
-        interceptors.append(CallAuthenticator(security, authenticator))
+        interceptors.append(CallAuthenticator(security, authenticator, broker_secret))
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=threads), options=options,
                          interceptors=interceptors or None)
     pb_grpc.add_DeltaBusServicer_to_server(DeltaBusServicer(handler, groups), server)

@@ -14,12 +14,16 @@ from deltabus.rpc.server import start_server
 class ControllerServer:
     """A controller and its gRPC server (public API and brokers' lifecycle API)."""
 
-    def __init__(self, root: Path) -> None:
-        self.config = cfg.ClusterConfig(root=str(root), brokers=3, kafka_port=-1)
+    def __init__(self, root: Path, **settings: object) -> None:
+        """`settings`: more ClusterConfig settings (security, authorizer, ...)."""
+        self.config = cfg.ClusterConfig(root=str(root), brokers=3, kafka_port=-1,
+                                        **settings)  # type: ignore[arg-type]
         self.controller = Controller(self.config)
+        handler = ControllerHandler(self.controller)
         self.server, port = start_server(
-            "127.0.0.1", 0, ControllerHandler(self.controller), self.controller,
-            broker_secret=self.config.inter_broker_secret)
+            "127.0.0.1", 0, handler, self.controller,
+            broker_secret=self.config.inter_broker_secret, security=self.config.security,
+            credentials=handler.scram_credential)
         self.address = f"127.0.0.1:{port}"
 
     def stop(self) -> None:

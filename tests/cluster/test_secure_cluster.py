@@ -63,6 +63,16 @@ def test_a_super_user_works_on_both_doors_and_replication_runs_over_tls(secure) 
     values = [m.value for _, m in zip(range(20), consumer, strict=False)]
     consumer.close()
     assert values == [f"p{i}".encode() for i in range(20)]
+    # An idempotent librdkafka producer: a broker forwards its InitProducerId to the
+    # controller on its behalf (the broker credential vouches for the user it names).
+    delivered: list = []
+    idempotent = confluent_kafka.Producer({
+        "bootstrap.servers": cluster.kafka_bootstrap_servers, "security.protocol": "SASL_SSL",
+        "sasl.mechanism": "SCRAM-SHA-256", "sasl.username": "admin",
+        "sasl.password": PASSWORDS["admin"], "ssl.ca.location": ca_file,
+        "enable.idempotence": True})
+    idempotent.produce("payments", b"exactly-once", on_delivery=lambda e, m: delivered.append(e))
+    assert idempotent.flush(60) == 0 and delivered == [None]
 
 
 def test_a_user_without_acls_or_with_a_wrong_password_gets_nothing_in(secure) -> None:
