@@ -11,7 +11,12 @@ resource (a topic, group, the cluster, a transactional id; by literal name or na
 An ACL matches a resource by literal name, by the literal wildcard `*`, or by prefix (PREFIXED);
 a principal by equality or `User:*`; a host by equality or `*`.
 
-Pure: the codes are Kafka's wire values, so both doors and the CLI share them.
+Pure: the codes are Kafka's wire values, so both doors and the CLI share them. A code this
+version does not know reads as UNKNOWN (`from_code`, as Kafka's fromCode), so a request carrying
+one gets Kafka's INVALID_REQUEST for that ACL or filter instead of failing whole.
+
+`AclCreation` is what CreateAcls carries, unchecked; `AclBinding` is a checked ACL, as the
+metadata stores it; `AclBindingFilter` selects ACLs for DescribeAcls and DeleteAcls.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from deltabus import errors
 from deltabus.principal import KafkaPrincipal
@@ -28,6 +34,7 @@ WILDCARD_PRINCIPAL = "User:*"
 
 
 class ResourceType(enum.IntEnum):
+    UNKNOWN = 0  # a code this version does not know: refused where it is read
     ANY = 1
     TOPIC = 2
     GROUP = 3
@@ -36,6 +43,7 @@ class ResourceType(enum.IntEnum):
 
 
 class PatternType(enum.IntEnum):
+    UNKNOWN = 0  # a code this version does not know: refused where it is read
     ANY = 1  # filters only: literal or prefixed
     MATCH = 2  # filters only: every ACL that would apply to the named resource
     LITERAL = 3
@@ -43,6 +51,7 @@ class PatternType(enum.IntEnum):
 
 
 class Operation(enum.IntEnum):
+    UNKNOWN = 0  # a code this version does not know: refused where it is read
     ANY = 1  # filters only
     ALL = 2
     READ = 3
@@ -58,12 +67,24 @@ class Operation(enum.IntEnum):
 
 
 class Permission(enum.IntEnum):
+    UNKNOWN = 0  # a code this version does not know: refused where it is read
     ANY = 1  # filters only
     DENY = 2
     ALLOW = 3
 
 
 CLUSTER_NAME = "kafka-cluster"  # the one Cluster resource, as Kafka names it
+
+Code = TypeVar("Code", ResourceType, PatternType, Operation, Permission)
+
+
+def from_code(kind: type[Code], code: int) -> Code:
+    """The member of a wire code; one this version does not know is UNKNOWN (Kafka's
+    fromCode), refused by whoever checks the ACL or filter carrying it."""
+    try:
+        return kind(code)
+    except ValueError:
+        return kind.UNKNOWN
 
 # An ALLOW of the key also allows these (Kafka's AclEntry.supportedOperations implications).
 _IMPLIED = {
@@ -85,9 +106,10 @@ class AclBinding:
     permission: Permission
 
     def __post_init__(self) -> None:
-        if self.resource_type == ResourceType.ANY or self.pattern_type in (
-                PatternType.ANY, PatternType.MATCH) or self.operation == Operation.ANY or (
-                self.permission == Permission.ANY):
+        if self.resource_type in (ResourceType.ANY, ResourceType.UNKNOWN) or (
+                self.pattern_type not in (PatternType.LITERAL, PatternType.PREFIXED)) or (
+                self.operation in (Operation.ANY, Operation.UNKNOWN)) or (
+                self.permission not in (Permission.ALLOW, Permission.DENY)):
             raise errors.InvalidRequestError("an ACL names exact values: ANY and MATCH are for "
                                              "filters")
         if not self.resource_name:
@@ -113,6 +135,25 @@ class AclBinding:
 
 
 @dataclass(frozen=True)
+class AclCreation:
+    """One ACL as CreateAcls carries it, not checked yet: the controller checks each
+    (`cluster.acl_control`), so every creation gets its own answer, as in Kafka."""
+
+    resource_type: ResourceType
+    resource_name: str
+    pattern_type: PatternType
+    principal: str
+    host: str
+    operation: Operation
+    permission: Permission
+
+    @classmethod
+    def of(cls, acl: AclBinding) -> AclCreation:
+        return cls(acl.resource_type, acl.resource_name, acl.pattern_type, acl.principal,
+                   acl.host, acl.operation, acl.permission)
+
+
+@dataclass(frozen=True)
 class AclBindingFilter:
     """Which ACLs DescribeAcls lists and DeleteAcls removes: None, or ANY, matches anything."""
 
@@ -123,6 +164,14 @@ class AclBindingFilter:
     host: str | None = None
     operation: Operation = Operation.ANY
     permission: Permission = Permission.ANY
+
+    def check(self) -> None:
+        """Kafka's refusal of a filter holding a code it does not know (INVALID_REQUEST)."""
+        if (self.resource_type == ResourceType.UNKNOWN
+                or self.pattern_type == PatternType.UNKNOWN):
+            raise errors.InvalidRequestError("Unknown patternFilter.")
+        if self.operation == Operation.UNKNOWN or self.permission == Permission.UNKNOWN:
+            raise errors.InvalidRequestError("Unknown entryFilter.")
 
     def matches(self, acl: AclBinding) -> bool:
         if self.resource_type not in (ResourceType.ANY, acl.resource_type):
@@ -140,6 +189,14 @@ class AclBindingFilter:
         return (self.principal in (None, acl.principal) and self.host in (None, acl.host)
                 and self.operation in (Operation.ANY, acl.operation)
                 and self.permission in (Permission.ANY, acl.permission))
+
+
+def describe_acls(acls: Iterable[AclBinding], acl_filter: AclBindingFilter) -> list[AclBinding]:
+    """Kafka's DescribeAcls over a set of ACLs (the controller's, or a broker's image: Kafka's
+    brokers answer it from their metadata), in their order. INVALID_REQUEST for a filter
+    holding an unknown code."""
+    acl_filter.check()
+    return [acl for acl in acls if acl_filter.matches(acl)]
 
 
 class Authorizer:

@@ -47,6 +47,9 @@ TOPIC_NAME_LENGTH_MAX = 249  # Kafka's limit
 # Kafka's offset.metadata.max.bytes default: the longest metadata string an offset commit carries,
 # in UTF-8 bytes. The group config sets it; the offset store enforces it.
 OFFSET_METADATA_MAX_BYTES = 4096
+# One CreateAcls or DeleteAcls writes at most this many metadata records (Kafka's
+# MAX_RECORDS_PER_USER_OP): a filter matching more is refused rather than committed in one piece.
+ACL_RECORDS_PER_REQUEST_MAX = 10_000
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -4,15 +4,15 @@ Thread-safe: every public method takes `_lock` (a Condition that also wakes hear
 
 The controller is thin, as KRaft's QuorumController is: it owns the lock, the metadata log and the
 commit path, and for every request calls a handler (`replication_control`, `config_control`,
-`broker_registry`, `producer_id_control`, `credential_control`), which validates it and returns the
-records to write and the answer, changing nothing. `_commit` then writes the persisted records to
-the metadata log and only after that replays them into `MetadataState`, so what brokers and clients
-see is always durable; loading after a restart is the same replay of the log. Brokers are not in
-the log: they register at every start (a new broker epoch each time), and one that misses
-heartbeats for `broker_session_timeout_ms` (or whose Spark task ended) is fenced, as KRaft does: it
-leaves every ISR it is in (unless it is the last member), and partitions it led elect a new leader
-from the ISR, in replica order. A partition with no live ISR member goes offline (leader -1) until
-one registers again, unless the topic allows unclean leader election.
+`broker_registry`, `producer_id_control`, `credential_control`, `acl_control`), which validates it
+and returns the records to write and the answer, changing nothing. `_commit` then writes the
+persisted records to the metadata log and only after that replays them into `MetadataState`, so what
+brokers and clients see is always durable; loading after a restart is the same replay of the log.
+Brokers are not in the log: they register at every start (a new broker epoch each time), and one
+that misses heartbeats for `broker_session_timeout_ms` (or whose Spark task ended) is fenced, as
+KRaft does: it leaves every ISR it is in (unless it is the last member), and partitions it led elect
+a new leader from the ISR, in replica order. A partition with no live ISR member goes offline
+(leader -1) until one registers again, unless the topic allows unclean leader election.
 
 What stays here besides: waiting (brokers applying a version, heartbeat long polls), the
 reassignment thread and its catch-up job, and deleting the tables of deleted topics and
@@ -36,8 +36,16 @@ import pyarrow.fs as pafs
 
 from deltabus import config as cfg
 from deltabus import errors
-from deltabus.acls import Authorizer, AuthorizerCache
+from deltabus.acls import (
+    AclBinding,
+    AclBindingFilter,
+    AclCreation,
+    Authorizer,
+    AuthorizerCache,
+    describe_acls,
+)
 from deltabus.cluster import (
+    acl_control,
     broker_registry,
     config_control,
     credential_control,
@@ -50,10 +58,12 @@ from deltabus.cluster.handler import FetchResult, FetchSpec
 from deltabus.cluster.log_cleaner import CleanerTask
 from deltabus.cluster.metadata_log import MetadataLog
 from deltabus.cluster.metadata_records import (
+    AccessControlEntryRecord,
     ClusterIdRecord,
     ConfigRecord,
     FenceBrokerRecord,
     MetadataRecord,
+    RemoveAccessControlEntryRecord,
     RemoveUserScramCredentialRecord,
     UserScramCredentialRecord,
     to_stored,
@@ -141,7 +151,8 @@ class Controller:
                 self._image = MetadataImage(self._version, self._state.cluster_id, -1,
                                             self._state.brokers.live_endpoints(),
                                             self._state.topic_states(), self._config.root,
-                                            self._state.scram_credentials_copy())
+                                            self._state.scram_credentials_copy(),
+                                            self._state.acls_image())
             return self._image
 
     # ---- topics ------------------------------------------------------------------------------
@@ -285,6 +296,44 @@ class Controller:
     def scram_credential(self, user: str, mechanism: str) -> ScramCredential | None:
         with self._lock:
             return self._state.scram_credential(user, mechanism)
+
+    # ---- ACLs --------------------------------------------------------------------------------
+
+    def create_acls(self, creations: list[AclCreation], *,
+                    timeout_ms: int = cfg.ADMIN_TIMEOUT_MS_DEFAULT
+                    ) -> acl_control.CreateResults:
+        """Kafka's CreateAcls: None or the error per creation, in order. Returns once the live
+        brokers hold the new ACLs (they authorize with them), or after `timeout_ms`."""
+        with self._lock:
+            result = acl_control.create_acls(self._state, creations)
+            self._commit(result.records)
+            target = self._version
+        for r in result.records:
+            if isinstance(r, AccessControlEntryRecord):
+                log.info("ACL %s created: %s", r.acl_id, r.binding())
+        if result.records:
+            self._await_brokers(target, timeout_ms)
+        return result.response
+
+    def delete_acls(self, filters: list[AclBindingFilter], *,
+                    timeout_ms: int = cfg.ADMIN_TIMEOUT_MS_DEFAULT
+                    ) -> acl_control.DeleteResults:
+        """Kafka's DeleteAcls: per filter, the ACLs it matched and removed, or its error.
+        Returns once the live brokers no longer hold them, or after `timeout_ms`."""
+        with self._lock:
+            result = acl_control.delete_acls(self._state, filters)
+            for r in result.records:
+                if isinstance(r, RemoveAccessControlEntryRecord):
+                    log.info("ACL %s deleted: %s", r.acl_id, self._state.acls.get(r.acl_id))
+            self._commit(result.records)
+            target = self._version
+        if result.records:
+            self._await_brokers(target, timeout_ms)
+        return result.response
+
+    def describe_acls(self, acl_filter: AclBindingFilter) -> list[AclBinding]:
+        """Kafka's DescribeAcls, from the current image."""
+        return describe_acls(self.image().acls, acl_filter)
 
     # ---- producer ids ------------------------------------------------------------------------
 
@@ -651,3 +700,12 @@ class ControllerHandler:
 
     def authorizer(self) -> Authorizer | None:
         return self._controller.authorizer()
+
+    def create_acls(self, creations: list[AclCreation]) -> acl_control.CreateResults:
+        return self._controller.create_acls(creations)
+
+    def delete_acls(self, filters: list[AclBindingFilter]) -> acl_control.DeleteResults:
+        return self._controller.delete_acls(filters)
+
+    def describe_acls(self, acl_filter: AclBindingFilter) -> list[AclBinding]:
+        return self._controller.describe_acls(acl_filter)

@@ -15,7 +15,8 @@ field whose default is None is left out while None, as the old dict records left
 an existing data directory still loads; a bytes field is stored as base64 text. Records are
 frozen and hold tuples, never lists: a record cannot change after it is built, and replaying it
 cannot alias state to it. A SCRAM credential record holds a salt and keys, never a password, and
-its repr shows none of them.
+its repr shows none of them. An ACL record stores Kafka's wire codes as numbers and holds an ACL
+that `AclBinding` accepts (the handler checked it).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, TypeVar
 
+from deltabus.acls import AclBinding, Operation, PatternType, Permission, ResourceType
 from deltabus.metadata import BrokerEndpoint
 
 T = TypeVar("T")
@@ -162,6 +164,43 @@ class RemoveUserScramCredentialRecord(MetadataRecord):
     mechanism: str
 
 
+@dataclass(frozen=True)
+class AccessControlEntryRecord(MetadataRecord):
+    """An ACL created (KRaft's AccessControlEntryRecord), under an id of its own (a UUID) that
+    its removal names. The enums are Kafka's codes (`deltabus.acls`). Brokers get it with the
+    metadata."""
+
+    type: ClassVar[str] = "access_control_entry"
+    STORED_KEYS: ClassVar[Mapping[str, str]] = {"acl_id": "id"}
+    acl_id: str
+    resource_type: int
+    resource_name: str
+    pattern_type: int
+    principal: str
+    host: str
+    operation: int
+    permission: int
+
+    @classmethod
+    def of(cls, acl_id: str, acl: AclBinding) -> AccessControlEntryRecord:
+        return cls(acl_id, int(acl.resource_type), acl.resource_name, int(acl.pattern_type),
+                   acl.principal, acl.host, int(acl.operation), int(acl.permission))
+
+    def binding(self) -> AclBinding:
+        return AclBinding(ResourceType(self.resource_type), self.resource_name,
+                          PatternType(self.pattern_type), self.principal, self.host,
+                          Operation(self.operation), Permission(self.permission))
+
+
+@dataclass(frozen=True)
+class RemoveAccessControlEntryRecord(MetadataRecord):
+    """An ACL removed, by its id (KRaft's RemoveAccessControlEntryRecord)."""
+
+    type: ClassVar[str] = "remove_access_control_entry"
+    STORED_KEYS: ClassVar[Mapping[str, str]] = {"acl_id": "id"}
+    acl_id: str
+
+
 # ---- broker registration records (replayed, never persisted) ---------------------------------
 
 @dataclass(frozen=True)
@@ -217,7 +256,8 @@ PERSISTED_RECORD_TYPES: Mapping[str, type[MetadataRecord]] = {
     cls.type: cls for cls in (
         ClusterIdRecord, TopicRecord, PartitionRecord, PartitionChangeRecord, RemoveTopicRecord,
         ConfigRecord, ProducerIdsRecord, TransactionalIdRecord, UserScramCredentialRecord,
-        RemoveUserScramCredentialRecord)
+        RemoveUserScramCredentialRecord, AccessControlEntryRecord,
+        RemoveAccessControlEntryRecord)
 }
 
 

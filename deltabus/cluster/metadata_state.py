@@ -7,7 +7,9 @@ replays each persisted record read back from the metadata log, then each record 
 Invariants: partitions and registrations are frozen values (tuples, not lists), so a handler
 cannot change them by accident and the image built from them shares nothing mutable; a partition
 record's topic exists (replaying one for an unknown topic is a bug and raises); a removed SCRAM
-credential existed (the handler checked it), and a user with none has no entry.
+credential existed (the handler checked it), and a user with none has no entry; every ACL is held
+once, under one id, and a removed ACL existed (replaying one that breaks this is a bug and raises,
+as KRaft's replay does).
 
 Not thread-safe: the controller holds its lock around every read and replay.
 """
@@ -19,14 +21,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from deltabus.acls import AclBinding
 from deltabus.cluster.broker_registry import BrokerRegistry
 from deltabus.cluster.metadata_records import (
+    AccessControlEntryRecord,
     ClusterIdRecord,
     ConfigRecord,
     MetadataRecord,
     PartitionChangeRecord,
     PartitionRecord,
     ProducerIdsRecord,
+    RemoveAccessControlEntryRecord,
     RemoveTopicRecord,
     RemoveUserScramCredentialRecord,
     TopicRecord,
@@ -70,8 +75,8 @@ class TopicRegistration:
 
 @dataclass
 class MetadataState:
-    """Topics, partitions, configs, producer ids, users' SCRAM credentials and registered
-    brokers."""
+    """Topics, partitions, configs, producer ids, users' SCRAM credentials, ACLs and
+    registered brokers."""
 
     cluster_id: str = ""
     topics: dict[str, TopicRegistration] = field(default_factory=dict)
@@ -79,7 +84,14 @@ class MetadataState:
     transactional_ids: dict[str, int] = field(default_factory=dict)
     # user -> mechanism -> credential (Kafka's ScramControlManager.credentials)
     scram_credentials: dict[str, dict[str, ScramCredential]] = field(default_factory=dict)
+    # id -> ACL (Kafka's AclControlManager.idToAcl), and each ACL's id
+    acls: dict[str, AclBinding] = field(default_factory=dict)
+    acl_ids: dict[AclBinding, str] = field(default_factory=dict)
     brokers: BrokerRegistry = field(default_factory=BrokerRegistry)
+    # The ACLs as an image holds them, built again only after an ACL record: the authorizers
+    # (`AuthorizerCache`) are rebuilt when this tuple is another one.
+    _acls_image: tuple[AclBinding, ...] | None = field(default=None, repr=False,
+                                                        compare=False)
 
     def replay(self, record: MetadataRecord | Mapping[str, Any]) -> None:
         """Apply one record. A mapping is a record in its stored form (as the metadata log
@@ -116,6 +128,10 @@ class MetadataState:
                                 record.server_key, record.iterations))
         elif isinstance(record, RemoveUserScramCredentialRecord):
             self._remove_scram_credential(record.name, record.mechanism)
+        elif isinstance(record, AccessControlEntryRecord):
+            self._add_acl(record.acl_id, record.binding())
+        elif isinstance(record, RemoveAccessControlEntryRecord):
+            self._remove_acl(record.acl_id)
         else:
             raise ValueError(f"unknown metadata record type {record.type!r}")
 
@@ -128,6 +144,26 @@ class MetadataState:
 
     def scram_credential(self, user: str, mechanism: str) -> ScramCredential | None:
         return self.scram_credentials.get(user, {}).get(mechanism)
+
+    def _add_acl(self, acl_id: str, acl: AclBinding) -> None:
+        if acl_id in self.acls or acl in self.acl_ids:  # the handler never writes either
+            raise ValueError(f"ACL {acl_id} ({acl}) is held already")
+        self.acls[acl_id] = acl
+        self.acl_ids[acl] = acl_id
+        self._acls_image = None
+
+    def _remove_acl(self, acl_id: str) -> None:
+        acl = self.acls.pop(acl_id, None)
+        if acl is None:
+            raise ValueError(f"no ACL {acl_id} to remove")
+        del self.acl_ids[acl]
+        self._acls_image = None
+
+    def acls_image(self) -> tuple[AclBinding, ...]:
+        """Every ACL, sorted (resource, then entry), as the same tuple until an ACL changes."""
+        if self._acls_image is None:
+            self._acls_image = tuple(sorted(self.acls.values()))
+        return self._acls_image
 
     def scram_credentials_copy(self) -> dict[str, dict[str, ScramCredential]]:
         """The credentials for an image: new dicts, so replaying on shares nothing with it."""

@@ -8,8 +8,10 @@ from typing import Any
 
 import pytest
 
+from deltabus.acls import AclBinding, Operation, PatternType, Permission, ResourceType
 from deltabus.cluster.metadata_records import (
     PERSISTED_RECORD_TYPES,
+    AccessControlEntryRecord,
     ClusterIdRecord,
     ConfigRecord,
     FenceBrokerRecord,
@@ -18,6 +20,7 @@ from deltabus.cluster.metadata_records import (
     PartitionRecord,
     ProducerIdsRecord,
     RegisterBrokerRecord,
+    RemoveAccessControlEntryRecord,
     RemoveTopicRecord,
     RemoveUserScramCredentialRecord,
     TopicRecord,
@@ -65,6 +68,14 @@ OLD_AND_TYPED: list[tuple[dict[str, Any], MetadataRecord]] = [
                                8192)),
     ({"type": "remove_user_scram_credential", "name": "alice", "mechanism": "SCRAM-SHA-512"},
      RemoveUserScramCredentialRecord("alice", "SCRAM-SHA-512")),
+    # ACLs: Kafka's codes as numbers
+    ({"type": "access_control_entry", "id": "a1", "resource_type": 2, "resource_name": "pay",
+      "pattern_type": 4, "principal": "User:alice", "host": "*", "operation": 3,
+      "permission": 3},
+     AccessControlEntryRecord.of("a1", AclBinding(
+         ResourceType.TOPIC, "pay", PatternType.PREFIXED, "User:alice", "*", Operation.READ,
+         Permission.ALLOW))),
+    ({"type": "remove_access_control_entry", "id": "a1"}, RemoveAccessControlEntryRecord("a1")),
 ]
 
 
