@@ -14,7 +14,8 @@ Packages, by the process they run in:
     rpc/         the doors: gRPC servicers, the Kafka listener, generated code, codec
     spark/       Spark's data source and sink (driver and executors)
     cli/         the `deltabus` command
-Pure modules (errors, config, metadata, records, partitioner, topics) run anywhere.
+Pure modules (errors, config, metadata, records, partitioner, topics) run anywhere. `acls` (the
+ACL types and enums, Kafka's codes) and `errors` are public modules.
 """
 
 # pandas first: once a SparkSession exists, PySpark 4.3 has left half-imported pandas modules
@@ -23,7 +24,8 @@ import pandas  # noqa: F401, I001
 
 from typing import Any
 
-from deltabus import errors
+from deltabus import acls, errors
+from deltabus.acls import AclBinding, AclBindingFilter
 from deltabus.client import (
     AdminClient,
     CommitFailedError,
@@ -46,6 +48,8 @@ from deltabus.metadata import NewTopic
 from deltabus.records import ConsumerRecord
 
 __all__ = [
+    "AclBinding",
+    "AclBindingFilter",
     "AdminClient",
     "AlterConfigOp",
     "Cluster",
@@ -66,6 +70,7 @@ __all__ = [
     "UserScramCredentialDeletion",
     "UserScramCredentialUpsertion",
     "UserScramCredentialsDescription",
+    "acls",
     "errors",
     "local_spark",
 ]

@@ -191,6 +191,18 @@ class AclBindingFilter:
                 and self.permission in (Permission.ANY, acl.permission))
 
 
+ResourcePattern = tuple[ResourceType, str, PatternType]
+
+
+def by_resource(acls: Iterable[AclBinding]) -> dict[ResourcePattern, list[AclBinding]]:
+    """ACLs grouped by resource pattern, as DescribeAcls answers and kafka-acls prints them;
+    the groups and the ACLs in each are in the order given."""
+    out: dict[ResourcePattern, list[AclBinding]] = {}
+    for acl in acls:
+        out.setdefault((acl.resource_type, acl.resource_name, acl.pattern_type), []).append(acl)
+    return out
+
+
 def describe_acls(acls: Iterable[AclBinding], acl_filter: AclBindingFilter) -> list[AclBinding]:
     """Kafka's DescribeAcls over a set of ACLs (the controller's, or a broker's image: Kafka's
     brokers answer it from their metadata), in their order. INVALID_REQUEST for a filter

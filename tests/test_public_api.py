@@ -5,13 +5,14 @@ import deltabus
 
 def test_public_api_is_pinned():
     assert sorted(deltabus.__all__) == [
-        "AdminClient", "AlterConfigOp", "Cluster", "CommitFailedError", "ConfigEntry", "Consumer",
+        "AclBinding", "AclBindingFilter", "AdminClient", "AlterConfigOp", "Cluster",
+        "CommitFailedError", "ConfigEntry", "Consumer",
         "ConsumerRebalanceListener",
         "ConsumerRecord", "DeltaBusError", "ExactlyOncePipeline", "FutureRecordMetadata",
         "NewTopic",
         "OffsetAndMetadata", "Producer", "RecordMetadata", "ScramCredentialInfo", "TopicPartition",
         "UserScramCredentialDeletion", "UserScramCredentialUpsertion",
-        "UserScramCredentialsDescription", "errors", "local_spark",
+        "UserScramCredentialsDescription", "acls", "errors", "local_spark",
     ]
     for name in deltabus.__all__:
         assert hasattr(deltabus, name), name

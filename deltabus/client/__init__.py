@@ -9,6 +9,8 @@ interpreter).
 """
 
 from deltabus.client.admin import (
+    AclBinding,
+    AclBindingFilter,
     AdminClient,
     ScramCredentialInfo,
     UserScramCredentialDeletion,
@@ -26,6 +28,8 @@ from deltabus.client.exactly_once import ExactlyOncePipeline
 from deltabus.client.producer import FutureRecordMetadata, Producer, RecordMetadata
 
 __all__ = [
+    "AclBinding",
+    "AclBindingFilter",
     "AdminClient",
     "CommitFailedError",
     "Consumer",

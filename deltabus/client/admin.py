@@ -1,6 +1,6 @@
 """`AdminClient`: create, delete, list and describe topics, describe and alter their configs,
-elect leaders, reassign partitions, manage consumer groups and their offsets, and users' SCRAM
-credentials (Kafka's Admin API).
+elect leaders, reassign partitions, manage consumer groups and their offsets, users' SCRAM
+credentials and ACLs (Kafka's Admin API).
 
 Thread-safe. Admin calls go to any server; brokers forward them to the controller.
 """
@@ -14,6 +14,7 @@ from typing import Any, Unpack
 
 from deltabus import config as cfg
 from deltabus import errors, scram
+from deltabus.acls import AclBinding, AclBindingFilter, AclCreation
 from deltabus.client.cluster_client import ClusterClient
 from deltabus.client.security import ClientSecurity, SecuritySettings
 from deltabus.metadata import (
@@ -30,8 +31,9 @@ from deltabus.metadata import (
 from deltabus.rpc import codec
 from deltabus.rpc.v1 import deltabus_pb2 as pb
 
-__all__ = ["AdminClient", "NewTopic", "ScramCredentialInfo", "UserScramCredentialDeletion",
-           "UserScramCredentialUpsertion", "UserScramCredentialsDescription"]
+__all__ = ["AclBinding", "AclBindingFilter", "AdminClient", "NewTopic", "ScramCredentialInfo",
+           "UserScramCredentialDeletion", "UserScramCredentialUpsertion",
+           "UserScramCredentialsDescription"]
 
 SALT_BYTES = 32  # a new credential's random salt
 
@@ -191,6 +193,41 @@ class AdminClient:
                                          pb.DescribeUserScramCredentialsRequest(
                                              users=list(users or ())))
         return codec.describe_scram_results(response)
+
+    # ---- ACLs ---------------------------------------------------------------------------------
+
+    def create_acls(self, acls: Iterable[AclBinding]
+                    ) -> dict[AclBinding, errors.DeltaBusError | None]:
+        """Kafka's createAcls (confluent-kafka's create_acls): per ACL None (created, or there
+        already; every broker authorizes with it) or the error, INVALID_REQUEST for one the
+        controller refuses (a principal that is not User:NAME, say). Sent to any server; a
+        broker forwards it to the controller."""
+        wanted = list(dict.fromkeys(acls))
+        response = self._client.call_any(
+            "CreateAcls", pb.CreateAclsRequest(
+                creations=[codec.acl_to_proto(AclCreation.of(a)) for a in wanted]),
+            cfg.ADMIN_TIMEOUT_MS_DEFAULT + 5000)
+        return dict(zip(wanted, codec.create_acls_results(response), strict=True))
+
+    def describe_acls(self, acl_filter: AclBindingFilter | None = None) -> list[AclBinding]:
+        """Kafka's describeAcls: the ACLs the filter matches (every ACL without one), from the
+        metadata of the server asked, grouped by resource. Raises the server's error
+        (CLUSTER_AUTHORIZATION_FAILED without DESCRIBE on the cluster)."""
+        response = self._client.call_any("DescribeAcls", pb.DescribeAclsRequest(
+            filter=codec.acl_filter_to_proto(acl_filter or AclBindingFilter())))
+        return codec.describe_acls_result(response)
+
+    def delete_acls(self, filters: Iterable[AclBindingFilter]
+                    ) -> dict[AclBindingFilter, list[AclBinding] | errors.DeltaBusError]:
+        """Kafka's deleteAcls (confluent-kafka's delete_acls): per filter the ACLs it matched,
+        all removed once this returns (every broker dropped them), or the error. A filter with
+        ANY and MATCH values removes every ACL it matches: `AclBindingFilter()` removes all."""
+        wanted = list(dict.fromkeys(filters))
+        response = self._client.call_any(
+            "DeleteAcls", pb.DeleteAclsRequest(filters=[codec.acl_filter_to_proto(f)
+                                                        for f in wanted]),
+            cfg.ADMIN_TIMEOUT_MS_DEFAULT + 5000)
+        return dict(zip(wanted, codec.delete_acls_results(response), strict=True))
 
     # ---- consumer groups ----------------------------------------------------------------------
 

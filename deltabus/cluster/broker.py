@@ -16,6 +16,7 @@ Invariants:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import socket
@@ -33,7 +34,14 @@ from pyspark import TaskContext
 
 from deltabus import config as cfg
 from deltabus import errors
-from deltabus.acls import Authorizer, AuthorizerCache
+from deltabus.acls import (
+    AclBinding,
+    AclBindingFilter,
+    AclCreation,
+    Authorizer,
+    AuthorizerCache,
+    describe_acls,
+)
 from deltabus.cluster.handler import FetchResult, FetchSpec
 from deltabus.cluster.partition import Partition
 from deltabus.cluster.replica_fetcher import ReplicaFetcher
@@ -240,6 +248,8 @@ class Broker:
                 found = self._partitions.get(key)
             if found is not None:
                 self._apply_partition(found, state, image)
+        if image.acls == self._image.acls:  # the same tuple: the authorizer is not rebuilt
+            image = dataclasses.replace(image, acls=self._image.acls)
         self._image = image
 
     def _apply_partition(self, partition: Partition, state: PartitionState,
@@ -478,6 +488,18 @@ class Broker:
 
     def scram_credential(self, user: str, mechanism: str) -> ScramCredential | None:
         return self._image.scram_credential(user, mechanism)
+
+    def create_acls(self, creations: list[AclCreation]) -> list[errors.DeltaBusError | None]:
+        return self._controller.create_acls(creations)
+
+    def delete_acls(self, filters: list[AclBindingFilter]
+                    ) -> list[list[AclBinding] | errors.DeltaBusError]:
+        return self._controller.delete_acls(filters)
+
+    def describe_acls(self, acl_filter: AclBindingFilter) -> list[AclBinding]:
+        """From this broker's metadata, as a KRaft broker answers it: the ACLs it authorizes
+        with, not only what the controller decided."""
+        return describe_acls(self._image.acls, acl_filter)
 
     def authorizer(self) -> Authorizer | None:
         if not self._config.authorizer:

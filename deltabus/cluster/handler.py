@@ -15,7 +15,7 @@ import pyarrow as pa
 
 from deltabus import config as cfg
 from deltabus import errors
-from deltabus.acls import Authorizer
+from deltabus.acls import AclBinding, AclBindingFilter, AclCreation, Authorizer
 from deltabus.log_tables.partition_log import AppendResult, LogFile
 from deltabus.metadata import (
     BrokerEndpoint,
@@ -122,6 +122,22 @@ class DeltaBusHandler(Protocol):
     def authorizer(self) -> Authorizer | None:
         """What the doors check every request against (`rpc.access`): the cluster's ACLs in
         this server's metadata, or None when the cluster runs without an authorizer."""
+        ...
+
+    def create_acls(self, creations: list[AclCreation]) -> list[errors.DeltaBusError | None]:
+        """Kafka's CreateAcls, decided by the controller (brokers forward it): None or the
+        error per creation, in order. Returns once the live brokers hold the new ACLs."""
+        ...
+
+    def delete_acls(self, filters: list[AclBindingFilter]
+                    ) -> list[list[AclBinding] | errors.DeltaBusError]:
+        """Kafka's DeleteAcls, decided by the controller (brokers forward it): per filter, the
+        ACLs it matched and removed, or its error. Returns once the live brokers dropped them."""
+        ...
+
+    def describe_acls(self, acl_filter: AclBindingFilter) -> list[AclBinding]:
+        """Kafka's DescribeAcls, from this server's metadata (what it authorizes with);
+        INVALID_REQUEST for a filter holding an unknown code."""
         ...
 
 

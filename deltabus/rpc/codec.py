@@ -14,6 +14,17 @@ import pyarrow as pa
 
 from deltabus import config as cfg
 from deltabus import errors
+from deltabus.acls import (
+    AclBinding,
+    AclBindingFilter,
+    AclCreation,
+    Operation,
+    PatternType,
+    Permission,
+    ResourceType,
+    by_resource,
+    from_code,
+)
 from deltabus.metadata import (
     BrokerEndpoint,
     MetadataImage,
@@ -406,3 +417,109 @@ def scram_credentials_from_proto(credentials: Iterable[ipb.UserScramCredential]
         out.setdefault(c.name, {})[mechanism] = ScramCredential(
             mechanism, c.salt, c.stored_key, c.server_key, c.iterations)
     return out
+
+
+# ---- ACLs (Kafka's CreateAcls, DescribeAcls, DeleteAcls) -------------------------------------
+# The proto enums hold Kafka's codes, so a value crosses as the same number; one this side does
+# not know reads as UNKNOWN (`acls.from_code`) and the controller refuses it.
+
+def _wire(code: int) -> Any:
+    """A Kafka code as a proto enum field takes it: the same number."""
+    return int(code)
+
+
+def acl_to_proto(acl: AclBinding | AclCreation) -> pb.AclBinding:
+    return pb.AclBinding(
+        resource_type=_wire(acl.resource_type), resource_name=acl.resource_name,
+        pattern_type=_wire(acl.pattern_type), principal=acl.principal, host=acl.host,
+        operation=_wire(acl.operation), permission_type=_wire(acl.permission))
+
+
+def acl_creation_from_proto(m: pb.AclBinding) -> AclCreation:
+    """A creation as sent, unchecked (the controller checks it)."""
+    return AclCreation(from_code(ResourceType, m.resource_type), m.resource_name,
+                       from_code(PatternType, m.pattern_type), m.principal, m.host,
+                       from_code(Operation, m.operation),
+                       from_code(Permission, m.permission_type))
+
+
+def acl_from_proto(m: pb.AclBinding) -> AclBinding:
+    """An ACL a server answered with (it holds only valid ones)."""
+    return AclBinding(ResourceType(m.resource_type), m.resource_name,
+                      PatternType(m.pattern_type), m.principal, m.host, Operation(m.operation),
+                      Permission(m.permission_type))
+
+
+def acl_filter_to_proto(f: AclBindingFilter) -> pb.AclBindingFilter:
+    out = pb.AclBindingFilter(
+        resource_type=_wire(f.resource_type), pattern_type=_wire(f.pattern_type),
+        operation=_wire(f.operation), permission_type=_wire(f.permission))
+    for name in ("resource_name", "principal", "host"):
+        value = getattr(f, name)
+        if value is not None:
+            setattr(out, name, value)
+    return out
+
+
+def acl_filter_from_proto(m: pb.AclBindingFilter) -> AclBindingFilter:
+    """Absent name, principal and host match any; unknown codes read as UNKNOWN."""
+    return AclBindingFilter(
+        from_code(ResourceType, m.resource_type),
+        m.resource_name if m.HasField("resource_name") else None,
+        from_code(PatternType, m.pattern_type),
+        m.principal if m.HasField("principal") else None,
+        m.host if m.HasField("host") else None,
+        from_code(Operation, m.operation), from_code(Permission, m.permission_type))
+
+
+def create_acls_response(results: Iterable[errors.DeltaBusError | None]
+                         ) -> pb.CreateAclsResponse:
+    return pb.CreateAclsResponse(results=[
+        pb.AclCreationResult(error_code=e.code if e else 0, error_message=e.message if e else "")
+        for e in results])
+
+
+def create_acls_results(response: pb.CreateAclsResponse) -> list[errors.DeltaBusError | None]:
+    return [errors.error_for_code(r.error_code, r.error_message) if r.error_code else None
+            for r in response.results]
+
+
+def describe_acls_response(acls: Iterable[AclBinding] | errors.DeltaBusError
+                           ) -> pb.DescribeAclsResponse:
+    """Kafka's shape: the ACLs grouped by resource pattern."""
+    if isinstance(acls, errors.DeltaBusError):
+        return pb.DescribeAclsResponse(error_code=acls.code, error_message=acls.message)
+    return pb.DescribeAclsResponse(resources=[
+        pb.DescribeAclsResource(
+            resource_type=_wire(t), resource_name=name, pattern_type=_wire(pattern),
+            acls=[pb.AclDescription(principal=a.principal, host=a.host,
+                                    operation=_wire(a.operation),
+                                    permission_type=_wire(a.permission)) for a in entries])
+        for (t, name, pattern), entries in by_resource(acls).items()])
+
+
+def describe_acls_result(response: pb.DescribeAclsResponse) -> list[AclBinding]:
+    """The ACLs described; raises the error the server answered."""
+    if response.error_code:
+        raise errors.error_for_code(response.error_code, response.error_message)
+    return [AclBinding(ResourceType(r.resource_type), r.resource_name,
+                       PatternType(r.pattern_type), a.principal, a.host, Operation(a.operation),
+                       Permission(a.permission_type))
+            for r in response.resources for a in r.acls]
+
+
+def delete_acls_response(results: Iterable[list[AclBinding] | errors.DeltaBusError]
+                         ) -> pb.DeleteAclsResponse:
+    response = pb.DeleteAclsResponse()
+    for r in results:
+        if isinstance(r, errors.DeltaBusError):
+            response.filter_results.add(error_code=r.code, error_message=r.message)
+        else:
+            response.filter_results.add(matching_acls=[acl_to_proto(a) for a in r])
+    return response
+
+
+def delete_acls_results(response: pb.DeleteAclsResponse
+                        ) -> list[list[AclBinding] | errors.DeltaBusError]:
+    return [errors.error_for_code(r.error_code, r.error_message) if r.error_code
+            else [acl_from_proto(a) for a in r.matching_acls] for r in response.filter_results]

@@ -17,6 +17,7 @@ import grpc
 
 from deltabus import config as cfg
 from deltabus import errors
+from deltabus.acls import AclBinding, AclBindingFilter, AclCreation
 from deltabus.config import ListenerSecurity
 from deltabus.metadata import (
     BrokerEndpoint,
@@ -45,7 +46,7 @@ ADMIN_TIMEOUT_SLACK_MS = 5_000  # a forwarded admin call waits its own timeout a
 class HeartbeatAnswer:
     should_shut_down: bool
     # Set when the metadata moved past the version the broker has, with every user's SCRAM
-    # credentials at that version.
+    # credentials and every ACL at that version.
     image: MetadataImage | None
     refresh_logs: list[tuple[str, int]]  # partitions whose tables the log cleaner changed
 
@@ -91,7 +92,8 @@ class ControllerChannel:
         if response.HasField("metadata"):
             image = dataclasses.replace(
                 codec.image_from_proto(response.metadata),
-                scram_credentials=codec.scram_credentials_from_proto(response.scram_credentials))
+                scram_credentials=codec.scram_credentials_from_proto(response.scram_credentials),
+                acls=tuple(codec.acl_from_proto(a) for a in response.acls))
         refresh = [(tp.topic, p) for tp in response.refresh_logs for p in tp.partitions]
         return HeartbeatAnswer(response.should_shut_down, image, refresh)
 
@@ -174,6 +176,21 @@ class ControllerChannel:
         applied the change (at most its admin timeout)."""
         return codec.alter_scram_results(self._admin_call(
             "AlterUserScramCredentials", codec.alter_scram_request(deletions, upsertions),
+            cfg.ADMIN_TIMEOUT_MS_DEFAULT + ADMIN_TIMEOUT_SLACK_MS))
+
+    def create_acls(self, creations: list[AclCreation]) -> list[errors.DeltaBusError | None]:
+        """Forwarded as Kafka's brokers forward it; the controller checks each creation and
+        answers once the brokers hold the new ACLs (at most its admin timeout)."""
+        return codec.create_acls_results(self._admin_call(
+            "CreateAcls", pb.CreateAclsRequest(creations=[codec.acl_to_proto(c)
+                                                          for c in creations]),
+            cfg.ADMIN_TIMEOUT_MS_DEFAULT + ADMIN_TIMEOUT_SLACK_MS))
+
+    def delete_acls(self, filters: list[AclBindingFilter]
+                    ) -> list[list[AclBinding] | errors.DeltaBusError]:
+        return codec.delete_acls_results(self._admin_call(
+            "DeleteAcls", pb.DeleteAclsRequest(filters=[codec.acl_filter_to_proto(f)
+                                                        for f in filters]),
             cfg.ADMIN_TIMEOUT_MS_DEFAULT + ADMIN_TIMEOUT_SLACK_MS))
 
     def _admin_call(self, method: str, request: Any, timeout_ms: int | None = None) -> Any:

@@ -47,10 +47,12 @@ class BrokerLifecycleServicer(ipb_grpc.BrokerLifecycleServicer):
             by_topic.setdefault(topic, []).append(partition)
         response.refresh_logs.extend(pb.TopicPartitions(topic=t, partitions=ps)
                                      for t, ps in by_topic.items())
-        if image is not None:  # a broker's metadata: with the credentials it authenticates with
+        if image is not None:  # a broker's metadata: with the credentials it authenticates
+            # with and the ACLs it authorizes with
             response.metadata.CopyFrom(codec.image_to_proto(image))
             response.scram_credentials.extend(
                 codec.scram_credentials_to_proto(image.scram_credentials))
+            response.acls.extend(codec.acl_to_proto(a) for a in image.acls)
         return response
 
     def AlterPartition(self, request: ipb.AlterPartitionRequest,

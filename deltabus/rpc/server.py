@@ -26,6 +26,7 @@ from deltabus.offsets.group_coordinator import GroupCoordinator
 from deltabus.records import ProducerState
 from deltabus.rpc import codec, status
 from deltabus.rpc.access import Access, authorized_metadata, merge_refusals, peer_host
+from deltabus.rpc.acl_servicer import AclServicerMixin
 from deltabus.rpc.authentication import Authenticator, CredentialLookup
 from deltabus.rpc.call_authentication import CallAuthenticator, current_principal
 from deltabus.rpc.codec import present_or
@@ -81,7 +82,7 @@ def _repeated_field_bytes(message_bytes: int) -> int:
     return 1 + max(1, (message_bytes.bit_length() + 6) // 7) + message_bytes
 
 
-class DeltaBusServicer(GroupServicerMixin, pb_grpc.DeltaBusServicer):
+class DeltaBusServicer(GroupServicerMixin, AclServicerMixin, pb_grpc.DeltaBusServicer):
     def __init__(self, handler: DeltaBusHandler, groups: GroupCoordinator | None = None) -> None:
         self._handler = handler
         self._groups = groups

@@ -25,7 +25,7 @@ from deltabus.cluster.handler import DeltaBusHandler, FetchResult, FetchSpec
 from deltabus.offsets.group_coordinator import GroupCoordinator
 from deltabus.rpc.access import authorized_metadata, current_access
 from deltabus.rpc.fetch_size import FetchBudget
-from deltabus.rpc.kafka import admin, batches, groups, sasl
+from deltabus.rpc.kafka import acl_apis, admin, batches, groups, sasl
 from deltabus.rpc.kafka.admin import controller_id, kafka_endpoints, topic_uuid
 from deltabus.rpc.kafka.frames import (
     NO_TIME,
@@ -51,6 +51,7 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     OFFSET_FOR_LEADER_EPOCH: (2, 4),
     **groups.SUPPORTED,
     **admin.SUPPORTED,
+    **acl_apis.SUPPORTED,
     **sasl.SUPPORTED,
 }
 
@@ -69,7 +70,7 @@ class KafkaApis:
             FETCH: self.fetch, LIST_OFFSETS: self.list_offsets,
             INIT_PRODUCER_ID: self.init_producer_id,
             OFFSET_FOR_LEADER_EPOCH: self.offset_for_leader_epoch, **self.groups.apis,
-            **admin.KafkaAdminApis(handler).apis,
+            **admin.KafkaAdminApis(handler).apis, **acl_apis.KafkaAclApis(handler).apis,
         }
 
     def knows(self, api_key: int) -> bool:
@@ -107,6 +108,10 @@ class KafkaApis:
         if api_key == admin.ALTER_USER_SCRAM_CREDENTIALS:
             return access.cluster(Operation.ALTER)
         if api_key in (admin.DESCRIBE_USER_SCRAM_CREDENTIALS, admin.DESCRIBE_CLUSTER):
+            return access.cluster(Operation.DESCRIBE)
+        if api_key in (acl_apis.CREATE_ACLS, acl_apis.DELETE_ACLS):
+            return access.cluster(Operation.ALTER)
+        if api_key == acl_apis.DESCRIBE_ACLS:
             return access.cluster(Operation.DESCRIBE)
         return None
 

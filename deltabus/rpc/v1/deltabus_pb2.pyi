@@ -110,6 +110,46 @@ class ScramMechanism(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SCRAM_MECHANISM_UNKNOWN: _ClassVar[ScramMechanism]
     SCRAM_SHA_256: _ClassVar[ScramMechanism]
     SCRAM_SHA_512: _ClassVar[ScramMechanism]
+
+class AclResourceType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    RESOURCE_TYPE_UNKNOWN: _ClassVar[AclResourceType]
+    RESOURCE_TYPE_ANY: _ClassVar[AclResourceType]
+    RESOURCE_TYPE_TOPIC: _ClassVar[AclResourceType]
+    RESOURCE_TYPE_GROUP: _ClassVar[AclResourceType]
+    RESOURCE_TYPE_CLUSTER: _ClassVar[AclResourceType]
+    RESOURCE_TYPE_TRANSACTIONAL_ID: _ClassVar[AclResourceType]
+
+class AclPatternType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PATTERN_TYPE_UNKNOWN: _ClassVar[AclPatternType]
+    PATTERN_TYPE_ANY: _ClassVar[AclPatternType]
+    PATTERN_TYPE_MATCH: _ClassVar[AclPatternType]
+    PATTERN_TYPE_LITERAL: _ClassVar[AclPatternType]
+    PATTERN_TYPE_PREFIXED: _ClassVar[AclPatternType]
+
+class AclOperation(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    OPERATION_UNKNOWN: _ClassVar[AclOperation]
+    OPERATION_ANY: _ClassVar[AclOperation]
+    OPERATION_ALL: _ClassVar[AclOperation]
+    OPERATION_READ: _ClassVar[AclOperation]
+    OPERATION_WRITE: _ClassVar[AclOperation]
+    OPERATION_CREATE: _ClassVar[AclOperation]
+    OPERATION_DELETE: _ClassVar[AclOperation]
+    OPERATION_ALTER: _ClassVar[AclOperation]
+    OPERATION_DESCRIBE: _ClassVar[AclOperation]
+    OPERATION_CLUSTER_ACTION: _ClassVar[AclOperation]
+    OPERATION_DESCRIBE_CONFIGS: _ClassVar[AclOperation]
+    OPERATION_ALTER_CONFIGS: _ClassVar[AclOperation]
+    OPERATION_IDEMPOTENT_WRITE: _ClassVar[AclOperation]
+
+class AclPermissionType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PERMISSION_TYPE_UNKNOWN: _ClassVar[AclPermissionType]
+    PERMISSION_TYPE_ANY: _ClassVar[AclPermissionType]
+    PERMISSION_TYPE_DENY: _ClassVar[AclPermissionType]
+    PERMISSION_TYPE_ALLOW: _ClassVar[AclPermissionType]
 CREATE_TIME: TimestampType
 LOG_APPEND_TIME: TimestampType
 ARROW: RecordFormat
@@ -193,6 +233,34 @@ UNCLEAN: ElectionType
 SCRAM_MECHANISM_UNKNOWN: ScramMechanism
 SCRAM_SHA_256: ScramMechanism
 SCRAM_SHA_512: ScramMechanism
+RESOURCE_TYPE_UNKNOWN: AclResourceType
+RESOURCE_TYPE_ANY: AclResourceType
+RESOURCE_TYPE_TOPIC: AclResourceType
+RESOURCE_TYPE_GROUP: AclResourceType
+RESOURCE_TYPE_CLUSTER: AclResourceType
+RESOURCE_TYPE_TRANSACTIONAL_ID: AclResourceType
+PATTERN_TYPE_UNKNOWN: AclPatternType
+PATTERN_TYPE_ANY: AclPatternType
+PATTERN_TYPE_MATCH: AclPatternType
+PATTERN_TYPE_LITERAL: AclPatternType
+PATTERN_TYPE_PREFIXED: AclPatternType
+OPERATION_UNKNOWN: AclOperation
+OPERATION_ANY: AclOperation
+OPERATION_ALL: AclOperation
+OPERATION_READ: AclOperation
+OPERATION_WRITE: AclOperation
+OPERATION_CREATE: AclOperation
+OPERATION_DELETE: AclOperation
+OPERATION_ALTER: AclOperation
+OPERATION_DESCRIBE: AclOperation
+OPERATION_CLUSTER_ACTION: AclOperation
+OPERATION_DESCRIBE_CONFIGS: AclOperation
+OPERATION_ALTER_CONFIGS: AclOperation
+OPERATION_IDEMPOTENT_WRITE: AclOperation
+PERMISSION_TYPE_UNKNOWN: AclPermissionType
+PERMISSION_TYPE_ANY: AclPermissionType
+PERMISSION_TYPE_DENY: AclPermissionType
+PERMISSION_TYPE_ALLOW: AclPermissionType
 
 class Header(_message.Message):
     __slots__ = ("key", "value")
@@ -1169,3 +1237,121 @@ class DescribeUserScramCredentialsResponse(_message.Message):
     RESULTS_FIELD_NUMBER: _ClassVar[int]
     results: _containers.RepeatedCompositeFieldContainer[DescribeUserScramCredentialsResult]
     def __init__(self, results: _Optional[_Iterable[_Union[DescribeUserScramCredentialsResult, _Mapping]]] = ...) -> None: ...
+
+class AclBinding(_message.Message):
+    __slots__ = ("resource_type", "resource_name", "pattern_type", "principal", "host", "operation", "permission_type")
+    RESOURCE_TYPE_FIELD_NUMBER: _ClassVar[int]
+    RESOURCE_NAME_FIELD_NUMBER: _ClassVar[int]
+    PATTERN_TYPE_FIELD_NUMBER: _ClassVar[int]
+    PRINCIPAL_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    OPERATION_FIELD_NUMBER: _ClassVar[int]
+    PERMISSION_TYPE_FIELD_NUMBER: _ClassVar[int]
+    resource_type: AclResourceType
+    resource_name: str
+    pattern_type: AclPatternType
+    principal: str
+    host: str
+    operation: AclOperation
+    permission_type: AclPermissionType
+    def __init__(self, resource_type: _Optional[_Union[AclResourceType, str]] = ..., resource_name: _Optional[str] = ..., pattern_type: _Optional[_Union[AclPatternType, str]] = ..., principal: _Optional[str] = ..., host: _Optional[str] = ..., operation: _Optional[_Union[AclOperation, str]] = ..., permission_type: _Optional[_Union[AclPermissionType, str]] = ...) -> None: ...
+
+class CreateAclsRequest(_message.Message):
+    __slots__ = ("creations",)
+    CREATIONS_FIELD_NUMBER: _ClassVar[int]
+    creations: _containers.RepeatedCompositeFieldContainer[AclBinding]
+    def __init__(self, creations: _Optional[_Iterable[_Union[AclBinding, _Mapping]]] = ...) -> None: ...
+
+class AclCreationResult(_message.Message):
+    __slots__ = ("error_code", "error_message")
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    error_code: int
+    error_message: str
+    def __init__(self, error_code: _Optional[int] = ..., error_message: _Optional[str] = ...) -> None: ...
+
+class CreateAclsResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[AclCreationResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[AclCreationResult, _Mapping]]] = ...) -> None: ...
+
+class AclBindingFilter(_message.Message):
+    __slots__ = ("resource_type", "resource_name", "pattern_type", "principal", "host", "operation", "permission_type")
+    RESOURCE_TYPE_FIELD_NUMBER: _ClassVar[int]
+    RESOURCE_NAME_FIELD_NUMBER: _ClassVar[int]
+    PATTERN_TYPE_FIELD_NUMBER: _ClassVar[int]
+    PRINCIPAL_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    OPERATION_FIELD_NUMBER: _ClassVar[int]
+    PERMISSION_TYPE_FIELD_NUMBER: _ClassVar[int]
+    resource_type: AclResourceType
+    resource_name: str
+    pattern_type: AclPatternType
+    principal: str
+    host: str
+    operation: AclOperation
+    permission_type: AclPermissionType
+    def __init__(self, resource_type: _Optional[_Union[AclResourceType, str]] = ..., resource_name: _Optional[str] = ..., pattern_type: _Optional[_Union[AclPatternType, str]] = ..., principal: _Optional[str] = ..., host: _Optional[str] = ..., operation: _Optional[_Union[AclOperation, str]] = ..., permission_type: _Optional[_Union[AclPermissionType, str]] = ...) -> None: ...
+
+class DescribeAclsRequest(_message.Message):
+    __slots__ = ("filter",)
+    FILTER_FIELD_NUMBER: _ClassVar[int]
+    filter: AclBindingFilter
+    def __init__(self, filter: _Optional[_Union[AclBindingFilter, _Mapping]] = ...) -> None: ...
+
+class AclDescription(_message.Message):
+    __slots__ = ("principal", "host", "operation", "permission_type")
+    PRINCIPAL_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    OPERATION_FIELD_NUMBER: _ClassVar[int]
+    PERMISSION_TYPE_FIELD_NUMBER: _ClassVar[int]
+    principal: str
+    host: str
+    operation: AclOperation
+    permission_type: AclPermissionType
+    def __init__(self, principal: _Optional[str] = ..., host: _Optional[str] = ..., operation: _Optional[_Union[AclOperation, str]] = ..., permission_type: _Optional[_Union[AclPermissionType, str]] = ...) -> None: ...
+
+class DescribeAclsResource(_message.Message):
+    __slots__ = ("resource_type", "resource_name", "pattern_type", "acls")
+    RESOURCE_TYPE_FIELD_NUMBER: _ClassVar[int]
+    RESOURCE_NAME_FIELD_NUMBER: _ClassVar[int]
+    PATTERN_TYPE_FIELD_NUMBER: _ClassVar[int]
+    ACLS_FIELD_NUMBER: _ClassVar[int]
+    resource_type: AclResourceType
+    resource_name: str
+    pattern_type: AclPatternType
+    acls: _containers.RepeatedCompositeFieldContainer[AclDescription]
+    def __init__(self, resource_type: _Optional[_Union[AclResourceType, str]] = ..., resource_name: _Optional[str] = ..., pattern_type: _Optional[_Union[AclPatternType, str]] = ..., acls: _Optional[_Iterable[_Union[AclDescription, _Mapping]]] = ...) -> None: ...
+
+class DescribeAclsResponse(_message.Message):
+    __slots__ = ("error_code", "error_message", "resources")
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    RESOURCES_FIELD_NUMBER: _ClassVar[int]
+    error_code: int
+    error_message: str
+    resources: _containers.RepeatedCompositeFieldContainer[DescribeAclsResource]
+    def __init__(self, error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., resources: _Optional[_Iterable[_Union[DescribeAclsResource, _Mapping]]] = ...) -> None: ...
+
+class DeleteAclsRequest(_message.Message):
+    __slots__ = ("filters",)
+    FILTERS_FIELD_NUMBER: _ClassVar[int]
+    filters: _containers.RepeatedCompositeFieldContainer[AclBindingFilter]
+    def __init__(self, filters: _Optional[_Iterable[_Union[AclBindingFilter, _Mapping]]] = ...) -> None: ...
+
+class DeleteAclsFilterResult(_message.Message):
+    __slots__ = ("error_code", "error_message", "matching_acls")
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    MATCHING_ACLS_FIELD_NUMBER: _ClassVar[int]
+    error_code: int
+    error_message: str
+    matching_acls: _containers.RepeatedCompositeFieldContainer[AclBinding]
+    def __init__(self, error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., matching_acls: _Optional[_Iterable[_Union[AclBinding, _Mapping]]] = ...) -> None: ...
+
+class DeleteAclsResponse(_message.Message):
+    __slots__ = ("filter_results",)
+    FILTER_RESULTS_FIELD_NUMBER: _ClassVar[int]
+    filter_results: _containers.RepeatedCompositeFieldContainer[DeleteAclsFilterResult]
+    def __init__(self, filter_results: _Optional[_Iterable[_Union[DeleteAclsFilterResult, _Mapping]]] = ...) -> None: ...

@@ -48,20 +48,22 @@ class BrokerHeartbeatRequest(_message.Message):
     def __init__(self, broker_id: _Optional[int] = ..., broker_epoch: _Optional[int] = ..., metadata_version: _Optional[int] = ..., max_wait_ms: _Optional[int] = ...) -> None: ...
 
 class BrokerHeartbeatResponse(_message.Message):
-    __slots__ = ("error_code", "error_message", "should_shut_down", "metadata", "refresh_logs", "scram_credentials")
+    __slots__ = ("error_code", "error_message", "should_shut_down", "metadata", "refresh_logs", "scram_credentials", "acls")
     ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
     ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     SHOULD_SHUT_DOWN_FIELD_NUMBER: _ClassVar[int]
     METADATA_FIELD_NUMBER: _ClassVar[int]
     REFRESH_LOGS_FIELD_NUMBER: _ClassVar[int]
     SCRAM_CREDENTIALS_FIELD_NUMBER: _ClassVar[int]
+    ACLS_FIELD_NUMBER: _ClassVar[int]
     error_code: int
     error_message: str
     should_shut_down: bool
     metadata: _deltabus_pb2.MetadataResponse
     refresh_logs: _containers.RepeatedCompositeFieldContainer[_deltabus_pb2.TopicPartitions]
     scram_credentials: _containers.RepeatedCompositeFieldContainer[UserScramCredential]
-    def __init__(self, error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., should_shut_down: _Optional[bool] = ..., metadata: _Optional[_Union[_deltabus_pb2.MetadataResponse, _Mapping]] = ..., refresh_logs: _Optional[_Iterable[_Union[_deltabus_pb2.TopicPartitions, _Mapping]]] = ..., scram_credentials: _Optional[_Iterable[_Union[UserScramCredential, _Mapping]]] = ...) -> None: ...
+    acls: _containers.RepeatedCompositeFieldContainer[_deltabus_pb2.AclBinding]
+    def __init__(self, error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., should_shut_down: _Optional[bool] = ..., metadata: _Optional[_Union[_deltabus_pb2.MetadataResponse, _Mapping]] = ..., refresh_logs: _Optional[_Iterable[_Union[_deltabus_pb2.TopicPartitions, _Mapping]]] = ..., scram_credentials: _Optional[_Iterable[_Union[UserScramCredential, _Mapping]]] = ..., acls: _Optional[_Iterable[_Union[_deltabus_pb2.AclBinding, _Mapping]]] = ...) -> None: ...
 
 class UserScramCredential(_message.Message):
     __slots__ = ("name", "mechanism", "salt", "stored_key", "server_key", "iterations")

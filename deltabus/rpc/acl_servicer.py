@@ -1,0 +1,59 @@
+"""gRPC servicer methods of the ACL calls (Kafka's CreateAcls, DescribeAcls, DeleteAcls): decode,
+check the caller, call the handler, encode.
+
+The checks are Kafka's: Create and Delete need ALTER on the cluster, Describe DESCRIBE; a refused
+Create or Delete answers every creation or filter with CLUSTER_AUTHORIZATION_FAILED and changes
+nothing, a refused Describe carries it as the response's error. A broker forwards Create and
+Delete to the controller on the caller's behalf and answers Describe from its own metadata.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from deltabus import errors
+from deltabus.acls import Operation
+from deltabus.cluster.handler import DeltaBusHandler
+from deltabus.rpc import codec, status
+from deltabus.rpc.access import Access
+from deltabus.rpc.v1 import deltabus_pb2 as pb
+
+
+class AclServicerMixin:
+    """The ACL calls of `DeltaBusServicer`; `_handler` is the controller's or a broker's."""
+
+    _handler: DeltaBusHandler
+
+    def _access(self, context: Any) -> Access:  # DeltaBusServicer's
+        raise NotImplementedError
+
+    def CreateAcls(self, request: pb.CreateAclsRequest, context: Any) -> pb.CreateAclsResponse:
+        refusal = self._access(context).cluster(Operation.ALTER)
+        if refusal is not None:
+            return codec.create_acls_response([refusal for _ in request.creations])
+        creations = [codec.acl_creation_from_proto(c) for c in request.creations]
+        try:
+            return codec.create_acls_response(self._handler.create_acls(creations))
+        except errors.DeltaBusError as e:  # the controller could not be asked
+            status.abort(context, e)
+
+    def DescribeAcls(self, request: pb.DescribeAclsRequest,
+                     context: Any) -> pb.DescribeAclsResponse:
+        refusal = self._access(context).cluster(Operation.DESCRIBE)
+        if refusal is not None:
+            return codec.describe_acls_response(refusal)
+        try:
+            return codec.describe_acls_response(
+                self._handler.describe_acls(codec.acl_filter_from_proto(request.filter)))
+        except errors.InvalidRequestError as e:
+            return codec.describe_acls_response(e)
+
+    def DeleteAcls(self, request: pb.DeleteAclsRequest, context: Any) -> pb.DeleteAclsResponse:
+        refusal = self._access(context).cluster(Operation.ALTER)
+        if refusal is not None:
+            return codec.delete_acls_response([refusal for _ in request.filters])
+        filters = [codec.acl_filter_from_proto(f) for f in request.filters]
+        try:
+            return codec.delete_acls_response(self._handler.delete_acls(filters))
+        except errors.DeltaBusError as e:
+            status.abort(context, e)
