@@ -3,6 +3,7 @@
     deltabus cluster start        kafka-server-start.sh
     deltabus topics               kafka-topics.sh
     deltabus configs              kafka-configs.sh (topic configs, users' SCRAM credentials)
+    deltabus acls                 kafka-acls.sh
     deltabus console-producer     kafka-console-producer.sh
     deltabus console-consumer     kafka-console-consumer.sh
     deltabus consumer-groups      kafka-consumer-groups.sh
@@ -28,6 +29,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from deltabus.cli import (
+    acl_command,
     cluster_command,
     config_command,
     console_consumer,
@@ -71,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     cluster_command.add_parser(commands, parent)
     topic_command.add_parser(commands, parent)
     config_command.add_parser(commands, parent)
+    acl_command.add_parser(commands, parent)
     console_producer.add_parser(commands, parent)
     console_consumer.add_parser(commands, parent)
     consumer_groups.add_parser(commands, parent)
