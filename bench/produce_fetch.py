@@ -15,7 +15,8 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 import pyarrow as pa
 from deltalake import write_deltalake
@@ -52,9 +53,10 @@ def straight_write(path: str, values: pa.Table, records: int) -> float:
 
 
 def bulk_produce(bootstrap: str, topic: str, values: pa.Table, records: int,
-                 acks: int | str = 1) -> float:
-    """Records/s of send_batch, from the first call until every chunk is acked."""
-    with Producer(bootstrap, acks=acks) as producer:
+                 acks: int | str = 1, *, security: Mapping[str, Any] | None = None) -> float:
+    """Records/s of send_batch, from the first call until every chunk is acked. `security`:
+    the client's security settings (step (m)), PLAINTEXT without."""
+    with Producer(bootstrap, acks=acks, **(security or {})) as producer:
         producer.send(topic, WARM_UP).get(30)  # metadata and channels outside the timing
         start = time.perf_counter()
         futures = [f for chunk in _chunks(values, records)
@@ -82,11 +84,13 @@ def send_each(bootstrap: str, topic: str, records: int) -> float:
     return records / elapsed
 
 
-def fetch_all(bootstrap: str, topic: str) -> tuple[int, float]:
+def fetch_all(bootstrap: str, topic: str, *, security: Mapping[str, Any] | None = None
+              ) -> tuple[int, float]:
     """(records, records/s) reading the whole topic with poll_batch from offset 0."""
     tp = TopicPartition(topic, 0)
     with Consumer(bootstrap, fetch_max_bytes=cfg.FETCH_MAX_BYTES,
-                  max_partition_fetch_bytes=cfg.FETCH_MAX_BYTES) as consumer:
+                  max_partition_fetch_bytes=cfg.FETCH_MAX_BYTES,
+                  **(security or {})) as consumer:
         consumer.assign([tp])
         consumer.seek_to_beginning(tp)
         end = consumer.end_offsets([tp])[tp]

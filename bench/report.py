@@ -13,12 +13,13 @@ TARGETS = {"bulk_rps": 500_000, "bulk_vs_straight": 0.70, "send_rps": 150_000,
            "fetch_rps": 1_000_000, "latency_p50_ms": 50.0,
            "replicated_vs_bulk": 0.5, "replicated_latency_p99_ms": 150.0,
            "commits_vs_asked": 0.9, "rebalance_s": 3.0, "stream_vs_direct": 0.8,
-           "merged_open_speedup": 1.0, "merged_fetch_speedup": 1.0}
+           "merged_open_speedup": 1.0, "merged_fetch_speedup": 1.0,
+           "sasl_ssl_vs_plaintext": 0.8}
 
 
 def judge(f: dict[str, Any]) -> dict[str, bool]:
-    """PASS/MISS per target."""
-    return {
+    """PASS/MISS per target; step (m)'s only where it ran (the embedded cluster)."""
+    verdicts = {
         "bulk": f["bulk_rps"] >= TARGETS["bulk_rps"]
         and f["bulk_vs_straight"] >= TARGETS["bulk_vs_straight"],
         "send": f["send_rps"] >= TARGETS["send_rps"],
@@ -34,6 +35,11 @@ def judge(f: dict[str, Any]) -> dict[str, bool]:
         "small_files": (f["small_files"]["open_speedup"] >= TARGETS["merged_open_speedup"]
                         and f["small_files"]["fetch_speedup"] >= TARGETS["merged_fetch_speedup"]),
     }
+    if "sasl_ssl" in f:
+        secure = f["sasl_ssl"]
+        verdicts["sasl_ssl"] = (secure["produce_ratio"] >= TARGETS["sasl_ssl_vs_plaintext"]
+                                and secure["fetch_ratio"] >= TARGETS["sasl_ssl_vs_plaintext"])
+    return verdicts
 
 
 def report(f: dict[str, Any], ok: dict[str, bool]) -> str:
@@ -86,6 +92,16 @@ def report(f: dict[str, Any], ok: dict[str, bool]) -> str:
                       f"{k['grpc_produce_rps']:,.0f} rec/s; consume: Kafka client "
                       f"{k['kafka_consume_rps']:,.0f}, gRPC {k['grpc_consume_rps']:,.0f} rec/s"),
                      "reported side by side", ""))
+    if "sasl_ssl" in f:
+        m = f["sasl_ssl"]
+        tls, plain = m["sasl_ssl"], m["plaintext"]
+        rows.append((f"(m) SASL_SSL vs PLAINTEXT, {m['records']:,} rec",
+                     (f"produce {tls['produce_rps']:,.0f} vs {plain['produce_rps']:,.0f} rec/s "
+                      f"({m['produce_ratio']:.0%}); fetch {tls['fetch_rps']:,.0f} vs "
+                      f"{plain['fetch_rps']:,.0f} ({m['fetch_ratio']:.0%}); "
+                      f"{m['mechanism']}, medians of {m['rounds']}"),
+                     f">= {TARGETS['sasl_ssl_vs_plaintext']:.0%} of PLAINTEXT, both",
+                     ok["sasl_ssl"]))
     title = (f"deltabus bench: {f['records']:,} records of {f['value_bytes']} bytes "
              f"(send() {f['send_records']:,}), 1 partition, {f['elapsed_s']:.0f} s")
     lines = [title,

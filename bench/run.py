@@ -18,6 +18,9 @@ a running one), in an order where each step leaves what the next needs:
         log, before and after the log cleaner's small-file compaction (see small_files)
     (l) Kafka's perf-test workload through a Kafka client (confluent-kafka) on the Kafka
         listeners, beside deltabus's gRPC clients, in the same run (see kafka_clients)
+    (m) produce and fetch over SASL_SSL (SCRAM-SHA-256, TLS) on a 2-broker cluster of its own,
+        beside the same over PLAINTEXT on the bench's cluster (see sasl_ssl); only with the
+        embedded cluster, whose Spark session has the task slots for it
 
 Sizes are the README's by default; flags make every step smaller (see sizes). A command line
 argparse rejects exits 2; a step that fails raises, with its traceback: the bench is a
@@ -37,7 +40,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from bench import groups, kafka_clients, small_files, stream_drain
+from bench import groups, kafka_clients, sasl_ssl, small_files, stream_drain
 from bench.produce_fetch import bulk_produce, fetch_all, latency, send_each, straight_write
 from bench.report import TARGETS, judge, report
 from bench.sizes import SEND_RECORDS_MAX, VALUE_BYTES, Sizes
@@ -84,6 +87,11 @@ def build_parser() -> argparse.ArgumentParser:
     size.add_argument("--small-commits", type=int, default=DEFAULT.small_commits,
                       help="small commits before the merge in step (k) "
                            f"(default {DEFAULT.small_commits})")
+    size.add_argument("--secure-records", type=int, default=DEFAULT.secure_records,
+                      help="records produced and fetched per protocol and round in step (m) "
+                           f"(default {DEFAULT.secure_records})")
+    size.add_argument("--secure-rounds", type=int, default=DEFAULT.secure_rounds,
+                      help=f"rounds of step (m) (default {DEFAULT.secure_rounds})")
     return p
 
 
@@ -93,7 +101,8 @@ def sizes_from(args: argparse.Namespace) -> Sizes:
                  latency_run_s=args.latency_run_s, committers=args.committers,
                  commit_run_s=args.commit_run_s, group_members=args.group_members,
                  drain_records=args.drain_records, drain_rounds=args.drain_rounds,
-                 small_commits=args.small_commits)
+                 small_commits=args.small_commits, secure_records=args.secure_records,
+                 secure_rounds=args.secure_rounds)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -111,7 +120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with _bootstrap(args.bootstrap_server, root) as (bootstrap, spark, kafka_bootstrap):
             figures = measure(bootstrap, spark, args.kafka_bootstrap_server or kafka_bootstrap,
-                              root, sizes)
+                              root, sizes, embedded=args.bootstrap_server is None)
         measure_small_files(figures, root, sizes)  # needs no cluster: runs after it stopped
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -143,9 +152,10 @@ def _bootstrap(bootstrap: str | None, root: str) -> Iterator[tuple[str, Any, str
 
 
 def measure(bootstrap: str, spark: Any, kafka_bootstrap: str | None, root: str,
-            sizes: Sizes) -> dict[str, Any]:
-    """The steps on a cluster, (a) to (j) and (l); (l) only with a Kafka listener. Scratch
-    files go under `root`, which the caller removes."""
+            sizes: Sizes, *, embedded: bool = True) -> dict[str, Any]:
+    """The steps on a cluster, (a) to (j), (l) and (m); (l) only with a Kafka listener, (m)
+    only on an `embedded` cluster's Spark session. Scratch files go under `root`, which the
+    caller removes."""
     figures = run_steps(bootstrap, root, sizes)
     with _step(figures["step_s"], "j", "streaming query draining a topic"):
         figures["drain"] = stream_drain.drain_vs_parquet(
@@ -158,7 +168,20 @@ def measure(bootstrap: str, spark: Any, kafka_bootstrap: str | None, root: str,
                 bootstrap, kafka_bootstrap, sizes.send_records, payload(VALUE_BYTES))
     else:
         print("(l) skipped: give --kafka-bootstrap-server with --bootstrap-server")
+    if embedded:
+        with _step(figures["step_s"], "m", "produce and fetch, SASL_SSL beside PLAINTEXT"):
+            figures["sasl_ssl"] = sasl_ssl.sasl_ssl_vs_plaintext(
+                spark, bootstrap, root, _values(sizes.secure_records), sizes.secure_records,
+                sizes.secure_rounds)
+    else:
+        print("(m) skipped: it starts a cluster of its own, on the embedded run's Spark")
     return figures
+
+
+def _values(records: int) -> pa.Table:
+    """One produce chunk of distinct random values (see run_steps)."""
+    rows = max(1, min(records, BULK_CHUNK_BYTES // VALUE_BYTES))
+    return pa.table({"value": random_values(rows, VALUE_BYTES)})
 
 
 def measure_small_files(figures: dict[str, Any], root: str, sizes: Sizes) -> None:

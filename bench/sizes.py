@@ -26,6 +26,8 @@ class Sizes:
     drain_records: int = 10_000_000  # (j): the topic the streaming query drains
     drain_rounds: int = 3  # (j): timed rounds, after one warm-up round
     small_commits: int = 10_000  # (k): commits of 10 records before the merge
+    secure_records: int = 300_000  # (m): produced and fetched per protocol and round
+    secure_rounds: int = 3  # (m): rounds, alternating PLAINTEXT and SASL_SSL
 
     def check(self) -> list[str]:
         """What is out of range, one line each (empty when every knob is usable)."""
@@ -34,7 +36,9 @@ class Sizes:
                   "group-members": (self.group_members, 2),  # one leaves, one takes over
                   "drain-records": (self.drain_records, 1),
                   "drain-rounds": (self.drain_rounds, 1),
-                  "small-commits": (self.small_commits, 2)}  # a merge needs two files
+                  "small-commits": (self.small_commits, 2),  # a merge needs two files
+                  "secure-records": (self.secure_records, 1),
+                  "secure-rounds": (self.secure_rounds, 1)}
         wrong = [f"--{name} must be at least {least}"
                  for name, (value, least) in counts.items() if value < least]
         wrong += [f"--{name} must be more than 0" for name, value in

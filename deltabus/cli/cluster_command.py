@@ -14,6 +14,7 @@ import threading
 from typing import Any
 
 from deltabus import config as cfg
+from deltabus.cli import broker_security
 from deltabus.cli.options import CliError, split_host_port
 from deltabus.cluster.cluster import Cluster, local_spark
 
@@ -35,6 +36,7 @@ def add_parser(subparsers: argparse._SubParsersAction, parent: argparse.Argument
     s.add_argument("--kafka-port", type=int, default=None,
                    help="Kafka protocol bootstrap port; broker b listens on it + 1 + b "
                         "(default: $DELTABUS_KAFKA_PORT or 9092; 0: any free ports; -1: none)")
+    broker_security.add_arguments(s)
     s.set_defaults(func=start)
 
 
@@ -69,24 +71,23 @@ def start(args: argparse.Namespace) -> int:
         raise CliError(f"--brokers must be at least 1, not {args.brokers}")
     if not 0 < port < 65536:
         raise CliError(f"--port must be in 1..65535, not {port}")
+    security = broker_security.cluster_settings(args)  # checked before Spark starts
+    users = broker_security.scram_users(args)
     spark = spark_session(args.master) if args.master else local_spark(args.brokers + 2)
     spark.sparkContext.setLogLevel(SPARK_LOG_LEVEL)
     try:
         try:
             kafka = {} if args.kafka_port is None else {"kafka_port": args.kafka_port}
             cluster = Cluster(spark, root=args.root, brokers=args.brokers, port=port,
-                              host=host, **kafka).start()
+                              host=host, **kafka, **security).start()
         except (TimeoutError, ValueError) as e:
             raise CliError(str(e)) from None
-        print(f"deltabus cluster started: bootstrap {cluster.bootstrap_servers}, "
-              f"{args.brokers} brokers, data under {cluster.config.root}", flush=True)
-        if cluster.config.kafka_port >= 0:
-            print(f"Kafka clients: bootstrap.servers={cluster.kafka_bootstrap_servers}",
-                  flush=True)
-        if cluster.spark_ui_url:
-            print(f"Spark UI: {cluster.spark_ui_url}", flush=True)
-        print("Press Ctrl-C to stop.", flush=True)
         try:
+            for user in users:  # before clients are told where to connect
+                cluster.add_scram_user(user.name, user.password, mechanism=user.mechanism,
+                                       iterations=user.iterations)
+                print(f"Added {user.mechanism} credential for user {user.name}", flush=True)
+            _announce(cluster, args.brokers, broker_security.describe(security))
             _serve_until_signalled()
         finally:
             spark.sparkContext.setLogLevel("ERROR")  # cancelled broker tasks are expected now
@@ -95,6 +96,19 @@ def start(args: argparse.Namespace) -> int:
         spark.stop()
     print("deltabus cluster stopped", flush=True)
     return 0
+
+
+def _announce(cluster: Cluster, brokers: int, security: str | None) -> None:
+    print(f"deltabus cluster started: bootstrap {cluster.bootstrap_servers}, "
+          f"{brokers} brokers, data under {cluster.config.root}", flush=True)
+    if cluster.config.kafka_port >= 0:
+        print(f"Kafka clients: bootstrap.servers={cluster.kafka_bootstrap_servers}",
+              flush=True)
+    if security:
+        print(security, flush=True)
+    if cluster.spark_ui_url:
+        print(f"Spark UI: {cluster.spark_ui_url}", flush=True)
+    print("Press Ctrl-C to stop.", flush=True)
 
 
 def _serve_until_signalled() -> None:

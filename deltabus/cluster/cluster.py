@@ -1,11 +1,12 @@
 """`Cluster`: a deltabus cluster inside a Spark application. Runs on the driver.
 
-The controller runs in the driver and serves the bootstrap address. Each broker is its own Spark job
-of one long-running task (job group `deltabus-broker-N`, shown as "deltabus broker N" in the Spark
-UI), watched by a supervisor thread: when the task dies (its process killed, its executor lost) or
-the controller fences the broker for missed heartbeats, the supervisor launches it again, and the
-new broker reopens its partitions from Delta. One broker per job means one broker failing never
-fails the others, whatever the master (`local[N]`, `local-cluster[...]`, standalone, Databricks).
+The controller runs in the driver and serves the bootstrap address. Each broker is its own Spark
+job of one long-running task (job group `deltabus-broker-N-<this cluster's tag>`, shown as
+"deltabus broker N" in the Spark UI), watched by a supervisor thread: when the task dies (its
+process killed, its executor lost) or the controller fences the broker for missed heartbeats, the
+supervisor launches it again, and the new broker reopens its partitions from Delta. One broker
+per job means one broker failing never fails the others, whatever the master (`local[N]`,
+`local-cluster[...]`, standalone, Databricks).
 
 Thread-safe: `start` and `stop` are meant for one thread; the rest may be called from any.
 """
@@ -20,6 +21,7 @@ import signal
 import sys
 import threading
 import time
+import uuid
 from typing import Any
 
 from deltabus import config as cfg
@@ -97,6 +99,7 @@ class Cluster:
         self._kafka: KafkaListener | None = None
         self._threads: list[threading.Thread] = []
         self._stopping = threading.Event()
+        self._tag = uuid.uuid4().hex[:8]  # this cluster's, in its Spark job group names
         self.port = port
         self.relaunches: dict[int, int] = {b: 0 for b in range(brokers)}
         # A broker whose event is clear stays down after its task ends, until start_broker.
@@ -186,7 +189,7 @@ class Cluster:
         sc = self.spark.sparkContext
         spec = BrokerSpec(broker_id, f"{self.config.host}:{self.port}", self.config,
                           self.kafka_bootstrap_servers if self._kafka is not None else "")
-        group = f"deltabus-broker-{broker_id}"
+        group = self._broker_group(broker_id)
         while not self._stopping.is_set():
             sc.setJobGroup(group, f"deltabus broker {broker_id}", interruptOnCancel=True)
             try:
@@ -220,7 +223,7 @@ class Cluster:
         tasks = self.controller.catch_up_tasks(broker_id)
         if not tasks:
             return
-        group = f"deltabus-catch-up-broker-{broker_id}"
+        group = f"deltabus-catch-up-broker-{broker_id}-{self._tag}"
         done = threading.Event()
 
         def run() -> None:
@@ -242,11 +245,16 @@ class Cluster:
                 done.wait(10)  # the job ends once its tasks are killed
                 return
 
+    def _broker_group(self, broker_id: int) -> str:
+        """Broker `broker_id`'s Spark job group: this cluster's own, so cancelling it (a fence,
+        a stop) never touches another cluster's broker of the same id on the same session."""
+        return f"deltabus-broker-{broker_id}-{self._tag}"
+
     def _cancel_broker(self, broker_id: int) -> None:
         """Called when the controller fences a broker: end its task so the supervisor relaunches
         it (a hung broker must not keep its partitions)."""
         if not self._stopping.is_set():
-            self.spark.sparkContext.cancelJobGroup(f"deltabus-broker-{broker_id}")
+            self.spark.sparkContext.cancelJobGroup(self._broker_group(broker_id))
 
     def _check_sessions_loop(self) -> None:
         """Fence silent brokers; now and then, hand leadership back to preferred replicas."""
@@ -380,7 +388,7 @@ class Cluster:
         sc = self.spark.sparkContext
         for broker_id in range(self.config.brokers):
             if any(t.is_alive() for t in self._threads):
-                sc.cancelJobGroup(f"deltabus-broker-{broker_id}")
+                sc.cancelJobGroup(self._broker_group(broker_id))
         if self._server is not None:
             self._server.stop(grace=1).wait(5)
         if self._kafka is not None:

@@ -133,6 +133,7 @@ class ScramExchange(SaslExchange):
                 self._server.set_client_first(text)
                 return self._server.get_server_first().encode()
             if self._round == 2:
+                self._accept_a_repeated_client_nonce(text)
                 self._server.set_client_final(text)
                 answer = self._server.get_server_final().encode()
                 self.principal = user(self._name)
@@ -140,6 +141,17 @@ class ScramExchange(SaslExchange):
         except (scramp.ScramException, UnicodeDecodeError, ValueError):
             raise _failed(self.mechanism) from None
         raise errors.IllegalSaslStateError(f"the {self.mechanism} exchange is already complete")
+
+    def _accept_a_repeated_client_nonce(self, client_final: str) -> None:
+        """librdkafka 2.0 (kcat's, on Debian 12) puts its own nonce again in front of the
+        server-first nonce in client-final. Kafka's ScramSaslServer takes any client-final
+        nonce that ends with the server-first one, and so does this: the proof is computed over
+        the message as sent, so it binds this server nonce all the same. scramp checks for
+        equality, so it is given the longer nonce to compare with."""
+        sent = next((p[2:] for p in client_final.split(",") if p.startswith("r=")), "")
+        nonce = str(self._server.nonce)
+        if sent != nonce and sent.endswith(nonce):
+            self._server.nonce = scramp.core.Nonce(sent)
 
 
 def _scram_user(client_first: str) -> str:

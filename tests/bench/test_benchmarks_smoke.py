@@ -1,7 +1,7 @@
 """Smoke tests of `make bench`: every step runs, with tiny sizes, and gives figures of the
 expected shape, so a change cannot break the bench unnoticed.
 
-One run of every step, (a) to (l), against the session's shared cluster and Spark (what
+One run of every step, (a) to (m), against the session's shared cluster and Spark (what
 `make bench` does against its embedded cluster), in a few seconds; each benchmark's figures are
 then checked by a test of their own. Figures of so small a run mean nothing: the tests check
 that each is there and positive, and the counts that must hold whatever the machine.
@@ -17,12 +17,12 @@ from typing import Any
 import pytest
 
 from bench import run
-from bench.report import TARGETS
+from bench.report import TARGETS, judge, report
 from bench.sizes import VALUE_BYTES, Sizes
 
 TINY = Sizes(records=2_000, send_records=200, latency_run_s=0.3, committers=3,
              commit_run_s=0.5, group_members=3, drain_records=2_000, drain_rounds=1,
-             small_commits=5)
+             small_commits=5, secure_records=500, secure_rounds=1)
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +43,7 @@ def positive(section: dict[str, Any], *keys: str) -> None:
 
 
 def test_every_step_ran_and_took_time(figures: dict[str, Any]) -> None:
-    assert sorted(figures["step_s"]) == list("abcdefghijkl")
+    assert sorted(figures["step_s"]) == list("abcdefghijklm")
     positive(figures["step_s"], *figures["step_s"])
     assert (figures["records"], figures["send_records"], figures["value_bytes"]) == (
         TINY.records, TINY.send_records, VALUE_BYTES)
@@ -100,6 +100,25 @@ def test_kafka_clients(figures: dict[str, Any]) -> None:
     assert kafka["records"] == TINY.send_records
 
 
+def test_sasl_ssl_beside_plaintext(figures: dict[str, Any]) -> None:
+    secure = figures["sasl_ssl"]
+    for protocol in ("plaintext", "sasl_ssl"):
+        positive(secure[protocol], "produce_rps", "fetch_rps")
+    positive(secure, "produce_ratio", "fetch_ratio")
+    assert secure["produce_ratio"] == pytest.approx(
+        secure["sasl_ssl"]["produce_rps"] / secure["plaintext"]["produce_rps"])
+    assert (secure["records"], secure["rounds"], secure["mechanism"], secure["brokers"]) == (
+        TINY.secure_records, TINY.secure_rounds, "SCRAM-SHA-256", 2)
+
+
+def test_step_m_is_judged_only_where_it_ran(figures: dict[str, Any]) -> None:
+    """With --bootstrap-server there is no embedded Spark session to start (m)'s cluster on."""
+    remote = {key: value for key, value in figures.items() if key != "sasl_ssl"}
+    verdicts = judge(remote)
+    assert "sasl_ssl" not in verdicts
+    assert "(m) " not in report(remote, verdicts)
+
+
 def test_results_json_and_report(figures: dict[str, Any], tmp_path: pathlib.Path,
                                  capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "bench" / "results.json"
@@ -109,10 +128,10 @@ def test_results_json_and_report(figures: dict[str, Any], tmp_path: pathlib.Path
     assert written["pass"] == verdicts
     assert set(verdicts) == {"bulk", "send", "fetch", "latency", "replicated",
                              "replicated_latency", "commits", "rebalance", "drain",
-                             "small_files"}
+                             "small_files", "sasl_ssl"}
     assert written["drain"]["records"] == TINY.drain_records
     table = capsys.readouterr().out
-    for letter in "abcdefghijkl":
+    for letter in "abcdefghijklm":
         assert f"({letter}) " in table
     assert f"figures written to {path}" in table
 
@@ -127,7 +146,8 @@ def test_tiny_flags_make_tiny_sizes() -> None:
     args = run.build_parser().parse_args(
         ["--records", "2000", "--send-records", "200", "--latency-run-s", "0.3",
          "--committers", "3", "--commit-run-s", "0.5", "--group-members", "3",
-         "--drain-records", "2000", "--drain-rounds", "1", "--small-commits", "5"])
+         "--drain-records", "2000", "--drain-rounds", "1", "--small-commits", "5",
+         "--secure-records", "500", "--secure-rounds", "1"])
     assert run.sizes_from(args) == TINY
     assert run.sizes_from(run.build_parser().parse_args(["--records", "50"])).send_records == 50
 
@@ -138,6 +158,7 @@ def test_tiny_flags_make_tiny_sizes() -> None:
     (["--group-members", "1"], "--group-members must be at least 2"),
     (["--small-commits", "1"], "--small-commits must be at least 2"),
     (["--latency-run-s", "0"], "--latency-run-s must be more than 0"),
+    (["--secure-rounds", "0"], "--secure-rounds must be at least 1"),
 ])
 def test_sizes_out_of_range_exit_2_before_anything_starts(
         argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:

@@ -255,6 +255,7 @@ class FakeCluster:
                             group_initial_rebalance_delay_ms=0))
         self._servers: list[grpc.Server] = []
         self._kafka_listeners: list[KafkaListener] = []
+        self.kafka_coordinator: str | None = None  # host:port, once serve_kafka opened it
         self.brokers: list[BrokerEndpoint] = []
         for broker_id in range(brokers):
             secured = ({"security": security, "credentials": credentials}
@@ -286,11 +287,18 @@ class FakeCluster:
     def serve_kafka(self, broker_id: int, *, security: cfg.ListenerSecurity | None = None,
                     credentials: CredentialLookup | None = None) -> str:
         """Put the real Kafka door in front of broker `broker_id` (metadata then lists its
-        Kafka port); returns its host:port. Broker 0's door has the group coordinator."""
+        Kafka port); returns its host:port. The first call also opens the group coordinator's
+        door, on a port of its own as a real cluster's is (the controller's listener): a
+        coordinator sharing a broker's address under another node id sends librdkafka 2.0 and
+        KafkaJS astray (each maps one address to one node)."""
+        secured = {"security": security or cfg.ListenerSecurity(), "credentials": credentials}
+        if self.kafka_coordinator is None:
+            door = KafkaListener(HOST, 0, FakeBroker(self, 0), groups=self.coordinator,
+                                 **secured).start()
+            self._kafka_listeners.append(door)
+            self.kafka_coordinator = f"{HOST}:{door.port}"
         listener = KafkaListener(HOST, 0, FakeBroker(self, broker_id),
-                                 groups=self.coordinator if broker_id == 0 else None,
-                                 security=security or cfg.ListenerSecurity(),
-                                 credentials=credentials).start()
+                                 coordinator=self.kafka_coordinator, **secured).start()
         self._kafka_listeners.append(listener)
         with self._changed:
             self.brokers[broker_id] = replace(self.brokers[broker_id], kafka_port=listener.port)

@@ -26,22 +26,34 @@ INSTALL_HINT = ("install Node.js (Debian/Ubuntu: apt-get install -y nodejs npm) 
 
 def run_node(cluster, script: str, *args: str, timeout_s: float = 45) -> list[dict]:
     """Run one of tests/kafka/node's scripts; its JSON output lines, KafkaJS's own logs left out."""
+    done = run_node_at(cluster.kafka_bootstrap_servers, script, *args, timeout_s=timeout_s)
+    assert done.returncode == 0, (f"node {script} {' '.join(args)} exited {done.returncode}\n"
+                                  f"stdout:\n{done.stdout}\nstderr:\n{done.stderr}")
+    return json_lines(done.stdout)
+
+
+def run_node_at(bootstrap: str, script: str, *args: str, env: dict[str, str] | None = None,
+                timeout_s: float = 45) -> subprocess.CompletedProcess[str]:
+    """Run one of tests/kafka/node's scripts against `bootstrap`, with `env` added to its
+    environment (the security settings security.js reads); it may fail."""
     node = shutil.which("node")
     if node is None:
         pytest.fail(f"`node` is not on PATH, so KafkaJS cannot run: {INSTALL_HINT}")
     if not (NODE_DIR / "node_modules" / "kafkajs" / "package.json").is_file():
         pytest.fail(f"KafkaJS is not installed in {NODE_DIR}/node_modules: {INSTALL_HINT}")
-    env = dict(os.environ, KAFKA_BROKERS=cluster.kafka_bootstrap_servers,
-               KAFKAJS_NO_PARTITIONER_WARNING="1")
+    full_env = dict(os.environ, KAFKA_BROKERS=bootstrap, KAFKAJS_NO_PARTITIONER_WARNING="1",
+                    **(env or {}))
     try:
-        done = subprocess.run([node, script, *args], cwd=NODE_DIR, env=env, capture_output=True,
-                              text=True, timeout=timeout_s, check=False)
+        return subprocess.run([node, script, *args], cwd=NODE_DIR, env=full_env,
+                              capture_output=True, text=True, timeout=timeout_s, check=False)
     except subprocess.TimeoutExpired as e:
         raise AssertionError(f"node {script} {' '.join(args)} timed out after {timeout_s} s\n"
                              f"stdout:\n{e.stdout}\nstderr:\n{e.stderr}") from e
-    assert done.returncode == 0, (f"node {script} {' '.join(args)} exited {done.returncode}\n"
-                                  f"stdout:\n{done.stdout}\nstderr:\n{done.stderr}")
-    lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+
+
+def json_lines(stdout: str) -> list[dict]:
+    """A script's JSON output lines, KafkaJS's own log lines left out."""
+    lines = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
     return [line for line in lines if line.get("logger") != "kafkajs"]
 
 

@@ -19,13 +19,23 @@ FORMAT = "%k:%s:%p:%o\\n"  # key:value:partition:offset
 
 
 def kcat(cluster, *args: str, stdin: str | None = None, timeout_s: float = 20) -> str:
-    """Run kcat against the cluster's Kafka bootstrap; its standard output. One still running
+    """Run kcat against the cluster's Kafka bootstrap; its standard output (it must exit 0)."""
+    cmd, returncode, out, err = run_kcat(cluster.kafka_bootstrap_servers, *args, stdin=stdin,
+                                         timeout_s=timeout_s)
+    assert returncode == 0, (f"{' '.join(cmd)} exited {returncode}\n"
+                             f"stdout:\n{out}\nstderr:\n{err[:3000]}")
+    return out
+
+
+def run_kcat(bootstrap: str, *args: str, stdin: str | None = None, timeout_s: float = 20
+             ) -> tuple[list[str], int, str, str]:
+    """Run kcat against `bootstrap`: (command, exit code, stdout, stderr). One still running
     after `timeout_s` is stopped as Ctrl-C would (SIGTERM, so it flushes) and the test fails."""
     exe = shutil.which("kcat")
     if exe is None:
         pytest.fail("kcat is not installed, so librdkafka's client cannot be tested: install it "
                     "(Debian/Ubuntu: apt-get install -y kcat; `make setup` does when it can)")
-    cmd = [exe, "-b", cluster.kafka_bootstrap_servers, *args]
+    cmd = [exe, "-b", bootstrap, *args]
     with subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, text=True) as proc:
         try:
@@ -35,9 +45,7 @@ def kcat(cluster, *args: str, stdin: str | None = None, timeout_s: float = 20) -
             out, err = proc.communicate(timeout=10)
             raise AssertionError(f"{' '.join(cmd)} still ran after {timeout_s} s\n"
                                  f"stdout:\n{out}\nstderr:\n{err[:3000]}") from None
-    assert proc.returncode == 0, (f"{' '.join(cmd)} exited {proc.returncode}\n"
-                                  f"stdout:\n{out}\nstderr:\n{err[:3000]}")
-    return out
+    return cmd, proc.returncode, out, err
 
 
 def parse(lines: str) -> list[tuple[int, int, str, str]]:

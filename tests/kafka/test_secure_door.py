@@ -167,6 +167,7 @@ def test_requests_before_authentication_and_garbage_close_only_their_connection(
     cases = [
         _frame(3, 1, metadata_v1_all_topics),  # Metadata before any SASL
         _frame(17, 1, struct.pack(">h", 6) + b"GSSAPI"),  # an unknown mechanism
+        _frame(17, 0, struct.pack(">h", 5) + b"PLAIN"),  # v0: raw tokens would follow
         _frame(36, 0, struct.pack(">i", 5) + b"\x00\x01\x02\x03\x04"),  # no handshake first
         struct.pack(">i", 12) + b"\xff" * 12,  # not a request at all
         struct.pack(">i", 1 << 30),  # a frame far over socket.request.max.bytes

@@ -16,9 +16,11 @@ from deltabus.rpc.authentication import Authenticator, SaslExchange
 from deltabus.rpc.kafka.frames import error_code, load_response_schema, make
 
 SASL_HANDSHAKE, SASL_AUTHENTICATE, API_VERSIONS = 17, 36, 18
-# v0 of SaslHandshake sends raw tokens outside Kafka's framing: current clients use v1 with
-# SaslAuthenticate.
-SUPPORTED: dict[int, tuple[int, int]] = {SASL_HANDSHAKE: (1, 1), SASL_AUTHENTICATE: (0, 2)}
+# SaslHandshake is advertised from v0, as Kafka's broker does: librdkafka before 2.x (kcat's, on
+# Debian) uses SASL only where the advertised range takes in v0, though it then sends v1. A v0
+# handshake itself is refused and its connection closed: v0 sends the tokens raw, outside
+# Kafka's framing, and deltabus reads only SaslAuthenticate (v1 on).
+SUPPORTED: dict[int, tuple[int, int]] = {SASL_HANDSHAKE: (0, 1), SASL_AUTHENTICATE: (0, 2)}
 
 
 @dataclass
@@ -42,7 +44,10 @@ def handshake(version: int, request: Any, session: KafkaSession,
     cls = load_response_schema(SASL_HANDSHAKE, version)
     enabled = authenticator.mechanisms if authenticator is not None else ()
     error: errors.DeltaBusError | None = None
-    if authenticator is None or not session.sasl_required:
+    if version == 0:
+        error = errors.UnsupportedVersionError(
+            "SaslHandshake v0 (raw SASL tokens) is not supported: use v1 with SaslAuthenticate")
+    elif authenticator is None or not session.sasl_required:
         error = errors.IllegalSaslStateError("this listener does not use SASL")
     elif session.authenticated or session.exchange is not None:
         error = errors.IllegalSaslStateError("SASL handshake already done on this connection")

@@ -9,7 +9,10 @@
 // read, disconnects (leaving the group) and exits 0. Exits 1 if COUNT did not arrive within
 // TIMEOUT_MS (default 30000). KafkaJS's own log lines go to the same stdout as JSON with
 // "logger":"kafkajs".
+// TLS and SASL, where a test asks for them, come from KAFKA_SECURITY_PROTOCOL and the other
+// variables security.js reads.
 const { Kafka } = require("kafkajs");
+const { securityFromEnv } = require("./security");
 
 const [topic, groupId, countArg, timeoutArg] = process.argv.slice(2);
 const count = Number(countArg);
@@ -22,6 +25,7 @@ if (!topic || !groupId || !(count > 0)) {
 const kafka = new Kafka({
   clientId: "my-app",
   brokers: (process.env.KAFKA_BROKERS || "localhost:9092").split(","),
+  ...securityFromEnv(),
 });
 
 const consumer = kafka.consumer({ groupId });

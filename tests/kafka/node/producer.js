@@ -8,7 +8,10 @@
 // RecordMetadata per partition written, as JSON lines:
 //   {"topicName":"t","partition":0,"errorCode":0,"baseOffset":"0",...}
 // KafkaJS's own log lines go to the same stdout as JSON with "logger":"kafkajs".
+// TLS and SASL, where a test asks for them, come from KAFKA_SECURITY_PROTOCOL and the other
+// variables security.js reads.
 const { Kafka } = require("kafkajs");
+const { securityFromEnv } = require("./security");
 
 const [topic, ...pairs] = process.argv.slice(2);
 if (!topic || pairs.length === 0) {
@@ -23,6 +26,7 @@ const messages = pairs.map((pair) => {
 const kafka = new Kafka({
   clientId: "my-app",
   brokers: (process.env.KAFKA_BROKERS || "localhost:9092").split(","),
+  ...securityFromEnv(),
 });
 
 const producer = kafka.producer();
