@@ -16,7 +16,7 @@ import argparse
 import re
 
 from deltabus import errors, scram
-from deltabus.cli.options import CliError
+from deltabus.cli.options import CliError, admin_settings
 from deltabus.client.admin import (
     AdminClient,
     ScramCredentialInfo,
@@ -33,7 +33,7 @@ def describe(args: argparse.Namespace) -> int:
     """One line per user, on stdout as kafka-configs prints them (a user without credentials
     too, with its error): mechanisms and iteration counts, never salts or keys."""
     users = [args.entity_name] if args.entity_name else None
-    with AdminClient(args.bootstrap_server) as admin:
+    with AdminClient(args.bootstrap_server, **admin_settings(args)) as admin:
         results = admin.describe_user_scram_credentials(users)
     for user, result in results.items():
         if isinstance(result, errors.DeltaBusError):
@@ -65,7 +65,7 @@ def alter(args: argparse.Namespace, added: list[tuple[str, str]], deleted: list[
         iterations, password = _credential(mechanism, value)
         alterations.append(UserScramCredentialUpsertion(
             user, ScramCredentialInfo(mechanism, iterations), password))
-    with AdminClient(args.bootstrap_server) as admin:
+    with AdminClient(args.bootstrap_server, **admin_settings(args)) as admin:
         error = admin.alter_user_scram_credentials(alterations).get(user)
     if error is not None:
         raise error

@@ -178,9 +178,13 @@ def test_the_tools_talk_sasl_ssl_with_the_command_config(
     assert "readers" in out and "payments" in out
     rc, out, err = run(capsys, "topics", "--list", "--command-config", str(config), *common)
     assert (rc, out.split()) == (0, ["payments"]), err
+    rc, out, err = run(capsys, "configs", "--describe", "--entity-type", "users",
+                       "--entity-name", "alice", "--command-config", str(config), *common)
+    assert rc == 0 and "alice" in out, err  # the fake has no users: Kafka's "Error retrieving"
     calls = recorder.seen()
     assert {"CreateTopics", "Produce", "Fetch", "JoinGroup", "OffsetCommit",
-            "DescribeGroups", "Metadata"} <= {c.method for c in calls}
+            "DescribeGroups", "Metadata", "DescribeUserScramCredentials"} <= {
+        c.method for c in calls}
     assert {c.transport for c in calls} == {b"ssl"}
     assert [c.method for c in calls if c.header(AUTHORIZATION_KEY) != [BASIC]] == []
 

@@ -56,8 +56,10 @@ from deltabus.metadata import (
     MetadataImage,
     NewTopic,
     PartitionState,
+    ScramDescriptions,
     TopicResult,
     TopicState,
+    describe_scram_credentials,
     new_topic_id,
 )
 from deltabus.offsets.group_coordinator import GroupCoordinator
@@ -699,6 +701,10 @@ class FakeBroker:
 
     def authorizer(self) -> Authorizer | None:
         return self._cluster.authorizer
+
+    def describe_user_scram_credentials(self, users: list[str] | None) -> ScramDescriptions:
+        """The fake keeps no users: every named one is RESOURCE_NOT_FOUND."""
+        return describe_scram_credentials({}, users)
 
     def create_topics(self, topics: list[NewTopic], *, timeout_ms: int,
                       validate_only: bool) -> list[TopicResult]:
