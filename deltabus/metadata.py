@@ -200,6 +200,9 @@ class MetadataImage:
     scram_credentials: ScramCredentials = field(default_factory=dict, repr=False)
     # The ACLs (Kafka's AclsImage): brokers authorize requests against them.
     acls: tuple[AclBinding, ...] = ()
+    # The key producer ids are bound to principals with (cluster/producer_id_control.py):
+    # brokers check a producer's id with it. Like the credentials, never in a client's answer.
+    producer_id_key: bytes = field(default=b"", repr=False)
 
     def broker(self, broker_id: int) -> BrokerEndpoint | None:
         return next((b for b in self.brokers if b.broker_id == broker_id), None)

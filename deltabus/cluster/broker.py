@@ -44,6 +44,7 @@ from deltabus.acls import (
 )
 from deltabus.cluster.handler import FetchResult, FetchSpec
 from deltabus.cluster.partition import Partition
+from deltabus.cluster.producer_id_control import issued_to
 from deltabus.cluster.replica_fetcher import ReplicaFetcher
 from deltabus.log_tables.layout import replica_path
 from deltabus.log_tables.partition_log import (
@@ -65,6 +66,7 @@ from deltabus.metadata import (
     describe_scram_credentials,
     empty_image,
 )
+from deltabus.principal import ANONYMOUS, KafkaPrincipal
 from deltabus.records import CREATE_TIME, LOG_APPEND_TIME, ProducerState
 from deltabus.rpc.controller_channel import ControllerChannel
 from deltabus.rpc.kafka.listener import KafkaListener
@@ -465,8 +467,13 @@ class Broker:
             result.error = e
         return result
 
-    def init_producer_id(self, transactional_id: str = "") -> tuple[int, int]:
+    def init_producer_id(self, transactional_id: str = "",
+                         principal: KafkaPrincipal = ANONYMOUS) -> tuple[int, int]:
+        """Forwarded to the controller, which hears `principal` from the forwarded call."""
         return self._controller.init_producer_id(transactional_id)
+
+    def producer_id_issued_to(self, producer_id: int, principal: KafkaPrincipal) -> bool:
+        return issued_to(producer_id, principal, self._image.producer_id_key)
 
     def elect_leaders(self, election_type: str, partitions: list[tuple[str, int]] | None
                       ) -> dict[tuple[str, int], errors.DeltaBusError | None]:

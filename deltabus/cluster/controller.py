@@ -26,6 +26,7 @@ handlers' invariants on leaders and ISRs are in `replication_control`).
 from __future__ import annotations
 
 import logging
+import secrets
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -63,6 +64,7 @@ from deltabus.cluster.metadata_records import (
     ConfigRecord,
     FenceBrokerRecord,
     MetadataRecord,
+    ProducerIdKeyRecord,
     RemoveAccessControlEntryRecord,
     RemoveUserScramCredentialRecord,
     UserScramCredentialRecord,
@@ -83,6 +85,7 @@ from deltabus.metadata import (
     describe_scram_credentials,
     new_cluster_id,
 )
+from deltabus.principal import ANONYMOUS, KafkaPrincipal
 from deltabus.records import ProducerState
 from deltabus.scram import ScramCredential
 
@@ -118,6 +121,9 @@ class Controller:
         if not self._state.cluster_id:
             with self._lock:
                 self._commit([ClusterIdRecord(new_cluster_id())])
+        if config.authorizer and not self._state.producer_id_key:  # ids are bound: a key
+            with self._lock:
+                self._commit([ProducerIdKeyRecord(secrets.token_bytes(32))])
 
     # ---- metadata ----------------------------------------------------------------------------
 
@@ -152,7 +158,8 @@ class Controller:
                                             self._state.brokers.live_endpoints(),
                                             self._state.topic_states(), self._config.root,
                                             self._state.scram_credentials_copy(),
-                                            self._state.acls_image())
+                                            self._state.acls_image(),
+                                            self._state.producer_id_key)
             return self._image
 
     # ---- topics ------------------------------------------------------------------------------
@@ -337,17 +344,25 @@ class Controller:
 
     # ---- producer ids ------------------------------------------------------------------------
 
-    def init_producer_id(self, transactional_id: str = "") -> tuple[int, int]:
+    def init_producer_id(self, transactional_id: str = "",
+                         principal: KafkaPrincipal = ANONYMOUS) -> tuple[int, int]:
         """A new producer id (epoch 0), or for a transactional id the one it always has. Ids are
         reserved in blocks in the metadata log, so a restarted controller never hands out an id
-        twice."""
+        twice. With an authorizer the id is bound to `principal` (producer_id_control.bind)."""
+        bound = self._config.authorizer
         with self._lock:
             result = producer_id_control.init_producer_id(
-                self._state, self._next_producer_id, transactional_id)
+                self._state, self._next_producer_id, transactional_id, principal=principal,
+                bound=bound)
             self._commit(result.records)  # not cluster metadata brokers need: no new version
             producer_id, _ = result.response
-            self._next_producer_id = max(self._next_producer_id, producer_id + 1)
+            counter = producer_id >> producer_id_control.TAG_BITS if bound else producer_id
+            self._next_producer_id = max(self._next_producer_id, counter + 1)
             return result.response
+
+    def producer_id_issued_to(self, producer_id: int, principal: KafkaPrincipal) -> bool:
+        return producer_id_control.issued_to(producer_id, principal,
+                                             self._state.producer_id_key)
 
     # ---- brokers -----------------------------------------------------------------------------
 
@@ -676,8 +691,12 @@ class ControllerHandler:
                                 leader_epoch: int) -> tuple[int, int]:
         raise self._not_leader(topic, partition)
 
-    def init_producer_id(self, transactional_id: str = "") -> tuple[int, int]:
-        return self._controller.init_producer_id(transactional_id)
+    def init_producer_id(self, transactional_id: str = "",
+                         principal: KafkaPrincipal = ANONYMOUS) -> tuple[int, int]:
+        return self._controller.init_producer_id(transactional_id, principal)
+
+    def producer_id_issued_to(self, producer_id: int, principal: KafkaPrincipal) -> bool:
+        return self._controller.producer_id_issued_to(producer_id, principal)
 
     def elect_leaders(self, election_type: str, partitions: list[tuple[str, int]] | None
                       ) -> dict[tuple[str, int], errors.DeltaBusError | None]:

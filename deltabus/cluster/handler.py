@@ -27,6 +27,7 @@ from deltabus.metadata import (
     ScramDescriptions,
     TopicResult,
 )
+from deltabus.principal import ANONYMOUS, KafkaPrincipal
 from deltabus.records import ProducerState
 from deltabus.scram import ScramCredential
 
@@ -89,7 +90,15 @@ class DeltaBusHandler(Protocol):
         """(epoch, end offset): where `leader_epoch` ends in the leader's log, or (-1, -1)."""
         ...
 
-    def init_producer_id(self, transactional_id: str = "") -> tuple[int, int]: ...
+    def init_producer_id(self, transactional_id: str = "",
+                         principal: KafkaPrincipal = ANONYMOUS) -> tuple[int, int]:
+        """Kafka's InitProducerId for `principal` (with an authorizer, the id is bound to it)."""
+        ...
+
+    def producer_id_issued_to(self, producer_id: int, principal: KafkaPrincipal) -> bool:
+        """Whether `producer_id` was issued to `principal` (checked, with an authorizer, on
+        every idempotent batch: nobody produces under another's producer id)."""
+        ...
 
     def elect_leaders(self, election_type: str, partitions: list[tuple[str, int]] | None
                       ) -> dict[tuple[str, int], errors.DeltaBusError | None]: ...

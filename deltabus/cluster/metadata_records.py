@@ -58,6 +58,15 @@ class ClusterIdRecord(MetadataRecord):
 
 
 @dataclass(frozen=True)
+class ProducerIdKeyRecord(MetadataRecord):
+    """The key producer ids are bound to their principals with (producer_id_control), written
+    once; brokers get it with the metadata to check a producer's id."""
+
+    type: ClassVar[str] = "producer_id_key"
+    key: bytes = field(repr=False)
+
+
+@dataclass(frozen=True)
 class TopicRecord(MetadataRecord):
     """A new topic; its partitions and configs follow as their own records."""
 
@@ -254,10 +263,10 @@ class BrokerRegistrationChangeRecord(MetadataRecord):
 
 PERSISTED_RECORD_TYPES: Mapping[str, type[MetadataRecord]] = {
     cls.type: cls for cls in (
-        ClusterIdRecord, TopicRecord, PartitionRecord, PartitionChangeRecord, RemoveTopicRecord,
-        ConfigRecord, ProducerIdsRecord, TransactionalIdRecord, UserScramCredentialRecord,
-        RemoveUserScramCredentialRecord, AccessControlEntryRecord,
-        RemoveAccessControlEntryRecord)
+        ClusterIdRecord, ProducerIdKeyRecord, TopicRecord, PartitionRecord,
+        PartitionChangeRecord, RemoveTopicRecord, ConfigRecord, ProducerIdsRecord,
+        TransactionalIdRecord, UserScramCredentialRecord, RemoveUserScramCredentialRecord,
+        AccessControlEntryRecord, RemoveAccessControlEntryRecord)
 }
 
 

@@ -30,6 +30,7 @@ from deltabus.cluster.metadata_records import (
     MetadataRecord,
     PartitionChangeRecord,
     PartitionRecord,
+    ProducerIdKeyRecord,
     ProducerIdsRecord,
     RemoveAccessControlEntryRecord,
     RemoveTopicRecord,
@@ -81,6 +82,7 @@ class MetadataState:
     cluster_id: str = ""
     topics: dict[str, TopicRegistration] = field(default_factory=dict)
     producer_ids_end: int = 0  # producer ids below this were handed out (or reserved)
+    producer_id_key: bytes = field(default=b"", repr=False)  # binds ids to principals
     transactional_ids: dict[str, int] = field(default_factory=dict)
     # user -> mechanism -> credential (Kafka's ScramControlManager.credentials)
     scram_credentials: dict[str, dict[str, ScramCredential]] = field(default_factory=dict)
@@ -122,6 +124,8 @@ class MetadataState:
             self.transactional_ids[record.transactional_id] = record.producer_id
         elif isinstance(record, ClusterIdRecord):
             self.cluster_id = record.cluster_id
+        elif isinstance(record, ProducerIdKeyRecord):
+            self.producer_id_key = record.key
         elif isinstance(record, UserScramCredentialRecord):
             self.scram_credentials.setdefault(record.name, {})[record.mechanism] = (
                 ScramCredential(record.mechanism, record.salt, record.stored_key,

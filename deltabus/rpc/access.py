@@ -68,6 +68,17 @@ class Access:
         return errors.ClusterAuthorizationFailedError(
             f"Cluster authorization failed: {self.principal} may not IDEMPOTENT_WRITE")
 
+    def producer_id(self, handler: DeltaBusHandler,
+                    producer_id: int) -> errors.DeltaBusError | None:
+        """With an authorizer, an idempotent batch's producer id must have been issued to the
+        caller: nobody writes under another producer's id (and so makes its real batches look
+        like retries, or fences it with a higher epoch)."""
+        if self._authorizer is None or producer_id < 0 or handler.producer_id_issued_to(
+                producer_id, self.principal):
+            return None
+        return errors.ClusterAuthorizationFailedError(
+            f"producer id {producer_id} was not issued to {self.principal}")
+
     def may_create_topic(self, name: str) -> bool:
         """CreateTopics (and auto-creation): CREATE on the cluster or on the topic."""
         return (self.allows(Operation.CREATE, ResourceType.CLUSTER, CLUSTER_NAME)

@@ -93,7 +93,8 @@ class ControllerChannel:
             image = dataclasses.replace(
                 codec.image_from_proto(response.metadata),
                 scram_credentials=codec.scram_credentials_from_proto(response.scram_credentials),
-                acls=tuple(codec.acl_from_proto(a) for a in response.acls))
+                acls=tuple(codec.acl_from_proto(a) for a in response.acls),
+                producer_id_key=response.producer_id_key)
         refresh = [(tp.topic, p) for tp in response.refresh_logs for p in tp.partitions]
         return HeartbeatAnswer(response.should_shut_down, image, refresh)
 

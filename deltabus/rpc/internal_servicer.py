@@ -53,6 +53,7 @@ class BrokerLifecycleServicer(ipb_grpc.BrokerLifecycleServicer):
             response.scram_credentials.extend(
                 codec.scram_credentials_to_proto(image.scram_credentials))
             response.acls.extend(codec.acl_to_proto(a) for a in image.acls)
+            response.producer_id_key = image.producer_id_key
         return response
 
     def AlterPartition(self, request: ipb.AlterPartitionRequest,

@@ -208,7 +208,9 @@ class DeltaBusServicer(GroupServicerMixin, AclServicerMixin, pb_grpc.DeltaBusSer
         pending: list[tuple[pb.PartitionProduceData, Any, errors.DeltaBusError | None]] = []
         access = self._access(context)
         for data in request.partitions:
-            refusal = access.topic(Operation.WRITE, data.topic)
+            refusal = access.topic(Operation.WRITE, data.topic) or (
+                access.producer_id(self._handler, data.producer_id)
+                if data.HasField("producer_id") else None)
             if refusal is not None:  # nothing of it is written
                 pending.append((data, None, refusal))
                 continue
@@ -328,8 +330,10 @@ class DeltaBusServicer(GroupServicerMixin, AclServicerMixin, pb_grpc.DeltaBusSer
     @_guard
     def InitProducerId(self, request: pb.InitProducerIdRequest,
                        context: Any) -> pb.InitProducerIdResponse:
-        Access.raise_if(self._access(context).init_producer_id(request.transactional_id))
-        producer_id, epoch = self._handler.init_producer_id(request.transactional_id)
+        access = self._access(context)
+        Access.raise_if(access.init_producer_id(request.transactional_id))
+        producer_id, epoch = self._handler.init_producer_id(request.transactional_id,
+                                                            access.principal)
         return pb.InitProducerIdResponse(producer_id=producer_id, producer_epoch=epoch)
 
     @_guard

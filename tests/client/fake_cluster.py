@@ -64,6 +64,7 @@ from deltabus.metadata import (
 )
 from deltabus.offsets.group_coordinator import GroupCoordinator
 from deltabus.offsets.offset_store import OffsetAndMetadata, OffsetCommit, OffsetStore
+from deltabus.principal import ANONYMOUS, KafkaPrincipal
 from deltabus.records import (
     LOG_SCHEMA,
     ProducerState,
@@ -740,8 +741,13 @@ class FakeBroker:
         return self._cluster.offset_for_leader_epoch(self.broker_id, topic, partition,
                                                      current_leader_epoch, leader_epoch)
 
-    def init_producer_id(self, transactional_id: str = "") -> tuple[int, int]:
+    def init_producer_id(self, transactional_id: str = "",
+                         principal: KafkaPrincipal = ANONYMOUS) -> tuple[int, int]:
         return self._cluster.init_producer_id(transactional_id)
+
+    def producer_id_issued_to(self, producer_id: int, principal: KafkaPrincipal) -> bool:
+        """The fake does not bind producer ids to principals: any may use any."""
+        return True
 
     def elect_leaders(self, election_type: str, partitions: list[tuple[str, int]] | None
                       ) -> dict[tuple[str, int], errors.DeltaBusError | None]:

@@ -18,6 +18,7 @@ from deltabus.cluster.metadata_records import (
     MetadataRecord,
     PartitionChangeRecord,
     PartitionRecord,
+    ProducerIdKeyRecord,
     ProducerIdsRecord,
     RegisterBrokerRecord,
     RemoveAccessControlEntryRecord,
@@ -68,6 +69,7 @@ OLD_AND_TYPED: list[tuple[dict[str, Any], MetadataRecord]] = [
                                8192)),
     ({"type": "remove_user_scram_credential", "name": "alice", "mechanism": "SCRAM-SHA-512"},
      RemoveUserScramCredentialRecord("alice", "SCRAM-SHA-512")),
+    ({"type": "producer_id_key", "key": "AAEC"}, ProducerIdKeyRecord(b"\x00\x01\x02")),
     # ACLs: Kafka's codes as numbers
     ({"type": "access_control_entry", "id": "a1", "resource_type": 2, "resource_name": "pay",
       "pattern_type": 4, "principal": "User:alice", "host": "*", "operation": 3,

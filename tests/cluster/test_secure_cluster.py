@@ -5,16 +5,21 @@ user without ACLs is refused with nothing written."""
 
 from __future__ import annotations
 
+import base64
 import time
 from collections.abc import Iterator
 
 import confluent_kafka
+import grpc
 import kafka
 import pytest
 import trustme
 
 from deltabus import AdminClient, Cluster, NewTopic, Producer, errors
 from deltabus import config as cfg
+from deltabus.acls import AclBinding, Operation, PatternType, Permission, ResourceType
+from deltabus.rpc.v1 import deltabus_pb2 as pb
+from deltabus.rpc.v1 import deltabus_pb2_grpc as pb_grpc
 from tests.conftest import read_records
 
 PASSWORDS = {"admin": "admin-secret", "alice": "alice-secret"}
@@ -99,3 +104,43 @@ def test_a_user_without_acls_or_with_a_wrong_password_gets_nothing_in(secure) ->
         producer.send("ledger", b"admin was here").get(60)
     records = read_records(cluster.bootstrap_servers, "ledger", 1, 1, **_grpc("admin", ca_file))
     assert [r.value for r in records] == [b"admin was here"]  # nothing of alice's
+
+
+def test_nobody_produces_under_another_users_producer_id(secure) -> None:
+    """A producer id is bound to the user it was issued to: another user with WRITE on the
+    topic who sends under it is refused, nothing is written, and its owner carries on."""
+    cluster, ca_file = secure
+    cluster.add_scram_user("mallory", "mallory-secret")
+    PASSWORDS["mallory"] = "mallory-secret"
+    with AdminClient(cluster.bootstrap_servers, **_grpc("admin", ca_file)) as admin:
+        admin.create_topics([NewTopic("shared", 1, 1)])
+        admin.create_acls([AclBinding(ResourceType.TOPIC, "shared", PatternType.LITERAL,
+                                      f"User:{u}", "*", Operation.WRITE, Permission.ALLOW)
+                           for u in ("alice", "mallory")])
+    tls = grpc.ssl_channel_credentials(root_certificates=open(ca_file, "rb").read())
+    leader = cluster.controller.image().broker(
+        cluster.controller.image().partition("shared", 0).leader).address
+
+    def as_user(user: str) -> tuple[tuple[str, str], ...]:
+        token = base64.b64encode(f"{user}:{PASSWORDS[user]}".encode()).decode()
+        return (("authorization", f"Basic {token}"),)
+
+    def produce(stub, user: str, producer_id: int, sequence: int, value: bytes) -> int:
+        return stub.Produce(pb.ProduceRequest(acks=pb.ACKS_ALL, partitions=[
+            pb.PartitionProduceData(topic="shared", partition=0, producer_id=producer_id,
+                                    producer_epoch=0, base_sequence=sequence,
+                                    records=[pb.Record(value=value)])]),
+            timeout=60, metadata=as_user(user)).partitions[0].error_code
+
+    with grpc.secure_channel(cluster.bootstrap_servers, tls) as channel:
+        alices = pb_grpc.DeltaBusStub(channel).InitProducerId(
+            pb.InitProducerIdRequest(), timeout=60, metadata=as_user("alice")).producer_id
+    with grpc.secure_channel(leader, tls) as channel:
+        stub = pb_grpc.DeltaBusStub(channel)
+        assert produce(stub, "alice", alices, 0, b"alice-0") == 0
+        # Mallory sends alice's next sequence first: refused, not taken as alice's batch.
+        assert produce(stub, "mallory", alices, 1, b"mallory") == \
+            errors.ClusterAuthorizationFailedError.code
+        assert produce(stub, "alice", alices, 1, b"alice-1") == 0
+    records = read_records(cluster.bootstrap_servers, "shared", 1, 2, **_grpc("admin", ca_file))
+    assert [r.value for r in records] == [b"alice-0", b"alice-1"]

@@ -23,7 +23,7 @@ from deltabus import errors
 from deltabus.acls import Authorizer, Operation
 from deltabus.cluster.handler import DeltaBusHandler, FetchResult, FetchSpec
 from deltabus.offsets.group_coordinator import GroupCoordinator
-from deltabus.rpc.access import authorized_metadata, current_access
+from deltabus.rpc.access import Access, authorized_metadata, current_access
 from deltabus.rpc.fetch_size import FetchBudget
 from deltabus.rpc.kafka import acl_apis, admin, batches, groups, sasl
 from deltabus.rpc.kafka.admin import controller_id, kafka_endpoints, topic_uuid
@@ -193,6 +193,8 @@ class KafkaApis:
                 if error is None:
                     try:
                         for batch in batches.decode_produce(data.records or b""):
+                            Access.raise_if(access.producer_id(
+                                self._handler, batch.producer.producer_id))
                             if batch.transactional:
                                 raise errors.InvalidRecordError(
                                     "transactional batches are not supported yet")
@@ -330,7 +332,8 @@ class KafkaApis:
         producer_id, epoch = -1, -1
         if error is None:
             try:
-                producer_id, epoch = self._handler.init_producer_id("")
+                producer_id, epoch = self._handler.init_producer_id(
+                    "", current_access().principal)
             except errors.DeltaBusError as e:
                 error = e
         return make(cls, throttle_time=NO_TIME, error_code=error_code(error),
