@@ -91,18 +91,16 @@ def test_an_unsupported_version_or_api_gets_unsupported_version(cluster, topic_n
                 topic_data=(nested(produce, "TopicProduceData")(
                     name=topic_name, partition_data=(nested(produce, "PartitionProduceData")(
                         index=0, records=None),)),))
-    acls = load_request_schema(29, 1)  # DescribeAcls: not implemented
+    transactions = load_request_schema(66, 0)  # ListTransactions: not implemented
     with connect(cluster) as sock:
         sock.sendall(frame(0, 10, body, correlation_id=1))
         _, produced = read_response(sock, 0, 10)
-        sock.sendall(frame(29, 1, make(acls, resource_type_filter=1, resource_name_filter=None,
-                                       pattern_type_filter=3, principal_filter=None,
-                                       host_filter=None, operation=1, permission_type=1),
+        sock.sendall(frame(66, 0, make(transactions, state_filters=(), producer_id_filters=()),
                            correlation_id=2))
-        correlation_id, described = read_response(sock, 29, 1)
+        correlation_id, listed = read_response(sock, 66, 0)
     (partition,) = produced.responses[0].partition_responses
     assert partition.error_code == ErrorCode.unsupported_version
-    assert correlation_id == 2 and described.error_code == ErrorCode.unsupported_version
+    assert correlation_id == 2 and listed.error_code == ErrorCode.unsupported_version
 
 
 @pytest.mark.parametrize("bad", [
