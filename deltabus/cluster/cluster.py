@@ -223,7 +223,7 @@ class Cluster:
         tasks = self.controller.catch_up_tasks(broker_id)
         if not tasks:
             return
-        group = f"deltabus-catch-up-broker-{broker_id}-{self._tag}"
+        group = self.job_group("catch-up-broker", broker_id)
         done = threading.Event()
 
         def run() -> None:
@@ -245,10 +245,14 @@ class Cluster:
                 done.wait(10)  # the job ends once its tasks are killed
                 return
 
+    def job_group(self, job: str, broker_id: int) -> str:
+        """The Spark job group of this cluster's `job` ("broker", "catch-up-broker") for a
+        broker, as Spark's status tracker knows it: this cluster's own, so cancelling it (a
+        fence, a stop) never touches another cluster's jobs on the same session."""
+        return f"deltabus-{job}-{broker_id}-{self._tag}"
+
     def _broker_group(self, broker_id: int) -> str:
-        """Broker `broker_id`'s Spark job group: this cluster's own, so cancelling it (a fence,
-        a stop) never touches another cluster's broker of the same id on the same session."""
-        return f"deltabus-broker-{broker_id}-{self._tag}"
+        return self.job_group("broker", broker_id)
 
     def _cancel_broker(self, broker_id: int) -> None:
         """Called when the controller fences a broker: end its task so the supervisor relaunches

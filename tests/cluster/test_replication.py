@@ -143,7 +143,7 @@ def test_killed_follower_leaves_the_isr_then_rejoins_and_catches_up(
         producer.flush(WAIT_S)
         assert all(f.get(0).offset >= 0 for f in futures)  # producing goes on with 2 in sync
     tracker = spark.sparkContext.statusTracker()
-    group = f"deltabus-catch-up-broker-{follower}"
+    group = cluster.job_group("catch-up-broker", follower)
     jobs_before = set(tracker.getJobIdsForGroup(group))
     cluster.start_broker(follower)
     wait_for_identical_replicas(cluster, topic_name, 1)
