@@ -15,7 +15,7 @@ from deltabus import errors
 from deltabus.acls import Operation
 from deltabus.offsets.group_coordinator import LONG_POLL_SLACK_S, GroupCoordinator, wait_result
 from deltabus.offsets.offset_store import OffsetAndMetadata
-from deltabus.rpc.access import Access
+from deltabus.rpc.access import Access, peer_host
 from deltabus.rpc.codec import present_or
 from deltabus.rpc.v1 import deltabus_pb2 as pb
 
@@ -191,6 +191,5 @@ class GroupServicerMixin:
 
 def _peer_host(context: Any) -> str:
     """The client's address as Kafka's tools show it (`/127.0.0.1`)."""
-    peer = context.peer() if context is not None else ""
-    host = peer.split(":", 1)[1].rsplit(":", 1)[0] if peer.count(":") >= 2 else peer
-    return "/" + host.strip("[]") if host else ""
+    host = peer_host(context) if context is not None else ""
+    return "/" + host if host else ""
