@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from deltabus import errors
+from deltabus.listeners import SECURITY_PROTOCOLS, ListenerConfig
 
 # Ports and addresses. Every server binds loopback unless told otherwise.
 DEFAULT_HOST = "127.0.0.1"
@@ -305,18 +306,19 @@ class GroupConfig:
             raise ValueError("group.min.session.timeout.ms exceeds group.max.session.timeout.ms")
 
 
-SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 SSL_CLIENT_AUTH = ("none", "required")
 
 
 @dataclass(frozen=True, kw_only=True)
 class ListenerSecurity:
-    """How the client listeners (the gRPC door and the Kafka door) secure their connections:
-    Kafka's `security.protocol` with the broker's `ssl.*` and `sasl.*` settings.
+    """How the listeners (the gRPC door and the Kafka door) secure their connections: Kafka's
+    `security.protocol` with the broker's `ssl.*` and `sasl.*` settings.
 
-    TLS material is held as PEM bytes, read once on the driver (`load`), so broker tasks on
-    other machines need no local files. The key stays out of repr.
+    A cluster with named listeners (deltabus.listeners) gives each its own protocol from
+    `listener.security.protocol.map` (`for_protocol`); the TLS material and SASL mechanisms
+    here serve every listener. TLS material is held as PEM bytes, read once on the driver
+    (`load`), so broker tasks on other machines need no local files. The key stays out of repr.
     """
 
     security_protocol: str = "PLAINTEXT"
@@ -355,6 +357,14 @@ class ListenerSecurity:
     def uses_sasl(self) -> bool:
         return self.security_protocol in ("SASL_PLAINTEXT", "SASL_SSL")
 
+    def for_protocol(self, security_protocol: str) -> ListenerSecurity:
+        """This security for a listener of `security_protocol`: client certificates are asked
+        for on TLS listeners only. Raises InvalidConfigError where a TLS listener lacks the
+        certificate and key."""
+        tls = security_protocol in ("SSL", "SASL_SSL")
+        return replace(self, security_protocol=security_protocol,
+                       ssl_client_auth=self.ssl_client_auth if tls else "none")
+
     def __post_init__(self) -> None:
         if self.security_protocol not in SECURITY_PROTOCOLS:
             raise errors.InvalidConfigError(
@@ -367,10 +377,9 @@ class ListenerSecurity:
         if self.ssl_client_auth not in SSL_CLIENT_AUTH:
             raise errors.InvalidConfigError(
                 f"ssl.client.auth must be none or required, not {self.ssl_client_auth!r}")
-        if self.ssl_client_auth == "required" and not (self.uses_tls and self.ssl_ca):
+        if self.ssl_client_auth == "required" and not self.ssl_ca:
             raise errors.InvalidConfigError(
-                "ssl.client.auth=required needs TLS and the CA of client certificates "
-                "(ssl.ca.location)")
+                "ssl.client.auth=required needs the CA of client certificates (ssl.ca.location)")
         unknown = set(self.sasl_enabled_mechanisms) - set(SASL_MECHANISMS)
         if unknown or not self.sasl_enabled_mechanisms:
             raise errors.InvalidConfigError(
@@ -430,8 +439,12 @@ class ClusterConfig:
     log_cache_bytes_max: int = LogConfig.log_cache_bytes_max
     checkpoint_interval: int = LogConfig.checkpoint_interval
     grpc_threads: int = 32
-    # TLS and SASL on the client listeners (both doors); PLAINTEXT by default.
+    # TLS and SASL on the listeners (both doors); PLAINTEXT by default.
     security: ListenerSecurity = field(default_factory=ListenerSecurity)
+    # Kafka's named listeners (deltabus.listeners): each with its own address, advertised
+    # address and protocol, and the internal ones apart. None: the two of host, port and
+    # kafka_port, with security's protocol (`listener_config`).
+    listeners: ListenerConfig | None = None
     # Kafka's StandardAuthorizer (authorizer.class.name): every request is checked against the
     # ACLs. super.users may do anything; allow.everyone.if.no.acl.found lets requests on a
     # resource no ACL names through (false, as in Kafka, once an authorizer is on).
@@ -495,6 +508,24 @@ class ClusterConfig:
                 raise ValueError(f"super.users lists principals as User:name, not {principal!r}")
         if self.replica_lag_time_max_ms < 2 * self.replica_fetch_wait_max_ms:
             raise ValueError("replica.lag.time.max.ms must cover at least two follower fetches")
+        if self.listeners is None and self.security.ssl_client_auth == "required" and \
+                not self.security.uses_tls:
+            raise errors.InvalidConfigError(
+                "ssl.client.auth=required needs TLS: security.protocol SSL or SASL_SSL")
+        for listener in self.listener_config().grpc + self.listener_config().kafka:
+            self.listener_security(listener.security_protocol)  # TLS listeners have their keys
+
+    def listener_config(self) -> ListenerConfig:
+        """The cluster's listeners: the named ones, or the two of the simple settings."""
+        if self.listeners is not None:
+            return self.listeners
+        return ListenerConfig.simple(host=self.host, port=self.port, kafka_port=self.kafka_port,
+                                     security_protocol=self.security.security_protocol)
+
+    def listener_security(self, security_protocol: str) -> ListenerSecurity:
+        """How a listener of `security_protocol` is secured (TLS material and SASL mechanisms
+        are the cluster's)."""
+        return self.security.for_protocol(security_protocol)
 
     def log_config(self) -> LogConfig:
         """The config of every partition log a broker of this cluster opens."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from deltabus.acls import AclBinding
 from deltabus.errors import (
@@ -142,16 +142,55 @@ CONTROLLER_NODE_ID = -1  # the controller's node id where an API names a node (F
 
 
 @dataclass(frozen=True)
+class ListenerEndpoint:
+    """Where clients reach one named listener of a node (its advertised address)."""
+
+    name: str
+    door: str  # deltabus.listeners.GRPC or KAFKA
+    host: str
+    port: int
+
+
+@dataclass(frozen=True)
 class BrokerEndpoint:
+    """A node as the metadata names it. `host` and `port` are its inter-broker gRPC listener
+    (followers fetch there), `kafka_port` its first Kafka listener's port (0: none);
+    `listeners` every named listener it has. Clients are told the endpoints of the listener
+    they came in on (`on_listener`), never the others."""
+
     broker_id: int
     host: str
     port: int
     rack: str = ""
-    kafka_port: int = 0  # the Kafka protocol listener (0: none)
+    kafka_port: int = 0
+    listeners: tuple[ListenerEndpoint, ...] = ()
 
     @property
     def address(self) -> str:
         return f"{self.host}:{self.port}"
+
+    def listener(self, door: str, name: str) -> ListenerEndpoint | None:
+        return next((e for e in self.listeners if e.door == door and e.name == name), None)
+
+    def on_listener(self, name: str) -> BrokerEndpoint | None:
+        """This node as a client of gRPC listener `name` sees it: that listener's host and
+        port, the port of the Kafka listener of the same name (0: none), no other listener.
+        A node without named listeners, or `name` "", is as it is; None: it has no `name`."""
+        if not name or not self.listeners:
+            return self
+        grpc = self.listener("grpc", name)
+        if grpc is None:
+            return None
+        kafka = self.listener("kafka", name)
+        return BrokerEndpoint(self.broker_id, grpc.host, grpc.port, self.rack,
+                              kafka.port if kafka is not None else 0)
+
+    def kafka_address(self, name: str) -> tuple[str, int] | None:
+        """Where a client of Kafka listener `name` reaches this node (None: not there)."""
+        if not name or not self.listeners:
+            return (self.host, self.kafka_port) if self.kafka_port > 0 else None
+        kafka = self.listener("kafka", name)
+        return (kafka.host, kafka.port) if kafka is not None else None
 
 
 @dataclass(frozen=True)
@@ -206,6 +245,14 @@ class MetadataImage:
 
     def broker(self, broker_id: int) -> BrokerEndpoint | None:
         return next((b for b in self.brokers if b.broker_id == broker_id), None)
+
+    def on_listener(self, name: str) -> MetadataImage:
+        """The image as a client of gRPC listener `name` is told it: each broker at its
+        endpoint of that listener (`BrokerEndpoint.on_listener`), brokers without it left out."""
+        if not name:
+            return self
+        brokers = (b.on_listener(name) for b in self.brokers)
+        return replace(self, brokers=tuple(b for b in brokers if b is not None))
 
     def partition(self, topic: str, partition: int) -> PartitionState | None:
         state = self.topics.get(topic)

@@ -15,6 +15,19 @@ may do what, and the first users, with the names Kafka gives them.
     --override key=value                kafka-server-start.sh's: the same settings by their
                                         server.properties names (a flag wins over it)
 
+Named listeners (deltabus.listeners), instead of one protocol for the two doors:
+
+    --listeners 'CLIENT://0.0.0.0:9092'             the Kafka door's listeners
+    --advertised-listeners 'CLIENT://bus.example.com:9092'
+    --grpc-listeners 'CLIENT://0.0.0.0:9192,REPLICATION://10.0.0.5:0'
+    --grpc-advertised-listeners ...                 the gRPC door's, the same way
+    --listener-security-protocol-map 'CLIENT:SASL_SSL,REPLICATION:SSL'
+    --inter-broker-listener-name REPLICATION        a gRPC listener: brokers replicate over it
+    --controller-listener-names CONTROLLER          gRPC listeners brokers register on
+
+Without --grpc-listeners, the gRPC door is one listener named as the first Kafka listener, on its
+host and the bootstrap port.
+
 Everything is read and checked before Spark starts, so a typo costs a second, not a cluster
 start. A password is never printed: errors about --add-scram name the mechanism and user only.
 PEM files are read here, on the driver (ListenerSecurity.load); broker tasks get the bytes.
@@ -30,6 +43,7 @@ from typing import Any
 from deltabus import config as cfg
 from deltabus import scram
 from deltabus.cli.options import CliError, parse_bool, parse_properties
+from deltabus.listeners import ListenerConfig
 
 ADD_SCRAM_KEYS = ("name", "password", "iterations")
 
@@ -44,7 +58,18 @@ OVERRIDES = {
     "authorizer.class.name": "authorizer",
     "super.users": "super_users",
     "allow.everyone.if.no.acl.found": "allow_everyone_if_no_acl_found",
+    "listeners": "listeners",
+    "advertised.listeners": "advertised_listeners",
+    "grpc.listeners": "grpc_listeners",
+    "grpc.advertised.listeners": "grpc_advertised_listeners",
+    "listener.security.protocol.map": "listener_security_protocol_map",
+    "inter.broker.listener.name": "inter_broker_listener_name",
+    "controller.listener.names": "controller_listener_names",
 }
+# The settings of named listeners: ListenerConfig.parse's keywords.
+LISTENER_SETTINGS = ("listeners", "advertised_listeners", "grpc_listeners",
+                     "grpc_advertised_listeners", "listener_security_protocol_map",
+                     "inter_broker_listener_name", "controller_listener_names")
 # Java's key and trust stores: deltabus takes PEM files (the client side refuses them too).
 JAVA_STORES = ("ssl.keystore.location", "ssl.truststore.location", "ssl.keystore.password",
                "ssl.truststore.password", "ssl.key.password")
@@ -83,21 +108,40 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--add-scram", action="append", metavar="'MECHANISM=[name=N,password=P]'",
                    help="make a user at start, as kafka-storage format does (repeatable; "
                         "also iterations=N)")
+    n = parser.add_argument_group("named listeners (Kafka's listeners, one protocol each)")
+    n.add_argument("--listeners", metavar="NAME://HOST:PORT,...",
+                   help="the Kafka door's listeners; broker b binds port + 1 + b (0: any)")
+    n.add_argument("--advertised-listeners", metavar="NAME://HOST:PORT,...",
+                   help="what Kafka clients are told, where not the bound address")
+    n.add_argument("--grpc-listeners", metavar="NAME://HOST:PORT,...",
+                   help="the gRPC door's listeners (default: one named as the first Kafka "
+                        "listener, on the bootstrap port)")
+    n.add_argument("--grpc-advertised-listeners", metavar="NAME://HOST:PORT,...",
+                   help="what gRPC clients are told, where not the bound address")
+    n.add_argument("--listener-security-protocol-map", metavar="NAME:PROTOCOL,...",
+                   help="each listener name's protocol (a protocol's own name maps to itself)")
+    n.add_argument("--inter-broker-listener-name", metavar="NAME",
+                   help="the gRPC listener brokers replicate over (default: the first)")
+    n.add_argument("--controller-listener-names", metavar="NAME,...",
+                   help="gRPC listeners brokers register on (default: the inter-broker one)")
     g.add_argument("--override", action="append", metavar="KEY=VALUE",
                    help="a setting by its server.properties name, e.g. super.users=User:admin "
                         "(kafka-server-start.sh's; a flag of the same setting wins)")
 
 
-def cluster_settings(args: argparse.Namespace) -> dict[str, Any]:
-    """Cluster(...) keyword arguments of the security flags: {} when none was given, so a
-    plain start is exactly what it was. Raises CliError or InvalidConfigError (one line)."""
+def cluster_settings(args: argparse.Namespace, bootstrap: tuple[str, int] = (
+        cfg.DEFAULT_HOST, cfg.DEFAULT_BOOTSTRAP_PORT)) -> dict[str, Any]:
+    """Cluster(...) keyword arguments of the security and listener flags: {} when none was
+    given, so a plain start is exactly what it was. `bootstrap`: the gRPC door's address when
+    only Kafka listeners are named. Raises CliError or InvalidConfigError (one line)."""
     given = _given(args)
     if not given:
         return {}
+    named = listener_config(given, args, bootstrap)
     protocol = given.get("security_protocol", "PLAINTEXT").strip().upper()
     tls_files = [flag for flag in ("ssl_certificate_location", "ssl_key_location")
                  if given.get(flag)]
-    if tls_files and protocol not in ("SSL", "SASL_SSL"):
+    if tls_files and protocol not in ("SSL", "SASL_SSL") and named is None:
         raise CliError(f"--{tls_files[0].replace('_', '-')} needs --security-protocol SSL or "
                        f"SASL_SSL, not {protocol}")
     listener: dict[str, Any] = {"security_protocol": protocol}
@@ -111,6 +155,10 @@ def cluster_settings(args: argparse.Namespace) -> dict[str, Any]:
         ssl_key_location=given.get("ssl_key_location", ""),
         ssl_ca_location=given.get("ssl_ca_location", ""), **listener)
     settings: dict[str, Any] = {"security": security}
+    if named is not None:
+        for listener in named.grpc + named.kafka:  # a TLS listener needs the certificate
+            security.for_protocol(listener.security_protocol)
+        settings["listeners"] = named
     if "authorizer" in given:
         settings["authorizer"] = bool(given["authorizer"].strip())
     if "super_users" in given:
@@ -119,6 +167,30 @@ def cluster_settings(args: argparse.Namespace) -> dict[str, Any]:
         settings["allow_everyone_if_no_acl_found"] = parse_bool(
             given, "allow_everyone_if_no_acl_found")
     return settings
+
+
+def listener_config(given: dict[str, str], args: argparse.Namespace,
+                    bootstrap: tuple[str, int]) -> ListenerConfig | None:
+    """The named listeners of the flags (None: none named, the simple form). They replace
+    --security-protocol and --kafka-port, which set the unnamed two."""
+    values = {key: given[key].strip() for key in LISTENER_SETTINGS if key in given}
+    if not values:
+        return None
+    for flag, dest in (("--security-protocol", "security_protocol"),
+                       ("--kafka-port", "kafka_port")):
+        if given.get(dest) is not None or getattr(args, dest, None) is not None:
+            raise CliError(f"{flag} sets the unnamed listeners: with named listeners give each "
+                           "its address in --listeners/--grpc-listeners and its protocol in "
+                           "--listener-security-protocol-map")
+    if not values.get("grpc_listeners"):
+        first = next((e.strip() for e in values.get("listeners", "").split(",") if e.strip()),
+                     "")
+        if not first:
+            raise CliError("--grpc-listeners or --listeners must name at least one listener")
+        name, _, address = first.partition("://")
+        host = address.rpartition(":")[0] if ":" in address else bootstrap[0]
+        values["grpc_listeners"] = f"{name}://{host}:{bootstrap[1]}"
+    return ListenerConfig.parse(**values)
 
 
 def _given(args: argparse.Namespace) -> dict[str, str]:
@@ -207,6 +279,19 @@ def _iterations(mechanism: str, name: str, components: dict[str, str]) -> int:
 def describe(settings: dict[str, Any]) -> str | None:
     """The line `cluster start` prints about security (None on a plain cluster)."""
     security: cfg.ListenerSecurity = settings.get("security", cfg.ListenerSecurity())
+    named: ListenerConfig | None = settings.get("listeners")
+    if named is not None:
+        protocols = {x.security_protocol for x in named.grpc + named.kafka}
+        parts = ["listener.security.protocol.map=" + ",".join(
+            sorted({f"{x.name}:{x.security_protocol}" for x in named.grpc + named.kafka})),
+            f"inter.broker.listener.name={named.inter_broker_listener_name}",
+            f"controller.listener.names={','.join(named.controller_listener_names)}"]
+        if protocols & {"SASL_PLAINTEXT", "SASL_SSL"}:
+            parts.append(f"sasl.enabled.mechanisms={','.join(security.sasl_enabled_mechanisms)}")
+        if protocols & {"SSL", "SASL_SSL"}:
+            parts.append(f"ssl.client.auth={security.ssl_client_auth}")
+        _authorizer(parts, settings)
+        return "Security: " + ", ".join(parts)
     if security.security_protocol == "PLAINTEXT" and not settings.get("authorizer"):
         return None
     parts = [f"security.protocol={security.security_protocol}"]
@@ -214,7 +299,11 @@ def describe(settings: dict[str, Any]) -> str | None:
         parts.append(f"sasl.enabled.mechanisms={','.join(security.sasl_enabled_mechanisms)}")
     if security.uses_tls:
         parts.append(f"ssl.client.auth={security.ssl_client_auth}")
+    _authorizer(parts, settings)
+    return "Security: " + ", ".join(parts)
+
+
+def _authorizer(parts: list[str], settings: dict[str, Any]) -> None:
     if settings.get("authorizer"):
         parts.append("authorizer on, super.users="
                      + (";".join(settings.get("super_users", ())) or "(none)"))
-    return "Security: " + ", ".join(parts)

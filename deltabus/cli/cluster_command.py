@@ -71,7 +71,7 @@ def start(args: argparse.Namespace) -> int:
         raise CliError(f"--brokers must be at least 1, not {args.brokers}")
     if not 0 < port < 65536:
         raise CliError(f"--port must be in 1..65535, not {port}")
-    security = broker_security.cluster_settings(args)  # checked before Spark starts
+    security = broker_security.cluster_settings(args, (host, port))  # before Spark starts
     users = broker_security.scram_users(args)
     spark = spark_session(args.master) if args.master else local_spark(args.brokers + 2)
     spark.sparkContext.setLogLevel(SPARK_LOG_LEVEL)
@@ -101,9 +101,12 @@ def start(args: argparse.Namespace) -> int:
 def _announce(cluster: Cluster, brokers: int, security: str | None) -> None:
     print(f"deltabus cluster started: bootstrap {cluster.bootstrap_servers}, "
           f"{brokers} brokers, data under {cluster.config.root}", flush=True)
-    if cluster.config.kafka_port >= 0:
+    if cluster.config.listener_config().kafka:
         print(f"Kafka clients: bootstrap.servers={cluster.kafka_bootstrap_servers}",
               flush=True)
+    if cluster.config.listeners is not None:
+        print("Listeners: " + ", ".join(f"{e.name}://{e.host}:{e.port} ({e.door})"
+                                        for e in cluster.listener_endpoints), flush=True)
     if security:
         print(security, flush=True)
     if cluster.spark_ui_url:

@@ -27,7 +27,6 @@ import uuid
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
 
 import pyarrow as pa
 from pyspark import TaskContext
@@ -42,10 +41,12 @@ from deltabus.acls import (
     AuthorizerCache,
     describe_acls,
 )
+from deltabus.cluster.doors import Doors, open_doors
 from deltabus.cluster.handler import FetchResult, FetchSpec
 from deltabus.cluster.partition import Partition
 from deltabus.cluster.producer_id_control import issued_to
 from deltabus.cluster.replica_fetcher import ReplicaFetcher
+from deltabus.listeners import GRPC
 from deltabus.log_tables.layout import replica_path
 from deltabus.log_tables.partition_log import (
     EARLIEST_TIMESTAMP,
@@ -53,7 +54,6 @@ from deltabus.log_tables.partition_log import (
     PartitionLog,
 )
 from deltabus.metadata import (
-    CONTROLLER_NODE_ID,
     NO_LEADER,
     BrokerEndpoint,
     MetadataImage,
@@ -69,9 +69,7 @@ from deltabus.metadata import (
 from deltabus.principal import ANONYMOUS, KafkaPrincipal
 from deltabus.records import CREATE_TIME, LOG_APPEND_TIME, ProducerState
 from deltabus.rpc.controller_channel import ControllerChannel
-from deltabus.rpc.kafka.listener import KafkaListener
 from deltabus.rpc.leader_endpoint import RemoteLeaderEndpoint
-from deltabus.rpc.server import start_server
 from deltabus.scram import ScramCredential
 
 log = logging.getLogger(__name__)
@@ -84,9 +82,10 @@ class BrokerSpec:
     """What a broker task needs to start; pickled into the Spark task."""
 
     broker_id: int
-    controller_address: str
+    # The driver's node: its controller listener (where brokers register), and the group
+    # coordinator's listeners (where FindCoordinator sends clients).
+    controller: BrokerEndpoint
     config: cfg.ClusterConfig
-    kafka_coordinator: str = ""  # host:port of the group coordinator's Kafka listener
 
 
 class Broker:
@@ -110,32 +109,24 @@ class Broker:
         self._stopped = threading.Event()
         self._epoch = -1
         secret = spec.config.inter_broker_secret
-        security = spec.config.security
-        self._controller = ControllerChannel(spec.controller_address, spec.broker_id,
-                                             broker_secret=secret, security=security)
-        self._leaders = RemoteLeaderEndpoint(spec.broker_id, broker_secret=secret,
-                                             security=security)
+        listeners = spec.config.listener_config()
+        controller = spec.controller.listener(GRPC, listeners.controller.name)
+        self._controller = ControllerChannel(
+            f"{controller.host}:{controller.port}" if controller else spec.controller.address,
+            spec.broker_id, broker_secret=secret,
+            security=spec.config.listener_security(listeners.controller.security_protocol))
+        self._leaders = RemoteLeaderEndpoint(
+            spec.broker_id, broker_secret=secret,
+            security=spec.config.listener_security(listeners.inter_broker.security_protocol))
         self._alter_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="alter-isr")
-        self._server: Any = None  # the gRPC server, once started
-        self.port = -1
-        self._kafka: KafkaListener | None = None
+        self._doors = Doors()  # the listeners, once started
 
     # ---- lifecycle ---------------------------------------------------------------------------
 
     def start(self) -> None:
-        self._server, self.port = start_server(self._config.host, 0, self,
-                                               threads=self._config.grpc_threads,
-                                               replica_fetch=True,
-                                               broker_secret=self._config.inter_broker_secret,
-                                               security=self._config.security,
-                                               credentials=self.scram_credential)
-        base = self._config.kafka_port
-        if base >= 0:
-            self._kafka = KafkaListener(self._config.host,
-                                        base + 1 + self.broker_id if base else 0, self,
-                                        coordinator=self.spec.kafka_coordinator,
-                                        security=self._config.security,
-                                        credentials=self.scram_credential).start()
+        self._doors = open_doors(self._config, self.broker_id, self,
+                                 credentials=self.scram_credential,
+                                 coordinator=self.spec.controller)
         self._register()
         threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True).start()
         threading.Thread(target=self._isr_loop, name="isr-shrink", daemon=True).start()
@@ -158,16 +149,17 @@ class Broker:
     def _register(self) -> None:
         # The rack is the executor's host: replicas spread across hosts where there are several.
         rack = os.environ.get("DELTABUS_RACK") or socket.gethostname()
-        endpoint = BrokerEndpoint(self.broker_id, self._config.host, self.port, rack,
-                                  self._kafka.port if self._kafka is not None else 0)
+        endpoint = self._doors.node(
+            self.broker_id, self._config.listener_config().inter_broker_listener_name, rack)
         incarnation_id = uuid.uuid4().hex
         deadline = time.monotonic() + self._config.startup_timeout_ms / 1000
         while True:
             try:
                 self._epoch = self._controller.register(endpoint, pid=os.getpid(),
                                                         incarnation_id=incarnation_id)
-                log.info("broker %d registered, epoch %d, serving on %s:%d",
-                         self.broker_id, self._epoch, self._config.host, self.port)
+                log.info("broker %d registered, epoch %d, listeners %s", self.broker_id,
+                         self._epoch, ", ".join(f"{e.name}://{e.host}:{e.port} ({e.door})"
+                                                for e in endpoint.listeners))
                 return
             except errors.NetworkError as e:  # no answer yet: the controller may be starting
                 if time.monotonic() > deadline:
@@ -208,10 +200,7 @@ class Broker:
         for partition in partitions:
             partition.log.close()
         self._alter_pool.shutdown(wait=False, cancel_futures=True)
-        if self._kafka is not None:
-            self._kafka.stop()
-        if self._server is not None:
-            self._server.stop(grace=2).wait(5)
+        self._doors.stop()
         self._controller.close()
         self._leaders.close()
 
@@ -352,7 +341,10 @@ class Broker:
 
     def metadata(self, topics: list[str], allow_auto_create: bool) -> MetadataImage:
         if allow_auto_create and any(t not in self._image.topics for t in topics):
-            return self._controller.metadata(topics, allow_auto_create=True)
+            created = self._controller.metadata(topics, allow_auto_create=True)
+            # The controller names brokers as seen on its own listener: keep this broker's
+            # image of them, with every listener, so the door answers with its listener's.
+            return dataclasses.replace(created, brokers=self._image.brokers or created.brokers)
         return self._image
 
     def create_topics(self, topics: list[NewTopic], *, timeout_ms: int,
@@ -515,8 +507,7 @@ class Broker:
 
     def find_coordinator(self, group_id: str) -> BrokerEndpoint:
         """Groups are coordinated by the controller, in the driver."""
-        host, port = self.spec.controller_address.rsplit(":", 1)
-        return BrokerEndpoint(CONTROLLER_NODE_ID, host, int(port))
+        return self.spec.controller
 
     def list_offsets(self, topic: str, partition: int, timestamp: int) -> tuple[int, int, int]:
         hosted = self._partition(topic, partition)

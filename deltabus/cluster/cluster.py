@@ -28,13 +28,18 @@ from deltabus import config as cfg
 from deltabus.cluster.broker import BrokerSpec, run_broker_task
 from deltabus.cluster.catch_up import CatchUpTask, catch_up_replicas
 from deltabus.cluster.controller import Controller, ControllerHandler
+from deltabus.cluster.doors import Doors, open_doors
 from deltabus.cluster.log_cleaner import LogCleaner
+from deltabus.listeners import GRPC, KAFKA
 from deltabus.log_tables.layout import consumer_offsets_path, normalize_root
-from deltabus.metadata import CONTROLLER_NODE_ID, BrokerEndpoint, ScramCredentialUpsertion
+from deltabus.metadata import (
+    CONTROLLER_NODE_ID,
+    BrokerEndpoint,
+    ListenerEndpoint,
+    ScramCredentialUpsertion,
+)
 from deltabus.offsets.group_coordinator import GroupCoordinator
 from deltabus.offsets.offset_store import OffsetStore
-from deltabus.rpc.kafka.listener import KafkaListener
-from deltabus.rpc.server import start_server
 from deltabus.scram import DEFAULT_ITERATIONS, salted_password
 from deltabus.spark import register
 
@@ -95,8 +100,8 @@ class Cluster:
         self.controller: Controller | None = None
         self.coordinator: GroupCoordinator | None = None
         self.log_cleaner: LogCleaner | None = None  # retention as Spark jobs, once started
-        self._server: Any = None
-        self._kafka: KafkaListener | None = None
+        self._doors = Doors()  # the driver's listeners, once started
+        self._node: BrokerEndpoint | None = None  # the driver's node, with its listeners
         self._threads: list[threading.Thread] = []
         self._stopping = threading.Event()
         self._tag = uuid.uuid4().hex[:8]  # this cluster's, in its Spark job group names
@@ -122,17 +127,12 @@ class Cluster:
                         commit_linger_ms=group.offsets_commit_linger_ms,
                         metadata_max_bytes=group.offset_metadata_max_bytes), group)
         handler = ControllerHandler(self.controller)
-        self._server, self.port = start_server(
-            self.config.host, self.config.port, handler, self.controller,
-            threads=max(self.config.grpc_threads, group.coordinator_threads),
-            groups=self.coordinator, broker_secret=self.config.inter_broker_secret,
-            security=self.config.security, credentials=handler.scram_credential)
-        handler.endpoint = BrokerEndpoint(CONTROLLER_NODE_ID, self.config.host, self.port)
-        if self.config.kafka_port >= 0:
-            self._kafka = KafkaListener(self.config.host, self.config.kafka_port, handler,
-                                        groups=self.coordinator,
-                                        security=self.config.security,
-                                        credentials=handler.scram_credential).start()
+        self._doors = open_doors(self.config, CONTROLLER_NODE_ID, handler,
+                                 credentials=handler.scram_credential,
+                                 lifecycle=self.controller, groups=self.coordinator)
+        bootstrap = self.config.listener_config().client_grpc()[0].name
+        self._node = handler.endpoint = self._doors.node(CONTROLLER_NODE_ID, bootstrap)
+        self.port = self._node.port
         self.log_cleaner = LogCleaner(self.spark, self.controller.cleaner_tasks,
                                       self.controller.tables_changed,
                                       self.config.log_retention_check_interval_ms)
@@ -187,8 +187,8 @@ class Cluster:
         """Run broker `broker_id` as a one-task Spark job, again and again until the cluster
         stops."""
         sc = self.spark.sparkContext
-        spec = BrokerSpec(broker_id, f"{self.config.host}:{self.port}", self.config,
-                          self.kafka_bootstrap_servers if self._kafka is not None else "")
+        assert self._node is not None
+        spec = BrokerSpec(broker_id, self._node, self.config)
         group = self._broker_group(broker_id)
         while not self._stopping.is_set():
             sc.setJobGroup(group, f"deltabus broker {broker_id}", interruptOnCancel=True)
@@ -288,14 +288,28 @@ class Cluster:
 
     @property
     def bootstrap_servers(self) -> str:
-        return f"{self.config.host}:{self.port}"
+        """Where deltabus's clients bootstrap: the first gRPC listener for clients."""
+        return self.listener_address(self.config.listener_config().client_grpc()[0].name)
 
     @property
     def kafka_bootstrap_servers(self) -> str:
-        """Where Kafka's own clients bootstrap (`bootstrap.servers`)."""
-        if self._kafka is None:
+        """Where Kafka's own clients bootstrap (`bootstrap.servers`): the first Kafka
+        listener."""
+        kafka = self.config.listener_config().kafka
+        if not kafka:
             raise RuntimeError("this cluster has no Kafka listener (kafka_port=-1)")
-        return f"{self._kafka.host}:{self._kafka.port}"
+        return self.listener_address(kafka[0].name, KAFKA)
+
+    @property
+    def listener_endpoints(self) -> tuple[ListenerEndpoint, ...]:
+        """The driver's listeners as clients are told them (advertised)."""
+        return tuple(self._doors.endpoints)
+
+    def listener_address(self, name: str, door: str = GRPC) -> str:
+        """host:port clients are told for the driver's listener `name` of `door` ("grpc" or
+        "kafka"): a named listener's bootstrap address."""
+        endpoint = self._doors.endpoint(door, name)
+        return f"{endpoint.host}:{endpoint.port}"
 
     @property
     def spark_ui_url(self) -> str | None:
@@ -393,10 +407,7 @@ class Cluster:
         for broker_id in range(self.config.brokers):
             if any(t.is_alive() for t in self._threads):
                 sc.cancelJobGroup(self._broker_group(broker_id))
-        if self._server is not None:
-            self._server.stop(grace=1).wait(5)
-        if self._kafka is not None:
-            self._kafka.stop()
+        self._doors.stop()
         if self.coordinator is not None:
             self.coordinator.close()
         if self._owns_spark:
@@ -424,13 +435,22 @@ def executor_pid(worker_pid: int) -> int:
 
 def open_listener_warning(config: cfg.ClusterConfig) -> str | None:
     """Plaintext without an authorizer is fine on loopback (`make run`); on an address other
-    machines reach, anyone there can do anything: the warning Cluster.start logs, or None."""
-    if config.security.uses_sasl or config.authorizer or _is_loopback(config.host):
+    machines reach, anyone there can do anything: the warning Cluster.start logs, or None.
+    Named listeners are checked one by one (an internal listener bound beyond loopback needs
+    SASL too: only the broker credential guards it then)."""
+    if config.authorizer:
         return None
-    return (f"deltabus listens on {config.host} with {config.security.security_protocol} and "
-            "no authorizer: ANYONE who reaches this address can read, write and delete every "
-            "topic. Use security.protocol SASL_SSL and authorizer=True on a shared network "
-            "(see the README's Security section).")
+    listeners = config.listener_config()
+    open_ = [item for item in listeners.grpc + listeners.kafka
+             if "SASL" not in item.security_protocol and not _is_loopback(item.bind_host)]
+    if not open_:
+        return None
+    named = ", ".join(f"{item.name}://{item.host}:{item.port} ({item.door}, "
+                      f"{item.security_protocol})" for item in open_)
+    return (f"deltabus listens on {named} without SASL and with no authorizer: ANYONE who "
+            "reaches these addresses can read, write and delete every topic. Use "
+            "security.protocol SASL_SSL and authorizer=True on a shared network (see the "
+            "README's Security section).")
 
 
 def _is_loopback(host: str) -> bool:

@@ -27,6 +27,7 @@ from deltabus.acls import (
 )
 from deltabus.metadata import (
     BrokerEndpoint,
+    ListenerEndpoint,
     MetadataImage,
     NewTopic,
     PartitionState,
@@ -74,16 +75,28 @@ def topic_to_proto(topic: TopicState) -> pb.TopicMetadata:
     )
 
 
+def listeners_to_proto(listeners: Iterable[ListenerEndpoint]) -> list[pb.ListenerEndpoint]:
+    return [pb.ListenerEndpoint(name=e.name, door=e.door, host=e.host, port=e.port)
+            for e in listeners]
+
+
+def listeners_from_proto(listeners: Iterable[pb.ListenerEndpoint]
+                         ) -> tuple[ListenerEndpoint, ...]:
+    return tuple(ListenerEndpoint(e.name, e.door, e.host, e.port) for e in listeners)
+
+
 def image_to_proto(image: MetadataImage, topics: list[str] | None = None,
                    refused: dict[str, errors.DeltaBusError] | None = None
                    ) -> pb.MetadataResponse:
     """Encode a metadata image; `topics` limits the topic list (unknown ones get error 3,
     `refused` ones their refusal). Users' SCRAM credentials and ACLs are never encoded here:
     this is what clients get (`scram_credentials_to_proto` is the brokers' part of a heartbeat
-    answer)."""
+    answer); brokers' named listeners only where the image has them (a client's image is
+    `MetadataImage.on_listener`'s, without)."""
     out = pb.MetadataResponse(
         brokers=[pb.BrokerInfo(broker_id=b.broker_id, host=b.host, port=b.port, rack=b.rack,
-                               kafka_port=b.kafka_port)
+                               kafka_port=b.kafka_port,
+                               listeners=listeners_to_proto(b.listeners))
                  for b in image.brokers],
         controller_id=image.controller_id,
         cluster_id=image.cluster_id,
@@ -115,7 +128,8 @@ def image_from_proto(msg: pb.MetadataResponse) -> MetadataImage:
             for p in sorted(t.partitions, key=lambda p: p.partition)
         )
         topics[t.name] = TopicState(t.name, t.topic_id, parts, dict(t.configs))
-    brokers = tuple(BrokerEndpoint(b.broker_id, b.host, b.port, b.rack, b.kafka_port)
+    brokers = tuple(BrokerEndpoint(b.broker_id, b.host, b.port, b.rack, b.kafka_port,
+                                   listeners_from_proto(b.listeners))
                     for b in msg.brokers)
     return MetadataImage(msg.metadata_version, msg.cluster_id, msg.controller_id, brokers, topics,
                          msg.log_root)

@@ -78,7 +78,8 @@ class ControllerChannel:
         response = self._lifecycle_call("RegisterBroker", ipb.RegisterBrokerRequest(
             broker_id=endpoint.broker_id, host=endpoint.host, port=endpoint.port,
             rack=endpoint.rack, pid=pid, incarnation_id=incarnation_id,
-            kafka_port=endpoint.kafka_port), timeout_s)
+            kafka_port=endpoint.kafka_port,
+            listeners=codec.listeners_to_proto(endpoint.listeners)), timeout_s)
         return int(response.broker_epoch)
 
     def heartbeat(self, broker_id: int, broker_epoch: int, metadata_version: int, *,

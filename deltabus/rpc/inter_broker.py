@@ -7,8 +7,9 @@ replicated). deltabus's brokers prove ClusterAction with a per-cluster credentia
 makes it (`ClusterConfig.inter_broker_secret`) and hands it to its broker tasks inside their
 Spark task, never to a client. Every call to a `deltabus.internal.v1` service carries it in its
 metadata; the servers check it (in constant time) before the call reaches a servicer, and refuse
-any other with CLUSTER_AUTHORIZATION_FAILED. Until the listeners have TLS (issue 16) the
-credential crosses the network in clear, as a SASL PLAIN password over PLAINTEXT would.
+any other with CLUSTER_AUTHORIZATION_FAILED. The internal API is served only on the controller's
+and the inter-broker listeners (deltabus.listeners), which should be SSL beyond loopback: over
+PLAINTEXT the credential crosses the network in clear, as a SASL PLAIN password would.
 """
 
 from __future__ import annotations
@@ -55,17 +56,19 @@ def vouched_principal(metadata: Any, secret: str) -> KafkaPrincipal | None:
 
 
 class InterBrokerAuthorizer(grpc.ServerInterceptor):
-    """Refuses internal-API calls that do not carry the cluster's broker credential."""
+    """Refuses internal-API calls that do not carry the cluster's broker credential; with
+    `every_method` (a controller-only listener, deltabus.listeners) every call."""
 
-    def __init__(self, secret: str) -> None:
+    def __init__(self, secret: str, *, every_method: bool = False) -> None:
         if not secret:
             raise ValueError("the internal API needs a broker credential")
         self._secret = secret.encode()
+        self._every_method = every_method
 
     def intercept_service(self, continuation: Callable[[Any], Any],
                           handler_call_details: Any) -> Any:
         method: str = handler_call_details.method
-        if not method.startswith(INTERNAL_METHODS):
+        if not (self._every_method or method.startswith(INTERNAL_METHODS)):
             return continuation(handler_call_details)
         presented = next((value for key, value in handler_call_details.invocation_metadata or ()
                           if key == CREDENTIAL_KEY), "")
@@ -80,6 +83,7 @@ class InterBrokerAuthorizer(grpc.ServerInterceptor):
 def _refuse(method: str, context: grpc.ServicerContext) -> Any:
     log.warning("refused %s from %s: the caller is not a broker of this cluster", method,
                 context.peer())
+    what = ("is an inter-broker call" if method.startswith(INTERNAL_METHODS)
+            else "came in on a controller listener, which serves brokers only")
     abort(context, errors.ClusterAuthorizationFailedError(
-        f"{method.rsplit('/', 1)[-1]} is an inter-broker call: the caller is not authorized "
-        "for ClusterAction"))
+        f"{method.rsplit('/', 1)[-1]} {what}: the caller is not authorized for ClusterAction"))

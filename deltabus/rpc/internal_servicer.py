@@ -26,7 +26,8 @@ class BrokerLifecycleServicer(ipb_grpc.BrokerLifecycleServicer):
     def RegisterBroker(self, request: ipb.RegisterBrokerRequest,
                        context: Any) -> ipb.RegisterBrokerResponse:
         endpoint = BrokerEndpoint(request.broker_id, request.host, request.port, request.rack,
-                                  request.kafka_port)
+                                  request.kafka_port,
+                                  codec.listeners_from_proto(request.listeners))
         try:
             epoch = self._handler.register_broker(endpoint, request.pid)
         except errors.DeltaBusError as e:

@@ -83,9 +83,13 @@ def _repeated_field_bytes(message_bytes: int) -> int:
 
 
 class DeltaBusServicer(GroupServicerMixin, AclServicerMixin, pb_grpc.DeltaBusServicer):
-    def __init__(self, handler: DeltaBusHandler, groups: GroupCoordinator | None = None) -> None:
+    def __init__(self, handler: DeltaBusHandler, groups: GroupCoordinator | None = None,
+                 listener: str = "") -> None:
+        """`listener`: the name of the listener this servicer answers on; Metadata and
+        FindCoordinator name nodes by their endpoints of it ("": as registered)."""
         self._handler = handler
         self._groups = groups
+        self._listener = listener
 
     def _access(self, context: Any) -> Access:
         """Who is calling (rpc.call_authentication) and what the cluster's ACLs let them do."""
@@ -101,7 +105,12 @@ class DeltaBusServicer(GroupServicerMixin, AclServicerMixin, pb_grpc.DeltaBusSer
             node = self._handler.find_coordinator(request.key)
         except errors.DeltaBusError as e:
             return pb.FindCoordinatorResponse(error_code=e.code, error_message=e.message)
-        return pb.FindCoordinatorResponse(node_id=node.broker_id, host=node.host, port=node.port)
+        seen = node.on_listener(self._listener)
+        if seen is None:
+            error = errors.CoordinatorNotAvailableError(
+                f"the group coordinator has no listener {self._listener}")
+            return pb.FindCoordinatorResponse(error_code=error.code, error_message=error.message)
+        return pb.FindCoordinatorResponse(node_id=seen.broker_id, host=seen.host, port=seen.port)
 
     @_guard
     def Metadata(self, request: pb.MetadataRequest, context: Any) -> pb.MetadataResponse:
@@ -109,7 +118,7 @@ class DeltaBusServicer(GroupServicerMixin, AclServicerMixin, pb_grpc.DeltaBusSer
         image, refused = authorized_metadata(
             self._handler, self._access(context), topics,
             present_or(request, "allow_auto_topic_creation", True))
-        return codec.image_to_proto(image, topics, refused)
+        return codec.image_to_proto(image.on_listener(self._listener), topics, refused)
 
     @_guard
     def CreateTopics(self, request: pb.CreateTopicsRequest,
@@ -375,13 +384,16 @@ def start_server(host: str, port: int, handler: DeltaBusHandler,
                  replica_fetch: bool = False,
                  broker_secret: str | None = None,
                  security: cfg.ListenerSecurity = PLAINTEXT,
-                 credentials: CredentialLookup | None = None) -> tuple[grpc.Server, int]:
-    """Start a gRPC server on host:port (0 picks a free port); returns it and the bound port.
-    The controller passes `lifecycle` (brokers register with it); brokers pass `replica_fetch`
-    (their followers fetch from them). Either serves the internal API, which answers only calls
-    carrying `broker_secret`, the cluster's broker credential (`rpc.inter_broker`). `security`
-    says whether the port speaks TLS and how callers authenticate (`rpc.call_authentication`,
-    against the users' SCRAM `credentials`).
+                 credentials: CredentialLookup | None = None,
+                 listener: str = "", brokers_only: bool = False) -> tuple[grpc.Server, int]:
+    """Start a gRPC server for one listener on host:port (0 picks a free port); returns it
+    and the bound port. The controller passes `lifecycle` on its controller listeners (brokers
+    register there); brokers pass `replica_fetch` on the inter-broker listener (followers fetch
+    there). Either serves the internal API, which answers only calls carrying
+    `broker_secret`, the cluster's broker credential (`rpc.inter_broker`); `brokers_only`
+    (a controller-only listener) answers nothing else either. `security` says whether the port
+    speaks TLS and how callers authenticate (`rpc.call_authentication`, against the users'
+    SCRAM `credentials`); `listener` is its name (`DeltaBusServicer`).
 
     Raises BrokerNotAvailableError when the port cannot be bound (already in use).
     """
@@ -390,19 +402,19 @@ def start_server(host: str, port: int, handler: DeltaBusHandler,
         ("grpc.max_send_message_length", cfg.REQUEST_MAX_BYTES),
         ("grpc.so_reuseport", 0),
     ]
-    internal = lifecycle is not None or replica_fetch
+    internal = lifecycle is not None or replica_fetch or brokers_only
     if internal and not broker_secret:
         raise ValueError("a server of the internal API needs the cluster's broker credential")
     interceptors: list[grpc.ServerInterceptor] = []
     if internal and broker_secret:
-        interceptors.append(InterBrokerAuthorizer(broker_secret))
+        interceptors.append(InterBrokerAuthorizer(broker_secret, every_method=brokers_only))
     if security.uses_sasl or security.uses_tls or (lifecycle is not None and broker_secret):
         authenticator = (Authenticator(credentials, security.sasl_enabled_mechanisms)
                          if security.uses_sasl and credentials is not None else None)
         interceptors.append(CallAuthenticator(security, authenticator, broker_secret))
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=threads), options=options,
                          interceptors=interceptors or None)
-    pb_grpc.add_DeltaBusServicer_to_server(DeltaBusServicer(handler, groups), server)
+    pb_grpc.add_DeltaBusServicer_to_server(DeltaBusServicer(handler, groups, listener), server)
     if lifecycle is not None:
         ipb_grpc.add_BrokerLifecycleServicer_to_server(BrokerLifecycleServicer(lifecycle), server)
     if replica_fetch:

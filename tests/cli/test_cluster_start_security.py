@@ -107,6 +107,36 @@ def test_override_takes_server_properties_names_and_a_flag_wins(tls: dict[str, s
     assert broker_security.cluster_settings(no_authorizer)["authorizer"] is False
 
 
+def test_named_listeners_take_kafkas_flags_and_server_properties_names(
+        tls: dict[str, str]) -> None:
+    args = start_args(
+        "--listeners", "CLIENT://0.0.0.0:9092",
+        "--advertised-listeners", "CLIENT://bus.example.com:9092",
+        "--grpc-listeners", "CLIENT://0.0.0.0:9192,REPLICATION://127.0.0.2:0",
+        "--override", "listener.security.protocol.map=CLIENT:SASL_SSL,REPLICATION:SSL",
+        "--override", "inter.broker.listener.name=REPLICATION", *tls_flags(tls), "--authorizer")
+    settings = broker_security.cluster_settings(args)
+    listeners = settings["listeners"]
+    assert [(x.name, x.door, x.host, x.port, x.security_protocol)
+            for x in listeners.grpc + listeners.kafka] == [
+        ("CLIENT", "grpc", "0.0.0.0", 9192, "SASL_SSL"),
+        ("REPLICATION", "grpc", "127.0.0.2", 0, "SSL"),
+        ("CLIENT", "kafka", "0.0.0.0", 9092, "SASL_SSL")]
+    assert listeners.kafka[0].advertised_host == "bus.example.com"
+    assert listeners.inter_broker_listener_name == "REPLICATION"
+    assert broker_security.describe(settings) == (
+        "Security: listener.security.protocol.map=CLIENT:SASL_SSL,REPLICATION:SSL, "
+        "inter.broker.listener.name=REPLICATION, controller.listener.names=REPLICATION, "
+        "sasl.enabled.mechanisms=PLAIN,SCRAM-SHA-256,SCRAM-SHA-512, ssl.client.auth=none, "
+        "authorizer on, super.users=(none)")
+    # Only Kafka listeners named: the gRPC door is one listener of the first one's name, on
+    # its host and the bootstrap port.
+    only_kafka = broker_security.cluster_settings(
+        start_args("--listeners", "PLAINTEXT://127.0.0.5:9092"), ("127.0.0.1", 9192))
+    (grpc,) = only_kafka["listeners"].grpc
+    assert (grpc.name, grpc.host, grpc.port) == ("PLAINTEXT", "127.0.0.5", 9192)
+
+
 def test_add_scram_is_kafka_storages_flag() -> None:
     users = broker_security.scram_users(start_args(
         "--add-scram", f"SCRAM-SHA-256=[name=admin,password={SECRET}]",
@@ -132,7 +162,16 @@ def test_add_scram_is_kafka_storages_flag() -> None:
      "sasl.enabled.mechanisms takes PLAIN, SCRAM-SHA-256, SCRAM-SHA-512, not GSSAPI"),
     (["--ssl-client-auth", "requested"], "ssl.client.auth must be none or required"),
     (["--super-users", "admin"], "--super-users lists principals as User:name"),
-    (["--override", "listeners=SASL_SSL://:9093"], "--override listeners is not a setting"),
+    (["--override", "num.network.threads=8"], "--override num.network.threads is not a setting"),
+    (["--listeners", "CLIENT://127.0.0.1:9092"],
+     "no security protocol defined for listener CLIENT"),
+    (["--listeners", "SASL_SSL://127.0.0.1:9092", "--security-protocol", "SASL_SSL"],
+     "--security-protocol sets the unnamed listeners"),
+    (["--grpc-listeners", "PLAINTEXT://127.0.0.1:9192", "--kafka-port", "9092"],
+     "--kafka-port sets the unnamed listeners"),
+    (["--listeners", "PLAINTEXT://127.0.0.1:9092", "--inter-broker-listener-name", "BROKER"],
+     "inter.broker.listener.name must be a listener name defined in grpc.listeners"),
+    (["--listeners", "SSL://127.0.0.1:9092"], "needs the listeners' certificate and key"),
     (["--override", "ssl.keystore.location=/etc/kafka/keystore.jks"],
      "ssl.keystore.location is Java's key or trust store setting"),
     (["--add-scram", f"SCRAM-SHA-1=[name=admin,password={SECRET}]"],

@@ -1,7 +1,9 @@
-"""A whole cluster on SASL_SSL with an authorizer, as a shared network needs it: brokers register
-and replicate over TLS, users made from the driver authenticate on both doors (deltabus's clients
-over gRPC, kafka-python and librdkafka over the Kafka door), a super user may do anything, and a
-user without ACLs is refused with nothing written."""
+"""A whole cluster as a shared network needs it: clients on SASL_SSL with an authorizer, brokers
+on listeners of their own (Kafka's named listeners). Brokers register on a controller listener and
+replicate on an inter-broker listener, both SSL on addresses of their own, which no client is
+told of; users made from the driver authenticate on both doors (deltabus's clients over gRPC,
+kafka-python and librdkafka over the Kafka door), which tell them the advertised addresses; a
+super user may do anything, and a user without ACLs is refused with nothing written."""
 
 from __future__ import annotations
 
@@ -18,26 +20,36 @@ import trustme
 from deltabus import AdminClient, Cluster, NewTopic, Producer, errors
 from deltabus import config as cfg
 from deltabus.acls import AclBinding, Operation, PatternType, Permission, ResourceType
+from deltabus.listeners import ListenerConfig
 from deltabus.rpc.v1 import deltabus_pb2 as pb
 from deltabus.rpc.v1 import deltabus_pb2_grpc as pb_grpc
+from deltabus.rpc.v1 import internal_pb2 as ipb
 from tests.conftest import read_records
 
 PASSWORDS = {"admin": "admin-secret", "alice": "alice-secret"}
+# Clients bind loopback and are told "localhost"; brokers replicate on 127.0.0.2 and register
+# with the controller on 127.0.0.3, over SSL with the broker credential.
+LISTENERS = ListenerConfig.parse(
+    listeners="CLIENT://127.0.0.1:0", advertised_listeners="CLIENT://localhost:0",
+    grpc_listeners="CLIENT://127.0.0.1:0,REPLICATION://127.0.0.2:0,CONTROLLER://127.0.0.3:0",
+    grpc_advertised_listeners="CLIENT://localhost:0",
+    listener_security_protocol_map="CLIENT:SASL_SSL,REPLICATION:SSL,CONTROLLER:SSL",
+    inter_broker_listener_name="REPLICATION", controller_listener_names="CONTROLLER")
 
 
 @pytest.fixture(scope="module")
 def secure(spark, tmp_path_factory) -> Iterator[tuple[Cluster, str]]:
     folder = tmp_path_factory.mktemp("secure")
     ca = trustme.CA()
-    server = ca.issue_cert("127.0.0.1", "localhost")
+    server = ca.issue_cert("127.0.0.1", "127.0.0.2", "127.0.0.3", "localhost")
     ca_file = str(folder / "ca.pem")
     ca.cert_pem.write_to_path(ca_file)
     security = cfg.ListenerSecurity(
-        security_protocol="SASL_SSL", ssl_key=server.private_key_pem.bytes(),
+        ssl_key=server.private_key_pem.bytes(),
         ssl_certificate=b"".join(p.bytes() for p in server.cert_chain_pems),
         ssl_ca=ca.cert_pem.bytes())
-    cluster = Cluster(spark, root=str(folder / "data"), brokers=2, port=0, kafka_port=0,
-                      security=security, authorizer=True, super_users=("User:admin",)).start()
+    cluster = Cluster(spark, root=str(folder / "data"), brokers=2, security=security,
+                      listeners=LISTENERS, authorizer=True, super_users=("User:admin",)).start()
     try:
         for user, password in PASSWORDS.items():
             cluster.add_scram_user(user, password)
@@ -118,8 +130,8 @@ def test_nobody_produces_under_another_users_producer_id(secure) -> None:
                                       f"User:{u}", "*", Operation.WRITE, Permission.ALLOW)
                            for u in ("alice", "mallory")])
     tls = grpc.ssl_channel_credentials(root_certificates=open(ca_file, "rb").read())
-    leader = cluster.controller.image().broker(
-        cluster.controller.image().partition("shared", 0).leader).address
+    image = cluster.controller.image()
+    leader = image.on_listener("CLIENT").broker(image.partition("shared", 0).leader).address
 
     def as_user(user: str) -> tuple[tuple[str, str], ...]:
         token = base64.b64encode(f"{user}:{PASSWORDS[user]}".encode()).decode()
@@ -144,3 +156,75 @@ def test_nobody_produces_under_another_users_producer_id(secure) -> None:
         assert produce(stub, "alice", alices, 1, b"alice-1") == 0
     records = read_records(cluster.bootstrap_servers, "shared", 1, 2, **_grpc("admin", ca_file))
     assert [r.value for r in records] == [b"alice-0", b"alice-1"]
+
+
+def _stub(address: str, ca_file: str) -> pb_grpc.DeltaBusStub:
+    tls = grpc.ssl_channel_credentials(root_certificates=open(ca_file, "rb").read())
+    return pb_grpc.DeltaBusStub(grpc.secure_channel(address, tls))
+
+
+def _basic(user: str) -> tuple[tuple[str, str], ...]:
+    token = base64.b64encode(f"{user}:{PASSWORDS[user]}".encode()).decode()
+    return (("authorization", f"Basic {token}"),)
+
+
+def test_clients_are_told_only_their_listeners_advertised_addresses(secure) -> None:
+    cluster, ca_file = secure
+    assert cluster.bootstrap_servers.startswith("localhost:")
+    assert cluster.kafka_bootstrap_servers.startswith("localhost:")
+    image = cluster.controller.image()
+    # Brokers replicate on their REPLICATION listeners (127.0.0.2), SSL, with the credential.
+    assert {b.host for b in image.brokers} == {"127.0.0.2"}
+    metadata = _stub(cluster.bootstrap_servers, ca_file).Metadata(
+        pb.MetadataRequest(), timeout=60, metadata=_basic("admin"))
+    told = {(b.host, b.port, b.kafka_port) for b in metadata.brokers}
+    assert told == {(b.listener("grpc", "CLIENT").host, b.listener("grpc", "CLIENT").port,
+                     b.listener("kafka", "CLIENT").port) for b in image.brokers}
+    assert {host for host, _, _ in told} == {"localhost"}
+    assert all(not b.listeners for b in metadata.brokers)  # no internal address leaks
+    admin = kafka.KafkaAdminClient(
+        bootstrap_servers=cluster.kafka_bootstrap_servers, security_protocol="SASL_SSL",
+        sasl_mechanism="SCRAM-SHA-256", sasl_plain_username="admin",
+        sasl_plain_password=PASSWORDS["admin"], ssl_cafile=ca_file)
+    try:
+        brokers = admin.describe_cluster()["brokers"]
+    finally:
+        admin.close()
+    assert {(b["host"], b["port"]) for b in brokers} == {
+        (b.listener("kafka", "CLIENT").host, b.listener("kafka", "CLIENT").port)
+        for b in image.brokers}
+
+
+def test_the_internal_listeners_serve_no_client(secure) -> None:
+    """The broker lifecycle is not served where clients come in, and the controller's own
+    listener answers only the cluster's brokers, whoever the caller authenticates as."""
+    cluster, ca_file = secure
+    client = grpc.secure_channel(cluster.bootstrap_servers, grpc.ssl_channel_credentials(
+        root_certificates=open(ca_file, "rb").read()))
+    register = client.unary_unary(
+        "/deltabus.internal.v1.BrokerLifecycle/RegisterBroker",
+        request_serializer=ipb.RegisterBrokerRequest.SerializeToString,
+        response_deserializer=ipb.RegisterBrokerResponse.FromString)
+    with pytest.raises(grpc.RpcError) as refused:
+        register(ipb.RegisterBrokerRequest(broker_id=0, host="127.0.0.9", port=1), timeout=60,
+                 metadata=_basic("admin"))
+    assert refused.value.code() == grpc.StatusCode.UNIMPLEMENTED  # not served on CLIENT
+    controller = cluster.listener_address("CONTROLLER")
+    assert controller.startswith("127.0.0.3:")
+    with pytest.raises(grpc.RpcError) as refused:
+        _stub(controller, ca_file).Metadata(pb.MetadataRequest(), timeout=60,
+                                            metadata=_basic("admin"))
+    assert dict(refused.value.trailing_metadata())["deltabus-error-code"] == str(
+        errors.ClusterAuthorizationFailedError.code)
+    # Leaders serve follower fetches on the REPLICATION listener only.
+    image = cluster.controller.image()
+    leader = image.on_listener("CLIENT").brokers[0].address
+    fetch = grpc.secure_channel(leader, grpc.ssl_channel_credentials(
+        root_certificates=open(ca_file, "rb").read())).unary_unary(
+        "/deltabus.internal.v1.ReplicaFetch/Fetch",
+        request_serializer=ipb.ReplicaFetchRequest.SerializeToString,
+        response_deserializer=ipb.ReplicaFetchResponse.FromString)
+    with pytest.raises(grpc.RpcError) as refused:
+        fetch(ipb.ReplicaFetchRequest(replica_id=1), timeout=60, metadata=_basic("admin"))
+    assert refused.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    assert cluster.controller.wait_for_brokers(2, 60)  # the real brokers carry on

@@ -61,16 +61,21 @@ class KafkaEndpoint:
     rack: str | None = None
 
 
-def kafka_endpoints(image: MetadataImage) -> list[KafkaEndpoint]:
-    """The live brokers' Kafka listeners (brokers without one are left out)."""
-    return [KafkaEndpoint(b.broker_id, b.host, b.kafka_port, b.rack or None)
-            for b in image.brokers if b.kafka_port > 0]
+def kafka_endpoints(image: MetadataImage, listener: str = "") -> list[KafkaEndpoint]:
+    """The live brokers' Kafka listener `listener`, the one the asking client came in on
+    ("": the first; brokers without it are left out)."""
+    out = []
+    for b in image.brokers:
+        address = b.kafka_address(listener)
+        if address is not None:
+            out.append(KafkaEndpoint(b.broker_id, address[0], address[1], b.rack or None))
+    return out
 
 
-def controller_id(image: MetadataImage) -> int:
+def controller_id(image: MetadataImage, listener: str = "") -> int:
     """The node Kafka clients send controller requests to: a live broker (the lowest id), which
     passes them on to deltabus's controller in the driver; -1 when none is up."""
-    return min((b.node_id for b in kafka_endpoints(image)), default=-1)
+    return min((b.node_id for b in kafka_endpoints(image, listener)), default=-1)
 
 
 def topic_uuid(topic_id: str) -> uuid.UUID | None:
@@ -86,7 +91,8 @@ def _message(error: errors.DeltaBusError | None) -> str | None:
 
 
 class KafkaAdminApis:
-    def __init__(self, handler: DeltaBusHandler) -> None:
+    def __init__(self, handler: DeltaBusHandler, listener: str = "") -> None:
+        self._listener = listener  # the Kafka listener's name: DescribeCluster names its brokers
         self._handler = handler
         self.apis = {
             CREATE_TOPICS: self.create_topics, DELETE_TOPICS: self.delete_topics,
@@ -226,10 +232,11 @@ class KafkaAdminApis:
         cls = load_response_schema(DESCRIBE_CLUSTER, version)
         broker_cls = nested(cls, "DescribeClusterBroker")
         image = self._handler.metadata([], False)
-        brokers = kafka_endpoints(image)
+        brokers = kafka_endpoints(image, self._listener)
         return make(cls, throttle_time=NO_TIME, error_code=error_code(refused),
                     error_message=_message(refused), endpoint_type=1,
-                    cluster_id=image.cluster_id or "", controller_id=controller_id(image),
+                    cluster_id=image.cluster_id or "",
+                    controller_id=controller_id(image, self._listener),
                     brokers=tuple(make(broker_cls, broker_id=b.node_id, host=b.host,
                                        port=b.port, rack=b.rack) for b in brokers))
 

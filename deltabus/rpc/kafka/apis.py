@@ -60,17 +60,19 @@ class KafkaApis:
     """Answers decoded Kafka requests. Thread-safe: each connection's thread calls it."""
 
     def __init__(self, handler: DeltaBusHandler, groups_: GroupCoordinator | None = None,
-                 coordinator: tuple[str, int] | None = None) -> None:
+                 coordinator: tuple[str, int] | None = None, listener: str = "") -> None:
         """`groups_`: the group coordinator, where this listener has it (the bootstrap);
-        `coordinator`: where Kafka clients find it (FindCoordinator's answer)."""
+        `coordinator`: where Kafka clients find it (FindCoordinator's answer); `listener`: the
+        name of the Kafka listener this answers on, whose endpoints Metadata tells clients."""
         self._handler = handler
+        self._listener = listener
         self.groups = groups.KafkaGroupApis(groups_, coordinator)
         self._apis: dict[int, Callable[..., Any]] = {
             API_VERSIONS: self.api_versions, METADATA: self.metadata, PRODUCE: self.produce,
             FETCH: self.fetch, LIST_OFFSETS: self.list_offsets,
             INIT_PRODUCER_ID: self.init_producer_id,
             OFFSET_FOR_LEADER_EPOCH: self.offset_for_leader_epoch, **self.groups.apis,
-            **admin.KafkaAdminApis(handler).apis, **acl_apis.KafkaAclApis(handler).apis,
+            **admin.KafkaAdminApis(handler, listener).apis, **acl_apis.KafkaAclApis(handler).apis,
         }
 
     def knows(self, api_key: int) -> bool:
@@ -137,7 +139,7 @@ class KafkaApis:
         image, denied = authorized_metadata(self._handler, current_access(), names or [],
                                             auto_create and bool(names))
         brokers = tuple(make(broker_cls, node_id=b.node_id, host=b.host, port=b.port,
-                             rack=b.rack) for b in kafka_endpoints(image))
+                             rack=b.rack) for b in kafka_endpoints(image, self._listener))
         live = {b.node_id for b in brokers}
         if self.groups.coordinator_address is not None:
             # librdkafka drops a coordinator that Metadata does not list: the group
@@ -167,7 +169,8 @@ class KafkaApis:
                                partitions=partitions))
         return make(cls, throttle_time=NO_TIME, brokers=brokers,
                     cluster_id=image.cluster_id or None,
-                    controller_id=controller_id(image), topics=tuple(topics))
+                    controller_id=controller_id(image, self._listener),
+                    topics=tuple(topics))
 
     # ---- Produce ------------------------------------------------------------------------------
 

@@ -222,12 +222,13 @@ class KafkaListener:
                  groups: GroupCoordinator | None = None, coordinator: str = "",
                  max_request_bytes: int = cfg.REQUEST_MAX_BYTES,
                  security: ListenerSecurity = PLAINTEXT,
-                 credentials: CredentialLookup | None = None) -> None:
+                 credentials: CredentialLookup | None = None, listener: str = "") -> None:
         """`groups`: the group coordinator, on the listener that has it (the bootstrap, which
         then tells clients to come to itself); `coordinator`: host:port of that listener, for
         the brokers' FindCoordinator answers; `security`: TLS and SASL; `credentials`: the
-        users' SCRAM credentials a SASL listener checks."""
-        kafka_apis = apis.KafkaApis(handler, groups, _address(coordinator))
+        users' SCRAM credentials a SASL listener checks; `listener`: its name (Metadata
+        answers with the brokers' endpoints of it)."""
+        kafka_apis = apis.KafkaApis(handler, groups, _address(coordinator), listener)
         authenticator = None
         if security.uses_sasl:
             if credentials is None:
@@ -242,10 +243,20 @@ class KafkaListener:
         address = self._server.server_address
         self.host: str = str(address[0])
         self.port: int = int(address[1])
+        self.bound_port = self.port
         if groups is not None:
             kafka_apis.groups.coordinator_address = (self.host, self.port)
+        self._apis = kafka_apis
+        self._coordinates = groups is not None  # this listener is the group coordinator's
         self._thread = threading.Thread(target=self._server.serve_forever, args=(0.2,),
                                         name=f"kafka-listener-{self.port}", daemon=True)
+
+    def advertise(self, host: str, port: int) -> None:
+        """Tell clients (host, port) for this listener rather than the bound address (Kafka's
+        advertised.listeners); on the group coordinator's listener FindCoordinator names it."""
+        self.host, self.port = host, port
+        if self._coordinates:
+            self._apis.groups.coordinator_address = (host, port)
 
     def start(self) -> KafkaListener:
         self._thread.start()

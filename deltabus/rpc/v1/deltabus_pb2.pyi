@@ -287,18 +287,32 @@ class Record(_message.Message):
     def __init__(self, key: _Optional[bytes] = ..., value: _Optional[bytes] = ..., timestamp_ms: _Optional[int] = ..., headers: _Optional[_Iterable[_Union[Header, _Mapping]]] = ..., offset: _Optional[int] = ..., timestamp_type: _Optional[_Union[TimestampType, str]] = ...) -> None: ...
 
 class BrokerInfo(_message.Message):
-    __slots__ = ("broker_id", "host", "port", "rack", "kafka_port")
+    __slots__ = ("broker_id", "host", "port", "rack", "kafka_port", "listeners")
     BROKER_ID_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
     PORT_FIELD_NUMBER: _ClassVar[int]
     RACK_FIELD_NUMBER: _ClassVar[int]
     KAFKA_PORT_FIELD_NUMBER: _ClassVar[int]
+    LISTENERS_FIELD_NUMBER: _ClassVar[int]
     broker_id: int
     host: str
     port: int
     rack: str
     kafka_port: int
-    def __init__(self, broker_id: _Optional[int] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., rack: _Optional[str] = ..., kafka_port: _Optional[int] = ...) -> None: ...
+    listeners: _containers.RepeatedCompositeFieldContainer[ListenerEndpoint]
+    def __init__(self, broker_id: _Optional[int] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., rack: _Optional[str] = ..., kafka_port: _Optional[int] = ..., listeners: _Optional[_Iterable[_Union[ListenerEndpoint, _Mapping]]] = ...) -> None: ...
+
+class ListenerEndpoint(_message.Message):
+    __slots__ = ("name", "door", "host", "port")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DOOR_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    door: str
+    host: str
+    port: int
+    def __init__(self, name: _Optional[str] = ..., door: _Optional[str] = ..., host: _Optional[str] = ..., port: _Optional[int] = ...) -> None: ...
 
 class PartitionMetadata(_message.Message):
     __slots__ = ("partition", "leader", "leader_epoch", "replicas", "isr", "offline_replicas", "error_code", "adding_replicas", "removing_replicas")

@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class RegisterBrokerRequest(_message.Message):
-    __slots__ = ("broker_id", "host", "port", "rack", "pid", "incarnation_id", "kafka_port")
+    __slots__ = ("broker_id", "host", "port", "rack", "pid", "incarnation_id", "kafka_port", "listeners")
     BROKER_ID_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
     PORT_FIELD_NUMBER: _ClassVar[int]
@@ -16,6 +16,7 @@ class RegisterBrokerRequest(_message.Message):
     PID_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_ID_FIELD_NUMBER: _ClassVar[int]
     KAFKA_PORT_FIELD_NUMBER: _ClassVar[int]
+    LISTENERS_FIELD_NUMBER: _ClassVar[int]
     broker_id: int
     host: str
     port: int
@@ -23,7 +24,8 @@ class RegisterBrokerRequest(_message.Message):
     pid: int
     incarnation_id: str
     kafka_port: int
-    def __init__(self, broker_id: _Optional[int] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., rack: _Optional[str] = ..., pid: _Optional[int] = ..., incarnation_id: _Optional[str] = ..., kafka_port: _Optional[int] = ...) -> None: ...
+    listeners: _containers.RepeatedCompositeFieldContainer[_deltabus_pb2.ListenerEndpoint]
+    def __init__(self, broker_id: _Optional[int] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., rack: _Optional[str] = ..., pid: _Optional[int] = ..., incarnation_id: _Optional[str] = ..., kafka_port: _Optional[int] = ..., listeners: _Optional[_Iterable[_Union[_deltabus_pb2.ListenerEndpoint, _Mapping]]] = ...) -> None: ...
 
 class RegisterBrokerResponse(_message.Message):
     __slots__ = ("error_code", "error_message", "broker_epoch")
