@@ -156,8 +156,8 @@ def cluster_settings(args: argparse.Namespace, bootstrap: tuple[str, int] = (
         ssl_ca_location=given.get("ssl_ca_location", ""), **listener)
     settings: dict[str, Any] = {"security": security}
     if named is not None:
-        for listener in named.grpc + named.kafka:  # a TLS listener needs the certificate
-            security.for_protocol(listener.security_protocol)
+        for item in named.grpc + named.kafka:  # a TLS listener needs the certificate
+            security.for_protocol(item.security_protocol)
         settings["listeners"] = named
     if "authorizer" in given:
         settings["authorizer"] = bool(given["authorizer"].strip())
