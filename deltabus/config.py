@@ -43,6 +43,11 @@ FETCH_RESPONSE_PARTITION_BYTES_MAX = 8 * 1024 * 1024
 FETCH_RESPONSE_MAX_BYTES = 57_671_680
 FETCH_WAIT_MS_MAX = 60_000  # no long poll waits longer than this
 PARTITIONS_MAX = 10_000  # per topic
+# A Fetch or ListOffsets names at most this many partitions (deltabus's limit, Kafka has none): a
+# broker reads every partition a request names before the answer's byte limits apply, so one
+# request naming a partition 100,000 times read it 100,000 times. A consumer of a whole topic
+# whose partitions all live on one broker still fits (checked below). Beyond it: INVALID_REQUEST.
+REQUEST_PARTITIONS_MAX = 10_000
 TOPIC_NAME_LENGTH_MAX = 249  # Kafka's limit
 # Kafka's offset.metadata.max.bytes default: the longest metadata string an offset commit carries,
 # in UTF-8 bytes. The group config sets it; the offset store enforces it.
@@ -541,6 +546,7 @@ def _check_relations() -> None:
     assert FETCH_PARTITION_MAX_BYTES <= FETCH_RESPONSE_PARTITION_BYTES_MAX
     assert MESSAGE_MAX_BYTES < REQUEST_MAX_BYTES
     assert FETCH_MAX_WAIT_MS <= FETCH_WAIT_MS_MAX
+    assert PARTITIONS_MAX <= REQUEST_PARTITIONS_MAX
 
 
 _check_relations()

@@ -34,6 +34,12 @@ from deltabus.rpc.fetch_size import FetchBudget
 from deltabus.rpc.group_servicer import GroupServicerMixin
 from deltabus.rpc.inter_broker import InterBrokerAuthorizer
 from deltabus.rpc.internal_servicer import BrokerLifecycleServicer, ReplicaFetchServicer
+from deltabus.rpc.request_limits import (
+    check_distinct,
+    check_partition_count,
+    duplicate_error,
+    duplicates,
+)
 from deltabus.rpc.tls import grpc_server_credentials
 from deltabus.rpc.v1 import deltabus_pb2 as pb
 from deltabus.rpc.v1 import deltabus_pb2_grpc as pb_grpc
@@ -255,6 +261,8 @@ class DeltaBusServicer(GroupServicerMixin, AclServicerMixin, pb_grpc.DeltaBusSer
         if max_bytes < 0:
             raise errors.InvalidFetchSizeError(f"max_bytes must not be negative: {max_bytes}")
         max_bytes = min(max_bytes, cfg.FETCH_RESPONSE_MAX_BYTES)
+        check_distinct("Fetch", [(p.topic, p.partition) for p in request.partitions])
+        check_partition_count("Fetch", len(request.partitions))
         access = self._access(context)
         refused = {p.topic: e for p in request.partitions
                    if (e := access.topic(Operation.READ, p.topic))}
@@ -295,12 +303,16 @@ class DeltaBusServicer(GroupServicerMixin, AclServicerMixin, pb_grpc.DeltaBusSer
 
     @_guard
     def ListOffsets(self, request: pb.ListOffsetsRequest, context: Any) -> pb.ListOffsetsResponse:
+        check_partition_count("ListOffsets", len(request.partitions))
+        twice = duplicates((p.topic, p.partition) for p in request.partitions)
         response = pb.ListOffsetsResponse()
         access = self._access(context)
         for p in request.partitions:
             entry = pb.ListOffsetsPartitionResponse(topic=p.topic, partition=p.partition,
                                                     offset=-1, timestamp=-1)
             try:
+                if (p.topic, p.partition) in twice:  # as Kafka: each entry of it, none read
+                    raise duplicate_error("ListOffsets", (p.topic, p.partition))
                 Access.raise_if(access.topic(Operation.DESCRIBE, p.topic))
                 entry.offset, entry.timestamp, entry.leader_epoch = self._handler.list_offsets(
                     p.topic, p.partition, present_or(p, "timestamp", LATEST_TIMESTAMP))
