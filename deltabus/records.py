@@ -148,6 +148,104 @@ def record_sizes(batch: pa.Table) -> np.ndarray:
     return size
 
 
+# A magic v2 record batch: its 61-byte header (base offset to records count), then each record:
+# length, attributes, timestamp delta, offset delta, key, value and headers, lengths as zigzag
+# varints. max.message.bytes is checked on that size, per batch, as Kafka checks it.
+RECORD_BATCH_OVERHEAD_BYTES = 61
+RECORD_BYTES_MIN = 7  # a record of no key, no value, no header: one byte per field
+# A record's bytes beyond its key, value and headers at most (each varint at its longest), and a
+# header's beyond its key and value: what a producer reserves so its batches always fit.
+RECORD_OVERHEAD_BYTES_MAX = 36
+HEADER_OVERHEAD_BYTES_MAX = 10
+_VARINT_LIMITS = np.array([1 << (7 * k) for k in range(1, 10)], dtype=np.uint64)
+
+
+def _varint_bytes(values: np.ndarray) -> np.ndarray:
+    """The length of each int64 of `values` as Kafka's zigzag varint."""
+    zigzag = ((values.astype(np.int64) << 1) ^ (values.astype(np.int64) >> 63)).astype(np.uint64)
+    return np.searchsorted(_VARINT_LIMITS, zigzag, side="right").astype(np.int64) + 1
+
+
+def _binary_lengths(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """Byte length of each value, -1 for null (how a record encodes a null key or value)."""
+    return pc.binary_length(column).fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+
+
+def _headers_bytes(headers: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
+    """Per record: (its header count, the bytes of its headers with their length varints)."""
+    array = headers.combine_chunks() if isinstance(headers, pa.ChunkedArray) else headers
+    counts = pc.list_value_length(array).fill_null(0).to_numpy(zero_copy_only=False)
+    if not counts.any():
+        return counts.astype(np.int64), np.zeros(len(array), np.int64)
+    flat = array.values
+    key_lengths = _binary_lengths(pc.struct_field(flat, "key").cast(pa.binary()))
+    value_lengths = _binary_lengths(pc.struct_field(flat, "value"))
+    each = (_varint_bytes(key_lengths) + np.maximum(key_lengths, 0)
+            + _varint_bytes(value_lengths) + np.maximum(value_lengths, 0))
+    total = np.concatenate(([0], np.cumsum(each)))
+    offsets = array.offsets.to_numpy()
+    sums = total[offsets[1:]] - total[offsets[:-1]]
+    sums[counts == 0] = 0
+    return counts.astype(np.int64), sums
+
+
+def record_encoded_sizes(batch: pa.Table) -> np.ndarray:
+    """Each record's bytes in an uncompressed magic v2 batch of `batch` (PRODUCE_SCHEMA), as a
+    Kafka client encodes it: offset deltas from 0, timestamp deltas from the first record's (a
+    null timestamp, which the broker fills, counts as the first's)."""
+    n = batch.num_rows
+    stamps = pc.cast(batch.column("timestamp"), pa.int64())  # microseconds
+    present = stamps.drop_null()
+    first = present[0].as_py() if len(present) else 0
+    millis = stamps.fill_null(first).to_numpy(zero_copy_only=False) // 1000 - first // 1000
+    keys, values = _binary_lengths(batch.column("key")), _binary_lengths(batch.column("value"))
+    counts, header_bytes = _headers_bytes(batch.column("headers"))
+    body = (1 + _varint_bytes(millis) + _varint_bytes(np.arange(n, dtype=np.int64))
+            + _varint_bytes(keys) + np.maximum(keys, 0) + _varint_bytes(values)
+            + np.maximum(values, 0) + _varint_bytes(counts) + header_bytes)
+    return _varint_bytes(body) + body
+
+
+def record_bytes_max(table: pa.Table) -> np.ndarray:
+    """Each record's bytes in a record batch at most, from whichever of PRODUCE_SCHEMA's
+    key, value and headers columns `table` has (others count nothing): what a producer counts
+    to keep its batches within max.message.bytes before the broker sees them."""
+    size = np.full(table.num_rows, RECORD_OVERHEAD_BYTES_MAX, np.int64)
+    for name in ("key", "value"):
+        if name in table.column_names and _is_binary(table.column(name).type):
+            size += np.maximum(_binary_lengths(table.column(name)), 0)
+    if "headers" in table.column_names and table.column("headers").type == HEADERS_TYPE:
+        size += _headers_bytes(table.column("headers"))[1]  # exact, with their varints
+    return size
+
+
+def _is_binary(kind: pa.DataType) -> bool:
+    return bool(pa.types.is_binary(kind) or pa.types.is_large_binary(kind)
+                or pa.types.is_string(kind) or pa.types.is_large_string(kind))
+
+
+def batch_size_bytes(batch: pa.Table) -> int:
+    """The size of `batch` (PRODUCE_SCHEMA) as one uncompressed magic v2 record batch: what
+    max.message.bytes limits on the gRPC door (Kafka's door has the client's own batch)."""
+    return RECORD_BATCH_OVERHEAD_BYTES + int(record_encoded_sizes(batch).sum())
+
+
+def batch_size_min_bytes(records: int) -> int:
+    """The least a batch of `records` records takes (each of the smallest kind)."""
+    return RECORD_BATCH_OVERHEAD_BYTES + RECORD_BYTES_MIN * records
+
+
+def check_batch_size(size_bytes: int, max_message_bytes: int, where: str,
+                     at_least: bool = False) -> None:
+    """Kafka's check of a batch against max.message.bytes (UnifiedLog's analyzeAndValidateRecords:
+    RecordTooLargeException, MESSAGE_TOO_LARGE, with its message)."""
+    if size_bytes > max_message_bytes:
+        raise errors.MessageTooLargeError(
+            f"The record batch size in the append to {where} is {'at least ' * at_least}"
+            f"{size_bytes} bytes which exceeds the maximum configured value "
+            f"(max.message.bytes={max_message_bytes}).")
+
+
 def to_log_batch(
     batch: pa.Table,
     *,

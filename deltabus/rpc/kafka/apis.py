@@ -206,7 +206,7 @@ class KafkaApis:
                                     "transactional batches are not supported yet")
                             appended.append(self._handler.produce(
                                 topic.name, data.index, batch.records, acks=acks,
-                                producer=batch.producer))
+                                producer=batch.producer, batch_bytes=batch.size_bytes))
                     except errors.DeltaBusError as e:
                         error = e
                 pending.append((topic.name, data.index, appended, error))

@@ -36,6 +36,7 @@ class ProducedBatch:
     records: pa.Table  # PRODUCE_SCHEMA
     producer: ProducerState
     transactional: bool
+    size_bytes: int  # on the wire, compressed or not: what max.message.bytes limits in Kafka
 
 
 def decode_produce(data: bytes) -> list[ProducedBatch]:
@@ -67,7 +68,7 @@ def decode_produce(data: bytes) -> list[ProducedBatch]:
             headers=[[(k, v) for k, v in h] if h else None for h in headers]))
         producer = (ProducerState(batch.producer_id, batch.producer_epoch, batch.base_sequence)
                     if batch.producer_id >= 0 else ProducerState())
-        out.append(ProducedBatch(table, producer, batch.is_transactional))
+        out.append(ProducedBatch(table, producer, batch.is_transactional, batch.size_in_bytes))
     if not out:
         raise errors.InvalidRecordError("the produce data holds no record batch")
     return out
