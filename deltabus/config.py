@@ -26,6 +26,16 @@ REQUEST_MAX_BYTES = 104_857_600  # Kafka's socket.request.max.bytes: the largest
 FETCH_MAX_BYTES = 52_428_800  # Kafka's fetch.max.bytes
 FETCH_PARTITION_MAX_BYTES = 1_048_576  # Kafka's max.partition.fetch.bytes
 FETCH_MAX_WAIT_MS = 500  # Kafka's fetch.max.wait.ms
+# A produce batch holds at most this many records (deltabus's limit; Kafka has none, its batches
+# being bounded by their bytes): an Arrow batch of all-null columns declares rows for free, and a
+# broker allocates about 20 bytes a record normalising it, so 224 bytes asked for 20 GB. The
+# deltabus Producer's batches hold batch_size / 36 records at most. Beyond: RECORD_LIST_TOO_LARGE.
+PRODUCE_BATCH_RECORDS_MAX = 1_000_000
+# The record batches of one produce request unpack to at most this many bytes (Kafka batches
+# compressed with gzip, snappy, lz4 or zstd; Arrow IPC with compressed buffers): what an
+# uncompressed request may carry, so a few KiB cannot unpack to gigabytes (a decompression bomb).
+# Beyond: RECORD_LIST_TOO_LARGE, Kafka's answer to a batch too large for its log to take.
+PRODUCE_UNPACKED_BYTES_MAX = REQUEST_MAX_BYTES
 # A produce that does not say how long it may wait for its acks waits this long (Kafka's producer
 # request.timeout.ms default).
 PRODUCE_TIMEOUT_MS_DEFAULT = 30_000
@@ -547,6 +557,10 @@ def _check_relations() -> None:
     assert MESSAGE_MAX_BYTES < REQUEST_MAX_BYTES
     assert FETCH_MAX_WAIT_MS <= FETCH_WAIT_MS_MAX
     assert PARTITIONS_MAX <= REQUEST_PARTITIONS_MAX
+    # A batch of the default max.message.bytes is never refused for its count (7 bytes: the
+    # smallest record, records.RECORD_BYTES_MIN), nor for what it unpacks to uncompressed.
+    assert PRODUCE_BATCH_RECORDS_MAX * 7 >= MESSAGE_MAX_BYTES
+    assert MESSAGE_MAX_BYTES <= PRODUCE_UNPACKED_BYTES_MAX <= REQUEST_MAX_BYTES
 
 
 _check_relations()

@@ -11,6 +11,7 @@ Invariants:
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -19,6 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from deltabus import config as cfg
 from deltabus import errors
 
 HEADER_TYPE = pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())])
@@ -104,6 +106,7 @@ def normalize_produce(table: pa.Table) -> pa.Table:
 
     Raises InvalidRecordError naming the column at fault; nothing is written on error.
     """
+    check_record_count(table.num_rows)
     names = set(table.column_names)
     if "value" not in names:
         raise errors.InvalidRecordError("a produce batch needs a 'value' column")
@@ -131,6 +134,37 @@ def normalize_produce(table: pa.Table) -> pa.Table:
     if headers.null_count < n and pc.struct_field(pc.list_flatten(headers), "key").null_count:
         raise errors.InvalidRecordError("a header key must not be null")
     return out
+
+
+def check_record_count(records: int) -> None:
+    """RECORD_LIST_TOO_LARGE for a batch of more records than PRODUCE_BATCH_RECORDS_MAX: checked
+    on the count a batch declares, before anything is allocated per record."""
+    if records > cfg.PRODUCE_BATCH_RECORDS_MAX:
+        raise errors.RecordListTooLargeError(
+            f"a produce batch declares {records} records, more than the limit of "
+            f"{cfg.PRODUCE_BATCH_RECORDS_MAX} (PRODUCE_BATCH_RECORDS_MAX)")
+
+
+class UnpackBudget:
+    """What the record batches of one produce request may still unpack to: compressed Kafka
+    batches and compressed Arrow IPC buffers together, PRODUCE_UNPACKED_BYTES_MAX at most.
+
+    Not thread-safe: one request's thread decodes its batches with it.
+    """
+
+    def __init__(self, limit_bytes: int = cfg.PRODUCE_UNPACKED_BYTES_MAX) -> None:
+        self.limit_bytes = limit_bytes
+        self.remaining_bytes = limit_bytes
+
+    def take(self, size_bytes: int) -> None:
+        """Count `size_bytes` unpacked; RECORD_LIST_TOO_LARGE past the limit (as Kafka answers
+        a batch larger than its log takes in one piece: RecordBatchTooLargeException)."""
+        if size_bytes > self.remaining_bytes:
+            raise errors.RecordListTooLargeError(
+                f"the record batches of this produce request unpack to more than "
+                f"{self.limit_bytes} bytes (PRODUCE_UNPACKED_BYTES_MAX: what an uncompressed "
+                f"request may carry)")
+        self.remaining_bytes -= size_bytes
 
 
 def record_sizes(batch: pa.Table) -> np.ndarray:
@@ -302,12 +336,73 @@ def to_ipc(table: pa.Table) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
-def from_ipc(data: bytes) -> pa.Table:
-    """Read an Arrow IPC stream; raises CorruptMessageError when it is not one."""
+def from_ipc(data: bytes, budget: UnpackBudget | None = None) -> pa.Table:
+    """Read an Arrow IPC stream; raises CorruptMessageError when it is not a valid one.
+
+    A producer's stream is hostile input: each record batch's declared row count is checked
+    (check_record_count) and what its compressed buffers unpack to is counted against `budget`
+    (UnpackBudget) before the batch is read, since reading allocates what they declare; every
+    batch is then validated in full, so a forged offset cannot make a later kernel read out of
+    bounds. Dictionary batches are refused (no produce column is dictionary-encoded).
+    """
+    budget = budget or UnpackBudget()
+    schema, batches, rows = None, [], 0
     try:
-        return pa.ipc.open_stream(pa.py_buffer(data)).read_all()
-    except (pa.ArrowInvalid, OSError) as e:
+        for message in pa.ipc.MessageReader.open_stream(pa.py_buffer(data)):
+            if message.type == "schema" and schema is None:
+                schema = pa.ipc.read_schema(message)
+                continue
+            if message.type != "record batch" or schema is None:
+                raise errors.CorruptMessageError(
+                    f"arrow_records holds a {message.type} message where a record batch goes")
+            declared, unpacked = _record_batch_header(message)
+            rows += declared
+            check_record_count(rows)
+            budget.take(unpacked)
+            batch = pa.ipc.read_record_batch(message, schema)
+            batch.validate(full=True)
+            batches.append(batch)
+        if schema is None:
+            raise errors.CorruptMessageError("arrow_records holds no schema")
+        return pa.Table.from_batches(batches, schema)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError, struct.error,
+            IndexError) as e:
         raise errors.CorruptMessageError(f"arrow_records is not an Arrow IPC stream: {e}") from None
+
+
+def _record_batch_header(message: pa.ipc.Message) -> tuple[int, int]:
+    """(rows, bytes its compressed buffers unpack to: 0 when not compressed) of a record batch
+    message, read from its flatbuffer metadata (Arrow's Message.fbs: Message.header is a
+    RecordBatch of fields length, nodes, buffers, compression) and the length each compressed
+    buffer starts with, without reading the batch."""
+    meta = message.metadata.to_pybytes()
+    root = struct.unpack_from("<I", meta, 0)[0]
+    header = _fb_field(meta, root, 2)
+    if header is None:
+        raise errors.CorruptMessageError("a record batch message without its header")
+    batch = header + struct.unpack_from("<I", meta, header)[0]
+    length_at = _fb_field(meta, batch, 0)
+    rows = struct.unpack_from("<q", meta, length_at)[0] if length_at is not None else 0
+    buffers_at = _fb_field(meta, batch, 2)
+    if _fb_field(meta, batch, 3) is None or buffers_at is None:
+        return rows, 0
+    body = message.body.to_pybytes() if message.body is not None else b""
+    vector = buffers_at + struct.unpack_from("<I", meta, buffers_at)[0]
+    unpacked = 0
+    for i in range(struct.unpack_from("<I", meta, vector)[0]):
+        offset, length = struct.unpack_from("<qq", meta, vector + 4 + 16 * i)
+        if length >= 8:  # each compressed buffer: its unpacked length, -1 if kept as is
+            unpacked += max(0, struct.unpack_from("<q", body, offset)[0])
+    return rows, unpacked
+
+
+def _fb_field(buffer: bytes, table: int, index: int) -> int | None:
+    """Where field `index` of the flatbuffer table at `table` lies, None when absent."""
+    vtable = table - struct.unpack_from("<i", buffer, table)[0]
+    if 4 + 2 * index + 2 > struct.unpack_from("<H", buffer, vtable)[0]:
+        return None
+    offset = struct.unpack_from("<H", buffer, vtable + 4 + 2 * index)[0]
+    return table + offset if offset else None
 
 
 def iter_consumer_records(topic: str, partition: int, table: pa.Table) -> list[ConsumerRecord]:

@@ -41,6 +41,8 @@ from deltabus.metadata import (
 )
 from deltabus.records import (
     HEADERS_TYPE,
+    UnpackBudget,
+    check_record_count,
     from_ipc,
     to_ipc,
 )
@@ -157,15 +159,18 @@ def topic_result_to_proto(result: TopicResult) -> pb.TopicResult:
     )
 
 
-def produce_batch_from_proto(data: pb.PartitionProduceData) -> pa.Table:
+def produce_batch_from_proto(data: pb.PartitionProduceData,
+                             budget: UnpackBudget | None = None) -> pa.Table:
     """The produce batch of one partition entry, from Arrow IPC or proto records, as the client
     sent it: the partition log checks its columns (`normalize_produce`) once it has taken the
-    producer's sequence numbers, so a refused batch does not hold up the producer's next."""
+    producer's sequence numbers, so a refused batch does not hold up the producer's next. What
+    the request's compressed Arrow buffers unpack to counts against `budget`."""
     if data.arrow_records and len(data.records):
         raise errors.InvalidRequestError(
             "send either arrow_records or records for a partition, not both")
     if data.arrow_records:
-        return from_ipc(data.arrow_records)
+        return from_ipc(data.arrow_records, budget)
+    check_record_count(len(data.records))
     return records_to_table(data.records)
 
 

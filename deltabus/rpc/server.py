@@ -23,7 +23,7 @@ from deltabus.acls import Operation
 from deltabus.cluster.handler import DeltaBusHandler, FetchSpec, LifecycleHandler
 from deltabus.log_tables.partition_log import LATEST_TIMESTAMP, AppendResult
 from deltabus.offsets.group_coordinator import GroupCoordinator
-from deltabus.records import ProducerState
+from deltabus.records import ProducerState, UnpackBudget
 from deltabus.rpc import codec, status
 from deltabus.rpc.access import Access, authorized_metadata, merge_refusals, peer_host
 from deltabus.rpc.acl_servicer import AclServicerMixin
@@ -213,6 +213,7 @@ class DeltaBusServicer(GroupServicerMixin, AclServicerMixin, pb_grpc.DeltaBusSer
             raise errors.InvalidRequiredAcksError(f"acks must be 0, 1 or -1 (all), not {acks}")
         pending: list[tuple[pb.PartitionProduceData, Any, errors.DeltaBusError | None]] = []
         access = self._access(context)
+        budget = UnpackBudget()  # what this request's compressed Arrow buffers unpack to
         for data in request.partitions:
             refusal = access.topic(Operation.WRITE, data.topic) or (
                 access.producer_id(self._handler, data.producer_id)
@@ -221,7 +222,7 @@ class DeltaBusServicer(GroupServicerMixin, AclServicerMixin, pb_grpc.DeltaBusSer
                 pending.append((data, None, refusal))
                 continue
             try:
-                batch = codec.produce_batch_from_proto(data)
+                batch = codec.produce_batch_from_proto(data, budget)
                 idempotent = data.HasField("producer_id") and data.producer_id >= 0
                 producer = (ProducerState(data.producer_id, data.producer_epoch,
                                           data.base_sequence)
