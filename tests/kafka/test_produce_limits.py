@@ -7,12 +7,14 @@ which apply the partition log's rules."""
 from __future__ import annotations
 
 import socket
+import struct
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
 import pytest
 from kafka.record.default_records import DefaultRecordBatchBuilder
+from kafka.record.util import calc_crc32c
 from kio.index import load_request_schema
 from kio.schema.errors import ErrorCode
 
@@ -87,3 +89,56 @@ def test_a_compressed_batch_is_measured_as_sent_as_kafka_does(door, fake) -> Non
     answer = produce(door, record_batch([b"v" * (1024 * KIB)] * 3, compression=GZIP))
     assert (answer.error_code, answer.base_offset) == (ErrorCode.none, 0)
     assert [len(v or b"") for v in fake.values(TOPIC, 0)] == [1024 * KIB] * 3
+
+
+# ---- what a batch declares and what it unpacks to ------------------------------------------
+
+MIB = 1024 * KIB
+CODECS = {"gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
+
+
+def forged_count(records: bytes, count: int) -> bytes:
+    """A record batch declaring `count` records, its CRC made good again."""
+    forged = bytearray(records)
+    struct.pack_into(">i", forged, 57, count)
+    struct.pack_into(">I", forged, 17, calc_crc32c(bytes(forged[21:])))
+    return bytes(forged)
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_every_codec_unpacks_what_a_client_packed(door, fake, codec) -> None:
+    values = [b"%d" % i * 100 for i in range(50)]
+    answer = produce(door, record_batch(values, CODECS[codec], headers=[("h", b"x")]))
+    assert (answer.error_code, answer.base_offset) == (ErrorCode.none, 0)
+    assert fake.values(TOPIC, 0) == values
+    assert fake.log(TOPIC, 0).records.column("headers").to_pylist()[0] == [
+        {"key": "h", "value": b"x"}]
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_a_batch_unpacking_past_the_request_limit_is_refused_before_it_is_unpacked(
+        door, fake, codec) -> None:
+    """101 MiB of zeros, a few KiB to a few MiB packed, each record within max.message.bytes:
+    refused with RECORD_LIST_TOO_LARGE naming the limit, nothing written."""
+    bomb = record_batch([bytes(MIB)] * 101, CODECS[codec])
+    assert len(bomb) < cfg.MESSAGE_MAX_BYTES * 6
+    answer = produce(door, bomb)
+    assert answer.error_code == ErrorCode.record_list_too_large
+    assert str(cfg.PRODUCE_UNPACKED_BYTES_MAX) in answer.error_message
+    assert fake.values(TOPIC, 0) == []
+    assert produce(door, record_batch([b"next"], CODECS[codec])).error_code == ErrorCode.none
+
+
+def test_a_batch_declaring_more_records_than_the_limit_is_refused_before_reading_them(
+        door, fake) -> None:
+    answer = produce(door, forged_count(record_batch([b"v"] * 3), 2**31 - 1))
+    assert answer.error_code == ErrorCode.record_list_too_large
+    assert str(cfg.PRODUCE_BATCH_RECORDS_MAX) in answer.error_message
+    assert produce(door, record_batch([b"v"])).error_code == ErrorCode.none
+
+
+def test_a_batch_declaring_more_records_than_it_holds_is_corrupt(door, fake) -> None:
+    answer = produce(door, forged_count(record_batch([b"v"] * 3), 4))
+    assert answer.error_code == ErrorCode.corrupt_message
+    assert fake.values(TOPIC, 0) == []
+
