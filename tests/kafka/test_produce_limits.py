@@ -129,6 +129,24 @@ def test_a_batch_unpacking_past_the_request_limit_is_refused_before_it_is_unpack
     assert produce(door, record_batch([b"next"], CODECS[codec])).error_code == ErrorCode.none
 
 
+def test_what_a_request_unpacks_to_is_counted_over_all_its_partitions(fake) -> None:
+    """Two partitions of 51 MiB each, a few KiB packed: over the request's limit together."""
+    fake.create_topic("two", 2)
+    host, port = fake.serve_kafka(0).rsplit(":", 1)
+    half = record_batch([bytes(MIB)] * 51, CODECS["zstd"])
+    cls = load_request_schema(PRODUCE, PRODUCE_VERSION)
+    topic_cls, partition_cls = nested(cls, "TopicProduceData"), nested(cls, "PartitionProduceData")
+    with socket.create_connection((host, int(port)), timeout=60) as sock:
+        sock.sendall(frame(PRODUCE, PRODUCE_VERSION, make(
+            cls, transactional_id=None, acks=1, timeout=timedelta(seconds=30),
+            topic_data=(make(topic_cls, name="two", partition_data=tuple(
+                make(partition_cls, index=p, records=half) for p in (0, 1))),))))
+        _, body = read_response(sock, PRODUCE, PRODUCE_VERSION)
+    codes = [p.error_code for p in body.responses[0].partition_responses]
+    assert codes == [ErrorCode.none, ErrorCode.record_list_too_large]
+    assert len(fake.values("two", 0)) == 51 and fake.values("two", 1) == []
+
+
 def test_a_batch_declaring_more_records_than_the_limit_is_refused_before_reading_them(
         door, fake) -> None:
     answer = produce(door, forged_count(record_batch([b"v"] * 3), 2**31 - 1))

@@ -23,6 +23,7 @@ from deltabus import errors
 from deltabus.acls import Authorizer, Operation
 from deltabus.cluster.handler import DeltaBusHandler, FetchResult, FetchSpec
 from deltabus.offsets.group_coordinator import GroupCoordinator
+from deltabus.records import UnpackBudget
 from deltabus.rpc.access import Access, authorized_metadata, current_access
 from deltabus.rpc.fetch_size import FetchBudget
 from deltabus.rpc.kafka import acl_apis, admin, batches, groups, sasl
@@ -191,6 +192,7 @@ class KafkaApis:
             refused = errors.UnsupportedVersionError("transactions are not supported yet")
         pending: list[tuple[str, int, list[Any], errors.DeltaBusError | None]] = []
         access = current_access()
+        budget = UnpackBudget()  # what this request's compressed batches unpack to, together
         for topic in request.topic_data:
             denied = access.topic(Operation.WRITE, topic.name)
             for data in topic.partition_data:
@@ -198,7 +200,7 @@ class KafkaApis:
                 error = refused or denied
                 if error is None:
                     try:
-                        for batch in batches.decode_produce(data.records or b""):
+                        for batch in batches.decode_produce(data.records or b"", budget):
                             Access.raise_if(access.producer_id(
                                 self._handler, batch.producer.producer_id))
                             if batch.transactional:
