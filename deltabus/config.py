@@ -31,6 +31,9 @@ FETCH_MAX_WAIT_MS = 500  # Kafka's fetch.max.wait.ms
 # broker allocates about 20 bytes a record normalising it, so 224 bytes asked for 20 GB. The
 # deltabus Producer's batches hold batch_size / 36 records at most. Beyond: RECORD_LIST_TOO_LARGE.
 PRODUCE_BATCH_RECORDS_MAX = 1_000_000
+# A record carries at most this many headers (deltabus's limit; Kafka has none): headers are
+# decoded one by one, so a batch of empty headers made millions of objects. Beyond: INVALID_RECORD.
+RECORD_HEADERS_MAX = 1_000
 # The record batches of one produce request unpack to at most this many bytes (Kafka batches
 # compressed with gzip, snappy, lz4 or zstd; Arrow IPC with compressed buffers): what an
 # uncompressed request may carry, so a few KiB cannot unpack to gigabytes (a decompression bomb).

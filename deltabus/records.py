@@ -131,8 +131,10 @@ def normalize_produce(table: pa.Table) -> pa.Table:
         columns.append(column)
     out = pa.Table.from_arrays(columns, schema=PRODUCE_SCHEMA)
     headers = out.column("headers")
-    if headers.null_count < n and pc.struct_field(pc.list_flatten(headers), "key").null_count:
-        raise errors.InvalidRecordError("a header key must not be null")
+    if headers.null_count < n:
+        check_header_count(pc.max(pc.list_value_length(headers)).as_py() or 0)
+        if pc.struct_field(pc.list_flatten(headers), "key").null_count:
+            raise errors.InvalidRecordError("a header key must not be null")
     return out
 
 
@@ -143,6 +145,14 @@ def check_record_count(records: int) -> None:
         raise errors.RecordListTooLargeError(
             f"a produce batch declares {records} records, more than the limit of "
             f"{cfg.PRODUCE_BATCH_RECORDS_MAX} (PRODUCE_BATCH_RECORDS_MAX)")
+
+
+def check_header_count(headers: int) -> None:
+    """INVALID_RECORD for a record of more headers than RECORD_HEADERS_MAX."""
+    if headers > cfg.RECORD_HEADERS_MAX:
+        raise errors.InvalidRecordError(
+            f"a record has {headers} headers, more than the limit of {cfg.RECORD_HEADERS_MAX} "
+            f"(RECORD_HEADERS_MAX)")
 
 
 class UnpackBudget:

@@ -42,6 +42,7 @@ from deltabus.metadata import (
 from deltabus.records import (
     HEADERS_TYPE,
     UnpackBudget,
+    check_header_count,
     check_record_count,
     from_ipc,
     to_ipc,
@@ -180,6 +181,7 @@ def records_to_table(records: Iterable[pb.Record]) -> pa.Table:
     timestamps: list[int | None] = []
     headers: list[list[dict] | None] = []
     for r in records:
+        check_header_count(len(r.headers))
         keys.append(r.key if r.HasField("key") else None)
         values.append(r.value if r.HasField("value") else None)
         timestamps.append(present_or(r, "timestamp_ms", None))

@@ -160,3 +160,12 @@ def test_a_batch_declaring_more_records_than_it_holds_is_corrupt(door, fake) -> 
     assert answer.error_code == ErrorCode.corrupt_message
     assert fake.values(TOPIC, 0) == []
 
+
+def test_a_record_with_more_headers_than_the_limit_is_an_invalid_record(door, fake) -> None:
+    many = [("h", None)] * (cfg.RECORD_HEADERS_MAX + 1)
+    answer = produce(door, record_batch([b"v"], headers=many))
+    assert answer.error_code == ErrorCode.invalid_record
+    assert str(cfg.RECORD_HEADERS_MAX) in answer.error_message
+    assert fake.values(TOPIC, 0) == []
+    most = [("h", None)] * cfg.RECORD_HEADERS_MAX
+    assert produce(door, record_batch([b"v"], headers=most)).error_code == ErrorCode.none

@@ -16,7 +16,7 @@ import pytest
 
 from deltabus import config as cfg
 from deltabus import errors
-from deltabus.records import to_ipc
+from deltabus.records import HEADERS_TYPE, to_ipc
 from deltabus.rpc.v1 import deltabus_pb2 as pb
 from deltabus.rpc.v1 import deltabus_pb2_grpc as pb_grpc
 from tests.client.fake_cluster import FakeCluster
@@ -157,3 +157,17 @@ def test_an_arrow_batch_with_forged_offsets_is_a_corrupt_message(stub, fake) -> 
     assert_refused(answer, errors.CorruptMessageError)
     assert fake.values(TOPIC, 0) == []
 
+
+def test_a_record_with_more_headers_than_the_limit_is_an_invalid_record(stub, fake) -> None:
+    many = [{"key": "h", "value": None}] * (cfg.RECORD_HEADERS_MAX + 1)
+    table = pa.table({"value": pa.array([b"v"], pa.binary()),
+                      "headers": pa.array([many], HEADERS_TYPE)})
+    assert_refused(produce(stub, arrow(table)), errors.InvalidRecordError,
+                   str(cfg.RECORD_HEADERS_MAX))
+    answer = produce(stub, pb.PartitionProduceData(topic=TOPIC, partition=0, records=[
+        pb.Record(value=b"v", headers=[pb.Header(key="h")] * (cfg.RECORD_HEADERS_MAX + 1))]))
+    assert_refused(answer, errors.InvalidRecordError, str(cfg.RECORD_HEADERS_MAX))
+    assert fake.values(TOPIC, 0) == []
+    table = pa.table({"value": pa.array([b"v"], pa.binary()),
+                      "headers": pa.array([many[1:]], HEADERS_TYPE)})
+    assert produce(stub, arrow(table)).error_code == 0

@@ -28,6 +28,7 @@ from deltabus.records import (
     LOG_APPEND_TIME,
     ProducerState,
     UnpackBudget,
+    check_header_count,
     check_record_count,
     normalize_produce,
     produce_batch,
@@ -55,7 +56,7 @@ class ProducedBatch:
 def decode_produce(data: bytes, budget: UnpackBudget | None = None) -> list[ProducedBatch]:
     """The record batches of one partition's produce data. Raises CorruptMessageError for a bad
     CRC or truncated batch, InvalidRecordError for what the log cannot take (old message
-    formats, control batches, empty batches), RecordListTooLargeError for a
+    formats, control batches, empty batches, too many headers), RecordListTooLargeError for a
     batch declaring too many records or unpacking past `budget` (the request's, shared by its
     partitions). Each limit is checked before what it bounds is allocated."""
     budget = budget or UnpackBudget()
@@ -183,8 +184,8 @@ _XERIAL_MAGIC = b"\x82SNAPPY\x00"
 
 
 def _read_records(buffer: bytes, batch: DefaultRecordBatch) -> tuple[list, list, list, list]:
-    """Keys, values, timestamps and headers of a batch's records (Kafka's DefaultRecord
-    layout)."""
+    """Keys, values, timestamps and headers of a batch's records (Kafka's DefaultRecord layout),
+    refusing a record of more headers than RECORD_HEADERS_MAX before reading them."""
     keys: list[bytes | None] = []
     values: list[bytes | None] = []
     timestamps: list[int] = []
@@ -205,6 +206,7 @@ def _read_records(buffer: bytes, batch: DefaultRecordBatch) -> tuple[list, list,
             count, pos = decode_varint(buffer, pos)
             if count < 0:
                 raise ValueError(f"a record declares {count} headers")
+            check_header_count(count)
             record_headers = []
             for _ in range(count):
                 name, pos = _read_bytes(buffer, pos)
