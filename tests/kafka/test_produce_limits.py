@@ -155,6 +155,16 @@ def test_a_batch_declaring_more_records_than_the_limit_is_refused_before_reading
     assert produce(door, record_batch([b"v"])).error_code == ErrorCode.none
 
 
+@pytest.mark.parametrize("codec", CODECS)
+def test_a_batch_that_does_not_unpack_is_corrupt_and_the_door_goes_on(door, fake, codec) -> None:
+    packed = record_batch([b"v"] * 3, CODECS[codec])
+    junk = bytearray(packed[:61] + b"\x05garbage, not a compressed stream")
+    struct.pack_into(">i", junk, 8, len(junk) - 12)
+    struct.pack_into(">I", junk, 17, calc_crc32c(bytes(junk[21:])))
+    assert produce(door, bytes(junk)).error_code == ErrorCode.corrupt_message
+    assert produce(door, packed).error_code == ErrorCode.none
+
+
 def test_a_batch_declaring_more_records_than_it_holds_is_corrupt(door, fake) -> None:
     answer = produce(door, forged_count(record_batch([b"v"] * 3), 4))
     assert answer.error_code == ErrorCode.corrupt_message

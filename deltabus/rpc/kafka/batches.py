@@ -105,15 +105,17 @@ def _unpack(codec: int, data: bytes, budget: UnpackBudget) -> bytes:
     uncompressed, so what a batch unpacks to is what its log takes."""
     if codec == _NONE:
         return data
+    unpacker = _UNPACKERS.get(codec)
+    if unpacker is None:
+        raise errors.CorruptMessageError(f"unknown compression codec {codec}")
     limit = budget.remaining_bytes
     try:
-        out = _UNPACKERS[codec](data, limit)
-    except KeyError:
-        raise errors.CorruptMessageError(f"unknown compression codec {codec}") from None
+        out = unpacker(data, limit)
     except _OverLimit:
         budget.take(limit + 1)  # refused: RECORD_LIST_TOO_LARGE naming the limit
         raise
-    except (OSError, ValueError, EOFError, RuntimeError, zlib.error, zstandard.ZstdError) as e:
+    except (OSError, ValueError, EOFError, RuntimeError, zlib.error, zstandard.ZstdError,
+            snappy.UncompressError) as e:
         raise errors.CorruptMessageError(f"a record batch cannot be unpacked: {e}") from None
     budget.take(len(out))
     return out
