@@ -27,6 +27,19 @@ REQUEST_MAX_BYTES = 104_857_600  # Kafka's socket.request.max.bytes: the largest
 FETCH_MAX_BYTES = 52_428_800  # Kafka's fetch.max.bytes
 FETCH_PARTITION_MAX_BYTES = 1_048_576  # Kafka's max.partition.fetch.bytes
 FETCH_MAX_WAIT_MS = 500  # Kafka's fetch.max.wait.ms
+# A produce batch holds at most this many records (deltabus's limit; Kafka has none, its batches
+# being bounded by their bytes): an Arrow batch of all-null columns declares rows for free, and a
+# broker allocates about 20 bytes a record normalising it, so 224 bytes asked for 20 GB. The
+# deltabus Producer's batches hold batch_size / 36 records at most. Beyond: RECORD_LIST_TOO_LARGE.
+PRODUCE_BATCH_RECORDS_MAX = 1_000_000
+# A record carries at most this many headers (deltabus's limit; Kafka has none): headers are
+# decoded one by one, so a batch of empty headers made millions of objects. Beyond: INVALID_RECORD.
+RECORD_HEADERS_MAX = 1_000
+# The record batches of one produce request unpack to at most this many bytes (Kafka batches
+# compressed with gzip, snappy, lz4 or zstd; Arrow IPC with compressed buffers): what an
+# uncompressed request may carry, so a few KiB cannot unpack to gigabytes (a decompression bomb).
+# Beyond: RECORD_LIST_TOO_LARGE, Kafka's answer to a batch too large for its log to take.
+PRODUCE_UNPACKED_BYTES_MAX = REQUEST_MAX_BYTES
 # A produce that does not say how long it may wait for its acks waits this long (Kafka's producer
 # request.timeout.ms default).
 PRODUCE_TIMEOUT_MS_DEFAULT = 30_000
@@ -44,6 +57,11 @@ FETCH_RESPONSE_PARTITION_BYTES_MAX = 8 * 1024 * 1024
 FETCH_RESPONSE_MAX_BYTES = 57_671_680
 FETCH_WAIT_MS_MAX = 60_000  # no long poll waits longer than this
 PARTITIONS_MAX = 10_000  # per topic
+# A Fetch or ListOffsets names at most this many partitions (deltabus's limit, Kafka has none): a
+# broker reads every partition a request names before the answer's byte limits apply, so one
+# request naming a partition 100,000 times read it 100,000 times. A consumer of a whole topic
+# whose partitions all live on one broker still fits (checked below). Beyond it: INVALID_REQUEST.
+REQUEST_PARTITIONS_MAX = 10_000
 TOPIC_NAME_LENGTH_MAX = 249  # Kafka's limit
 # Kafka's offset.metadata.max.bytes default: the longest metadata string an offset commit carries,
 # in UTF-8 bytes. The group config sets it; the offset store enforces it.
@@ -572,6 +590,11 @@ def _check_relations() -> None:
     assert FETCH_PARTITION_MAX_BYTES <= FETCH_RESPONSE_PARTITION_BYTES_MAX
     assert MESSAGE_MAX_BYTES < REQUEST_MAX_BYTES
     assert FETCH_MAX_WAIT_MS <= FETCH_WAIT_MS_MAX
+    assert PARTITIONS_MAX <= REQUEST_PARTITIONS_MAX
+    # A batch of the default max.message.bytes is never refused for its count (7 bytes: the
+    # smallest record, records.RECORD_BYTES_MIN), nor for what it unpacks to uncompressed.
+    assert PRODUCE_BATCH_RECORDS_MAX * 7 >= MESSAGE_MAX_BYTES
+    assert MESSAGE_MAX_BYTES <= PRODUCE_UNPACKED_BYTES_MAX <= REQUEST_MAX_BYTES
 
 
 _check_relations()

@@ -11,6 +11,7 @@ Invariants:
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -19,6 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from deltabus import config as cfg
 from deltabus import errors
 
 HEADER_TYPE = pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())])
@@ -104,6 +106,7 @@ def normalize_produce(table: pa.Table) -> pa.Table:
 
     Raises InvalidRecordError naming the column at fault; nothing is written on error.
     """
+    check_record_count(table.num_rows)
     names = set(table.column_names)
     if "value" not in names:
         raise errors.InvalidRecordError("a produce batch needs a 'value' column")
@@ -128,9 +131,50 @@ def normalize_produce(table: pa.Table) -> pa.Table:
         columns.append(column)
     out = pa.Table.from_arrays(columns, schema=PRODUCE_SCHEMA)
     headers = out.column("headers")
-    if headers.null_count < n and pc.struct_field(pc.list_flatten(headers), "key").null_count:
-        raise errors.InvalidRecordError("a header key must not be null")
+    if headers.null_count < n:
+        check_header_count(pc.max(pc.list_value_length(headers)).as_py() or 0)
+        if pc.struct_field(pc.list_flatten(headers), "key").null_count:
+            raise errors.InvalidRecordError("a header key must not be null")
     return out
+
+
+def check_record_count(records: int) -> None:
+    """RECORD_LIST_TOO_LARGE for a batch of more records than PRODUCE_BATCH_RECORDS_MAX: checked
+    on the count a batch declares, before anything is allocated per record."""
+    if records > cfg.PRODUCE_BATCH_RECORDS_MAX:
+        raise errors.RecordListTooLargeError(
+            f"a produce batch declares {records} records, more than the limit of "
+            f"{cfg.PRODUCE_BATCH_RECORDS_MAX} (PRODUCE_BATCH_RECORDS_MAX)")
+
+
+def check_header_count(headers: int) -> None:
+    """INVALID_RECORD for a record of more headers than RECORD_HEADERS_MAX."""
+    if headers > cfg.RECORD_HEADERS_MAX:
+        raise errors.InvalidRecordError(
+            f"a record has {headers} headers, more than the limit of {cfg.RECORD_HEADERS_MAX} "
+            f"(RECORD_HEADERS_MAX)")
+
+
+class UnpackBudget:
+    """What the record batches of one produce request may still unpack to: compressed Kafka
+    batches and compressed Arrow IPC buffers together, PRODUCE_UNPACKED_BYTES_MAX at most.
+
+    Not thread-safe: one request's thread decodes its batches with it.
+    """
+
+    def __init__(self, limit_bytes: int = cfg.PRODUCE_UNPACKED_BYTES_MAX) -> None:
+        self.limit_bytes = limit_bytes
+        self.remaining_bytes = limit_bytes
+
+    def take(self, size_bytes: int) -> None:
+        """Count `size_bytes` unpacked; RECORD_LIST_TOO_LARGE past the limit (as Kafka answers
+        a batch larger than its log takes in one piece: RecordBatchTooLargeException)."""
+        if size_bytes > self.remaining_bytes:
+            raise errors.RecordListTooLargeError(
+                f"the record batches of this produce request unpack to more than "
+                f"{self.limit_bytes} bytes (PRODUCE_UNPACKED_BYTES_MAX: what an uncompressed "
+                f"request may carry)")
+        self.remaining_bytes -= size_bytes
 
 
 def record_sizes(batch: pa.Table) -> np.ndarray:
@@ -146,6 +190,104 @@ def record_sizes(batch: pa.Table) -> np.ndarray:
             if h:
                 size[i] += sum(len(x["key"].encode()) + len(x["value"] or b"") for x in h)
     return size
+
+
+# A magic v2 record batch: its 61-byte header (base offset to records count), then each record:
+# length, attributes, timestamp delta, offset delta, key, value and headers, lengths as zigzag
+# varints. max.message.bytes is checked on that size, per batch, as Kafka checks it.
+RECORD_BATCH_OVERHEAD_BYTES = 61
+RECORD_BYTES_MIN = 7  # a record of no key, no value, no header: one byte per field
+# A record's bytes beyond its key, value and headers at most (each varint at its longest), and a
+# header's beyond its key and value: what a producer reserves so its batches always fit.
+RECORD_OVERHEAD_BYTES_MAX = 36
+HEADER_OVERHEAD_BYTES_MAX = 10
+_VARINT_LIMITS = np.array([1 << (7 * k) for k in range(1, 10)], dtype=np.uint64)
+
+
+def _varint_bytes(values: np.ndarray) -> np.ndarray:
+    """The length of each int64 of `values` as Kafka's zigzag varint."""
+    zigzag = ((values.astype(np.int64) << 1) ^ (values.astype(np.int64) >> 63)).astype(np.uint64)
+    return np.searchsorted(_VARINT_LIMITS, zigzag, side="right").astype(np.int64) + 1
+
+
+def _binary_lengths(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """Byte length of each value, -1 for null (how a record encodes a null key or value)."""
+    return pc.binary_length(column).fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+
+
+def _headers_bytes(headers: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
+    """Per record: (its header count, the bytes of its headers with their length varints)."""
+    array = headers.combine_chunks() if isinstance(headers, pa.ChunkedArray) else headers
+    counts = pc.list_value_length(array).fill_null(0).to_numpy(zero_copy_only=False)
+    if not counts.any():
+        return counts.astype(np.int64), np.zeros(len(array), np.int64)
+    flat = array.values
+    key_lengths = _binary_lengths(pc.struct_field(flat, "key").cast(pa.binary()))
+    value_lengths = _binary_lengths(pc.struct_field(flat, "value"))
+    each = (_varint_bytes(key_lengths) + np.maximum(key_lengths, 0)
+            + _varint_bytes(value_lengths) + np.maximum(value_lengths, 0))
+    total = np.concatenate(([0], np.cumsum(each)))
+    offsets = array.offsets.to_numpy()
+    sums = total[offsets[1:]] - total[offsets[:-1]]
+    sums[counts == 0] = 0
+    return counts.astype(np.int64), sums
+
+
+def record_encoded_sizes(batch: pa.Table) -> np.ndarray:
+    """Each record's bytes in an uncompressed magic v2 batch of `batch` (PRODUCE_SCHEMA), as a
+    Kafka client encodes it: offset deltas from 0, timestamp deltas from the first record's (a
+    null timestamp, which the broker fills, counts as the first's)."""
+    n = batch.num_rows
+    stamps = pc.cast(batch.column("timestamp"), pa.int64())  # microseconds
+    present = stamps.drop_null()
+    first = present[0].as_py() if len(present) else 0
+    millis = stamps.fill_null(first).to_numpy(zero_copy_only=False) // 1000 - first // 1000
+    keys, values = _binary_lengths(batch.column("key")), _binary_lengths(batch.column("value"))
+    counts, header_bytes = _headers_bytes(batch.column("headers"))
+    body = (1 + _varint_bytes(millis) + _varint_bytes(np.arange(n, dtype=np.int64))
+            + _varint_bytes(keys) + np.maximum(keys, 0) + _varint_bytes(values)
+            + np.maximum(values, 0) + _varint_bytes(counts) + header_bytes)
+    return _varint_bytes(body) + body
+
+
+def record_bytes_max(table: pa.Table) -> np.ndarray:
+    """Each record's bytes in a record batch at most, from whichever of PRODUCE_SCHEMA's
+    key, value and headers columns `table` has (others count nothing): what a producer counts
+    to keep its batches within max.message.bytes before the broker sees them."""
+    size = np.full(table.num_rows, RECORD_OVERHEAD_BYTES_MAX, np.int64)
+    for name in ("key", "value"):
+        if name in table.column_names and _is_binary(table.column(name).type):
+            size += np.maximum(_binary_lengths(table.column(name)), 0)
+    if "headers" in table.column_names and table.column("headers").type == HEADERS_TYPE:
+        size += _headers_bytes(table.column("headers"))[1]  # exact, with their varints
+    return size
+
+
+def _is_binary(kind: pa.DataType) -> bool:
+    return bool(pa.types.is_binary(kind) or pa.types.is_large_binary(kind)
+                or pa.types.is_string(kind) or pa.types.is_large_string(kind))
+
+
+def batch_size_bytes(batch: pa.Table) -> int:
+    """The size of `batch` (PRODUCE_SCHEMA) as one uncompressed magic v2 record batch: what
+    max.message.bytes limits on the gRPC door (Kafka's door has the client's own batch)."""
+    return RECORD_BATCH_OVERHEAD_BYTES + int(record_encoded_sizes(batch).sum())
+
+
+def batch_size_min_bytes(records: int) -> int:
+    """The least a batch of `records` records takes (each of the smallest kind)."""
+    return RECORD_BATCH_OVERHEAD_BYTES + RECORD_BYTES_MIN * records
+
+
+def check_batch_size(size_bytes: int, max_message_bytes: int, where: str,
+                     at_least: bool = False) -> None:
+    """Kafka's check of a batch against max.message.bytes (UnifiedLog's analyzeAndValidateRecords:
+    RecordTooLargeException, MESSAGE_TOO_LARGE, with its message)."""
+    if size_bytes > max_message_bytes:
+        raise errors.MessageTooLargeError(
+            f"The record batch size in the append to {where} is {'at least ' * at_least}"
+            f"{size_bytes} bytes which exceeds the maximum configured value "
+            f"(max.message.bytes={max_message_bytes}).")
 
 
 def to_log_batch(
@@ -204,12 +346,73 @@ def to_ipc(table: pa.Table) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
-def from_ipc(data: bytes) -> pa.Table:
-    """Read an Arrow IPC stream; raises CorruptMessageError when it is not one."""
+def from_ipc(data: bytes, budget: UnpackBudget | None = None) -> pa.Table:
+    """Read an Arrow IPC stream; raises CorruptMessageError when it is not a valid one.
+
+    A producer's stream is hostile input: each record batch's declared row count is checked
+    (check_record_count) and what its compressed buffers unpack to is counted against `budget`
+    (UnpackBudget) before the batch is read, since reading allocates what they declare; every
+    batch is then validated in full, so a forged offset cannot make a later kernel read out of
+    bounds. Dictionary batches are refused (no produce column is dictionary-encoded).
+    """
+    budget = budget or UnpackBudget()
+    schema, batches, rows = None, [], 0
     try:
-        return pa.ipc.open_stream(pa.py_buffer(data)).read_all()
-    except (pa.ArrowInvalid, OSError) as e:
+        for message in pa.ipc.MessageReader.open_stream(pa.py_buffer(data)):
+            if message.type == "schema" and schema is None:
+                schema = pa.ipc.read_schema(message)
+                continue
+            if message.type != "record batch" or schema is None:
+                raise errors.CorruptMessageError(
+                    f"arrow_records holds a {message.type} message where a record batch goes")
+            declared, unpacked = _record_batch_header(message)
+            rows += declared
+            check_record_count(rows)
+            budget.take(unpacked)
+            batch = pa.ipc.read_record_batch(message, schema)
+            batch.validate(full=True)
+            batches.append(batch)
+        if schema is None:
+            raise errors.CorruptMessageError("arrow_records holds no schema")
+        return pa.Table.from_batches(batches, schema)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError, struct.error,
+            IndexError) as e:
         raise errors.CorruptMessageError(f"arrow_records is not an Arrow IPC stream: {e}") from None
+
+
+def _record_batch_header(message: pa.ipc.Message) -> tuple[int, int]:
+    """(rows, bytes its compressed buffers unpack to: 0 when not compressed) of a record batch
+    message, read from its flatbuffer metadata (Arrow's Message.fbs: Message.header is a
+    RecordBatch of fields length, nodes, buffers, compression) and the length each compressed
+    buffer starts with, without reading the batch."""
+    meta = message.metadata.to_pybytes()
+    root = struct.unpack_from("<I", meta, 0)[0]
+    header = _fb_field(meta, root, 2)
+    if header is None:
+        raise errors.CorruptMessageError("a record batch message without its header")
+    batch = header + struct.unpack_from("<I", meta, header)[0]
+    length_at = _fb_field(meta, batch, 0)
+    rows = struct.unpack_from("<q", meta, length_at)[0] if length_at is not None else 0
+    buffers_at = _fb_field(meta, batch, 2)
+    if _fb_field(meta, batch, 3) is None or buffers_at is None:
+        return rows, 0
+    body = message.body.to_pybytes() if message.body is not None else b""
+    vector = buffers_at + struct.unpack_from("<I", meta, buffers_at)[0]
+    unpacked = 0
+    for i in range(struct.unpack_from("<I", meta, vector)[0]):
+        offset, length = struct.unpack_from("<qq", meta, vector + 4 + 16 * i)
+        if length >= 8:  # each compressed buffer: its unpacked length, -1 if kept as is
+            unpacked += max(0, struct.unpack_from("<q", body, offset)[0])
+    return rows, unpacked
+
+
+def _fb_field(buffer: bytes, table: int, index: int) -> int | None:
+    """Where field `index` of the flatbuffer table at `table` lies, None when absent."""
+    vtable = table - struct.unpack_from("<i", buffer, table)[0]
+    if 4 + 2 * index + 2 > struct.unpack_from("<H", buffer, vtable)[0]:
+        return None
+    offset = struct.unpack_from("<H", buffer, vtable + 4 + 2 * index)[0]
+    return table + offset if offset else None
 
 
 def iter_consumer_records(topic: str, partition: int, table: pa.Table) -> list[ConsumerRecord]:

@@ -7,6 +7,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from kafka.record.default_records import DefaultRecordBatchBuilder
 
 from deltabus import errors
 from deltabus.records import (
@@ -16,10 +17,14 @@ from deltabus.records import (
     LOG_SCHEMA,
     PRODUCE_SCHEMA,
     ProducerState,
+    batch_size_bytes,
+    check_batch_size,
     from_ipc,
     iter_consumer_records,
     normalize_produce,
     produce_batch,
+    record_bytes_max,
+    record_encoded_sizes,
     record_sizes,
     to_ipc,
     to_log_batch,
@@ -240,6 +245,42 @@ def test_null_header_key_is_an_invalid_record_not_a_crash() -> None:
 def test_record_sizes_without_headers() -> None:
     batch = normalize_produce(produce_batch([b"a" * 10, b"b" * 20], keys=[b"kk", None]))
     assert record_sizes(batch).tolist() == [12, 20]
+
+
+# ---- batch sizes as Kafka counts them for max.message.bytes ---------------------------------
+
+_BYTES = st.one_of(st.none(), st.binary(max_size=300),
+                   st.sampled_from([b"v" * 63, b"v" * 64, b"v" * 8191, b"v" * 8192]))
+_RECORDS = st.lists(st.tuples(
+    _BYTES, _BYTES, st.integers(-10**10, 10**10),
+    st.lists(st.tuples(st.text(max_size=70), _BYTES), max_size=4)), min_size=1, max_size=150)
+
+
+@given(_RECORDS)
+@settings(max_examples=100, deadline=None)
+def test_a_batchs_size_is_the_length_of_the_record_batch_a_kafka_client_builds(records) -> None:
+    """max.message.bytes means the same on both doors: the gRPC door's batches are measured as
+    the uncompressed record batch kafka-python (Kafka's format) makes of the same records."""
+    builder = DefaultRecordBatchBuilder(magic=2, compression_type=0, is_transactional=False,
+                                        producer_id=-1, producer_epoch=-1, base_sequence=-1,
+                                        batch_size=2**31 - 1)
+    for i, (key, value, delta, headers) in enumerate(records):
+        builder.append(i, timestamp=NOW_MS + delta, key=key, value=value, headers=headers)
+    batch = normalize_produce(produce_batch(
+        [v for _, v, _, _ in records], keys=[k for k, _, _, _ in records],
+        timestamps_ms=[NOW_MS + d for _, _, d, _ in records],
+        headers=[h or None for _, _, _, h in records]))
+    assert batch_size_bytes(batch) == len(builder.build())
+    assert (record_bytes_max(batch) >= record_encoded_sizes(batch)).all()
+
+
+def test_max_message_bytes_is_refused_with_kafkas_error_naming_the_limit() -> None:
+    check_batch_size(100, 100, "t-0")
+    with pytest.raises(errors.MessageTooLargeError) as info:
+        check_batch_size(101, 100, "t-0")
+    assert info.value.message == (
+        "The record batch size in the append to t-0 is 101 bytes which exceeds the maximum "
+        "configured value (max.message.bytes=100).")
 
 
 # ---- iter_consumer_records -----------------------------------------------------------------

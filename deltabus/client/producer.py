@@ -10,6 +10,11 @@ Delivery: a batch that fails with a retriable error is retried (after a metadata
 error says the leader moved) until `delivery_timeout_ms`; then its futures fail. Limits:
 `buffer_memory` bytes of unsent records (send blocks up to `max_block_ms` beyond it), `batch_size`
 bytes per partition batch, `max_request_size` bytes per request.
+
+Batch sizes: the broker checks a topic's max.message.bytes on each batch as Kafka does, so a
+batch never grows past `batch_size` as a record batch would count it, each record at its largest
+(`records.record_bytes_max`); only a record bigger than that goes alone. The default, 1,000,000
+(librdkafka's), leaves a full batch room within the default max.message.bytes (1,048,588).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Unpack
 
 import grpc
+import numpy as np
 import pyarrow as pa
 
 from deltabus import errors
@@ -31,7 +37,13 @@ from deltabus.client import wire
 from deltabus.client.cluster_client import ClusterClient
 from deltabus.client.security import ClientSecurity, SecuritySettings
 from deltabus.partitioner import StickyPartitioner, partition_for_key
-from deltabus.records import produce_batch, to_ipc
+from deltabus.records import (
+    HEADER_OVERHEAD_BYTES_MAX,
+    RECORD_OVERHEAD_BYTES_MAX,
+    produce_batch,
+    record_bytes_max,
+    to_ipc,
+)
 from deltabus.rpc.status import error_from_rpc
 from deltabus.rpc.v1 import deltabus_pb2 as pb
 
@@ -60,7 +72,8 @@ class _Batch:
     timestamps: list | None = None
     headers: list | None = None
     table: pa.Table | None = None  # the bulk path hands over a whole table
-    nbytes: int = 0
+    nbytes: int = 0  # the records' bytes in a record batch at most (records.record_bytes_max)
+    full: bool = False  # no more records fit: it may be sent while others are in flight
     retry_at: float = 0.0
     base_sequence: int = -1  # set when first sent by an idempotent producer
     order: int = field(default_factory=lambda: next(_BATCH_ORDER))  # creation order
@@ -151,7 +164,7 @@ class Producer:
         *,
         acks: int | str = "all",
         linger_ms: int = 5,
-        batch_size: int = 1_048_576,
+        batch_size: int = 1_000_000,
         buffer_memory: int = 256 * 1024 * 1024,
         max_request_size: int = 64 * 1024 * 1024,
         max_in_flight_requests_per_connection: int = 5,
@@ -239,12 +252,18 @@ class Producer:
         elif not 0 <= partition < n:
             raise errors.UnknownTopicOrPartitionError(
                 f"partition {partition} of topic {topic} does not exist (it has {n})")
-        size = len(value_b or b"") + len(key_b or b"") + 16
+        size = len(value_b or b"") + len(key_b or b"") + RECORD_OVERHEAD_BYTES_MAX + sum(
+            len(k.encode()) + len(_to_bytes(v, "header value") or b"") + HEADER_OVERHEAD_BYTES_MAX
+            for k, v in headers or ())
         with self._lock:
             if self._closed:
                 raise errors.ClientError("the producer is closed")
             self._wait_for_buffer(size)
             batch = self._open.get((topic, partition))
+            if batch is not None and batch.nbytes + size > self.batch_size:
+                batch.full = True  # a batch stays within batch_size (but for a lone record)
+                self._seal(batch)
+                batch = None
             if batch is None:
                 batch = self._new_batch(topic, partition)
             index = len(batch.values)
@@ -257,6 +276,7 @@ class Producer:
             batch.nbytes += size
             self._unsent_bytes += size
             if batch.nbytes >= self.batch_size:
+                batch.full = True
                 self._seal(batch)
         return FutureRecordMetadata(batch, index)
 
@@ -293,26 +313,40 @@ class Producer:
             raise errors.UnknownTopicOrPartitionError(
                 f"partition {partition} of topic {topic} does not exist (it has {n})")
         futures = []
-        record_bytes = max(1.0, table.nbytes / max(1, table.num_rows))
-        rows_per_chunk = max(1, int(self.max_request_size / 2 / record_bytes))
-        for start in range(0, table.num_rows, rows_per_chunk):
-            chunk = table.slice(start, rows_per_chunk)
+        for chunk, nbytes, full in self._chunks(table):
             p = partition if partition is not None else self._sticky.partition(topic, n)
-            batch = _Batch(topic, p, time.monotonic(), table=chunk, nbytes=chunk.nbytes)
+            batch = _Batch(topic, p, time.monotonic(), table=chunk, nbytes=nbytes, full=full)
             batch.payload()  # serialise here, while an earlier chunk is in flight
             with self._lock:
                 if self._closed:
                     raise errors.ClientError("the producer is closed")
-                self._wait_for_buffer(chunk.nbytes)
+                self._wait_for_buffer(nbytes)
                 batch.created = time.monotonic()
                 self._incomplete.add(batch)
-                self._unsent_bytes += chunk.nbytes
+                self._unsent_bytes += nbytes
                 self._ready.append(batch)
                 self._lock.notify_all()
             if partition is None:
                 self._sticky.on_new_batch(topic, n, p)
             futures.append(FutureRecordMetadata(batch, 0))
         return futures
+
+    def _chunks(self, table: pa.Table) -> list[tuple[pa.Table, int, bool]]:
+        """`table` cut into batches of at most batch_size bytes as record batches (a lone
+        record may be more), each within half a request: the broker checks max.message.bytes
+        on each batch, as Kafka's does. Each with its size and whether it is full (all but a
+        small last one)."""
+        limit = max(1, min(self.batch_size, self.max_request_size // 2))
+        total = np.concatenate(([0], np.cumsum(record_bytes_max(table))))
+        out, start = [], 0
+        while start < table.num_rows:
+            end = int(np.searchsorted(total, total[start] + limit, side="right")) - 1
+            end = max(end, start + 1)
+            nbytes = int(total[end] - total[start])
+            full = end < table.num_rows or 2 * nbytes >= limit
+            out.append((table.slice(start, end - start), nbytes, full))
+            start = end
+        return out
 
     def _wait_for_buffer(self, size: int) -> None:
         deadline = time.monotonic() + self.max_block_s
@@ -383,7 +417,7 @@ class Producer:
         only up to the pipelining depth: sending a large batch while the previous one commits
         hides its transfer; a small one does better waiting and collecting more records."""
         busy = self._busy[key]
-        return busy == 0 or (busy < self._in_flight_max and batch.nbytes >= self.batch_size)
+        return busy == 0 or (busy < self._in_flight_max and batch.full)
 
     def _take_sendable(self, now: float) -> list[_Batch]:
         """Due ready batches, in order, of partitions with room in flight (caller holds the

@@ -368,7 +368,7 @@ class Broker:
         return self._controller.delete_topics(names, timeout_ms=timeout_ms)
 
     def produce(self, topic: str, partition: int, batch: pa.Table, *, acks: int,
-                producer: ProducerState) -> Future[AppendResult]:
+                producer: ProducerState, batch_bytes: int | None = None) -> Future[AppendResult]:
         hosted = self._partition(topic, partition)
         leader_epoch = hosted.check_leader()
         topic_config = self._topic_configs.get(topic) or cfg.TopicConfig()
@@ -379,6 +379,7 @@ class Broker:
         appended = hosted.log.append(batch, leader_epoch=leader_epoch,
                                      timestamp_type=timestamp_type, producer=producer,
                                      max_message_bytes=topic_config.max_message_bytes,
+                                     batch_bytes=batch_bytes,
                                      compacted=topic_config.compacts)
         if acks == 0:
             return appended

@@ -66,8 +66,10 @@ from deltabus.records import (
     LOG_SCHEMA,
     PRODUCE_SCHEMA,
     ProducerState,
+    batch_size_bytes,
+    batch_size_min_bytes,
+    check_batch_size,
     normalize_produce,
-    record_sizes,
 )
 
 log = logging.getLogger(__name__)
@@ -157,6 +159,7 @@ class PartitionLog:
         timestamp_type: int = CREATE_TIME,
         producer: ProducerState = NO_PRODUCER,
         max_message_bytes: int | None = None,
+        batch_bytes: int | None = None,
         compacted: bool = False,
     ) -> Future[AppendResult]:
         """Queue a produce batch (PRODUCE_SCHEMA's columns, or a subset `normalize_produce`
@@ -168,13 +171,13 @@ class PartitionLog:
         and a retried one gets the future of its first append (no duplicate). Checks run before
         anything is queued, so a bad batch changes nothing (it only uses up its sequence numbers,
         so the producer's later batches are not held up).
+
+        `max_message_bytes` limits the whole batch, as Kafka does: its size as the client sent it
+        (`batch_bytes`, a Kafka client's record batch, compressed or not) or else as one
+        uncompressed record batch of its records (`records.batch_size_bytes`).
         """
-        refusal: errors.DeltaBusError | None = None
-        if not batch.schema.equals(PRODUCE_SCHEMA):
-            try:  # outside the lock; a refusal is raised once the sequence numbers are taken
-                batch = normalize_produce(batch)
-            except errors.DeltaBusError as e:
-                refusal = e
+        # Outside the lock; a refusal is raised once the sequence numbers are taken.
+        batch, refusal = self._checked(batch, max_message_bytes, batch_bytes, compacted)
         future: Future[AppendResult] = Future()
         item = PendingAppend(batch, batch.nbytes, leader_epoch, timestamp_type, producer, future)
         with self._lock:
@@ -193,15 +196,33 @@ class PartitionLog:
             self._check_open()
             if refusal is not None:
                 raise refusal
-            _check_records(batch, max_message_bytes)
-            if compacted and batch.column("key").null_count:
-                raise errors.InvalidRecordError(
-                    f"Compacted topic cannot accept message without key in topic partition "
-                    f"{self._name}.")
             self._appender.enqueue(item)
             if entry is not None:
                 entry.remember(producer.base_sequence, future)
         return future
+
+    def _checked(self, batch: pa.Table, max_message_bytes: int | None, batch_bytes: int | None,
+                 compacted: bool) -> tuple[pa.Table, errors.DeltaBusError | None]:
+        """The batch normalised, and why it is refused (None: it is not). The size a batch's
+        record count implies is checked before normalising, which allocates per record."""
+        try:
+            if max_message_bytes is not None:
+                check_batch_size(batch_size_min_bytes(batch.num_rows), max_message_bytes,
+                                 self._name, at_least=True)
+            if not batch.schema.equals(PRODUCE_SCHEMA):
+                batch = normalize_produce(batch)
+            if batch.num_rows == 0:
+                raise errors.InvalidRecordError("a produce batch must hold at least one record")
+            if max_message_bytes is not None:
+                size = batch_size_bytes(batch) if batch_bytes is None else batch_bytes
+                check_batch_size(size, max_message_bytes, self._name)
+            if compacted and batch.column("key").null_count:
+                raise errors.InvalidRecordError(
+                    f"Compacted topic cannot accept message without key in topic partition "
+                    f"{self._name}.")
+        except errors.DeltaBusError as e:
+            return batch, e
+        return batch, None
 
     def _check_open(self) -> None:
         if self._closed:
@@ -529,18 +550,6 @@ def commit_ranges(table: DeltaTable, limit: int | None = None) -> list[CommitRan
             out.append(CommitRange(int(commit["version"]), int(commit["deltabus.baseOffset"]),
                                    int(commit["deltabus.lastOffset"])))
     return out
-
-
-def _check_records(batch: pa.Table, max_message_bytes: int | None) -> None:
-    if batch.num_rows == 0:
-        raise errors.InvalidRecordError("a produce batch must hold at least one record")
-    if max_message_bytes is not None:
-        sizes = record_sizes(batch)
-        biggest = int(sizes.max())
-        if biggest > max_message_bytes:
-            raise errors.MessageTooLargeError(
-                f"record {int(np.argmax(sizes))} of the batch is {biggest} bytes, more than "
-                f"max.message.bytes={max_message_bytes}")
 
 
 def _trim_to_bytes(table: pa.Table, max_bytes: int) -> pa.Table:

@@ -42,6 +42,9 @@ from deltabus.metadata import (
 )
 from deltabus.records import (
     HEADERS_TYPE,
+    UnpackBudget,
+    check_header_count,
+    check_record_count,
     from_ipc,
     to_ipc,
 )
@@ -171,15 +174,18 @@ def topic_result_to_proto(result: TopicResult) -> pb.TopicResult:
     )
 
 
-def produce_batch_from_proto(data: pb.PartitionProduceData) -> pa.Table:
+def produce_batch_from_proto(data: pb.PartitionProduceData,
+                             budget: UnpackBudget | None = None) -> pa.Table:
     """The produce batch of one partition entry, from Arrow IPC or proto records, as the client
     sent it: the partition log checks its columns (`normalize_produce`) once it has taken the
-    producer's sequence numbers, so a refused batch does not hold up the producer's next."""
+    producer's sequence numbers, so a refused batch does not hold up the producer's next. What
+    the request's compressed Arrow buffers unpack to counts against `budget`."""
     if data.arrow_records and len(data.records):
         raise errors.InvalidRequestError(
             "send either arrow_records or records for a partition, not both")
     if data.arrow_records:
-        return from_ipc(data.arrow_records)
+        return from_ipc(data.arrow_records, budget)
+    check_record_count(len(data.records))
     return records_to_table(data.records)
 
 
@@ -189,6 +195,7 @@ def records_to_table(records: Iterable[pb.Record]) -> pa.Table:
     timestamps: list[int | None] = []
     headers: list[list[dict] | None] = []
     for r in records:
+        check_header_count(len(r.headers))
         keys.append(r.key if r.HasField("key") else None)
         values.append(r.value if r.HasField("value") else None)
         timestamps.append(present_or(r, "timestamp_ms", None))

@@ -23,7 +23,7 @@ from deltabus.acls import Operation
 from deltabus.cluster.handler import DeltaBusHandler, FetchSpec, LifecycleHandler
 from deltabus.log_tables.partition_log import LATEST_TIMESTAMP, AppendResult
 from deltabus.offsets.group_coordinator import GroupCoordinator
-from deltabus.records import ProducerState
+from deltabus.records import ProducerState, UnpackBudget
 from deltabus.rpc import codec, status
 from deltabus.rpc.access import Access, authorized_metadata, merge_refusals, peer_host
 from deltabus.rpc.acl_servicer import AclServicerMixin
@@ -34,6 +34,12 @@ from deltabus.rpc.fetch_size import FetchBudget
 from deltabus.rpc.group_servicer import GroupServicerMixin
 from deltabus.rpc.inter_broker import InterBrokerAuthorizer
 from deltabus.rpc.internal_servicer import BrokerLifecycleServicer, ReplicaFetchServicer
+from deltabus.rpc.request_limits import (
+    check_distinct,
+    check_partition_count,
+    duplicate_error,
+    duplicates,
+)
 from deltabus.rpc.tls import grpc_server_credentials
 from deltabus.rpc.v1 import deltabus_pb2 as pb
 from deltabus.rpc.v1 import deltabus_pb2_grpc as pb_grpc
@@ -216,6 +222,7 @@ class DeltaBusServicer(GroupServicerMixin, AclServicerMixin, pb_grpc.DeltaBusSer
             raise errors.InvalidRequiredAcksError(f"acks must be 0, 1 or -1 (all), not {acks}")
         pending: list[tuple[pb.PartitionProduceData, Any, errors.DeltaBusError | None]] = []
         access = self._access(context)
+        budget = UnpackBudget()  # what this request's compressed Arrow buffers unpack to
         for data in request.partitions:
             refusal = access.topic(Operation.WRITE, data.topic) or (
                 access.producer_id(self._handler, data.producer_id)
@@ -224,7 +231,7 @@ class DeltaBusServicer(GroupServicerMixin, AclServicerMixin, pb_grpc.DeltaBusSer
                 pending.append((data, None, refusal))
                 continue
             try:
-                batch = codec.produce_batch_from_proto(data)
+                batch = codec.produce_batch_from_proto(data, budget)
                 idempotent = data.HasField("producer_id") and data.producer_id >= 0
                 producer = (ProducerState(data.producer_id, data.producer_epoch,
                                           data.base_sequence)
@@ -264,6 +271,8 @@ class DeltaBusServicer(GroupServicerMixin, AclServicerMixin, pb_grpc.DeltaBusSer
         if max_bytes < 0:
             raise errors.InvalidFetchSizeError(f"max_bytes must not be negative: {max_bytes}")
         max_bytes = min(max_bytes, cfg.FETCH_RESPONSE_MAX_BYTES)
+        check_distinct("Fetch", [(p.topic, p.partition) for p in request.partitions])
+        check_partition_count("Fetch", len(request.partitions))
         access = self._access(context)
         refused = {p.topic: e for p in request.partitions
                    if (e := access.topic(Operation.READ, p.topic))}
@@ -304,12 +313,16 @@ class DeltaBusServicer(GroupServicerMixin, AclServicerMixin, pb_grpc.DeltaBusSer
 
     @_guard
     def ListOffsets(self, request: pb.ListOffsetsRequest, context: Any) -> pb.ListOffsetsResponse:
+        check_partition_count("ListOffsets", len(request.partitions))
+        twice = duplicates((p.topic, p.partition) for p in request.partitions)
         response = pb.ListOffsetsResponse()
         access = self._access(context)
         for p in request.partitions:
             entry = pb.ListOffsetsPartitionResponse(topic=p.topic, partition=p.partition,
                                                     offset=-1, timestamp=-1)
             try:
+                if (p.topic, p.partition) in twice:  # as Kafka: each entry of it, none read
+                    raise duplicate_error("ListOffsets", (p.topic, p.partition))
                 Access.raise_if(access.topic(Operation.DESCRIBE, p.topic))
                 entry.offset, entry.timestamp, entry.leader_epoch = self._handler.list_offsets(
                     p.topic, p.partition, present_or(p, "timestamp", LATEST_TIMESTAMP))

@@ -68,9 +68,11 @@ from deltabus.principal import ANONYMOUS, KafkaPrincipal
 from deltabus.records import (
     LOG_SCHEMA,
     ProducerState,
+    batch_size_bytes,
+    batch_size_min_bytes,
+    check_batch_size,
     normalize_produce,
     produce_batch,
-    record_sizes,
     to_log_batch,
 )
 from deltabus.rpc.authentication import CredentialLookup
@@ -580,7 +582,7 @@ class FakeCluster:
         return self._logs[(topic, partition)], state.leader_epoch
 
     def produce(self, broker_id: int, topic: str, partition: int, batch: pa.Table,
-                producer: ProducerState) -> AppendResult:
+                producer: ProducerState, batch_bytes: int | None = None) -> AppendResult:
         if not self._released.is_set():
             with self._changed:
                 self.appends_waiting += 1
@@ -600,8 +602,7 @@ class FakeCluster:
                     log.producers[producer.producer_id].next_sequence = \
                         producer.base_sequence + batch.num_rows
                     self._changed.notify_all()
-                batch = normalize_produce(batch)  # as the real log: after the sequence step
-                self._check_sizes(topic, batch)
+                batch = self._checked(topic, partition, batch, batch_bytes)
                 result = log.append(batch, leader_epoch, producer)
                 if producer.producer_id >= 0:
                     recent = log.producers[producer.producer_id].recent
@@ -635,12 +636,17 @@ class FakeCluster:
                 f"sequence {producer.base_sequence} was written long ago")
         return earlier
 
-    def _check_sizes(self, topic: str, batch: pa.Table) -> None:
+    def _checked(self, topic: str, partition: int, batch: pa.Table,
+                 batch_bytes: int | None) -> pa.Table:
+        """The batch normalised, or the partition log's refusal (the same rules, after the
+        sequence step as there): max.message.bytes on the whole batch."""
         limit = self._config.topic_config(self._topics[topic].configs).max_message_bytes
-        biggest = int(record_sizes(batch).max())
-        if biggest > limit:
-            raise errors.MessageTooLargeError(
-                f"a record of {biggest} bytes is more than max.message.bytes={limit}")
+        where = f"{topic}-{partition}"
+        check_batch_size(batch_size_min_bytes(batch.num_rows), limit, where, at_least=True)
+        batch = normalize_produce(batch)
+        check_batch_size(batch_size_bytes(batch) if batch_bytes is None else batch_bytes,
+                         limit, where)
+        return batch
 
     def fetch(self, broker_id: int, specs: list[FetchSpec], max_wait_ms: int) -> list[FetchResult]:
         """Every partition's records from its fetch offset; with none anywhere, wait for an
@@ -726,8 +732,9 @@ class FakeBroker:
         return self._cluster.alter_configs(changes, validate_only=validate_only)
 
     def produce(self, topic: str, partition: int, batch: pa.Table, *, acks: int,
-                producer: ProducerState) -> Future[AppendResult]:
-        return _done(self._cluster.produce(self.broker_id, topic, partition, batch, producer))
+                producer: ProducerState, batch_bytes: int | None = None) -> Future[AppendResult]:
+        return _done(self._cluster.produce(self.broker_id, topic, partition, batch, producer,
+                                           batch_bytes))
 
     def fetch(self, specs: list[FetchSpec], *, max_wait_ms: int, min_bytes: int,
               max_bytes: int, replica_id: int) -> list[FetchResult]:

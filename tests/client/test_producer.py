@@ -57,14 +57,33 @@ def test_a_lingering_batch_is_sent_after_linger_ms_without_a_flush(fake: FakeClu
 
 def test_a_full_batch_is_sent_without_waiting_for_linger(fake: FakeCluster) -> None:
     fake.create_topic(TOPIC, 1)
-    # A record counts its value, key and 16 bytes: 9 records of 100 bytes fill 1000 bytes.
+    # A record counts its value, key and 36 bytes (a record's overhead in a record batch at
+    # most): 7 records of 100 bytes fill a 1000-byte batch, an 8th would overflow it.
     with Producer(fake.bootstrap_servers, linger_ms=60_000, batch_size=1000) as producer:
-        futures = [producer.send(TOPIC, b"x" * 100, partition=0) for _ in range(10)]
-        assert futures[8].get(10).offset == 8  # long before linger.ms
-        assert not futures[9].done()  # the tenth opened the next batch, which lingers
+        futures = [producer.send(TOPIC, b"x" * 100, partition=0) for _ in range(8)]
+        assert futures[6].get(10).offset == 6  # long before linger.ms
+        assert not futures[7].done()  # the eighth opened the next batch, which lingers
         producer.flush()
-        assert futures[9].get(0).offset == 9
-    assert calls_to(fake, 0) == [9, 1]
+        assert futures[7].get(0).offset == 7
+    assert calls_to(fake, 0) == [7, 1]
+
+
+def test_batches_stay_within_a_max_message_bytes_of_batch_size_and_its_header(
+        fake: FakeCluster) -> None:
+    """The broker checks max.message.bytes on each batch, as Kafka's does: both paths cut their
+    batches at batch_size, counting each record at its largest, so none is refused."""
+    fake.create_topic(TOPIC, 1, {"max.message.bytes": str(5000 + 61)})
+    values = [bytes([i % 256]) * (50 + i % 100) for i in range(300)]
+    headers = [("trace", b"t" * 20)]
+    with Producer(fake.bootstrap_servers, batch_size=5000, linger_ms=60_000) as producer:
+        sent = [producer.send(TOPIC, v, headers=headers, partition=0) for v in values]
+        producer.flush()
+        assert sent[-1].get(0).offset == 299
+        bulk = producer.send_batch(TOPIC, values, partition=0)
+        producer.flush()
+        assert [f.get(0).offset for f in bulk][0] == 300
+    assert fake.values(TOPIC, 0) == values + values
+    assert len(calls_to(fake, 0)) > 2 * len(values) * 100 // 5000
 
 
 def test_a_keyed_record_goes_where_kafkas_murmur2_partitioner_puts_it(fake: FakeCluster) -> None:

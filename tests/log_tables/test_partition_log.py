@@ -23,7 +23,7 @@ from deltabus.log_tables.partition_log import (
     LogConfig,
     PartitionLog,
 )
-from deltabus.records import LOG_SCHEMA, normalize_produce, produce_batch
+from deltabus.records import LOG_SCHEMA, batch_size_bytes, normalize_produce, produce_batch
 
 RESULT_TIMEOUT_S = 30
 READ_ALL = 1 << 30
@@ -145,22 +145,35 @@ def test_empty_batch_is_refused(log: PartitionLog) -> None:
 
 
 def test_message_too_large_writes_nothing(log: PartitionLog, path: Path) -> None:
+    """max.message.bytes limits the whole batch, as Kafka's broker checks it (its size as one
+    record batch), not each record: a batch of small records over it is refused. (It was
+    checked per record before issue 17, which let three records of 600 KiB through.)"""
     log.append(_batch([b"ok"]), leader_epoch=0).result(RESULT_TIMEOUT_S)
     version = DeltaTable(str(path)).version()
-    too_big = _batch([b"small", b"v" * 90], keys=[None, b"k" * 11])  # record 1: 101 bytes
+    three = _batch([b"v" * 60] * 3, keys=[None, b"k" * 11, None])
+    limit = batch_size_bytes(three) - 1  # each record is far below it, the batch is not
     with pytest.raises(errors.MessageTooLargeError) as info:
-        log.append(too_big, leader_epoch=0, max_message_bytes=100)
+        log.append(three, leader_epoch=0, max_message_bytes=limit)
     assert info.value.code == 10
-    assert "100" in str(info.value)
+    assert f"max.message.bytes={limit}" in str(info.value) and "t-0" in str(info.value)
     assert log.log_end_offset == 1
     assert DeltaTable(str(path)).version() == version
 
-    # A record of exactly max.message.bytes is accepted, right after the refused batch's offsets.
-    exact = _batch([b"v" * 89], keys=[b"k" * 11])
-    r = log.append(exact, leader_epoch=0, max_message_bytes=100).result(RESULT_TIMEOUT_S)
-    assert (r.base_offset, r.last_offset) == (1, 1)
+    # A batch of exactly max.message.bytes is accepted; the refused one took no offsets.
+    r = log.append(three, leader_epoch=0, max_message_bytes=limit + 1).result(RESULT_TIMEOUT_S)
+    assert (r.base_offset, r.last_offset) == (1, 3)
     assert DeltaTable(str(path)).version() == version + 1
-    assert _read_all(log).column("value").to_pylist() == [b"ok", b"v" * 89]
+    assert _read_all(log).column("value").to_pylist() == [b"ok"] + [b"v" * 60] * 3
+
+
+def test_max_message_bytes_counts_the_batch_a_kafka_client_sent(log: PartitionLog) -> None:
+    """The Kafka door hands over the size of the client's record batch (compressed, maybe):
+    that is what the limit applies to, whatever the records' size unpacked."""
+    batch = _batch([b"x" * 1000])
+    with pytest.raises(errors.MessageTooLargeError, match="is 900 bytes"):
+        log.append(batch, leader_epoch=0, max_message_bytes=800, batch_bytes=900)
+    r = log.append(batch, leader_epoch=0, max_message_bytes=800, batch_bytes=120)
+    assert r.result(RESULT_TIMEOUT_S).base_offset == 0
 
 
 def test_failed_commit_fails_its_appends_and_leaves_no_gap(

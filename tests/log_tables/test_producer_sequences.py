@@ -67,11 +67,11 @@ def test_a_gap_that_never_fills_is_refused(tmp_path):
 
 def test_an_invalid_batch_uses_up_its_sequence_so_later_ones_flow(tmp_path):
     log = open_log(tmp_path, sequence_wait_ms=200)
-    with pytest.raises(errors.MessageTooLargeError):
+    with pytest.raises(errors.MessageTooLargeError):  # the batch is about 1000 bytes
         log.append(batch("big" * 100, 3), leader_epoch=0, producer=ProducerState(2, 0, 0),
-                   max_message_bytes=50)
+                   max_message_bytes=200)
     after = log.append(batch("ok", 1), leader_epoch=0, producer=ProducerState(2, 0, 3),
-                       max_message_bytes=50).result(10)
+                       max_message_bytes=200).result(10)
     assert after.base_offset == 0
     log.close()
 

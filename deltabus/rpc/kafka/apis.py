@@ -23,6 +23,7 @@ from deltabus import errors
 from deltabus.acls import Authorizer, Operation
 from deltabus.cluster.handler import DeltaBusHandler, FetchResult, FetchSpec
 from deltabus.offsets.group_coordinator import GroupCoordinator
+from deltabus.records import UnpackBudget
 from deltabus.rpc.access import Access, authorized_metadata, current_access
 from deltabus.rpc.fetch_size import FetchBudget
 from deltabus.rpc.kafka import acl_apis, admin, batches, groups, sasl
@@ -34,6 +35,12 @@ from deltabus.rpc.kafka.frames import (
     make,
     millis,
     nested,
+)
+from deltabus.rpc.request_limits import (
+    check_distinct,
+    check_partition_count,
+    duplicate_error,
+    duplicates,
 )
 
 log = logging.getLogger(__name__)
@@ -188,6 +195,7 @@ class KafkaApis:
             refused = errors.UnsupportedVersionError("transactions are not supported yet")
         pending: list[tuple[str, int, list[Any], errors.DeltaBusError | None]] = []
         access = current_access()
+        budget = UnpackBudget()  # what this request's compressed batches unpack to, together
         for topic in request.topic_data:
             denied = access.topic(Operation.WRITE, topic.name)
             for data in topic.partition_data:
@@ -195,7 +203,7 @@ class KafkaApis:
                 error = refused or denied
                 if error is None:
                     try:
-                        for batch in batches.decode_produce(data.records or b""):
+                        for batch in batches.decode_produce(data.records or b"", budget):
                             Access.raise_if(access.producer_id(
                                 self._handler, batch.producer.producer_id))
                             if batch.transactional:
@@ -203,7 +211,7 @@ class KafkaApis:
                                     "transactional batches are not supported yet")
                             appended.append(self._handler.produce(
                                 topic.name, data.index, batch.records, acks=acks,
-                                producer=batch.producer))
+                                producer=batch.producer, batch_bytes=batch.size_bytes))
                     except errors.DeltaBusError as e:
                         error = e
                 pending.append((topic.name, data.index, appended, error))
@@ -246,6 +254,8 @@ class KafkaApis:
                            p.partition_max_bytes or cfg.FETCH_PARTITION_MAX_BYTES,
                            getattr(p, "current_leader_epoch", -1))
                  for t in request.topics for p in t.partitions]
+        invalid = _invalid_fetch(specs)  # refused whole: every partition answered with it
+        refused = refused or invalid
         max_bytes = min(getattr(request, "max_bytes", 0) or cfg.FETCH_MAX_BYTES,  # v3 and later
                         cfg.FETCH_RESPONSE_MAX_BYTES)
         access = current_access()
@@ -270,7 +280,7 @@ class KafkaApis:
                 high_watermark=r.high_watermark, last_stable_offset=r.high_watermark,
                 log_start_offset=r.log_start_offset, aborted_transactions=None,
                 preferred_read_replica=-1, records=records))
-        return make(cls, throttle_time=NO_TIME, error_code=ErrorCode.none, session_id=0,
+        return make(cls, throttle_time=NO_TIME, error_code=error_code(invalid), session_id=0,
                     responses=tuple(make(topic_cls, topic=name, partitions=tuple(parts))
                                     for name, parts in by_topic.items()))
 
@@ -279,13 +289,22 @@ class KafkaApis:
         cls = load_response_schema(LIST_OFFSETS, version)
         topic_cls, partition_cls = (nested(cls, n) for n in ("ListOffsetsTopicResponse",
                                                               "ListOffsetsPartitionResponse"))
+        named = [(t.name, p.partition_index) for t in request.topics for p in t.partitions]
+        try:
+            check_partition_count("ListOffsets", len(named))
+        except errors.DeltaBusError as e:
+            refused = refused or e
+        twice = duplicates(named)
         topics = []
         access = current_access()
         for t in request.topics:
             parts = []
             for p in t.partitions:
                 offset, timestamp, epoch = -1, -1, -1
-                error = refused or access.topic(Operation.DESCRIBE, t.name)
+                error = refused or (  # as Kafka: each entry of a partition named twice
+                    duplicate_error("ListOffsets", (t.name, p.partition_index))
+                    if (t.name, p.partition_index) in twice
+                    else access.topic(Operation.DESCRIBE, t.name))
                 if error is None:
                     try:
                         offset, timestamp, epoch = self._handler.list_offsets(
@@ -341,6 +360,16 @@ class KafkaApis:
                 error = e
         return make(cls, throttle_time=NO_TIME, error_code=error_code(error),
                     producer_id=producer_id, producer_epoch=epoch)
+
+
+def _invalid_fetch(specs: list[FetchSpec]) -> errors.DeltaBusError | None:
+    """INVALID_REQUEST for a Fetch naming too many partitions or one twice, else None."""
+    try:
+        check_distinct("Fetch", [(s.topic, s.partition) for s in specs])
+        check_partition_count("Fetch", len(specs))
+    except errors.DeltaBusError as e:
+        return e
+    return None
 
 
 def _failed(spec: FetchSpec, error: errors.DeltaBusError) -> FetchResult:

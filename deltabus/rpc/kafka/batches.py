@@ -8,18 +8,31 @@ compacted topic's gaps are offset deltas), timestamps, timestamp type and leader
 
 from __future__ import annotations
 
+import io
 import struct
+import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 
+import lz4.frame
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import snappy
+import zstandard
 from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
-from kafka.record.memory_records import MemoryRecords
-from kafka.record.util import calc_crc32c
+from kafka.record.util import calc_crc32c, decode_varint
 
 from deltabus import errors
-from deltabus.records import LOG_APPEND_TIME, ProducerState, normalize_produce, produce_batch
+from deltabus.records import (
+    LOG_APPEND_TIME,
+    ProducerState,
+    UnpackBudget,
+    check_header_count,
+    check_record_count,
+    normalize_produce,
+    produce_batch,
+)
 
 FETCH_BATCH_RECORDS_MAX = 4096  # records per batch a fetch answers with
 _CRC = struct.Struct(">I")
@@ -27,6 +40,7 @@ _LEADER_EPOCH_AT = 12  # int32, outside the CRC
 _ATTRIBUTES_AT = DefaultRecordBatch.ATTRIBUTES_OFFSET  # the CRC covers from here to the end
 _CRC_AT = DefaultRecordBatch.CRC_OFFSET
 _MAGIC_AT = 16
+_RECORDS_AT = 61  # the records section follows the batch header
 
 
 @dataclass(frozen=True)
@@ -36,41 +50,189 @@ class ProducedBatch:
     records: pa.Table  # PRODUCE_SCHEMA
     producer: ProducerState
     transactional: bool
+    size_bytes: int  # on the wire, compressed or not: what max.message.bytes limits in Kafka
 
 
-def decode_produce(data: bytes) -> list[ProducedBatch]:
+def decode_produce(data: bytes, budget: UnpackBudget | None = None) -> list[ProducedBatch]:
     """The record batches of one partition's produce data. Raises CorruptMessageError for a bad
     CRC or truncated batch, InvalidRecordError for what the log cannot take (old message
-    formats, control batches, empty batches)."""
-    out = []
-    records = MemoryRecords(bytes(data))
-    while records.has_next():
-        batch = records.next_batch()
-        if batch is None:
-            break
-        if not isinstance(batch, DefaultRecordBatch):
-            raise errors.UnsupportedForMessageFormatError(
-                "only record batches of magic v2 are accepted (Kafka 0.11 and later clients)")
+    formats, control batches, empty batches, too many headers), RecordListTooLargeError for a
+    batch declaring too many records or unpacking past `budget` (the request's, shared by its
+    partitions). Each limit is checked before what it bounds is allocated."""
+    budget = budget or UnpackBudget()
+    out, pos, view = [], 0, memoryview(data)
+    while pos < len(view):
+        size = _batch_size(view, pos)
+        raw = bytes(view[pos:pos + size])
+        pos += size
+        batch = DefaultRecordBatch(raw)
         if not batch.validate_crc():
             raise errors.CorruptMessageError("a record batch failed its CRC-32C check")
         if batch.is_control_batch:
             raise errors.InvalidRecordError("producers may not send control batches")
-        try:
-            rows = [(r.key, r.value, r.timestamp, r.headers) for r in batch]
-        except Exception as e:  # truncated or undecompressible
-            raise errors.CorruptMessageError(f"a record batch cannot be read: {e}") from None
-        if not rows:
+        if batch.records_count <= 0:
             raise errors.InvalidRecordError("a record batch must hold at least one record")
-        keys, values, timestamps, headers = zip(*rows, strict=True)
-        table = normalize_produce(produce_batch(
-            list(values), keys=list(keys), timestamps_ms=list(timestamps),
-            headers=[[(k, v) for k, v in h] if h else None for h in headers]))
+        check_record_count(batch.records_count)
+        records = _unpack(batch.compression_type, raw[_RECORDS_AT:], budget)
+        keys, values, timestamps, headers = _read_records(records, batch)
+        table = normalize_produce(produce_batch(values, keys=keys, timestamps_ms=timestamps,
+                                                headers=headers))
         producer = (ProducerState(batch.producer_id, batch.producer_epoch, batch.base_sequence)
                     if batch.producer_id >= 0 else ProducerState())
-        out.append(ProducedBatch(table, producer, batch.is_transactional))
+        out.append(ProducedBatch(table, producer, batch.is_transactional, size))
     if not out:
         raise errors.InvalidRecordError("the produce data holds no record batch")
     return out
+
+
+def _batch_size(view: memoryview, pos: int) -> int:
+    """The size of the record batch at `pos` (its length field and the 12 bytes before it)."""
+    if len(view) - pos < _RECORDS_AT:
+        raise errors.CorruptMessageError("a record batch is truncated")
+    if view[pos + _MAGIC_AT] != 2:
+        raise errors.UnsupportedForMessageFormatError(
+            "only record batches of magic v2 are accepted (Kafka 0.11 and later clients)")
+    size = int.from_bytes(view[pos + 8:pos + 12], "big", signed=True) + 12
+    if size < _RECORDS_AT or pos + size > len(view):
+        raise errors.CorruptMessageError("a record batch is truncated")
+    return size
+
+
+def _unpack(codec: int, data: bytes, budget: UnpackBudget) -> bytes:
+    """A batch's records section uncompressed, never more than `budget` allows: each codec
+    stops one byte past what is left of it, so a bomb is refused without being unpacked.
+    Kafka itself unpacks a batch as a stream and keeps none of it; deltabus stores records
+    uncompressed, so what a batch unpacks to is what its log takes."""
+    if codec == _NONE:
+        return data
+    unpacker = _UNPACKERS.get(codec)
+    if unpacker is None:
+        raise errors.CorruptMessageError(f"unknown compression codec {codec}")
+    limit = budget.remaining_bytes
+    try:
+        out = unpacker(data, limit)
+    except _OverLimit:
+        budget.take(limit + 1)  # refused: RECORD_LIST_TOO_LARGE naming the limit
+        raise
+    except (OSError, ValueError, EOFError, RuntimeError, zlib.error, zstandard.ZstdError,
+            snappy.UncompressError) as e:
+        raise errors.CorruptMessageError(f"a record batch cannot be unpacked: {e}") from None
+    budget.take(len(out))
+    return out
+
+
+class _OverLimit(Exception):
+    """A compressed block declares more than the budget allows (found before unpacking it)."""
+
+
+def _gunzip(data: bytes, limit: int) -> bytes:
+    out = bytearray()
+    while data and len(out) <= limit:
+        stream = zlib.decompressobj(wbits=31)
+        out += stream.decompress(data, limit + 1 - len(out))
+        if len(out) > limit:
+            break
+        if not stream.eof:
+            raise ValueError("truncated gzip stream")
+        data = stream.unused_data
+    return bytes(out)
+
+
+def _unsnappy(data: bytes, limit: int) -> bytes:
+    """Raw snappy, or xerial's framing of snappy blocks (Kafka's Java clients); each block
+    declares its unpacked length first, which is checked before it is unpacked."""
+    if not data.startswith(_XERIAL_MAGIC):
+        return _unsnappy_block(data, limit)
+    out, pos = bytearray(), len(_XERIAL_MAGIC) + 8  # magic, version, compatible version
+    while pos < len(data) and len(out) <= limit:
+        size = int.from_bytes(data[pos:pos + 4], "big")
+        out += _unsnappy_block(data[pos + 4:pos + 4 + size], limit - len(out))
+        pos += 4 + size
+    return bytes(out)
+
+
+def _unsnappy_block(block: bytes, limit: int) -> bytes:
+    declared, shift = 0, 0
+    for byte in block[:5]:  # the unpacked length, an unsigned varint
+        declared |= (byte & 0x7F) << shift
+        shift += 7
+        if not byte & 0x80:
+            break
+    else:
+        raise ValueError("a snappy block without its length")
+    if declared > limit:
+        raise _OverLimit
+    return bytes(snappy.decompress(block))
+
+
+def _unlz4(data: bytes, limit: int) -> bytes:
+    stream = lz4.frame.LZ4FrameDecompressor()
+    out = stream.decompress(data, max_length=limit + 1)
+    if len(out) <= limit and not stream.eof:
+        raise ValueError("truncated lz4 frame")
+    return bytes(out)
+
+
+def _unzstd(data: bytes, limit: int) -> bytes:
+    with zstandard.ZstdDecompressor().stream_reader(io.BytesIO(data),
+                                                     read_across_frames=True) as reader:
+        return bytes(reader.read(limit + 1))
+
+
+_NONE = 0
+_UNPACKERS: dict[int, Callable[[bytes, int], bytes]] = {
+    1: _gunzip, 2: _unsnappy, 3: _unlz4, 4: _unzstd}
+_XERIAL_MAGIC = b"\x82SNAPPY\x00"
+
+
+def _read_records(buffer: bytes, batch: DefaultRecordBatch) -> tuple[list, list, list, list]:
+    """Keys, values, timestamps and headers of a batch's records (Kafka's DefaultRecord layout),
+    refusing a record of more headers than RECORD_HEADERS_MAX before reading them."""
+    keys: list[bytes | None] = []
+    values: list[bytes | None] = []
+    timestamps: list[int] = []
+    headers: list[list[tuple[str, bytes | None]] | None] = []
+    pos = 0
+    try:
+        for _ in range(batch.records_count):
+            length, pos = decode_varint(buffer, pos)
+            end = pos + length
+            _, pos = decode_varint(buffer, pos)  # attributes: unused
+            delta, pos = decode_varint(buffer, pos)
+            _, pos = decode_varint(buffer, pos)  # offset delta: the log assigns offsets
+            timestamps.append(batch.first_timestamp + delta)
+            key, pos = _read_bytes(buffer, pos)
+            value, pos = _read_bytes(buffer, pos)
+            keys.append(key)
+            values.append(value)
+            count, pos = decode_varint(buffer, pos)
+            if count < 0:
+                raise ValueError(f"a record declares {count} headers")
+            check_header_count(count)
+            record_headers = []
+            for _ in range(count):
+                name, pos = _read_bytes(buffer, pos)
+                if name is None:
+                    raise ValueError("a header key is null")
+                header_value, pos = _read_bytes(buffer, pos)
+                record_headers.append((name.decode(), header_value))
+            headers.append(record_headers or None)
+            if pos != end:
+                raise ValueError("a record's length does not match its fields")
+    except (ValueError, IndexError) as e:  # UnicodeDecodeError is a ValueError
+        raise errors.CorruptMessageError(f"a record batch cannot be read: {e}") from None
+    if pos != len(buffer):
+        raise errors.CorruptMessageError("a record batch holds more than its records")
+    return keys, values, timestamps, headers
+
+
+def _read_bytes(buffer: bytes, pos: int) -> tuple[bytes | None, int]:
+    length, pos = decode_varint(buffer, pos)
+    if length < 0:
+        return None, pos
+    if pos + length > len(buffer):
+        raise ValueError("a record is truncated")
+    return buffer[pos:pos + length], pos + length
 
 
 def encode_fetch(log_rows: pa.Table) -> bytes:
