@@ -269,9 +269,23 @@ def _is_binary(kind: pa.DataType) -> bool:
 
 
 def batch_size_bytes(batch: pa.Table) -> int:
-    """The size of `batch` (PRODUCE_SCHEMA) as one uncompressed magic v2 record batch: what
-    max.message.bytes limits on the gRPC door (Kafka's door has the client's own batch)."""
+    """The size of `batch` (PRODUCE_SCHEMA) as one uncompressed magic v2 record batch."""
     return RECORD_BATCH_OVERHEAD_BYTES + int(record_encoded_sizes(batch).sum())
+
+
+def largest_batch_bytes(batch: pa.Table, batch_rows: Sequence[int]) -> int:
+    """The size of the largest of the record batches `batch` (PRODUCE_SCHEMA) is made of, each
+    of `batch_rows` records in turn, as uncompressed magic v2 record batches: what
+    max.message.bytes limits on the gRPC door, where each Arrow record batch of a produce
+    entry's `arrow_records` is one record batch (Kafka's door has the client's own batches)."""
+    sizes = record_encoded_sizes(batch)
+    starts = np.concatenate(([0], np.cumsum(batch_rows[:-1]))).astype(np.int64)
+    return RECORD_BATCH_OVERHEAD_BYTES + int(np.add.reduceat(sizes, starts).max())
+
+
+def arrow_batch_rows(table: pa.Table) -> list[int]:
+    """The record count of each Arrow record batch of `table` (as `from_ipc` read them)."""
+    return [b.num_rows for b in table.to_batches() if b.num_rows] or [table.num_rows]
 
 
 def batch_size_min_bytes(records: int) -> int:
@@ -325,6 +339,17 @@ def to_log_batch(
     return pa.Table.from_arrays(columns, schema=LOG_SCHEMA)
 
 
+def to_ipc_batches(tables: Sequence[pa.Table]) -> bytes:
+    """Serialise tables of one schema as one Arrow IPC stream of a record batch each: a bulk
+    produce entry whose batches each stay within max.message.bytes (`largest_batch_bytes`)."""
+    parts = [_ipc_ready(t) for t in tables]
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, parts[0].schema) as writer:
+        for part in parts:
+            writer.write_table(part)
+    return sink.getvalue().to_pybytes()
+
+
 def to_ipc(table: pa.Table) -> bytes:
     """Serialise a table as one Arrow IPC stream of one record batch (what `arrow_records`
     carries), so its size is the records' size plus one batch's metadata.
@@ -336,14 +361,20 @@ def to_ipc(table: pa.Table) -> bytes:
     buffers of a sliced all-null list column (a 1 MB read of a cached 250k-record batch became
     3 MB on the wire).
     """
-    table = table.combine_chunks()
-    for i, column in enumerate(table.columns):
-        if column.null_count == table.num_rows and table.num_rows:
-            table = table.set_column(i, table.field(i), pa.nulls(table.num_rows, column.type))
+    table = _ipc_ready(table)
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, table.schema) as writer:
         writer.write_table(table)
     return sink.getvalue().to_pybytes()
+
+
+def _ipc_ready(table: pa.Table) -> pa.Table:
+    """One chunk, all-null columns rebuilt (see to_ipc)."""
+    table = table.combine_chunks()
+    for i, column in enumerate(table.columns):
+        if column.null_count == table.num_rows and table.num_rows:
+            table = table.set_column(i, table.field(i), pa.nulls(table.num_rows, column.type))
+    return table
 
 
 def from_ipc(data: bytes, budget: UnpackBudget | None = None) -> pa.Table:

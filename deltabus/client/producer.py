@@ -43,6 +43,7 @@ from deltabus.records import (
     produce_batch,
     record_bytes_max,
     to_ipc,
+    to_ipc_batches,
 )
 from deltabus.rpc.status import error_from_rpc
 from deltabus.rpc.v1 import deltabus_pb2 as pb
@@ -72,6 +73,7 @@ class _Batch:
     timestamps: list | None = None
     headers: list | None = None
     table: pa.Table | None = None  # the bulk path hands over a whole table
+    batch_rows: tuple[int, ...] = ()  # the bulk path's record batches in `table` (records each)
     nbytes: int = 0  # the records' bytes in a record batch at most (records.record_bytes_max)
     full: bool = False  # no more records fit: it may be sent while others are in flight
     retry_at: float = 0.0
@@ -98,7 +100,13 @@ class _Batch:
     def payload(self) -> bytes:
         """The batch as Arrow IPC, made once (retries resend the same bytes)."""
         if self._payload is None:
-            self._payload = to_ipc(self.to_table())
+            table = self.to_table()
+            if len(self.batch_rows) > 1:
+                starts = np.cumsum((0,) + self.batch_rows[:-1])
+                self._payload = to_ipc_batches([table.slice(int(start), rows) for start, rows
+                                                in zip(starts, self.batch_rows, strict=True)])
+            else:
+                self._payload = to_ipc(table)
         return self._payload
 
     def complete(self, base_offset: int, error: BaseException | None) -> None:
@@ -313,9 +321,10 @@ class Producer:
             raise errors.UnknownTopicOrPartitionError(
                 f"partition {partition} of topic {topic} does not exist (it has {n})")
         futures = []
-        for chunk, nbytes, full in self._chunks(table):
+        for chunk, batch_rows, nbytes, full in self._chunks(table):
             p = partition if partition is not None else self._sticky.partition(topic, n)
-            batch = _Batch(topic, p, time.monotonic(), table=chunk, nbytes=nbytes, full=full)
+            batch = _Batch(topic, p, time.monotonic(), table=chunk, nbytes=nbytes, full=full,
+                           batch_rows=batch_rows)
             batch.payload()  # serialise here, while an earlier chunk is in flight
             with self._lock:
                 if self._closed:
@@ -331,21 +340,32 @@ class Producer:
             futures.append(FutureRecordMetadata(batch, 0))
         return futures
 
-    def _chunks(self, table: pa.Table) -> list[tuple[pa.Table, int, bool]]:
-        """`table` cut into batches of at most batch_size bytes as record batches (a lone
-        record may be more), each within half a request: the broker checks max.message.bytes
-        on each batch, as Kafka's does. Each with its size and whether it is full (all but a
-        small last one)."""
-        limit = max(1, min(self.batch_size, self.max_request_size // 2))
+    def _chunks(self, table: pa.Table) -> list[tuple[pa.Table, tuple[int, ...], int, bool]]:
+        """`table` cut into record batches of at most batch_size bytes as Kafka counts them (a
+        lone record may be more): the broker checks max.message.bytes on each, as Kafka's does.
+        Consecutive record batches travel together, up to half a request, as one entry of
+        one Arrow record batch each (`records.to_ipc_batches`): one sequence range, one append,
+        so bulk produce commits megabytes at a time. Each entry with its record batches' record
+        counts, its size, and whether it is full (all but a small last one)."""
         total = np.concatenate(([0], np.cumsum(record_bytes_max(table))))
-        out, start = [], 0
-        while start < table.num_rows:
-            end = int(np.searchsorted(total, total[start] + limit, side="right")) - 1
-            end = max(end, start + 1)
+        entry_max = max(1, self.max_request_size // 2)
+        batch_max = min(self.batch_size, entry_max)
+        bounds = [0]
+        while bounds[-1] < table.num_rows:
+            end = int(np.searchsorted(total, total[bounds[-1]] + batch_max, "right")) - 1
+            bounds.append(max(end, bounds[-1] + 1))
+        out, first = [], 0
+        while first < len(bounds) - 1:
+            last = first + 1
+            while last < len(bounds) - 1 and total[bounds[last + 1]] - total[bounds[first]] \
+                    <= entry_max:
+                last += 1
+            start, end = bounds[first], bounds[last]
             nbytes = int(total[end] - total[start])
-            full = end < table.num_rows or 2 * nbytes >= limit
-            out.append((table.slice(start, end - start), nbytes, full))
-            start = end
+            rows = tuple(bounds[i + 1] - bounds[i] for i in range(first, last))
+            full = end < table.num_rows or 2 * nbytes >= self.batch_size
+            out.append((table.slice(start, end - start), rows, nbytes, full))
+            first = last
         return out
 
     def _wait_for_buffer(self, size: int) -> None:

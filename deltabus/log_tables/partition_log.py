@@ -66,9 +66,10 @@ from deltabus.records import (
     LOG_SCHEMA,
     PRODUCE_SCHEMA,
     ProducerState,
-    batch_size_bytes,
+    arrow_batch_rows,
     batch_size_min_bytes,
     check_batch_size,
+    largest_batch_bytes,
     normalize_produce,
 )
 
@@ -172,9 +173,10 @@ class PartitionLog:
         anything is queued, so a bad batch changes nothing (it only uses up its sequence numbers,
         so the producer's later batches are not held up).
 
-        `max_message_bytes` limits the whole batch, as Kafka does: its size as the client sent it
-        (`batch_bytes`, a Kafka client's record batch, compressed or not) or else as one
-        uncompressed record batch of its records (`records.batch_size_bytes`).
+        `max_message_bytes` limits each record batch, as Kafka does: its size as the client sent
+        it (`batch_bytes`, a Kafka client's record batch, compressed or not) or else the size of
+        each Arrow record batch of `batch` as an uncompressed record batch of its records
+        (`records.largest_batch_bytes`: a bulk produce entry holds many).
         """
         # Outside the lock; a refusal is raised once the sequence numbers are taken.
         batch, refusal = self._checked(batch, max_message_bytes, batch_bytes, compacted)
@@ -206,15 +208,17 @@ class PartitionLog:
         """The batch normalised, and why it is refused (None: it is not). The size a batch's
         record count implies is checked before normalising, which allocates per record."""
         try:
+            batch_rows = arrow_batch_rows(batch)
             if max_message_bytes is not None:
-                check_batch_size(batch_size_min_bytes(batch.num_rows), max_message_bytes,
+                check_batch_size(batch_size_min_bytes(max(batch_rows)), max_message_bytes,
                                  self._name, at_least=True)
             if not batch.schema.equals(PRODUCE_SCHEMA):
                 batch = normalize_produce(batch)
             if batch.num_rows == 0:
                 raise errors.InvalidRecordError("a produce batch must hold at least one record")
             if max_message_bytes is not None:
-                size = batch_size_bytes(batch) if batch_bytes is None else batch_bytes
+                size = (largest_batch_bytes(batch, batch_rows) if batch_bytes is None
+                        else batch_bytes)
                 check_batch_size(size, max_message_bytes, self._name)
             if compacted and batch.column("key").null_count:
                 raise errors.InvalidRecordError(

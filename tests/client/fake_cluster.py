@@ -68,9 +68,10 @@ from deltabus.principal import ANONYMOUS, KafkaPrincipal
 from deltabus.records import (
     LOG_SCHEMA,
     ProducerState,
-    batch_size_bytes,
+    arrow_batch_rows,
     batch_size_min_bytes,
     check_batch_size,
+    largest_batch_bytes,
     normalize_produce,
     produce_batch,
     to_log_batch,
@@ -639,13 +640,14 @@ class FakeCluster:
     def _checked(self, topic: str, partition: int, batch: pa.Table,
                  batch_bytes: int | None) -> pa.Table:
         """The batch normalised, or the partition log's refusal (the same rules, after the
-        sequence step as there): max.message.bytes on the whole batch."""
+        sequence step as there): max.message.bytes on each record batch."""
         limit = self._config.topic_config(self._topics[topic].configs).max_message_bytes
         where = f"{topic}-{partition}"
-        check_batch_size(batch_size_min_bytes(batch.num_rows), limit, where, at_least=True)
+        batch_rows = arrow_batch_rows(batch)
+        check_batch_size(batch_size_min_bytes(max(batch_rows)), limit, where, at_least=True)
         batch = normalize_produce(batch)
-        check_batch_size(batch_size_bytes(batch) if batch_bytes is None else batch_bytes,
-                         limit, where)
+        check_batch_size(largest_batch_bytes(batch, batch_rows) if batch_bytes is None
+                         else batch_bytes, limit, where)
         return batch
 
     def fetch(self, broker_id: int, specs: list[FetchSpec], max_wait_ms: int) -> list[FetchResult]:

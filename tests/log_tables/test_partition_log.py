@@ -23,7 +23,14 @@ from deltabus.log_tables.partition_log import (
     LogConfig,
     PartitionLog,
 )
-from deltabus.records import LOG_SCHEMA, batch_size_bytes, normalize_produce, produce_batch
+from deltabus.records import (
+    LOG_SCHEMA,
+    batch_size_bytes,
+    from_ipc,
+    normalize_produce,
+    produce_batch,
+    to_ipc_batches,
+)
 
 RESULT_TIMEOUT_S = 30
 READ_ALL = 1 << 30
@@ -164,6 +171,23 @@ def test_message_too_large_writes_nothing(log: PartitionLog, path: Path) -> None
     assert (r.base_offset, r.last_offset) == (1, 3)
     assert DeltaTable(str(path)).version() == version + 1
     assert _read_all(log).column("value").to_pylist() == [b"ok"] + [b"v" * 60] * 3
+
+
+def test_each_arrow_record_batch_of_an_entry_is_a_batch_for_max_message_bytes(
+        log: PartitionLog) -> None:
+    """A bulk produce entry carries several record batches (the Arrow record batches of its
+    IPC stream): each must fit max.message.bytes, not the entry as a whole."""
+    three = _batch([b"v" * 60] * 3)
+    limit = batch_size_bytes(three)
+    entry = from_ipc(to_ipc_batches([three] * 5))  # 15 records, 5 batches that fit
+    assert batch_size_bytes(normalize_produce(entry)) > limit
+    r = log.append(entry, leader_epoch=0, max_message_bytes=limit).result(RESULT_TIMEOUT_S)
+    assert (r.base_offset, r.last_offset) == (0, 14)
+    six = _batch([b"v" * 60] * 6)  # one batch over the limit among batches under it
+    with pytest.raises(errors.MessageTooLargeError, match=f"max.message.bytes={limit}"):
+        log.append(from_ipc(to_ipc_batches([three, six, three])), leader_epoch=0,
+                   max_message_bytes=limit)
+    assert log.log_end_offset == 15
 
 
 def test_max_message_bytes_counts_the_batch_a_kafka_client_sent(log: PartitionLog) -> None:
