@@ -44,6 +44,10 @@ FETCH_RESPONSE_MAX_BYTES = 57_671_680
 FETCH_WAIT_MS_MAX = 60_000  # no long poll waits longer than this
 PARTITIONS_MAX = 10_000  # per topic
 TOPIC_NAME_LENGTH_MAX = 249  # Kafka's limit
+# Kafka bounds a group id only by its protocol's string (32,767 bytes); the coordinator keeps
+# every group id it accepts in driver memory and `__consumer_offsets`, so deltabus takes at most
+# this many characters (INVALID_GROUP_ID beyond).
+GROUP_ID_LENGTH_MAX = 255
 # Kafka's offset.metadata.max.bytes default: the longest metadata string an offset commit carries,
 # in UTF-8 bytes. The group config sets it; the offset store enforces it.
 OFFSET_METADATA_MAX_BYTES = 4096
@@ -295,6 +299,9 @@ class GroupConfig:
     offsets_retention_minutes: int = 7 * 24 * 60
     offsets_retention_check_interval_ms: int = 600_000
     offset_metadata_max_bytes: int = OFFSET_METADATA_MAX_BYTES
+    # One OffsetCommit names at most this many partitions (deltabus's limit; Kafka has none):
+    # more is refused whole with INVALID_REQUEST before anything is looked at or written.
+    offset_commit_partitions_max: int = 10_000
     # Commits queued within this long share one Delta commit of __consumer_offsets.
     offsets_commit_linger_ms: int = 5
     # The coordinator answers joins and syncs of this many members at once (server threads).
@@ -303,6 +310,8 @@ class GroupConfig:
     def __post_init__(self) -> None:
         if self.group_min_session_timeout_ms > self.group_max_session_timeout_ms:
             raise ValueError("group.min.session.timeout.ms exceeds group.max.session.timeout.ms")
+        if self.offset_commit_partitions_max < 1:
+            raise ValueError("offset.commit.partitions.max must be at least 1")
 
 
 SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")

@@ -23,6 +23,11 @@ Invariants:
   assignment.
 - A commit is acknowledged only once it is durable in `__consumer_offsets`.
 - A member waiting in JoinGroup or SyncGroup is never expired: it is in the middle of the protocol.
+- Offsets are committed only for partitions the cluster has (Kafka's metadata cache check), so
+  what `__consumer_offsets` keeps is bounded by the cluster's topics; a request past a limit
+  (config.GroupConfig, config.GROUP_ID_LENGTH_MAX) is refused before anything is written, and a
+  refusal's message never repeats a hostile name, since doors copy it into every partition's
+  answer.
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ from typing import Any
 
 from deltabus import config as cfg
 from deltabus import errors
-from deltabus.metadata import GroupDescription, MemberDescription
+from deltabus.metadata import GroupDescription, MemberDescription, MetadataImage
 from deltabus.offsets.offset_store import OffsetAndMetadata, OffsetCommit, OffsetStore
 
 log = logging.getLogger(__name__)
@@ -51,9 +56,9 @@ COMPLETING_REBALANCE = "CompletingRebalance"
 STABLE = "Stable"
 DEAD = "Dead"
 
-GROUP_ID_LENGTH_MAX = 255
 # A JoinGroup or SyncGroup waits for the rebalance at most its rebalance timeout and this much.
 LONG_POLL_SLACK_S = 5.0
+COMMIT_TIMEOUT_S = 30.0  # an OffsetCommit waits this long for __consumer_offsets
 
 
 @dataclass
@@ -101,14 +106,24 @@ class Group:
     pending_members: dict[str, float] = field(default_factory=dict)
 
 
+# Each partition's answer to an OffsetCommit: None when committed, else why not.
+PartitionErrors = dict[tuple[str, int], errors.DeltaBusError | None]
+# A name longer than this is cut short in error messages.
+NAME_SHOWN_MAX = 64
+
+
 class GroupCoordinator:
     """Every consumer group of the cluster: membership, rebalances and committed offsets."""
 
     def __init__(self, store: OffsetStore, config: cfg.GroupConfig,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, *,
+                 metadata: Callable[[], MetadataImage]) -> None:
+        """`metadata`: the cluster's current metadata (Kafka's metadata cache), which says what
+        partitions exist; offsets are committed for those only."""
         self._store = store
         self._config = config
         self._clock = clock
+        self._metadata = metadata
         self._lock = threading.Lock()
         self._groups: dict[str, Group] = {}
         self._next_expiry_check_s = clock() + config.offsets_retention_check_interval_ms / 1000
@@ -330,11 +345,33 @@ class GroupCoordinator:
 
     # ---- offsets -------------------------------------------------------------------------------
 
-    def commit_offsets(self, group_id: str, generation_id: int, member_id: str,
-                       offsets: dict[tuple[str, int], OffsetAndMetadata]) -> Future[None]:
-        """OffsetCommit: members of the current generation, or a standalone consumer
-        (generation -1, no member id) while the group has no members. Resolves once durable."""
+    def check_offset_commit(self, group_id: str, partitions: int) -> None:
+        """The limits of a whole OffsetCommit: its group id, and how many partitions it names.
+        Doors call this before anything else, so a request past them costs nothing more."""
         _check_group_id(group_id)
+        limit = self._config.offset_commit_partitions_max
+        if partitions > limit:
+            raise errors.InvalidRequestError(
+                f"an OffsetCommit names {partitions} partitions, more than the "
+                f"{limit} of offset.commit.partitions.max")
+
+    def commit_offsets(self, group_id: str, generation_id: int, member_id: str,
+                       offsets: dict[tuple[str, int], OffsetAndMetadata]
+                       ) -> Future[PartitionErrors]:
+        """OffsetCommit: members of the current generation, or a standalone consumer
+        (generation -1, no member id) while the group has no members. Resolves once durable,
+        with each partition's answer: partitions the cluster does not have get
+        UNKNOWN_TOPIC_OR_PARTITION, as Kafka answers them, and are not written."""
+        self.check_offset_commit(group_id, len(offsets))
+        for (topic, partition), om in offsets.items():
+            if om.offset < 0 or partition < 0:
+                raise errors.InvalidCommitOffsetSizeError(
+                    f"cannot commit offset {om.offset} of {_shown(topic)}-{partition}")
+        unknown = _unknown_partitions(self._metadata(), list(offsets))
+        known = {tp: om for tp, om in offsets.items() if tp not in unknown}
+        answers: PartitionErrors = {**dict.fromkeys(known), **unknown}
+        if offsets and not known:  # Kafka asks the coordinator nothing: no group is made
+            return _resolved(answers)
         with self._lock:
             group = self._groups.get(group_id)
             if generation_id < 0 and not member_id:
@@ -351,11 +388,12 @@ class GroupCoordinator:
             if group is None:
                 self._groups[group_id] = Group(group_id)
         now_ms = int(time.time() * 1000)
-        return self._store.commit([
+        stored = self._store.commit([
             OffsetCommit(group_id, topic, partition,
                          OffsetAndMetadata(om.offset, om.leader_epoch, om.metadata, now_ms),
                          member_id, generation_id)
-            for (topic, partition), om in offsets.items()])
+            for (topic, partition), om in known.items()])
+        return _once_stored(stored, answers)
 
     def fetch_offsets(self, group_id: str, partitions: list[tuple[str, int]] | None = None
                       ) -> dict[tuple[str, int], OffsetAndMetadata]:
@@ -473,9 +511,55 @@ class GroupCoordinator:
 
 
 def _check_group_id(group_id: str) -> None:
-    if not group_id or len(group_id) > GROUP_ID_LENGTH_MAX:
+    if not group_id or len(group_id) > cfg.GROUP_ID_LENGTH_MAX:
         raise errors.InvalidGroupIdError(
-            f"group id {group_id!r} must be 1 to {GROUP_ID_LENGTH_MAX} characters")
+            f"a group id has 1 to {cfg.GROUP_ID_LENGTH_MAX} characters, not {len(group_id)}")
+
+
+def _shown(name: str) -> str:
+    """A name as error messages show it: cut short if long (a door copies a message into the
+    answer of every partition it concerns)."""
+    return name if len(name) <= NAME_SHOWN_MAX else f"{name[:NAME_SHOWN_MAX]}..."
+
+
+def _unknown_partitions(image: MetadataImage, partitions: list[tuple[str, int]]
+                        ) -> dict[tuple[str, int], errors.DeltaBusError]:
+    """UNKNOWN_TOPIC_OR_PARTITION for each partition `image` does not have, as Kafka's
+    KafkaApis answers an OffsetCommit from its metadata cache."""
+    unknown: dict[tuple[str, int], errors.DeltaBusError] = {}
+    for topic, partition in partitions:
+        if image.partition(topic, partition) is not None:
+            continue
+        if len(topic) > cfg.TOPIC_NAME_LENGTH_MAX:
+            unknown[(topic, partition)] = errors.UnknownTopicOrPartitionError(
+                f"a topic name has at most {cfg.TOPIC_NAME_LENGTH_MAX} characters, not "
+                f"{len(topic)}")
+        else:
+            unknown[(topic, partition)] = errors.UnknownTopicOrPartitionError(
+                f"This server does not host this topic-partition: {topic}-{partition}")
+    return unknown
+
+
+def _resolved(answers: PartitionErrors) -> Future[PartitionErrors]:
+    future: Future[PartitionErrors] = Future()
+    future.set_result(answers)
+    return future
+
+
+def _once_stored(stored: Future[None], answers: PartitionErrors) -> Future[PartitionErrors]:
+    """`answers` once the store's future resolves; its failure if it fails."""
+    future: Future[PartitionErrors] = Future()
+
+    def done(f: Future[None]) -> None:
+        if f.cancelled():
+            future.set_exception(errors.KafkaStorageError("the offset commit was cancelled"))
+        elif f.exception() is not None:
+            future.set_exception(f.exception())
+        else:
+            future.set_result(answers)
+
+    stored.add_done_callback(done)
+    return future
 
 
 def _choose_protocol(members: list[Member]) -> str:

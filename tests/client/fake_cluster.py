@@ -255,7 +255,7 @@ class FakeCluster:
         self.coordinator = GroupCoordinator(
             cast(OffsetStore, MemoryOffsetStore()),  # the coordinator takes it by duck typing
             cfg.GroupConfig(group_min_session_timeout_ms=100,
-                            group_initial_rebalance_delay_ms=0))
+                            group_initial_rebalance_delay_ms=0), metadata=self.image)
         self._servers: list[grpc.Server] = []
         self._kafka_listeners: list[KafkaListener] = []
         self.kafka_coordinator: str | None = None  # host:port, once serve_kafka opened it

@@ -10,6 +10,7 @@ import pytest
 
 from deltabus import errors
 from deltabus.config import GroupConfig
+from deltabus.metadata import MetadataImage, PartitionState, TopicState
 from deltabus.offsets.group_coordinator import (
     COMPLETING_REBALANCE,
     EMPTY,
@@ -21,6 +22,12 @@ from deltabus.offsets.offset_store import OffsetAndMetadata, OffsetStore
 
 SESSION_MS = 10_000
 REBALANCE_MS = 30_000
+
+
+def image() -> MetadataImage:
+    """The cluster the coordinator commits offsets for: topic t, partitions 0 and 1."""
+    partitions = tuple(PartitionState(p, 0, 0, (0,), (0,)) for p in range(2))
+    return MetadataImage(1, "c", 0, (), {"t": TopicState("t", "t-id", partitions)})
 
 
 class Clock:
@@ -39,7 +46,8 @@ def clock() -> Clock:
 @pytest.fixture
 def coordinator(tmp_path: Path, clock: Clock) -> Iterator[GroupCoordinator]:
     config = GroupConfig(group_min_session_timeout_ms=1000, group_initial_rebalance_delay_ms=0)
-    c = GroupCoordinator(OffsetStore(str(tmp_path / "__consumer_offsets")), config, clock)
+    c = GroupCoordinator(OffsetStore(str(tmp_path / "__consumer_offsets")), config, clock,
+                         metadata=image)
     yield c
     c.close()
 
@@ -204,7 +212,7 @@ def test_bad_requests_get_kafka_errors(coordinator):
 def test_offsets_of_a_long_empty_group_expire(tmp_path: Path, clock: Clock):
     config = GroupConfig(group_min_session_timeout_ms=1000, group_initial_rebalance_delay_ms=0,
                          offsets_retention_minutes=0)
-    c = GroupCoordinator(OffsetStore(str(tmp_path / "o")), config, clock)
+    c = GroupCoordinator(OffsetStore(str(tmp_path / "o")), config, clock, metadata=image)
     try:
         c.commit_offsets("old", -1, "", {("t", 0): OffsetAndMetadata(1)}).result(5)
         a = join(c, group="busy").result(1)
@@ -237,7 +245,7 @@ def test_offset_metadata_up_to_the_configured_limit_is_stored(tmp_path: Path, cl
     config = GroupConfig(group_min_session_timeout_ms=1000, group_initial_rebalance_delay_ms=0,
                          offset_metadata_max_bytes=10_000)
     store = OffsetStore(str(tmp_path / "o"), metadata_max_bytes=config.offset_metadata_max_bytes)
-    c = GroupCoordinator(store, config, clock)
+    c = GroupCoordinator(store, config, clock, metadata=image)
     try:
         c.commit_offsets("g", -1, "", {("t", 0): OffsetAndMetadata(3, -1, "é" * 4000)}).result(5)
         assert c.fetch_offsets("g")[("t", 0)].metadata == "é" * 4000  # 8,000 bytes
