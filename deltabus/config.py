@@ -48,6 +48,10 @@ TOPIC_NAME_LENGTH_MAX = 249  # Kafka's limit
 # every group id it accepts in driver memory and `__consumer_offsets`, so deltabus takes at most
 # this many characters (INVALID_GROUP_ID beyond).
 GROUP_ID_LENGTH_MAX = 255
+# Likewise a transactional id: the controller keeps each one it hands a producer id for ever, in
+# its metadata log and in driver memory, so it takes at most this many characters
+# (INVALID_REQUEST beyond); Kafka Streams' ids (application.id, a UUID, a task) fit easily.
+TRANSACTIONAL_ID_LENGTH_MAX = 1_024
 # Kafka's offset.metadata.max.bytes default: the longest metadata string an offset commit carries,
 # in UTF-8 bytes. The group config sets it; the offset store enforces it.
 OFFSET_METADATA_MAX_BYTES = 4096
@@ -274,6 +278,15 @@ class ConfigEntry:
 
 # DescribeConfigs' answer: per topic, its entries or the error that refused it.
 ConfigResults = dict[str, "list[ConfigEntry] | errors.DeltaBusError"]
+
+
+def check_transactional_id(transactional_id: str) -> None:
+    """INVALID_REQUEST for a transactional id past TRANSACTIONAL_ID_LENGTH_MAX; the message
+    gives its length, never the id."""
+    if len(transactional_id) > TRANSACTIONAL_ID_LENGTH_MAX:
+        raise errors.InvalidRequestError(
+            f"a transactional.id has at most {TRANSACTIONAL_ID_LENGTH_MAX} characters, not "
+            f"{len(transactional_id)}")
 
 
 def _env_int(name: str, default: int) -> int:

@@ -544,6 +544,7 @@ class FakeCluster:
 
     def init_producer_id(self, transactional_id: str) -> tuple[int, int]:
         """A new producer id, or for a transactional id the one it always has (epoch 0)."""
+        cfg.check_transactional_id(transactional_id)  # the controller's limit
         with self._changed:
             if not transactional_id:
                 return next(self._producer_ids), 0
