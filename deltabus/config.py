@@ -436,6 +436,18 @@ class ClusterConfig:
         default_factory=lambda: _env_int("DELTABUS_KAFKA_PORT", DEFAULT_KAFKA_PORT))
     num_partitions: int = 1  # Kafka's num.partitions
     default_replication_factor: int = 1
+    # Kafka's auto.create.topics.enable: a Metadata request (that allows it) naming a missing
+    # topic creates it with the defaults above.
+    auto_create_topics_enable: bool = True
+    # One Metadata request auto-creates at most this many topics, in one metadata commit; more
+    # is refused whole (POLICY_VIOLATION), so no client holds the controller lock, which every
+    # broker heartbeat needs, for long.
+    auto_create_topics_per_request_max: int = 100
+    # The cluster holds at most this many topics and partitions (partitions by KIP-578's
+    # max.partitions); a creation past either is refused with POLICY_VIOLATION, as Kafka's
+    # controller refuses a request too large to commit, and nothing of it is written.
+    max_topics: int = 10_000
+    max_partitions: int = 100_000
     # A broker heartbeats at least this often; one silent for the session timeout is fenced.
     broker_heartbeat_interval_ms: int = field(
         default_factory=lambda: _env_int("DELTABUS_BROKER_HEARTBEAT_INTERVAL_MS", 500))
@@ -507,6 +519,9 @@ class ClusterConfig:
     def __post_init__(self) -> None:
         if self.brokers < 1:
             raise ValueError(f"brokers must be at least 1, not {self.brokers}")
+        for name in ("auto_create_topics_per_request_max", "max_topics", "max_partitions"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, not {getattr(self, name)}")
         if self.broker_heartbeat_interval_ms * 2 > self.broker_session_timeout_ms:
             raise ValueError("broker session timeout must cover at least two heartbeats")
         if self.group_commit_bytes_max > self.log_cache_bytes_max:
