@@ -13,7 +13,8 @@ may do what, and the first users, with the names Kafka gives them.
     --add-scram 'SCRAM-SHA-256=[name=admin,password=admin-secret]'
                                         kafka-storage format's flag: a user made at start
     --override key=value                kafka-server-start.sh's: the same settings by their
-                                        server.properties names (a flag wins over it)
+                                        server.properties names (a flag wins over it), and
+                                        auto.create.topics.enable=false (no flag of its own)
 
 Everything is read and checked before Spark starts, so a typo costs a second, not a cluster
 start. A password is never printed: errors about --add-scram name the mechanism and user only.
@@ -44,6 +45,8 @@ OVERRIDES = {
     "authorizer.class.name": "authorizer",
     "super.users": "super_users",
     "allow.everyone.if.no.acl.found": "allow_everyone_if_no_acl_found",
+    # Not security, but a broker setting a hardened cluster turns off: --override only.
+    "auto.create.topics.enable": "auto_create_topics_enable",
 }
 # Java's key and trust stores: deltabus takes PEM files (the client side refuses them too).
 JAVA_STORES = ("ssl.keystore.location", "ssl.truststore.location", "ssl.keystore.password",
@@ -92,8 +95,12 @@ def cluster_settings(args: argparse.Namespace) -> dict[str, Any]:
     """Cluster(...) keyword arguments of the security flags: {} when none was given, so a
     plain start is exactly what it was. Raises CliError or InvalidConfigError (one line)."""
     given = _given(args)
+    settings: dict[str, Any] = {}
+    if "auto_create_topics_enable" in given:
+        settings["auto_create_topics_enable"] = _kafka_bool(
+            "auto.create.topics.enable", given.pop("auto_create_topics_enable"))
     if not given:
-        return {}
+        return settings
     protocol = given.get("security_protocol", "PLAINTEXT").strip().upper()
     tls_files = [flag for flag in ("ssl_certificate_location", "ssl_key_location")
                  if given.get(flag)]
@@ -110,7 +117,7 @@ def cluster_settings(args: argparse.Namespace) -> dict[str, Any]:
         ssl_certificate_location=given.get("ssl_certificate_location", ""),
         ssl_key_location=given.get("ssl_key_location", ""),
         ssl_ca_location=given.get("ssl_ca_location", ""), **listener)
-    settings: dict[str, Any] = {"security": security}
+    settings["security"] = security
     if "authorizer" in given:
         settings["authorizer"] = bool(given["authorizer"].strip())
     if "super_users" in given:
@@ -140,6 +147,14 @@ def _given(args: argparse.Namespace) -> dict[str, str]:
     if "authorizer" in given and given["authorizer"].strip().lower() in ("false", "none"):
         given["authorizer"] = ""  # authorizer.class.name= (empty) is Kafka's "no authorizer"
     return given
+
+
+def _kafka_bool(name: str, raw: str) -> bool:
+    """A boolean server.properties value: true or false in any case, as Kafka's ConfigDef."""
+    text = raw.strip().lower()
+    if text not in ("true", "false"):
+        raise CliError(f"{name} must be true or false, not {raw!r}")
+    return text == "true"
 
 
 def super_users(text: str) -> tuple[str, ...]:

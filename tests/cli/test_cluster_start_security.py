@@ -107,6 +107,13 @@ def test_override_takes_server_properties_names_and_a_flag_wins(tls: dict[str, s
     assert broker_security.cluster_settings(no_authorizer)["authorizer"] is False
 
 
+def test_override_turns_topic_auto_creation_off_as_kafka_names_it() -> None:
+    args = start_args("--override", "auto.create.topics.enable=false")
+    assert broker_security.cluster_settings(args) == {"auto_create_topics_enable": False}
+    on = start_args("--override", "auto.create.topics.enable=TRUE")
+    assert broker_security.cluster_settings(on) == {"auto_create_topics_enable": True}
+
+
 def test_add_scram_is_kafka_storages_flag() -> None:
     users = broker_security.scram_users(start_args(
         "--add-scram", f"SCRAM-SHA-256=[name=admin,password={SECRET}]",
@@ -133,6 +140,8 @@ def test_add_scram_is_kafka_storages_flag() -> None:
     (["--ssl-client-auth", "requested"], "ssl.client.auth must be none or required"),
     (["--super-users", "admin"], "--super-users lists principals as User:name"),
     (["--override", "listeners=SASL_SSL://:9093"], "--override listeners is not a setting"),
+    (["--override", "auto.create.topics.enable=no"],
+     "auto.create.topics.enable must be true or false, not 'no'"),
     (["--override", "ssl.keystore.location=/etc/kafka/keystore.jks"],
      "ssl.keystore.location is Java's key or trust store setting"),
     (["--add-scram", f"SCRAM-SHA-1=[name=admin,password={SECRET}]"],
