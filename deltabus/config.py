@@ -306,7 +306,21 @@ class GroupConfig:
     # fleet of consumers starting together gets one rebalance, not one per member.
     group_initial_rebalance_delay_ms: int = field(
         default_factory=lambda: _env_int("DELTABUS_GROUP_INITIAL_REBALANCE_DELAY_MS", 3_000))
+    # Kafka's group.max.size (unbounded in Kafka): the members of a group, counting the member
+    # ids handed out to join it (MEMBER_ID_REQUIRED) and not used yet; a JoinGroup past it gets
+    # GROUP_MAX_SIZE_REACHED.
     group_max_size: int = 10_000
+    # The groups the coordinator keeps (with members, member ids handed out, or committed
+    # offsets), and the member ids handed out over all of them, each kept until its session
+    # timeout: a new one past either is refused with GROUP_MAX_SIZE_REACHED (deltabus's limits;
+    # Kafka bounds only share groups, group.share.max.groups).
+    group_max_groups: int = 10_000
+    group_max_pending_members: int = 100_000
+    # A member's rebalance timeout (the consumer's max.poll.interval.ms) counts up to this, so a
+    # JoinGroup waits at most this long, as group.max.session.timeout.ms bounds session timeouts.
+    # Capped rather than refused: Java consumers send max.poll.interval.ms, often set higher;
+    # such a member that rejoins late joins the next generation.
+    group_max_rebalance_timeout_ms: int = 300_000
     # Offsets of a group empty for this long (or of a standalone consumer not committing for
     # this long) expire; checked this often.
     offsets_retention_minutes: int = 7 * 24 * 60
@@ -323,8 +337,10 @@ class GroupConfig:
     def __post_init__(self) -> None:
         if self.group_min_session_timeout_ms > self.group_max_session_timeout_ms:
             raise ValueError("group.min.session.timeout.ms exceeds group.max.session.timeout.ms")
-        if self.offset_commit_partitions_max < 1:
-            raise ValueError("offset.commit.partitions.max must be at least 1")
+        for name in ("group_max_size", "group_max_groups", "group_max_pending_members",
+                     "group_max_rebalance_timeout_ms", "offset_commit_partitions_max"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, not {getattr(self, name)}")
 
 
 SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")

@@ -23,11 +23,14 @@ Invariants:
   assignment.
 - A commit is acknowledged only once it is durable in `__consumer_offsets`.
 - A member waiting in JoinGroup or SyncGroup is never expired: it is in the middle of the protocol.
-- Offsets are committed only for partitions the cluster has (Kafka's metadata cache check), so
-  what `__consumer_offsets` keeps is bounded by the cluster's topics; a request past a limit
+- What the coordinator keeps is bounded: offsets only for partitions the cluster has (Kafka's
+  metadata cache check); at most group.max.groups groups, group.max.size members a group
+  (counting member ids handed out) and group.max.pending.members ids handed out in all; a group
+  with no members, ids handed out or offsets is dropped. A request past a limit
   (config.GroupConfig, config.GROUP_ID_LENGTH_MAX) is refused before anything is written, and a
   refusal's message never repeats a hostile name, since doors copy it into every partition's
   answer.
+- No JoinGroup or SyncGroup waits longer than group.max.rebalance.timeout.ms (and a slack).
 """
 
 from __future__ import annotations
@@ -146,14 +149,15 @@ class GroupCoordinator:
         if not protocol_type or not protocols:
             raise errors.InconsistentGroupProtocolError(
                 "a member must name its protocol type and at least one protocol")
-        rebalance_timeout_ms = rebalance_timeout_ms if rebalance_timeout_ms > 0 \
-            else session_timeout_ms
+        rebalance_timeout_ms = self._rebalance_timeout_ms(rebalance_timeout_ms,
+                                                          session_timeout_ms)
         future: Future[JoinResult] = Future()
         with self._lock:
-            group = self._groups.setdefault(group_id, Group(group_id))
+            group = self._groups.get(group_id) or self._new_group(group_id)
             self._check_protocols(group, member_id, protocol_type, protocols)
             now = self._clock()
             if not member_id:  # Kafka's KIP-394: the member learns its id before it waits
+                self._check_room_for_member(group)
                 member_id = f"{client_id or 'consumer'}-{uuid.uuid4()}"
                 group.pending_members[member_id] = now + session_timeout_ms / 1000
                 error = errors.MemberIdRequiredError(
@@ -173,8 +177,8 @@ class GroupCoordinator:
                         f"member {member_id} is not in group {group_id}")
                 if len(group.members) >= self._config.group_max_size:
                     raise errors.GroupMaxSizeReachedError(
-                        f"group {group_id} has {len(group.members)} members, the maximum "
-                        "(group.max.size)")
+                        f"group {group_id} has {len(group.members)} members, the most "
+                        f"group.max.size ({self._config.group_max_size}) allows")
                 member = Member(member_id, client_id, client_host, session_timeout_ms,
                                 rebalance_timeout_ms, protocol_type, protocols, now)
                 group.members[member_id] = member
@@ -190,6 +194,50 @@ class GroupCoordinator:
                     group.join_deadline_s)
             self._maybe_complete_join(group, now)
         return future
+
+    def _rebalance_timeout_ms(self, rebalance_timeout_ms: int, session_timeout_ms: int) -> int:
+        """A member's rebalance timeout: as asked (the session timeout if not), up to
+        group.max.rebalance.timeout.ms."""
+        asked = rebalance_timeout_ms if rebalance_timeout_ms > 0 else session_timeout_ms
+        return min(asked, self._config.group_max_rebalance_timeout_ms)
+
+    def join_wait_s(self, rebalance_timeout_ms: int, session_timeout_ms: int) -> float:
+        """How long a door waits for a JoinGroup's answer: the member's timeouts, never more
+        than group.max.rebalance.timeout.ms (by then the join phase has ended), and a slack."""
+        asked = max(rebalance_timeout_ms, session_timeout_ms)
+        return min(asked, self._config.group_max_rebalance_timeout_ms) / 1000 + LONG_POLL_SLACK_S
+
+    def _new_group(self, group_id: str) -> Group:
+        """Lock held. A group the coordinator does not hold in memory yet, unless it holds
+        group.max.groups (those with committed offsets count too)."""
+        limit = self._config.group_max_groups
+        if not self._store.has_group(group_id) and self._group_count() >= limit:
+            raise errors.GroupMaxSizeReachedError(
+                f"the coordinator holds {self._group_count()} groups, the most "
+                f"group.max.groups ({limit}) allows: no new group {group_id}")
+        group = self._groups[group_id] = Group(group_id)
+        return group
+
+    def _group_count(self) -> int:
+        """Lock held. Groups with committed offsets, and those in memory only."""
+        stored = self._store.group_count()
+        if stored + len(self._groups) < self._config.group_max_groups:
+            return stored + len(self._groups)  # an upper bound, and room enough
+        return stored + sum(1 for g in self._groups if not self._store.has_group(g))
+
+    def _check_room_for_member(self, group: Group) -> None:
+        """Lock held. Before a member id is handed out: the group stays within group.max.size
+        counting the ids handed out, and the ids handed out within group.max.pending.members."""
+        size, limit = len(group.members) + len(group.pending_members), self._config.group_max_size
+        if size >= limit:
+            raise errors.GroupMaxSizeReachedError(
+                f"group {group.group_id} has {size} members and member ids handed out, the "
+                f"most group.max.size ({limit}) allows")
+        pending = sum(len(g.pending_members) for g in self._groups.values())
+        if pending >= self._config.group_max_pending_members:
+            raise errors.GroupMaxSizeReachedError(
+                f"{pending} member ids are handed out and not joined with, the most "
+                f"group.max.pending.members ({self._config.group_max_pending_members}) allows")
 
     def _check_protocols(self, group: Group, member_id: str, protocol_type: str,
                          protocols: list[tuple[str, bytes]]) -> None:
@@ -386,7 +434,7 @@ class GroupCoordinator:
                         f"group {group_id} is completing a rebalance")
                 member.last_heartbeat_s = self._clock()
             if group is None:
-                self._groups[group_id] = Group(group_id)
+                self._new_group(group_id)
         now_ms = int(time.time() * 1000)
         stored = self._store.commit([
             OffsetCommit(group_id, topic, partition,
@@ -456,26 +504,43 @@ class GroupCoordinator:
     # ---- time ----------------------------------------------------------------------------------
 
     def tick(self) -> None:
-        """Expire silent members, end join phases at their deadline, expire old offsets."""
+        """Expire silent members and unused member ids, end join phases at their deadline, drop
+        empty groups, expire old offsets."""
         now = self._clock()
         with self._lock:
-            for group in list(self._groups.values()):
-                for member_id, expiry in list(group.pending_members.items()):
-                    if now > expiry:  # handed an id, never came back with it
-                        del group.pending_members[member_id]
-                for member in list(group.members.values()):
-                    waiting = member.join is not None or member.sync is not None
-                    if not waiting and \
-                            now - member.last_heartbeat_s > member.session_timeout_ms / 1000:
-                        log.info("group %s: member %s missed heartbeats past "
-                                 "session.timeout.ms; removed", group.group_id, member.member_id)
-                        self._remove_member(group, member.member_id,
-                                            "missed heartbeats past session.timeout.ms")
-                self._maybe_complete_join(group, now)
+            self._expire_members(now)
+            self._drop_empty_groups()
         if now >= self._next_expiry_check_s:
             self._next_expiry_check_s = now + \
                 self._config.offsets_retention_check_interval_ms / 1000
             self.expire_offsets()
+
+    def _expire_members(self, now: float) -> None:
+        """Lock held. Member ids handed out and not used within their session timeout, and
+        members silent past theirs, go; join phases past their deadline end."""
+        for group in list(self._groups.values()):
+            for member_id, expiry in list(group.pending_members.items()):
+                if now > expiry:  # handed an id, never came back with it
+                    del group.pending_members[member_id]
+            for member in list(group.members.values()):
+                waiting = member.join is not None or member.sync is not None
+                if not waiting and \
+                        now - member.last_heartbeat_s > member.session_timeout_ms / 1000:
+                    log.info("group %s: member %s missed heartbeats past "
+                             "session.timeout.ms; removed", group.group_id, member.member_id)
+                    self._remove_member(group, member.member_id,
+                                        "missed heartbeats past session.timeout.ms")
+            self._maybe_complete_join(group, now)
+
+    def _drop_empty_groups(self) -> None:
+        """Lock held. A group with no members, no member ids handed out and no committed
+        offsets is gone (Kafka's cleanup of such groups): it no longer counts toward
+        group.max.groups, so ids asked for and never used do not take up room for ever."""
+        empty = [g.group_id for g in self._groups.values()
+                 if g.state == EMPTY and not g.members and not g.pending_members]
+        for group_id in empty:
+            if not self._store.has_group(group_id):
+                del self._groups[group_id]
 
     def expire_offsets(self) -> list[str]:
         """Drop the offsets of groups empty (and not committing) for offsets.retention.minutes.

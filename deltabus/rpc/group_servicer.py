@@ -50,14 +50,15 @@ class GroupServicerMixin:
                                         cfg.SESSION_TIMEOUT_MS_DEFAULT)
         try:
             Access.raise_if(self._group_refusal(context, request.group_id))
-            future = self._coordinator().join_group(
+            coordinator = self._coordinator()
+            future = coordinator.join_group(
                 request.group_id, request.member_id, request.protocol_type,
                 [(p.name, p.metadata) for p in request.protocols],
                 session_timeout_ms=session_timeout_ms,
                 rebalance_timeout_ms=request.rebalance_timeout_ms,
                 client_id=request.client_id, client_host=_peer_host(context))
-            timeout_s = max(request.rebalance_timeout_ms, session_timeout_ms) / 1000
-            result = wait_result(future, timeout_s + LONG_POLL_SLACK_S)
+            result = wait_result(future, coordinator.join_wait_s(
+                request.rebalance_timeout_ms, session_timeout_ms))
         except errors.DeltaBusError as e:
             return pb.JoinGroupResponse(error_code=e.code, error_message=e.message,
                                         member_id=getattr(e, "member_id", ""))

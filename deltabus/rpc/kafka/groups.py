@@ -102,11 +102,12 @@ class KafkaGroupApis:
             protocols = [(p.name, bytes(p.metadata)) for p in request.protocols]
 
             def join(member: str) -> Any:
-                future = self._coordinator().join_group(
+                coordinator = self._coordinator()
+                future = coordinator.join_group(
                     request.group_id, member, request.protocol_type, protocols,
                     session_timeout_ms=session_ms, rebalance_timeout_ms=rebalance_ms,
                     client_id=client[0], client_host=client[1])
-                return wait_result(future, max(session_ms, rebalance_ms) / 1000 + LONG_POLL_SLACK_S)
+                return wait_result(future, coordinator.join_wait_s(rebalance_ms, session_ms))
 
             try:
                 result = join(member_id)
