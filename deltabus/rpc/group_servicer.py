@@ -110,12 +110,13 @@ class GroupServicerMixin:
     def _offset_commit(self, request: pb.OffsetCommitRequest, context: Any
                        ) -> tuple[PartitionErrors, errors.DeltaBusError | None]:
         """Each partition's answer, and the answer of those without one (the refusal of the
-        whole request). Kafka's order: READ on the group, the request's limits, READ on each
-        topic (a refused topic is not committed), then the coordinator."""
+        whole request). The request's limits first (a refusal of READ on the group names the
+        group, in every partition's answer), then Kafka's order: READ on the group, READ on
+        each topic (a refused topic is not committed), the coordinator."""
         try:
-            Access.raise_if(self._group_refusal(context, request.group_id))
             coordinator = self._coordinator()
             coordinator.check_offset_commit(request.group_id, len(request.partitions))
+            Access.raise_if(self._group_refusal(context, request.group_id))
         except errors.DeltaBusError as e:
             return {}, e
         access = self._access(context)

@@ -16,6 +16,7 @@ from kio.index import load_request_schema
 from kio.schema.errors import ErrorCode
 
 from deltabus import config as cfg
+from deltabus.acls import Authorizer
 from deltabus.rpc.channel import open_channel
 from deltabus.rpc.kafka.frames import make, nested
 from deltabus.rpc.v1 import deltabus_pb2 as pb
@@ -134,3 +135,15 @@ def test_a_group_id_past_the_limit_is_refused_without_echoing_it_per_partition(f
     assert fake.coordinator.list_groups() == []  # nothing stored, no group made
     assert grpc_commit(stub, "g", {("orders", 1): 4})[0][("orders", 1)][0] == 0
 
+
+
+def test_limits_come_before_the_acl_check_whose_refusal_names_the_group(fake, stub):
+    """With an authorizer, a refusal names the group: the group id's limit is checked first,
+    so a refusal is never 200 copies of a 100 KB group id."""
+    fake.authorizer = Authorizer([])  # nobody may do anything
+    offsets = {("nope", p): 1 for p in range(200)}
+    answers, size = grpc_commit(stub, "g" * 100_000, offsets)
+    assert {code for code, _ in answers.values()} == {pb.INVALID_GROUP_ID}
+    assert size < 100_000
+    answers, _ = grpc_commit(stub, "g", offsets)
+    assert {code for code, _ in answers.values()} == {pb.GROUP_AUTHORIZATION_FAILED}
