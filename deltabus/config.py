@@ -63,6 +63,14 @@ PARTITIONS_MAX = 10_000  # per topic
 # whose partitions all live on one broker still fits (checked below). Beyond it: INVALID_REQUEST.
 REQUEST_PARTITIONS_MAX = 10_000
 TOPIC_NAME_LENGTH_MAX = 249  # Kafka's limit
+# Kafka bounds a group id only by its protocol's string (32,767 bytes); the coordinator keeps
+# every group id it accepts in driver memory and `__consumer_offsets`, so deltabus takes at most
+# this many characters (INVALID_GROUP_ID beyond).
+GROUP_ID_LENGTH_MAX = 255
+# Likewise a transactional id: the controller keeps each one it hands a producer id for ever, in
+# its metadata log and in driver memory, so it takes at most this many characters
+# (INVALID_REQUEST beyond); Kafka Streams' ids (application.id, a UUID, a task) fit easily.
+TRANSACTIONAL_ID_LENGTH_MAX = 1_024
 # Kafka's offset.metadata.max.bytes default: the longest metadata string an offset commit carries,
 # in UTF-8 bytes. The group config sets it; the offset store enforces it.
 OFFSET_METADATA_MAX_BYTES = 4096
@@ -291,6 +299,15 @@ class ConfigEntry:
 ConfigResults = dict[str, "list[ConfigEntry] | errors.DeltaBusError"]
 
 
+def check_transactional_id(transactional_id: str) -> None:
+    """INVALID_REQUEST for a transactional id past TRANSACTIONAL_ID_LENGTH_MAX; the message
+    gives its length, never the id."""
+    if len(transactional_id) > TRANSACTIONAL_ID_LENGTH_MAX:
+        raise errors.InvalidRequestError(
+            f"a transactional.id has at most {TRANSACTIONAL_ID_LENGTH_MAX} characters, not "
+            f"{len(transactional_id)}")
+
+
 def _env_int(name: str, default: int) -> int:
     raw = os.environ.get(name)
     return int(raw) if raw else default
@@ -308,12 +325,29 @@ class GroupConfig:
     # fleet of consumers starting together gets one rebalance, not one per member.
     group_initial_rebalance_delay_ms: int = field(
         default_factory=lambda: _env_int("DELTABUS_GROUP_INITIAL_REBALANCE_DELAY_MS", 3_000))
+    # Kafka's group.max.size (unbounded in Kafka): the members of a group, counting the member
+    # ids handed out to join it (MEMBER_ID_REQUIRED) and not used yet; a JoinGroup past it gets
+    # GROUP_MAX_SIZE_REACHED.
     group_max_size: int = 10_000
+    # The groups the coordinator keeps (with members, member ids handed out, or committed
+    # offsets), and the member ids handed out over all of them, each kept until its session
+    # timeout: a new one past either is refused with GROUP_MAX_SIZE_REACHED (deltabus's limits;
+    # Kafka bounds only share groups, group.share.max.groups).
+    group_max_groups: int = 10_000
+    group_max_pending_members: int = 100_000
+    # A member's rebalance timeout (the consumer's max.poll.interval.ms) counts up to this, so a
+    # JoinGroup waits at most this long, as group.max.session.timeout.ms bounds session timeouts.
+    # Capped rather than refused: Java consumers send max.poll.interval.ms, often set higher;
+    # such a member that rejoins late joins the next generation.
+    group_max_rebalance_timeout_ms: int = 300_000
     # Offsets of a group empty for this long (or of a standalone consumer not committing for
     # this long) expire; checked this often.
     offsets_retention_minutes: int = 7 * 24 * 60
     offsets_retention_check_interval_ms: int = 600_000
     offset_metadata_max_bytes: int = OFFSET_METADATA_MAX_BYTES
+    # One OffsetCommit names at most this many partitions (deltabus's limit; Kafka has none):
+    # more is refused whole with INVALID_REQUEST before anything is looked at or written.
+    offset_commit_partitions_max: int = 10_000
     # Commits queued within this long share one Delta commit of __consumer_offsets.
     offsets_commit_linger_ms: int = 5
     # The coordinator answers joins and syncs of this many members at once (server threads).
@@ -322,6 +356,10 @@ class GroupConfig:
     def __post_init__(self) -> None:
         if self.group_min_session_timeout_ms > self.group_max_session_timeout_ms:
             raise ValueError("group.min.session.timeout.ms exceeds group.max.session.timeout.ms")
+        for name in ("group_max_size", "group_max_groups", "group_max_pending_members",
+                     "group_max_rebalance_timeout_ms", "offset_commit_partitions_max"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, not {getattr(self, name)}")
 
 
 SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
@@ -441,6 +479,18 @@ class ClusterConfig:
         default_factory=lambda: _env_int("DELTABUS_KAFKA_PORT", DEFAULT_KAFKA_PORT))
     num_partitions: int = 1  # Kafka's num.partitions
     default_replication_factor: int = 1
+    # Kafka's auto.create.topics.enable: a Metadata request (that allows it) naming a missing
+    # topic creates it with the defaults above.
+    auto_create_topics_enable: bool = True
+    # One Metadata request auto-creates at most this many topics, in one metadata commit; more
+    # is refused whole (POLICY_VIOLATION), so no client holds the controller lock, which every
+    # broker heartbeat needs, for long.
+    auto_create_topics_per_request_max: int = 100
+    # The cluster holds at most this many topics and partitions (partitions by KIP-578's
+    # max.partitions); a creation past either is refused with POLICY_VIOLATION, as Kafka's
+    # controller refuses a request too large to commit, and nothing of it is written.
+    max_topics: int = 10_000
+    max_partitions: int = 100_000
     # A broker heartbeats at least this often; one silent for the session timeout is fenced.
     broker_heartbeat_interval_ms: int = field(
         default_factory=lambda: _env_int("DELTABUS_BROKER_HEARTBEAT_INTERVAL_MS", 500))
@@ -516,6 +566,9 @@ class ClusterConfig:
     def __post_init__(self) -> None:
         if self.brokers < 1:
             raise ValueError(f"brokers must be at least 1, not {self.brokers}")
+        for name in ("auto_create_topics_per_request_max", "max_topics", "max_partitions"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, not {getattr(self, name)}")
         if self.broker_heartbeat_interval_ms * 2 > self.broker_session_timeout_ms:
             raise ValueError("broker session timeout must cover at least two heartbeats")
         if self.group_commit_bytes_max > self.log_cache_bytes_max:

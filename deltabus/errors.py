@@ -138,6 +138,10 @@ NotControllerError = _kafka_error(41, "NOT_CONTROLLER", retriable=True)
 InvalidRequestError = _kafka_error(42, "INVALID_REQUEST")
 UnsupportedForMessageFormatError = _kafka_error(
     43, "UNSUPPORTED_FOR_MESSAGE_FORMAT")
+# A request the cluster's policy refuses: Kafka's controller answers a request too large to commit
+# (more than MAX_RECORDS_PER_USER_OP records) with it; deltabus, a creation past its limits on
+# topics and partitions (config.ClusterConfig: max.topics, max.partitions, auto-creation).
+PolicyViolationError = _kafka_error(44, "POLICY_VIOLATION")
 OutOfOrderSequenceNumberError = _kafka_error(45, "OUT_OF_ORDER_SEQUENCE_NUMBER", retriable=True)
 DuplicateSequenceNumberError = _kafka_error(46, "DUPLICATE_SEQUENCE_NUMBER")
 InvalidProducerEpochError = _kafka_error(47, "INVALID_PRODUCER_EPOCH")

@@ -13,7 +13,8 @@ may do what, and the first users, with the names Kafka gives them.
     --add-scram 'SCRAM-SHA-256=[name=admin,password=admin-secret]'
                                         kafka-storage format's flag: a user made at start
     --override key=value                kafka-server-start.sh's: the same settings by their
-                                        server.properties names (a flag wins over it)
+                                        server.properties names (a flag wins over it), and
+                                        auto.create.topics.enable=false (no flag of its own)
 
 Named listeners (deltabus.listeners), instead of one protocol for the two doors:
 
@@ -65,6 +66,8 @@ OVERRIDES = {
     "listener.security.protocol.map": "listener_security_protocol_map",
     "inter.broker.listener.name": "inter_broker_listener_name",
     "controller.listener.names": "controller_listener_names",
+    # Not security, but a broker setting a hardened cluster turns off: --override only.
+    "auto.create.topics.enable": "auto_create_topics_enable",
 }
 # The settings of named listeners: ListenerConfig.parse's keywords.
 LISTENER_SETTINGS = ("listeners", "advertised_listeners", "grpc_listeners",
@@ -135,8 +138,12 @@ def cluster_settings(args: argparse.Namespace, bootstrap: tuple[str, int] = (
     given, so a plain start is exactly what it was. `bootstrap`: the gRPC door's address when
     only Kafka listeners are named. Raises CliError or InvalidConfigError (one line)."""
     given = _given(args)
+    settings: dict[str, Any] = {}
+    if "auto_create_topics_enable" in given:
+        settings["auto_create_topics_enable"] = _kafka_bool(
+            "auto.create.topics.enable", given.pop("auto_create_topics_enable"))
     if not given:
-        return {}
+        return settings
     named = listener_config(given, args, bootstrap)
     protocol = given.get("security_protocol", "PLAINTEXT").strip().upper()
     tls_files = [flag for flag in ("ssl_certificate_location", "ssl_key_location")
@@ -154,7 +161,7 @@ def cluster_settings(args: argparse.Namespace, bootstrap: tuple[str, int] = (
         ssl_certificate_location=given.get("ssl_certificate_location", ""),
         ssl_key_location=given.get("ssl_key_location", ""),
         ssl_ca_location=given.get("ssl_ca_location", ""), **listener)
-    settings: dict[str, Any] = {"security": security}
+    settings["security"] = security
     if named is not None:
         for item in named.grpc + named.kafka:  # a TLS listener needs the certificate
             security.for_protocol(item.security_protocol)
@@ -212,6 +219,14 @@ def _given(args: argparse.Namespace) -> dict[str, str]:
     if "authorizer" in given and given["authorizer"].strip().lower() in ("false", "none"):
         given["authorizer"] = ""  # authorizer.class.name= (empty) is Kafka's "no authorizer"
     return given
+
+
+def _kafka_bool(name: str, raw: str) -> bool:
+    """A boolean server.properties value: true or false in any case, as Kafka's ConfigDef."""
+    text = raw.strip().lower()
+    if text not in ("true", "false"):
+        raise CliError(f"{name} must be true or false, not {raw!r}")
+    return text == "true"
 
 
 def super_users(text: str) -> tuple[str, ...]:

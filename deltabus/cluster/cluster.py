@@ -125,7 +125,8 @@ class Cluster:
         self.coordinator = GroupCoordinator(
             OffsetStore(consumer_offsets_path(self.config.root),
                         commit_linger_ms=group.offsets_commit_linger_ms,
-                        metadata_max_bytes=group.offset_metadata_max_bytes), group)
+                        metadata_max_bytes=group.offset_metadata_max_bytes), group,
+            metadata=self.controller.image)
         handler = ControllerHandler(self.controller)
         self._doors = open_doors(self.config, CONTROLLER_NODE_ID, handler,
                                  credentials=handler.scram_credential,

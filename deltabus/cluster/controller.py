@@ -62,6 +62,7 @@ from deltabus.cluster.metadata_records import (
     AccessControlEntryRecord,
     ClusterIdRecord,
     ConfigRecord,
+    ControllerResult,
     FenceBrokerRecord,
     MetadataRecord,
     ProducerIdKeyRecord,
@@ -164,26 +165,44 @@ class Controller:
 
     # ---- topics ------------------------------------------------------------------------------
 
+    @property
+    def config(self) -> cfg.ClusterConfig:
+        return self._config
+
     def create_topics(self, topics: list[NewTopic], *, timeout_ms: int = 30_000,
                       validate_only: bool = False) -> list[TopicResult]:
-        """Create topics; each gets its own result, as in Kafka's CreateTopics."""
-        results = []
-        names = [t.name for t in topics]
+        """Create topics; each gets its own result, as in Kafka's CreateTopics. Those created
+        are one metadata commit, however many."""
         with self._lock:
-            for topic in topics:
-                try:
-                    result = replication_control.create_topic(
-                        self._state, self._config, topic, duplicated=names.count(topic.name) > 1)
-                    if not validate_only:
-                        self._delete_dir(topic_path(self._config.root, topic.name))
-                        self._commit(result.records)
-                    results.append(result.response)
-                except errors.DeltaBusError as e:
-                    results.append(TopicResult(topic.name, e))
+            result = replication_control.create_topics(self._state, self._config, topics)
+            results = result.response if validate_only else self._commit_topics(result)
             target = self._version
         if not validate_only:
             self._await_brokers(target, timeout_ms)
         return results
+
+    def auto_create_topics(self, names: list[str], *, timeout_ms: int = 10_000) -> None:
+        """Metadata's auto-creation of the missing `names` (replication_control.
+        auto_create_topics: POLICY_VIOLATION past the limits, and nothing is created)."""
+        with self._lock:
+            result = replication_control.auto_create_topics(self._state, self._config, names)
+            self._commit_topics(result)
+            target = self._version
+        self._await_brokers(target, timeout_ms)
+
+    def _commit_topics(self, result: ControllerResult[list[TopicResult]]) -> list[TopicResult]:
+        """Lock held. Commit the records of the topics a CreateTopics accepted, in one metadata
+        commit, after removing any table left under their names; their results, or the
+        failure of the commit for each of them."""
+        created = [r for r in result.response if r.error is None]
+        try:
+            for topic in created:
+                self._delete_dir(topic_path(self._config.root, topic.name))
+            self._commit(result.records)
+        except errors.DeltaBusError as e:
+            failed = {r.name for r in created}
+            return [TopicResult(r.name, e) if r.name in failed else r for r in result.response]
+        return list(result.response)
 
     def create_partitions(self, counts: dict[str, int], *, timeout_ms: int = 30_000,
                           validate_only: bool = False) -> list[TopicResult]:
@@ -194,7 +213,8 @@ class Controller:
         with self._lock:
             for name, count in counts.items():
                 try:
-                    result = replication_control.create_partitions(self._state, name, count)
+                    result = replication_control.create_partitions(
+                        self._state, self._config, name, count)
                     if not validate_only:
                         self._commit(result.records)
                     results.append(result.response)
@@ -629,9 +649,8 @@ class ControllerHandler:
     """The controller's DeltaBus door: metadata and admin; it leads no partitions, so data calls
     get NOT_LEADER_OR_FOLLOWER and the client asks the leader named in Metadata."""
 
-    def __init__(self, controller: Controller, auto_create_topics: bool = True) -> None:
+    def __init__(self, controller: Controller) -> None:
         self._controller = controller
-        self._auto_create = auto_create_topics
         self.endpoint: BrokerEndpoint | None = None  # set once the server is bound
 
     def find_coordinator(self, group_id: str) -> BrokerEndpoint:
@@ -641,10 +660,13 @@ class ControllerHandler:
         return self.endpoint
 
     def metadata(self, topics: list[str], allow_auto_create: bool) -> MetadataImage:
+        """The current image; first, if both the request and the cluster
+        (auto.create.topics.enable) allow it, the named topics that are missing are created.
+        Raises POLICY_VIOLATION, creating none, when they are more than the limits allow."""
         image = self._controller.image()
         missing = [t for t in topics if t not in image.topics]
-        if missing and allow_auto_create and self._auto_create:
-            self._controller.create_topics([NewTopic(t) for t in missing], timeout_ms=10_000)
+        if missing and allow_auto_create and self._controller.config.auto_create_topics_enable:
+            self._controller.auto_create_topics(missing)
             image = self._controller.image()
         return image
 

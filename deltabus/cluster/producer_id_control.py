@@ -6,7 +6,8 @@ within a block the controller counts ids in memory, with no record. A transactio
 producer id once, in a record, and the same one ever after.
 
 Invariants: every id handed out is below the replayed `producer_ids_end`; the controller's next id
-only grows. `init_producer_id` is a handler: it returns records and the answer, changing nothing.
+only grows; no transactional id longer than `config.TRANSACTIONAL_ID_LENGTH_MAX` is written.
+`init_producer_id` is a handler: it returns records and the answer, changing nothing.
 Not thread-safe: the controller holds its lock around every call.
 """
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 
+from deltabus import config as cfg
 from deltabus.cluster.metadata_records import (
     ControllerResult,
     MetadataRecord,
@@ -60,6 +62,8 @@ def init_producer_id(state: MetadataState, next_producer_id: int,
     `bound` (a cluster with an authorizer): the id is bound to `principal` (`bind`), the
     counter being what the records keep; a transactional id then gives each principal its own
     id, the same every time."""
+    cfg.check_transactional_id(transactional_id)  # kept for ever: refused before anything
+
     def answer(counter: int) -> int:
         return bind(counter, principal, state.producer_id_key) if bound else counter
 

@@ -19,6 +19,7 @@ Not thread-safe: the controller holds its lock around every call.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 from collections.abc import Sequence
@@ -71,6 +72,66 @@ def create_topic(state: MetadataState, config: cfg.ClusterConfig, topic: NewTopi
     records += [ConfigRecord(topic.name, key, value) for key, value in sorted(configs.items())]
     return ControllerResult(records, TopicResult(topic.name, None, topic_id, len(assignment),
                                                  len(assignment[0])))
+
+
+def create_topics(state: MetadataState, config: cfg.ClusterConfig,
+                  topics: list[NewTopic]) -> ControllerResult[list[TopicResult]]:
+    """Kafka's CreateTopics: each topic checked on its own (`create_topic`) and against the
+    cluster's limits with the topics before it in the request; the records of every topic
+    that passes are returned together, for one metadata commit."""
+    names = collections.Counter(t.name for t in topics)
+    topic_count, partition_count = len(state.topics), _partition_count(state)
+    records: list[MetadataRecord] = []
+    results: list[TopicResult] = []
+    for topic in topics:
+        try:
+            result = create_topic(state, config, topic, duplicated=names[topic.name] > 1)
+            added = result.response.num_partitions
+            _check_cluster_limits(config, topic.name, topic_count + 1, partition_count + added)
+        except errors.DeltaBusError as e:
+            results.append(TopicResult(topic.name, e))
+            continue
+        topic_count, partition_count = topic_count + 1, partition_count + added
+        records += result.records
+        results.append(result.response)
+    return ControllerResult(records, results)
+
+
+def auto_create_topics(state: MetadataState, config: cfg.ClusterConfig,
+                       names: list[str]) -> ControllerResult[list[TopicResult]]:
+    """Metadata's auto-creation (auto.create.topics.enable) of the `names` missing: with the
+    cluster's defaults, and all or nothing as to the limits: more than
+    auto.create.topics.per.request.max topics, or more than the cluster's limits leave room
+    for, is refused whole with POLICY_VIOLATION. A name that is no legal topic is only left out,
+    as a CreateTopics would refuse it."""
+    missing = [n for n in dict.fromkeys(names) if n not in state.topics]
+    limit = config.auto_create_topics_per_request_max
+    if len(missing) > limit:
+        raise errors.PolicyViolationError(
+            f"Unable to auto-create {len(missing)} topics in one request: "
+            f"auto.create.topics.per.request.max is {limit}")
+    result = create_topics(state, config, [NewTopic(n) for n in missing])
+    for r in result.response:
+        if isinstance(r.error, errors.PolicyViolationError):
+            raise r.error
+    return result
+
+
+def _partition_count(state: MetadataState) -> int:
+    return sum(len(t.partitions) for t in state.topics.values())
+
+
+def _check_cluster_limits(config: cfg.ClusterConfig, topic: str, topics: int,
+                          partitions: int) -> None:
+    """POLICY_VIOLATION when the cluster would hold more topics or partitions than it may."""
+    if topics > config.max_topics:
+        raise errors.PolicyViolationError(
+            f"Unable to create topic {topic}: the cluster would have {topics} topics, more "
+            f"than max.topics ({config.max_topics})")
+    if partitions > config.max_partitions:
+        raise errors.PolicyViolationError(
+            f"Unable to create partitions of {topic}: the cluster would have {partitions} "
+            f"partitions, more than max.partitions ({config.max_partitions})")
 
 
 def _new_partitions(topic: str, assignment: list[list[int]],
@@ -137,10 +198,11 @@ def _place(brokers: BrokerRegistry, partitions: int, rf: int) -> list[list[int]]
     return assign_replicas(live, partitions, rf, brokers.racks(live))
 
 
-def create_partitions(state: MetadataState, name: str,
+def create_partitions(state: MetadataState, config: cfg.ClusterConfig, name: str,
                       count: int) -> ControllerResult[TopicResult]:
     """Kafka's CreatePartitions for one topic: `count` is its new total. New partitions get
-    replicas as a new topic would, with the topic's replication factor."""
+    replicas as a new topic would, with the topic's replication factor; the cluster stays
+    within max.partitions."""
     topic = state.topics.get(name)
     if topic is None:
         raise errors.UnknownTopicOrPartitionError(f"Topic '{name}' does not exist.")
@@ -152,6 +214,8 @@ def create_partitions(state: MetadataState, name: str,
     if count > cfg.PARTITIONS_MAX:
         raise errors.InvalidPartitionsError(
             f"Number of partitions {count} is more than the limit {cfg.PARTITIONS_MAX}.")
+    _check_cluster_limits(config, name, len(state.topics),
+                          _partition_count(state) - current + count)
     rf = len(topic.partitions[0].replicas)
     records = _new_partitions(name, _place(state.brokers, count, rf), current)
     return ControllerResult(records, TopicResult(name, None, "", count, rf))

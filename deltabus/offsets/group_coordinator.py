@@ -23,6 +23,14 @@ Invariants:
   assignment.
 - A commit is acknowledged only once it is durable in `__consumer_offsets`.
 - A member waiting in JoinGroup or SyncGroup is never expired: it is in the middle of the protocol.
+- What the coordinator keeps is bounded: offsets only for partitions the cluster has (Kafka's
+  metadata cache check); at most group.max.groups groups, group.max.size members a group
+  (counting member ids handed out) and group.max.pending.members ids handed out in all; a group
+  with no members, ids handed out or offsets is dropped. A request past a limit
+  (config.GroupConfig, config.GROUP_ID_LENGTH_MAX) is refused before anything is written, and a
+  refusal's message never repeats a hostile name, since doors copy it into every partition's
+  answer.
+- No JoinGroup or SyncGroup waits longer than group.max.rebalance.timeout.ms (and a slack).
 """
 
 from __future__ import annotations
@@ -40,7 +48,7 @@ from typing import Any
 
 from deltabus import config as cfg
 from deltabus import errors
-from deltabus.metadata import GroupDescription, MemberDescription
+from deltabus.metadata import GroupDescription, MemberDescription, MetadataImage
 from deltabus.offsets.offset_store import OffsetAndMetadata, OffsetCommit, OffsetStore
 
 log = logging.getLogger(__name__)
@@ -51,9 +59,9 @@ COMPLETING_REBALANCE = "CompletingRebalance"
 STABLE = "Stable"
 DEAD = "Dead"
 
-GROUP_ID_LENGTH_MAX = 255
 # A JoinGroup or SyncGroup waits for the rebalance at most its rebalance timeout and this much.
 LONG_POLL_SLACK_S = 5.0
+COMMIT_TIMEOUT_S = 30.0  # an OffsetCommit waits this long for __consumer_offsets
 
 
 @dataclass
@@ -101,14 +109,24 @@ class Group:
     pending_members: dict[str, float] = field(default_factory=dict)
 
 
+# Each partition's answer to an OffsetCommit: None when committed, else why not.
+PartitionErrors = dict[tuple[str, int], errors.DeltaBusError | None]
+# A name longer than this is cut short in error messages.
+NAME_SHOWN_MAX = 64
+
+
 class GroupCoordinator:
     """Every consumer group of the cluster: membership, rebalances and committed offsets."""
 
     def __init__(self, store: OffsetStore, config: cfg.GroupConfig,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, *,
+                 metadata: Callable[[], MetadataImage]) -> None:
+        """`metadata`: the cluster's current metadata (Kafka's metadata cache), which says what
+        partitions exist; offsets are committed for those only."""
         self._store = store
         self._config = config
         self._clock = clock
+        self._metadata = metadata
         self._lock = threading.Lock()
         self._groups: dict[str, Group] = {}
         self._next_expiry_check_s = clock() + config.offsets_retention_check_interval_ms / 1000
@@ -131,14 +149,15 @@ class GroupCoordinator:
         if not protocol_type or not protocols:
             raise errors.InconsistentGroupProtocolError(
                 "a member must name its protocol type and at least one protocol")
-        rebalance_timeout_ms = rebalance_timeout_ms if rebalance_timeout_ms > 0 \
-            else session_timeout_ms
+        rebalance_timeout_ms = self._rebalance_timeout_ms(rebalance_timeout_ms,
+                                                          session_timeout_ms)
         future: Future[JoinResult] = Future()
         with self._lock:
-            group = self._groups.setdefault(group_id, Group(group_id))
+            group = self._groups.get(group_id) or self._new_group(group_id)
             self._check_protocols(group, member_id, protocol_type, protocols)
             now = self._clock()
             if not member_id:  # Kafka's KIP-394: the member learns its id before it waits
+                self._check_room_for_member(group)
                 member_id = f"{client_id or 'consumer'}-{uuid.uuid4()}"
                 group.pending_members[member_id] = now + session_timeout_ms / 1000
                 error = errors.MemberIdRequiredError(
@@ -158,8 +177,8 @@ class GroupCoordinator:
                         f"member {member_id} is not in group {group_id}")
                 if len(group.members) >= self._config.group_max_size:
                     raise errors.GroupMaxSizeReachedError(
-                        f"group {group_id} has {len(group.members)} members, the maximum "
-                        "(group.max.size)")
+                        f"group {group_id} has {len(group.members)} members, the most "
+                        f"group.max.size ({self._config.group_max_size}) allows")
                 member = Member(member_id, client_id, client_host, session_timeout_ms,
                                 rebalance_timeout_ms, protocol_type, protocols, now)
                 group.members[member_id] = member
@@ -175,6 +194,50 @@ class GroupCoordinator:
                     group.join_deadline_s)
             self._maybe_complete_join(group, now)
         return future
+
+    def _rebalance_timeout_ms(self, rebalance_timeout_ms: int, session_timeout_ms: int) -> int:
+        """A member's rebalance timeout: as asked (the session timeout if not), up to
+        group.max.rebalance.timeout.ms."""
+        asked = rebalance_timeout_ms if rebalance_timeout_ms > 0 else session_timeout_ms
+        return min(asked, self._config.group_max_rebalance_timeout_ms)
+
+    def join_wait_s(self, rebalance_timeout_ms: int, session_timeout_ms: int) -> float:
+        """How long a door waits for a JoinGroup's answer: the member's timeouts, never more
+        than group.max.rebalance.timeout.ms (by then the join phase has ended), and a slack."""
+        asked = max(rebalance_timeout_ms, session_timeout_ms)
+        return min(asked, self._config.group_max_rebalance_timeout_ms) / 1000 + LONG_POLL_SLACK_S
+
+    def _new_group(self, group_id: str) -> Group:
+        """Lock held. A group the coordinator does not hold in memory yet, unless it holds
+        group.max.groups (those with committed offsets count too)."""
+        limit = self._config.group_max_groups
+        if not self._store.has_group(group_id) and self._group_count() >= limit:
+            raise errors.GroupMaxSizeReachedError(
+                f"the coordinator holds {self._group_count()} groups, the most "
+                f"group.max.groups ({limit}) allows: no new group {group_id}")
+        group = self._groups[group_id] = Group(group_id)
+        return group
+
+    def _group_count(self) -> int:
+        """Lock held. Groups with committed offsets, and those in memory only."""
+        stored = self._store.group_count()
+        if stored + len(self._groups) < self._config.group_max_groups:
+            return stored + len(self._groups)  # an upper bound, and room enough
+        return stored + sum(1 for g in self._groups if not self._store.has_group(g))
+
+    def _check_room_for_member(self, group: Group) -> None:
+        """Lock held. Before a member id is handed out: the group stays within group.max.size
+        counting the ids handed out, and the ids handed out within group.max.pending.members."""
+        size, limit = len(group.members) + len(group.pending_members), self._config.group_max_size
+        if size >= limit:
+            raise errors.GroupMaxSizeReachedError(
+                f"group {group.group_id} has {size} members and member ids handed out, the "
+                f"most group.max.size ({limit}) allows")
+        pending = sum(len(g.pending_members) for g in self._groups.values())
+        if pending >= self._config.group_max_pending_members:
+            raise errors.GroupMaxSizeReachedError(
+                f"{pending} member ids are handed out and not joined with, the most "
+                f"group.max.pending.members ({self._config.group_max_pending_members}) allows")
 
     def _check_protocols(self, group: Group, member_id: str, protocol_type: str,
                          protocols: list[tuple[str, bytes]]) -> None:
@@ -330,11 +393,33 @@ class GroupCoordinator:
 
     # ---- offsets -------------------------------------------------------------------------------
 
-    def commit_offsets(self, group_id: str, generation_id: int, member_id: str,
-                       offsets: dict[tuple[str, int], OffsetAndMetadata]) -> Future[None]:
-        """OffsetCommit: members of the current generation, or a standalone consumer
-        (generation -1, no member id) while the group has no members. Resolves once durable."""
+    def check_offset_commit(self, group_id: str, partitions: int) -> None:
+        """The limits of a whole OffsetCommit: its group id, and how many partitions it names.
+        Doors call this before anything else, so a request past them costs nothing more."""
         _check_group_id(group_id)
+        limit = self._config.offset_commit_partitions_max
+        if partitions > limit:
+            raise errors.InvalidRequestError(
+                f"an OffsetCommit names {partitions} partitions, more than the "
+                f"{limit} of offset.commit.partitions.max")
+
+    def commit_offsets(self, group_id: str, generation_id: int, member_id: str,
+                       offsets: dict[tuple[str, int], OffsetAndMetadata]
+                       ) -> Future[PartitionErrors]:
+        """OffsetCommit: members of the current generation, or a standalone consumer
+        (generation -1, no member id) while the group has no members. Resolves once durable,
+        with each partition's answer: partitions the cluster does not have get
+        UNKNOWN_TOPIC_OR_PARTITION, as Kafka answers them, and are not written."""
+        self.check_offset_commit(group_id, len(offsets))
+        for (topic, partition), om in offsets.items():
+            if om.offset < 0 or partition < 0:
+                raise errors.InvalidCommitOffsetSizeError(
+                    f"cannot commit offset {om.offset} of {_shown(topic)}-{partition}")
+        unknown = _unknown_partitions(self._metadata(), list(offsets))
+        known = {tp: om for tp, om in offsets.items() if tp not in unknown}
+        answers: PartitionErrors = {**dict.fromkeys(known), **unknown}
+        if offsets and not known:  # Kafka asks the coordinator nothing: no group is made
+            return _resolved(answers)
         with self._lock:
             group = self._groups.get(group_id)
             if generation_id < 0 and not member_id:
@@ -349,13 +434,14 @@ class GroupCoordinator:
                         f"group {group_id} is completing a rebalance")
                 member.last_heartbeat_s = self._clock()
             if group is None:
-                self._groups[group_id] = Group(group_id)
+                self._new_group(group_id)
         now_ms = int(time.time() * 1000)
-        return self._store.commit([
+        stored = self._store.commit([
             OffsetCommit(group_id, topic, partition,
                          OffsetAndMetadata(om.offset, om.leader_epoch, om.metadata, now_ms),
                          member_id, generation_id)
-            for (topic, partition), om in offsets.items()])
+            for (topic, partition), om in known.items()])
+        return _once_stored(stored, answers)
 
     def fetch_offsets(self, group_id: str, partitions: list[tuple[str, int]] | None = None
                       ) -> dict[tuple[str, int], OffsetAndMetadata]:
@@ -418,26 +504,43 @@ class GroupCoordinator:
     # ---- time ----------------------------------------------------------------------------------
 
     def tick(self) -> None:
-        """Expire silent members, end join phases at their deadline, expire old offsets."""
+        """Expire silent members and unused member ids, end join phases at their deadline, drop
+        empty groups, expire old offsets."""
         now = self._clock()
         with self._lock:
-            for group in list(self._groups.values()):
-                for member_id, expiry in list(group.pending_members.items()):
-                    if now > expiry:  # handed an id, never came back with it
-                        del group.pending_members[member_id]
-                for member in list(group.members.values()):
-                    waiting = member.join is not None or member.sync is not None
-                    if not waiting and \
-                            now - member.last_heartbeat_s > member.session_timeout_ms / 1000:
-                        log.info("group %s: member %s missed heartbeats past "
-                                 "session.timeout.ms; removed", group.group_id, member.member_id)
-                        self._remove_member(group, member.member_id,
-                                            "missed heartbeats past session.timeout.ms")
-                self._maybe_complete_join(group, now)
+            self._expire_members(now)
+            self._drop_empty_groups()
         if now >= self._next_expiry_check_s:
             self._next_expiry_check_s = now + \
                 self._config.offsets_retention_check_interval_ms / 1000
             self.expire_offsets()
+
+    def _expire_members(self, now: float) -> None:
+        """Lock held. Member ids handed out and not used within their session timeout, and
+        members silent past theirs, go; join phases past their deadline end."""
+        for group in list(self._groups.values()):
+            for member_id, expiry in list(group.pending_members.items()):
+                if now > expiry:  # handed an id, never came back with it
+                    del group.pending_members[member_id]
+            for member in list(group.members.values()):
+                waiting = member.join is not None or member.sync is not None
+                if not waiting and \
+                        now - member.last_heartbeat_s > member.session_timeout_ms / 1000:
+                    log.info("group %s: member %s missed heartbeats past "
+                             "session.timeout.ms; removed", group.group_id, member.member_id)
+                    self._remove_member(group, member.member_id,
+                                        "missed heartbeats past session.timeout.ms")
+            self._maybe_complete_join(group, now)
+
+    def _drop_empty_groups(self) -> None:
+        """Lock held. A group with no members, no member ids handed out and no committed
+        offsets is gone (Kafka's cleanup of such groups): it no longer counts toward
+        group.max.groups, so ids asked for and never used do not take up room for ever."""
+        empty = [g.group_id for g in self._groups.values()
+                 if g.state == EMPTY and not g.members and not g.pending_members]
+        for group_id in empty:
+            if not self._store.has_group(group_id):
+                del self._groups[group_id]
 
     def expire_offsets(self) -> list[str]:
         """Drop the offsets of groups empty (and not committing) for offsets.retention.minutes.
@@ -473,9 +576,55 @@ class GroupCoordinator:
 
 
 def _check_group_id(group_id: str) -> None:
-    if not group_id or len(group_id) > GROUP_ID_LENGTH_MAX:
+    if not group_id or len(group_id) > cfg.GROUP_ID_LENGTH_MAX:
         raise errors.InvalidGroupIdError(
-            f"group id {group_id!r} must be 1 to {GROUP_ID_LENGTH_MAX} characters")
+            f"a group id has 1 to {cfg.GROUP_ID_LENGTH_MAX} characters, not {len(group_id)}")
+
+
+def _shown(name: str) -> str:
+    """A name as error messages show it: cut short if long (a door copies a message into the
+    answer of every partition it concerns)."""
+    return name if len(name) <= NAME_SHOWN_MAX else f"{name[:NAME_SHOWN_MAX]}..."
+
+
+def _unknown_partitions(image: MetadataImage, partitions: list[tuple[str, int]]
+                        ) -> dict[tuple[str, int], errors.DeltaBusError]:
+    """UNKNOWN_TOPIC_OR_PARTITION for each partition `image` does not have, as Kafka's
+    KafkaApis answers an OffsetCommit from its metadata cache."""
+    unknown: dict[tuple[str, int], errors.DeltaBusError] = {}
+    for topic, partition in partitions:
+        if image.partition(topic, partition) is not None:
+            continue
+        if len(topic) > cfg.TOPIC_NAME_LENGTH_MAX:
+            unknown[(topic, partition)] = errors.UnknownTopicOrPartitionError(
+                f"a topic name has at most {cfg.TOPIC_NAME_LENGTH_MAX} characters, not "
+                f"{len(topic)}")
+        else:
+            unknown[(topic, partition)] = errors.UnknownTopicOrPartitionError(
+                f"This server does not host this topic-partition: {topic}-{partition}")
+    return unknown
+
+
+def _resolved(answers: PartitionErrors) -> Future[PartitionErrors]:
+    future: Future[PartitionErrors] = Future()
+    future.set_result(answers)
+    return future
+
+
+def _once_stored(stored: Future[None], answers: PartitionErrors) -> Future[PartitionErrors]:
+    """`answers` once the store's future resolves; its failure if it fails."""
+    future: Future[PartitionErrors] = Future()
+
+    def done(f: Future[None]) -> None:
+        if f.cancelled():
+            future.set_exception(errors.KafkaStorageError("the offset commit was cancelled"))
+        elif f.exception() is not None:
+            future.set_exception(f.exception())
+        else:
+            future.set_result(answers)
+
+    stored.add_done_callback(done)
+    return future
 
 
 def _choose_protocol(members: list[Member]) -> str:

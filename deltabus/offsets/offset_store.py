@@ -162,6 +162,16 @@ class OffsetStore:
         with self._lock:
             return sorted(self._groups)
 
+    def has_group(self, group_id: str) -> bool:
+        """Whether the group has a committed offset."""
+        with self._lock:
+            return group_id in self._groups
+
+    def group_count(self) -> int:
+        """How many groups have a committed offset."""
+        with self._lock:
+            return len(self._groups)
+
     def last_commit_ms(self, group_id: str) -> int:
         """Newest commit timestamp of the group's offsets (0 if none): offsets.retention.minutes
         counts from it."""

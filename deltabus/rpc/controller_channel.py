@@ -124,8 +124,14 @@ class ControllerChannel:
     # ---- admin calls a broker forwards (public API) -------------------------------------------
 
     def metadata(self, topics: list[str], allow_auto_create: bool) -> MetadataImage:
-        return codec.image_from_proto(self._admin_call("Metadata", pb.MetadataRequest(
-            topics=topics, allow_auto_topic_creation=allow_auto_create)))
+        """The controller's image; an auto-creation it refused (POLICY_VIOLATION on the topics
+        it would have created) raises here too, so the broker's client hears of it."""
+        response = self._admin_call("Metadata", pb.MetadataRequest(
+            topics=topics, allow_auto_topic_creation=allow_auto_create))
+        for topic in response.topics:
+            if topic.error_code == errors.PolicyViolationError.code:
+                raise errors.PolicyViolationError(topic.error_message)
+        return codec.image_from_proto(response)
 
     def create_topics(self, topics: list[NewTopic], *, timeout_ms: int,
                       validate_only: bool) -> list[TopicResult]:

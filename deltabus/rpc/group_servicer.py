@@ -13,7 +13,13 @@ from typing import Any
 from deltabus import config as cfg
 from deltabus import errors
 from deltabus.acls import Operation
-from deltabus.offsets.group_coordinator import LONG_POLL_SLACK_S, GroupCoordinator, wait_result
+from deltabus.offsets.group_coordinator import (
+    COMMIT_TIMEOUT_S,
+    LONG_POLL_SLACK_S,
+    GroupCoordinator,
+    PartitionErrors,
+    wait_result,
+)
 from deltabus.offsets.offset_store import OffsetAndMetadata
 from deltabus.rpc.access import Access, peer_host
 from deltabus.rpc.codec import present_or
@@ -44,14 +50,15 @@ class GroupServicerMixin:
                                         cfg.SESSION_TIMEOUT_MS_DEFAULT)
         try:
             Access.raise_if(self._group_refusal(context, request.group_id))
-            future = self._coordinator().join_group(
+            coordinator = self._coordinator()
+            future = coordinator.join_group(
                 request.group_id, request.member_id, request.protocol_type,
                 [(p.name, p.metadata) for p in request.protocols],
                 session_timeout_ms=session_timeout_ms,
                 rebalance_timeout_ms=request.rebalance_timeout_ms,
                 client_id=request.client_id, client_host=_peer_host(context))
-            timeout_s = max(request.rebalance_timeout_ms, session_timeout_ms) / 1000
-            result = wait_result(future, timeout_s + LONG_POLL_SLACK_S)
+            result = wait_result(future, coordinator.join_wait_s(
+                request.rebalance_timeout_ms, session_timeout_ms))
         except errors.DeltaBusError as e:
             return pb.JoinGroupResponse(error_code=e.code, error_message=e.message,
                                         member_id=getattr(e, "member_id", ""))
@@ -93,31 +100,42 @@ class GroupServicerMixin:
 
     def OffsetCommit(self, request: pb.OffsetCommitRequest,
                      context: Any) -> pb.OffsetCommitResponse:
-        offsets = {(p.topic, p.partition): OffsetAndMetadata(
-            p.committed_offset, present_or(p, "committed_leader_epoch", -1), p.metadata)
-            for p in request.partitions}
-        error: errors.DeltaBusError | None = self._group_refusal(context, request.group_id)
-        access = self._access(context)
-        refused = {t: e for t, _ in offsets if (e := access.topic(Operation.READ, t))}
-        offsets = {tp: om for tp, om in offsets.items() if tp[0] not in refused}
-        try:
-            Access.raise_if(error)
-            for (topic, partition), om in offsets.items():
-                if om.offset < 0 or partition < 0:
-                    raise errors.InvalidCommitOffsetSizeError(
-                        f"cannot commit offset {om.offset} of {topic}-{partition}")
-            if offsets or not refused:
-                future = self._coordinator().commit_offsets(
-                    request.group_id, present_or(request, "generation_id", -1),
-                    request.member_id, offsets)
-                wait_result(future, 30.0)
-        except errors.DeltaBusError as e:
-            error = e
+        answers, error = self._offset_commit(request, context)
         return pb.OffsetCommitResponse(results=[
             pb.PartitionResult(topic=p.topic, partition=p.partition,
                                error_code=e.code if e else 0, error_message=e.message if e else "")
             for p in request.partitions
-            for e in [refused.get(p.topic) or error]])
+            for e in [answers.get((p.topic, p.partition), error)]])
+
+    def _offset_commit(self, request: pb.OffsetCommitRequest, context: Any
+                       ) -> tuple[PartitionErrors, errors.DeltaBusError | None]:
+        """Each partition's answer, and the answer of those without one (the refusal of the
+        whole request). The request's limits first (a refusal of READ on the group names the
+        group, in every partition's answer), then Kafka's order: READ on the group, READ on
+        each topic (a refused topic is not committed), the coordinator."""
+        try:
+            coordinator = self._coordinator()
+            coordinator.check_offset_commit(request.group_id, len(request.partitions))
+            Access.raise_if(self._group_refusal(context, request.group_id))
+        except errors.DeltaBusError as e:
+            return {}, e
+        access = self._access(context)
+        denied = {t: refusal for t in {p.topic for p in request.partitions}
+                  if (refusal := access.topic(Operation.READ, t))}
+        refused: PartitionErrors = {(p.topic, p.partition): denied[p.topic]
+                                    for p in request.partitions if p.topic in denied}
+        offsets = {(p.topic, p.partition): OffsetAndMetadata(
+            p.committed_offset, present_or(p, "committed_leader_epoch", -1), p.metadata)
+            for p in request.partitions if p.topic not in denied}
+        try:
+            answers: PartitionErrors = {}
+            if offsets or not refused:
+                answers = wait_result(coordinator.commit_offsets(
+                    request.group_id, present_or(request, "generation_id", -1),
+                    request.member_id, offsets), COMMIT_TIMEOUT_S)
+        except errors.DeltaBusError as e:
+            return refused, e
+        return {**answers, **refused}, None
 
     def OffsetFetch(self, request: pb.OffsetFetchRequest, context: Any) -> pb.OffsetFetchResponse:
         wanted = [(tp.topic, p) for tp in request.topic_partitions for p in tp.partitions]

@@ -137,6 +137,13 @@ def test_named_listeners_take_kafkas_flags_and_server_properties_names(
     assert (grpc.name, grpc.host, grpc.port) == ("PLAINTEXT", "127.0.0.5", 9192)
 
 
+def test_override_turns_topic_auto_creation_off_as_kafka_names_it() -> None:
+    args = start_args("--override", "auto.create.topics.enable=false")
+    assert broker_security.cluster_settings(args) == {"auto_create_topics_enable": False}
+    on = start_args("--override", "auto.create.topics.enable=TRUE")
+    assert broker_security.cluster_settings(on) == {"auto_create_topics_enable": True}
+
+
 def test_add_scram_is_kafka_storages_flag() -> None:
     users = broker_security.scram_users(start_args(
         "--add-scram", f"SCRAM-SHA-256=[name=admin,password={SECRET}]",
@@ -172,6 +179,8 @@ def test_add_scram_is_kafka_storages_flag() -> None:
     (["--listeners", "PLAINTEXT://127.0.0.1:9092", "--inter-broker-listener-name", "BROKER"],
      "inter.broker.listener.name must be a listener name defined in grpc.listeners"),
     (["--listeners", "SSL://127.0.0.1:9092"], "needs the listeners' certificate and key"),
+    (["--override", "auto.create.topics.enable=no"],
+     "auto.create.topics.enable must be true or false, not 'no'"),
     (["--override", "ssl.keystore.location=/etc/kafka/keystore.jks"],
      "ssl.keystore.location is Java's key or trust store setting"),
     (["--add-scram", f"SCRAM-SHA-1=[name=admin,password={SECRET}]"],

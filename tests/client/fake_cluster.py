@@ -189,6 +189,14 @@ class MemoryOffsetStore:
         with self._lock:
             return sorted(g for g, offsets in self._groups.items() if offsets)
 
+    def has_group(self, group_id: str) -> bool:
+        with self._lock:
+            return bool(self._groups.get(group_id))
+
+    def group_count(self) -> int:
+        with self._lock:
+            return sum(1 for offsets in self._groups.values() if offsets)
+
     def last_commit_ms(self, group_id: str) -> int:
         with self._lock:
             return max((om.commit_timestamp_ms for om in self._groups.get(group_id, {}).values()),
@@ -228,11 +236,13 @@ class FakeCluster:
                  auto_create_topics: bool = True, sequence_wait_ms: int = 10_000,
                  serve: Callable[..., tuple[grpc.Server, int]] = start_server,
                  security: cfg.ListenerSecurity | None = None,
-                 credentials: CredentialLookup | None = None) -> None:
+                 credentials: CredentialLookup | None = None,
+                 group_config: cfg.GroupConfig | None = None) -> None:
         """`serve` starts each broker's server, `start_server`'s way (tests/client/
         secure_server.py serves the same servicer over TLS, recording every call).
         `security` and `credentials`: the real start_server's TLS and authentication, as a real
-        cluster's brokers use them (PLAINTEXT by default)."""
+        cluster's brokers use them (PLAINTEXT by default). `group_config`: the coordinator's
+        limits (by default short session timeouts and no initial rebalance delay)."""
         self._config = cfg.ClusterConfig(root="", brokers=brokers, host=HOST,
                                          num_partitions=default_partitions)
         self.auto_create_topics = auto_create_topics
@@ -257,8 +267,9 @@ class FakeCluster:
         self._stopped = threading.Event()
         self.coordinator = GroupCoordinator(
             cast(OffsetStore, MemoryOffsetStore()),  # the coordinator takes it by duck typing
-            cfg.GroupConfig(group_min_session_timeout_ms=100,
-                            group_initial_rebalance_delay_ms=0))
+            group_config or cfg.GroupConfig(group_min_session_timeout_ms=100,
+                                            group_initial_rebalance_delay_ms=0),
+            metadata=self.image)
         self._servers: list[grpc.Server] = []
         self._kafka_listeners: list[KafkaListener] = []
         self.kafka_coordinator: str | None = None  # host:port, once serve_kafka opened it
@@ -547,6 +558,7 @@ class FakeCluster:
 
     def init_producer_id(self, transactional_id: str) -> tuple[int, int]:
         """A new producer id, or for a transactional id the one it always has (epoch 0)."""
+        cfg.check_transactional_id(transactional_id)  # the controller's limit
         with self._changed:
             if not transactional_id:
                 return next(self._producer_ids), 0

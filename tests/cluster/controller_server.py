@@ -8,25 +8,35 @@ from pathlib import Path
 
 from deltabus import config as cfg
 from deltabus.cluster.controller import Controller, ControllerHandler
+from deltabus.rpc.kafka.listener import KafkaListener
 from deltabus.rpc.server import start_server
 
 
 class ControllerServer:
-    """A controller and its gRPC server (public API and brokers' lifecycle API)."""
+    """A controller and its gRPC server (public API and brokers' lifecycle API); with `kafka`,
+    also its Kafka door (the bootstrap listener a cluster's driver runs), at `kafka_address`."""
 
-    def __init__(self, root: Path, **settings: object) -> None:
+    def __init__(self, root: Path, *, kafka: bool = False, **settings: object) -> None:
         """`settings`: more ClusterConfig settings (security, authorizer, ...)."""
         self.config = cfg.ClusterConfig(root=str(root), brokers=3, kafka_port=-1,
                                         **settings)  # type: ignore[arg-type]
         self.controller = Controller(self.config)
-        handler = ControllerHandler(self.controller)
+        self.handler = ControllerHandler(self.controller)
         self.server, port = start_server(
-            "127.0.0.1", 0, handler, self.controller,
+            "127.0.0.1", 0, self.handler, self.controller,
             broker_secret=self.config.inter_broker_secret, security=self.config.security,
-            credentials=handler.scram_credential)
+            credentials=self.handler.scram_credential)
         self.address = f"127.0.0.1:{port}"
+        self.kafka: KafkaListener | None = None
+        if kafka:
+            self.kafka = KafkaListener("127.0.0.1", 0, self.handler,
+                                       security=self.config.security,
+                                       credentials=self.handler.scram_credential).start()
+        self.kafka_address = f"127.0.0.1:{self.kafka.port}" if self.kafka else ""
 
     def stop(self) -> None:
+        if self.kafka is not None:
+            self.kafka.stop()
         self.server.stop(grace=None)
 
 

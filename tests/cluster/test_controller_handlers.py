@@ -124,15 +124,35 @@ def test_create_topic_refused(state: MetadataState, topic: NewTopic, duplicated:
 
 
 def test_create_partitions_adds_only_the_new_ones(state: MetadataState) -> None:
-    result = replication_control.create_partitions(state, "orders", 4)
+    result = replication_control.create_partitions(state, CONFIG, "orders", 4)
     assert [r.partition for r in result.records if isinstance(r, PartitionRecord)] == [2, 3]
     assert all(len(r.replicas) == 3 for r in result.records if isinstance(r, PartitionRecord))
     assert result.response.num_partitions == 4
     assert len(_apply(state, result).topics["orders"].partitions) == 4
     with pytest.raises(errors.InvalidPartitionsError):
-        replication_control.create_partitions(state, "orders", 2)
+        replication_control.create_partitions(state, CONFIG, "orders", 2)
     with pytest.raises(errors.UnknownTopicOrPartitionError):
-        replication_control.create_partitions(state, "nope", 2)
+        replication_control.create_partitions(state, CONFIG, "nope", 2)
+
+
+def test_create_topics_counts_the_topics_before_it_against_the_clusters_limits(
+        state: MetadataState) -> None:
+    """orders (2 partitions) and solo (1) exist: room for two more topics and 4 partitions."""
+    config = CONFIG.with_(max_topics=4, max_partitions=7)
+    result = replication_control.create_topics(state, config, [
+        NewTopic("a", 3, 1), NewTopic("b", 2, 1), NewTopic("c", 1, 1)])
+    outcomes = {r.name: type(r.error) for r in result.response}
+    assert outcomes == {"a": type(None), "b": errors.PolicyViolationError, "c": type(None)}
+    assert {r.name for r in result.records if isinstance(r, TopicRecord)} == {"a", "c"}
+    with pytest.raises(errors.PolicyViolationError):  # auto-creation: all or nothing
+        replication_control.auto_create_topics(state, config, ["x", "y", "z"])
+    with pytest.raises(errors.PolicyViolationError):
+        replication_control.auto_create_topics(
+            state, CONFIG.with_(auto_create_topics_per_request_max=1), ["x", "y", "orders"])
+    made = replication_control.auto_create_topics(state, config, ["x", "orders", "x"])
+    assert [r.name for r in made.response] == ["x"]  # the missing ones, once each
+    with pytest.raises(errors.PolicyViolationError):
+        replication_control.create_partitions(state, config, "orders", 7)
 
 
 def test_delete_topic(state: MetadataState) -> None:

@@ -10,6 +10,7 @@ import pytest
 
 from deltabus import errors
 from deltabus.config import GroupConfig
+from deltabus.metadata import MetadataImage, PartitionState, TopicState
 from deltabus.offsets.group_coordinator import (
     COMPLETING_REBALANCE,
     EMPTY,
@@ -21,6 +22,12 @@ from deltabus.offsets.offset_store import OffsetAndMetadata, OffsetStore
 
 SESSION_MS = 10_000
 REBALANCE_MS = 30_000
+
+
+def image() -> MetadataImage:
+    """The cluster the coordinator commits offsets for: topic t, partitions 0 and 1."""
+    partitions = tuple(PartitionState(p, 0, 0, (0,), (0,)) for p in range(2))
+    return MetadataImage(1, "c", 0, (), {"t": TopicState("t", "t-id", partitions)})
 
 
 class Clock:
@@ -39,7 +46,8 @@ def clock() -> Clock:
 @pytest.fixture
 def coordinator(tmp_path: Path, clock: Clock) -> Iterator[GroupCoordinator]:
     config = GroupConfig(group_min_session_timeout_ms=1000, group_initial_rebalance_delay_ms=0)
-    c = GroupCoordinator(OffsetStore(str(tmp_path / "__consumer_offsets")), config, clock)
+    c = GroupCoordinator(OffsetStore(str(tmp_path / "__consumer_offsets")), config, clock,
+                         metadata=image)
     yield c
     c.close()
 
@@ -204,7 +212,7 @@ def test_bad_requests_get_kafka_errors(coordinator):
 def test_offsets_of_a_long_empty_group_expire(tmp_path: Path, clock: Clock):
     config = GroupConfig(group_min_session_timeout_ms=1000, group_initial_rebalance_delay_ms=0,
                          offsets_retention_minutes=0)
-    c = GroupCoordinator(OffsetStore(str(tmp_path / "o")), config, clock)
+    c = GroupCoordinator(OffsetStore(str(tmp_path / "o")), config, clock, metadata=image)
     try:
         c.commit_offsets("old", -1, "", {("t", 0): OffsetAndMetadata(1)}).result(5)
         a = join(c, group="busy").result(1)
@@ -237,7 +245,7 @@ def test_offset_metadata_up_to_the_configured_limit_is_stored(tmp_path: Path, cl
     config = GroupConfig(group_min_session_timeout_ms=1000, group_initial_rebalance_delay_ms=0,
                          offset_metadata_max_bytes=10_000)
     store = OffsetStore(str(tmp_path / "o"), metadata_max_bytes=config.offset_metadata_max_bytes)
-    c = GroupCoordinator(store, config, clock)
+    c = GroupCoordinator(store, config, clock, metadata=image)
     try:
         c.commit_offsets("g", -1, "", {("t", 0): OffsetAndMetadata(3, -1, "é" * 4000)}).result(5)
         assert c.fetch_offsets("g")[("t", 0)].metadata == "é" * 4000  # 8,000 bytes
@@ -246,3 +254,83 @@ def test_offset_metadata_up_to_the_configured_limit_is_stored(tmp_path: Path, cl
         assert c.fetch_offsets("g")[("t", 0)].offset == 3
     finally:
         c.close()
+
+
+# ---- limits: what a hostile or broken client cannot make the coordinator keep or wait for ------
+
+@pytest.fixture
+def limited(tmp_path: Path, clock: Clock) -> Iterator[GroupCoordinator]:
+    """A coordinator with small limits: 2 members a group, 3 groups, 4 pending member ids,
+    rebalances of at most 60 s."""
+    config = GroupConfig(group_min_session_timeout_ms=1000, group_initial_rebalance_delay_ms=0,
+                         group_max_size=2, group_max_groups=3, group_max_pending_members=4,
+                         group_max_rebalance_timeout_ms=60_000)
+    c = GroupCoordinator(OffsetStore(str(tmp_path / "o")), config, clock, metadata=image)
+    yield c
+    c.close()
+
+
+def ask_id(c: GroupCoordinator, group: str = "g") -> str:
+    """A first JoinGroup: the member id the coordinator hands out (and keeps, pending)."""
+    with pytest.raises(errors.MemberIdRequiredError) as required:
+        c.join_group(group, "", "consumer", [("range", b"")], session_timeout_ms=SESSION_MS,
+                     rebalance_timeout_ms=REBALANCE_MS)
+    return str(required.value.member_id)  # type: ignore[attr-defined]
+
+
+def test_member_ids_handed_out_count_toward_group_max_size(limited, clock):
+    join(limited).result(1)
+    ask_id(limited)  # the second member of two, pending
+    with pytest.raises(errors.GroupMaxSizeReachedError) as full:
+        ask_id(limited)
+    assert "group.max.size" in str(full.value) and "2" in str(full.value)
+    clock.now += SESSION_MS / 1000 + 0.1  # the pending id expires unused
+    limited.tick()
+    ask_id(limited)
+
+
+def test_the_coordinator_keeps_at_most_group_max_groups(limited, clock):
+    ask_id(limited, "g1")
+    limited.commit_offsets("g2", -1, "", {("t", 0): OffsetAndMetadata(1)}).result(5)
+    join(limited, group="g3").result(1)
+    for refused in (lambda: ask_id(limited, "g4"),
+                    lambda: limited.commit_offsets("g4", -1, "",
+                                                   {("t", 0): OffsetAndMetadata(1)})):
+        with pytest.raises(errors.GroupMaxSizeReachedError) as full:
+            refused()
+        assert "group.max.groups" in str(full.value) and "3" in str(full.value)
+    limited.commit_offsets("g2", -1, "", {("t", 1): OffsetAndMetadata(2)}).result(5)  # known
+    clock.now += SESSION_MS / 1000 + 0.1  # g1's pending id expires: g1 is gone
+    limited.tick()
+    assert limited.describe_group("g1").state == "Dead"
+    ask_id(limited, "g4")
+
+
+def test_member_ids_handed_out_are_limited_across_groups(limited):
+    for group in ("a", "b"):
+        ask_id(limited, group)
+        ask_id(limited, group)
+    with pytest.raises(errors.GroupMaxSizeReachedError) as full:
+        ask_id(limited, "c")
+    assert "group.max.pending.members" in str(full.value) and "4" in str(full.value)
+
+
+def test_a_rebalance_waits_no_longer_than_group_max_rebalance_timeout(limited, clock):
+    """A member asking for a 30-minute rebalance timeout gets the limit: a member that never
+    joins again holds the join phase (and a server thread per waiting member) 60 s at most."""
+    a = join(limited).result(1)
+    limited.sync_group("g", 1, a.member_id, {}).result(1)
+    b_id = ask_id(limited)
+    b_join = limited.join_group("g", b_id, "consumer", [("range", b"")],
+                                session_timeout_ms=SESSION_MS,
+                                rebalance_timeout_ms=1_800_000)
+    for _ in range(11):  # a keeps heartbeating but never joins again
+        clock.now += 5.0
+        with pytest.raises(errors.RebalanceInProgressError):
+            limited.heartbeat("g", 1, a.member_id)
+        limited.tick()
+    assert not b_join.done()  # 55 s
+    clock.now += 5.1
+    limited.tick()
+    assert b_join.done() and b_join.result().members == [(b_id, b"")]
+    assert limited.rebalance_timeout_s("g") == 60.0

@@ -152,6 +152,7 @@ def test_group_calls_without_generation_epoch_or_session_timeout(cluster, stubs,
     leader epoch; a member joins with no session timeout (the consumer's 45 s)."""
     coordinator = stubs["controller"]
     group = f"g-{topic_name}"
+    create(cluster, topic_name)  # offsets are committed for partitions that exist, as in Kafka
     (committed,) = coordinator.OffsetCommit(pb.OffsetCommitRequest(group_id=group, partitions=[
         pb.OffsetCommitPartition(topic=topic_name, partition=0, committed_offset=5)]),
         timeout=DEADLINE_S).results

@@ -350,7 +350,11 @@ class KafkaApis:
         cls = load_response_schema(INIT_PRODUCER_ID, version)
         error = refused
         if error is None and request.transactional_id is not None:
-            error = errors.UnsupportedVersionError("transactions are not supported yet")
+            try:  # an id no coordinator would keep is an invalid request, whatever we support
+                cfg.check_transactional_id(request.transactional_id)
+                error = errors.UnsupportedVersionError("transactions are not supported yet")
+            except errors.DeltaBusError as e:
+                error = e
         producer_id, epoch = -1, -1
         if error is None:
             try:

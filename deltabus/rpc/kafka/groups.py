@@ -13,9 +13,15 @@ from kio.schema.errors import ErrorCode
 
 from deltabus import errors
 from deltabus.acls import Operation
-from deltabus.offsets.group_coordinator import LONG_POLL_SLACK_S, GroupCoordinator, wait_result
+from deltabus.offsets.group_coordinator import (
+    COMMIT_TIMEOUT_S,
+    LONG_POLL_SLACK_S,
+    GroupCoordinator,
+    PartitionErrors,
+    wait_result,
+)
 from deltabus.offsets.offset_store import OffsetAndMetadata
-from deltabus.rpc.access import current_access
+from deltabus.rpc.access import Access, current_access
 from deltabus.rpc.kafka.frames import (
     NO_TIME,
     error_code,
@@ -41,7 +47,6 @@ SUPPORTED: dict[int, tuple[int, int]] = {
 # The coordinator's node id in FindCoordinator answers: no broker has it, so clients keep a
 # connection of its own for it.
 COORDINATOR_NODE_ID = 2**31 - 1
-COMMIT_TIMEOUT_S = 30.0
 
 
 class KafkaGroupApis:
@@ -97,11 +102,12 @@ class KafkaGroupApis:
             protocols = [(p.name, bytes(p.metadata)) for p in request.protocols]
 
             def join(member: str) -> Any:
-                future = self._coordinator().join_group(
+                coordinator = self._coordinator()
+                future = coordinator.join_group(
                     request.group_id, member, request.protocol_type, protocols,
                     session_timeout_ms=session_ms, rebalance_timeout_ms=rebalance_ms,
                     client_id=client[0], client_host=client[1])
-                return wait_result(future, max(session_ms, rebalance_ms) / 1000 + LONG_POLL_SLACK_S)
+                return wait_result(future, coordinator.join_wait_s(rebalance_ms, session_ms))
 
             try:
                 result = join(member_id)
@@ -173,34 +179,47 @@ class KafkaGroupApis:
         cls = load_response_schema(OFFSET_COMMIT, version)
         topic_cls, partition_cls = (nested(cls, n) for n in ("OffsetCommitResponseTopic",
                                                               "OffsetCommitResponsePartition"))
-        offsets = {(t.name, p.partition_index): OffsetAndMetadata(
-            p.committed_offset, getattr(p, "committed_leader_epoch", -1),
-            p.committed_metadata or "")
-            for t in request.topics for p in t.partitions}
-        error = refused
-        access = current_access()
-        denied = {t: e for t, _ in offsets if (e := access.topic(Operation.READ, t))}
-        offsets = {tp: om for tp, om in offsets.items() if tp[0] not in denied}
-        if error is None and (offsets or not denied):
-            try:
-                for (topic, partition), om in offsets.items():
-                    if om.offset < 0 or partition < 0:
-                        raise errors.InvalidCommitOffsetSizeError(
-                            f"cannot commit offset {om.offset} of {topic}-{partition}")
-                generation = getattr(request, "generation_id_or_member_epoch",
-                                     getattr(request, "generation_id", -1))
-                wait_result(self._coordinator().commit_offsets(
-                    request.group_id, generation, request.member_id, offsets), COMMIT_TIMEOUT_S)
-            except errors.DeltaBusError as e:
-                error = e
+        answers, error = self._offset_commit(request, refused)
         by_topic: dict[str, list[Any]] = {}
         for t in request.topics:
             for p in t.partitions:
                 by_topic.setdefault(t.name, []).append(partition_cls(
                     partition_index=p.partition_index,
-                    error_code=error_code(denied.get(t.name) or error)))
+                    error_code=error_code(answers.get((t.name, p.partition_index), error))))
         return make(cls, throttle_time=NO_TIME, topics=tuple(
             topic_cls(name=t, partitions=tuple(ps)) for t, ps in by_topic.items()))
+
+    def _offset_commit(self, request: Any, refused: errors.DeltaBusError | None
+                       ) -> tuple[PartitionErrors, errors.DeltaBusError | None]:
+        """Each partition's answer, and the answer of those without one (the refusal of the
+        whole request), in Kafka's order: READ on the group (`refused`), the request's limits,
+        READ on each topic (a refused topic is not committed), then the coordinator."""
+        try:
+            Access.raise_if(refused)
+            coordinator = self._coordinator()
+            coordinator.check_offset_commit(
+                request.group_id, sum(len(t.partitions) for t in request.topics))
+        except errors.DeltaBusError as e:
+            return {}, e
+        access = current_access()
+        denied = {t.name: refusal for t in request.topics
+                  if (refusal := access.topic(Operation.READ, t.name))}
+        answers: PartitionErrors = {(t.name, p.partition_index): denied[t.name]
+                                    for t in request.topics if t.name in denied
+                                    for p in t.partitions}
+        offsets = {(t.name, p.partition_index): OffsetAndMetadata(
+            p.committed_offset, getattr(p, "committed_leader_epoch", -1),
+            p.committed_metadata or "")
+            for t in request.topics if t.name not in denied for p in t.partitions}
+        if offsets or not denied:
+            generation = getattr(request, "generation_id_or_member_epoch",
+                                 getattr(request, "generation_id", -1))
+            try:
+                answers |= wait_result(coordinator.commit_offsets(
+                    request.group_id, generation, request.member_id, offsets), COMMIT_TIMEOUT_S)
+            except errors.DeltaBusError as e:
+                return answers, e
+        return answers, None
 
     def offset_fetch(self, version: int, request: Any,
                      refused: errors.DeltaBusError | None = None) -> Any:
