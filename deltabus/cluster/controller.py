@@ -487,14 +487,23 @@ class Controller:
             return replication_control.catch_up_tasks(self._state, self._config.root, broker_id)
 
     def check_sessions(self) -> list[int]:
-        """Fence brokers silent past the session timeout; returns their ids."""
+        """Fence brokers silent past the session timeout; returns the ids of those fenced. Each
+        is fenced on its own: one whose fence fails (the metadata write was refused) is logged
+        and tried again at the next check, and holds up none of the others."""
         now = time.monotonic()
         timeout_s = self._config.broker_session_timeout_ms / 1000
         with self._lock:
             expired = self._heartbeats.expired(self._state.brokers, now, timeout_s)
+        fenced = []
         for broker_id in expired:
-            self.fence_broker(broker_id, "missed heartbeats past broker.session.timeout.ms")
-        return expired
+            try:
+                self.fence_broker(broker_id, "missed heartbeats past broker.session.timeout.ms")
+            except Exception:
+                log.exception("fencing silent broker %d failed; trying again at the next "
+                              "session check", broker_id)
+                continue
+            fenced.append(broker_id)
+        return fenced
 
     # ---- elections on request ----------------------------------------------------------------
 

@@ -1,0 +1,100 @@
+"""The driver's supervisors outlive a failed round: a metadata write the storage refuses (once or
+a few times) must not end broker session checks or leave a dead broker down for good.
+
+Failures are injected at the controller's metadata log (its `append` raises KAFKA_STORAGE_ERROR,
+as a storage outage would); everything else is real: the controller, its Delta metadata log, and
+for the relaunch the shared cluster's Spark broker tasks.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from deltabus import AdminClient, Cluster, NewTopic, errors
+from deltabus.cluster.controller import Controller
+from deltabus.metadata import BrokerEndpoint
+from tests.conftest import wait_until
+
+
+def fail_metadata_writes(monkeypatch: pytest.MonkeyPatch, controller: Controller,
+                         failing: threading.Event, times: int | None = None) -> list[str]:
+    """While `failing` is set (and for at most `times` writes), the controller's metadata-log
+    writes fail as a storage outage would. Returns the names of the threads whose write
+    failed, in order."""
+    metadata_log = controller._log
+    append = metadata_log.append
+    failed: list[str] = []
+
+    def flaky_append(records: list[dict]) -> None:
+        if records and failing.is_set() and (times is None or len(failed) < times):
+            failed.append(threading.current_thread().name)
+            raise errors.KafkaStorageError("injected: the metadata log's storage is unavailable")
+        append(records)
+
+    monkeypatch.setattr(metadata_log, "append", flaky_append)
+    return failed
+
+
+def _start_brokers(controller: Controller, count: int) -> None:
+    """Register and unfence brokers, as their first heartbeats would; they stay silent after."""
+    for b in range(count):
+        epoch = controller.register_broker(BrokerEndpoint(b, "127.0.0.1", 9000 + b), 100 + b)
+        controller.heartbeat(b, epoch, controller.image().version, 0)
+    assert controller.live_brokers() == list(range(count))
+
+
+def test_session_checks_go_on_after_fencing_writes_fail(spark, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cluster's session checker, driven on its own (no broker tasks): brokers that stop
+    heartbeating are fenced even though the first fencing writes fail."""
+    cluster = Cluster(spark, root=str(tmp_path), brokers=3, port=0, kafka_port=-1,
+                      broker_heartbeat_interval_ms=100, broker_session_timeout_ms=500)
+    controller = cluster.controller = Controller(cluster.config)
+    _start_brokers(controller, 3)
+    controller.create_topics([NewTopic("orders", 3, 3)], timeout_ms=0)  # fencing writes ISRs
+    failing = threading.Event()
+    failing.set()
+    failed = fail_metadata_writes(monkeypatch, controller, failing, times=2)
+    checker = threading.Thread(target=cluster._check_sessions_loop, daemon=True,
+                               name="session-checker-under-test")
+    checker.start()
+    try:
+        wait_until(lambda: not controller.live_brokers(), "every silent broker to be fenced", 30)
+    finally:
+        cluster._stopping.set()
+        checker.join(5)
+    assert failed == ["session-checker-under-test"] * 2
+    for partition in controller.image().topics["orders"].partitions:
+        assert partition.leader == -1  # nobody left to lead
+
+
+def _running(name: str) -> bool:
+    return any(t.name == name and t.is_alive() for t in threading.enumerate())
+
+
+def test_a_killed_broker_comes_back_though_fencing_it_failed(
+        cluster, topic_name, all_brokers_back, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The broker's task is killed while metadata writes fail: the supervisor's fence and the
+    session checker's both fail, and once the storage is back the broker is relaunched."""
+    victim = 2
+    with AdminClient(cluster.bootstrap_servers) as admin:  # the victim leads: its fence writes
+        admin.create_topics([NewTopic(topic_name, replica_assignment={0: [victim, 0]})])
+    failing = threading.Event()
+    failing.set()
+    failed = fail_metadata_writes(monkeypatch, cluster.controller, failing)
+    old_pid = cluster.broker_pids()[victim]
+    cluster.kill_broker(victim)
+    try:
+        wait_until(lambda: {"deltabus-session-checker", f"deltabus-supervisor-{victim}"}
+                   <= set(failed), "the supervisor and the session checker to fail fencing it")
+    finally:
+        failing.clear()
+    wait_until(lambda: cluster.broker_pids().get(victim) not in (None, old_pid),
+               f"broker {victim} to be relaunched", 90)
+    assert _running("deltabus-session-checker")
+    assert _running(f"deltabus-supervisor-{victim}")
+    state = cluster.controller.image().partition(topic_name, 0)
+    assert state.leader in (victim, 0)
