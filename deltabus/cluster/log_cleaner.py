@@ -192,8 +192,8 @@ class LogCleaner:
                        if r.changed])
         for r in results:
             t = r.task
-            if r.error:
-                log.warning("log cleaner: %s-%d failed: %s", t.topic, t.partition, r.error)
+            if r.error:  # the others were cleaned; this one is tried again next round
+                log.error("log cleaner: %s-%d failed: %s", t.topic, t.partition, r.error)
                 continue
             if any(x.files for x in r.removed.values()):
                 log.info("log cleaner: %s-%d retention moved the log start offset to %d, "

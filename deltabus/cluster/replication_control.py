@@ -37,7 +37,11 @@ from deltabus.cluster.metadata_records import (
     RemoveTopicRecord,
     TopicRecord,
 )
-from deltabus.cluster.metadata_state import MetadataState, PartitionRegistration
+from deltabus.cluster.metadata_state import (
+    MetadataState,
+    PartitionRegistration,
+    TopicRegistration,
+)
 from deltabus.cluster.replica_placement import assign_replicas
 from deltabus.metadata import NO_LEADER, NewTopic, PartitionState, TopicResult, new_topic_id
 from deltabus.topics import INTERNAL_TOPICS, validate_topic_name
@@ -419,22 +423,29 @@ def cleaner_tasks(state: MetadataState, config: cfg.ClusterConfig, topics: list[
                   merge_min_age_ms: int) -> list[CleanerTask]:
     """Every partition with a leader (of `topics`, when given), with its topic's retention
     limits (none unless cleanup.policy includes delete), compaction settings (none unless it
-    includes compact) and merge settings."""
+    includes compact) and merge settings. A topic whose tasks cannot be made is logged as an
+    error and left out of this round: it must not stop the cleaning of the others."""
     tasks = []
     for name, topic in sorted(state.topics.items()):
         if topics is not None and name not in topics:
             continue
-        c = config.topic_config(topic.configs)
-        for partition, s in sorted(topic.partitions.items()):
-            if s.leader >= 0:
-                tasks.append(CleanerTask(
-                    config.root, name, partition, s.leader, s.replicas, s.isr,
-                    c.retention_ms if c.deletes else -1,
-                    c.retention_bytes if c.deletes else -1,
-                    c.file_delete_delay_ms, c.segment_bytes, merge_min_age_ms,
-                    c.compacts, c.min_compaction_lag_ms, c.delete_retention_ms,
-                    c.min_cleanable_dirty_ratio))
+        try:
+            tasks += _topic_cleaner_tasks(config, name, topic, merge_min_age_ms)
+        except Exception:
+            log.exception("log cleaner: topic %s is left out of this round", name)
     return tasks
+
+
+def _topic_cleaner_tasks(config: cfg.ClusterConfig, name: str, topic: TopicRegistration,
+                         merge_min_age_ms: int) -> list[CleanerTask]:
+    c = config.topic_config(topic.configs)
+    return [CleanerTask(config.root, name, partition, s.leader, s.replicas, s.isr,
+                        c.retention_ms if c.deletes else -1,
+                        c.retention_bytes if c.deletes else -1,
+                        c.file_delete_delay_ms, c.segment_bytes, merge_min_age_ms,
+                        c.compacts, c.min_compaction_lag_ms, c.delete_retention_ms,
+                        c.min_cleanable_dirty_ratio)
+            for partition, s in sorted(topic.partitions.items()) if s.leader >= 0]
 
 
 def catch_up_tasks(state: MetadataState, root: str, broker_id: int) -> list[CatchUpTask]:
