@@ -166,17 +166,21 @@ class Controller:
 
     def create_topics(self, topics: list[NewTopic], *, timeout_ms: int = 30_000,
                       validate_only: bool = False) -> list[TopicResult]:
-        """Create topics; each gets its own result, as in Kafka's CreateTopics."""
+        """Create topics; each gets its own result, as in Kafka's CreateTopics. A topic whose
+        directory already holds files is refused: a create never deletes data."""
         results = []
         names = [t.name for t in topics]
         with self._lock:
+            accepted: list[str] = []
             for topic in topics:
                 try:
                     result = replication_control.create_topic(
-                        self._state, self._config, topic, duplicated=names.count(topic.name) > 1)
+                        self._state, self._config, topic, duplicated=names.count(topic.name) > 1,
+                        creating=accepted)
+                    self._check_topic_dir(topic.name)
                     if not validate_only:
-                        self._delete_dir(topic_path(self._config.root, topic.name))
                         self._commit(result.records)
+                    accepted.append(topic.name)
                     results.append(result.response)
                 except errors.DeltaBusError as e:
                     results.append(TopicResult(topic.name, e))
@@ -256,6 +260,19 @@ class Controller:
                     if name not in self._state.topics:  # not re-created meanwhile
                         self._delete_dir(topic_path(self._config.root, name))
         return results
+
+    def _check_topic_dir(self, name: str) -> None:
+        """Refuse to create a topic whose directory holds files: a deleted topic's tables whose
+        removal did not finish (the controller stopped, or brokers still had them open), or on
+        a case-insensitive file system another topic's. Deleting them would lose records."""
+        path = topic_path(self._config.root, name)
+        filesystem, location = pafs.FileSystem.from_uri(path)
+        if filesystem.get_file_info(pafs.FileSelector(location, allow_not_found=True)):
+            raise errors.TopicAlreadyExistsError(
+                f"Topic '{name}' cannot be created: {path} already holds data (of a deleted "
+                "topic whose removal did not finish, or of a topic whose name differs only in "
+                "case on a case-insensitive file system). A create never deletes data: move "
+                "that directory away, or choose another name.")
 
     def _delete_dir(self, path: str) -> None:
         filesystem, location = pafs.FileSystem.from_uri(path)

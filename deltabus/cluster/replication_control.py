@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from deltabus import config as cfg
 from deltabus import errors
@@ -44,7 +44,7 @@ from deltabus.cluster.metadata_state import (
 )
 from deltabus.cluster.replica_placement import assign_replicas
 from deltabus.metadata import NO_LEADER, NewTopic, PartitionState, TopicResult, new_topic_id
-from deltabus.topics import INTERNAL_TOPICS, validate_topic_name
+from deltabus.topics import INTERNAL_TOPICS, colliding_topic, validate_topic_name
 
 log = logging.getLogger(__name__)
 
@@ -55,14 +55,21 @@ Reassignment = tuple[str, int, list[int]]  # (topic, partition, target replicas)
 # ---- topics ----------------------------------------------------------------------------------
 
 def create_topic(state: MetadataState, config: cfg.ClusterConfig, topic: NewTopic, *,
-                 duplicated: bool = False) -> ControllerResult[TopicResult]:
-    """Kafka's CreateTopics for one topic (`duplicated`: the request names it twice)."""
+                 duplicated: bool = False,
+                 creating: Collection[str] = ()) -> ControllerResult[TopicResult]:
+    """Kafka's CreateTopics for one topic (`duplicated`: the request names it twice;
+    `creating`: topics the same request creates before it)."""
     if duplicated:
         raise errors.InvalidRequestError(
             f"Create topics request from client has multiple entries for {topic.name}")
     validate_topic_name(topic.name)
     if topic.name in state.topics:
         raise errors.TopicAlreadyExistsError(f"Topic '{topic.name}' already exists.")
+    clash = colliding_topic(topic.name, [*state.topics, *creating])
+    if clash is not None:
+        raise errors.InvalidTopicError(
+            f"Topic '{topic.name}' collides with existing topic: {clash} (names that differ "
+            "only in case are one directory on a case-insensitive file system)")
     configs = dict(topic.configs or {})
     cfg.topic_config(configs)  # raises InvalidConfigError
     if topic.replica_assignment:

@@ -11,11 +11,14 @@ from typing import Any
 from deltalake import DeltaTable
 
 from deltabus import config as cfg
+from deltabus import errors
 from deltabus.cluster.controller import Controller
 from deltabus.cluster.metadata_log import MetadataLog
 from deltabus.cluster.producer_id_control import PRODUCER_ID_BLOCK
-from deltabus.log_tables.layout import metadata_path
+from deltabus.log_tables.layout import metadata_path, replica_path
+from deltabus.log_tables.partition_log import PartitionLog
 from deltabus.metadata import BrokerEndpoint, NewTopic, PartitionState, TopicState
+from deltabus.records import normalize_produce, produce_batch
 
 # A log as the dict-based controller wrote it: every record type, several commits.
 OLD_LOG: list[list[dict[str, Any]]] = [
@@ -161,3 +164,44 @@ def test_a_broker_registering_after_a_restart_changes_no_partition(tmp_path: Pat
     assert restarted.live_brokers() == [0]
     for p in restarted.image().topics["orders"].partitions:
         assert p.leader == 0 and p.leader_epoch == (0 if p.replicas[0] == 0 else 1)
+
+
+def _log_with_records(path: str, topic: str, count: int) -> None:
+    log = PartitionLog(path, topic=topic, partition=0)
+    log.append(normalize_produce(produce_batch([b"r"] * count)), leader_epoch=0).result(30)
+    log.close()
+
+
+def test_a_create_never_deletes_what_the_topics_directory_holds(tmp_path: Path) -> None:
+    """The directory of a topic deleted while the controller was down (or, on a
+    case-insensitive file system, of a topic whose name differs in case) still holds records:
+    CreateTopics refuses rather than deleting them."""
+    controller = Controller(_config(tmp_path))
+    _start_brokers(controller, 1)
+    leftover = replica_path(str(tmp_path), "orders", 0, 0)
+    _log_with_records(leftover, "orders", 3)
+    for validate_only in (True, False):
+        [result] = controller.create_topics([NewTopic("orders")], timeout_ms=0,
+                                            validate_only=validate_only)
+        assert isinstance(result.error, errors.TopicAlreadyExistsError)
+        assert "already holds data" in str(result.error)
+    assert "orders" not in controller.image().topics
+    assert DeltaTable(leftover).to_pyarrow_table().num_rows == 3
+
+
+def test_a_name_that_differs_from_a_topic_only_in_case_is_refused(tmp_path: Path) -> None:
+    """PAYMENTS beside payments would share one directory where the root lives on a
+    case-insensitive file system, and creating one would take the other's data."""
+    controller = Controller(_config(tmp_path))
+    _start_brokers(controller, 1)
+    [created] = controller.create_topics([NewTopic("payments")], timeout_ms=0)
+    assert created.error is None
+    for validate_only in (True, False):
+        [refused] = controller.create_topics([NewTopic("PAYMENTS")], timeout_ms=0,
+                                             validate_only=validate_only)
+        assert isinstance(refused.error, errors.InvalidTopicError)
+        assert "collides with existing topic: payments" in str(refused.error)
+    first, second = controller.create_topics([NewTopic("Audit"), NewTopic("audit")],
+                                             timeout_ms=0, validate_only=True)
+    assert first.error is None and isinstance(second.error, errors.InvalidTopicError)
+    assert sorted(controller.image().topics) == ["payments"]
