@@ -15,8 +15,14 @@ a new leader from the ISR, in replica order. A partition with no live ISR member
 (leader -1) until one registers again, unless the topic allows unclean leader election.
 
 What stays here besides: waiting (brokers applying a version, heartbeat long polls), the
-reassignment thread and its catch-up job, and deleting the tables of deleted topics and
-dropped replicas once brokers closed them.
+reassignment thread and its catch-up job, and the replica tables' lives: the controller creates
+them, empty, when it creates a partition (CreateTopics, CreatePartitions) or adds a replica (a
+reassignment), before the metadata naming them is committed, and deletes those of deleted topics
+and dropped replicas once brokers closed them. Nobody else creates one: a broker or catch-up job
+that finds an assigned replica's table missing knows its records were lost, and the broker
+reports the replica offline (it leaves its ISR and is never elected) instead of serving an empty
+log that followers would truncate to. Tables are created outside `_lock` (a big topic takes
+seconds), under `_tables_lock`, which also orders them with a deleted topic's removal.
 
 Invariants: state changes only by replaying records, and a persisted record is replayed only
 after the log holds it; `_version` grows with every commit a broker or client could see (the
@@ -29,8 +35,8 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import Callable, Sequence
-from concurrent.futures import Future
+from collections.abc import Callable, Collection, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -62,8 +68,11 @@ from deltabus.cluster.metadata_records import (
     AccessControlEntryRecord,
     ClusterIdRecord,
     ConfigRecord,
+    ControllerResult,
     FenceBrokerRecord,
     MetadataRecord,
+    OfflineReplicasRecord,
+    PartitionRecord,
     ProducerIdKeyRecord,
     RemoveAccessControlEntryRecord,
     RemoveUserScramCredentialRecord,
@@ -72,7 +81,7 @@ from deltabus.cluster.metadata_records import (
 )
 from deltabus.cluster.metadata_state import MetadataState
 from deltabus.log_tables.layout import metadata_path, replica_path, topic_path
-from deltabus.log_tables.partition_log import AppendResult
+from deltabus.log_tables.partition_log import AppendResult, create_log_table
 from deltabus.metadata import (
     BrokerEndpoint,
     MetadataImage,
@@ -91,6 +100,8 @@ from deltabus.scram import ScramCredential
 
 log = logging.getLogger(__name__)
 
+TABLE_CREATE_THREADS = 8  # replica tables a CreateTopics or CreatePartitions creates at once
+
 
 class Controller:
     """Owns the metadata log, the broker registry and leader election."""
@@ -105,6 +116,9 @@ class Controller:
         self._on_fence = on_fence
         self._catch_up = catch_up  # runs the catch-up Spark job (given by Cluster)
         self._lock = threading.Condition()
+        # Held (before `_lock`, never while waiting for brokers) while replica tables are
+        # created or a topic's directory removed, so one never races the other.
+        self._tables_lock = threading.Lock()
         self._version = 1
         self._image: MetadataImage | None = None
         self._shutting_down = False
@@ -167,44 +181,98 @@ class Controller:
     def create_topics(self, topics: list[NewTopic], *, timeout_ms: int = 30_000,
                       validate_only: bool = False) -> list[TopicResult]:
         """Create topics; each gets its own result, as in Kafka's CreateTopics. A topic whose
-        directory already holds files is refused: a create never deletes data."""
-        results = []
-        names = [t.name for t in topics]
-        with self._lock:
-            accepted: list[str] = []
-            for topic in topics:
-                try:
-                    result = replication_control.create_topic(
-                        self._state, self._config, topic, duplicated=names.count(topic.name) > 1,
-                        creating=accepted)
-                    self._check_topic_dir(topic.name)
-                    if not validate_only:
-                        self._commit(result.records)
-                    accepted.append(topic.name)
-                    results.append(result.response)
-                except errors.DeltaBusError as e:
-                    results.append(TopicResult(topic.name, e))
-            target = self._version
+        directory already holds files is refused: a create never deletes data. Its replica
+        tables are created before its records are committed."""
+        with self._tables_lock:
+            with self._lock:
+                checked = self._check_new_topics(topics)
+            results = []
+            for topic, outcome in checked:
+                if isinstance(outcome, errors.DeltaBusError):
+                    results.append(TopicResult(topic.name, outcome))
+                elif validate_only:
+                    results.append(outcome.response)
+                else:
+                    results.append(self._create_topic(topic.name, outcome))
+            with self._lock:
+                target = self._version
         if not validate_only:
             self._await_brokers(target, timeout_ms)
         return results
+
+    def _check_new_topics(self, topics: list[NewTopic]
+                          ) -> list[tuple[NewTopic, ControllerResult[TopicResult]
+                                          | errors.DeltaBusError]]:
+        """Each topic's records and answer, or why it is refused. Lock held."""
+        names = [t.name for t in topics]
+        accepted: list[str] = []
+        checked: list[tuple[NewTopic, ControllerResult[TopicResult] | errors.DeltaBusError]] = []
+        for topic in topics:
+            try:
+                result = replication_control.create_topic(
+                    self._state, self._config, topic, duplicated=names.count(topic.name) > 1,
+                    creating=accepted)
+                self._check_topic_dir(topic.name)
+            except errors.DeltaBusError as e:
+                checked.append((topic, e))
+                continue
+            accepted.append(topic.name)
+            checked.append((topic, result))
+        return checked
+
+    def _create_topic(self, name: str, result: ControllerResult[TopicResult]) -> TopicResult:
+        """Create a checked topic's tables, then commit it. `_tables_lock` held. On failure
+        what it created goes again (the directory held nothing before)."""
+        try:
+            self._create_tables(result.records)
+            with self._lock:
+                self._commit(result.records)
+        except errors.DeltaBusError as e:
+            try:
+                self._delete_dir(topic_path(self._config.root, name))
+            except Exception:
+                log.exception("removing the tables of topic %s, whose creation failed", name)
+            return TopicResult(name, e)
+        return result.response
+
+    def _create_tables(self, records: Sequence[MetadataRecord]) -> None:
+        """Create, in parallel, the empty table of every replica the records assign (new
+        partitions, replicas a reassignment adds). Raises KafkaStorageError."""
+        replicas = [(r.topic, r.partition, b) for r in records
+                    if isinstance(r, PartitionRecord) for b in r.replicas]
+        self._create_replica_tables(replicas)
+
+    def _create_replica_tables(self, replicas: list[tuple[str, int, int]]) -> None:
+        def create(replica: tuple[str, int, int]) -> None:
+            topic, partition, broker = replica
+            create_log_table(replica_path(self._config.root, topic, partition, broker),
+                             topic=topic, partition=partition,
+                             checkpoint_interval=self._config.checkpoint_interval)
+        if replicas:
+            with ThreadPoolExecutor(max_workers=TABLE_CREATE_THREADS) as pool:
+                list(pool.map(create, replicas))
 
     def create_partitions(self, counts: dict[str, int], *, timeout_ms: int = 30_000,
                           validate_only: bool = False) -> list[TopicResult]:
         """Add partitions to topics (Kafka's CreatePartitions): `counts` maps a topic to its
         new total. New partitions get replicas as a new topic would, with the topic's
-        replication factor; keyed records may map to other partitions from now on."""
+        replication factor, and their tables before they are committed; keyed records may map
+        to other partitions from now on."""
         results = []
-        with self._lock:
+        with self._tables_lock:
             for name, count in counts.items():
                 try:
-                    result = replication_control.create_partitions(self._state, name, count)
+                    with self._lock:
+                        result = replication_control.create_partitions(self._state, name, count)
                     if not validate_only:
-                        self._commit(result.records)
+                        self._create_tables(result.records)
+                        with self._lock:
+                            self._commit(result.records)
                     results.append(result.response)
                 except errors.DeltaBusError as e:
                     results.append(TopicResult(name, e))
-            target = self._version
+            with self._lock:
+                target = self._version
         if not validate_only:
             self._await_brokers(target, timeout_ms)
         return results
@@ -256,7 +324,7 @@ class Controller:
         if deleted:
             self._await_brokers(target, timeout_ms)
             for name in deleted:
-                with self._lock:
+                with self._tables_lock, self._lock:
                     if name not in self._state.topics:  # not re-created meanwhile
                         self._delete_dir(topic_path(self._config.root, name))
         return results
@@ -416,20 +484,23 @@ class Controller:
                     self._refresh_logs.setdefault(broker_id, set()).add((topic, partition))
             self._lock.notify_all()
 
-    def heartbeat(self, broker_id: int, epoch: int, applied_version: int,
-                  max_wait_ms: int) -> tuple[bool, MetadataImage | None, list[tuple[str, int]]]:
+    def heartbeat(self, broker_id: int, epoch: int, applied_version: int, max_wait_ms: int,
+                  offline_replicas: Collection[tuple[str, int]] = ()
+                  ) -> tuple[bool, MetadataImage | None, list[tuple[str, int]]]:
         """Record a heartbeat, then wait (long poll) until the metadata moves past what the broker
-        applied or its tables changed. Returns (should_shut_down, the new image or None, the
-        partitions whose tables to refresh)."""
+        applied or its tables changed. `offline_replicas`: the (topic, partition) replicas the
+        broker cannot serve (their tables are lost); they leave their ISRs and leadership.
+        Returns (should_shut_down, the new image or None, the partitions whose tables to
+        refresh)."""
         deadline = time.monotonic() + min(max_wait_ms, cfg.FETCH_WAIT_MS_MAX) / 1000
         with self._lock:
             result = broker_registry.heartbeat(self._state.brokers, broker_id, epoch,
-                                               applied_version)
+                                               applied_version, frozenset(offline_replicas))
             self._heartbeats.touch(broker_id, time.monotonic())
             if self._heartbeats.set_applied_version(broker_id, applied_version):
                 self._lock.notify_all()
-            if result.records:  # caught up: it may lead again
-                log.info("broker %d unfenced at metadata version %d", broker_id, applied_version)
+            if result.records:  # caught up (it may lead again), or its offline replicas changed
+                self._log_broker_change(broker_id, applied_version, result.records)
                 self._commit_broker_change(result.records)
             while (self._version <= applied_version and not self._shutting_down
                    and self._may_wait(broker_id, epoch)):
@@ -446,6 +517,19 @@ class Controller:
             refresh = sorted(self._refresh_logs.pop(broker_id, set()))
         image = self.image()
         return stop, (image if image.version > applied_version else None), refresh
+
+    def _log_broker_change(self, broker_id: int, applied_version: int,
+                           records: Sequence[MetadataRecord]) -> None:
+        for record in records:
+            if isinstance(record, OfflineReplicasRecord) and record.replicas:
+                log.error("broker %d cannot serve its replicas of %s (their tables are lost): "
+                          "they leave their ISRs and are not elected", broker_id,
+                          ", ".join(f"{t}-{p}" for t, p in sorted(record.replicas)))
+            elif isinstance(record, OfflineReplicasRecord):
+                log.info("broker %d serves all its replicas again", broker_id)
+            else:
+                log.info("broker %d unfenced at metadata version %d", broker_id,
+                         applied_version)
 
     def _may_wait(self, broker_id: int, epoch: int) -> bool:
         """A heartbeat keeps polling while its registration is current, not in controlled
@@ -563,6 +647,13 @@ class Controller:
         with self._lock:
             tasks = replication_control.reassignment_catch_up_tasks(
                 self._state, self._config.root, started)
+            adding = replication_control.added_replicas(self._state, started)
+        try:  # before anything copies into them or a broker opens them
+            with self._tables_lock:
+                self._create_replica_tables(adding)
+        except Exception:  # the new replicas stay offline: the reassignment cannot complete
+            log.exception("creating the tables of replicas %s for a reassignment failed",
+                          adding)
         if tasks and self._catch_up is not None:
             try:  # the fetchers copy whatever the job did not
                 self._catch_up(tasks, "reassignment")

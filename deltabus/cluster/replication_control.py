@@ -12,7 +12,9 @@ change bumps the leader epoch; only the current leader may change the ISR (Alter
 only from the ISR the controller holds (a stale request gets INVALID_UPDATE_VERSION). A broker
 that leaves (fenced, or in controlled shutdown) leaves every ISR it is in unless it is the last
 member; a partition with no live ISR member goes offline (leader -1) until one registers again,
-unless the topic allows unclean leader election.
+unless the topic allows unclean leader election. A replica whose broker reports it offline (its
+table lost: see `Controller` on who creates tables) leaves the ISR the same way and is never
+elected, cleanly or not, while it is reported.
 
 Not thread-safe: the controller holds its lock around every call.
 """
@@ -205,7 +207,7 @@ def alter_partition(state: MetadataState, broker_id: int, broker_epoch: int, top
         raise errors.InvalidRequestError(
             f"ISR {new_isr} must hold the leader and only replicas of {topic}-{partition} "
             f"({list(s.replicas)})")
-    live = state.brokers.leader_candidates()
+    live = state.brokers.leader_candidates((topic, partition))
     added = [r for r in new_isr if r not in s.isr]
     if any(r not in live for r in added):
         raise errors.IneligibleReplicaError(
@@ -229,22 +231,29 @@ def elect_after_broker_change(state: MetadataState, config: cfg.ClusterConfig,
     without an eligible leader gets one: the first live in-sync replica in replica order, or,
     where the topic allows unclean election, the first live replica at all. A broker in
     controlled shutdown keeps what no other in-sync replica can take, until it stops. Leader
-    changes are metadata records, so epochs survive restarts."""
+    changes are metadata records, so epochs survive restarts.
+
+    A replica its broker reports offline (its table is lost) is treated as a leaving broker
+    for that partition alone: it leaves the ISR (but the last member) and is never elected,
+    so nobody leads, and nobody truncates to, a log that lost its records."""
     after = state.brokers.replayed(broker_records)
     live = after.leader_candidates()
     records = list(broker_records)
     for name, topic in state.topics.items():
         unclean = config.topic_config(topic.configs).unclean_leader_election_enable
         for p, s in topic.partitions.items():
+            offline = after.offline((name, p))
+            candidates = live - offline
             isr = list(s.isr)
-            if leaving in isr and len(isr) > 1:
-                isr.remove(leaving)
+            for gone in (leaving, *sorted(offline)):
+                if gone in isr and len(isr) > 1:
+                    isr.remove(gone)
             leader = s.leader
-            if leader not in live:
+            if leader not in candidates:
                 stopping = after.get(leader)
-                alive = stopping is not None and not stopping.fenced
+                alive = stopping is not None and not stopping.fenced and leader not in offline
                 # Never elect an out-of-sync replica while the leader still runs.
-                leader, isr = _elect(s.replicas, isr, live, unclean and not alive)
+                leader, isr = _elect(s.replicas, isr, candidates, unclean and not alive)
                 if leader == NO_LEADER and alive and s.leader in isr:
                     leader = s.leader  # controlled shutdown: no one else can lead yet
             change = _leader_change(name, p, s, leader, isr)
@@ -288,7 +297,6 @@ def elect_leaders(state: MetadataState, election_type: str,
     if election_type not in ("preferred", "unclean"):
         raise errors.InvalidRequestError(
             f"election type must be preferred or unclean, not {election_type!r}")
-    live = state.brokers.leader_candidates()
     if partitions is None:
         partitions = [(t, p) for t, topic in sorted(state.topics.items())
                       for p in sorted(topic.partitions)]
@@ -296,6 +304,7 @@ def elect_leaders(state: MetadataState, election_type: str,
     records: list[MetadataRecord] = []
     for topic, partition in partitions:
         s = state.partition(topic, partition)
+        live = state.brokers.leader_candidates((topic, partition))
         if s is None:
             results[(topic, partition)] = errors.UnknownTopicOrPartitionError(
                 f"The partition {topic}-{partition} does not exist.")
@@ -386,6 +395,18 @@ def reassignment_catch_up_tasks(state: MetadataState, root: str,
     return tasks
 
 
+def added_replicas(state: MetadataState,
+                   started: list[Reassignment]) -> list[tuple[str, int, int]]:
+    """(topic, partition, broker) of each replica the reassignments add: their tables must
+    exist before they are copied into or opened."""
+    added = []
+    for topic, partition, replicas in started:
+        s = state.partition(topic, partition)
+        if s is not None:
+            added += [(topic, partition, r) for r in replicas if r not in s.replicas]
+    return added
+
+
 def start_reassignments(state: MetadataState,
                         started: list[Reassignment]) -> list[MetadataRecord]:
     """Add the new replicas (as `adding`, followers that catch up) and mark the ones to go as
@@ -418,7 +439,7 @@ def complete_reassignment(state: MetadataState, topic: str,
     change = PartitionChangeRecord(topic, partition, replicas=replicas, isr=isr,
                                    adding_replicas=(), removing_replicas=())
     if s.leader not in replicas:
-        live = state.brokers.leader_candidates()
+        live = state.brokers.leader_candidates((topic, partition))
         leader = next((r for r in replicas if r in isr and r in live), NO_LEADER)
         change = dataclasses.replace(change, leader=leader, leader_epoch=s.leader_epoch + 1)
     return ControllerResult([change], s.removing_replicas)

@@ -146,45 +146,59 @@ def log_offsets(table: DeltaTable) -> tuple[int, int]:
     return int(lo), int(hi) + 1
 
 
+def create_log_table(path: str, *, topic: str, partition: int, checkpoint_interval: int,
+                     storage_options: dict[str, str] | None = None) -> DeltaTable:
+    """Create the empty Delta table of a partition log at `path` (an existing one is kept as
+    it is). Raises KafkaStorageError when the storage refuses."""
+    try:
+        return DeltaTable.create(
+            path,
+            LOG_SCHEMA,
+            mode="ignore",
+            name=f"{topic}-{partition}",
+            description=f"deltabus log of topic {topic} partition {partition}",
+            configuration={
+                "delta.checkpointInterval": str(checkpoint_interval),
+                "delta.dataSkippingNumIndexedCols": "3",
+            },
+            storage_options=storage_options,
+        )
+    except DeltaError as e:
+        raise storage_error(e, f"cannot create {path}") from e
+
+
 class LogAppender:
     """The queue of a log's pending writes and the Delta commits that take them."""
 
     def __init__(self, path: str, *, topic: str, partition: int, config: LogConfig,
-                 storage_options: dict[str, str] | None, lock: threading.Condition) -> None:
-        """Open (or create) the table at `path`. `lock` is the log's: it guards the queue."""
+                 storage_options: dict[str, str] | None, lock: threading.Condition,
+                 create: bool = True) -> None:
+        """Open the table at `path`, creating it if it is missing and `create` says so (else
+        a missing table raises KafkaStorageError). `lock` is the log's: it guards the queue."""
         self.path = path
         self._topic, self._partition = topic, partition
         self._name = f"{topic}-{partition}"  # in messages
         self._config = config
         self._storage_options = storage_options
         self._lock = lock
-        self.table = self._open_or_create()
+        self.table = self._open(create)
         self._table_base = self.table.version()  # loaded afresh at this version
         self._fs, self._fs_base = pafs.FileSystem.from_uri(path)
         self._pending: collections.deque[Pending] = collections.deque()
         self.pending_bytes = 0
         self.committing = False  # a group is taken off the queue but not yet committed
 
-    def _open_or_create(self) -> DeltaTable:
+    def _open(self, create: bool) -> DeltaTable:
         try:
             return DeltaTable(self.path, storage_options=self._storage_options)
         except TableNotFoundError:
-            pass
-        try:
-            return DeltaTable.create(
-                self.path,
-                LOG_SCHEMA,
-                mode="ignore",
-                name=self._name,
-                description=f"deltabus log of topic {self._topic} partition {self._partition}",
-                configuration={
-                    "delta.checkpointInterval": str(self._config.checkpoint_interval),
-                    "delta.dataSkippingNumIndexedCols": "3",
-                },
-                storage_options=self._storage_options,
-            )
-        except DeltaError as e:
-            raise storage_error(e, f"cannot create {self.path}") from e
+            if not create:
+                raise errors.KafkaStorageError(
+                    f"the table of {self._name} at {self.path} is missing: this replica's "
+                    "records are lost, and it is not recreated empty") from None
+        return create_log_table(self.path, topic=self._topic, partition=self._partition,
+                                checkpoint_interval=self._config.checkpoint_interval,
+                                storage_options=self._storage_options)
 
     # ---- the queue (the log's lock held) -------------------------------------------------------
 
