@@ -234,11 +234,14 @@ class PartitionLog:
     def append_files(self, files: list[LogFile]) -> Future[AppendResult]:
         """Copy a leader's committed data files, byte for byte, into this table's directory and
         queue one commit adding them with their statistics: a follower's copy without decoding
-        or encoding a record. They must continue the log end offset when committed."""
+        or encoding a record. They must continue the log end offset when committed. Each copy
+        is read back first: one that does not match the leader's statistics raises
+        CorruptMessageError (retriable) and nothing is queued."""
         if not files:
             raise errors.InvalidRecordError("no files to copy")
         future: Future[AppendResult] = Future()
-        self._enqueue(PendingFiles(self._appender.copy_in(files), future))
+        copied, records = self._appender.copy_in(files)
+        self._enqueue(PendingFiles(copied, records, future))
         return future
 
     def truncate_to(self, offset: int) -> Future[AppendResult]:
