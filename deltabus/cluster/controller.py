@@ -659,14 +659,35 @@ class Controller:
                 self._catch_up(tasks, "reassignment")
             except Exception:
                 log.exception("catch-up job for a reassignment failed")
-        with self._lock:
-            self._commit(replication_control.start_reassignments(self._state, started))
-        pending = {(t, p) for t, p, _ in started}
+        if self._start_reassignments(started):
+            self._complete_reassignments({(t, p) for t, p, _ in started})
+
+    def _start_reassignments(self, started: list[replication_control.Reassignment]) -> bool:
+        """Commit the reassignments' start, trying again each second while the write fails
+        (they were answered as started): False when the controller stops first."""
+        while not self._shutting_down:
+            with self._lock:
+                try:
+                    self._commit(replication_control.start_reassignments(self._state, started))
+                    return True
+                except Exception:
+                    log.exception("starting the reassignment of %s failed; trying again",
+                                  ", ".join(f"{t}-{p}" for t, p, _ in started))
+                self._lock.wait(1.0)
+        return False
+
+    def _complete_reassignments(self, pending: set[tuple[str, int]]) -> None:
+        """Complete each reassignment once its new replicas are in sync; one whose write
+        fails is tried again a second later, with the others."""
         while pending and not self._shutting_down:
             with self._lock:
                 for key in sorted(pending):
-                    if self._complete_reassignment(*key):
-                        pending.discard(key)
+                    try:
+                        if self._complete_reassignment(*key):
+                            pending.discard(key)
+                    except Exception:
+                        log.exception("completing the reassignment of %s-%d failed; trying "
+                                      "again", *key)
                 if pending:
                     self._lock.wait(1.0)
 

@@ -14,22 +14,25 @@ from pathlib import Path
 import pytest
 
 from deltabus import AdminClient, Cluster, NewTopic, errors
+from deltabus import config as cfg
 from deltabus.cluster.controller import Controller
 from deltabus.metadata import BrokerEndpoint
 from tests.conftest import wait_until
 
 
 def fail_metadata_writes(monkeypatch: pytest.MonkeyPatch, controller: Controller,
-                         failing: threading.Event, times: int | None = None) -> list[str]:
-    """While `failing` is set (and for at most `times` writes), the controller's metadata-log
-    writes fail as a storage outage would. Returns the names of the threads whose write
-    failed, in order."""
+                         failing: threading.Event, times: int | None = None,
+                         thread: str | None = None) -> list[str]:
+    """While `failing` is set (and for at most `times` writes, of `thread` alone when named),
+    the controller's metadata-log writes fail as a storage outage would. Returns the names of
+    the threads whose write failed, in order."""
     metadata_log = controller._log
     append = metadata_log.append
     failed: list[str] = []
 
     def flaky_append(records: list[dict]) -> None:
-        if records and failing.is_set() and (times is None or len(failed) < times):
+        if (records and failing.is_set() and (times is None or len(failed) < times)
+                and thread in (None, threading.current_thread().name)):
             failed.append(threading.current_thread().name)
             raise errors.KafkaStorageError("injected: the metadata log's storage is unavailable")
         append(records)
@@ -38,12 +41,15 @@ def fail_metadata_writes(monkeypatch: pytest.MonkeyPatch, controller: Controller
     return failed
 
 
-def _start_brokers(controller: Controller, count: int) -> None:
-    """Register and unfence brokers, as their first heartbeats would; they stay silent after."""
+def _start_brokers(controller: Controller, count: int) -> dict[int, int]:
+    """Register and unfence brokers, as their first heartbeats would; they stay silent after.
+    Returns their epochs."""
+    epochs = {}
     for b in range(count):
-        epoch = controller.register_broker(BrokerEndpoint(b, "127.0.0.1", 9000 + b), 100 + b)
-        controller.heartbeat(b, epoch, controller.image().version, 0)
+        epochs[b] = controller.register_broker(BrokerEndpoint(b, "127.0.0.1", 9000 + b), 100 + b)
+        controller.heartbeat(b, epochs[b], controller.image().version, 0)
     assert controller.live_brokers() == list(range(count))
+    return epochs
 
 
 def test_session_checks_go_on_after_fencing_writes_fail(spark, tmp_path: Path,
@@ -69,6 +75,33 @@ def test_session_checks_go_on_after_fencing_writes_fail(spark, tmp_path: Path,
     assert failed == ["session-checker-under-test"] * 2
     for partition in controller.image().topics["orders"].partitions:
         assert partition.leader == -1  # nobody left to lead
+
+
+def test_a_reassignment_goes_on_after_its_metadata_writes_fail(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reassignment's thread starts the reassignment and completes it though a write of
+    each fails (the thread died at the first before, leaving the reassignment never started)."""
+    controller = Controller(cfg.ClusterConfig(root=str(tmp_path), brokers=3, kafka_port=-1))
+    epochs = _start_brokers(controller, 3)
+    controller.create_topics([NewTopic("audit", replica_assignment={0: [0, 1]})], timeout_ms=0)
+    failing = threading.Event()
+    failing.set()
+    failed = fail_metadata_writes(monkeypatch, controller, failing, times=1,
+                                  thread="deltabus-reassignment")
+    assert controller.reassign_partitions({("audit", 0): [0, 1, 2]}) == {("audit", 0): None}
+    try:
+        wait_until(lambda: controller.image().partition("audit", 0).adding_replicas == (2,),
+                   "the reassignment to start", 30)
+        failed.clear()  # and its completion's first write fails too
+        state = controller.image().partition("audit", 0)
+        controller.alter_partition(0, epochs[0], "audit", 0, state.leader_epoch,
+                                   list(state.isr), [0, 1, 2])  # the new replica caught up
+        wait_until(lambda: not controller.image().partition("audit", 0).adding_replicas,
+                   "the reassignment to complete", 30)
+    finally:
+        controller.begin_shutdown()
+    assert failed == ["deltabus-reassignment"]
+    assert controller.image().partition("audit", 0).replicas == (0, 1, 2)
 
 
 def _running(name: str) -> bool:
