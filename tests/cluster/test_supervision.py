@@ -1,5 +1,6 @@
-"""The driver's supervisors outlive a failed round: a metadata write the storage refuses (once or
-a few times) must not end broker session checks or leave a dead broker down for good.
+"""Supervisors outlive a failed round: a metadata write the storage refuses (once or a few
+times) must not end broker session checks, a reassignment, or leave a dead broker down for good;
+an unexpected error in a broker's heartbeat round must not end its heartbeats.
 
 Failures are injected at the controller's metadata log (its `append` raises KAFKA_STORAGE_ERROR,
 as a storage outage would); everything else is real: the controller, its Delta metadata log, and
@@ -13,10 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from deltabus import AdminClient, Cluster, NewTopic, errors
+from deltabus import AdminClient, Cluster, NewTopic, Producer, errors
 from deltabus import config as cfg
+from deltabus.cluster.broker import Broker, BrokerSpec
 from deltabus.cluster.controller import Controller
-from deltabus.metadata import BrokerEndpoint
+from deltabus.metadata import BrokerEndpoint, MetadataImage
+from tests.cluster.controller_server import ControllerServer
 from tests.conftest import wait_until
 
 
@@ -102,6 +105,36 @@ def test_a_reassignment_goes_on_after_its_metadata_writes_fail(
         controller.begin_shutdown()
     assert failed == ["deltabus-reassignment"]
     assert controller.image().partition("audit", 0).replicas == (0, 1, 2)
+
+
+def test_a_broker_keeps_heartbeating_after_a_round_fails(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A broker (in this process, around a controller server) whose metadata round fails
+    with an unexpected error applies the metadata at the next round (its heartbeat thread
+    ended before, and it never learnt of the topic)."""
+    server = ControllerServer(tmp_path)
+    apply = Broker._apply
+    failed: list[int] = []
+
+    def flaky_apply(self: Broker, image: MetadataImage) -> None:
+        if image.topics and not failed:
+            failed.append(image.version)
+            raise RuntimeError("injected: a bug while applying metadata")
+        apply(self, image)
+
+    monkeypatch.setattr(Broker, "_apply", flaky_apply)
+    broker = Broker(BrokerSpec(0, server.address, server.config))
+    try:
+        broker.start()
+        wait_until(lambda: server.controller.live_brokers() == [0], "the broker to be live", 30)
+        server.controller.create_topics([NewTopic("orders", replica_assignment={0: [0]})],
+                                        timeout_ms=10_000)
+        with Producer(server.address, delivery_timeout_ms=20_000) as producer:
+            assert producer.send("orders", b"after the failed round").get(30).offset == 0
+    finally:
+        broker.close()
+        server.stop()
+    assert len(failed) == 1
 
 
 def _running(name: str) -> bool:
