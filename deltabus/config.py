@@ -71,6 +71,10 @@ GROUP_ID_LENGTH_MAX = 255
 # its metadata log and in driver memory, so it takes at most this many characters
 # (INVALID_REQUEST beyond); Kafka Streams' ids (application.id, a UUID, a task) fit easily.
 TRANSACTIONAL_ID_LENGTH_MAX = 1_024
+# file.delete.delay.ms at most: the cleaner stamps a removed file with now + the delay (the
+# time vacuum may delete it, Delta's 64-bit milliseconds), so a delay near 2^63 would overflow
+# it. Kafka bounds it only below; a thousand years is forever all the same.
+FILE_DELETE_DELAY_MS_MAX = 1000 * 365 * 24 * 3600 * 1000
 # Kafka's offset.metadata.max.bytes default: the longest metadata string an offset commit carries,
 # in UTF-8 bytes. The group config sets it; the offset store enforces it.
 OFFSET_METADATA_MAX_BYTES = 4096
@@ -143,7 +147,8 @@ TOPIC_CONFIGS: dict[str, ConfigDef] = {d.name: d for d in (
               "how long compaction keeps a tombstone after reaching it", minimum=0),
     ConfigDef("file.delete.delay.ms", "file_delete_delay_ms", "LONG",
               "log.segment.delete.delay.ms",
-              "how long removed data files stay on disk for running readers", minimum=0),
+              "how long removed data files stay on disk for running readers", minimum=0,
+              maximum=FILE_DELETE_DELAY_MS_MAX),
     ConfigDef("max.message.bytes", "max_message_bytes", "INT", "message.max.bytes",
               "the largest record batch a produce may carry", minimum=1,
               maximum=REQUEST_MAX_BYTES),
@@ -174,8 +179,9 @@ TOPIC_CONFIGS: dict[str, ConfigDef] = {d.name: d for d in (
 )}
 
 
-def _parse(definition: ConfigDef, raw: str) -> Any:
-    """A config value from its text, or InvalidConfigError with Kafka's message."""
+def _parse(definition: ConfigDef, raw: str, *, stored: bool = False) -> Any:
+    """A config value from its text, or InvalidConfigError with Kafka's message. A `stored`
+    number outside the bounds (written before a bound was added) is taken at the bound."""
     def invalid(reason: str) -> errors.DeltaBusError:
         return errors.InvalidConfigError(
             f"Invalid value {raw} for configuration {definition.name}: {reason}")
@@ -196,8 +202,12 @@ def _parse(definition: ConfigDef, raw: str) -> Any:
             raise invalid(f"Not a number of type {definition.type}")
         value = number
         if definition.minimum is not None and value < definition.minimum:
+            if stored:
+                return definition.minimum
             raise invalid(f"Value must be at least {definition.minimum}")
         if definition.maximum is not None and value > definition.maximum:
+            if stored:
+                return definition.maximum
             raise invalid(f"Value must be no more than {definition.maximum}")
         return value
     allowed = ", ".join(definition.choices)
@@ -218,15 +228,17 @@ def _definition(key: str) -> ConfigDef:
     return definition
 
 
-def topic_config(overrides: dict[str, str]) -> TopicConfig:
+def topic_config(overrides: dict[str, str], *, stored: bool = False) -> TopicConfig:
     """The effective config of a topic from its overrides; raises InvalidConfigError on a bad one.
 
     Kafka refuses unknown keys and unparsable values with INVALID_CONFIG naming the key; so do we.
+    `stored` overrides come from the metadata log, checked when they were written: a number a
+    later bound excludes is taken at the bound, so a topic configured before never fails to load.
     """
     values = {}
     for key, raw in overrides.items():
         definition = _definition(key)
-        values[definition.attr] = _parse(definition, raw)
+        values[definition.attr] = _parse(definition, raw, stored=stored)
     return TopicConfig(**values)
 
 
@@ -612,9 +624,9 @@ class ClusterConfig:
                            unclean_leader_election_enable=self.unclean_leader_election_enable)
 
     def topic_config(self, overrides: dict[str, str]) -> TopicConfig:
-        """A topic's effective config: its overrides over the cluster defaults."""
+        """A topic's effective config: its stored overrides over the cluster defaults."""
         defaults = self.topic_defaults()
-        config = topic_config(overrides)
+        config = topic_config(overrides, stored=True)
         kept = {d.attr: getattr(defaults, d.attr) for d in TOPIC_CONFIGS.values()
                 if d.name not in overrides}
         return replace(config, **kept)
@@ -648,6 +660,8 @@ def _check_relations() -> None:
     # smallest record, records.RECORD_BYTES_MIN), nor for what it unpacks to uncompressed.
     assert PRODUCE_BATCH_RECORDS_MAX * 7 >= MESSAGE_MAX_BYTES
     assert MESSAGE_MAX_BYTES <= PRODUCE_UNPACKED_BYTES_MAX <= REQUEST_MAX_BYTES
+    year_2500_ms = 16_725_225_600_000
+    assert year_2500_ms + FILE_DELETE_DELAY_MS_MAX < _LONG_MAX // 1000  # in microseconds too
 
 
 _check_relations()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
 from deltabus import errors
 from deltabus.config import TOPIC_NAME_LENGTH_MAX
@@ -32,3 +33,14 @@ def validate_topic_name(name: str) -> None:
 def has_collision_chars(name: str) -> bool:
     """Kafka warns that '.' and '_' collide in metric names; the CLI repeats the warning."""
     return "." in name or "_" in name
+
+
+def colliding_topic(name: str, existing: Iterable[str]) -> str | None:
+    """A topic among `existing` whose name differs from `name` only in case, or None.
+
+    Such names are one directory where the cluster root lives on a case-insensitive file system
+    (the macOS and Windows defaults, a share or object-store mount), so creating one would open
+    the other's tables. Kafka refuses names that collide in its metrics ('.' and '_') likewise.
+    """
+    folded = name.lower()  # legal names are ASCII
+    return next((t for t in existing if t != name and t.lower() == folded), None)

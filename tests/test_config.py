@@ -3,6 +3,9 @@ the key."""
 
 from __future__ import annotations
 
+import re
+import time
+
 import pytest
 
 from deltabus import errors
@@ -201,3 +204,18 @@ def test_describe_shows_value_source_and_synonyms() -> None:
     assert (unclean.value, unclean.source, unclean.type) == ("false", "DEFAULT_CONFIG", "BOOLEAN")
     assert cluster.topic_config({}).min_insync_replicas == 2
     assert cluster.topic_config({"min.insync.replicas": "3"}).min_insync_replicas == 3
+
+
+def test_a_delay_the_cleaner_adds_to_the_clock_cannot_overflow_it() -> None:
+    """file.delete.delay.ms is added to the current time (the stamp vacuum reads): a value near
+    2^63 would overflow it, so it is refused as Kafka refuses a value out of range, and one
+    stored before the bound existed counts as the bound."""
+    with pytest.raises(errors.InvalidConfigError) as info:
+        topic_config({"file.delete.delay.ms": str(2**63 - 1)})
+    assert re.search(r"Invalid value 9223372036854775807 for configuration file\.delete\.delay"
+                     r"\.ms: Value must be no more than (\d+)$", str(info.value))
+    bound = int(str(info.value).rsplit(" ", 1)[1])
+    assert topic_config({"file.delete.delay.ms": str(bound)}).file_delete_delay_ms == bound
+    assert int(time.time() * 1000) + bound < 2**63 // 1000  # microseconds fit too
+    stored = ClusterConfig(root="/tmp/x").topic_config({"file.delete.delay.ms": str(2**63 - 1)})
+    assert stored.file_delete_delay_ms == bound

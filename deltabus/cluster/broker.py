@@ -103,6 +103,9 @@ class Broker:
         self._topic_configs: dict[str, cfg.TopicConfig] = {}
         self._partitions: dict[tuple[str, int], Partition] = {}
         self._partitions_lock = threading.Lock()
+        # Hosted replicas whose tables cannot be opened (lost): reported with every heartbeat,
+        # so the controller keeps them out of ISRs and leadership. The heartbeat thread's alone.
+        self._offline: set[tuple[str, int]] = set()
         self._fetchers: dict[int, ReplicaFetcher] = {}
         self._appended = threading.Condition()
         self._append_seq = 0
@@ -167,25 +170,32 @@ class Broker:
                 time.sleep(0.2)
 
     def _heartbeat_loop(self) -> None:
+        """Heartbeat and apply metadata until told to stop. A round that fails in any way is
+        logged and the next one runs: without heartbeats the broker is fenced for good."""
         interval_ms = self._config.broker_heartbeat_interval_ms
         while not self._stopped.is_set():
             try:
-                answer = self._controller.heartbeat(self.broker_id, self._epoch,
-                                                    self._image.version, max_wait_ms=interval_ms)
+                self._heartbeat(interval_ms)
             except errors.StaleBrokerEpochError:
                 log.warning("broker %d was fenced; registering again", self.broker_id)
                 self._register()
-                continue
             except errors.DeltaBusError as e:
                 log.warning("heartbeat to the controller failed: %s", e)
                 self._stopped.wait(interval_ms / 1000)
-                continue
-            if answer.image is not None:
-                self._apply(answer.image)
-            if answer.refresh_logs:
-                self._refresh_logs(answer.refresh_logs)
-            if answer.should_shut_down:
-                self._stopped.set()
+            except Exception:
+                log.exception("broker %d: a heartbeat round failed", self.broker_id)
+                self._stopped.wait(interval_ms / 1000)
+
+    def _heartbeat(self, interval_ms: int) -> None:
+        answer = self._controller.heartbeat(self.broker_id, self._epoch, self._image.version,
+                                            max_wait_ms=interval_ms,
+                                            offline_replicas=sorted(self._offline))
+        if answer.image is not None:
+            self._apply(answer.image)
+        if answer.refresh_logs:
+            self._refresh_logs(answer.refresh_logs)
+        if answer.should_shut_down:
+            self._stopped.set()
 
     def serve_until_stopped(self) -> None:
         self._stopped.wait()
@@ -222,14 +232,18 @@ class Broker:
                 partition = self._partitions.pop(key)
             partition.log.close()
             log.info("broker %d no longer hosts %s-%d", self.broker_id, *key)
+        self._offline &= set(hosted)  # a replica no longer hosted is not ours to report
         opening = sorted(set(hosted) - current)
         if opening:  # in parallel: a broker may host hundreds of partitions
             with ThreadPoolExecutor(max_workers=LOG_OPEN_THREADS) as pool:
                 for key, opened in zip(opening, pool.map(self._open_partition, opening),
                                        strict=True):
-                    if opened is not None:
-                        with self._partitions_lock:
-                            self._partitions[key] = opened
+                    if opened is None:  # tried again with the next metadata
+                        self._offline.add(key)
+                        continue
+                    self._offline.discard(key)
+                    with self._partitions_lock:
+                        self._partitions[key] = opened
         # Parsed once per metadata version, not per produce request; set before the image so a
         # topic visible in the image always has its config.
         self._topic_configs = {name: self._config.topic_config(t.configs)
@@ -268,15 +282,20 @@ class Broker:
                 fetcher.unfollow(key)
 
     def _open_partition(self, key: tuple[str, int]) -> Partition | None:
+        """Open a hosted replica's log, or None when its table is missing or unreadable: then
+        the replica is offline (never created empty: see PartitionLog) until it opens."""
         topic, partition = key
         holder: list[Partition] = []
         try:
             opened = PartitionLog(
                 replica_path(self._config.root, topic, partition, self.broker_id),
                 topic=topic, partition=partition, config=self._log_config,
-                on_append=lambda: self._on_log_change(holder), replicated=True)
-        except Exception:  # one unreadable table must not take the broker down
-            log.exception("cannot open %s-%d", topic, partition)
+                on_append=lambda: self._on_log_change(holder), replicated=True, create=False)
+        except Exception as e:  # one unreadable table must not take the broker down
+            if key not in self._offline:  # said once, not with every metadata version
+                log.error("broker %d cannot open %s-%d; reporting it offline: %s",
+                          self.broker_id, topic, partition, e,
+                          exc_info=not isinstance(e, errors.KafkaStorageError))
             return None
         holder.append(Partition(topic, partition, self.broker_id, opened))
         log.info("broker %d opened %s-%d at offset %d", self.broker_id, topic, partition,

@@ -25,6 +25,7 @@ from deltabus.cluster.metadata_records import (
     ControllerResult,
     FenceBrokerRecord,
     MetadataRecord,
+    OfflineReplicasRecord,
     RegisterBrokerRecord,
     UnfenceBrokerRecord,
 )
@@ -40,6 +41,8 @@ class BrokerRegistration:
     fenced: bool = True
     # Controlled shutdown: leadership moves off it, then its heartbeat tells it to stop.
     in_controlled_shutdown: bool = False
+    # (topic, partition) replicas it cannot serve (their tables are lost): no leadership, no ISR
+    offline_replicas: frozenset[tuple[str, int]] = frozenset()
 
 
 @dataclass
@@ -59,7 +62,7 @@ class BrokerRegistry:
                 record.endpoint, record.broker_epoch, record.pid, record.registered_version)
             return
         assert isinstance(record, (UnfenceBrokerRecord, FenceBrokerRecord,
-                                   BrokerRegistrationChangeRecord)), record
+                                   BrokerRegistrationChangeRecord, OfflineReplicasRecord)), record
         current = self.registrations.get(record.broker_id)
         if current is None or current.epoch != record.broker_epoch:
             return
@@ -67,6 +70,9 @@ class BrokerRegistry:
             del self.registrations[record.broker_id]
         elif isinstance(record, UnfenceBrokerRecord):
             self.registrations[record.broker_id] = dataclasses.replace(current, fenced=False)
+        elif isinstance(record, OfflineReplicasRecord):
+            self.registrations[record.broker_id] = dataclasses.replace(
+                current, offline_replicas=record.replicas)
         else:
             self.registrations[record.broker_id] = dataclasses.replace(
                 current, in_controlled_shutdown=record.in_controlled_shutdown)
@@ -87,10 +93,16 @@ class BrokerRegistry:
         """Registered and unfenced brokers, in id order (what metadata lists)."""
         return sorted(b for b, r in self.registrations.items() if not r.fenced)
 
-    def leader_candidates(self) -> set[int]:
-        """Brokers that may lead or join an ISR: live and not shutting down."""
+    def leader_candidates(self, partition: tuple[str, int] | None = None) -> set[int]:
+        """Brokers that may lead or join an ISR: live and not shutting down (and, for a
+        `partition` (topic, partition), not reporting their replica of it offline)."""
         return {b for b, r in self.registrations.items()
-                if not r.fenced and not r.in_controlled_shutdown}
+                if not r.fenced and not r.in_controlled_shutdown
+                and (partition is None or partition not in r.offline_replicas)}
+
+    def offline(self, partition: tuple[str, int]) -> set[int]:
+        """Registered brokers that report their replica of `partition` offline."""
+        return {b for b, r in self.registrations.items() if partition in r.offline_replicas}
 
     def live_endpoints(self) -> tuple[BrokerEndpoint, ...]:
         return tuple(self.registrations[b].endpoint for b in self.live_broker_ids())
@@ -131,12 +143,16 @@ def register_broker(registry: BrokerRegistry, endpoint: BrokerEndpoint, pid: int
     return ControllerResult(records, epoch)
 
 
-def heartbeat(registry: BrokerRegistry, broker_id: int, epoch: int,
-              applied_version: int) -> ControllerResult[BrokerRegistration]:
+def heartbeat(registry: BrokerRegistry, broker_id: int, epoch: int, applied_version: int,
+              offline_replicas: frozenset[tuple[str, int]] = frozenset()
+              ) -> ControllerResult[BrokerRegistration]:
     """A heartbeat from a registered broker: one that applied the metadata of its registration
-    is unfenced (it may lead again). The answer is its registration."""
+    is unfenced (it may lead again), after the replicas it reports offline are recorded, so it
+    is never elected for one of them. The answer is its registration."""
     reg = registry.check_epoch(broker_id, epoch)
     records: list[MetadataRecord] = []
+    if offline_replicas != reg.offline_replicas:
+        records.append(OfflineReplicasRecord(broker_id, epoch, offline_replicas))
     if reg.fenced and applied_version >= reg.registered_version:
         records.append(UnfenceBrokerRecord(broker_id, epoch))
     return ControllerResult(records, reg)

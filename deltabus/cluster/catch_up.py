@@ -43,6 +43,7 @@ class CatchUpResult:
     records_copied: int
     log_end_offset: int
     elapsed_s: float
+    error: str = ""  # this replica was not caught up (the others may have been)
 
 
 def copy_replica(source: PartitionLog, target: PartitionLog) -> tuple[int, int]:
@@ -84,22 +85,33 @@ def _truncate_divergence(source: PartitionLog, target: PartitionLog) -> int:
 
 
 def run_catch_up(task: CatchUpTask) -> CatchUpResult:
-    """The Spark task body: open both tables, copy, close."""
+    """The Spark task body: open both tables, copy, close. Neither table is ever created
+    here (the controller creates a replica's table with its assignment): a missing one is
+    this task's error, reported rather than raised, so the other replicas are caught up."""
     started = time.monotonic()
+    try:
+        truncated, copied, leo = _catch_up(task)
+    except Exception as e:  # a lost table, storage trouble: the broker's fetchers take over
+        return CatchUpResult(task, -1, 0, -1, time.monotonic() - started,
+                             error=f"{type(e).__name__}: {e}")
+    return CatchUpResult(task, truncated, copied, leo, time.monotonic() - started)
+
+
+def _catch_up(task: CatchUpTask) -> tuple[int, int, int]:
     source = PartitionLog(replica_path(task.root, task.topic, task.partition, task.source),
-                          topic=task.topic, partition=task.partition, config=LogConfig())
+                          topic=task.topic, partition=task.partition, config=LogConfig(),
+                          create=False)
     try:
         target = PartitionLog(replica_path(task.root, task.topic, task.partition, task.target),
                               topic=task.topic, partition=task.partition, config=LogConfig(),
-                              replicated=True)
+                              replicated=True, create=False)
         try:
             truncated, copied = copy_replica(source, target)
-            leo = target.log_end_offset
+            return truncated, copied, target.log_end_offset
         finally:
             target.close()
     finally:
         source.close()
-    return CatchUpResult(task, truncated, copied, leo, time.monotonic() - started)
 
 
 def catch_up_replicas(spark: Any, tasks: list[CatchUpTask], why: str,
@@ -114,6 +126,10 @@ def catch_up_replicas(spark: Any, tasks: list[CatchUpTask], why: str,
     log.info("catch-up job (%s): %d replicas", why, len(tasks))
     results: list[CatchUpResult] = sc.parallelize(tasks, len(tasks)).map(run_catch_up).collect()
     for r in results:
+        if r.error:
+            log.error("catching up %s-%d on broker %d from broker %d failed: %s",
+                      r.task.topic, r.task.partition, r.task.target, r.task.source, r.error)
+            continue
         log.info("caught up %s-%d on broker %d from broker %d: %d records copied in %.1f s, "
                  "log end offset %d%s", r.task.topic, r.task.partition, r.task.target,
                  r.task.source, r.records_copied, r.elapsed_s, r.log_end_offset,

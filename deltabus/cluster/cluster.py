@@ -22,6 +22,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from deltabus import config as cfg
@@ -186,29 +187,38 @@ class Cluster:
 
     def _supervise(self, broker_id: int) -> None:
         """Run broker `broker_id` as a one-task Spark job, again and again until the cluster
-        stops."""
-        sc = self.spark.sparkContext
+        stops.
+
+        Nothing between two runs may end this loop: a supervisor that died would leave its
+        broker down for good. A failed fence (a metadata write the storage refused) is logged
+        and the broker launched anyway; its next registration fences the old incarnation."""
         assert self._node is not None
         spec = BrokerSpec(broker_id, self._node, self.config)
-        group = self._broker_group(broker_id)
         while not self._stopping.is_set():
-            sc.setJobGroup(group, f"deltabus broker {broker_id}", interruptOnCancel=True)
-            try:
-                sc.parallelize([spec], 1).mapPartitions(run_broker_task).collect()
-            except Exception as e:  # the task died: its process was killed or its executor lost
-                if self._stopping.is_set():
-                    break
-                log.warning("broker %d stopped abnormally (%s); relaunching", broker_id,
-                            str(e).splitlines()[0][:200])
+            self._run_broker_job(broker_id, spec)
             if self._stopping.is_set() or self.controller is None:
                 break
-            self.controller.fence_broker(broker_id, "its Spark task ended")
+            _survive(f"fencing broker {broker_id} after its task ended",
+                     self.controller.fence_broker, broker_id, "its Spark task ended")
             self._stopping.wait(RELAUNCH_BACKOFF_S)
             while not self._may_run[broker_id].wait(0.1):
                 if self._stopping.is_set():
                     return
-            self._catch_up_before_relaunch(broker_id)
+            _survive(f"catching broker {broker_id} up before its relaunch",
+                     self._catch_up_before_relaunch, broker_id)
             self.relaunches[broker_id] += 1
+
+    def _run_broker_job(self, broker_id: int, spec: BrokerSpec) -> None:
+        """Run the broker's Spark job until its task ends, for whatever reason."""
+        sc = self.spark.sparkContext
+        try:
+            sc.setJobGroup(self._broker_group(broker_id), f"deltabus broker {broker_id}",
+                           interruptOnCancel=True)
+            sc.parallelize([spec], 1).mapPartitions(run_broker_task).collect()
+        except Exception as e:  # the task died: its process was killed or its executor lost
+            if not self._stopping.is_set():
+                log.warning("broker %d stopped abnormally (%s); relaunching", broker_id,
+                            str(e).splitlines()[0][:200] if str(e) else type(e).__name__)
 
     def _catch_up(self, tasks: list[CatchUpTask], why: str) -> None:
         catch_up_replicas(self.spark, tasks, why)
@@ -262,19 +272,20 @@ class Cluster:
             self.spark.sparkContext.cancelJobGroup(self._broker_group(broker_id))
 
     def _check_sessions_loop(self) -> None:
-        """Fence silent brokers; now and then, hand leadership back to preferred replicas."""
+        """Fence silent brokers; now and then, hand leadership back to preferred replicas. A
+        round that fails (a metadata write the storage refused) is logged and the next one
+        runs: broker sessions must be checked for as long as the cluster runs."""
         interval_s = self.config.broker_heartbeat_interval_ms / 1000
         rebalance_s = self.config.leader_imbalance_check_interval_ms / 1000
         next_rebalance = time.monotonic() + rebalance_s
         while not self._stopping.wait(interval_s):
-            if self.controller is None:
+            controller = self.controller
+            if controller is None:
                 continue
-            self.controller.check_sessions()
+            _survive("checking broker sessions", controller.check_sessions)
             if self.config.auto_leader_rebalance_enable and time.monotonic() >= next_rebalance:
                 next_rebalance = time.monotonic() + rebalance_s
-                moved = self.controller.rebalance_leaders()
-                if moved:
-                    log.info("preferred leader election moved %d partitions", moved)
+                _survive("preferred leader election", _rebalance, controller)
 
     def _coordinator_loop(self) -> None:
         """The group coordinator's clock: session expiry, join deadlines, offset expiry."""
@@ -419,6 +430,21 @@ class Cluster:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _survive(what: str, step: Callable[..., object], *args: object) -> None:
+    """One step of a supervisor's loop, `step(*args)`: an exception is logged with its
+    traceback, never raised, so the loop goes on."""
+    try:
+        step(*args)
+    except Exception:
+        log.exception("%s failed; the supervisor carries on", what)
+
+
+def _rebalance(controller: Controller) -> None:
+    moved = controller.rebalance_leaders()
+    if moved:
+        log.info("preferred leader election moved %d partitions", moved)
 
 
 def executor_pid(worker_pid: int) -> int:

@@ -15,8 +15,14 @@ a new leader from the ISR, in replica order. A partition with no live ISR member
 (leader -1) until one registers again, unless the topic allows unclean leader election.
 
 What stays here besides: waiting (brokers applying a version, heartbeat long polls), the
-reassignment thread and its catch-up job, and deleting the tables of deleted topics and
-dropped replicas once brokers closed them.
+reassignment thread and its catch-up job, and the replica tables' lives: the controller creates
+them, empty, when it creates a partition (CreateTopics, CreatePartitions) or adds a replica (a
+reassignment), before the metadata naming them is committed, and deletes those of deleted topics
+and dropped replicas once brokers closed them. Nobody else creates one: a broker or catch-up job
+that finds an assigned replica's table missing knows its records were lost, and the broker
+reports the replica offline (it leaves its ISR and is never elected) instead of serving an empty
+log that followers would truncate to. Tables are created outside `_lock` (a big topic takes
+seconds), under `_tables_lock`, which also orders them with a deleted topic's removal.
 
 Invariants: state changes only by replaying records, and a persisted record is replayed only
 after the log holds it; `_version` grows with every commit a broker or client could see (the
@@ -29,8 +35,8 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import Callable, Sequence
-from concurrent.futures import Future
+from collections.abc import Callable, Collection, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -65,6 +71,8 @@ from deltabus.cluster.metadata_records import (
     ControllerResult,
     FenceBrokerRecord,
     MetadataRecord,
+    OfflineReplicasRecord,
+    PartitionRecord,
     ProducerIdKeyRecord,
     RemoveAccessControlEntryRecord,
     RemoveUserScramCredentialRecord,
@@ -73,7 +81,7 @@ from deltabus.cluster.metadata_records import (
 )
 from deltabus.cluster.metadata_state import MetadataState
 from deltabus.log_tables.layout import metadata_path, replica_path, topic_path
-from deltabus.log_tables.partition_log import AppendResult
+from deltabus.log_tables.partition_log import AppendResult, create_log_table
 from deltabus.metadata import (
     BrokerEndpoint,
     MetadataImage,
@@ -92,6 +100,8 @@ from deltabus.scram import ScramCredential
 
 log = logging.getLogger(__name__)
 
+TABLE_CREATE_THREADS = 8  # replica tables a CreateTopics or CreatePartitions creates at once
+
 
 class Controller:
     """Owns the metadata log, the broker registry and leader election."""
@@ -106,6 +116,9 @@ class Controller:
         self._on_fence = on_fence
         self._catch_up = catch_up  # runs the catch-up Spark job (given by Cluster)
         self._lock = threading.Condition()
+        # Held (before `_lock`, never while waiting for brokers) while replica tables are
+        # created or a topic's directory removed, so one never races the other.
+        self._tables_lock = threading.Lock()
         self._version = 1
         self._image: MetadataImage | None = None
         self._shutting_down = False
@@ -171,56 +184,113 @@ class Controller:
 
     def create_topics(self, topics: list[NewTopic], *, timeout_ms: int = 30_000,
                       validate_only: bool = False) -> list[TopicResult]:
-        """Create topics; each gets its own result, as in Kafka's CreateTopics. Those created
-        are one metadata commit, however many."""
-        with self._lock:
-            result = replication_control.create_topics(self._state, self._config, topics)
-            results = result.response if validate_only else self._commit_topics(result)
-            target = self._version
+        """Create topics; each gets its own result, as in Kafka's CreateTopics. A topic whose
+        directory already holds files is refused: a create never deletes data. The replica
+        tables of those accepted are created first, then their records are one metadata commit,
+        however many."""
+        with self._tables_lock:
+            with self._lock:
+                result = self._check_new_topics(topics)
+            results = result.response if validate_only else self._create_topics(result)
+            with self._lock:
+                target = self._version
         if not validate_only:
             self._await_brokers(target, timeout_ms)
         return results
 
     def auto_create_topics(self, names: list[str], *, timeout_ms: int = 10_000) -> None:
         """Metadata's auto-creation of the missing `names` (replication_control.
-        auto_create_topics: POLICY_VIOLATION past the limits, and nothing is created)."""
-        with self._lock:
-            result = replication_control.auto_create_topics(self._state, self._config, names)
-            self._commit_topics(result)
-            target = self._version
+        auto_create_topics: POLICY_VIOLATION past the limits, and nothing is created); a name
+        whose directory holds files is left out, as a CreateTopics would refuse it."""
+        with self._tables_lock:
+            with self._lock:
+                names = [n for n in names if self._dir_refusal(n) is None]
+                result = replication_control.auto_create_topics(self._state, self._config,
+                                                                names)
+            self._create_topics(result)
+            with self._lock:
+                target = self._version
         self._await_brokers(target, timeout_ms)
 
-    def _commit_topics(self, result: ControllerResult[list[TopicResult]]) -> list[TopicResult]:
-        """Lock held. Commit the records of the topics a CreateTopics accepted, in one metadata
-        commit, after removing any table left under their names; their results, or the
-        failure of the commit for each of them."""
-        created = [r for r in result.response if r.error is None]
+    def _check_new_topics(self, topics: list[NewTopic]) -> ControllerResult[list[TopicResult]]:
+        """Lock held. The records and answers of a CreateTopics (replication_control.
+        create_topics), a topic whose directory already holds files refused first."""
+        refused = {t.name: e for t in topics if (e := self._dir_refusal(t.name)) is not None}
+        result = replication_control.create_topics(
+            self._state, self._config, [t for t in topics if t.name not in refused])
+        answers = iter(result.response)
+        return ControllerResult(result.records, [
+            TopicResult(t.name, refused[t.name]) if t.name in refused else next(answers)
+            for t in topics])
+
+    def _dir_refusal(self, name: str) -> errors.DeltaBusError | None:
         try:
-            for topic in created:
-                self._delete_dir(topic_path(self._config.root, topic.name))
-            self._commit(result.records)
+            self._check_topic_dir(name)
         except errors.DeltaBusError as e:
+            return e
+        return None
+
+    def _create_topics(self, result: ControllerResult[list[TopicResult]]) -> list[TopicResult]:
+        """`_tables_lock` held. Create the replica tables of the topics a CreateTopics accepted,
+        then commit their records in one metadata commit; their results, or the failure for
+        each of them (what was created goes again: their directories held nothing before)."""
+        created = [r for r in result.response if r.error is None]
+        if not created:
+            return list(result.response)
+        try:
+            self._create_tables(result.records)
+            with self._lock:
+                self._commit(result.records)
+        except errors.DeltaBusError as e:
+            for topic in created:
+                try:
+                    self._delete_dir(topic_path(self._config.root, topic.name))
+                except Exception:
+                    log.exception("removing the tables of topic %s, whose creation failed",
+                                  topic.name)
             failed = {r.name for r in created}
             return [TopicResult(r.name, e) if r.name in failed else r for r in result.response]
         return list(result.response)
+
+    def _create_tables(self, records: Sequence[MetadataRecord]) -> None:
+        """Create, in parallel, the empty table of every replica the records assign (new
+        partitions, replicas a reassignment adds). Raises KafkaStorageError."""
+        replicas = [(r.topic, r.partition, b) for r in records
+                    if isinstance(r, PartitionRecord) for b in r.replicas]
+        self._create_replica_tables(replicas)
+
+    def _create_replica_tables(self, replicas: list[tuple[str, int, int]]) -> None:
+        def create(replica: tuple[str, int, int]) -> None:
+            topic, partition, broker = replica
+            create_log_table(replica_path(self._config.root, topic, partition, broker),
+                             topic=topic, partition=partition,
+                             checkpoint_interval=self._config.checkpoint_interval)
+        if replicas:
+            with ThreadPoolExecutor(max_workers=TABLE_CREATE_THREADS) as pool:
+                list(pool.map(create, replicas))
 
     def create_partitions(self, counts: dict[str, int], *, timeout_ms: int = 30_000,
                           validate_only: bool = False) -> list[TopicResult]:
         """Add partitions to topics (Kafka's CreatePartitions): `counts` maps a topic to its
         new total. New partitions get replicas as a new topic would, with the topic's
-        replication factor; keyed records may map to other partitions from now on."""
+        replication factor, and their tables before they are committed; keyed records may map
+        to other partitions from now on."""
         results = []
-        with self._lock:
+        with self._tables_lock:
             for name, count in counts.items():
                 try:
-                    result = replication_control.create_partitions(
-                        self._state, self._config, name, count)
+                    with self._lock:
+                        result = replication_control.create_partitions(
+                            self._state, self._config, name, count)
                     if not validate_only:
-                        self._commit(result.records)
+                        self._create_tables(result.records)
+                        with self._lock:
+                            self._commit(result.records)
                     results.append(result.response)
                 except errors.DeltaBusError as e:
                     results.append(TopicResult(name, e))
-            target = self._version
+            with self._lock:
+                target = self._version
         if not validate_only:
             self._await_brokers(target, timeout_ms)
         return results
@@ -272,10 +342,23 @@ class Controller:
         if deleted:
             self._await_brokers(target, timeout_ms)
             for name in deleted:
-                with self._lock:
+                with self._tables_lock, self._lock:
                     if name not in self._state.topics:  # not re-created meanwhile
                         self._delete_dir(topic_path(self._config.root, name))
         return results
+
+    def _check_topic_dir(self, name: str) -> None:
+        """Refuse to create a topic whose directory holds files: a deleted topic's tables whose
+        removal did not finish (the controller stopped, or brokers still had them open), or on
+        a case-insensitive file system another topic's. Deleting them would lose records."""
+        path = topic_path(self._config.root, name)
+        filesystem, location = pafs.FileSystem.from_uri(path)
+        if filesystem.get_file_info(pafs.FileSelector(location, allow_not_found=True)):
+            raise errors.TopicAlreadyExistsError(
+                f"Topic '{name}' cannot be created: {path} already holds data (of a deleted "
+                "topic whose removal did not finish, or of a topic whose name differs only in "
+                "case on a case-insensitive file system). A create never deletes data: move "
+                "that directory away, or choose another name.")
 
     def _delete_dir(self, path: str) -> None:
         filesystem, location = pafs.FileSystem.from_uri(path)
@@ -419,20 +502,23 @@ class Controller:
                     self._refresh_logs.setdefault(broker_id, set()).add((topic, partition))
             self._lock.notify_all()
 
-    def heartbeat(self, broker_id: int, epoch: int, applied_version: int,
-                  max_wait_ms: int) -> tuple[bool, MetadataImage | None, list[tuple[str, int]]]:
+    def heartbeat(self, broker_id: int, epoch: int, applied_version: int, max_wait_ms: int,
+                  offline_replicas: Collection[tuple[str, int]] = ()
+                  ) -> tuple[bool, MetadataImage | None, list[tuple[str, int]]]:
         """Record a heartbeat, then wait (long poll) until the metadata moves past what the broker
-        applied or its tables changed. Returns (should_shut_down, the new image or None, the
-        partitions whose tables to refresh)."""
+        applied or its tables changed. `offline_replicas`: the (topic, partition) replicas the
+        broker cannot serve (their tables are lost); they leave their ISRs and leadership.
+        Returns (should_shut_down, the new image or None, the partitions whose tables to
+        refresh)."""
         deadline = time.monotonic() + min(max_wait_ms, cfg.FETCH_WAIT_MS_MAX) / 1000
         with self._lock:
             result = broker_registry.heartbeat(self._state.brokers, broker_id, epoch,
-                                               applied_version)
+                                               applied_version, frozenset(offline_replicas))
             self._heartbeats.touch(broker_id, time.monotonic())
             if self._heartbeats.set_applied_version(broker_id, applied_version):
                 self._lock.notify_all()
-            if result.records:  # caught up: it may lead again
-                log.info("broker %d unfenced at metadata version %d", broker_id, applied_version)
+            if result.records:  # caught up (it may lead again), or its offline replicas changed
+                self._log_broker_change(broker_id, applied_version, result.records)
                 self._commit_broker_change(result.records)
             while (self._version <= applied_version and not self._shutting_down
                    and self._may_wait(broker_id, epoch)):
@@ -449,6 +535,19 @@ class Controller:
             refresh = sorted(self._refresh_logs.pop(broker_id, set()))
         image = self.image()
         return stop, (image if image.version > applied_version else None), refresh
+
+    def _log_broker_change(self, broker_id: int, applied_version: int,
+                           records: Sequence[MetadataRecord]) -> None:
+        for record in records:
+            if isinstance(record, OfflineReplicasRecord) and record.replicas:
+                log.error("broker %d cannot serve its replicas of %s (their tables are lost): "
+                          "they leave their ISRs and are not elected", broker_id,
+                          ", ".join(f"{t}-{p}" for t, p in sorted(record.replicas)))
+            elif isinstance(record, OfflineReplicasRecord):
+                log.info("broker %d serves all its replicas again", broker_id)
+            else:
+                log.info("broker %d unfenced at metadata version %d", broker_id,
+                         applied_version)
 
     def _may_wait(self, broker_id: int, epoch: int) -> bool:
         """A heartbeat keeps polling while its registration is current, not in controlled
@@ -507,14 +606,23 @@ class Controller:
             return replication_control.catch_up_tasks(self._state, self._config.root, broker_id)
 
     def check_sessions(self) -> list[int]:
-        """Fence brokers silent past the session timeout; returns their ids."""
+        """Fence brokers silent past the session timeout; returns the ids of those fenced. Each
+        is fenced on its own: one whose fence fails (the metadata write was refused) is logged
+        and tried again at the next check, and holds up none of the others."""
         now = time.monotonic()
         timeout_s = self._config.broker_session_timeout_ms / 1000
         with self._lock:
             expired = self._heartbeats.expired(self._state.brokers, now, timeout_s)
+        fenced = []
         for broker_id in expired:
-            self.fence_broker(broker_id, "missed heartbeats past broker.session.timeout.ms")
-        return expired
+            try:
+                self.fence_broker(broker_id, "missed heartbeats past broker.session.timeout.ms")
+            except Exception:
+                log.exception("fencing silent broker %d failed; trying again at the next "
+                              "session check", broker_id)
+                continue
+            fenced.append(broker_id)
+        return fenced
 
     # ---- elections on request ----------------------------------------------------------------
 
@@ -557,19 +665,47 @@ class Controller:
         with self._lock:
             tasks = replication_control.reassignment_catch_up_tasks(
                 self._state, self._config.root, started)
+            adding = replication_control.added_replicas(self._state, started)
+        try:  # before anything copies into them or a broker opens them
+            with self._tables_lock:
+                self._create_replica_tables(adding)
+        except Exception:  # the new replicas stay offline: the reassignment cannot complete
+            log.exception("creating the tables of replicas %s for a reassignment failed",
+                          adding)
         if tasks and self._catch_up is not None:
             try:  # the fetchers copy whatever the job did not
                 self._catch_up(tasks, "reassignment")
             except Exception:
                 log.exception("catch-up job for a reassignment failed")
-        with self._lock:
-            self._commit(replication_control.start_reassignments(self._state, started))
-        pending = {(t, p) for t, p, _ in started}
+        if self._start_reassignments(started):
+            self._complete_reassignments({(t, p) for t, p, _ in started})
+
+    def _start_reassignments(self, started: list[replication_control.Reassignment]) -> bool:
+        """Commit the reassignments' start, trying again each second while the write fails
+        (they were answered as started): False when the controller stops first."""
+        while not self._shutting_down:
+            with self._lock:
+                try:
+                    self._commit(replication_control.start_reassignments(self._state, started))
+                    return True
+                except Exception:
+                    log.exception("starting the reassignment of %s failed; trying again",
+                                  ", ".join(f"{t}-{p}" for t, p, _ in started))
+                self._lock.wait(1.0)
+        return False
+
+    def _complete_reassignments(self, pending: set[tuple[str, int]]) -> None:
+        """Complete each reassignment once its new replicas are in sync; one whose write
+        fails is tried again a second later, with the others."""
         while pending and not self._shutting_down:
             with self._lock:
                 for key in sorted(pending):
-                    if self._complete_reassignment(*key):
-                        pending.discard(key)
+                    try:
+                        if self._complete_reassignment(*key):
+                            pending.discard(key)
+                    except Exception:
+                        log.exception("completing the reassignment of %s-%d failed; trying "
+                                      "again", *key)
                 if pending:
                     self._lock.wait(1.0)
 

@@ -7,6 +7,7 @@ Pure types: no grpc, no I/O, so the domain can implement them without knowing th
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from concurrent import futures
 from dataclasses import dataclass
 from typing import Protocol
@@ -159,8 +160,8 @@ class LifecycleHandler(Protocol):
 
     def register_broker(self, endpoint: BrokerEndpoint, pid: int) -> int: ...
 
-    def heartbeat(self, broker_id: int, epoch: int, applied_version: int,
-                  max_wait_ms: int
+    def heartbeat(self, broker_id: int, epoch: int, applied_version: int, max_wait_ms: int,
+                  offline_replicas: Collection[tuple[str, int]] = ()
                   ) -> tuple[bool, MetadataImage | None, list[tuple[str, int]]]: ...
 
     def alter_partition(self, broker_id: int, broker_epoch: int, topic: str, partition: int,

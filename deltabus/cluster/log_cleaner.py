@@ -167,9 +167,10 @@ class LogCleaner:
             last = time.monotonic()
             try:
                 self.run()
-            except Exception as e:  # cancelled at stop, or Spark trouble: try again next time
+            except Exception:  # cancelled at stop, or Spark trouble: try again next time
                 if not self._stopping.is_set():
-                    log.warning("log cleaner run failed: %s", str(e).splitlines()[0][:300])
+                    log.exception("log cleaner run failed; the next runs in %.0f s",
+                                  self.interval_s)
 
     def run(self, topics: list[str] | None = None,
             merge_min_age_ms: int | None = None) -> list[CleanerResult]:
@@ -191,8 +192,8 @@ class LogCleaner:
                        if r.changed])
         for r in results:
             t = r.task
-            if r.error:
-                log.warning("log cleaner: %s-%d failed: %s", t.topic, t.partition, r.error)
+            if r.error:  # the others were cleaned; this one is tried again next round
+                log.error("log cleaner: %s-%d failed: %s", t.topic, t.partition, r.error)
                 continue
             if any(x.files for x in r.removed.values()):
                 log.info("log cleaner: %s-%d retention moved the log start offset to %d, "

@@ -261,6 +261,18 @@ class BrokerRegistrationChangeRecord(MetadataRecord):
     in_controlled_shutdown: bool
 
 
+@dataclass(frozen=True)
+class OfflineReplicasRecord(MetadataRecord):
+    """The replicas a broker reported it cannot serve, their tables missing or unreadable
+    (Kafka's offline log dirs): they leave their ISRs and are never elected while reported."""
+
+    type: ClassVar[str] = "offline_replicas"
+    persisted: ClassVar[bool] = False
+    broker_id: int
+    broker_epoch: int
+    replicas: frozenset[tuple[str, int]]  # (topic, partition)
+
+
 PERSISTED_RECORD_TYPES: Mapping[str, type[MetadataRecord]] = {
     cls.type: cls for cls in (
         ClusterIdRecord, ProducerIdKeyRecord, TopicRecord, PartitionRecord,

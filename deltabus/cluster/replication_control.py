@@ -12,7 +12,9 @@ change bumps the leader epoch; only the current leader may change the ISR (Alter
 only from the ISR the controller holds (a stale request gets INVALID_UPDATE_VERSION). A broker
 that leaves (fenced, or in controlled shutdown) leaves every ISR it is in unless it is the last
 member; a partition with no live ISR member goes offline (leader -1) until one registers again,
-unless the topic allows unclean leader election.
+unless the topic allows unclean leader election. A replica whose broker reports it offline (its
+table lost: see `Controller` on who creates tables) leaves the ISR the same way and is never
+elected, cleanly or not, while it is reported.
 
 Not thread-safe: the controller holds its lock around every call.
 """
@@ -22,7 +24,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from deltabus import config as cfg
 from deltabus import errors
@@ -38,10 +40,14 @@ from deltabus.cluster.metadata_records import (
     RemoveTopicRecord,
     TopicRecord,
 )
-from deltabus.cluster.metadata_state import MetadataState, PartitionRegistration
+from deltabus.cluster.metadata_state import (
+    MetadataState,
+    PartitionRegistration,
+    TopicRegistration,
+)
 from deltabus.cluster.replica_placement import assign_replicas
 from deltabus.metadata import NO_LEADER, NewTopic, PartitionState, TopicResult, new_topic_id
-from deltabus.topics import INTERNAL_TOPICS, validate_topic_name
+from deltabus.topics import INTERNAL_TOPICS, colliding_topic, validate_topic_name
 
 log = logging.getLogger(__name__)
 
@@ -52,14 +58,21 @@ Reassignment = tuple[str, int, list[int]]  # (topic, partition, target replicas)
 # ---- topics ----------------------------------------------------------------------------------
 
 def create_topic(state: MetadataState, config: cfg.ClusterConfig, topic: NewTopic, *,
-                 duplicated: bool = False) -> ControllerResult[TopicResult]:
-    """Kafka's CreateTopics for one topic (`duplicated`: the request names it twice)."""
+                 duplicated: bool = False,
+                 creating: Collection[str] = ()) -> ControllerResult[TopicResult]:
+    """Kafka's CreateTopics for one topic (`duplicated`: the request names it twice;
+    `creating`: topics the same request creates before it)."""
     if duplicated:
         raise errors.InvalidRequestError(
             f"Create topics request from client has multiple entries for {topic.name}")
     validate_topic_name(topic.name)
     if topic.name in state.topics:
         raise errors.TopicAlreadyExistsError(f"Topic '{topic.name}' already exists.")
+    clash = colliding_topic(topic.name, [*state.topics, *creating])
+    if clash is not None:
+        raise errors.InvalidTopicError(
+            f"Topic '{topic.name}' collides with existing topic: {clash} (names that differ "
+            "only in case are one directory on a case-insensitive file system)")
     configs = dict(topic.configs or {})
     cfg.topic_config(configs)  # raises InvalidConfigError
     if topic.replica_assignment:
@@ -83,15 +96,18 @@ def create_topics(state: MetadataState, config: cfg.ClusterConfig,
     topic_count, partition_count = len(state.topics), _partition_count(state)
     records: list[MetadataRecord] = []
     results: list[TopicResult] = []
+    accepted: list[str] = []
     for topic in topics:
         try:
-            result = create_topic(state, config, topic, duplicated=names[topic.name] > 1)
+            result = create_topic(state, config, topic, duplicated=names[topic.name] > 1,
+                                  creating=accepted)
             added = result.response.num_partitions
             _check_cluster_limits(config, topic.name, topic_count + 1, partition_count + added)
         except errors.DeltaBusError as e:
             results.append(TopicResult(topic.name, e))
             continue
         topic_count, partition_count = topic_count + 1, partition_count + added
+        accepted.append(topic.name)
         records += result.records
         results.append(result.response)
     return ControllerResult(records, results)
@@ -258,7 +274,7 @@ def alter_partition(state: MetadataState, broker_id: int, broker_epoch: int, top
         raise errors.InvalidRequestError(
             f"ISR {new_isr} must hold the leader and only replicas of {topic}-{partition} "
             f"({list(s.replicas)})")
-    live = state.brokers.leader_candidates()
+    live = state.brokers.leader_candidates((topic, partition))
     added = [r for r in new_isr if r not in s.isr]
     if any(r not in live for r in added):
         raise errors.IneligibleReplicaError(
@@ -282,22 +298,29 @@ def elect_after_broker_change(state: MetadataState, config: cfg.ClusterConfig,
     without an eligible leader gets one: the first live in-sync replica in replica order, or,
     where the topic allows unclean election, the first live replica at all. A broker in
     controlled shutdown keeps what no other in-sync replica can take, until it stops. Leader
-    changes are metadata records, so epochs survive restarts."""
+    changes are metadata records, so epochs survive restarts.
+
+    A replica its broker reports offline (its table is lost) is treated as a leaving broker
+    for that partition alone: it leaves the ISR (but the last member) and is never elected,
+    so nobody leads, and nobody truncates to, a log that lost its records."""
     after = state.brokers.replayed(broker_records)
     live = after.leader_candidates()
     records = list(broker_records)
     for name, topic in state.topics.items():
         unclean = config.topic_config(topic.configs).unclean_leader_election_enable
         for p, s in topic.partitions.items():
+            offline = after.offline((name, p))
+            candidates = live - offline
             isr = list(s.isr)
-            if leaving in isr and len(isr) > 1:
-                isr.remove(leaving)
+            for gone in (leaving, *sorted(offline)):
+                if gone in isr and len(isr) > 1:
+                    isr.remove(gone)
             leader = s.leader
-            if leader not in live:
+            if leader not in candidates:
                 stopping = after.get(leader)
-                alive = stopping is not None and not stopping.fenced
+                alive = stopping is not None and not stopping.fenced and leader not in offline
                 # Never elect an out-of-sync replica while the leader still runs.
-                leader, isr = _elect(s.replicas, isr, live, unclean and not alive)
+                leader, isr = _elect(s.replicas, isr, candidates, unclean and not alive)
                 if leader == NO_LEADER and alive and s.leader in isr:
                     leader = s.leader  # controlled shutdown: no one else can lead yet
             change = _leader_change(name, p, s, leader, isr)
@@ -341,7 +364,6 @@ def elect_leaders(state: MetadataState, election_type: str,
     if election_type not in ("preferred", "unclean"):
         raise errors.InvalidRequestError(
             f"election type must be preferred or unclean, not {election_type!r}")
-    live = state.brokers.leader_candidates()
     if partitions is None:
         partitions = [(t, p) for t, topic in sorted(state.topics.items())
                       for p in sorted(topic.partitions)]
@@ -349,6 +371,7 @@ def elect_leaders(state: MetadataState, election_type: str,
     records: list[MetadataRecord] = []
     for topic, partition in partitions:
         s = state.partition(topic, partition)
+        live = state.brokers.leader_candidates((topic, partition))
         if s is None:
             results[(topic, partition)] = errors.UnknownTopicOrPartitionError(
                 f"The partition {topic}-{partition} does not exist.")
@@ -439,6 +462,18 @@ def reassignment_catch_up_tasks(state: MetadataState, root: str,
     return tasks
 
 
+def added_replicas(state: MetadataState,
+                   started: list[Reassignment]) -> list[tuple[str, int, int]]:
+    """(topic, partition, broker) of each replica the reassignments add: their tables must
+    exist before they are copied into or opened."""
+    added = []
+    for topic, partition, replicas in started:
+        s = state.partition(topic, partition)
+        if s is not None:
+            added += [(topic, partition, r) for r in replicas if r not in s.replicas]
+    return added
+
+
 def start_reassignments(state: MetadataState,
                         started: list[Reassignment]) -> list[MetadataRecord]:
     """Add the new replicas (as `adding`, followers that catch up) and mark the ones to go as
@@ -471,7 +506,7 @@ def complete_reassignment(state: MetadataState, topic: str,
     change = PartitionChangeRecord(topic, partition, replicas=replicas, isr=isr,
                                    adding_replicas=(), removing_replicas=())
     if s.leader not in replicas:
-        live = state.brokers.leader_candidates()
+        live = state.brokers.leader_candidates((topic, partition))
         leader = next((r for r in replicas if r in isr and r in live), NO_LEADER)
         change = dataclasses.replace(change, leader=leader, leader_epoch=s.leader_epoch + 1)
     return ControllerResult([change], s.removing_replicas)
@@ -483,22 +518,29 @@ def cleaner_tasks(state: MetadataState, config: cfg.ClusterConfig, topics: list[
                   merge_min_age_ms: int) -> list[CleanerTask]:
     """Every partition with a leader (of `topics`, when given), with its topic's retention
     limits (none unless cleanup.policy includes delete), compaction settings (none unless it
-    includes compact) and merge settings."""
+    includes compact) and merge settings. A topic whose tasks cannot be made is logged as an
+    error and left out of this round: it must not stop the cleaning of the others."""
     tasks = []
     for name, topic in sorted(state.topics.items()):
         if topics is not None and name not in topics:
             continue
-        c = config.topic_config(topic.configs)
-        for partition, s in sorted(topic.partitions.items()):
-            if s.leader >= 0:
-                tasks.append(CleanerTask(
-                    config.root, name, partition, s.leader, s.replicas, s.isr,
-                    c.retention_ms if c.deletes else -1,
-                    c.retention_bytes if c.deletes else -1,
-                    c.file_delete_delay_ms, c.segment_bytes, merge_min_age_ms,
-                    c.compacts, c.min_compaction_lag_ms, c.delete_retention_ms,
-                    c.min_cleanable_dirty_ratio))
+        try:
+            tasks += _topic_cleaner_tasks(config, name, topic, merge_min_age_ms)
+        except Exception:
+            log.exception("log cleaner: topic %s is left out of this round", name)
     return tasks
+
+
+def _topic_cleaner_tasks(config: cfg.ClusterConfig, name: str, topic: TopicRegistration,
+                         merge_min_age_ms: int) -> list[CleanerTask]:
+    c = config.topic_config(topic.configs)
+    return [CleanerTask(config.root, name, partition, s.leader, s.replicas, s.isr,
+                        c.retention_ms if c.deletes else -1,
+                        c.retention_bytes if c.deletes else -1,
+                        c.file_delete_delay_ms, c.segment_bytes, merge_min_age_ms,
+                        c.compacts, c.min_compaction_lag_ms, c.delete_retention_ms,
+                        c.min_cleanable_dirty_ratio)
+            for partition, s in sorted(topic.partitions.items()) if s.leader >= 0]
 
 
 def catch_up_tasks(state: MetadataState, root: str, broker_id: int) -> list[CatchUpTask]:

@@ -15,6 +15,7 @@ and producers (partition_log.py).
 from __future__ import annotations
 
 import collections
+import json
 import posixpath
 import threading
 import time
@@ -76,9 +77,11 @@ class PendingAppend:
 
 @dataclass
 class PendingFiles:
-    """Files copied from the leader into this table's directory, to be committed."""
+    """Files copied from the leader into this table's directory and read back, to be
+    committed."""
 
     files: list[tuple[str, LogFile]]  # (name in this table, the leader's file)
+    records: pa.Table  # the copies' offset, epoch and producer columns, as read back
     future: Future[AppendResult]
     nbytes: int = 0
 
@@ -146,45 +149,59 @@ def log_offsets(table: DeltaTable) -> tuple[int, int]:
     return int(lo), int(hi) + 1
 
 
+def create_log_table(path: str, *, topic: str, partition: int, checkpoint_interval: int,
+                     storage_options: dict[str, str] | None = None) -> DeltaTable:
+    """Create the empty Delta table of a partition log at `path` (an existing one is kept as
+    it is). Raises KafkaStorageError when the storage refuses."""
+    try:
+        return DeltaTable.create(
+            path,
+            LOG_SCHEMA,
+            mode="ignore",
+            name=f"{topic}-{partition}",
+            description=f"deltabus log of topic {topic} partition {partition}",
+            configuration={
+                "delta.checkpointInterval": str(checkpoint_interval),
+                "delta.dataSkippingNumIndexedCols": "3",
+            },
+            storage_options=storage_options,
+        )
+    except DeltaError as e:
+        raise storage_error(e, f"cannot create {path}") from e
+
+
 class LogAppender:
     """The queue of a log's pending writes and the Delta commits that take them."""
 
     def __init__(self, path: str, *, topic: str, partition: int, config: LogConfig,
-                 storage_options: dict[str, str] | None, lock: threading.Condition) -> None:
-        """Open (or create) the table at `path`. `lock` is the log's: it guards the queue."""
+                 storage_options: dict[str, str] | None, lock: threading.Condition,
+                 create: bool = True) -> None:
+        """Open the table at `path`, creating it if it is missing and `create` says so (else
+        a missing table raises KafkaStorageError). `lock` is the log's: it guards the queue."""
         self.path = path
         self._topic, self._partition = topic, partition
         self._name = f"{topic}-{partition}"  # in messages
         self._config = config
         self._storage_options = storage_options
         self._lock = lock
-        self.table = self._open_or_create()
+        self.table = self._open(create)
         self._table_base = self.table.version()  # loaded afresh at this version
         self._fs, self._fs_base = pafs.FileSystem.from_uri(path)
         self._pending: collections.deque[Pending] = collections.deque()
         self.pending_bytes = 0
         self.committing = False  # a group is taken off the queue but not yet committed
 
-    def _open_or_create(self) -> DeltaTable:
+    def _open(self, create: bool) -> DeltaTable:
         try:
             return DeltaTable(self.path, storage_options=self._storage_options)
         except TableNotFoundError:
-            pass
-        try:
-            return DeltaTable.create(
-                self.path,
-                LOG_SCHEMA,
-                mode="ignore",
-                name=self._name,
-                description=f"deltabus log of topic {self._topic} partition {self._partition}",
-                configuration={
-                    "delta.checkpointInterval": str(self._config.checkpoint_interval),
-                    "delta.dataSkippingNumIndexedCols": "3",
-                },
-                storage_options=self._storage_options,
-            )
-        except DeltaError as e:
-            raise storage_error(e, f"cannot create {self.path}") from e
+            if not create:
+                raise errors.KafkaStorageError(
+                    f"the table of {self._name} at {self.path} is missing: this replica's "
+                    "records are lost, and it is not recreated empty") from None
+        return create_log_table(self.path, topic=self._topic, partition=self._partition,
+                                checkpoint_interval=self._config.checkpoint_interval,
+                                storage_options=self._storage_options)
 
     # ---- the queue (the log's lock held) -------------------------------------------------------
 
@@ -252,21 +269,67 @@ class LogAppender:
 
     # ---- copying files (a follower's request thread) --------------------------------------------
 
-    def copy_in(self, files: list[LogFile]) -> list[tuple[str, LogFile]]:
+    def copy_in(self, files: list[LogFile]) -> tuple[list[tuple[str, LogFile]], pa.Table]:
         """Copy a leader's data files, byte for byte, into this table's directory (not yet
-        part of the table): (name here, the leader's file) for each."""
-        copied = []
-        for leader_file in files:
-            name = posixpath.basename(leader_file.uri)
-            source_fs, source = pafs.FileSystem.from_uri(leader_file.uri)
-            target = posixpath.join(self._fs_base, name)
-            if source_fs.type_name == self._fs.type_name:
-                self._fs.copy_file(source, target)
-            else:
-                pafs.copy_files(source, target, source_filesystem=source_fs,
-                                destination_filesystem=self._fs)
-            copied.append((name, leader_file))
-        return copied
+        part of the table), and read each copy back: (name here, the leader's file) for each,
+        and the copies' offset, epoch and producer columns.
+
+        A copy that is not what the leader stated (its size, its record count, its first and
+        last offsets: a file cut short, a copy torn midway) raises CorruptMessageError, and
+        every copy of the call is deleted: nothing unread is committed, and the follower's
+        fetcher tries again."""
+        copied: list[tuple[str, LogFile]] = []
+        read_back = []
+        try:
+            for leader_file in files:
+                name = posixpath.basename(leader_file.uri)
+                copied.append((name, leader_file))
+                self._copy_file(leader_file.uri, posixpath.join(self._fs_base, name))
+                read_back.append(self._read_back(name, leader_file))
+        except Exception as e:
+            self._delete_copies([name for name, _ in copied])
+            if isinstance(e, errors.DeltaBusError):
+                raise
+            raise errors.CorruptMessageError(
+                f"a file copied into {self._name} cannot be read back: {type(e).__name__}: "
+                f"{e}") from e
+        return copied, pa.concat_tables(read_back)
+
+    def _copy_file(self, uri: str, target: str) -> None:
+        source_fs, source = pafs.FileSystem.from_uri(uri)
+        if source_fs.type_name == self._fs.type_name:
+            self._fs.copy_file(source, target)
+        else:
+            pafs.copy_files(source, target, source_filesystem=source_fs,
+                            destination_filesystem=self._fs)
+
+    def _read_back(self, name: str, leader_file: LogFile) -> pa.Table:
+        """The copy's offset, epoch and producer columns, once its size, footer and records
+        match what the leader stated (a compacted file's records lie within its stated
+        offsets, not at both ends); else CorruptMessageError."""
+        location = posixpath.join(self._fs_base, name)
+        size = self._fs.get_file_info(location).size
+        with self._fs.open_input_file(location) as source:
+            records = pq.ParquetFile(source).read(columns=_STATE_COLUMNS)
+        offsets = records.column("offset")
+        first, last = pc.min(offsets).as_py(), pc.max(offsets).as_py()
+        stated = json.loads(leader_file.stats).get("numRecords")
+        within = records.num_rows == 0 or (leader_file.base_offset <= first
+                                           and last <= leader_file.last_offset)
+        if size != leader_file.size_bytes or records.num_rows != stated or not within:
+            raise errors.CorruptMessageError(
+                f"the copy of {leader_file.uri} into {self._name} holds {size} bytes, "
+                f"{records.num_rows} records, offsets {first}..{last}; the leader stated "
+                f"{leader_file.size_bytes} bytes, {stated} records, offsets "
+                f"{leader_file.base_offset}..{leader_file.last_offset}")
+        return records
+
+    def _delete_copies(self, names: list[str]) -> None:
+        for name in names:
+            try:
+                self._fs.delete_file(posixpath.join(self._fs_base, name))
+            except (FileNotFoundError, OSError):
+                pass  # never copied, or gone: vacuum removes any file no commit names
 
     # ---- committing (the appender thread) -------------------------------------------------------
 
@@ -373,15 +436,13 @@ class LogAppender:
                     "deltabus.batches": str(len(actions))}),
                 post_commithook_properties=_CHECKPOINT)
             self.table.update_incremental()  # unlike write_deltalake, it leaves the snapshot
-            written = pa.concat_tables(
-                pq.read_table(posixpath.join(self._fs_base, name), columns=_STATE_COLUMNS,
-                              filesystem=self._fs) for name, _ in item.files)
         except Exception as e:
             raise CommitFailed(storage_error(e, f"copying files into {self._name} failed"),
                                storage_error(e, f"append to {self._name} failed"),
                                reload=True) from e
-        return Committed("files", self.table.version(), expected, written.sort_by("offset"),
-                         [(item.future, base, expected - 1)], now_ms)
+        return Committed("files", self.table.version(), expected,
+                         item.records.sort_by("offset"), [(item.future, base, expected - 1)],
+                         now_ms)
 
     def _commit_truncate(self, item: PendingTruncate, log_end_offset: int) -> Committed:
         offset = item.offset

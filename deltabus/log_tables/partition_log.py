@@ -51,6 +51,7 @@ from deltabus.log_tables.appender import (
     PendingFiles,
     PendingTruncate,
     Work,
+    create_log_table,
     log_offsets,
 )
 from deltabus.log_tables.leader_epochs import LeaderEpochCache, recover_epochs
@@ -82,7 +83,7 @@ DEFAULT_LOG_CONFIG = LogConfig()
 
 __all__ = ["EARLIEST_TIMESTAMP", "LATEST_TIMESTAMP", "MAX_TIMESTAMP", "NO_PRODUCER",
            "AppendResult", "CommitRange", "LogConfig", "LogFile", "PartitionLog",
-           "commit_ranges"]
+           "commit_ranges", "create_log_table"]
 
 
 class PartitionLog:
@@ -98,8 +99,15 @@ class PartitionLog:
         storage_options: dict[str, str] | None = None,
         on_append: Callable[[], None] | None = None,
         replicated: bool = False,
+        create: bool = True,
     ) -> None:
-        """Open (or create) the table at `path`.
+        """Open the table at `path`; a missing one is created empty only when `create` says so
+        (a log of its own: tests, benchmarks), else it raises KafkaStorageError.
+
+        A replica's table is never created here (brokers and catch-up jobs pass False): the
+        controller creates it with its partition or replica assignment, so a table that is
+        missing later was lost, and recreating it empty would make its replica a leader or
+        in-sync follower holding nothing, whose followers truncate to it.
 
         `on_append` runs after every change of the log end offset or high watermark. A
         `replicated` log leaves the high watermark to its owner (the broker's Partition, which
@@ -113,7 +121,8 @@ class PartitionLog:
         self._on_append = on_append
         self._lock = threading.Condition()
         self._appender = LogAppender(path, topic=topic, partition=partition, config=config,
-                                     storage_options=storage_options, lock=self._lock)
+                                     storage_options=storage_options, lock=self._lock,
+                                     create=create)
         self._version = self._appender.table.version()  # the last committed version
         self.log_start_offset, self.log_end_offset = log_offsets(self._appender.table)
         self._replicated = replicated
@@ -250,11 +259,14 @@ class PartitionLog:
     def append_files(self, files: list[LogFile]) -> Future[AppendResult]:
         """Copy a leader's committed data files, byte for byte, into this table's directory and
         queue one commit adding them with their statistics: a follower's copy without decoding
-        or encoding a record. They must continue the log end offset when committed."""
+        or encoding a record. They must continue the log end offset when committed. Each copy
+        is read back first: one that does not match the leader's statistics raises
+        CorruptMessageError (retriable) and nothing is queued."""
         if not files:
             raise errors.InvalidRecordError("no files to copy")
         future: Future[AppendResult] = Future()
-        self._enqueue(PendingFiles(self._appender.copy_in(files), future))
+        copied, records = self._appender.copy_in(files)
+        self._enqueue(PendingFiles(copied, records, future))
         return future
 
     def truncate_to(self, offset: int) -> Future[AppendResult]:

@@ -230,18 +230,28 @@ def table_to_arrow_records(table: pa.Table) -> bytes:
     return to_ipc(table) if table.num_rows else b""
 
 
+def topic_partitions_to_proto(partitions: Iterable[tuple[str, int]]
+                              ) -> list[pb.TopicPartitions]:
+    """(topic, partition) pairs as TopicPartitions, one per topic."""
+    by_topic: dict[str, list[int]] = {}
+    for topic, partition in partitions:
+        by_topic.setdefault(topic, []).append(partition)
+    return [pb.TopicPartitions(topic=t, partitions=ps) for t, ps in by_topic.items()]
+
+
+def topic_partitions_from_proto(messages: Iterable[pb.TopicPartitions]
+                                ) -> list[tuple[str, int]]:
+    return [(tp.topic, p) for tp in messages for p in tp.partitions]
+
+
 def elect_leaders_request(election_type: str,
                           partitions: Iterable[tuple[str, int]] | None) -> pb.ElectLeadersRequest:
     if election_type not in ("preferred", "unclean"):
         raise errors.InvalidRequestError(
             f"election type must be preferred or unclean, not {election_type!r}")
-    by_topic: dict[str, list[int]] = {}
-    for topic, partition in partitions or ():
-        by_topic.setdefault(topic, []).append(partition)
     return pb.ElectLeadersRequest(
         election_type=pb.UNCLEAN if election_type == "unclean" else pb.PREFERRED,
-        topic_partitions=[pb.TopicPartitions(topic=t, partitions=ps)
-                          for t, ps in by_topic.items()])
+        topic_partitions=topic_partitions_to_proto(partitions or ()))
 
 
 def partition_results(results: dict[tuple[str, int], errors.DeltaBusError | None]

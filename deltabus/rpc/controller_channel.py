@@ -10,6 +10,7 @@ AlterPartition means the outcome is unknown. Thread-safe (one gRPC channel, shar
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,12 +84,16 @@ class ControllerChannel:
         return int(response.broker_epoch)
 
     def heartbeat(self, broker_id: int, broker_epoch: int, metadata_version: int, *,
-                  max_wait_ms: int) -> HeartbeatAnswer:
+                  max_wait_ms: int,
+                  offline_replicas: Iterable[tuple[str, int]] = ()) -> HeartbeatAnswer:
         """A long poll: answers as soon as the metadata moves past `metadata_version`, else
-        after `max_wait_ms`. A fenced broker gets STALE_BROKER_EPOCH."""
+        after `max_wait_ms`. A fenced broker gets STALE_BROKER_EPOCH. `offline_replicas`: the
+        (topic, partition) replicas this broker cannot serve (their tables are lost)."""
         response = self._lifecycle_call("BrokerHeartbeat", ipb.BrokerHeartbeatRequest(
             broker_id=broker_id, broker_epoch=broker_epoch, metadata_version=metadata_version,
-            max_wait_ms=max_wait_ms), max_wait_ms / 500 + 5)
+            max_wait_ms=max_wait_ms,
+            offline_replicas=codec.topic_partitions_to_proto(offline_replicas)),
+            max_wait_ms / 500 + 5)
         image = None
         if response.HasField("metadata"):
             image = dataclasses.replace(
@@ -96,7 +101,7 @@ class ControllerChannel:
                 scram_credentials=codec.scram_credentials_from_proto(response.scram_credentials),
                 acls=tuple(codec.acl_from_proto(a) for a in response.acls),
                 producer_id_key=response.producer_id_key)
-        refresh = [(tp.topic, p) for tp in response.refresh_logs for p in tp.partitions]
+        refresh = codec.topic_partitions_from_proto(response.refresh_logs)
         return HeartbeatAnswer(response.should_shut_down, image, refresh)
 
     def alter_partition(self, broker_id: int, broker_epoch: int, topic: str, partition: int, *,

@@ -14,7 +14,6 @@ from deltabus.metadata import BrokerEndpoint
 from deltabus.records import to_ipc
 from deltabus.rpc import codec
 from deltabus.rpc.fetch_size import FetchBudget
-from deltabus.rpc.v1 import deltabus_pb2 as pb
 from deltabus.rpc.v1 import internal_pb2 as ipb
 from deltabus.rpc.v1 import internal_pb2_grpc as ipb_grpc
 
@@ -39,15 +38,11 @@ class BrokerLifecycleServicer(ipb_grpc.BrokerLifecycleServicer):
         try:
             stop, image, refresh = self._handler.heartbeat(
                 request.broker_id, request.broker_epoch, request.metadata_version,
-                request.max_wait_ms)
+                request.max_wait_ms, codec.topic_partitions_from_proto(request.offline_replicas))
         except errors.DeltaBusError as e:
             return ipb.BrokerHeartbeatResponse(error_code=e.code, error_message=e.message)
         response = ipb.BrokerHeartbeatResponse(should_shut_down=stop)
-        by_topic: dict[str, list[int]] = {}
-        for topic, partition in refresh:
-            by_topic.setdefault(topic, []).append(partition)
-        response.refresh_logs.extend(pb.TopicPartitions(topic=t, partitions=ps)
-                                     for t, ps in by_topic.items())
+        response.refresh_logs.extend(codec.topic_partitions_to_proto(refresh))
         if image is not None:  # a broker's metadata: with the credentials it authenticates
             # with and the ACLs it authorizes with
             response.metadata.CopyFrom(codec.image_to_proto(image))

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from deltabus import config as cfg
 from deltabus.cluster.controller import Controller, ControllerHandler
+from deltabus.metadata import CONTROLLER_NODE_ID, BrokerEndpoint
 from deltabus.rpc.kafka.listener import KafkaListener
 from deltabus.rpc.server import start_server
 
@@ -18,6 +19,7 @@ class ControllerServer:
 
     def __init__(self, root: Path, *, kafka: bool = False, **settings: object) -> None:
         """`settings`: more ClusterConfig settings (security, authorizer, ...)."""
+        settings = {"port": 0, **settings}  # brokers made from this config: any free ports
         self.config = cfg.ClusterConfig(root=str(root), brokers=3, kafka_port=-1,
                                         **settings)  # type: ignore[arg-type]
         self.controller = Controller(self.config)
@@ -27,6 +29,8 @@ class ControllerServer:
             broker_secret=self.config.inter_broker_secret, security=self.config.security,
             credentials=self.handler.scram_credential)
         self.address = f"127.0.0.1:{port}"
+        # The driver's node, as a BrokerSpec names it to brokers run against this controller.
+        self.node = BrokerEndpoint(CONTROLLER_NODE_ID, "127.0.0.1", port)
         self.kafka: KafkaListener | None = None
         if kafka:
             self.kafka = KafkaListener("127.0.0.1", 0, self.handler,

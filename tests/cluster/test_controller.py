@@ -8,14 +8,19 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from deltalake import DeltaTable
 
 from deltabus import config as cfg
+from deltabus import errors
 from deltabus.cluster.controller import Controller
 from deltabus.cluster.metadata_log import MetadataLog
 from deltabus.cluster.producer_id_control import PRODUCER_ID_BLOCK
-from deltabus.log_tables.layout import metadata_path
+from deltabus.log_tables.layout import metadata_path, replica_path
+from deltabus.log_tables.partition_log import PartitionLog
 from deltabus.metadata import BrokerEndpoint, NewTopic, PartitionState, TopicState
+from deltabus.records import normalize_produce, produce_batch
+from tests.conftest import wait_until
 
 # A log as the dict-based controller wrote it: every record type, several commits.
 OLD_LOG: list[list[dict[str, Any]]] = [
@@ -161,3 +166,94 @@ def test_a_broker_registering_after_a_restart_changes_no_partition(tmp_path: Pat
     assert restarted.live_brokers() == [0]
     for p in restarted.image().topics["orders"].partitions:
         assert p.leader == 0 and p.leader_epoch == (0 if p.replicas[0] == 0 else 1)
+
+
+def _log_with_records(path: str, topic: str, count: int) -> None:
+    log = PartitionLog(path, topic=topic, partition=0)
+    log.append(normalize_produce(produce_batch([b"r"] * count)), leader_epoch=0).result(30)
+    log.close()
+
+
+def test_a_create_never_deletes_what_the_topics_directory_holds(tmp_path: Path) -> None:
+    """The directory of a topic deleted while the controller was down (or, on a
+    case-insensitive file system, of a topic whose name differs in case) still holds records:
+    CreateTopics refuses rather than deleting them."""
+    controller = Controller(_config(tmp_path))
+    _start_brokers(controller, 1)
+    leftover = replica_path(str(tmp_path), "orders", 0, 0)
+    _log_with_records(leftover, "orders", 3)
+    for validate_only in (True, False):
+        [result] = controller.create_topics([NewTopic("orders")], timeout_ms=0,
+                                            validate_only=validate_only)
+        assert isinstance(result.error, errors.TopicAlreadyExistsError)
+        assert "already holds data" in str(result.error)
+    assert "orders" not in controller.image().topics
+    assert DeltaTable(leftover).to_pyarrow_table().num_rows == 3
+
+
+def test_a_name_that_differs_from_a_topic_only_in_case_is_refused(tmp_path: Path) -> None:
+    """PAYMENTS beside payments would share one directory where the root lives on a
+    case-insensitive file system, and creating one would take the other's data."""
+    controller = Controller(_config(tmp_path))
+    _start_brokers(controller, 1)
+    [created] = controller.create_topics([NewTopic("payments")], timeout_ms=0)
+    assert created.error is None
+    for validate_only in (True, False):
+        [refused] = controller.create_topics([NewTopic("PAYMENTS")], timeout_ms=0,
+                                             validate_only=validate_only)
+        assert isinstance(refused.error, errors.InvalidTopicError)
+        assert "collides with existing topic: payments" in str(refused.error)
+    first, second = controller.create_topics([NewTopic("Audit"), NewTopic("audit")],
+                                             timeout_ms=0, validate_only=True)
+    assert first.error is None and isinstance(second.error, errors.InvalidTopicError)
+    assert sorted(controller.image().topics) == ["payments"]
+
+
+def test_the_controller_creates_every_replica_table_before_the_metadata_names_it(
+        tmp_path: Path) -> None:
+    """Only the controller creates replica tables (brokers open them, never create them), so a
+    missing table later means lost records, not a replica nobody created yet."""
+    controller = Controller(_config(tmp_path))
+    _start_brokers(controller, 3)
+    controller.create_topics([NewTopic("orders", 2, 3)], timeout_ms=0, validate_only=True)
+    assert not (tmp_path / "topics" / "orders").exists()
+    controller.create_topics([NewTopic("orders", 2, 3)], timeout_ms=0)
+    controller.create_partitions({"orders": 3}, timeout_ms=0)
+    for p in range(3):
+        for b in range(3):
+            table = DeltaTable(replica_path(str(tmp_path), "orders", p, b))
+            assert table.version() == 0 and not table.file_uris()
+    controller.create_topics([NewTopic("audit", replica_assignment={0: [0, 1]})], timeout_ms=0)
+    added = tmp_path / "topics" / "audit" / "0" / "replica-2"
+    assert not added.exists()
+    assert controller.reassign_partitions({("audit", 0): [0, 1, 2]}) == {("audit", 0): None}
+    wait_until(lambda: (added / "_delta_log").exists(), "the added replica's table")
+    controller.begin_shutdown()  # ends the reassignment's thread, waiting for an ISR
+
+
+def test_a_replica_reported_offline_leaves_its_isr_and_is_never_elected(tmp_path: Path) -> None:
+    controller = Controller(_config(tmp_path))
+    epochs = _start_brokers(controller, 3)
+    controller.create_topics([NewTopic("orders", replica_assignment={0: [0, 1, 2]})],
+                             timeout_ms=0)
+    lost = [("orders", 0)]
+
+    def state() -> PartitionState:
+        return controller.image().topics["orders"].partitions[0]
+
+    def heartbeat(broker: int, offline: list[tuple[str, int]]) -> None:
+        controller.heartbeat(broker, epochs[broker], controller.image().version, 0, offline)
+
+    heartbeat(1, lost)  # a follower lost its table: it leaves the ISR
+    assert (state().leader, state().isr) == (0, (0, 2))
+    heartbeat(0, lost)  # so did the leader: leadership moves to the replica in sync
+    assert (state().leader, state().isr) == (2, (2,))
+    assert controller.elect_leaders("preferred")[("orders", 0)] is not None  # 0 is not elected
+    with pytest.raises(errors.IneligibleReplicaError):  # nor can 1 join the ISR
+        controller.alter_partition(2, epochs[2], "orders", 0, state().leader_epoch, [2], [2, 1])
+    controller.fence_broker(2, "test")  # the last in-sync replica goes
+    assert (state().leader, state().isr) == (-1, (2,))
+    assert controller.elect_leaders("unclean")[("orders", 0)] is not None  # 0 and 1 are lost
+    heartbeat(1, [])  # 1's table is back (restored): it may be elected again
+    assert controller.elect_leaders("unclean")[("orders", 0)] is None
+    assert (state().leader, state().isr) == (1, (1,))

@@ -84,6 +84,20 @@ def test_new_log_is_empty(log: PartitionLog, path: Path) -> None:
     assert DeltaTable(str(path)).version() == 0
 
 
+def test_a_replica_whose_table_is_missing_is_an_error_not_an_empty_log(path: Path) -> None:
+    """A broker opens its replicas with create=False: a lost table must not come back empty."""
+    log = _open(path)
+    log.append(_batch(_values("a", 3)), leader_epoch=0).result(RESULT_TIMEOUT_S)
+    log.close()
+    with pytest.raises(errors.KafkaStorageError, match="missing") as info:
+        PartitionLog(str(path.parent / "replica-1"), topic="t", partition=0, create=False)
+    assert info.value.code == 56 and info.value.retriable
+    assert not (path.parent / "replica-1").exists()  # nothing was created in its place
+    reopened = PartitionLog(str(path), topic="t", partition=0, create=False)
+    assert reopened.log_end_offset == 3  # an existing table opens as ever
+    reopened.close()
+
+
 def test_append_returns_offsets_and_moves_log_end(log: PartitionLog) -> None:
     first = log.append(_batch([b"a", b"b", b"c"]), leader_epoch=0).result(RESULT_TIMEOUT_S)
     second = log.append(_batch([b"d"]), leader_epoch=0).result(RESULT_TIMEOUT_S)

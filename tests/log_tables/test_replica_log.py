@@ -4,6 +4,7 @@ leader epochs, and a high watermark held back until the ISR has the records."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pyarrow as pa
@@ -254,4 +255,36 @@ def test_files_that_do_not_continue_the_log_are_refused(logs) -> None:
         follower.append_files(second).result(RESULT_TIMEOUT_S)
     assert follower.log_end_offset == 0
     _copy_files(leader, follower)
+    assert _values(follower) == _values(leader)
+
+
+def test_a_copied_file_is_read_back_and_never_committed_unless_it_matches(
+        logs, tmp_path: Path) -> None:
+    """A follower copies a leader's file whole: a copy that is torn (the leader's file was cut
+    short, the copy failed midway) or holds other records than the leader stated is an error,
+    nothing of it is committed or left behind, and the fetch tried again lands."""
+    leader, follower = logs
+    _append(leader, "a", 5, epoch=0)
+    [leader_file] = leader.files_from(0, READ_ALL)
+    source = Path(leader_file.uri)
+    whole = source.read_bytes()
+    follower_dir = tmp_path / "replica-1"
+
+    source.write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(errors.DeltaBusError) as torn:
+        follower.append_files([leader_file]).result(RESULT_TIMEOUT_S)
+    assert DeltaTable(str(follower_dir)).file_uris() == []  # nothing committed
+    assert follower.log_end_offset == 0
+    assert not list(follower_dir.glob("*.parquet"))  # nor left in the table's directory
+    assert isinstance(torn.value, errors.CorruptMessageError) and torn.value.retriable
+
+    source.write_bytes(whole)
+    misstated = dataclasses.replace(
+        leader_file, stats=leader_file.stats.replace('"numRecords":5', '"numRecords":4'))
+    assert misstated.stats != leader_file.stats
+    with pytest.raises(errors.CorruptMessageError, match="4 records"):
+        follower.append_files([misstated]).result(RESULT_TIMEOUT_S)
+    assert DeltaTable(str(follower_dir)).file_uris() == []
+
+    follower.append_files([leader_file]).result(RESULT_TIMEOUT_S)  # the retry
     assert _values(follower) == _values(leader)
