@@ -4,62 +4,23 @@ unknown APIs close only their own connection while the broker keeps serving ever
 
 from __future__ import annotations
 
-import io
 import socket
 import struct
 from datetime import timedelta
 from typing import Any
 
 import pytest
-from kio.index import load_request_schema, load_response_schema
+from kio.index import load_request_schema
 from kio.schema.errors import ErrorCode
-from kio.serial import entity_reader, entity_writer
 
 from deltabus import AdminClient, NewTopic
 from deltabus.rpc.kafka.apis import SUPPORTED
 from deltabus.rpc.kafka.frames import make, nested
+from tests.kafka.raw_frames import closed, connect_to, frame, read_response
 
 
 def connect(cluster) -> socket.socket:
-    host, port = cluster.kafka_bootstrap_servers.rsplit(":", 1)
-    return socket.create_connection((host, int(port)), timeout=10)
-
-
-def frame(key: int, version: int, body: Any, correlation_id: int = 7) -> bytes:
-    cls = load_request_schema(key, version)
-    header_cls = cls.__header_schema__
-    out = io.BytesIO()
-    entity_writer(header_cls)(out, make(header_cls, request_api_key=key,
-                                        request_api_version=version,
-                                        correlation_id=correlation_id, client_id="test"))
-    entity_writer(cls)(out, body)
-    data = out.getvalue()
-    return struct.pack(">i", len(data)) + data
-
-
-def read_response(sock: socket.socket, key: int, version: int) -> tuple[int, Any]:
-    size = struct.unpack(">i", recv_exactly(sock, 4))[0]
-    data = recv_exactly(sock, size)
-    cls = load_response_schema(key, version)
-    header, n = entity_reader(cls.__header_schema__)(data, 0)
-    body, _ = entity_reader(cls)(data, n)
-    return header.correlation_id, body
-
-
-def recv_exactly(sock: socket.socket, n: int) -> bytes:
-    data = b""
-    while len(data) < n:
-        chunk = sock.recv(n - len(data))
-        assert chunk, "the broker closed the connection"
-        data += chunk
-    return data
-
-
-def closed(sock: socket.socket) -> bool:
-    try:
-        return sock.recv(1) == b""
-    except ConnectionResetError:
-        return True
+    return connect_to(cluster.kafka_bootstrap_servers)
 
 
 def api_versions(cluster) -> dict[int, tuple[int, int]]:
