@@ -92,6 +92,11 @@ class Purgatory:
             self._stopped = True
             self._changed.notify_all()
 
+    def held(self) -> int:
+        """Delayed responses the purgatory holds (completed ones too, until purged)."""
+        with self._changed:
+            return len(self._heap)
+
     def watch(self, delayed: DelayedResponse, ready: Callable[[], None]) -> None:
         """Call `ready()` once, when `delayed`'s futures are done or at its deadline, from
         whichever thread saw it first; it must return at once (it queues `delayed.complete`

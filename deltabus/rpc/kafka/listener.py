@@ -87,9 +87,13 @@ class HandlerPool:
         self._lock = threading.Lock()
         self._threads = 0
         self._idle = 0  # threads waiting for work and not yet claimed by a submit
+        self._stopped = False
 
     def submit(self, work: Callable[..., None], *args: Any) -> None:
+        """Queue `work(*args)`; after `stop` it is dropped (its listener is closed)."""
         with self._lock:
+            if self._stopped:
+                return
             start = not self._idle and self._threads < self._threads_max
             if self._idle:
                 self._idle -= 1
@@ -103,7 +107,7 @@ class HandlerPool:
     def stop(self) -> None:
         """Let every thread end once the work before it is done."""
         with self._lock:
-            threads = self._threads
+            threads, self._stopped = self._threads, True
         for _ in range(threads):
             self._work.put(None)
 
@@ -153,8 +157,9 @@ class _RequestHandlers:
     def _handle(self, request: Request) -> None:
         """On a request handler thread: answer the request, or hand it on where it waits."""
         session = request.session
+        frame, request.frame = request.frame, b""  # not kept while the answer waits
         try:
-            parsed = self._parse(request.frame, session)
+            parsed = self._parse(frame, session)
             if isinstance(parsed, _Parsed) and _long_polls(parsed):
                 request.release()
                 self._long_polls.submit(self._long_poll, request, parsed)
