@@ -13,7 +13,10 @@ may do what, and the first users, with the names Kafka gives them.
     --add-scram 'SCRAM-SHA-256=[name=admin,password=admin-secret]'
                                         kafka-storage format's flag: a user made at start
     --override key=value                kafka-server-start.sh's: the same settings by their
-                                        server.properties names (a flag wins over it)
+                                        server.properties names (a flag wins over it), and the
+                                        Kafka listeners' limits (max.connections.per.ip=100,
+                                        connections.max.idle.ms, num.io.threads, ...:
+                                        cfg.SocketServerConfig), which have no flags
 
 Named listeners (deltabus.listeners), instead of one protocol for the two doors:
 
@@ -37,7 +40,7 @@ from __future__ import annotations
 
 import argparse
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from deltabus import config as cfg
@@ -66,6 +69,9 @@ OVERRIDES = {
     "inter.broker.listener.name": "inter_broker_listener_name",
     "controller.listener.names": "controller_listener_names",
 }
+# The Kafka listeners' limits by their server.properties names: SocketServerConfig's fields.
+SOCKET_SERVER_OVERRIDES = {f.name.replace("_", "."): f.name
+                           for f in fields(cfg.SocketServerConfig)}
 # The settings of named listeners: ListenerConfig.parse's keywords.
 LISTENER_SETTINGS = ("listeners", "advertised_listeners", "grpc_listeners",
                      "grpc_advertised_listeners", "listener_security_protocol_map",
@@ -135,8 +141,10 @@ def cluster_settings(args: argparse.Namespace, bootstrap: tuple[str, int] = (
     given, so a plain start is exactly what it was. `bootstrap`: the gRPC door's address when
     only Kafka listeners are named. Raises CliError or InvalidConfigError (one line)."""
     given = _given(args)
+    limits = {key: given.pop(key) for key in list(given) if key in SOCKET_SERVER_OVERRIDES}
+    settings: dict[str, Any] = {"socket_server": socket_server(limits)} if limits else {}
     if not given:
-        return {}
+        return settings
     named = listener_config(given, args, bootstrap)
     protocol = given.get("security_protocol", "PLAINTEXT").strip().upper()
     tls_files = [flag for flag in ("ssl_certificate_location", "ssl_key_location")
@@ -154,7 +162,7 @@ def cluster_settings(args: argparse.Namespace, bootstrap: tuple[str, int] = (
         ssl_certificate_location=given.get("ssl_certificate_location", ""),
         ssl_key_location=given.get("ssl_key_location", ""),
         ssl_ca_location=given.get("ssl_ca_location", ""), **listener)
-    settings: dict[str, Any] = {"security": security}
+    settings["security"] = security
     if named is not None:
         for item in named.grpc + named.kafka:  # a TLS listener needs the certificate
             security.for_protocol(item.security_protocol)
@@ -201,10 +209,10 @@ def _given(args: argparse.Namespace) -> dict[str, str]:
             raise CliError(f"{key} is Java's key or trust store setting: deltabus takes PEM "
                            "files, give --ssl-certificate-location, --ssl-key-location and "
                            "--ssl-ca-location")
-        if key not in OVERRIDES:
+        if key not in OVERRIDES and key not in SOCKET_SERVER_OVERRIDES:
             raise CliError(f"--override {key} is not a setting deltabus takes: use one of "
-                           f"{', '.join(OVERRIDES)}")
-    given = {OVERRIDES[key]: value for key, value in overrides.items()}
+                           f"{', '.join([*OVERRIDES, *SOCKET_SERVER_OVERRIDES])}")
+    given = {OVERRIDES.get(key, key): value for key, value in overrides.items()}
     for dest in OVERRIDES.values():
         value = getattr(args, dest, None)
         if value is not None:
@@ -212,6 +220,20 @@ def _given(args: argparse.Namespace) -> dict[str, str]:
     if "authorizer" in given and given["authorizer"].strip().lower() in ("false", "none"):
         given["authorizer"] = ""  # authorizer.class.name= (empty) is Kafka's "no authorizer"
     return given
+
+
+def socket_server(limits: dict[str, str]) -> cfg.SocketServerConfig:
+    """The Kafka listeners' limits of `--override`s by their server.properties names."""
+    values = {}
+    for key, text in limits.items():
+        try:
+            values[SOCKET_SERVER_OVERRIDES[key]] = int(text.strip())
+        except ValueError:
+            raise CliError(f"--override {key} takes a whole number, not {text!r}") from None
+    try:
+        return cfg.SocketServerConfig(**values)
+    except ValueError as e:
+        raise CliError(str(e)) from None
 
 
 def super_users(text: str) -> tuple[str, ...]:
