@@ -260,7 +260,11 @@ class Processor:
                          refusal)
                 sock.close()
                 continue
-            self._open(sock, host, port)
+            try:
+                self._open(sock, host, port)
+            except OSError as e:  # reset before it was served (TLS set-up reads the socket)
+                log.info("closing Kafka connection from %s:%d: %s", host, port, e)
+                sock.close()
 
     def _refusal(self, host: str) -> str | None:
         """Why a new connection from `host` must be refused (None: it may stay)."""
@@ -275,11 +279,7 @@ class Processor:
 
     def _open(self, sock: socket.socket, host: str, port: int) -> None:
         sock.setblocking(False)
-        try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        except OSError:
-            sock.close()  # reset before we got to it
-            return
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if self._ssl_context is not None:
             sock = self._ssl_context.wrap_socket(sock, server_side=True,
                                                  do_handshake_on_connect=False)
