@@ -14,11 +14,16 @@ TARGETS = {"bulk_rps": 500_000, "bulk_vs_straight": 0.70, "send_rps": 150_000,
            "replicated_vs_bulk": 0.5, "replicated_latency_p99_ms": 150.0,
            "commits_vs_asked": 0.9, "rebalance_s": 3.0, "stream_vs_direct": 0.8,
            "merged_open_speedup": 1.0, "merged_fetch_speedup": 1.0,
-           "sasl_ssl_vs_plaintext": 0.8}
+           "sasl_ssl_vs_plaintext": 0.8,
+           # (n): resident bytes per idle Kafka connection, and threads the listener may add
+           # while they are open (its request handler threads, num.io.threads, made on demand:
+           # none per connection)
+           "idle_connection_bytes": 16 * 1024, "idle_connections_threads_added": 8}
 
 
 def judge(f: dict[str, Any]) -> dict[str, bool]:
-    """PASS/MISS per target; step (m)'s only where it ran (the embedded cluster)."""
+    """PASS/MISS per target; steps (m)'s and (n)'s only where they ran (the embedded
+    cluster)."""
     verdicts = {
         "bulk": f["bulk_rps"] >= TARGETS["bulk_rps"]
         and f["bulk_vs_straight"] >= TARGETS["bulk_vs_straight"],
@@ -39,6 +44,11 @@ def judge(f: dict[str, Any]) -> dict[str, bool]:
         secure = f["sasl_ssl"]
         verdicts["sasl_ssl"] = (secure["produce_ratio"] >= TARGETS["sasl_ssl_vs_plaintext"]
                                 and secure["fetch_ratio"] >= TARGETS["sasl_ssl_vs_plaintext"])
+    if "idle_connections" in f:
+        idle = f["idle_connections"]
+        verdicts["idle_connections"] = (
+            idle["bytes_per_connection"] <= TARGETS["idle_connection_bytes"]
+            and idle["threads_added"] <= TARGETS["idle_connections_threads_added"])
     return verdicts
 
 
@@ -102,6 +112,15 @@ def report(f: dict[str, Any], ok: dict[str, bool]) -> str:
                       f"{m['mechanism']}, medians of {m['rounds']}"),
                      f">= {TARGETS['sasl_ssl_vs_plaintext']:.0%} of PLAINTEXT, both",
                      ok["sasl_ssl"]))
+    if "idle_connections" in f:
+        n = f["idle_connections"]
+        grown_mib = (n["rss_after_bytes"] - n["rss_before_bytes"]) / 2**20
+        rows.append((f"(n) {n['connections']:,} idle Kafka connections",
+                     (f"{n['bytes_per_connection'] / 1024:,.1f} KiB each ({grown_mib:,.1f} MiB "
+                      f"resident); threads {n['threads_before']} -> {n['threads_after']}"),
+                     (f"<= {TARGETS['idle_connection_bytes'] // 1024} KiB each, <= "
+                      f"{TARGETS['idle_connections_threads_added']} threads added"),
+                     ok["idle_connections"]))
     title = (f"deltabus bench: {f['records']:,} records of {f['value_bytes']} bytes "
              f"(send() {f['send_records']:,}), 1 partition, {f['elapsed_s']:.0f} s")
     lines = [title,

@@ -21,6 +21,9 @@ a running one), in an order where each step leaves what the next needs:
     (m) produce and fetch over SASL_SSL (SCRAM-SHA-256, TLS) on a 2-broker cluster of its own,
         beside the same over PLAINTEXT on the bench's cluster (see sasl_ssl); only with the
         embedded cluster, whose Spark session has the task slots for it
+    (n) 5,000 idle Kafka connections to the embedded cluster's bootstrap Kafka listener: the
+        driver's resident memory per connection and its threads (see idle_connections); only
+        with the embedded cluster, whose listener runs in this process
 
 Sizes are the README's by default; flags make every step smaller (see sizes). A command line
 argparse rejects exits 2; a step that fails raises, with its traceback: the bench is a
@@ -40,7 +43,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from bench import groups, kafka_clients, sasl_ssl, small_files, stream_drain
+from bench import groups, idle_connections, kafka_clients, sasl_ssl, small_files, stream_drain
 from bench.produce_fetch import bulk_produce, fetch_all, latency, send_each, straight_write
 from bench.report import TARGETS, judge, report
 from bench.sizes import SEND_RECORDS_MAX, VALUE_BYTES, Sizes
@@ -92,6 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
                            f"(default {DEFAULT.secure_records})")
     size.add_argument("--secure-rounds", type=int, default=DEFAULT.secure_rounds,
                       help=f"rounds of step (m) (default {DEFAULT.secure_rounds})")
+    size.add_argument("--idle-connections", type=int, default=DEFAULT.idle_connections,
+                      help="idle Kafka connections held open in step (n) "
+                           f"(default {DEFAULT.idle_connections})")
     return p
 
 
@@ -102,7 +108,7 @@ def sizes_from(args: argparse.Namespace) -> Sizes:
                  commit_run_s=args.commit_run_s, group_members=args.group_members,
                  drain_records=args.drain_records, drain_rounds=args.drain_rounds,
                  small_commits=args.small_commits, secure_records=args.secure_records,
-                 secure_rounds=args.secure_rounds)
+                 secure_rounds=args.secure_rounds, idle_connections=args.idle_connections)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -153,8 +159,9 @@ def _bootstrap(bootstrap: str | None, root: str) -> Iterator[tuple[str, Any, str
 
 def measure(bootstrap: str, spark: Any, kafka_bootstrap: str | None, root: str,
             sizes: Sizes, *, embedded: bool = True) -> dict[str, Any]:
-    """The steps on a cluster, (a) to (j), (l) and (m); (l) only with a Kafka listener, (m)
-    only on an `embedded` cluster's Spark session. Scratch files go under `root`, which the
+    """The steps on a cluster, (a) to (j), (l), (m) and (n); (l) only with a Kafka listener,
+    (m) only on an `embedded` cluster's Spark session, (n) only with an `embedded` cluster's
+    Kafka listener (in this process). Scratch files go under `root`, which the
     caller removes."""
     figures = run_steps(bootstrap, root, sizes)
     with _step(figures["step_s"], "j", "streaming query draining a topic"):
@@ -175,6 +182,12 @@ def measure(bootstrap: str, spark: Any, kafka_bootstrap: str | None, root: str,
                 sizes.secure_rounds)
     else:
         print("(m) skipped: it starts a cluster of its own, on the embedded run's Spark")
+    if embedded and kafka_bootstrap:
+        with _step(figures["step_s"], "n", f"{sizes.idle_connections:,} idle Kafka connections"):
+            figures["idle_connections"] = idle_connections.idle_connections(
+                kafka_bootstrap, sizes.idle_connections)
+    else:
+        print("(n) skipped: it measures the embedded cluster's listener, in this process")
     return figures
 
 

@@ -28,6 +28,7 @@ class Sizes:
     small_commits: int = 10_000  # (k): commits of 10 records before the merge
     secure_records: int = 300_000  # (m): produced and fetched per protocol and round
     secure_rounds: int = 3  # (m): rounds, alternating PLAINTEXT and SASL_SSL
+    idle_connections: int = 5_000  # (n): idle Kafka connections held open at once
 
     def check(self) -> list[str]:
         """What is out of range, one line each (empty when every knob is usable)."""
@@ -38,7 +39,8 @@ class Sizes:
                   "drain-rounds": (self.drain_rounds, 1),
                   "small-commits": (self.small_commits, 2),  # a merge needs two files
                   "secure-records": (self.secure_records, 1),
-                  "secure-rounds": (self.secure_rounds, 1)}
+                  "secure-rounds": (self.secure_rounds, 1),
+                  "idle-connections": (self.idle_connections, 1)}
         wrong = [f"--{name} must be at least {least}"
                  for name, (value, least) in counts.items() if value < least]
         wrong += [f"--{name} must be more than 0" for name, value in

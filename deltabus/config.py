@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import os
 import secrets
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from deltabus import errors
@@ -374,6 +374,48 @@ class GroupConfig:
                 raise ValueError(f"{name} must be at least 1, not {getattr(self, name)}")
 
 
+@dataclass(frozen=True, kw_only=True)
+class SocketServerConfig:
+    """How a Kafka listener serves its connections (deltabus.rpc.kafka.network), with the
+    names of Kafka's broker configs where Kafka has the concept.
+
+    Each listener has one network thread for all its connections, `num_io_threads` request
+    handler threads and at most `num_long_poll_threads` threads for long-polling Fetches; all
+    are made as requests arrive, none per connection.
+    """
+
+    num_io_threads: int = 8  # num.io.threads: request handler threads per listener
+    # queued.max.requests: requests handed to the handler threads and not yet handled; past it
+    # the network thread stops reading requests until handlers catch up.
+    queued_max_requests: int = 500
+    # queued.max.request.bytes: bytes of requests read and not yet handled (Kafka's default is
+    # unbounded; here one largest request always fits). Past it nothing more is read.
+    queued_max_request_bytes: int = REQUEST_MAX_BYTES
+    socket_request_max_bytes: int = REQUEST_MAX_BYTES  # socket.request.max.bytes
+    # max.connections (per listener) and max.connections.per.ip (Kafka's are unbounded): a
+    # connection past either is closed as soon as it is accepted, with a log line.
+    max_connections: int = 10_000
+    max_connections_per_ip: int = 10_000
+    connections_max_idle_ms: int = 600_000  # connections.max.idle.ms: Kafka's default
+    socket_listen_backlog_size: int = 512  # socket.listen.backlog.size (Kafka's is 50)
+    # A connection's requests read ahead of their answers (Kafka's clients pipeline up to
+    # max.in.flight.requests.per.connection=5); past it the connection is not read.
+    max_in_flight_requests_per_connection: int = 5
+    # deltabus's own: a Fetch long-polls on a thread of this pool (a broker's fetch waits for
+    # appends on its thread), so long polls never hold the request handler threads.
+    num_long_poll_threads: int = 64
+
+    def __post_init__(self) -> None:
+        for name, value in asdict(self).items():
+            if value < 1:
+                raise ValueError(f"{name.replace('_', '.')} must be at least 1, not {value}")
+        if self.queued_max_request_bytes < self.socket_request_max_bytes:
+            raise ValueError("queued.max.request.bytes must hold one request of "
+                             "socket.request.max.bytes")
+        if self.queued_max_requests < self.num_io_threads:
+            raise ValueError("queued.max.requests must keep every num.io.threads busy")
+
+
 SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 SSL_CLIENT_AUTH = ("none", "required")
 
@@ -571,6 +613,8 @@ class ClusterConfig:
     unclean_leader_election_enable: bool = False
     # Consumer groups (Kafka's group.* and offsets.* broker configs).
     group: GroupConfig = field(default_factory=lambda: GroupConfig())
+    # How each Kafka listener serves its connections (num.io.threads, max.connections, ...).
+    socket_server: SocketServerConfig = field(default_factory=lambda: SocketServerConfig())
 
     def with_(self, **changes: Any) -> ClusterConfig:
         return replace(self, **changes)

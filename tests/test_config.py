@@ -19,6 +19,7 @@ from deltabus.config import (
     AlterConfigOp,
     ClusterConfig,
     LogConfig,
+    SocketServerConfig,
     TopicConfig,
     altered_overrides,
     topic_config,
@@ -85,6 +86,19 @@ def test_cluster_config_checks_relations() -> None:
                       broker_session_timeout_ms=6_000)
     with pytest.raises(ValueError):
         ClusterConfig(root="/tmp/x", group_commit_bytes_max=2, log_cache_bytes_max=1)
+
+
+def test_the_kafka_listeners_limits_are_kafkas_and_checked() -> None:
+    limits = SocketServerConfig()
+    assert (limits.num_io_threads, limits.queued_max_requests,
+            limits.connections_max_idle_ms) == (8, 500, 600_000)  # Kafka's defaults
+    assert ClusterConfig(root="/tmp/x").socket_server == limits
+    with pytest.raises(ValueError, match="max.connections.per.ip must be at least 1"):
+        SocketServerConfig(max_connections_per_ip=0)
+    with pytest.raises(ValueError, match="queued.max.request.bytes"):
+        SocketServerConfig(queued_max_request_bytes=10, socket_request_max_bytes=11)
+    with pytest.raises(ValueError, match="num.io.threads"):
+        SocketServerConfig(num_io_threads=8, queued_max_requests=4)
 
 
 def test_every_broker_log_gets_the_clusters_log_settings() -> None:

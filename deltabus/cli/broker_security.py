@@ -14,7 +14,10 @@ may do what, and the first users, with the names Kafka gives them.
                                         kafka-storage format's flag: a user made at start
     --override key=value                kafka-server-start.sh's: the same settings by their
                                         server.properties names (a flag wins over it), and
-                                        auto.create.topics.enable=false (no flag of its own)
+                                        auto.create.topics.enable=false and the Kafka
+                                        listeners' limits (max.connections.per.ip=100,
+                                        connections.max.idle.ms, num.io.threads, ...:
+                                        cfg.SocketServerConfig), which have no flags
 
 Named listeners (deltabus.listeners), instead of one protocol for the two doors:
 
@@ -38,7 +41,7 @@ from __future__ import annotations
 
 import argparse
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from deltabus import config as cfg
@@ -69,6 +72,9 @@ OVERRIDES = {
     # Not security, but a broker setting a hardened cluster turns off: --override only.
     "auto.create.topics.enable": "auto_create_topics_enable",
 }
+# The Kafka listeners' limits by their server.properties names: SocketServerConfig's fields.
+SOCKET_SERVER_OVERRIDES = {f.name.replace("_", "."): f.name
+                           for f in fields(cfg.SocketServerConfig)}
 # The settings of named listeners: ListenerConfig.parse's keywords.
 LISTENER_SETTINGS = ("listeners", "advertised_listeners", "grpc_listeners",
                      "grpc_advertised_listeners", "listener_security_protocol_map",
@@ -138,7 +144,8 @@ def cluster_settings(args: argparse.Namespace, bootstrap: tuple[str, int] = (
     given, so a plain start is exactly what it was. `bootstrap`: the gRPC door's address when
     only Kafka listeners are named. Raises CliError or InvalidConfigError (one line)."""
     given = _given(args)
-    settings: dict[str, Any] = {}
+    limits = {key: given.pop(key) for key in list(given) if key in SOCKET_SERVER_OVERRIDES}
+    settings: dict[str, Any] = {"socket_server": socket_server(limits)} if limits else {}
     if "auto_create_topics_enable" in given:
         settings["auto_create_topics_enable"] = _kafka_bool(
             "auto.create.topics.enable", given.pop("auto_create_topics_enable"))
@@ -208,10 +215,10 @@ def _given(args: argparse.Namespace) -> dict[str, str]:
             raise CliError(f"{key} is Java's key or trust store setting: deltabus takes PEM "
                            "files, give --ssl-certificate-location, --ssl-key-location and "
                            "--ssl-ca-location")
-        if key not in OVERRIDES:
+        if key not in OVERRIDES and key not in SOCKET_SERVER_OVERRIDES:
             raise CliError(f"--override {key} is not a setting deltabus takes: use one of "
-                           f"{', '.join(OVERRIDES)}")
-    given = {OVERRIDES[key]: value for key, value in overrides.items()}
+                           f"{', '.join([*OVERRIDES, *SOCKET_SERVER_OVERRIDES])}")
+    given = {OVERRIDES.get(key, key): value for key, value in overrides.items()}
     for dest in OVERRIDES.values():
         value = getattr(args, dest, None)
         if value is not None:
@@ -227,6 +234,20 @@ def _kafka_bool(name: str, raw: str) -> bool:
     if text not in ("true", "false"):
         raise CliError(f"{name} must be true or false, not {raw!r}")
     return text == "true"
+
+
+def socket_server(limits: dict[str, str]) -> cfg.SocketServerConfig:
+    """The Kafka listeners' limits of `--override`s by their server.properties names."""
+    values = {}
+    for key, text in limits.items():
+        try:
+            values[SOCKET_SERVER_OVERRIDES[key]] = int(text.strip())
+        except ValueError:
+            raise CliError(f"--override {key} takes a whole number, not {text!r}") from None
+    try:
+        return cfg.SocketServerConfig(**values)
+    except ValueError as e:
+        raise CliError(str(e)) from None
 
 
 def super_users(text: str) -> tuple[str, ...]:

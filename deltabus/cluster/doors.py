@@ -98,7 +98,8 @@ def open_doors(config: cfg.ClusterConfig, node: int, handler: DeltaBusHandler, *
                 listener.bind_host, listener.bind_port(node), handler, groups=groups,
                 coordinator=_coordinator_address(coordinator, listener.name),
                 security=config.listener_security(listener.security_protocol),
-                credentials=credentials, listener=listener.name).start()
+                credentials=credentials, listener=listener.name,
+                socket_server=config.socket_server).start()
             doors.kafka_listeners[listener.name] = kafka
             endpoint = _endpoint(listener, kafka.bound_port, node)
             kafka.advertise(endpoint.host, endpoint.port)

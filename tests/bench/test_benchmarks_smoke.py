@@ -1,7 +1,7 @@
 """Smoke tests of `make bench`: every step runs, with tiny sizes, and gives figures of the
 expected shape, so a change cannot break the bench unnoticed.
 
-One run of every step, (a) to (m), against the session's shared cluster and Spark (what
+One run of every step, (a) to (n), against the session's shared cluster and Spark (what
 `make bench` does against its embedded cluster), in a few seconds; each benchmark's figures are
 then checked by a test of their own. Figures of so small a run mean nothing: the tests check
 that each is there and positive, and the counts that must hold whatever the machine.
@@ -22,7 +22,7 @@ from bench.sizes import VALUE_BYTES, Sizes
 
 TINY = Sizes(records=2_000, send_records=200, latency_run_s=0.3, committers=3,
              commit_run_s=0.5, group_members=3, drain_records=2_000, drain_rounds=1,
-             small_commits=5, secure_records=500, secure_rounds=1)
+             small_commits=5, secure_records=500, secure_rounds=1, idle_connections=50)
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +43,7 @@ def positive(section: dict[str, Any], *keys: str) -> None:
 
 
 def test_every_step_ran_and_took_time(figures: dict[str, Any]) -> None:
-    assert sorted(figures["step_s"]) == list("abcdefghijklm")
+    assert sorted(figures["step_s"]) == list("abcdefghijklmn")
     positive(figures["step_s"], *figures["step_s"])
     assert (figures["records"], figures["send_records"], figures["value_bytes"]) == (
         TINY.records, TINY.send_records, VALUE_BYTES)
@@ -111,12 +111,24 @@ def test_sasl_ssl_beside_plaintext(figures: dict[str, Any]) -> None:
         TINY.secure_records, TINY.secure_rounds, "SCRAM-SHA-256", 2)
 
 
-def test_step_m_is_judged_only_where_it_ran(figures: dict[str, Any]) -> None:
-    """With --bootstrap-server there is no embedded Spark session to start (m)'s cluster on."""
-    remote = {key: value for key, value in figures.items() if key != "sasl_ssl"}
+def test_idle_connections(figures: dict[str, Any]) -> None:
+    idle = figures["idle_connections"]
+    assert idle["connections"] == TINY.idle_connections
+    positive(idle, "rss_before_bytes", "rss_after_bytes", "threads_before", "threads_after")
+    assert idle["bytes_per_connection"] >= 0
+    assert idle["threads_added"] == idle["threads_after"] - idle["threads_before"]
+    assert idle["threads_added"] < TINY.idle_connections  # no thread per connection
+
+
+def test_steps_m_and_n_are_judged_only_where_they_ran(figures: dict[str, Any]) -> None:
+    """With --bootstrap-server there is no embedded Spark session to start (m)'s cluster on,
+    and the Kafka listener (n) measures is not in this process."""
+    remote = {key: value for key, value in figures.items()
+              if key not in ("sasl_ssl", "idle_connections")}
     verdicts = judge(remote)
-    assert "sasl_ssl" not in verdicts
+    assert "sasl_ssl" not in verdicts and "idle_connections" not in verdicts
     assert "(m) " not in report(remote, verdicts)
+    assert "(n) " not in report(remote, verdicts)
 
 
 def test_results_json_and_report(figures: dict[str, Any], tmp_path: pathlib.Path,
@@ -128,10 +140,10 @@ def test_results_json_and_report(figures: dict[str, Any], tmp_path: pathlib.Path
     assert written["pass"] == verdicts
     assert set(verdicts) == {"bulk", "send", "fetch", "latency", "replicated",
                              "replicated_latency", "commits", "rebalance", "drain",
-                             "small_files", "sasl_ssl"}
+                             "small_files", "sasl_ssl", "idle_connections"}
     assert written["drain"]["records"] == TINY.drain_records
     table = capsys.readouterr().out
-    for letter in "abcdefghijklm":
+    for letter in "abcdefghijklmn":
         assert f"({letter}) " in table
     assert f"figures written to {path}" in table
 
@@ -147,7 +159,7 @@ def test_tiny_flags_make_tiny_sizes() -> None:
         ["--records", "2000", "--send-records", "200", "--latency-run-s", "0.3",
          "--committers", "3", "--commit-run-s", "0.5", "--group-members", "3",
          "--drain-records", "2000", "--drain-rounds", "1", "--small-commits", "5",
-         "--secure-records", "500", "--secure-rounds", "1"])
+         "--secure-records", "500", "--secure-rounds", "1", "--idle-connections", "50"])
     assert run.sizes_from(args) == TINY
     assert run.sizes_from(run.build_parser().parse_args(["--records", "50"])).send_records == 50
 
@@ -159,6 +171,7 @@ def test_tiny_flags_make_tiny_sizes() -> None:
     (["--small-commits", "1"], "--small-commits must be at least 2"),
     (["--latency-run-s", "0"], "--latency-run-s must be more than 0"),
     (["--secure-rounds", "0"], "--secure-rounds must be at least 1"),
+    (["--idle-connections", "0"], "--idle-connections must be at least 1"),
 ])
 def test_sizes_out_of_range_exit_2_before_anything_starts(
         argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:

@@ -18,6 +18,7 @@ import pytest
 import trustme
 
 from deltabus import AdminClient, NewTopic, Producer, errors
+from deltabus import config as cfg
 from deltabus.cli import broker_security, cluster_command
 from deltabus.cli.main import build_parser, main
 from deltabus.scram import DEFAULT_ITERATIONS
@@ -107,6 +108,14 @@ def test_override_takes_server_properties_names_and_a_flag_wins(tls: dict[str, s
     assert broker_security.cluster_settings(no_authorizer)["authorizer"] is False
 
 
+def test_override_takes_the_kafka_listeners_limits_by_their_kafka_names() -> None:
+    args = start_args("--override", "max.connections.per.ip=100",
+                      "--override", "connections.max.idle.ms=60000",
+                      "--override", "num.io.threads=4")
+    assert broker_security.cluster_settings(args) == {"socket_server": cfg.SocketServerConfig(
+        max_connections_per_ip=100, connections_max_idle_ms=60_000, num_io_threads=4)}
+
+
 def test_named_listeners_take_kafkas_flags_and_server_properties_names(
         tls: dict[str, str]) -> None:
     args = start_args(
@@ -170,6 +179,8 @@ def test_add_scram_is_kafka_storages_flag() -> None:
     (["--ssl-client-auth", "requested"], "ssl.client.auth must be none or required"),
     (["--super-users", "admin"], "--super-users lists principals as User:name"),
     (["--override", "num.network.threads=8"], "--override num.network.threads is not a setting"),
+    (["--override", "max.connections=many"], "max.connections takes a whole number, not 'many'"),
+    (["--override", "connections.max.idle.ms=0"], "connections.max.idle.ms must be at least 1"),
     (["--listeners", "CLIENT://127.0.0.1:9092"],
      "no security protocol defined for listener CLIENT"),
     (["--listeners", "SASL_SSL://127.0.0.1:9092", "--security-protocol", "SASL_SSL"],

@@ -302,12 +302,14 @@ class FakeCluster:
         self.coordinator.close()
 
     def serve_kafka(self, broker_id: int, *, security: cfg.ListenerSecurity | None = None,
-                    credentials: CredentialLookup | None = None) -> str:
+                    credentials: CredentialLookup | None = None,
+                    socket_server: cfg.SocketServerConfig | None = None) -> str:
         """Put the real Kafka door in front of broker `broker_id` (metadata then lists its
         Kafka port); returns its host:port. The first call also opens the group coordinator's
         door, on a port of its own as a real cluster's is (the controller's listener): a
         coordinator sharing a broker's address under another node id sends librdkafka 2.0 and
-        KafkaJS astray (each maps one address to one node)."""
+        KafkaJS astray (each maps one address to one node). `socket_server`: the limits of
+        the broker's listener (the coordinator's keeps the defaults)."""
         secured = {"security": security or cfg.ListenerSecurity(), "credentials": credentials}
         if self.kafka_coordinator is None:
             door = KafkaListener(HOST, 0, FakeBroker(self, 0), groups=self.coordinator,
@@ -315,7 +317,9 @@ class FakeCluster:
             self._kafka_listeners.append(door)
             self.kafka_coordinator = f"{HOST}:{door.port}"
         listener = KafkaListener(HOST, 0, FakeBroker(self, broker_id),
-                                 coordinator=self.kafka_coordinator, **secured).start()
+                                 coordinator=self.kafka_coordinator,
+                                 socket_server=socket_server or cfg.SocketServerConfig(),
+                                 **secured).start()
         self._kafka_listeners.append(listener)
         with self._changed:
             self.brokers[broker_id] = replace(self.brokers[broker_id], kafka_port=listener.port)

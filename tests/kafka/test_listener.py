@@ -16,19 +16,11 @@ from kio.schema.errors import ErrorCode
 from deltabus import AdminClient, NewTopic
 from deltabus.rpc.kafka.apis import SUPPORTED
 from deltabus.rpc.kafka.frames import make, nested
-from tests.kafka.raw_frames import frame, read_response
+from tests.kafka.raw_frames import closed, connect_to, frame, read_response
 
 
 def connect(cluster) -> socket.socket:
-    host, port = cluster.kafka_bootstrap_servers.rsplit(":", 1)
-    return socket.create_connection((host, int(port)), timeout=10)
-
-
-def closed(sock: socket.socket) -> bool:
-    try:
-        return sock.recv(1) == b""
-    except ConnectionResetError:
-        return True
+    return connect_to(cluster.kafka_bootstrap_servers)
 
 
 def api_versions(cluster) -> dict[int, tuple[int, int]]:

@@ -10,10 +10,10 @@ UNSUPPORTED_VERSION in its response, as a Kafka broker answers it.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable
-from concurrent import futures
 from typing import Any
 
 from kio.schema.errors import ErrorCode
@@ -28,6 +28,7 @@ from deltabus.rpc.access import Access, authorized_metadata, current_access
 from deltabus.rpc.fetch_size import FetchBudget
 from deltabus.rpc.kafka import acl_apis, admin, batches, groups, sasl
 from deltabus.rpc.kafka.admin import controller_id, kafka_endpoints, topic_uuid
+from deltabus.rpc.kafka.delayed import DelayedResponse, result_of
 from deltabus.rpc.kafka.frames import (
     NO_TIME,
     error_code,
@@ -64,7 +65,8 @@ SUPPORTED: dict[int, tuple[int, int]] = {
 
 
 class KafkaApis:
-    """Answers decoded Kafka requests. Thread-safe: each connection's thread calls it."""
+    """Answers decoded Kafka requests. Thread-safe: the listener's request handler threads call
+    it, for one connection's requests one at a time."""
 
     def __init__(self, handler: DeltaBusHandler, groups_: GroupCoordinator | None = None,
                  coordinator: tuple[str, int] | None = None, listener: str = "") -> None:
@@ -87,8 +89,10 @@ class KafkaApis:
 
     def handle(self, api_key: int, version: int, request: Any,
                client: tuple[str, str] = ("", "")) -> Any:
-        """The response to a request; one outside the advertised versions gets
-        UNSUPPORTED_VERSION. `client`: the header's client id and the client's host."""
+        """The response to a request: a kio response, None where none is due (acks=0), or a
+        DelayedResponse where it waits for acks or a group (Produce, JoinGroup, SyncGroup).
+        One outside the advertised versions gets UNSUPPORTED_VERSION. `client`: the header's
+        client id and the client's host."""
         lo, hi = SUPPORTED[api_key]
         refused = None if lo <= version <= hi else errors.UnsupportedVersionError(
             f"API {api_key} version {version} is not supported (versions {lo} to {hi} are)")
@@ -182,12 +186,11 @@ class KafkaApis:
     # ---- Produce ------------------------------------------------------------------------------
 
     def produce(self, version: int, request: Any,
-                refused: errors.DeltaBusError | None = None) -> Any | None:
-        """Appends each partition's batches; answers once they are acknowledged as acks asks
-        (nothing at all for acks=0, as Kafka)."""
+                refused: errors.DeltaBusError | None = None) -> Any:
+        """Appends each partition's batches, in order, before it returns; answers once they
+        are acknowledged as acks asks (a DelayedResponse: no thread waits for the acks), and
+        not at all for acks=0, as Kafka."""
         cls = load_response_schema(PRODUCE, version)
-        topic_cls, partition_cls = (nested(cls, n) for n in (
-            "TopicProduceResponse", "PartitionProduceResponse"))
         acks = request.acks
         if refused is None and acks not in (0, 1, -1):
             refused = errors.InvalidRequiredAcksError(f"acks must be 0, 1 or -1, not {acks}")
@@ -218,28 +221,11 @@ class KafkaApis:
         if acks == 0 and refused is None:
             return None
         timeout_ms = millis(request.timeout, cfg.PRODUCE_TIMEOUT_MS_DEFAULT)
-        deadline = time.monotonic() + timeout_ms / 1000
-        by_topic: dict[str, list[Any]] = {}
-        for name, index, appended, error in pending:
-            base_offset, log_start = -1, -1
-            for i, future in enumerate(appended):
-                try:
-                    result = future.result(max(0.0, deadline - time.monotonic()))
-                    if i == 0:
-                        base_offset, log_start = result.base_offset, result.log_start_offset
-                except futures.TimeoutError:
-                    error = error or errors.RequestTimedOutError(
-                        f"the append to {name}-{index} did not complete in {timeout_ms:.0f} ms")
-                except errors.DeltaBusError as e:
-                    error = error or e
-            by_topic.setdefault(name, []).append(make(
-                partition_cls, index=index, error_code=error_code(error),
-                base_offset=base_offset if error is None else -1, log_append_time=None,
-                log_start_offset=log_start, record_errors=(),
-                error_message=error.message if error else None))
-        return make(cls, throttle_time=NO_TIME, responses=tuple(
-            make(topic_cls, name=name, partition_responses=tuple(parts))
-            for name, parts in by_topic.items()))
+        appends = [future for _, _, appended, _ in pending for future in appended]
+        answer = functools.partial(_produce_response, cls, pending, timeout_ms)
+        if not appends:
+            return answer()
+        return DelayedResponse(appends, time.monotonic() + timeout_ms / 1000, answer)
 
     # ---- Fetch, ListOffsets -------------------------------------------------------------------
 
@@ -374,6 +360,32 @@ def _invalid_fetch(specs: list[FetchSpec]) -> errors.DeltaBusError | None:
     except errors.DeltaBusError as e:
         return e
     return None
+
+
+def _produce_response(cls: Any, pending: list[tuple[str, int, list[Any], Any]],
+                      timeout_ms: int) -> Any:
+    """Produce's answer once its appends are acknowledged or its timeout passed (Kafka's
+    DelayedProduce): each partition's first batch's offsets, or its first error."""
+    topic_cls, partition_cls = (nested(cls, n) for n in (
+        "TopicProduceResponse", "PartitionProduceResponse"))
+    by_topic: dict[str, list[Any]] = {}
+    for name, index, appended, error in pending:
+        base_offset, log_start = -1, -1
+        for i, future in enumerate(appended):
+            try:
+                result = result_of(future, timeout_ms / 1000, f"the append to {name}-{index}")
+                if i == 0:
+                    base_offset, log_start = result.base_offset, result.log_start_offset
+            except errors.DeltaBusError as e:
+                error = error or e
+        by_topic.setdefault(name, []).append(make(
+            partition_cls, index=index, error_code=error_code(error),
+            base_offset=base_offset if error is None else -1, log_append_time=None,
+            log_start_offset=log_start, record_errors=(),
+            error_message=error.message if error else None))
+    return make(cls, throttle_time=NO_TIME, responses=tuple(
+        make(topic_cls, name=name, partition_responses=tuple(parts))
+        for name, parts in by_topic.items()))
 
 
 def _failed(spec: FetchSpec, error: errors.DeltaBusError) -> FetchResult:

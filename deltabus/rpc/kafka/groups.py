@@ -7,6 +7,9 @@ APIs with NOT_COORDINATOR, as a Kafka broker does for a group it does not coordi
 
 from __future__ import annotations
 
+import functools
+import time
+from concurrent.futures import Future
 from typing import Any
 
 from kio.schema.errors import ErrorCode
@@ -17,11 +20,13 @@ from deltabus.offsets.group_coordinator import (
     COMMIT_TIMEOUT_S,
     LONG_POLL_SLACK_S,
     GroupCoordinator,
+    JoinResult,
     PartitionErrors,
     wait_result,
 )
 from deltabus.offsets.offset_store import OffsetAndMetadata
 from deltabus.rpc.access import Access, current_access
+from deltabus.rpc.kafka.delayed import DelayedResponse, result_of
 from deltabus.rpc.kafka.frames import (
     NO_TIME,
     error_code,
@@ -89,10 +94,10 @@ class KafkaGroupApis:
 
     def join_group(self, version: int, request: Any, refused: errors.DeltaBusError | None = None,
                    client: tuple[str, str] = ("", "")) -> Any:
-        """`client`: the request header's client id and the client's host, as
-        consumer-groups --describe shows them."""
+        """A DelayedResponse completed when the join phase ends (or an answer at once where
+        the coordinator refuses). `client`: the request header's client id and the client's
+        host, as consumer-groups --describe shows them."""
         cls = load_response_schema(JOIN_GROUP, version)
-        member_cls = nested(cls, "JoinGroupResponseMember")
         session_ms = millis(request.session_timeout)
         rebalance_ms = millis(getattr(request, "rebalance_timeout", None), session_ms)
         member_id = request.member_id
@@ -101,34 +106,29 @@ class KafkaGroupApis:
                 raise refused
             protocols = [(p.name, bytes(p.metadata)) for p in request.protocols]
 
-            def join(member: str) -> Any:
-                coordinator = self._coordinator()
-                future = coordinator.join_group(
+            def join(member: str) -> Future[JoinResult]:
+                return self._coordinator().join_group(
                     request.group_id, member, request.protocol_type, protocols,
                     session_timeout_ms=session_ms, rebalance_timeout_ms=rebalance_ms,
                     client_id=client[0], client_host=client[1])
-                return wait_result(future, coordinator.join_wait_s(rebalance_ms, session_ms))
 
             try:
-                result = join(member_id)
+                future = join(member_id)
             except errors.MemberIdRequiredError as e:
                 if version >= 4:  # the client joins again with its new id (KIP-394)
                     raise
                 member_id = e.member_id  # type: ignore[attr-defined]
-                result = join(member_id)
+                future = join(member_id)
         except errors.DeltaBusError as e:
-            return make(cls, throttle_time=NO_TIME, error_code=error_code(e), generation_id=-1,
-                        protocol_type=None, protocol_name=None if version >= 7 else "",
-                        leader="", member_id=getattr(e, "member_id", member_id), members=())
-        return make(cls, throttle_time=NO_TIME, error_code=ErrorCode.none,
-                    generation_id=result.generation_id, protocol_type=request.protocol_type,
-                    protocol_name=result.protocol_name, leader=result.leader_id,
-                    member_id=result.member_id,
-                    members=tuple(member_cls(member_id=m, group_instance_id=None, metadata=md)
-                                  for m, md in result.members))
+            return _join_failed(cls, version, e, member_id)
+        # group.max.rebalance.timeout.ms caps the wait, whatever the member asks for.
+        timeout_s = self._coordinator().join_wait_s(rebalance_ms, session_ms)
+        return DelayedResponse([future], time.monotonic() + timeout_s, functools.partial(
+            _joined, cls, version, request, future, timeout_s, member_id))
 
     def sync_group(self, version: int, request: Any,
                    refused: errors.DeltaBusError | None = None) -> Any:
+        """A DelayedResponse completed when the leader's assignment arrives."""
         cls = load_response_schema(SYNC_GROUP, version)
         try:
             if refused is not None:
@@ -137,14 +137,11 @@ class KafkaGroupApis:
             future = coordinator.sync_group(
                 request.group_id, request.generation_id, request.member_id,
                 {a.member_id: bytes(a.assignment) for a in request.assignments})
-            assignment = wait_result(future, coordinator.rebalance_timeout_s(request.group_id)
-                               + LONG_POLL_SLACK_S)
         except errors.DeltaBusError as e:
             return make(cls, throttle_time=NO_TIME, error_code=error_code(e), assignment=b"")
-        return make(cls, throttle_time=NO_TIME, error_code=ErrorCode.none,
-                    protocol_type=getattr(request, "protocol_type", None),
-                    protocol_name=getattr(request, "protocol_name", None),
-                    assignment=assignment)
+        timeout_s = coordinator.rebalance_timeout_s(request.group_id) + LONG_POLL_SLACK_S
+        return DelayedResponse([future], time.monotonic() + timeout_s, functools.partial(
+            _synced, cls, request, future, timeout_s))
 
     def heartbeat(self, version: int, request: Any,
                   refused: errors.DeltaBusError | None = None) -> Any:
@@ -296,3 +293,35 @@ class KafkaGroupApis:
                     for m in d.members)))
         return make(cls, throttle_time=NO_TIME, groups=tuple(described))
 
+
+def _join_failed(cls: Any, version: int, error: errors.DeltaBusError, member_id: str) -> Any:
+    return make(cls, throttle_time=NO_TIME, error_code=error_code(error), generation_id=-1,
+                protocol_type=None, protocol_name=None if version >= 7 else "", leader="",
+                member_id=getattr(error, "member_id", member_id), members=())
+
+
+def _joined(cls: Any, version: int, request: Any, future: Future[JoinResult], timeout_s: float,
+            member_id: str) -> Any:
+    """JoinGroup's answer once the join phase ended or its time passed (Kafka's DelayedJoin)."""
+    try:
+        result = result_of(future, timeout_s, "the group coordinator's JoinGroup")
+    except errors.DeltaBusError as e:
+        return _join_failed(cls, version, e, member_id)
+    member_cls = nested(cls, "JoinGroupResponseMember")
+    return make(cls, throttle_time=NO_TIME, error_code=ErrorCode.none,
+                generation_id=result.generation_id, protocol_type=request.protocol_type,
+                protocol_name=result.protocol_name, leader=result.leader_id,
+                member_id=result.member_id,
+                members=tuple(member_cls(member_id=m, group_instance_id=None, metadata=md)
+                              for m, md in result.members))
+
+
+def _synced(cls: Any, request: Any, future: Future[bytes], timeout_s: float) -> Any:
+    """SyncGroup's answer once the leader's assignment arrived or its time passed."""
+    try:
+        assignment = result_of(future, timeout_s, "the group coordinator's SyncGroup")
+    except errors.DeltaBusError as e:
+        return make(cls, throttle_time=NO_TIME, error_code=error_code(e), assignment=b"")
+    return make(cls, throttle_time=NO_TIME, error_code=ErrorCode.none,
+                protocol_type=getattr(request, "protocol_type", None),
+                protocol_name=getattr(request, "protocol_name", None), assignment=assignment)

@@ -1,8 +1,6 @@
-"""The Kafka protocol listener: TCP on the broker's Kafka port, a thread per connection.
+"""The Kafka protocol listener: the door Kafka's clients use, on the broker's Kafka port.
 
-Requests on one connection are answered one at a time, in order (Kafka's clients pipeline
-requests and match responses by order and correlation id; a long-polling fetch holds its
-connection as on a Kafka broker). What Kafka's broker does with bad input, this does too:
+What Kafka's broker does with bad input, this does too:
 - an API or version outside the advertised ones gets UNSUPPORTED_VERSION in a response of that
   API (ApiVersions answers in its v0 form, so any client can read the versions it may use);
 - a frame larger than `socket.request.max.bytes`, a negative size, a header or body that does not
@@ -12,19 +10,36 @@ connection as on a Kafka broker). What Kafka's broker does with bad input, this 
 With TLS (SSL, SASL_SSL) each connection starts with the TLS handshake; a client certificate
 names an SSL connection's principal. With SASL (SASL_PLAINTEXT, SASL_SSL) a connection may send
 only ApiVersions, SaslHandshake and SaslAuthenticate until it has authenticated (`sasl`).
+
+Threads, per listener and never per connection (cfg.SocketServerConfig sizes them):
+- one network thread (`network.Processor`) accepts, reads and writes every connection, and keeps
+  each connection's answers in request order;
+- up to num.io.threads request handler threads parse, check and answer requests, one of a
+  connection at a time, so their effects land in request order as on Kafka's broker;
+- a request that waits by design does not hold a handler thread: Produce waiting for its acks
+  and JoinGroup and SyncGroup waiting for the group are delayed responses (`delayed`), which
+  no thread waits for; a long-polling Fetch (max wait > 0) goes to a pool of its own of up to
+  num.long.poll.threads, because a broker's fetch waits for appends on its caller's thread.
+  A separate bounded pool rather than a cap on long polls, so that fetches past the pool queue
+  rather than fail, and the handler threads stay free for everyone else whatever the consumers
+  do; a Fetch that queued for a long-poll thread waits only what is left of its max wait, so
+  under a flood of long polls consumers get answers as late as they asked and no later;
+- the purgatory's expiration thread completes delayed responses whose time ran out.
+The connection's next request is handled as soon as the previous one is released: a Produce
+behind a waiting Fetch is appended at once, and its answer still goes out after the Fetch's.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import queue
 import socket
-import socketserver
-import ssl
-import struct
 import threading
+import time
 import types
 import typing
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -35,10 +50,10 @@ from deltabus import errors
 from deltabus.cluster.handler import DeltaBusHandler
 from deltabus.config import ListenerSecurity
 from deltabus.offsets.group_coordinator import GroupCoordinator
-from deltabus.principal import ANONYMOUS
 from deltabus.rpc.access import Access, acting_as
 from deltabus.rpc.authentication import Authenticator, CredentialLookup
 from deltabus.rpc.kafka import apis, sasl
+from deltabus.rpc.kafka.delayed import DelayedResponse, Purgatory
 from deltabus.rpc.kafka.frames import (
     NO_TIME,
     BadRequest,
@@ -46,98 +61,151 @@ from deltabus.rpc.kafka.frames import (
     UnknownEntity,
     encode_response,
     load_response_schema,
+    millis,
     parse_request,
     peek,
 )
+from deltabus.rpc.kafka.network import Processor, Request
 from deltabus.rpc.kafka.sasl import KafkaSession
-from deltabus.rpc.tls import certificate_principal, server_ssl_context
+from deltabus.rpc.tls import server_ssl_context
 
 log = logging.getLogger(__name__)
 
-_SIZE = struct.Struct(">i")
-TLS_HANDSHAKE_TIMEOUT_S = 10
 PLAINTEXT = ListenerSecurity()
+STOP_TIMEOUT_S = 5.0  # how long `stop` waits for the network thread to close everything
 
 
-class _Connection(socketserver.BaseRequestHandler):
-    server: _Server
+class HandlerPool:
+    """Up to `threads_max` daemon threads running submitted work in submission order, made as
+    work comes (an idle listener has none) and kept. Thread-safe."""
 
-    def handle(self) -> None:
-        sock: socket.socket = self.request
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        peer = f"{self.client_address[0]}:{self.client_address[1]}"
-        session = KafkaSession(self.client_address[0],
-                               sasl_required=self.server.security.uses_sasl)
-        if self.server.ssl_context is not None:
-            wrapped = self._start_tls(sock, peer)
-            if wrapped is None:
+    def __init__(self, name: str, threads_max: int) -> None:
+        self._name = name
+        self._threads_max = threads_max
+        self._work: queue.SimpleQueue[tuple[Callable[..., None], tuple[Any, ...]] | None] = \
+            queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._threads = 0
+        self._idle = 0  # threads waiting for work and not yet claimed by a submit
+        self._stopped = False
+
+    def submit(self, work: Callable[..., None], *args: Any) -> None:
+        """Queue `work(*args)`; after `stop` it is dropped (its listener is closed)."""
+        with self._lock:
+            if self._stopped:
                 return
-            sock = wrapped
-            if not session.sasl_required:
-                session.principal = certificate_principal(sock.getpeercert()) or ANONYMOUS
-        while not self.server.closing.is_set():
+            start = not self._idle and self._threads < self._threads_max
+            if self._idle:
+                self._idle -= 1
+            if start:
+                self._threads += 1
+        self._work.put((work, args))
+        if start:
+            threading.Thread(target=self._run, name=f"{self._name}-{self._threads}",
+                             daemon=True).start()
+
+    def stop(self) -> None:
+        """Let every thread end once the work before it is done."""
+        with self._lock:
+            threads, self._stopped = self._threads, True
+        for _ in range(threads):
+            self._work.put(None)
+
+    def _run(self) -> None:
+        while (item := self._work.get()) is not None:
+            work, args = item
             try:
-                head = _read_exactly(sock, 4)
-                if head is None:
-                    return  # the client closed the connection
-                (size,) = _SIZE.unpack(head)
-                if not 0 < size <= self.server.max_request_bytes:
-                    log.warning("closing Kafka connection from %s: a request of %d bytes (the "
-                                "most is socket.request.max.bytes=%d)", peer, size,
-                                self.server.max_request_bytes)
-                    return
-                frame = _read_exactly(sock, size)
-                if frame is None:
-                    log.info("closing Kafka connection from %s: it ended inside a request", peer)
-                    return
-                response = self.server.answer(frame, session)
-            except BadRequest as e:
-                log.warning("closing Kafka connection from %s: %s", peer, e)
-                return
-            except OSError:
-                return
-            if response is not None:
-                try:
-                    sock.sendall(response)
-                except OSError:
-                    return
-            if session.close_after_answer:
-                log.info("closing Kafka connection from %s (%s): SASL authentication failed",
-                         peer, session.principal)
-                return
-
-    def _start_tls(self, sock: socket.socket, peer: str) -> ssl.SSLSocket | None:
-        """The TLS handshake, within TLS_HANDSHAKE_TIMEOUT_S (a client that never finishes
-        it does not hold the connection's thread)."""
-        assert self.server.ssl_context is not None
-        sock.settimeout(TLS_HANDSHAKE_TIMEOUT_S)
-        try:
-            wrapped = self.server.ssl_context.wrap_socket(sock, server_side=True)
-        except (ssl.SSLError, OSError) as e:
-            log.info("closing Kafka connection from %s: TLS handshake failed: %s", peer, e)
-            return None
-        wrapped.settimeout(None)
-        return wrapped
+                work(*args)
+            except Exception:  # a bug in the work: logged, and the thread carries on
+                log.exception("%s: a request handler failed", self._name)
+            with self._lock:
+                self._idle += 1
 
 
-class _Server(socketserver.ThreadingTCPServer):
-    daemon_threads = True
-    allow_reuse_address = True
+@dataclasses.dataclass(frozen=True)
+class _Parsed:
+    """A request that passed the checks, for an API of KafkaApis."""
 
-    def __init__(self, address: tuple[str, int], kafka_apis: apis.KafkaApis,
-                 max_request_bytes: int, security: ListenerSecurity,
-                 authenticator: Authenticator | None) -> None:
+    key: int
+    version: int
+    correlation_id: int
+    client_id: str
+    body: Any
+
+
+class _RequestHandlers:
+    """Answers the requests the network thread hands over (`on_request`), on the handler
+    threads. Thread-safe."""
+
+    def __init__(self, kafka_apis: apis.KafkaApis, authenticator: Authenticator | None,
+                 config: cfg.SocketServerConfig, name: str) -> None:
         self.apis = kafka_apis
-        self.max_request_bytes = max_request_bytes
-        self.security = security
-        self.ssl_context = server_ssl_context(security) if security.uses_tls else None
         self.authenticator = authenticator
-        self.closing = threading.Event()
-        super().__init__(address, _Connection)
+        self._io = HandlerPool(f"{name}-request-handler", config.num_io_threads)
+        self._long_polls = HandlerPool(f"{name}-long-poll", config.num_long_poll_threads)
+        self.purgatory = Purgatory(f"{name}-purgatory")
 
-    def answer(self, frame: bytes, session: KafkaSession | None = None) -> bytes | None:
-        """The response frame to one request frame (None: none is due, as for acks=0)."""
-        session = session or KafkaSession("")
+    def stop(self) -> None:
+        self.purgatory.stop()
+        self._io.stop()
+        self._long_polls.stop()
+
+    def on_request(self, request: Request) -> None:
+        """On the network thread: queue the request for a handler thread."""
+        self._io.submit(self._handle, request)
+
+    def _handle(self, request: Request) -> None:
+        """On a request handler thread: answer the request, or hand it on where it waits."""
+        session = request.session
+        frame, request.frame = request.frame, b""  # not kept while the answer waits
+        try:
+            parsed = self._parse(frame, session)
+            if isinstance(parsed, _Parsed) and _long_polls(parsed):
+                request.release()
+                self._long_polls.submit(self._long_poll, request, parsed)
+                return
+            answer = self._call(parsed, session) if isinstance(parsed, _Parsed) else parsed
+        except BadRequest as e:
+            request.fail(str(e))
+            return
+        if isinstance(answer, DelayedResponse):
+            assert isinstance(parsed, _Parsed)
+            request.release()
+            delayed, correlation_id = answer, parsed.correlation_id
+            self.purgatory.watch(delayed, lambda: self._io.submit(
+                self._complete, request, correlation_id, delayed))
+            return
+        request.respond(answer, last=session.close_after_answer)
+
+    def _long_poll(self, request: Request, parsed: _Parsed) -> None:
+        """On a long-poll thread: the Fetch, waiting what is left of its max wait."""
+        waited_ms = (time.monotonic() - request.received_s) * 1000
+        left_ms = max(0.0, millis(parsed.body.max_wait) - waited_ms)
+        body = dataclasses.replace(parsed.body, max_wait=timedelta(milliseconds=left_ms))
+        try:
+            answer = self._call(dataclasses.replace(parsed, body=body), request.session)
+        except BadRequest as e:
+            request.fail(str(e))
+            return
+        assert not isinstance(answer, DelayedResponse)
+        request.respond(answer)
+
+    def _complete(self, request: Request, correlation_id: int,
+                  delayed: DelayedResponse) -> None:
+        """On a request handler thread: a delayed response whose wait is over."""
+        session = request.session
+        try:
+            with acting_as(Access(self.apis.authorizer(), session.principal, session.host)):
+                response = delayed.complete()
+        except Exception as e:  # a bug: the client gets a closed connection, the log says why
+            log.exception("a delayed Kafka response failed")
+            request.fail(f"a delayed response failed: {type(e).__name__}: {e}")
+            return
+        request.respond(encode_response(correlation_id, response))
+
+    def _parse(self, frame: bytes, session: KafkaSession) -> bytes | _Parsed:
+        """The request in a frame, or the answer where the door answers it itself (SASL,
+        versions and APIs it does not serve)."""
         key, version, correlation_id = peek(frame)
         if not session.may_send(key):
             raise BadRequest(f"API {key} sent before SASL authentication")
@@ -160,14 +228,26 @@ class _Server(socketserver.ThreadingTCPServer):
             return encode_response(correlation_id, response)
         if not self.apis.knows(key):
             return encode_response(correlation_id, unsupported(key, version))
+        return _Parsed(key, version, correlation_id, header.client_id or "", request)
+
+    def _call(self, parsed: _Parsed, session: KafkaSession) -> bytes | DelayedResponse | None:
+        """KafkaApis' answer, encoded; None where none is due (acks=0)."""
+        key, version = parsed.key, parsed.version
         try:
             with acting_as(Access(self.apis.authorizer(), session.principal, session.host)):
-                response = self.apis.handle(key, version, request,
-                                            (header.client_id or "", f"/{session.host}"))
+                response = self.apis.handle(key, version, parsed.body,
+                                            (parsed.client_id, f"/{session.host}"))
         except Exception as e:  # a bug: the client gets a closed connection, the log says why
             log.exception("Kafka API %d v%d failed", key, version)
             raise BadRequest(f"API {key} v{version} failed: {type(e).__name__}: {e}") from None
-        return None if response is None else encode_response(correlation_id, response)
+        if response is None or isinstance(response, DelayedResponse):
+            return response
+        return encode_response(parsed.correlation_id, response)
+
+
+def _long_polls(parsed: _Parsed) -> bool:
+    """A Fetch that may wait for records (its handler then waits on its thread)."""
+    return parsed.key == apis.FETCH and millis(parsed.body.max_wait) > 0
 
 
 def unsupported(key: int, version: int) -> Any:
@@ -204,43 +284,42 @@ def _address(host_port: str) -> tuple[str, int] | None:
     return host, int(port)
 
 
-def _read_exactly(sock: socket.socket, n: int) -> bytes | None:
-    chunks = []
-    while n:
-        chunk = sock.recv(min(n, 1 << 20))
-        if not chunk:
-            return None
-        chunks.append(chunk)
-        n -= len(chunk)
-    return b"".join(chunks)
-
-
 class KafkaListener:
-    """A Kafka protocol listener in front of `handler`, on host:port (0: any free port)."""
+    """A Kafka protocol listener in front of `handler`, on host:port (0: any free port).
+    Thread-safe; its threads are its own (see the module's docstring)."""
 
     def __init__(self, host: str, port: int, handler: DeltaBusHandler, *,
                  groups: GroupCoordinator | None = None, coordinator: str = "",
-                 max_request_bytes: int = cfg.REQUEST_MAX_BYTES,
+                 max_request_bytes: int | None = None,
                  security: ListenerSecurity = PLAINTEXT,
-                 credentials: CredentialLookup | None = None, listener: str = "") -> None:
+                 credentials: CredentialLookup | None = None, listener: str = "",
+                 socket_server: cfg.SocketServerConfig | None = None) -> None:
         """`groups`: the group coordinator, on the listener that has it (the bootstrap, which
         then tells clients to come to itself); `coordinator`: host:port of that listener, for
         the brokers' FindCoordinator answers; `security`: TLS and SASL; `credentials`: the
         users' SCRAM credentials a SASL listener checks; `listener`: its name (Metadata
-        answers with the brokers' endpoints of it)."""
+        answers with the brokers' endpoints of it); `socket_server`: its threads and limits
+        (`max_request_bytes`, where given, is its socket.request.max.bytes)."""
+        config = socket_server or cfg.SocketServerConfig()
+        if max_request_bytes is not None:
+            config = dataclasses.replace(
+                config, socket_request_max_bytes=max_request_bytes,
+                queued_max_request_bytes=max(config.queued_max_request_bytes,
+                                             max_request_bytes))
         kafka_apis = apis.KafkaApis(handler, groups, _address(coordinator), listener)
         authenticator = None
         if security.uses_sasl:
             if credentials is None:
                 raise ValueError("a SASL listener needs the users' credentials")
             authenticator = Authenticator(credentials, security.sasl_enabled_mechanisms)
+        ssl_context = server_ssl_context(security) if security.uses_tls else None
         try:
-            self._server = _Server((host, port), kafka_apis, max_request_bytes, security,
-                                   authenticator)
+            server = socket.create_server((host, port),
+                                          backlog=config.socket_listen_backlog_size)
         except OSError as e:
             raise errors.BrokerNotAvailableError(
                 f"cannot listen for Kafka clients on {host}:{port}: {e.strerror}") from None
-        address = self._server.server_address
+        address = server.getsockname()
         self.host: str = str(address[0])
         self.port: int = int(address[1])
         self.bound_port = self.port
@@ -248,8 +327,12 @@ class KafkaListener:
             kafka_apis.groups.coordinator_address = (self.host, self.port)
         self._apis = kafka_apis
         self._coordinates = groups is not None  # this listener is the group coordinator's
-        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.2,),
-                                        name=f"kafka-listener-{self.port}", daemon=True)
+        self._handlers = _RequestHandlers(kafka_apis, authenticator, config,
+                                          f"kafka-{self.port}")
+        self._processor = Processor(server, self._handlers.on_request, config=config,
+                                    ssl_context=ssl_context, sasl_required=security.uses_sasl)
+        self._thread = threading.Thread(target=self._processor.run,
+                                        name=f"kafka-network-{self.port}", daemon=True)
 
     def advertise(self, host: str, port: int) -> None:
         """Tell clients (host, port) for this listener rather than the bound address (Kafka's
@@ -259,10 +342,16 @@ class KafkaListener:
             self._apis.groups.coordinator_address = (host, port)
 
     def start(self) -> KafkaListener:
+        self._handlers.purgatory.start()
         self._thread.start()
         return self
 
     def stop(self) -> None:
-        self._server.closing.set()
-        self._server.shutdown()
-        self._server.server_close()
+        """Close the listening socket and every connection; requests being handled finish on
+        their threads and their answers are dropped."""
+        self._processor.stop()
+        if self._thread.is_alive():
+            self._thread.join(STOP_TIMEOUT_S)
+        elif self._thread.ident is None:
+            self._processor.close()  # never started: its sockets are closed here
+        self._handlers.stop()

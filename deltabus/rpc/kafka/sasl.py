@@ -23,7 +23,7 @@ SASL_HANDSHAKE, SASL_AUTHENTICATE, API_VERSIONS = 17, 36, 18
 SUPPORTED: dict[int, tuple[int, int]] = {SASL_HANDSHAKE: (0, 1), SASL_AUTHENTICATE: (0, 2)}
 
 
-@dataclass
+@dataclass(slots=True)
 class KafkaSession:
     """One Kafka connection: who is on the other end, and how far its SASL exchange got."""
 
