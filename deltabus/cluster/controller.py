@@ -759,6 +759,12 @@ class Controller:
         with self._lock:
             return self._state.brokers.live_broker_ids()
 
+    def applied_version(self, broker_id: int) -> int:
+        """The metadata version broker `broker_id` last said it has applied (its heartbeat):
+        what it answers requests with, which may lag the controller's image."""
+        with self._lock:
+            return self._heartbeats.applied_version(broker_id)
+
     def wait_for_brokers(self, count: int, timeout_s: float) -> bool:
         """Wait until `count` brokers are registered and unfenced."""
         deadline = time.monotonic() + timeout_s

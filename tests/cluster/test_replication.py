@@ -107,6 +107,9 @@ def test_acks_all_needs_min_insync_replicas_and_appends_nothing_without(
     assert raw_produce(cluster, topic_name, [b"two-in-sync"], acks=-1).error_code == 0
     kill_and_hold(cluster, followers[1])
     wait_until(lambda: state(cluster, topic_name).isr == (s.leader,), "the ISR to shrink")
+    shrunk = cluster.controller.image().version  # the leader checks its own view of the ISR
+    wait_until(lambda: cluster.controller.applied_version(s.leader) >= shrunk,
+               "the leader to apply the shrunk ISR")
     answer = raw_produce(cluster, topic_name, [b"refused"], acks=-1)
     assert answer.error_code == errors.NotEnoughReplicasError.code
     assert "min.insync.replicas=2" in answer.error_message
