@@ -639,7 +639,8 @@ class ClusterConfig:
                 not self.security.uses_tls:
             raise errors.InvalidConfigError(
                 "ssl.client.auth=required needs TLS: security.protocol SSL or SASL_SSL")
-        for listener in self.listener_config().grpc + self.listener_config().kafka:
+        listeners = self.listener_config()
+        for listener in listeners.grpc + listeners.kafka:
             self.listener_security(listener.security_protocol)  # TLS listeners have their keys
 
     def listener_config(self) -> ListenerConfig:

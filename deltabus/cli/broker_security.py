@@ -1,7 +1,7 @@
 """The broker side of security for `deltabus cluster start`: how the listeners are secured, who
 may do what, and the first users, with the names Kafka gives them.
 
-    --security-protocol SASL_SSL        every listener's protocol (PLAINTEXT by default)
+    --security-protocol SASL_SSL        both unnamed listeners' protocol (PLAINTEXT by default)
     --ssl-certificate-location FILE     PEM: the listeners' certificate chain
     --ssl-key-location FILE             PEM: its private key
     --ssl-ca-location FILE              PEM: the CA of client certificates (and of the listeners')
@@ -98,7 +98,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags above, in a group of their own in `cluster start --help`."""
     g = parser.add_argument_group("security (the broker side, as Kafka names it)")
     g.add_argument("--security-protocol", metavar="PROTOCOL",
-                   help="PLAINTEXT (default), SSL, SASL_PLAINTEXT or SASL_SSL, for every listener")
+                   help="PLAINTEXT (default), SSL, SASL_PLAINTEXT or SASL_SSL, for both "
+                        "unnamed listeners")
     g.add_argument("--ssl-certificate-location", metavar="FILE",
                    help="PEM file of the listeners' certificate chain (SSL, SASL_SSL)")
     g.add_argument("--ssl-key-location", metavar="FILE", help="PEM file of its private key")

@@ -114,9 +114,10 @@ class Broker:
         secret = spec.config.inter_broker_secret
         listeners = spec.config.listener_config()
         controller = spec.controller.listener(GRPC, listeners.controller.name)
+        if controller is None:
+            raise ValueError(f"the controller has no listener {listeners.controller.name}")
         self._controller = ControllerChannel(
-            f"{controller.host}:{controller.port}" if controller else spec.controller.address,
-            spec.broker_id, broker_secret=secret,
+            f"{controller.host}:{controller.port}", spec.broker_id, broker_secret=secret,
             security=spec.config.listener_security(listeners.controller.security_protocol))
         self._leaders = RemoteLeaderEndpoint(
             spec.broker_id, broker_secret=secret,

@@ -106,7 +106,6 @@ class Cluster:
         self._threads: list[threading.Thread] = []
         self._stopping = threading.Event()
         self._tag = uuid.uuid4().hex[:8]  # this cluster's, in its Spark job group names
-        self.port = port
         self.relaunches: dict[int, int] = {b: 0 for b in range(brokers)}
         # A broker whose event is clear stays down after its task ends, until start_broker.
         self._may_run = {b: threading.Event() for b in range(brokers)}
@@ -134,7 +133,6 @@ class Cluster:
                                  lifecycle=self.controller, groups=self.coordinator)
         bootstrap = self.config.listener_config().client_grpc()[0].name
         self._node = handler.endpoint = self._doors.node(CONTROLLER_NODE_ID, bootstrap)
-        self.port = self._node.port
         self.log_cleaner = LogCleaner(self.spark, self.controller.cleaner_tasks,
                                       self.controller.tables_changed,
                                       self.config.log_retention_check_interval_ms)
@@ -297,6 +295,11 @@ class Cluster:
                 log.exception("group coordinator tick failed")
 
     # ---- using -------------------------------------------------------------------------------
+
+    @property
+    def port(self) -> int:
+        """The bootstrap gRPC port: the one bound once started (`port=0` picks any)."""
+        return self._node.port if self._node is not None else self.config.port
 
     @property
     def bootstrap_servers(self) -> str:

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from deltabus import config as cfg
 from deltabus.cluster.controller import Controller, ControllerHandler
-from deltabus.metadata import CONTROLLER_NODE_ID, BrokerEndpoint
+from deltabus.listeners import GRPC
+from deltabus.metadata import CONTROLLER_NODE_ID, BrokerEndpoint, ListenerEndpoint
 from deltabus.rpc.kafka.listener import KafkaListener
 from deltabus.rpc.server import start_server
 
@@ -29,8 +30,12 @@ class ControllerServer:
             broker_secret=self.config.inter_broker_secret, security=self.config.security,
             credentials=self.handler.scram_credential)
         self.address = f"127.0.0.1:{port}"
-        # The driver's node, as a BrokerSpec names it to brokers run against this controller.
-        self.node = BrokerEndpoint(CONTROLLER_NODE_ID, "127.0.0.1", port)
+        # The driver's node, as a BrokerSpec names it to brokers run against this controller:
+        # its gRPC server is the config's controller listener.
+        controller = ListenerEndpoint(self.config.listener_config().controller.name, GRPC,
+                                      "127.0.0.1", port)
+        self.node = BrokerEndpoint(CONTROLLER_NODE_ID, "127.0.0.1", port,
+                                   listeners=(controller,))
         self.kafka: KafkaListener | None = None
         if kafka:
             self.kafka = KafkaListener("127.0.0.1", 0, self.handler,
