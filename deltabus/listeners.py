@@ -42,6 +42,13 @@ PORT_MAX = 65_535
 _LISTENER = re.compile(r"(?P<name>[A-Za-z0-9_.-]+)://(?P<host>\[[^\]]*\]|[^:/\s]*):(?P<port>\d+)")
 
 
+class ListenerBindError(OSError):
+    """A listener's address is taken (or not this machine's): the server cannot start, as
+    Kafka's "Socket server failed to bind". Not a Kafka error code: nothing answers a client
+    yet. A broker reports it to its supervisor, which fails the cluster's start with it rather
+    than relaunching the broker into the same taken port until the start-up times out."""
+
+
 def _invalid(message: str) -> errors.DeltaBusError:
     return errors.InvalidConfigError(message)
 

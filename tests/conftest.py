@@ -7,7 +7,6 @@ failure detection in tests takes seconds, not Kafka's defaults.
 from __future__ import annotations
 
 import os
-import socket
 import time
 from collections.abc import Callable, Iterator
 
@@ -29,12 +28,6 @@ os.environ.setdefault("DELTABUS_KAFKA_PORT", "0")  # Kafka listeners on any free
 
 # Shared cluster: 3 brokers; a second, short-lived cluster in restart tests: 3 more; 2 spare.
 SPARK_TASK_SLOTS = 8
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 SPARK_FIXTURES = {"spark", "cluster"}

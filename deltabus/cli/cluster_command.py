@@ -17,6 +17,7 @@ from deltabus import config as cfg
 from deltabus.cli import broker_security
 from deltabus.cli.options import CliError, split_host_port
 from deltabus.cluster.cluster import Cluster, local_spark
+from deltabus.listeners import ListenerBindError
 
 SPARK_LOG_LEVEL = "WARN"
 
@@ -80,7 +81,7 @@ def start(args: argparse.Namespace) -> int:
             kafka = {} if args.kafka_port is None else {"kafka_port": args.kafka_port}
             cluster = Cluster(spark, root=args.root, brokers=args.brokers, port=port,
                               host=host, **kafka, **security).start()
-        except (TimeoutError, ValueError) as e:
+        except (TimeoutError, ValueError, ListenerBindError) as e:
             raise CliError(str(e)) from None
         try:
             for user in users:  # before clients are told where to connect

@@ -46,7 +46,7 @@ from deltabus.cluster.handler import FetchResult, FetchSpec
 from deltabus.cluster.partition import Partition
 from deltabus.cluster.producer_id_control import issued_to
 from deltabus.cluster.replica_fetcher import ReplicaFetcher
-from deltabus.listeners import GRPC
+from deltabus.listeners import GRPC, ListenerBindError
 from deltabus.log_tables.layout import replica_path
 from deltabus.log_tables.partition_log import (
     EARLIEST_TIMESTAMP,
@@ -556,8 +556,12 @@ def _read_bytes(results: list[FetchResult]) -> int:
                + (r.records.nbytes if r.records is not None else 0) for r in results)
 
 
+STOPPED = "stopped"  # a broker task's outcome when it ran (else why it could not start)
+
+
 def run_broker_task(specs: Iterator[BrokerSpec]) -> Iterator[tuple[int, str]]:
-    """The Spark task body: run one broker until the controller tells it to stop."""
+    """The Spark task body: run one broker until the controller tells it to stop. Yields the
+    broker id and STOPPED, or the reason it could not start (a listener's port is taken)."""
     logging.basicConfig(stream=sys.stderr, level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     context = TaskContext.get()
@@ -569,11 +573,15 @@ def run_broker_task(specs: Iterator[BrokerSpec]) -> Iterator[tuple[int, str]]:
         return
     for spec in specs:
         broker = Broker(spec)
+        outcome = STOPPED
         try:
             broker.start()
             broker.serve_until_stopped()
         except errors.BrokerNotAvailableError as e:  # held down: end the task quietly
             log.info("broker %d not started: %s", spec.broker_id, e)
+        except ListenerBindError as e:  # the supervisor says so to whoever started the cluster
+            log.warning("broker %d not started: %s", spec.broker_id, e)
+            outcome = str(e)
         finally:
             broker.close()
-        yield spec.broker_id, "stopped"
+        yield spec.broker_id, outcome

@@ -26,12 +26,12 @@ from collections.abc import Callable
 from typing import Any
 
 from deltabus import config as cfg
-from deltabus.cluster.broker import BrokerSpec, run_broker_task
+from deltabus.cluster.broker import STOPPED, BrokerSpec, run_broker_task
 from deltabus.cluster.catch_up import CatchUpTask, catch_up_replicas
 from deltabus.cluster.controller import Controller, ControllerHandler
 from deltabus.cluster.doors import Doors, open_doors
 from deltabus.cluster.log_cleaner import LogCleaner
-from deltabus.listeners import GRPC, KAFKA
+from deltabus.listeners import GRPC, KAFKA, ListenerBindError
 from deltabus.log_tables.layout import consumer_offsets_path, normalize_root
 from deltabus.metadata import (
     CONTROLLER_NODE_ID,
@@ -107,6 +107,8 @@ class Cluster:
         self._stopping = threading.Event()
         self._tag = uuid.uuid4().hex[:8]  # this cluster's, in its Spark job group names
         self.relaunches: dict[int, int] = {b: 0 for b in range(brokers)}
+        # Why a broker's last task could not start (a listener's port taken), until it starts.
+        self._start_failures: dict[int, str] = {}
         # A broker whose event is clear stays down after its task ends, until start_broker.
         self._may_run = {b: threading.Event() for b in range(brokers)}
         for event in self._may_run.values():
@@ -141,12 +143,20 @@ class Cluster:
         for broker_id in range(self.config.brokers):
             self._spawn(lambda b=broker_id: self._supervise(b), f"deltabus-supervisor-{broker_id}")
         timeout_s = self.config.startup_timeout_ms / 1000
-        if not self.controller.wait_for_brokers(self.config.brokers, timeout_s):
-            live = self.controller.live_brokers()
-            self.stop()
-            raise TimeoutError(
-                f"only {len(live)} of {self.config.brokers} brokers started in {timeout_s:.0f} s: "
-                "is Spark short of task slots or executors?")
+        deadline = time.monotonic() + timeout_s
+        while not self.controller.wait_for_brokers(self.config.brokers, 0.2):
+            if self._start_failures:  # relaunching would only meet the same taken port
+                broker_id, why = min(self._start_failures.items())
+                self.stop()
+                raise ListenerBindError(
+                    f"broker {broker_id} {why}: broker b listens on port + 1 + b of each "
+                    "listener; choose ports whose neighbours are free, or port 0 (any free port)")
+            if time.monotonic() > deadline:
+                live = self.controller.live_brokers()
+                self.stop()
+                raise TimeoutError(
+                    f"only {len(live)} of {self.config.brokers} brokers started in "
+                    f"{timeout_s:.0f} s: is Spark short of task slots or executors?")
         self.log_cleaner.start()
         log.info("deltabus cluster up: bootstrap %s, %d brokers, root %s",
                  self.bootstrap_servers, self.config.brokers, self.config.root)
@@ -193,7 +203,11 @@ class Cluster:
         assert self._node is not None
         spec = BrokerSpec(broker_id, self._node, self.config)
         while not self._stopping.is_set():
-            self._run_broker_job(broker_id, spec)
+            outcome = self._run_broker_job(broker_id, spec)
+            if outcome == STOPPED:
+                self._start_failures.pop(broker_id, None)
+            elif outcome is not None:  # it could not start: Cluster.start fails with this
+                self._start_failures[broker_id] = outcome
             if self._stopping.is_set() or self.controller is None:
                 break
             _survive(f"fencing broker {broker_id} after its task ended",
@@ -206,17 +220,20 @@ class Cluster:
                      self._catch_up_before_relaunch, broker_id)
             self.relaunches[broker_id] += 1
 
-    def _run_broker_job(self, broker_id: int, spec: BrokerSpec) -> None:
-        """Run the broker's Spark job until its task ends, for whatever reason."""
+    def _run_broker_job(self, broker_id: int, spec: BrokerSpec) -> str | None:
+        """Run the broker's Spark job until its task ends, for whatever reason. Returns the
+        task's outcome (STOPPED, or why the broker could not start), None when it died."""
         sc = self.spark.sparkContext
         try:
             sc.setJobGroup(self._broker_group(broker_id), f"deltabus broker {broker_id}",
                            interruptOnCancel=True)
-            sc.parallelize([spec], 1).mapPartitions(run_broker_task).collect()
+            outcomes = sc.parallelize([spec], 1).mapPartitions(run_broker_task).collect()
         except Exception as e:  # the task died: its process was killed or its executor lost
             if not self._stopping.is_set():
                 log.warning("broker %d stopped abnormally (%s); relaunching", broker_id,
                             str(e).splitlines()[0][:200] if str(e) else type(e).__name__)
+            return None
+        return outcomes[0][1] if outcomes else None
 
     def _catch_up(self, tasks: list[CatchUpTask], why: str) -> None:
         catch_up_replicas(self.spark, tasks, why)

@@ -72,7 +72,7 @@ def open_doors(config: cfg.ClusterConfig, node: int, handler: DeltaBusHandler, *
     """Open node `node`'s listeners (CONTROLLER_NODE_ID: the driver's, with the `lifecycle` and
     the `groups` it coordinates; else a broker's, sending Kafka clients to the group
     `coordinator`). Closes what it opened if one cannot be bound, and raises
-    BrokerNotAvailableError naming it."""
+    ListenerBindError naming it."""
     listeners = config.listener_config()
     doors = Doors()
     try:

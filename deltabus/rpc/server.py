@@ -21,6 +21,7 @@ from deltabus import config as cfg
 from deltabus import errors
 from deltabus.acls import Operation
 from deltabus.cluster.handler import DeltaBusHandler, FetchSpec, LifecycleHandler
+from deltabus.listeners import ListenerBindError
 from deltabus.log_tables.partition_log import LATEST_TIMESTAMP, AppendResult
 from deltabus.offsets.group_coordinator import GroupCoordinator
 from deltabus.records import ProducerState, UnpackBudget
@@ -408,7 +409,7 @@ def start_server(host: str, port: int, handler: DeltaBusHandler,
     speaks TLS and how callers authenticate (`rpc.call_authentication`, against the users'
     SCRAM `credentials`); `listener` is its name (`DeltaBusServicer`).
 
-    Raises BrokerNotAvailableError when the port cannot be bound (already in use).
+    Raises ListenerBindError when the port cannot be bound (already in use).
     """
     options = [
         ("grpc.max_receive_message_length", cfg.REQUEST_MAX_BYTES),
@@ -435,9 +436,9 @@ def start_server(host: str, port: int, handler: DeltaBusHandler,
     try:
         bound = (server.add_secure_port(f"{host}:{port}", grpc_server_credentials(security))
                  if security.uses_tls else server.add_insecure_port(f"{host}:{port}"))
-    except RuntimeError as e:
-        raise errors.BrokerNotAvailableError(f"cannot listen on {host}:{port}: {e}") from None
-    if bound == 0:
-        raise errors.BrokerNotAvailableError(f"cannot listen on {host}:{port}: address in use?")
+    except RuntimeError:
+        bound = 0
+    if bound == 0:  # gRPC says only "failed to bind"; a taken port is by far the likeliest
+        raise ListenerBindError(f"cannot listen on {host}:{port}: address already in use?")
     server.start()
     return server, bound

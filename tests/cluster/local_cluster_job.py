@@ -204,7 +204,7 @@ def two_of_three_down(cluster: Cluster) -> dict:
             "refused_record_absent": b"refused" not in {r.value for r in got}}
 
 
-def main(root: str, port: int, dump_after_s: float) -> None:
+def main(root: str, dump_after_s: float) -> None:
     # Before the test gives up on us, print every thread's stack to stderr: where it hangs.
     faulthandler.dump_traceback_later(dump_after_s, exit=True)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -215,7 +215,9 @@ def main(root: str, port: int, dump_after_s: float) -> None:
              .config("spark.ui.enabled", "false")
              .config("spark.ui.showConsoleProgress", "false").getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
-    cluster = Cluster(spark, root=root, brokers=3, port=port).start()
+    # Port 0: any free ports. A fixed port P puts broker b on P + 1 + b, which another test's
+    # server or a client's ephemeral port may hold.
+    cluster = Cluster(spark, root=root, brokers=3, port=0).start()
     try:
         with AdminClient(cluster.bootstrap_servers) as admin:
             admin.create_topics([NewTopic(TOPIC, PARTITIONS, 3, {"min.insync.replicas": "2"})])
@@ -235,4 +237,4 @@ def main(root: str, port: int, dump_after_s: float) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]), float(sys.argv[3]))
+    main(sys.argv[1], float(sys.argv[2]))

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 
+import pytest
+
 from deltabus import AdminClient, Cluster, NewTopic, Producer
 from deltabus.client.cluster_client import ClusterClient
+from deltabus.listeners import ListenerBindError
 from deltabus.rpc.v1 import deltabus_pb2 as pb
 from tests.conftest import read_records, wait_until
 
@@ -206,3 +210,32 @@ def test_pipelined_bulk_produce_through_a_leader_kill_is_exactly_once_in_order(c
     assert len(values) == len(set(values)), "a retried batch was written twice"
     assert values == sorted(values), "a batch overtook an earlier one"
     assert values == [f"bulk-{i:08d}".encode() for i in range(sent[0])], "records are missing"
+
+
+def test_a_broker_whose_port_is_taken_fails_the_start_naming_it(spark, tmp_path) -> None:
+    """Broker b listens on port + 1 + b. When that port is taken the start fails at once with
+    the address, as Kafka's "failed to bind" does, rather than relaunching the broker into the
+    same taken port until the start-up times out with a word about task slots."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", port + 2))  # broker 1's gRPC port
+        taken.listen()
+        cluster = Cluster(spark, root=str(tmp_path), brokers=2, port=port, kafka_port=-1)
+        with pytest.raises(ListenerBindError,
+                           match=f"broker 1 cannot listen on 127.0.0.1:{port + 2}"):
+            cluster.start()
+    # What did start was stopped: the driver's and broker 0's ports are free again.
+    for freed in (port, port + 1):
+        wait_until(lambda p=freed: _bindable(p), f"port {freed} to be released")
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the servers bind
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True

@@ -49,6 +49,7 @@ from deltabus import config as cfg
 from deltabus import errors
 from deltabus.cluster.handler import DeltaBusHandler
 from deltabus.config import ListenerSecurity
+from deltabus.listeners import ListenerBindError
 from deltabus.offsets.group_coordinator import GroupCoordinator
 from deltabus.rpc.access import Access, acting_as
 from deltabus.rpc.authentication import Authenticator, CredentialLookup
@@ -317,7 +318,7 @@ class KafkaListener:
             server = socket.create_server((host, port),
                                           backlog=config.socket_listen_backlog_size)
         except OSError as e:
-            raise errors.BrokerNotAvailableError(
+            raise ListenerBindError(
                 f"cannot listen for Kafka clients on {host}:{port}: {e.strerror}") from None
         address = server.getsockname()
         self.host: str = str(address[0])
