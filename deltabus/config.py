@@ -512,6 +512,10 @@ class LogConfig:
     pending_bytes_max: int = 256 * 1024 * 1024  # produce requests waiting for a commit
     # How long a producer's batch that arrived ahead of its predecessor waits for it.
     sequence_wait_ms: int = 10_000
+    # log.append.threads: the threads that commit every partition log of a process (a broker's
+    # hundreds or thousands), not one per partition; commits are I/O waits, so more threads than
+    # cores (append_pool.py).
+    append_threads: int = 16
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -559,6 +563,7 @@ class ClusterConfig:
     group_commit_bytes_max: int = LogConfig.group_commit_bytes_max
     group_commit_linger_ms: int = LogConfig.group_commit_linger_ms
     log_cache_bytes_max: int = LogConfig.log_cache_bytes_max
+    log_append_threads: int = LogConfig.append_threads
     checkpoint_interval: int = LogConfig.checkpoint_interval
     grpc_threads: int = 32
     # TLS and SASL on the listeners (both doors); PLAINTEXT by default.
@@ -622,7 +627,8 @@ class ClusterConfig:
     def __post_init__(self) -> None:
         if self.brokers < 1:
             raise ValueError(f"brokers must be at least 1, not {self.brokers}")
-        for name in ("auto_create_topics_per_request_max", "max_topics", "max_partitions"):
+        for name in ("auto_create_topics_per_request_max", "max_topics", "max_partitions",
+                     "log_append_threads"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, not {getattr(self, name)}")
         if self.broker_heartbeat_interval_ms * 2 > self.broker_session_timeout_ms:
@@ -660,7 +666,8 @@ class ClusterConfig:
         return LogConfig(group_commit_bytes_max=self.group_commit_bytes_max,
                          group_commit_linger_ms=self.group_commit_linger_ms,
                          log_cache_bytes_max=self.log_cache_bytes_max,
-                         checkpoint_interval=self.checkpoint_interval)
+                         checkpoint_interval=self.checkpoint_interval,
+                         append_threads=self.log_append_threads)
 
     def topic_defaults(self) -> TopicConfig:
         """What a topic without overrides gets: Kafka's defaults, and this cluster's settings

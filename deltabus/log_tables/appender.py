@@ -1,8 +1,9 @@
 """The one writer of a partition table: group commit, offset assignment, checkpoints.
 
 Produce batches, a follower's copies (records or whole files) and truncations queue here, under
-the log's lock. The log's appender thread takes them in groups (`take`): produce batches that
-arrived within `group_commit.linger.ms` of each other, up to `group_commit_bytes_max`, become one
+the log's lock. The log's commit round (on the append pool) takes them in groups when
+`ready_at` says they may go (`take`): produce batches that arrived within
+`group_commit.linger.ms` of each other, up to `group_commit_bytes_max`, become one
 Delta commit (`commit`), which gives them their offsets from the log end as it is written, so a
 failed commit leaves no gap. Every commit sets the Delta app transaction `deltabus.log` to the
 log end offset it leaves, so two processes writing one table conflict and one fails, and asks
@@ -19,7 +20,6 @@ import json
 import posixpath
 import threading
 import time
-from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 
@@ -190,6 +190,7 @@ class LogAppender:
         self._pending: collections.deque[Pending] = collections.deque()
         self.pending_bytes = 0
         self.committing = False  # a group is taken off the queue but not yet committed
+        self._head_since = 0.0  # when the queue's head became its head: its linger starts
 
     def _open(self, create: bool) -> DeltaTable:
         try:
@@ -206,6 +207,8 @@ class LogAppender:
     # ---- the queue (the log's lock held) -------------------------------------------------------
 
     def enqueue(self, item: Pending) -> None:
+        if not self._pending:
+            self._head_since = time.monotonic()
         self._pending.append(item)
         self.pending_bytes += item.nbytes
         self._lock.notify_all()
@@ -224,28 +227,29 @@ class LogAppender:
         self._lock.notify_all()
         return items
 
-    def take(self, closed: Callable[[], bool]) -> Work | None:
-        """Wait for pending work, linger briefly for produce appends, and take a group of
-        appends of one kind (produced or copied) up to the byte limit, or one file copy or
-        truncation. None once the log is closed and the queue drained."""
+    def ready_at(self, closed: bool) -> float | None:
+        """When the queued work may be committed (time.monotonic): a produce append lingers
+        `group_commit_linger_ms` from when it became the queue's head, so later ones join its
+        commit, unless the log is closing or enough bytes are queued; everything else goes at
+        once. None when nothing is queued or a commit is under way (it asks again when done)."""
+        if not self._pending or self.committing:
+            return None
+        head = self._pending[0]
+        linger_s = self._config.group_commit_linger_ms / 1000
+        if (isinstance(head, PendingAppend) and not head.copied and linger_s > 0 and not closed
+                and self.pending_bytes < self._config.group_commit_bytes_max):
+            return self._head_since + linger_s
+        return 0.0
+
+    def take(self) -> Work:
+        """Take a group of appends of one kind (produced or copied) up to the byte limit, or
+        one file copy or truncation, once `ready_at` says its time has come."""
         with self._lock:
-            while not self._pending and not closed():
-                self._lock.wait()
-            if not self._pending:
-                return None
             head = self._pending[0]
             if not isinstance(head, PendingAppend):
                 self._pending.popleft()
                 self.committing = True
                 return head
-            linger_s = self._config.group_commit_linger_ms / 1000
-            if linger_s > 0 and not closed() and not head.copied:
-                deadline = time.monotonic() + linger_s
-                while self.pending_bytes < self._config.group_commit_bytes_max and not closed():
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        break
-                    self._lock.wait(left)
             group: list[PendingAppend] = []
             size = 0
             while self._pending:
@@ -262,9 +266,11 @@ class LogAppender:
             return group
 
     def done(self) -> None:
-        """The work `take` gave out is committed or failed."""
+        """The work `take` gave out is committed or failed. What queued meanwhile lingers
+        from now for more to join it."""
         with self._lock:
             self.committing = False
+            self._head_since = time.monotonic()
             self._lock.notify_all()
 
     # ---- copying files (a follower's request thread) --------------------------------------------
@@ -331,7 +337,7 @@ class LogAppender:
             except (FileNotFoundError, OSError):
                 pass  # never copied, or gone: vacuum removes any file no commit names
 
-    # ---- committing (the appender thread) -------------------------------------------------------
+    # ---- committing (the log's commit round) -------------------------------------------------
 
     def commit(self, work: Work, log_end_offset: int) -> Committed:
         """Make `work` one Delta commit continuing the log at `log_end_offset`. Raises

@@ -1,7 +1,8 @@
 """One replica of one topic-partition, kept as a Delta table and written with delta-rs.
 
 Runs on a broker (a Spark executor). Thread-safe: many gRPC threads append and read at once; one
-appender thread per log is the only writer of its table. As Kafka's log, it is made of parts:
+commit round at a time, on the process's pool of append threads (append_pool.py), is the only
+writer of its table. As Kafka's log, it is made of parts:
 the appender (appender.py: the queue, group commit, offset assignment, checkpoints), the reader
 (partition_reader.py: range reads, pruning, the tail cache), the producer state
 (producer_state.py) and the leader epochs (leader_epochs.py). This module holds the offsets and
@@ -9,7 +10,7 @@ the high watermark, and applies what each commit changed to all of them under on
 
 Invariants:
 - Offsets are contiguous from the log start offset to the log end offset, but for the records a
-  compacted topic's cleaner removed (log_tables/compaction.py); only the appender thread assigns
+  compacted topic's cleaner removed (log_tables/compaction.py); only the commit round assigns
   them, at commit time, so a failed commit leaves no gap.
 - Each Delta commit appends whole produce batches and records the offset range it holds in its
   commitInfo (`deltabus.baseOffset`, `deltabus.lastOffset`); per-file offset statistics map offsets
@@ -42,6 +43,7 @@ from deltalake import DeltaTable
 
 from deltabus import errors
 from deltabus.config import LogConfig
+from deltabus.log_tables.append_pool import shared_pool
 from deltabus.log_tables.appender import (
     AppendResult,
     CommitFailed,
@@ -138,10 +140,7 @@ class PartitionLog:
                                                self._reader.parquet_files,
                                                config.sequence_wait_ms)
         self._closed = False
-        self._thread = threading.Thread(
-            target=self._append_loop, name=f"appender-{topic}-{partition}", daemon=True
-        )
-        self._thread.start()
+        self._pool = shared_pool(config.append_threads)  # commits this log's queue
 
     # ---- leader epochs -----------------------------------------------------------------------
 
@@ -208,6 +207,7 @@ class PartitionLog:
             if refusal is not None:
                 raise refusal
             self._appender.enqueue(item)
+            self._schedule_commit()
             if entry is not None:
                 entry.remember(producer.base_sequence, future)
         return future
@@ -300,6 +300,7 @@ class PartitionLog:
         with self._lock:
             self._check_open()
             self._appender.enqueue(item)
+            self._schedule_commit()
 
     # ---- the high watermark ------------------------------------------------------------------
 
@@ -355,19 +356,33 @@ class PartitionLog:
             if self.high_watermark < offset:
                 self.high_watermark = offset
 
-    # ---- committing (the appender thread) ------------------------------------------------------
+    # ---- committing (a round on the append pool) ---------------------------------------------
 
-    def _append_loop(self) -> None:
-        while (work := self._appender.take(lambda: self._closed)) is not None:
+    def _schedule_commit(self) -> None:
+        """Lock held: ask the pool for a commit round when the queue's head may go."""
+        at = self._appender.ready_at(self._closed)
+        if at is not None:
+            self._pool.schedule(self, self._commit_round, at)
+
+    def _commit_round(self) -> float | None:
+        """On a pool thread, at most one at a time for this log: commit what is ready. Returns
+        when the next round may go (what queued meanwhile), None when nothing is queued."""
+        with self._lock:
+            at = self._appender.ready_at(self._closed)
+            if at is None or at > time.monotonic():
+                return at
+            work = self._appender.take()
+        try:
             try:
-                try:
-                    done = self._appender.commit(work, self.log_end_offset)
-                except CommitFailed as failure:
-                    self._fail(work, failure)
-                else:
-                    self._apply(done)
-            finally:
-                self._appender.done()
+                done = self._appender.commit(work, self.log_end_offset)
+            except CommitFailed as failure:
+                self._fail(work, failure)
+            else:
+                self._apply(done)
+        finally:
+            self._appender.done()
+        with self._lock:
+            return self._appender.ready_at(self._closed)
 
     def _apply(self, done: Committed) -> None:
         """Bring the offsets, cache, epochs and producers up to a commit, then resolve its
@@ -542,7 +557,8 @@ class PartitionLog:
         with self._lock:
             self._closed = True
             self._lock.notify_all()
-        self._thread.join(timeout_s)
+            self._schedule_commit()  # what lingers goes now
+            self._lock.wait_for(lambda: not self._appender.busy(), timeout_s)
         self.fail_waiters(errors.NotLeaderOrFollowerError(
             f"{self._name} was closed on this broker"))
 
