@@ -145,9 +145,9 @@ class ClusterClient:
         if topics:  # named: creates the missing ones if asked, and says which are refused
             named = self.call_any("Metadata", pb.MetadataRequest(
                 topics=topics, allow_auto_topic_creation=allow_auto_create))
-            for t in named.topics:
-                if t.error_code == errors.TopicAuthorizationFailedError.code:
-                    raise errors.TopicAuthorizationFailedError(t.error_message)
+            for t in named.topics:  # a refusal waiting will not change fails now, as Kafka's
+                if t.error_code and not errors.error_for_code(t.error_code).retriable:
+                    raise errors.error_for_code(t.error_code, t.error_message)
         response = self.call_any("Metadata", pb.MetadataRequest(allow_auto_topic_creation=False))
         image = codec.image_from_proto(response)
         with self._lock:

@@ -18,8 +18,8 @@ from deltalake import DeltaTable
 from kio.index import load_request_schema
 from kio.schema.errors import ErrorCode
 
+from deltabus import Producer, errors
 from deltabus import config as cfg
-from deltabus import errors
 from deltabus.cluster.controller import Controller
 from deltabus.log_tables.layout import metadata_path
 from deltabus.metadata import BrokerEndpoint
@@ -221,4 +221,19 @@ def test_the_cluster_holds_at_most_max_topics_and_max_partitions(tmp_path):
         assert topics(server) == {"a": 2, "b": 3, "c": 1}
     finally:
         channel.close()
+        server.stop()
+
+
+def test_a_producer_refused_auto_creation_fails_at_once_naming_the_limit(tmp_path):
+    """A refusal that will not change by waiting (POLICY_VIOLATION) fails the send at once, as
+    Kafka's producer does for a non-retriable topic error, not after max.block.ms."""
+    server = ControllerServer(tmp_path, kafka=True, max_topics=1)
+    start_brokers(server.controller, 1)
+    try:
+        with Producer(server.address, max_block_ms=3_600_000) as producer:
+            producer.partitions_for("first")  # auto-created: the cluster's one topic
+            with pytest.raises(errors.PolicyViolationError, match="max.topics"):
+                producer.send("second", b"refused")
+        assert topics(server) == {"first": 1}
+    finally:
         server.stop()
