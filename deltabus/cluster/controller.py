@@ -730,11 +730,13 @@ class Controller:
         with self._lock:
             target = self._version
         self._await_brokers(target, 30_000)  # the broker closed the log first
-        with self._lock:
+        # Under `_tables_lock`, as a deleted topic's directory is removed: a removal walking
+        # the topic's directory fails on a replica's directory removed under it.
+        with self._tables_lock, self._lock:
             s = self._state.partition(topic, partition)
             if s is not None and broker in s.replicas:
                 return  # re-added meanwhile
-        self._delete_dir(replica_path(self._config.root, topic, partition, broker))
+            self._delete_dir(replica_path(self._config.root, topic, partition, broker))
 
     # ---- ISR changes -------------------------------------------------------------------------
 
