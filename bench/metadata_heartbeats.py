@@ -6,14 +6,16 @@ registered brokers and N partitions (topics of 100, replication factor 3); one p
 leader shrinks its ISR, and the figure is the size of the heartbeat answer a broker current
 with the version before gets, as the controller's gRPC servicer encodes it (the bytes on the
 wire, less gRPC's 5-byte frame). Also what a new broker gets: every answer until it holds the
-whole metadata. Run against a deltabus from before heartbeats carried deltas, it measures the
-whole image those carried (the request then has no metadata position; the script asks for
-one only where the protocol has it).
+whole metadata, and what gzip makes of the answers the servicer compresses. Run against a
+deltabus from before heartbeats carried deltas, it measures the whole image those carried (the
+request then has no metadata position; the script asks for one only where the protocol has
+it).
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import shutil
 import tempfile
@@ -30,6 +32,8 @@ from deltabus.rpc.v1 import internal_pb2 as ipb
 PARTITIONS_PER_TOPIC = 100
 BROKERS = 3
 NEW_BROKER_ANSWERS_MAX = 1_000  # a bound on the loop that follows a new broker's answers
+# Answers the servicer has gRPC gzip (cfg.METADATA_FETCH_COMPRESS_BYTES_MIN, where it is).
+COMPRESS_BYTES_MIN = getattr(cfg, "METADATA_FETCH_COMPRESS_BYTES_MIN", 1 << 62)
 
 
 def _request(broker: int, epoch: int, version: int, position: tuple[int, int, bool]
@@ -87,10 +91,13 @@ def heartbeat_bytes(partitions: int) -> dict[str, Any]:
         epoch = controller.register_broker(BrokerEndpoint(0, "127.0.0.1", 9000), 0)
         position, served = (0, 0, False), 0
         sizes: list[int] = []
+        gzipped: list[int] = []  # as gRPC sends an answer it compresses
         started = time.monotonic()
         while served < controller.image().version and len(sizes) < NEW_BROKER_ANSWERS_MAX:
             response = servicer.BrokerHeartbeat(_request(0, epoch, served, position), None)
             sizes.append(response.ByteSize())
+            gzipped.append(len(gzip.compress(response.SerializeToString()))
+                           if sizes[-1] >= COMPRESS_BYTES_MIN else sizes[-1])
             position, served = _end(response, served)
         new_broker_s = time.monotonic() - started
         return {"partitions": sum(t.num_partitions for t in topics), "brokers": BROKERS,
@@ -99,6 +106,7 @@ def heartbeat_bytes(partitions: int) -> dict[str, Any]:
                 "isr_change_answer_s": round(isr_change_s, 4),
                 "new_broker_answers": len(sizes), "new_broker_bytes": sum(sizes),
                 "new_broker_largest_answer_bytes": max(sizes, default=0),
+                "new_broker_bytes_sent_gzip": sum(gzipped),
                 "new_broker_s": round(new_broker_s, 3)}
     finally:
         shutil.rmtree(root, ignore_errors=True)

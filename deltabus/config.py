@@ -89,6 +89,9 @@ METADATA_FETCH_BYTES_MAX = 8 * 1024 * 1024
 METADATA_DELTA_RECORDS_RETAINED_MAX = 100_000
 # What protobuf adds to each record of a heartbeat answer at most (its tag and length).
 METADATA_RECORD_FRAMING_BYTES_MAX = 6
+# A heartbeat answer with at least this many bytes of records (a snapshot, a big change) is sent
+# gzip-compressed: records are JSON objects repeating their keys, which gzip takes to a tenth.
+METADATA_FETCH_COMPRESS_BYTES_MIN = 16 * 1024
 # One CreateAcls or DeleteAcls writes at most this many metadata records (Kafka's
 # MAX_RECORDS_PER_USER_OP): a filter matching more is refused rather than committed in one piece.
 ACL_RECORDS_PER_REQUEST_MAX = 10_000
@@ -716,6 +719,7 @@ def _check_relations() -> None:
     assert (METADATA_FETCH_BYTES_MAX + METADATA_FETCH_RECORDS_MAX
             * METADATA_RECORD_FRAMING_BYTES_MAX) * 2 < REQUEST_MAX_BYTES
     assert METADATA_FETCH_RECORDS_MAX <= METADATA_DELTA_RECORDS_RETAINED_MAX
+    assert METADATA_FETCH_COMPRESS_BYTES_MIN < METADATA_FETCH_BYTES_MAX
     assert PARTITIONS_MAX <= REQUEST_PARTITIONS_MAX
     # A batch of the default max.message.bytes is never refused for its count (7 bytes: the
     # smallest record, records.RECORD_BYTES_MIN), nor for what it unpacks to uncompressed.

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import grpc
+
 from deltabus import config as cfg
 from deltabus import errors
 from deltabus.cluster.handler import DeltaBusHandler, FetchResult, FetchSpec, LifecycleHandler
@@ -46,6 +48,9 @@ class BrokerLifecycleServicer(ipb_grpc.BrokerLifecycleServicer):
         response.refresh_logs.extend(codec.topic_partitions_to_proto(refresh))
         if batch is not None:
             response.metadata_records.CopyFrom(codec.metadata_batch_to_proto(batch))
+            if (context is not None and sum(map(len, batch.records))
+                    >= cfg.METADATA_FETCH_COMPRESS_BYTES_MIN):
+                context.set_compression(grpc.Compression.Gzip)
         return response
 
     def AlterPartition(self, request: ipb.AlterPartitionRequest,

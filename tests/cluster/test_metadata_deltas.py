@@ -380,6 +380,28 @@ def test_over_grpc_a_broker_ends_with_the_controllers_image(server: ControllerSe
         channel.close()
 
 
+def test_a_snapshot_sent_compressed_over_grpc_loads(server: ControllerServer) -> None:
+    """Answers past METADATA_FETCH_COMPRESS_BYTES_MIN go gzip-compressed: the broker's channel
+    takes them as any other."""
+    controller = server.controller
+    for b in (1, 2):
+        _register(controller, b)
+    (created,) = controller.create_topics([NewTopic("wide", 200, 1)], timeout_ms=0)
+    assert created.error is None
+    channel = ControllerChannel(server.address, 0,
+                                broker_secret=server.config.inter_broker_secret)
+    try:
+        epoch = channel.register(BrokerEndpoint(0, "127.0.0.1", 9000), pid=1,
+                                 incarnation_id="b0")
+        batch = channel.heartbeat(0, epoch, 0, max_wait_ms=0).metadata
+    finally:
+        channel.close()
+    assert batch is not None and batch.start.snapshot and not batch.end.snapshot  # whole
+    assert sum(map(len, batch.records)) >= cfg.METADATA_FETCH_COMPRESS_BYTES_MIN
+    image = MetadataLoader(server.config.root).replay(batch)
+    assert image == controller.image()
+
+
 def test_real_brokers_end_with_the_controllers_image(server: ControllerServer) -> None:
     controller = server.controller
     brokers: dict[int, Broker] = {}
