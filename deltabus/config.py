@@ -78,6 +78,20 @@ FILE_DELETE_DELAY_MS_MAX = 1000 * 365 * 24 * 3600 * 1000
 # Kafka's offset.metadata.max.bytes default: the longest metadata string an offset commit carries,
 # in UTF-8 bytes. The group config sets it; the offset store enforces it.
 OFFSET_METADATA_MAX_BYTES = 4096
+# Metadata brokers are sent (issue 17): a heartbeat answer carries the records after the version
+# the broker has (or a snapshot's, `cluster.metadata_deltas`), at most this many and, past the
+# first record, at most this many bytes of them; the broker asks again for the rest. The bytes
+# are KRaft's metadata fetch size (KafkaRaftClient's MAX_FETCH_SIZE_BYTES).
+METADATA_FETCH_RECORDS_MAX = 10_000
+METADATA_FETCH_BYTES_MAX = 8 * 1024 * 1024
+# The controller keeps the records of at most this many of the latest metadata changes in
+# memory (oldest dropped first); a broker further behind, or new, loads a snapshot instead.
+METADATA_DELTA_RECORDS_RETAINED_MAX = 100_000
+# What protobuf adds to each record of a heartbeat answer at most (its tag and length).
+METADATA_RECORD_FRAMING_BYTES_MAX = 6
+# A heartbeat answer with at least this many bytes of records (a snapshot, a big change) is sent
+# gzip-compressed: records are JSON objects repeating their keys, which gzip takes to a tenth.
+METADATA_FETCH_COMPRESS_BYTES_MIN = 16 * 1024
 # One CreateAcls or DeleteAcls writes at most this many metadata records (Kafka's
 # MAX_RECORDS_PER_USER_OP): a filter matching more is refused rather than committed in one piece.
 ACL_RECORDS_PER_REQUEST_MAX = 10_000
@@ -707,6 +721,12 @@ def _check_relations() -> None:
     assert FETCH_PARTITION_MAX_BYTES <= FETCH_RESPONSE_PARTITION_BYTES_MAX
     assert MESSAGE_MAX_BYTES < REQUEST_MAX_BYTES
     assert FETCH_MAX_WAIT_MS <= FETCH_WAIT_MS_MAX
+    # A heartbeat answer's records, with their framing, fit one gRPC message with room to
+    # spare, and a broker behind by one full answer can still catch up from the deltas.
+    assert (METADATA_FETCH_BYTES_MAX + METADATA_FETCH_RECORDS_MAX
+            * METADATA_RECORD_FRAMING_BYTES_MAX) * 2 < REQUEST_MAX_BYTES
+    assert METADATA_FETCH_RECORDS_MAX <= METADATA_DELTA_RECORDS_RETAINED_MAX
+    assert METADATA_FETCH_COMPRESS_BYTES_MIN < METADATA_FETCH_BYTES_MAX
     assert PARTITIONS_MAX <= REQUEST_PARTITIONS_MAX
     # A batch of the default max.message.bytes is never refused for its count (7 bytes: the
     # smallest record, records.RECORD_BYTES_MIN), nor for what it unpacks to uncompressed.

@@ -2,8 +2,9 @@
 
 The controller's state is a log of metadata records (persisted as a Delta table); its in-memory
 state is what replaying them gives (`cluster.metadata_state`), so loading after a restart is the
-same replay. `MetadataImage` is an immutable snapshot of it, sent to brokers in heartbeats and to
-clients in Metadata responses; its users' SCRAM credentials go to brokers only.
+same replay. `MetadataImage` is an immutable snapshot of it, given to clients in Metadata
+responses. Brokers are not sent images: they replay the same records into an image of their own
+(`MetadataBatch`, from the position they are at); users' SCRAM credentials go to brokers only.
 
 Invariants: a partition's leader is one of its replicas or -1 (no live leader); leader epochs only
 grow; `version` grows with every change a broker or client could see.
@@ -262,6 +263,35 @@ class MetadataImage:
 
     def scram_credential(self, user: str, mechanism: str) -> ScramCredential | None:
         return self.scram_credentials.get(user, {}).get(mechanism)
+
+
+@dataclass(frozen=True)
+class MetadataPosition:
+    """Where a broker is in the metadata records (`cluster.metadata_deltas`): it has replayed
+    every record up to `version` and the first `index` records of the version after it; or,
+    `snapshot`, the first `index` records of the snapshot of `version`, into a state of their
+    own that replaces its metadata once the snapshot is whole. A broker publishes an image only
+    at a version's end: at a position with `index` 0 that is no snapshot's."""
+
+    version: int
+    index: int = 0
+    snapshot: bool = False
+
+    @property
+    def at_version_end(self) -> bool:
+        return self.index == 0 and not self.snapshot
+
+
+@dataclass(frozen=True)
+class MetadataBatch:
+    """What a heartbeat answer carries a broker (KRaft's metadata fetch): records that take it
+    from `start` (the position it asked from, or a snapshot's first record) to `end`. Each is a
+    metadata record in its serialized form (`cluster.metadata_records.serialize`), so this
+    module and the doors never look inside."""
+
+    start: MetadataPosition
+    end: MetadataPosition
+    records: tuple[bytes, ...] = field(repr=False)
 
 
 def empty_image() -> MetadataImage:

@@ -2,8 +2,9 @@
 gRPC. Runs inside a long-running Spark task on an executor (one task, one broker), started by
 `deltabus.cluster.Cluster`.
 
-Thread-safe: gRPC threads call the handler methods concurrently; the heartbeat thread applies new
-metadata; replica fetcher threads copy from leaders; the ISR thread shrinks lagging ISRs.
+Thread-safe: gRPC threads call the handler methods concurrently; the heartbeat thread replays the
+metadata records the controller sends (`metadata_loader`) and applies each new image; replica
+fetcher threads copy from leaders; the ISR thread shrinks lagging ISRs.
 Invariants:
 - A broker only appends produced records to a partition it leads in the metadata it has applied,
   stamping the leader epoch of that metadata; everything else gets NOT_LEADER_OR_FOLLOWER.
@@ -43,6 +44,7 @@ from deltabus.acls import (
 )
 from deltabus.cluster.doors import Doors, open_doors
 from deltabus.cluster.handler import FetchResult, FetchSpec
+from deltabus.cluster.metadata_loader import MetadataLoader
 from deltabus.cluster.partition import Partition
 from deltabus.cluster.producer_id_control import issued_to
 from deltabus.cluster.replica_fetcher import ReplicaFetcher
@@ -97,6 +99,7 @@ class Broker:
         self._config = spec.config
         self._log_config = spec.config.log_config()
         self._image = empty_image()
+        self._new_loader()
         self._authorizers = AuthorizerCache(
             super_users=spec.config.super_users,
             allow_everyone_if_no_acl_found=spec.config.allow_everyone_if_no_acl_found)
@@ -161,6 +164,7 @@ class Broker:
             try:
                 self._epoch = self._controller.register(endpoint, pid=os.getpid(),
                                                         incarnation_id=incarnation_id)
+                self._new_loader()
                 log.info("broker %d registered, epoch %d, listeners %s", self.broker_id,
                          self._epoch, ", ".join(f"{e.name}://{e.host}:{e.port} ({e.door})"
                                                 for e in endpoint.listeners))
@@ -169,6 +173,13 @@ class Broker:
                 if time.monotonic() > deadline:
                     raise errors.NetworkError(f"cannot reach the controller: {e}") from None
                 time.sleep(0.2)
+
+    def _new_loader(self) -> None:
+        """Replay the controller's metadata records from a snapshot (at every registration:
+        positions in them are one controller's own), saying none applied until it is loaded;
+        the image served until then stays."""
+        self._loader = MetadataLoader(self._config.root)
+        self._applied_image: MetadataImage | None = None  # the loader's, applied
 
     def _heartbeat_loop(self) -> None:
         """Heartbeat and apply metadata until told to stop. A round that fails in any way is
@@ -188,11 +199,29 @@ class Broker:
                 self._stopped.wait(interval_ms / 1000)
 
     def _heartbeat(self, interval_ms: int) -> None:
-        answer = self._controller.heartbeat(self.broker_id, self._epoch, self._image.version,
-                                            max_wait_ms=interval_ms,
-                                            offline_replicas=sorted(self._offline))
-        if answer.image is not None:
-            self._apply(answer.image)
+        """One round: heartbeat (a long poll, unless an image is still to apply), replay the
+        records the answer carries, apply the loader's image if it is new. The version said
+        applied is the last image applied: one whose `_apply` failed is applied again at the
+        next round."""
+        loader = self._loader
+        pending = loader.image is not None and loader.image is not self._applied_image
+        answer = self._controller.heartbeat(
+            self.broker_id, self._epoch,
+            self._applied_image.version if self._applied_image is not None else 0,
+            max_wait_ms=0 if pending else interval_ms, position=loader.position,
+            offline_replicas=sorted(self._offline))
+        if answer.metadata is not None:
+            try:
+                loader.replay(answer.metadata)
+            except Exception:
+                log.exception("broker %d cannot replay the metadata records it was sent; "
+                              "loading a snapshot", self.broker_id)
+                self._new_loader()
+                return
+        image = loader.image
+        if image is not None and image is not self._applied_image:
+            self._apply(image)
+            self._applied_image = image
         if answer.refresh_logs:
             self._refresh_logs(answer.refresh_logs)
         if answer.should_shut_down:

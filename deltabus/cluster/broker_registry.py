@@ -3,7 +3,8 @@ ClusterControlManager and BrokerHeartbeatManager). Runs in the driver, inside th
 
 Brokers are not in the metadata log: they register at every start (a new broker epoch each
 time). The registry changes only by replaying broker registration records, which the handlers
-here return and change nothing; the heartbeat times and applied versions in
+here return and change nothing (brokers replay them too, into a registry of their own:
+`metadata_loader`); the heartbeat times and applied versions in
 `BrokerHeartbeatManager` are contact bookkeeping, not metadata, and change directly.
 
 Invariants: a broker has at most one registration, and only its epoch is accepted (any other gets
@@ -85,6 +86,22 @@ class BrokerRegistry:
             if not record.persisted:
                 after.replay(record)
         return after
+
+    def snapshot(self) -> list[MetadataRecord]:
+        """Records that, replayed into an empty registry, give every registration as it is
+        (`last_broker_epoch` aside: only the controller hands out epochs)."""
+        records: list[MetadataRecord] = []
+        for broker_id, r in sorted(self.registrations.items()):
+            records.append(RegisterBrokerRecord(r.endpoint, r.epoch, r.pid,
+                                                r.registered_version))
+            if not r.fenced:
+                records.append(UnfenceBrokerRecord(broker_id, r.epoch))
+            if r.offline_replicas:
+                records.append(OfflineReplicasRecord(broker_id, r.epoch, r.offline_replicas))
+            if r.in_controlled_shutdown:
+                records.append(BrokerRegistrationChangeRecord(broker_id, r.epoch,
+                                                              in_controlled_shutdown=True))
+        return records
 
     def get(self, broker_id: int) -> BrokerRegistration | None:
         return self.registrations.get(broker_id)

@@ -24,9 +24,14 @@ reports the replica offline (it leaves its ISR and is never elected) instead of 
 log that followers would truncate to. Tables are created outside `_lock` (a big topic takes
 seconds), under `_tables_lock`, which also orders them with a deleted topic's removal.
 
+Brokers are not sent the image: a heartbeat answer carries the records since the broker's
+position, or a snapshot, a bounded number at a time (`metadata_deltas`), which the broker
+replays into its own state (`metadata_loader`).
+
 Invariants: state changes only by replaying records, and a persisted record is replayed only
-after the log holds it; `_version` grows with every commit a broker or client could see (the
-handlers' invariants on leaders and ISRs are in `replication_control`).
+after the log holds it; `_version` grows with every commit a broker or client could see, and
+that commit's records are in `_deltas` under it before the lock is let go (the handlers'
+invariants on leaders and ISRs are in `replication_control`).
 """
 
 from __future__ import annotations
@@ -63,6 +68,7 @@ from deltabus.cluster.broker_registry import BrokerHeartbeatManager, BrokerRegis
 from deltabus.cluster.catch_up import CatchUpTask
 from deltabus.cluster.handler import FetchResult, FetchSpec
 from deltabus.cluster.log_cleaner import CleanerTask
+from deltabus.cluster.metadata_deltas import MetadataDeltas
 from deltabus.cluster.metadata_log import MetadataLog
 from deltabus.cluster.metadata_records import (
     AccessControlEntryRecord,
@@ -84,7 +90,9 @@ from deltabus.log_tables.layout import metadata_path, replica_path, topic_path
 from deltabus.log_tables.partition_log import AppendResult, create_log_table
 from deltabus.metadata import (
     BrokerEndpoint,
+    MetadataBatch,
     MetadataImage,
+    MetadataPosition,
     NewTopic,
     PartitionState,
     ScramCredentialDeletion,
@@ -131,6 +139,7 @@ class Controller:
             brokers=BrokerRegistry(last_broker_epoch=int(time.time() * 1000)))
         for stored in self._log.read_all():
             self._state.replay(stored)
+        self._deltas = MetadataDeltas(self._version)  # what brokers are sent
         self._next_producer_id = self._state.producer_ids_end  # skip a block used before
         if not self._state.cluster_id:
             with self._lock:
@@ -151,12 +160,10 @@ class Controller:
         for record in records:
             self._state.replay(record)
         if any(r.changes_image for r in records):
-            self._changed()
-
-    def _changed(self) -> None:
-        self._version += 1
-        self._image = None
-        self._lock.notify_all()
+            self._version += 1
+            self._deltas.append(self._version, records)
+            self._image = None
+            self._lock.notify_all()
 
     def authorizer(self) -> Authorizer | None:
         """The authorizer over the current ACLs (None: the cluster runs without one)."""
@@ -168,12 +175,7 @@ class Controller:
         """The current metadata snapshot (live brokers only, as Kafka lists them)."""
         with self._lock:
             if self._image is None or self._image.version != self._version:
-                self._image = MetadataImage(self._version, self._state.cluster_id, -1,
-                                            self._state.brokers.live_endpoints(),
-                                            self._state.topic_states(), self._config.root,
-                                            self._state.scram_credentials_copy(),
-                                            self._state.acls_image(),
-                                            self._state.producer_id_key)
+                self._image = self._state.image(self._version, self._config.root)
             return self._image
 
     # ---- topics ------------------------------------------------------------------------------
@@ -503,13 +505,17 @@ class Controller:
             self._lock.notify_all()
 
     def heartbeat(self, broker_id: int, epoch: int, applied_version: int, max_wait_ms: int,
-                  offline_replicas: Collection[tuple[str, int]] = ()
-                  ) -> tuple[bool, MetadataImage | None, list[tuple[str, int]]]:
-        """Record a heartbeat, then wait (long poll) until the metadata moves past what the broker
-        applied or its tables changed. `offline_replicas`: the (topic, partition) replicas the
-        broker cannot serve (their tables are lost); they leave their ISRs and leadership.
-        Returns (should_shut_down, the new image or None, the partitions whose tables to
-        refresh)."""
+                  offline_replicas: Collection[tuple[str, int]] = (), *,
+                  position: MetadataPosition | None = None
+                  ) -> tuple[bool, MetadataBatch | None, list[tuple[str, int]]]:
+        """Record a heartbeat, then wait (long poll) until there are metadata records past the
+        broker's `position` (by default: the end of `applied_version`, the version of the image
+        it serves) or its tables changed. `offline_replicas`: the (topic, partition) replicas
+        the broker cannot serve (their tables are lost); they leave their ISRs and leadership.
+        Returns (should_shut_down, the records to replay or None (`metadata_deltas`), the
+        partitions whose tables to refresh)."""
+        if position is None:
+            position = MetadataPosition(applied_version)
         deadline = time.monotonic() + min(max_wait_ms, cfg.FETCH_WAIT_MS_MAX) / 1000
         with self._lock:
             result = broker_registry.heartbeat(self._state.brokers, broker_id, epoch,
@@ -520,7 +526,7 @@ class Controller:
             if result.records:  # caught up (it may lead again), or its offline replicas changed
                 self._log_broker_change(broker_id, applied_version, result.records)
                 self._commit_broker_change(result.records)
-            while (self._version <= applied_version and not self._shutting_down
+            while (position == MetadataPosition(self._version) and not self._shutting_down
                    and self._may_wait(broker_id, epoch)):
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -533,8 +539,7 @@ class Controller:
             stop = self._shutting_down or (reg.in_controlled_shutdown
                                            and applied_version >= self._version)
             refresh = sorted(self._refresh_logs.pop(broker_id, set()))
-        image = self.image()
-        return stop, (image if image.version > applied_version else None), refresh
+            return stop, self._deltas.read(position, self._state), refresh
 
     def _log_broker_change(self, broker_id: int, applied_version: int,
                            records: Sequence[MetadataRecord]) -> None:
@@ -730,11 +735,13 @@ class Controller:
         with self._lock:
             target = self._version
         self._await_brokers(target, 30_000)  # the broker closed the log first
-        with self._lock:
+        # Under `_tables_lock`, as a deleted topic's directory is removed: a removal walking
+        # the topic's directory fails on a replica's directory removed under it.
+        with self._tables_lock, self._lock:
             s = self._state.partition(topic, partition)
             if s is not None and broker in s.replicas:
                 return  # re-added meanwhile
-        self._delete_dir(replica_path(self._config.root, topic, partition, broker))
+            self._delete_dir(replica_path(self._config.root, topic, partition, broker))
 
     # ---- ISR changes -------------------------------------------------------------------------
 

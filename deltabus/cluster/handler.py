@@ -20,7 +20,9 @@ from deltabus.acls import AclBinding, AclBindingFilter, AclCreation, Authorizer
 from deltabus.log_tables.partition_log import AppendResult, LogFile
 from deltabus.metadata import (
     BrokerEndpoint,
+    MetadataBatch,
     MetadataImage,
+    MetadataPosition,
     NewTopic,
     PartitionState,
     ScramCredentialDeletion,
@@ -161,8 +163,9 @@ class LifecycleHandler(Protocol):
     def register_broker(self, endpoint: BrokerEndpoint, pid: int) -> int: ...
 
     def heartbeat(self, broker_id: int, epoch: int, applied_version: int, max_wait_ms: int,
-                  offline_replicas: Collection[tuple[str, int]] = ()
-                  ) -> tuple[bool, MetadataImage | None, list[tuple[str, int]]]: ...
+                  offline_replicas: Collection[tuple[str, int]] = (), *,
+                  position: MetadataPosition | None = None
+                  ) -> tuple[bool, MetadataBatch | None, list[tuple[str, int]]]: ...
 
     def alter_partition(self, broker_id: int, broker_epoch: int, topic: str, partition: int,
                         leader_epoch: int, isr: list[int],

@@ -9,6 +9,11 @@ Two kinds:
 - broker registration records (`RegisterBrokerRecord`, `FenceBrokerRecord`, ...) are replayed but
   never written: brokers register again at every start, so the log holds no broker.
 
+Every record also has a serialized form (`serialize` / `deserialize`, Kafka's
+MetadataRecordSerde): the UTF-8 JSON of its stored form for a persisted record, of its own fields
+for a broker record. Heartbeat answers carry records so, and brokers replay them
+(`metadata_loader`).
+
 Invariants: the stored form of a persisted record is a JSON object whose `type` and keys are the
 ones deltabus has always written (`to_stored` / `from_stored` are exact inverses on them, and a
 field whose default is None is left out while None, as the old dict records left the key out), so
@@ -24,12 +29,13 @@ from __future__ import annotations
 import base64
 import binascii
 import dataclasses
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, TypeVar
 
 from deltabus.acls import AclBinding, Operation, PatternType, Permission, ResourceType
-from deltabus.metadata import BrokerEndpoint
+from deltabus.metadata import BrokerEndpoint, ListenerEndpoint
 
 T = TypeVar("T")
 
@@ -281,6 +287,12 @@ PERSISTED_RECORD_TYPES: Mapping[str, type[MetadataRecord]] = {
         AccessControlEntryRecord, RemoveAccessControlEntryRecord)
 }
 
+BROKER_RECORD_TYPES: Mapping[str, type[MetadataRecord]] = {
+    cls.type: cls for cls in (
+        RegisterBrokerRecord, UnfenceBrokerRecord, FenceBrokerRecord,
+        BrokerRegistrationChangeRecord, OfflineReplicasRecord)
+}
+
 
 @dataclass(frozen=True)
 class ControllerResult(Generic[T]):
@@ -332,3 +344,47 @@ def _from_base64(value: Any, kind: str, key: str) -> bytes:
         return base64.b64decode(value, validate=True)
     except (binascii.Error, TypeError, ValueError):
         raise ValueError(f"{kind} record: {key} is not base64") from None
+
+
+# ---- the serialized form (what brokers are sent) ---------------------------------------------
+
+def serialize(record: MetadataRecord) -> bytes:
+    """`record` as a heartbeat answer carries it: a JSON object in UTF-8, the stored form for a
+    persisted record; a broker record's endpoint is an object, its replicas [topic, partition]
+    pairs."""
+    if record.persisted:
+        obj = to_stored(record)
+    else:
+        obj = {"type": record.type}
+        for f in dataclasses.fields(record):
+            value = getattr(record, f.name)
+            if isinstance(value, BrokerEndpoint):
+                value = dataclasses.asdict(value)
+            elif isinstance(value, frozenset):
+                value = sorted([topic, partition] for topic, partition in value)
+            obj[f.name] = value
+    return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
+
+
+def deserialize(data: bytes) -> MetadataRecord:
+    """The record `serialize` gave `data`; raises ValueError on anything else."""
+    try:
+        obj = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"a serialized metadata record is not JSON: {e}") from None
+    if not isinstance(obj, dict):
+        raise ValueError("a serialized metadata record is not a JSON object")
+    cls = BROKER_RECORD_TYPES.get(obj.get("type"))  # type: ignore[arg-type]
+    if cls is None:
+        return from_stored(obj)
+    try:
+        values = {f.name: obj[f.name] for f in dataclasses.fields(cls)}
+        if "endpoint" in values:
+            endpoint = values["endpoint"]
+            values["endpoint"] = BrokerEndpoint(**{**endpoint, "listeners": tuple(
+                ListenerEndpoint(**e) for e in endpoint["listeners"])})
+        if "replicas" in values:
+            values["replicas"] = frozenset((t, p) for t, p in values["replicas"])
+        return cls(**values)
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"{cls.type} record: {e!r}") from None

@@ -1,8 +1,11 @@
 """The controller's in-memory metadata: what replaying the metadata records gives.
 
-Runs in the driver. Loading after a restart is the same replay as committing: the controller
-replays each persisted record read back from the metadata log, then each record it commits. Only
-`MetadataState.replay` changes this state; the handlers read it and return records.
+Runs in the driver, and on executors: a broker replays the records the controller sends it into
+a state of its own (`metadata_loader`), with the same `replay`, and builds its image from it with
+the same `image`, so the two cannot differ. Loading after a restart is the same replay as
+committing: the controller replays each persisted record read back from the metadata log, then
+each record it commits. Only `MetadataState.replay` changes this state; the handlers read it and
+return records. `snapshot` gives the records that rebuild what brokers see of it.
 
 Invariants: partitions and registrations are frozen values (tuples, not lists), so a handler
 cannot change them by accident and the image built from them shares nothing mutable; a partition
@@ -40,7 +43,7 @@ from deltabus.cluster.metadata_records import (
     UserScramCredentialRecord,
     from_stored,
 )
-from deltabus.metadata import PartitionState, TopicState
+from deltabus.metadata import MetadataImage, PartitionState, TopicState
 from deltabus.scram import ScramCredential
 
 
@@ -172,6 +175,42 @@ class MetadataState:
     def scram_credentials_copy(self) -> dict[str, dict[str, ScramCredential]]:
         """The credentials for an image: new dicts, so replaying on shares nothing with it."""
         return {user: dict(mechanisms) for user, mechanisms in self.scram_credentials.items()}
+
+    def image(self, version: int, log_root: str) -> MetadataImage:
+        """The image brokers and clients see at `version` (live brokers only, as Kafka lists
+        them): shares nothing mutable with this state."""
+        return MetadataImage(version, self.cluster_id, -1, self.brokers.live_endpoints(),
+                             self.topic_states(), log_root, self.scram_credentials_copy(),
+                             self.acls_image(), self.producer_id_key)
+
+    def snapshot(self) -> list[MetadataRecord]:
+        """Records that, replayed into an empty state, give one whose `image` is this one's
+        (KRaft's metadata snapshot). Producer ids and transactional ids, which no image holds
+        (their records do not `changes_image`), are left out, as brokers are never sent them."""
+        records: list[MetadataRecord] = []
+        if self.cluster_id:
+            records.append(ClusterIdRecord(self.cluster_id))
+        if self.producer_id_key:
+            records.append(ProducerIdKeyRecord(self.producer_id_key))
+        for name, topic in self.topics.items():
+            records.append(TopicRecord(name, topic.topic_id))
+            for p, s in sorted(topic.partitions.items()):
+                records.append(PartitionRecord(name, p, s.replicas, s.isr, s.leader,
+                                               s.leader_epoch))
+                if s.adding_replicas or s.removing_replicas:
+                    records.append(PartitionChangeRecord(
+                        name, p, adding_replicas=s.adding_replicas,
+                        removing_replicas=s.removing_replicas))
+            records.extend(ConfigRecord(name, key, value)
+                           for key, value in sorted(topic.configs.items()))
+        for user, mechanisms in sorted(self.scram_credentials.items()):
+            records.extend(UserScramCredentialRecord(user, mechanism, c.salt, c.stored_key,
+                                                     c.server_key, c.iterations)
+                           for mechanism, c in sorted(mechanisms.items()))
+        records.extend(AccessControlEntryRecord.of(acl_id, acl)
+                       for acl_id, acl in self.acls.items())
+        records.extend(self.brokers.snapshot())
+        return records
 
     def partition(self, topic: str, partition: int) -> PartitionRegistration | None:
         t = self.topics.get(topic)

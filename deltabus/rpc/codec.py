@@ -28,12 +28,13 @@ from deltabus.acls import (
 from deltabus.metadata import (
     BrokerEndpoint,
     ListenerEndpoint,
+    MetadataBatch,
     MetadataImage,
+    MetadataPosition,
     NewTopic,
     PartitionState,
     ScramCredentialDeletion,
     ScramCredentialInfo,
-    ScramCredentials,
     ScramCredentialUpsertion,
     ScramDescriptions,
     TopicResult,
@@ -50,7 +51,6 @@ from deltabus.records import (
 )
 from deltabus.rpc.v1 import deltabus_pb2 as pb
 from deltabus.rpc.v1 import internal_pb2 as ipb
-from deltabus.scram import ScramCredential
 
 T = TypeVar("T")
 
@@ -93,8 +93,8 @@ def image_to_proto(image: MetadataImage, topics: list[str] | None = None,
                    ) -> pb.MetadataResponse:
     """Encode a metadata image; `topics` limits the topic list (unknown ones get error 3,
     `refused` ones their refusal). Users' SCRAM credentials and ACLs are never encoded here:
-    this is what clients get (`scram_credentials_to_proto` is the brokers' part of a heartbeat
-    answer); brokers' named listeners only where the image has them (a client's image is
+    this is what clients get (brokers are sent records instead, `metadata_batch_to_proto`);
+    brokers' named listeners only where the image has them (a client's image is
     `MetadataImage.on_listener`'s, without)."""
     out = pb.MetadataResponse(
         brokers=[pb.BrokerInfo(broker_id=b.broker_id, host=b.host, port=b.port, rack=b.rack,
@@ -431,23 +431,27 @@ def describe_scram_results(response: pb.DescribeUserScramCredentialsResponse
             for r in response.results}
 
 
-def scram_credentials_to_proto(credentials: ScramCredentials) -> list[ipb.UserScramCredential]:
-    """Every credential, for a broker's heartbeat answer (internal API only)."""
-    return [ipb.UserScramCredential(
-        name=user, mechanism=scram_mechanism_number(mechanism), salt=c.salt,
-        stored_key=c.stored_key, server_key=c.server_key, iterations=c.iterations)
-        for user, mechanisms in sorted(credentials.items())
-        for mechanism, c in sorted(mechanisms.items())]
+# ---- metadata records brokers are sent (internal API only) -----------------------------------
+
+def position_to_proto(position: MetadataPosition) -> ipb.MetadataPosition:
+    return ipb.MetadataPosition(version=position.version, index=position.index,
+                                snapshot=position.snapshot)
 
 
-def scram_credentials_from_proto(credentials: Iterable[ipb.UserScramCredential]
-                                 ) -> dict[str, dict[str, ScramCredential]]:
-    out: dict[str, dict[str, ScramCredential]] = {}
-    for c in credentials:
-        mechanism = scram_mechanism_name(c.mechanism)
-        out.setdefault(c.name, {})[mechanism] = ScramCredential(
-            mechanism, c.salt, c.stored_key, c.server_key, c.iterations)
-    return out
+def position_from_proto(msg: ipb.MetadataPosition) -> MetadataPosition:
+    return MetadataPosition(msg.version, msg.index, msg.snapshot)
+
+
+def metadata_batch_to_proto(batch: MetadataBatch) -> ipb.MetadataBatch:
+    """A broker's metadata records, with users' SCRAM credentials and ACLs among them: only a
+    heartbeat answer carries this, never a client's Metadata."""
+    return ipb.MetadataBatch(start=position_to_proto(batch.start),
+                             end=position_to_proto(batch.end), records=batch.records)
+
+
+def metadata_batch_from_proto(msg: ipb.MetadataBatch) -> MetadataBatch:
+    return MetadataBatch(position_from_proto(msg.start), position_from_proto(msg.end),
+                         tuple(msg.records))
 
 
 # ---- ACLs (Kafka's CreateAcls, DescribeAcls, DeleteAcls) -------------------------------------

@@ -9,7 +9,6 @@ AlterPartition means the outcome is unknown. Thread-safe (one gRPC channel, shar
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -22,7 +21,9 @@ from deltabus.acls import AclBinding, AclBindingFilter, AclCreation
 from deltabus.config import ListenerSecurity
 from deltabus.metadata import (
     BrokerEndpoint,
+    MetadataBatch,
     MetadataImage,
+    MetadataPosition,
     NewTopic,
     ScramCredentialDeletion,
     ScramCredentialUpsertion,
@@ -46,9 +47,9 @@ ADMIN_TIMEOUT_SLACK_MS = 5_000  # a forwarded admin call waits its own timeout a
 @dataclass(frozen=True)
 class HeartbeatAnswer:
     should_shut_down: bool
-    # Set when the metadata moved past the version the broker has, with every user's SCRAM
-    # credentials and every ACL at that version.
-    image: MetadataImage | None
+    # Set when there are metadata records past the broker's position: the broker replays them
+    # (`cluster.metadata_loader`).
+    metadata: MetadataBatch | None
     refresh_logs: list[tuple[str, int]]  # partitions whose tables the log cleaner changed
 
 
@@ -84,25 +85,23 @@ class ControllerChannel:
         return int(response.broker_epoch)
 
     def heartbeat(self, broker_id: int, broker_epoch: int, metadata_version: int, *,
-                  max_wait_ms: int,
+                  max_wait_ms: int, position: MetadataPosition | None = None,
                   offline_replicas: Iterable[tuple[str, int]] = ()) -> HeartbeatAnswer:
-        """A long poll: answers as soon as the metadata moves past `metadata_version`, else
-        after `max_wait_ms`. A fenced broker gets STALE_BROKER_EPOCH. `offline_replicas`: the
-        (topic, partition) replicas this broker cannot serve (their tables are lost)."""
+        """A long poll: answers as soon as there are metadata records past `position` (by
+        default the end of `metadata_version`, the version of the image the broker serves),
+        else after `max_wait_ms`. A fenced broker gets STALE_BROKER_EPOCH. `offline_replicas`:
+        the (topic, partition) replicas this broker cannot serve (their tables are lost)."""
+        position = position or MetadataPosition(metadata_version)
         response = self._lifecycle_call("BrokerHeartbeat", ipb.BrokerHeartbeatRequest(
             broker_id=broker_id, broker_epoch=broker_epoch, metadata_version=metadata_version,
-            max_wait_ms=max_wait_ms,
+            max_wait_ms=max_wait_ms, metadata_position=codec.position_to_proto(position),
             offline_replicas=codec.topic_partitions_to_proto(offline_replicas)),
             max_wait_ms / 500 + 5)
-        image = None
-        if response.HasField("metadata"):
-            image = dataclasses.replace(
-                codec.image_from_proto(response.metadata),
-                scram_credentials=codec.scram_credentials_from_proto(response.scram_credentials),
-                acls=tuple(codec.acl_from_proto(a) for a in response.acls),
-                producer_id_key=response.producer_id_key)
+        batch = None
+        if response.HasField("metadata_records"):
+            batch = codec.metadata_batch_from_proto(response.metadata_records)
         refresh = codec.topic_partitions_from_proto(response.refresh_logs)
-        return HeartbeatAnswer(response.should_shut_down, image, refresh)
+        return HeartbeatAnswer(response.should_shut_down, batch, refresh)
 
     def alter_partition(self, broker_id: int, broker_epoch: int, topic: str, partition: int, *,
                         leader_epoch: int, isr: list[int], new_isr: list[int],

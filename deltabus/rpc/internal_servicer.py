@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import grpc
+
 from deltabus import config as cfg
 from deltabus import errors
 from deltabus.cluster.handler import DeltaBusHandler, FetchResult, FetchSpec, LifecycleHandler
@@ -36,20 +38,19 @@ class BrokerLifecycleServicer(ipb_grpc.BrokerLifecycleServicer):
     def BrokerHeartbeat(self, request: ipb.BrokerHeartbeatRequest,
                         context: Any) -> ipb.BrokerHeartbeatResponse:
         try:
-            stop, image, refresh = self._handler.heartbeat(
+            stop, batch, refresh = self._handler.heartbeat(
                 request.broker_id, request.broker_epoch, request.metadata_version,
-                request.max_wait_ms, codec.topic_partitions_from_proto(request.offline_replicas))
+                request.max_wait_ms, codec.topic_partitions_from_proto(request.offline_replicas),
+                position=codec.position_from_proto(request.metadata_position))
         except errors.DeltaBusError as e:
             return ipb.BrokerHeartbeatResponse(error_code=e.code, error_message=e.message)
         response = ipb.BrokerHeartbeatResponse(should_shut_down=stop)
         response.refresh_logs.extend(codec.topic_partitions_to_proto(refresh))
-        if image is not None:  # a broker's metadata: with the credentials it authenticates
-            # with and the ACLs it authorizes with
-            response.metadata.CopyFrom(codec.image_to_proto(image))
-            response.scram_credentials.extend(
-                codec.scram_credentials_to_proto(image.scram_credentials))
-            response.acls.extend(codec.acl_to_proto(a) for a in image.acls)
-            response.producer_id_key = image.producer_id_key
+        if batch is not None:
+            response.metadata_records.CopyFrom(codec.metadata_batch_to_proto(batch))
+            if (context is not None and sum(map(len, batch.records))
+                    >= cfg.METADATA_FETCH_COMPRESS_BYTES_MIN):
+                context.set_compression(grpc.Compression.Gzip)
         return response
 
     def AlterPartition(self, request: ipb.AlterPartitionRequest,

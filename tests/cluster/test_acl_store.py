@@ -30,6 +30,7 @@ from deltabus.acls import (
     ResourceType,
 )
 from deltabus.cluster.controller import Controller, ControllerHandler
+from deltabus.cluster.metadata_loader import MetadataLoader
 from deltabus.metadata import BrokerEndpoint
 from deltabus.rpc.controller_channel import ControllerChannel
 from deltabus.rpc.kafka.listener import KafkaListener
@@ -142,7 +143,9 @@ def test_brokers_get_the_acls_in_heartbeats_and_clients_never(
         answer = channel.heartbeat(0, epoch, 0, max_wait_ms=0)
     finally:
         channel.close()
-    assert answer.image is not None and answer.image.acls == (secret_acl,)
+    assert answer.metadata is not None  # a snapshot: the broker is new
+    image = MetadataLoader(controller_server.config.root).replay(answer.metadata)
+    assert image is not None and image.acls == (secret_acl,)
 
     with grpc.insecure_channel(controller_server.address) as client:
         metadata = pb_grpc.DeltaBusStub(client).Metadata(pb.MetadataRequest(), timeout=10)
@@ -206,10 +209,12 @@ def kafka_door(controller_server: ControllerServer) -> Iterator[str]:
     stop = threading.Event()
 
     def heartbeats(epoch: int) -> None:
-        applied = 0
+        loader = MetadataLoader(controller_server.config.root)
         while not stop.is_set():
-            answer = channel.heartbeat(0, epoch, applied, max_wait_ms=200)
-            applied = answer.image.version if answer.image is not None else applied
+            answer = channel.heartbeat(0, epoch, loader.applied_version, max_wait_ms=200,
+                                       position=loader.position)
+            if answer.metadata is not None:
+                loader.replay(answer.metadata)
 
     try:
         epoch = channel.register(BrokerEndpoint(0, "127.0.0.1", 1, kafka_port=listener.port),

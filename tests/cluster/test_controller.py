@@ -18,7 +18,13 @@ from deltabus.cluster.metadata_log import MetadataLog
 from deltabus.cluster.producer_id_control import PRODUCER_ID_BLOCK
 from deltabus.log_tables.layout import metadata_path, replica_path
 from deltabus.log_tables.partition_log import PartitionLog
-from deltabus.metadata import BrokerEndpoint, NewTopic, PartitionState, TopicState
+from deltabus.metadata import (
+    BrokerEndpoint,
+    MetadataPosition,
+    NewTopic,
+    PartitionState,
+    TopicState,
+)
 from deltabus.records import normalize_produce, produce_batch
 from tests.conftest import wait_until
 
@@ -147,8 +153,9 @@ def test_only_changes_brokers_see_make_a_new_version(tmp_path: Path) -> None:
     assert controller.image().topics == {}
     controller.create_topics([NewTopic("orders")], timeout_ms=0)
     assert controller.image().version == version + 1
-    stop, image, refresh = controller.heartbeat(0, epochs[0], version, 0)
-    assert not stop and image is not None and image.version == version + 1 and refresh == []
+    stop, batch, refresh = controller.heartbeat(0, epochs[0], version, 0)
+    assert not stop and batch is not None and refresh == []
+    assert batch.end == MetadataPosition(version + 1)  # the broker ends at the new version
 
 
 def test_a_broker_registering_after_a_restart_changes_no_partition(tmp_path: Path) -> None:

@@ -1,4 +1,5 @@
-"""Typed metadata records keep the stored form deltabus has always written, byte for byte."""
+"""Typed metadata records keep the stored form deltabus has always written, byte for byte, and
+every record, broker records too, comes back from its serialized form (what brokers are sent)."""
 
 from __future__ import annotations
 
@@ -10,12 +11,15 @@ import pytest
 
 from deltabus.acls import AclBinding, Operation, PatternType, Permission, ResourceType
 from deltabus.cluster.metadata_records import (
+    BROKER_RECORD_TYPES,
     PERSISTED_RECORD_TYPES,
     AccessControlEntryRecord,
+    BrokerRegistrationChangeRecord,
     ClusterIdRecord,
     ConfigRecord,
     FenceBrokerRecord,
     MetadataRecord,
+    OfflineReplicasRecord,
     PartitionChangeRecord,
     PartitionRecord,
     ProducerIdKeyRecord,
@@ -26,11 +30,14 @@ from deltabus.cluster.metadata_records import (
     RemoveUserScramCredentialRecord,
     TopicRecord,
     TransactionalIdRecord,
+    UnfenceBrokerRecord,
     UserScramCredentialRecord,
+    deserialize,
     from_stored,
+    serialize,
     to_stored,
 )
-from deltabus.metadata import BrokerEndpoint
+from deltabus.metadata import BrokerEndpoint, ListenerEndpoint
 
 # Each record as the dict-based controller built it, and the same record typed.
 OLD_AND_TYPED: list[tuple[dict[str, Any], MetadataRecord]] = [
@@ -147,3 +154,40 @@ def test_producer_id_records_make_no_new_version() -> None:
     assert not TransactionalIdRecord("tx", 1).changes_image
     assert PartitionChangeRecord("orders", 0, isr=(1,)).changes_image
     assert FenceBrokerRecord(1, 5).changes_image
+
+
+BROKER_RECORDS: list[MetadataRecord] = [
+    RegisterBrokerRecord(BrokerEndpoint(1, "10.0.0.1", 9000, "rack-a", 9092, (
+        ListenerEndpoint("INTERNAL", "grpc", "10.0.0.1", 9000),
+        ListenerEndpoint("EXTERNAL", "kafka", "broker1.example", 9092))), 5, 123, 2),
+    RegisterBrokerRecord(BrokerEndpoint(2, "127.0.0.1", 9001), 6, 124, 3),
+    UnfenceBrokerRecord(1, 5),
+    FenceBrokerRecord(1, 5),
+    BrokerRegistrationChangeRecord(1, 5, in_controlled_shutdown=True),
+    OfflineReplicasRecord(1, 5, frozenset({("orders", 0), ("pay", 3)})),
+    OfflineReplicasRecord(1, 5, frozenset()),
+]
+
+
+@pytest.mark.parametrize("record", [typed for _, typed in OLD_AND_TYPED] + BROKER_RECORDS,
+                         ids=lambda r: r.type)
+def test_every_record_comes_back_from_its_serialized_form(record: MetadataRecord) -> None:
+    data = serialize(record)
+    assert deserialize(data) == record
+    if record.persisted:  # the stored form, as JSON
+        assert json.loads(data) == to_stored(record)
+
+
+def test_every_broker_record_type_is_covered() -> None:
+    assert {r.type for r in BROKER_RECORDS} == set(BROKER_RECORD_TYPES)
+    assert not set(BROKER_RECORD_TYPES) & set(PERSISTED_RECORD_TYPES)
+
+
+@pytest.mark.parametrize("data", [b"not json", b"[1]", b'{"type": "no_such_type"}',
+                                  b'{"type": "fence_broker", "broker_id": 1}',
+                                  b'{"type": "register_broker", "broker_epoch": 1, "pid": 1,'
+                                  b' "registered_version": 1, "endpoint": {"host": "h"}}',
+                                  b"\xff\xfe"])
+def test_what_is_no_serialized_record_is_refused(data: bytes) -> None:
+    with pytest.raises(ValueError):
+        deserialize(data)

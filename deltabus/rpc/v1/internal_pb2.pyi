@@ -38,54 +38,54 @@ class RegisterBrokerResponse(_message.Message):
     def __init__(self, error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., broker_epoch: _Optional[int] = ...) -> None: ...
 
 class BrokerHeartbeatRequest(_message.Message):
-    __slots__ = ("broker_id", "broker_epoch", "metadata_version", "max_wait_ms", "offline_replicas")
+    __slots__ = ("broker_id", "broker_epoch", "metadata_version", "max_wait_ms", "offline_replicas", "metadata_position")
     BROKER_ID_FIELD_NUMBER: _ClassVar[int]
     BROKER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     METADATA_VERSION_FIELD_NUMBER: _ClassVar[int]
     MAX_WAIT_MS_FIELD_NUMBER: _ClassVar[int]
     OFFLINE_REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    METADATA_POSITION_FIELD_NUMBER: _ClassVar[int]
     broker_id: int
     broker_epoch: int
     metadata_version: int
     max_wait_ms: int
     offline_replicas: _containers.RepeatedCompositeFieldContainer[_deltabus_pb2.TopicPartitions]
-    def __init__(self, broker_id: _Optional[int] = ..., broker_epoch: _Optional[int] = ..., metadata_version: _Optional[int] = ..., max_wait_ms: _Optional[int] = ..., offline_replicas: _Optional[_Iterable[_Union[_deltabus_pb2.TopicPartitions, _Mapping]]] = ...) -> None: ...
+    metadata_position: MetadataPosition
+    def __init__(self, broker_id: _Optional[int] = ..., broker_epoch: _Optional[int] = ..., metadata_version: _Optional[int] = ..., max_wait_ms: _Optional[int] = ..., offline_replicas: _Optional[_Iterable[_Union[_deltabus_pb2.TopicPartitions, _Mapping]]] = ..., metadata_position: _Optional[_Union[MetadataPosition, _Mapping]] = ...) -> None: ...
+
+class MetadataPosition(_message.Message):
+    __slots__ = ("version", "index", "snapshot")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    index: int
+    snapshot: bool
+    def __init__(self, version: _Optional[int] = ..., index: _Optional[int] = ..., snapshot: _Optional[bool] = ...) -> None: ...
+
+class MetadataBatch(_message.Message):
+    __slots__ = ("start", "end", "records")
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    RECORDS_FIELD_NUMBER: _ClassVar[int]
+    start: MetadataPosition
+    end: MetadataPosition
+    records: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, start: _Optional[_Union[MetadataPosition, _Mapping]] = ..., end: _Optional[_Union[MetadataPosition, _Mapping]] = ..., records: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class BrokerHeartbeatResponse(_message.Message):
-    __slots__ = ("error_code", "error_message", "should_shut_down", "metadata", "refresh_logs", "scram_credentials", "acls", "producer_id_key")
+    __slots__ = ("error_code", "error_message", "should_shut_down", "refresh_logs", "metadata_records")
     ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
     ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     SHOULD_SHUT_DOWN_FIELD_NUMBER: _ClassVar[int]
-    METADATA_FIELD_NUMBER: _ClassVar[int]
     REFRESH_LOGS_FIELD_NUMBER: _ClassVar[int]
-    SCRAM_CREDENTIALS_FIELD_NUMBER: _ClassVar[int]
-    ACLS_FIELD_NUMBER: _ClassVar[int]
-    PRODUCER_ID_KEY_FIELD_NUMBER: _ClassVar[int]
+    METADATA_RECORDS_FIELD_NUMBER: _ClassVar[int]
     error_code: int
     error_message: str
     should_shut_down: bool
-    metadata: _deltabus_pb2.MetadataResponse
     refresh_logs: _containers.RepeatedCompositeFieldContainer[_deltabus_pb2.TopicPartitions]
-    scram_credentials: _containers.RepeatedCompositeFieldContainer[UserScramCredential]
-    acls: _containers.RepeatedCompositeFieldContainer[_deltabus_pb2.AclBinding]
-    producer_id_key: bytes
-    def __init__(self, error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., should_shut_down: _Optional[bool] = ..., metadata: _Optional[_Union[_deltabus_pb2.MetadataResponse, _Mapping]] = ..., refresh_logs: _Optional[_Iterable[_Union[_deltabus_pb2.TopicPartitions, _Mapping]]] = ..., scram_credentials: _Optional[_Iterable[_Union[UserScramCredential, _Mapping]]] = ..., acls: _Optional[_Iterable[_Union[_deltabus_pb2.AclBinding, _Mapping]]] = ..., producer_id_key: _Optional[bytes] = ...) -> None: ...
-
-class UserScramCredential(_message.Message):
-    __slots__ = ("name", "mechanism", "salt", "stored_key", "server_key", "iterations")
-    NAME_FIELD_NUMBER: _ClassVar[int]
-    MECHANISM_FIELD_NUMBER: _ClassVar[int]
-    SALT_FIELD_NUMBER: _ClassVar[int]
-    STORED_KEY_FIELD_NUMBER: _ClassVar[int]
-    SERVER_KEY_FIELD_NUMBER: _ClassVar[int]
-    ITERATIONS_FIELD_NUMBER: _ClassVar[int]
-    name: str
-    mechanism: _deltabus_pb2.ScramMechanism
-    salt: bytes
-    stored_key: bytes
-    server_key: bytes
-    iterations: int
-    def __init__(self, name: _Optional[str] = ..., mechanism: _Optional[_Union[_deltabus_pb2.ScramMechanism, str]] = ..., salt: _Optional[bytes] = ..., stored_key: _Optional[bytes] = ..., server_key: _Optional[bytes] = ..., iterations: _Optional[int] = ...) -> None: ...
+    metadata_records: MetadataBatch
+    def __init__(self, error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., should_shut_down: _Optional[bool] = ..., refresh_logs: _Optional[_Iterable[_Union[_deltabus_pb2.TopicPartitions, _Mapping]]] = ..., metadata_records: _Optional[_Union[MetadataBatch, _Mapping]] = ...) -> None: ...
 
 class AlterPartitionRequest(_message.Message):
     __slots__ = ("broker_id", "broker_epoch", "topic", "partition", "leader_epoch", "isr", "new_isr")

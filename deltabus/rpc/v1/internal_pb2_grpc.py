@@ -27,7 +27,7 @@ if _version_not_supported:
 
 class BrokerLifecycleStub:
     """Served by the controller. Brokers register and heartbeat; the heartbeat is a long poll that
-    returns as soon as the cluster metadata moves past the version the broker has applied.
+    returns as soon as there are metadata records past the broker's position in them.
     """
 
     def __init__(self, channel):
@@ -55,7 +55,7 @@ class BrokerLifecycleStub:
 
 class BrokerLifecycleServicer:
     """Served by the controller. Brokers register and heartbeat; the heartbeat is a long poll that
-    returns as soon as the cluster metadata moves past the version the broker has applied.
+    returns as soon as there are metadata records past the broker's position in them.
     """
 
     def RegisterBroker(self, request, context):
@@ -105,7 +105,7 @@ def add_BrokerLifecycleServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class BrokerLifecycle:
     """Served by the controller. Brokers register and heartbeat; the heartbeat is a long poll that
-    returns as soon as the cluster metadata moves past the version the broker has applied.
+    returns as soon as there are metadata records past the broker's position in them.
     """
 
     @staticmethod
