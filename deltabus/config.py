@@ -510,7 +510,8 @@ class LogConfig:
     # Delta checkpoint every N commits keeps table open time flat however long the log grows.
     checkpoint_interval: int = 100
     pending_bytes_max: int = 256 * 1024 * 1024  # produce requests waiting for a commit
-    # How long a producer's batch that arrived ahead of its predecessor waits for it.
+    # How long a producer's batch that arrived ahead of its predecessor waits for it, at most:
+    # never past its produce request's timeout (`PartitionLog.append`).
     sequence_wait_ms: int = 10_000
 
 
@@ -560,6 +561,7 @@ class ClusterConfig:
     group_commit_linger_ms: int = LogConfig.group_commit_linger_ms
     log_cache_bytes_max: int = LogConfig.log_cache_bytes_max
     checkpoint_interval: int = LogConfig.checkpoint_interval
+    sequence_wait_ms: int = LogConfig.sequence_wait_ms
     grpc_threads: int = 32
     # TLS and SASL on the listeners (both doors); PLAINTEXT by default.
     security: ListenerSecurity = field(default_factory=ListenerSecurity)
@@ -660,7 +662,8 @@ class ClusterConfig:
         return LogConfig(group_commit_bytes_max=self.group_commit_bytes_max,
                          group_commit_linger_ms=self.group_commit_linger_ms,
                          log_cache_bytes_max=self.log_cache_bytes_max,
-                         checkpoint_interval=self.checkpoint_interval)
+                         checkpoint_interval=self.checkpoint_interval,
+                         sequence_wait_ms=self.sequence_wait_ms)
 
     def topic_defaults(self) -> TopicConfig:
         """What a topic without overrides gets: Kafka's defaults, and this cluster's settings

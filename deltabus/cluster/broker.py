@@ -388,7 +388,8 @@ class Broker:
         return self._controller.delete_topics(names, timeout_ms=timeout_ms)
 
     def produce(self, topic: str, partition: int, batch: pa.Table, *, acks: int,
-                producer: ProducerState, batch_bytes: int | None = None) -> Future[AppendResult]:
+                producer: ProducerState, batch_bytes: int | None = None,
+                timeout_ms: int | None = None) -> Future[AppendResult]:
         hosted = self._partition(topic, partition)
         leader_epoch = hosted.check_leader()
         topic_config = self._topic_configs.get(topic) or cfg.TopicConfig()
@@ -400,7 +401,7 @@ class Broker:
                                      timestamp_type=timestamp_type, producer=producer,
                                      max_message_bytes=topic_config.max_message_bytes,
                                      batch_bytes=batch_bytes,
-                                     compacted=topic_config.compacts)
+                                     compacted=topic_config.compacts, timeout_ms=timeout_ms)
         if acks == 0:
             return appended
         return hosted.acknowledged(appended, leader_epoch, topic_config.min_insync_replicas

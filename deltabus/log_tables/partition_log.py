@@ -171,6 +171,7 @@ class PartitionLog:
         max_message_bytes: int | None = None,
         batch_bytes: int | None = None,
         compacted: bool = False,
+        timeout_ms: int | None = None,
     ) -> Future[AppendResult]:
         """Queue a produce batch (PRODUCE_SCHEMA's columns, or a subset `normalize_produce`
         completes) for the next group commit; the future resolves once the Delta commit holding
@@ -178,9 +179,12 @@ class PartitionLog:
 
         A batch of an idempotent producer is queued in its sequence order: one that arrives
         before its predecessor waits for it (pipelined requests may be served out of order),
-        and a retried one gets the future of its first append (no duplicate). Checks run before
-        anything is queued, so a bad batch changes nothing (it only uses up its sequence numbers,
-        so the producer's later batches are not held up).
+        and a retried one gets the future of its first append (no duplicate). An early batch
+        waits at most the config's sequence wait and `timeout_ms` (what is left of its produce
+        request's timeout; None: no request bounds it), then fails with
+        OUT_OF_ORDER_SEQUENCE_NUMBER. Checks run before anything is queued, so a bad batch
+        changes nothing (it only uses up its sequence numbers, so the producer's later batches
+        are not held up).
 
         `max_message_bytes` limits each record batch, as Kafka does: its size as the client sent
         it (`batch_bytes`, a Kafka client's record batch, compressed or not) or else the size of
@@ -198,8 +202,8 @@ class PartitionLog:
                 self._lock.wait(0.1)  # back-pressure: the producer waits for the commits
             entry = None
             if producer.producer_id >= 0:
-                entry, duplicate = self._producers.await_turn(producer, batch.num_rows,
-                                                              lambda: self._closed)
+                entry, duplicate = self._producers.await_turn(
+                    producer, batch.num_rows, lambda: self._closed, timeout_ms)
                 if duplicate is not None:
                     return duplicate
                 entry.next_sequence = producer.base_sequence + batch.num_rows

@@ -84,6 +84,11 @@ def _code(error: errors.DeltaBusError | None) -> tuple[int, str]:
     return (error.code, error.message) if error else (0, "")
 
 
+def _left_ms(deadline: float) -> int:
+    """What is left until `deadline` (time.monotonic()), in whole ms, never below 0."""
+    return max(0, int((deadline - time.monotonic()) * 1000))
+
+
 def _repeated_field_bytes(message_bytes: int) -> int:
     """What one message of a repeated field adds to its parent: tag, length varint, message."""
     return 1 + max(1, (message_bytes.bit_length() + 6) // 7) + message_bytes
@@ -224,6 +229,8 @@ class DeltaBusServicer(GroupServicerMixin, AclServicerMixin, pb_grpc.DeltaBusSer
         pending: list[tuple[pb.PartitionProduceData, Any, errors.DeltaBusError | None]] = []
         access = self._access(context)
         budget = UnpackBudget()  # what this request's compressed Arrow buffers unpack to
+        timeout_ms = max(0, present_or(request, "timeout_ms", cfg.PRODUCE_TIMEOUT_MS_DEFAULT))
+        deadline = time.monotonic() + timeout_ms / 1000  # for the appends and their acks
         for data in request.partitions:
             refusal = access.topic(Operation.WRITE, data.topic) or (
                 access.producer_id(self._handler, data.producer_id)
@@ -237,14 +244,12 @@ class DeltaBusServicer(GroupServicerMixin, AclServicerMixin, pb_grpc.DeltaBusSer
                 producer = (ProducerState(data.producer_id, data.producer_epoch,
                                           data.base_sequence)
                             if idempotent else ProducerState())
-                future = self._handler.produce(data.topic, data.partition, batch,
-                                               acks=acks, producer=producer)
+                future = self._handler.produce(
+                    data.topic, data.partition, batch, acks=acks, producer=producer,
+                    timeout_ms=_left_ms(deadline))
                 pending.append((data, future, None))
             except errors.DeltaBusError as e:
                 pending.append((data, None, e))
-        timeout_s = max(0, present_or(request, "timeout_ms",
-                                      cfg.PRODUCE_TIMEOUT_MS_DEFAULT)) / 1000
-        deadline = time.monotonic() + timeout_s
         response = pb.ProduceResponse()
         for data, future, error in pending:
             result: AppendResult | None = None
@@ -254,7 +259,7 @@ class DeltaBusServicer(GroupServicerMixin, AclServicerMixin, pb_grpc.DeltaBusSer
                 except futures.TimeoutError:
                     error = errors.RequestTimedOutError(
                         f"the append to {data.topic}-{data.partition} did not complete "
-                        f"in {timeout_s * 1000:.0f} ms")
+                        f"in {timeout_ms} ms")
                 except errors.DeltaBusError as e:
                     error = e
             code, message = _code(error)

@@ -20,8 +20,9 @@ class ControllerServer:
 
     def __init__(self, root: Path, *, kafka: bool = False, **settings: object) -> None:
         """`settings`: more ClusterConfig settings (security, authorizer, ...)."""
-        settings = {"port": 0, **settings}  # brokers made from this config: any free ports
-        self.config = cfg.ClusterConfig(root=str(root), brokers=3, kafka_port=-1,
+        # Brokers made from this config: any free ports; no Kafka door unless kafka_port says.
+        settings = {"port": 0, "kafka_port": -1, **settings}
+        self.config = cfg.ClusterConfig(root=str(root), brokers=3,
                                         **settings)  # type: ignore[arg-type]
         self.controller = Controller(self.config)
         self.handler = ControllerHandler(self.controller)
