@@ -113,12 +113,19 @@ class Broker:
         self._epoch = -1
         secret = spec.config.inter_broker_secret
         listeners = spec.config.listener_config()
-        controller = spec.controller.listener(GRPC, listeners.controller.name)
-        if controller is None:
-            raise ValueError(f"the controller has no listener {listeners.controller.name}")
+        # Lifecycle calls on the controller's own listener; forwarded admin calls, which are
+        # client traffic, on the driver's inter-broker listener (rpc.controller_channel).
+        controller, admin = (spec.controller.listener(GRPC, listener.name)
+                             for listener in (listeners.controller, listeners.inter_broker))
+        if controller is None or admin is None:
+            raise ValueError(f"the controller has no listener {listeners.controller.name} "
+                             f"and {listeners.inter_broker.name}")
         self._controller = ControllerChannel(
             f"{controller.host}:{controller.port}", spec.broker_id, broker_secret=secret,
-            security=spec.config.listener_security(listeners.controller.security_protocol))
+            security=spec.config.listener_security(listeners.controller.security_protocol),
+            admin_address=f"{admin.host}:{admin.port}",
+            admin_security=spec.config.listener_security(
+                listeners.inter_broker.security_protocol))
         self._leaders = RemoteLeaderEndpoint(
             spec.broker_id, broker_secret=secret,
             security=spec.config.listener_security(listeners.inter_broker.security_protocol))

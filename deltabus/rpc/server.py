@@ -406,13 +406,16 @@ def start_server(host: str, port: int, handler: DeltaBusHandler,
                  credentials: CredentialLookup | None = None,
                  listener: str = "", brokers_only: bool = False) -> tuple[grpc.Server, int]:
     """Start a gRPC server for one listener on host:port (0 picks a free port); returns it
-    and the bound port. The controller passes `lifecycle` on its controller listeners (brokers
-    register there); brokers pass `replica_fetch` on the inter-broker listener (followers fetch
-    there). Either serves the internal API, which answers only calls carrying
-    `broker_secret`, the cluster's broker credential (`rpc.inter_broker`); `brokers_only`
-    (a controller-only listener) answers nothing else either. `security` says whether the port
-    speaks TLS and how callers authenticate (`rpc.call_authentication`, against the users'
-    SCRAM `credentials`); `listener` is its name (`DeltaBusServicer`).
+    and the bound port. The server is one thread pool of `threads`: what it serves shares
+    them. The controller passes `lifecycle` on its controller listeners (brokers register
+    there); brokers pass `replica_fetch` on the inter-broker listener (followers fetch there).
+    Either serves the internal API, which answers only calls carrying `broker_secret`, the
+    cluster's broker credential (`rpc.inter_broker`); `brokers_only` (a controller-only
+    listener) serves the lifecycle API alone, on threads no client call can take, and
+    answers nothing else. A call carrying `broker_secret` on the public API is a broker
+    forwarding its client's admin call (`rpc.call_authentication`). `security` says whether
+    the port speaks TLS and how callers authenticate (against the users' SCRAM
+    `credentials`); `listener` is its name (`DeltaBusServicer`).
 
     Raises ListenerBindError when the port cannot be bound (already in use).
     """
@@ -427,13 +430,15 @@ def start_server(host: str, port: int, handler: DeltaBusHandler,
     interceptors: list[grpc.ServerInterceptor] = []
     if internal and broker_secret:
         interceptors.append(InterBrokerAuthorizer(broker_secret, every_method=brokers_only))
-    if security.uses_sasl or security.uses_tls or (lifecycle is not None and broker_secret):
+    if security.uses_sasl or security.uses_tls or broker_secret:
         authenticator = (Authenticator(credentials, security.sasl_enabled_mechanisms)
                          if security.uses_sasl and credentials is not None else None)
         interceptors.append(CallAuthenticator(security, authenticator, broker_secret))
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=threads), options=options,
                          interceptors=interceptors or None)
-    pb_grpc.add_DeltaBusServicer_to_server(DeltaBusServicer(handler, groups, listener), server)
+    if not brokers_only:
+        pb_grpc.add_DeltaBusServicer_to_server(DeltaBusServicer(handler, groups, listener),
+                                               server)
     if lifecycle is not None:
         ipb_grpc.add_BrokerLifecycleServicer_to_server(BrokerLifecycleServicer(lifecycle), server)
     if replica_fetch:
