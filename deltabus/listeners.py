@@ -29,7 +29,9 @@ What must stay true:
   host and protocol, on any free port (brokers learn it from the driver, clients never use it).
 - Without named listeners a cluster has two for clients: `grpc.listeners=P://host:port` and
   `listeners=P://host:kafka_port`, both named after their protocol P (`ListenerConfig.simple`),
-  and the controller's own `CONTROLLER://host:0`.
+  and two for its own traffic: `REPLICATION://host:0`, the inter-broker listener, on a server
+  of its own so clients' long polls cannot starve follower fetches, and the controller's own
+  `CONTROLLER://host:0`. Clients are never told either address.
 
 Pure: no I/O. `ListenerConfig` is frozen and travels to the broker tasks inside ClusterConfig.
 """
@@ -45,6 +47,7 @@ SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 KAFKA, GRPC = "kafka", "grpc"  # the two doors
 WILDCARD_HOSTS = ("", "0.0.0.0", "::")
 CONTROLLER_LISTENER_NAME = "CONTROLLER"  # the controller's own listener, where none is named
+REPLICATION_LISTENER_NAME = "REPLICATION"  # a simple cluster's inter-broker listener
 PORT_MAX = 65_535
 # NAME://host:port, with an IPv6 host in brackets; the host may be empty (every interface).
 _LISTENER = re.compile(r"(?P<name>[A-Za-z0-9_.-]+)://(?P<host>\[[^\]]*\]|[^:/\s]*):(?P<port>\d+)")
@@ -129,13 +132,16 @@ class ListenerConfig:
     def simple(cls, *, host: str, port: int, kafka_port: int,
                security_protocol: str) -> ListenerConfig:
         """The two listeners of a cluster configured without names, one per door, with one
-        protocol (`kafka_port` -1: no Kafka door); followers fetch on the gRPC one. The
-        controller's lifecycle API gets a listener of its own (`CONTROLLER`, any free port)."""
+        protocol (`kafka_port` -1: no Kafka door), and two for the cluster's own traffic on
+        servers (thread pools) of their own, any free port, never told to clients:
+        `REPLICATION`, the inter-broker listener (follower fetches, so clients' long polls
+        cannot starve them), and the controller's `CONTROLLER` (broker heartbeats)."""
         name = security_protocol
-        grpc = (Listener(name, GRPC, host, port, security_protocol),)
+        grpc = (Listener(name, GRPC, host, port, security_protocol),
+                Listener(REPLICATION_LISTENER_NAME, GRPC, host, 0, security_protocol))
         kafka = (() if kafka_port < 0
                  else (Listener(name, KAFKA, host, kafka_port, security_protocol),))
-        return cls(kafka, *_own_controller(grpc, name, ()))
+        return cls(kafka, *_own_controller(grpc, REPLICATION_LISTENER_NAME, ()))
 
     def __post_init__(self) -> None:
         for door, items, key in ((KAFKA, self.kafka, "listeners"),

@@ -108,14 +108,17 @@ def test_ports_and_advertised_addresses_per_node() -> None:
         "127.0.0.2", 40001)
 
 
-def test_a_simple_cluster_has_two_listeners_for_clients_and_one_for_the_controller() -> None:
+def test_a_simple_cluster_has_two_listeners_for_clients_and_two_of_its_own() -> None:
+    """Followers fetch, and brokers heartbeat, on servers (thread pools) of their own, on any
+    free port: client calls cannot take their threads."""
     config = ClusterConfig(root="/tmp/x", host="127.0.0.1", port=9192, kafka_port=9092)
     listeners = config.listener_config()
     assert [(x.name, x.door, x.port) for x in listeners.grpc + listeners.kafka] == [
-        ("PLAINTEXT", GRPC, 9192), ("CONTROLLER", GRPC, 0), ("PLAINTEXT", KAFKA, 9092)]
-    assert listeners.inter_broker_listener_name == "PLAINTEXT"
+        ("PLAINTEXT", GRPC, 9192), ("REPLICATION", GRPC, 0), ("CONTROLLER", GRPC, 0),
+        ("PLAINTEXT", KAFKA, 9092)]
+    assert listeners.inter_broker_listener_name == "REPLICATION"
     assert listeners.controller_listener_names == ("CONTROLLER",)
-    assert [x.name for x in listeners.client_grpc()] == ["PLAINTEXT"]  # the bootstrap
+    assert listeners.client_grpc()[0].name == "PLAINTEXT"  # the bootstrap
     assert ClusterConfig(root="/tmp/x", kafka_port=-1).listener_config().kafka == ()
 
 

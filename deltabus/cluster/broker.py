@@ -209,8 +209,11 @@ class Broker:
         self._stopped.wait()
 
     def close(self) -> None:
-        """Stop copying, commit what is queued, close every log, then stop serving."""
+        """Stop copying, commit what is queued, close every log, then stop serving. Long-polling
+        fetches are answered at once (else they would hold the server's threads to the end of
+        their max_wait_ms)."""
         self._stopped.set()
+        self._on_log_change([])
         for fetcher in list(self._fetchers.values()):
             fetcher.stop()
         with self._partitions_lock:
