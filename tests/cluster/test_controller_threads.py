@@ -28,7 +28,7 @@ from deltabus.rpc.v1 import deltabus_pb2_grpc as pb_grpc
 from tests.conftest import wait_until
 
 CLIENT_THREADS = 4  # the driver's client pool: max(grpc_threads, coordinator_threads)
-SESSION_TIMEOUT_MS = 2_000
+SESSION_TIMEOUT_MS = 3_000  # as the shared cluster's (tests/conftest.py)
 HEARTBEAT_INTERVAL_MS = 200
 PARKED_MS = 120_000  # the parked joins' rebalance timeout: they outlast the test
 GROUP = "parked"

@@ -34,7 +34,7 @@ from tests.conftest import wait_until
 
 TOPIC = "orders"
 CLIENT_THREADS = 4  # each broker's gRPC pool for clients (grpc_threads)
-LAG_TIME_MAX_MS = 2_000
+LAG_TIME_MAX_MS = 3_000
 PARKED_MS = 60_000  # the parked fetches' max_wait_ms (the most a broker waits): beyond the test
 
 
