@@ -20,6 +20,12 @@ from deltabus.listeners import SECURITY_PROTOCOLS, ListenerConfig
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_KAFKA_PORT = 9092  # the Kafka protocol bootstrap, where Kafka's clients expect it
 DEFAULT_BOOTSTRAP_PORT = 9192  # the controller's gRPC port: the cluster's bootstrap address
+# The driver's controller listener serves only brokers' lifecycle calls, on a thread pool of its
+# own (ClusterConfig.controller_threads): per broker a heartbeat long poll, an AlterPartition and
+# a registration, twice over for a relaunched broker whose old incarnation still calls; plus a
+# few for refusals of callers without the broker credential.
+CONTROLLER_THREADS_PER_BROKER = 6
+CONTROLLER_THREADS_SPARE = 4
 
 # Records and requests.
 MESSAGE_MAX_BYTES = 1_048_588  # Kafka's message.max.bytes / topic max.message.bytes default
@@ -524,7 +530,8 @@ class LogConfig:
     # Delta checkpoint every N commits keeps table open time flat however long the log grows.
     checkpoint_interval: int = 100
     pending_bytes_max: int = 256 * 1024 * 1024  # produce requests waiting for a commit
-    # How long a producer's batch that arrived ahead of its predecessor waits for it.
+    # How long a producer's batch that arrived ahead of its predecessor waits for it, at most:
+    # never past its produce request's timeout (`PartitionLog.append`).
     sequence_wait_ms: int = 10_000
     # log.append.threads: the threads that commit every partition log of a process (a broker's
     # hundreds or thousands), not one per partition; commits are I/O waits, so more threads than
@@ -579,7 +586,8 @@ class ClusterConfig:
     log_cache_bytes_max: int = LogConfig.log_cache_bytes_max
     log_append_threads: int = LogConfig.append_threads
     checkpoint_interval: int = LogConfig.checkpoint_interval
-    grpc_threads: int = 32
+    sequence_wait_ms: int = LogConfig.sequence_wait_ms
+    grpc_threads: int = 32  # a broker's gRPC server (per listener); the driver's: at least this
     # TLS and SASL on the listeners (both doors); PLAINTEXT by default.
     security: ListenerSecurity = field(default_factory=ListenerSecurity)
     # Kafka's named listeners (deltabus.listeners): each with its own address, advertised
@@ -681,7 +689,15 @@ class ClusterConfig:
                          group_commit_linger_ms=self.group_commit_linger_ms,
                          log_cache_bytes_max=self.log_cache_bytes_max,
                          checkpoint_interval=self.checkpoint_interval,
-                         append_threads=self.log_append_threads)
+                         append_threads=self.log_append_threads,
+                         sequence_wait_ms=self.sequence_wait_ms)
+
+    def controller_threads(self) -> int:
+        """The threads of the driver's controller listener, which serves only the brokers'
+        lifecycle calls: each broker holds one heartbeat long poll, one AlterPartition and a
+        registration at most, twice over while a relaunched broker's old incarnation still
+        calls (CONTROLLER_THREADS_PER_BROKER); no client call takes any of them."""
+        return CONTROLLER_THREADS_PER_BROKER * self.brokers + CONTROLLER_THREADS_SPARE
 
     def topic_defaults(self) -> TopicConfig:
         """What a topic without overrides gets: Kafka's defaults, and this cluster's settings

@@ -18,11 +18,20 @@ What must stay true:
   clients of another.
 - `inter.broker.listener.name` names the gRPC listener brokers replicate over: follower fetches
   are served there and nowhere else. `controller.listener.names` names the gRPC listeners the
-  controller takes RegisterBroker, BrokerHeartbeat and AlterPartition on (default: the
-  inter-broker listener). A controller listener that is not the inter-broker listener is bound
-  by the driver only and answers only the cluster's brokers, as KRaft's controller listeners do.
-- Without named listeners a cluster has today's two: `grpc.listeners=P://host:port` and
-  `listeners=P://host:kafka_port`, both named after their protocol P (`ListenerConfig.simple`).
+  controller takes RegisterBroker, BrokerHeartbeat and AlterPartition on. A controller listener
+  is never one that serves anything else: it is bound by the driver only, on a gRPC server (a
+  thread pool) of its own, and answers only the cluster's brokers, as KRaft's controller
+  listeners (and Kafka's control plane listener, KIP-291) do. So no client traffic (group
+  long-polls, a flood of calls) can take the threads broker heartbeats need, and starve them
+  until the brokers are fenced. Where controller.listener.names is not given, or names only the
+  inter-broker listener (which serves clients too), the controller gets such a listener anyway:
+  `CONTROLLER` (`CONTROLLER_2`, ... if taken), on the inter-broker listener's host, advertised
+  host and protocol, on any free port (brokers learn it from the driver, clients never use it).
+- Without named listeners a cluster has two for clients: `grpc.listeners=P://host:port` and
+  `listeners=P://host:kafka_port`, both named after their protocol P (`ListenerConfig.simple`),
+  and two for its own traffic: `REPLICATION://host:0`, the inter-broker listener, on a server
+  of its own so clients' long polls cannot starve follower fetches, and the controller's own
+  `CONTROLLER://host:0`. Clients are never told either address.
 
 Pure: no I/O. `ListenerConfig` is frozen and travels to the broker tasks inside ClusterConfig.
 """
@@ -37,6 +46,8 @@ from deltabus import errors
 SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 KAFKA, GRPC = "kafka", "grpc"  # the two doors
 WILDCARD_HOSTS = ("", "0.0.0.0", "::")
+CONTROLLER_LISTENER_NAME = "CONTROLLER"  # the controller's own listener, where none is named
+REPLICATION_LISTENER_NAME = "REPLICATION"  # a simple cluster's inter-broker listener
 PORT_MAX = 65_535
 # NAME://host:port, with an IPv6 host in brackets; the host may be empty (every interface).
 _LISTENER = re.compile(r"(?P<name>[A-Za-z0-9_.-]+)://(?P<host>\[[^\]]*\]|[^:/\s]*):(?P<port>\d+)")
@@ -110,19 +121,27 @@ class ListenerConfig:
         grpc = _advertise("grpc.advertised.listeners", grpc_advertised_listeners, grpc)
         inter = inter_broker_listener_name.strip() or (grpc[0].name if grpc else "")
         controllers = tuple(n.strip() for n in controller_listener_names.split(",")
-                            if n.strip()) or (inter,)
-        return cls(kafka, grpc, inter, controllers)
+                            if n.strip())
+        for name in controllers:  # checked here: the inter-broker one is dropped below
+            if name not in {item.name for item in grpc}:
+                raise _invalid(f"controller.listener.names must name listeners of "
+                               f"grpc.listeners, not {name}")
+        return cls(kafka, *_own_controller(grpc, inter, controllers))
 
     @classmethod
     def simple(cls, *, host: str, port: int, kafka_port: int,
                security_protocol: str) -> ListenerConfig:
-        """The two listeners of a cluster configured without names: one protocol for both
-        doors, the internal APIs on the gRPC listener (`kafka_port` -1: no Kafka door)."""
+        """The two listeners of a cluster configured without names, one per door, with one
+        protocol (`kafka_port` -1: no Kafka door), and two for the cluster's own traffic on
+        servers (thread pools) of their own, any free port, never told to clients:
+        `REPLICATION`, the inter-broker listener (follower fetches, so clients' long polls
+        cannot starve them), and the controller's `CONTROLLER` (broker heartbeats)."""
         name = security_protocol
-        grpc = (Listener(name, GRPC, host, port, security_protocol),)
+        grpc = (Listener(name, GRPC, host, port, security_protocol),
+                Listener(REPLICATION_LISTENER_NAME, GRPC, host, 0, security_protocol))
         kafka = (() if kafka_port < 0
                  else (Listener(name, KAFKA, host, kafka_port, security_protocol),))
-        return cls(kafka, grpc, name, (name,))
+        return cls(kafka, *_own_controller(grpc, REPLICATION_LISTENER_NAME, ()))
 
     def __post_init__(self) -> None:
         for door, items, key in ((KAFKA, self.kafka, "listeners"),
@@ -176,6 +195,24 @@ class ListenerConfig:
         def change(items: tuple[Listener, ...]) -> tuple[Listener, ...]:
             return tuple(replace(item, security_protocol=security_protocol) for item in items)
         return replace(self, kafka=change(self.kafka), grpc=change(self.grpc))
+
+
+def _own_controller(grpc: tuple[Listener, ...], inter: str, controllers: tuple[str, ...]
+                    ) -> tuple[tuple[Listener, ...], str, tuple[str, ...]]:
+    """(gRPC listeners, inter-broker listener name, controller listener names) with the
+    controller's listeners apart from every other: the inter-broker listener (which serves
+    clients and followers) is never one; if none is left, a controller-only listener is added
+    on the inter-broker listener's host, advertised host and protocol, on any free port."""
+    controllers = tuple(name for name in controllers if name != inter)
+    taken = {item.name for item in grpc}
+    if controllers or inter not in taken:  # (an unknown inter-broker name fails the checks)
+        return grpc, inter, controllers or (inter,)
+    name = next(n for n in (CONTROLLER_LISTENER_NAME if i == 1
+                            else f"{CONTROLLER_LISTENER_NAME}_{i}"
+                            for i in range(1, len(taken) + 2)) if n not in taken)
+    base = next(item for item in grpc if item.name == inter)
+    own = Listener(name, GRPC, base.host, 0, base.security_protocol, base.advertised_host)
+    return grpc + (own,), inter, (name,)
 
 
 def _protocol_map(text: str) -> dict[str, str]:

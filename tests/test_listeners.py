@@ -36,14 +36,33 @@ def test_kafkas_syntax_gives_each_listener_its_address_and_protocol() -> None:
 def test_a_protocol_name_maps_to_itself_and_the_defaults_follow_kafka() -> None:
     config = ListenerConfig.parse(grpc_listeners="SASL_SSL://:9192,PLAINTEXT://127.0.0.1:0",
                                   listeners="SSL://[::1]:9092")
-    assert [x.security_protocol for x in config.grpc] == ["SASL_SSL", "PLAINTEXT"]
+    assert [x.security_protocol for x in config.grpc[:2]] == ["SASL_SSL", "PLAINTEXT"]
     assert config.kafka[0].bind_host == "::1"
     assert config.grpc[0].bind_host == "0.0.0.0"  # no host: every interface
-    # inter.broker.listener.name defaults to the first gRPC listener, and the controller's
-    # listener to the inter-broker one (which then serves clients as well).
+    # inter.broker.listener.name defaults to the first gRPC listener. The controller gets a
+    # listener of its own on the inter-broker listener's host and protocol, any free port:
+    # no client traffic shares its threads.
     assert config.inter_broker_listener_name == "SASL_SSL"
-    assert config.controller_listener_names == ("SASL_SSL",)
-    assert config.client_grpc() == config.grpc
+    assert config.controller_listener_names == ("CONTROLLER",)
+    own = config.controller
+    assert (own.host, own.port, own.security_protocol) == ("", 0, "SASL_SSL")
+    assert config.controller_only(own)
+    assert config.client_grpc() == config.grpc[:2]
+
+
+def test_the_controller_never_shares_the_inter_broker_listener() -> None:
+    """Named as a controller listener, the inter-broker listener (which serves clients and
+    followers) is replaced by a controller listener of its own, named apart from the rest."""
+    config = ListenerConfig.parse(
+        grpc_listeners="CONTROLLER://127.0.0.3:0,B://127.0.0.4:0",
+        listener_security_protocol_map="CONTROLLER:SSL,B:PLAINTEXT",
+        inter_broker_listener_name="CONTROLLER", controller_listener_names="CONTROLLER")
+    assert config.controller_listener_names == ("CONTROLLER_2",)
+    assert (config.controller.host, config.controller.security_protocol) == (
+        "127.0.0.3", "SSL")
+    assert [x.name for x in config.client_grpc()] == ["CONTROLLER", "B"]
+    # A controller listener named apart from the inter-broker one is kept as it is.
+    assert ListenerConfig.parse(**SPLIT).controller_listener_names == ("CONTROLLER",)
 
 
 @pytest.mark.parametrize("changes, message", [
@@ -89,12 +108,17 @@ def test_ports_and_advertised_addresses_per_node() -> None:
         "127.0.0.2", 40001)
 
 
-def test_a_simple_cluster_has_todays_two_listeners() -> None:
+def test_a_simple_cluster_has_two_listeners_for_clients_and_two_of_its_own() -> None:
+    """Followers fetch, and brokers heartbeat, on servers (thread pools) of their own, on any
+    free port: client calls cannot take their threads."""
     config = ClusterConfig(root="/tmp/x", host="127.0.0.1", port=9192, kafka_port=9092)
     listeners = config.listener_config()
     assert [(x.name, x.door, x.port) for x in listeners.grpc + listeners.kafka] == [
-        ("PLAINTEXT", GRPC, 9192), ("PLAINTEXT", KAFKA, 9092)]
-    assert listeners.inter_broker_listener_name == "PLAINTEXT"
+        ("PLAINTEXT", GRPC, 9192), ("REPLICATION", GRPC, 0), ("CONTROLLER", GRPC, 0),
+        ("PLAINTEXT", KAFKA, 9092)]
+    assert listeners.inter_broker_listener_name == "REPLICATION"
+    assert listeners.controller_listener_names == ("CONTROLLER",)
+    assert listeners.client_grpc()[0].name == "PLAINTEXT"  # the bootstrap
     assert ClusterConfig(root="/tmp/x", kafka_port=-1).listener_config().kafka == ()
 
 

@@ -27,7 +27,9 @@ Named listeners (deltabus.listeners), instead of one protocol for the two doors:
     --grpc-advertised-listeners ...                 the gRPC door's, the same way
     --listener-security-protocol-map 'CLIENT:SASL_SSL,REPLICATION:SSL'
     --inter-broker-listener-name REPLICATION        a gRPC listener: brokers replicate over it
-    --controller-listener-names CONTROLLER          gRPC listeners brokers register on
+    --controller-listener-names CONTROLLER          gRPC listeners brokers register on (default:
+                                                    CONTROLLER on the inter-broker listener's
+                                                    host and protocol, any free port)
 
 Without --grpc-listeners, the gRPC door is one listener named as the first Kafka listener, on its
 host and the bootstrap port.

@@ -116,12 +116,19 @@ class Broker:
         self._epoch = -1
         secret = spec.config.inter_broker_secret
         listeners = spec.config.listener_config()
-        controller = spec.controller.listener(GRPC, listeners.controller.name)
-        if controller is None:
-            raise ValueError(f"the controller has no listener {listeners.controller.name}")
+        # Lifecycle calls on the controller's own listener; forwarded admin calls, which are
+        # client traffic, on the driver's inter-broker listener (rpc.controller_channel).
+        controller, admin = (spec.controller.listener(GRPC, listener.name)
+                             for listener in (listeners.controller, listeners.inter_broker))
+        if controller is None or admin is None:
+            raise ValueError(f"the controller has no listener {listeners.controller.name} "
+                             f"and {listeners.inter_broker.name}")
         self._controller = ControllerChannel(
             f"{controller.host}:{controller.port}", spec.broker_id, broker_secret=secret,
-            security=spec.config.listener_security(listeners.controller.security_protocol))
+            security=spec.config.listener_security(listeners.controller.security_protocol),
+            admin_address=f"{admin.host}:{admin.port}",
+            admin_security=spec.config.listener_security(
+                listeners.inter_broker.security_protocol))
         self._leaders = RemoteLeaderEndpoint(
             spec.broker_id, broker_secret=secret,
             security=spec.config.listener_security(listeners.inter_broker.security_protocol))
@@ -231,8 +238,11 @@ class Broker:
         self._stopped.wait()
 
     def close(self) -> None:
-        """Stop copying, commit what is queued, close every log, then stop serving."""
+        """Stop copying, commit what is queued, close every log, then stop serving. Long-polling
+        fetches are answered at once (else they would hold the server's threads to the end of
+        their max_wait_ms)."""
         self._stopped.set()
+        self._on_log_change([])
         for fetcher in list(self._fetchers.values()):
             fetcher.stop()
         with self._partitions_lock:
@@ -417,7 +427,8 @@ class Broker:
         return self._controller.delete_topics(names, timeout_ms=timeout_ms)
 
     def produce(self, topic: str, partition: int, batch: pa.Table, *, acks: int,
-                producer: ProducerState, batch_bytes: int | None = None) -> Future[AppendResult]:
+                producer: ProducerState, batch_bytes: int | None = None,
+                timeout_ms: int | None = None) -> Future[AppendResult]:
         hosted = self._partition(topic, partition)
         leader_epoch = hosted.check_leader()
         topic_config = self._topic_configs.get(topic) or cfg.TopicConfig()
@@ -429,7 +440,7 @@ class Broker:
                                      timestamp_type=timestamp_type, producer=producer,
                                      max_message_bytes=topic_config.max_message_bytes,
                                      batch_bytes=batch_bytes,
-                                     compacted=topic_config.compacts)
+                                     compacted=topic_config.compacts, timeout_ms=timeout_ms)
         if acks == 0:
             return appended
         return hosted.acknowledged(appended, leader_epoch, topic_config.min_insync_replicas

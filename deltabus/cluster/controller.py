@@ -847,7 +847,8 @@ class ControllerHandler:
             f"the controller leads no partitions: send {topic}-{partition} to its leader")
 
     def produce(self, topic: str, partition: int, batch: pa.Table, *, acks: int,
-                producer: ProducerState, batch_bytes: int | None = None) -> Future[AppendResult]:
+                producer: ProducerState, batch_bytes: int | None = None,
+                timeout_ms: int | None = None) -> Future[AppendResult]:
         raise self._not_leader(topic, partition)
 
     def fetch(self, specs: list[FetchSpec], *, max_wait_ms: int, min_bytes: int,

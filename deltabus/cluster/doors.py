@@ -5,7 +5,10 @@ clients are told for them.
 Who serves what, as KRaft splits it:
 - the driver (node -1: controller, bootstrap, group coordinator) opens every listener; its
   controller listeners serve the broker lifecycle (RegisterBroker, BrokerHeartbeat,
-  AlterPartition), and one that is controller-only answers only the cluster's brokers;
+  AlterPartition) and nothing else, on gRPC servers of their own: grpcio's server is one thread
+  pool, so a pool no client call can reach is what keeps client long-polls (JoinGroup) and
+  floods from starving heartbeats until brokers are fenced. They answer only the cluster's
+  brokers. Brokers forward their clients' admin calls to the driver's inter-broker listener;
 - broker b opens every listener but the controller-only ones; followers fetch from it on the
   inter-broker listener and nowhere else.
 
@@ -84,7 +87,8 @@ def open_doors(config: cfg.ClusterConfig, node: int, handler: DeltaBusHandler, *
             server, port = start_server(
                 listener.bind_host, listener.bind_port(node), handler,
                 lifecycle if controller else None,
-                threads=_grpc_threads(config, node), groups=groups,
+                threads=(config.controller_threads() if controller
+                         else _grpc_threads(config, node)), groups=groups,
                 replica_fetch=(node != CONTROLLER_NODE_ID
                                and listener.name == listeners.inter_broker_listener_name),
                 broker_secret=config.inter_broker_secret,

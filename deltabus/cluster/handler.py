@@ -77,14 +77,17 @@ class DeltaBusHandler(Protocol):
                       validate_only: bool) -> dict[str, errors.DeltaBusError | None]: ...
 
     def produce(self, topic: str, partition: int, batch: pa.Table, *, acks: int,
-                producer: ProducerState,
-                batch_bytes: int | None = None) -> futures.Future[AppendResult]:
+                producer: ProducerState, batch_bytes: int | None = None,
+                timeout_ms: int | None = None) -> futures.Future[AppendResult]:
         """Append a produce batch as the client sent it (any subset of PRODUCE_SCHEMA's
         columns); the leader's log checks it after taking an idempotent producer's sequence
         numbers, so a refused batch uses them up, as Kafka's broker does for invalid records.
         `batch_bytes`: the batch's size on the wire where the client sent a record batch (the
         Kafka door), which the topic's max.message.bytes limits, as in Kafka; None: the size
-        of the records as one uncompressed record batch."""
+        of the records as one uncompressed record batch. `timeout_ms`: what is left of the
+        produce request's timeout, the longest an idempotent batch that came ahead of its
+        sequence waits for its predecessor before OUT_OF_ORDER_SEQUENCE_NUMBER (None: the
+        log's sequence wait alone)."""
         ...
 
     def fetch(self, specs: list[FetchSpec], *, max_wait_ms: int, min_bytes: int,

@@ -170,6 +170,7 @@ class PartitionLog:
         max_message_bytes: int | None = None,
         batch_bytes: int | None = None,
         compacted: bool = False,
+        timeout_ms: int | None = None,
     ) -> Future[AppendResult]:
         """Queue a produce batch (PRODUCE_SCHEMA's columns, or a subset `normalize_produce`
         completes) for the next group commit; the future resolves once the Delta commit holding
@@ -177,9 +178,14 @@ class PartitionLog:
 
         A batch of an idempotent producer is queued in its sequence order: one that arrives
         before its predecessor waits for it (pipelined requests may be served out of order),
-        and a retried one gets the future of its first append (no duplicate). Checks run before
-        anything is queued, so a bad batch changes nothing (it only uses up its sequence numbers,
-        so the producer's later batches are not held up).
+        and a retried one gets the future of its first append (no duplicate). An early batch
+        waits at most the config's sequence wait and `timeout_ms` (what is left of its produce
+        request's timeout; None: no request bounds it), then fails with
+        OUT_OF_ORDER_SEQUENCE_NUMBER. Back-pressure (more than pending_bytes_max waiting for
+        its commit) holds it no longer than `timeout_ms` either, then REQUEST_TIMED_OUT with
+        nothing queued. Checks run before anything is queued, so a bad batch
+        changes nothing (it only uses up its sequence numbers, so the producer's later batches
+        are not held up).
 
         `max_message_bytes` limits each record batch, as Kafka does: its size as the client sent
         it (`batch_bytes`, a Kafka client's record batch, compressed or not) or else the size of
@@ -190,15 +196,15 @@ class PartitionLog:
         batch, refusal = self._checked(batch, max_message_bytes, batch_bytes, compacted)
         future: Future[AppendResult] = Future()
         item = PendingAppend(batch, batch.nbytes, leader_epoch, timestamp_type, producer, future)
+        deadline = None if timeout_ms is None else time.monotonic() + max(0, timeout_ms) / 1000
         with self._lock:
             self._check_open()
-            while (self._appender.pending_bytes > self._config.pending_bytes_max
-                   and not self._closed):
-                self._lock.wait(0.1)  # back-pressure: the producer waits for the commits
+            self._await_room(deadline)
             entry = None
             if producer.producer_id >= 0:
-                entry, duplicate = self._producers.await_turn(producer, batch.num_rows,
-                                                              lambda: self._closed)
+                entry, duplicate = self._producers.await_turn(
+                    producer, batch.num_rows, lambda: self._closed,
+                    None if deadline is None else _left_ms(deadline))
                 if duplicate is not None:
                     return duplicate
                 entry.next_sequence = producer.base_sequence + batch.num_rows
@@ -211,6 +217,19 @@ class PartitionLog:
             if entry is not None:
                 entry.remember(producer.base_sequence, future)
         return future
+
+    def _await_room(self, deadline: float | None) -> None:
+        """Lock held. Back-pressure: wait while more than pending_bytes_max waits for its
+        commit, until `deadline` (time.monotonic(); None: as long as it takes), then
+        REQUEST_TIMED_OUT with nothing queued."""
+        while self._appender.pending_bytes > self._config.pending_bytes_max and not self._closed:
+            left = 0.1 if deadline is None else min(0.1, deadline - time.monotonic())
+            if left <= 0:
+                raise errors.RequestTimedOutError(
+                    f"{self._name} has more than pending_bytes_max="
+                    f"{self._config.pending_bytes_max} bytes waiting for their commit; the "
+                    "produce request's timeout passed first")
+            self._lock.wait(left)
 
     def _checked(self, batch: pa.Table, max_message_bytes: int | None, batch_bytes: int | None,
                  compacted: bool) -> tuple[pa.Table, errors.DeltaBusError | None]:
@@ -590,3 +609,8 @@ def _trim_to_bytes(table: pa.Table, max_bytes: int) -> pa.Table:
         return table
     per_record = table.nbytes / table.num_rows
     return table.slice(0, max(1, int(max_bytes / per_record)))
+
+
+def _left_ms(deadline: float) -> int:
+    """What is left until `deadline` (time.monotonic()), in whole ms, never below 0."""
+    return max(0, int((deadline - time.monotonic()) * 1000))

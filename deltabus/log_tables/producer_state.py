@@ -85,13 +85,20 @@ class ProducerStateManager:
         self._sequence_wait_ms = sequence_wait_ms
         self._producers: dict[int, ProducerEntry] = {}
 
-    def await_turn(self, producer: ProducerState, records: int,
-                   closed: Callable[[], bool]) -> tuple[ProducerEntry, Future[AppendResult] | None]:
+    def await_turn(self, producer: ProducerState, records: int, closed: Callable[[], bool],
+                   timeout_ms: int | None = None
+                   ) -> tuple[ProducerEntry, Future[AppendResult] | None]:
         """Wait (lock held) until `producer`'s batch of `records` is next in its sequence, or
         the log closes. Returns the producer's entry, and the first append's future when the
         batch is a retry of one already taken. Raises when the epoch is fenced, the sequence
-        was written too long ago to answer, or its predecessor did not come in time."""
-        deadline = time.monotonic() + self._sequence_wait_ms / 1000
+        was written too long ago to answer, or its predecessor did not come in time: within
+        the sequence wait, and within `timeout_ms` (what is left of the produce request's
+        timeout; None: no request bounds it), so no request holds its thread past its own
+        timeout."""
+        wait_ms = self._sequence_wait_ms
+        if timeout_ms is not None:
+            wait_ms = max(0, min(wait_ms, timeout_ms))
+        deadline = time.monotonic() + wait_ms / 1000
         while True:
             entry = self._entry(producer)
             if producer.producer_epoch < entry.epoch:
@@ -114,11 +121,12 @@ class ProducerStateManager:
             if left <= 0:  # never skip the gap: its batch may still come, and be lost then
                 log.warning("%s: producer %d sequence %d waited %d ms for %d (remembered %s, "
                             "copied %s)", self._name, producer.producer_id,
-                            producer.base_sequence, self._sequence_wait_ms, entry.next_sequence,
+                            producer.base_sequence, wait_ms, entry.next_sequence,
                             list(entry.recent), list(entry.copied)[-3:])
                 raise errors.OutOfOrderSequenceNumberError(
                     f"producer {producer.producer_id} sent sequence {producer.base_sequence} "
-                    f"but {entry.next_sequence} is next on {self._name}")
+                    f"but {entry.next_sequence} is next on {self._name} (waited {wait_ms} ms "
+                    f"for it)")
             self._lock.wait(left)
 
     def note_copied(self, table: pa.Table) -> None:

@@ -2,6 +2,11 @@
 heartbeats and ISR changes on the internal API, and the admin calls a broker forwards, all taking
 and returning domain types so `deltabus.cluster` never sees grpc or protobuf.
 
+The two go to different listeners of the driver: lifecycle calls to the controller's listener,
+a server of their own that nothing else uses, so no client traffic can starve them; forwarded
+admin calls, which are client traffic (a CreateTopics waits for the brokers to learn of its
+topics, through those very heartbeats), to the driver's inter-broker listener.
+
 Failures are deltabus errors: the controller's answer raises its Kafka code; no answer at all
 (the controller is down, restarting or slow) raises NETWORK_EXCEPTION, which for a write such as
 AlterPartition means the outcome is unknown. Thread-safe (one gRPC channel, shared).
@@ -54,23 +59,32 @@ class HeartbeatAnswer:
 
 
 class ControllerChannel:
-    """Calls from one broker to the controller at `address`."""
+    """Calls from one broker to the controller: lifecycle calls at `address` (its controller
+    listener), forwarded admin calls at `admin_address` (default: the same)."""
 
     def __init__(self, address: str, broker_id: int, *, broker_secret: str,
-                 security: ListenerSecurity = PLAINTEXT,
+                 security: ListenerSecurity = PLAINTEXT, admin_address: str = "",
+                 admin_security: ListenerSecurity | None = None,
                  request_timeout_ms: int = 30_000) -> None:
-        """`broker_secret`: the cluster's broker credential, which every lifecycle call
-        carries (`rpc.inter_broker`); `security`: the listeners', TLS where they use it."""
+        """`broker_secret`: the cluster's broker credential, which every call carries
+        (`rpc.inter_broker`); `security`, `admin_security`: the two listeners', TLS where they
+        use it."""
         self.address = address
         self.request_timeout_ms = request_timeout_ms
         self._credential = credential_metadata(broker_secret)
-        self._channel = open_channel(address, f"deltabus-broker-{broker_id}",
-                                     credentials=grpc_peer_credentials(security))
+        agent = f"deltabus-broker-{broker_id}"
+        self._channel = open_channel(address, agent, credentials=grpc_peer_credentials(security))
         self._lifecycle = ipb_grpc.BrokerLifecycleStub(self._channel)
-        self._admin = pb_grpc.DeltaBusStub(self._channel)
+        self._admin_channel = self._channel
+        if admin_address and admin_address != address:
+            self._admin_channel = open_channel(admin_address, agent, credentials=(
+                grpc_peer_credentials(admin_security or security)))
+        self._admin = pb_grpc.DeltaBusStub(self._admin_channel)
 
     def close(self) -> None:
         self._channel.close()
+        if self._admin_channel is not self._channel:
+            self._admin_channel.close()
 
     # ---- lifecycle (internal API) --------------------------------------------------------------
 

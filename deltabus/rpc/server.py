@@ -84,6 +84,11 @@ def _code(error: errors.DeltaBusError | None) -> tuple[int, str]:
     return (error.code, error.message) if error else (0, "")
 
 
+def _left_ms(deadline: float) -> int:
+    """What is left until `deadline` (time.monotonic()), in whole ms, never below 0."""
+    return max(0, int((deadline - time.monotonic()) * 1000))
+
+
 def _repeated_field_bytes(message_bytes: int) -> int:
     """What one message of a repeated field adds to its parent: tag, length varint, message."""
     return 1 + max(1, (message_bytes.bit_length() + 6) // 7) + message_bytes
@@ -224,6 +229,8 @@ class DeltaBusServicer(GroupServicerMixin, AclServicerMixin, pb_grpc.DeltaBusSer
         pending: list[tuple[pb.PartitionProduceData, Any, errors.DeltaBusError | None]] = []
         access = self._access(context)
         budget = UnpackBudget()  # what this request's compressed Arrow buffers unpack to
+        timeout_ms = max(0, present_or(request, "timeout_ms", cfg.PRODUCE_TIMEOUT_MS_DEFAULT))
+        deadline = time.monotonic() + timeout_ms / 1000  # for the appends and their acks
         for data in request.partitions:
             refusal = access.topic(Operation.WRITE, data.topic) or (
                 access.producer_id(self._handler, data.producer_id)
@@ -237,14 +244,12 @@ class DeltaBusServicer(GroupServicerMixin, AclServicerMixin, pb_grpc.DeltaBusSer
                 producer = (ProducerState(data.producer_id, data.producer_epoch,
                                           data.base_sequence)
                             if idempotent else ProducerState())
-                future = self._handler.produce(data.topic, data.partition, batch,
-                                               acks=acks, producer=producer)
+                future = self._handler.produce(
+                    data.topic, data.partition, batch, acks=acks, producer=producer,
+                    timeout_ms=_left_ms(deadline))
                 pending.append((data, future, None))
             except errors.DeltaBusError as e:
                 pending.append((data, None, e))
-        timeout_s = max(0, present_or(request, "timeout_ms",
-                                      cfg.PRODUCE_TIMEOUT_MS_DEFAULT)) / 1000
-        deadline = time.monotonic() + timeout_s
         response = pb.ProduceResponse()
         for data, future, error in pending:
             result: AppendResult | None = None
@@ -254,7 +259,7 @@ class DeltaBusServicer(GroupServicerMixin, AclServicerMixin, pb_grpc.DeltaBusSer
                 except futures.TimeoutError:
                     error = errors.RequestTimedOutError(
                         f"the append to {data.topic}-{data.partition} did not complete "
-                        f"in {timeout_s * 1000:.0f} ms")
+                        f"in {timeout_ms} ms")
                 except errors.DeltaBusError as e:
                     error = e
             code, message = _code(error)
@@ -401,13 +406,16 @@ def start_server(host: str, port: int, handler: DeltaBusHandler,
                  credentials: CredentialLookup | None = None,
                  listener: str = "", brokers_only: bool = False) -> tuple[grpc.Server, int]:
     """Start a gRPC server for one listener on host:port (0 picks a free port); returns it
-    and the bound port. The controller passes `lifecycle` on its controller listeners (brokers
-    register there); brokers pass `replica_fetch` on the inter-broker listener (followers fetch
-    there). Either serves the internal API, which answers only calls carrying
-    `broker_secret`, the cluster's broker credential (`rpc.inter_broker`); `brokers_only`
-    (a controller-only listener) answers nothing else either. `security` says whether the port
-    speaks TLS and how callers authenticate (`rpc.call_authentication`, against the users'
-    SCRAM `credentials`); `listener` is its name (`DeltaBusServicer`).
+    and the bound port. The server is one thread pool of `threads`: what it serves shares
+    them. The controller passes `lifecycle` on its controller listeners (brokers register
+    there); brokers pass `replica_fetch` on the inter-broker listener (followers fetch there).
+    Either serves the internal API, which answers only calls carrying `broker_secret`, the
+    cluster's broker credential (`rpc.inter_broker`); `brokers_only` (a controller-only
+    listener) serves the lifecycle API alone, on threads no client call can take, and
+    answers nothing else. A call carrying `broker_secret` on the public API is a broker
+    forwarding its client's admin call (`rpc.call_authentication`). `security` says whether
+    the port speaks TLS and how callers authenticate (against the users' SCRAM
+    `credentials`); `listener` is its name (`DeltaBusServicer`).
 
     Raises ListenerBindError when the port cannot be bound (already in use).
     """
@@ -422,13 +430,15 @@ def start_server(host: str, port: int, handler: DeltaBusHandler,
     interceptors: list[grpc.ServerInterceptor] = []
     if internal and broker_secret:
         interceptors.append(InterBrokerAuthorizer(broker_secret, every_method=brokers_only))
-    if security.uses_sasl or security.uses_tls or (lifecycle is not None and broker_secret):
+    if security.uses_sasl or security.uses_tls or broker_secret:
         authenticator = (Authenticator(credentials, security.sasl_enabled_mechanisms)
                          if security.uses_sasl and credentials is not None else None)
         interceptors.append(CallAuthenticator(security, authenticator, broker_secret))
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=threads), options=options,
                          interceptors=interceptors or None)
-    pb_grpc.add_DeltaBusServicer_to_server(DeltaBusServicer(handler, groups, listener), server)
+    if not brokers_only:
+        pb_grpc.add_DeltaBusServicer_to_server(DeltaBusServicer(handler, groups, listener),
+                                               server)
     if lifecycle is not None:
         ipb_grpc.add_BrokerLifecycleServicer_to_server(BrokerLifecycleServicer(lifecycle), server)
     if replica_fetch:

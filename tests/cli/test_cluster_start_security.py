@@ -130,19 +130,21 @@ def test_named_listeners_take_kafkas_flags_and_server_properties_names(
             for x in listeners.grpc + listeners.kafka] == [
         ("CLIENT", "grpc", "0.0.0.0", 9192, "SASL_SSL"),
         ("REPLICATION", "grpc", "127.0.0.2", 0, "SSL"),
+        ("CONTROLLER", "grpc", "127.0.0.2", 0, "SSL"),  # the controller's own, any free port
         ("CLIENT", "kafka", "0.0.0.0", 9092, "SASL_SSL")]
     assert listeners.kafka[0].advertised_host == "bus.example.com"
     assert listeners.inter_broker_listener_name == "REPLICATION"
     assert broker_security.describe(settings) == (
-        "Security: listener.security.protocol.map=CLIENT:SASL_SSL,REPLICATION:SSL, "
-        "inter.broker.listener.name=REPLICATION, controller.listener.names=REPLICATION, "
+        "Security: listener.security.protocol.map=CLIENT:SASL_SSL,CONTROLLER:SSL,"
+        "REPLICATION:SSL, inter.broker.listener.name=REPLICATION, "
+        "controller.listener.names=CONTROLLER, "
         "sasl.enabled.mechanisms=PLAIN,SCRAM-SHA-256,SCRAM-SHA-512, ssl.client.auth=none, "
         "authorizer on, super.users=(none)")
     # Only Kafka listeners named: the gRPC door is one listener of the first one's name, on
-    # its host and the bootstrap port.
+    # its host and the bootstrap port (and the controller's own beside it).
     only_kafka = broker_security.cluster_settings(
         start_args("--listeners", "PLAINTEXT://127.0.0.5:9092"), ("127.0.0.1", 9192))
-    (grpc,) = only_kafka["listeners"].grpc
+    (grpc,) = only_kafka["listeners"].client_grpc()
     assert (grpc.name, grpc.host, grpc.port) == ("PLAINTEXT", "127.0.0.5", 9192)
 
 

@@ -599,7 +599,8 @@ class FakeCluster:
         return self._logs[(topic, partition)], state.leader_epoch
 
     def produce(self, broker_id: int, topic: str, partition: int, batch: pa.Table,
-                producer: ProducerState, batch_bytes: int | None = None) -> AppendResult:
+                producer: ProducerState, batch_bytes: int | None = None,
+                timeout_ms: int | None = None) -> AppendResult:
         if not self._released.is_set():
             with self._changed:
                 self.appends_waiting += 1
@@ -613,7 +614,7 @@ class FakeCluster:
             self._changed.notify_all()
             fault = self._take_fault("produce", topic, partition)
             log, leader_epoch = self._led_log(broker_id, topic, partition)
-            result = self._earlier_answer(log, producer, batch.num_rows)
+            result = self._earlier_answer(log, producer, batch.num_rows, timeout_ms)
             if result is None:
                 if producer.producer_id >= 0:  # a refused batch uses up its sequence numbers
                     log.producers[producer.producer_id].next_sequence = \
@@ -631,14 +632,17 @@ class FakeCluster:
                 raise fault.error(f"injected by the test after the append ({topic}-{partition})")
             return result
 
-    def _earlier_answer(self, log: FakeLog, producer: ProducerState,
-                        records: int) -> AppendResult | None:
-        """Lock held. Wait until an idempotent producer's batch is next in its sequence; the
+    def _earlier_answer(self, log: FakeLog, producer: ProducerState, records: int,
+                        timeout_ms: int | None) -> AppendResult | None:
+        """Lock held. Wait until an idempotent producer's batch is next in its sequence (at
+        most the sequence wait and the request's `timeout_ms`, as the partition log); the
         first answer when it is a retry of a batch already appended."""
         if producer.producer_id < 0:
             return None
         entry = log.producers.setdefault(producer.producer_id, _ProducerEntry())
-        deadline = time.monotonic() + self.sequence_wait_ms / 1000
+        wait_ms = min(self.sequence_wait_ms, self.sequence_wait_ms if timeout_ms is None
+                      else max(0, timeout_ms))
+        deadline = time.monotonic() + wait_ms / 1000
         while producer.base_sequence > entry.next_sequence:
             left = deadline - time.monotonic()
             if left <= 0 or self._stopped.is_set():
@@ -750,9 +754,10 @@ class FakeBroker:
         return self._cluster.alter_configs(changes, validate_only=validate_only)
 
     def produce(self, topic: str, partition: int, batch: pa.Table, *, acks: int,
-                producer: ProducerState, batch_bytes: int | None = None) -> Future[AppendResult]:
+                producer: ProducerState, batch_bytes: int | None = None,
+                timeout_ms: int | None = None) -> Future[AppendResult]:
         return _done(self._cluster.produce(self.broker_id, topic, partition, batch, producer,
-                                           batch_bytes))
+                                           batch_bytes, timeout_ms))
 
     def fetch(self, specs: list[FetchSpec], *, max_wait_ms: int, min_bytes: int,
               max_bytes: int, replica_id: int) -> list[FetchResult]:

@@ -20,8 +20,9 @@ class ControllerServer:
 
     def __init__(self, root: Path, *, kafka: bool = False, **settings: object) -> None:
         """`settings`: more ClusterConfig settings (security, authorizer, ...)."""
-        settings = {"port": 0, **settings}  # brokers made from this config: any free ports
-        self.config = cfg.ClusterConfig(root=str(root), brokers=3, kafka_port=-1,
+        # Brokers made from this config: any free ports; no Kafka door unless kafka_port says.
+        settings = {"port": 0, "kafka_port": -1, **settings}
+        self.config = cfg.ClusterConfig(root=str(root), brokers=3,
                                         **settings)  # type: ignore[arg-type]
         self.controller = Controller(self.config)
         self.handler = ControllerHandler(self.controller)
@@ -31,11 +32,13 @@ class ControllerServer:
             credentials=self.handler.scram_credential)
         self.address = f"127.0.0.1:{port}"
         # The driver's node, as a BrokerSpec names it to brokers run against this controller:
-        # its gRPC server is the config's controller listener.
-        controller = ListenerEndpoint(self.config.listener_config().controller.name, GRPC,
-                                      "127.0.0.1", port)
-        self.node = BrokerEndpoint(CONTROLLER_NODE_ID, "127.0.0.1", port,
-                                   listeners=(controller,))
+        # its one gRPC server is the config's controller listener (where brokers register and
+        # heartbeat) and its inter-broker listener (where they forward admin calls). A real
+        # driver (deltabus.cluster.doors) serves the two on servers of their own.
+        listeners = self.config.listener_config()
+        names = dict.fromkeys((listeners.controller.name, listeners.inter_broker.name))
+        self.node = BrokerEndpoint(CONTROLLER_NODE_ID, "127.0.0.1", port, listeners=tuple(
+            ListenerEndpoint(name, GRPC, "127.0.0.1", port) for name in names))
         self.kafka: KafkaListener | None = None
         if kafka:
             self.kafka = KafkaListener("127.0.0.1", 0, self.handler,

@@ -38,10 +38,16 @@ def test_an_impostor_cannot_register_or_heartbeat_and_the_real_broker_carries_on
         admin.create_topics([NewTopic(topic_name, 1, 3)])
     leader, _ = _leader_and_follower(cluster, topic_name)
     pids = cluster.broker_pids()
+    impostor = ipb.RegisterBrokerRequest(broker_id=leader, host="127.0.0.1", port=1, pid=1,
+                                         incarnation_id="impostor")
+    # The bootstrap (the clients' listener) does not serve the lifecycle API at all: it has
+    # a listener of its own, CONTROLLER, whose threads no client call can take.
     with grpc.insecure_channel(cluster.bootstrap_servers) as channel:
+        with pytest.raises(grpc.RpcError) as info:
+            ipb_grpc.BrokerLifecycleStub(channel).RegisterBroker(impostor, timeout=30)
+        assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    with grpc.insecure_channel(cluster.listener_address("CONTROLLER")) as channel:
         lifecycle = ipb_grpc.BrokerLifecycleStub(channel)
-        impostor = ipb.RegisterBrokerRequest(broker_id=leader, host="127.0.0.1", port=1, pid=1,
-                                             incarnation_id="impostor")
         for metadata in ((), WRONG):
             _refused(lifecycle.RegisterBroker, impostor, metadata)
             _refused(lifecycle.BrokerHeartbeat, ipb.BrokerHeartbeatRequest(

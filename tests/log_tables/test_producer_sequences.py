@@ -65,6 +65,40 @@ def test_a_gap_that_never_fills_is_refused(tmp_path):
     log.close()
 
 
+def test_a_gap_waits_no_longer_than_its_request_timeout(tmp_path):
+    """The sequence wait (a minute here) is the most a gap is waited for: the produce
+    request's timeout ends the wait sooner, so no request holds its thread past it."""
+    log = open_log(tmp_path, sequence_wait_ms=60_000)
+    log.append(batch("a", 2), leader_epoch=0, producer=ProducerState(1, 0, 0)).result(10)
+    with pytest.raises(errors.OutOfOrderSequenceNumberError, match=r"waited \d{1,3} ms"):
+        log.append(batch("c", 2), leader_epoch=0, producer=ProducerState(1, 0, 5),
+                   timeout_ms=100)
+    after = log.append(batch("b", 3), leader_epoch=0, producer=ProducerState(1, 0, 2),
+                       timeout_ms=100).result(10)
+    assert after.base_offset == 2 and log.log_end_offset == 5
+    log.close()
+
+
+def test_back_pressure_holds_a_produce_no_longer_than_its_request_timeout(tmp_path):
+    """Past pending_bytes_max a produce waits for the commits to drain, at most its request's
+    timeout: then REQUEST_TIMED_OUT, nothing of it queued, and the producer's sequence numbers
+    left for its retry."""
+    log = open_log(tmp_path, pending_bytes_max=1, group_commit_linger_ms=60_000)
+    first = log.append(batch("a", 2), leader_epoch=0, producer=ProducerState(1, 0, 0))
+    with pytest.raises(errors.RequestTimedOutError, match="pending_bytes_max"):
+        log.append(batch("b", 2), leader_epoch=0, producer=ProducerState(1, 0, 2),
+                   timeout_ms=100)
+    assert not first.done()  # the first is still lingering: the refusal did not wait for it
+    log.close()  # commits what is queued
+    assert first.result(10).base_offset == 0
+    reopened = open_log(tmp_path)
+    assert values(reopened) == [b"a-0", b"a-1"]
+    retry = reopened.append(batch("b", 2), leader_epoch=1, producer=ProducerState(1, 0, 2),
+                            timeout_ms=1_000).result(10)
+    assert retry.base_offset == 2
+    reopened.close()
+
+
 def test_an_invalid_batch_uses_up_its_sequence_so_later_ones_flow(tmp_path):
     log = open_log(tmp_path, sequence_wait_ms=200)
     with pytest.raises(errors.MessageTooLargeError):  # the batch is about 1000 bytes

@@ -199,6 +199,8 @@ class KafkaApis:
         pending: list[tuple[str, int, list[Any], errors.DeltaBusError | None]] = []
         access = current_access()
         budget = UnpackBudget()  # what this request's compressed batches unpack to, together
+        timeout_ms = millis(request.timeout, cfg.PRODUCE_TIMEOUT_MS_DEFAULT)
+        deadline = time.monotonic() + timeout_ms / 1000  # for the appends and their acks
         for topic in request.topic_data:
             denied = access.topic(Operation.WRITE, topic.name)
             for data in topic.partition_data:
@@ -214,18 +216,18 @@ class KafkaApis:
                                     "transactional batches are not supported yet")
                             appended.append(self._handler.produce(
                                 topic.name, data.index, batch.records, acks=acks,
-                                producer=batch.producer, batch_bytes=batch.size_bytes))
+                                producer=batch.producer, batch_bytes=batch.size_bytes,
+                                timeout_ms=max(0, int((deadline - time.monotonic()) * 1000))))
                     except errors.DeltaBusError as e:
                         error = e
                 pending.append((topic.name, data.index, appended, error))
         if acks == 0 and refused is None:
             return None
-        timeout_ms = millis(request.timeout, cfg.PRODUCE_TIMEOUT_MS_DEFAULT)
         appends = [future for _, _, appended, _ in pending for future in appended]
         answer = functools.partial(_produce_response, cls, pending, timeout_ms)
         if not appends:
             return answer()
-        return DelayedResponse(appends, time.monotonic() + timeout_ms / 1000, answer)
+        return DelayedResponse(appends, deadline, answer)
 
     # ---- Fetch, ListOffsets -------------------------------------------------------------------
 
