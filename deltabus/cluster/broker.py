@@ -3,8 +3,9 @@ gRPC. Runs inside a long-running Spark task on an executor (one task, one broker
 `deltabus.cluster.Cluster`.
 
 Thread-safe: gRPC threads call the handler methods concurrently; the heartbeat thread replays the
-metadata records the controller sends (`metadata_loader`) and applies each new image; replica
-fetcher threads copy from leaders; the ISR thread shrinks lagging ISRs.
+metadata records the controller sends (`metadata_loader`) and the metadata thread applies each
+new image (so opening thousands of partitions never delays a heartbeat); replica fetcher threads
+copy from leaders; the ISR thread shrinks lagging ISRs.
 Invariants:
 - A broker only appends produced records to a partition it leads in the metadata it has applied,
   stamping the leader epoch of that metadata; everything else gets NOT_LEADER_OR_FOLLOWER.
@@ -99,6 +100,13 @@ class Broker:
         self._config = spec.config
         self._log_config = spec.config.log_config()
         self._image = empty_image()
+        # The heartbeat thread hands the loader's newest image to the metadata thread, which
+        # applies it (`_apply_loop`); `_applied_image` is the last it applied, `_generation`
+        # counts registrations (an image of an earlier one is not reported as applied).
+        self._publish = threading.Condition()
+        self._to_apply: MetadataImage | None = None
+        self._generation = 0
+        self._reported_version = 0  # the applied version the last heartbeat said
         self._new_loader()
         self._authorizers = AuthorizerCache(
             super_users=spec.config.super_users,
@@ -107,7 +115,8 @@ class Broker:
         self._partitions: dict[tuple[str, int], Partition] = {}
         self._partitions_lock = threading.Lock()
         # Hosted replicas whose tables cannot be opened (lost): reported with every heartbeat,
-        # so the controller keeps them out of ISRs and leadership. The heartbeat thread's alone.
+        # so the controller keeps them out of ISRs and leadership. The metadata thread changes
+        # it; the heartbeat thread sends a copy.
         self._offline: set[tuple[str, int]] = set()
         self._fetchers: dict[int, ReplicaFetcher] = {}
         self._appended = threading.Condition()
@@ -143,6 +152,7 @@ class Broker:
                                  coordinator=self.spec.controller)
         self._register()
         threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True).start()
+        threading.Thread(target=self._apply_loop, name="metadata", daemon=True).start()
         threading.Thread(target=self._isr_loop, name="isr-shrink", daemon=True).start()
 
     def _refresh_logs(self, refresh: list[tuple[str, int]]) -> None:
@@ -186,7 +196,10 @@ class Broker:
         positions in them are one controller's own), saying none applied until it is loaded;
         the image served until then stays."""
         self._loader = MetadataLoader(self._config.root)
-        self._applied_image: MetadataImage | None = None  # the loader's, applied
+        with self._publish:
+            self._generation += 1
+            self._applied_image: MetadataImage | None = None  # the loader's, applied
+            self._to_apply = None
 
     def _heartbeat_loop(self) -> None:
         """Heartbeat and apply metadata until told to stop. A round that fails in any way is
@@ -206,17 +219,20 @@ class Broker:
                 self._stopped.wait(interval_ms / 1000)
 
     def _heartbeat(self, interval_ms: int) -> None:
-        """One round: heartbeat (a long poll, unless an image is still to apply), replay the
-        records the answer carries, apply the loader's image if it is new. The version said
-        applied is the last image applied: one whose `_apply` failed is applied again at the
-        next round."""
+        """One round: heartbeat (a long poll, unless a newly applied version is to be said),
+        replay the records the answer carries, and hand the loader's image, if new, to the
+        metadata thread. The version said applied is the last image applied: one whose
+        `_apply` failed is applied again. An apply that ends within the heartbeat interval is
+        said at once; a longer one (thousands of partition tables to open) never holds the
+        heartbeats up."""
         loader = self._loader
-        pending = loader.image is not None and loader.image is not self._applied_image
+        with self._publish:
+            applied = self._applied_image.version if self._applied_image is not None else 0
         answer = self._controller.heartbeat(
-            self.broker_id, self._epoch,
-            self._applied_image.version if self._applied_image is not None else 0,
-            max_wait_ms=0 if pending else interval_ms, position=loader.position,
-            offline_replicas=sorted(self._offline))
+            self.broker_id, self._epoch, applied,
+            max_wait_ms=0 if applied != self._reported_version else interval_ms,
+            position=loader.position, offline_replicas=sorted(self._offline.copy()))
+        self._reported_version = applied
         if answer.metadata is not None:
             try:
                 loader.replay(answer.metadata)
@@ -226,13 +242,41 @@ class Broker:
                 self._new_loader()
                 return
         image = loader.image
-        if image is not None and image is not self._applied_image:
-            self._apply(image)
-            self._applied_image = image
+        if image is not None:
+            with self._publish:
+                if image is not self._applied_image:
+                    self._to_apply = image
+                    self._publish.notify_all()
+                    self._publish.wait_for(lambda: self._applied_image is image
+                                           or self._stopped.is_set(), interval_ms / 1000)
         if answer.refresh_logs:
             self._refresh_logs(answer.refresh_logs)
         if answer.should_shut_down:
             self._stopped.set()
+
+    def _apply_loop(self) -> None:
+        """Apply the newest image the heartbeats brought, on a thread of its own (KRaft's
+        metadata publisher): opening a few thousand partition tables takes minutes, and a
+        broker whose heartbeats waited on it was fenced, relaunched, and opened them all again.
+        A failed apply is logged and tried again with the next image or after an interval."""
+        interval_s = self._config.broker_heartbeat_interval_ms / 1000
+        while not self._stopped.is_set():
+            with self._publish:
+                image, generation = self._to_apply, self._generation
+                if image is None or image is self._applied_image:
+                    self._publish.wait(interval_s)
+                    continue
+            try:
+                self._apply(image)
+            except Exception:
+                log.exception("broker %d: applying metadata version %d failed", self.broker_id,
+                              image.version)
+                self._stopped.wait(interval_s)
+                continue
+            with self._publish:
+                if generation == self._generation:
+                    self._applied_image = image
+                self._publish.notify_all()
 
     def serve_until_stopped(self) -> None:
         self._stopped.wait()

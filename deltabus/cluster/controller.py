@@ -36,6 +36,7 @@ invariants on leaders and ISRs are in `replication_control`).
 
 from __future__ import annotations
 
+import collections
 import logging
 import secrets
 import threading
@@ -131,6 +132,9 @@ class Controller:
         self._image: MetadataImage | None = None
         self._shutting_down = False
         self._heartbeats = BrokerHeartbeatManager()
+        # Times each broker was fenced (missed heartbeats, its task ended): a healthy cluster's
+        # stay 0 (bench step (p) counts them while partitions are created by the thousand).
+        self.fenced: collections.Counter[int] = collections.Counter()
         self._held: set[int] = set()  # brokers kept down: their registrations are refused
         # partitions whose tables the log cleaner changed, per broker to tell
         self._refresh_logs: dict[int, set[tuple[str, int]]] = {}
@@ -590,6 +594,7 @@ class Controller:
                 return
             log.warning("broker %d fenced: %s", broker_id, reason)
             self._commit_broker_change(records, leaving=broker_id)
+            self.fenced[broker_id] += 1
         if self._on_fence is not None:
             self._on_fence(broker_id)
 
