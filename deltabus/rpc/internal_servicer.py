@@ -50,6 +50,7 @@ class BrokerLifecycleServicer(ipb_grpc.BrokerLifecycleServicer):
                 codec.scram_credentials_to_proto(image.scram_credentials))
             response.acls.extend(codec.acl_to_proto(a) for a in image.acls)
             response.producer_id_key = image.producer_id_key
+            response.client_quotas.extend(codec.client_quotas_to_proto(image.client_quotas))
         return response
 
     def AlterPartition(self, request: ipb.AlterPartitionRequest,

@@ -52,7 +52,7 @@ class BrokerHeartbeatRequest(_message.Message):
     def __init__(self, broker_id: _Optional[int] = ..., broker_epoch: _Optional[int] = ..., metadata_version: _Optional[int] = ..., max_wait_ms: _Optional[int] = ..., offline_replicas: _Optional[_Iterable[_Union[_deltabus_pb2.TopicPartitions, _Mapping]]] = ...) -> None: ...
 
 class BrokerHeartbeatResponse(_message.Message):
-    __slots__ = ("error_code", "error_message", "should_shut_down", "metadata", "refresh_logs", "scram_credentials", "acls", "producer_id_key")
+    __slots__ = ("error_code", "error_message", "should_shut_down", "metadata", "refresh_logs", "scram_credentials", "acls", "producer_id_key", "client_quotas")
     ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
     ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     SHOULD_SHUT_DOWN_FIELD_NUMBER: _ClassVar[int]
@@ -61,6 +61,7 @@ class BrokerHeartbeatResponse(_message.Message):
     SCRAM_CREDENTIALS_FIELD_NUMBER: _ClassVar[int]
     ACLS_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_ID_KEY_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_QUOTAS_FIELD_NUMBER: _ClassVar[int]
     error_code: int
     error_message: str
     should_shut_down: bool
@@ -69,7 +70,8 @@ class BrokerHeartbeatResponse(_message.Message):
     scram_credentials: _containers.RepeatedCompositeFieldContainer[UserScramCredential]
     acls: _containers.RepeatedCompositeFieldContainer[_deltabus_pb2.AclBinding]
     producer_id_key: bytes
-    def __init__(self, error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., should_shut_down: _Optional[bool] = ..., metadata: _Optional[_Union[_deltabus_pb2.MetadataResponse, _Mapping]] = ..., refresh_logs: _Optional[_Iterable[_Union[_deltabus_pb2.TopicPartitions, _Mapping]]] = ..., scram_credentials: _Optional[_Iterable[_Union[UserScramCredential, _Mapping]]] = ..., acls: _Optional[_Iterable[_Union[_deltabus_pb2.AclBinding, _Mapping]]] = ..., producer_id_key: _Optional[bytes] = ...) -> None: ...
+    client_quotas: _containers.RepeatedCompositeFieldContainer[_deltabus_pb2.ClientQuotaEntry]
+    def __init__(self, error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., should_shut_down: _Optional[bool] = ..., metadata: _Optional[_Union[_deltabus_pb2.MetadataResponse, _Mapping]] = ..., refresh_logs: _Optional[_Iterable[_Union[_deltabus_pb2.TopicPartitions, _Mapping]]] = ..., scram_credentials: _Optional[_Iterable[_Union[UserScramCredential, _Mapping]]] = ..., acls: _Optional[_Iterable[_Union[_deltabus_pb2.AclBinding, _Mapping]]] = ..., producer_id_key: _Optional[bytes] = ..., client_quotas: _Optional[_Iterable[_Union[_deltabus_pb2.ClientQuotaEntry, _Mapping]]] = ...) -> None: ...
 
 class UserScramCredential(_message.Message):
     __slots__ = ("name", "mechanism", "salt", "stored_key", "server_key", "iterations")
