@@ -31,7 +31,8 @@ class _EntityName(argparse.Action):
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
                  values: object, option_string: str | None = None) -> None:
         names = list(getattr(namespace, "entity_names", None) or [])
-        names.append(client_quota_configs.DEFAULT if values is None else values)
+        names.append(client_quota_configs.DEFAULT if option_string == "--entity-default"
+                     else values)
         namespace.entity_names = names
 
 

@@ -23,13 +23,14 @@ def connect_to(address: str, timeout_s: float = 10) -> socket.socket:
     return socket.create_connection((host, int(port)), timeout=timeout_s)
 
 
-def frame(key: int, version: int, body: Any, correlation_id: int = 7) -> bytes:
+def frame(key: int, version: int, body: Any, correlation_id: int = 7, *,
+          client_id: str = "test") -> bytes:
     cls = load_request_schema(key, version)
     header_cls = cls.__header_schema__
     out = io.BytesIO()
     entity_writer(header_cls)(out, make(header_cls, request_api_key=key,
                                         request_api_version=version,
-                                        correlation_id=correlation_id, client_id="test"))
+                                        correlation_id=correlation_id, client_id=client_id))
     entity_writer(cls)(out, body)
     data = out.getvalue()
     return struct.pack(">i", len(data)) + data
@@ -91,7 +92,8 @@ def fetch(topic: str, offset: int, max_wait_ms: int, correlation_id: int = 7) ->
         forgotten_topics_data=(), rack_id=""), correlation_id)
 
 
-def produce(topic: str, values: list[bytes], correlation_id: int = 7) -> bytes:
+def produce(topic: str, values: list[bytes], correlation_id: int = 7, *,
+            client_id: str = "test") -> bytes:
     """A Produce v9 (acks=1) of `values` to partition 0, in one record batch."""
     builder = DefaultRecordBatchBuilder(magic=2, compression_type=0, is_transactional=False,
                                         producer_id=-1, producer_epoch=-1, base_sequence=-1,
@@ -103,7 +105,7 @@ def produce(topic: str, values: list[bytes], correlation_id: int = 7) -> bytes:
     return frame(PRODUCE, 9, make(
         cls, transactional_id=None, acks=1, timeout=timedelta(seconds=30),
         topic_data=(nested(cls, "TopicProduceData")(name=topic, partition_data=(data,)),)),
-        correlation_id)
+        correlation_id, client_id=client_id)
 
 
 def call(address: str, key: int, version: int, body: Any) -> Any:
