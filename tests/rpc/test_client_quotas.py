@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from deltabus import AdminClient, NewTopic, Producer, errors
+from deltabus import AdminClient, Consumer, NewTopic, Producer, TopicPartition, errors
 from deltabus.client import wire
 from deltabus.client.admin import QuotaAlteration, QuotaEntity, QuotaFilterComponent
 from deltabus.client.cluster_client import ClusterClient
@@ -30,6 +30,7 @@ from deltabus.quotas import (
 )
 from deltabus.records import produce_batch, to_ipc
 from deltabus.rpc.v1 import deltabus_pb2 as pb
+from tests.conftest import wait_until
 
 QUOTA_BYTES_PER_S = 1_000
 VALUE_BYTES = 30_000  # one request: three times the quota over the 10 s a first burst spans
@@ -152,3 +153,28 @@ def test_the_producer_waits_out_its_throttle(cluster: Any, quotas: AdminClient,
         producer.flush()
         assert futures[0].get().offset == 0
         assert producer._throttled_until, "the broker's throttle was not taken"
+
+
+def test_the_consumer_waits_out_its_throttle_and_reads_everything(
+        cluster: Any, quotas: AdminClient, topic_name: str) -> None:
+    """Two records of 30 kB against a consumer_byte_rate of 5,000 B/s (50 kB in the first 10 s):
+    the first fits, the second's fetch is throttled and answered without it until the first
+    leaves the rate's window; the Consumer waits each throttle out and reads both."""
+    client_id = f"{topic_name}-consumer"
+    (writer,) = _clients(cluster, topic_name, f"{topic_name}-writer")
+    try:
+        _produce(writer, topic_name)
+        _produce(writer, topic_name)
+    finally:
+        writer.close()
+    quotas.alter_client_quotas([QuotaAlteration(QuotaEntity.client(client_id), (
+        (CONSUMER_BYTE_RATE, 5_000.0),))])
+    with Consumer(cluster.bootstrap_servers, client_id=client_id,
+                  max_partition_fetch_bytes=VALUE_BYTES + 10_000) as consumer:
+        consumer.assign([TopicPartition(topic_name, 0)])
+        consumer.seek_to_beginning()
+        read: list[Any] = []
+        wait_until(lambda: bool(read.extend(consumer.poll(1_000))) or len(read) == 2,
+                   "the consumer read both records", timeout_s=60)
+        assert [r.offset for r in read] == [0, 1]
+        assert consumer._throttled_until, "the broker's throttle was not taken"
