@@ -78,7 +78,8 @@ def metadata(topics: list[str], correlation_id: int = 7) -> bytes:
         correlation_id)
 
 
-def fetch(topic: str, offset: int, max_wait_ms: int, correlation_id: int = 7) -> bytes:
+def fetch(topic: str, offset: int, max_wait_ms: int, correlation_id: int = 7, *,
+          client_id: str = "test") -> bytes:
     """A Fetch v12 of one partition (0) from `offset`, long-polling up to `max_wait_ms` for a
     byte."""
     cls = load_request_schema(FETCH, 12)
@@ -89,7 +90,7 @@ def fetch(topic: str, offset: int, max_wait_ms: int, correlation_id: int = 7) ->
         cls, replica_id=-1, max_wait=timedelta(milliseconds=max_wait_ms), min_bytes=1,
         max_bytes=1 << 20, isolation_level=0, session_id=0, session_epoch=-1,
         topics=(nested(cls, "FetchTopic")(topic=topic, partitions=(partition,)),),
-        forgotten_topics_data=(), rack_id=""), correlation_id)
+        forgotten_topics_data=(), rack_id=""), correlation_id, client_id=client_id)
 
 
 def produce(topic: str, values: list[bytes], correlation_id: int = 7, *,

@@ -3,7 +3,8 @@ kafka-python nor confluent-kafka has the client quota APIs): AlterClientQuotas (
 DescribeClientQuotas (48) as kafka-configs.sh sends them, with Kafka's error codes and
 validate_only; a produce over its client id's quota is answered with throttle_time, and the
 broker mutes that connection for the throttle (KIP-219): a request sent at once is not even read
-until the throttle is over, while another connection is answered meanwhile.
+until the throttle is over, while another connection is answered meanwhile. A fetch over its
+quota is answered with throttle_time and no records, as Kafka's.
 
 A first request of N bytes is a rate of N / 10 s (Kafka's Rate), so 30 kB against 1,000 B/s is
 three times the quota: the throttle is the 11 s cap.
@@ -24,9 +25,11 @@ from deltabus.client.admin import QuotaAlteration
 from deltabus.quotas import THROTTLE_TIME_MS_MAX
 from deltabus.rpc.kafka.frames import make, nested
 from tests.kafka.raw_frames import (
+    FETCH,
     PRODUCE,
     api_versions,
     call,
+    fetch,
     produce,
     read_response,
 )
@@ -141,3 +144,25 @@ def test_a_throttled_connection_is_muted_and_another_is_not(leader: str, topic_n
         correlation_id, _ = read_response(sock, API_VERSIONS, 3)  # once the mute is over
         assert correlation_id == 8
         assert time.monotonic() - answered_s >= throttle_ms / 1000 * 0.9
+
+
+def test_a_fetch_over_its_quota_is_answered_without_records(leader: str, topic_name: str,
+                                                            no_quotas_left: None) -> None:
+    reader = f"{topic_name}-reader"
+    host, port = leader.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(produce(topic_name, [b"v" * 30_000], client_id=f"{topic_name}-writer"))
+        _, written = read_response(sock, PRODUCE, 9)
+        assert written.responses[0].partition_responses[0].error_code == ErrorCode.none
+    assert _alter(leader, [({"client-id": reader}, [("consumer_byte_rate", 1000.0)])]) == [
+        (ErrorCode.none, None)]
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(fetch(topic_name, 0, 0, client_id=reader))
+        _, answer = read_response(sock, FETCH, 12)
+    assert answer.throttle_time.total_seconds() * 1000 == THROTTLE_TIME_MS_MAX
+    assert answer.error_code == ErrorCode.none and answer.responses == ()
+    with socket.create_connection((host, int(port)), timeout=30) as sock:  # another client id
+        sock.sendall(fetch(topic_name, 0, 0, client_id=f"{topic_name}-other"))
+        _, other = read_response(sock, FETCH, 12)
+    assert other.throttle_time.total_seconds() == 0
+    assert other.responses[0].partitions[0].records
