@@ -94,8 +94,8 @@ def fetch(topic: str, offset: int, max_wait_ms: int, correlation_id: int = 7, *,
 
 
 def produce(topic: str, values: list[bytes], correlation_id: int = 7, *,
-            client_id: str = "test") -> bytes:
-    """A Produce v9 (acks=1) of `values` to partition 0, in one record batch."""
+            client_id: str = "test", acks: int = 1) -> bytes:
+    """A Produce v9 (acks=1 unless given) of `values` to partition 0, in one record batch."""
     builder = DefaultRecordBatchBuilder(magic=2, compression_type=0, is_transactional=False,
                                         producer_id=-1, producer_epoch=-1, base_sequence=-1,
                                         batch_size=1 << 20)
@@ -104,7 +104,7 @@ def produce(topic: str, values: list[bytes], correlation_id: int = 7, *,
     cls = load_request_schema(PRODUCE, 9)
     data = nested(cls, "PartitionProduceData")(index=0, records=bytes(builder.build()))
     return frame(PRODUCE, 9, make(
-        cls, transactional_id=None, acks=1, timeout=timedelta(seconds=30),
+        cls, transactional_id=None, acks=acks, timeout=timedelta(seconds=30),
         topic_data=(nested(cls, "TopicProduceData")(name=topic, partition_data=(data,)),)),
         correlation_id, client_id=client_id)
 

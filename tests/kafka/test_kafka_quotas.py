@@ -166,3 +166,18 @@ def test_a_fetch_over_its_quota_is_answered_without_records(leader: str, topic_n
         _, other = read_response(sock, FETCH, 12)
     assert other.throttle_time.total_seconds() == 0
     assert other.responses[0].partitions[0].records
+
+
+def test_an_acks_0_producer_over_its_quota_is_muted_without_an_answer(
+        leader: str, topic_name: str, no_quotas_left: None) -> None:
+    client_id = f"{topic_name}-fire-and-forget"
+    assert _alter(leader, [({"client-id": client_id}, [("producer_byte_rate", 1000.0)])]) == [
+        (ErrorCode.none, None)]
+    host, port = leader.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(produce(topic_name, [b"v" * 30_000], client_id=client_id, acks=0))
+        sent_s = time.monotonic()
+        sock.sendall(api_versions(correlation_id=8))
+        correlation_id, _ = read_response(sock, API_VERSIONS, 3)  # the first answer on it
+        assert correlation_id == 8
+        assert time.monotonic() - sent_s >= THROTTLE_TIME_MS_MAX / 1000 * 0.9

@@ -69,6 +69,14 @@ SUPPORTED: dict[int, tuple[int, int]] = {
 }
 
 
+@dataclasses.dataclass(frozen=True)
+class Unanswered:
+    """No answer is due (a Produce with acks=0), but the connection is muted for
+    `throttle_ms` (the producer is over its quota: KIP-219 mutes it without an answer)."""
+
+    throttle_ms: int
+
+
 class KafkaApis:
     """Answers decoded Kafka requests. Thread-safe: the listener's request handler threads call
     it, for one connection's requests one at a time."""
@@ -95,8 +103,9 @@ class KafkaApis:
 
     def handle(self, api_key: int, version: int, request: Any,
                client: tuple[str, str] = ("", "")) -> Any:
-        """The response to a request: a kio response, None where none is due (acks=0), or a
-        DelayedResponse where it waits for acks or a group (Produce, JoinGroup, SyncGroup).
+        """The response to a request: a kio response, None where none is due (acks=0; an
+        Unanswered where the connection is muted all the same), or a DelayedResponse where it
+        waits for acks or a group (Produce, JoinGroup, SyncGroup).
         One outside the advertised versions gets UNSUPPORTED_VERSION. `client`: the header's
         client id and the client's host."""
         lo, hi = SUPPORTED[api_key]
@@ -108,7 +117,7 @@ class KafkaApis:
             response = self.groups.join_group(version, request, refused, client)
         else:
             response = self._apis[api_key](version, request, refused)
-        if api_key == API_VERSIONS or response is None:
+        if api_key == API_VERSIONS or response is None or isinstance(response, Unanswered):
             return response
         throttle_ms = throttling.record_thread_time(self._handler, current_access(), started_s)
         if isinstance(response, DelayedResponse):
@@ -245,7 +254,7 @@ class KafkaApis:
         throttle_ms = throttling.record(self._handler, PRODUCER_BYTE_RATE, access,
                                         produced_bytes) if refused is None else 0
         if acks == 0 and refused is None:
-            return None  # Kafka mutes an acks=0 producer's connection without an answer
+            return Unanswered(throttle_ms) if throttle_ms else None
         timeout_ms = millis(request.timeout, cfg.PRODUCE_TIMEOUT_MS_DEFAULT)
         appends = [future for _, _, appended, _ in pending for future in appended]
         answer = functools.partial(_produce_response, cls, pending, timeout_ms, throttle_ms)

@@ -236,7 +236,7 @@ class _RequestHandlers:
         return _Parsed(key, version, correlation_id, header.client_id or "", request)
 
     def _call(self, parsed: _Parsed, session: KafkaSession
-              ) -> tuple[bytes, int] | DelayedResponse | None:
+              ) -> tuple[bytes | None, int] | DelayedResponse | None:
         """KafkaApis' answer, encoded, and its throttle time in ms (the connection is muted
         that long once it is sent); None where none is due (acks=0)."""
         key, version = parsed.key, parsed.version
@@ -248,6 +248,8 @@ class _RequestHandlers:
         except Exception as e:  # a bug: the client gets a closed connection, the log says why
             log.exception("Kafka API %d v%d failed", key, version)
             raise BadRequest(f"API {key} v{version} failed: {type(e).__name__}: {e}") from None
+        if isinstance(response, apis.Unanswered):
+            return None, response.throttle_ms
         if response is None or isinstance(response, DelayedResponse):
             return response
         return encode_response(parsed.correlation_id, response), throttle_time_ms(response)
