@@ -8,10 +8,12 @@ What is recorded, as Kafka records it:
 - Fetch: the bytes of records the answer would carry (consumer_byte_rate); a throttled fetch is
   answered without records and its bytes do not count, so the consumer fetches the same offsets
   again after the wait (Kafka's getThrottledResponse);
-- every request but ApiVersions and SASL: the handler thread's time (CPU time on the thread that
-  answered it, waits excluded), as a percentage of one thread (request_percentage).
+- the handler thread's time (CPU time on the thread that answered it, waits excluded), as a
+  percentage of one thread (request_percentage): on the Kafka door every request but
+  ApiVersions and SASL, on the gRPC door Produce and Fetch.
 The answer carries the largest of the throttle times. The Kafka door then mutes the connection
-for that long (KIP-219: `network.Processor` reads nothing from it meanwhile), and the gRPC door
+for that long (KIP-219: `network.Processor` reads nothing from it meanwhile; an acks=0 Produce's
+connection too, without an answer), and the gRPC door
 holds the next Produce or Fetch of the same user and client id that comes sooner, so a client
 that does not wait as told is held all the same.
 
