@@ -121,7 +121,9 @@ class Controller:
         self._authorizers = AuthorizerCache(
             super_users=config.super_users,
             allow_everyone_if_no_acl_found=config.allow_everyone_if_no_acl_found)
-        self.quota_manager = ClientQuotaManager()  # the driver's doors throttle by it
+        # The driver's doors throttle by it; updated when quotas are replayed, so a request
+        # never takes the lock to find its quota.
+        self.quota_manager = ClientQuotaManager()
         self._on_fence = on_fence
         self._catch_up = catch_up  # runs the catch-up Spark job (given by Cluster)
         self._lock = threading.Condition()
@@ -141,6 +143,7 @@ class Controller:
         for stored in self._log.read_all():
             self._state.replay(stored)
         self._next_producer_id = self._state.producer_ids_end  # skip a block used before
+        self.quota_manager.update(self._state.client_quotas_copy())
         if not self._state.cluster_id:
             with self._lock:
                 self._commit([ClusterIdRecord(new_cluster_id())])
@@ -184,7 +187,6 @@ class Controller:
                                             self._state.acls_image(),
                                             self._state.producer_id_key,
                                             self._state.client_quotas_copy())
-                self.quota_manager.update(self._image.client_quotas)
             return self._image
 
     # ---- topics ------------------------------------------------------------------------------
@@ -469,6 +471,7 @@ class Controller:
             if validate_only:
                 return result.response
             self._commit(result.records)
+            self.quota_manager.update(self._state.client_quotas_copy())
             target = self._version
         for entity, error in zip(alterations, result.response, strict=True):
             if error is None:
@@ -940,5 +943,4 @@ class ControllerHandler:
         return self._controller.describe_client_quotas(components, strict)
 
     def client_quota_manager(self) -> ClientQuotaManager:
-        self._controller.image()  # a new image updates the manager's quotas
         return self._controller.quota_manager

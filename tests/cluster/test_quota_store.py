@@ -53,14 +53,17 @@ def test_quotas_survive_a_restart(controller_server: ControllerServer) -> None:
         admin.alter_client_quotas([QuotaAlteration(ALICE, ((CONSUMER_BYTE_RATE, None),))])
     controller_server.stop()
     restarted = Controller(controller_server.config)  # replays the metadata log
-    assert restarted.describe_client_quotas([], False) == {
-        ALICE: {PRODUCER_BYTE_RATE: 1024.0}, APP_DEFAULT_USER: {PRODUCER_BYTE_RATE: 4096.0}}
+    expected = {ALICE: {PRODUCER_BYTE_RATE: 1024.0}, APP_DEFAULT_USER: {PRODUCER_BYTE_RATE: 4096.0}}
+    assert restarted.describe_client_quotas([], False) == expected
+    assert restarted.quota_manager.quotas == expected  # what the driver's doors throttle by
 
 
 def test_brokers_get_the_quotas_in_heartbeats_and_clients_never(
         controller_server: ControllerServer) -> None:
     controller_server.controller.alter_client_quotas(
         [QuotaAlteration(APP_DEFAULT_USER, ((PRODUCER_BYTE_RATE, 10.0),))], timeout_ms=0)
+    assert controller_server.controller.quota_manager.quotas == {
+        APP_DEFAULT_USER: {PRODUCER_BYTE_RATE: 10.0}}
     channel = ControllerChannel(controller_server.address, 0,
                                 broker_secret=controller_server.config.inter_broker_secret)
     try:
