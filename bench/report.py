@@ -18,7 +18,9 @@ TARGETS = {"bulk_rps": 500_000, "bulk_vs_straight": 0.70, "send_rps": 150_000,
            # (n): resident bytes per idle Kafka connection, and threads the listener may add
            # while they are open (its request handler threads, num.io.threads, made on demand:
            # none per connection)
-           "idle_connection_bytes": 16 * 1024, "idle_connections_threads_added": 8}
+           "idle_connection_bytes": 16 * 1024, "idle_connections_threads_added": 8,
+           # (o): the quota'd producer's steady rate, as a share of its quota, either way
+           "quota_held_within": 0.10}
 
 
 def judge(f: dict[str, Any]) -> dict[str, bool]:
@@ -49,6 +51,9 @@ def judge(f: dict[str, Any]) -> dict[str, bool]:
         verdicts["idle_connections"] = (
             idle["bytes_per_connection"] <= TARGETS["idle_connection_bytes"]
             and idle["threads_added"] <= TARGETS["idle_connections_threads_added"])
+    if "quotas" in f:
+        verdicts["quotas"] = (abs(f["quotas"]["held_vs_quota"] - 1)
+                              <= TARGETS["quota_held_within"])
     return verdicts
 
 
@@ -121,6 +126,14 @@ def report(f: dict[str, Any], ok: dict[str, bool]) -> str:
                      (f"<= {TARGETS['idle_connection_bytes'] // 1024} KiB each, <= "
                       f"{TARGETS['idle_connections_threads_added']} threads added"),
                      ok["idle_connections"]))
+    if "quotas" in f:
+        q = f["quotas"]
+        rows.append((f"(o) producer_byte_rate {q['quota_bytes_per_s']:,} B/s",
+                     (f"quota'd {q['held_bytes_per_s']:,.0f} B/s after its first burst "
+                      f"({q['held_vs_quota']:.1%}), unquota'd beside it "
+                      f"{q['unquotad_bytes_per_s']:,.0f} B/s"),
+                     f"within {TARGETS['quota_held_within']:.0%} of the quota",
+                     ok["quotas"]))
     title = (f"deltabus bench: {f['records']:,} records of {f['value_bytes']} bytes "
              f"(send() {f['send_records']:,}), 1 partition, {f['elapsed_s']:.0f} s")
     lines = [title,

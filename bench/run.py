@@ -24,6 +24,8 @@ a running one), in an order where each step leaves what the next needs:
     (n) 5,000 idle Kafka connections to the embedded cluster's bootstrap Kafka listener: the
         driver's resident memory per connection and its threads (see idle_connections); only
         with the embedded cluster, whose listener runs in this process
+    (o) a producer with a producer_byte_rate quota beside one without: the quota'd one's steady
+        rate after its first burst, held within 10% of its quota, and the other's (see quotas)
 
 Sizes are the README's by default; flags make every step smaller (see sizes). A command line
 argparse rejects exits 2; a step that fails raises, with its traceback: the bench is a
@@ -43,7 +45,15 @@ from typing import Any
 
 import pyarrow as pa
 
-from bench import groups, idle_connections, kafka_clients, sasl_ssl, small_files, stream_drain
+from bench import (
+    groups,
+    idle_connections,
+    kafka_clients,
+    quotas,
+    sasl_ssl,
+    small_files,
+    stream_drain,
+)
 from bench.produce_fetch import bulk_produce, fetch_all, latency, send_each, straight_write
 from bench.report import TARGETS, judge, report
 from bench.sizes import SEND_RECORDS_MAX, VALUE_BYTES, Sizes
@@ -98,6 +108,12 @@ def build_parser() -> argparse.ArgumentParser:
     size.add_argument("--idle-connections", type=int, default=DEFAULT.idle_connections,
                       help="idle Kafka connections held open in step (n) "
                            f"(default {DEFAULT.idle_connections})")
+    size.add_argument("--quota-bytes-per-s", type=int, default=DEFAULT.quota_bytes_per_s,
+                      help="the quota'd producer's producer_byte_rate in step (o) "
+                           f"(default {DEFAULT.quota_bytes_per_s})")
+    size.add_argument("--quota-run-s", type=float, default=DEFAULT.quota_run_s,
+                      help="seconds both producers of step (o) run "
+                           f"(default {DEFAULT.quota_run_s:g})")
     return p
 
 
@@ -108,7 +124,8 @@ def sizes_from(args: argparse.Namespace) -> Sizes:
                  commit_run_s=args.commit_run_s, group_members=args.group_members,
                  drain_records=args.drain_records, drain_rounds=args.drain_rounds,
                  small_commits=args.small_commits, secure_records=args.secure_records,
-                 secure_rounds=args.secure_rounds, idle_connections=args.idle_connections)
+                 secure_rounds=args.secure_rounds, idle_connections=args.idle_connections,
+                 quota_bytes_per_s=args.quota_bytes_per_s, quota_run_s=args.quota_run_s)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -159,7 +176,7 @@ def _bootstrap(bootstrap: str | None, root: str) -> Iterator[tuple[str, Any, str
 
 def measure(bootstrap: str, spark: Any, kafka_bootstrap: str | None, root: str,
             sizes: Sizes, *, embedded: bool = True) -> dict[str, Any]:
-    """The steps on a cluster, (a) to (j), (l), (m) and (n); (l) only with a Kafka listener,
+    """The steps on a cluster, (a) to (j), (l) to (o); (l) only with a Kafka listener,
     (m) only on an `embedded` cluster's Spark session, (n) only with an `embedded` cluster's
     Kafka listener (in this process). Scratch files go under `root`, which the
     caller removes."""
@@ -188,6 +205,9 @@ def measure(bootstrap: str, spark: Any, kafka_bootstrap: str | None, root: str,
                 kafka_bootstrap, sizes.idle_connections)
     else:
         print("(n) skipped: it measures the embedded cluster's listener, in this process")
+    with _step(figures["step_s"], "o", "a quota'd producer beside an unquota'd one"):
+        figures["quotas"] = quotas.quota_beside_unquotad(
+            bootstrap, sizes.quota_bytes_per_s, sizes.quota_run_s)
     return figures
 
 

@@ -29,6 +29,8 @@ class Sizes:
     secure_records: int = 300_000  # (m): produced and fetched per protocol and round
     secure_rounds: int = 3  # (m): rounds, alternating PLAINTEXT and SASL_SSL
     idle_connections: int = 5_000  # (n): idle Kafka connections held open at once
+    quota_bytes_per_s: int = 1_000_000  # (o): the quota'd producer's producer_byte_rate
+    quota_run_s: float = 44.0  # (o): both producers' run: four 11 s periods of the quota'd one
 
     def check(self) -> list[str]:
         """What is out of range, one line each (empty when every knob is usable)."""
@@ -40,10 +42,12 @@ class Sizes:
                   "small-commits": (self.small_commits, 2),  # a merge needs two files
                   "secure-records": (self.secure_records, 1),
                   "secure-rounds": (self.secure_rounds, 1),
-                  "idle-connections": (self.idle_connections, 1)}
+                  "idle-connections": (self.idle_connections, 1),
+                  "quota-bytes-per-s": (self.quota_bytes_per_s, 1)}
         wrong = [f"--{name} must be at least {least}"
                  for name, (value, least) in counts.items() if value < least]
         wrong += [f"--{name} must be more than 0" for name, value in
-                  (("latency-run-s", self.latency_run_s), ("commit-run-s", self.commit_run_s))
+                  (("latency-run-s", self.latency_run_s), ("commit-run-s", self.commit_run_s),
+                   ("quota-run-s", self.quota_run_s))
                   if not value > 0]
         return wrong

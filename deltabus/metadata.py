@@ -22,6 +22,7 @@ from deltabus.errors import (
     DuplicateResourceError,
     ResourceNotFoundError,
 )
+from deltabus.quotas import ClientQuotas
 from deltabus.scram import ScramCredential
 
 NO_LEADER = -1
@@ -243,6 +244,9 @@ class MetadataImage:
     # The key producer ids are bound to principals with (cluster/producer_id_control.py):
     # brokers check a producer's id with it. Like the credentials, never in a client's answer.
     producer_id_key: bytes = field(default=b"", repr=False)
+    # Client quotas (Kafka's ClientQuotasImage): entity -> key -> value. Brokers throttle by
+    # them; never in a client's Metadata answer.
+    client_quotas: ClientQuotas = field(default_factory=dict)
 
     def broker(self, broker_id: int) -> BrokerEndpoint | None:
         return next((b for b in self.brokers if b.broker_id == broker_id), None)

@@ -1,11 +1,13 @@
-"""`deltabus configs`: Kafka's kafka-configs.sh for topic configs and users' SCRAM credentials,
-over AdminClient.
+"""`deltabus configs`: Kafka's kafka-configs.sh for topic configs, users' SCRAM credentials and
+client quotas, over AdminClient.
 
 Same flags (`--entity-type topics --entity-name T`, or `--topic T`; `--describe [--all]`;
 `--alter --add-config k=v,k2=[a,b] --delete-config k3`) and the same output lines, so a Kafka
 user's commands and scripts carry over. Only topics have dynamic configs in deltabus: brokers take
 theirs when the cluster starts. Users (`--entity-type users`) have SCRAM credentials
-(`cli.user_scram_configs`).
+(`cli.user_scram_configs`) and quotas; users, clients, and a user with a client id together
+(`--entity-type users --entity-name U --entity-type clients --entity-name C`) have quotas
+(`cli.client_quota_configs`).
 """
 
 from __future__ import annotations
@@ -14,11 +16,24 @@ import argparse
 import re
 
 from deltabus import config as cfg
-from deltabus.cli import user_scram_configs
+from deltabus import quotas
+from deltabus.cli import client_quota_configs, user_scram_configs
 from deltabus.cli.options import CliError, add_command_config, admin_settings
 from deltabus.client.admin import AdminClient
 
-ENTITY_TYPES = ("topics", "users", "brokers")
+ENTITY_TYPES = ("topics", "users", "clients", "brokers")
+
+
+class _EntityName(argparse.Action):
+    """--entity-name N and --entity-default, in order, into one list (a default is
+    `client_quota_configs.DEFAULT`), so each pairs with the --entity-type before it."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: object, option_string: str | None = None) -> None:
+        names = list(getattr(namespace, "entity_names", None) or [])
+        names.append(client_quota_configs.DEFAULT if option_string == "--entity-default"
+                     else values)
+        namespace.entity_names = names
 
 
 def add_parser(subparsers: argparse._SubParsersAction, parent: argparse.ArgumentParser) -> None:
@@ -28,10 +43,13 @@ def add_parser(subparsers: argparse._SubParsersAction, parent: argparse.Argument
     actions = p.add_mutually_exclusive_group()
     actions.add_argument("--describe", action="store_true", help="list configs")
     actions.add_argument("--alter", action="store_true", help="change configs")
-    p.add_argument("--entity-type", choices=ENTITY_TYPES,
-                   help="topics, or users (their SCRAM credentials)")
-    p.add_argument("--entity-name",
-                   help="the topic or user (default with --describe: every one)")
+    p.add_argument("--entity-type", choices=ENTITY_TYPES, action="append",
+                   help="topics, users (SCRAM credentials and quotas) or clients (quotas); "
+                        "users and clients together: the quotas of a user's client id")
+    p.add_argument("--entity-name", dest="entity_names", action=_EntityName,
+                   help="the topic, user or client id (default with --describe: every one)")
+    p.add_argument("--entity-default", dest="entity_names", action=_EntityName, nargs=0,
+                   help="the default user or client id (quotas), in place of --entity-name")
     p.add_argument("--topic", help="the topic: --entity-type topics --entity-name TOPIC")
     p.add_argument("--all", action="store_true",
                    help="with --describe: every config, not only the overrides")
@@ -49,6 +67,15 @@ def add_parser(subparsers: argparse._SubParsersAction, parent: argparse.Argument
 def run(args: argparse.Namespace) -> int:
     if not (args.describe or args.alter):
         raise CliError("Command must include exactly one action: --describe, --alter")
+    types, names = list(args.entity_type or ()), list(args.entity_names or ())
+    if "clients" in types or len(types) > 1:
+        return _quotas(args, types, names)
+    if any(n is client_quota_configs.DEFAULT for n in names) and types != ["users"]:
+        raise CliError("--entity-default is for quotas of users and clients")
+    args.entity_type = types[0] if types else None
+    args.entity_name = names[0] if names else None
+    if args.entity_name is client_quota_configs.DEFAULT:
+        return _quotas(args, types, names)
     if args.topic is not None:
         if args.entity_type not in (None, "topics") or args.entity_name is not None:
             raise CliError("--topic cannot be used with --entity-type or --entity-name")
@@ -65,8 +92,34 @@ def run(args: argparse.Namespace) -> int:
     if args.entity_type == "users":
         if args.all:
             raise CliError("--all can only be used with --entity-type topics")
+        client_quota_configs.describe(client_quota_configs.entities(types, names), args)
         return user_scram_configs.describe(args)
     return describe(args)
+
+
+def _quotas(args: argparse.Namespace, types: list[str], names: list[object]) -> int:
+    """Quotas only: clients, a user's client ids, or a default entity."""
+    if args.topic is not None or args.all:
+        raise CliError("--topic and --all are for topics")
+    pairs = client_quota_configs.entities(types, names)
+    if not args.alter:
+        if args.add_config is not None or args.delete_config is not None:
+            raise CliError("--add-config and --delete-config can only be used with --alter")
+        client_quota_configs.describe(pairs, args)
+        return 0
+    added, deleted = _changes(args)
+    client_quota_configs.alter(pairs, added, deleted, args)
+    print(_completed(pairs))
+    return 0
+
+
+def _completed(pairs: client_quota_configs.Entities) -> str:
+    """kafka-configs' line after an alter, naming the first entity type."""
+    kind, name = pairs[0]
+    shown = "user" if kind == quotas.USER else "client"
+    if name is client_quota_configs.DEFAULT:
+        return f"Completed updating default config for {shown}s in the cluster."
+    return f"Completed updating config for {shown} {name}."
 
 
 def describe(args: argparse.Namespace) -> int:
@@ -88,9 +141,8 @@ def format_entry(entry: cfg.ConfigEntry) -> str:
             f"synonyms={{{synonyms}}}")
 
 
-def alter(args: argparse.Namespace) -> int:
-    if args.all:
-        raise CliError("--all can only be used with --describe")
+def _changes(args: argparse.Namespace) -> tuple[list[tuple[str, str]], list[str]]:
+    """(--add-config pairs, --delete-config keys), checked as kafka-configs checks them."""
     if args.add_config is None and args.delete_config is None:
         raise CliError("At least one of --add-config or --delete-config must be specified with "
                        "--alter")
@@ -100,8 +152,15 @@ def alter(args: argparse.Namespace) -> int:
     both = [k for k in deleted if k in set_keys]
     if both:
         raise CliError(f"Invalid config(s): {','.join(both)} cannot be both added and deleted")
+    return added, deleted
+
+
+def alter(args: argparse.Namespace) -> int:
+    if args.all:
+        raise CliError("--all can only be used with --describe")
+    added, deleted = _changes(args)
     if args.entity_type == "users":
-        return user_scram_configs.alter(args, added, deleted)
+        return _alter_user(args, added, deleted)
     if not args.entity_name:
         raise CliError("An entity name must be specified with --alter of topics")
     ops = [cfg.AlterConfigOp(k, cfg.SET, v) for k, v in added]
@@ -110,6 +169,24 @@ def alter(args: argparse.Namespace) -> int:
         admin.incremental_alter_configs({args.entity_name: ops})
     print(f"Completed updating config for topic {args.entity_name}.")
     return 0
+
+
+def _alter_user(args: argparse.Namespace, added: list[tuple[str, str]],
+                deleted: list[str]) -> int:
+    """A user's quotas and SCRAM credentials: kafka-configs takes both in one command."""
+    quota_added = [(k, v) for k, v in added if k in quotas.QUOTA_KEYS]
+    quota_deleted = [k for k in deleted if k in quotas.QUOTA_KEYS]
+    scram_added = [(k, v) for k, v in added if k not in quotas.QUOTA_KEYS]
+    scram_deleted = [k for k in deleted if k not in quotas.QUOTA_KEYS]
+    if quota_added or quota_deleted:
+        if not args.entity_name:
+            raise CliError("An entity name must be specified with --alter of users")
+        client_quota_configs.alter([(quotas.USER, args.entity_name)], quota_added,
+                                   quota_deleted, args)
+        if not (scram_added or scram_deleted):
+            print(f"Completed updating config for user {args.entity_name}.")
+            return 0
+    return user_scram_configs.alter(args, scram_added, scram_deleted)
 
 
 _PAIR = re.compile(r"\s*([^=,\s]+)\s*=\s*(\[[^\]]*\]|[^,]*)\s*(?:,|$)")

@@ -7,7 +7,7 @@ them, with its flags and output lines:
 
 The password is salted and hashed in this process (AdminClient) and is never printed: an error
 about a credential names its mechanism, never its value. Quotas, kafka-configs' other user
-configs, do not exist in deltabus.
+configs, are `cli.client_quota_configs`'.
 """
 
 from __future__ import annotations

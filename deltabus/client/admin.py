@@ -28,10 +28,12 @@ from deltabus.metadata import (
     TopicState,
     UserScramCredentialsDescription,
 )
+from deltabus.quotas import QuotaAlteration, QuotaEntity, QuotaFilterComponent
 from deltabus.rpc import codec
 from deltabus.rpc.v1 import deltabus_pb2 as pb
 
-__all__ = ["AclBinding", "AclBindingFilter", "AdminClient", "NewTopic", "ScramCredentialInfo",
+__all__ = ["AclBinding", "AclBindingFilter", "AdminClient", "NewTopic", "QuotaAlteration",
+           "QuotaEntity", "QuotaFilterComponent", "ScramCredentialInfo",
            "UserScramCredentialDeletion", "UserScramCredentialUpsertion",
            "UserScramCredentialsDescription"]
 
@@ -228,6 +230,29 @@ class AdminClient:
                                                         for f in wanted]),
             cfg.ADMIN_TIMEOUT_MS_DEFAULT + 5000)
         return dict(zip(wanted, codec.delete_acls_results(response), strict=True))
+
+    # ---- client quotas ------------------------------------------------------------------------
+
+    def alter_client_quotas(self, alterations: Iterable[QuotaAlteration], *,
+                            validate_only: bool = False
+                            ) -> dict[QuotaEntity, errors.DeltaBusError | None]:
+        """Kafka's alterClientQuotas: per entity None (done: every broker throttles by it) or
+        the error (INVALID_REQUEST for a bad entity, key or value). An entity's ops apply
+        together or not at all; an op's value None removes that quota."""
+        wanted = list(alterations)
+        response = self._client.call_any(
+            "AlterClientQuotas", codec.alter_client_quotas_request(wanted, validate_only),
+            cfg.ADMIN_TIMEOUT_MS_DEFAULT + 10_000)  # past a forwarding broker's own timeout
+        return dict(zip((a.entity for a in wanted), codec.alter_client_quotas_results(response),
+                        strict=True))
+
+    def describe_client_quotas(self, components: Iterable[QuotaFilterComponent] = (), *,
+                               strict: bool = False) -> dict[QuotaEntity, dict[str, float]]:
+        """Kafka's describeClientQuotas: the quotas of every entity the filter matches (every
+        entity with none), from the metadata of the server asked."""
+        response = self._client.call_any("DescribeClientQuotas", pb.DescribeClientQuotasRequest(
+            components=[codec.quota_filter_to_proto(c) for c in components], strict=strict))
+        return codec.describe_client_quotas_result(response)
 
     # ---- consumer groups ----------------------------------------------------------------------
 

@@ -19,7 +19,7 @@ from deltabus import errors
 from deltabus.client.security import ClientSecurity
 from deltabus.metadata import BrokerEndpoint, MetadataImage, PartitionState, empty_image
 from deltabus.rpc import codec
-from deltabus.rpc.channel import open_channel
+from deltabus.rpc.channel import client_id_metadata, open_channel
 from deltabus.rpc.status import error_from_rpc
 from deltabus.rpc.v1 import deltabus_pb2 as pb
 from deltabus.rpc.v1 import deltabus_pb2_grpc as pb_grpc
@@ -71,7 +71,7 @@ class ClusterClient:
         self.security = security or ClientSecurity()
         self._credentials = (self.security.channel_credentials() if self.security.uses_tls
                              else None)
-        self._call_metadata = self.security.call_metadata()
+        self._call_metadata = (*self.security.call_metadata(), *client_id_metadata(client_id))
         self.request_timeout_ms = request_timeout_ms
         self.retry_backoff_ms = retry_backoff_ms
         self.metadata_max_age_ms = metadata_max_age_ms

@@ -136,6 +136,10 @@ class Consumer:
         self._buffer: collections.OrderedDict[TopicPartition, pa.Table] = collections.OrderedDict()
         # Fetches sent ahead: (gRPC future, the fetch offset of each partition it asks for).
         self._inflight: list[tuple[Any, dict[TopicPartition, int | None]]] = []
+        self._fetch_addresses: dict[Any, str] = {}  # an in-flight fetch -> its broker
+        # broker address -> time.monotonic() before which we fetch nothing from it: its answer
+        # said we are over a quota (throttle_time_ms), as Kafka's consumer waits
+        self._throttled_until: dict[str, float] = {}
         self._closed = False
 
     # ---- assignment and positions ------------------------------------------------------------
@@ -376,6 +380,8 @@ class Consumer:
             if not self._inflight:
                 wait_ms = max(0, int((deadline - time.monotonic()) * 1000))
                 self._send_fetches(min(wait_ms, self.fetch_max_wait_ms))
+                if not self._inflight:
+                    self._wait_out_throttles(deadline)
             self._complete_fetches(deadline)
             if self._buffer or time.monotonic() >= deadline:
                 break
@@ -395,6 +401,14 @@ class Consumer:
             self._send_fetches(self.fetch_max_wait_ms)
         return out
 
+    def _wait_out_throttles(self, deadline: float) -> None:
+        """Nothing could be fetched: every leader asked us to wait. Wait for the first to
+        be free again (or the poll's deadline)."""
+        now = time.monotonic()
+        pending = [t for t in self._throttled_until.values() if t > now]
+        if pending:
+            time.sleep(max(0.0, min(min(pending), deadline) - now))
+
     def _send_fetches(self, max_wait_ms: int) -> None:
         """Send a fetch to each leader of partitions with nothing buffered or in flight."""
         busy = {tp for _, sent in self._inflight for tp in sent}
@@ -404,7 +418,10 @@ class Consumer:
             self._reset(unknown)
         retry = self._validate_positions([tp for tp in todo if self._needs_validation(tp)])
         todo = [tp for tp in todo if tp not in retry]
+        now = time.monotonic()
         for address, group in self._by_leader(todo, retry).items():
+            if self._throttled_until.get(address, 0.0) > now:
+                continue  # that broker throttles us: its partitions wait
             request = pb.FetchRequest(
                 max_wait_ms=max_wait_ms, min_bytes=self.fetch_min_bytes,
                 max_bytes=self.fetch_max_bytes, format=pb.ARROW,
@@ -418,6 +435,7 @@ class Consumer:
             for t in group:  # what the leader at this epoch answers is valid there
                 self._validated_epochs[t] = self._leader_epoch(t)
             self._inflight.append((call, {t: self._positions[t] for t in group}))
+            self._fetch_addresses[call] = address
         if retry:
             self._back_off()
 
@@ -484,12 +502,17 @@ class Consumer:
                 pending.append((call, sent))
                 continue
             except grpc.RpcError as e:
+                self._fetch_addresses.pop(call, None)
                 error = error_from_rpc(e)
                 if not error.retriable:
                     self._inflight = pending
                     raise error from None
                 retry.extend(sent)
                 continue
+            address = self._fetch_addresses.pop(call, None)
+            if response.throttle_time_ms > 0 and address is not None:
+                self._throttled_until[address] = (time.monotonic()
+                                                  + response.throttle_time_ms / 1000)
             try:
                 self._handle_fetch(response, sent, retry)
             except errors.DeltaBusError:
@@ -558,6 +581,8 @@ class Consumer:
             self._buffer.pop(tp, None)
         self._inflight = [(call, sent) for call, sent in self._inflight
                           if not any(tp in revoked for tp in sent)]
+        self._fetch_addresses = {call: self._fetch_addresses[call] for call, _ in self._inflight
+                                 if call in self._fetch_addresses}
 
     def _assigned(self, added: list[TopicPartition]) -> None:
         for tp in added:

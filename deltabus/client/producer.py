@@ -209,6 +209,9 @@ class Producer:
         self._open: dict[tuple[str, int], _Batch] = {}
         self._ready: collections.deque[_Batch] = collections.deque()
         self._in_flight: dict[str, int] = collections.defaultdict(int)
+        # broker address -> time.monotonic() before which it takes no request from us: its
+        # answer said we are over a quota (throttle_time_ms), as Kafka's producer waits
+        self._throttled_until: dict[str, float] = {}
         # Batches in flight per partition: 1 without idempotence (gRPC may serve two requests
         # in either order); with it, full batches pipeline up to this depth (the leader appends
         # them in sequence order).
@@ -529,8 +532,11 @@ class Producer:
 
     def _send_request(self, address: str, batches: list[_Batch]) -> None:
         with self._lock:
-            while self._in_flight[address] >= self.max_in_flight:
-                self._lock.wait()
+            while True:
+                throttled_s = self._throttled_until.get(address, 0.0) - time.monotonic()
+                if throttled_s <= 0 and self._in_flight[address] < self.max_in_flight:
+                    break
+                self._lock.wait(throttled_s if throttled_s > 0 else None)
             self._in_flight[address] += 1
         request = wire.produce_request(
             self.acks, self.request_timeout_ms,
@@ -560,6 +566,11 @@ class Producer:
         except Exception as e:  # cancelled at close
             self._settle([(b, -1, errors.NetworkError(str(e))) for b in batches])
             return
+        if response.throttle_time_ms > 0:
+            with self._lock:
+                self._throttled_until[address] = max(
+                    self._throttled_until.get(address, 0.0),
+                    time.monotonic() + response.throttle_time_ms / 1000)
         if self.acks == 0:
             self._settle([(b, -1, None) for b in batches])
             return

@@ -70,6 +70,13 @@ from deltabus.metadata import (
     empty_image,
 )
 from deltabus.principal import ANONYMOUS, KafkaPrincipal
+from deltabus.quotas import (
+    ClientQuotaManager,
+    QuotaAlteration,
+    QuotaEntity,
+    QuotaFilterComponent,
+    describe_client_quotas,
+)
 from deltabus.records import CREATE_TIME, LOG_APPEND_TIME, ProducerState
 from deltabus.rpc.controller_channel import ControllerChannel
 from deltabus.rpc.leader_endpoint import RemoteLeaderEndpoint
@@ -112,6 +119,7 @@ class Broker:
             super_users=spec.config.super_users,
             allow_everyone_if_no_acl_found=spec.config.allow_everyone_if_no_acl_found)
         self._topic_configs: dict[str, cfg.TopicConfig] = {}
+        self._quota_manager = ClientQuotaManager()
         self._partitions: dict[tuple[str, int], Partition] = {}
         self._partitions_lock = threading.Lock()
         # Hosted replicas whose tables cannot be opened (lost): reported with every heartbeat,
@@ -339,6 +347,7 @@ class Broker:
                 self._apply_partition(found, state, image)
         if image.acls == self._image.acls:  # the same tuple: the authorizer is not rebuilt
             image = dataclasses.replace(image, acls=self._image.acls)
+        self._quota_manager.update(image.client_quotas)
         self._image = image
 
     def _apply_partition(self, partition: Partition, state: PartitionState,
@@ -604,6 +613,18 @@ class Broker:
         """From this broker's metadata, as a KRaft broker answers it: the ACLs it authorizes
         with, not only what the controller decided."""
         return describe_acls(self._image.acls, acl_filter)
+
+    def alter_client_quotas(self, alterations: list[QuotaAlteration], *,
+                            validate_only: bool) -> list[errors.DeltaBusError | None]:
+        return self._controller.alter_client_quotas(alterations, validate_only=validate_only)
+
+    def describe_client_quotas(self, components: list[QuotaFilterComponent],
+                               strict: bool) -> dict[QuotaEntity, dict[str, float]]:
+        """From this broker's metadata, as a KRaft broker answers it: what it throttles by."""
+        return describe_client_quotas(self._image.client_quotas, components, strict)
+
+    def client_quota_manager(self) -> ClientQuotaManager:
+        return self._quota_manager
 
     def authorizer(self) -> Authorizer | None:
         if not self._config.authorizer:

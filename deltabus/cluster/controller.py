@@ -63,6 +63,7 @@ from deltabus.cluster import (
     config_control,
     credential_control,
     producer_id_control,
+    quota_control,
     replication_control,
 )
 from deltabus.cluster.broker_registry import BrokerHeartbeatManager, BrokerRegistry
@@ -104,6 +105,13 @@ from deltabus.metadata import (
     new_cluster_id,
 )
 from deltabus.principal import ANONYMOUS, KafkaPrincipal
+from deltabus.quotas import (
+    ClientQuotaManager,
+    QuotaAlteration,
+    QuotaEntity,
+    QuotaFilterComponent,
+    describe_client_quotas,
+)
 from deltabus.records import ProducerState
 from deltabus.scram import ScramCredential
 
@@ -122,6 +130,9 @@ class Controller:
         self._authorizers = AuthorizerCache(
             super_users=config.super_users,
             allow_everyone_if_no_acl_found=config.allow_everyone_if_no_acl_found)
+        # The driver's doors throttle by it; updated when quotas are replayed, so a request
+        # never takes the lock to find its quota.
+        self.quota_manager = ClientQuotaManager()
         self._on_fence = on_fence
         self._catch_up = catch_up  # runs the catch-up Spark job (given by Cluster)
         self._lock = threading.Condition()
@@ -145,6 +156,7 @@ class Controller:
             self._state.replay(stored)
         self._deltas = MetadataDeltas(self._version)  # what brokers are sent
         self._next_producer_id = self._state.producer_ids_end  # skip a block used before
+        self.quota_manager.update(self._state.client_quotas_copy())
         if not self._state.cluster_id:
             with self._lock:
                 self._commit([ClusterIdRecord(new_cluster_id())])
@@ -450,6 +462,34 @@ class Controller:
     def describe_acls(self, acl_filter: AclBindingFilter) -> list[AclBinding]:
         """Kafka's DescribeAcls, from the current image."""
         return describe_acls(self.image().acls, acl_filter)
+
+    # ---- client quotas -----------------------------------------------------------------------
+
+    def alter_client_quotas(self, alterations: list[QuotaAlteration], *,
+                            validate_only: bool = False,
+                            timeout_ms: int = cfg.ADMIN_TIMEOUT_MS_DEFAULT
+                            ) -> quota_control.AlterResults:
+        """Kafka's AlterClientQuotas: None or the error per entry, in order. Returns once the
+        live brokers throttle by the new quotas, or after `timeout_ms`."""
+        with self._lock:
+            result = quota_control.alter_client_quotas(self._state, alterations)
+            if validate_only:
+                return result.response
+            self._commit(result.records)
+            self.quota_manager.update(self._state.client_quotas_copy())
+            target = self._version
+        for entity, error in zip(alterations, result.response, strict=True):
+            if error is None:
+                log.info("client quotas of %s altered: %s", entity.entity, ", ".join(
+                    f"{k}={'(removed)' if v is None else v}" for k, v in entity.ops))
+        if result.records:
+            self._await_brokers(target, timeout_ms)
+        return result.response
+
+    def describe_client_quotas(self, components: list[QuotaFilterComponent],
+                               strict: bool) -> dict[QuotaEntity, dict[str, float]]:
+        """Kafka's DescribeClientQuotas, from the current image."""
+        return describe_client_quotas(self.image().client_quotas, components, strict)
 
     # ---- producer ids ------------------------------------------------------------------------
 
@@ -905,3 +945,14 @@ class ControllerHandler:
 
     def describe_acls(self, acl_filter: AclBindingFilter) -> list[AclBinding]:
         return self._controller.describe_acls(acl_filter)
+
+    def alter_client_quotas(self, alterations: list[QuotaAlteration], *,
+                            validate_only: bool) -> list[errors.DeltaBusError | None]:
+        return self._controller.alter_client_quotas(alterations, validate_only=validate_only)
+
+    def describe_client_quotas(self, components: list[QuotaFilterComponent],
+                               strict: bool) -> dict[QuotaEntity, dict[str, float]]:
+        return self._controller.describe_client_quotas(components, strict)
+
+    def client_quota_manager(self) -> ClientQuotaManager:
+        return self._controller.quota_manager

@@ -31,6 +31,12 @@ from deltabus.metadata import (
     TopicResult,
 )
 from deltabus.principal import ANONYMOUS, KafkaPrincipal
+from deltabus.quotas import (
+    ClientQuotaManager,
+    QuotaAlteration,
+    QuotaEntity,
+    QuotaFilterComponent,
+)
 from deltabus.records import ProducerState
 from deltabus.scram import ScramCredential
 
@@ -157,6 +163,23 @@ class DeltaBusHandler(Protocol):
     def describe_acls(self, acl_filter: AclBindingFilter) -> list[AclBinding]:
         """Kafka's DescribeAcls, from this server's metadata (what it authorizes with);
         INVALID_REQUEST for a filter holding an unknown code."""
+        ...
+
+    def alter_client_quotas(self, alterations: list[QuotaAlteration], *,
+                            validate_only: bool) -> list[errors.DeltaBusError | None]:
+        """Kafka's AlterClientQuotas, decided by the controller (brokers forward it): None or
+        the error per entry, in order. Returns once the live brokers throttle by the change."""
+        ...
+
+    def describe_client_quotas(self, components: list[QuotaFilterComponent],
+                               strict: bool) -> dict[QuotaEntity, dict[str, float]]:
+        """Kafka's DescribeClientQuotas, from this server's metadata (what it throttles by);
+        INVALID_REQUEST for a bad filter."""
+        ...
+
+    def client_quota_manager(self) -> ClientQuotaManager:
+        """The quotas this server throttles by and the rates it measures (the doors record
+        every produce, fetch and request against it)."""
         ...
 
 

@@ -21,7 +21,8 @@ an existing data directory still loads; a bytes field is stored as base64 text. 
 frozen and hold tuples, never lists: a record cannot change after it is built, and replaying it
 cannot alias state to it. A SCRAM credential record holds a salt and keys, never a password, and
 its repr shows none of them. An ACL record stores Kafka's wire codes as numbers and holds an ACL
-that `AclBinding` accepts (the handler checked it).
+that `AclBinding` accepts (the handler checked it). A client quota record's entity is one
+`quotas.check_entity` accepts, and its value a positive number or None (removed).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 from deltabus.acls import AclBinding, Operation, PatternType, Permission, ResourceType
 from deltabus.metadata import BrokerEndpoint, ListenerEndpoint
+from deltabus.quotas import QuotaEntity
 
 T = TypeVar("T")
 
@@ -216,6 +218,27 @@ class RemoveAccessControlEntryRecord(MetadataRecord):
     acl_id: str
 
 
+@dataclass(frozen=True)
+class ClientQuotaRecord(MetadataRecord):
+    """One quota of one entity set, or removed (`value` None), as KRaft's ClientQuotaRecord:
+    the entity as its types and names (a name None: the default entity of that type), sorted
+    by type. Brokers get the quotas with the metadata and throttle by them."""
+
+    type: ClassVar[str] = "client_quota"
+    entity_types: tuple[str, ...]
+    entity_names: tuple[str | None, ...]
+    key: str
+    value: float | None
+
+    @classmethod
+    def of(cls, entity: QuotaEntity, key: str, value: float | None) -> ClientQuotaRecord:
+        return cls(tuple(t for t, _ in entity.entries), tuple(n for _, n in entity.entries),
+                   key, value)
+
+    def entity(self) -> QuotaEntity:
+        return QuotaEntity(tuple(zip(self.entity_types, self.entity_names, strict=True)))
+
+
 # ---- broker registration records (replayed, never persisted) ---------------------------------
 
 @dataclass(frozen=True)
@@ -284,7 +307,7 @@ PERSISTED_RECORD_TYPES: Mapping[str, type[MetadataRecord]] = {
         ClusterIdRecord, ProducerIdKeyRecord, TopicRecord, PartitionRecord,
         PartitionChangeRecord, RemoveTopicRecord, ConfigRecord, ProducerIdsRecord,
         TransactionalIdRecord, UserScramCredentialRecord, RemoveUserScramCredentialRecord,
-        AccessControlEntryRecord, RemoveAccessControlEntryRecord)
+        AccessControlEntryRecord, RemoveAccessControlEntryRecord, ClientQuotaRecord)
 }
 
 BROKER_RECORD_TYPES: Mapping[str, type[MetadataRecord]] = {

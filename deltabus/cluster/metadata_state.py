@@ -28,6 +28,7 @@ from deltabus.acls import AclBinding
 from deltabus.cluster.broker_registry import BrokerRegistry
 from deltabus.cluster.metadata_records import (
     AccessControlEntryRecord,
+    ClientQuotaRecord,
     ClusterIdRecord,
     ConfigRecord,
     MetadataRecord,
@@ -44,6 +45,7 @@ from deltabus.cluster.metadata_records import (
     from_stored,
 )
 from deltabus.metadata import MetadataImage, PartitionState, TopicState
+from deltabus.quotas import QuotaEntity
 from deltabus.scram import ScramCredential
 
 
@@ -79,8 +81,8 @@ class TopicRegistration:
 
 @dataclass
 class MetadataState:
-    """Topics, partitions, configs, producer ids, users' SCRAM credentials, ACLs and
-    registered brokers."""
+    """Topics, partitions, configs, producer ids, users' SCRAM credentials, ACLs, client
+    quotas and registered brokers."""
 
     cluster_id: str = ""
     topics: dict[str, TopicRegistration] = field(default_factory=dict)
@@ -92,6 +94,9 @@ class MetadataState:
     # id -> ACL (Kafka's AclControlManager.idToAcl), and each ACL's id
     acls: dict[str, AclBinding] = field(default_factory=dict)
     acl_ids: dict[AclBinding, str] = field(default_factory=dict)
+    # entity -> quota key -> value (KRaft's ClientQuotaControlManager.clientQuotaData); an
+    # entity with no quota left has no entry
+    client_quotas: dict[QuotaEntity, dict[str, float]] = field(default_factory=dict)
     brokers: BrokerRegistry = field(default_factory=BrokerRegistry)
     # The ACLs as an image holds them, built again only after an ACL record: the authorizers
     # (`AuthorizerCache`) are rebuilt when this tuple is another one.
@@ -139,6 +144,8 @@ class MetadataState:
             self._add_acl(record.acl_id, record.binding())
         elif isinstance(record, RemoveAccessControlEntryRecord):
             self._remove_acl(record.acl_id)
+        elif isinstance(record, ClientQuotaRecord):
+            self._replay_client_quota(record)
         else:
             raise ValueError(f"unknown metadata record type {record.type!r}")
 
@@ -148,6 +155,20 @@ class MetadataState:
             raise ValueError(f"no {mechanism} credential of user {user!r} to remove")
         if not mechanisms:
             del self.scram_credentials[user]
+
+    def _replay_client_quota(self, record: ClientQuotaRecord) -> None:
+        entity = record.entity()
+        values = self.client_quotas.setdefault(entity, {})
+        if record.value is None:
+            values.pop(record.key, None)
+        else:
+            values[record.key] = float(record.value)
+        if not values:
+            del self.client_quotas[entity]
+
+    def client_quotas_copy(self) -> dict[QuotaEntity, dict[str, float]]:
+        """The quotas for an image: new dicts, so replaying on shares nothing with it."""
+        return {entity: dict(values) for entity, values in self.client_quotas.items()}
 
     def scram_credential(self, user: str, mechanism: str) -> ScramCredential | None:
         return self.scram_credentials.get(user, {}).get(mechanism)
@@ -181,7 +202,8 @@ class MetadataState:
         them): shares nothing mutable with this state."""
         return MetadataImage(version, self.cluster_id, -1, self.brokers.live_endpoints(),
                              self.topic_states(), log_root, self.scram_credentials_copy(),
-                             self.acls_image(), self.producer_id_key)
+                             self.acls_image(), self.producer_id_key,
+                             client_quotas=self.client_quotas_copy())
 
     def snapshot(self) -> list[MetadataRecord]:
         """Records that, replayed into an empty state, give one whose `image` is this one's
@@ -209,6 +231,9 @@ class MetadataState:
                            for mechanism, c in sorted(mechanisms.items()))
         records.extend(AccessControlEntryRecord.of(acl_id, acl)
                        for acl_id, acl in self.acls.items())
+        records.extend(ClientQuotaRecord.of(entity, key, value)
+                       for entity, values in self.client_quotas.items()
+                       for key, value in sorted(values.items()))
         records.extend(self.brokers.snapshot())
         return records
 

@@ -20,13 +20,17 @@ from deltabus.cluster.handler import DeltaBusHandler
 from deltabus.metadata import MetadataImage, TopicResult
 from deltabus.principal import ANONYMOUS, KafkaPrincipal
 from deltabus.rpc.call_authentication import current_principal
+from deltabus.rpc.channel import CLIENT_ID_KEY
 
 
 class Access:
     def __init__(self, authorizer: Authorizer | None, principal: KafkaPrincipal = ANONYMOUS,
-                 host: str = "") -> None:
+                 host: str = "", client_id: str = "") -> None:
+        """`client_id`: the client's own name (the Kafka request header's, the gRPC call's
+        `deltabus-client-id`), which client quotas name."""
         self.principal = principal
         self.host = host
+        self.client_id = client_id
         self._authorizer = authorizer
 
     def allows(self, operation: Operation, resource_type: ResourceType, name: str) -> bool:
@@ -92,6 +96,19 @@ class Access:
     def raise_if(refusal: errors.DeltaBusError | None) -> None:
         if refusal is not None:
             raise refusal
+
+
+def grpc_client_id(context: Any) -> str:
+    """A gRPC call's client id: its `deltabus-client-id` metadata, else the first word of its
+    user agent (deltabus's clients send their client_id as both)."""
+    agent = ""
+    for key, value in context.invocation_metadata() or ():
+        if key == CLIENT_ID_KEY and isinstance(value, str):
+            return value
+        if key == "user-agent" and isinstance(value, str):
+            agent = value
+    word = agent.split(" ", 1)[0]
+    return "" if word.startswith("grpc-") else word
 
 
 def peer_host(context: Any) -> str:

@@ -18,6 +18,14 @@ import grpc
 from deltabus import config as cfg
 
 Metadata = Sequence[tuple[str, str]]
+CLIENT_ID_KEY = "deltabus-client-id"  # call metadata: the client's client_id (client quotas)
+
+
+def client_id_metadata(client_id: str) -> Metadata:
+    """The metadata naming a client's client id, where gRPC can carry it (printable ASCII;
+    the user agent names it too)."""
+    return ((CLIENT_ID_KEY, client_id),) if client_id.isascii() and client_id.isprintable() \
+        else ()
 
 
 def open_channel(address: str, user_agent: str, *,

@@ -41,6 +41,12 @@ from deltabus.metadata import (
     TopicState,
     UserScramCredentialsDescription,
 )
+from deltabus.quotas import (
+    ClientQuotas,
+    QuotaAlteration,
+    QuotaEntity,
+    QuotaFilterComponent,
+)
 from deltabus.records import (
     HEADERS_TYPE,
     UnpackBudget,
@@ -558,3 +564,83 @@ def delete_acls_results(response: pb.DeleteAclsResponse
                         ) -> list[list[AclBinding] | errors.DeltaBusError]:
     return [errors.error_for_code(r.error_code, r.error_message) if r.error_code
             else [acl_from_proto(a) for a in r.matching_acls] for r in response.filter_results]
+
+
+# ---- client quotas -----------------------------------------------------------------------------
+
+def quota_entity_to_proto(entity: QuotaEntity) -> list[pb.ClientQuotaEntityPart]:
+    return [pb.ClientQuotaEntityPart(entity_type=t, entity_name=n) if n is not None
+            else pb.ClientQuotaEntityPart(entity_type=t) for t, n in entity.entries]
+
+
+def quota_entity_from_proto(parts: Iterable[pb.ClientQuotaEntityPart]) -> QuotaEntity:
+    """INVALID_REQUEST for an entity naming a type twice."""
+    return QuotaEntity.of([(p.entity_type, p.entity_name if p.HasField("entity_name") else None)
+                           for p in parts])
+
+
+def alter_client_quotas_request(alterations: Iterable[QuotaAlteration],
+                                validate_only: bool) -> pb.AlterClientQuotasRequest:
+    return pb.AlterClientQuotasRequest(validate_only=validate_only, entries=[
+        pb.ClientQuotaAlteration(entity=quota_entity_to_proto(a.entity), ops=[
+            pb.ClientQuotaOp(key=k, value=v or 0.0, remove=v is None) for k, v in a.ops])
+        for a in alterations])
+
+
+def quota_alterations(request: pb.AlterClientQuotasRequest) -> list[QuotaAlteration]:
+    return [QuotaAlteration(quota_entity_from_proto(e.entity), tuple(
+        (op.key, None if op.remove else op.value) for op in e.ops)) for e in request.entries]
+
+
+def alter_client_quotas_response(alterations: Iterable[QuotaAlteration],
+                                 results: Iterable[errors.DeltaBusError | None]
+                                 ) -> pb.AlterClientQuotasResponse:
+    return pb.AlterClientQuotasResponse(entries=[
+        pb.AlterClientQuotasEntryResult(error_code=e.code if e else 0,
+                                        error_message=e.message if e else "",
+                                        entity=quota_entity_to_proto(a.entity))
+        for a, e in zip(alterations, results, strict=True)])
+
+
+def alter_client_quotas_results(response: pb.AlterClientQuotasResponse
+                                ) -> list[errors.DeltaBusError | None]:
+    return [errors.error_for_code(e.error_code, e.error_message) if e.error_code else None
+            for e in response.entries]
+
+
+def quota_filter_to_proto(c: QuotaFilterComponent) -> pb.ClientQuotaFilterComponent:
+    out = pb.ClientQuotaFilterComponent(entity_type=c.entity_type, match_type=c.match_type)
+    if c.match is not None:
+        out.match = c.match
+    return out
+
+
+def quota_filter_from_proto(c: pb.ClientQuotaFilterComponent) -> QuotaFilterComponent:
+    return QuotaFilterComponent(c.entity_type, c.match_type,
+                                c.match if c.HasField("match") else None)
+
+
+def client_quotas_to_proto(quotas: ClientQuotas) -> list[pb.ClientQuotaEntry]:
+    return [pb.ClientQuotaEntry(entity=quota_entity_to_proto(entity), values=[
+        pb.ClientQuotaValue(key=k, value=v) for k, v in sorted(values.items())])
+        for entity, values in sorted(quotas.items(), key=lambda item: item[0].sort_key())]
+
+
+def client_quotas_from_proto(entries: Iterable[pb.ClientQuotaEntry]
+                             ) -> dict[QuotaEntity, dict[str, float]]:
+    return {quota_entity_from_proto(e.entity): {v.key: v.value for v in e.values}
+            for e in entries}
+
+
+def describe_client_quotas_response(quotas: ClientQuotas | errors.DeltaBusError
+                                    ) -> pb.DescribeClientQuotasResponse:
+    if isinstance(quotas, errors.DeltaBusError):
+        return pb.DescribeClientQuotasResponse(error_code=quotas.code,
+                                               error_message=quotas.message)
+    return pb.DescribeClientQuotasResponse(entries=client_quotas_to_proto(quotas))
+
+
+def describe_client_quotas_result(response: pb.DescribeClientQuotasResponse
+                                  ) -> dict[QuotaEntity, dict[str, float]]:
+    errors.check(response.error_code, response.error_message)
+    return client_quotas_from_proto(response.entries)

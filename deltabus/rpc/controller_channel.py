@@ -34,6 +34,7 @@ from deltabus.metadata import (
     ScramCredentialUpsertion,
     TopicResult,
 )
+from deltabus.quotas import QuotaAlteration
 from deltabus.rpc import codec
 from deltabus.rpc.access import requester
 from deltabus.rpc.channel import open_channel
@@ -217,6 +218,14 @@ class ControllerChannel:
         return codec.delete_acls_results(self._admin_call(
             "DeleteAcls", pb.DeleteAclsRequest(filters=[codec.acl_filter_to_proto(f)
                                                         for f in filters]),
+            cfg.ADMIN_TIMEOUT_MS_DEFAULT + ADMIN_TIMEOUT_SLACK_MS))
+
+    def alter_client_quotas(self, alterations: list[QuotaAlteration], *,
+                            validate_only: bool) -> list[errors.DeltaBusError | None]:
+        """Forwarded as Kafka's brokers forward it; the controller answers once the brokers
+        throttle by the change (at most its admin timeout)."""
+        return codec.alter_client_quotas_results(self._admin_call(
+            "AlterClientQuotas", codec.alter_client_quotas_request(alterations, validate_only),
             cfg.ADMIN_TIMEOUT_MS_DEFAULT + ADMIN_TIMEOUT_SLACK_MS))
 
     def _admin_call(self, method: str, request: Any, timeout_ms: int | None = None) -> Any:

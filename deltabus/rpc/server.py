@@ -24,9 +24,16 @@ from deltabus.cluster.handler import DeltaBusHandler, FetchSpec, LifecycleHandle
 from deltabus.listeners import ListenerBindError
 from deltabus.log_tables.partition_log import LATEST_TIMESTAMP, AppendResult
 from deltabus.offsets.group_coordinator import GroupCoordinator
+from deltabus.quotas import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE
 from deltabus.records import ProducerState, UnpackBudget
-from deltabus.rpc import codec, status
-from deltabus.rpc.access import Access, authorized_metadata, merge_refusals, peer_host
+from deltabus.rpc import codec, status, throttling
+from deltabus.rpc.access import (
+    Access,
+    authorized_metadata,
+    grpc_client_id,
+    merge_refusals,
+    peer_host,
+)
 from deltabus.rpc.acl_servicer import AclServicerMixin
 from deltabus.rpc.authentication import Authenticator, CredentialLookup
 from deltabus.rpc.call_authentication import CallAuthenticator, current_principal
@@ -105,7 +112,15 @@ class DeltaBusServicer(GroupServicerMixin, AclServicerMixin, pb_grpc.DeltaBusSer
 
     def _access(self, context: Any) -> Access:
         """Who is calling (rpc.call_authentication) and what the cluster's ACLs let them do."""
-        return Access(self._handler.authorizer(), current_principal(), peer_host(context))
+        return Access(self._handler.authorizer(), current_principal(), peer_host(context),
+                      grpc_client_id(context))
+
+    def _hold(self, access: Access) -> None:
+        """A caller still within the throttle time it was given (a client that did not wait)
+        waits the rest of it here (`rpc.throttling`)."""
+        held = throttling.held_ms(self._handler, access)
+        if held:
+            time.sleep(held / 1000)
 
     def FindCoordinator(self, request: pb.FindCoordinatorRequest,
                         context: Any) -> pb.FindCoordinatorResponse:
@@ -228,6 +243,8 @@ class DeltaBusServicer(GroupServicerMixin, AclServicerMixin, pb_grpc.DeltaBusSer
             raise errors.InvalidRequiredAcksError(f"acks must be 0, 1 or -1 (all), not {acks}")
         pending: list[tuple[pb.PartitionProduceData, Any, errors.DeltaBusError | None]] = []
         access = self._access(context)
+        self._hold(access)
+        started_s = time.thread_time()
         budget = UnpackBudget()  # what this request's compressed Arrow buffers unpack to
         timeout_ms = max(0, present_or(request, "timeout_ms", cfg.PRODUCE_TIMEOUT_MS_DEFAULT))
         deadline = time.monotonic() + timeout_ms / 1000  # for the appends and their acks
@@ -250,7 +267,9 @@ class DeltaBusServicer(GroupServicerMixin, AclServicerMixin, pb_grpc.DeltaBusSer
                 pending.append((data, future, None))
             except errors.DeltaBusError as e:
                 pending.append((data, None, e))
-        response = pb.ProduceResponse()
+        response = pb.ProduceResponse(throttle_time_ms=max(
+            throttling.record(self._handler, PRODUCER_BYTE_RATE, access, request.ByteSize()),
+            throttling.record_thread_time(self._handler, access, started_s)))
         for data, future, error in pending:
             result: AppendResult | None = None
             if future is not None and acks != 0:
@@ -280,6 +299,8 @@ class DeltaBusServicer(GroupServicerMixin, AclServicerMixin, pb_grpc.DeltaBusSer
         check_distinct("Fetch", [(p.topic, p.partition) for p in request.partitions])
         check_partition_count("Fetch", len(request.partitions))
         access = self._access(context)
+        self._hold(access)
+        started_s = time.thread_time()
         refused = {p.topic: e for p in request.partitions
                    if (e := access.topic(Operation.READ, p.topic))}
         specs = [FetchSpec(p.topic, p.partition, p.fetch_offset,
@@ -315,6 +336,22 @@ class DeltaBusServicer(GroupServicerMixin, AclServicerMixin, pb_grpc.DeltaBusSer
                     _, entry.arrow_records = budget.fit(r.records, spec.max_bytes,
                                                         codec.table_to_arrow_records)
             response.partitions.append(entry)
+        return self._throttled_fetch(response, access, started_s)
+
+    def _throttled_fetch(self, response: pb.FetchResponse, access: Access,
+                         started_s: float) -> pb.FetchResponse:
+        """The answer with its throttle time; over consumer_byte_rate, without its records
+        (they do not count), as Kafka answers a throttled fetch."""
+        fetched = sum(len(p.arrow_records) + sum(r.ByteSize() for r in p.records)
+                      for p in response.partitions)
+        throttle_ms = throttling.record(self._handler, CONSUMER_BYTE_RATE, access, fetched,
+                                        unrecord_if_throttled=True)
+        if throttle_ms:
+            for p in response.partitions:
+                del p.records[:]
+                p.arrow_records = b""
+        response.throttle_time_ms = max(
+            throttle_ms, throttling.record_thread_time(self._handler, access, started_s))
         return response
 
     @_guard
@@ -395,6 +432,27 @@ class DeltaBusServicer(GroupServicerMixin, AclServicerMixin, pb_grpc.DeltaBusSer
         Access.raise_if(self._access(context).cluster(Operation.DESCRIBE))
         return codec.describe_scram_response(
             self._handler.describe_user_scram_credentials(list(request.users) or None))
+
+    @_guard
+    def AlterClientQuotas(self, request: pb.AlterClientQuotasRequest,
+                          context: Any) -> pb.AlterClientQuotasResponse:
+        alterations = codec.quota_alterations(request)
+        refused = self._access(context).cluster(Operation.ALTER_CONFIGS)
+        results = ([refused for _ in alterations] if refused is not None
+                   else self._handler.alter_client_quotas(
+                       alterations, validate_only=request.validate_only))
+        return codec.alter_client_quotas_response(alterations, results)
+
+    @_guard
+    def DescribeClientQuotas(self, request: pb.DescribeClientQuotasRequest,
+                             context: Any) -> pb.DescribeClientQuotasResponse:
+        Access.raise_if(self._access(context).cluster(Operation.DESCRIBE_CONFIGS))
+        try:
+            found = self._handler.describe_client_quotas(
+                [codec.quota_filter_from_proto(c) for c in request.components], request.strict)
+        except errors.InvalidRequestError as e:
+            return codec.describe_client_quotas_response(e)
+        return codec.describe_client_quotas_response(found)
 
 
 def start_server(host: str, port: int, handler: DeltaBusHandler,

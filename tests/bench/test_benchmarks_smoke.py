@@ -22,7 +22,8 @@ from bench.sizes import VALUE_BYTES, Sizes
 
 TINY = Sizes(records=2_000, send_records=200, latency_run_s=0.3, committers=3,
              commit_run_s=0.5, group_members=3, drain_records=2_000, drain_rounds=1,
-             small_commits=5, secure_records=500, secure_rounds=1, idle_connections=50)
+             small_commits=5, secure_records=500, secure_rounds=1, idle_connections=50,
+             quota_bytes_per_s=50_000_000, quota_run_s=1.0)
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +44,7 @@ def positive(section: dict[str, Any], *keys: str) -> None:
 
 
 def test_every_step_ran_and_took_time(figures: dict[str, Any]) -> None:
-    assert sorted(figures["step_s"]) == list("abcdefghijklmn")
+    assert sorted(figures["step_s"]) == list("abcdefghijklmno")
     positive(figures["step_s"], *figures["step_s"])
     assert (figures["records"], figures["send_records"], figures["value_bytes"]) == (
         TINY.records, TINY.send_records, VALUE_BYTES)
@@ -120,6 +121,15 @@ def test_idle_connections(figures: dict[str, Any]) -> None:
     assert idle["threads_added"] < TINY.idle_connections  # no thread per connection
 
 
+def test_quotas(figures: dict[str, Any]) -> None:
+    """Tiny: too short to reach the quota (the first burst is ten windows' worth, 500 MB),
+    but both producers wrote, and the figures are the step's."""
+    quotas = figures["quotas"]
+    assert quotas["quota_bytes_per_s"] == TINY.quota_bytes_per_s
+    positive(quotas, "held_with_first_burst_bytes_per_s", "unquotad_bytes_per_s")
+    assert quotas["held_vs_quota"] == quotas["held_bytes_per_s"] / TINY.quota_bytes_per_s
+
+
 def test_steps_m_and_n_are_judged_only_where_they_ran(figures: dict[str, Any]) -> None:
     """With --bootstrap-server there is no embedded Spark session to start (m)'s cluster on,
     and the Kafka listener (n) measures is not in this process."""
@@ -140,10 +150,10 @@ def test_results_json_and_report(figures: dict[str, Any], tmp_path: pathlib.Path
     assert written["pass"] == verdicts
     assert set(verdicts) == {"bulk", "send", "fetch", "latency", "replicated",
                              "replicated_latency", "commits", "rebalance", "drain",
-                             "small_files", "sasl_ssl", "idle_connections"}
+                             "small_files", "sasl_ssl", "idle_connections", "quotas"}
     assert written["drain"]["records"] == TINY.drain_records
     table = capsys.readouterr().out
-    for letter in "abcdefghijklmn":
+    for letter in "abcdefghijklmno":
         assert f"({letter}) " in table
     assert f"figures written to {path}" in table
 
@@ -159,7 +169,8 @@ def test_tiny_flags_make_tiny_sizes() -> None:
         ["--records", "2000", "--send-records", "200", "--latency-run-s", "0.3",
          "--committers", "3", "--commit-run-s", "0.5", "--group-members", "3",
          "--drain-records", "2000", "--drain-rounds", "1", "--small-commits", "5",
-         "--secure-records", "500", "--secure-rounds", "1", "--idle-connections", "50"])
+         "--secure-records", "500", "--secure-rounds", "1", "--idle-connections", "50",
+         "--quota-bytes-per-s", "50000000", "--quota-run-s", "1"])
     assert run.sizes_from(args) == TINY
     assert run.sizes_from(run.build_parser().parse_args(["--records", "50"])).send_records == 50
 

@@ -84,12 +84,11 @@ def test_add_describe_and_delete_credentials(configs, controller_server: Control
     (["--add-config", "retention.ms=5"], "Unexpected config names: retention.ms"),
     (["--delete-config", "SCRAM-SHA-512"],
      "RESOURCE_NOT_FOUND: Attempt to delete a user credential that does not exist"),
-    (["--delete-config", "consumer_byte_rate"], "Unexpected config names: consumer_byte_rate"),
     (["--add-config", f"SCRAM-SHA-256=[password={SECRET}]", "--delete-config",
       "SCRAM-SHA-256"], "SCRAM-SHA-256 cannot be both added and deleted"),
     ([], "At least one of --add-config or --delete-config must be specified"),
 ], ids=["few-iterations", "many-iterations", "no-password", "empty-password",
-        "unknown-mechanism", "topic-config", "delete-missing", "delete-quota", "add-and-delete",
+        "unknown-mechanism", "topic-config", "delete-missing", "add-and-delete",
         "nothing"])
 def test_bad_credential_changes_are_refused_in_one_line(configs, argv: list[str],
                                                         message: str) -> None:

@@ -65,6 +65,12 @@ from deltabus.metadata import (
 from deltabus.offsets.group_coordinator import GroupCoordinator
 from deltabus.offsets.offset_store import OffsetAndMetadata, OffsetCommit, OffsetStore
 from deltabus.principal import ANONYMOUS, KafkaPrincipal
+from deltabus.quotas import (
+    ClientQuotaManager,
+    QuotaEntity,
+    QuotaFilterComponent,
+    describe_client_quotas,
+)
 from deltabus.records import (
     LOG_SCHEMA,
     ProducerState,
@@ -249,6 +255,7 @@ class FakeCluster:
         # What every request is checked against (rpc.access); None: no authorizer, as a
         # cluster without one.
         self.authorizer: Authorizer | None = None
+        self.quota_manager = ClientQuotaManager()  # no quotas: nobody is throttled
         # A batch waits this long for its predecessor's sequence, then OUT_OF_ORDER (the
         # partition log's sequence_wait_ms).
         self.sequence_wait_ms = sequence_wait_ms
@@ -730,6 +737,14 @@ class FakeBroker:
 
     def authorizer(self) -> Authorizer | None:
         return self._cluster.authorizer
+
+    def client_quota_manager(self) -> ClientQuotaManager:
+        return self._cluster.quota_manager
+
+    def describe_client_quotas(self, components: list[QuotaFilterComponent],
+                               strict: bool) -> dict[QuotaEntity, dict[str, float]]:
+        """The fake keeps no quotas: every filter matches nothing."""
+        return describe_client_quotas({}, components, strict)
 
     def describe_user_scram_credentials(self, users: list[str] | None) -> ScramDescriptions:
         """The fake keeps no users: every named one is RESOURCE_NOT_FOUND."""

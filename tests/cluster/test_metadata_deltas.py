@@ -43,6 +43,12 @@ from deltabus.metadata import (
     ScramCredentialDeletion,
     ScramCredentialUpsertion,
 )
+from deltabus.quotas import (
+    CONSUMER_BYTE_RATE,
+    PRODUCER_BYTE_RATE,
+    QuotaAlteration,
+    QuotaEntity,
+)
 from deltabus.rpc.controller_channel import ControllerChannel
 from deltabus.scram import salted_password
 from tests.cluster.controller_server import ControllerServer
@@ -163,6 +169,13 @@ def changes(controller: Controller, epochs: dict[int, int]) -> Iterator[str]:
     controller.alter_user_scram_credentials([ScramCredentialDeletion("alice", "SCRAM-SHA-512")],
                                             [], timeout_ms=0)
     yield "SCRAM credentials set and deleted"
+    alice, app = QuotaEntity.user("alice"), QuotaEntity.client(None)
+    controller.alter_client_quotas([QuotaAlteration(alice, ((PRODUCER_BYTE_RATE, 1024.0),)),
+                                    QuotaAlteration(app, ((CONSUMER_BYTE_RATE, 2048.0),))],
+                                   timeout_ms=0)
+    controller.alter_client_quotas([QuotaAlteration(app, ((CONSUMER_BYTE_RATE, None),))],
+                                   timeout_ms=0)
+    yield "client quotas set and removed"
     pay = controller.image().partition("pay", 0)
     assert pay is not None
     target = [b for b in range(3) if b not in pay.replicas] + [pay.replicas[0]]

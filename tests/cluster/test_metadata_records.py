@@ -15,6 +15,7 @@ from deltabus.cluster.metadata_records import (
     PERSISTED_RECORD_TYPES,
     AccessControlEntryRecord,
     BrokerRegistrationChangeRecord,
+    ClientQuotaRecord,
     ClusterIdRecord,
     ConfigRecord,
     FenceBrokerRecord,
@@ -85,6 +86,13 @@ OLD_AND_TYPED: list[tuple[dict[str, Any], MetadataRecord]] = [
          ResourceType.TOPIC, "pay", PatternType.PREFIXED, "User:alice", "*", Operation.READ,
          Permission.ALLOW))),
     ({"type": "remove_access_control_entry", "id": "a1"}, RemoveAccessControlEntryRecord("a1")),
+    # client quotas: a default entity's name is null
+    ({"type": "client_quota", "entity_types": ["client-id", "user"],
+      "entity_names": ["app", None], "key": "producer_byte_rate", "value": 1024.0},
+     ClientQuotaRecord(("client-id", "user"), ("app", None), "producer_byte_rate", 1024.0)),
+    ({"type": "client_quota", "entity_types": ["user"], "entity_names": ["alice"],
+      "key": "request_percentage", "value": None},
+     ClientQuotaRecord(("user",), ("alice",), "request_percentage", None)),
 ]
 
 

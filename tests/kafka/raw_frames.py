@@ -23,13 +23,14 @@ def connect_to(address: str, timeout_s: float = 10) -> socket.socket:
     return socket.create_connection((host, int(port)), timeout=timeout_s)
 
 
-def frame(key: int, version: int, body: Any, correlation_id: int = 7) -> bytes:
+def frame(key: int, version: int, body: Any, correlation_id: int = 7, *,
+          client_id: str = "test") -> bytes:
     cls = load_request_schema(key, version)
     header_cls = cls.__header_schema__
     out = io.BytesIO()
     entity_writer(header_cls)(out, make(header_cls, request_api_key=key,
                                         request_api_version=version,
-                                        correlation_id=correlation_id, client_id="test"))
+                                        correlation_id=correlation_id, client_id=client_id))
     entity_writer(cls)(out, body)
     data = out.getvalue()
     return struct.pack(">i", len(data)) + data
@@ -77,7 +78,8 @@ def metadata(topics: list[str], correlation_id: int = 7) -> bytes:
         correlation_id)
 
 
-def fetch(topic: str, offset: int, max_wait_ms: int, correlation_id: int = 7) -> bytes:
+def fetch(topic: str, offset: int, max_wait_ms: int, correlation_id: int = 7, *,
+          client_id: str = "test") -> bytes:
     """A Fetch v12 of one partition (0) from `offset`, long-polling up to `max_wait_ms` for a
     byte."""
     cls = load_request_schema(FETCH, 12)
@@ -88,11 +90,12 @@ def fetch(topic: str, offset: int, max_wait_ms: int, correlation_id: int = 7) ->
         cls, replica_id=-1, max_wait=timedelta(milliseconds=max_wait_ms), min_bytes=1,
         max_bytes=1 << 20, isolation_level=0, session_id=0, session_epoch=-1,
         topics=(nested(cls, "FetchTopic")(topic=topic, partitions=(partition,)),),
-        forgotten_topics_data=(), rack_id=""), correlation_id)
+        forgotten_topics_data=(), rack_id=""), correlation_id, client_id=client_id)
 
 
-def produce(topic: str, values: list[bytes], correlation_id: int = 7) -> bytes:
-    """A Produce v9 (acks=1) of `values` to partition 0, in one record batch."""
+def produce(topic: str, values: list[bytes], correlation_id: int = 7, *,
+            client_id: str = "test", acks: int = 1) -> bytes:
+    """A Produce v9 (acks=1 unless given) of `values` to partition 0, in one record batch."""
     builder = DefaultRecordBatchBuilder(magic=2, compression_type=0, is_transactional=False,
                                         producer_id=-1, producer_epoch=-1, base_sequence=-1,
                                         batch_size=1 << 20)
@@ -101,9 +104,9 @@ def produce(topic: str, values: list[bytes], correlation_id: int = 7) -> bytes:
     cls = load_request_schema(PRODUCE, 9)
     data = nested(cls, "PartitionProduceData")(index=0, records=bytes(builder.build()))
     return frame(PRODUCE, 9, make(
-        cls, transactional_id=None, acks=1, timeout=timedelta(seconds=30),
+        cls, transactional_id=None, acks=acks, timeout=timedelta(seconds=30),
         topic_data=(nested(cls, "TopicProduceData")(name=topic, partition_data=(data,)),)),
-        correlation_id)
+        correlation_id, client_id=client_id)
 
 
 def call(address: str, key: int, version: int, body: Any) -> Any:

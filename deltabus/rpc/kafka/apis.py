@@ -10,10 +10,12 @@ UNSUPPORTED_VERSION in its response, as a Kafka broker answers it.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import time
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 from kio.schema.errors import ErrorCode
@@ -23,10 +25,12 @@ from deltabus import errors
 from deltabus.acls import Authorizer, Operation
 from deltabus.cluster.handler import DeltaBusHandler, FetchResult, FetchSpec
 from deltabus.offsets.group_coordinator import GroupCoordinator
+from deltabus.quotas import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE
 from deltabus.records import UnpackBudget
+from deltabus.rpc import throttling
 from deltabus.rpc.access import Access, authorized_metadata, current_access
 from deltabus.rpc.fetch_size import FetchBudget
-from deltabus.rpc.kafka import acl_apis, admin, batches, groups, sasl
+from deltabus.rpc.kafka import acl_apis, admin, batches, groups, quota_apis, sasl
 from deltabus.rpc.kafka.admin import controller_id, kafka_endpoints, topic_uuid
 from deltabus.rpc.kafka.delayed import DelayedResponse, result_of
 from deltabus.rpc.kafka.frames import (
@@ -60,8 +64,17 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     **groups.SUPPORTED,
     **admin.SUPPORTED,
     **acl_apis.SUPPORTED,
+    **quota_apis.SUPPORTED,
     **sasl.SUPPORTED,
 }
+
+
+@dataclasses.dataclass(frozen=True)
+class Unanswered:
+    """No answer is due (a Produce with acks=0), but the connection is muted for
+    `throttle_ms` (the producer is over its quota: KIP-219 mutes it without an answer)."""
+
+    throttle_ms: int
 
 
 class KafkaApis:
@@ -82,6 +95,7 @@ class KafkaApis:
             INIT_PRODUCER_ID: self.init_producer_id,
             OFFSET_FOR_LEADER_EPOCH: self.offset_for_leader_epoch, **self.groups.apis,
             **admin.KafkaAdminApis(handler, listener).apis, **acl_apis.KafkaAclApis(handler).apis,
+            **quota_apis.KafkaQuotaApis(handler).apis,
         }
 
     def knows(self, api_key: int) -> bool:
@@ -89,17 +103,30 @@ class KafkaApis:
 
     def handle(self, api_key: int, version: int, request: Any,
                client: tuple[str, str] = ("", "")) -> Any:
-        """The response to a request: a kio response, None where none is due (acks=0), or a
-        DelayedResponse where it waits for acks or a group (Produce, JoinGroup, SyncGroup).
+        """The response to a request: a kio response, None where none is due (acks=0; an
+        Unanswered where the connection is muted all the same), or a DelayedResponse where it
+        waits for acks or a group (Produce, JoinGroup, SyncGroup).
         One outside the advertised versions gets UNSUPPORTED_VERSION. `client`: the header's
         client id and the client's host."""
         lo, hi = SUPPORTED[api_key]
         refused = None if lo <= version <= hi else errors.UnsupportedVersionError(
             f"API {api_key} version {version} is not supported (versions {lo} to {hi} are)")
         refused = refused or self._refusal(api_key, request)
+        started_s = time.thread_time()
         if api_key == groups.JOIN_GROUP:
-            return self.groups.join_group(version, request, refused, client)
-        return self._apis[api_key](version, request, refused)
+            response = self.groups.join_group(version, request, refused, client)
+        else:
+            response = self._apis[api_key](version, request, refused)
+        if api_key == API_VERSIONS or response is None or isinstance(response, Unanswered):
+            return response
+        throttle_ms = throttling.record_thread_time(self._handler, current_access(), started_s)
+        if isinstance(response, DelayedResponse):
+            if not throttle_ms:
+                return response
+            complete = response.complete
+            return dataclasses.replace(response, complete=lambda: throttling.with_throttle_time(
+                complete(), throttle_ms))
+        return throttling.with_throttle_time(response, throttle_ms)
 
     def authorizer(self) -> Authorizer | None:
         return self._handler.authorizer()
@@ -126,6 +153,10 @@ class KafkaApis:
             return access.cluster(Operation.ALTER)
         if api_key == acl_apis.DESCRIBE_ACLS:
             return access.cluster(Operation.DESCRIBE)
+        if api_key == quota_apis.ALTER_CLIENT_QUOTAS:
+            return access.cluster(Operation.ALTER_CONFIGS)
+        if api_key == quota_apis.DESCRIBE_CLIENT_QUOTAS:
+            return access.cluster(Operation.DESCRIBE_CONFIGS)
         return None
 
     # ---- ApiVersions, Metadata ----------------------------------------------------------------
@@ -221,10 +252,14 @@ class KafkaApis:
                     except errors.DeltaBusError as e:
                         error = e
                 pending.append((topic.name, data.index, appended, error))
+        produced_bytes = sum(len(data.records or b"") for topic in request.topic_data
+                             for data in topic.partition_data)
+        throttle_ms = throttling.record(self._handler, PRODUCER_BYTE_RATE, access,
+                                        produced_bytes) if refused is None else 0
         if acks == 0 and refused is None:
-            return None
+            return Unanswered(throttle_ms) if throttle_ms else None
         appends = [future for _, _, appended, _ in pending for future in appended]
-        answer = functools.partial(_produce_response, cls, pending, timeout_ms)
+        answer = functools.partial(_produce_response, cls, pending, timeout_ms, throttle_ms)
         if not appends:
             return answer()
         return DelayedResponse(appends, deadline, answer)
@@ -257,17 +292,24 @@ class KafkaApis:
                    for s in specs]
         by_topic: dict[str, list[Any]] = {}
         budget = FetchBudget(max_bytes)  # Kafka's limits, on the record bytes this answer carries
+        fetched_bytes = 0
         for spec, r in zip(specs, results, strict=True):
             # nothing new is an empty record set, never a null one: Kafka's brokers send that,
             # and librdkafka 2.0 (Debian's kcat) fails to parse a null
             records = b""
             if r.records is not None and r.records.num_rows:
                 _, records = budget.fit(r.records, spec.max_bytes, batches.encode_fetch)
+                fetched_bytes += len(records)
             by_topic.setdefault(r.topic, []).append(make(
                 partition_cls, partition_index=r.partition, error_code=error_code(r.error),
                 high_watermark=r.high_watermark, last_stable_offset=r.high_watermark,
                 log_start_offset=r.log_start_offset, aborted_transactions=None,
                 preferred_read_replica=-1, records=records))
+        throttle_ms = throttling.record(self._handler, CONSUMER_BYTE_RATE, access,
+                                        fetched_bytes, unrecord_if_throttled=True)
+        if throttle_ms:  # Kafka's throttled fetch: no records, the same offsets next time
+            return make(cls, throttle_time=timedelta(milliseconds=throttle_ms),
+                        error_code=ErrorCode.none, session_id=0, responses=())
         return make(cls, throttle_time=NO_TIME, error_code=error_code(invalid), session_id=0,
                     responses=tuple(make(topic_cls, topic=name, partitions=tuple(parts))
                                     for name, parts in by_topic.items()))
@@ -365,7 +407,7 @@ def _invalid_fetch(specs: list[FetchSpec]) -> errors.DeltaBusError | None:
 
 
 def _produce_response(cls: Any, pending: list[tuple[str, int, list[Any], Any]],
-                      timeout_ms: int) -> Any:
+                      timeout_ms: int, throttle_ms: int = 0) -> Any:
     """Produce's answer once its appends are acknowledged or its timeout passed (Kafka's
     DelayedProduce): each partition's first batch's offsets, or its first error."""
     topic_cls, partition_cls = (nested(cls, n) for n in (
@@ -385,7 +427,7 @@ def _produce_response(cls: Any, pending: list[tuple[str, int, list[Any], Any]],
             base_offset=base_offset if error is None else -1, log_append_time=None,
             log_start_offset=log_start, record_errors=(),
             error_message=error.message if error else None))
-    return make(cls, throttle_time=NO_TIME, responses=tuple(
+    return make(cls, throttle_time=timedelta(milliseconds=throttle_ms), responses=tuple(
         make(topic_cls, name=name, partition_responses=tuple(parts))
         for name, parts in by_topic.items()))
 

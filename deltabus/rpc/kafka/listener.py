@@ -68,6 +68,7 @@ from deltabus.rpc.kafka.frames import (
 )
 from deltabus.rpc.kafka.network import Processor, Request
 from deltabus.rpc.kafka.sasl import KafkaSession
+from deltabus.rpc.throttling import throttle_time_ms
 from deltabus.rpc.tls import server_ssl_context
 
 log = logging.getLogger(__name__)
@@ -176,7 +177,8 @@ class _RequestHandlers:
             self.purgatory.watch(delayed, lambda: self._io.submit(
                 self._complete, request, correlation_id, delayed))
             return
-        request.respond(answer, last=session.close_after_answer)
+        encoded, throttle_ms = answer if isinstance(answer, tuple) else (answer, 0)
+        request.respond(encoded, last=session.close_after_answer, throttle_ms=throttle_ms)
 
     def _long_poll(self, request: Request, parsed: _Parsed) -> None:
         """On a long-poll thread: the Fetch, waiting what is left of its max wait."""
@@ -189,7 +191,8 @@ class _RequestHandlers:
             request.fail(str(e))
             return
         assert not isinstance(answer, DelayedResponse)
-        request.respond(answer)
+        encoded, throttle_ms = answer if isinstance(answer, tuple) else (answer, 0)
+        request.respond(encoded, throttle_ms=throttle_ms)
 
     def _complete(self, request: Request, correlation_id: int,
                   delayed: DelayedResponse) -> None:
@@ -202,7 +205,8 @@ class _RequestHandlers:
             log.exception("a delayed Kafka response failed")
             request.fail(f"a delayed response failed: {type(e).__name__}: {e}")
             return
-        request.respond(encode_response(correlation_id, response))
+        request.respond(encode_response(correlation_id, response),
+                        throttle_ms=throttle_time_ms(response))
 
     def _parse(self, frame: bytes, session: KafkaSession) -> bytes | _Parsed:
         """The request in a frame, or the answer where the door answers it itself (SASL,
@@ -231,19 +235,24 @@ class _RequestHandlers:
             return encode_response(correlation_id, unsupported(key, version))
         return _Parsed(key, version, correlation_id, header.client_id or "", request)
 
-    def _call(self, parsed: _Parsed, session: KafkaSession) -> bytes | DelayedResponse | None:
-        """KafkaApis' answer, encoded; None where none is due (acks=0)."""
+    def _call(self, parsed: _Parsed, session: KafkaSession
+              ) -> tuple[bytes | None, int] | DelayedResponse | None:
+        """KafkaApis' answer, encoded, and its throttle time in ms (the connection is muted
+        that long once it is sent); None where none is due (acks=0)."""
         key, version = parsed.key, parsed.version
         try:
-            with acting_as(Access(self.apis.authorizer(), session.principal, session.host)):
+            with acting_as(Access(self.apis.authorizer(), session.principal, session.host,
+                                  parsed.client_id)):
                 response = self.apis.handle(key, version, parsed.body,
                                             (parsed.client_id, f"/{session.host}"))
         except Exception as e:  # a bug: the client gets a closed connection, the log says why
             log.exception("Kafka API %d v%d failed", key, version)
             raise BadRequest(f"API {key} v{version} failed: {type(e).__name__}: {e}") from None
+        if isinstance(response, apis.Unanswered):
+            return None, response.throttle_ms
         if response is None or isinstance(response, DelayedResponse):
             return response
-        return encode_response(parsed.correlation_id, response)
+        return encode_response(parsed.correlation_id, response), throttle_time_ms(response)
 
 
 def _long_polls(parsed: _Parsed) -> bool:

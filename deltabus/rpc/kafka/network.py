@@ -20,6 +20,9 @@ What must stay true:
   handlers catch up; a connection past max.connections or max.connections.per.ip is closed as
   soon as it is accepted; one idle for connections.max.idle.ms (owing no answer) is closed; a
   TLS handshake not done within TLS_HANDSHAKE_TIMEOUT_S is closed;
+- a connection whose answer carries a throttle time (a client quota) is muted for that long
+  once the answer is placed (KIP-219): nothing more is read or handed over from it until the
+  time is over, so a client that ignores the throttle is held all the same;
 - one connection's trouble closes that connection only, with a log line saying why.
 """
 
@@ -79,7 +82,7 @@ class _Connection:
     """One client connection; the network thread's alone."""
 
     __slots__ = ("sock", "peer", "host", "session", "handshaking", "inbuf", "reserved_bytes",
-                 "slots", "sending", "mask", "closed", "closing", "blocked")
+                 "slots", "sending", "mask", "closed", "closing", "blocked", "muted_until")
 
     def __init__(self, sock: socket.socket, host: str, port: int, sasl_required: bool) -> None:
         self.sock = sock
@@ -95,6 +98,7 @@ class _Connection:
         self.closed = False
         self.closing = False  # its last answer is due: nothing more is read or handled
         self.blocked = False  # waiting for room in the handlers' queue or the request bytes
+        self.muted_until = 0.0  # time.monotonic() until which it is throttled (KIP-219)
 
     def pre_authentication(self) -> bool:
         return self.session.sasl_required and not self.session.authenticated
@@ -120,9 +124,12 @@ class Request:
         while this one's answer is still owed."""
         self._processor._post(("release", self._connection, self._slot))
 
-    def respond(self, response: bytes | None, *, last: bool = False) -> None:
-        """The answer (None: none is due, as for acks=0); `last`: close after sending it."""
-        self._processor._post(("respond", self._connection, self._slot, response, last))
+    def respond(self, response: bytes | None, *, last: bool = False,
+                throttle_ms: int = 0) -> None:
+        """The answer (None: none is due, as for acks=0); `last`: close after sending it;
+        `throttle_ms`: mute the connection that long (its client is over a quota)."""
+        self._processor._post(("respond", self._connection, self._slot, response, last,
+                               throttle_ms))
 
     def fail(self, reason: str) -> None:
         """The request cannot be answered: its connection closes, with `reason` in the log."""
@@ -154,6 +161,7 @@ class Processor:
         # Connections owing no answer, least recently active first (connections.max.idle.ms).
         self._idle: collections.OrderedDict[_Connection, float] = collections.OrderedDict()
         self._handshakes: collections.OrderedDict[_Connection, float] = collections.OrderedDict()
+        self._muted: dict[_Connection, float] = {}  # throttled connections, until when
         self._blocked: set[_Connection] = set()
         self._ready: set[_Connection] = set()  # TLS bytes decrypted and not yet read
         self._handling = 0  # requests handed over and not released (queued.max.requests)
@@ -208,6 +216,8 @@ class Processor:
             deadlines.append(next(iter(self._handshakes.values())))
         if self._accept_paused_until:
             deadlines.append(self._accept_paused_until)
+        if self._muted:
+            deadlines.append(min(self._muted.values()))
         return max(0.0, min(deadlines) - now)
 
     def _guarded(self, connection: _Connection, serve: Callable[..., None],
@@ -390,6 +400,7 @@ class Processor:
 
     def _may_read(self, connection: _Connection) -> bool:
         return (not connection.closing and not connection.handshaking and not connection.blocked
+                and connection not in self._muted
                 and len(connection.slots) < self._in_flight_max(connection)
                 and not self._full())
 
@@ -426,7 +437,7 @@ class Processor:
 
     def _dispatch(self, connection: _Connection) -> None:
         """Hand the connection's next request to the handlers, if none of its is with them."""
-        if connection.closing or connection.closed:
+        if connection.closing or connection.closed or connection in self._muted:
             return
         slot = next((s for s in connection.slots if s.state in (QUEUED, HANDLING)), None)
         if slot is None or slot.state == HANDLING:
@@ -517,11 +528,18 @@ class Processor:
             slot.state, slot.response = DONE, rest[0]
             if rest[1]:
                 slot.last = connection.closing = True
+            if rest[2] > 0:
+                self._mute(connection, time.monotonic() + rest[2] / 1000)
         elif kind == "fail":
             log.warning("closing Kafka connection from %s: %s", connection.peer, rest[0])
             self._close(connection)
             return
         self._pump(connection)
+
+    def _mute(self, connection: _Connection, until: float) -> None:
+        """Read and hand over nothing of the connection until `until` (its answers still go)."""
+        connection.muted_until = max(connection.muted_until, until)
+        self._muted[connection] = connection.muted_until
 
     def _release(self, slot: _Slot) -> None:
         """The handlers are done with the slot's frame: its room in the queues is free."""
@@ -551,6 +569,11 @@ class Processor:
             log.info("closing Kafka connection from %s: no TLS handshake within %g s",
                      connection.peer, TLS_HANDSHAKE_TIMEOUT_S)
             self._close(connection)
+        for connection, until in list(self._muted.items()):
+            if now >= until:
+                del self._muted[connection]
+                if not connection.closed:
+                    self._pump(connection)
         if self._accept_paused_until and now >= self._accept_paused_until:
             self._accept_paused_until = 0.0
             self._selector.register(self._server, _READ, _LISTEN)
@@ -574,7 +597,7 @@ class Processor:
         connection.reserved_bytes = 0
         connection.inbuf = bytearray()
         connection.sending = None
-        for members in (self._idle, self._handshakes):
+        for members in (self._idle, self._handshakes, self._muted):
             members.pop(connection, None)
         self._blocked.discard(connection)
         self._ready.discard(connection)

@@ -633,10 +633,12 @@ class PartitionProduceResponse(_message.Message):
     def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., base_offset: _Optional[int] = ..., log_append_time_ms: _Optional[int] = ..., log_start_offset: _Optional[int] = ...) -> None: ...
 
 class ProduceResponse(_message.Message):
-    __slots__ = ("partitions",)
+    __slots__ = ("partitions", "throttle_time_ms")
     PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    THROTTLE_TIME_MS_FIELD_NUMBER: _ClassVar[int]
     partitions: _containers.RepeatedCompositeFieldContainer[PartitionProduceResponse]
-    def __init__(self, partitions: _Optional[_Iterable[_Union[PartitionProduceResponse, _Mapping]]] = ...) -> None: ...
+    throttle_time_ms: int
+    def __init__(self, partitions: _Optional[_Iterable[_Union[PartitionProduceResponse, _Mapping]]] = ..., throttle_time_ms: _Optional[int] = ...) -> None: ...
 
 class FetchPartition(_message.Message):
     __slots__ = ("topic", "partition", "fetch_offset", "partition_max_bytes", "current_leader_epoch")
@@ -689,10 +691,12 @@ class FetchPartitionResponse(_message.Message):
     def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., high_watermark: _Optional[int] = ..., log_start_offset: _Optional[int] = ..., arrow_records: _Optional[bytes] = ..., records: _Optional[_Iterable[_Union[Record, _Mapping]]] = ..., log_end_offset: _Optional[int] = ...) -> None: ...
 
 class FetchResponse(_message.Message):
-    __slots__ = ("partitions",)
+    __slots__ = ("partitions", "throttle_time_ms")
     PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    THROTTLE_TIME_MS_FIELD_NUMBER: _ClassVar[int]
     partitions: _containers.RepeatedCompositeFieldContainer[FetchPartitionResponse]
-    def __init__(self, partitions: _Optional[_Iterable[_Union[FetchPartitionResponse, _Mapping]]] = ...) -> None: ...
+    throttle_time_ms: int
+    def __init__(self, partitions: _Optional[_Iterable[_Union[FetchPartitionResponse, _Mapping]]] = ..., throttle_time_ms: _Optional[int] = ...) -> None: ...
 
 class ListOffsetsPartition(_message.Message):
     __slots__ = ("topic", "partition", "timestamp")
@@ -1371,3 +1375,97 @@ class DeleteAclsResponse(_message.Message):
     FILTER_RESULTS_FIELD_NUMBER: _ClassVar[int]
     filter_results: _containers.RepeatedCompositeFieldContainer[DeleteAclsFilterResult]
     def __init__(self, filter_results: _Optional[_Iterable[_Union[DeleteAclsFilterResult, _Mapping]]] = ...) -> None: ...
+
+class ClientQuotaEntityPart(_message.Message):
+    __slots__ = ("entity_type", "entity_name")
+    ENTITY_TYPE_FIELD_NUMBER: _ClassVar[int]
+    ENTITY_NAME_FIELD_NUMBER: _ClassVar[int]
+    entity_type: str
+    entity_name: str
+    def __init__(self, entity_type: _Optional[str] = ..., entity_name: _Optional[str] = ...) -> None: ...
+
+class ClientQuotaOp(_message.Message):
+    __slots__ = ("key", "value", "remove")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    REMOVE_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    value: float
+    remove: bool
+    def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ..., remove: _Optional[bool] = ...) -> None: ...
+
+class ClientQuotaAlteration(_message.Message):
+    __slots__ = ("entity", "ops")
+    ENTITY_FIELD_NUMBER: _ClassVar[int]
+    OPS_FIELD_NUMBER: _ClassVar[int]
+    entity: _containers.RepeatedCompositeFieldContainer[ClientQuotaEntityPart]
+    ops: _containers.RepeatedCompositeFieldContainer[ClientQuotaOp]
+    def __init__(self, entity: _Optional[_Iterable[_Union[ClientQuotaEntityPart, _Mapping]]] = ..., ops: _Optional[_Iterable[_Union[ClientQuotaOp, _Mapping]]] = ...) -> None: ...
+
+class AlterClientQuotasRequest(_message.Message):
+    __slots__ = ("entries", "validate_only")
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    VALIDATE_ONLY_FIELD_NUMBER: _ClassVar[int]
+    entries: _containers.RepeatedCompositeFieldContainer[ClientQuotaAlteration]
+    validate_only: bool
+    def __init__(self, entries: _Optional[_Iterable[_Union[ClientQuotaAlteration, _Mapping]]] = ..., validate_only: _Optional[bool] = ...) -> None: ...
+
+class AlterClientQuotasEntryResult(_message.Message):
+    __slots__ = ("error_code", "error_message", "entity")
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    ENTITY_FIELD_NUMBER: _ClassVar[int]
+    error_code: int
+    error_message: str
+    entity: _containers.RepeatedCompositeFieldContainer[ClientQuotaEntityPart]
+    def __init__(self, error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., entity: _Optional[_Iterable[_Union[ClientQuotaEntityPart, _Mapping]]] = ...) -> None: ...
+
+class AlterClientQuotasResponse(_message.Message):
+    __slots__ = ("entries",)
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    entries: _containers.RepeatedCompositeFieldContainer[AlterClientQuotasEntryResult]
+    def __init__(self, entries: _Optional[_Iterable[_Union[AlterClientQuotasEntryResult, _Mapping]]] = ...) -> None: ...
+
+class ClientQuotaFilterComponent(_message.Message):
+    __slots__ = ("entity_type", "match_type", "match")
+    ENTITY_TYPE_FIELD_NUMBER: _ClassVar[int]
+    MATCH_TYPE_FIELD_NUMBER: _ClassVar[int]
+    MATCH_FIELD_NUMBER: _ClassVar[int]
+    entity_type: str
+    match_type: int
+    match: str
+    def __init__(self, entity_type: _Optional[str] = ..., match_type: _Optional[int] = ..., match: _Optional[str] = ...) -> None: ...
+
+class DescribeClientQuotasRequest(_message.Message):
+    __slots__ = ("components", "strict")
+    COMPONENTS_FIELD_NUMBER: _ClassVar[int]
+    STRICT_FIELD_NUMBER: _ClassVar[int]
+    components: _containers.RepeatedCompositeFieldContainer[ClientQuotaFilterComponent]
+    strict: bool
+    def __init__(self, components: _Optional[_Iterable[_Union[ClientQuotaFilterComponent, _Mapping]]] = ..., strict: _Optional[bool] = ...) -> None: ...
+
+class ClientQuotaValue(_message.Message):
+    __slots__ = ("key", "value")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    value: float
+    def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+
+class ClientQuotaEntry(_message.Message):
+    __slots__ = ("entity", "values")
+    ENTITY_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    entity: _containers.RepeatedCompositeFieldContainer[ClientQuotaEntityPart]
+    values: _containers.RepeatedCompositeFieldContainer[ClientQuotaValue]
+    def __init__(self, entity: _Optional[_Iterable[_Union[ClientQuotaEntityPart, _Mapping]]] = ..., values: _Optional[_Iterable[_Union[ClientQuotaValue, _Mapping]]] = ...) -> None: ...
+
+class DescribeClientQuotasResponse(_message.Message):
+    __slots__ = ("error_code", "error_message", "entries")
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    error_code: int
+    error_message: str
+    entries: _containers.RepeatedCompositeFieldContainer[ClientQuotaEntry]
+    def __init__(self, error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., entries: _Optional[_Iterable[_Union[ClientQuotaEntry, _Mapping]]] = ...) -> None: ...

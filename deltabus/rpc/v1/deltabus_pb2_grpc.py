@@ -129,6 +129,16 @@ class DeltaBusStub:
                 request_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DeleteAclsRequest.SerializeToString,
                 response_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DeleteAclsResponse.FromString,
                 _registered_method=True)
+        self.AlterClientQuotas = channel.unary_unary(
+                '/deltabus.v1.DeltaBus/AlterClientQuotas',
+                request_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.AlterClientQuotasRequest.SerializeToString,
+                response_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.AlterClientQuotasResponse.FromString,
+                _registered_method=True)
+        self.DescribeClientQuotas = channel.unary_unary(
+                '/deltabus.v1.DeltaBus/DescribeClientQuotas',
+                request_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DescribeClientQuotasRequest.SerializeToString,
+                response_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DescribeClientQuotasResponse.FromString,
+                _registered_method=True)
         self.FindCoordinator = channel.unary_unary(
                 '/deltabus.v1.DeltaBus/FindCoordinator',
                 request_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.FindCoordinatorRequest.SerializeToString,
@@ -316,6 +326,24 @@ class DeltaBusServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AlterClientQuotas(self, request, context):
+        """Client quotas (Kafka's AlterClientQuotas and DescribeClientQuotas; kafka-configs.sh
+        --entity-type users|clients): producer_byte_rate, consumer_byte_rate and
+        request_percentage per user, client id, or both, kept in the controller's metadata log.
+        Alter answers per entry and returns once the brokers throttle by the change (ALTER_CONFIGS
+        on the cluster); Describe is answered from the metadata of the server asked
+        (DESCRIBE_CONFIGS on the cluster).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DescribeClientQuotas(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def FindCoordinator(self, request, context):
         """Consumer groups (Kafka's classic group protocol). FindCoordinator names the server that
         coordinates a group; the other calls go there. JoinGroup and SyncGroup are long polls that
@@ -476,6 +504,16 @@ def add_DeltaBusServicer_to_server(servicer, server):
                     servicer.DeleteAcls,
                     request_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DeleteAclsRequest.FromString,
                     response_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DeleteAclsResponse.SerializeToString,
+            ),
+            'AlterClientQuotas': grpc.unary_unary_rpc_method_handler(
+                    servicer.AlterClientQuotas,
+                    request_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.AlterClientQuotasRequest.FromString,
+                    response_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.AlterClientQuotasResponse.SerializeToString,
+            ),
+            'DescribeClientQuotas': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeClientQuotas,
+                    request_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DescribeClientQuotasRequest.FromString,
+                    response_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DescribeClientQuotasResponse.SerializeToString,
             ),
             'FindCoordinator': grpc.unary_unary_rpc_method_handler(
                     servicer.FindCoordinator,
@@ -1041,6 +1079,60 @@ class DeltaBus:
             '/deltabus.v1.DeltaBus/DeleteAcls',
             deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DeleteAclsRequest.SerializeToString,
             deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DeleteAclsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AlterClientQuotas(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/deltabus.v1.DeltaBus/AlterClientQuotas',
+            deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.AlterClientQuotasRequest.SerializeToString,
+            deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.AlterClientQuotasResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeClientQuotas(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/deltabus.v1.DeltaBus/DescribeClientQuotas',
+            deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DescribeClientQuotasRequest.SerializeToString,
+            deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DescribeClientQuotasResponse.FromString,
             options,
             channel_credentials,
             insecure,
