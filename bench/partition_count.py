@@ -6,15 +6,17 @@ independent of their partition count, and keyed per-record produce over 1,000 pa
 least half its rate on one partition, measured in the same run.
 
 1. Keyed per-record send() (acks=1) to a topic of one partition and to one of
-   `KEYED_PARTITIONS`, alternating, `rounds` times each; the ratio of the medians.
-2. Topics of `step` partitions (replication factor 1) created one after another up to `total`;
+   `keyed_partitions`, alternating, `keyed_rounds` times each; the ratio of the medians.
+2. Topics of `partitions_step` partitions (replication factor 1) created one after another up
+   to `partitions`;
    after each, one record sent to every new partition (each must be led and take it). Per
    step: seconds to create, seconds until every partition took its record, every broker's
    threads and resident memory (its Python worker, read from /proc), and fence events.
 3. One broker killed (SIGKILL, as a crash) with its thousands of partitions: seconds until it
    is back and leading again (every partition takes a record), and whether any other broker
    was fenced meanwhile.
-Linux only (/proc); only with the embedded cluster, whose brokers' processes it can see.
+Linux only (/proc); only with the embedded cluster, whose brokers' processes it can see. Its
+topics are deleted at the end.
 """
 
 from __future__ import annotations
@@ -25,20 +27,31 @@ import time
 import uuid
 from typing import Any
 
+from bench.sizes import Sizes
 from deltabus.client.admin import AdminClient
 from deltabus.client.producer import Producer
 from deltabus.metadata import NewTopic
 
-KEYED_PARTITIONS = 1_000
 WAIT_S = 1_800.0  # a loaded machine slows the step; it does not fail it
 
 
-def partitions_by_the_thousand(cluster: Any, total: int, step: int, keyed_records: int,
-                               rounds: int) -> dict[str, Any]:
+def partitions_by_the_thousand(cluster: Any, sizes: Sizes) -> dict[str, Any]:
     """The figures of step (p) on `cluster` (a started deltabus Cluster of this process)."""
     run_id = uuid.uuid4().hex[:8]
-    figures: dict[str, Any] = {"keyed": _keyed_one_vs_many(cluster.bootstrap_servers, run_id,
-                                                           keyed_records, rounds)}
+    total, step = sizes.partitions, sizes.partitions_step
+    try:
+        return _measure(cluster, run_id, sizes, total, step)
+    finally:
+        with AdminClient(cluster.bootstrap_servers) as admin:
+            mine = [t for t in admin.list_topics() if run_id in t]
+            if mine:
+                admin.delete_topics(mine)
+
+
+def _measure(cluster: Any, run_id: str, sizes: Sizes, total: int, step: int) -> dict[str, Any]:
+    figures: dict[str, Any] = {"keyed": _keyed_one_vs_many(
+        cluster.bootstrap_servers, run_id, sizes.keyed_partitions, sizes.keyed_records,
+        sizes.keyed_rounds)}
     fenced_before = sum(cluster.controller.fenced.values())
     steps: list[dict[str, Any]] = []
     made = 0
@@ -70,18 +83,18 @@ def partitions_by_the_thousand(cluster: Any, total: int, step: int, keyed_record
     return figures
 
 
-def _keyed_one_vs_many(bootstrap: str, run_id: str, records: int,
+def _keyed_one_vs_many(bootstrap: str, run_id: str, partitions: int, records: int,
                        rounds: int) -> dict[str, Any]:
-    one, many = f"bench-keyed-1-{run_id}", f"bench-keyed-{KEYED_PARTITIONS}-{run_id}"
+    one, many = f"bench-keyed-1-{run_id}", f"bench-keyed-{partitions}-{run_id}"
     with AdminClient(bootstrap) as admin:
-        admin.create_topics([NewTopic(one, 1, 1), NewTopic(many, KEYED_PARTITIONS, 1)])
-    _one_record_each(bootstrap, many, KEYED_PARTITIONS)  # every partition led before timing
+        admin.create_topics([NewTopic(one, 1, 1), NewTopic(many, partitions, 1)])
+    _one_record_each(bootstrap, many, partitions)  # every partition led before timing
     rates: dict[str, list[float]] = {"one": [], "many": []}
     for _ in range(rounds):
         rates["one"].append(_send_keyed(bootstrap, one, records))
         rates["many"].append(_send_keyed(bootstrap, many, records))
     one_rps, many_rps = statistics.median(rates["one"]), statistics.median(rates["many"])
-    return {"partitions": KEYED_PARTITIONS, "records": records, "rounds": rates,
+    return {"partitions": partitions, "records": records, "rounds": rates,
             "one_partition_rps": one_rps, "many_partitions_rps": many_rps,
             "many_vs_one": many_rps / one_rps}
 

@@ -20,7 +20,11 @@ TARGETS = {"bulk_rps": 500_000, "bulk_vs_straight": 0.70, "send_rps": 150_000,
            # none per connection)
            "idle_connection_bytes": 16 * 1024, "idle_connections_threads_added": 8,
            # (o): the quota'd producer's steady rate, as a share of its quota, either way
-           "quota_held_within": 0.10}
+           "quota_held_within": 0.10,
+           # (p): partitions created and led with no broker fenced (nor while one is killed
+           # and back), threads a broker may gain from its first 1,000 to its last, and keyed
+           # send() over 1,000 partitions against one partition, in the same run
+           "partitions": 12_000, "partition_threads_added": 16, "keyed_many_vs_one": 0.5}
 
 
 def judge(f: dict[str, Any]) -> dict[str, bool]:
@@ -54,6 +58,14 @@ def judge(f: dict[str, Any]) -> dict[str, bool]:
     if "quotas" in f:
         verdicts["quotas"] = (abs(f["quotas"]["held_vs_quota"] - 1)
                               <= TARGETS["quota_held_within"])
+    if "partition_count" in f:
+        pc = f["partition_count"]
+        verdicts["partitions"] = (pc["partitions"] >= TARGETS["partitions"] and pc["fenced"] == 0
+                                  and pc["relaunch"]["others_fenced"] == 0
+                                  and pc["threads_added_max"]
+                                  <= TARGETS["partition_threads_added"])
+        verdicts["keyed_partitions"] = (pc["keyed"]["many_vs_one"]
+                                        >= TARGETS["keyed_many_vs_one"])
     return verdicts
 
 
@@ -134,6 +146,22 @@ def report(f: dict[str, Any], ok: dict[str, bool]) -> str:
                       f"{q['unquotad_bytes_per_s']:,.0f} B/s"),
                      f"within {TARGETS['quota_held_within']:.0%} of the quota",
                      ok["quotas"]))
+    if "partition_count" in f:
+        pc = f["partition_count"]
+        r, k = pc["relaunch"], pc["keyed"]
+        rows.append((f"(p) {pc['partitions']:,} partitions, 3 brokers",
+                     (f"{pc['fenced']} fenced; threads <= {pc['threads_per_broker_max']} a broker "
+                      f"(+{pc['threads_added_max']}), {pc['rss_mib_per_broker_max']:,.0f} MiB; "
+                      f"killed broker back {r['back_s']:.0f} s, leading {r['leading_again_s']:.0f}"
+                      f" s, {r['others_fenced']} others fenced"),
+                     (f">= {TARGETS['partitions']:,} led, none fenced, <= "
+                      f"{TARGETS['partition_threads_added']} threads added"),
+                     ok["partitions"]))
+        rows.append((f"(p) keyed send(), {k['partitions']:,} partitions vs 1",
+                     (f"{k['many_partitions_rps']:,.0f} vs {k['one_partition_rps']:,.0f} rec/s "
+                      f"({k['many_vs_one']:.0%}), medians of {len(k['rounds']['one'])}"),
+                     f">= {TARGETS['keyed_many_vs_one']:.0%} of one partition",
+                     ok["keyed_partitions"]))
     title = (f"deltabus bench: {f['records']:,} records of {f['value_bytes']} bytes "
              f"(send() {f['send_records']:,}), 1 partition, {f['elapsed_s']:.0f} s")
     lines = [title,

@@ -26,6 +26,10 @@ a running one), in an order where each step leaves what the next needs:
         with the embedded cluster, whose listener runs in this process
     (o) a producer with a producer_byte_rate quota beside one without: the quota'd one's steady
         rate after its first burst, held within 10% of its quota, and the other's (see quotas)
+    (p) partitions by the thousand: keyed send() over 1,000 partitions against one, then 12,000
+        partitions (4,000 a broker) created and led, brokers' threads and memory, fence events,
+        and a broker killed and back (see partition_count); only with the embedded cluster,
+        whose brokers' processes it reads
 
 Sizes are the README's by default; flags make every step smaller (see sizes). A command line
 argparse rejects exits 2; a step that fails raises, with its traceback: the bench is a
@@ -49,6 +53,7 @@ from bench import (
     groups,
     idle_connections,
     kafka_clients,
+    partition_count,
     quotas,
     sasl_ssl,
     small_files,
@@ -114,6 +119,18 @@ def build_parser() -> argparse.ArgumentParser:
     size.add_argument("--quota-run-s", type=float, default=DEFAULT.quota_run_s,
                       help="seconds both producers of step (o) run "
                            f"(default {DEFAULT.quota_run_s:g})")
+    size.add_argument("--partitions", type=int, default=DEFAULT.partitions,
+                      help=f"partitions step (p) creates (default {DEFAULT.partitions})")
+    size.add_argument("--partitions-step", type=int, default=DEFAULT.partitions_step,
+                      help="partitions per topic step (p) creates "
+                           f"(default {DEFAULT.partitions_step})")
+    size.add_argument("--keyed-partitions", type=int, default=DEFAULT.keyed_partitions,
+                      help="partitions keyed send() spreads over in step (p) "
+                           f"(default {DEFAULT.keyed_partitions})")
+    size.add_argument("--keyed-records", type=int, default=DEFAULT.keyed_records,
+                      help=f"records per keyed round of step (p) (default {DEFAULT.keyed_records})")
+    size.add_argument("--keyed-rounds", type=int, default=DEFAULT.keyed_rounds,
+                      help=f"keyed rounds of step (p) (default {DEFAULT.keyed_rounds})")
     return p
 
 
@@ -125,7 +142,10 @@ def sizes_from(args: argparse.Namespace) -> Sizes:
                  drain_records=args.drain_records, drain_rounds=args.drain_rounds,
                  small_commits=args.small_commits, secure_records=args.secure_records,
                  secure_rounds=args.secure_rounds, idle_connections=args.idle_connections,
-                 quota_bytes_per_s=args.quota_bytes_per_s, quota_run_s=args.quota_run_s)
+                 quota_bytes_per_s=args.quota_bytes_per_s, quota_run_s=args.quota_run_s,
+                 partitions=args.partitions, partitions_step=args.partitions_step,
+                 keyed_partitions=args.keyed_partitions, keyed_records=args.keyed_records,
+                 keyed_rounds=args.keyed_rounds)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -141,9 +161,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     root = tempfile.mkdtemp(prefix="deltabus-bench-")
     started = time.monotonic()
     try:
-        with _bootstrap(args.bootstrap_server, root) as (bootstrap, spark, kafka_bootstrap):
+        with _bootstrap(args.bootstrap_server, root) as (bootstrap, spark, kafka_bootstrap,
+                                                         cluster):
             figures = measure(bootstrap, spark, args.kafka_bootstrap_server or kafka_bootstrap,
-                              root, sizes, embedded=args.bootstrap_server is None)
+                              root, sizes, embedded=args.bootstrap_server is None,
+                              cluster=cluster)
         measure_small_files(figures, root, sizes)  # needs no cluster: runs after it stopped
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -153,30 +175,33 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 @contextlib.contextmanager
-def _bootstrap(bootstrap: str | None, root: str) -> Iterator[tuple[str, Any, str | None]]:
-    """The given cluster, or an embedded one (local Spark, 3 brokers) for the duration; and a
-    SparkSession for the streaming step (2 task slots beside the brokers)."""
+def _bootstrap(bootstrap: str | None, root: str
+               ) -> Iterator[tuple[str, Any, str | None, Any]]:
+    """The given cluster, or an embedded one (local Spark, 3 brokers) for the duration (and
+    its Cluster, for step (p)); and a SparkSession for the streaming step (2 task slots beside
+    the brokers)."""
     from deltabus.cluster.cluster import Cluster, local_spark
 
     spark = local_spark(2 if bootstrap else 5, app_name="deltabus-bench", ui=False)
     spark.sparkContext.setLogLevel("WARN")
     if bootstrap:
         try:
-            yield bootstrap, spark, None
+            yield bootstrap, spark, None, None
         finally:
             spark.stop()
         return
     cluster = Cluster(spark, root=f"{root}/cluster", brokers=3, port=0, kafka_port=0).start()
     try:
-        yield cluster.bootstrap_servers, spark, cluster.kafka_bootstrap_servers
+        yield cluster.bootstrap_servers, spark, cluster.kafka_bootstrap_servers, cluster
     finally:
         cluster.stop()
         spark.stop()
 
 
 def measure(bootstrap: str, spark: Any, kafka_bootstrap: str | None, root: str,
-            sizes: Sizes, *, embedded: bool = True) -> dict[str, Any]:
-    """The steps on a cluster, (a) to (j), (l) to (o); (l) only with a Kafka listener,
+            sizes: Sizes, *, embedded: bool = True, cluster: Any = None) -> dict[str, Any]:
+    """The steps on a cluster, (a) to (j), (l) to (p); (l) only with a Kafka listener,
+    (p) only given the `cluster` (a Cluster of this process),
     (m) only on an `embedded` cluster's Spark session, (n) only with an `embedded` cluster's
     Kafka listener (in this process). Scratch files go under `root`, which the
     caller removes."""
@@ -208,6 +233,12 @@ def measure(bootstrap: str, spark: Any, kafka_bootstrap: str | None, root: str,
     with _step(figures["step_s"], "o", "a quota'd producer beside an unquota'd one"):
         figures["quotas"] = quotas.quota_beside_unquotad(
             bootstrap, sizes.quota_bytes_per_s, sizes.quota_run_s)
+    if cluster is not None:
+        with _step(figures["step_s"], "p", f"{sizes.partitions:,} partitions"):
+            figures["partition_count"] = partition_count.partitions_by_the_thousand(
+                cluster, sizes)
+    else:
+        print("(p) skipped: it reads the embedded cluster's brokers' processes")
     return figures
 
 

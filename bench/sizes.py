@@ -31,6 +31,11 @@ class Sizes:
     idle_connections: int = 5_000  # (n): idle Kafka connections held open at once
     quota_bytes_per_s: int = 1_000_000  # (o): the quota'd producer's producer_byte_rate
     quota_run_s: float = 44.0  # (o): both producers' run: four 11 s periods of the quota'd one
+    partitions: int = 12_000  # (p): partitions created (replication factor 1), 4,000 a broker
+    partitions_step: int = 1_000  # (p): created by topics of this many
+    keyed_partitions: int = 1_000  # (p): keyed send() over this many, against one partition
+    keyed_records: int = 100_000  # (p): records of each keyed round
+    keyed_rounds: int = 3  # (p): rounds, alternating one partition and many
 
     def check(self) -> list[str]:
         """What is out of range, one line each (empty when every knob is usable)."""
@@ -43,7 +48,12 @@ class Sizes:
                   "secure-records": (self.secure_records, 1),
                   "secure-rounds": (self.secure_rounds, 1),
                   "idle-connections": (self.idle_connections, 1),
-                  "quota-bytes-per-s": (self.quota_bytes_per_s, 1)}
+                  "quota-bytes-per-s": (self.quota_bytes_per_s, 1),
+                  "partitions": (self.partitions, 1),
+                  "partitions-step": (self.partitions_step, 1),
+                  "keyed-partitions": (self.keyed_partitions, 1),
+                  "keyed-records": (self.keyed_records, 1),
+                  "keyed-rounds": (self.keyed_rounds, 1)}
         wrong = [f"--{name} must be at least {least}"
                  for name, (value, least) in counts.items() if value < least]
         wrong += [f"--{name} must be more than 0" for name, value in

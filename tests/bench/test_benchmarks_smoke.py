@@ -1,7 +1,7 @@
 """Smoke tests of `make bench`: every step runs, with tiny sizes, and gives figures of the
 expected shape, so a change cannot break the bench unnoticed.
 
-One run of every step, (a) to (n), against the session's shared cluster and Spark (what
+One run of every step, (a) to (p), against the session's shared cluster and Spark (what
 `make bench` does against its embedded cluster), in a few seconds; each benchmark's figures are
 then checked by a test of their own. Figures of so small a run mean nothing: the tests check
 that each is there and positive, and the counts that must hold whatever the machine.
@@ -23,7 +23,8 @@ from bench.sizes import VALUE_BYTES, Sizes
 TINY = Sizes(records=2_000, send_records=200, latency_run_s=0.3, committers=3,
              commit_run_s=0.5, group_members=3, drain_records=2_000, drain_rounds=1,
              small_commits=5, secure_records=500, secure_rounds=1, idle_connections=50,
-             quota_bytes_per_s=50_000_000, quota_run_s=1.0)
+             quota_bytes_per_s=50_000_000, quota_run_s=1.0, partitions=20, partitions_step=10,
+             keyed_partitions=5, keyed_records=200, keyed_rounds=1)
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +32,7 @@ def figures(cluster: Any, spark: Any, tmp_path_factory: pytest.TempPathFactory
             ) -> dict[str, Any]:
     root = str(tmp_path_factory.mktemp("bench"))
     out = run.measure(cluster.bootstrap_servers, spark, cluster.kafka_bootstrap_servers, root,
-                      TINY)
+                      TINY, cluster=cluster)
     run.measure_small_files(out, root, TINY)
     out["elapsed_s"] = sum(out["step_s"].values())
     return out
@@ -44,7 +45,7 @@ def positive(section: dict[str, Any], *keys: str) -> None:
 
 
 def test_every_step_ran_and_took_time(figures: dict[str, Any]) -> None:
-    assert sorted(figures["step_s"]) == list("abcdefghijklmno")
+    assert sorted(figures["step_s"]) == list("abcdefghijklmnop")
     positive(figures["step_s"], *figures["step_s"])
     assert (figures["records"], figures["send_records"], figures["value_bytes"]) == (
         TINY.records, TINY.send_records, VALUE_BYTES)
@@ -130,15 +131,34 @@ def test_quotas(figures: dict[str, Any]) -> None:
     assert quotas["held_vs_quota"] == quotas["held_bytes_per_s"] / TINY.quota_bytes_per_s
 
 
+def test_partition_count(figures: dict[str, Any]) -> None:
+    """Tiny: two topics of 10 partitions, every one led and taking a record, a broker killed
+    and back; the figures are the step's."""
+    pc = figures["partition_count"]
+    assert pc["partitions"] == TINY.partitions
+    assert [s["partitions"] for s in pc["steps"]] == [10, 20]
+    assert pc["partitions_per_broker"] == TINY.partitions / 3
+    for step in pc["steps"]:
+        assert sorted(step["brokers"]) == [0, 1, 2]
+        for broker in step["brokers"].values():
+            positive(broker, "threads", "rss_mib")
+    positive(pc, "threads_per_broker_max", "rss_mib_per_broker_max")
+    positive(pc["relaunch"], "back_s", "leading_again_s")
+    assert pc["relaunch"]["leading_again_s"] >= pc["relaunch"]["back_s"]
+    keyed = pc["keyed"]
+    assert (keyed["partitions"], keyed["records"]) == (TINY.keyed_partitions, TINY.keyed_records)
+    positive(keyed, "one_partition_rps", "many_partitions_rps", "many_vs_one")
+
+
 def test_steps_m_and_n_are_judged_only_where_they_ran(figures: dict[str, Any]) -> None:
     """With --bootstrap-server there is no embedded Spark session to start (m)'s cluster on,
     and the Kafka listener (n) measures is not in this process."""
     remote = {key: value for key, value in figures.items()
-              if key not in ("sasl_ssl", "idle_connections")}
+              if key not in ("sasl_ssl", "idle_connections", "partition_count")}
     verdicts = judge(remote)
-    assert "sasl_ssl" not in verdicts and "idle_connections" not in verdicts
-    assert "(m) " not in report(remote, verdicts)
-    assert "(n) " not in report(remote, verdicts)
+    assert not {"sasl_ssl", "idle_connections", "partitions", "keyed_partitions"} & set(verdicts)
+    for letter in "mnp":
+        assert f"({letter}) " not in report(remote, verdicts)
 
 
 def test_results_json_and_report(figures: dict[str, Any], tmp_path: pathlib.Path,
@@ -150,10 +170,11 @@ def test_results_json_and_report(figures: dict[str, Any], tmp_path: pathlib.Path
     assert written["pass"] == verdicts
     assert set(verdicts) == {"bulk", "send", "fetch", "latency", "replicated",
                              "replicated_latency", "commits", "rebalance", "drain",
-                             "small_files", "sasl_ssl", "idle_connections", "quotas"}
+                             "small_files", "sasl_ssl", "idle_connections", "quotas",
+                             "partitions", "keyed_partitions"}
     assert written["drain"]["records"] == TINY.drain_records
     table = capsys.readouterr().out
-    for letter in "abcdefghijklmno":
+    for letter in "abcdefghijklmnop":
         assert f"({letter}) " in table
     assert f"figures written to {path}" in table
 
@@ -170,7 +191,9 @@ def test_tiny_flags_make_tiny_sizes() -> None:
          "--committers", "3", "--commit-run-s", "0.5", "--group-members", "3",
          "--drain-records", "2000", "--drain-rounds", "1", "--small-commits", "5",
          "--secure-records", "500", "--secure-rounds", "1", "--idle-connections", "50",
-         "--quota-bytes-per-s", "50000000", "--quota-run-s", "1"])
+         "--quota-bytes-per-s", "50000000", "--quota-run-s", "1", "--partitions", "20",
+         "--partitions-step", "10", "--keyed-partitions", "5", "--keyed-records", "200",
+         "--keyed-rounds", "1"])
     assert run.sizes_from(args) == TINY
     assert run.sizes_from(run.build_parser().parse_args(["--records", "50"])).send_records == 50
 
@@ -183,6 +206,7 @@ def test_tiny_flags_make_tiny_sizes() -> None:
     (["--latency-run-s", "0"], "--latency-run-s must be more than 0"),
     (["--secure-rounds", "0"], "--secure-rounds must be at least 1"),
     (["--idle-connections", "0"], "--idle-connections must be at least 1"),
+    (["--partitions-step", "0"], "--partitions-step must be at least 1"),
 ])
 def test_sizes_out_of_range_exit_2_before_anything_starts(
         argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
