@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -101,3 +102,29 @@ def read_records(bootstrap: str, topic: str, partitions: int, expected: int,
 def topic_name(request: pytest.FixtureRequest) -> str:
     """A topic name unique to the test."""
     return "t-" + request.node.name.replace("[", "-").replace("]", "").replace("_", "-")[:100]
+
+
+@pytest.fixture
+def no_quotas_left(cluster: Any) -> Iterator[None]:
+    """Remove every client quota a test set on the shared cluster, so none throttles the next."""
+    from deltabus import AdminClient
+    from deltabus.quotas import QuotaAlteration
+
+    yield
+    with AdminClient(cluster.bootstrap_servers) as admin:
+        for entity, values in admin.describe_client_quotas().items():
+            admin.alter_client_quotas([QuotaAlteration(entity, tuple((k, None) for k in values))])
+
+
+def client_pool_is_full(stub: Any) -> bool:
+    """A Metadata call (answered at once by a free thread of the server behind `stub`, a
+    DeltaBusStub) gets no answer in a second: every thread of its pool is held."""
+    import grpc
+
+    from deltabus.rpc.v1 import deltabus_pb2 as pb
+
+    try:
+        stub.Metadata(pb.MetadataRequest(), timeout=1)
+    except grpc.RpcError as e:
+        return e.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    return False

@@ -3,21 +3,9 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
-from deltabus import AdminClient
-from deltabus.client.admin import QuotaAlteration
 from tests.cli.conftest import Cli
-
-
-@pytest.fixture
-def no_quotas_left(cluster: Any) -> Any:
-    yield
-    with AdminClient(cluster.bootstrap_servers) as admin:
-        for entity, values in admin.describe_client_quotas().items():
-            admin.alter_client_quotas([QuotaAlteration(entity, tuple((k, None) for k in values))])
 
 
 def test_alter_and_describe_quotas_as_kafka_configs(cli: Cli, topic_name: str,

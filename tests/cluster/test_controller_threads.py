@@ -25,7 +25,7 @@ from deltabus import Cluster, NewTopic
 from deltabus import config as cfg
 from deltabus.rpc.v1 import deltabus_pb2 as pb
 from deltabus.rpc.v1 import deltabus_pb2_grpc as pb_grpc
-from tests.conftest import wait_until
+from tests.conftest import client_pool_is_full, wait_until
 
 CLIENT_THREADS = 4  # the driver's client pool: max(grpc_threads, coordinator_threads)
 SESSION_TIMEOUT_MS = 3_000  # as the shared cluster's (tests/conftest.py)
@@ -68,15 +68,6 @@ def park(stub: pb_grpc.DeltaBusStub, count: int) -> list[threading.Thread]:
     for thread in threads:
         thread.start()
     return threads
-
-
-def client_pool_is_full(stub: pb_grpc.DeltaBusStub) -> bool:
-    """A Metadata call (answered at once by a free thread) gets no answer in a second."""
-    try:
-        stub.Metadata(pb.MetadataRequest(), timeout=1)
-    except grpc.RpcError as e:
-        return e.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-    return False
 
 
 @pytest.mark.timeout(300)

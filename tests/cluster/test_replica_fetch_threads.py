@@ -30,7 +30,7 @@ from deltabus.records import ProducerState
 from deltabus.rpc.v1 import deltabus_pb2 as pb
 from deltabus.rpc.v1 import deltabus_pb2_grpc as pb_grpc
 from tests.cluster.controller_server import ControllerServer
-from tests.conftest import wait_until
+from tests.conftest import client_pool_is_full, wait_until
 
 TOPIC = "orders"
 CLIENT_THREADS = 4  # each broker's gRPC pool for clients (grpc_threads)
@@ -85,15 +85,6 @@ def park(stub: pb_grpc.DeltaBusStub, offset: int, count: int) -> list[threading.
     for thread in threads:
         thread.start()
     return threads
-
-
-def client_pool_is_full(stub: pb_grpc.DeltaBusStub) -> bool:
-    """A Metadata call (answered at once by a free thread) gets no answer in a second."""
-    try:
-        stub.Metadata(pb.MetadataRequest(), timeout=1)
-    except grpc.RpcError as e:
-        return e.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-    return False
 
 
 def test_followers_keep_fetching_while_clients_hold_every_leader_thread(

@@ -21,7 +21,6 @@ from kio.index import load_request_schema
 from kio.schema.errors import ErrorCode
 
 from deltabus import AdminClient, NewTopic
-from deltabus.client.admin import QuotaAlteration
 from deltabus.quotas import THROTTLE_TIME_MS_MAX
 from deltabus.rpc.kafka.frames import make, nested
 from tests.kafka.raw_frames import (
@@ -78,14 +77,6 @@ def leader(cluster: Any, topic_name: str) -> str:
         state = admin.describe_topics([topic_name])[0]
     endpoint = cluster.controller.image().broker(state.partitions[0].leader)
     return f"{endpoint.host}:{endpoint.kafka_port}"
-
-
-@pytest.fixture
-def no_quotas_left(cluster: Any) -> Any:
-    yield
-    with AdminClient(cluster.bootstrap_servers) as admin:
-        for entity, values in admin.describe_client_quotas().items():
-            admin.alter_client_quotas([QuotaAlteration(entity, tuple((k, None) for k in values))])
 
 
 def test_alter_and_describe_as_kafka_configs_sends_them(leader: str, topic_name: str,
