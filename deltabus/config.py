@@ -527,6 +527,9 @@ class LogConfig:
     group_commit_linger_ms: int = 1
     # Recently committed batches kept in broker memory, so tail fetches never read Parquet.
     log_cache_bytes_max: int = 64 * 1024 * 1024  # per partition
+    # ... and by all of a broker's partitions together: past it the caches appended to least
+    # recently give up their oldest commits (log_tables/tail_cache.py).
+    log_cache_total_bytes_max: int = 1024 * 1024 * 1024
     # Delta checkpoint every N commits keeps table open time flat however long the log grows.
     checkpoint_interval: int = 100
     pending_bytes_max: int = 256 * 1024 * 1024  # produce requests waiting for a commit
@@ -584,6 +587,7 @@ class ClusterConfig:
     group_commit_bytes_max: int = LogConfig.group_commit_bytes_max
     group_commit_linger_ms: int = LogConfig.group_commit_linger_ms
     log_cache_bytes_max: int = LogConfig.log_cache_bytes_max
+    log_cache_total_bytes_max: int = LogConfig.log_cache_total_bytes_max
     log_append_threads: int = LogConfig.append_threads
     checkpoint_interval: int = LogConfig.checkpoint_interval
     sequence_wait_ms: int = LogConfig.sequence_wait_ms
@@ -657,6 +661,8 @@ class ClusterConfig:
             raise ValueError("broker session timeout must cover at least two heartbeats")
         if self.group_commit_bytes_max > self.log_cache_bytes_max:
             raise ValueError("the log cache must hold at least one group commit")
+        if self.log_cache_total_bytes_max < 0:
+            raise ValueError("log_cache_total_bytes_max must not be negative")
         for principal in self.super_users:
             kind, sep, name = principal.partition(":")
             if not (kind and sep and name):
@@ -688,6 +694,7 @@ class ClusterConfig:
         return LogConfig(group_commit_bytes_max=self.group_commit_bytes_max,
                          group_commit_linger_ms=self.group_commit_linger_ms,
                          log_cache_bytes_max=self.log_cache_bytes_max,
+                         log_cache_total_bytes_max=self.log_cache_total_bytes_max,
                          checkpoint_interval=self.checkpoint_interval,
                          append_threads=self.log_append_threads,
                          sequence_wait_ms=self.sequence_wait_ms)

@@ -57,13 +57,9 @@ from deltabus.log_tables.appender import (
     log_offsets,
 )
 from deltabus.log_tables.leader_epochs import LeaderEpochCache, recover_epochs
-from deltabus.log_tables.partition_reader import (
-    LogFile,
-    PartitionReader,
-    TailCache,
-    read_cached,
-)
+from deltabus.log_tables.partition_reader import LogFile, PartitionReader
 from deltabus.log_tables.producer_state import NO_PRODUCER, ProducerStateManager
+from deltabus.log_tables.tail_cache import TailCache, read_cached, shared_budget
 from deltabus.records import (
     CREATE_TIME,
     LOG_SCHEMA,
@@ -135,7 +131,8 @@ class PartitionLog:
             path, storage_options=storage_options, checkpoint_interval=config.checkpoint_interval,
             committed_version=lambda: self._version, on_log_start=self._raise_log_start)
         self._epochs = LeaderEpochCache(self._name, recover_epochs(self._reader.parquet_files()))
-        self._tail = TailCache(config.log_cache_bytes_max)
+        self._tail = TailCache(config.log_cache_bytes_max,
+                               shared_budget(config.log_cache_total_bytes_max))
         self._producers = ProducerStateManager(self._name, self._lock,
                                                self._reader.parquet_files,
                                                config.sequence_wait_ms)

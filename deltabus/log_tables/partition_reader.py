@@ -1,7 +1,7 @@
 """What a broker reads from its replica of a partition: offset ranges for fetches, whole files
 for followers, the records ListOffsets searches by timestamp.
 
-Recent commits are served from memory (`TailCache`), so tail fetches never read Parquet; older
+Recent commits are served from memory (`tail_cache`), so tail fetches never read Parquet; older
 ranges from the data files holding them, and in those only the row groups whose offset statistics
 overlap (`log_reader`). The reader's table object follows the log's committed version and reloads
 from the latest checkpoint every `checkpoint_interval` versions, as the appender's does.
@@ -9,7 +9,6 @@ from the latest checkpoint every `checkpoint_interval` versions, as the appender
 
 from __future__ import annotations
 
-import collections
 import posixpath
 import threading
 from collections.abc import Callable, Iterator
@@ -31,7 +30,6 @@ from deltabus.log_tables.log_reader import (
     read_row_groups,
     stats_json,
 )
-from deltabus.records import LOG_SCHEMA
 
 PARQUET_FILES_OPEN_MAX = 256  # footers kept per log; a file handle each
 # Statistics beyond the offsets that a copied file's add action carries (the table indexes its
@@ -49,65 +47,6 @@ class LogFile:
     stats: str  # the add action's statistics (Delta JSON), copied into the follower's commit
     base_offset: int
     last_offset: int
-
-
-class TailCache:
-    """The log's most recent commits in memory, up to `bytes_max` (at least the last commit).
-
-    Always a suffix of the log: a commit that does not continue it (copied files) empties it.
-    Not locked itself: the log's lock guards every call.
-    """
-
-    def __init__(self, bytes_max: int) -> None:
-        self._bytes_max = bytes_max
-        self._tables: collections.deque[pa.Table] = collections.deque()
-        self._bytes = 0
-
-    def __bool__(self) -> bool:
-        return bool(self._tables)
-
-    def append(self, table: pa.Table) -> None:
-        self._tables.append(table)
-        self._bytes += table.nbytes
-        while self._bytes > self._bytes_max and len(self._tables) > 1:
-            self._bytes -= self._tables.popleft().nbytes
-
-    def clear(self) -> None:
-        self._tables.clear()
-        self._bytes = 0
-
-    def truncate(self, offset: int) -> None:
-        """Drop the records at or after `offset`."""
-        kept: collections.deque[pa.Table] = collections.deque()
-        for table in self._tables:
-            below = int(np.searchsorted(table.column("offset").to_numpy(), offset))
-            if below:
-                kept.append(table.slice(0, below))
-        self._tables = kept
-        self._bytes = sum(t.nbytes for t in kept)
-
-    def snapshot(self) -> list[pa.Table]:
-        """The cached commits now, to read outside the lock (tables never change)."""
-        return list(self._tables)
-
-
-def read_cached(cache: list[pa.Table], offset: int, end: int, max_bytes: int) -> pa.Table:
-    """Records [offset, end) of a `TailCache.snapshot`, about `max_bytes` of them."""
-    parts: list[pa.Table] = []
-    size = 0
-    for table in cache:
-        offsets = table.column("offset").to_numpy()
-        if offsets[-1] < offset:
-            continue
-        lo, hi = np.searchsorted(offsets, [offset, end])  # copies may have gaps
-        if hi <= lo:
-            break
-        part = table.slice(int(lo), int(hi - lo))
-        parts.append(part)
-        size += part.nbytes
-        if size >= max_bytes or offsets[-1] + 1 >= end:
-            break
-    return pa.concat_tables(parts) if parts else LOG_SCHEMA.empty_table()
 
 
 class PartitionReader:

@@ -12,8 +12,8 @@ import pytest
 from deltabus import errors
 from deltabus.log_tables.appender import AppendResult
 from deltabus.log_tables.leader_epochs import LeaderEpochCache, epoch_starts
-from deltabus.log_tables.partition_reader import TailCache, read_cached
 from deltabus.log_tables.producer_state import ProducerStateManager
+from deltabus.log_tables.tail_cache import TailCache, TailCacheBudget, read_cached
 from deltabus.records import ProducerState
 
 
@@ -130,3 +130,26 @@ def test_the_tail_cache_keeps_the_newest_commits_and_truncates() -> None:
         range(20, 33))
     cache.clear()
     assert not cache
+
+
+def test_the_tail_caches_of_a_process_share_one_budget_coldest_first() -> None:
+    """Thousands of partitions at 64 MiB of tail each would outgrow any broker: together they
+    hold at most the budget, the partitions appended to least recently giving up theirs first,
+    and each cache stays a suffix of its log."""
+    commit = _records(list(range(10)))
+    budget = TailCacheBudget(bytes_max=commit.nbytes * 5)
+    caches = [TailCache(bytes_max=commit.nbytes * 100, budget=budget) for _ in range(3)]
+    for cache in caches:  # cache 0 is the coldest
+        for n in range(2):
+            cache.append(_records(list(range(n * 10, n * 10 + 10))))
+    assert budget.bytes_held == 5 * commit.nbytes
+    assert [len(c.snapshot()) for c in caches] == [1, 2, 2]
+    assert caches[0].snapshot()[0].column("offset")[0].as_py() == 10  # its newest is kept
+    caches[1].append(_records(list(range(20, 30))))  # cache 0 goes, then cache 2 gives one
+    assert [len(c.snapshot()) for c in caches] == [0, 3, 2]
+    assert budget.bytes_held == 5 * commit.nbytes
+    caches[1].clear()
+    caches[2].truncate(15)
+    assert budget.bytes_held == sum(t.nbytes for c in caches for t in c.snapshot())
+    assert read_cached(caches[2].snapshot(), 0, 20, 1 << 20).column("offset").to_pylist() == \
+        list(range(0, 15))
