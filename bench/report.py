@@ -24,7 +24,10 @@ TARGETS = {"bulk_rps": 500_000, "bulk_vs_straight": 0.70, "send_rps": 150_000,
            # (p): partitions created and led with no broker fenced (nor while one is killed
            # and back), threads a broker may gain from its first 1,000 to its last, and keyed
            # send() over 1,000 partitions against one partition, in the same run
-           "partitions": 12_000, "partition_threads_added": 16, "keyed_many_vs_one": 0.5}
+           "partitions": 12_000, "partition_threads_added": 16, "keyed_many_vs_one": 0.5,
+           # (q): a well-behaved producer's send() rate beside a hostile client, as a share of
+           # its rate alone
+           "hostile_share": 0.5}
 
 
 def judge(f: dict[str, Any]) -> dict[str, bool]:
@@ -66,6 +69,8 @@ def judge(f: dict[str, Any]) -> dict[str, bool]:
                                   <= TARGETS["partition_threads_added"])
         verdicts["keyed_partitions"] = (pc["keyed"]["many_vs_one"]
                                         >= TARGETS["keyed_many_vs_one"])
+    if "hostile" in f:
+        verdicts["hostile"] = f["hostile"]["share"] >= TARGETS["hostile_share"]
     return verdicts
 
 
@@ -162,6 +167,12 @@ def report(f: dict[str, Any], ok: dict[str, bool]) -> str:
                       f"({k['many_vs_one']:.0%}), medians of {len(k['rounds']['one'])}"),
                      f">= {TARGETS['keyed_many_vs_one']:.0%} of one partition",
                      ok["keyed_partitions"]))
+    if "hostile" in f:
+        h = f["hostile"]
+        rows.append(("(q) send() beside a hostile client",
+                     (f"{h['beside_rps']:,.0f} vs {h['alone_rps']:,.0f} rec/s alone "
+                      f"({h['share']:.0%}); {h['hostile_requests']:,} hostile requests"),
+                     f">= {TARGETS['hostile_share']:.0%} of its rate alone", ok["hostile"]))
     title = (f"deltabus bench: {f['records']:,} records of {f['value_bytes']} bytes "
              f"(send() {f['send_records']:,}), 1 partition, {f['elapsed_s']:.0f} s")
     lines = [title,

@@ -30,6 +30,9 @@ a running one), in an order where each step leaves what the next needs:
         partitions (4,000 a broker) created and led, brokers' threads and memory, fence events,
         and a broker killed and back (see partition_count); only with the embedded cluster,
         whose brokers' processes it reads
+    (q) a well-behaved producer's send() rate alone and beside a hostile client sending, from a
+        process of its own, the requests issue 17's review found (see hostile_clients); only
+        with a Kafka listener
 
 Sizes are the README's by default; flags make every step smaller (see sizes). A command line
 argparse rejects exits 2; a step that fails raises, with its traceback: the bench is a
@@ -51,6 +54,7 @@ import pyarrow as pa
 
 from bench import (
     groups,
+    hostile_clients,
     idle_connections,
     kafka_clients,
     partition_count,
@@ -131,6 +135,12 @@ def build_parser() -> argparse.ArgumentParser:
                       help=f"records per keyed round of step (p) (default {DEFAULT.keyed_records})")
     size.add_argument("--keyed-rounds", type=int, default=DEFAULT.keyed_rounds,
                       help=f"keyed rounds of step (p) (default {DEFAULT.keyed_rounds})")
+    size.add_argument("--hostile-run-s", type=float, default=DEFAULT.hostile_run_s,
+                      help="seconds of each round of step (q)'s well-behaved producer "
+                           f"(default {DEFAULT.hostile_run_s})")
+    size.add_argument("--hostile-rounds", type=int, default=DEFAULT.hostile_rounds,
+                      help="rounds of step (q), alone and beside the hostile client "
+                           f"(default {DEFAULT.hostile_rounds})")
     return p
 
 
@@ -145,7 +155,8 @@ def sizes_from(args: argparse.Namespace) -> Sizes:
                  quota_bytes_per_s=args.quota_bytes_per_s, quota_run_s=args.quota_run_s,
                  partitions=args.partitions, partitions_step=args.partitions_step,
                  keyed_partitions=args.keyed_partitions, keyed_records=args.keyed_records,
-                 keyed_rounds=args.keyed_rounds)
+                 keyed_rounds=args.keyed_rounds, hostile_run_s=args.hostile_run_s,
+                 hostile_rounds=args.hostile_rounds)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -200,7 +211,7 @@ def _bootstrap(bootstrap: str | None, root: str
 
 def measure(bootstrap: str, spark: Any, kafka_bootstrap: str | None, root: str,
             sizes: Sizes, *, embedded: bool = True, cluster: Any = None) -> dict[str, Any]:
-    """The steps on a cluster, (a) to (j), (l) to (p); (l) only with a Kafka listener,
+    """The steps on a cluster, (a) to (j), (l) to (q); (l) and (q) only with a Kafka listener,
     (p) only given the `cluster` (a Cluster of this process),
     (m) only on an `embedded` cluster's Spark session, (n) only with an `embedded` cluster's
     Kafka listener (in this process). Scratch files go under `root`, which the
@@ -239,6 +250,13 @@ def measure(bootstrap: str, spark: Any, kafka_bootstrap: str | None, root: str,
                 cluster, sizes)
     else:
         print("(p) skipped: it reads the embedded cluster's brokers' processes")
+    if kafka_bootstrap:
+        with _step(figures["step_s"], "q", "a well-behaved producer beside a hostile client"):
+            figures["hostile"] = hostile_clients.well_behaved_beside_hostile(
+                bootstrap, kafka_bootstrap, payload(VALUE_BYTES), sizes.hostile_run_s,
+                sizes.hostile_rounds)
+    else:
+        print("(q) skipped: give --kafka-bootstrap-server with --bootstrap-server")
     return figures
 
 

@@ -36,6 +36,8 @@ class Sizes:
     keyed_partitions: int = 1_000  # (p): keyed send() over this many, against one partition
     keyed_records: int = 100_000  # (p): records of each keyed round
     keyed_rounds: int = 3  # (p): rounds, alternating one partition and many
+    hostile_run_s: float = 5.0  # (q): one round of the well-behaved producer
+    hostile_rounds: int = 3  # (q): rounds of each, alone and beside the hostile client
 
     def check(self) -> list[str]:
         """What is out of range, one line each (empty when every knob is usable)."""
@@ -53,11 +55,12 @@ class Sizes:
                   "partitions-step": (self.partitions_step, 1),
                   "keyed-partitions": (self.keyed_partitions, 1),
                   "keyed-records": (self.keyed_records, 1),
-                  "keyed-rounds": (self.keyed_rounds, 1)}
+                  "keyed-rounds": (self.keyed_rounds, 1),
+                  "hostile-rounds": (self.hostile_rounds, 1)}
         wrong = [f"--{name} must be at least {least}"
                  for name, (value, least) in counts.items() if value < least]
         wrong += [f"--{name} must be more than 0" for name, value in
                   (("latency-run-s", self.latency_run_s), ("commit-run-s", self.commit_run_s),
-                   ("quota-run-s", self.quota_run_s))
+                   ("quota-run-s", self.quota_run_s), ("hostile-run-s", self.hostile_run_s))
                   if not value > 0]
         return wrong

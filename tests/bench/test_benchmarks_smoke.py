@@ -1,7 +1,7 @@
 """Smoke tests of `make bench`: every step runs, with tiny sizes, and gives figures of the
 expected shape, so a change cannot break the bench unnoticed.
 
-One run of every step, (a) to (p), against the session's shared cluster and Spark (what
+One run of every step, (a) to (q), against the session's shared cluster and Spark (what
 `make bench` does against its embedded cluster), in a few seconds; each benchmark's figures are
 then checked by a test of their own. Figures of so small a run mean nothing: the tests check
 that each is there and positive, and the counts that must hold whatever the machine.
@@ -24,7 +24,8 @@ TINY = Sizes(records=2_000, send_records=200, latency_run_s=0.3, committers=3,
              commit_run_s=0.5, group_members=3, drain_records=2_000, drain_rounds=1,
              small_commits=5, secure_records=500, secure_rounds=1, idle_connections=50,
              quota_bytes_per_s=50_000_000, quota_run_s=1.0, partitions=20, partitions_step=10,
-             keyed_partitions=5, keyed_records=200, keyed_rounds=1)
+             keyed_partitions=5, keyed_records=200, keyed_rounds=1, hostile_run_s=0.5,
+             hostile_rounds=1)
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +46,7 @@ def positive(section: dict[str, Any], *keys: str) -> None:
 
 
 def test_every_step_ran_and_took_time(figures: dict[str, Any]) -> None:
-    assert sorted(figures["step_s"]) == list("abcdefghijklmnop")
+    assert sorted(figures["step_s"]) == list("abcdefghijklmnopq")
     positive(figures["step_s"], *figures["step_s"])
     assert (figures["records"], figures["send_records"], figures["value_bytes"]) == (
         TINY.records, TINY.send_records, VALUE_BYTES)
@@ -131,6 +132,13 @@ def test_quotas(figures: dict[str, Any]) -> None:
     assert quotas["held_vs_quota"] == quotas["held_bytes_per_s"] / TINY.quota_bytes_per_s
 
 
+def test_hostile_clients(figures: dict[str, Any]) -> None:
+    hostile = figures["hostile"]
+    assert len(hostile["rounds"]["alone"]) == len(hostile["rounds"]["beside"]) == 1
+    positive(hostile, "alone_rps", "beside_rps", "share", "hostile_requests")
+    assert hostile["share"] == hostile["beside_rps"] / hostile["alone_rps"]
+
+
 def test_partition_count(figures: dict[str, Any]) -> None:
     """Tiny: two topics of 10 partitions, every one led and taking a record, a broker killed
     and back; the figures are the step's."""
@@ -171,10 +179,10 @@ def test_results_json_and_report(figures: dict[str, Any], tmp_path: pathlib.Path
     assert set(verdicts) == {"bulk", "send", "fetch", "latency", "replicated",
                              "replicated_latency", "commits", "rebalance", "drain",
                              "small_files", "sasl_ssl", "idle_connections", "quotas",
-                             "partitions", "keyed_partitions"}
+                             "partitions", "keyed_partitions", "hostile"}
     assert written["drain"]["records"] == TINY.drain_records
     table = capsys.readouterr().out
-    for letter in "abcdefghijklmnop":
+    for letter in "abcdefghijklmnopq":
         assert f"({letter}) " in table
     assert f"figures written to {path}" in table
 
