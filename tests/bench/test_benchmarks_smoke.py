@@ -201,7 +201,7 @@ def test_tiny_flags_make_tiny_sizes() -> None:
          "--secure-records", "500", "--secure-rounds", "1", "--idle-connections", "50",
          "--quota-bytes-per-s", "50000000", "--quota-run-s", "1", "--partitions", "20",
          "--partitions-step", "10", "--keyed-partitions", "5", "--keyed-records", "200",
-         "--keyed-rounds", "1"])
+         "--keyed-rounds", "1", "--hostile-run-s", "0.5", "--hostile-rounds", "1"])
     assert run.sizes_from(args) == TINY
     assert run.sizes_from(run.build_parser().parse_args(["--records", "50"])).send_records == 50
 
@@ -215,6 +215,7 @@ def test_tiny_flags_make_tiny_sizes() -> None:
     (["--secure-rounds", "0"], "--secure-rounds must be at least 1"),
     (["--idle-connections", "0"], "--idle-connections must be at least 1"),
     (["--partitions-step", "0"], "--partitions-step must be at least 1"),
+    (["--hostile-run-s", "0"], "--hostile-run-s must be more than 0"),
 ])
 def test_sizes_out_of_range_exit_2_before_anything_starts(
         argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
