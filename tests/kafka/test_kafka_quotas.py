@@ -172,3 +172,23 @@ def test_an_acks_0_producer_over_its_quota_is_muted_without_an_answer(
         correlation_id, _ = read_response(sock, API_VERSIONS, 3)  # the first answer on it
         assert correlation_id == 8
         assert time.monotonic() - sent_s >= THROTTLE_TIME_MS_MAX / 1000 * 0.9
+
+
+def test_a_kafka_client_over_its_request_percentage_is_throttled(
+        leader: str, topic_name: str, no_quotas_left: None) -> None:
+    """On the Kafka door every request but ApiVersions and SASL counts its handler thread's time
+    against request_percentage: a Produce of a client id whose quota is a millionth of
+    a thread is answered with a throttle time, one of another client id is not."""
+    busy_id = f"{topic_name}-busy"
+    assert _alter(leader, [({"client-id": busy_id}, [("request_percentage", 0.000001)])]) == [
+        (ErrorCode.none, None)]
+    host, port = leader.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(produce(topic_name, [b"v"], client_id=busy_id))
+        _, answer = read_response(sock, PRODUCE, 9)
+        assert answer.responses[0].partition_responses[0].error_code == ErrorCode.none
+        assert answer.throttle_time.total_seconds() > 0
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(produce(topic_name, [b"w"], client_id=f"{topic_name}-other"))
+        _, other = read_response(sock, PRODUCE, 9)
+        assert other.throttle_time.total_seconds() == 0

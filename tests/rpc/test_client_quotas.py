@@ -178,3 +178,21 @@ def test_the_consumer_waits_out_its_throttle_and_reads_everything(
                    "the consumer read both records", timeout_s=60)
         assert [r.offset for r in read] == [0, 1]
         assert consumer._throttled_until, "the broker's throttle was not taken"
+
+
+def test_handler_thread_time_over_request_percentage_is_throttled(
+        cluster: Any, quotas: AdminClient, topic_name: str) -> None:
+    """request_percentage counts the handler thread's time (Kafka's request quota): a produce
+    costs its thread some CPU time, so a quota of a millionth of a thread is exceeded at once,
+    and the answer says to wait; a client id without the quota beside it is not throttled."""
+    busy_id, idle_id = f"{topic_name}-busy", f"{topic_name}-idle"
+    busy, idle = _clients(cluster, topic_name, busy_id, idle_id)
+    quotas.alter_client_quotas([QuotaAlteration(QuotaEntity.client(busy_id), (
+        (REQUEST_PERCENTAGE, 0.000001),))])
+    try:
+        assert _produce(busy, topic_name).throttle_time_ms > 0
+        assert _fetch(busy, topic_name).throttle_time_ms > 0
+        assert _produce(idle, topic_name).throttle_time_ms == 0
+    finally:
+        busy.close()
+        idle.close()
