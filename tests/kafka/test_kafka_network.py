@@ -5,6 +5,7 @@ against the real listener in front of in-memory brokers (no Spark):
 - a connection idle for connections.max.idle.ms is closed, one owed an answer is not;
 - pipelined requests are handled while a long poll waits and answered in request order;
 - long polls on many connections leave the request handler threads to everyone else;
+- past queued.max.requests or queued.max.request.bytes nothing more is read until handlers catch up;
 - SASL requests before authentication are taken one at a time; a stalled TLS handshake holds
   nothing and is closed after its time.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import queue
 import resource
 import socket
 import ssl
@@ -257,3 +259,57 @@ def test_a_stalled_tls_handshake_holds_no_one_up_and_is_closed_after_its_time(
                 context.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
             assert answered(tls, 5)  # a prompt handshake is served as before
     assert fake.values(TOPIC, 0) == [b"over tls"]
+
+
+@contextlib.contextmanager
+def processor(socket_server: cfg.SocketServerConfig
+              ) -> Iterator[tuple[str, queue.SimpleQueue[network.Request]]]:
+    """The network thread alone, its handler a queue the test takes requests from."""
+    handed: queue.SimpleQueue[network.Request] = queue.SimpleQueue()
+    server = socket.create_server(("127.0.0.1", 0))
+    p = network.Processor(server, handed.put, config=socket_server, ssl_context=None,
+                          sasl_required=False)
+    thread = threading.Thread(target=p.run, daemon=True)
+    thread.start()
+    try:
+        yield f"127.0.0.1:{server.getsockname()[1]}", handed
+    finally:
+        p.stop()
+        thread.join(30)
+
+
+def nothing_more_handed(handed: queue.SimpleQueue[network.Request]) -> bool:
+    """Nothing is handed over within a second, where the network thread hands a request over
+    as soon as it has read it (milliseconds)."""
+    try:
+        handed.get(timeout=1)
+    except queue.Empty:
+        return True
+    return False
+
+
+@pytest.mark.parametrize("limit", ["queued_max_requests", "queued_max_request_bytes"])
+def test_past_the_request_queue_limits_nothing_more_is_read_until_handlers_catch_up(
+        limit: str) -> None:
+    """queued.max.requests (requests handed to the handlers and not released) and
+    queued.max.request.bytes (bytes read and not released): past either, the listener reads
+    nothing more from anyone, so slow handlers bound what clients can pile up in a broker."""
+    one_frame = len(api_versions(1)) - 4
+    socket_server = cfg.SocketServerConfig(
+        **{"queued_max_requests": 2, "num_io_threads": 2} if limit == "queued_max_requests"
+        else {"queued_max_request_bytes": 2 * one_frame, "socket_request_max_bytes": one_frame})
+    with processor(socket_server) as (address, handed):
+        clients = [connect_to(address, timeout_s=30) for _ in range(3)]
+        try:
+            for i, sock in enumerate(clients):
+                sock.sendall(api_versions(i))
+            held = [handed.get(timeout=30), handed.get(timeout=30)]
+            assert nothing_more_handed(handed)  # the third waits, though it was sent
+            held[0].release()
+            third = handed.get(timeout=30)  # one released: the third is read and handed over
+            assert third.frame == api_versions(2)[4:]
+            for request in held + [third]:
+                request.respond(b"\0\0\0\0")
+        finally:
+            for sock in clients:
+                sock.close()
