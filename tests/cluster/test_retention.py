@@ -158,24 +158,27 @@ def test_small_files_are_merged_while_producers_and_consumers_run(cluster, topic
     in order, and every replica ends up with the same records in fewer files."""
     with AdminClient(cluster.bootstrap_servers) as admin:
         admin.create_topics([NewTopic(topic_name, 1, 3)])
-    stop = threading.Event()
+    stop, produced = threading.Event(), threading.Event()
     acked: list[int] = []
     read: list[tuple[int, bytes]] = []
 
     def produce() -> None:
-        with Producer(cluster.bootstrap_servers, linger_ms=0) as producer:
-            i = 0
-            while not stop.is_set():
-                futures = [producer.send(topic_name, f"{i + j:06d}".encode(), partition=0)
-                           for j in range(20)]
-                producer.flush()  # a commit, and a small file, per 20 records
-                acked.extend(i + j for j, f in enumerate(futures) if f.exception() is None)
-                i += 20
+        try:
+            with Producer(cluster.bootstrap_servers, linger_ms=0) as producer:
+                i = 0
+                while not stop.is_set():
+                    futures = [producer.send(topic_name, f"{i + j:06d}".encode(), partition=0)
+                               for j in range(20)]
+                    producer.flush()  # a commit, and a small file, per 20 records
+                    acked.extend(i + j for j, f in enumerate(futures) if f.exception() is None)
+                    i += 20
+        finally:
+            produced.set()  # acked is final: the consumer reads until it has all of it
 
     def consume() -> None:
         with Consumer(cluster.bootstrap_servers, auto_offset_reset="earliest") as consumer:
             consumer.assign([TopicPartition(topic_name, 0)])
-            while not stop.is_set() or len(read) < len(acked):
+            while not produced.is_set() or len(read) < len(acked):
                 read.extend((r.offset, r.value) for r in consumer.poll(200))
 
     threads = [threading.Thread(target=produce), threading.Thread(target=consume)]
