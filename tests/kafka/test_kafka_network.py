@@ -6,6 +6,7 @@ against the real listener in front of in-memory brokers (no Spark):
 - pipelined requests are handled while a long poll waits and answered in request order;
 - long polls on many connections leave the request handler threads to everyone else;
 - past queued.max.requests or queued.max.request.bytes nothing more is read until handlers catch up;
+- requests read before the client closed are still handled;
 - SASL requests before authentication are taken one at a time; a stalled TLS handshake holds
   nothing and is closed after its time.
 """
@@ -313,3 +314,15 @@ def test_past_the_request_queue_limits_nothing_more_is_read_until_handlers_catch
         finally:
             for sock in clients:
                 sock.close()
+
+
+def test_requests_read_before_the_client_closed_are_still_handled() -> None:
+    """An acks=0 producer sends its requests and closes at once: requests the listener had
+    read are handled all the same (Kafka's Selector processes staged receives before it closes
+    a channel the peer closed), and nothing is sent back."""
+    with door() as (fake, address):
+        with connect_to(address) as sock:
+            sock.sendall(b"".join(produce(TOPIC, [f"fire {i}".encode()], i, acks=0)
+                                  for i in range(5)))
+        fake.wait_until(lambda: len(fake.values(TOPIC, 0)) == 5, "all five requests handled")
+        assert fake.values(TOPIC, 0) == [f"fire {i}".encode() for i in range(5)]

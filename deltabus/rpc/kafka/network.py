@@ -82,7 +82,8 @@ class _Connection:
     """One client connection; the network thread's alone."""
 
     __slots__ = ("sock", "peer", "host", "session", "handshaking", "inbuf", "reserved_bytes",
-                 "slots", "sending", "mask", "closed", "closing", "blocked", "muted_until")
+                 "slots", "sending", "mask", "closed", "closing", "blocked", "muted_until",
+                 "peer_closed")
 
     def __init__(self, sock: socket.socket, host: str, port: int, sasl_required: bool) -> None:
         self.sock = sock
@@ -99,6 +100,9 @@ class _Connection:
         self.closing = False  # its last answer is due: nothing more is read or handled
         self.blocked = False  # waiting for room in the handlers' queue or the request bytes
         self.muted_until = 0.0  # time.monotonic() until which it is throttled (KIP-219)
+        # The client closed it: the requests read are still handled, their answers dropped,
+        # then it closes (Kafka's Selector processes a closed channel's staged receives).
+        self.peer_closed = False
 
     def pre_authentication(self) -> bool:
         return self.session.sasl_required and not self.session.authenticated
@@ -360,10 +364,7 @@ class Processor:
             self._close(connection)
             return
         if not data:
-            if connection.inbuf:
-                log.info("closing Kafka connection from %s: it ended inside a request",
-                         connection.peer)
-            self._close(connection)
+            connection.peer_closed = True  # what was read is still handled (`_pump`)
             return
         connection.inbuf += data
         if connection in self._idle:
@@ -382,6 +383,15 @@ class Processor:
                 return
             if len(connection.slots) == in_flight:
                 break  # nothing was answered: no room for frames already read
+        if connection.peer_closed and not any(s.state in (QUEUED, HANDLING)
+                                              for s in connection.slots):
+            if len(connection.inbuf) < 4 or \
+                    len(connection.inbuf) < 4 + _SIZE.unpack_from(connection.inbuf)[0]:
+                if connection.inbuf:
+                    log.info("closing Kafka connection from %s: it ended inside a request",
+                             connection.peer)
+                self._close(connection)  # every request read was handled
+                return
         mask = (_READ if self._may_read(connection) else 0) | (
             _WRITE if connection.sending is not None else 0)
         self._watch(connection, mask)
@@ -400,7 +410,7 @@ class Processor:
 
     def _may_read(self, connection: _Connection) -> bool:
         return (not connection.closing and not connection.handshaking and not connection.blocked
-                and connection not in self._muted
+                and not connection.peer_closed and connection not in self._muted
                 and len(connection.slots) < self._in_flight_max(connection)
                 and not self._full())
 
@@ -455,8 +465,8 @@ class Processor:
         while slots and (connection.sending is not None or slots[0].state == DONE):
             if connection.sending is None:
                 head = slots[0]
-                if head.response is None:  # nothing is sent for it (acks=0)
-                    self._answered(connection)
+                if head.response is None or connection.peer_closed:  # acks=0, or no one to
+                    self._answered(connection)                       # send it to
                     continue
                 connection.sending = memoryview(head.response)
             try:
