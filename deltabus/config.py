@@ -591,6 +591,11 @@ class ClusterConfig:
     checkpoint_interval: int = LogConfig.checkpoint_interval
     sequence_wait_ms: int = LogConfig.sequence_wait_ms
     grpc_threads: int = 32  # a broker's gRPC server (per listener); the driver's: at least this
+    # At most this many of a gRPC server's threads wait in Fetch long polls at once (never more
+    # than grpc_threads); a Fetch past it answers at once with what there is, so consumers
+    # cannot take the threads every other call needs. grpcio's sync server holds a thread per
+    # waiting call: an interim until the gRPC door waits as the Kafka door does (issue 17).
+    grpc_long_polls_max: int = 16
     # TLS and SASL on the listeners (both doors); PLAINTEXT by default.
     security: ListenerSecurity = field(default_factory=ListenerSecurity)
     # Kafka's named listeners (deltabus.listeners): each with its own address, advertised
@@ -653,7 +658,7 @@ class ClusterConfig:
         if self.brokers < 1:
             raise ValueError(f"brokers must be at least 1, not {self.brokers}")
         for name in ("auto_create_topics_per_request_max", "max_topics", "max_partitions",
-                     "log_append_threads"):
+                     "log_append_threads", "grpc_threads", "grpc_long_polls_max"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, not {getattr(self, name)}")
         if self.broker_heartbeat_interval_ms * 2 > self.broker_session_timeout_ms:
