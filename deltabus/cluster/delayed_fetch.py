@@ -106,8 +106,12 @@ class FetchPurgatory:
                 self._waiting += 1
                 if self._heap[0][2] is waiter:
                     self._lock.notify_all()
-        if stopped:
-            self._complete(waiter, fetch.on_stop)
+        if stopped:  # never watched, so never counted as waiting
+            waiter.done = True
+            try:
+                waiter.future.set_result(fetch.on_stop())
+            except Exception as e:  # a bug: the door answers with a failure
+                waiter.future.set_exception(e)
         else:
             self._check(waiter)  # an append may have come between the first read and now
         return waiter.future

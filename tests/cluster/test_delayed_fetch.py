@@ -87,6 +87,7 @@ def test_stopping_answers_every_fetch_at_once(purgatory: FetchPurgatory) -> None
     assert all(f.result(WAIT_S) == [FetchResult(*KEY)] for f in futures)
     late = purgatory.watch(log.fetch(0, time.monotonic() + 60))
     assert late.result(WAIT_S) == [FetchResult(*KEY)]
+    assert purgatory.waiting() == 0
 
 
 def test_news_during_a_read_leads_to_one_more_read(purgatory: FetchPurgatory) -> None:
