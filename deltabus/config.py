@@ -62,6 +62,12 @@ FETCH_RESPONSE_PARTITION_BYTES_MAX = 8 * 1024 * 1024
 # KIP-541, Kafka's default), so it always fits one gRPC message.
 FETCH_RESPONSE_MAX_BYTES = 57_671_680
 FETCH_WAIT_MS_MAX = 60_000  # no long poll waits longer than this
+# A broker's fetches waiting for appends hold no threads (cluster.delayed_fetch); the reads that
+# complete them run on at most this many threads, however many fetches wait.
+DELAYED_FETCH_COMPLETION_THREADS = 4
+# A delayed fetch is completed at its max wait, after one more read; whoever waits for it gives
+# it this much longer, then reads at once itself (and says so in the log): a bound, not a delay.
+DELAYED_FETCH_GRACE_MS = 5_000
 PARTITIONS_MAX = 10_000  # per topic
 # A Fetch or ListOffsets names at most this many partitions (deltabus's limit, Kafka has none): a
 # broker reads every partition a request names before the answer's byte limits apply, so one
@@ -399,9 +405,9 @@ class SocketServerConfig:
     """How a Kafka listener serves its connections (deltabus.rpc.kafka.network), with the
     names of Kafka's broker configs where Kafka has the concept.
 
-    Each listener has one network thread for all its connections, `num_io_threads` request
-    handler threads and at most `num_long_poll_threads` threads for long-polling Fetches; all
-    are made as requests arrive, none per connection.
+    Each listener has one network thread for all its connections and `num_io_threads` request
+    handler threads, made as requests arrive, none per connection; requests that wait (acks,
+    groups, long-polling Fetches) hold none of them (deltabus.rpc.kafka.delayed).
     """
 
     num_io_threads: int = 8  # num.io.threads: request handler threads per listener
@@ -421,9 +427,6 @@ class SocketServerConfig:
     # A connection's requests read ahead of their answers (Kafka's clients pipeline up to
     # max.in.flight.requests.per.connection=5); past it the connection is not read.
     max_in_flight_requests_per_connection: int = 5
-    # deltabus's own: a Fetch long-polls on a thread of this pool (a broker's fetch waits for
-    # appends on its thread), so long polls never hold the request handler threads.
-    num_long_poll_threads: int = 64
 
     def __post_init__(self) -> None:
         for name, value in asdict(self).items():
@@ -592,6 +595,11 @@ class ClusterConfig:
     checkpoint_interval: int = LogConfig.checkpoint_interval
     sequence_wait_ms: int = LogConfig.sequence_wait_ms
     grpc_threads: int = 32  # a broker's gRPC server (per listener); the driver's: at least this
+    # At most this many of a gRPC server's threads wait in Fetch long polls at once (never more
+    # than grpc_threads); a Fetch past it answers at once with what there is, so consumers
+    # cannot take the threads every other call needs. grpcio's sync server holds a thread per
+    # waiting call: an interim until the gRPC door waits as the Kafka door does (issue 17).
+    grpc_long_polls_max: int = 16
     # TLS and SASL on the listeners (both doors); PLAINTEXT by default.
     security: ListenerSecurity = field(default_factory=ListenerSecurity)
     # Kafka's named listeners (deltabus.listeners): each with its own address, advertised
@@ -654,7 +662,7 @@ class ClusterConfig:
         if self.brokers < 1:
             raise ValueError(f"brokers must be at least 1, not {self.brokers}")
         for name in ("auto_create_topics_per_request_max", "max_topics", "max_partitions",
-                     "log_append_threads"):
+                     "log_append_threads", "grpc_threads", "grpc_long_polls_max"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, not {getattr(self, name)}")
         if self.broker_heartbeat_interval_ms * 2 > self.broker_session_timeout_ms:

@@ -5,7 +5,8 @@ gRPC. Runs inside a long-running Spark task on an executor (one task, one broker
 Thread-safe: gRPC threads call the handler methods concurrently; the heartbeat thread replays the
 metadata records the controller sends (`metadata_loader`) and the metadata thread applies each
 new image (so opening thousands of partitions never delays a heartbeat); replica fetcher threads
-copy from leaders; the ISR thread shrinks lagging ISRs.
+copy from leaders; the ISR thread shrinks lagging ISRs. Long-polling fetches hold no thread:
+they wait in the fetch purgatory (`delayed_fetch`), completed by log changes and its reaper.
 Invariants:
 - A broker only appends produced records to a partition it leads in the metadata it has applied,
   stamping the leader epoch of that metadata; everything else gets NOT_LEADER_OR_FOLLOWER.
@@ -43,6 +44,7 @@ from deltabus.acls import (
     AuthorizerCache,
     describe_acls,
 )
+from deltabus.cluster.delayed_fetch import DelayedFetch, FetchPurgatory
 from deltabus.cluster.doors import Doors, open_doors
 from deltabus.cluster.handler import FetchResult, FetchSpec
 from deltabus.cluster.metadata_loader import MetadataLoader
@@ -127,8 +129,9 @@ class Broker:
         # it; the heartbeat thread sends a copy.
         self._offline: set[tuple[str, int]] = set()
         self._fetchers: dict[int, ReplicaFetcher] = {}
-        self._appended = threading.Condition()
-        self._append_seq = 0
+        # Fetches waiting for appends (long polls), with no thread each: `fetch_delayed`.
+        self._fetch_purgatory = FetchPurgatory(
+            "delayed-fetch", completion_threads_max=cfg.DELAYED_FETCH_COMPLETION_THREADS)
         self._stopped = threading.Event()
         self._epoch = -1
         secret = spec.config.inter_broker_secret
@@ -291,10 +294,10 @@ class Broker:
 
     def close(self) -> None:
         """Stop copying, commit what is queued, close every log, then stop serving. Long-polling
-        fetches are answered at once (else they would hold the server's threads to the end of
-        their max_wait_ms)."""
+        fetches are answered at once with what they read last (else their answers would wait to
+        the end of their max_wait_ms)."""
         self._stopped.set()
-        self._on_log_change([])
+        self._fetch_purgatory.stop()
         for fetcher in list(self._fetchers.values()):
             fetcher.stop()
         with self._partitions_lock:
@@ -323,6 +326,7 @@ class Broker:
             with self._partitions_lock:
                 partition = self._partitions.pop(key)
             partition.log.close()
+            self._fetch_purgatory.check(key)  # its fetches answer NOT_LEADER_OR_FOLLOWER now
             log.info("broker %d no longer hosts %s-%d", self.broker_id, *key)
         self._offline &= set(hosted)  # a replica no longer hosted is not ours to report
         opening = sorted(set(hosted) - current)
@@ -357,6 +361,7 @@ class Broker:
         # Before the role changes: a copy from the old leader lands first, or not at all.
         self._unfollow(key, keep=state.leader if following else NO_LEADER)
         partition.apply(state, image.version)
+        self._fetch_purgatory.check(key)  # a fetch of an old leader epoch is answered now
         if not following:
             return
         fetcher = self._fetchers.get(state.leader)
@@ -397,12 +402,10 @@ class Broker:
 
     def _on_log_change(self, holder: list[Partition]) -> None:
         """A log's end or high watermark moved: a leader may move its high watermark, and
-        long-polling fetches (consumers and followers) wake up."""
+        the fetches waiting on the partition (consumers and followers) may complete."""
         if holder:
             holder[0].on_log_change()
-        with self._appended:
-            self._append_seq += 1
-            self._appended.notify_all()
+            self._fetch_purgatory.check((holder[0].topic, holder[0].partition))
 
     def _partition(self, topic: str, partition: int) -> Partition:
         """A hosted partition; raises Kafka's error when the topic-partition is unknown here."""
@@ -501,28 +504,64 @@ class Broker:
 
     def fetch(self, specs: list[FetchSpec], *, max_wait_ms: int, min_bytes: int,
               max_bytes: int, replica_id: int) -> list[FetchResult]:
-        """Read every partition; if less than min_bytes came back and no partition failed, wait
-        for an append (or max_wait_ms) and read again: Kafka's long poll. A follower's fetch
-        first tells each partition's leader state how far the follower's log reaches. Each
-        partition is read within its own max bytes; the door cuts the answer to `max_bytes` on
-        the bytes it sends (`rpc.fetch_size`)."""
-        deadline = time.monotonic() + max_wait_ms / 1000
+        """`fetch_delayed`, waited for on the caller's thread (the gRPC doors' long polls)."""
+        fetched = self.fetch_delayed(specs, max_wait_ms=max_wait_ms, min_bytes=min_bytes,
+                                     max_bytes=max_bytes, replica_id=replica_id)
+        try:
+            return fetched.result((max_wait_ms + cfg.DELAYED_FETCH_GRACE_MS) / 1000)
+        except TimeoutError:  # a bug, or reads stuck in storage: answer with what is there
+            log.error("broker %d: a delayed fetch was not completed %d ms past its max wait; "
+                      "reading at once", self.broker_id, cfg.DELAYED_FETCH_GRACE_MS)
+            return self.fetch_delayed(specs, max_wait_ms=0, min_bytes=min_bytes,
+                                      max_bytes=max_bytes, replica_id=replica_id).result()
+
+    def fetch_delayed(self, specs: list[FetchSpec], *, max_wait_ms: int, min_bytes: int,
+                      max_bytes: int, replica_id: int) -> Future[list[FetchResult]]:
+        """Kafka's long poll, with no thread waiting: read every partition; if less than
+        min_bytes came back and no partition failed, the fetch waits in the fetch purgatory
+        (`delayed_fetch`) and its future completes when an append to one of its partitions
+        brings enough, its leader changes, or max_wait_ms passed (then with what is there).
+        A follower's fetch first tells each partition's leader state how far the follower's
+        log reaches (once per request). Each partition is read within its own max bytes; the
+        door cuts the answer to `max_bytes` on the bytes it sends (`rpc.fetch_size`)."""
+        deadline_s = time.monotonic() + max_wait_ms / 1000
         follower_errors = self._follower_fetched(specs, replica_id) if replica_id >= 0 else {}
-        while True:
-            with self._appended:
-                seq = self._append_seq
-            results = [follower_errors.get(i) or self._fetch_one(spec, replica_id)
-                       for i, spec in enumerate(specs)]
-            total = _read_bytes(results)
-            if (total >= max(min_bytes, 1) or any(r.error or r.diverging_epoch for r in results)
-                    or self._stopped.is_set()):
-                return results
-            with self._appended:
-                while self._append_seq == seq:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        return results
-                    self._appended.wait(left)
+        results = [follower_errors.get(i) or self._fetch_one(spec, replica_id)
+                   for i, spec in enumerate(specs)]
+        if _enough(results, min_bytes) or max_wait_ms <= 0 or self._stopped.is_set():
+            done: Future[list[FetchResult]] = Future()
+            done.set_result(results)
+            return done
+        last = [results]  # what a stopping broker answers with
+
+        def read_again() -> list[FetchResult] | None:
+            last[0] = [self._fetch_one(spec, replica_id) for spec in specs]
+            return last[0] if _enough(last[0], min_bytes) else None
+
+        return self._fetch_purgatory.watch(DelayedFetch(
+            keys={(spec.topic, spec.partition) for spec in specs}, deadline_s=deadline_s,
+            has_news=lambda: any(self._has_news(spec, replica_id) for spec in specs),
+            try_complete=read_again,
+            on_expiration=lambda: [self._fetch_one(spec, replica_id) for spec in specs],
+            on_stop=lambda: last[0]))
+
+    def fetches_waiting(self) -> int:
+        """Fetches waiting for appends or their max wait (none holds a thread)."""
+        return self._fetch_purgatory.waiting()
+
+    def _has_news(self, spec: FetchSpec, replica_id: int) -> bool:
+        """Whether reading `spec` again may answer differently: records past its offset (below
+        the high watermark for a consumer, in the log for a follower), or its partition gone
+        or led by another broker or epoch. Called on whatever thread changed a log, perhaps
+        holding another partition's lock: it reads attributes and takes no lock."""
+        hosted = self._partitions.get((spec.topic, spec.partition))  # a dict read is atomic
+        if hosted is None or hosted.leader != self.broker_id:
+            return True
+        if spec.current_leader_epoch >= 0 and hosted.leader_epoch != spec.current_leader_epoch:
+            return True
+        plog = hosted.log
+        reached = plog.log_end_offset if replica_id >= 0 else plog.high_watermark
+        return reached > spec.offset
 
     def _follower_fetched(self, specs: list[FetchSpec],
                           replica_id: int) -> dict[int, FetchResult]:
@@ -651,6 +690,13 @@ class Broker:
 
 
 FETCH_READ_SLACK_SHARE = 16  # a partition's read leaves 1/16 of its limit for the encoding
+
+
+def _enough(results: list[FetchResult], min_bytes: int) -> bool:
+    """Whether a fetch's read answers it now: min_bytes (at least one) came back, or a
+    partition failed or diverges (its client must act first)."""
+    return (_read_bytes(results) >= max(min_bytes, 1)
+            or any(r.error or r.diverging_epoch for r in results))
 
 
 def _read_bytes(results: list[FetchResult]) -> int:

@@ -901,6 +901,13 @@ class ControllerHandler:
         return [FetchResult(s.topic, s.partition, self._not_leader(s.topic, s.partition))
                 for s in specs]
 
+    def fetch_delayed(self, specs: list[FetchSpec], *, max_wait_ms: int, min_bytes: int,
+                      max_bytes: int, replica_id: int) -> Future[list[FetchResult]]:
+        answered: Future[list[FetchResult]] = Future()
+        answered.set_result(self.fetch(specs, max_wait_ms=max_wait_ms, min_bytes=min_bytes,
+                                       max_bytes=max_bytes, replica_id=replica_id))
+        return answered
+
     def list_offsets(self, topic: str, partition: int, timestamp: int) -> tuple[int, int, int]:
         raise self._not_leader(topic, partition)
 

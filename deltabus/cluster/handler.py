@@ -97,7 +97,17 @@ class DeltaBusHandler(Protocol):
         ...
 
     def fetch(self, specs: list[FetchSpec], *, max_wait_ms: int, min_bytes: int,
-              max_bytes: int, replica_id: int) -> list[FetchResult]: ...
+              max_bytes: int, replica_id: int) -> list[FetchResult]:
+        """Kafka's long poll, waited for on the caller's thread: `fetch_delayed`'s answer."""
+        ...
+
+    def fetch_delayed(self, specs: list[FetchSpec], *, max_wait_ms: int, min_bytes: int,
+                      max_bytes: int, replica_id: int) -> futures.Future[list[FetchResult]]:
+        """Kafka's long poll with no thread waiting: a future of every partition's read,
+        completed once min_bytes came back or a partition failed, else when max_wait_ms has
+        passed (with what is there then). The doors that answer without holding a thread
+        (the Kafka door's purgatory) wait on it."""
+        ...
 
     def list_offsets(self, topic: str, partition: int, timestamp: int) -> tuple[int, int, int]: ...
 

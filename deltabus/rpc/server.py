@@ -10,6 +10,7 @@ field by field.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from concurrent import futures
@@ -103,12 +104,15 @@ def _repeated_field_bytes(message_bytes: int) -> int:
 
 class DeltaBusServicer(GroupServicerMixin, AclServicerMixin, pb_grpc.DeltaBusServicer):
     def __init__(self, handler: DeltaBusHandler, groups: GroupCoordinator | None = None,
-                 listener: str = "") -> None:
+                 listener: str = "", long_polls_max: int = 32) -> None:
         """`listener`: the name of the listener this servicer answers on; Metadata and
-        FindCoordinator name nodes by their endpoints of it ("": as registered)."""
+        FindCoordinator name nodes by their endpoints of it ("": as registered).
+        `long_polls_max`: how many Fetches may wait for records at once, each on a server
+        thread (`Fetch`)."""
         self._handler = handler
         self._groups = groups
         self._listener = listener
+        self._long_polls = threading.BoundedSemaphore(max(1, long_polls_max))
 
     def _access(self, context: Any) -> Access:
         """Who is calling (rpc.call_authentication) and what the cluster's ACLs let them do."""
@@ -308,12 +312,20 @@ class DeltaBusServicer(GroupServicerMixin, AclServicerMixin, pb_grpc.DeltaBusSer
                                              cfg.FETCH_PARTITION_MAX_BYTES)),
                            present_or(p, "current_leader_epoch", -1))
                  for p in request.partitions if p.topic not in refused]
-        max_wait_ms = present_or(request, "max_wait_ms", cfg.FETCH_MAX_WAIT_MS)
+        max_wait_ms = min(max(present_or(request, "max_wait_ms", cfg.FETCH_MAX_WAIT_MS), 0),
+                          cfg.FETCH_WAIT_MS_MAX)
         record_format = present_or(request, "format", pb.PROTO)
-        results = self._handler.fetch(
-            specs, max_wait_ms=min(max(max_wait_ms, 0), cfg.FETCH_WAIT_MS_MAX),
-            min_bytes=request.min_bytes, max_bytes=max_bytes,
-            replica_id=-1)  # followers fetch with the internal ReplicaFetch
+        # A long poll holds this server thread while it waits (grpcio's sync server): past
+        # long_polls_max of them, a Fetch answers at once with what there is (issue 17's
+        # interim; the Kafka door's fetches wait with no thread).
+        waits = max_wait_ms > 0 and self._long_polls.acquire(blocking=False)
+        try:
+            results = self._handler.fetch(
+                specs, max_wait_ms=max_wait_ms if waits else 0, min_bytes=request.min_bytes,
+                max_bytes=max_bytes, replica_id=-1)  # followers fetch with ReplicaFetch
+        finally:
+            if waits:
+                self._long_polls.release()
         response = pb.FetchResponse(partitions=[
             pb.FetchPartitionResponse(topic=p.topic, partition=p.partition,
                                       error_code=refused[p.topic].code,
@@ -462,7 +474,8 @@ def start_server(host: str, port: int, handler: DeltaBusHandler,
                  broker_secret: str | None = None,
                  security: cfg.ListenerSecurity = PLAINTEXT,
                  credentials: CredentialLookup | None = None,
-                 listener: str = "", brokers_only: bool = False) -> tuple[grpc.Server, int]:
+                 listener: str = "", brokers_only: bool = False,
+                 long_polls_max: int | None = None) -> tuple[grpc.Server, int]:
     """Start a gRPC server for one listener on host:port (0 picks a free port); returns it
     and the bound port. The server is one thread pool of `threads`: what it serves shares
     them. The controller passes `lifecycle` on its controller listeners (brokers register
@@ -473,7 +486,8 @@ def start_server(host: str, port: int, handler: DeltaBusHandler,
     answers nothing else. A call carrying `broker_secret` on the public API is a broker
     forwarding its client's admin call (`rpc.call_authentication`). `security` says whether
     the port speaks TLS and how callers authenticate (against the users' SCRAM
-    `credentials`); `listener` is its name (`DeltaBusServicer`).
+    `credentials`); `listener` is its name (`DeltaBusServicer`). At most `long_polls_max`
+    (at most `threads`; all of them when not given) Fetches wait for records at once.
 
     Raises ListenerBindError when the port cannot be bound (already in use).
     """
@@ -495,8 +509,9 @@ def start_server(host: str, port: int, handler: DeltaBusHandler,
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=threads), options=options,
                          interceptors=interceptors or None)
     if not brokers_only:
-        pb_grpc.add_DeltaBusServicer_to_server(DeltaBusServicer(handler, groups, listener),
-                                               server)
+        long_polls = threads if long_polls_max is None else min(long_polls_max, threads)
+        pb_grpc.add_DeltaBusServicer_to_server(
+            DeltaBusServicer(handler, groups, listener, long_polls), server)
     if lifecycle is not None:
         ipb_grpc.add_BrokerLifecycleServicer_to_server(BrokerLifecycleServicer(lifecycle), server)
     if replica_fetch:

@@ -48,6 +48,7 @@ import pyarrow.compute as pc
 from deltabus import config as cfg
 from deltabus import errors
 from deltabus.acls import Authorizer
+from deltabus.cluster.delayed_fetch import DelayedFetch, FetchPurgatory
 from deltabus.cluster.handler import FetchResult, FetchSpec
 from deltabus.log_tables.partition_log import AppendResult
 from deltabus.metadata import (
@@ -126,6 +127,18 @@ class _ProducerEntry:
     next_sequence: int = 0
     recent: collections.OrderedDict[int, AppendResult] = field(
         default_factory=collections.OrderedDict)
+
+
+class _Changed(threading.Condition):
+    """The fake's one condition; each notify_all also calls `on_notify` (lock held)."""
+
+    def __init__(self, on_notify: Callable[[], None]) -> None:
+        super().__init__()
+        self._on_notify = on_notify
+
+    def notify_all(self) -> None:
+        super().notify_all()
+        self._on_notify()
 
 
 class FakeLog:
@@ -259,7 +272,10 @@ class FakeCluster:
         # A batch waits this long for its predecessor's sequence, then OUT_OF_ORDER (the
         # partition log's sequence_wait_ms).
         self.sequence_wait_ms = sequence_wait_ms
-        self._changed = threading.Condition()
+        # Fetches long-polling through fetch_delayed (the Kafka door's): every notify of
+        # `_changed` reads them again, as a broker's log change checks its fetch purgatory.
+        self._fetch_purgatory = FetchPurgatory("fake-delayed-fetch", completion_threads_max=4)
+        self._changed = _Changed(self._check_delayed_fetches)
         self._version = 1
         self._topics: dict[str, TopicState] = {}
         self._logs: dict[tuple[str, int], FakeLog] = {}
@@ -270,7 +286,7 @@ class FakeCluster:
         self._released.set()
         self.produce_calls: list[ProduceCall] = []
         self.appends_waiting = 0  # produce requests held by `appends_held`
-        self.fetches_waiting = 0  # fetches long-polling for records
+        self._fetches_blocked = 0  # fetches long-polling for records on their threads
         self._stopped = threading.Event()
         self.coordinator = GroupCoordinator(
             cast(OffsetStore, MemoryOffsetStore()),  # the coordinator takes it by duck typing
@@ -296,8 +312,20 @@ class FakeCluster:
     def bootstrap_servers(self) -> str:
         return ",".join(b.address for b in self.brokers)
 
+    @property
+    def fetches_waiting(self) -> int:
+        """Fetches long-polling for records, on their threads or delayed."""
+        return self._fetches_blocked + self._fetch_purgatory.waiting()
+
+    def _check_delayed_fetches(self) -> None:
+        """Something changed (lock held): every delayed fetch is read again, off this
+        thread."""
+        for key in list(self._logs):
+            self._fetch_purgatory.check(key)
+
     def close(self) -> None:
         self._stopped.set()
+        self._fetch_purgatory.stop()
         self._released.set()
         with self._changed:
             self._changed.notify_all()
@@ -690,10 +718,34 @@ class FakeCluster:
                 left = deadline - time.monotonic()
                 if left <= 0 or self._stopped.is_set():
                     return results
-                self.fetches_waiting += 1
+                self._fetches_blocked += 1
                 self._changed.notify_all()
                 self._changed.wait(left)
-                self.fetches_waiting -= 1
+                self._fetches_blocked -= 1
+
+    def fetch_delayed(self, broker_id: int, specs: list[FetchSpec],
+                      max_wait_ms: int) -> Future[list[FetchResult]]:
+        """`fetch` with no thread waiting: the fake's fetch purgatory completes it once a
+        partition has records or fails, or at max_wait_ms."""
+        def read() -> list[FetchResult]:
+            with self._changed:
+                return [self._fetch_one(broker_id, spec) for spec in specs]
+
+        def read_if_any() -> list[FetchResult] | None:
+            results = read()
+            return results if any(r.error or (r.records is not None and r.records.num_rows)
+                                  for r in results) else None
+
+        answered = read_if_any()
+        if answered is not None or max_wait_ms <= 0 or self._stopped.is_set():
+            return _done(answered if answered is not None else read())
+        delayed = self._fetch_purgatory.watch(DelayedFetch(
+            keys={(s.topic, s.partition) for s in specs},
+            deadline_s=time.monotonic() + max_wait_ms / 1000, has_news=lambda: True,
+            try_complete=read_if_any, on_expiration=read, on_stop=read))
+        with self._changed:
+            self._changed.notify_all()  # wait_until sees it waiting
+        return delayed
 
     def _fetch_one(self, broker_id: int, spec: FetchSpec) -> FetchResult:
         """Lock held."""
@@ -777,6 +829,10 @@ class FakeBroker:
     def fetch(self, specs: list[FetchSpec], *, max_wait_ms: int, min_bytes: int,
               max_bytes: int, replica_id: int) -> list[FetchResult]:
         return self._cluster.fetch(self.broker_id, specs, max_wait_ms)
+
+    def fetch_delayed(self, specs: list[FetchSpec], *, max_wait_ms: int, min_bytes: int,
+                      max_bytes: int, replica_id: int) -> Future[list[FetchResult]]:
+        return self._cluster.fetch_delayed(self.broker_id, specs, max_wait_ms)
 
     def list_offsets(self, topic: str, partition: int, timestamp: int) -> tuple[int, int, int]:
         return self._cluster.list_offsets(self.broker_id, topic, partition, timestamp)

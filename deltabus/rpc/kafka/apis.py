@@ -268,11 +268,10 @@ class KafkaApis:
 
     def fetch(self, version: int, request: Any,
               refused: errors.DeltaBusError | None = None) -> Any:
-        """Kafka's long poll over the handler's fetch: up to the high watermark, waiting up to
-        max_wait for min_bytes."""
+        """Kafka's long poll over the handler's delayed fetch: up to the high watermark,
+        waiting up to max_wait for min_bytes. A fetch that waits is a DelayedResponse (Kafka's
+        DelayedFetch): no thread waits for it."""
         cls = load_response_schema(FETCH, version)
-        topic_cls, partition_cls = (nested(cls, n) for n in ("FetchableTopicResponse",
-                                                              "PartitionData"))
         specs = [FetchSpec(t.topic, p.partition, p.fetch_offset,
                            p.partition_max_bytes or cfg.FETCH_PARTITION_MAX_BYTES,
                            getattr(p, "current_leader_epoch", -1))
@@ -285,10 +284,40 @@ class KafkaApis:
         denied = {s.topic: e for s in specs if (e := refused or access.topic(Operation.READ,
                                                                               s.topic))}
         allowed = [s for s in specs if s.topic not in denied]
-        fetched = iter(self._handler.fetch(
-            allowed, max_wait_ms=min(millis(request.max_wait), cfg.FETCH_WAIT_MS_MAX),
-            min_bytes=request.min_bytes, max_bytes=max_bytes, replica_id=-1) if allowed else [])
-        results = [_failed(s, denied[s.topic]) if s.topic in denied else next(fetched)
+        max_wait_ms = min(millis(request.max_wait), cfg.FETCH_WAIT_MS_MAX)
+        if not allowed:
+            return self._fetch_response(cls, specs, denied, [], access, max_bytes, invalid)
+        fetched = self._handler.fetch_delayed(allowed, max_wait_ms=max_wait_ms,
+                                              min_bytes=request.min_bytes, max_bytes=max_bytes,
+                                              replica_id=-1)
+
+        def answer() -> Any:
+            # The handler completes the fetch at its max wait; should it not have (a bug, or
+            # reads stuck in storage), what is there now is the answer.
+            results = fetched
+            if not fetched.done():
+                log.error("a delayed fetch was not completed %d ms past its max wait; "
+                          "reading at once", cfg.DELAYED_FETCH_GRACE_MS)
+                results = self._handler.fetch_delayed(allowed, max_wait_ms=0, min_bytes=0,
+                                                      max_bytes=max_bytes, replica_id=-1)
+            return self._fetch_response(cls, specs, denied, results.result(), access,
+                                        max_bytes, invalid)
+
+        if fetched.done():
+            return answer()
+        return DelayedResponse([fetched], time.monotonic() + max_wait_ms / 1000
+                               + cfg.DELAYED_FETCH_GRACE_MS / 1000, answer)
+
+    def _fetch_response(self, cls: Any, specs: list[FetchSpec],
+                        denied: dict[str, errors.DeltaBusError], fetched: list[FetchResult],
+                        access: Access, max_bytes: int,
+                        invalid: errors.DeltaBusError | None) -> Any:
+        """Fetch's answer from what the allowed partitions read (`fetched`, in request order),
+        within its byte limits and the consumer's quota."""
+        topic_cls, partition_cls = (nested(cls, n) for n in ("FetchableTopicResponse",
+                                                              "PartitionData"))
+        reads = iter(fetched)
+        results = [_failed(s, denied[s.topic]) if s.topic in denied else next(reads)
                    for s in specs]
         by_topic: dict[str, list[Any]] = {}
         budget = FetchBudget(max_bytes)  # Kafka's limits, on the record bytes this answer carries

@@ -1,8 +1,9 @@
 """Kafka's delayed operations for the Kafka door: a request whose answer waits for something
 other than its handler (a Produce for its acks, a JoinGroup or SyncGroup for the rest of the
-group) returns a `DelayedResponse`, and the `Purgatory` completes it when what it waits for is
-done or its deadline passes, with no thread waiting for it meanwhile (Kafka's
-DelayedOperationPurgatory, DelayedProduce, DelayedJoin).
+group, a Fetch for records: the broker's delayed fetch) returns a `DelayedResponse`, and the
+`Purgatory` completes it when what it waits for is done or its deadline passes, with no thread
+waiting for it meanwhile (Kafka's DelayedOperationPurgatory, DelayedProduce, DelayedJoin,
+DelayedFetch).
 
 What must stay true: each delayed response completes exactly once, on a request handler thread,
 as soon as its last future is done or at its deadline, whichever comes first; a future's

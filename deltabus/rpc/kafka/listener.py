@@ -16,14 +16,12 @@ Threads, per listener and never per connection (cfg.SocketServerConfig sizes the
   each connection's answers in request order;
 - up to num.io.threads request handler threads parse, check and answer requests, one of a
   connection at a time, so their effects land in request order as on Kafka's broker;
-- a request that waits by design does not hold a handler thread: Produce waiting for its acks
-  and JoinGroup and SyncGroup waiting for the group are delayed responses (`delayed`), which
-  no thread waits for; a long-polling Fetch (max wait > 0) goes to a pool of its own of up to
-  num.long.poll.threads, because a broker's fetch waits for appends on its caller's thread.
-  A separate bounded pool rather than a cap on long polls, so that fetches past the pool queue
-  rather than fail, and the handler threads stay free for everyone else whatever the consumers
-  do; a Fetch that queued for a long-poll thread waits only what is left of its max wait, so
-  under a flood of long polls consumers get answers as late as they asked and no later;
+- a request that waits by design holds no thread: Produce waiting for its acks, JoinGroup and
+  SyncGroup waiting for the group, and a Fetch long-polling for records are delayed responses
+  (`delayed`), which no thread waits for; a waiting Fetch's future is the broker's delayed
+  fetch (`cluster.delayed_fetch`), completed by an append or at its max wait. So however many
+  consumers long-poll, the handler threads stay free for everyone else and no thread is made
+  for them;
 - the purgatory's expiration thread completes delayed responses whose time ran out.
 The connection's next request is handled as soon as the previous one is released: a Produce
 behind a waiting Fetch is appended at once, and its answer still goes out after the Fetch's.
@@ -36,7 +34,6 @@ import logging
 import queue
 import socket
 import threading
-import time
 import types
 import typing
 from collections.abc import Callable
@@ -62,7 +59,6 @@ from deltabus.rpc.kafka.frames import (
     UnknownEntity,
     encode_response,
     load_response_schema,
-    millis,
     parse_request,
     peek,
 )
@@ -144,13 +140,11 @@ class _RequestHandlers:
         self.apis = kafka_apis
         self.authenticator = authenticator
         self._io = HandlerPool(f"{name}-request-handler", config.num_io_threads)
-        self._long_polls = HandlerPool(f"{name}-long-poll", config.num_long_poll_threads)
         self.purgatory = Purgatory(f"{name}-purgatory")
 
     def stop(self) -> None:
         self.purgatory.stop()
         self._io.stop()
-        self._long_polls.stop()
 
     def on_request(self, request: Request) -> None:
         """On the network thread: queue the request for a handler thread."""
@@ -162,10 +156,6 @@ class _RequestHandlers:
         frame, request.frame = request.frame, b""  # not kept while the answer waits
         try:
             parsed = self._parse(frame, session)
-            if isinstance(parsed, _Parsed) and _long_polls(parsed):
-                request.release()
-                self._long_polls.submit(self._long_poll, request, parsed)
-                return
             answer = self._call(parsed, session) if isinstance(parsed, _Parsed) else parsed
         except BadRequest as e:
             request.fail(str(e))
@@ -179,20 +169,6 @@ class _RequestHandlers:
             return
         encoded, throttle_ms = answer if isinstance(answer, tuple) else (answer, 0)
         request.respond(encoded, last=session.close_after_answer, throttle_ms=throttle_ms)
-
-    def _long_poll(self, request: Request, parsed: _Parsed) -> None:
-        """On a long-poll thread: the Fetch, waiting what is left of its max wait."""
-        waited_ms = (time.monotonic() - request.received_s) * 1000
-        left_ms = max(0.0, millis(parsed.body.max_wait) - waited_ms)
-        body = dataclasses.replace(parsed.body, max_wait=timedelta(milliseconds=left_ms))
-        try:
-            answer = self._call(dataclasses.replace(parsed, body=body), request.session)
-        except BadRequest as e:
-            request.fail(str(e))
-            return
-        assert not isinstance(answer, DelayedResponse)
-        encoded, throttle_ms = answer if isinstance(answer, tuple) else (answer, 0)
-        request.respond(encoded, throttle_ms=throttle_ms)
 
     def _complete(self, request: Request, correlation_id: int,
                   delayed: DelayedResponse) -> None:
@@ -253,11 +229,6 @@ class _RequestHandlers:
         if response is None or isinstance(response, DelayedResponse):
             return response
         return encode_response(parsed.correlation_id, response), throttle_time_ms(response)
-
-
-def _long_polls(parsed: _Parsed) -> bool:
-    """A Fetch that may wait for records (its handler then waits on its thread)."""
-    return parsed.key == apis.FETCH and millis(parsed.body.max_wait) > 0
 
 
 def unsupported(key: int, version: int) -> Any:
