@@ -7,6 +7,15 @@ older epoch is fenced. A producer the log has not seen since it opened is rebuil
 it wrote; a follower builds its producers from the records it copies, so as a new leader it
 recognises their retries and next sequences.
 
+Looking a producer up reads the table's files (their footers at least), which a log of many
+partitions cannot afford for every new producer on every partition. The log keeps an upper bound
+of the producer ids its table holds (`producer_id_max`: the ids of its files' row-group
+statistics when first needed, raised by every id it takes in since), so an id above it has
+written nothing here and is not looked up: ids are handed out in increasing order
+(producer_id_control.py), so every new producer is such an id. The bound only has to stay at or
+above every id in the table: only this log adds records to it (the cleaner only removes), and
+after a truncation, a failed commit or a restart the bound is forgotten and read again.
+
 Not locked itself: the log's lock (a Condition) guards every call, and the out-of-order hold
 waits on it.
 """
@@ -84,6 +93,9 @@ class ProducerStateManager:
         self._data_files = data_files
         self._sequence_wait_ms = sequence_wait_ms
         self._producers: dict[int, ProducerEntry] = {}
+        # At or above every producer id in the table and every one queued for it; None: not
+        # known yet (read from the files' statistics when first needed).
+        self._producer_id_max: int | None = None
 
     def await_turn(self, producer: ProducerState, records: int, closed: Callable[[], bool],
                    timeout_ms: int | None = None
@@ -138,6 +150,7 @@ class ProducerStateManager:
         seqs = table.column("sequence").to_numpy()
         epochs = table.column("producer_epoch").to_numpy()
         offsets = table.column("offset").to_numpy()
+        self._raise_producer_id_max(int(pids.max()))
         for pid in np.unique(pids[pids >= 0]):
             rows = np.nonzero(pids == pid)[0]
             breaks = np.nonzero((np.diff(seqs[rows]) != 1) | (np.diff(offsets[rows]) != 1)
@@ -157,20 +170,46 @@ class ProducerStateManager:
         """Forget every producer (the log was truncated, or a commit failed): each is rebuilt
         from the table on its next batch."""
         self._producers.clear()
+        self._producer_id_max = None
+
+    def _raise_producer_id_max(self, producer_id: int) -> None:
+        if self._producer_id_max is not None:
+            self._producer_id_max = max(self._producer_id_max, producer_id)
 
     def _entry(self, producer: ProducerState) -> ProducerEntry:
         """What the log knows of a producer; one it has not seen since it opened is looked up
         in the table (its first batch may be a retry of one written before a restart or by an
-        earlier leader)."""
+        earlier leader), unless its id is above every id the table holds."""
         pid = producer.producer_id
         if pid not in self._producers:
-            written = producer_rows(self._data_files(), pid)
-            if written is not None:
-                self.note_copied(written)
+            if self._producer_id_max is None:
+                self._producer_id_max = producer_id_max(self._data_files())
+            if self._producer_id_max is None or pid <= self._producer_id_max:
+                written = producer_rows(self._data_files(), pid)
+                if written is not None:
+                    self.note_copied(written)
+            self._raise_producer_id_max(pid)  # its batch is about to be queued
         entry = self._producers.get(pid)
         if entry is None or producer.producer_epoch > entry.epoch:
             entry = self._producers[pid] = ProducerEntry(producer.producer_epoch, 0)
         return entry
+
+
+def producer_id_max(files: Iterable[pq.ParquetFile]) -> int | None:
+    """The largest producer id of the files' records (-1 when they hold none), from their
+    row-group statistics alone; None when a row group has no statistics for it."""
+    largest = -1
+    for reader in files:
+        column = leaf_columns(reader).get("producer_id")
+        for group in range(reader.metadata.num_row_groups):
+            stats = (reader.metadata.row_group(group).column(column).statistics
+                     if column is not None else None)
+            if stats is None or not stats.has_min_max:
+                if reader.metadata.row_group(group).num_rows:
+                    return None
+                continue
+            largest = max(largest, int(stats.max))
+    return largest
 
 
 def producer_rows(files: Iterable[pq.ParquetFile], producer_id: int) -> pa.Table | None:

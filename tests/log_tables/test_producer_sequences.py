@@ -154,3 +154,40 @@ def test_first_batch_retried_after_a_restart_is_not_written_twice(tmp_path):
     assert new.base_offset == 3
     assert len(values(reopened)) == 4
     reopened.close()
+
+
+def test_a_producer_id_above_every_id_in_the_table_is_not_looked_up(tmp_path, monkeypatch):
+    from deltabus.log_tables import producer_state
+    log = open_log(tmp_path)
+    log.append(batch("old", 3), leader_epoch=0, producer=ProducerState(5, 0, 0)).result(10)
+    log.close()
+    looked_up: list[int] = []
+    real = producer_state.producer_rows
+    monkeypatch.setattr(producer_state, "producer_rows",
+                        lambda files, pid: looked_up.append(pid) or real(files, pid))
+    reopened = open_log(tmp_path, sequence_wait_ms=200)
+    for pid in (6, 7, 8):  # newer producers, as InitProducerId hands them out
+        reopened.append(batch(f"p{pid}", 2), leader_epoch=1,
+                        producer=ProducerState(pid, 0, 0)).result(10)
+    assert looked_up == []
+    # An id at or below the bound is looked up, and its retry still answered from the table.
+    retry = reopened.append(batch("old", 3), leader_epoch=1,
+                            producer=ProducerState(5, 0, 0)).result(10)
+    assert looked_up == [5] and retry.base_offset == 0
+    assert len(values(reopened)) == 9
+    reopened.close()
+
+
+def test_the_producer_id_bound_comes_from_the_files_statistics(tmp_path):
+    import pyarrow.parquet as pq
+
+    from deltabus.log_tables.producer_state import producer_id_max
+    log = open_log(tmp_path)
+    assert producer_id_max([]) == -1
+    for pid in (12, 4):
+        log.append(batch(f"p{pid}", 2), leader_epoch=0,
+                   producer=ProducerState(pid, 0, 0)).result(10)
+    log.append(batch("plain", 2), leader_epoch=0).result(10)  # not idempotent: id -1
+    files = sorted((tmp_path / "log").glob("*.parquet"))
+    assert producer_id_max(pq.ParquetFile(f) for f in files) == 12
+    log.close()
