@@ -13,6 +13,12 @@ it, and says when it wants the next round, or None when its queue is empty. What
 - A round asked for while one runs is not lost: it runs after it.
 - A round is never run before its time, and an earlier time asked for moves it up.
 - A round that raises is logged and tried again a second later; the pool's threads never die.
+
+Idle threads do not all wait for the earliest round's time: one does (the timer), the others
+until told. With every idle thread timing the same round, each round woke them all, and all
+but one went back to sleep: thousands of logs' rounds a second made a broker's CPU mostly
+wake-ups (bench step (p)). A round due at once wakes one thread; one due before the round the
+timer waits for wakes them all, so the timer sees it.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ class AppendPool:
         self._running: set[Hashable] = set()
         self._again: dict[Hashable, tuple[float, Round]] = {}  # asked for while running
         self._order = itertools.count()
+        self._timer = False  # an idle thread waits for the earliest round's time
         self._threads: list[threading.Thread] = []
         self.grow(threads)
 
@@ -73,10 +80,14 @@ class AppendPool:
             self._push(key, round_, at)
 
     def _push(self, key: Hashable, round_: Round, at: float) -> None:
-        """Lock held."""
+        """Lock held. Wakes a thread unless the timer already waits for an earlier round."""
+        earliest = not self._heap or at < self._heap[0][0]
         self._due[key] = (at, round_)
         heapq.heappush(self._heap, (at, next(self._order), key))
-        self._lock.notify()
+        if not self._timer or at <= time.monotonic():  # whoever wakes takes a due round
+            self._lock.notify()
+        elif earliest:
+            self._lock.notify_all()  # the timer waits for a later time
 
     def _next(self) -> tuple[Hashable, Round]:
         """Wait for the earliest round whose time has come; mark it running."""
@@ -90,7 +101,14 @@ class AppendPool:
                 at, _, key = self._heap[0]
                 wait = at - time.monotonic()
                 if wait > 0:
-                    self._lock.wait(wait)
+                    if self._timer:  # another idle thread waits for it
+                        self._lock.wait()
+                        continue
+                    self._timer = True
+                    try:
+                        self._lock.wait(wait)
+                    finally:
+                        self._timer = False
                     continue
                 heapq.heappop(self._heap)
                 _, round_ = self._due.pop(key)

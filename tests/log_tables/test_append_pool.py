@@ -49,6 +49,19 @@ def test_rounds_wait_for_their_time_and_an_earlier_time_moves_them_up() -> None:
     assert ran.wait(30)
 
 
+def test_one_idle_thread_times_the_next_round_and_an_earlier_one_is_not_missed() -> None:
+    pool = AppendPool(8, name="test-pool")
+    later, sooner, now_ = threading.Event(), threading.Event(), threading.Event()
+    pool.schedule("later", lambda: later.set(), time.monotonic() + 3600)
+    time.sleep(0.1)  # the idle threads settle: one of them times the round an hour away
+    pool.schedule("sooner", lambda: sooner.set(), time.monotonic() + 0.3)
+    assert sooner.wait(30) and not later.is_set()
+    pool.schedule("now", lambda: now_.set(), 0.0)
+    assert now_.wait(30)
+    with pool._lock:  # noqa: SLF001 - the pool's state between rounds
+        assert pool._timer  # noqa: SLF001 - a thread times the round an hour away
+
+
 def test_a_round_that_raises_is_tried_again_and_the_pool_goes_on() -> None:
     pool = AppendPool(1, name="test-pool")
     calls: list[int] = []
