@@ -283,6 +283,18 @@ def largest_batch_bytes(batch: pa.Table, batch_rows: Sequence[int]) -> int:
     return RECORD_BATCH_OVERHEAD_BYTES + int(np.add.reduceat(sizes, starts).max())
 
 
+def batch_bytes_at_most(batch: pa.Table) -> int | None:
+    """At least the size of `batch` (PRODUCE_SCHEMA) as one uncompressed magic v2 record batch,
+    from its columns' buffer sizes alone, so at least that of any record batch it is made of;
+    None when it has headers (only counted exactly). A batch that fits under this bound needs
+    no per-record count (`largest_batch_bytes`), which cost a broker more than its Delta commit
+    for a small batch."""
+    if batch.column("headers").null_count != batch.num_rows:
+        return None
+    return (RECORD_BATCH_OVERHEAD_BYTES + RECORD_OVERHEAD_BYTES_MAX * batch.num_rows
+            + batch.column("key").nbytes + batch.column("value").nbytes)
+
+
 def arrow_batch_rows(table: pa.Table) -> list[int]:
     """The record count of each Arrow record batch of `table` (as `from_ipc` read them)."""
     return [b.num_rows for b in table.to_batches() if b.num_rows] or [table.num_rows]

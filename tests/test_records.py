@@ -17,6 +17,7 @@ from deltabus.records import (
     LOG_SCHEMA,
     PRODUCE_SCHEMA,
     ProducerState,
+    batch_bytes_at_most,
     batch_size_bytes,
     check_batch_size,
     from_ipc,
@@ -272,6 +273,23 @@ def test_a_batchs_size_is_the_length_of_the_record_batch_a_kafka_client_builds(r
         headers=[h or None for _, _, _, h in records]))
     assert batch_size_bytes(batch) == len(builder.build())
     assert (record_bytes_max(batch) >= record_encoded_sizes(batch)).all()
+    bound = batch_bytes_at_most(batch)
+    assert bound is None or bound >= batch_size_bytes(batch)
+
+
+@given(st.lists(st.tuples(_BYTES, _BYTES, st.integers(-10**10, 10**10)), min_size=1,
+                max_size=150), st.integers(0, 20))
+@settings(max_examples=100, deadline=None)
+def test_the_bound_of_a_batch_without_headers_is_never_below_its_size(records, cut) -> None:
+    """The broker checks max.message.bytes on this bound when it fits (batch_bytes_at_most):
+    it must never be below the exact size, sliced batches included."""
+    batch = normalize_produce(produce_batch(
+        [v for _, v, _ in records], keys=[k for k, _, _ in records],
+        timestamps_ms=[NOW_MS + d for _, _, d in records]))
+    part = batch.slice(min(cut, batch.num_rows - 1))
+    for table in (batch, part):
+        bound = batch_bytes_at_most(table)
+        assert bound is not None and bound >= batch_size_bytes(table)
 
 
 def test_max_message_bytes_is_refused_with_kafkas_error_naming_the_limit() -> None:

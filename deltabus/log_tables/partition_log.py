@@ -66,6 +66,7 @@ from deltabus.records import (
     PRODUCE_SCHEMA,
     ProducerState,
     arrow_batch_rows,
+    batch_bytes_at_most,
     batch_size_min_bytes,
     check_batch_size,
     largest_batch_bytes,
@@ -242,8 +243,11 @@ class PartitionLog:
             if batch.num_rows == 0:
                 raise errors.InvalidRecordError("a produce batch must hold at least one record")
             if max_message_bytes is not None:
-                size = (largest_batch_bytes(batch, batch_rows) if batch_bytes is None
-                        else batch_bytes)
+                size = batch_bytes
+                if size is None:
+                    bound = batch_bytes_at_most(batch)
+                    size = (bound if bound is not None and bound <= max_message_bytes
+                            else largest_batch_bytes(batch, batch_rows))
                 check_batch_size(size, max_message_bytes, self._name)
             if compacted and batch.column("key").null_count:
                 raise errors.InvalidRecordError(

@@ -204,6 +204,23 @@ def test_each_arrow_record_batch_of_an_entry_is_a_batch_for_max_message_bytes(
     assert log.log_end_offset == 15
 
 
+def test_a_batch_well_under_max_message_bytes_is_not_counted_record_by_record(
+        log: PartitionLog, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its buffers' size bounds it (records.batch_bytes_at_most): the per-record count, which
+    cost more than a small batch's commit, runs only for batches near the limit."""
+    from deltabus.log_tables import partition_log
+    counted: list[int] = []
+    real = partition_log.largest_batch_bytes
+    monkeypatch.setattr(partition_log, "largest_batch_bytes",
+                        lambda batch, rows: counted.append(batch.num_rows) or real(batch, rows))
+    small = _batch([b"v" * 60] * 3)
+    log.append(small, leader_epoch=0, max_message_bytes=1_000_000).result(RESULT_TIMEOUT_S)
+    assert counted == []
+    limit = batch_size_bytes(small)  # the bound is over it: counted, and it fits exactly
+    r = log.append(small, leader_epoch=0, max_message_bytes=limit).result(RESULT_TIMEOUT_S)
+    assert counted == [3] and (r.base_offset, r.last_offset) == (3, 5)
+
+
 def test_max_message_bytes_counts_the_batch_a_kafka_client_sent(log: PartitionLog) -> None:
     """The Kafka door hands over the size of the client's record batch (compressed, maybe):
     that is what the limit applies to, whatever the records' size unpacked."""
