@@ -19,7 +19,6 @@ from __future__ import annotations
 import os
 import struct
 import threading
-import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
@@ -37,7 +36,7 @@ from deltabus.rpc.kafka.frames import make, nested
 from deltabus.rpc.status import error_from_rpc
 from deltabus.rpc.v1 import deltabus_pb2 as pb
 from deltabus.rpc.v1 import deltabus_pb2_grpc as pb_grpc
-from tests.conftest import read_records
+from tests.conftest import read_records, wait_until
 from tests.kafka import raw_frames
 from tests.kafka.test_produce_limits import CODECS, record_batch
 from tests.rpc.test_produce_limits import null_rows
@@ -292,17 +291,17 @@ def test_the_cluster_survives_a_hostile_client_beside_a_well_behaved_one(
     topics = topic_names(target)
     memory = PeakMemory({"driver": os.getpid()} | {f"broker {b}": p for b, p in pids.items()})
     good = WellBehavedProducer(cluster.bootstrap_servers, f"{target['topic']}-good")
-    for attack in ATTACK:
-        started = len(good.acked)
-        attack(target)
-        assert log_end(target) == 3, f"{attack.__name__} wrote to the log"
-        # The well-behaved producer gets on meanwhile: it is never shut out for good.
-        deadline = time.monotonic() + 120
-        while len(good.acked) == started and not good.failed and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert len(good.acked) > started, f"no record of the good producer acked after {attack}"
-    good.stop()
-    growth = memory.stop()
+    try:
+        for attack in ATTACK:
+            started = len(good.acked)
+            attack(target)
+            assert log_end(target) == 3, f"{attack.__name__} wrote to the log"
+            # The well-behaved producer gets on meanwhile: it is never shut out for good.
+            wait_until(lambda: len(good.acked) > started or bool(good.failed),  # noqa: B023
+                       f"a record of the good producer acked after {attack.__name__}", 120)
+    finally:
+        good.stop()  # never left sending into the rest of the suite
+        growth = memory.stop()
 
     assert not good.failed, good.failed[:3]
     assert cluster.broker_pids() == pids, "a broker was relaunched"
