@@ -266,6 +266,7 @@ def kafka_a_frame_declaring_2_gib_and_a_flood_of_connections(t: dict[str, Any]) 
     with raw_frames.connect_to(t["leader_kafka"], timeout_s=60) as sock:
         sock.sendall(struct.pack(">i", 2**31 - 1) + b"\0" * 64)
         assert raw_frames.closed(sock)  # past socket.request.max.bytes: closed, nothing read
+    raw_frames.room_for_connections(1_000)
     flood = [raw_frames.connect_to(t["leader_kafka"], timeout_s=60) for _ in range(1_000)]
     try:
         with raw_frames.connect_to(t["leader_kafka"], timeout_s=60) as sock:

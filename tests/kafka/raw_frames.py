@@ -4,6 +4,7 @@ the Kafka listener send where a client library would hide the framing."""
 from __future__ import annotations
 
 import io
+import resource
 import socket
 import struct
 from datetime import timedelta
@@ -16,6 +17,15 @@ from kio.serial import entity_reader, entity_writer
 from deltabus.rpc.kafka.frames import make, nested
 
 API_VERSIONS, METADATA, FETCH, PRODUCE = 18, 3, 1, 0
+
+
+def room_for_connections(connections: int) -> None:
+    """Raise this process's open-file limit (up to the hard limit) so a test can hold both
+    ends of `connections` loopback connections, with room to spare for everything else."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = 4 * connections + 1_000
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(wanted, hard), hard))
 
 
 def connect_to(address: str, timeout_s: float = 10) -> socket.socket:

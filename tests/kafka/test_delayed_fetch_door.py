@@ -6,7 +6,6 @@ the broker runs around a controller server (controller_server.py)."""
 
 from __future__ import annotations
 
-import resource
 import socket
 import threading
 import time
@@ -21,7 +20,14 @@ from deltabus import config as cfg
 from deltabus.cluster.broker import Broker, BrokerSpec
 from tests.cluster.controller_server import ControllerServer
 from tests.conftest import wait_until
-from tests.kafka.raw_frames import FETCH, PRODUCE, fetch, produce, read_response
+from tests.kafka.raw_frames import (
+    FETCH,
+    PRODUCE,
+    fetch,
+    produce,
+    read_response,
+    room_for_connections,
+)
 from tests.kafka.test_kafka_network import values
 
 FETCHES = 300  # long polls at once, each on a connection of its own
@@ -37,10 +43,7 @@ THREADS_MADE_MAX = (cfg.SocketServerConfig().num_io_threads + cfg.DELAYED_FETCH_
 @pytest.fixture(scope="module", autouse=True)
 def descriptors() -> None:
     """Room for the connections' two ends in this process."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    wanted = 4 * FETCHES + 1_000
-    if soft != resource.RLIM_INFINITY and soft < wanted:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (min(wanted, hard), hard))
+    room_for_connections(FETCHES)
 
 
 @pytest.fixture

@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import queue
-import resource
 import socket
 import ssl
 import struct
@@ -49,6 +48,7 @@ from tests.kafka.raw_frames import (
     metadata,
     produce,
     read_response,
+    room_for_connections,
 )
 
 TOPIC = "net"
@@ -59,10 +59,7 @@ LONG_POLL_MS = 30_000  # longer than any socket timeout here: an answer means it
 @pytest.fixture(scope="module", autouse=True)
 def descriptors() -> None:
     """Room for the idle connections' two ends in this process."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    wanted = 4 * IDLE_CONNECTIONS + 1_000
-    if soft != resource.RLIM_INFINITY and soft < wanted:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (min(wanted, hard), hard))
+    room_for_connections(IDLE_CONNECTIONS)
 
 
 @contextlib.contextmanager
