@@ -41,17 +41,36 @@ def files_overlapping(files: pa.Table, start: int, end: int) -> pa.Table:
     return files.filter(mask)
 
 
+def overlapping_row_groups(metadata: pq.FileMetaData, start: int, end: int
+                           ) -> list[tuple[int, int]]:
+    """(first offset, index) of the row groups of one data file whose offset statistics
+    overlap [start, end), by first offset. delta-rs may interleave a file's rows across its
+    row groups (a later group holding earlier offsets), so file order is not offset order; in
+    this order, once the groups before one are read, so is every offset below its first."""
+    groups = []
+    for group in range(metadata.num_row_groups):
+        stats = metadata.row_group(group).column(0).statistics  # offset
+        if stats is None or not stats.has_min_max:
+            groups.append((start, group))  # its range is unknown: read it among the first
+        elif stats.max >= start and stats.min < end:
+            groups.append((stats.min, group))
+    return sorted(groups)
+
+
+def read_row_group(reader: pq.ParquetFile, group: int,
+                   columns: list[str] | None = None) -> pa.Table:
+    """One row group, whole, as LOG_SCHEMA's types (files a truncation rewrote may differ)."""
+    schema = LOG_SCHEMA if columns is None else pa.schema([LOG_SCHEMA.field(c) for c in columns])
+    part = reader.read_row_group(group, columns=columns)
+    return part if part.schema.equals(schema) else part.cast(schema)
+
+
 def read_row_groups(reader: pq.ParquetFile, start: int, end: int,
                     columns: list[str] | None = None) -> Iterator[pa.Table]:
     """The row groups of one data file whose offset statistics overlap [start, end), whole
-    (the caller slices), as LOG_SCHEMA's types (files a truncation rewrote may differ)."""
-    schema = LOG_SCHEMA if columns is None else pa.schema([LOG_SCHEMA.field(c) for c in columns])
-    for group in range(reader.metadata.num_row_groups):
-        stats = reader.metadata.row_group(group).column(0).statistics  # offset
-        if stats is not None and stats.has_min_max and (stats.max < start or stats.min >= end):
-            continue
-        part = reader.read_row_group(group, columns=columns)
-        yield part if part.schema.equals(schema) else part.cast(schema)
+    (the caller slices), by first offset."""
+    for _, group in overlapping_row_groups(reader.metadata, start, end):
+        yield read_row_group(reader, group, columns)
 
 
 def leaf_columns(reader: pq.ParquetFile) -> dict[str, int]:

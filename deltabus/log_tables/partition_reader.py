@@ -27,7 +27,8 @@ from deltabus.log_tables.log_reader import (
     data_files,
     files_overlapping,
     offset_slice,
-    read_row_groups,
+    overlapping_row_groups,
+    read_row_group,
     stats_json,
 )
 
@@ -102,12 +103,17 @@ class PartitionReader:
         parts: list[pa.Table] = []
         size = 0
         for path in files_overlapping(self.files(), offset, end).column("path").to_pylist():
-            for part in read_row_groups(self.parquet_file(path), offset, end):
-                parts.append(part)
-                size += part.nbytes
+            reader = self.parquet_file(path)
+            for first, group in overlapping_row_groups(reader.metadata, offset, end):
                 if size >= max_bytes:
-                    break
-            if size >= max_bytes:
+                    # Stop only where every offset below is read: a file's groups may
+                    # interleave, and a gap here would be skipped by the consumer for good.
+                    table = offset_slice(parts, offset, first)
+                    if table.num_rows:
+                        return table
+                parts.append(read_row_group(reader, group))
+                size += parts[-1].nbytes
+            if size >= max_bytes:  # files hold disjoint ranges: a file's end is a safe stop
                 break
         return offset_slice(parts, offset, end)
 
