@@ -11,10 +11,12 @@ import math
 import os
 import secrets
 from dataclasses import asdict, dataclass, field, replace
+from functools import cached_property
 from typing import Any
 
 from deltabus import errors
 from deltabus.listeners import SECURITY_PROTOCOLS, ListenerConfig
+from deltabus.storage import Storage
 
 # Ports and addresses. Every server binds loopback unless told otherwise.
 DEFAULT_HOST = "127.0.0.1"
@@ -554,6 +556,11 @@ class ClusterConfig:
     """
 
     root: str
+    # How delta-rs and deltabus's own file operations reach the root (delta-rs's option names:
+    # AWS_ENDPOINT_URL, AZURE_STORAGE_ACCOUNT_KEY, ...): given by the user, shipped to every
+    # broker task with this config, never read from the environment by deltabus and kept out
+    # of repr (they hold secrets). `storage` is both, as deltabus.storage.Storage.
+    storage_options: dict[str, str] = field(default_factory=dict, repr=False, hash=False)
     brokers: int = 3
     host: str = field(default_factory=lambda: os.environ.get("DELTABUS_HOST")
                       or os.environ.get("SPARK_LOCAL_IP") or DEFAULT_HOST)
@@ -684,6 +691,12 @@ class ClusterConfig:
         listeners = self.listener_config()
         for listener in listeners.grpc + listeners.kafka:
             self.listener_security(listener.security_protocol)  # TLS listeners have their keys
+
+    @cached_property
+    def storage(self) -> Storage:
+        """The root and its options, made once per process (a copy of the config on an
+        executor makes its own, with its own connections)."""
+        return Storage(self.root, self.storage_options)
 
     def listener_config(self) -> ListenerConfig:
         """The cluster's listeners: the named ones, or the two of the simple settings."""

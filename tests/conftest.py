@@ -55,6 +55,15 @@ def spark() -> Iterator[object]:
 
 
 @pytest.fixture(scope="session")
+def s3() -> Iterator[Any]:
+    """moto's S3 server on loopback, for the session (tests/object_stores.py)."""
+    from tests.object_stores import s3_server
+
+    with s3_server() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
 def cluster(spark: object, tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     from deltabus import Cluster
 

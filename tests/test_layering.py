@@ -26,7 +26,7 @@ LAYERS = {
     "deltabus.errors": "pure", "deltabus.config": "pure", "deltabus.metadata": "pure",
     "deltabus.records": "pure", "deltabus.partitioner": "pure", "deltabus.topics": "pure",
     "deltabus.scram": "pure", "deltabus.principal": "pure", "deltabus.acls": "pure",
-    "deltabus.listeners": "pure", "deltabus.quotas": "pure",
+    "deltabus.listeners": "pure", "deltabus.quotas": "pure", "deltabus.storage": "pure",
     "deltabus.log_tables": "log_tables",
     "deltabus.offsets": "offsets",
     "deltabus.cluster.handler": "contracts",

@@ -14,10 +14,12 @@ import threading
 from typing import Any
 
 from deltabus import config as cfg
+from deltabus import errors
 from deltabus.cli import broker_security
-from deltabus.cli.options import CliError, split_host_port
+from deltabus.cli.options import CliError, parse_properties, read_properties, split_host_port
 from deltabus.cluster.cluster import Cluster, local_spark
 from deltabus.listeners import ListenerBindError
+from deltabus.storage import normalize_root
 
 SPARK_LOG_LEVEL = "WARN"
 
@@ -30,6 +32,13 @@ def add_parser(subparsers: argparse._SubParsersAction, parent: argparse.Argument
     s.add_argument("--root", default=os.environ.get("DELTABUS_ROOT") or "./data",
                    help="where topics live: a folder or an object-store URI "
                         "(default: $DELTABUS_ROOT or ./data)")
+    s.add_argument("--storage-option", action="append", metavar="KEY=VALUE",
+                   help="how to reach --root: delta-rs's storage options (AWS_ENDPOINT_URL, "
+                        "AWS_ACCESS_KEY_ID, AZURE_STORAGE_ACCOUNT_KEY, ...); repeatable, over "
+                        "--storage-options-file and spark.deltabus.storage.KEY")
+    s.add_argument("--storage-options-file", metavar="FILE",
+                   help="a properties file of storage options (KEY=VALUE lines), so secrets "
+                        "stay out of the command line")
     s.add_argument("--brokers", type=int, default=3, help="broker count (default 3)")
     s.add_argument("--master", help="Spark master URL (default: local with brokers + 2 slots)")
     s.add_argument("--port", type=int,
@@ -73,6 +82,14 @@ def start(args: argparse.Namespace) -> int:
     if not 0 < port < 65536:
         raise CliError(f"--port must be in 1..65535, not {port}")
     security = broker_security.cluster_settings(args, (host, port))  # before Spark starts
+    storage_options = {
+        **(read_properties(args.storage_options_file, "--storage-options-file")
+           if args.storage_options_file else {}),
+        **parse_properties(args.storage_option, "--storage-option")}
+    try:
+        normalize_root(args.root)
+    except errors.InvalidConfigError as e:
+        raise CliError(f"--root: {e.message}") from None
     users = broker_security.scram_users(args)
     spark = spark_session(args.master) if args.master else local_spark(args.brokers + 2)
     spark.sparkContext.setLogLevel(SPARK_LOG_LEVEL)
@@ -80,9 +97,12 @@ def start(args: argparse.Namespace) -> int:
         try:
             kafka = {} if args.kafka_port is None else {"kafka_port": args.kafka_port}
             cluster = Cluster(spark, root=args.root, brokers=args.brokers, port=port,
-                              host=host, **kafka, **security).start()
+                              host=host, storage_options=storage_options, **kafka,
+                              **security).start()
         except (TimeoutError, ValueError, ListenerBindError) as e:
             raise CliError(str(e)) from None
+        except errors.DeltaBusError as e:  # the root unreachable with these options
+            raise CliError(e.message) from None
         try:
             for user in users:  # before clients are told where to connect
                 cluster.add_scram_user(user.name, user.password, mechanism=user.mechanism,

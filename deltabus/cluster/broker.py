@@ -388,6 +388,7 @@ class Broker:
             opened = PartitionLog(
                 replica_path(self._config.root, topic, partition, self.broker_id),
                 topic=topic, partition=partition, config=self._log_config,
+                storage=self._config.storage,
                 on_append=lambda: self._on_log_change(holder), replicated=True, create=False)
         except Exception as e:  # one unreadable table must not take the broker down
             if key not in self._offline:  # said once, not with every metadata version

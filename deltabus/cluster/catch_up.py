@@ -17,6 +17,7 @@ from typing import Any
 
 from deltabus.log_tables.layout import replica_path
 from deltabus.log_tables.partition_log import LogConfig, PartitionLog
+from deltabus.storage import Storage
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +30,7 @@ COMMIT_TIMEOUT_S = 300.0
 class CatchUpTask:
     """Copy partition `topic`-`partition` from broker `source`'s replica to `target`'s."""
 
-    root: str
+    storage: Storage  # the cluster root and its options
     topic: str
     partition: int
     source: int
@@ -98,13 +99,14 @@ def run_catch_up(task: CatchUpTask) -> CatchUpResult:
 
 
 def _catch_up(task: CatchUpTask) -> tuple[int, int, int]:
-    source = PartitionLog(replica_path(task.root, task.topic, task.partition, task.source),
+    root = task.storage.root
+    source = PartitionLog(replica_path(root, task.topic, task.partition, task.source),
                           topic=task.topic, partition=task.partition, config=LogConfig(),
-                          create=False)
+                          storage=task.storage, create=False)
     try:
-        target = PartitionLog(replica_path(task.root, task.topic, task.partition, task.target),
+        target = PartitionLog(replica_path(root, task.topic, task.partition, task.target),
                               topic=task.topic, partition=task.partition, config=LogConfig(),
-                              replicated=True, create=False)
+                              storage=task.storage, replicated=True, create=False)
         try:
             truncated, copied = copy_replica(source, target)
             return truncated, copied, target.log_end_offset

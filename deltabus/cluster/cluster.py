@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from deltabus import config as cfg
@@ -32,7 +32,7 @@ from deltabus.cluster.controller import Controller, ControllerHandler
 from deltabus.cluster.doors import Doors, open_doors
 from deltabus.cluster.log_cleaner import LogCleaner
 from deltabus.listeners import GRPC, KAFKA, ListenerBindError
-from deltabus.log_tables.layout import consumer_offsets_path, normalize_root
+from deltabus.log_tables.layout import consumer_offsets_path
 from deltabus.metadata import (
     CONTROLLER_NODE_ID,
     BrokerEndpoint,
@@ -43,6 +43,7 @@ from deltabus.offsets.group_coordinator import GroupCoordinator
 from deltabus.offsets.offset_store import OffsetStore
 from deltabus.scram import DEFAULT_ITERATIONS, salted_password
 from deltabus.spark import register
+from deltabus.storage import normalize_root, spark_storage_options
 
 log = logging.getLogger(__name__)
 
@@ -87,17 +88,25 @@ class Cluster:
     '127.0.0.1:9192'
 
     `port=0` binds any free port; `bootstrap_servers` then names the one bound.
+
+    `root` may be an object store (s3://bucket/path, abfss://..., gs://...) reached with
+    `storage_options` (delta-rs's names, e.g. AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID), which
+    extend any set in the Spark conf as spark.deltabus.storage.KEY (a Databricks cluster
+    policy's place for them); the brokers get them with their config, whatever their
+    environment holds.
     """
 
     def __init__(self, spark: Any = None, *, root: str = "./data", brokers: int = 3,
                  port: int = cfg.DEFAULT_BOOTSTRAP_PORT, host: str | None = None,
-                 **settings: Any) -> None:
+                 storage_options: Mapping[str, str] | None = None, **settings: Any) -> None:
         extra: dict[str, Any] = {"host": host} if host else {}
-        self.config = cfg.ClusterConfig(root=normalize_root(root), brokers=brokers, port=port,
-                                        **extra, **settings)
         self._owns_spark = spark is None
         self.spark = spark if spark is not None else local_spark(brokers + 2)
-        register(self.spark)  # format("deltabus") reads and writes this cluster's topics
+        options = {**spark_storage_options(self.spark), **(storage_options or {})}
+        self.config = cfg.ClusterConfig(root=normalize_root(root), storage_options=options,
+                                        brokers=brokers, port=port, **extra, **settings)
+        # format("deltabus") reads and writes this cluster's topics, reaching its tables
+        register(self.spark, self.config.storage_options)
         self.controller: Controller | None = None
         self.coordinator: GroupCoordinator | None = None
         self.log_cleaner: LogCleaner | None = None  # retention as Spark jobs, once started
@@ -126,6 +135,7 @@ class Cluster:
         group = self.config.group
         self.coordinator = GroupCoordinator(
             OffsetStore(consumer_offsets_path(self.config.root),
+                        storage_options=self.config.storage.delta_options,
                         commit_linger_ms=group.offsets_commit_linger_ms,
                         metadata_max_bytes=group.offset_metadata_max_bytes), group,
             metadata=self.controller.image)

@@ -45,7 +45,6 @@ from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import pyarrow as pa
-import pyarrow.fs as pafs
 
 from deltabus import config as cfg
 from deltabus import errors
@@ -149,7 +148,9 @@ class Controller:
         self._held: set[int] = set()  # brokers kept down: their registrations are refused
         # partitions whose tables the log cleaner changed, per broker to tell
         self._refresh_logs: dict[int, set[tuple[str, int]]] = {}
-        self._log = MetadataLog(metadata_path(config.root))
+        self._storage = config.storage
+        self._log = MetadataLog(metadata_path(config.root),
+                                storage_options=self._storage.delta_options)
         self._state = MetadataState(
             brokers=BrokerRegistry(last_broker_epoch=int(time.time() * 1000)))
         for stored in self._log.read_all():
@@ -282,7 +283,8 @@ class Controller:
             topic, partition, broker = replica
             create_log_table(replica_path(self._config.root, topic, partition, broker),
                              topic=topic, partition=partition,
-                             checkpoint_interval=self._config.checkpoint_interval)
+                             checkpoint_interval=self._config.checkpoint_interval,
+                             storage_options=self._storage.delta_options)
         if replicas:
             with ThreadPoolExecutor(max_workers=TABLE_CREATE_THREADS) as pool:
                 list(pool.map(create, replicas))
@@ -370,8 +372,7 @@ class Controller:
         removal did not finish (the controller stopped, or brokers still had them open), or on
         a case-insensitive file system another topic's. Deleting them would lose records."""
         path = topic_path(self._config.root, name)
-        filesystem, location = pafs.FileSystem.from_uri(path)
-        if filesystem.get_file_info(pafs.FileSelector(location, allow_not_found=True)):
+        if self._storage.exists(path):
             raise errors.TopicAlreadyExistsError(
                 f"Topic '{name}' cannot be created: {path} already holds data (of a deleted "
                 "topic whose removal did not finish, or of a topic whose name differs only in "
@@ -379,9 +380,7 @@ class Controller:
                 "that directory away, or choose another name.")
 
     def _delete_dir(self, path: str) -> None:
-        filesystem, location = pafs.FileSystem.from_uri(path)
-        if filesystem.get_file_info(location).type != pafs.FileType.NotFound:
-            filesystem.delete_dir(location)
+        self._storage.delete_tree(path)
 
     def _await_brokers(self, version: int, timeout_ms: int) -> None:
         """Wait until every live broker has applied `version` (so a new topic can be produced to
@@ -653,7 +652,8 @@ class Controller:
         """What the catch-up job copies before broker `broker_id` is relaunched: each replica it
         follows, from the partition's live leader."""
         with self._lock:
-            return replication_control.catch_up_tasks(self._state, self._config.root, broker_id)
+            return replication_control.catch_up_tasks(self._state, self._config.storage,
+                                                      broker_id)
 
     def check_sessions(self) -> list[int]:
         """Fence brokers silent past the session timeout; returns the ids of those fenced. Each
@@ -714,7 +714,7 @@ class Controller:
     def _reassign(self, started: list[replication_control.Reassignment]) -> None:
         with self._lock:
             tasks = replication_control.reassignment_catch_up_tasks(
-                self._state, self._config.root, started)
+                self._state, self._config.storage, started)
             adding = replication_control.added_replicas(self._state, started)
         try:  # before anything copies into them or a broker opens them
             with self._tables_lock:

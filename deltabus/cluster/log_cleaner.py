@@ -16,7 +16,7 @@ partition.
 from __future__ import annotations
 
 import logging
-import os
+import posixpath
 import threading
 import time
 from dataclasses import dataclass, field
@@ -35,6 +35,7 @@ from deltabus.log_tables.retention import (
     table_files,
     vacuum,
 )
+from deltabus.storage import Storage
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +48,7 @@ class CleanerTask:
     retention_bytes are -1 where the topic's cleanup.policy does not include delete, and
     `compact` is false where it does not include compact."""
 
-    root: str
+    storage: Storage  # the cluster root and its options
     topic: str
     partition: int
     leader: int
@@ -88,12 +89,18 @@ def run_cleaner(task: CleanerTask) -> CleanerResult:
     reported, not raised, so one partition's trouble does not fail the others."""
     started = time.monotonic()
     now_ms = int(time.time() * 1000)
+    storage = task.storage
+
+    def table(replica: int) -> DeltaTable:
+        return DeltaTable(replica_path(storage.root, task.topic, task.partition, replica),
+                          storage_options=storage.delta_options)
+
     try:
         tables = {}
         for r in task.replicas:
-            path = replica_path(task.root, task.topic, task.partition, r)
-            if os.path.exists(os.path.join(path, "_delta_log")) or "://" in path:
-                tables[r] = DeltaTable(path)
+            path = replica_path(storage.root, task.topic, task.partition, r)
+            if storage.exists(posixpath.join(path, "_delta_log")):
+                tables[r] = table(r)
         if task.leader not in tables:
             return CleanerResult(task, -1, error="the leader's table is missing")
         # Every in-sync replica holds the log below the high watermark; the smallest log end
@@ -104,28 +111,26 @@ def run_cleaner(task: CleanerTask) -> CleanerResult:
                             high_watermark=high_watermark)
         removed = {}
         if cut > 0:
-            for r, table in tables.items():
-                removed[r] = remove_below(table, cut, delete_delay_ms=task.file_delete_delay_ms,
+            for r, t in tables.items():
+                removed[r] = remove_below(t, cut, delete_delay_ms=task.file_delete_delay_ms,
                                           now_ms=now_ms)
         compacted = {}
         if task.compact:
             for r in tables:
-                path = replica_path(task.root, task.topic, task.partition, r)
                 compacted[r] = compact(
-                    DeltaTable(path), high_watermark=high_watermark,
+                    table(r), high_watermark=high_watermark,
                     min_lag_ms=task.min_compaction_lag_ms,
                     delete_retention_ms=task.delete_retention_ms,
                     delete_delay_ms=task.file_delete_delay_ms,
-                    min_dirty_ratio=task.min_cleanable_dirty_ratio, now_ms=now_ms)
+                    min_dirty_ratio=task.min_cleanable_dirty_ratio, now_ms=now_ms,
+                    storage=storage)
         merged = {}
         for r in tables:
-            path = replica_path(task.root, task.topic, task.partition, r)
             merged[r] = merge_small_files(
-                DeltaTable(path), target_bytes=task.segment_bytes,
+                table(r), target_bytes=task.segment_bytes,
                 min_age_ms=task.merge_min_age_ms, high_watermark=high_watermark,
-                delete_delay_ms=task.file_delete_delay_ms, now_ms=now_ms)
-        vacuumed = sum(vacuum(DeltaTable(replica_path(task.root, task.topic, task.partition, r)))
-                       for r in tables)
+                delete_delay_ms=task.file_delete_delay_ms, now_ms=now_ms, storage=storage)
+        vacuumed = sum(vacuum(table(r)) for r in tables)
         return CleanerResult(task, cut, removed, merged, compacted, vacuumed,
                              time.monotonic() - started)
     except Exception as e:  # a table a concurrent delete removed, storage trouble

@@ -47,6 +47,7 @@ from deltabus.cluster.metadata_state import (
 )
 from deltabus.cluster.replica_placement import assign_replicas
 from deltabus.metadata import NO_LEADER, NewTopic, PartitionState, TopicResult, new_topic_id
+from deltabus.storage import Storage
 from deltabus.topics import INTERNAL_TOPICS, colliding_topic, validate_topic_name
 
 log = logging.getLogger(__name__)
@@ -448,7 +449,7 @@ def _check_reassignment(topic: str, partition: int, s: PartitionRegistration | N
     return s
 
 
-def reassignment_catch_up_tasks(state: MetadataState, root: str,
+def reassignment_catch_up_tasks(state: MetadataState, storage: Storage,
                                 started: list[Reassignment]) -> list[CatchUpTask]:
     """What the catch-up job copies before new replicas join: each from its partition's
     leader (partitions without a leader or gone meanwhile are skipped)."""
@@ -457,7 +458,7 @@ def reassignment_catch_up_tasks(state: MetadataState, root: str,
         s = state.partition(topic, partition)
         if s is None or s.leader == NO_LEADER:
             continue
-        tasks += [CatchUpTask(root, topic, partition, s.leader, r)
+        tasks += [CatchUpTask(storage, topic, partition, s.leader, r)
                   for r in replicas if r not in s.replicas]
     return tasks
 
@@ -534,7 +535,7 @@ def cleaner_tasks(state: MetadataState, config: cfg.ClusterConfig, topics: list[
 def _topic_cleaner_tasks(config: cfg.ClusterConfig, name: str, topic: TopicRegistration,
                          merge_min_age_ms: int) -> list[CleanerTask]:
     c = config.topic_config(topic.configs)
-    return [CleanerTask(config.root, name, partition, s.leader, s.replicas, s.isr,
+    return [CleanerTask(config.storage, name, partition, s.leader, s.replicas, s.isr,
                         c.retention_ms if c.deletes else -1,
                         c.retention_bytes if c.deletes else -1,
                         c.file_delete_delay_ms, c.segment_bytes, merge_min_age_ms,
@@ -543,11 +544,12 @@ def _topic_cleaner_tasks(config: cfg.ClusterConfig, name: str, topic: TopicRegis
             for partition, s in sorted(topic.partitions.items()) if s.leader >= 0]
 
 
-def catch_up_tasks(state: MetadataState, root: str, broker_id: int) -> list[CatchUpTask]:
+def catch_up_tasks(state: MetadataState, storage: Storage,
+                   broker_id: int) -> list[CatchUpTask]:
     """What the catch-up job copies before broker `broker_id` is relaunched: each replica it
     follows, from the partition's registered leader."""
     registered = set(state.brokers.registrations) - {broker_id}
-    return [CatchUpTask(root, topic, partition, s.leader, broker_id)
+    return [CatchUpTask(storage, topic, partition, s.leader, broker_id)
             for topic, t in sorted(state.topics.items())
             for partition, s in sorted(t.partitions.items())
             if broker_id in s.replicas and s.leader in registered]

@@ -26,7 +26,6 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from deltalake import (
     CommitProperties,
@@ -48,6 +47,7 @@ from deltabus.log_tables.delta_writes import (
 from deltabus.log_tables.log_reader import data_files
 from deltabus.log_tables.partition_reader import LogFile
 from deltabus.records import LOG_SCHEMA, ProducerState, to_log_batch
+from deltabus.storage import Storage, storage_error
 
 LOG_TXN_APP_ID = "deltabus.log"  # Delta app transaction every commit of a log sets
 _CHECKPOINT = PostCommitHookProperties(create_checkpoint=True)
@@ -126,11 +126,6 @@ class CommitFailed(Exception):
         self.reload = reload
 
 
-def storage_error(e: Exception, what: str) -> errors.DeltaBusError:
-    """The one place delta-rs failures become deltabus errors."""
-    return errors.KafkaStorageError(f"{what}: {type(e).__name__}: {e}")
-
-
 def log_offsets(table: DeltaTable) -> tuple[int, int]:
     """(log start offset, log end offset) from the table alone: per-file offset statistics.
 
@@ -174,7 +169,7 @@ class LogAppender:
     """The queue of a log's pending writes and the Delta commits that take them."""
 
     def __init__(self, path: str, *, topic: str, partition: int, config: LogConfig,
-                 storage_options: dict[str, str] | None, lock: threading.Condition,
+                 storage: Storage, lock: threading.Condition,
                  create: bool = True) -> None:
         """Open the table at `path`, creating it if it is missing and `create` says so (else
         a missing table raises KafkaStorageError). `lock` is the log's: it guards the queue."""
@@ -182,11 +177,10 @@ class LogAppender:
         self._topic, self._partition = topic, partition
         self._name = f"{topic}-{partition}"  # in messages
         self._config = config
-        self._storage_options = storage_options
+        self._storage = storage
         self._lock = lock
         self.table = self._open(create)
         self._table_base = self.table.version()  # loaded afresh at this version
-        self._fs, self._fs_base = pafs.FileSystem.from_uri(path)
         self._pending: collections.deque[Pending] = collections.deque()
         self.pending_bytes = 0
         self.committing = False  # a group is taken off the queue but not yet committed
@@ -194,7 +188,7 @@ class LogAppender:
 
     def _open(self, create: bool) -> DeltaTable:
         try:
-            return DeltaTable(self.path, storage_options=self._storage_options)
+            return DeltaTable(self.path, storage_options=self._storage.delta_options)
         except TableNotFoundError:
             if not create:
                 raise errors.KafkaStorageError(
@@ -202,7 +196,7 @@ class LogAppender:
                     "records are lost, and it is not recreated empty") from None
         return create_log_table(self.path, topic=self._topic, partition=self._partition,
                                 checkpoint_interval=self._config.checkpoint_interval,
-                                storage_options=self._storage_options)
+                                storage_options=self._storage.delta_options)
 
     # ---- the queue (the log's lock held) -------------------------------------------------------
 
@@ -290,7 +284,7 @@ class LogAppender:
             for leader_file in files:
                 name = posixpath.basename(leader_file.uri)
                 copied.append((name, leader_file))
-                self._copy_file(leader_file.uri, posixpath.join(self._fs_base, name))
+                self._storage.copy(leader_file.uri, posixpath.join(self.path, name))
                 read_back.append(self._read_back(name, leader_file))
         except Exception as e:
             self._delete_copies([name for name, _ in copied])
@@ -301,21 +295,13 @@ class LogAppender:
                 f"{e}") from e
         return copied, pa.concat_tables(read_back)
 
-    def _copy_file(self, uri: str, target: str) -> None:
-        source_fs, source = pafs.FileSystem.from_uri(uri)
-        if source_fs.type_name == self._fs.type_name:
-            self._fs.copy_file(source, target)
-        else:
-            pafs.copy_files(source, target, source_filesystem=source_fs,
-                            destination_filesystem=self._fs)
-
     def _read_back(self, name: str, leader_file: LogFile) -> pa.Table:
         """The copy's offset, epoch and producer columns, once its size, footer and records
         match what the leader stated (a compacted file's records lie within its stated
         offsets, not at both ends); else CorruptMessageError."""
-        location = posixpath.join(self._fs_base, name)
-        size = self._fs.get_file_info(location).size
-        with self._fs.open_input_file(location) as source:
+        location = posixpath.join(self.path, name)
+        size = self._storage.size(location)
+        with self._storage.open_input(location) as source:
             records = pq.ParquetFile(source).read(columns=_STATE_COLUMNS)
         offsets = records.column("offset")
         first, last = pc.min(offsets).as_py(), pc.max(offsets).as_py()
@@ -333,9 +319,9 @@ class LogAppender:
     def _delete_copies(self, names: list[str]) -> None:
         for name in names:
             try:
-                self._fs.delete_file(posixpath.join(self._fs_base, name))
-            except (FileNotFoundError, OSError):
-                pass  # never copied, or gone: vacuum removes any file no commit names
+                self._storage.delete(posixpath.join(self.path, name))
+            except errors.KafkaStorageError:
+                pass  # vacuum removes any file no commit names
 
     # ---- committing (the log's commit round) -------------------------------------------------
 
@@ -354,7 +340,7 @@ class LogAppender:
 
     def reload(self) -> tuple[int, int]:
         """After a failed commit, trust only the table: reload it. (version, log end offset)."""
-        self.table = DeltaTable(self.path, storage_options=self._storage_options)
+        self.table = DeltaTable(self.path, storage_options=self._storage.delta_options)
         self._table_base = self.table.version()
         return self.table.version(), log_offsets(self.table)[1]
 
@@ -500,7 +486,7 @@ class LogAppender:
         5,000): every checkpoint_interval commits the object is loaded afresh from the latest
         checkpoint, so commit time stays flat however long the broker runs."""
         if self.table.version() - self._table_base >= self._config.checkpoint_interval:
-            self.table = DeltaTable(self.path, storage_options=self._storage_options)
+            self.table = DeltaTable(self.path, storage_options=self._storage.delta_options)
             self._table_base = self.table.version()
 
 

@@ -34,7 +34,6 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from deltalake import DeltaTable, Transaction
 from deltalake.transaction import AddAction, RemoveAction
@@ -42,6 +41,7 @@ from deltalake.transaction import AddAction, RemoveAction
 from deltabus.log_tables.delta_writes import commit_properties, removal_stamp, write_data_file
 from deltabus.log_tables.log_reader import data_files, leaf_columns, stats_json
 from deltabus.records import LOG_SCHEMA
+from deltabus.storage import Storage
 
 _STATS = ["min.offset", "max.offset", "min.timestamp", "max.timestamp", "min.timestamp_type",
           "max.timestamp_type"]
@@ -127,9 +127,10 @@ def dirty_ratio(files: pa.Table, cleaned_end: int) -> float:
 
 def compact(table: DeltaTable, *, high_watermark: int, min_lag_ms: int, delete_retention_ms: int,
             delete_delay_ms: int, min_dirty_ratio: float = 0.0,
-            now_ms: int | None = None) -> Compacted:
+            now_ms: int | None = None, storage: Storage | None = None) -> Compacted:
     """Compact `table` below its cleanable end, if dirty enough: rewrite each file that holds
-    records to drop (one commit for all of them, which also records the new cleaned end)."""
+    records to drop (one commit for all of them, which also records the new cleaned end).
+    `storage` reaches its files (by default the table's store, with no options)."""
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
     files = data_files(table, _COLUMNS)
     end = cleanable_end(files, now_ms=now_ms, min_lag_ms=min_lag_ms,
@@ -138,11 +139,12 @@ def compact(table: DeltaTable, *, high_watermark: int, min_lag_ms: int, delete_r
     ratio = dirty_ratio(files, table.transaction_version(CLEANED_TXN_APP_ID) or 0)
     if files.num_rows == 0 or ratio == 0 or ratio < min_dirty_ratio:
         return Compacted(end, ratio, 0, 0, 0, 0)
-    fs, base = pafs.FileSystem.from_uri(table.table_uri)
+    storage = storage or Storage(table.table_uri)
+    base = table.table_uri
     paths = files.column("path").to_pylist()
     scans, tombstones = [], []
     for path in paths:  # keys and offsets; values only where a file has tombstones
-        with fs.open_input_file(posixpath.join(base, path)) as source:
+        with storage.open_input(posixpath.join(base, path)) as source:
             reader = pq.ParquetFile(source)
             part = reader.read(columns=_SCAN_COLUMNS)
             if _may_hold_nulls(reader, "value"):
@@ -161,9 +163,9 @@ def compact(table: DeltaTable, *, high_watermark: int, min_lag_ms: int, delete_r
                                                             keep)).as_py():
             continue
         row = {name: files.column(name)[i].as_py() for name in files.column_names}
-        data = pq.read_table(posixpath.join(base, path), filesystem=fs, schema=LOG_SCHEMA)
+        data = storage.read_parquet(posixpath.join(base, path), LOG_SCHEMA)
         data = data.filter(pc.is_in(data.column("offset"), keep)).sort_by("offset")
-        name, size = write_data_file(fs, base, data, "compacted")
+        name, size = write_data_file(storage, base, data, "compacted")
         actions.append(AddAction(name, size, {}, now_ms, False,
                                  kept_range_stats(row, data.num_rows)))
         actions.append(RemoveAction(path, False, stamp, row["size_bytes"]))

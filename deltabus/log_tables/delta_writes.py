@@ -13,9 +13,10 @@ import uuid
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, Transaction, WriterProperties
+
+from deltabus.storage import Storage
 
 # Row groups of a bounded size carry offset statistics, so a range read inside a large
 # group-committed (or merged) file skips the row groups it does not need.
@@ -52,12 +53,12 @@ def removal_stamp(now_ms: int, delete_delay_ms: int) -> int:
     return now_ms - VACUUM_RETENTION_HOURS * 3_600_000 + delete_delay_ms
 
 
-def write_data_file(fs: pafs.FileSystem, base: str, data: pa.Table, kind: str) -> tuple[str, int]:
-    """Write `data` as a new Parquet data file of the table at `base` (with the broker's row
-    groups); returns its name (relative to the table) and size, for the add action. `kind`
-    ends the name, saying which job wrote it."""
+def write_data_file(storage: Storage, table_uri: str, data: pa.Table,
+                    kind: str) -> tuple[str, int]:
+    """Write `data` as a new Parquet data file of the table at `table_uri` (with the broker's
+    row groups); returns its name (relative to the table) and size, for the add action.
+    `kind` ends the name, saying which job wrote it."""
     name = f"part-00000-{uuid.uuid4()}-c000.{kind}.parquet"
-    location = posixpath.join(base, name)
-    with fs.open_output_stream(location) as out:
-        pq.write_table(data, out, row_group_size=ROW_GROUP_RECORDS_MAX, compression="snappy")
-    return name, fs.get_file_info(location).size
+    sink = pa.BufferOutputStream()
+    pq.write_table(data, sink, row_group_size=ROW_GROUP_RECORDS_MAX, compression="snappy")
+    return name, storage.write(posixpath.join(table_uri, name), sink.getvalue())

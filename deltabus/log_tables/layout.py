@@ -10,15 +10,7 @@ with one Delta table per replica, so a query over a topic reads
 
 from __future__ import annotations
 
-import os
 import posixpath
-
-
-def normalize_root(root: str) -> str:
-    """An absolute local path or an unchanged URI (s3://, abfss://, file://...)."""
-    if "://" in root:
-        return root.rstrip("/")
-    return os.path.abspath(os.path.expanduser(root))
 
 
 def metadata_path(root: str) -> str:

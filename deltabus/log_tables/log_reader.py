@@ -18,11 +18,11 @@ from urllib.parse import unquote
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
 from deltabus.records import LOG_SCHEMA
+from deltabus.storage import Storage
 
 # Columns of delta-rs's flattened add actions a reader needs (offsets first).
 FILE_COLUMNS = ["path", "min.offset", "max.offset", "size_bytes", "num_records"]
@@ -99,10 +99,11 @@ def offset_slice(parts: list[pa.Table], start: int, end: int) -> pa.Table:
 class LogReader:
     """A read-only view of one partition replica's table, at its newest committed version."""
 
-    def __init__(self, path: str, storage_options: dict[str, str] | None = None) -> None:
+    def __init__(self, path: str, storage: Storage | None = None) -> None:
+        """`storage` reaches the table's root (by default `path`'s store, with no options)."""
         self.path = path
-        self._table = DeltaTable(path, storage_options=storage_options)
-        self._fs, self._base = pafs.FileSystem.from_uri(path)
+        self._storage = storage or Storage(path)
+        self._table = DeltaTable(path, storage_options=self._storage.delta_options)
         self._files = data_files(self._table)
 
     @property
@@ -122,8 +123,7 @@ class LogReader:
         if columns is not None and "offset" not in columns:
             columns = ["offset", *columns]
         for path in files_overlapping(self._files, start, end).column("path").to_pylist():
-            location = posixpath.join(self._base, unquote(path))
-            with self._fs.open_input_file(location) as source:
+            with self._storage.open_input(posixpath.join(self.path, unquote(path))) as source:
                 parts = list(read_row_groups(pq.ParquetFile(source), start, end, columns))
             table = offset_slice(parts, start, end)
             if table.num_rows:

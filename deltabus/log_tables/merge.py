@@ -21,14 +21,13 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.fs as pafs
-import pyarrow.parquet as pq
 from deltalake import DeltaTable
 from deltalake.transaction import AddAction, RemoveAction
 
 from deltabus.log_tables.delta_writes import commit_properties, removal_stamp, write_data_file
 from deltabus.log_tables.log_reader import data_files, stats_json
 from deltabus.records import LOG_SCHEMA
+from deltabus.storage import Storage
 
 _COLUMNS = ["path", "size_bytes", "num_records", "min.offset", "max.offset", "modification_time",
             "min.timestamp", "max.timestamp", "min.timestamp_type", "max.timestamp_type"]
@@ -93,21 +92,23 @@ def _ms(value: Any) -> int:
 
 def merge_small_files(table: DeltaTable, *, target_bytes: int, min_age_ms: int,
                       high_watermark: int, delete_delay_ms: int,
-                      now_ms: int | None = None) -> Merged:
-    """Merge `table`'s runs of small files (`merge_runs`), one commit per merged file."""
+                      now_ms: int | None = None, storage: Storage | None = None) -> Merged:
+    """Merge `table`'s runs of small files (`merge_runs`), one commit per merged file.
+    `storage` reaches its files (by default the table's store, with no options)."""
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
     files = data_files(table, _COLUMNS)
     runs = merge_runs(files, target_bytes=target_bytes, min_age_ms=min_age_ms, now_ms=now_ms,
                       high_watermark=high_watermark)
-    fs, base = pafs.FileSystem.from_uri(table.table_uri)
+    storage = storage or Storage(table.table_uri)
+    base = table.table_uri
     merged = records = 0
     for run in runs:
         inputs = files.take(run)
         paths = inputs.column("path").to_pylist()
         data = pa.concat_tables(
-            pq.read_table(posixpath.join(base, p), filesystem=fs, schema=LOG_SCHEMA)
+            storage.read_parquet(posixpath.join(base, p), LOG_SCHEMA)
             for p in paths).sort_by("offset")
-        name, size = write_data_file(fs, base, data, "merged")
+        name, size = write_data_file(storage, base, data, "merged")
         # the inputs are vacuumed file.delete.delay.ms from now, as retention's removals
         stamp = removal_stamp(now_ms, delete_delay_ms)
         actions: list[AddAction | RemoveAction] = [

@@ -72,6 +72,7 @@ from deltabus.records import (
     largest_batch_bytes,
     normalize_produce,
 )
+from deltabus.storage import Storage
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +96,7 @@ class PartitionLog:
         topic: str,
         partition: int,
         config: LogConfig = DEFAULT_LOG_CONFIG,
-        storage_options: dict[str, str] | None = None,
+        storage: Storage | None = None,
         on_append: Callable[[], None] | None = None,
         replicated: bool = False,
         create: bool = True,
@@ -108,6 +109,8 @@ class PartitionLog:
         missing later was lost, and recreating it empty would make its replica a leader or
         in-sync follower holding nothing, whose followers truncate to it.
 
+        `storage` reaches the table's root (by default `path`'s store, with no options).
+
         `on_append` runs after every change of the log end offset or high watermark. A
         `replicated` log leaves the high watermark to its owner (the broker's Partition, which
         knows the ISR) through `advance_high_watermark`; otherwise it follows the log end offset.
@@ -119,9 +122,9 @@ class PartitionLog:
         self._config = config
         self._on_append = on_append
         self._lock = threading.Condition()
+        storage = storage or Storage(path)
         self._appender = LogAppender(path, topic=topic, partition=partition, config=config,
-                                     storage_options=storage_options, lock=self._lock,
-                                     create=create)
+                                     storage=storage, lock=self._lock, create=create)
         self._version = self._appender.table.version()  # the last committed version
         self.log_start_offset, self.log_end_offset = log_offsets(self._appender.table)
         self._replicated = replicated
@@ -129,7 +132,7 @@ class PartitionLog:
         self.high_watermark = self.log_start_offset if replicated else self.log_end_offset
         self._hw_waiters: list[tuple[int, int, Future[int]]] = []  # heap: (offset, id, future)
         self._reader = PartitionReader(
-            path, storage_options=storage_options, checkpoint_interval=config.checkpoint_interval,
+            path, storage=storage, checkpoint_interval=config.checkpoint_interval,
             committed_version=lambda: self._version, on_log_start=self._raise_log_start)
         self._epochs = LeaderEpochCache(self._name, recover_epochs(self._reader.parquet_files()))
         self._tail = TailCache(config.log_cache_bytes_max,

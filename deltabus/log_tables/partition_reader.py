@@ -18,7 +18,6 @@ from urllib.parse import unquote
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
@@ -31,6 +30,7 @@ from deltabus.log_tables.log_reader import (
     read_row_group,
     stats_json,
 )
+from deltabus.storage import Storage
 
 PARQUET_FILES_OPEN_MAX = 256  # footers kept per log; a file handle each
 # Statistics beyond the offsets that a copied file's add action carries (the table indexes its
@@ -53,7 +53,7 @@ class LogFile:
 class PartitionReader:
     """Reads one replica's committed data files. Thread-safe (its own lock)."""
 
-    def __init__(self, path: str, *, storage_options: dict[str, str] | None,
+    def __init__(self, path: str, *, storage: Storage,
                  checkpoint_interval: int, committed_version: Callable[[], int],
                  on_log_start: Callable[[int], None]) -> None:
         """`committed_version` says which version the log has committed (the reader catches
@@ -61,16 +61,15 @@ class PartitionReader:
         which moves up when the cleaner removes files. It is called with this reader's lock
         held, and must take no lock that is held while calling into the reader."""
         self.path = path
-        self._storage_options = storage_options
+        self._storage = storage
         self._checkpoint_interval = checkpoint_interval
         self._committed_version = committed_version
         self._on_log_start = on_log_start
         self._lock = threading.Lock()
-        self._table = DeltaTable(path, storage_options=storage_options)
+        self._table = DeltaTable(path, storage_options=storage.delta_options)
         self._table_base = self._table.version()  # loaded afresh at this version
         self._files_version = -1
         self._files_cache = pa.table({})
-        self._fs, self._fs_base = pafs.FileSystem.from_uri(path)
         self._parquet_files: dict[str, pq.ParquetFile] = {}
 
     def files(self) -> pa.Table:
@@ -153,8 +152,8 @@ class PartitionReader:
         """An open Parquet file of this table (footers cached: files never change)."""
         reader = self._parquet_files.get(path)
         if reader is None:
-            location = posixpath.join(self._fs_base, unquote(path))
-            reader = pq.ParquetFile(self._fs.open_input_file(location))
+            reader = pq.ParquetFile(self._storage.open_input(
+                posixpath.join(self.path, unquote(path))))
             if len(self._parquet_files) >= PARQUET_FILES_OPEN_MAX:
                 self._parquet_files.pop(next(iter(self._parquet_files)))
             self._parquet_files[path] = reader
@@ -165,7 +164,7 @@ class PartitionReader:
         checkpoint every checkpoint_interval versions (delta-rs replays every commit since the
         object was loaded, so a long-lived object slows down)."""
         if self._committed_version() - self._table_base >= self._checkpoint_interval:
-            self._table = DeltaTable(self.path, storage_options=self._storage_options)
+            self._table = DeltaTable(self.path, storage_options=self._storage.delta_options)
             self._table_base = self._table.version()
         else:
             self._table.update_incremental()

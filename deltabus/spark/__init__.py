@@ -13,6 +13,7 @@ tables with delta-rs, producing with deltabus's `Producer`). May import the pure
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from pyspark.sql.datasource import (
@@ -26,6 +27,7 @@ from pyspark.sql.types import StructType
 
 from deltabus.spark.sink import BatchWriter, SinkOptions, StreamWriter
 from deltabus.spark.source import (
+    STORAGE_OPTION_PREFIX,
     BatchReader,
     DataLossError,
     SourceOptions,
@@ -38,7 +40,12 @@ __all__ = ["DataLossError", "DeltaBusDataSource", "register", "register_topic_vi
 
 
 class DeltaBusDataSource(DataSource):
-    """Spark's Kafka source and sink, for deltabus topics (format name `deltabus`)."""
+    """Spark's Kafka source and sink, for deltabus topics (format name `deltabus`).
+
+    Readers reach the partition tables with `storage_options`: those `register` was given
+    (the cluster's, when a Cluster registered it), under any `storage.KEY` source options."""
+
+    storage_options: dict[str, str] = {}
 
     @classmethod
     def name(cls) -> str:
@@ -49,10 +56,14 @@ class DeltaBusDataSource(DataSource):
         return kafka_schema(headers)
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        return BatchReader(SourceOptions.parse(dict(self.options), streaming=False))
+        return BatchReader(SourceOptions.parse(self._source_options(), streaming=False))
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        return StreamReader(SourceOptions.parse(dict(self.options), streaming=True))
+        return StreamReader(SourceOptions.parse(self._source_options(), streaming=True))
+
+    def _source_options(self) -> dict[str, str]:
+        defaults = {f"{STORAGE_OPTION_PREFIX}{k}": v for k, v in self.storage_options.items()}
+        return {**defaults, **dict(self.options)}
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         return BatchWriter(SinkOptions.parse(dict(self.options)))
@@ -61,6 +72,13 @@ class DeltaBusDataSource(DataSource):
         return StreamWriter(SinkOptions.parse(dict(self.options)))
 
 
-def register(spark: Any) -> None:
-    """Make `format("deltabus")` available in this SparkSession."""
-    spark.dataSource.register(DeltaBusDataSource)
+def register(spark: Any, storage_options: Mapping[str, str] | None = None) -> None:
+    """Make `format("deltabus")` available in this SparkSession; its reads reach the topics'
+    tables with `storage_options` (a copy of the class carries them to Spark's Python
+    workers, so a notebook need not repeat them on every read)."""
+    source: type[DeltaBusDataSource] = DeltaBusDataSource
+    if storage_options:
+        source = type("DeltaBusDataSource", (DeltaBusDataSource,),
+                      {"storage_options": dict(storage_options),
+                       "__doc__": DeltaBusDataSource.__doc__})
+    spark.dataSource.register(source)

@@ -37,6 +37,7 @@ from deltabus.client.security import ClientSecurity, security_from_properties
 from deltabus.log_tables.layout import replica_path
 from deltabus.log_tables.log_reader import LogReader
 from deltabus.metadata import MetadataImage
+from deltabus.storage import Storage
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,9 @@ def kafka_schema(include_headers: bool) -> str:
     """The columns of Spark's Kafka source, in its order."""
     return f"{KAFKA_COLUMNS}, {HEADERS_COLUMN}" if include_headers else KAFKA_COLUMNS
 
+
+# Source options with this prefix are storage options (storage.AWS_ENDPOINT_URL=...).
+STORAGE_OPTION_PREFIX = "storage."
 
 def _flag(options: dict[str, str], name: str, default: bool) -> bool:
     value = options.get(name)
@@ -136,6 +140,9 @@ class SourceOptions:
     include_headers: bool = False
     group_id: str | None = None
     security: ClientSecurity = field(default_factory=ClientSecurity)
+    # How executors reach the partition tables (delta-rs's option names): the `storage.KEY`
+    # options. Kept out of repr: they hold secrets.
+    storage_options: dict[str, str] = field(default_factory=dict, repr=False)
 
     @classmethod
     def parse(cls, options: dict[str, str], *, streaming: bool) -> SourceOptions:
@@ -202,6 +209,9 @@ class SourceOptions:
             include_headers=_flag(options, "includeheaders", False),
             group_id=options.get("kafka.group.id") or options.get("groupid") or None,
             security=client_security(options),
+            storage_options={k[len(STORAGE_OPTION_PREFIX):].upper(): v
+                             for k, v in options.items()
+                             if k.startswith(STORAGE_OPTION_PREFIX)},
         )
 
 
@@ -394,7 +404,7 @@ def read_ranges(partition: RangePartition, options: SourceOptions) -> Iterator[p
     for r in ranges:
         if r.end <= r.start:
             continue
-        reader = LogReader(r.path)
+        reader = LogReader(r.path, Storage(r.path, options.storage_options))
         start = reader.log_start_offset
         if start is None or start > r.start:  # retention removed records since planning
             _data_loss(f"{r.topic}-{r.partition} has no records [{r.start}, "

@@ -86,6 +86,12 @@ def test_usage_errors_are_one_line_and_exit_2(capsys: pytest.CaptureFixture[str]
      "bootstrap server 'nohost' is not host:port"),
     (["cluster", "start", "--brokers", "0"], "--brokers must be at least 1, not 0"),
     (["cluster", "start", "--bootstrap-server", "localhost"], "Invalid bootstrap server"),
+    (["cluster", "start", "--root", "hdfs://namenode/deltabus"],
+     "--root: the cluster root 'hdfs://namenode/deltabus' has an unknown scheme hdfs://"),
+    (["cluster", "start", "--storage-option", "AWS_REGION"],
+     "Invalid --storage-option 'AWS_REGION': expected key=value"),
+    (["cluster", "start", "--storage-options-file", "/nonexistent/s3.properties"],
+     "Cannot read --storage-options-file file /nonexistent/s3.properties"),
 ])
 def test_bad_input_is_one_line_and_exits_1(capsys: pytest.CaptureFixture[str],
                                            argv: list[str], message: str) -> None:

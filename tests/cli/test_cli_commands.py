@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import uuid
 from typing import Any
 
 import pytest
@@ -199,6 +200,43 @@ def test_cluster_start_serves_until_signalled_and_flushes(tmp_path: Any, stop_si
     assert "Traceback" not in err
     table = DeltaTable(str(tmp_path / "data" / "topics" / "flushed" / "0" / "replica-0"))
     assert sorted(table.to_pyarrow_table().column("offset").to_pylist()) == list(range(200))
+
+
+@pytest.mark.spark  # `cluster start` runs Spark in the process it starts
+def test_cluster_start_on_s3_takes_its_options_from_a_file_and_never_prints_them(
+        tmp_path: Any, s3: Any) -> None:
+    """The root on S3 (moto's server), its options in a properties file only: no AWS
+    variable in the environment, and the secret in nothing the command prints."""
+    root = f"{s3.create_bucket(f'cli-{uuid.uuid4().hex[:8]}')}/deltabus"
+    options = tmp_path / "s3.properties"
+    options.write_text("".join(f"{k}={v}\n" for k, v in s3.options().items()))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env["SPARK_LOCAL_IP"] = "127.0.0.1"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "deltabus.cli.main", "cluster", "start", "--brokers", "1",
+         "--master", "local[3]", "--root", root, "--storage-options-file", str(options),
+         "--port", str(port), "--kafka-port", "-1"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert process.stdout is not None
+        first = process.stdout.readline()
+        assert first == (f"deltabus cluster started: bootstrap 127.0.0.1:{port}, 1 brokers, "
+                         f"data under {root}\n")
+        with Producer(f"127.0.0.1:{port}", acks=1) as producer:
+            for i in range(50):
+                producer.send("on-s3", f"{i}".encode(), partition=0)
+        process.send_signal(signal.SIGINT)
+        rest, err = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 0, err
+    assert s3.secret_key not in first + rest + err
+    table = DeltaTable(f"{root}/topics/on-s3/0/replica-0", storage_options=s3.options())
+    assert sorted(table.to_pyarrow_table().column("offset").to_pylist()) == list(range(50))
 
 
 def test_console_producer_to_a_compacted_topic_needs_keys(cli: Cli, topic_name: str) -> None:

@@ -8,6 +8,7 @@ from deltabus.cluster.catch_up import CatchUpTask, copy_replica, run_catch_up
 from deltabus.log_tables.layout import replica_path
 from deltabus.log_tables.partition_log import PartitionLog
 from deltabus.records import normalize_produce, produce_batch
+from deltabus.storage import Storage
 
 
 def _log(path: str) -> PartitionLog:
@@ -34,7 +35,7 @@ def test_catch_up_truncates_a_diverged_replica_then_copies_the_rest(tmp_path: Pa
     _append(leader, "c", 2, epoch=1)
     stale.close()
     leader.close()
-    result = run_catch_up(CatchUpTask(root, "t", 0, source=0, target=1))
+    result = run_catch_up(CatchUpTask(Storage(root), "t", 0, source=0, target=1))
     assert (result.truncated_to, result.log_end_offset) == (3, 9)
     assert result.records_copied == 6
     copied, source = _log(replica_path(root, "t", 0, 1)), _log(replica_path(root, "t", 0, 0))

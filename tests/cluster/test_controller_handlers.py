@@ -35,6 +35,7 @@ from deltabus.cluster.metadata_records import (
 )
 from deltabus.cluster.metadata_state import MetadataState, PartitionRegistration
 from deltabus.metadata import NO_LEADER, BrokerEndpoint, NewTopic, PartitionState
+from deltabus.storage import Storage
 
 CONFIG = cfg.ClusterConfig(root="/tmp/unused", brokers=4, kafka_port=-1)
 EPOCH = {0: 100, 1: 101, 2: 102}
@@ -308,7 +309,7 @@ def test_reassignment_waits_for_added_replicas_to_join_the_isr(state: MetadataSt
         state, [("solo", 0, [0, 2])]), None))
     assert moving.partition("solo", 0) == PartitionRegistration((0, 2), (2,), 2, 0, (0,), ())
     assert replication_control.reassignment_catch_up_tasks(
-        state, "/root", [("solo", 0, [0, 2])])[0].target == 0
+        state, Storage("/root"), [("solo", 0, [0, 2])])[0].target == 0
     assert replication_control.complete_reassignment(moving, "solo", 0).response is None
     synced = _apply(moving, ControllerResult([PartitionChangeRecord("solo", 0, isr=(2, 0))],
                                              None))

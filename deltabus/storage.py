@@ -1,0 +1,363 @@
+"""Where every byte deltabus keeps lives: the cluster root (a local or FUSE folder, or an object
+store) and the options to reach it, in one object handed to everything that touches storage.
+
+delta-rs commits and loads the Delta tables; deltabus itself also reads Parquet files, writes the
+files its cleaner merges, copies a leader's files to followers and deletes folders. Before this
+module the two went through different clients: delta-rs took storage options, pyarrow's
+filesystem took none and knew fewer schemes, so a root on S3 worked only with credentials in
+every process's environment, and Azure not at all (issue 18). Now both are built from the same
+root and options: delta-rs gets `delta_options`, and deltabus's own file operations go through
+`obstore`, the Python binding of the `object_store` crate delta-rs uses, which takes the same
+option names. Local and FUSE paths (`/Volumes/...`, `/dbfs/...`) use pyarrow's native local
+filesystem, whose Parquet reads are the fastest here.
+
+Roots: local paths, `file://`, `dbfs:/` (read through its FUSE mount, /dbfs), `s3://` and `s3a://`,
+`az://`, `abfs://`, `abfss://`, `gs://`. Options are never printed: `repr` names the root only.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import threading
+from collections.abc import Iterator, Mapping
+from typing import Any, cast
+from urllib.parse import urlsplit
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from deltabus import errors
+
+OBJECT_STORE_SCHEMES = {"s3", "s3a", "az", "abfs", "abfss", "azure", "gs"}
+LOCAL_SCHEMES = {"file", "dbfs"}
+# object_store's client settings (its ClientConfigKey): delta-rs takes them with a provider
+# prefix (AWS_ALLOW_HTTP), obstore only as client options without one.
+_CLIENT_KEYS = {
+    "allow_http", "allow_invalid_certificates", "connect_timeout", "default_content_type",
+    "http1_only", "http2_only", "http2_keep_alive_interval", "http2_keep_alive_timeout",
+    "http2_keep_alive_while_idle", "http2_max_frame_size", "pool_idle_timeout",
+    "pool_max_idle_per_host", "proxy_url", "proxy_ca_certificate", "proxy_excludes",
+    "randomize_addresses", "timeout", "user_agent",
+}
+_PROVIDER_PREFIXES = ("aws_", "azure_", "google_")
+
+
+class Storage:
+    """A cluster root and the options that reach it. Thread-safe; pickles (root and options)
+    to executors, where it opens its own connections."""
+
+    def __init__(self, root: str, options: Mapping[str, str] | None = None) -> None:
+        self.root = normalize_root(root)
+        self.options: dict[str, str] = {str(k): str(v) for k, v in (options or {}).items()}
+        scheme = urlsplit(self.root).scheme if "://" in self.root else ""
+        self.is_local = scheme == ""
+        self._lock = threading.Lock()
+        self._stores: dict[str, Any] = {}  # bucket URI -> obstore store, opened on first use
+        self._local = pafs.LocalFileSystem() if self.is_local else None
+
+    def __repr__(self) -> str:
+        return f"Storage({self.root!r})"  # never the options: they hold secrets
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Storage, (self.root, self.options))
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, Storage) and other.root == self.root
+                and other.options == self.options)
+
+    def __hash__(self) -> int:
+        return hash(self.root)
+
+    # ---- what delta-rs gets ----------------------------------------------------------------
+
+    @property
+    def delta_options(self) -> dict[str, str] | None:
+        """The options for delta-rs (DeltaTable, write_deltalake), as the user gave them; none
+        for a local or FUSE root, which needs none (a notebook's options for its object store
+        must not reach a local table)."""
+        return dict(self.options) if self.options and not self.is_local else None
+
+    def join(self, *parts: str) -> str:
+        """A location under the root."""
+        return posixpath.join(self.root, *parts)
+
+    # ---- deltabus's own file operations -----------------------------------------------------
+
+    def open_input(self, uri: str) -> Any:
+        """A file to read (random access, for pyarrow.parquet.ParquetFile)."""
+        if self._local is not None:
+            return self._local.open_input_file(_local_path(uri))
+        import obstore
+
+        store, key = self._store(uri)
+        try:
+            return pa.PythonFile(_ObjectFile(obstore.open_reader(store, key)), mode="r")
+        except Exception as e:
+            raise storage_error(e, f"cannot open {uri}") from e
+
+    def read_parquet(self, uri: str, schema: pa.Schema | None = None) -> pa.Table:
+        """A whole Parquet file (as `schema`, when given)."""
+        with self.open_input(uri) as source:
+            return pq.read_table(source, schema=schema)
+
+    def read_bytes(self, uri: str) -> bytes:
+        """A whole file."""
+        if self._local is not None:
+            with self._local.open_input_stream(_local_path(uri)) as source:
+                return bytes(source.read())
+        import obstore
+
+        store, key = self._store(uri)
+        try:
+            return obstore.get(store, key).bytes().to_bytes()
+        except Exception as e:
+            raise storage_error(e, f"cannot read {uri}") from e
+
+    def write(self, uri: str, data: bytes | pa.Buffer) -> int:
+        """Write a whole file (replacing any); returns its size."""
+        if self._local is not None:
+            path = _local_path(uri)
+            self._local.create_dir(posixpath.dirname(path), recursive=True)
+            with self._local.open_output_stream(path) as out:
+                out.write(data)
+            return len(data) if isinstance(data, bytes) else data.size
+        import obstore
+
+        store, key = self._store(uri)
+        payload = data.to_pybytes() if isinstance(data, pa.Buffer) else data
+        try:
+            obstore.put(store, key, payload)
+        except Exception as e:
+            raise storage_error(e, f"cannot write {uri}") from e
+        return len(payload)
+
+    def copy(self, source: str, target: str) -> None:
+        """Copy a file: server-side within one object store, so its bytes do not pass here."""
+        if self._local is not None:
+            target_path = _local_path(target)
+            self._local.create_dir(posixpath.dirname(target_path), recursive=True)
+            self._local.copy_file(_local_path(source), target_path)
+            return
+        import obstore
+
+        store, key = self._store(source)
+        target_store, target_key = self._store(target)
+        try:
+            if target_store is store:
+                obstore.copy(store, key, target_key)
+            else:  # another bucket: through this process
+                obstore.put(target_store, target_key, obstore.get(store, key).bytes())
+        except Exception as e:
+            raise storage_error(e, f"cannot copy {source} to {target}") from e
+
+    def size(self, uri: str) -> int:
+        """A file's size in bytes."""
+        if self._local is not None:
+            info = self._local.get_file_info(_local_path(uri))
+            if info.type == pafs.FileType.NotFound:
+                raise errors.KafkaStorageError(f"{uri} does not exist")
+            return int(info.size)
+        import obstore
+
+        store, key = self._store(uri)
+        try:
+            return int(obstore.head(store, key)["size"])
+        except Exception as e:
+            raise storage_error(e, f"cannot find {uri}") from e
+
+    def delete(self, uri: str) -> None:
+        """Delete a file; a missing one is no error."""
+        if self._local is not None:
+            try:
+                self._local.delete_file(_local_path(uri))
+            except FileNotFoundError:
+                pass
+            return
+        import obstore
+
+        store, key = self._store(uri)
+        try:
+            obstore.delete(store, key)
+        except FileNotFoundError:
+            pass
+        except Exception as e:
+            raise storage_error(e, f"cannot delete {uri}") from e
+
+    def exists(self, uri: str) -> bool:
+        """Whether `uri` is a file or a folder holding anything (an object store has no empty
+        folders, so a local empty one does not count either)."""
+        if self._local is not None:
+            path = _local_path(uri)
+            kind = self._local.get_file_info(path).type
+            if kind == pafs.FileType.Directory:
+                return bool(self._local.get_file_info(pafs.FileSelector(path)))
+            return kind != pafs.FileType.NotFound
+        return next(self._keys(uri), None) is not None
+
+    def delete_tree(self, uri: str) -> None:
+        """Delete a folder and everything under it; a missing one is no error."""
+        if self._local is not None:
+            path = _local_path(uri)
+            if self._local.get_file_info(path).type != pafs.FileType.NotFound:
+                self._local.delete_dir(path)
+            return
+        import obstore
+
+        store, _ = self._store(uri)
+        batch: list[str] = []
+        try:
+            for key in self._keys(uri):
+                batch.append(key)
+                if len(batch) == 1_000:  # S3's DeleteObjects takes at most 1,000 keys
+                    obstore.delete(store, batch)
+                    batch = []
+            if batch:
+                obstore.delete(store, batch)
+        except Exception as e:
+            raise storage_error(e, f"cannot delete {uri}") from e
+
+    def _keys(self, uri: str) -> Iterator[str]:
+        """The keys of the objects under folder `uri`."""
+        import obstore
+
+        store, key = self._store(uri)
+        prefix = key.rstrip("/") + "/" if key else ""
+        try:
+            for chunk in obstore.list(store, prefix or None):
+                for meta in chunk:
+                    yield meta["path"]
+        except Exception as e:
+            raise storage_error(e, f"cannot list {uri}") from e
+
+    def _store(self, uri: str) -> tuple[Any, str]:
+        """The obstore store of `uri`'s bucket (or container), opened once, and its key."""
+        bucket, key = _split_object_uri(uri)
+        with self._lock:
+            store = self._stores.get(bucket)
+            if store is None:
+                store = self._stores[bucket] = _open_store(bucket, self.options)
+        return store, key
+
+
+class _ObjectFile:
+    """obstore's ReadableFile (ranged GETs, buffered) as the file object pyarrow reads."""
+
+    def __init__(self, reader: Any) -> None:
+        self._reader = reader
+        self.closed = False
+
+    def read(self, size: int = -1) -> bytes:
+        return self._reader.read(None if size < 0 else size).to_bytes()
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        return int(self._reader.seek(offset, whence))
+
+    def tell(self) -> int:
+        return int(self._reader.tell())
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def writable(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self._reader.close()
+
+
+SPARK_CONF_PREFIX = "spark.deltabus.storage."
+
+
+def spark_storage_options(spark: Any) -> dict[str, str]:
+    """Storage options set in a SparkSession's conf as spark.deltabus.storage.KEY (where a
+    Databricks cluster policy or spark-defaults.conf puts them), by KEY."""
+    try:
+        pairs = spark.sparkContext.getConf().getAll()
+    except Exception:  # a session without a SparkContext of its own (Spark Connect)
+        return {}
+    return {key[len(SPARK_CONF_PREFIX):]: value for key, value in pairs
+            if key.startswith(SPARK_CONF_PREFIX) and len(key) > len(SPARK_CONF_PREFIX)}
+
+
+def normalize_root(root: str) -> str:
+    """An absolute local path, or an object-store URI without a trailing slash. `file://` and
+    Databricks' `dbfs:/` (through its FUSE mount) are local paths."""
+    if not root:
+        raise errors.InvalidConfigError("the cluster root must not be empty")
+    split = urlsplit(root)
+    scheme = split.scheme.lower() if (":/" in root and len(split.scheme) > 1) else ""
+    if scheme == "file":
+        return os.path.abspath(split.path)
+    if scheme == "dbfs":
+        return posixpath.join("/dbfs", split.path.lstrip("/"))
+    if scheme in OBJECT_STORE_SCHEMES:
+        if not split.netloc:
+            raise errors.InvalidConfigError(
+                f"the cluster root {root!r} names no bucket or container")
+        return root.rstrip("/")
+    if scheme:
+        raise errors.InvalidConfigError(
+            f"the cluster root {root!r} has an unknown scheme {scheme}://; use a local path, "
+            "file://, dbfs:/, s3://, s3a://, az://, abfs://, abfss:// or gs://")
+    return os.path.abspath(os.path.expanduser(root))
+
+
+def _local_path(uri: str) -> str:
+    return urlsplit(uri).path if uri.startswith("file://") else uri
+
+
+def _split_object_uri(uri: str) -> tuple[str, str]:
+    """(the bucket's URI, the key within it) of an object-store URI. abfs(s)'s container is
+    the user part of its host (container@account.dfs.core.windows.net)."""
+    split = urlsplit(uri)
+    scheme = "s3" if split.scheme == "s3a" else split.scheme
+    return f"{scheme}://{split.netloc}", split.path.lstrip("/")
+
+
+def _open_store(bucket: str, options: Mapping[str, str]) -> Any:
+    """An obstore store for `bucket` from delta-rs-style options: keys lower-cased, client
+    settings (AWS_ALLOW_HTTP...) as client options, keys obstore does not know (delta-rs's
+    own, such as AWS_S3_LOCKING_PROVIDER) left to delta-rs."""
+    from obstore.exceptions import UnknownConfigurationKeyError
+    from obstore.store import from_url
+
+    config: dict[str, str] = {}
+    client: dict[str, str] = {}
+    for key, value in options.items():
+        lowered = key.lower()
+        bare = next((lowered[len(p):] for p in _PROVIDER_PREFIXES if lowered.startswith(p)),
+                    lowered)
+        if bare in _CLIENT_KEYS:
+            client[bare] = value
+        else:
+            config[lowered] = value
+    while True:
+        try:
+            return from_url(bucket, config=cast(Any, config or None),
+                            client_options=cast(Any, client or None))
+        except UnknownConfigurationKeyError as e:
+            unknown = next((k for k in config if f"'{k}'" in str(e)), None)
+            if unknown is None:
+                raise errors.InvalidConfigError(
+                    f"storage options for {bucket}: {_first_line(e)}") from None
+            del config[unknown]
+        except Exception as e:
+            raise errors.InvalidConfigError(
+                f"cannot reach {bucket}: {_first_line(e)}") from None
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
+
+
+def storage_error(e: BaseException, what: str) -> errors.DeltaBusError:
+    """The one place storage failures (delta-rs's, obstore's, the filesystem's) become
+    deltabus errors: KAFKA_STORAGE_ERROR, with the failure's first line (never the options)."""
+    return errors.KafkaStorageError(f"{what}: {type(e).__name__}: {_first_line(e)}")

@@ -1,0 +1,95 @@
+"""A cluster whose root is on S3 (moto's server on loopback, tests/object_stores.py), reached
+with the options given to `Cluster(...)` only: no AWS variable in any process's environment, as a
+notebook user passes them (issue 18). Before, brokers failed with "failed to load IMDS session
+token" and producers got NOT_LEADER_OR_FOLLOWER unless every process had the options in its
+environment, since deltabus's own file operations ignored them."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from deltabus import AdminClient, Cluster, Consumer, NewTopic, Producer, TopicPartition
+from deltabus.log_tables.layout import replica_path
+from deltabus.spark import register
+from deltabus.storage import Storage
+from tests.conftest import read_records, wait_until
+from tests.soak.fault_injection import FaultPlan, run
+
+RECORDS = 300
+# What would let a process reach the emulator without the options (a CA bundle would not).
+REACH_S3 = {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
+            "AWS_REGION", "AWS_DEFAULT_REGION", "AWS_ALLOW_HTTP"}
+
+
+@pytest.fixture(autouse=True)
+def no_aws_environment(spark: Any) -> Iterator[None]:
+    """The options reach every broker with its config, or not at all: the driver and the
+    Spark workers (started from the driver's environment) hold no AWS setting. Afterwards the
+    session's `format("deltabus")` goes back to reading without this cluster's options."""
+    assert not [key for key in os.environ if key in REACH_S3 or key.startswith(
+        "AWS_ENDPOINT_URL")]
+    yield
+    register(spark)
+
+
+def _start(spark: Any, root: str, options: dict[str, str]) -> Cluster:
+    return Cluster(spark, root=root, brokers=3, port=0, storage_options=options).start()
+
+
+def test_topics_records_groups_and_spark_reads_on_s3_survive_a_restart(spark, s3) -> None:
+    root = f"{s3.create_bucket(f'cluster-{uuid.uuid4().hex[:8]}')}/deltabus"
+    storage = Storage(root, s3.options())
+    cluster = _start(spark, root, s3.options())
+    try:
+        with AdminClient(cluster.bootstrap_servers) as admin:
+            admin.create_topics([NewTopic("orders", 2, 3, {"min.insync.replicas": "2"})])
+        with Producer(cluster.bootstrap_servers, acks="all") as producer:
+            for i in range(RECORDS):
+                producer.send("orders", f"o{i}".encode(), key=f"k{i}".encode())
+            producer.flush(60)
+        records = read_records(cluster.bootstrap_servers, "orders", 2, RECORDS)
+        assert sorted(r.value for r in records) == sorted(f"o{i}".encode()
+                                                          for i in range(RECORDS))
+        for broker in range(3):  # every replica's table is in the bucket
+            assert storage.exists(f"{replica_path(root, 'orders', 0, broker)}/_delta_log")
+        with Consumer(cluster.bootstrap_servers, group_id="billing",
+                      enable_auto_commit=False) as consumer:
+            consumer.commit({TopicPartition("orders", 0): 17})
+        count = (spark.read.format("deltabus")
+                 .option("kafka.bootstrap.servers", cluster.bootstrap_servers)
+                 .option("subscribe", "orders").load().count())
+        assert count == RECORDS
+    finally:
+        cluster.stop()
+    again = _start(spark, root, s3.options())
+    try:
+        records = read_records(again.bootstrap_servers, "orders", 2, RECORDS)
+        assert len(records) == RECORDS
+        with Consumer(again.bootstrap_servers, group_id="billing") as consumer:
+            tp = TopicPartition("orders", 0)
+            assert consumer.committed(tp).offset == 17  # the group resumes where it was
+        with Producer(again.bootstrap_servers, acks="all") as producer:
+            assert producer.send("orders", b"more", partition=1).get(60).offset == sum(
+                1 for r in records if r.partition == 1)
+    finally:
+        again.stop()
+
+
+@pytest.mark.timeout(900)
+def test_a_leader_kill_under_acks_all_on_s3_loses_nothing_acknowledged(spark, s3) -> None:
+    root = f"{s3.create_bucket(f'kills-{uuid.uuid4().hex[:8]}')}/deltabus"
+    cluster = _start(spark, root, s3.options())
+    try:
+        report = run(cluster, FaultPlan("payments", nemesis_s=25, kill_every_s=10,
+                                        kill_jitter_s=2, kafka_producer=False,
+                                        records_per_s=50, acked_before_nemesis=100))
+        print(report.summary())
+        report.assert_nothing_lost_or_reset()
+        wait_until(lambda: len(cluster.controller.live_brokers()) == 3, "every broker back", 120)
+    finally:
+        cluster.stop()

@@ -1,0 +1,127 @@
+"""The storage layer (deltabus/storage.py) on a local folder and on moto's S3 server: roots
+and schemes, every file operation deltabus makes, delta-rs and obstore reaching the same
+store from one options dict with no AWS variable in the environment, and options kept out of
+what is printed."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import uuid
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from deltalake import DeltaTable, write_deltalake
+
+from deltabus import errors
+from deltabus.storage import Storage, normalize_root
+
+
+@pytest.fixture(autouse=True)
+def no_aws_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Options reach the store only through Storage, as a notebook user passes them."""
+    for key in list(os.environ):
+        if key.startswith("AWS_"):
+            monkeypatch.delenv(key)
+
+
+@pytest.mark.parametrize(("root", "expected"), [
+    ("file:///data/deltabus", "/data/deltabus"),
+    ("dbfs:/mnt/deltabus", "/dbfs/mnt/deltabus"),
+    ("/Volumes/main/default/deltabus", "/Volumes/main/default/deltabus"),
+    ("s3://bucket/deltabus/", "s3://bucket/deltabus"),
+    ("s3a://bucket/deltabus", "s3a://bucket/deltabus"),
+    ("abfss://data@account.dfs.core.windows.net/deltabus",
+     "abfss://data@account.dfs.core.windows.net/deltabus"),
+    ("az://data/deltabus", "az://data/deltabus"),
+    ("gs://bucket/deltabus", "gs://bucket/deltabus"),
+])
+def test_roots_are_normalized_by_scheme(root: str, expected: str) -> None:
+    assert normalize_root(root) == expected
+
+
+def test_a_relative_root_is_made_absolute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert normalize_root("data") == str(tmp_path / "data")
+
+
+@pytest.mark.parametrize(("root", "named"), [
+    ("hdfs://namenode/deltabus", "unknown scheme hdfs://"),
+    ("s3:///deltabus", "names no bucket"),
+    ("", "must not be empty"),
+])
+def test_a_root_it_cannot_reach_is_refused_naming_why(root: str, named: str) -> None:
+    with pytest.raises(errors.InvalidConfigError, match=named):
+        normalize_root(root)
+
+
+def _exercise(storage: Storage) -> None:
+    """Every operation deltabus makes on files, under `storage`'s root."""
+    table = pa.table({"offset": pa.array(range(1000), pa.int64())})
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, row_group_size=100)
+    data = sink.getvalue()
+    source = storage.join("t", "0", "replica-0", "part-1.parquet")
+    assert storage.write(source, data) == data.size
+    assert storage.size(source) == data.size
+    assert pq.ParquetFile(storage.open_input(source)).read_row_group(3).column(
+        "offset").to_pylist() == list(range(300, 400))
+    target = storage.join("t", "0", "replica-1", "part-1.parquet")
+    storage.copy(source, target)
+    assert storage.read_bytes(target) == data.to_pybytes()
+    assert storage.exists(storage.join("t", "0")) and not storage.exists(storage.join("u"))
+    storage.delete(target)
+    storage.delete(target)  # a missing file is no error
+    assert not storage.exists(target)
+    with pytest.raises(errors.KafkaStorageError):
+        storage.size(target)
+    storage.delete_tree(storage.join("t"))
+    assert not storage.exists(storage.join("t"))
+    storage.delete_tree(storage.join("t"))  # nor a missing folder
+
+
+def test_file_operations_on_a_local_root(tmp_path: Path) -> None:
+    _exercise(Storage(str(tmp_path / "root")))
+
+
+def test_an_empty_local_folder_holds_nothing_as_on_an_object_store(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    assert not Storage(str(tmp_path)).exists(str(tmp_path / "empty"))
+
+
+def test_file_operations_on_s3(s3) -> None:
+    bucket = s3.create_bucket(f"ops-{uuid.uuid4().hex[:8]}")
+    _exercise(Storage(f"{bucket}/root", s3.options()))
+
+
+def test_delta_rs_and_deltabus_reach_s3_with_the_same_options(s3) -> None:
+    bucket = s3.create_bucket(f"delta-{uuid.uuid4().hex[:8]}")
+    # delta-rs's own keys (a locking provider) go to delta-rs; obstore leaves them out
+    storage = Storage(f"s3a://{bucket.removeprefix('s3://')}/root",
+                      {**s3.options(), "AWS_S3_ALLOW_UNSAFE_RENAME": "true"})
+    path = storage.join("topics", "t", "0", "replica-0")
+    write_deltalake(path, pa.table({"offset": pa.array([0, 1, 2], pa.int64())}),
+                    storage_options=storage.delta_options)
+    table = DeltaTable(path, storage_options=storage.delta_options)
+    (name,) = table.file_uris()
+    assert pq.ParquetFile(storage.open_input(name)).read().column("offset").to_pylist() == [
+        0, 1, 2]
+
+
+def test_options_never_appear_in_what_is_printed(s3) -> None:
+    bucket = s3.create_bucket(f"secret-{uuid.uuid4().hex[:8]}")
+    storage = Storage(f"{bucket}/root", s3.options())
+    assert s3.secret_key not in repr(storage) and s3.secret_key not in str(storage)
+    with pytest.raises(errors.KafkaStorageError) as refused:
+        storage.read_bytes(storage.join("missing"))
+    assert s3.secret_key not in str(refused.value)
+
+
+def test_a_storage_pickles_to_executors_with_its_options(s3) -> None:
+    bucket = s3.create_bucket(f"pickle-{uuid.uuid4().hex[:8]}")
+    storage = Storage(f"{bucket}/root", s3.options())
+    storage.write(storage.join("a"), b"x")
+    shipped = pickle.loads(pickle.dumps(storage))
+    assert shipped == storage and shipped.read_bytes(shipped.join("a")) == b"x"
