@@ -167,19 +167,26 @@ def test_perf_producer_and_consumer(cli: Cli, topic_name: str, tmp_path: Any) ->
     assert rc == 0 and "Exiting before consuming the expected number of messages" in err
 
 
+def _cluster_start(*argv: str, env: dict[str, str] | None = None
+                   ) -> tuple[subprocess.Popen[str], int]:
+    """`deltabus cluster start` of one broker on a free port, in a process of its own (`env`:
+    its environment, by default this one's), with `argv` added; the process and the port."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "deltabus.cli.main", "cluster", "start", "--brokers", "1",
+         "--master", "local[3]", "--port", str(port), *argv],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**(os.environ if env is None else env), "SPARK_LOCAL_IP": "127.0.0.1"})
+    return process, port
+
+
 @pytest.mark.spark  # `cluster start` runs Spark in the process it starts
 @pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 def test_cluster_start_serves_until_signalled_and_flushes(tmp_path: Any, stop_signal: int) -> None:
     """Ctrl-C or SIGTERM stops cleanly: records sent with acks=0 just before are in the table."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "deltabus.cli.main", "cluster", "start", "--brokers", "1",
-         "--master", "local[3]",
-         "--root", str(tmp_path / "data"), "--port", str(port), "--kafka-port", "0"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    process, port = _cluster_start("--root", str(tmp_path / "data"), "--kafka-port", "0")
     try:
         assert process.stdout is not None
         first = process.stdout.readline()
@@ -210,16 +217,9 @@ def test_cluster_start_on_s3_takes_its_options_from_a_file_and_never_prints_them
     root = f"{s3.create_bucket(f'cli-{uuid.uuid4().hex[:8]}')}/deltabus"
     options = tmp_path / "s3.properties"
     options.write_text("".join(f"{k}={v}\n" for k, v in s3.options().items()))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    env["SPARK_LOCAL_IP"] = "127.0.0.1"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "deltabus.cli.main", "cluster", "start", "--brokers", "1",
-         "--master", "local[3]", "--root", root, "--storage-options-file", str(options),
-         "--port", str(port), "--kafka-port", "-1"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    process, port = _cluster_start(
+        "--root", root, "--storage-options-file", str(options), "--kafka-port", "-1",
+        env={k: v for k, v in os.environ.items() if not k.startswith("AWS_")})
     try:
         assert process.stdout is not None
         first = process.stdout.readline()
