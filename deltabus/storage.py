@@ -190,10 +190,10 @@ class Storage:
         folders, so a local empty one does not count either)."""
         if self._local is not None:
             path = _local_path(uri)
-            kind = self._local.get_file_info(path).type
-            if kind == pafs.FileType.Directory:
-                return bool(self._local.get_file_info(pafs.FileSelector(path)))
-            return kind != pafs.FileType.NotFound
+            if os.path.isdir(path):
+                with os.scandir(path) as entries:  # the first entry is enough
+                    return next(entries, None) is not None
+            return os.path.exists(path)
         return next(self._keys(uri), None) is not None
 
     def delete_tree(self, uri: str) -> None:
