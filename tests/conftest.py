@@ -64,6 +64,15 @@ def s3() -> Iterator[Any]:
 
 
 @pytest.fixture(scope="session")
+def azurite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """Azurite's Blob (ADLS) server on loopback, for the session (tests/object_stores.py)."""
+    from tests.object_stores import azurite_server
+
+    with azurite_server(tmp_path_factory.mktemp("azurite")) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
 def cluster(spark: object, tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     from deltabus import Cluster
 

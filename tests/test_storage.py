@@ -1,4 +1,4 @@
-"""The storage layer (deltabus/storage.py) on a local folder and on moto's S3 server: roots
+"""The storage layer (deltabus/storage.py) on a local folder, moto's S3 server and Azurite: roots
 and schemes, every file operation deltabus makes, delta-rs and obstore reaching the same
 store from one options dict with no AWS variable in the environment, and options kept out of
 what is printed."""
@@ -9,6 +9,7 @@ import os
 import pickle
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -91,9 +92,25 @@ def test_an_empty_local_folder_holds_nothing_as_on_an_object_store(tmp_path: Pat
     assert not Storage(str(tmp_path)).exists(str(tmp_path / "empty"))
 
 
-def test_file_operations_on_s3(s3) -> None:
-    bucket = s3.create_bucket(f"ops-{uuid.uuid4().hex[:8]}")
-    _exercise(Storage(f"{bucket}/root", s3.options()))
+@pytest.fixture(params=["s3", "azurite"])
+def store(request: pytest.FixtureRequest) -> Any:
+    """An object-store emulator: moto's S3 server or Azurite (ADLS, abfss:// roots)."""
+    return request.getfixturevalue(request.param)
+
+
+def test_file_operations_on_object_stores(store) -> None:
+    bucket = store.create_bucket(f"ops-{uuid.uuid4().hex[:8]}")
+    _exercise(Storage(f"{bucket}/root", store.options()))
+
+
+def test_delta_rs_and_deltabus_reach_azure_with_the_same_options(azurite) -> None:
+    root = f"{azurite.create_bucket(f'delta-{uuid.uuid4().hex[:8]}')}/root"
+    storage = Storage(root, azurite.options())
+    path = storage.join("topics", "t", "0", "replica-0")
+    write_deltalake(path, pa.table({"offset": pa.array([0, 1, 2], pa.int64())}),
+                    storage_options=storage.delta_options)
+    (name,) = DeltaTable(path, storage_options=storage.delta_options).file_uris()
+    assert storage.read_parquet(name).column("offset").to_pylist() == [0, 1, 2]
 
 
 def test_delta_rs_and_deltabus_reach_s3_with_the_same_options(s3) -> None:

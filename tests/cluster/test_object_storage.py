@@ -1,8 +1,9 @@
-"""A cluster whose root is on S3 (moto's server on loopback, tests/object_stores.py), reached
-with the options given to `Cluster(...)` only: no AWS variable in any process's environment, as a
-notebook user passes them (issue 18). Before, brokers failed with "failed to load IMDS session
-token" and producers got NOT_LEADER_OR_FOLLOWER unless every process had the options in its
-environment, since deltabus's own file operations ignored them."""
+"""A cluster whose root is on S3 (moto's server on loopback) or ADLS (Azurite), reached with
+the options given to `Cluster(...)` only (tests/object_stores.py): no AWS variable in any
+process's environment, as a notebook user passes them (issue 18). Before, brokers failed with
+"failed to load IMDS session token" and producers got NOT_LEADER_OR_FOLLOWER unless every
+process had the options in its environment, since deltabus's own file operations ignored
+them."""
 
 from __future__ import annotations
 
@@ -41,10 +42,16 @@ def _start(spark: Any, root: str, options: dict[str, str]) -> Cluster:
     return Cluster(spark, root=root, brokers=3, port=0, storage_options=options).start()
 
 
-def test_topics_records_groups_and_spark_reads_on_s3_survive_a_restart(spark, s3) -> None:
-    root = f"{s3.create_bucket(f'cluster-{uuid.uuid4().hex[:8]}')}/deltabus"
-    storage = Storage(root, s3.options())
-    cluster = _start(spark, root, s3.options())
+@pytest.fixture(params=["s3", "azurite"])
+def store(request: pytest.FixtureRequest) -> Any:
+    """An object-store emulator: moto's S3 server or Azurite (ADLS, abfss:// roots)."""
+    return request.getfixturevalue(request.param)
+
+
+def test_topics_records_groups_and_spark_reads_survive_a_restart(spark, store) -> None:
+    root = f"{store.create_bucket(f'cluster-{uuid.uuid4().hex[:8]}')}/deltabus"
+    storage = Storage(root, store.options())
+    cluster = _start(spark, root, store.options())
     try:
         with AdminClient(cluster.bootstrap_servers) as admin:
             admin.create_topics([NewTopic("orders", 2, 3, {"min.insync.replicas": "2"})])
@@ -66,7 +73,7 @@ def test_topics_records_groups_and_spark_reads_on_s3_survive_a_restart(spark, s3
         assert count == RECORDS
     finally:
         cluster.stop()
-    again = _start(spark, root, s3.options())
+    again = _start(spark, root, store.options())
     try:
         records = read_records(again.bootstrap_servers, "orders", 2, RECORDS)
         assert len(records) == RECORDS
