@@ -115,7 +115,7 @@ def test_delta_rs_and_deltabus_reach_azure_with_the_same_options(azurite) -> Non
 
 def test_delta_rs_and_deltabus_reach_s3_with_the_same_options(s3) -> None:
     bucket = s3.create_bucket(f"delta-{uuid.uuid4().hex[:8]}")
-    # delta-rs's own keys (a locking provider) go to delta-rs; obstore leaves them out
+    # keys only delta-rs knows (AWS_S3_ALLOW_UNSAFE_RENAME) go to delta-rs; obstore leaves them out
     storage = Storage(f"s3a://{bucket.removeprefix('s3://')}/root",
                       {**s3.options(), "AWS_S3_ALLOW_UNSAFE_RENAME": "true"})
     path = storage.join("topics", "t", "0", "replica-0")
