@@ -8,16 +8,28 @@ them."""
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from deltalake import DeltaTable
 
-from deltabus import AdminClient, Cluster, Consumer, NewTopic, Producer, TopicPartition
+from deltabus import (
+    AdminClient,
+    AlterConfigOp,
+    Cluster,
+    Consumer,
+    NewTopic,
+    Producer,
+    TopicPartition,
+)
+from deltabus.config import SET
 from deltabus.log_tables.layout import replica_path
 from deltabus.spark import register
 from deltabus.storage import Storage
+from tests.cluster.test_retention import HOUR_MS, earliest, produce_batches
 from tests.conftest import read_records, wait_until
 from tests.soak.fault_injection import FaultPlan, run
 
@@ -85,6 +97,39 @@ def test_topics_records_groups_and_spark_reads_survive_a_restart(spark, store) -
                 1 for r in records if r.partition == 1)
     finally:
         again.stop()
+
+
+def test_retention_and_small_file_merges_on_object_storage(spark, store) -> None:
+    """The log cleaner's Spark job on the store: retention removes the expired files (and
+    vacuum deletes them from the bucket), merges rewrite the small files, and consumers read
+    what is left from the new log start."""
+    root = f"{store.create_bucket(f'cleaner-{uuid.uuid4().hex[:8]}')}/deltabus"
+    storage = Storage(root, store.options())
+    cluster = Cluster(spark, root=root, brokers=1, port=0,
+                      storage_options=store.options()).start()
+    try:
+        with AdminClient(cluster.bootstrap_servers) as admin:
+            admin.create_topics([NewTopic("events", 1, 1, {"file.delete.delay.ms": "0"})])
+        produce_batches(cluster, "events", 3, int(time.time() * 1000) - 2 * HOUR_MS)
+        produce_batches(cluster, "events", 4, None, size=10)
+        path = replica_path(root, "events", 0, 0)
+        before = set(DeltaTable(path, storage_options=store.options()).file_uris())
+        with AdminClient(cluster.bootstrap_servers) as admin:
+            admin.incremental_alter_configs(
+                {"events": [AlterConfigOp("retention.ms", SET, str(HOUR_MS))]})
+        retained = cluster.log_cleaner.run(["events"])[0]
+        assert (retained.error, retained.log_start_offset) == ("", 150)
+        merged = cluster.log_cleaner.run(["events"], merge_min_age_ms=0)[0]
+        # the three older small files become one; the newest, Kafka's active segment, stays
+        assert merged.error == "" and merged.merged[0].merged_files == 3, merged.merged
+        after = set(DeltaTable(path, storage_options=store.options()).file_uris())
+        assert len(after) == 2
+        assert not any(storage.exists(uri) for uri in before - after)  # vacuumed away
+        wait_until(lambda: earliest(cluster, "events") == 150, "the broker to see the start")
+        records = read_records(cluster.bootstrap_servers, "events", 1, 40)
+        assert [r.offset for r in records] == list(range(150, 190))
+    finally:
+        cluster.stop()
 
 
 @pytest.mark.timeout(900)
