@@ -313,6 +313,31 @@ def test_past_the_request_queue_limits_nothing_more_is_read_until_handlers_catch
                 sock.close()
 
 
+def test_a_connection_opened_while_the_request_queue_is_full_is_read_once_there_is_room(
+        ) -> None:
+    """A client that connects while queued.max.requests is reached is read once a handler
+    releases a request. It once was not: the network thread stopped watching the new socket
+    for reads without counting it among the connections waiting for room, so nothing woke it
+    (CI: a Metadata unanswered while ten long polls were still being released)."""
+    socket_server = cfg.SocketServerConfig(queued_max_requests=2, num_io_threads=2)
+    with processor(socket_server) as (address, handed):
+        first, second = connect_to(address, timeout_s=30), connect_to(address, timeout_s=30)
+        try:
+            first.sendall(api_versions(1))
+            second.sendall(api_versions(2))
+            held = [handed.get(timeout=30), handed.get(timeout=30)]  # the queue is full
+            with connect_to(address, timeout_s=30) as late:
+                late.sendall(api_versions(3))
+                assert nothing_more_handed(handed)
+                held[0].release()
+                assert handed.get(timeout=30).frame == api_versions(3)[4:]
+            for request in held:
+                request.respond(b"\0\0\0\0")
+        finally:
+            first.close()
+            second.close()
+
+
 def test_requests_read_before_the_client_closed_are_still_handled() -> None:
     """An acks=0 producer sends its requests and closes at once: requests the listener had
     read are handled all the same (Kafka's Selector processes staged receives before it closes

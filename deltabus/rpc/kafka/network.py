@@ -392,8 +392,11 @@ class Processor:
                              connection.peer)
                 self._close(connection)  # every request read was handled
                 return
-        mask = (_READ if self._may_read(connection) else 0) | (
-            _WRITE if connection.sending is not None else 0)
+        reading = self._wants_read(connection)
+        if reading and self._full():
+            self._block(connection)  # read again by _resume_blocked, once there is room
+            reading = False
+        mask = (_READ if reading else 0) | (_WRITE if connection.sending is not None else 0)
         self._watch(connection, mask)
         if (mask & _READ and isinstance(connection.sock, ssl.SSLSocket)
                 and connection.sock.pending()):
@@ -409,10 +412,14 @@ class Processor:
         return self._config.max_in_flight_requests_per_connection
 
     def _may_read(self, connection: _Connection) -> bool:
+        return self._wants_read(connection) and not self._full()
+
+    def _wants_read(self, connection: _Connection) -> bool:
+        """Whether the connection is read once the handlers' queues have room (a connection
+        that wants to but finds them full must wait among the blocked, or nothing wakes it)."""
         return (not connection.closing and not connection.handshaking and not connection.blocked
                 and not connection.peer_closed and connection not in self._muted
-                and len(connection.slots) < self._in_flight_max(connection)
-                and not self._full())
+                and len(connection.slots) < self._in_flight_max(connection))
 
     def _full(self) -> bool:
         return (self._handling >= self._config.queued_max_requests
