@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -55,6 +55,22 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
         process.wait()
 
 
+def _await_ready(process: subprocess.Popen[bytes], name: str, probe: Callable[[], None]) -> None:
+    """Until `probe()` stops raising OSError: the emulator answers. Raises if it exits, or
+    has not answered within START_TIMEOUT_S."""
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while True:
+        if process.poll() is not None:
+            raise RuntimeError(f"{name} exited with {process.returncode}")
+        try:
+            probe()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{name} did not answer in {START_TIMEOUT_S:.0f} s") from None
+            time.sleep(0.1)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind((HOST, 0))
@@ -70,17 +86,8 @@ def s3_server() -> Iterator[S3Server]:
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     endpoint = f"http://{HOST}:{port}"
     try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(f"moto's S3 server exited with {process.returncode}")
-            try:
-                urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=5).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"moto's S3 server did not answer on {endpoint}") from None
-                time.sleep(0.1)
+        _await_ready(process, "moto's S3 server",
+                     lambda: urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=5).close())
         yield S3Server(endpoint)
     finally:
         _stop(process)
@@ -126,17 +133,8 @@ def azurite_server(location: pathlib.Path) -> Iterator[AzuriteServer]:
          "--skipApiVersionCheck", "--silent"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(f"Azurite exited with {process.returncode}")
-            try:
-                socket.create_connection((HOST, port), timeout=5).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"Azurite did not listen on {HOST}:{port}") from None
-                time.sleep(0.1)
+        _await_ready(process, "Azurite",
+                     lambda: socket.create_connection((HOST, port), timeout=5).close())
         yield AzuriteServer(f"http://{HOST}:{port}/{AZURITE_ACCOUNT}")
     finally:
         _stop(process)
