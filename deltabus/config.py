@@ -562,6 +562,8 @@ class ClusterConfig:
     # of repr (they hold secrets). `storage` is both, as deltabus.storage.Storage.
     storage_options: dict[str, str] = field(default_factory=dict, repr=False, hash=False)
     brokers: int = 3
+    # The driver's address (bootstrap, controller, group coordinator). Brokers bind it too in
+    # local mode; on executors of other machines they bind their own (executor_process).
     host: str = field(default_factory=lambda: os.environ.get("DELTABUS_HOST")
                       or os.environ.get("SPARK_LOCAL_IP") or DEFAULT_HOST)
     port: int = DEFAULT_BOOTSTRAP_PORT
@@ -698,11 +700,14 @@ class ClusterConfig:
         executor makes its own, with its own connections)."""
         return Storage(self.root, self.storage_options)
 
-    def listener_config(self) -> ListenerConfig:
-        """The cluster's listeners: the named ones, or the two of the simple settings."""
+    def listener_config(self, host: str | None = None) -> ListenerConfig:
+        """The cluster's listeners: the named ones, or the two of the simple settings, on
+        `host` where given (a broker's own machine, `executor_process.broker_host`), else on
+        the driver's `host`."""
         if self.listeners is not None:
             return self.listeners
-        return ListenerConfig.simple(host=self.host, port=self.port, kafka_port=self.kafka_port,
+        return ListenerConfig.simple(host=host or self.host, port=self.port,
+                                     kafka_port=self.kafka_port,
                                      security_protocol=self.security.security_protocol)
 
     def listener_security(self, security_protocol: str) -> ListenerSecurity:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import socket
 import sys
 import threading
 import time
@@ -46,6 +45,7 @@ from deltabus.acls import (
 )
 from deltabus.cluster.delayed_fetch import DelayedFetch, FetchPurgatory
 from deltabus.cluster.doors import Doors, open_doors
+from deltabus.cluster.executor_process import local_host
 from deltabus.cluster.handler import FetchResult, FetchSpec
 from deltabus.cluster.metadata_loader import MetadataLoader
 from deltabus.cluster.partition import Partition
@@ -182,8 +182,9 @@ class Broker:
                 log.warning("refreshing %s-%d failed: %s", topic, p, e)
 
     def _register(self) -> None:
-        # The rack is the executor's host: replicas spread across hosts where there are several.
-        rack = os.environ.get("DELTABUS_RACK") or socket.gethostname()
+        # The rack is the executor's machine: replicas spread across machines where there are
+        # several.
+        rack = os.environ.get("DELTABUS_RACK") or local_host()
         endpoint = self._doors.node(
             self.broker_id, self._config.listener_config().inter_broker_listener_name, rack)
         incarnation_id = uuid.uuid4().hex

@@ -30,6 +30,7 @@ from deltabus.cluster.broker import STOPPED, BrokerSpec, run_broker_task
 from deltabus.cluster.catch_up import CatchUpTask, catch_up_replicas
 from deltabus.cluster.controller import Controller, ControllerHandler
 from deltabus.cluster.doors import Doors, open_doors
+from deltabus.cluster.executor_process import executor_pid
 from deltabus.cluster.log_cleaner import LogCleaner
 from deltabus.listeners import GRPC, KAFKA, ListenerBindError
 from deltabus.log_tables.layout import consumer_offsets_path
@@ -475,19 +476,6 @@ def _rebalance(controller: Controller) -> None:
     moved = controller.rebalance_leaders()
     if moved:
         log.info("preferred leader election moved %d partitions", moved)
-
-
-def executor_pid(worker_pid: int) -> int:
-    """The executor JVM a Python worker runs under (its nearest CoarseGrainedExecutorBackend
-    ancestor, from /proc). Raises ValueError in local mode, where the JVM is the driver."""
-    pid = worker_pid
-    while pid > 1:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            if b"CoarseGrainedExecutorBackend" in f.read():
-                return pid
-        with open(f"/proc/{pid}/stat") as f:
-            pid = int(f.read().rsplit(")", 1)[1].split()[1])  # the parent's pid
-    raise ValueError(f"process {worker_pid} runs in no separate executor (local mode?)")
 
 
 def open_listener_warning(config: cfg.ClusterConfig) -> str | None:

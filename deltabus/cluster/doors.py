@@ -17,12 +17,11 @@ Runs on the driver and in broker tasks on executors.
 
 from __future__ import annotations
 
-import os
-import socket
 from dataclasses import dataclass, field
 from typing import Any
 
 from deltabus import config as cfg
+from deltabus.cluster.executor_process import broker_host, local_host
 from deltabus.cluster.handler import DeltaBusHandler, LifecycleHandler
 from deltabus.listeners import GRPC, KAFKA, Listener
 from deltabus.metadata import CONTROLLER_NODE_ID, BrokerEndpoint, ListenerEndpoint
@@ -30,14 +29,6 @@ from deltabus.offsets.group_coordinator import GroupCoordinator
 from deltabus.rpc.authentication import CredentialLookup
 from deltabus.rpc.kafka.listener import KafkaListener
 from deltabus.rpc.server import start_server
-
-
-def local_host() -> str:
-    """This machine's address, advertised for listeners that bind every interface: the one
-    Spark was told (SPARK_LOCAL_IP, DELTABUS_HOST), else the host name, as Kafka advertises
-    its canonical host name."""
-    return (os.environ.get("DELTABUS_HOST") or os.environ.get("SPARK_LOCAL_IP")
-            or socket.getfqdn())
 
 
 @dataclass
@@ -76,7 +67,8 @@ def open_doors(config: cfg.ClusterConfig, node: int, handler: DeltaBusHandler, *
     the `groups` it coordinates; else a broker's, sending Kafka clients to the group
     `coordinator`). Closes what it opened if one cannot be bound, and raises
     ListenerBindError naming it."""
-    listeners = config.listener_config()
+    listeners = config.listener_config(
+        None if node == CONTROLLER_NODE_ID else broker_host(config.host))
     doors = Doors()
     try:
         for listener in listeners.grpc:
