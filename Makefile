@@ -40,7 +40,7 @@ run: setup
 	$(VENV)/bin/deltabus cluster start $(ARGS)
 
 test: setup lint
-	$(PY) -m pytest -q $(ARGS)
+	$(PY) -m pytest -q --durations=15 $(ARGS)
 
 # The benchmarks (bench/, a development tool beside tests/, not installed): the README's figures.
 # Smaller and quicker, e.g. ARGS="--records 10000 --drain-records 10000 --small-commits 20";
