@@ -21,6 +21,7 @@ import os
 import posixpath
 import threading
 from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any, cast
 from urllib.parse import urlsplit
 
@@ -87,127 +88,114 @@ class Storage:
 
     def open_input(self, uri: str) -> Any:
         """A file to read (random access, for pyarrow.parquet.ParquetFile)."""
-        if self._local is not None:
-            return self._local.open_input_file(_local_path(uri))
-        import obstore
+        with _failures(f"cannot open {uri}"):
+            if self._local is not None:
+                return self._local.open_input_file(_local_path(uri))
+            import obstore
 
-        store, key = self._store(uri)
-        try:
+            store, key = self._store(uri)
             return pa.PythonFile(_ObjectFile(obstore.open_reader(store, key)), mode="r")
-        except Exception as e:
-            raise storage_error(e, f"cannot open {uri}") from e
 
     def read_parquet(self, uri: str, schema: pa.Schema | None = None) -> pa.Table:
         """A whole Parquet file (as `schema`, when given)."""
-        with self.open_input(uri) as source:
+        with self.open_input(uri) as source, _failures(f"cannot read {uri}"):
             return pq.read_table(source, schema=schema)
 
     def read_bytes(self, uri: str) -> bytes:
         """A whole file."""
-        if self._local is not None:
-            with self._local.open_input_stream(_local_path(uri)) as source:
-                return bytes(source.read())
-        import obstore
+        with _failures(f"cannot read {uri}"):
+            if self._local is not None:
+                with self._local.open_input_stream(_local_path(uri)) as source:
+                    return bytes(source.read())
+            import obstore
 
-        store, key = self._store(uri)
-        try:
+            store, key = self._store(uri)
             return obstore.get(store, key).bytes().to_bytes()
-        except Exception as e:
-            raise storage_error(e, f"cannot read {uri}") from e
 
     def write(self, uri: str, data: bytes | pa.Buffer) -> int:
         """Write a whole file (replacing any); returns its size."""
-        if self._local is not None:
-            path = _local_path(uri)
-            self._local.create_dir(posixpath.dirname(path), recursive=True)
-            with self._local.open_output_stream(path) as out:
-                out.write(data)
-            return len(data) if isinstance(data, bytes) else data.size
-        import obstore
+        with _failures(f"cannot write {uri}"):
+            if self._local is not None:
+                path = _local_path(uri)
+                self._local.create_dir(posixpath.dirname(path), recursive=True)
+                with self._local.open_output_stream(path) as out:
+                    out.write(data)
+                return len(data) if isinstance(data, bytes) else data.size
+            import obstore
 
-        store, key = self._store(uri)
-        payload = data.to_pybytes() if isinstance(data, pa.Buffer) else data
-        try:
+            store, key = self._store(uri)
+            payload = data.to_pybytes() if isinstance(data, pa.Buffer) else data
             obstore.put(store, key, payload)
-        except Exception as e:
-            raise storage_error(e, f"cannot write {uri}") from e
-        return len(payload)
+            return len(payload)
 
     def copy(self, source: str, target: str) -> None:
         """Copy a file: server-side within one object store, so its bytes do not pass here."""
-        if self._local is not None:
-            target_path = _local_path(target)
-            self._local.create_dir(posixpath.dirname(target_path), recursive=True)
-            self._local.copy_file(_local_path(source), target_path)
-            return
-        import obstore
+        with _failures(f"cannot copy {source} to {target}"):
+            if self._local is not None:
+                target_path = _local_path(target)
+                self._local.create_dir(posixpath.dirname(target_path), recursive=True)
+                self._local.copy_file(_local_path(source), target_path)
+                return
+            import obstore
 
-        store, key = self._store(source)
-        target_store, target_key = self._store(target)
-        try:
+            store, key = self._store(source)
+            target_store, target_key = self._store(target)
             if target_store is store:
                 obstore.copy(store, key, target_key)
             else:  # another bucket: through this process
                 obstore.put(target_store, target_key, obstore.get(store, key).bytes())
-        except Exception as e:
-            raise storage_error(e, f"cannot copy {source} to {target}") from e
 
     def size(self, uri: str) -> int:
         """A file's size in bytes."""
-        if self._local is not None:
-            info = self._local.get_file_info(_local_path(uri))
-            if info.type == pafs.FileType.NotFound:
-                raise errors.KafkaStorageError(f"{uri} does not exist")
-            return int(info.size)
-        import obstore
+        with _failures(f"cannot find {uri}"):
+            if self._local is not None:
+                info = self._local.get_file_info(_local_path(uri))
+                if info.type == pafs.FileType.NotFound:
+                    raise errors.KafkaStorageError(f"{uri} does not exist")
+                return int(info.size)
+            import obstore
 
-        store, key = self._store(uri)
-        try:
+            store, key = self._store(uri)
             return int(obstore.head(store, key)["size"])
-        except Exception as e:
-            raise storage_error(e, f"cannot find {uri}") from e
 
     def delete(self, uri: str) -> None:
         """Delete a file; a missing one is no error."""
-        if self._local is not None:
+        with _failures(f"cannot delete {uri}"):
             try:
-                self._local.delete_file(_local_path(uri))
+                if self._local is not None:
+                    self._local.delete_file(_local_path(uri))
+                    return
+                import obstore
+
+                store, key = self._store(uri)
+                obstore.delete(store, key)
             except FileNotFoundError:
                 pass
-            return
-        import obstore
-
-        store, key = self._store(uri)
-        try:
-            obstore.delete(store, key)
-        except FileNotFoundError:
-            pass
-        except Exception as e:
-            raise storage_error(e, f"cannot delete {uri}") from e
 
     def exists(self, uri: str) -> bool:
         """Whether `uri` is a file or a folder holding anything (an object store has no empty
         folders, so a local empty one does not count either)."""
         if self._local is not None:
             path = _local_path(uri)
-            if os.path.isdir(path):
-                with os.scandir(path) as entries:  # the first entry is enough
-                    return next(entries, None) is not None
-            return os.path.exists(path)
+            with _failures(f"cannot list {uri}"):
+                if os.path.isdir(path):
+                    with os.scandir(path) as entries:  # the first entry is enough
+                        return next(entries, None) is not None
+                return os.path.exists(path)
         return next(self._keys(uri), None) is not None
 
     def delete_tree(self, uri: str) -> None:
         """Delete a folder and everything under it; a missing one is no error."""
-        if self._local is not None:
-            path = _local_path(uri)
-            if self._local.get_file_info(path).type != pafs.FileType.NotFound:
-                self._local.delete_dir(path)
-            return
-        import obstore
+        with _failures(f"cannot delete {uri}"):
+            if self._local is not None:
+                path = _local_path(uri)
+                if self._local.get_file_info(path).type != pafs.FileType.NotFound:
+                    self._local.delete_dir(path)
+                return
+            import obstore
 
-        store, _ = self._store(uri)
-        batch: list[str] = []
-        try:
+            store, _ = self._store(uri)
+            batch: list[str] = []
             for key in self._keys(uri):
                 batch.append(key)
                 if len(batch) == 1_000:  # S3's DeleteObjects takes at most 1,000 keys
@@ -215,8 +203,6 @@ class Storage:
                     batch = []
             if batch:
                 obstore.delete(store, batch)
-        except Exception as e:
-            raise storage_error(e, f"cannot delete {uri}") from e
 
     def _keys(self, uri: str) -> Iterator[str]:
         """The keys of the objects under folder `uri`."""
@@ -224,12 +210,10 @@ class Storage:
 
         store, key = self._store(uri)
         prefix = key.rstrip("/") + "/" if key else ""
-        try:
+        with _failures(f"cannot list {uri}"):
             for chunk in obstore.list(store, prefix or None):
                 for meta in chunk:
                     yield meta["path"]
-        except Exception as e:
-            raise storage_error(e, f"cannot list {uri}") from e
 
     def _store(self, uri: str) -> tuple[Any, str]:
         """The obstore store of `uri`'s bucket (or container), opened once, and its key."""
@@ -355,6 +339,18 @@ def _open_store(bucket: str, options: Mapping[str, str]) -> Any:
 
 def _first_line(e: BaseException) -> str:
     return (str(e).strip().splitlines() or [type(e).__name__])[0]
+
+
+@contextmanager
+def _failures(what: str) -> Iterator[None]:
+    """Any failure of a file operation, local or remote, as KAFKA_STORAGE_ERROR naming `what`
+    (a deltabus error raised inside passes as it is)."""
+    try:
+        yield
+    except errors.DeltaBusError:
+        raise
+    except Exception as e:
+        raise storage_error(e, what) from e
 
 
 def storage_error(e: BaseException, what: str) -> errors.DeltaBusError:

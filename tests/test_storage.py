@@ -76,8 +76,9 @@ def _exercise(storage: Storage) -> None:
     storage.delete(target)
     storage.delete(target)  # a missing file is no error
     assert not storage.exists(target)
-    with pytest.raises(errors.KafkaStorageError):
-        storage.size(target)
+    for missing in (storage.size, storage.read_bytes, storage.read_parquet):
+        with pytest.raises(errors.KafkaStorageError):  # what brokers answer, on every store
+            missing(target)
     storage.delete_tree(storage.join("t"))
     assert not storage.exists(storage.join("t"))
     storage.delete_tree(storage.join("t"))  # nor a missing folder
@@ -85,6 +86,18 @@ def _exercise(storage: Storage) -> None:
 
 def test_file_operations_on_a_local_root(tmp_path: Path) -> None:
     _exercise(Storage(str(tmp_path / "root")))
+
+
+def test_local_failures_are_storage_errors_naming_the_file(tmp_path: Path) -> None:
+    storage = Storage(str(tmp_path))
+    (tmp_path / "a-file").write_bytes(b"x")
+    inside = str(tmp_path / "a-file" / "part-1.parquet")  # under a file, not a folder
+    for operation in (lambda: storage.write(inside, b"y"),
+                      lambda: storage.copy(str(tmp_path / "a-file"), inside),
+                      lambda: storage.delete(inside)):
+        with pytest.raises(errors.KafkaStorageError, match="a-file/part-1.parquet"):
+            operation()
+    assert (tmp_path / "a-file").read_bytes() == b"x"
 
 
 def test_an_empty_local_folder_holds_nothing_as_on_an_object_store(tmp_path: Path) -> None:
