@@ -7,6 +7,7 @@ them."""
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 import uuid
@@ -61,8 +62,10 @@ def store(request: pytest.FixtureRequest) -> Any:
     return request.getfixturevalue(request.param)
 
 
-def test_topics_records_groups_and_spark_reads_survive_a_restart(spark, store) -> None:
-    root = f"{store.create_bucket(f'cluster-{uuid.uuid4().hex[:8]}')}/deltabus"
+def test_topics_records_groups_and_spark_reads_survive_a_restart(spark, store, caplog) -> None:
+    caplog.set_level(logging.INFO)
+    bucket = store.create_bucket(f"cluster-{uuid.uuid4().hex[:8]}")
+    root = f"{bucket}/deltabus"
     storage = Storage(root, store.options())
     cluster = _start(spark, root, store.options())
     try:
@@ -98,6 +101,13 @@ def test_topics_records_groups_and_spark_reads_survive_a_restart(spark, store) -
                 1 for r in records if r.partition == 1)
     finally:
         again.stop()
+    # The secret is in no log line of the driver (controller, coordinator, cluster), and in no
+    # file of the root: metadata log, offsets, tables.
+    assert "broker 2 registered" in caplog.text  # the controller's log lines are there
+    assert store.secret_key not in caplog.text
+    written = list(storage._keys(root))
+    assert len(written) > 20 and not any(
+        store.secret_key.encode() in storage.read_bytes(f"{bucket}/{key}") for key in written)
 
 
 def test_retention_compaction_and_small_file_merges_on_object_storage(spark, store) -> None:
