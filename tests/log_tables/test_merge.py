@@ -5,15 +5,18 @@ and a follower copying files see the same log."""
 from __future__ import annotations
 
 import threading
+import uuid
 from pathlib import Path
 
 import pyarrow as pa
+import pytest
 from deltalake import DeltaTable
 
 from deltabus.log_tables.merge import merge_runs, merge_small_files
 from deltabus.log_tables.partition_log import PartitionLog
 from deltabus.log_tables.retention import vacuum
 from deltabus.records import normalize_produce, produce_batch
+from deltabus.storage import Storage
 
 MIB = 1024 * 1024
 
@@ -45,9 +48,24 @@ def test_runs_are_adjacent_small_old_files_packed_up_to_the_target() -> None:
                       high_watermark=15) == []  # the second file reaches the high watermark
 
 
-def test_merge_keeps_every_record_in_order_while_the_log_appends(tmp_path: Path) -> None:
-    path = str(tmp_path / "replica-0")
-    log = PartitionLog(path, topic="t", partition=0)
+@pytest.fixture(params=["local", "s3", "azurite"])
+def root(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, Storage]:
+    """Where the tables live: a local folder, or a new bucket on an object-store emulator,
+    where the cleaner's commit and the appender's race through the store's conditional
+    writes (S3's If-None-Match, Azure's)."""
+    if request.param == "local":
+        return str(tmp_path), Storage(str(tmp_path))
+    store = request.getfixturevalue(request.param)
+    bucket = store.create_bucket(f"merge-{uuid.uuid4().hex[:8]}")
+    return bucket, Storage(bucket, store.options())
+
+
+def test_merge_keeps_every_record_in_order_while_the_log_appends(
+        root: tuple[str, Storage]) -> None:
+    base, storage = root
+    options = storage.delta_options
+    path = f"{base}/replica-0"
+    log = PartitionLog(path, topic="t", partition=0, storage=storage)
     for i in range(30):
         _append(log, 7, f"b{i}")
     before = log.read(0, 1 << 30)
@@ -59,12 +77,12 @@ def test_merge_keeps_every_record_in_order_while_the_log_appends(tmp_path: Path)
             _append(log, 3, f"late{i}")
             i += 1
 
-    table = DeltaTable(path)  # the cleaner's view: 30 files; appends commit after it
+    table = DeltaTable(path, storage_options=options)  # the cleaner's view: 30 files
     appender = threading.Thread(target=keep_appending)
     appender.start()
     try:
         merged = merge_small_files(table, target_bytes=MIB, min_age_ms=0, high_watermark=210,
-                                   delete_delay_ms=60_000)
+                                   delete_delay_ms=60_000, storage=storage)
     finally:
         stop.set()
         appender.join()
@@ -74,9 +92,9 @@ def test_merge_keeps_every_record_in_order_while_the_log_appends(tmp_path: Path)
     end = log.log_end_offset
     log.close()
 
-    table = DeltaTable(path)
+    table = DeltaTable(path, storage_options=options)
     assert vacuum(table) == 0  # the inputs stay for readers until file.delete.delay.ms
-    reopened = PartitionLog(path, topic="t", partition=0)
+    reopened = PartitionLog(path, topic="t", partition=0, storage=storage)
     assert (reopened.log_start_offset, reopened.log_end_offset) == (0, end)
     everything = reopened.read(0, 1 << 30)
     assert everything.column("offset").to_pylist() == list(range(end))
@@ -84,8 +102,8 @@ def test_merge_keeps_every_record_in_order_while_the_log_appends(tmp_path: Path)
     # a follower copies the merged file whole, statistics and all
     files = reopened.files_from(0, 1 << 30)
     assert files[0].base_offset == 0 and files[0].last_offset == 202
-    follower = PartitionLog(str(tmp_path / "replica-1"), topic="t", partition=0,
-                            replicated=True)
+    follower = PartitionLog(f"{base}/replica-1", topic="t", partition=0, replicated=True,
+                            storage=storage)
     follower.append_files(files[:1]).result(30)
     assert follower.log_end_offset == 203
     assert follower.read(0, 1 << 30, to_log_end=True).equals(everything.slice(0, 203))
