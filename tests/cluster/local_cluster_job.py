@@ -11,15 +11,12 @@ killed with SIGKILL. Prints one JSON line of findings for the test to check.
 
 from __future__ import annotations
 
-import contextlib
 import faulthandler
 import json
 import logging
 import os
 import sys
-import threading
 import time
-from collections.abc import Callable
 
 import pyarrow as pa
 import pyspark
@@ -28,24 +25,10 @@ from pyspark.sql import SparkSession
 
 from deltabus import AdminClient, Cluster, Consumer, NewTopic, Producer, TopicPartition, errors
 from deltabus.log_tables.layout import replica_path
+from tests.cluster.acked_load import WAIT_S, AckedLoad, progress, wait_until
 
 TOPIC = "t"
 PARTITIONS = 3
-WAIT_S = 120
-
-
-def progress(what: str) -> None:
-    """A time-stamped line on stderr, so a slow or stuck run shows how far it got."""
-    print(f"{time.strftime('%H:%M:%S')} {what}", file=sys.stderr, flush=True)
-
-
-def wait_until(condition: Callable[[], bool], what: str) -> None:
-    progress(f"waiting for {what}")
-    deadline = time.monotonic() + WAIT_S
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.5)
 
 
 def replica_values(cluster: Cluster, partition: int, broker: int) -> list:
@@ -77,56 +60,9 @@ def replicas_identical(cluster: Cluster) -> bool:
     return True
 
 
-def read_all(bootstrap: str, expected: int) -> list:
-    consumer = Consumer(bootstrap, auto_offset_reset="earliest")
-    consumer.assign([TopicPartition(TOPIC, p) for p in range(PARTITIONS)])
-    records: list = []
-    deadline = time.monotonic() + WAIT_S
-    while len(records) < expected and time.monotonic() < deadline:
-        records.extend(consumer.poll(1000, max_records=100_000))
-    consumer.close()
-    return records
-
-
 def produce_through_leader_kill(cluster: Cluster) -> dict:
-    acked: list[tuple[int, int, bytes]] = []
-    failed: list[str] = []
-    stop = threading.Event()
-
-    def on_done(value: bytes) -> Callable:
-        def done(future) -> None:
-            error = future.exception()
-            if error is None:
-                meta = future.get(0)
-                acked.append((meta.partition, meta.offset, value))
-            else:
-                failed.append(repr(error))
-        return done
-
-    def produce(name: str) -> None:
-        producer = Producer(cluster.bootstrap_servers, acks="all", linger_ms=2,
-                            delivery_timeout_ms=WAIT_S * 1000)
-        try:
-            i = 0
-            while not stop.is_set():
-                value = f"{name}-{i:07d}".encode()
-                producer.send(TOPIC, value, key=f"{name}{i % 11}").add_done_callback(
-                    on_done(value))
-                i += 1
-                if i % 100 == 0:
-                    time.sleep(0.02)
-            producer.flush(WAIT_S)
-        except Exception as e:  # counted, so the loss check below still runs
-            failed.append(f"flush: {e!r}")
-        finally:
-            with contextlib.suppress(Exception):
-                producer.close(1)
-
-    senders = [threading.Thread(target=produce, args=(n,)) for n in ("p", "q")]
-    for t in senders:
-        t.start()
-    try:
-        wait_until(lambda: len(acked) >= 200, "records acknowledged before the kill")
+    with AckedLoad(cluster.bootstrap_servers, TOPIC) as load:
+        wait_until(lambda: len(load.acked) >= 200, "records acknowledged before the kill")
         old = cluster.controller.image().partition(TOPIC, 0)
         old_pid = cluster.broker_pids()[old.leader]
         cluster.kill_broker(old.leader, executor=True)
@@ -135,28 +71,12 @@ def produce_through_leader_kill(cluster: Cluster) -> dict:
         new = cluster.controller.image().partition(TOPIC, 0)
         wait_until(lambda: cluster.broker_pids().get(old.leader, old_pid) != old_pid,
                    "the killed broker to be relaunched")
-        relaunched_at = len(acked)
-        wait_until(lambda: len(acked) >= relaunched_at + 200,
+        relaunched_at = len(load.acked)
+        wait_until(lambda: len(load.acked) >= relaunched_at + 200,
                    "records acknowledged after the relaunch")
-    finally:
-        stop.set()
-        for t in senders:
-            t.join()
-    progress(f"producers done: {len(acked)} acknowledged, {len(failed)} failed")
-    records = read_all(cluster.bootstrap_servers, len(acked))
-    progress(f"read {len(records)} records")
-    stored = {(r.partition, r.offset): r.value for r in records}
-    values = [r.value for r in records]
-    in_order = all(
-        [r.value for r in records if r.partition == p and r.value.startswith(name)]
-        == sorted(r.value for r in records if r.partition == p and r.value.startswith(name))
-        for p in range(PARTITIONS) for name in (b"p", b"q"))
+    found = load.check(PARTITIONS)
     wait_until(lambda: replicas_identical(cluster), "every replica to catch up")
-    first_of_each = list({e.split(":")[0]: e for e in reversed(failed)}.values())
-    return {"acked": len(acked), "failed": failed[:3] + first_of_each[:3],
-            "lost": sum(1 for a in acked if stored.get((a[0], a[1])) != a[2]),
-            "duplicates": len(values) - len(set(values)), "in_order": in_order,
-            "new_leader_in_old_isr": new.leader in old.isr,
+    return {**found, "new_leader_in_old_isr": new.leader in old.isr,
             "epoch_bumped": new.leader_epoch > old.leader_epoch}
 
 
