@@ -8,7 +8,7 @@ through the storage options `S3Server.options` gives (delta-rs's names).
 
 With a `log` file, the server's stderr goes there: werkzeug writes one line per request served,
 `127.0.0.1 - - [date] "GET /bucket?list-type=2&prefix=... HTTP/1.1" 200 -`, which
-`requests_by_method` counts.
+`served` reads.
 """
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ def s3_server(log: Path | None = None) -> Iterator[S3Server]:
 
 
 def log_mark(log: Path) -> int:
-    """Where the access log's last complete line ends now: a mark for `requests_by_method`,
+    """Where the access log's last complete line ends now: a mark for `served`,
     so a line the server is still writing falls wholly after it."""
     size = log.stat().st_size
     with open(log, "rb") as f:
@@ -123,19 +123,30 @@ def log_mark(log: Path) -> int:
     return size - len(tail) + tail.rfind(b"\n") + 1
 
 
-def requests_by_method(log: Path, start: int = 0, end: int | None = None) -> dict[str, int]:
+def served(log: Path, start: int = 0, end: int | None = None) -> list[tuple[str, str]]:
     """The S3 requests the server's access log holds between the byte offsets `start` and
-    `end` (marks of `log_mark`; its end without), by METHODS: a GET of a bucket itself (no key)
-    is a LIST (ListObjects, ListObjectsV2); moto's own API (/moto-api/) is not counted."""
+    `end` (marks of `log_mark`; its end without), in order: each one's method, one of METHODS
+    (a GET of a bucket itself, with no key, is a LIST: ListObjects, ListObjectsV2), and the key
+    it names (a LIST's prefix; "" for a bucket's own requests, such as a multi-object delete).
+    moto's own API (/moto-api/) is left out."""
     with open(log, "rb") as f:
         f.seek(start)
         text = f.read(-1 if end is None else end - start).decode(errors="replace")
-    counts = Counter({method: 0 for method in METHODS})
+    out = []
     for method, target in _REQUEST.findall(text):
         url = urlsplit(target)
         if url.path.startswith("/moto-api"):
             continue
-        lists = method == "GET" and ("list-type" in parse_qs(url.query)
-                                     or url.path.strip("/").count("/") == 0)
-        counts["LIST" if lists else method] += 1
+        key = url.path.lstrip("/").partition("/")[2]  # path-style: /bucket/key
+        if method == "GET" and not key:
+            method, key = "LIST", parse_qs(url.query).get("prefix", [""])[0]
+        out.append((method, key))
+    return out
+
+
+def by_method(requests: list[tuple[str, str]], prefix: str = "") -> dict[str, int]:
+    """How many of `requests` (from `served`) each method made, of those whose key starts
+    with `prefix`."""
+    counts = Counter({method: 0 for method in METHODS})
+    counts.update(method for method, key in requests if key.startswith(prefix))
     return dict(counts)

@@ -1,11 +1,12 @@
-"""bench/moto_server.py counts the requests moto's S3 server served, by method, from its access
-log: checked on a few requests made by hand with boto3, whose count is known (no Spark)."""
+"""bench/moto_server.py counts the requests moto's S3 server served, by method and key, from
+its access log: checked on a few requests made by hand with boto3, whose count is known (no
+Spark)."""
 
 from __future__ import annotations
 
 import pathlib
 
-from bench.moto_server import log_mark, requests_by_method, s3_server
+from bench.moto_server import by_method, log_mark, s3_server, served
 
 
 def test_requests_are_counted_by_method_between_marks(tmp_path: pathlib.Path) -> None:
@@ -29,9 +30,10 @@ def test_requests_are_counted_by_method_between_marks(tmp_path: pathlib.Path) ->
         except Exception as missing:  # 404: a coloured log line, counted all the same
             assert "NoSuchKey" in str(missing)
         end = log_mark(log)
-    assert requests_by_method(log, start, middle) == {
+    assert by_method(served(log, start, middle)) == {
         "PUT": 3, "GET": 2, "HEAD": 1, "LIST": 2, "DELETE": 1, "POST": 1}
-    assert requests_by_method(log, middle, end) == {
-        "PUT": 0, "GET": 1, "HEAD": 0, "LIST": 0, "DELETE": 0, "POST": 0}
-    everything = requests_by_method(log)  # the bucket's creation too, not moto's own API
-    assert everything["PUT"] == 4 and sum(everything.values()) == 1 + 10 + 1
+    assert served(log, middle, end) == [("GET", "missing")]
+    everything = served(log)  # the bucket's creation too, not moto's own API
+    assert len(everything) == 1 + 10 + 1 and everything[0] == ("PUT", "")
+    assert by_method(everything, "t/") == {  # those naming a key (or listing a prefix) of t/
+        "PUT": 3, "GET": 2, "HEAD": 1, "LIST": 1, "DELETE": 1, "POST": 0}
