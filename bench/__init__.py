@@ -12,5 +12,7 @@ A development tool beside `tests/`, not part of the installed package: setup.cfg
     stream_drain.py   (j) a Structured Streaming query against Spark's own Parquet reader
     small_files.py    (k) a partition table after many small commits, before and after merge
     kafka_clients.py  (l) Kafka's perf-test workload through confluent-kafka beside gRPC
+    object_storage.py (r) produce, fetch and latency with the root on S3, requests per MB
+    moto_server.py    moto's S3 server on loopback and its access log (the tests use it too)
     report.py         the targets, PASS/MISS, the table printed at the end
 """

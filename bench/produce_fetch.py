@@ -23,7 +23,7 @@ from deltalake import write_deltalake
 
 from bench.sizes import VALUE_BYTES
 from deltabus import config as cfg
-from deltabus.cli.producer_performance import payload
+from deltabus.cli.producer_performance import BULK_CHUNK_BYTES, payload, random_values
 from deltabus.client.consumer import Consumer, TopicPartition
 from deltabus.client.producer import Producer
 from deltabus.errors import KafkaTimeoutError
@@ -32,6 +32,15 @@ from deltabus.records import normalize_produce, to_log_batch
 LATENCY_INTERVAL_S = 0.002
 WARM_UP = b"warm-up"
 IDLE_MS_MAX = 10_000  # a fetch or a latency wait giving up after this long with nothing new
+
+
+def chunk_values(records: int) -> pa.Table:
+    """One produce chunk (at most BULK_CHUNK_BYTES) of `records`: distinct random values of
+    VALUE_BYTES, sent again and again. A fixed payload would let Parquet dictionary-encode the
+    straight write down to nothing and make the "physical limit" a measure of that, not of
+    writing."""
+    rows = max(1, min(records, BULK_CHUNK_BYTES // VALUE_BYTES))
+    return pa.table({"value": random_values(rows, VALUE_BYTES)})
 
 
 def _chunks(values: pa.Table, records: int) -> Iterator[pa.Table]:

@@ -27,11 +27,14 @@ TARGETS = {"bulk_rps": 500_000, "bulk_vs_straight": 0.70, "send_rps": 150_000,
            "partitions": 12_000, "partition_threads_added": 16, "keyed_many_vs_one": 0.5,
            # (q): a well-behaved producer's send() rate beside a hostile client, as a share of
            # its rate alone
-           "hostile_share": 0.5}
+           "hostile_share": 0.5,
+           # (r): produce-to-consume latency at acks=all, RF 3, with the root on object storage
+           # (issue 18; moto's S3 server on loopback)
+           "object_storage_replicated_latency_p99_ms": 400.0}
 
 
 def judge(f: dict[str, Any]) -> dict[str, bool]:
-    """PASS/MISS per target; steps (m)'s and (n)'s only where they ran (the embedded
+    """PASS/MISS per target; steps (m)'s, (n)'s and (r)'s only where they ran (the embedded
     cluster)."""
     verdicts = {
         "bulk": f["bulk_rps"] >= TARGETS["bulk_rps"]
@@ -71,6 +74,10 @@ def judge(f: dict[str, Any]) -> dict[str, bool]:
                                         >= TARGETS["keyed_many_vs_one"])
     if "hostile" in f:
         verdicts["hostile"] = f["hostile"]["share"] >= TARGETS["hostile_share"]
+    if "object_storage" in f:
+        verdicts["object_storage_latency"] = (
+            f["object_storage"]["replicated_latency_ms"]["p99"]
+            <= TARGETS["object_storage_replicated_latency_p99_ms"])
     return verdicts
 
 
@@ -88,16 +95,12 @@ def report(f: dict[str, Any], ok: dict[str, bool]) -> str:
          f">= {TARGETS['send_rps']:,}", ok["send"]),
         ("(d) fetch, poll_batch", f"{f['fetch_rps']:,.0f} rec/s",
          f">= {TARGETS['fetch_rps']:,}", ok["fetch"]),
-        ("(e) produce-to-consume latency",
-         (f"p50 {lat['p50']:.1f} / p95 {lat['p95']:.1f} / p99 {lat['p99']:.1f} ms "
-          f"({lat['received']}/{lat['sent']} back)"),
+        ("(e) produce-to-consume latency", _latency(lat),
          f"p50 <= {TARGETS['latency_p50_ms']:.0f} ms", ok["latency"]),
         ("(f) bulk, acks=all, RF 3",
          f"{f['replicated_rps']:,.0f} rec/s ({f['replicated_vs_bulk']:.0%} of b)",
          f">= {TARGETS['replicated_vs_bulk']:.0%} of b", ok["replicated"]),
-        ("(g) latency, acks=all, RF 3",
-         (f"p50 {rlat['p50']:.1f} / p95 {rlat['p95']:.1f} / p99 {rlat['p99']:.1f} ms "
-          f"({rlat['received']}/{rlat['sent']} back)"),
+        ("(g) latency, acks=all, RF 3", _latency(rlat),
          f"p99 <= {TARGETS['replicated_latency_p99_ms']:.0f} ms", ok["replicated_latency"]),
         (f"(h) offset commits, {oc['committers']} consumers",
          (f"{oc['commits_per_s']:,.0f}/s of {oc['asked_per_s']:,.0f} asked, latency p50 "
@@ -173,6 +176,8 @@ def report(f: dict[str, Any], ok: dict[str, bool]) -> str:
                      (f"{h['beside_rps']:,.0f} vs {h['alone_rps']:,.0f} rec/s alone "
                       f"({h['share']:.0%}); {h['hostile_requests']:,} hostile requests"),
                      f">= {TARGETS['hostile_share']:.0%} of its rate alone", ok["hostile"]))
+    if "object_storage" in f:
+        rows += _object_storage_rows(f["object_storage"], ok["object_storage_latency"])
     title = (f"deltabus bench: {f['records']:,} records of {f['value_bytes']} bytes "
              f"(send() {f['send_records']:,}), 1 partition, {f['elapsed_s']:.0f} s")
     lines = [title,
@@ -181,3 +186,40 @@ def report(f: dict[str, Any], ok: dict[str, bool]) -> str:
         verdict = "" if passed == "" else ("PASS" if passed else "MISS")
         lines.append(f"{name:<38}{measured:<60}{target:<34}{verdict}".rstrip())
     return "\n".join(lines)
+
+
+def _latency(lat: dict[str, Any]) -> str:
+    """A latency step's percentiles, and how many of its records came back."""
+    return (f"p50 {lat['p50']:.1f} / p95 {lat['p95']:.1f} / p99 {lat['p99']:.1f} ms "
+            f"({lat['received']}/{lat['sent']} back)")
+
+
+def _per_mb(phase: dict[str, Any]) -> str:
+    """A phase's requests on its topic per MB, the methods it used: "0.40 PUT, 0.20 GET =
+    0.60" ("none" without any)."""
+    used = [(method, n) for method, n in phase["per_mb"].items() if n]
+    if not used:
+        return "none"
+    return (", ".join(f"{n:.2f} {method}" for method, n in used)
+            + f" = {sum(n for _, n in used):.2f}")
+
+
+def _object_storage_rows(r: dict[str, Any], latency_ok: bool) -> list[tuple[str, str, str, Any]]:
+    """Step (r)'s rows: rates and latencies on S3, then each phase's requests per MB."""
+    req = r["requests"]
+    rows: list[tuple[str, str, str, Any]] = [
+        (f"(r) S3 produce, {r['records']:,} records",
+         (f"bulk {r['bulk_rps']:,.0f}, acks=all RF 3 {r['replicated_rps']:,.0f}, send() "
+          f"{r['send_rps']:,.0f} rec/s"), "reported beside (b), (f), (c)", ""),
+        ("(r) S3 fetch",
+         (f"{r['fetch_rps']:,.0f} rec/s from the tail cache, {r['cold_fetch_rps']:,.0f} from "
+          "S3"), "reported beside (d)", ""),
+        ("(r) S3 latency, acks=1", _latency(r["latency_ms"]), "reported beside (e)", ""),
+        ("(r) S3 latency, acks=all, RF 3", _latency(r["replicated_latency_ms"]),
+         f"p99 <= {TARGETS['object_storage_replicated_latency_p99_ms']:.0f} ms", latency_ok)]
+    for phase, name in (("produce", "bulk produce"), ("send", "send()"),
+                        ("replicated_produce", "acks=all RF 3"), ("fetch", "fetch (tail)"),
+                        ("cold_fetch", "fetch (bucket)")):
+        rows.append((f"(r) S3 requests/MB, {name}", _per_mb(req[phase]),
+                     "reported (README)", ""))
+    return rows

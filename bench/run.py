@@ -33,6 +33,12 @@ a running one), in an order where each step leaves what the next needs:
     (q) a well-behaved producer's send() rate alone and beside a hostile client sending, from a
         process of its own, the requests issue 17's review found (see hostile_clients); only
         with a Kafka listener
+    (r) on object storage: a 3-broker cluster of its own with its root on moto's S3 server on
+        loopback, after the embedded cluster stopped (on the task slots its brokers held): bulk
+        produce, per-record send(), fetch (from the tail cache, then from the bucket after the
+        leader restarted), bulk produce and latency at acks=1 and at acks=all with replication
+        factor 3, and each phase's S3 requests by method, per produced or fetched MB (see
+        object_storage); only with the embedded cluster
 
 Sizes are the README's by default; flags make every step smaller (see sizes). A command line
 argparse rejects exits 2; a step that fails raises, with its traceback: the bench is a
@@ -57,16 +63,24 @@ from bench import (
     hostile_clients,
     idle_connections,
     kafka_clients,
+    object_storage,
     partition_count,
     quotas,
     sasl_ssl,
     small_files,
     stream_drain,
 )
-from bench.produce_fetch import bulk_produce, fetch_all, latency, send_each, straight_write
+from bench.produce_fetch import (
+    bulk_produce,
+    chunk_values,
+    fetch_all,
+    latency,
+    send_each,
+    straight_write,
+)
 from bench.report import TARGETS, judge, report
 from bench.sizes import SEND_RECORDS_MAX, VALUE_BYTES, Sizes
-from deltabus.cli.producer_performance import BULK_CHUNK_BYTES, payload, random_values
+from deltabus.cli.producer_performance import payload, random_values
 from deltabus.cli.results import write_json
 from deltabus.client.admin import AdminClient
 from deltabus.metadata import NewTopic
@@ -141,6 +155,15 @@ def build_parser() -> argparse.ArgumentParser:
     size.add_argument("--hostile-rounds", type=int, default=DEFAULT.hostile_rounds,
                       help="rounds of step (q), alone and beside the hostile client "
                            f"(default {DEFAULT.hostile_rounds})")
+    size.add_argument("--s3-records", type=int, default=DEFAULT.s3_records,
+                      help="records for bulk produce and fetch on S3 in step (r) "
+                           f"(default {DEFAULT.s3_records})")
+    size.add_argument("--s3-send-records", type=int, default=DEFAULT.s3_send_records,
+                      help="records for per-record send() on S3 in step (r) "
+                           f"(default {DEFAULT.s3_send_records})")
+    size.add_argument("--s3-latency-run-s", type=float, default=DEFAULT.s3_latency_run_s,
+                      help="seconds each latency phase of step (r) sends for "
+                           f"(default {DEFAULT.s3_latency_run_s:g})")
     return p
 
 
@@ -156,7 +179,8 @@ def sizes_from(args: argparse.Namespace) -> Sizes:
                  partitions=args.partitions, partitions_step=args.partitions_step,
                  keyed_partitions=args.keyed_partitions, keyed_records=args.keyed_records,
                  keyed_rounds=args.keyed_rounds, hostile_run_s=args.hostile_run_s,
-                 hostile_rounds=args.hostile_rounds)
+                 hostile_rounds=args.hostile_rounds, s3_records=args.s3_records,
+                 s3_send_records=args.s3_send_records, s3_latency_run_s=args.s3_latency_run_s)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -170,13 +194,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     if wrong:
         parser.error("; ".join(wrong))
     root = tempfile.mkdtemp(prefix="deltabus-bench-")
+    embedded = args.bootstrap_server is None
     started = time.monotonic()
     try:
-        with _bootstrap(args.bootstrap_server, root) as (bootstrap, spark, kafka_bootstrap,
-                                                         cluster):
-            figures = measure(bootstrap, spark, args.kafka_bootstrap_server or kafka_bootstrap,
-                              root, sizes, embedded=args.bootstrap_server is None,
-                              cluster=cluster)
+        with _session(embedded) as spark:
+            with _bootstrap(args.bootstrap_server, spark, root) as (bootstrap, kafka_bootstrap,
+                                                                    cluster):
+                figures = measure(bootstrap, spark,
+                                  args.kafka_bootstrap_server or kafka_bootstrap, root, sizes,
+                                  embedded=embedded, cluster=cluster)
+            if embedded:  # on the task slots the embedded cluster's brokers held
+                measure_object_storage(figures, spark, root, sizes)
+            else:
+                print("(r) skipped: it starts a cluster of its own, on the embedded run's Spark")
         measure_small_files(figures, root, sizes)  # needs no cluster: runs after it stopped
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -186,35 +216,42 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 @contextlib.contextmanager
-def _bootstrap(bootstrap: str | None, root: str
-               ) -> Iterator[tuple[str, Any, str | None, Any]]:
-    """The given cluster, or an embedded one (local Spark, 3 brokers) for the duration (and
-    its Cluster, for step (p)); and a SparkSession for the streaming step (2 task slots beside
-    the brokers)."""
-    from deltabus.cluster.cluster import Cluster, local_spark
+def _session(embedded: bool) -> Iterator[Any]:
+    """The bench's SparkSession, for the duration: 5 task slots with the embedded cluster (3
+    held by its brokers, 2 for the streaming step), 2 beside a running cluster."""
+    from deltabus.cluster.cluster import local_spark
 
-    spark = local_spark(2 if bootstrap else 5, app_name="deltabus-bench", ui=False)
+    spark = local_spark(5 if embedded else 2, app_name="deltabus-bench", ui=False)
     spark.sparkContext.setLogLevel("WARN")
+    try:
+        yield spark
+    finally:
+        spark.stop()
+
+
+@contextlib.contextmanager
+def _bootstrap(bootstrap: str | None, spark: Any, root: str
+               ) -> Iterator[tuple[str, str | None, Any]]:
+    """The given cluster, or an embedded one (3 brokers on `spark`) for the duration: its
+    bootstrap servers, its Kafka listener's, and its Cluster (for step (p))."""
+    from deltabus.cluster.cluster import Cluster
+
     if bootstrap:
-        try:
-            yield bootstrap, spark, None, None
-        finally:
-            spark.stop()
+        yield bootstrap, None, None
         return
     cluster = Cluster(spark, root=f"{root}/cluster", brokers=3, port=0, kafka_port=0).start()
     try:
-        yield cluster.bootstrap_servers, spark, cluster.kafka_bootstrap_servers, cluster
+        yield cluster.bootstrap_servers, cluster.kafka_bootstrap_servers, cluster
     finally:
         cluster.stop()
-        spark.stop()
 
 
 def measure(bootstrap: str, spark: Any, kafka_bootstrap: str | None, root: str,
             sizes: Sizes, *, embedded: bool = True, cluster: Any = None) -> dict[str, Any]:
-    """The steps on a cluster, (a) to (j), (l) to (q); (l) and (q) only with a Kafka listener,
-    (p) only given the `cluster` (a Cluster of this process),
-    (m) only on an `embedded` cluster's Spark session, (n) only with an `embedded` cluster's
-    Kafka listener (in this process). Scratch files go under `root`, which the
+    """The steps on a cluster, (a) to (j), (l) to (q) ((k) and (r) run after it stopped); (l)
+    and (q) only with a Kafka listener, (p) only given the `cluster` (a Cluster of this
+    process), (m) only on an `embedded` cluster's Spark session, (n) only with an `embedded`
+    cluster's Kafka listener (in this process). Scratch files go under `root`, which the
     caller removes."""
     figures = run_steps(bootstrap, root, sizes)
     with _step(figures["step_s"], "j", "streaming query draining a topic"):
@@ -231,7 +268,7 @@ def measure(bootstrap: str, spark: Any, kafka_bootstrap: str | None, root: str,
     if embedded:
         with _step(figures["step_s"], "m", "produce and fetch, SASL_SSL beside PLAINTEXT"):
             figures["sasl_ssl"] = sasl_ssl.sasl_ssl_vs_plaintext(
-                spark, bootstrap, root, _values(sizes.secure_records), sizes.secure_records,
+                spark, bootstrap, root, chunk_values(sizes.secure_records), sizes.secure_records,
                 sizes.secure_rounds)
     else:
         print("(m) skipped: it starts a cluster of its own, on the embedded run's Spark")
@@ -260,10 +297,13 @@ def measure(bootstrap: str, spark: Any, kafka_bootstrap: str | None, root: str,
     return figures
 
 
-def _values(records: int) -> pa.Table:
-    """One produce chunk of distinct random values (see run_steps)."""
-    rows = max(1, min(records, BULK_CHUNK_BYTES // VALUE_BYTES))
-    return pa.table({"value": random_values(rows, VALUE_BYTES)})
+def measure_object_storage(figures: dict[str, Any], spark: Any, root: str, sizes: Sizes
+                           ) -> None:
+    """Step (r), on a cluster of its own with its root on moto's S3 server: adds its figures to
+    `figures`. Needs object_storage.BROKERS + 1 free task slots on `spark`."""
+    with _step(figures["step_s"], "r", "produce, fetch and latency on S3 (moto), requests "
+                                       "per MB"):
+        figures["object_storage"] = object_storage.object_storage_run(spark, root, sizes)
 
 
 def measure_small_files(figures: dict[str, Any], root: str, sizes: Sizes) -> None:
@@ -281,10 +321,8 @@ def run_steps(bootstrap: str, root: str, sizes: Sizes) -> dict[str, Any]:
     replicated, replicated_latency = f"bench-rf3-{run_id}", f"bench-rf3-latency-{run_id}"
     commits, rebalance = f"bench-commits-{run_id}", f"bench-rebalance-{run_id}"
     records = sizes.records
-    chunk_rows = max(1, min(records, BULK_CHUNK_BYTES // VALUE_BYTES))
-    # Distinct random values: a fixed payload would let Parquet dictionary-encode the straight
-    # write down to nothing and make the "physical limit" a measure of that, not of writing.
-    values = pa.table({"value": random_values(chunk_rows, VALUE_BYTES)})
+    values = chunk_values(records)
+    chunk_rows = values.num_rows
     with AdminClient(bootstrap) as admin:
         admin.create_topics([NewTopic(topic, 1, 1), NewTopic(latency_topic, 1, 1),
                              NewTopic(replicated, 1, 3, {"min.insync.replicas": "2"}),

@@ -38,6 +38,9 @@ class Sizes:
     keyed_rounds: int = 3  # (p): rounds, alternating one partition and many
     hostile_run_s: float = 5.0  # (q): one round of the well-behaved producer
     hostile_rounds: int = 3  # (q): rounds of each, alone and beside the hostile client
+    s3_records: int = 300_000  # (r): bulk produce and fetch on object storage (the emulator)
+    s3_send_records: int = 100_000  # (r): per-record send() there
+    s3_latency_run_s: float = 3.0  # (r): each latency phase there, acks=1 and acks=all
 
     def check(self) -> list[str]:
         """What is out of range, one line each (empty when every knob is usable)."""
@@ -56,11 +59,14 @@ class Sizes:
                   "keyed-partitions": (self.keyed_partitions, 1),
                   "keyed-records": (self.keyed_records, 1),
                   "keyed-rounds": (self.keyed_rounds, 1),
-                  "hostile-rounds": (self.hostile_rounds, 1)}
+                  "hostile-rounds": (self.hostile_rounds, 1),
+                  "s3-records": (self.s3_records, 1),
+                  "s3-send-records": (self.s3_send_records, 1)}
         wrong = [f"--{name} must be at least {least}"
                  for name, (value, least) in counts.items() if value < least]
         wrong += [f"--{name} must be more than 0" for name, value in
                   (("latency-run-s", self.latency_run_s), ("commit-run-s", self.commit_run_s),
-                   ("quota-run-s", self.quota_run_s), ("hostile-run-s", self.hostile_run_s))
+                   ("quota-run-s", self.quota_run_s), ("hostile-run-s", self.hostile_run_s),
+                   ("s3-latency-run-s", self.s3_latency_run_s))
                   if not value > 0]
         return wrong

@@ -1,7 +1,7 @@
 """Smoke tests of `make bench`: every step runs, with tiny sizes, and gives figures of the
 expected shape, so a change cannot break the bench unnoticed.
 
-One run of every step, (a) to (q), against the session's shared cluster and Spark (what
+One run of every step, (a) to (r), against the session's shared cluster and Spark (what
 `make bench` does against its embedded cluster), in a few seconds; each benchmark's figures are
 then checked by a test of their own. Figures of so small a run mean nothing: the tests check
 that each is there and positive, and the counts that must hold whatever the machine.
@@ -25,7 +25,7 @@ TINY = Sizes(records=2_000, send_records=200, latency_run_s=0.3, committers=3,
              small_commits=5, secure_records=500, secure_rounds=1, idle_connections=50,
              quota_bytes_per_s=50_000_000, quota_run_s=1.0, partitions=20, partitions_step=10,
              keyed_partitions=5, keyed_records=200, keyed_rounds=1, hostile_run_s=0.5,
-             hostile_rounds=1)
+             hostile_rounds=1, s3_records=2_000, s3_send_records=200, s3_latency_run_s=0.3)
 
 
 @pytest.fixture(scope="module")
@@ -34,6 +34,7 @@ def figures(cluster: Any, spark: Any, tmp_path_factory: pytest.TempPathFactory
     root = str(tmp_path_factory.mktemp("bench"))
     out = run.measure(cluster.bootstrap_servers, spark, cluster.kafka_bootstrap_servers, root,
                       TINY, cluster=cluster)
+    run.measure_object_storage(out, spark, root, TINY)  # beside the cluster: the slots allow
     run.measure_small_files(out, root, TINY)
     out["elapsed_s"] = sum(out["step_s"].values())
     return out
@@ -46,7 +47,7 @@ def positive(section: dict[str, Any], *keys: str) -> None:
 
 
 def test_every_step_ran_and_took_time(figures: dict[str, Any]) -> None:
-    assert sorted(figures["step_s"]) == list("abcdefghijklmnopq")
+    assert sorted(figures["step_s"]) == list("abcdefghijklmnopqr")
     positive(figures["step_s"], *figures["step_s"])
     assert (figures["records"], figures["send_records"], figures["value_bytes"]) == (
         TINY.records, TINY.send_records, VALUE_BYTES)
@@ -158,14 +159,40 @@ def test_partition_count(figures: dict[str, Any]) -> None:
     positive(keyed, "one_partition_rps", "many_partitions_rps", "many_vs_one")
 
 
+def test_object_storage(figures: dict[str, Any]) -> None:
+    """Tiny: the figures of step (r), and the request counts that hold whatever the machine:
+    the idle cluster asks nothing, every produce commits (a PUT at least), the tail fetch is
+    served from the brokers' memory, the fetch after the leader's restart reads the bucket."""
+    s3 = figures["object_storage"]
+    assert (s3["records"], s3["send_records"], s3["brokers"]) == (
+        TINY.s3_records, TINY.s3_send_records, 3)
+    positive(s3, "bulk_rps", "send_rps", "fetch_rps", "replicated_rps", "cold_fetch_rps",
+             "restart_s")
+    assert s3["fetched_records"] == TINY.s3_records + TINY.s3_send_records + 2  # and warm-ups
+    for step in ("latency_ms", "replicated_latency_ms"):
+        assert s3[step]["p50"] <= s3[step]["p99"] <= s3[step]["max"]
+    requests = s3["requests"]
+    assert requests["idle"]["topic_total"] == requests["idle"]["other_total"] == 0
+    assert requests["produce"]["bytes"] == TINY.s3_records * VALUE_BYTES
+    for phase in ("produce", "send", "replicated_produce"):
+        assert requests[phase]["topic"]["PUT"] >= 1, phase
+        assert requests[phase]["per_mb"]["PUT"] > 0, phase
+    assert requests["fetch"]["topic_total"] == 0
+    assert requests["cold_fetch"]["topic"]["GET"] >= 1
+    assert requests["cold_fetch"]["topic"]["PUT"] == 0
+    assert set(requests["cold_fetch"]["per_mb"]) == {"PUT", "GET", "HEAD", "LIST", "DELETE",
+                                                     "POST"}
+
+
 def test_steps_m_and_n_are_judged_only_where_they_ran(figures: dict[str, Any]) -> None:
-    """With --bootstrap-server there is no embedded Spark session to start (m)'s cluster on,
-    and the Kafka listener (n) measures is not in this process."""
+    """With --bootstrap-server there is no embedded Spark session to start (m)'s or (r)'s
+    cluster on, and the Kafka listener (n) measures is not in this process."""
     remote = {key: value for key, value in figures.items()
-              if key not in ("sasl_ssl", "idle_connections", "partition_count")}
+              if key not in ("sasl_ssl", "idle_connections", "partition_count", "object_storage")}
     verdicts = judge(remote)
-    assert not {"sasl_ssl", "idle_connections", "partitions", "keyed_partitions"} & set(verdicts)
-    for letter in "mnp":
+    assert not {"sasl_ssl", "idle_connections", "partitions", "keyed_partitions",
+                "object_storage_latency"} & set(verdicts)
+    for letter in "mnpr":
         assert f"({letter}) " not in report(remote, verdicts)
 
 
@@ -179,10 +206,11 @@ def test_results_json_and_report(figures: dict[str, Any], tmp_path: pathlib.Path
     assert set(verdicts) == {"bulk", "send", "fetch", "latency", "replicated",
                              "replicated_latency", "commits", "rebalance", "drain",
                              "small_files", "sasl_ssl", "idle_connections", "quotas",
-                             "partitions", "keyed_partitions", "hostile"}
+                             "partitions", "keyed_partitions", "hostile",
+                             "object_storage_latency"}
     assert written["drain"]["records"] == TINY.drain_records
     table = capsys.readouterr().out
-    for letter in "abcdefghijklmnopq":
+    for letter in "abcdefghijklmnopqr":
         assert f"({letter}) " in table
     assert f"figures written to {path}" in table
 
@@ -201,7 +229,8 @@ def test_tiny_flags_make_tiny_sizes() -> None:
          "--secure-records", "500", "--secure-rounds", "1", "--idle-connections", "50",
          "--quota-bytes-per-s", "50000000", "--quota-run-s", "1", "--partitions", "20",
          "--partitions-step", "10", "--keyed-partitions", "5", "--keyed-records", "200",
-         "--keyed-rounds", "1", "--hostile-run-s", "0.5", "--hostile-rounds", "1"])
+         "--keyed-rounds", "1", "--hostile-run-s", "0.5", "--hostile-rounds", "1",
+         "--s3-records", "2000", "--s3-send-records", "200", "--s3-latency-run-s", "0.3"])
     assert run.sizes_from(args) == TINY
     assert run.sizes_from(run.build_parser().parse_args(["--records", "50"])).send_records == 50
 
@@ -216,6 +245,8 @@ def test_tiny_flags_make_tiny_sizes() -> None:
     (["--idle-connections", "0"], "--idle-connections must be at least 1"),
     (["--partitions-step", "0"], "--partitions-step must be at least 1"),
     (["--hostile-run-s", "0"], "--hostile-run-s must be more than 0"),
+    (["--s3-records", "0"], "--s3-records must be at least 1"),
+    (["--s3-latency-run-s", "0"], "--s3-latency-run-s must be more than 0"),
 ])
 def test_sizes_out_of_range_exit_2_before_anything_starts(
         argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:

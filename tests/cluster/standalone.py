@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pyspark
 
-from tests.object_stores import _free_port, _stop
+from bench.moto_server import free_port, stop_process
 
 MASTER_HOST = "127.0.0.1"
 START_TIMEOUT_S = 180.0  # four JVMs starting on two cores
@@ -62,7 +62,7 @@ def standalone_cluster(base: Path, hosts: list[str], *, cores: int,
     ends; yields once every worker has registered with the master."""
     logs = base / "logs"
     logs.mkdir(parents=True)
-    port, webui_port = _free_port(), _free_port()
+    port, webui_port = free_port(), free_port()
     master_url = f"spark://{MASTER_HOST}:{port}"
     webui = f"http://{MASTER_HOST}:{webui_port}"
     # Python workers on the executors run this interpreter and import this checkout.
@@ -73,7 +73,7 @@ def standalone_cluster(base: Path, hosts: list[str], *, cores: int,
             "org.apache.spark.deploy.master.Master",
             ["--host", MASTER_HOST, "--port", str(port), "--webui-port", str(webui_port)],
             MASTER_HOST, logs / "master.log", {})
-        stack.callback(_stop, master)
+        stack.callback(stop_process, master)
         workers: dict[str, int] = {}
         for host in hosts:
             machine = base / host
@@ -84,7 +84,7 @@ def standalone_cluster(base: Path, hosts: list[str], *, cores: int,
                  "--memory", memory, "--work-dir", str(machine / "work"), master_url],
                 host, logs / f"worker-{host}.log",
                 {**python_env, "SPARK_LOCAL_DIRS": str(machine / "local")})
-            stack.callback(_stop, worker)
+            stack.callback(stop_process, worker)
             workers[host] = worker.pid
         deadline = time.monotonic() + START_TIMEOUT_S
         while True:

@@ -1,0 +1,152 @@
+"""moto's S3 server on loopback, a process of its own, and the process helpers emulators share.
+
+Bench step (r) runs a cluster on it (bench/object_storage.py), and the tests start it from here
+too (tests/object_stores.py, beside Azurite): the bench may not import the tests, the tests may
+import the bench. moto is a development dependency (`moto[server]`), as both are development
+tools. The server starts with no AWS_ variable in its environment, and clients reach it only
+through the storage options `S3Server.options` gives (delta-rs's names).
+
+With a `log` file, the server's stderr goes there: werkzeug writes one line per request served,
+`127.0.0.1 - - [date] "GET /bucket?list-type=2&prefix=... HTTP/1.1" 200 -`, which
+`served` reads.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+HOST = "127.0.0.1"
+START_TIMEOUT_S = 120.0  # moto imports a great deal; a loaded machine is slow to start it
+METHODS = ("PUT", "GET", "HEAD", "LIST", "DELETE", "POST")  # LIST: a GET listing a bucket
+# The request line of werkzeug's access log; an error status colours it with ANSI escapes.
+_REQUEST = re.compile(r'"(?:\x1b\[[0-9;]*m)*([A-Z]+) (\S+) HTTP/[0-9.]+')
+
+
+@dataclass(frozen=True)
+class S3Server:
+    """A running moto S3 server and the options that reach it (delta-rs's names)."""
+
+    endpoint: str
+    access_key: str = "deltabus-test-key"
+    secret_key: str = "deltabus-test-secret-do-not-log"
+
+    def options(self) -> dict[str, str]:
+        return {"AWS_ENDPOINT_URL": self.endpoint, "AWS_ACCESS_KEY_ID": self.access_key,
+                "AWS_SECRET_ACCESS_KEY": self.secret_key, "AWS_REGION": "us-east-1",
+                "AWS_ALLOW_HTTP": "true"}
+
+    def client(self) -> Any:
+        """A boto3 S3 client of this server (boto3 comes with moto)."""
+        import boto3
+
+        return boto3.client("s3", endpoint_url=self.endpoint, aws_access_key_id=self.access_key,
+                            aws_secret_access_key=self.secret_key, region_name="us-east-1")
+
+    def create_bucket(self, name: str) -> str:
+        """A new bucket; returns its URI (s3://name)."""
+        self.client().create_bucket(Bucket=name)
+        return f"s3://{name}"
+
+
+def stop_process(process: subprocess.Popen[bytes]) -> None:
+    """Stop an emulator: asked first, then killed (Azurite waits for its clients' connections
+    to close, which a test's pooled connections may never do)."""
+    process.terminate()
+    try:
+        process.wait(10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+def await_ready(process: subprocess.Popen[bytes], name: str, probe: Callable[[], None]) -> None:
+    """Until `probe()` stops raising OSError: the emulator answers. Raises if it exits, or
+    has not answered within START_TIMEOUT_S."""
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while True:
+        if process.poll() is not None:
+            raise RuntimeError(f"{name} exited with {process.returncode}")
+        try:
+            probe()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{name} did not answer in {START_TIMEOUT_S:.0f} s") from None
+            time.sleep(0.1)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def s3_server(log: Path | None = None) -> Iterator[S3Server]:
+    """moto's S3 server on a free loopback port, for the duration; its access log in `log`
+    (appended to), or nowhere."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    with open(log, "ab") if log else open(os.devnull, "wb") as err:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", HOST, "-p", str(port)],
+            stdout=subprocess.DEVNULL, stderr=err, env=env)
+    endpoint = f"http://{HOST}:{port}"
+    try:
+        await_ready(process, "moto's S3 server",
+                    lambda: urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=5).close())
+        yield S3Server(endpoint)
+    finally:
+        stop_process(process)
+
+
+def log_mark(log: Path) -> int:
+    """Where the access log's last complete line ends now: a mark for `served`,
+    so a line the server is still writing falls wholly after it."""
+    size = log.stat().st_size
+    with open(log, "rb") as f:
+        f.seek(max(0, size - 65536))  # a request line is far shorter
+        tail = f.read(size - f.tell())
+    return size - len(tail) + tail.rfind(b"\n") + 1
+
+
+def served(log: Path, start: int = 0, end: int | None = None) -> list[tuple[str, str]]:
+    """The S3 requests the server's access log holds between the byte offsets `start` and
+    `end` (marks of `log_mark`; its end without), in order: each one's method, one of METHODS
+    (a GET of a bucket itself, with no key, is a LIST: ListObjects, ListObjectsV2), and the key
+    it names (a LIST's prefix; "" for a bucket's own requests, such as a multi-object delete).
+    moto's own API (/moto-api/) is left out."""
+    with open(log, "rb") as f:
+        f.seek(start)
+        text = f.read(-1 if end is None else end - start).decode(errors="replace")
+    out = []
+    for method, target in _REQUEST.findall(text):
+        url = urlsplit(target)
+        if url.path.startswith("/moto-api"):
+            continue
+        key = url.path.lstrip("/").partition("/")[2]  # path-style: /bucket/key
+        if method == "GET" and not key:
+            method, key = "LIST", parse_qs(url.query).get("prefix", [""])[0]
+        out.append((method, key))
+    return out
+
+
+def by_method(requests: list[tuple[str, str]], prefix: str = "") -> dict[str, int]:
+    """How many of `requests` (from `served`) each method made, of those whose key starts
+    with `prefix`."""
+    counts = Counter({method: 0 for method in METHODS})
+    counts.update(method for method, key in requests if key.startswith(prefix))
+    return dict(counts)
