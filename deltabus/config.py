@@ -637,8 +637,11 @@ class ClusterConfig:
     replica_fetch_backoff_ms: int = 100  # after an error, before the partition is fetched again
     # Followers copy the leader's committed Parquet files whole (no decoding or encoding) where
     # their log ends at a file boundary, up to this many bytes a round; else they copy records.
+    # On an object store a file still in the leader's tail cache is copied whole only from
+    # this size up; smaller ones go as records (Broker._files_to_copy).
     replica_copy_files: bool = True
     replica_files_max_bytes: int = 256 * 1024 * 1024
+    replica_files_min_bytes: int = 4 * 1024 * 1024
     # Before a lost broker is relaunched, a Spark job copies what its follower replicas missed,
     # one task per partition in parallel; past this long it is cancelled and the broker starts
     # anyway (its fetchers copy the rest), so a busy cluster never keeps a broker down.

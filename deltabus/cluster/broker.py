@@ -58,6 +58,7 @@ from deltabus.log_tables.partition_log import (
     AppendResult,
     PartitionLog,
 )
+from deltabus.log_tables.partition_reader import LogFile
 from deltabus.metadata import (
     NO_LEADER,
     BrokerEndpoint,
@@ -602,7 +603,7 @@ class Broker:
             result.log_start_offset = plog.log_start_offset
             result.log_end_offset = plog.log_end_offset
             if replica_id >= 0 and self._config.replica_copy_files:
-                result.files = plog.files_from(spec.offset, self._config.replica_files_max_bytes)
+                result.files = self._files_to_copy(plog, spec.offset)
                 if result.files:
                     return result
             # Read a little under the limit: the encoding adds its metadata, and a read that
@@ -613,6 +614,18 @@ class Broker:
         except errors.DeltaBusError as e:
             result.error = e
         return result
+
+    def _files_to_copy(self, plog: PartitionLog, offset: int) -> list[LogFile]:
+        """The files a follower fetching from `offset` copies whole (none: it is sent records).
+        On an object store a file copy costs a server-side copy and its read-back, five
+        requests more than the follower writing records, one after another behind every
+        acks=all produce: worth it for large files (no encoding on the follower) and for what
+        the tail cache no longer holds, not for the small files of a tail of small commits."""
+        files = plog.files_from(offset, self._config.replica_files_max_bytes)
+        if (files and not self._config.storage.is_local and plog.cached_from(offset)
+                and files[0].size_bytes < self._config.replica_files_min_bytes):
+            return []
+        return files
 
     def init_producer_id(self, transactional_id: str = "",
                          principal: KafkaPrincipal = ANONYMOUS) -> tuple[int, int]:

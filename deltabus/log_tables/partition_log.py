@@ -521,6 +521,12 @@ class PartitionLog:
             table = self._reader.read(offset, end, max_bytes)
         return _trim_to_bytes(table, max_bytes)
 
+    def cached_from(self, offset: int) -> bool:
+        """Whether a read from `offset` is served from the tail cache, not from storage."""
+        with self._lock:
+            cache = self._tail.snapshot()
+        return bool(cache) and cache[0].column("offset")[0].as_py() <= offset
+
     def files_from(self, offset: int, max_bytes: int) -> list[LogFile]:
         """The committed data files holding the log from exactly `offset` on, whole and in
         order, about `max_bytes` of them (at least one): what a follower copies as files. Empty

@@ -178,6 +178,9 @@ def test_object_storage(figures: dict[str, Any]) -> None:
         assert requests[phase]["topic"]["PUT"] >= 1, phase
         assert requests[phase]["per_mb"]["PUT"] > 0, phase
     assert requests["fetch"]["topic_total"] == 0
+    # Followers at the tail write the records they are sent: no server-side copy to read back.
+    for phase in ("replicated_produce", "replicated_latency"):
+        assert requests[phase]["topic"].get("HEAD", 0) == 0, requests[phase]
     assert requests["cold_fetch"]["topic"]["GET"] >= 1
     assert requests["cold_fetch"]["topic"]["PUT"] == 0
     assert set(requests["cold_fetch"]["per_mb"]) == {"PUT", "GET", "HEAD", "LIST", "DELETE",

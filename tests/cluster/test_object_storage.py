@@ -160,10 +160,10 @@ def test_retention_compaction_and_small_file_merges_on_object_storage(spark, sto
 
 
 @pytest.mark.timeout(900)
-def test_leader_kills_under_acks_all_on_object_storage_lose_nothing_acknowledged(
-        spark, store) -> None:
-    root = f"{store.create_bucket(f'kills-{uuid.uuid4().hex[:8]}')}/deltabus"
-    cluster = _start(spark, root, store.options())
+def test_leader_kills_under_acks_all_on_adls_lose_nothing_acknowledged(spark, azurite) -> None:
+    """On S3, test_standalone_cluster.py kills a whole machine under acks=all load."""
+    root = f"{azurite.create_bucket(f'kills-{uuid.uuid4().hex[:8]}')}/deltabus"
+    cluster = _start(spark, root, azurite.options())
     try:
         report = run(cluster, FaultPlan("payments", nemesis_s=20, kill_every_s=8,
                                         kill_jitter_s=2, kafka_producer=False,
