@@ -73,6 +73,15 @@ def azurite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
 
 @pytest.fixture(scope="session")
+def gcs() -> Iterator[Any]:
+    """fake-gcs-server on loopback, for the session (tests/object_stores.py)."""
+    from tests.object_stores import gcs_server
+
+    with gcs_server() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
 def cluster(spark: object, tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     from deltabus import Cluster
 

@@ -17,6 +17,8 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 
 from deltabus import errors
+from deltabus.log_tables.partition_log import PartitionLog
+from deltabus.records import normalize_produce, produce_batch
 from deltabus.storage import Storage, normalize_root
 
 
@@ -155,3 +157,38 @@ def test_a_storage_pickles_to_executors_with_its_options(s3) -> None:
     storage.write(storage.join("a"), b"x")
     shipped = pickle.loads(pickle.dumps(storage))
     assert shipped == storage and shipped.read_bytes(shipped.join("a")) == b"x"
+
+
+def test_deltabus_and_delta_rs_read_a_partition_log_on_gcs_with_the_options_only(
+        gcs, tmp_path: Path) -> None:
+    """GCS with options only, as far as an emulator from the registries allows: fake-gcs-server
+    takes object_store's reads, listings and deletes but refuses its writes (so the cluster
+    cannot run there in tests), and the log is written locally and uploaded through the
+    emulator's JSON API. Then delta-rs opens the table, and deltabus's partition log reads
+    every record back, through gs:// and the options alone."""
+    local = tmp_path / "replica-0"
+    log = PartitionLog(str(local), topic="t", partition=0)
+    for i in range(5):  # five commits, five files
+        values = [f"v{i}-{j}".encode() for j in range(100)]
+        log.append(normalize_produce(produce_batch(values)), leader_epoch=0).result(30)
+    written = log.read(0, 1 << 30)
+    log.close()
+    root = f"{gcs.create_bucket(f'log-{uuid.uuid4().hex[:8]}')}/deltabus"
+    path = f"{root}/t/0/replica-0"
+    assert gcs.upload_tree(local, path) >= 10
+    storage = Storage(root, gcs.options())
+
+    assert DeltaTable(path, storage_options=gcs.options()).version() == 5  # created, 5 appends
+    remote = PartitionLog(path, topic="t", partition=0, storage=storage)
+    try:
+        assert (remote.log_start_offset, remote.log_end_offset) == (0, 500)
+        assert remote.read(0, 1 << 30).equals(written)
+        assert remote.read(250, 1 << 30).column("offset").to_pylist() == list(range(250, 500))
+    finally:
+        remote.close()
+    files = DeltaTable(path, storage_options=gcs.options()).file_uris()
+    assert storage.size(files[0]) > 0 and storage.read_parquet(files[0]).num_rows == 100
+    storage.delete(files[0])
+    assert not storage.exists(files[0])
+    storage.delete_tree(root)
+    assert not storage.exists(root)
