@@ -397,12 +397,13 @@ class Cluster:
 
     def restart_broker(self, broker_id: int, timeout_s: float = 60.0) -> None:
         """A rolling restart of one broker: controlled shutdown, then a new broker task; returns
-        once it has registered again."""
-        old_pid = self.broker_pids().get(broker_id)
-        self._controlled_shutdown(broker_id, timeout_s)
+        once it has registered again (with a new epoch: its process may well be the same
+        Python worker, which Spark reuses)."""
         assert self.controller is not None
+        old_epoch = self.controller.broker_epochs().get(broker_id, -1)
+        self._controlled_shutdown(broker_id, timeout_s)
         deadline = time.monotonic() + timeout_s
-        while self.broker_pids().get(broker_id, old_pid) == old_pid:
+        while self.controller.broker_epochs().get(broker_id, old_epoch) <= old_epoch:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"broker {broker_id} did not come back in {timeout_s:.0f} s")
             time.sleep(0.05)

@@ -807,6 +807,12 @@ class Controller:
             brokers = self._state.brokers
             return {b: brokers.registrations[b].pid for b in brokers.live_broker_ids()}
 
+    def broker_epochs(self) -> dict[int, int]:
+        """The registration epoch of each live broker: a relaunched broker has a higher one."""
+        with self._lock:
+            brokers = self._state.brokers
+            return {b: brokers.registrations[b].epoch for b in brokers.live_broker_ids()}
+
     def live_brokers(self) -> list[int]:
         with self._lock:
             return self._state.brokers.live_broker_ids()

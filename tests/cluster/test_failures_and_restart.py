@@ -124,6 +124,24 @@ def test_relaunched_broker_serves_its_partitions_again(cluster, topic_name):
     client.close()
 
 
+def test_a_rolling_restart_of_each_broker_returns_once_it_is_back(
+        cluster, topic_name, all_brokers_back):
+    """Cluster.restart_broker, as an operator's rolling restart: each broker in turn stops
+    (leadership moving first) and registers again before the next. Spark often runs the new
+    broker task in the same reused Python worker, so the restart cannot be told by a new
+    process id (waiting for one hung): it is told by the broker's new epoch."""
+    with AdminClient(cluster.bootstrap_servers) as admin:
+        admin.create_topics([NewTopic(topic_name, 1, 3, {"min.insync.replicas": "2"})])
+    with Producer(cluster.bootstrap_servers, acks="all") as producer:
+        for broker_id in range(cluster.config.brokers):
+            before = cluster.controller.broker_epochs()[broker_id]
+            cluster.restart_broker(broker_id, timeout_s=120)
+            assert cluster.controller.broker_epochs()[broker_id] > before
+            producer.send(topic_name, f"after {broker_id}".encode()).get(60)
+    records = _read_all(cluster.bootstrap_servers, topic_name, 1, 3)
+    assert [r.value for r in records] == [b"after 0", b"after 1", b"after 2"]
+
+
 def test_cluster_restarted_on_the_same_root_keeps_topics_and_data(spark, tmp_path):
     root = str(tmp_path / "restart")
     first = Cluster(spark, root=root, brokers=3, port=0).start()
