@@ -9,7 +9,7 @@ import time
 
 from kafka import KafkaConsumer
 
-from deltabus import AdminClient, Consumer, NewTopic, Producer
+from deltabus import AdminClient, Consumer, NewTopic, Producer, TopicPartition
 from tests.conftest import wait_until
 
 PARTITIONS = 4
@@ -118,3 +118,49 @@ def test_a_kafka_python_and_a_deltabus_consumer_share_one_group(cluster, topic_n
     assert sorted(got["ours"] + got["theirs"]) == sorted(f"v{i}" for i in range(40))
     assert described.state == "Stable" and len(described.members) == 2
     assert "deltabus-member" in {m.client_id for m in described.members}
+
+
+def test_kafka_admin_clients_delete_empty_groups_and_their_offsets(cluster, topic_name) -> None:
+    """DeleteGroups, as kafka-consumer-groups.sh --delete sends it: an empty group and its
+    committed offsets go; a group with a member stays (NON_EMPTY_GROUP); an unknown one is
+    GROUP_ID_NOT_FOUND. Through kafka-python's admin client and librdkafka's."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient as ConfluentAdmin
+    from kafka.admin import KafkaAdminClient
+
+    with AdminClient(cluster.bootstrap_servers) as admin:
+        admin.create_topics([NewTopic(topic_name, PARTITIONS, 1)])
+    tp = TopicPartition(topic_name, 0)
+    idle, busy, gone = (f"{topic_name}-{n}" for n in ("idle", "busy", "gone"))
+    for group in (idle, gone):
+        with Consumer(cluster.bootstrap_servers, group_id=group,
+                      enable_auto_commit=False) as consumer:
+            consumer.commit({tp: 7})
+    member = kafka_consumer(cluster, busy)
+    try:
+        member.subscribe([topic_name])
+        wait_until(lambda: bool(member.poll(200) is not None and member.assignment()),
+                   "the busy group's member to join")
+        theirs = KafkaAdminClient(bootstrap_servers=cluster.kafka_bootstrap_servers)
+        try:
+            answered = dict(theirs.delete_groups([idle, busy, f"{topic_name}-none"]))
+        finally:
+            theirs.close()
+        assert [answered[g] for g in (idle, busy, f"{topic_name}-none")] == [
+            "OK", "NonEmptyGroupError", "GroupIdNotFoundError"]
+        librdkafka = ConfluentAdmin({"bootstrap.servers": cluster.kafka_bootstrap_servers})
+        futures = librdkafka.delete_consumer_groups([gone, busy], request_timeout=30)
+        futures[gone].result(30)
+        try:
+            futures[busy].result(30)
+            raise AssertionError("a group with a member was deleted")
+        except KafkaException as e:
+            assert e.args[0].name() == "NON_EMPTY_GROUP"
+    finally:
+        member.close()
+    with AdminClient(cluster.bootstrap_servers) as admin:
+        listed = {group_id for group_id, _ in admin.list_consumer_groups()}
+    assert idle not in listed and gone not in listed
+    for group in (idle, gone):  # a group made again under the name starts with no offsets
+        with Consumer(cluster.bootstrap_servers, group_id=group) as consumer:
+            assert consumer.committed(tp) is None

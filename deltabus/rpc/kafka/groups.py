@@ -38,6 +38,7 @@ from deltabus.rpc.kafka.frames import (
 
 (FIND_COORDINATOR, JOIN_GROUP, SYNC_GROUP, HEARTBEAT, LEAVE_GROUP, OFFSET_COMMIT, OFFSET_FETCH,
  LIST_GROUPS, DESCRIBE_GROUPS) = 10, 11, 14, 12, 13, 8, 9, 16, 15
+DELETE_GROUPS = 42
 SUPPORTED: dict[int, tuple[int, int]] = {
     FIND_COORDINATOR: (0, 3),
     JOIN_GROUP: (0, 7),
@@ -48,6 +49,7 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     OFFSET_FETCH: (1, 7),
     LIST_GROUPS: (0, 4),
     DESCRIBE_GROUPS: (0, 5),
+    DELETE_GROUPS: (0, 2),
 }
 # The coordinator's node id in FindCoordinator answers: no broker has it, so clients keep a
 # connection of its own for it.
@@ -67,7 +69,7 @@ class KafkaGroupApis:
             SYNC_GROUP: self.sync_group, HEARTBEAT: self.heartbeat,
             LEAVE_GROUP: self.leave_group, OFFSET_COMMIT: self.offset_commit,
             OFFSET_FETCH: self.offset_fetch, LIST_GROUPS: self.list_groups,
-            DESCRIBE_GROUPS: self.describe_groups,
+            DESCRIBE_GROUPS: self.describe_groups, DELETE_GROUPS: self.delete_groups,
         }
 
     def _coordinator(self) -> GroupCoordinator:
@@ -292,6 +294,25 @@ class KafkaGroupApis:
                          member_metadata=m.metadata, member_assignment=m.assignment)
                     for m in d.members)))
         return make(cls, throttle_time=NO_TIME, groups=tuple(described))
+
+    def delete_groups(self, version: int, request: Any,
+                      refused: errors.DeltaBusError | None = None) -> Any:
+        """DeleteGroups (kafka-consumer-groups.sh --delete): each empty group and its committed
+        offsets go (NON_EMPTY_GROUP while it has members, GROUP_ID_NOT_FOUND for none), for a
+        principal allowed DELETE on it."""
+        cls = load_response_schema(DELETE_GROUPS, version)
+        result_cls = nested(cls, "DeletableGroupResult")
+        results: dict[str, errors.DeltaBusError | None] = {}
+        for group_id in request.groups_names:
+            results[group_id] = refused or current_access().group(Operation.DELETE, group_id)
+        allowed = [g for g, e in results.items() if e is None]
+        if allowed:
+            try:
+                results.update(self._coordinator().delete_groups(allowed))
+            except errors.DeltaBusError as e:
+                results.update({g: e for g in allowed})
+        return make(cls, throttle_time=NO_TIME, results=tuple(
+            make(result_cls, group_id=g, error_code=error_code(e)) for g, e in results.items()))
 
 
 def _join_failed(cls: Any, version: int, error: errors.DeltaBusError, member_id: str) -> Any:
