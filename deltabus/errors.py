@@ -162,6 +162,8 @@ StaleBrokerEpochError = _kafka_error(77, "STALE_BROKER_EPOCH")
 OffsetNotAvailableError = _kafka_error(
     78, "OFFSET_NOT_AVAILABLE", retriable=True)
 MemberIdRequiredError = _kafka_error(79, "MEMBER_ID_REQUIRED")
+# A static member (group.instance.id) whose instance id a newer member of the group now holds.
+FencedInstanceIdError = _kafka_error(82, "FENCED_INSTANCE_ID")
 PreferredLeaderNotAvailableError = _kafka_error(80, "PREFERRED_LEADER_NOT_AVAILABLE",
                                                 retriable=True)
 EligibleLeadersNotAvailableError = _kafka_error(83, "ELIGIBLE_LEADERS_NOT_AVAILABLE",

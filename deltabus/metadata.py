@@ -58,6 +58,7 @@ class MemberDescription:
     client_host: str
     metadata: bytes
     assignment: bytes
+    group_instance_id: str | None = None  # a static member's (KIP-345)
 
 
 @dataclass(frozen=True)

@@ -79,6 +79,7 @@ class Member:
     assignment: bytes = b""
     join: Future[JoinResult] | None = None  # waiting in JoinGroup
     sync: Future[bytes] | None = None  # waiting in SyncGroup
+    group_instance_id: str | None = None  # a static member's (KIP-345)
 
     def metadata(self, protocol: str) -> bytes:
         return next(m for name, m in self.protocols if name == protocol)
@@ -91,6 +92,8 @@ class JoinResult:
     leader_id: str
     member_id: str
     members: list[tuple[str, bytes]]  # (member id, metadata): only the leader gets them
+    # The static members among them: member id -> group instance id.
+    instance_ids: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -107,6 +110,9 @@ class Group:
     empty_since_s: float = field(default_factory=time.time)
     # Member ids handed out with MEMBER_ID_REQUIRED, not joined yet: id -> expiry time.
     pending_members: dict[str, float] = field(default_factory=dict)
+    # Static members: group.instance.id -> the member id that holds it now.
+    static_members: dict[str, str] = field(default_factory=dict)
+    replaced_leader_id: str = ""  # the leader's id before its static member rejoined
 
 
 # Each partition's answer to an OffsetCommit: None when committed, else why not.
@@ -135,10 +141,14 @@ class GroupCoordinator:
 
     def join_group(self, group_id: str, member_id: str, protocol_type: str,
                    protocols: list[tuple[str, bytes]], *, session_timeout_ms: int,
-                   rebalance_timeout_ms: int, client_id: str = "",
-                   client_host: str = "") -> Future[JoinResult]:
+                   rebalance_timeout_ms: int, client_id: str = "", client_host: str = "",
+                   group_instance_id: str | None = None) -> Future[JoinResult]:
         """JoinGroup: the future completes when the join phase ends, with the new generation
-        (and, for the leader, every member's metadata to compute the assignment from)."""
+        (and, for the leader, every member's metadata to compute the assignment from).
+
+        A static member (`group_instance_id`, KIP-345) that joins again under a new member id
+        takes its old place, assignment and all, without a rebalance while the group is
+        stable: a restarted consumer gets its partitions back and the others never stop."""
         _check_group_id(group_id)
         low = self._config.group_min_session_timeout_ms
         high = self._config.group_max_session_timeout_ms
@@ -154,8 +164,21 @@ class GroupCoordinator:
         future: Future[JoinResult] = Future()
         with self._lock:
             group = self._groups.get(group_id) or self._new_group(group_id)
-            self._check_protocols(group, member_id, protocol_type, protocols)
             now = self._clock()
+            replaced = False
+            if group_instance_id and not member_id:
+                known = group.static_members.get(group_instance_id)
+                self._check_protocols(group, known or "", protocol_type, protocols)
+                member_id = f"{group_instance_id}-{uuid.uuid4()}"
+                if known is not None:
+                    self._replace_static_member(group, known, member_id)
+                    replaced = True
+                else:  # a static member needs no MEMBER_ID_REQUIRED round (KIP-345)
+                    self._check_room_for_member(group)
+                    group.pending_members[member_id] = now + session_timeout_ms / 1000
+            else:
+                self._check_protocols(group, member_id, protocol_type, protocols)
+                self._check_instance(group, member_id, group_instance_id)
             if not member_id:  # Kafka's KIP-394: the member learns its id before it waits
                 self._check_room_for_member(group)
                 member_id = f"{client_id or 'consumer'}-{uuid.uuid4()}"
@@ -164,28 +187,16 @@ class GroupCoordinator:
                     f"join group {group_id} again with the member id {member_id}")
                 error.member_id = member_id  # type: ignore[attr-defined]
                 raise error
-            if member_id in group.members:
-                member = group.members[member_id]
-                if member.join is not None and not member.join.done():
-                    member.join.set_exception(errors.RebalanceInProgressError(
-                        "a newer JoinGroup of this member replaced this one"))
-                member.protocols, member.session_timeout_ms = protocols, session_timeout_ms
-                member.rebalance_timeout_ms = rebalance_timeout_ms
-            else:
-                if group.pending_members.pop(member_id, None) is None:
-                    raise errors.UnknownMemberIdError(
-                        f"member {member_id} is not in group {group_id}")
-                if len(group.members) >= self._config.group_max_size:
-                    raise errors.GroupMaxSizeReachedError(
-                        f"group {group_id} has {len(group.members)} members, the most "
-                        f"group.max.size ({self._config.group_max_size}) allows")
-                member = Member(member_id, client_id, client_host, session_timeout_ms,
-                                rebalance_timeout_ms, protocol_type, protocols, now)
-                group.members[member_id] = member
-                if not group.protocol_type:
-                    group.protocol_type = protocol_type
-            member.join = future
+            member = self._joining_member(group, member_id, protocol_type, protocols,
+                                          session_timeout_ms, rebalance_timeout_ms,
+                                          client_id, client_host, now)
+            if group_instance_id:
+                member.group_instance_id = group_instance_id
+                group.static_members[group_instance_id] = member_id
             member.last_heartbeat_s = now
+            if replaced and self._rejoined_without_rebalance(group, member, future):
+                return future
+            member.join = future
             if group.state != PREPARING_REBALANCE:
                 self._prepare_rebalance(group, f"member {member_id} joined", now)
             elif group.join_not_before_s > now:  # a new group: wait a little more for others
@@ -194,6 +205,87 @@ class GroupCoordinator:
                     group.join_deadline_s)
             self._maybe_complete_join(group, now)
         return future
+
+    def _joining_member(self, group: Group, member_id: str, protocol_type: str,
+                        protocols: list[tuple[str, bytes]], session_timeout_ms: int,
+                        rebalance_timeout_ms: int, client_id: str, client_host: str,
+                        now: float) -> Member:
+        """Lock held. The member a JoinGroup is for: a known one with its new protocols and
+        timeouts, or a new one with an id it was handed."""
+        group_id = group.group_id
+        if member_id in group.members:
+            member = group.members[member_id]
+            if member.join is not None and not member.join.done():
+                member.join.set_exception(errors.RebalanceInProgressError(
+                    "a newer JoinGroup of this member replaced this one"))
+            member.protocols, member.session_timeout_ms = protocols, session_timeout_ms
+            member.rebalance_timeout_ms = rebalance_timeout_ms
+            return member
+        if group.pending_members.pop(member_id, None) is None:
+            raise errors.UnknownMemberIdError(f"member {member_id} is not in group {group_id}")
+        if len(group.members) >= self._config.group_max_size:
+            raise errors.GroupMaxSizeReachedError(
+                f"group {group_id} has {len(group.members)} members, the most "
+                f"group.max.size ({self._config.group_max_size}) allows")
+        member = Member(member_id, client_id, client_host, session_timeout_ms,
+                        rebalance_timeout_ms, protocol_type, protocols, now)
+        group.members[member_id] = member
+        if not group.protocol_type:
+            group.protocol_type = protocol_type
+        return member
+
+    def _replace_static_member(self, group: Group, old_id: str, new_id: str) -> None:
+        """Lock held. A static member joined again without its member id (a restart): the
+        member it replaces keeps its place under `new_id`, and whatever still uses `old_id`
+        is fenced (FENCED_INSTANCE_ID), as Kafka's replaceStaticMember does."""
+        member = group.members.pop(old_id)
+        for waiter in (member.join, member.sync):
+            if waiter is not None and not waiter.done():
+                waiter.set_exception(errors.FencedInstanceIdError(
+                    f"member {old_id} was replaced by a newer member with instance id "
+                    f"{member.group_instance_id}"))
+        member.join = member.sync = None
+        member.member_id = new_id
+        group.members[new_id] = member
+        group.replaced_leader_id = old_id if group.leader_id == old_id else ""
+        if group.leader_id == old_id:
+            group.leader_id = new_id
+        log.info("group %s: static member %s rejoined as %s", group.group_id,
+                 member.group_instance_id, new_id)
+
+    def _rejoined_without_rebalance(self, group: Group, member: Member,
+                                    future: Future[JoinResult]) -> bool:
+        """Lock held. A static member that took its old place in a stable group, without
+        changing the protocol the group would choose, gets the current generation at once and
+        its old assignment at SyncGroup; a leader is told the old leader id, so that it does not
+        assign again (Kafka's updateStaticMemberAndRebalance, before KIP-814's
+        skipAssignment). Elsewhere, the group rebalances as for any join."""
+        leader = group.replaced_leader_id or group.leader_id
+        group.replaced_leader_id = ""
+        if group.state != STABLE or \
+                _choose_protocol(list(group.members.values())) != group.protocol_name:
+            return False
+        future.set_result(JoinResult(group.generation_id, group.protocol_name, leader,
+                                     member.member_id, []))
+        return True
+
+    def _check_instance(self, group: Group, member_id: str,
+                        group_instance_id: str | None) -> None:
+        """Lock held. A request of a static member must come from the member that holds its
+        instance id now: an older one (replaced by a restart) is FENCED_INSTANCE_ID."""
+        if not group_instance_id:
+            return
+        holder = group.static_members.get(group_instance_id)
+        if holder is None:
+            if member_id and member_id not in group.members \
+                    and member_id not in group.pending_members:
+                raise errors.UnknownMemberIdError(
+                    f"member {member_id} is not in group {group.group_id}")
+            return
+        if holder != member_id:
+            raise errors.FencedInstanceIdError(
+                f"instance id {group_instance_id} of group {group.group_id} belongs to a "
+                f"newer member than {member_id}")
 
     def _rebalance_timeout_ms(self, rebalance_timeout_ms: int, session_timeout_ms: int) -> int:
         """A member's rebalance timeout: as asked (the session timeout if not), up to
@@ -293,6 +385,8 @@ class GroupCoordinator:
         group.state = COMPLETING_REBALANCE
         everyone = [(m.member_id, m.metadata(group.protocol_name))
                     for m in group.members.values()]
+        instance_ids = {m.member_id: m.group_instance_id for m in group.members.values()
+                        if m.group_instance_id}
         log.info("group %s generation %d: %d members, protocol %s, leader %s", group.group_id,
                  group.generation_id, len(group.members), group.protocol_name, group.leader_id)
         for member in group.members.values():
@@ -300,9 +394,10 @@ class GroupCoordinator:
             member.last_heartbeat_s = now
             join, member.join = member.join, None
             assert join is not None
+            leader = member.member_id == group.leader_id
             join.set_result(JoinResult(
                 group.generation_id, group.protocol_name, group.leader_id, member.member_id,
-                everyone if member.member_id == group.leader_id else []))
+                everyone if leader else [], instance_ids if leader else {}))
 
     def _become_empty(self, group: Group) -> None:
         group.state = EMPTY
@@ -312,12 +407,13 @@ class GroupCoordinator:
         log.info("group %s is empty (generation %d)", group.group_id, group.generation_id)
 
     def sync_group(self, group_id: str, generation_id: int, member_id: str,
-                   assignments: dict[str, bytes]) -> Future[bytes]:
+                   assignments: dict[str, bytes],
+                   group_instance_id: str | None = None) -> Future[bytes]:
         """SyncGroup: the leader hands in every member's assignment; each member's future
         completes with its own once the leader's has arrived."""
         future: Future[bytes] = Future()
         with self._lock:
-            group, member = self._member(group_id, member_id, generation_id)
+            group, member = self._member(group_id, member_id, generation_id, group_instance_id)
             if group.state == PREPARING_REBALANCE:
                 raise errors.RebalanceInProgressError(f"group {group_id} is rebalancing")
             if group.state == STABLE:
@@ -342,10 +438,11 @@ class GroupCoordinator:
             members = group.members.values() if group is not None else []
             return max((m.rebalance_timeout_ms for m in members), default=0) / 1000
 
-    def heartbeat(self, group_id: str, generation_id: int, member_id: str) -> None:
+    def heartbeat(self, group_id: str, generation_id: int, member_id: str,
+                  group_instance_id: str | None = None) -> None:
         """Heartbeat: keeps the member's session; REBALANCE_IN_PROGRESS tells it to join again."""
         with self._lock:
-            group, member = self._member(group_id, member_id, generation_id)
+            group, member = self._member(group_id, member_id, generation_id, group_instance_id)
             member.last_heartbeat_s = self._clock()
             if group.state == PREPARING_REBALANCE:
                 raise errors.RebalanceInProgressError(
@@ -365,9 +462,39 @@ class GroupCoordinator:
             for member_id in member_ids:
                 self._remove_member(group, member_id, "left the group")
 
+    def leave_members(self, group_id: str, members: list[tuple[str, str | None]]
+                      ) -> dict[tuple[str, str | None], errors.DeltaBusError | None]:
+        """LeaveGroup v3+: each (member id, group instance id) goes, with its own answer. A
+        static member named by its instance id alone (no member id: an admin's
+        removeMembersFromConsumerGroup) goes whatever its member id; one whose member id is
+        not the instance's holder is FENCED_INSTANCE_ID."""
+        answers: dict[tuple[str, str | None], errors.DeltaBusError | None] = {}
+        with self._lock:
+            group = self._groups.get(group_id)
+            for key in members:
+                member_id, instance_id = key
+                try:
+                    if group is None:
+                        raise errors.UnknownMemberIdError(f"group {group_id} has no members")
+                    if instance_id and not member_id:
+                        member_id = group.static_members.get(instance_id, "")
+                    else:
+                        self._check_instance(group, member_id, instance_id)
+                    if member_id not in group.members:
+                        raise errors.UnknownMemberIdError(
+                            f"{member_id or instance_id} is not a member of group {group_id}")
+                    self._remove_member(group, member_id, "left the group")
+                    answers[key] = None
+                except errors.DeltaBusError as e:
+                    answers[key] = e
+        return answers
+
     def _remove_member(self, group: Group, member_id: str, why: str) -> None:
         """Lock held."""
         member = group.members.pop(member_id)
+        if member.group_instance_id and \
+                group.static_members.get(member.group_instance_id) == member_id:
+            del group.static_members[member.group_instance_id]
         for waiter in (member.join, member.sync):
             if waiter is not None and not waiter.done():
                 waiter.set_exception(errors.UnknownMemberIdError(f"member {member_id} {why}"))
@@ -380,9 +507,13 @@ class GroupCoordinator:
                 self._become_empty(group)
         self._maybe_complete_join(group, now)
 
-    def _member(self, group_id: str, member_id: str, generation_id: int) -> tuple[Group, Member]:
-        """Lock held. The group and member a request names, checked against the generation."""
+    def _member(self, group_id: str, member_id: str, generation_id: int,
+                group_instance_id: str | None = None) -> tuple[Group, Member]:
+        """Lock held. The group and member a request names, checked against the member that
+        holds its instance id (a static member's) and the generation."""
         group = self._groups.get(group_id)
+        if group is not None:
+            self._check_instance(group, member_id, group_instance_id)
         if group is None or member_id not in group.members:
             raise errors.UnknownMemberIdError(f"member {member_id} is not in group {group_id}")
         if generation_id != group.generation_id:
@@ -404,8 +535,8 @@ class GroupCoordinator:
                 f"{limit} of offset.commit.partitions.max")
 
     def commit_offsets(self, group_id: str, generation_id: int, member_id: str,
-                       offsets: dict[tuple[str, int], OffsetAndMetadata]
-                       ) -> Future[PartitionErrors]:
+                       offsets: dict[tuple[str, int], OffsetAndMetadata],
+                       group_instance_id: str | None = None) -> Future[PartitionErrors]:
         """OffsetCommit: members of the current generation, or a standalone consumer
         (generation -1, no member id) while the group has no members. Resolves once durable,
         with each partition's answer: partitions the cluster does not have get
@@ -428,7 +559,8 @@ class GroupCoordinator:
                         f"group {group_id} has active members: a consumer outside it cannot "
                         "commit its offsets")
             else:
-                group, member = self._member(group_id, member_id, generation_id)
+                group, member = self._member(group_id, member_id, generation_id,
+                                             group_instance_id)
                 if group.state == COMPLETING_REBALANCE:
                     raise errors.RebalanceInProgressError(
                         f"group {group_id} is completing a rebalance")
@@ -472,7 +604,7 @@ class GroupCoordinator:
             members = [MemberDescription(
                 m.member_id, m.client_id, m.client_host,
                 m.metadata(group.protocol_name) if group.protocol_name else b"",
-                m.assignment if group.state == STABLE else b"")
+                m.assignment if group.state == STABLE else b"", m.group_instance_id)
                 for m in group.members.values()]
             return GroupDescription(group_id, group.state, group.protocol_type,
                                     group.protocol_name, group.generation_id, group.leader_id,

@@ -334,3 +334,91 @@ def test_a_rebalance_waits_no_longer_than_group_max_rebalance_timeout(limited, c
     limited.tick()
     assert b_join.done() and b_join.result().members == [(b_id, b"")]
     assert limited.rebalance_timeout_s("g") == 60.0
+
+
+# ---- static membership (KIP-345): a consumer restarted with the same group.instance.id takes
+# its old place and assignment without a rebalance; an older process with that instance id is
+# fenced; an admin removes a static member by its instance id.
+
+def static_join(c: GroupCoordinator, instance: str, member_id: str = "",
+                protocols=(("range", b"m"),)):
+    return c.join_group("g", member_id, "consumer", list(protocols),
+                        session_timeout_ms=SESSION_MS, rebalance_timeout_ms=REBALANCE_MS,
+                        client_id="client", group_instance_id=instance)
+
+
+def stable_pair(c: GroupCoordinator) -> tuple[str, str]:
+    """Static members a (the leader) and b, stable in generation 2 with assignments A and B."""
+    a = static_join(c, "a").result(1)
+    c.sync_group("g", 1, a.member_id, {a.member_id: b"A"}).result(1)
+    joined_b = static_join(c, "b")  # needs no MEMBER_ID_REQUIRED round
+    joined_a = static_join(c, "a", a.member_id)
+    a2, b = joined_a.result(1), joined_b.result(1)
+    assert a2.generation_id == b.generation_id == 2 and a2.leader_id == a.member_id
+    assert a2.instance_ids == {a.member_id: "a", b.member_id: "b"}
+    c.sync_group("g", 2, b.member_id, {}, "b")
+    c.sync_group("g", 2, a.member_id, {a.member_id: b"A", b.member_id: b"B"}, "a").result(1)
+    assert state(c) == STABLE
+    return a.member_id, b.member_id
+
+
+def test_a_restarted_static_member_gets_its_assignment_back_without_a_rebalance(coordinator):
+    a, b = stable_pair(coordinator)
+    again = static_join(coordinator, "b").result(1)  # b restarted: no member id
+    assert again.member_id != b and again.generation_id == 2
+    assert again.leader_id == a and again.members == []
+    assert state(coordinator) == STABLE
+    assert coordinator.sync_group("g", 2, again.member_id, {}, "b").result(1) == b"B"
+    coordinator.heartbeat("g", 2, a, "a")  # the other member goes on in the same generation
+    members = {m.group_instance_id: m.member_id for m in coordinator.describe_group("g").members}
+    assert members == {"a": a, "b": again.member_id}
+
+
+def test_a_restarted_static_leader_is_not_told_to_assign_again(coordinator):
+    a, _ = stable_pair(coordinator)
+    again = static_join(coordinator, "a").result(1)
+    assert again.leader_id == a != again.member_id and again.members == []
+    assert coordinator.sync_group("g", 2, again.member_id, {}, "a").result(1) == b"A"
+    assert coordinator.describe_group("g").leader_id == again.member_id
+
+
+def test_the_replaced_process_is_fenced(coordinator):
+    _, b = stable_pair(coordinator)
+    static_join(coordinator, "b").result(1)
+    with pytest.raises(errors.FencedInstanceIdError):
+        coordinator.heartbeat("g", 2, b, "b")
+    with pytest.raises(errors.FencedInstanceIdError):
+        coordinator.sync_group("g", 2, b, {}, "b")
+    with pytest.raises(errors.FencedInstanceIdError):
+        static_join(coordinator, "b", b)
+
+
+def test_a_restarted_static_member_with_a_protocol_nobody_shares_is_refused(coordinator):
+    a, b = stable_pair(coordinator)
+    with pytest.raises(errors.InconsistentGroupProtocolError):
+        static_join(coordinator, "b", protocols=(("roundrobin", b"m"),))
+    assert state(coordinator) == STABLE  # b keeps its place; nothing changed
+    coordinator.heartbeat("g", 2, b, "b")
+
+
+def test_a_static_member_silent_past_its_session_leaves_the_group(coordinator, clock):
+    a, b = stable_pair(coordinator)
+    clock.now += SESSION_MS / 1000 - 1
+    coordinator.heartbeat("g", 2, a, "a")
+    clock.now += 2
+    coordinator.tick()  # b missed its session: gone, and the group rebalances
+    assert state(coordinator) == PREPARING_REBALANCE
+    assert [m.member_id for m in coordinator.describe_group("g").members] == [a]
+    fresh = static_join(coordinator, "b")  # b comes back as a new member
+    a3 = static_join(coordinator, "a", a).result(1)
+    assert fresh.result(1).member_id != b and a3.generation_id == 3
+
+
+def test_an_admin_removes_a_static_member_by_its_instance_id(coordinator):
+    a, b = stable_pair(coordinator)
+    answers = coordinator.leave_members("g", [("", "b"), ("", "nobody"), ("x", "a")])
+    assert answers[("", "b")] is None
+    assert isinstance(answers[("", "nobody")], errors.UnknownMemberIdError)
+    assert isinstance(answers[("x", "a")], errors.FencedInstanceIdError)
+    assert [m.member_id for m in coordinator.describe_group("g").members] == [a]
+    assert state(coordinator) == PREPARING_REBALANCE

@@ -112,7 +112,8 @@ class KafkaGroupApis:
                 return self._coordinator().join_group(
                     request.group_id, member, request.protocol_type, protocols,
                     session_timeout_ms=session_ms, rebalance_timeout_ms=rebalance_ms,
-                    client_id=client[0], client_host=client[1])
+                    client_id=client[0], client_host=client[1],
+                    group_instance_id=getattr(request, "group_instance_id", None))
 
             try:
                 future = join(member_id)
@@ -138,7 +139,8 @@ class KafkaGroupApis:
             coordinator = self._coordinator()
             future = coordinator.sync_group(
                 request.group_id, request.generation_id, request.member_id,
-                {a.member_id: bytes(a.assignment) for a in request.assignments})
+                {a.member_id: bytes(a.assignment) for a in request.assignments},
+                getattr(request, "group_instance_id", None))
         except errors.DeltaBusError as e:
             return make(cls, throttle_time=NO_TIME, error_code=error_code(e), assignment=b"")
         timeout_s = coordinator.rebalance_timeout_s(request.group_id) + LONG_POLL_SLACK_S
@@ -152,26 +154,36 @@ class KafkaGroupApis:
         if error is None:
             try:
                 self._coordinator().heartbeat(request.group_id, request.generation_id,
-                                              request.member_id)
+                                              request.member_id,
+                                              getattr(request, "group_instance_id", None))
             except errors.DeltaBusError as e:
                 error = e
         return make(cls, throttle_time=NO_TIME, error_code=error_code(error))
 
     def leave_group(self, version: int, request: Any,
                     refused: errors.DeltaBusError | None = None) -> Any:
+        """LeaveGroup: v3+ names members by member id and group instance id (a static member,
+        or one an admin removes by its instance id alone), each with its own answer."""
         cls = load_response_schema(LEAVE_GROUP, version)
-        members = ([m.member_id for m in request.members] if hasattr(request, "members")
-                   else [request.member_id])
-        error = refused
-        if error is None:
-            try:
-                self._coordinator().leave_group(request.group_id, members)
-            except errors.DeltaBusError as e:
-                error = e
-        response_member = (nested(cls, "MemberResponse") if version >= 3 else None)
-        return make(cls, throttle_time=NO_TIME, error_code=error_code(error), members=tuple(
-            response_member(member_id=m, group_instance_id=None, error_code=error_code(error))
-            for m in members) if response_member is not None else ())
+        if version < 3:
+            error = refused
+            if error is None:
+                try:
+                    self._coordinator().leave_group(request.group_id, [request.member_id])
+                except errors.DeltaBusError as e:
+                    error = e
+            return make(cls, throttle_time=NO_TIME, error_code=error_code(error), members=())
+        members = [(m.member_id, m.group_instance_id) for m in request.members]
+        answers: dict[tuple[str, str | None], errors.DeltaBusError | None] = {}
+        try:
+            Access.raise_if(refused)
+            answers = self._coordinator().leave_members(request.group_id, members)
+        except errors.DeltaBusError as e:
+            return make(cls, throttle_time=NO_TIME, error_code=error_code(e), members=())
+        response_member = nested(cls, "MemberResponse")
+        return make(cls, throttle_time=NO_TIME, error_code=ErrorCode.none, members=tuple(
+            response_member(member_id=m, group_instance_id=i,
+                            error_code=error_code(answers[(m, i)])) for m, i in members))
 
     def offset_commit(self, version: int, request: Any,
                       refused: errors.DeltaBusError | None = None) -> Any:
@@ -215,7 +227,8 @@ class KafkaGroupApis:
                                  getattr(request, "generation_id", -1))
             try:
                 answers |= wait_result(coordinator.commit_offsets(
-                    request.group_id, generation, request.member_id, offsets), COMMIT_TIMEOUT_S)
+                    request.group_id, generation, request.member_id, offsets,
+                    getattr(request, "group_instance_id", None)), COMMIT_TIMEOUT_S)
             except errors.DeltaBusError as e:
                 return answers, e
         return answers, None
@@ -289,7 +302,8 @@ class KafkaGroupApis:
             described.append(make(
                 group_cls, error_code=ErrorCode.none, group_id=d.group_id, group_state=d.state,
                 protocol_type=d.protocol_type, protocol_data=d.protocol, members=tuple(
-                    make(member_cls, member_id=m.member_id, group_instance_id=None,
+                    make(member_cls, member_id=m.member_id,
+                         group_instance_id=m.group_instance_id,
                          client_id=m.client_id, client_host=m.client_host,
                          member_metadata=m.metadata, member_assignment=m.assignment)
                     for m in d.members)))
@@ -333,8 +347,8 @@ def _joined(cls: Any, version: int, request: Any, future: Future[JoinResult], ti
                 generation_id=result.generation_id, protocol_type=request.protocol_type,
                 protocol_name=result.protocol_name, leader=result.leader_id,
                 member_id=result.member_id,
-                members=tuple(member_cls(member_id=m, group_instance_id=None, metadata=md)
-                              for m, md in result.members))
+                members=tuple(member_cls(member_id=m, group_instance_id=result.instance_ids.get(m),
+                                         metadata=md) for m, md in result.members))
 
 
 def _synced(cls: Any, request: Any, future: Future[bytes], timeout_s: float) -> Any:
