@@ -76,6 +76,14 @@ PARTITIONS_MAX = 10_000  # per topic
 # request naming a partition 100,000 times read it 100,000 times. A consumer of a whole topic
 # whose partitions all live on one broker still fits (checked below). Beyond it: INVALID_REQUEST.
 REQUEST_PARTITIONS_MAX = 10_000
+# Incremental fetch sessions (KIP-227) a Kafka listener keeps: Kafka's
+# max.incremental.fetch.session.cache.slots, and deltabus's bound on the partitions of all of
+# them together (each slot may hold REQUEST_PARTITIONS_MAX). A full cache evicts only a session
+# idle this long (Kafka's MIN_INCREMENTAL_FETCH_SESSION_EVICTION_MS); else a new session is not
+# made and its consumer fetches without one.
+FETCH_SESSION_CACHE_SLOTS = 1_000
+FETCH_SESSION_CACHE_PARTITIONS_MAX = 200_000
+FETCH_SESSION_EVICTION_MS = 120_000
 TOPIC_NAME_LENGTH_MAX = 249  # Kafka's limit
 # Kafka bounds a group id only by its protocol's string (32,767 bytes); the coordinator keeps
 # every group id it accepts in driver memory and `__consumer_offsets`, so deltabus takes at most

@@ -153,6 +153,10 @@ KafkaStorageError = _kafka_error(
 SaslAuthenticationFailedError = _kafka_error(58, "SASL_AUTHENTICATION_FAILED")
 NonEmptyGroupError = _kafka_error(68, "NON_EMPTY_GROUP")
 GroupIdNotFoundError = _kafka_error(69, "GROUP_ID_NOT_FOUND")
+# Incremental fetch sessions (KIP-227): a session the broker no longer has (evicted, or never
+# its), and a request whose epoch is not the one its session expects next.
+FetchSessionIdNotFoundError = _kafka_error(70, "FETCH_SESSION_ID_NOT_FOUND", retriable=True)
+InvalidFetchSessionEpochError = _kafka_error(71, "INVALID_FETCH_SESSION_EPOCH", retriable=True)
 FencedLeaderEpochError = _kafka_error(
     74, "FENCED_LEADER_EPOCH", retriable=True, invalid_metadata=True)
 UnknownLeaderEpochError = _kafka_error(75, "UNKNOWN_LEADER_EPOCH", retriable=True)
@@ -180,6 +184,8 @@ ResourceNotFoundError = _kafka_error(91, "RESOURCE_NOT_FOUND")
 DuplicateResourceError = _kafka_error(92, "DUPLICATE_RESOURCE")
 UnacceptableCredentialError = _kafka_error(93, "UNACCEPTABLE_CREDENTIAL")
 InvalidUpdateVersionError = _kafka_error(95, "INVALID_UPDATE_VERSION")
+# A Fetch (v13+) naming a topic by an id the cluster does not have.
+UnknownTopicIdError = _kafka_error(100, "UNKNOWN_TOPIC_ID", retriable=True)
 IneligibleReplicaError = _kafka_error(107, "INELIGIBLE_REPLICA")
 
 

@@ -14,6 +14,7 @@ import dataclasses
 import functools
 import logging
 import time
+import uuid
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -33,6 +34,12 @@ from deltabus.rpc.fetch_size import FetchBudget
 from deltabus.rpc.kafka import acl_apis, admin, batches, groups, quota_apis, sasl
 from deltabus.rpc.kafka.admin import controller_id, kafka_endpoints, topic_uuid
 from deltabus.rpc.kafka.delayed import DelayedResponse, result_of
+from deltabus.rpc.kafka.fetch_sessions import (
+    FINAL_EPOCH,
+    INVALID_SESSION_ID,
+    FetchContext,
+    FetchSessionCache,
+)
 from deltabus.rpc.kafka.frames import (
     NO_TIME,
     error_code,
@@ -55,7 +62,7 @@ OFFSET_FOR_LEADER_EPOCH = 23
 # Advertised (API key -> (min, max)): what current kafka-python, librdkafka and KafkaJS use.
 SUPPORTED: dict[int, tuple[int, int]] = {
     PRODUCE: (3, 9),
-    FETCH: (4, 12),
+    FETCH: (4, 17),
     LIST_OFFSETS: (1, 7),
     METADATA: (0, 12),
     API_VERSIONS: (0, 3),
@@ -89,6 +96,7 @@ class KafkaApis:
         self._handler = handler
         self._listener = listener
         self.groups = groups.KafkaGroupApis(groups_, coordinator)
+        self._sessions = FetchSessionCache()
         self._apis: dict[int, Callable[..., Any]] = {
             API_VERSIONS: self.api_versions, METADATA: self.metadata, PRODUCE: self.produce,
             FETCH: self.fetch, LIST_OFFSETS: self.list_offsets,
@@ -270,23 +278,39 @@ class KafkaApis:
               refused: errors.DeltaBusError | None = None) -> Any:
         """Kafka's long poll over the handler's delayed fetch: up to the high watermark,
         waiting up to max_wait for min_bytes. A fetch that waits is a DelayedResponse (Kafka's
-        DelayedFetch): no thread waits for it."""
+        DelayedFetch): no thread waits for it. v7 and later may fetch in an incremental fetch
+        session (fetch_sessions), v13 and later name topics by id."""
         cls = load_response_schema(FETCH, version)
-        specs = [FetchSpec(t.topic, p.partition, p.fetch_offset,
-                           p.partition_max_bytes or cfg.FETCH_PARTITION_MAX_BYTES,
-                           getattr(p, "current_leader_epoch", -1))
-                 for t in request.topics for p in t.partitions]
+        ids = self._topic_ids() if version >= 13 else {}
+        names = {topic_id: name for name, topic_id in ids.items()}
+        specs, unknown = _fetch_specs(request, names if version >= 13 else None)
         invalid = _invalid_fetch(specs)  # refused whole: every partition answered with it
         refused = refused or invalid
+        access = current_access()
+        context = FetchContext(specs)
+        if refused is None:
+            forgotten = [(names.get(f.topic_id, "") if version >= 13 else f.topic, p)
+                         for f in getattr(request, "forgotten_topics_data", ()) or ()
+                         for p in f.partitions]
+            context = self._sessions.context(
+                getattr(request, "session_id", INVALID_SESSION_ID),
+                getattr(request, "session_epoch", FINAL_EPOCH), specs, forgotten,
+                str(access.principal))
+            if context.error is not None:
+                return make(cls, throttle_time=NO_TIME, error_code=error_code(context.error),
+                            session_id=INVALID_SESSION_ID, responses=())
+            specs = context.specs
         max_bytes = min(getattr(request, "max_bytes", 0) or cfg.FETCH_MAX_BYTES,  # v3 and later
                         cfg.FETCH_RESPONSE_MAX_BYTES)
-        access = current_access()
         denied = {s.topic: e for s in specs if (e := refused or access.topic(Operation.READ,
                                                                               s.topic))}
         allowed = [s for s in specs if s.topic not in denied]
         max_wait_ms = min(millis(request.max_wait), cfg.FETCH_WAIT_MS_MAX)
+        respond = functools.partial(self._fetch_response, cls, context, specs, denied,
+                                    access=access, max_bytes=max_bytes, invalid=invalid,
+                                    ids=ids, unknown=unknown)
         if not allowed:
-            return self._fetch_response(cls, specs, denied, [], access, max_bytes, invalid)
+            return respond([])
         fetched = self._handler.fetch_delayed(allowed, max_wait_ms=max_wait_ms,
                                               min_bytes=request.min_bytes, max_bytes=max_bytes,
                                               replica_id=-1)
@@ -300,48 +324,67 @@ class KafkaApis:
                           "reading at once", cfg.DELAYED_FETCH_GRACE_MS)
                 results = self._handler.fetch_delayed(allowed, max_wait_ms=0, min_bytes=0,
                                                       max_bytes=max_bytes, replica_id=-1)
-            return self._fetch_response(cls, specs, denied, results.result(), access,
-                                        max_bytes, invalid)
+            return respond(results.result())
 
         if fetched.done():
             return answer()
         return DelayedResponse([fetched], time.monotonic() + max_wait_ms / 1000
                                + cfg.DELAYED_FETCH_GRACE_MS / 1000, answer)
 
-    def _fetch_response(self, cls: Any, specs: list[FetchSpec],
-                        denied: dict[str, errors.DeltaBusError], fetched: list[FetchResult],
-                        access: Access, max_bytes: int,
-                        invalid: errors.DeltaBusError | None) -> Any:
+    def _topic_ids(self) -> dict[str, uuid.UUID]:
+        """Every topic's id, by name, as Metadata tells clients (Fetch v13+ names topics so)."""
+        image = self._handler.metadata([], False)
+        ids = {name: topic_uuid(t.topic_id) for name, t in image.topics.items()}
+        return {name: topic_id for name, topic_id in ids.items() if topic_id is not None}
+
+    def _fetch_response(self, cls: Any, context: FetchContext, specs: list[FetchSpec],
+                        denied: dict[str, errors.DeltaBusError], fetched: list[FetchResult], *,
+                        access: Access, max_bytes: int, invalid: errors.DeltaBusError | None,
+                        ids: dict[str, uuid.UUID], unknown: list[tuple[uuid.UUID, int]]) -> Any:
         """Fetch's answer from what the allowed partitions read (`fetched`, in request order),
-        within its byte limits and the consumer's quota."""
+        within its byte limits and the consumer's quota; in a session, only what it must carry.
+        """
         topic_cls, partition_cls = (nested(cls, n) for n in ("FetchableTopicResponse",
                                                               "PartitionData"))
         reads = iter(fetched)
         results = [_failed(s, denied[s.topic]) if s.topic in denied else next(reads)
                    for s in specs]
-        by_topic: dict[str, list[Any]] = {}
         budget = FetchBudget(max_bytes)  # Kafka's limits, on the record bytes this answer carries
-        fetched_bytes = 0
+        encoded: dict[tuple[str, int], bytes] = {}
         for spec, r in zip(specs, results, strict=True):
             # nothing new is an empty record set, never a null one: Kafka's brokers send that,
             # and librdkafka 2.0 (Debian's kcat) fails to parse a null
             records = b""
             if r.records is not None and r.records.num_rows:
                 _, records = budget.fit(r.records, spec.max_bytes, batches.encode_fetch)
-                fetched_bytes += len(records)
+            encoded[(r.topic, r.partition)] = records
+        throttle_ms = throttling.record(self._handler, CONSUMER_BYTE_RATE, access,
+                                        sum(map(len, encoded.values())),
+                                        unrecord_if_throttled=True)
+        if throttle_ms:  # Kafka's throttled fetch: no records, the same offsets next time
+            self._sessions.discard(context)
+            return make(cls, throttle_time=timedelta(milliseconds=throttle_ms),
+                        error_code=ErrorCode.none, responses=(),
+                        session_id=context.session_id if context.incremental else 0)
+        by_topic: dict[str, list[Any]] = {}
+        with_records = {p for p, records in encoded.items() if records}
+        for r in self._sessions.answered(context, results, with_records):
             by_topic.setdefault(r.topic, []).append(make(
                 partition_cls, partition_index=r.partition, error_code=error_code(r.error),
                 high_watermark=r.high_watermark, last_stable_offset=r.high_watermark,
                 log_start_offset=r.log_start_offset, aborted_transactions=None,
-                preferred_read_replica=-1, records=records))
-        throttle_ms = throttling.record(self._handler, CONSUMER_BYTE_RATE, access,
-                                        fetched_bytes, unrecord_if_throttled=True)
-        if throttle_ms:  # Kafka's throttled fetch: no records, the same offsets next time
-            return make(cls, throttle_time=timedelta(milliseconds=throttle_ms),
-                        error_code=ErrorCode.none, session_id=0, responses=())
-        return make(cls, throttle_time=NO_TIME, error_code=error_code(invalid), session_id=0,
-                    responses=tuple(make(topic_cls, topic=name, partitions=tuple(parts))
-                                    for name, parts in by_topic.items()))
+                preferred_read_replica=-1, records=encoded[(r.topic, r.partition)]))
+        topics = [make(topic_cls, topic=name, topic_id=ids.get(name), partitions=tuple(parts))
+                  for name, parts in by_topic.items()]
+        for topic_id, partitions in _by_topic_id(unknown).items():
+            topics.append(make(topic_cls, topic_id=topic_id, partitions=tuple(make(
+                partition_cls, partition_index=p, high_watermark=-1, last_stable_offset=-1,
+                log_start_offset=-1, aborted_transactions=None, preferred_read_replica=-1,
+                records=b"", error_code=error_code(errors.UnknownTopicIdError(
+                    f"no topic has id {topic_id}")))
+                for p in partitions)))
+        return make(cls, throttle_time=NO_TIME, error_code=error_code(invalid),
+                    session_id=context.session_id, responses=tuple(topics))
 
     def list_offsets(self, version: int, request: Any,
                      refused: errors.DeltaBusError | None = None) -> Any:
@@ -423,6 +466,31 @@ class KafkaApis:
                 error = e
         return make(cls, throttle_time=NO_TIME, error_code=error_code(error),
                     producer_id=producer_id, producer_epoch=epoch)
+
+
+def _fetch_specs(request: Any, names: dict[uuid.UUID, str] | None
+                 ) -> tuple[list[FetchSpec], list[tuple[uuid.UUID, int]]]:
+    """The partitions a Fetch names, and (v13+, `names` given) those of topic ids the cluster
+    does not have, answered UNKNOWN_TOPIC_ID."""
+    specs: list[FetchSpec] = []
+    unknown: list[tuple[uuid.UUID, int]] = []
+    for t in request.topics:
+        name = t.topic if names is None else names.get(t.topic_id)
+        for p in t.partitions:
+            if name is None:
+                unknown.append((t.topic_id, p.partition))
+                continue
+            specs.append(FetchSpec(name, p.partition, p.fetch_offset,
+                                   p.partition_max_bytes or cfg.FETCH_PARTITION_MAX_BYTES,
+                                   getattr(p, "current_leader_epoch", -1)))
+    return specs, unknown
+
+
+def _by_topic_id(partitions: list[tuple[uuid.UUID, int]]) -> dict[uuid.UUID, list[int]]:
+    out: dict[uuid.UUID, list[int]] = {}
+    for topic_id, partition in partitions:
+        out.setdefault(topic_id, []).append(partition)
+    return out
 
 
 def _invalid_fetch(specs: list[FetchSpec]) -> errors.DeltaBusError | None:
