@@ -124,6 +124,10 @@ class TopicConfig:
     """A topic's effective configuration: Kafka's topic configs that deltabus honours."""
 
     max_message_bytes: int = MESSAGE_MAX_BYTES
+    # How fetch answers send the records: deltabus stores them uncompressed (the table is for
+    # people and Spark), so "producer" and "uncompressed" send them so, and a codec compresses
+    # each batch of an answer with it.
+    compression_type: str = "producer"
     message_timestamp_type: str = "CreateTime"  # or LogAppendTime
     # Retention: whole committed files past either limit are removed (-1: no limit).
     retention_ms: int = 7 * 24 * 3600 * 1000
@@ -178,6 +182,10 @@ TOPIC_CONFIGS: dict[str, ConfigDef] = {d.name: d for d in (
     ConfigDef("cleanup.policy", "cleanup_policy", "LIST", "log.cleanup.policy",
               "delete: remove records past retention; compact: keep the latest record per key",
               choices=("compact", "delete")),
+    ConfigDef("compression.type", "compression_type", "STRING", "compression.type",
+              "the codec fetch answers compress record batches with (producer, uncompressed: "
+              "none, as they are stored)",
+              choices=("uncompressed", "zstd", "lz4", "snappy", "gzip", "producer")),
     ConfigDef("delete.retention.ms", "delete_retention_ms", "LONG",
               "log.cleaner.delete.retention.ms",
               "how long compaction keeps a tombstone after reaching it", minimum=0),

@@ -4,6 +4,8 @@ in any order, both timestamp types), and what a producer sends is what the log t
 
 from __future__ import annotations
 
+import os
+
 import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -11,7 +13,12 @@ from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchB
 from kafka.record.memory_records import MemoryRecords
 
 from deltabus.records import LOG_SCHEMA
-from deltabus.rpc.kafka.batches import FETCH_BATCH_RECORDS_MAX, decode_produce, encode_fetch
+from deltabus.rpc.kafka.batches import (
+    FETCH_BATCH_RECORDS_MAX,
+    compress_batches,
+    decode_produce,
+    encode_fetch,
+)
 
 record = st.tuples(
     st.integers(1, 3),  # gap to the previous offset (compaction leaves gaps)
@@ -65,6 +72,24 @@ def test_fetched_batches_decode_to_the_log_rows(records, timestamp_type, base, n
     assert got == [(o, r[1], r[2], r[3], r[4]) for o, r in
                    zip(rows.column("offset").to_pylist(), records, strict=True)]
     assert all(b.timestamp_type == timestamp_type and b.leader_epoch == 3 for b in batches)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(record, min_size=1, max_size=60), st.sampled_from([1, 2, 3, 4]),
+       st.integers(1, 3))
+def test_compressed_fetch_batches_decode_to_the_same_records(records, codec, copies):
+    rows = log_rows(records * copies, 0, 0)  # copies: something to compress
+    plain = encode_fetch(rows)
+    packed = compress_batches(plain, codec)
+    got, batches = decoded(packed)
+    assert got == decoded(plain)[0]
+    assert all(b.compression_type in (0, codec) for b in batches)  # 0: would not shrink
+    assert len(packed) <= len(plain)
+
+
+def test_a_batch_that_would_not_shrink_goes_as_stored() -> None:
+    plain = encode_fetch(log_rows([(1, 1_700_000_000_000, None, os.urandom(40), [])], 0, 0))
+    assert compress_batches(plain, 1) == plain
 
 
 def test_a_long_fetch_is_split_into_batches() -> None:

@@ -331,6 +331,18 @@ class KafkaApis:
         return DelayedResponse([fetched], time.monotonic() + max_wait_ms / 1000
                                + cfg.DELAYED_FETCH_GRACE_MS / 1000, answer)
 
+    def _fetch_codecs(self, topics: set[str]) -> dict[str, int]:
+        """The codec each topic's fetch answers are compressed with (its compression.type);
+        topics whose records go as stored are left out."""
+        image = self._handler.metadata([], False)
+        out = {}
+        for name in topics:
+            state = image.topics.get(name)
+            codec = batches.CODECS.get(state.configs.get("compression.type", "")) if state else 0
+            if codec:
+                out[name] = codec
+        return out
+
     def _topic_ids(self) -> dict[str, uuid.UUID]:
         """Every topic's id, by name, as Metadata tells clients (Fetch v13+ names topics so)."""
         image = self._handler.metadata([], False)
@@ -350,6 +362,7 @@ class KafkaApis:
         results = [_failed(s, denied[s.topic]) if s.topic in denied else next(reads)
                    for s in specs]
         budget = FetchBudget(max_bytes)  # Kafka's limits, on the record bytes this answer carries
+        codecs = self._fetch_codecs({s.topic for s in specs})
         encoded: dict[tuple[str, int], bytes] = {}
         for spec, r in zip(specs, results, strict=True):
             # nothing new is an empty record set, never a null one: Kafka's brokers send that,
@@ -357,6 +370,9 @@ class KafkaApis:
             records = b""
             if r.records is not None and r.records.num_rows:
                 _, records = budget.fit(r.records, spec.max_bytes, batches.encode_fetch)
+                codec = codecs.get(r.topic, 0)
+                if codec:
+                    records = batches.compress_batches(records, codec)
             encoded[(r.topic, r.partition)] = records
         throttle_ms = throttling.record(self._handler, CONSUMER_BYTE_RATE, access,
                                         sum(map(len, encoded.values())),

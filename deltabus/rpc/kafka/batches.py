@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import snappy
 import zstandard
+from kafka import codec as kafka_codec
 from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
 from kafka.record.util import calc_crc32c, decode_varint
 
@@ -247,6 +248,38 @@ def encode_fetch(log_rows: pa.Table) -> bytes:
         else:
             parts.append(_encode_batch(rows))
     return b"".join(parts)
+
+
+CODECS = {"gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}  # compression.type -> batch attribute
+_PACKERS: dict[int, Callable[[bytes], bytes]] = {
+    1: kafka_codec.gzip_encode, 2: kafka_codec.snappy_encode, 3: kafka_codec.lz4_encode,
+    4: kafka_codec.zstd_encode,
+}
+
+
+def compress_batches(data: bytes, codec: int) -> bytes:
+    """Uncompressed record batches (as encode_fetch makes them) with each batch's records
+    compressed by `codec` (1-4, Kafka's attribute bits), as a topic's compression.type asks.
+    A batch that would not shrink stays as it is, so an answer never grows past the byte
+    limits it was cut to."""
+    pack = _PACKERS[codec]
+    out, pos, view = [], 0, memoryview(data)
+    while pos < len(view):
+        size = _batch_size(view, pos)
+        batch = view[pos:pos + size]
+        pos += size
+        packed = pack(bytes(batch[_RECORDS_AT:]))
+        if len(packed) >= size - _RECORDS_AT:
+            out.append(bytes(batch))
+            continue
+        buffer = bytearray(batch[:_RECORDS_AT])
+        buffer += packed
+        struct.pack_into(">i", buffer, 8, len(buffer) - 12)
+        attributes = struct.unpack_from(">h", buffer, _ATTRIBUTES_AT)[0]
+        struct.pack_into(">h", buffer, _ATTRIBUTES_AT, attributes | codec)
+        _CRC.pack_into(buffer, _CRC_AT, calc_crc32c(memoryview(buffer)[_ATTRIBUTES_AT:]))
+        out.append(bytes(buffer))
+    return b"".join(out)
 
 
 def _batch_slices(log_rows: pa.Table) -> list[tuple[int, int]]:
