@@ -141,6 +141,8 @@ class KafkaApis:
             return access.group(Operation.READ, request.group_id)
         if api_key == groups.OFFSET_FETCH and getattr(request, "group_id", None) is not None:
             return access.group(Operation.DESCRIBE, request.group_id)
+        if api_key == groups.OFFSET_DELETE:
+            return access.group(Operation.DELETE, request.group_id)
         if api_key == groups.FIND_COORDINATOR and getattr(request, "key_type", 0) == 0:
             return access.group(Operation.DESCRIBE, request.key)
         if api_key == INIT_PRODUCER_ID:
