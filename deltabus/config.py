@@ -76,6 +76,9 @@ PARTITIONS_MAX = 10_000  # per topic
 # request naming a partition 100,000 times read it 100,000 times. A consumer of a whole topic
 # whose partitions all live on one broker still fits (checked below). Beyond it: INVALID_REQUEST.
 REQUEST_PARTITIONS_MAX = 10_000
+# Kafka's max.request.partition.size.limit: the most partitions one DescribeTopicPartitions
+# answer holds, whatever its response_partition_limit (the rest by cursor, KIP-966).
+MAX_REQUEST_PARTITION_SIZE_LIMIT = 2_000
 TOPIC_NAME_LENGTH_MAX = 249  # Kafka's limit
 # Kafka bounds a group id only by its protocol's string (32,767 bytes); the coordinator keeps
 # every group id it accepts in driver memory and `__consumer_offsets`, so deltabus takes at most
