@@ -84,6 +84,9 @@ REQUEST_PARTITIONS_MAX = 10_000
 FETCH_SESSION_CACHE_SLOTS = 1_000
 FETCH_SESSION_CACHE_PARTITIONS_MAX = 200_000
 FETCH_SESSION_EVICTION_MS = 120_000
+# Kafka's max.request.partition.size.limit: the most partitions one DescribeTopicPartitions
+# answer holds, whatever its response_partition_limit (the rest by cursor, KIP-966).
+MAX_REQUEST_PARTITION_SIZE_LIMIT = 2_000
 TOPIC_NAME_LENGTH_MAX = 249  # Kafka's limit
 # Kafka bounds a group id only by its protocol's string (32,767 bytes); the coordinator keeps
 # every group id it accepts in driver memory and `__consumer_offsets`, so deltabus takes at most

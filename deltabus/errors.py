@@ -175,6 +175,8 @@ EligibleLeadersNotAvailableError = _kafka_error(83, "ELIGIBLE_LEADERS_NOT_AVAILA
 GroupMaxSizeReachedError = _kafka_error(81, "GROUP_MAX_SIZE_REACHED")
 ElectionNotNeededError = _kafka_error(84, "ELECTION_NOT_NEEDED")
 NoReassignmentInProgressError = _kafka_error(85, "NO_REASSIGNMENT_IN_PROGRESS")
+# OffsetDelete of a topic the group's members subscribe to: they would commit it again.
+GroupSubscribedToTopicError = _kafka_error(86, "GROUP_SUBSCRIBED_TO_TOPIC")
 InvalidRecordError = _kafka_error(87, "INVALID_RECORD")
 # SCRAM credentials (AlterUserScramCredentials / DescribeUserScramCredentials): deleting or
 # describing a credential that is not there, one credential altered twice in a request, and a

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import posixpath
+import shutil
 import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -171,6 +172,18 @@ class Storage:
                 obstore.delete(store, key)
             except FileNotFoundError:
                 pass
+
+    def volume_bytes(self) -> tuple[int, int]:
+        """(total, usable) bytes of the volume a local root is on, as Kafka's DescribeLogDirs
+        tells of a log dir; (-1, -1) for an object store (no volume) or when the root is not
+        there to ask."""
+        if not self.is_local:
+            return -1, -1
+        try:
+            usage = shutil.disk_usage(_local_path(self.root))
+        except OSError:
+            return -1, -1
+        return usage.total, usage.free
 
     def exists(self, uri: str) -> bool:
         """Whether `uri` is a file or a folder holding anything (an object store has no empty

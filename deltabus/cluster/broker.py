@@ -46,15 +46,21 @@ from deltabus.acls import (
 from deltabus.cluster.delayed_fetch import DelayedFetch, FetchPurgatory
 from deltabus.cluster.doors import Doors, open_doors
 from deltabus.cluster.executor_process import local_host
-from deltabus.cluster.handler import FetchResult, FetchSpec
+from deltabus.cluster.handler import (
+    FetchResult,
+    FetchSpec,
+    LogDirDescription,
+    ReplicaDescription,
+)
 from deltabus.cluster.metadata_loader import MetadataLoader
 from deltabus.cluster.partition import Partition
 from deltabus.cluster.producer_id_control import issued_to
 from deltabus.cluster.replica_fetcher import ReplicaFetcher
 from deltabus.listeners import GRPC, ListenerBindError
-from deltabus.log_tables.layout import replica_path
+from deltabus.log_tables.layout import log_dir, replica_path
 from deltabus.log_tables.partition_log import (
     EARLIEST_TIMESTAMP,
+    ActiveProducer,
     AppendResult,
     PartitionLog,
 )
@@ -702,6 +708,35 @@ class Broker:
         hosted = self._partition(topic, partition)
         hosted.check_leader(current_leader_epoch)
         return hosted.end_offset_for_epoch(leader_epoch)
+
+    def describe_log_dirs(self, partitions: list[tuple[str, int]] | None
+                          ) -> list[LogDirDescription]:
+        """The one log dir of this broker's replica tables, with each hosted replica's size
+        (from its log's data files: no listing) and Kafka's offset lag (none: deltabus has no
+        future replicas). Replicas this broker does not host are left out, as in Kafka."""
+        with self._partitions_lock:
+            hosted = dict(self._partitions)
+        keys = sorted(hosted) if partitions is None else sorted(
+            {k for k in partitions if k in hosted})
+        total, usable = self._config.storage.volume_bytes()
+        where = log_dir(self._config.root)
+        try:
+            replicas = [_replica_description(hosted[key].log) for key in keys]
+        except Exception as e:  # the storage failed: Kafka's offline log dir
+            return [LogDirDescription(where, [], total, usable, errors.KafkaStorageError(
+                f"cannot read the replica tables under {where}: {e}"))]
+        return [LogDirDescription(where, replicas, total, usable)]
+
+    def describe_producers(self, topic: str, partition: int) -> list[ActiveProducer]:
+        """From this broker's replica, leader or follower, as Kafka's ReplicaManager answers."""
+        return self._partition(topic, partition).log.active_producers()
+
+
+def _replica_description(plog: PartitionLog) -> ReplicaDescription:
+    """A hosted replica as DescribeLogDirs tells of it: Kafka's offset lag of a current (not
+    future) replica is its high watermark past its log end, never below 0."""
+    return ReplicaDescription(plog.topic, plog.partition, plog.size_bytes(),
+                              max(0, plog.high_watermark - plog.log_end_offset))
 
 
 FETCH_READ_SLACK_SHARE = 16  # a partition's read leaves 1/16 of its limit for the encoding

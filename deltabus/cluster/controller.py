@@ -67,7 +67,7 @@ from deltabus.cluster import (
 )
 from deltabus.cluster.broker_registry import BrokerHeartbeatManager, BrokerRegistry
 from deltabus.cluster.catch_up import CatchUpTask
-from deltabus.cluster.handler import FetchResult, FetchSpec
+from deltabus.cluster.handler import FetchResult, FetchSpec, LogDirDescription
 from deltabus.cluster.log_cleaner import CleanerTask
 from deltabus.cluster.metadata_deltas import MetadataDeltas
 from deltabus.cluster.metadata_log import MetadataLog
@@ -88,7 +88,7 @@ from deltabus.cluster.metadata_records import (
 )
 from deltabus.cluster.metadata_state import MetadataState
 from deltabus.log_tables.layout import metadata_path, replica_path, topic_path
-from deltabus.log_tables.partition_log import AppendResult, create_log_table
+from deltabus.log_tables.partition_log import ActiveProducer, AppendResult, create_log_table
 from deltabus.metadata import (
     BrokerEndpoint,
     MetadataBatch,
@@ -919,6 +919,14 @@ class ControllerHandler:
 
     def offset_for_leader_epoch(self, topic: str, partition: int, current_leader_epoch: int,
                                 leader_epoch: int) -> tuple[int, int]:
+        raise self._not_leader(topic, partition)
+
+    def describe_log_dirs(self, partitions: list[tuple[str, int]] | None
+                          ) -> list[LogDirDescription]:
+        """The controller hosts no replica: it has no log dir."""
+        return []
+
+    def describe_producers(self, topic: str, partition: int) -> list[ActiveProducer]:
         raise self._not_leader(topic, partition)
 
     def init_producer_id(self, transactional_id: str = "",

@@ -17,7 +17,7 @@ import pyarrow as pa
 from deltabus import config as cfg
 from deltabus import errors
 from deltabus.acls import AclBinding, AclBindingFilter, AclCreation, Authorizer
-from deltabus.log_tables.partition_log import AppendResult, LogFile
+from deltabus.log_tables.partition_log import ActiveProducer, AppendResult, LogFile
 from deltabus.metadata import (
     BrokerEndpoint,
     MetadataBatch,
@@ -62,6 +62,28 @@ class FetchResult:
     log_end_offset: int = -1
     diverging_epoch: tuple[int, int] | None = None  # (epoch, end offset) for a follower
     files: list[LogFile] | None = None  # for a follower: whole files instead of records
+
+
+@dataclass(frozen=True)
+class ReplicaDescription:
+    """One replica a broker hosts, as DescribeLogDirs tells of it."""
+
+    topic: str
+    partition: int
+    size_bytes: int  # its table's live data files
+    offset_lag: int  # Kafka's: high watermark minus log end offset, at least 0
+
+
+@dataclass(frozen=True)
+class LogDirDescription:
+    """A broker's log dir (Kafka's DescribeLogDirs result): the replicas it hosts there, or
+    `error` (KAFKA_STORAGE_ERROR) when it cannot tell."""
+
+    log_dir: str
+    replicas: list[ReplicaDescription]
+    total_bytes: int = -1  # -1: unknown (an object store)
+    usable_bytes: int = -1
+    error: errors.DeltaBusError | None = None
 
 
 class DeltaBusHandler(Protocol):
@@ -114,6 +136,17 @@ class DeltaBusHandler(Protocol):
     def offset_for_leader_epoch(self, topic: str, partition: int, current_leader_epoch: int,
                                 leader_epoch: int) -> tuple[int, int]:
         """(epoch, end offset): where `leader_epoch` ends in the leader's log, or (-1, -1)."""
+        ...
+
+    def describe_log_dirs(self, partitions: list[tuple[str, int]] | None
+                          ) -> list[LogDirDescription]:
+        """Kafka's DescribeLogDirs: this server's log dirs with the replicas it hosts (of
+        `partitions` only, None: all); a server hosting none has no log dir."""
+        ...
+
+    def describe_producers(self, topic: str, partition: int) -> list[ActiveProducer]:
+        """Kafka's DescribeProducers: the idempotent producers this server's replica of the
+        partition knows; NOT_LEADER_OR_FOLLOWER where it hosts none."""
         ...
 
     def init_producer_id(self, transactional_id: str = "",

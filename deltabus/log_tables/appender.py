@@ -51,8 +51,10 @@ from deltabus.storage import Storage, storage_error
 
 LOG_TXN_APP_ID = "deltabus.log"  # Delta app transaction every commit of a log sets
 _CHECKPOINT = PostCommitHookProperties(create_checkpoint=True)
-# What the epoch list and producer state need of records copied as files.
-_STATE_COLUMNS = ["offset", "leader_epoch", "producer_id", "producer_epoch", "sequence"]
+# What the epoch list and producer state (with its producers' last timestamps, which
+# DescribeProducers shows) need of records copied as files.
+_STATE_COLUMNS = ["offset", "timestamp", "leader_epoch", "producer_id", "producer_epoch",
+                  "sequence"]
 
 
 @dataclass(frozen=True)

@@ -22,8 +22,14 @@ def consumer_offsets_path(root: str) -> str:
     return posixpath.join(root, "__consumer_offsets")
 
 
+def log_dir(root: str) -> str:
+    """Where every broker's replica tables are (Kafka's log.dirs, one for the whole cluster:
+    the brokers share the root, each with its own table per replica)."""
+    return posixpath.join(root, "topics")
+
+
 def topic_path(root: str, topic: str) -> str:
-    return posixpath.join(root, "topics", topic)
+    return posixpath.join(log_dir(root), topic)
 
 
 def replica_path(root: str, topic: str, partition: int, broker_id: int) -> str:

@@ -58,7 +58,11 @@ from deltabus.log_tables.appender import (
 )
 from deltabus.log_tables.leader_epochs import LeaderEpochCache, recover_epochs
 from deltabus.log_tables.partition_reader import LogFile, PartitionReader
-from deltabus.log_tables.producer_state import NO_PRODUCER, ProducerStateManager
+from deltabus.log_tables.producer_state import (
+    NO_PRODUCER,
+    ActiveProducer,
+    ProducerStateManager,
+)
 from deltabus.log_tables.tail_cache import TailCache, read_cached, shared_budget
 from deltabus.records import (
     CREATE_TIME,
@@ -82,8 +86,8 @@ MAX_TIMESTAMP = -3
 DEFAULT_LOG_CONFIG = LogConfig()
 
 __all__ = ["EARLIEST_TIMESTAMP", "LATEST_TIMESTAMP", "MAX_TIMESTAMP", "NO_PRODUCER",
-           "AppendResult", "CommitRange", "LogConfig", "LogFile", "PartitionLog",
-           "commit_ranges", "create_log_table"]
+           "ActiveProducer", "AppendResult", "CommitRange", "LogConfig", "LogFile",
+           "PartitionLog", "commit_ranges", "create_log_table"]
 
 
 class PartitionLog:
@@ -423,12 +427,14 @@ class PartitionLog:
                 self._epochs.assign(done.records)
                 if done.kind == "copy":
                     self._producers.note_copied(done.records)
+                self._producers.note_timestamps(done.records)
             elif done.kind == "files":
                 assert done.records is not None
                 self.log_end_offset = done.end_offset
                 self._tail.clear()  # the cache must stay a suffix of the log: these are not in it
                 self._epochs.assign(done.records)
                 self._producers.note_copied(done.records)
+                self._producers.note_timestamps(done.records)
             elif done.kind == "truncate":
                 changed = done.end_offset < self.log_end_offset
                 if changed:
@@ -568,6 +574,19 @@ class PartitionLog:
             return -1, -1
         i = int(hits[np.argmin(offsets[hits])])
         return int(offsets[i]), int(ts[i])
+
+    # ---- describing ------------------------------------------------------------------------
+
+    def size_bytes(self) -> int:
+        """The bytes of the table's live data files (Kafka's partition size in DescribeLogDirs),
+        from the add actions the reader holds for the committed version: no listing."""
+        sizes = self._reader.files().column("size_bytes")
+        return int(pc.sum(sizes).as_py() or 0) if len(sizes) else 0
+
+    def active_producers(self) -> list[ActiveProducer]:
+        """The idempotent producers the log knows (`ProducerStateManager.active`)."""
+        with self._lock:
+            return self._producers.active()
 
     # ---- closing ---------------------------------------------------------------------------
 

@@ -38,7 +38,7 @@ import pyarrow.parquet as pq
 from deltabus import errors
 from deltabus.log_tables.appender import AppendResult
 from deltabus.log_tables.log_reader import leaf_columns
-from deltabus.records import ProducerState
+from deltabus.records import TIMESTAMP_TYPE, ProducerState
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +56,7 @@ class ProducerEntry:
 
     epoch: int
     next_sequence: int
+    last_timestamp_ms: int = -1  # the newest timestamp of its records in the last commit
     recent: collections.OrderedDict[int, Future[AppendResult]] = field(
         default_factory=collections.OrderedDict)
     copied: collections.deque[tuple[int, int, int]] = field(
@@ -78,6 +79,17 @@ class ProducerEntry:
                 future.set_result(AppendResult(base, base + records - 1, -1, -1))
                 return future
         return None
+
+
+@dataclass(frozen=True)
+class ActiveProducer:
+    """An idempotent producer as Kafka's DescribeProducers shows it (kafka-transactions.sh
+    describe-producers): the last sequence it sent here, the newest timestamp it wrote."""
+
+    producer_id: int
+    producer_epoch: int
+    last_sequence: int
+    last_timestamp_ms: int
 
 
 class ProducerStateManager:
@@ -165,6 +177,28 @@ class ProducerStateManager:
                     continue
                 entry.next_sequence = max(entry.next_sequence, int(seqs[last]) + 1)
                 entry.copied.append((int(seqs[first]), int(seqs[last]), int(offsets[first])))
+
+    def note_timestamps(self, table: pa.Table) -> None:
+        """Take in the newest timestamp of each known producer's records in a commit (LOG_SCHEMA
+        columns), in commit order: Kafka's last timestamp of a producer, its last batch's max
+        timestamp (here the max over its batches in the last commit holding any)."""
+        pids = table.column("producer_id").to_numpy()
+        if not (pids >= 0).any():
+            return
+        stamps = pc.cast(table.column("timestamp"), TIMESTAMP_TYPE)
+        stamps_us = pc.cast(stamps, pa.int64()).to_numpy(zero_copy_only=False)
+        for pid in np.unique(pids[pids >= 0]):
+            entry = self._producers.get(int(pid))
+            if entry is not None:
+                entry.last_timestamp_ms = int(stamps_us[pids == pid].max()) // 1000
+
+    def active(self) -> list[ActiveProducer]:
+        """The producers this log knows, by id: those that wrote to it since it opened (and,
+        on a follower, those whose records it copied). A producer known only from the table
+        (written before a restart) shows once it writes again: the log reads no files for
+        this."""
+        return [ActiveProducer(pid, e.epoch, e.next_sequence - 1, e.last_timestamp_ms)
+                for pid, e in sorted(self._producers.items())]
 
     def clear(self) -> None:
         """Forget every producer (the log was truncated, or a commit failed): each is rebuilt

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import struct
 import threading
 import time
 import uuid
@@ -633,6 +634,38 @@ class GroupCoordinator:
                 results[group_id] = e
         return results
 
+    def delete_offsets(self, group_id: str, partitions: list[tuple[str, int]]
+                       ) -> PartitionErrors:
+        """OffsetDelete (kafka-consumer-groups.sh --delete-offsets): tombstones in
+        `__consumer_offsets` for the named partitions' committed offsets, durable before it
+        returns, but for topics the group's members subscribe to (GROUP_SUBSCRIBED_TO_TOPIC:
+        they would commit them again). Raises GROUP_ID_NOT_FOUND for a group with neither
+        members nor offsets, and NON_EMPTY_GROUP for one whose members are not consumers
+        (their subscriptions cannot be read), as Kafka's coordinator."""
+        self.check_offset_commit(group_id, len(partitions))
+        with self._lock:
+            group = self._groups.get(group_id)
+            if group is None and not self._store.has_group(group_id):
+                raise errors.GroupIdNotFoundError(f"group {group_id} does not exist")
+            subscribed = _subscribed_topics(group) if group is not None else set()
+        committed = self._store.offsets(group_id)
+        topics = self._metadata().topics
+        answers: PartitionErrors = {}
+        tombstones = []
+        for topic, partition in partitions:
+            if topic not in topics:  # as Kafka's KafkaApis, from its metadata cache
+                answers[(topic, partition)] = errors.UnknownTopicOrPartitionError(
+                    f"unknown topic {_shown(topic)}")
+            elif subscribed is None or topic in subscribed:
+                answers[(topic, partition)] = errors.GroupSubscribedToTopicError(
+                    f"group {group_id} has members subscribed to {_shown(topic)}")
+            else:
+                answers[(topic, partition)] = None
+                if (topic, partition) in committed:
+                    tombstones.append(OffsetCommit(group_id, topic, partition, None))
+        wait_result(self._store.commit(tombstones), COMMIT_TIMEOUT_S)
+        return answers
+
     # ---- time ----------------------------------------------------------------------------------
 
     def tick(self) -> None:
@@ -705,6 +738,41 @@ class GroupCoordinator:
                             waiter.set_exception(errors.CoordinatorNotAvailableError(
                                 "the group coordinator is shutting down"))
         self._store.close()
+
+
+def _subscribed_topics(group: Group) -> set[str] | None:
+    """Lock held. The topics the group's members subscribe to (their JoinGroup metadata);
+    None when a member's cannot be read: every topic counts as subscribed then, as Kafka's
+    classic groups answer. NON_EMPTY_GROUP for members of another protocol than consumer."""
+    topics: set[str] = set()
+    for member in group.members.values():
+        if member.protocol_type != "consumer":
+            raise errors.NonEmptyGroupError(
+                f"group {group.group_id} has {len(group.members)} members of protocol "
+                f"{_shown(member.protocol_type)}")
+        for _, metadata in member.protocols:
+            named = subscription_topics(metadata)
+            if named is None:
+                return None
+            topics.update(named)
+    return topics
+
+
+def subscription_topics(metadata: bytes) -> list[str] | None:
+    """The topics of a ConsumerProtocolSubscription (every version opens with its version and
+    topic list), None when it is malformed."""
+    try:
+        (count,) = struct.unpack_from(">i", metadata, 2)
+        pos, topics = 6, []
+        for _ in range(count):  # each takes 2 bytes at least: the data bounds the loop
+            (size,) = struct.unpack_from(">h", metadata, pos)
+            if size < 0 or pos + 2 + size > len(metadata):
+                return None
+            topics.append(metadata[pos + 2:pos + 2 + size].decode())
+            pos += 2 + size
+    except (struct.error, UnicodeDecodeError):
+        return None
+    return topics
 
 
 def _check_group_id(group_id: str) -> None:

@@ -22,6 +22,11 @@ from deltabus.principal import ANONYMOUS, KafkaPrincipal
 from deltabus.rpc.call_authentication import current_principal
 from deltabus.rpc.channel import CLIENT_ID_KEY
 
+# What ACLs on a topic can allow (Kafka's AclEntry.supportedOperations(TOPIC)).
+TOPIC_OPERATIONS = (Operation.READ, Operation.WRITE, Operation.CREATE, Operation.DELETE,
+                    Operation.ALTER, Operation.DESCRIBE, Operation.DESCRIBE_CONFIGS,
+                    Operation.ALTER_CONFIGS)
+
 
 class Access:
     def __init__(self, authorizer: Authorizer | None, principal: KafkaPrincipal = ANONYMOUS,
@@ -52,6 +57,11 @@ class Access:
             return None
         return errors.ClusterAuthorizationFailedError(
             f"Cluster authorization failed: {self.principal} may not {operation.name}")
+
+    def topic_operations(self, name: str) -> int:
+        """Kafka's topic_authorized_operations: a bit (1 << code) for each operation on the
+        topic the caller may do, among those a topic has."""
+        return sum(1 << op for op in TOPIC_OPERATIONS if self.allows(op, ResourceType.TOPIC, name))
 
     def transactional_id(self, operation: Operation, name: str) -> errors.DeltaBusError | None:
         if self.allows(operation, ResourceType.TRANSACTIONAL_ID, name):

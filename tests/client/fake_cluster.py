@@ -49,8 +49,13 @@ from deltabus import config as cfg
 from deltabus import errors
 from deltabus.acls import Authorizer
 from deltabus.cluster.delayed_fetch import DelayedFetch, FetchPurgatory
-from deltabus.cluster.handler import FetchResult, FetchSpec
-from deltabus.log_tables.partition_log import AppendResult
+from deltabus.cluster.handler import (
+    FetchResult,
+    FetchSpec,
+    LogDirDescription,
+    ReplicaDescription,
+)
+from deltabus.log_tables.partition_log import ActiveProducer, AppendResult
 from deltabus.metadata import (
     NO_LEADER,
     BrokerEndpoint,
@@ -845,6 +850,19 @@ class FakeBroker:
     def init_producer_id(self, transactional_id: str = "",
                          principal: KafkaPrincipal = ANONYMOUS) -> tuple[int, int]:
         return self._cluster.init_producer_id(transactional_id)
+
+    def describe_log_dirs(self, partitions: list[tuple[str, int]] | None
+                          ) -> list[LogDirDescription]:
+        """One log dir holding every partition (the fake has one replica each), sized by the
+        bytes of its records in memory."""
+        hosted = sorted(self._cluster._logs) if partitions is None else sorted(
+            {k for k in partitions if k in self._cluster._logs})
+        return [LogDirDescription("memory", [ReplicaDescription(
+            t, p, self._cluster.log(t, p).records.nbytes, 0) for t, p in hosted])]
+
+    def describe_producers(self, topic: str, partition: int) -> list[ActiveProducer]:
+        return [ActiveProducer(pid, 0, entry.next_sequence - 1, -1)
+                for pid, entry in sorted(self._cluster.log(topic, partition).producers.items())]
 
     def producer_id_issued_to(self, producer_id: int, principal: KafkaPrincipal) -> bool:
         """The fake does not bind producer ids to principals: any may use any."""

@@ -569,3 +569,14 @@ def test_read_back_equals_written_for_any_batch_sizes(
         assert back.column("value").to_pylist() == written.column("value").to_pylist()
     finally:
         reopened.close()
+
+
+def test_a_logs_size_is_its_live_data_files(log: PartitionLog, path: Path) -> None:
+    """DescribeLogDirs' partition size: the bytes of the table's live data files, as the Delta
+    log lists them, growing with every append."""
+    assert log.size_bytes() == 0
+    log.append(_batch(_values("a", 100)), leader_epoch=0).result(10)
+    first = log.size_bytes()
+    log.append(_batch(_values("b", 100)), leader_epoch=0).result(10)
+    sizes = pa.table(DeltaTable(str(path)).get_add_actions(flatten=True)).column("size_bytes")
+    assert 0 < first < log.size_bytes() == sum(sizes.to_pylist())

@@ -191,3 +191,21 @@ def test_the_producer_id_bound_comes_from_the_files_statistics(tmp_path):
     files = sorted((tmp_path / "log").glob("*.parquet"))
     assert producer_id_max(pq.ParquetFile(f) for f in files) == 12
     log.close()
+
+
+def test_the_log_tells_each_producers_last_sequence_and_timestamp(tmp_path):
+    """DescribeProducers' answer: each idempotent producer with its epoch, the last sequence
+    it wrote and its last batch's newest timestamp (as Kafka's); records of no producer add
+    none."""
+    log = open_log(tmp_path)
+    assert log.active_producers() == []
+    log.append(normalize_produce(produce_batch([b"a", b"b"], timestamps_ms=[5_000, 9_000])),
+               leader_epoch=0, producer=ProducerState(7, 2, 0)).result(10)
+    log.append(normalize_produce(produce_batch([b"c"], timestamps_ms=[8_000])), leader_epoch=0,
+               producer=ProducerState(7, 2, 2)).result(10)
+    log.append(batch("plain", 3), leader_epoch=0).result(10)
+    log.append(batch("other", 4), leader_epoch=0, producer=ProducerState(9, 0, 0)).result(10)
+    assert [(p.producer_id, p.producer_epoch, p.last_sequence, p.last_timestamp_ms)
+            for p in log.active_producers()][0] == (7, 2, 2, 8_000)
+    assert [p.producer_id for p in log.active_producers()] == [7, 9]
+    log.close()

@@ -31,7 +31,15 @@ from deltabus.records import UnpackBudget
 from deltabus.rpc import throttling
 from deltabus.rpc.access import Access, authorized_metadata, current_access
 from deltabus.rpc.fetch_size import FetchBudget
-from deltabus.rpc.kafka import acl_apis, admin, batches, groups, quota_apis, sasl
+from deltabus.rpc.kafka import (
+    acl_apis,
+    admin,
+    batches,
+    describe_apis,
+    groups,
+    quota_apis,
+    sasl,
+)
 from deltabus.rpc.kafka.admin import controller_id, kafka_endpoints, topic_uuid
 from deltabus.rpc.kafka.delayed import DelayedResponse, result_of
 from deltabus.rpc.kafka.fetch_sessions import (
@@ -59,6 +67,7 @@ log = logging.getLogger(__name__)
 
 API_VERSIONS, METADATA, PRODUCE, FETCH, LIST_OFFSETS, INIT_PRODUCER_ID = 18, 3, 0, 1, 2, 22
 OFFSET_FOR_LEADER_EPOCH = 23
+OPERATIONS_NOT_ASKED = -(2**31)  # Kafka's authorized operations nobody asked for
 # Advertised (API key -> (min, max)): what current kafka-python, librdkafka and KafkaJS use.
 SUPPORTED: dict[int, tuple[int, int]] = {
     PRODUCE: (3, 9),
@@ -70,6 +79,7 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     OFFSET_FOR_LEADER_EPOCH: (2, 4),
     **groups.SUPPORTED,
     **admin.SUPPORTED,
+    **describe_apis.SUPPORTED,
     **acl_apis.SUPPORTED,
     **quota_apis.SUPPORTED,
     **sasl.SUPPORTED,
@@ -103,6 +113,7 @@ class KafkaApis:
             INIT_PRODUCER_ID: self.init_producer_id,
             OFFSET_FOR_LEADER_EPOCH: self.offset_for_leader_epoch, **self.groups.apis,
             **admin.KafkaAdminApis(handler, listener).apis, **acl_apis.KafkaAclApis(handler).apis,
+            **describe_apis.KafkaDescribeApis(handler, listener).apis,
             **quota_apis.KafkaQuotaApis(handler).apis,
         }
 
@@ -149,13 +160,16 @@ class KafkaApis:
             return access.group(Operation.READ, request.group_id)
         if api_key == groups.OFFSET_FETCH and getattr(request, "group_id", None) is not None:
             return access.group(Operation.DESCRIBE, request.group_id)
+        if api_key == groups.OFFSET_DELETE:
+            return access.group(Operation.DELETE, request.group_id)
         if api_key == groups.FIND_COORDINATOR and getattr(request, "key_type", 0) == 0:
             return access.group(Operation.DESCRIBE, request.key)
         if api_key == INIT_PRODUCER_ID:
             return access.init_producer_id(request.transactional_id or "")
         if api_key == admin.ALTER_USER_SCRAM_CREDENTIALS:
             return access.cluster(Operation.ALTER)
-        if api_key in (admin.DESCRIBE_USER_SCRAM_CREDENTIALS, admin.DESCRIBE_CLUSTER):
+        if api_key in (admin.DESCRIBE_USER_SCRAM_CREDENTIALS, admin.DESCRIBE_CLUSTER,
+                       describe_apis.DESCRIBE_LOG_DIRS):
             return access.cluster(Operation.DESCRIBE)
         if api_key in (acl_apis.CREATE_ACLS, acl_apis.DELETE_ACLS):
             return access.cluster(Operation.ALTER)
@@ -198,6 +212,7 @@ class KafkaApis:
             brokers += (make(broker_cls, node_id=groups.COORDINATOR_NODE_ID, host=host,
                              port=port, rack=None),)
         topics = []
+        asked = bool(getattr(request, "include_topic_authorized_operations", False))
         for name in sorted(image.topics) if names is None else names:
             state = image.topics.get(name)
             if refused is not None or state is None or name in denied:
@@ -216,7 +231,9 @@ class KafkaApis:
                 for p in state.partitions)
             topics.append(make(topic_cls, error_code=ErrorCode.none, name=name,
                                topic_id=topic_uuid(state.topic_id), is_internal=False,
-                               partitions=partitions))
+                               partitions=partitions, topic_authorized_operations=(
+                                   current_access().topic_operations(name) if asked
+                                   else OPERATIONS_NOT_ASKED)))
         return make(cls, throttle_time=NO_TIME, brokers=brokers,
                     cluster_id=image.cluster_id or None,
                     controller_id=controller_id(image, self._listener),

@@ -38,7 +38,7 @@ from deltabus.rpc.kafka.frames import (
 
 (FIND_COORDINATOR, JOIN_GROUP, SYNC_GROUP, HEARTBEAT, LEAVE_GROUP, OFFSET_COMMIT, OFFSET_FETCH,
  LIST_GROUPS, DESCRIBE_GROUPS) = 10, 11, 14, 12, 13, 8, 9, 16, 15
-DELETE_GROUPS = 42
+DELETE_GROUPS, OFFSET_DELETE = 42, 47
 SUPPORTED: dict[int, tuple[int, int]] = {
     FIND_COORDINATOR: (0, 3),
     JOIN_GROUP: (0, 7),
@@ -50,6 +50,7 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     LIST_GROUPS: (0, 4),
     DESCRIBE_GROUPS: (0, 5),
     DELETE_GROUPS: (0, 2),
+    OFFSET_DELETE: (0, 0),
 }
 # The coordinator's node id in FindCoordinator answers: no broker has it, so clients keep a
 # connection of its own for it.
@@ -70,6 +71,7 @@ class KafkaGroupApis:
             LEAVE_GROUP: self.leave_group, OFFSET_COMMIT: self.offset_commit,
             OFFSET_FETCH: self.offset_fetch, LIST_GROUPS: self.list_groups,
             DESCRIBE_GROUPS: self.describe_groups, DELETE_GROUPS: self.delete_groups,
+            OFFSET_DELETE: self.offset_delete,
         }
 
     def _coordinator(self) -> GroupCoordinator:
@@ -327,6 +329,33 @@ class KafkaGroupApis:
                 results.update({g: e for g in allowed})
         return make(cls, throttle_time=NO_TIME, results=tuple(
             make(result_cls, group_id=g, error_code=error_code(e)) for g, e in results.items()))
+
+    def offset_delete(self, version: int, request: Any,
+                      refused: errors.DeltaBusError | None = None) -> Any:
+        """OffsetDelete (kafka-consumer-groups.sh --delete-offsets): the group's committed
+        offsets of the named partitions go, for a principal allowed DELETE on the group (the
+        whole request: `refused`) and READ on each topic (TOPIC_AUTHORIZATION_FAILED for the
+        partitions of others), as Kafka's KafkaApis checks them."""
+        cls = load_response_schema(OFFSET_DELETE, version)
+        topic_cls, partition_cls = (nested(cls, n) for n in ("OffsetDeleteResponseTopic",
+                                                              "OffsetDeleteResponsePartition"))
+        named = [(t.name, p.partition_index) for t in request.topics for p in t.partitions]
+        access = current_access()
+        try:
+            Access.raise_if(refused)
+            denied = {t.name: e for t in request.topics
+                      if (e := access.topic(Operation.READ, t.name))}
+            answers: PartitionErrors = {tp: denied[tp[0]] for tp in named if tp[0] in denied}
+            answers |= self._coordinator().delete_offsets(
+                request.group_id, [tp for tp in named if tp[0] not in denied])
+        except errors.DeltaBusError as e:
+            return make(cls, error_code=error_code(e), throttle_time=NO_TIME, topics=())
+        by_topic: dict[str, list[Any]] = {}
+        for (topic, partition), error in answers.items():
+            by_topic.setdefault(topic, []).append(make(
+                partition_cls, partition_index=partition, error_code=error_code(error)))
+        return make(cls, error_code=ErrorCode.none, throttle_time=NO_TIME, topics=tuple(
+            make(topic_cls, name=t, partitions=tuple(ps)) for t, ps in by_topic.items()))
 
 
 def _join_failed(cls: Any, version: int, error: errors.DeltaBusError, member_id: str) -> Any:
