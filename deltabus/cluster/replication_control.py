@@ -384,7 +384,9 @@ def elect_leaders(state: MetadataState, election_type: str,
             continue
         leader, isr = _choose_leader(election_type, s, live)
         if leader == NO_LEADER or leader == s.leader:
-            results[(topic, partition)] = errors.PreferredLeaderNotAvailableError(
+            failed = (errors.PreferredLeaderNotAvailableError if election_type == "preferred"
+                      else errors.EligibleLeadersNotAvailableError)  # Kafka's, per type
+            results[(topic, partition)] = failed(
                 f"Failed to elect leader for partition {topic}-{partition} under "
                 f"strategy {election_type}")
         else:
