@@ -30,7 +30,16 @@ from deltabus.records import UnpackBudget
 from deltabus.rpc import throttling
 from deltabus.rpc.access import Access, authorized_metadata, current_access
 from deltabus.rpc.fetch_size import FetchBudget
-from deltabus.rpc.kafka import acl_apis, admin, batches, groups, quota_apis, sasl
+from deltabus.rpc.kafka import (
+    acl_apis,
+    admin,
+    batches,
+    config_apis,
+    groups,
+    partition_admin,
+    quota_apis,
+    sasl,
+)
 from deltabus.rpc.kafka.admin import controller_id, kafka_endpoints, topic_uuid
 from deltabus.rpc.kafka.delayed import DelayedResponse, result_of
 from deltabus.rpc.kafka.frames import (
@@ -63,6 +72,8 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     OFFSET_FOR_LEADER_EPOCH: (2, 4),
     **groups.SUPPORTED,
     **admin.SUPPORTED,
+    **config_apis.SUPPORTED,
+    **partition_admin.SUPPORTED,
     **acl_apis.SUPPORTED,
     **quota_apis.SUPPORTED,
     **sasl.SUPPORTED,
@@ -96,6 +107,8 @@ class KafkaApis:
             OFFSET_FOR_LEADER_EPOCH: self.offset_for_leader_epoch, **self.groups.apis,
             **admin.KafkaAdminApis(handler, listener).apis, **acl_apis.KafkaAclApis(handler).apis,
             **quota_apis.KafkaQuotaApis(handler).apis,
+            **config_apis.KafkaConfigApis(handler).apis,
+            **partition_admin.KafkaPartitionAdminApis(handler).apis,
         }
 
     def knows(self, api_key: int) -> bool:
@@ -145,8 +158,11 @@ class KafkaApis:
             return access.group(Operation.DESCRIBE, request.key)
         if api_key == INIT_PRODUCER_ID:
             return access.init_producer_id(request.transactional_id or "")
-        if api_key == admin.ALTER_USER_SCRAM_CREDENTIALS:
+        if api_key in (admin.ALTER_USER_SCRAM_CREDENTIALS, partition_admin.ELECT_LEADERS,
+                       partition_admin.ALTER_PARTITION_REASSIGNMENTS):
             return access.cluster(Operation.ALTER)
+        if api_key == partition_admin.LIST_PARTITION_REASSIGNMENTS:
+            return access.cluster(Operation.DESCRIBE)
         if api_key in (admin.DESCRIBE_USER_SCRAM_CREDENTIALS, admin.DESCRIBE_CLUSTER):
             return access.cluster(Operation.DESCRIBE)
         if api_key in (acl_apis.CREATE_ACLS, acl_apis.DELETE_ACLS):
