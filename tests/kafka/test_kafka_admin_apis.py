@@ -6,10 +6,12 @@ each effect is read back through deltabus's own AdminClient."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from deltabus import AdminClient, Cluster, NewTopic
+from deltabus.log_tables.layout import replica_path
 from tests.conftest import wait_until
 
 
@@ -148,19 +150,22 @@ def test_kafka_admin_clients_elect_preferred_leaders_after_a_restart(
             for p in r.partition_result] == [84]
 
 
-def test_kafka_python_reassigns_replicas_and_lists_the_reassignment(
+def test_kafka_python_reassigns_replicas_lists_and_cancels_the_reassignment(
         cluster, topic_name, all_brokers_back) -> None:
     """AlterPartitionReassignments moves a partition's replica to another broker. While the
     new replica cannot catch up (its broker is down), ListPartitionReassignments shows the move
-    in progress; once the broker is back it completes: the new broker is the only replica and
-    leads, the list is empty, and cancelling is NO_REASSIGNMENT_IN_PROGRESS."""
+    in progress, and cancelling it (null replicas) puts the old replica back alone and drops
+    the new one's table. A move to a live broker completes: it is the only replica and leads,
+    nothing is listed, and cancelling is NO_REASSIGNMENT_IN_PROGRESS."""
     from kafka import TopicPartition
 
     with AdminClient(cluster.bootstrap_servers) as admin:
         admin.create_topics([NewTopic(topic_name, 1, 1)])
     old = partitions(cluster, topic_name)[0].replicas[0]
     new = 2 if old != 2 else 1  # not broker 0, which kafka-python takes for the controller
+    (last,) = {0, 1, 2} - {old, new}
     tp = TopicPartition(topic_name, 0)
+    new_table = Path(replica_path(cluster.config.root, topic_name, 0, new))
     theirs = kafka_python_admin(cluster)
     try:
         assert tp not in theirs.list_partition_reassignments()
@@ -170,11 +175,19 @@ def test_kafka_python_reassigns_replicas_and_lists_the_reassignment(
                    "the reassignment listed in progress")
         assert theirs.list_partition_reassignments([tp])[tp] == {
             "replicas": [new, old], "adding_replicas": [new], "removing_replicas": [old]}
+        assert theirs.alter_partition_reassignments({tp: None}) == {tp: None}
+        assert tp not in theirs.list_partition_reassignments()
+        back = partitions(cluster, topic_name)[0]
+        assert (back.replicas, back.leader, back.adding_replicas) == ((old,), old, ())
         cluster.start_broker(new)
-        wait_until(lambda: not theirs.list_partition_reassignments([tp]),
-                   "the reassignment to complete", timeout_s=180)
-        moved = partitions(cluster, topic_name)[0]
-        assert (moved.replicas, moved.leader) == ((new,), new)
+        wait_until(lambda: not new_table.exists(), "the cancelled replica's table to go")
+
+        assert theirs.alter_partition_reassignments({tp: [last]}) == {tp: None}
+        wait_until(lambda: partitions(cluster, topic_name)[0].replicas == (last,),
+                   "the reassignment to complete", timeout_s=120)
+        assert not theirs.list_partition_reassignments([tp])
+        wait_until(lambda: partitions(cluster, topic_name)[0].leader == last,
+                   "the moved replica to lead")
         gone = TopicPartition(topic_name, 7)
         answered = theirs.alter_partition_reassignments({tp: None, gone: [old]})
         assert {t: e.__name__ for t, e in answered.items()} == {

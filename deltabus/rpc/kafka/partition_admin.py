@@ -9,8 +9,8 @@ A reassignment runs in the controller as `deltabus reassign-partitions` runs it:
 comes once it is checked; a Spark job then copies the leader's files into the new replicas,
 the controller records them as `adding` (and the replicas to drop as `removing`), and once
 they are in sync the target list becomes the replicas. ListPartitionReassignments answers from
-this broker's metadata, so it lists a reassignment from that record until it completes (not
-while the copy job that precedes it runs).
+this broker's metadata, so it lists a reassignment from that record until it completes or is
+cancelled (not while the copy job that precedes it runs).
 """
 
 from __future__ import annotations
@@ -93,47 +93,29 @@ class KafkaPartitionAdminApis:
     def alter_partition_reassignments(self, version: int, request: Any,
                                       refused: errors.DeltaBusError | None = None) -> Any:
         """Each partition's new replica list (the leader's files copied into the new replicas,
-        which join and then replace the old), or null to cancel one in progress."""
+        which join and then replace the old), or null to cancel the one in progress: its
+        replicas go back to those it started from (NO_REASSIGNMENT_IN_PROGRESS where none
+        is). An empty list is INVALID_REPLICA_ASSIGNMENT, as in Kafka."""
         cls = load_response_schema(ALTER_PARTITION_REASSIGNMENTS, version)
         topic_cls, partition_cls = (nested(cls, n) for n in ("ReassignableTopicResponse",
                                                               "ReassignablePartitionResponse"))
-        targets = {(t.name, p.partition_index): (None if p.replicas is None else list(p.replicas))
-                   for t in request.topics for p in t.partitions}
+        targets: dict[tuple[str, int], list[int] | None] = {
+            (t.name, p.partition_index): None if p.replicas is None else list(p.replicas)
+            for t in request.topics for p in t.partitions}
         results: PartitionResults = dict.fromkeys(targets, refused)
         if refused is None:
-            results.update(self._cancel([k for k, r in targets.items() if r is None]))
-            moves = {k: r for k, r in targets.items() if r is not None}
-            if moves:
-                results.update(self._handler.reassign_partitions(moves))
+            for key in [k for k, r in targets.items() if r == []]:
+                del targets[key]
+                results[key] = errors.InvalidReplicaAssignmentError(
+                    f"The proposed assignment for {key[0]}-{key[1]} is empty.")
+            if targets:
+                results.update(self._handler.reassign_partitions(targets))
         return make(cls, throttle_time=NO_TIME, error_code=error_code(refused),
                     error_message=_message(refused), responses=tuple(make(
                         topic_cls, name=topic, partitions=tuple(make(
                             partition_cls, partition_index=p, error_code=error_code(e),
                             error_message=_message(e)) for p, e in partitions))
                         for topic, partitions in _by_topic(results).items()))
-
-    def _cancel(self, partitions: list[tuple[str, int]]) -> PartitionResults:
-        """Cancelling: NO_REASSIGNMENT_IN_PROGRESS where none is (an unknown partition:
-        UNKNOWN_TOPIC_OR_PARTITION); deltabus cannot stop one that runs."""
-        if not partitions:
-            return {}
-        image = self._handler.metadata(sorted({t for t, _ in partitions}), False)
-        results: PartitionResults = {}
-        for topic, partition in partitions:
-            state = image.topics.get(topic)
-            p = next((s for s in state.partitions if s.partition == partition), None) \
-                if state is not None else None
-            if p is None:
-                results[(topic, partition)] = errors.UnknownTopicOrPartitionError(
-                    f"The partition {topic}-{partition} does not exist.")
-            elif not (p.adding_replicas or p.removing_replicas):
-                results[(topic, partition)] = errors.NoReassignmentInProgressError(
-                    f"No reassignment of {topic}-{partition} is in progress.")
-            else:
-                results[(topic, partition)] = errors.InvalidRequestError(
-                    f"deltabus cannot cancel the reassignment of {topic}-{partition} in "
-                    "progress: it completes once the new replicas are in sync")
-        return results
 
     def list_partition_reassignments(self, version: int, request: Any,
                                      refused: errors.DeltaBusError | None = None) -> Any:
