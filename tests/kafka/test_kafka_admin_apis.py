@@ -1,18 +1,28 @@
 """Kafka's admin APIs that change configs, leaders and replicas (IncrementalAlterConfigs,
 AlterConfigs, ElectLeaders, AlterPartitionReassignments, ListPartitionReassignments), driven by
-kafka-python's and librdkafka's admin clients unmodified against the shared 3-broker cluster;
-each effect is read back through deltabus's own AdminClient."""
+kafka-python's and librdkafka's admin clients unmodified against the shared 3-broker cluster
+(elections: a cluster of their own without auto rebalance); each effect is read back through
+deltabus's own AdminClient. What no client library sends goes as raw frames to an in-memory
+broker's door."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from kio.index import load_request_schema
+from kio.static.primitive import i8, i32
 
 from deltabus import AdminClient, Cluster, NewTopic
 from deltabus.log_tables.layout import replica_path
+from deltabus.rpc.kafka.config_apis import INCREMENTAL_ALTER_CONFIGS
+from deltabus.rpc.kafka.frames import nested
+from deltabus.rpc.kafka.partition_admin import ALTER_PARTITION_REASSIGNMENTS, ELECT_LEADERS
+from tests.client.fake_cluster import FakeCluster
 from tests.conftest import wait_until
+from tests.kafka import raw_frames
 
 
 def kafka_python_admin(cluster):
@@ -194,3 +204,51 @@ def test_kafka_python_reassigns_replicas_lists_and_cancels_the_reassignment(
             tp: "NoReassignmentInProgressError", gone: "UnknownTopicOrPartitionError"}
     finally:
         theirs.close()
+
+
+@pytest.fixture
+def fake_door() -> Iterator[tuple[FakeCluster, str]]:
+    """An in-memory broker's Kafka door (no Spark), for requests no client library sends."""
+    fake = FakeCluster(brokers=1)
+    fake.create_topic("orders", 1)
+    fake.create_topic("audit", 1)
+    yield fake, fake.serve_kafka(0)
+    fake.close()
+
+
+def test_malformed_admin_requests_get_kafkas_error_codes(fake_door) -> None:
+    """What a client library would refuse before sending, sent as raw frames: a topic or a
+    key named twice, an unknown operation or resource type (INVALID_REQUEST), an unknown
+    election type (INVALID_REQUEST for the whole request) and an empty replica list
+    (INVALID_REPLICA_ASSIGNMENT); nothing changes."""
+    fake, address = fake_door
+    cls = load_request_schema(INCREMENTAL_ALTER_CONFIGS, 1)
+    resource_cls, config_cls = (nested(cls, n) for n in ("AlterConfigsResource",
+                                                          "AlterableConfig"))
+
+    def resource(kind: int, name: str, *ops: tuple[str, int, str]) -> object:
+        return resource_cls(resource_type=i8(kind), resource_name=name, configs=tuple(
+            config_cls(name=k, config_operation=i8(op), value=v) for k, op, v in ops))
+
+    answer = raw_frames.call(address, INCREMENTAL_ALTER_CONFIGS, 1, cls(resources=(
+        resource(2, "orders", ("retention.ms", 0, "1"), ("retention.ms", 0, "2")),
+        resource(2, "twice", ("retention.ms", 0, "1")), resource(2, "twice"),
+        resource(8, "kafka.server", ("retention.ms", 0, "1")),
+        resource(2, "audit", ("retention.ms", 9, "1"))), validate_only=False))
+    assert {r.resource_name: int(r.error_code) for r in answer.responses} == {
+        "orders": 42, "twice": 42, "kafka.server": 42, "audit": 42}
+    assert not fake.image().topics["orders"].configs and not fake.image().topics[
+        "audit"].configs
+
+    elect_cls = load_request_schema(ELECT_LEADERS, 2)
+    answer = raw_frames.call(address, ELECT_LEADERS, 2, elect_cls(
+        election_type=i8(7), topic_partitions=None, timeout=timedelta(seconds=5)))
+    assert int(answer.error_code) == 42
+
+    alter_cls = load_request_schema(ALTER_PARTITION_REASSIGNMENTS, 0)
+    topic_cls, partition_cls = (nested(alter_cls, n) for n in ("ReassignableTopic",
+                                                               "ReassignablePartition"))
+    answer = raw_frames.call(address, ALTER_PARTITION_REASSIGNMENTS, 0, alter_cls(
+        timeout=timedelta(seconds=5), topics=(topic_cls(name="orders", partitions=(
+            partition_cls(partition_index=i32(0), replicas=()),)),)))
+    assert [int(p.error_code) for t in answer.responses for p in t.partitions] == [39]

@@ -5,9 +5,9 @@ as kafka-configs.sh, kafka-python's and librdkafka's admin clients send them.
 Only topics have dynamic configs in deltabus: any other resource (a BROKER, BROKER_LOGGER...)
 is answered INVALID_REQUEST naming why, as a Kafka broker answers a resource it cannot alter.
 Each topic is checked against ALTER_CONFIGS on it (TOPIC_AUTHORIZATION_FAILED); a topic named
-twice in one request is INVALID_REQUEST, as in Kafka. The controller checks every topic's
-changes as a whole (INVALID_CONFIG naming the key, and nothing changes) and honours
-validate_only.
+twice in one request, or a key twice for one topic, is INVALID_REQUEST, as in Kafka. The
+controller checks every topic's changes as a whole (INVALID_CONFIG naming the key, and nothing
+changes) and honours validate_only.
 """
 
 from __future__ import annotations
@@ -100,6 +100,9 @@ class KafkaConfigApis:
             elif seen[key] > 1:
                 results[key] = errors.InvalidRequestError(
                     f"Error due to duplicate config resource: {r.resource_name}")
+            elif len({c.name for c in r.configs}) < len(r.configs):
+                results[key] = errors.InvalidRequestError(
+                    f"Error due to duplicate config keys for resource {r.resource_name}")
             elif r.resource_type != codec.TOPIC_RESOURCE:
                 results[key] = not_alterable(r.resource_type)
             else:
