@@ -131,7 +131,8 @@ def test_kafka_admin_clients_elect_preferred_leaders_after_a_restart(
     """A broker's restart moves its partitions' leadership away; ElectLeaders (PREFERRED, all
     partitions, through librdkafka) hands it back to the preferred replica. Then kafka-python
     asks again: ELECTION_NOT_NEEDED, and UNKNOWN_TOPIC_OR_PARTITION for a partition that is not
-    there; an UNCLEAN election of partitions that have a leader is not needed either."""
+    there; an UNCLEAN election of partitions that have a leader is not needed either; an empty
+    list of partitions (not null) elects none."""
     from confluent_kafka import ElectionType, TopicPartition
 
     cluster, topic = cluster_without_rebalance, "elected"
@@ -151,6 +152,7 @@ def test_kafka_admin_clients_elect_preferred_leaders_after_a_restart(
     try:
         response = theirs.elect_leaders(0, {topic: [0, 1, 9]}, raise_errors=False)
         unclean = theirs.elect_leaders(1, {topic: [0]}, raise_errors=False)
+        nothing = theirs.elect_leaders(0, {}, raise_errors=False)  # names no partition
     finally:
         theirs.close()
     codes = {p.partition_id: p.error_code for r in response.replica_election_results
@@ -158,6 +160,7 @@ def test_kafka_admin_clients_elect_preferred_leaders_after_a_restart(
     assert codes == {0: 84, 1: 84, 9: 3}  # ELECTION_NOT_NEEDED, UNKNOWN_TOPIC_OR_PARTITION
     assert [p.error_code for r in unclean.replica_election_results
             for p in r.partition_result] == [84]
+    assert (nothing.error_code, list(nothing.replica_election_results)) == (0, [])
 
 
 def test_kafka_python_reassigns_replicas_lists_and_cancels_the_reassignment(

@@ -68,7 +68,7 @@ class KafkaPartitionAdminApis:
             refused = errors.InvalidRequestError(
                 f"unknown election type {request.election_type}")
         results: PartitionResults
-        if refused is not None:
+        if refused is not None or named == []:  # an empty list names none (Kafka's null: all)
             results = dict.fromkeys(named or (), refused)
         else:
             assert election_type is not None
