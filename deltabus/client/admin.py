@@ -8,7 +8,7 @@ Thread-safe. Admin calls go to any server; brokers forward them to the controlle
 from __future__ import annotations
 
 import secrets
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Unpack
 
@@ -155,11 +155,12 @@ class AdminClient:
         request = codec.elect_leaders_request(election_type, partitions)
         return codec.election_results(self._client.call_any("ElectLeaders", request))
 
-    def alter_partition_reassignments(self, targets: dict[tuple[str, int], list[int]]
+    def alter_partition_reassignments(self, targets: Mapping[tuple[str, int], list[int] | None]
                                       ) -> dict[tuple[str, int], errors.DeltaBusError | None]:
         """Kafka's alterPartitionReassignments: {(topic, partition): [brokers]}, the first the
-        preferred leader. Returns per partition None (started) or the error; describe_topics
-        shows adding/removing replicas until each completes."""
+        preferred leader, or None to cancel the reassignment in progress. Returns per partition
+        None (started, or cancelled) or the error; describe_topics shows adding/removing
+        replicas until each completes."""
         response = self._client.call_any("AlterPartitionReassignments",
                                          codec.reassignments_request(targets))
         return codec.election_results(response)

@@ -645,7 +645,7 @@ class Broker:
                       ) -> dict[tuple[str, int], errors.DeltaBusError | None]:
         return self._controller.elect_leaders(election_type, partitions)
 
-    def reassign_partitions(self, targets: dict[tuple[str, int], list[int]]
+    def reassign_partitions(self, targets: dict[tuple[str, int], list[int] | None]
                             ) -> dict[tuple[str, int], errors.DeltaBusError | None]:
         return self._controller.reassign_partitions(targets)
 

@@ -146,6 +146,10 @@ class Controller:
         # stay 0 (bench step (p) counts them while partitions are created by the thousand).
         self.fenced: collections.Counter[int] = collections.Counter()
         self._held: set[int] = set()  # brokers kept down: their registrations are refused
+        # Reassignments answered as started whose start is not committed yet (their new
+        # replicas are being copied), and those of them cancelled meanwhile.
+        self._starting: set[tuple[str, int]] = set()
+        self._cancelled: set[tuple[str, int]] = set()
         # partitions whose tables the log cleaner changed, per broker to tell
         self._refresh_logs: dict[int, set[tuple[str, int]]] = {}
         self._storage = config.storage
@@ -698,17 +702,47 @@ class Controller:
 
     # ---- reassignments -----------------------------------------------------------------------
 
-    def reassign_partitions(self, targets: dict[tuple[str, int], list[int]]
+    def reassign_partitions(self, targets: dict[tuple[str, int], list[int] | None]
                             ) -> dict[tuple[str, int], errors.DeltaBusError | None]:
-        """Kafka's AlterPartitionReassignments: give partitions new replica lists. Returns once
-        each is checked and started; a thread then catches the new replicas up (Spark job),
-        adds them, waits for them to join the ISR, and drops the replicas no longer wanted."""
+        """Kafka's AlterPartitionReassignments: give partitions new replica lists, or cancel
+        (None) the reassignment in progress. Returns once each is checked and started (a
+        cancel: done); a thread then catches the new replicas up (Spark job), adds them, waits
+        for them to join the ISR, and drops the replicas no longer wanted."""
+        moves = {k: r for k, r in targets.items() if r is not None}
+        results = self._cancel_reassignments([k for k, r in targets.items() if r is None])
         with self._lock:
-            result = replication_control.reassign_partitions(self._state, targets)
-        results, started = result.response
+            moved, started = replication_control.reassign_partitions(self._state, moves).response
+            self._starting.update((t, p) for t, p, _ in started)
+        results.update(moved)
         if started:
             threading.Thread(target=self._reassign, args=(started,), daemon=True,
                              name="deltabus-reassignment").start()
+        return results
+
+    def _cancel_reassignments(self, keys: list[tuple[str, int]]
+                              ) -> dict[tuple[str, int], errors.DeltaBusError | None]:
+        """Cancel each reassignment: one still copying before it starts never starts
+        (`_start_reassignments` skips it); a started one goes back to its old replicas, and the
+        added replicas' tables go."""
+        results: dict[tuple[str, int], errors.DeltaBusError | None] = {}
+        with self._lock:
+            for key in keys:
+                results[key] = None
+                if key in self._starting:
+                    self._starting.discard(key)
+                    self._cancelled.add(key)
+                    continue
+                try:
+                    result = replication_control.cancel_reassignment(self._state, *key)
+                except errors.DeltaBusError as e:
+                    results[key] = e
+                    continue
+                self._commit(result.records)
+                log.info("reassignment of %s-%d cancelled: replicas %s dropped", *key,
+                         list(result.response))
+                for r in result.response:
+                    threading.Thread(target=self._drop_replica, args=(*key, r),
+                                     daemon=True).start()
         return results
 
     def _reassign(self, started: list[replication_control.Reassignment]) -> None:
@@ -736,13 +770,24 @@ class Controller:
         while not self._shutting_down:
             with self._lock:
                 try:
-                    self._commit(replication_control.start_reassignments(self._state, started))
+                    kept = [r for r in started if (r[0], r[1]) not in self._cancelled]
+                    if kept:
+                        self._commit(replication_control.start_reassignments(self._state, kept))
+                    self._drop_cancelled([r for r in started if r not in kept])
+                    self._starting -= {(t, p) for t, p, _ in kept}
                     return True
                 except Exception:
                     log.exception("starting the reassignment of %s failed; trying again",
                                   ", ".join(f"{t}-{p}" for t, p, _ in started))
                 self._lock.wait(1.0)
         return False
+
+    def _drop_cancelled(self, cancelled: list[replication_control.Reassignment]) -> None:
+        """Lock held. Reassignments cancelled before they started: the tables made for their
+        new replicas go, and they are no longer starting."""
+        self._cancelled -= {(t, p) for t, p, _ in cancelled}
+        for t, p, r in replication_control.added_replicas(self._state, cancelled):
+            threading.Thread(target=self._drop_replica, args=(t, p, r), daemon=True).start()
 
     def _complete_reassignments(self, pending: set[tuple[str, int]]) -> None:
         """Complete each reassignment once its new replicas are in sync; one whose write
@@ -784,8 +829,8 @@ class Controller:
         # the topic's directory fails on a replica's directory removed under it.
         with self._tables_lock, self._lock:
             s = self._state.partition(topic, partition)
-            if s is not None and broker in s.replicas:
-                return  # re-added meanwhile
+            if (s is not None and broker in s.replicas) or (topic, partition) in self._starting:
+                return  # re-added meanwhile, or a reassignment starting may re-add it
             self._delete_dir(replica_path(self._config.root, topic, partition, broker))
 
     # ---- ISR changes -------------------------------------------------------------------------
@@ -940,7 +985,7 @@ class ControllerHandler:
                       ) -> dict[tuple[str, int], errors.DeltaBusError | None]:
         return self._controller.elect_leaders(election_type, partitions)
 
-    def reassign_partitions(self, targets: dict[tuple[str, int], list[int]]
+    def reassign_partitions(self, targets: dict[tuple[str, int], list[int] | None]
                             ) -> dict[tuple[str, int], errors.DeltaBusError | None]:
         return self._controller.reassign_partitions(targets)
 

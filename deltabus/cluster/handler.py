@@ -162,8 +162,12 @@ class DeltaBusHandler(Protocol):
     def elect_leaders(self, election_type: str, partitions: list[tuple[str, int]] | None
                       ) -> dict[tuple[str, int], errors.DeltaBusError | None]: ...
 
-    def reassign_partitions(self, targets: dict[tuple[str, int], list[int]]
-                            ) -> dict[tuple[str, int], errors.DeltaBusError | None]: ...
+    def reassign_partitions(self, targets: dict[tuple[str, int], list[int] | None]
+                            ) -> dict[tuple[str, int], errors.DeltaBusError | None]:
+        """Kafka's AlterPartitionReassignments, decided by the controller (brokers forward it):
+        each partition's new replicas, or None to cancel the reassignment in progress (Kafka's
+        null replicas; NO_REASSIGNMENT_IN_PROGRESS where none is)."""
+        ...
 
     def find_coordinator(self, group_id: str) -> BrokerEndpoint:
         """The server that coordinates a group (node id -1: the controller)."""

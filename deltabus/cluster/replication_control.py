@@ -384,7 +384,9 @@ def elect_leaders(state: MetadataState, election_type: str,
             continue
         leader, isr = _choose_leader(election_type, s, live)
         if leader == NO_LEADER or leader == s.leader:
-            results[(topic, partition)] = errors.PreferredLeaderNotAvailableError(
+            failed = (errors.PreferredLeaderNotAvailableError if election_type == "preferred"
+                      else errors.EligibleLeadersNotAvailableError)  # Kafka's, per type
+            results[(topic, partition)] = failed(
                 f"Failed to elect leader for partition {topic}-{partition} under "
                 f"strategy {election_type}")
         else:
@@ -490,6 +492,30 @@ def start_reassignments(state: MetadataState,
             topic, partition, replicas=tuple(replicas) + removing, adding_replicas=adding,
             removing_replicas=removing))
     return records
+
+
+def cancel_reassignment(state: MetadataState, topic: str,
+                        partition: int) -> ControllerResult[tuple[int, ...]]:
+    """Kafka's cancel (AlterPartitionReassignments with null replicas): back to the replicas
+    the reassignment started from, as Kafka reverts one: the replicas being added go, those
+    to be removed stay; a leader among the added hands over. The answer is the replicas
+    dropped (whose tables may go once brokers closed them)."""
+    s = state.partition(topic, partition)
+    if s is None:
+        raise errors.UnknownTopicOrPartitionError(
+            f"The partition {topic}-{partition} does not exist.")
+    if not (s.adding_replicas or s.removing_replicas):
+        raise errors.NoReassignmentInProgressError(
+            f"No reassignment is in progress for topic {topic} partition {partition}")
+    replicas = tuple(r for r in s.replicas if r not in s.adding_replicas)
+    isr = tuple(r for r in s.isr if r in replicas)
+    change = PartitionChangeRecord(topic, partition, replicas=replicas, isr=isr,
+                                   adding_replicas=(), removing_replicas=())
+    if s.leader not in replicas:
+        live = state.brokers.leader_candidates((topic, partition))
+        leader = next((r for r in replicas if r in isr and r in live), NO_LEADER)
+        change = dataclasses.replace(change, leader=leader, leader_epoch=s.leader_epoch + 1)
+    return ControllerResult([change], s.adding_replicas)
 
 
 def complete_reassignment(state: MetadataState, topic: str,

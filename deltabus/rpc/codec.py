@@ -7,7 +7,7 @@ as proto3's zero: a client written from the .proto alone gets what a Kafka clien
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any, TypeVar
 
 import pyarrow as pa
@@ -274,11 +274,23 @@ def election_results(response: Any) -> dict[tuple[str, int], errors.DeltaBusErro
             for r in response.results}
 
 
-def reassignments_request(targets: dict[tuple[str, int], list[int]]
+def reassignments_request(targets: Mapping[tuple[str, int], list[int] | None]
                           ) -> pb.AlterPartitionReassignmentsRequest:
+    """None (cancel the reassignment in progress) goes as no replicas, so an empty list, which
+    would read as a cancel, is refused here, as Kafka refuses an empty assignment."""
+    for (t, p), r in targets.items():
+        if r is not None and not r:
+            raise errors.InvalidReplicaAssignmentError(
+                f"The proposed assignment for {t}-{p} is empty; None cancels a reassignment.")
     return pb.AlterPartitionReassignmentsRequest(partitions=[
-        pb.ReassignablePartition(topic=t, partition=p, replicas=r)
+        pb.ReassignablePartition(topic=t, partition=p, replicas=r or [])
         for (t, p), r in targets.items()])
+
+
+def reassignment_targets(request: pb.AlterPartitionReassignmentsRequest
+                         ) -> dict[tuple[str, int], list[int] | None]:
+    """No replicas: cancel the partition's reassignment in progress."""
+    return {(p.topic, p.partition): list(p.replicas) or None for p in request.partitions}
 
 
 # ---- topic configs (Kafka's DescribeConfigs and IncrementalAlterConfigs) ----------------------

@@ -191,7 +191,7 @@ class ControllerChannel:
         return codec.election_results(self._admin_call(
             "ElectLeaders", codec.elect_leaders_request(election_type, partitions)))
 
-    def reassign_partitions(self, targets: dict[tuple[str, int], list[int]]
+    def reassign_partitions(self, targets: dict[tuple[str, int], list[int] | None]
                             ) -> dict[tuple[str, int], errors.DeltaBusError | None]:
         return codec.election_results(self._admin_call(
             "AlterPartitionReassignments", codec.reassignments_request(targets)))

@@ -426,8 +426,7 @@ class DeltaBusServicer(GroupServicerMixin, AclServicerMixin, pb_grpc.DeltaBusSer
     def AlterPartitionReassignments(self, request: pb.AlterPartitionReassignmentsRequest,
                                     context: Any) -> pb.AlterPartitionReassignmentsResponse:
         Access.raise_if(self._access(context).cluster(Operation.ALTER))
-        targets = {(p.topic, p.partition): list(p.replicas) for p in request.partitions}
-        results = self._handler.reassign_partitions(targets)
+        results = self._handler.reassign_partitions(codec.reassignment_targets(request))
         return pb.AlterPartitionReassignmentsResponse(results=codec.partition_results(results))
 
     @_guard

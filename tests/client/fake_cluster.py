@@ -872,7 +872,7 @@ class FakeBroker:
                       ) -> dict[tuple[str, int], errors.DeltaBusError | None]:
         raise errors.UnsupportedVersionError("the fake cluster holds no elections")
 
-    def reassign_partitions(self, targets: dict[tuple[str, int], list[int]]
+    def reassign_partitions(self, targets: dict[tuple[str, int], list[int] | None]
                             ) -> dict[tuple[str, int], errors.DeltaBusError | None]:
         raise errors.UnsupportedVersionError("the fake cluster reassigns nothing")
 

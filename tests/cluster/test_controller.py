@@ -260,7 +260,8 @@ def test_a_replica_reported_offline_leaves_its_isr_and_is_never_elected(tmp_path
         controller.alter_partition(2, epochs[2], "orders", 0, state().leader_epoch, [2], [2, 1])
     controller.fence_broker(2, "test")  # the last in-sync replica goes
     assert (state().leader, state().isr) == (-1, (2,))
-    assert controller.elect_leaders("unclean")[("orders", 0)] is not None  # 0 and 1 are lost
+    assert isinstance(controller.elect_leaders("unclean")[("orders", 0)],  # 0 and 1 are lost
+                      errors.EligibleLeadersNotAvailableError)
     heartbeat(1, [])  # 1's table is back (restored): it may be elected again
     assert controller.elect_leaders("unclean")[("orders", 0)] is None
     assert (state().leader, state().isr) == (1, (1,))

@@ -321,6 +321,25 @@ def test_reassignment_waits_for_added_replicas_to_join_the_isr(state: MetadataSt
         ControllerResult([], ())  # nothing in progress: moot
 
 
+def test_cancelling_a_reassignment_goes_back_to_the_replicas_it_started_from(
+        state: MetadataState) -> None:
+    moving = _apply(state, ControllerResult(replication_control.start_reassignments(
+        state, [("solo", 0, [0])]), None))  # adding 0, removing 2
+    cancelled = replication_control.cancel_reassignment(moving, "solo", 0)
+    assert cancelled.response == (0,)  # the added replica's table may go
+    assert cancelled.records == [PartitionChangeRecord(
+        "solo", 0, replicas=(2,), isr=(2,), adding_replicas=(), removing_replicas=())]
+    led = _apply(moving, ControllerResult([PartitionChangeRecord(
+        "solo", 0, isr=(2, 0), leader=0, leader_epoch=1)], None))
+    assert replication_control.cancel_reassignment(led, "solo", 0).records == [
+        PartitionChangeRecord("solo", 0, replicas=(2,), isr=(2,), adding_replicas=(),
+                              removing_replicas=(), leader=2, leader_epoch=2)]  # hands back
+    with pytest.raises(errors.NoReassignmentInProgressError):
+        replication_control.cancel_reassignment(state, "solo", 0)
+    with pytest.raises(errors.UnknownTopicOrPartitionError):
+        replication_control.cancel_reassignment(state, "nope", 0)
+
+
 # ---- configs ---------------------------------------------------------------------------------
 
 def test_alter_configs_records_only_what_changes(state: MetadataState) -> None:

@@ -422,3 +422,8 @@ def test_reassign_partitions_moves_replicas_with_the_catch_up_job(
     records = read_records(cluster.bootstrap_servers, topic_name, 1, 20_001)
     assert [r.value for r in records] == [f"v-{i}".encode() for i in range(20_000)] + [b"after"]
     wait_for_identical_replicas(cluster, topic_name, 1)
+    with AdminClient(cluster.bootstrap_servers) as admin:  # None cancels: nothing to cancel
+        cancelled = admin.alter_partition_reassignments({(topic_name, 0): None})
+        assert isinstance(cancelled[(topic_name, 0)], errors.NoReassignmentInProgressError)
+        with pytest.raises(errors.InvalidReplicaAssignmentError):  # empty is no cancel
+            admin.alter_partition_reassignments({(topic_name, 0): []})

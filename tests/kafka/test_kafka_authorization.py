@@ -27,18 +27,20 @@ def _allow(resource: ResourceType, name: str, principal: str, operation: Operati
     return AclBinding(resource, name, pattern, principal, "*", operation, Permission.ALLOW)
 
 
+DOOR_ACLS = [
+    _allow(ResourceType.TOPIC, "orders", "User:alice", Operation.WRITE),
+    _allow(ResourceType.TOPIC, "orders", "User:alice", Operation.READ),
+    _allow(ResourceType.GROUP, "billing", "User:alice", Operation.READ),
+    _allow(ResourceType.TOPIC, "public-", "User:*", Operation.DESCRIBE, PatternType.PREFIXED),
+]
+
+
 @pytest.fixture
 def door() -> Iterator[tuple[FakeCluster, str]]:
     fake = FakeCluster(brokers=1)
     for topic in ("orders", "secret", "public-news"):
         fake.create_topic(topic, 1)
-    fake.authorizer = Authorizer([
-        _allow(ResourceType.TOPIC, "orders", "User:alice", Operation.WRITE),
-        _allow(ResourceType.TOPIC, "orders", "User:alice", Operation.READ),
-        _allow(ResourceType.GROUP, "billing", "User:alice", Operation.READ),
-        _allow(ResourceType.TOPIC, "public-", "User:*", Operation.DESCRIBE,
-               PatternType.PREFIXED),
-    ])
+    fake.authorizer = Authorizer(DOOR_ACLS)
     address = fake.serve_kafka(0, security=cfg.ListenerSecurity(
         security_protocol="SASL_PLAINTEXT"),
         credentials=lambda user, mechanism: CREDENTIALS.get((user, mechanism)))
@@ -106,3 +108,49 @@ def test_create_and_delete_topics_need_their_operations(door) -> None:
         admin.delete_topics(["orders"])["orders"].result(30)
     assert info.value.args[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
     assert "bobs" not in fake.image().topics and "orders" in fake.image().topics
+
+
+def test_altering_configs_needs_alter_configs_and_moving_partitions_alter_on_the_cluster(
+        door) -> None:
+    """IncrementalAlterConfigs and AlterConfigs check ALTER_CONFIGS on the topic;
+    ElectLeaders and AlterPartitionReassignments ALTER on the cluster, and
+    ListPartitionReassignments DESCRIBE on it, as Kafka does. A refused change changes nothing."""
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
+    from kafka import TopicPartition
+    from kafka.admin import KafkaAdminClient
+    from kafka.errors import ClusterAuthorizationFailedError
+
+    fake, address = door
+    fake.authorizer = Authorizer([
+        *DOOR_ACLS, _allow(ResourceType.TOPIC, "orders", "User:alice", Operation.ALTER_CONFIGS)])
+
+    def retention(user: str) -> KafkaError | None:
+        change = ConfigEntry("retention.ms", "60000", incremental_operation=AlterConfigOpType.SET)
+        resource = ConfigResource("topic", "orders", incremental_configs=[change])
+        admin = AdminClient(_as(user, address))  # kept: a dropped client fails its futures
+        try:
+            admin.incremental_alter_configs([resource])[resource].result(30)
+            return None
+        except confluent_kafka.KafkaException as e:
+            return e.args[0]
+
+    refused = retention("bob")
+    assert refused is not None and refused.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+    assert "retention.ms" not in fake.image().topics["orders"].configs
+    assert retention("alice") is None
+    assert fake.image().topics["orders"].configs["retention.ms"] == "60000"
+
+    admin = AdminClient(_as("alice", address))
+    with pytest.raises(confluent_kafka.KafkaException) as info:
+        admin.elect_leaders(confluent_kafka.ElectionType.PREFERRED, None).result(30)
+    assert info.value.args[0].code() == KafkaError.CLUSTER_AUTHORIZATION_FAILED
+    theirs = KafkaAdminClient(bootstrap_servers=address, security_protocol="SASL_PLAINTEXT",
+                              sasl_mechanism="SCRAM-SHA-256", sasl_plain_username="alice",
+                              sasl_plain_password=PASSWORDS["alice"])
+    try:
+        with pytest.raises(ClusterAuthorizationFailedError):
+            theirs.alter_partition_reassignments({TopicPartition("orders", 0): [0]})
+        with pytest.raises(ClusterAuthorizationFailedError):
+            theirs.list_partition_reassignments()
+    finally:
+        theirs.close()

@@ -35,8 +35,10 @@ from deltabus.rpc.kafka import (
     acl_apis,
     admin,
     batches,
+    config_apis,
     describe_apis,
     groups,
+    partition_admin,
     quota_apis,
     sasl,
 )
@@ -80,6 +82,8 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     **groups.SUPPORTED,
     **admin.SUPPORTED,
     **describe_apis.SUPPORTED,
+    **config_apis.SUPPORTED,
+    **partition_admin.SUPPORTED,
     **acl_apis.SUPPORTED,
     **quota_apis.SUPPORTED,
     **sasl.SUPPORTED,
@@ -115,6 +119,8 @@ class KafkaApis:
             **admin.KafkaAdminApis(handler, listener).apis, **acl_apis.KafkaAclApis(handler).apis,
             **describe_apis.KafkaDescribeApis(handler, listener).apis,
             **quota_apis.KafkaQuotaApis(handler).apis,
+            **config_apis.KafkaConfigApis(handler).apis,
+            **partition_admin.KafkaPartitionAdminApis(handler).apis,
         }
 
     def knows(self, api_key: int) -> bool:
@@ -166,10 +172,12 @@ class KafkaApis:
             return access.group(Operation.DESCRIBE, request.key)
         if api_key == INIT_PRODUCER_ID:
             return access.init_producer_id(request.transactional_id or "")
-        if api_key == admin.ALTER_USER_SCRAM_CREDENTIALS:
+        if api_key in (admin.ALTER_USER_SCRAM_CREDENTIALS, partition_admin.ELECT_LEADERS,
+                       partition_admin.ALTER_PARTITION_REASSIGNMENTS):
             return access.cluster(Operation.ALTER)
         if api_key in (admin.DESCRIBE_USER_SCRAM_CREDENTIALS, admin.DESCRIBE_CLUSTER,
-                       describe_apis.DESCRIBE_LOG_DIRS):
+                       describe_apis.DESCRIBE_LOG_DIRS,
+                       partition_admin.LIST_PARTITION_REASSIGNMENTS):
             return access.cluster(Operation.DESCRIBE)
         if api_key in (acl_apis.CREATE_ACLS, acl_apis.DELETE_ACLS):
             return access.cluster(Operation.ALTER)

@@ -1,0 +1,123 @@
+"""Kafka's config-changing APIs over the handler call gRPC's IncrementalAlterConfigs makes
+(`alter_configs`): IncrementalAlterConfigs (44, v0-1) and the legacy AlterConfigs (33, v0-2),
+as kafka-configs.sh, kafka-python's and librdkafka's admin clients send them.
+
+Only topics have dynamic configs in deltabus: any other resource (a BROKER, BROKER_LOGGER...)
+is answered INVALID_REQUEST naming why, as a Kafka broker answers a resource it cannot alter.
+Each topic is checked against ALTER_CONFIGS on it (TOPIC_AUTHORIZATION_FAILED); a topic named
+twice in one request, or a key twice for one topic, is INVALID_REQUEST, as in Kafka. The
+controller checks every topic's changes as a whole (INVALID_CONFIG naming the key, and nothing
+changes) and honours validate_only.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from deltabus import config as cfg
+from deltabus import errors
+from deltabus.acls import Operation
+from deltabus.cluster.handler import DeltaBusHandler
+from deltabus.rpc import codec
+from deltabus.rpc.access import current_access
+from deltabus.rpc.kafka.frames import NO_TIME, error_code, load_response_schema, make, nested
+
+ALTER_CONFIGS, INCREMENTAL_ALTER_CONFIGS = 33, 44
+SUPPORTED: dict[int, tuple[int, int]] = {
+    ALTER_CONFIGS: (0, 2),
+    INCREMENTAL_ALTER_CONFIGS: (0, 1),
+}
+BROKER_RESOURCE = 4  # Kafka's ConfigResource.Type.BROKER
+_OPS = {number: name for name, number in codec.CONFIG_OPS.items()}
+Changes = dict[str, list[cfg.AlterConfigOp]]
+Results = dict[tuple[int, str], errors.DeltaBusError | None]
+
+
+def not_alterable(resource_type: int) -> errors.DeltaBusError:
+    """What a config change to anything but a topic is answered."""
+    return errors.InvalidRequestError(
+        "deltabus brokers take their configs when the cluster starts (deltabus cluster "
+        "start); only topics have dynamic configs" if resource_type == BROKER_RESOURCE
+        else f"unsupported config resource type {resource_type}: only topics have dynamic "
+        "configs in deltabus")
+
+
+class KafkaConfigApis:
+    """Thread-safe: it holds nothing but the handler."""
+
+    def __init__(self, handler: DeltaBusHandler) -> None:
+        self._handler = handler
+        self.apis = {ALTER_CONFIGS: self.alter_configs,
+                     INCREMENTAL_ALTER_CONFIGS: self.incremental_alter_configs}
+
+    def incremental_alter_configs(self, version: int, request: Any,
+                                  refused: errors.DeltaBusError | None = None) -> Any:
+        """SET, DELETE (back to the default), APPEND and SUBTRACT (list configs) per key."""
+        cls = load_response_schema(INCREMENTAL_ALTER_CONFIGS, version)
+        changes = {r.resource_name: [
+            cfg.AlterConfigOp(c.name, _OPS.get(c.config_operation, str(c.config_operation)),
+                              c.value) for c in r.configs]
+            for r in request.resources if r.resource_type == codec.TOPIC_RESOURCE}
+        results = self._alter(request, changes, refused)
+        return self._response(cls, request, results)
+
+    def alter_configs(self, version: int, request: Any,
+                      refused: errors.DeltaBusError | None = None) -> Any:
+        """The legacy whole-set form: a topic's overrides become exactly the configs named, the
+        ones not named go back to their defaults, as in Kafka. The current overrides are read
+        from the controller first, so two whole-set changes racing on one topic may interleave
+        (Kafka's admin clients send IncrementalAlterConfigs wherever a broker has it)."""
+        cls = load_response_schema(ALTER_CONFIGS, version)
+        named = {r.resource_name: {c.name: c.value for c in r.configs}
+                 for r in request.resources if r.resource_type == codec.TOPIC_RESOURCE}
+        access = current_access()
+        readable = [t for t in named if access.topic(Operation.ALTER_CONFIGS, t) is None]
+        current = (self._handler.describe_configs(readable) if readable and refused is None
+                   else {})
+        changes: Changes = {}
+        for topic, configs in named.items():
+            entries = current.get(topic)
+            overrides = ([] if not isinstance(entries, list) else
+                         [e.name for e in entries if e.source == "DYNAMIC_TOPIC_CONFIG"])
+            changes[topic] = [cfg.AlterConfigOp(k, cfg.SET, v) for k, v in configs.items()]
+            changes[topic] += [cfg.AlterConfigOp(k, cfg.DELETE) for k in overrides
+                               if k not in configs]
+        results = self._alter(request, changes, refused)
+        return self._response(cls, request, results)
+
+    def _alter(self, request: Any, changes: Changes,
+               refused: errors.DeltaBusError | None) -> Results:
+        """Each resource's answer: refusals and checks first, the controller's for the rest."""
+        results: Results = {}
+        access = current_access()
+        seen = Counter((r.resource_type, r.resource_name) for r in request.resources)
+        allowed: Changes = {}
+        for r in request.resources:
+            key = (r.resource_type, r.resource_name)
+            if refused is not None:
+                results[key] = refused
+            elif seen[key] > 1:
+                results[key] = errors.InvalidRequestError(
+                    f"Error due to duplicate config resource: {r.resource_name}")
+            elif len({c.name for c in r.configs}) < len(r.configs):
+                results[key] = errors.InvalidRequestError(
+                    f"Error due to duplicate config keys for resource {r.resource_name}")
+            elif r.resource_type != codec.TOPIC_RESOURCE:
+                results[key] = not_alterable(r.resource_type)
+            else:
+                results[key] = access.topic(Operation.ALTER_CONFIGS, r.resource_name)
+                if results[key] is None:
+                    allowed[r.resource_name] = changes[r.resource_name]
+        if allowed:
+            answered = self._handler.alter_configs(
+                allowed, validate_only=bool(request.validate_only))
+            results.update({(codec.TOPIC_RESOURCE, t): e for t, e in answered.items()})
+        return results
+
+    @staticmethod
+    def _response(cls: Any, request: Any, results: Results) -> Any:
+        result_cls = nested(cls, "AlterConfigsResourceResponse")
+        return make(cls, throttle_time=NO_TIME, responses=tuple(
+            make(result_cls, error_code=error_code(e), error_message=e.message if e else None,
+                 resource_type=t, resource_name=n) for (t, n), e in results.items()))
