@@ -106,3 +106,18 @@ def test_create_and_delete_topics_need_their_operations(door) -> None:
         admin.delete_topics(["orders"])["orders"].result(30)
     assert info.value.args[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
     assert "bobs" not in fake.image().topics and "orders" in fake.image().topics
+
+
+def test_delete_records_needs_delete_on_the_topic(door) -> None:
+    """DeleteRecords is checked against DELETE on the topic, as Kafka checks it: alice may read
+    and write "orders" but not delete from it, and nothing is deleted."""
+    from confluent_kafka import KafkaException, TopicPartition
+
+    fake, address = door
+    assert _produce(_as("alice", address), "orders") is None
+    admin = AdminClient(_as("alice", address))  # kept: its futures die with it
+    futures = admin.delete_records([TopicPartition("orders", 0, 1)], request_timeout=30)
+    with pytest.raises(KafkaException) as refused:
+        next(iter(futures.values())).result(30)
+    assert refused.value.args[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+    assert fake.values("orders", 0) == [b"v"]
