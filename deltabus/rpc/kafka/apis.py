@@ -387,7 +387,8 @@ class KafkaApis:
         or the request's timeout passed (REQUEST_TIMED_OUT): a DelayedResponse, no thread
         waits."""
         cls = load_response_schema(DELETE_RECORDS, version)
-        timeout_ms = millis(request.timeout, admin.ADMIN_TIMEOUT_MS)
+        # As Kafka: 0 answers at once, REQUEST_TIMED_OUT where the ISR does not hold it yet.
+        timeout_ms = max(0, millis(request.timeout))
         named = [(t.name, p.partition_index) for t in request.topics for p in t.partitions]
         try:
             check_partition_count("DeleteRecords", len(named))
