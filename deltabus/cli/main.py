@@ -9,6 +9,7 @@
     deltabus consumer-groups      kafka-consumer-groups.sh
     deltabus leader-election      kafka-leader-election.sh
     deltabus reassign-partitions  kafka-reassign-partitions.sh
+    deltabus delete-records       kafka-delete-records.sh
     deltabus perf producer        kafka-producer-perf-test.sh
     deltabus perf consumer        kafka-consumer-perf-test.sh
 
@@ -36,6 +37,7 @@ from deltabus.cli import (
     console_producer,
     consumer_groups,
     consumer_performance,
+    delete_records,
     leader_election,
     producer_performance,
     reassign_partitions,
@@ -79,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     consumer_groups.add_parser(commands, parent)
     leader_election.add_parser(commands, parent)
     reassign_partitions.add_parser(commands, parent)
+    delete_records.add_parser(commands, parent)
     perf = commands.add_parser("perf", help="producer and consumer performance tests")
     perf_commands = perf.add_subparsers(dest="perf_command", metavar="COMMAND", required=True)
     producer_performance.add_parser(perf_commands, parent)

@@ -1,13 +1,16 @@
 """`AdminClient`: create, delete, list and describe topics, describe and alter their configs,
-elect leaders, reassign partitions, manage consumer groups and their offsets, users' SCRAM
-credentials and ACLs (Kafka's Admin API).
+elect leaders, reassign partitions, delete records below an offset, manage consumer groups and
+their offsets, users' SCRAM credentials and ACLs (Kafka's Admin API).
 
-Thread-safe. Admin calls go to any server; brokers forward them to the controller.
+Thread-safe. Admin calls go to any server; brokers forward them to the controller. DeleteRecords
+goes to each partition's leader, as Kafka's does.
 """
 
 from __future__ import annotations
 
+import collections
 import secrets
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Unpack
@@ -16,6 +19,7 @@ from deltabus import config as cfg
 from deltabus import errors, scram
 from deltabus.acls import AclBinding, AclBindingFilter, AclCreation
 from deltabus.client.cluster_client import ClusterClient
+from deltabus.client.consumer_coordinator import TopicPartition
 from deltabus.client.security import ClientSecurity, SecuritySettings
 from deltabus.metadata import (
     GroupDescription,
@@ -32,8 +36,8 @@ from deltabus.quotas import QuotaAlteration, QuotaEntity, QuotaFilterComponent
 from deltabus.rpc import codec
 from deltabus.rpc.v1 import deltabus_pb2 as pb
 
-__all__ = ["AclBinding", "AclBindingFilter", "AdminClient", "NewTopic", "QuotaAlteration",
-           "QuotaEntity", "QuotaFilterComponent", "ScramCredentialInfo",
+__all__ = ["AclBinding", "AclBindingFilter", "AdminClient", "DeletedRecords", "NewTopic",
+           "QuotaAlteration", "QuotaEntity", "QuotaFilterComponent", "ScramCredentialInfo",
            "UserScramCredentialDeletion", "UserScramCredentialUpsertion",
            "UserScramCredentialsDescription"]
 
@@ -58,6 +62,15 @@ class UserScramCredentialDeletion:
 
     user: str
     mechanism: str
+
+
+@dataclass(frozen=True)
+class DeletedRecords:
+    """One partition's DeleteRecords answer (Kafka's DeletedRecords): its low watermark, the
+    log start offset every in-sync replica now has, or the error (low watermark -1)."""
+
+    low_watermark: int
+    error: errors.DeltaBusError | None = None
 
 
 class AdminClient:
@@ -255,6 +268,64 @@ class AdminClient:
             components=[codec.quota_filter_to_proto(c) for c in components], strict=strict))
         return codec.describe_client_quotas_result(response)
 
+    # ---- records ------------------------------------------------------------------------------
+
+    def delete_records(self, offsets: dict[TopicPartition, int] | dict[tuple[str, int], int], *,
+                       timeout_ms: int = 30_000) -> dict[TopicPartition, DeletedRecords]:
+        """Delete every record below the given offset of each partition (-1: up to the high
+        watermark), as kafka-delete-records.sh: each leader moves its log start offset up and
+        answers once the in-sync replicas have it too, within `timeout_ms`. Partitions whose
+        leader moves are asked again at the new one until then."""
+        pending = {TopicPartition(*tp): offset for tp, offset in offsets.items()}
+        out: dict[TopicPartition, DeletedRecords] = {}
+        deadline = time.monotonic() + timeout_ms / 1000
+        self._client.refresh_metadata()
+        while pending:
+            retry: dict[TopicPartition, int] = {}
+            for address, group in self._by_leader(pending, out, retry).items():
+                left_ms = max(1, int((deadline - time.monotonic()) * 1000))
+                try:
+                    response = self._client.call(
+                        address, "DeleteRecords", pb.DeleteRecordsRequest(timeout_ms=left_ms,
+                            partitions=[pb.DeleteRecordsPartition(
+                                topic=tp.topic, partition=tp.partition, offset=offset)
+                                for tp, offset in group.items()]),
+                        timeout_ms=left_ms + self._client.request_timeout_ms)
+                except errors.DeltaBusError as e:
+                    _answer_or_retry(group, e, out, retry)
+                    continue
+                for p in response.partitions:
+                    tp = TopicPartition(p.topic, p.partition)
+                    if p.error_code:
+                        _answer_or_retry({tp: group[tp]}, errors.error_for_code(
+                            p.error_code, p.error_message), out, retry)
+                    else:
+                        out[tp] = DeletedRecords(p.low_watermark)
+            if retry and time.monotonic() >= deadline:
+                out.update({tp: DeletedRecords(-1, errors.RequestTimedOutError(
+                    f"no leader of {tp.topic}-{tp.partition} answered in {timeout_ms} ms"))
+                    for tp in retry})
+                break
+            if retry:
+                time.sleep(self._client.retry_backoff_ms / 1000)
+                self._client.refresh_metadata()
+            pending = retry
+        return out
+
+    def _by_leader(self, pending: dict[TopicPartition, int], out: dict[TopicPartition, Any],
+                   retry: dict[TopicPartition, int]) -> dict[str, dict[TopicPartition, int]]:
+        """`pending` by the address of each partition's leader; an unknown partition's answer
+        goes to `out`, one without a leader now to `retry`."""
+        groups: dict[str, dict[TopicPartition, int]] = collections.defaultdict(dict)
+        for tp, offset in pending.items():
+            try:
+                broker, _ = self._client.leader(tp.topic, tp.partition)
+            except errors.DeltaBusError as e:
+                _answer_or_retry({tp: offset}, e, out, retry)
+                continue
+            groups[broker.address][tp] = offset
+        return groups
+
     # ---- consumer groups ----------------------------------------------------------------------
 
     def _group_call(self, group_id: str, method: str, request: Any) -> Any:
@@ -327,6 +398,19 @@ class AdminClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _answer_or_retry(group: dict[TopicPartition, int], error: errors.DeltaBusError,
+                     out: dict[TopicPartition, DeletedRecords],
+                     retry: dict[TopicPartition, int]) -> None:
+    """A leader that moved or cannot be reached is asked again (after a metadata refresh);
+    any other error is the partitions' answer (an unknown partition at once: the metadata was
+    just refreshed)."""
+    if isinstance(error, (errors.NotLeaderOrFollowerError, errors.LeaderNotAvailableError,
+                          errors.NetworkError)):
+        retry.update(group)
+    else:
+        out.update({tp: DeletedRecords(-1, error) for tp in group})
 
 
 def _salted(upsertion: UserScramCredentialUpsertion) -> ScramCredentialUpsertion:

@@ -591,7 +591,8 @@ class Broker:
                     result.high_watermark = hosted.log.high_watermark
                     out[i] = result
                     continue
-                proposal = hosted.follower_fetched(replica_id, spec.offset)
+                proposal = hosted.follower_fetched(replica_id, spec.offset,
+                                                   spec.log_start_offset)
                 if proposal is not None:
                     self._alter_pool.submit(self._alter_isr, hosted, proposal)
             except errors.DeltaBusError as e:
@@ -608,6 +609,10 @@ class Broker:
             result.high_watermark = plog.high_watermark
             result.log_start_offset = plog.log_start_offset
             result.log_end_offset = plog.log_end_offset
+            if spec.offset < result.log_start_offset:  # no files from below it either
+                raise errors.OffsetOutOfRangeError(
+                    f"offset {spec.offset} is below the log start offset "
+                    f"{result.log_start_offset} of {spec.topic}-{spec.partition}")
             if replica_id >= 0 and self._config.replica_copy_files:
                 result.files = self._files_to_copy(plog, spec.offset)
                 if result.files:
@@ -702,6 +707,17 @@ class Broker:
             hosted.check_offsets_available()
         offset, ts = hosted.log.offset_for_timestamp(timestamp)
         return offset, ts, leader_epoch
+
+    def delete_records(self, topic: str, partition: int, offset: int) -> Future[int]:
+        """DeleteRecords: refused (POLICY_VIOLATION) on a topic whose cleanup.policy does not
+        include delete, as Kafka refuses it."""
+        hosted = self._partition(topic, partition)
+        hosted.check_leader()
+        if not (self._topic_configs.get(topic) or cfg.TopicConfig()).deletes:
+            raise errors.PolicyViolationError(
+                f"records of {topic}-{partition} cannot be deleted: its cleanup.policy does "
+                "not include delete")
+        return hosted.delete_records(offset)
 
     def offset_for_leader_epoch(self, topic: str, partition: int, current_leader_epoch: int,
                                 leader_epoch: int) -> tuple[int, int]:

@@ -947,6 +947,9 @@ class ControllerHandler:
                 timeout_ms: int | None = None) -> Future[AppendResult]:
         raise self._not_leader(topic, partition)
 
+    def delete_records(self, topic: str, partition: int, offset: int) -> Future[int]:
+        raise self._not_leader(topic, partition)
+
     def fetch(self, specs: list[FetchSpec], *, max_wait_ms: int, min_bytes: int,
               max_bytes: int, replica_id: int) -> list[FetchResult]:
         return [FetchResult(s.topic, s.partition, self._not_leader(s.topic, s.partition))

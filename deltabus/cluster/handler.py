@@ -49,6 +49,7 @@ class FetchSpec:
     max_bytes: int
     current_leader_epoch: int = -1
     last_fetched_epoch: int = -1  # followers: the epoch of their last record
+    log_start_offset: int = -1  # followers: their log start offset (-1: not said)
 
 
 @dataclass
@@ -132,6 +133,12 @@ class DeltaBusHandler(Protocol):
         ...
 
     def list_offsets(self, topic: str, partition: int, timestamp: int) -> tuple[int, int, int]: ...
+
+    def delete_records(self, topic: str, partition: int, offset: int) -> futures.Future[int]:
+        """Kafka's DeleteRecords on the partition's leader: the log start offset moves up to
+        `offset` (-1: the high watermark). The future holds the low watermark once the ISR's
+        replicas hold it (the doors bound the wait with the request's timeout)."""
+        ...
 
     def offset_for_leader_epoch(self, topic: str, partition: int, current_leader_epoch: int,
                                 leader_epoch: int) -> tuple[int, int]:

@@ -1,7 +1,8 @@
 """The log cleaner, as Spark work: every `log.retention.check.interval.ms` the driver runs one
 Spark job ("deltabus log cleaner") with a task per partition. Each task decides on the leader's
 table how far retention reaches (topics whose cleanup.policy includes delete) and removes the
-expired files from every replica's table (log_tables/retention.py), compacts each replica table
+expired files, and those wholly below the log start offset DeleteRecords recorded, from every
+replica's table (log_tables/retention.py), compacts each replica table
 to the latest record per key (topics whose cleanup.policy includes compact:
 log_tables/compaction.py), merges each replica table's
 runs of small old files into files of up to `segment.bytes` (log_tables/merge.py), and vacuums
@@ -30,6 +31,7 @@ from deltabus.log_tables.merge import Merged, merge_small_files
 from deltabus.log_tables.retention import (
     Removed,
     log_end_offset,
+    recorded_cut,
     remove_below,
     retention_cut,
     table_files,
@@ -109,6 +111,7 @@ def run_cleaner(task: CleanerTask) -> CleanerResult:
         cut = retention_cut(table_files(tables[task.leader]), now_ms=now_ms,
                             retention_ms=task.retention_ms, retention_bytes=task.retention_bytes,
                             high_watermark=high_watermark)
+        cut = max(cut, recorded_cut(tables[task.leader]))  # DeleteRecords' log start offset
         removed = {}
         if cut > 0:
             for r, t in tables.items():

@@ -10,6 +10,10 @@ ISR changes go to the controller (AlterPartition); while one is in flight the hi
 counts the replicas being added (the "maximal ISR"), so it never passes a replica the controller
 may already call in sync.
 
+DeleteRecords moves the leader's log start offset up and is answered once every replica in the
+ISR reports a log start offset at least as high in its fetches (Kafka's low watermark), so a
+follower that becomes the leader serves nothing below it either.
+
 Invariants: only a leader appends produced records or moves its high watermark from follower
 state; a follower's high watermark is at most the leader's; the high watermark never goes back.
 """
@@ -42,6 +46,7 @@ class FollowerState:
     last_caught_up_s: float = 0.0  # when it last held everything the leader had
     last_fetch_s: float = 0.0
     last_fetch_leader_end_offset: int = -1
+    log_start_offset: int = -1  # as its last fetch said (-1: not known yet)
 
 
 class Partition:
@@ -64,6 +69,8 @@ class Partition:
         self._unresolved_until: float | None = None  # when a change with no answer is dropped
         self.leader_epoch_start_offset = -1
         self._followers: dict[int, FollowerState] = {}
+        # DeleteRecords answers waiting for the low watermark: (offset, future of it).
+        self._low_watermark_waiters: list[tuple[int, Future[int]]] = []
 
     @property
     def is_leader(self) -> bool:
@@ -132,8 +139,13 @@ class Partition:
                          self.broker_id, self.topic, self.partition, self.leader,
                          self.leader_epoch, self.log.log_end_offset)
         if was_leader and not self.is_leader:  # acks=all waiters can no longer be answered
-            self.log.fail_waiters(errors.NotLeaderOrFollowerError(
-                f"broker {self.broker_id} lost the leadership of {self.topic}-{self.partition}"))
+            lost = errors.NotLeaderOrFollowerError(
+                f"broker {self.broker_id} lost the leadership of {self.topic}-{self.partition}")
+            self.log.fail_waiters(lost)
+            with self._lock:
+                waiters, self._low_watermark_waiters = self._low_watermark_waiters, []
+            for _, future in waiters:
+                future.set_exception(lost)
         return True
 
     def isr_committed(self, isr: tuple[int, ...], version: int) -> None:
@@ -144,6 +156,7 @@ class Partition:
             self._pending_isr = None
             self._unresolved_until = None
             self._advance_high_watermark()
+        self._resolve_low_watermark()
 
     def isr_change_failed(self, outcome_known: bool = True) -> None:
         """The controller refused the change (`outcome_known`), or the request failed without an
@@ -222,14 +235,24 @@ class Partition:
             return -1, leo
         return None
 
-    def follower_fetched(self, replica_id: int, fetch_offset: int) -> list[int] | None:
-        """A follower fetched at `fetch_offset`: it holds everything before it. Updates its
-        state and the high watermark. Returns a proposed larger ISR when it has caught up."""
+    def follower_fetched(self, replica_id: int, fetch_offset: int,
+                         log_start_offset: int = -1) -> list[int] | None:
+        """A follower fetched at `fetch_offset`: it holds everything before it, and nothing
+        below `log_start_offset`. Updates its state, the high watermark and the low watermark.
+        Returns a proposed larger ISR when it has caught up."""
+        proposal = self._follower_fetched(replica_id, fetch_offset, log_start_offset)
+        self._resolve_low_watermark()
+        return proposal
+
+    def _follower_fetched(self, replica_id: int, fetch_offset: int,
+                          log_start_offset: int) -> list[int] | None:
         now = self._clock()
         with self._lock:
             follower = self._followers.get(replica_id)
             if follower is None or not self.is_leader:
                 return None
+            if log_start_offset >= 0:
+                follower.log_start_offset = log_start_offset
             leo = self.log.log_end_offset
             if fetch_offset >= leo:
                 follower.last_caught_up_s = now
@@ -280,6 +303,56 @@ class Partition:
                 hw = min(hw, self._followers.get(r, FollowerState()).log_end_offset)
         if hw > self.log.high_watermark:
             self.log.advance_high_watermark(hw)
+
+    # ---- leader: DeleteRecords ---------------------------------------------------------------
+
+    def delete_records(self, offset: int) -> Future[int]:
+        """Kafka's DeleteRecords on the leader: move the log start offset up to `offset` (-1:
+        the high watermark), never down. The future holds the low watermark (the smallest log
+        start offset in the ISR) once it reaches `offset`; it fails NOT_LEADER_OR_FOLLOWER
+        when the leadership moves first. Past the high watermark: OFFSET_OUT_OF_RANGE."""
+        self.check_leader()
+        high_watermark = self.log.high_watermark
+        if offset == -1:
+            offset = high_watermark
+        if offset < 0 or offset > high_watermark:
+            raise errors.OffsetOutOfRangeError(
+                f"cannot delete the records of {self.topic}-{self.partition} below offset "
+                f"{offset}: its high watermark is {high_watermark}")
+        done: Future[int] = Future()
+
+        def committed(f: Future[AppendResult]) -> None:
+            error = f.exception()
+            if error is not None:
+                done.set_exception(error)
+                return
+            with self._lock:
+                self._low_watermark_waiters.append((offset, done))
+            self._resolve_low_watermark()
+
+        self.log.advance_log_start(offset).add_done_callback(committed)
+        return done
+
+    def _low_watermark(self) -> int:
+        """Lock held: the smallest log start offset among the ISR's replicas (-1: one unknown)."""
+        low = self.log.log_start_offset
+        for r in self.maximal_isr:
+            if r != self.broker_id:
+                low = min(low, self._followers.get(r, FollowerState()).log_start_offset)
+        return low
+
+    def _resolve_low_watermark(self) -> None:
+        """Answer the DeleteRecords the low watermark has reached (outside the lock)."""
+        with self._lock:
+            if not self._low_watermark_waiters:
+                return
+            low = self._low_watermark()
+            ready = [w for w in self._low_watermark_waiters if w[0] <= low]
+            self._low_watermark_waiters = [w for w in self._low_watermark_waiters
+                                           if w[0] > low]
+        for _, future in ready:
+            if not future.done():
+                future.set_result(low)
 
     # ---- leader: produce -----------------------------------------------------------------------
 

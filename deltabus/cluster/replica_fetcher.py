@@ -131,7 +131,8 @@ class ReplicaFetcher:
             fetched_from[key] = plog.log_end_offset
             specs.append(FetchSpec(*key, fetched_from[key], config.replica_fetch_max_bytes,
                                    current_leader_epoch=f.leader_epoch,
-                                   last_fetched_epoch=plog.last_epoch))
+                                   last_fetched_epoch=plog.last_epoch,
+                                   log_start_offset=plog.log_start_offset))
             by_key[key] = f
         results = self._leaders.fetch(address, specs, max_wait_ms=config.replica_fetch_wait_max_ms,
                                       max_bytes=config.replica_fetch_response_max_bytes)
@@ -162,6 +163,31 @@ class ReplicaFetcher:
                 continue
             if high_watermark >= 0:
                 f.partition.follower_high_watermark(high_watermark)
+        self._take_log_starts(results, by_key)
+
+    def _take_log_starts(self, results: list[FetchResult],
+                         by_key: dict[tuple[str, int], _Followed]) -> None:
+        """Move each log start offset up to the leader's, as far as this log reaches (Kafka's
+        follower: maybeIncrementLogStartOffset), committed before the next fetch reports it:
+        the leader answers DeleteRecords once the ISR holds it, and this replica, should it
+        lead, serves nothing below it."""
+        pending: list[tuple[_Followed, Future[AppendResult]]] = []
+        for r in results:
+            found = by_key.get((r.topic, r.partition))
+            if found is None or r.error is not None or r.diverging_epoch is not None:
+                continue
+            plog = found.partition.log
+            offset = min(r.log_start_offset, plog.log_end_offset)
+            if offset > plog.log_start_offset and self._still_follows(found):
+                try:
+                    pending.append((found, plog.advance_log_start(offset)))
+                except errors.DeltaBusError as e:
+                    self._on_error(found, e)
+        for f, future in pending:
+            try:
+                future.result(COPY_TIMEOUT_S)
+            except Exception as e:
+                self._on_error(f, e)
 
     def _start_copy(self, f: _Followed, r: FetchResult, fetch_offset: int
                     ) -> tuple[Future[AppendResult], int] | None:

@@ -44,7 +44,7 @@ from deltabus.log_tables.delta_writes import (
     commit_properties,
     writer_properties,
 )
-from deltabus.log_tables.log_reader import data_files
+from deltabus.log_tables.log_reader import LOG_START_TXN_APP_ID, data_files
 from deltabus.log_tables.partition_reader import LogFile
 from deltabus.records import LOG_SCHEMA, ProducerState, to_log_batch
 from deltabus.storage import Storage, storage_error
@@ -98,21 +98,31 @@ class PendingTruncate:
     restart: bool = False
 
 
-Pending = PendingAppend | PendingFiles | PendingTruncate
-Work = list[PendingAppend] | PendingFiles | PendingTruncate
+@dataclass
+class PendingLogStart:
+    """DeleteRecords: record `offset` as the log start offset (a commit with no data)."""
+
+    offset: int
+    future: Future[AppendResult]
+    nbytes: int = 0
+
+
+Pending = PendingAppend | PendingFiles | PendingTruncate | PendingLogStart
+Work = list[PendingAppend] | PendingFiles | PendingTruncate | PendingLogStart
 
 
 @dataclass(frozen=True)
 class Committed:
     """What one commit did, for the log to apply before it resolves the futures."""
 
-    kind: str  # "append", "copy", "files", "truncate" or "restart"
+    kind: str  # "append", "copy", "files", "truncate", "restart" or "log_start"
     version: int  # the table version it made (the last one, if it made none)
     end_offset: int  # the log end offset it leaves
     # append and copy: the records written; files: their offset, epoch and producer columns
     records: pa.Table | None
     results: list[tuple[Future[AppendResult], int, int]]  # (future, first offset, last offset)
     now_ms: int
+    log_start_offset: int = -1  # log_start: the log start offset it recorded
 
 
 class CommitFailed(Exception):
@@ -129,10 +139,12 @@ class CommitFailed(Exception):
 
 
 def log_offsets(table: DeltaTable) -> tuple[int, int]:
-    """(log start offset, log end offset) from the table alone: per-file offset statistics.
+    """(log start offset, log end offset) from the table alone: per-file offset statistics,
+    and the log start offset DeleteRecords recorded (`recorded_log_start`), whichever is larger:
+    a file straddling it stays, its records below it are no longer in the log.
 
     Open time does not grow with the number of commits: delta-rs loads the last checkpoint and
-    the commits after it, and the statistics are in the add actions it already holds.
+    the commits after it, and the statistics and app transactions are in what it already holds.
     """
     actions = pa.table(table.get_add_actions(flatten=True))
     if actions.num_rows == 0:  # empty, or emptied by restart_at: the last commit says where
@@ -143,7 +155,13 @@ def log_offsets(table: DeltaTable) -> tuple[int, int]:
     if lo is None or hi is None:  # files without statistics: read the column
         offsets = table.to_pyarrow_dataset().to_table(columns=["offset"]).column("offset")
         lo, hi = pc.min(offsets).as_py(), pc.max(offsets).as_py()
-    return int(lo), int(hi) + 1
+    end = int(hi) + 1
+    return min(max(int(lo), recorded_log_start(table)), end), end
+
+
+def recorded_log_start(table: DeltaTable) -> int:
+    """The log start offset DeleteRecords recorded in `table` (0 when none was)."""
+    return table.transaction_version(LOG_START_TXN_APP_ID) or 0
 
 
 def create_log_table(path: str, *, topic: str, partition: int, checkpoint_interval: int,
@@ -333,6 +351,8 @@ class LogAppender:
         if isinstance(work, PendingTruncate):
             done = (self._commit_restart(work) if work.restart
                     else self._commit_truncate(work, log_end_offset))
+        elif isinstance(work, PendingLogStart):
+            done = self._commit_log_start(work, log_end_offset)
         elif isinstance(work, PendingFiles):
             done = self._commit_files(work, log_end_offset)
         else:
@@ -481,6 +501,30 @@ class LogAppender:
                                reload=True) from e
         return Committed("restart", self.table.version(), offset, None,
                          [(item.future, offset, offset - 1)], now_ms)
+
+    def _commit_log_start(self, item: PendingLogStart, log_end_offset: int) -> Committed:
+        """Record `item.offset` as the log start offset: a commit of no data that sets the
+        log start app transaction (and the log's, unchanged, so a zombie writer still
+        conflicts). The files wholly below it leave with the cleaner's next run."""
+        offset = item.offset
+        try:
+            self.table.create_write_transaction(
+                [], mode="append", schema=LOG_SCHEMA,
+                commit_properties=commit_properties(
+                    {"deltabus.operation": "deleteRecords",
+                     "deltabus.logStartOffset": str(offset)},
+                    retries=APPEND_COMMIT_RETRIES,
+                    app_transactions=[Transaction(LOG_TXN_APP_ID, log_end_offset),
+                                      Transaction(LOG_START_TXN_APP_ID, offset)]),
+                post_commithook_properties=_CHECKPOINT)
+            self.table.update_incremental()
+        except Exception as e:
+            raise CommitFailed(storage_error(e, f"moving the log start of {self._name} failed"),
+                               storage_error(e, f"append to {self._name} failed"),
+                               reload=True) from e
+        return Committed("log_start", self.table.version(), log_end_offset, None,
+                         [(item.future, offset, offset - 1)], int(time.time() * 1000),
+                         log_start_offset=offset)
 
     def _renew(self) -> None:
         """After a commit. delta-rs replays, on every commit, each commit made since the table

@@ -24,6 +24,9 @@ from deltalake import DeltaTable
 from deltabus.records import LOG_SCHEMA
 from deltabus.storage import Storage
 
+# The Delta app transaction holding the log start offset DeleteRecords recorded (Kafka's
+# persisted logStartOffset): checkpoints keep it, so it survives restarts and is cheap to read.
+LOG_START_TXN_APP_ID = "deltabus.logStart"
 # Columns of delta-rs's flattened add actions a reader needs (offsets first).
 FILE_COLUMNS = ["path", "min.offset", "max.offset", "size_bytes", "num_records"]
 
@@ -105,6 +108,8 @@ class LogReader:
         self._storage = storage or Storage(path)
         self._table = DeltaTable(path, storage_options=self._storage.delta_options)
         self._files = data_files(self._table)
+        # The log start offset DeleteRecords recorded (the appender's LOG_START_TXN_APP_ID).
+        self._recorded_start = self._table.transaction_version(LOG_START_TXN_APP_ID) or 0
 
     @property
     def version(self) -> int:
@@ -112,14 +117,18 @@ class LogReader:
 
     @property
     def log_start_offset(self) -> int | None:
-        """The first offset the table covers (None when it has no files): retention moves it
-        up, compaction does not (it leaves gaps inside the range)."""
+        """The first offset the log holds (None when the table has no files): retention and
+        DeleteRecords move it up, compaction does not (it leaves gaps inside the range)."""
         if self._files.num_rows == 0:
             return None
-        return int(self._files.column("min.offset")[0].as_py())
+        first = int(self._files.column("min.offset")[0].as_py())
+        last = int(self._files.column("max.offset")[-1].as_py())
+        return min(max(first, self._recorded_start), last + 1)
 
     def read(self, start: int, end: int, columns: list[str] | None = None) -> Iterator[pa.Table]:
-        """Records [start, end) in offset order, one table per data file (bounded memory)."""
+        """Records [start, end) in offset order, one table per data file (bounded memory);
+        none below the log start offset (a file straddling it keeps records that are gone)."""
+        start = max(start, self._recorded_start)
         if columns is not None and "offset" not in columns:
             columns = ["offset", *columns]
         for path in files_overlapping(self._files, start, end).column("path").to_pylist():

@@ -51,6 +51,7 @@ from deltabus.log_tables.appender import (
     LogAppender,
     PendingAppend,
     PendingFiles,
+    PendingLogStart,
     PendingTruncate,
     Work,
     create_log_table,
@@ -315,6 +316,25 @@ class PartitionLog:
         self._enqueue(PendingTruncate(offset, future, restart=True))
         return future
 
+    def advance_log_start(self, offset: int) -> Future[AppendResult]:
+        """Queue the move of the log start offset up to `offset` (DeleteRecords on a leader, a
+        follower taking its leader's), recorded in the table so it survives a restart. Reads
+        below it fail OFFSET_OUT_OF_RANGE once it is committed. The future holds (offset,
+        offset - 1) and the new log start offset. An offset past the log end offset is
+        OFFSET_OUT_OF_RANGE; one at or below the log start offset commits nothing."""
+        future: Future[AppendResult] = Future()
+        with self._lock:
+            if offset > self.log_end_offset or offset < 0:
+                raise errors.OffsetOutOfRangeError(
+                    f"cannot move the log start offset of {self._name} to {offset}: its log "
+                    f"ends at {self.log_end_offset}")
+            if offset <= self.log_start_offset:
+                future.set_result(AppendResult(offset, offset - 1, int(time.time() * 1000),
+                                               self.log_start_offset))
+                return future
+        self._enqueue(PendingLogStart(offset, future))
+        return future
+
     def refresh(self) -> None:
         """Take in commits another process made to the table (the log cleaner's, which remove
         or rewrite old files): the data files to read and the log start offset. The cache of
@@ -323,7 +343,8 @@ class PartitionLog:
             self._tail.clear()
         self._reader.refresh()
 
-    def _enqueue(self, item: PendingAppend | PendingFiles | PendingTruncate) -> None:
+    def _enqueue(self, item: PendingAppend | PendingFiles | PendingTruncate | PendingLogStart
+                 ) -> None:
         with self._lock:
             self._check_open()
             self._appender.enqueue(item)
@@ -443,6 +464,8 @@ class PartitionLog:
                     self._tail.truncate(done.end_offset)
                     self._epochs.truncate_from(done.end_offset)
                     self._producers.clear()  # rebuilt from the table on their next batch
+            elif done.kind == "log_start":
+                self._raise_log_start(done.log_start_offset)
             else:  # restart
                 self.log_start_offset = self.log_end_offset = done.end_offset
                 self.high_watermark = done.end_offset
@@ -561,6 +584,7 @@ class PartitionLog:
         if timestamp_ms == EARLIEST_TIMESTAMP:
             return start, -1
         table = self._reader.offsets_and_timestamps(hw)
+        table = table.filter(pc.greater_equal(table.column("offset"), start))
         if table.num_rows == 0:
             return -1, -1
         ts = pc.cast(table.column("timestamp"), pa.int64()).to_numpy(zero_copy_only=False) // 1000

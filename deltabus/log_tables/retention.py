@@ -7,6 +7,10 @@ with records at or above the high watermark. The leader's table decides the new 
 every replica then drops its files wholly below it (a follower's file boundaries may differ: it
 copied records, not files, at times).
 
+DeleteRecords moves the log start offset without removing anything (it records it in the leader's
+table, see appender.py): the cleaner's next run removes the files wholly below it the same way
+(`recorded_cut`); a file straddling it stays, and reads skip its records below it.
+
 The removal is a Delta commit of remove actions marked dataChange=false. The records stay readable
 at older versions, so running readers do not break; a broker appending to the table at the same
 time is not disturbed (delta-rs fails a concurrent append after a dataChange=true remove); and a
@@ -30,7 +34,7 @@ from deltabus.log_tables.delta_writes import (
     commit_properties,
     removal_stamp,
 )
-from deltabus.log_tables.log_reader import data_files
+from deltabus.log_tables.log_reader import LOG_START_TXN_APP_ID, data_files
 from deltabus.records import LOG_SCHEMA
 
 _COLUMNS = ["path", "size_bytes", "num_records", "min.offset", "max.offset", "max.timestamp"]
@@ -85,6 +89,12 @@ def retention_cut(files: pa.Table, *, now_ms: int, retention_ms: int, retention_
         over -= sizes[i]
         cut = i + 1
     return files.column("min.offset")[cut].as_py() if cut else -1
+
+
+def recorded_cut(table: DeltaTable) -> int:
+    """The log start offset DeleteRecords recorded in the (leader's) table, or -1: the files
+    wholly below it are due for removal."""
+    return table.transaction_version(LOG_START_TXN_APP_ID) or -1
 
 
 def remove_below(table: DeltaTable, cut: int, *, delete_delay_ms: int,

@@ -75,7 +75,7 @@ class ReplicaFetchServicer(ipb_grpc.ReplicaFetchServicer):
         max_bytes = min(request.max_bytes or cfg.FETCH_MAX_BYTES, cfg.FETCH_RESPONSE_MAX_BYTES)
         specs = [FetchSpec(p.topic, p.partition, p.fetch_offset,
                            p.partition_max_bytes or cfg.FETCH_PARTITION_MAX_BYTES,
-                           p.current_leader_epoch, p.last_fetched_epoch)
+                           p.current_leader_epoch, p.last_fetched_epoch, p.log_start_offset)
                  for p in request.partitions]
         results = self._handler.fetch(
             specs, max_wait_ms=min(max(request.max_wait_ms, 0), cfg.FETCH_WAIT_MS_MAX),

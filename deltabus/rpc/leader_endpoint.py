@@ -51,7 +51,8 @@ class RemoteLeaderEndpoint:
             max_bytes=max_bytes, partitions=[ipb.ReplicaFetchPartition(
                 topic=s.topic, partition=s.partition, fetch_offset=s.offset,
                 partition_max_bytes=s.max_bytes, current_leader_epoch=s.current_leader_epoch,
-                last_fetched_epoch=s.last_fetched_epoch) for s in specs])
+                last_fetched_epoch=s.last_fetched_epoch,
+                log_start_offset=s.log_start_offset) for s in specs])
         timeout_s = (max_wait_ms + self.request_timeout_ms) / 1000
         try:
             response = self._stub(address).Fetch(request, timeout=timeout_s,

@@ -387,6 +387,41 @@ class DeltaBusServicer(GroupServicerMixin, AclServicerMixin, pb_grpc.DeltaBusSer
         return response
 
     @_guard
+    def DeleteRecords(self, request: pb.DeleteRecordsRequest,
+                      context: Any) -> pb.DeleteRecordsResponse:
+        """Kafka's DeleteRecords on the leader, for a principal allowed DELETE on the topic:
+        each answer waits for the ISR to hold the new log start, at most `timeout_ms`."""
+        check_partition_count("DeleteRecords", len(request.partitions))
+        timeout_ms = request.timeout_ms if request.timeout_ms > 0 else 30_000
+        deadline = time.monotonic() + timeout_ms / 1000
+        access = self._access(context)
+        waiting = []
+        for p in request.partitions:
+            outcome: futures.Future[int] | errors.DeltaBusError
+            try:
+                Access.raise_if(access.topic(Operation.DELETE, p.topic))
+                outcome = self._handler.delete_records(p.topic, p.partition, p.offset)
+            except errors.DeltaBusError as e:
+                outcome = e
+            waiting.append((p, outcome))
+        response = pb.DeleteRecordsResponse()
+        for p, outcome in waiting:
+            entry = pb.DeleteRecordsPartitionResult(topic=p.topic, partition=p.partition,
+                                                    low_watermark=-1)
+            try:
+                if isinstance(outcome, errors.DeltaBusError):
+                    raise outcome
+                entry.low_watermark = outcome.result(max(0.0, deadline - time.monotonic()))
+            except futures.TimeoutError:
+                entry.error_code = errors.RequestTimedOutError.code
+                entry.error_message = (f"the ISR of {p.topic}-{p.partition} did not hold the "
+                                       f"new log start offset in {timeout_ms} ms")
+            except errors.DeltaBusError as e:
+                entry.error_code, entry.error_message = e.code, e.message
+            response.partitions.append(entry)
+        return response
+
+    @_guard
     def OffsetForLeaderEpoch(self, request: pb.OffsetForLeaderEpochRequest,
                              context: Any) -> pb.OffsetForLeaderEpochResponse:
         response = pb.OffsetForLeaderEpochResponse()

@@ -154,3 +154,18 @@ def test_altering_configs_needs_alter_configs_and_moving_partitions_alter_on_the
             theirs.list_partition_reassignments()
     finally:
         theirs.close()
+
+
+def test_delete_records_needs_delete_on_the_topic(door) -> None:
+    """DeleteRecords is checked against DELETE on the topic, as Kafka checks it: alice may read
+    and write "orders" but not delete from it, and nothing is deleted."""
+    from confluent_kafka import KafkaException, TopicPartition
+
+    fake, address = door
+    assert _produce(_as("alice", address), "orders") is None
+    admin = AdminClient(_as("alice", address))  # kept: its futures die with it
+    futures = admin.delete_records([TopicPartition("orders", 0, 1)], request_timeout=30)
+    with pytest.raises(KafkaException) as refused:
+        next(iter(futures.values())).result(30)
+    assert refused.value.args[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+    assert fake.values("orders", 0) == [b"v"]

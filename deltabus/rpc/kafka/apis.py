@@ -16,6 +16,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import Future
 from datetime import timedelta
 from typing import Any
 
@@ -68,7 +69,7 @@ from deltabus.rpc.request_limits import (
 log = logging.getLogger(__name__)
 
 API_VERSIONS, METADATA, PRODUCE, FETCH, LIST_OFFSETS, INIT_PRODUCER_ID = 18, 3, 0, 1, 2, 22
-OFFSET_FOR_LEADER_EPOCH = 23
+OFFSET_FOR_LEADER_EPOCH, DELETE_RECORDS = 23, 21
 OPERATIONS_NOT_ASKED = -(2**31)  # Kafka's authorized operations nobody asked for
 # Advertised (API key -> (min, max)): what current kafka-python, librdkafka and KafkaJS use.
 SUPPORTED: dict[int, tuple[int, int]] = {
@@ -79,6 +80,7 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     API_VERSIONS: (0, 3),
     INIT_PRODUCER_ID: (0, 4),
     OFFSET_FOR_LEADER_EPOCH: (2, 4),
+    DELETE_RECORDS: (0, 2),
     **groups.SUPPORTED,
     **admin.SUPPORTED,
     **describe_apis.SUPPORTED,
@@ -115,7 +117,8 @@ class KafkaApis:
             API_VERSIONS: self.api_versions, METADATA: self.metadata, PRODUCE: self.produce,
             FETCH: self.fetch, LIST_OFFSETS: self.list_offsets,
             INIT_PRODUCER_ID: self.init_producer_id,
-            OFFSET_FOR_LEADER_EPOCH: self.offset_for_leader_epoch, **self.groups.apis,
+            OFFSET_FOR_LEADER_EPOCH: self.offset_for_leader_epoch,
+            DELETE_RECORDS: self.delete_records, **self.groups.apis,
             **admin.KafkaAdminApis(handler, listener).apis, **acl_apis.KafkaAclApis(handler).apis,
             **describe_apis.KafkaDescribeApis(handler, listener).apis,
             **quota_apis.KafkaQuotaApis(handler).apis,
@@ -460,6 +463,40 @@ class KafkaApis:
             topics.append(make(topic_cls, name=t.name, partitions=tuple(parts)))
         return make(cls, throttle_time=NO_TIME, topics=tuple(topics))
 
+    def delete_records(self, version: int, request: Any,
+                       refused: errors.DeltaBusError | None = None) -> Any:
+        """DeleteRecords (kafka-delete-records.sh), on each partition's leader: its log start
+        offset moves up to the requested one (-1: the high watermark), for a principal allowed
+        DELETE on the topic. Answered once the ISR holds the new log start (the low watermark)
+        or the request's timeout passed (REQUEST_TIMED_OUT): a DelayedResponse, no thread
+        waits."""
+        cls = load_response_schema(DELETE_RECORDS, version)
+        # As Kafka: 0 answers at once, REQUEST_TIMED_OUT where the ISR does not hold it yet.
+        timeout_ms = max(0, millis(request.timeout))
+        named = [(t.name, p.partition_index) for t in request.topics for p in t.partitions]
+        try:
+            check_partition_count("DeleteRecords", len(named))
+        except errors.DeltaBusError as e:
+            refused = refused or e
+        access = current_access()
+        pending: list[tuple[str, int, Future[int] | errors.DeltaBusError | None]] = []
+        for t in request.topics:
+            denied = refused or access.topic(Operation.DELETE, t.name)
+            for p in t.partitions:
+                outcome: Future[int] | errors.DeltaBusError | None = denied
+                if outcome is None:
+                    try:
+                        outcome = self._handler.delete_records(t.name, p.partition_index,
+                                                               p.offset)
+                    except errors.DeltaBusError as e:
+                        outcome = e
+                pending.append((t.name, p.partition_index, outcome))
+        answer = functools.partial(_delete_records_response, cls, pending, timeout_ms)
+        waiting = [o for _, _, o in pending if isinstance(o, Future)]
+        if not waiting:
+            return answer()
+        return DelayedResponse(waiting, time.monotonic() + timeout_ms / 1000, answer)
+
     def offset_for_leader_epoch(self, version: int, request: Any,
                                 refused: errors.DeltaBusError | None = None) -> Any:
         """Where each asked epoch ends in the leader's log: consumers validate their position
@@ -568,6 +605,31 @@ def _produce_response(cls: Any, pending: list[tuple[str, int, list[Any], Any]],
     return make(cls, throttle_time=timedelta(milliseconds=throttle_ms), responses=tuple(
         make(topic_cls, name=name, partition_responses=tuple(parts))
         for name, parts in by_topic.items()))
+
+
+def _delete_records_response(
+        cls: Any, pending: list[tuple[str, int, Future[int] | errors.DeltaBusError | None]],
+        timeout_ms: int) -> Any:
+    """DeleteRecords' answer: each partition's low watermark, or its error (REQUEST_TIMED_OUT
+    for one the ISR did not reach in time)."""
+    topic_cls, partition_cls = (nested(cls, n) for n in (
+        "DeleteRecordsTopicResult", "DeleteRecordsPartitionResult"))
+    by_topic: dict[str, list[Any]] = {}
+    for name, index, outcome in pending:
+        low_watermark, error = -1, None
+        if isinstance(outcome, Future):
+            try:
+                low_watermark = result_of(outcome, timeout_ms / 1000,
+                                          f"deleting the records of {name}-{index}")
+            except errors.DeltaBusError as e:
+                error = e
+        else:
+            error = outcome
+        by_topic.setdefault(name, []).append(make(
+            partition_cls, partition_index=index, low_watermark=low_watermark,
+            error_code=error_code(error)))
+    return make(cls, throttle_time=NO_TIME, topics=tuple(
+        make(topic_cls, name=name, partitions=tuple(parts)) for name, parts in by_topic.items()))
 
 
 def _failed(spec: FetchSpec, error: errors.DeltaBusError) -> FetchResult:

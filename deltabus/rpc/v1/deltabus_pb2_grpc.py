@@ -89,6 +89,11 @@ class DeltaBusStub:
                 request_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.OffsetForLeaderEpochRequest.SerializeToString,
                 response_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.OffsetForLeaderEpochResponse.FromString,
                 _registered_method=True)
+        self.DeleteRecords = channel.unary_unary(
+                '/deltabus.v1.DeltaBus/DeleteRecords',
+                request_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DeleteRecordsRequest.SerializeToString,
+                response_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DeleteRecordsResponse.FromString,
+                _registered_method=True)
         self.InitProducerId = channel.unary_unary(
                 '/deltabus.v1.DeltaBus/InitProducerId',
                 request_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.InitProducerIdRequest.SerializeToString,
@@ -259,6 +264,14 @@ class DeltaBusServicer:
     def OffsetForLeaderEpoch(self, request, context):
         """Where a leader epoch ends in the leader's log (Kafka's OffsetForLeaderEpoch, KIP-320): a
         consumer validates its position with it after a leader change.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteRecords(self, request, context):
+        """Move each partition's log start offset up (Kafka's DeleteRecords; kafka-delete-records.sh),
+        sent to the partition's leader.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -464,6 +477,11 @@ def add_DeltaBusServicer_to_server(servicer, server):
                     servicer.OffsetForLeaderEpoch,
                     request_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.OffsetForLeaderEpochRequest.FromString,
                     response_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.OffsetForLeaderEpochResponse.SerializeToString,
+            ),
+            'DeleteRecords': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteRecords,
+                    request_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DeleteRecordsRequest.FromString,
+                    response_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DeleteRecordsResponse.SerializeToString,
             ),
             'InitProducerId': grpc.unary_unary_rpc_method_handler(
                     servicer.InitProducerId,
@@ -863,6 +881,33 @@ class DeltaBus:
             '/deltabus.v1.DeltaBus/OffsetForLeaderEpoch',
             deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.OffsetForLeaderEpochRequest.SerializeToString,
             deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.OffsetForLeaderEpochResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteRecords(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/deltabus.v1.DeltaBus/DeleteRecords',
+            deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DeleteRecordsRequest.SerializeToString,
+            deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DeleteRecordsResponse.FromString,
             options,
             channel_credentials,
             insecure,
