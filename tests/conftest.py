@@ -7,6 +7,7 @@ failure detection in tests takes seconds, not Kafka's defaults.
 from __future__ import annotations
 
 import os
+import socket
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -98,6 +99,27 @@ def all_brokers_back(cluster) -> Iterator[None]:
     for broker_id in range(cluster.config.brokers):
         cluster.start_broker(broker_id)
     assert cluster.controller.wait_for_brokers(cluster.config.brokers, 90)
+
+
+def free_port_block(count: int) -> int:
+    """A loopback port whose next `count - 1` ports are free too (bound together, then
+    released): `cluster start --port P` has broker b listen on P + 1 + b, so a port picked alone
+    can have a taken neighbour."""
+    for _ in range(100):
+        with socket.socket() as first:
+            first.bind(("127.0.0.1", 0))
+            port = first.getsockname()[1]
+            neighbours = [socket.socket() for _ in range(count - 1)]
+            try:
+                for i, s in enumerate(neighbours, start=1):
+                    s.bind(("127.0.0.1", port + i))
+                return port
+            except OSError:
+                continue
+            finally:
+                for s in neighbours:
+                    s.close()
+    raise AssertionError(f"no {count} free loopback ports in a row")
 
 
 def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 60) -> None:

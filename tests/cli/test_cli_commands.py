@@ -7,7 +7,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import uuid
@@ -18,6 +17,7 @@ from deltalake import DeltaTable
 
 from deltabus import Producer
 from tests.cli.conftest import Cli
+from tests.conftest import free_port_block
 
 
 def test_topic_lifecycle(cli: Cli, topic_name: str) -> None:
@@ -171,9 +171,7 @@ def _cluster_start(*argv: str, env: dict[str, str] | None = None
                    ) -> tuple[subprocess.Popen[str], int]:
     """`deltabus cluster start` of one broker on a free port, in a process of its own (`env`:
     its environment, by default this one's), with `argv` added; the process and the port."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port_block(2)  # the bootstrap's, and broker 0's next to it
     process = subprocess.Popen(
         [sys.executable, "-m", "deltabus.cli.main", "cluster", "start", "--brokers", "1",
          "--master", "local[3]", "--port", str(port), *argv],

@@ -9,7 +9,6 @@ import argparse
 import os
 import pathlib
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -22,6 +21,7 @@ from deltabus import config as cfg
 from deltabus.cli import broker_security, cluster_command
 from deltabus.cli.main import build_parser, main
 from deltabus.scram import DEFAULT_ITERATIONS
+from tests.conftest import free_port_block
 
 SECRET = "admin-secret"
 
@@ -226,9 +226,7 @@ def secured_start(tmp_path: pathlib.Path, tls: dict[str, str]
                   ) -> Iterator[tuple[subprocess.Popen[str], int, list[str]]]:
     """`deltabus cluster start` on SASL_SSL with an authorizer and a super user made by
     --add-scram, in a process of its own: (process, bootstrap port, stdout up to the prompt)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port_block(2)  # the bootstrap's, and broker 0's next to it
     process = subprocess.Popen(
         [sys.executable, "-m", "deltabus.cli.main", "cluster", "start", "--brokers", "1",
          "--master", "local[3]", "--root", str(tmp_path / "data"), "--port", str(port),

@@ -84,6 +84,8 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SASL_AUTHENTICATION_FAILED: _ClassVar[ErrorCode]
     NON_EMPTY_GROUP: _ClassVar[ErrorCode]
     GROUP_ID_NOT_FOUND: _ClassVar[ErrorCode]
+    FETCH_SESSION_ID_NOT_FOUND: _ClassVar[ErrorCode]
+    INVALID_FETCH_SESSION_EPOCH: _ClassVar[ErrorCode]
     FENCED_LEADER_EPOCH: _ClassVar[ErrorCode]
     UNKNOWN_LEADER_EPOCH: _ClassVar[ErrorCode]
     STALE_BROKER_EPOCH: _ClassVar[ErrorCode]
@@ -91,14 +93,17 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     MEMBER_ID_REQUIRED: _ClassVar[ErrorCode]
     PREFERRED_LEADER_NOT_AVAILABLE: _ClassVar[ErrorCode]
     GROUP_MAX_SIZE_REACHED: _ClassVar[ErrorCode]
+    FENCED_INSTANCE_ID: _ClassVar[ErrorCode]
     ELIGIBLE_LEADERS_NOT_AVAILABLE: _ClassVar[ErrorCode]
     ELECTION_NOT_NEEDED: _ClassVar[ErrorCode]
     NO_REASSIGNMENT_IN_PROGRESS: _ClassVar[ErrorCode]
+    GROUP_SUBSCRIBED_TO_TOPIC: _ClassVar[ErrorCode]
     INVALID_RECORD: _ClassVar[ErrorCode]
     RESOURCE_NOT_FOUND: _ClassVar[ErrorCode]
     DUPLICATE_RESOURCE: _ClassVar[ErrorCode]
     UNACCEPTABLE_CREDENTIAL: _ClassVar[ErrorCode]
     INVALID_UPDATE_VERSION: _ClassVar[ErrorCode]
+    UNKNOWN_TOPIC_ID: _ClassVar[ErrorCode]
     INELIGIBLE_REPLICA: _ClassVar[ErrorCode]
 
 class ElectionType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
@@ -214,6 +219,8 @@ KAFKA_STORAGE_ERROR: ErrorCode
 SASL_AUTHENTICATION_FAILED: ErrorCode
 NON_EMPTY_GROUP: ErrorCode
 GROUP_ID_NOT_FOUND: ErrorCode
+FETCH_SESSION_ID_NOT_FOUND: ErrorCode
+INVALID_FETCH_SESSION_EPOCH: ErrorCode
 FENCED_LEADER_EPOCH: ErrorCode
 UNKNOWN_LEADER_EPOCH: ErrorCode
 STALE_BROKER_EPOCH: ErrorCode
@@ -221,14 +228,17 @@ OFFSET_NOT_AVAILABLE: ErrorCode
 MEMBER_ID_REQUIRED: ErrorCode
 PREFERRED_LEADER_NOT_AVAILABLE: ErrorCode
 GROUP_MAX_SIZE_REACHED: ErrorCode
+FENCED_INSTANCE_ID: ErrorCode
 ELIGIBLE_LEADERS_NOT_AVAILABLE: ErrorCode
 ELECTION_NOT_NEEDED: ErrorCode
 NO_REASSIGNMENT_IN_PROGRESS: ErrorCode
+GROUP_SUBSCRIBED_TO_TOPIC: ErrorCode
 INVALID_RECORD: ErrorCode
 RESOURCE_NOT_FOUND: ErrorCode
 DUPLICATE_RESOURCE: ErrorCode
 UNACCEPTABLE_CREDENTIAL: ErrorCode
 INVALID_UPDATE_VERSION: ErrorCode
+UNKNOWN_TOPIC_ID: ErrorCode
 INELIGIBLE_REPLICA: ErrorCode
 PREFERRED: ElectionType
 UNCLEAN: ElectionType
