@@ -511,11 +511,20 @@ def cancel_reassignment(state: MetadataState, topic: str,
     isr = tuple(r for r in s.isr if r in replicas)
     change = PartitionChangeRecord(topic, partition, replicas=replicas, isr=isr,
                                    adding_replicas=(), removing_replicas=())
-    if s.leader not in replicas:
-        live = state.brokers.leader_candidates((topic, partition))
-        leader = next((r for r in replicas if r in isr and r in live), NO_LEADER)
-        change = dataclasses.replace(change, leader=leader, leader_epoch=s.leader_epoch + 1)
+    change = _leader_within(state, s.leader, s.leader_epoch, change, replicas, isr)
     return ControllerResult([change], s.adding_replicas)
+
+
+def _leader_within(state: MetadataState, leader: int, leader_epoch: int,
+                   change: PartitionChangeRecord, replicas: tuple[int, ...],
+                   isr: tuple[int, ...]) -> PartitionChangeRecord:
+    """`change` of a partition's replicas to `replicas`: a `leader` left out of them hands over
+    to a live in-sync one among them (none: NO_LEADER), in the next leader epoch."""
+    if leader in replicas:
+        return change
+    live = state.brokers.leader_candidates((change.topic, change.partition))
+    new_leader = next((r for r in replicas if r in isr and r in live), NO_LEADER)
+    return dataclasses.replace(change, leader=new_leader, leader_epoch=leader_epoch + 1)
 
 
 def complete_reassignment(state: MetadataState, topic: str,
@@ -532,10 +541,7 @@ def complete_reassignment(state: MetadataState, topic: str,
     isr = tuple(r for r in replicas if r in s.isr)
     change = PartitionChangeRecord(topic, partition, replicas=replicas, isr=isr,
                                    adding_replicas=(), removing_replicas=())
-    if s.leader not in replicas:
-        live = state.brokers.leader_candidates((topic, partition))
-        leader = next((r for r in replicas if r in isr and r in live), NO_LEADER)
-        change = dataclasses.replace(change, leader=leader, leader_epoch=s.leader_epoch + 1)
+    change = _leader_within(state, s.leader, s.leader_epoch, change, replicas, isr)
     return ControllerResult([change], s.removing_replicas)
 
 
