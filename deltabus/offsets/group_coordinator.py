@@ -113,7 +113,6 @@ class Group:
     pending_members: dict[str, float] = field(default_factory=dict)
     # Static members: group.instance.id -> the member id that holds it now.
     static_members: dict[str, str] = field(default_factory=dict)
-    replaced_leader_id: str = ""  # the leader's id before its static member rejoined
 
 
 # Each partition's answer to an OffsetCommit: None when committed, else why not.
@@ -166,14 +165,14 @@ class GroupCoordinator:
         with self._lock:
             group = self._groups.get(group_id) or self._new_group(group_id)
             now = self._clock()
-            replaced = False
+            leader_before: str | None = None  # a static member's restart: the leader's id
             if group_instance_id and not member_id:
                 known = group.static_members.get(group_instance_id)
                 self._check_protocols(group, known or "", protocol_type, protocols)
                 member_id = f"{group_instance_id}-{uuid.uuid4()}"
                 if known is not None:
+                    leader_before = group.leader_id
                     self._replace_static_member(group, known, member_id)
-                    replaced = True
                 else:  # a static member needs no MEMBER_ID_REQUIRED round (KIP-345)
                     self._check_room_for_member(group)
                     group.pending_members[member_id] = now + session_timeout_ms / 1000
@@ -195,7 +194,8 @@ class GroupCoordinator:
                 member.group_instance_id = group_instance_id
                 group.static_members[group_instance_id] = member_id
             member.last_heartbeat_s = now
-            if replaced and self._rejoined_without_rebalance(group, member, future):
+            if leader_before is not None and \
+                    self._rejoined_without_rebalance(group, member, future, leader_before):
                 return future
             member.join = future
             if group.state != PREPARING_REBALANCE:
@@ -248,25 +248,22 @@ class GroupCoordinator:
         member.join = member.sync = None
         member.member_id = new_id
         group.members[new_id] = member
-        group.replaced_leader_id = old_id if group.leader_id == old_id else ""
         if group.leader_id == old_id:
             group.leader_id = new_id
         log.info("group %s: static member %s rejoined as %s", group.group_id,
                  member.group_instance_id, new_id)
 
     def _rejoined_without_rebalance(self, group: Group, member: Member,
-                                    future: Future[JoinResult]) -> bool:
+                                    future: Future[JoinResult], leader_before: str) -> bool:
         """Lock held. A static member that took its old place in a stable group, without
         changing the protocol the group would choose, gets the current generation at once and
         its old assignment at SyncGroup; a leader is told the old leader id, so that it does not
         assign again (Kafka's updateStaticMemberAndRebalance, before KIP-814's
         skipAssignment). Elsewhere, the group rebalances as for any join."""
-        leader = group.replaced_leader_id or group.leader_id
-        group.replaced_leader_id = ""
         if group.state != STABLE or \
                 _choose_protocol(list(group.members.values())) != group.protocol_name:
             return False
-        future.set_result(JoinResult(group.generation_id, group.protocol_name, leader,
+        future.set_result(JoinResult(group.generation_id, group.protocol_name, leader_before,
                                      member.member_id, []))
         return True
 
