@@ -113,6 +113,7 @@ class KafkaApis:
         self._listener = listener
         self.groups = groups.KafkaGroupApis(groups_, coordinator)
         self._sessions = FetchSessionCache()
+        self._topic_id_maps: tuple[int, dict[str, uuid.UUID], dict[uuid.UUID, str]] | None = None
         self._apis: dict[int, Callable[..., Any]] = {
             API_VERSIONS: self.api_versions, METADATA: self.metadata, PRODUCE: self.produce,
             FETCH: self.fetch, LIST_OFFSETS: self.list_offsets,
@@ -309,8 +310,7 @@ class KafkaApis:
         DelayedFetch): no thread waits for it. v7 and later may fetch in an incremental fetch
         session (fetch_sessions), v13 and later name topics by id."""
         cls = load_response_schema(FETCH, version)
-        ids = self._topic_ids() if version >= 13 else {}
-        names = {topic_id: name for name, topic_id in ids.items()}
+        ids, names = self._topic_ids() if version >= 13 else ({}, {})
         specs, unknown = _fetch_specs(request, names if version >= 13 else None)
         invalid = _invalid_fetch(specs)  # refused whole: every partition answered with it
         refused = refused or invalid
@@ -371,11 +371,19 @@ class KafkaApis:
                 out[name] = codec
         return out
 
-    def _topic_ids(self) -> dict[str, uuid.UUID]:
-        """Every topic's id, by name, as Metadata tells clients (Fetch v13+ names topics so)."""
+    def _topic_ids(self) -> tuple[dict[str, uuid.UUID], dict[uuid.UUID, str]]:
+        """Every topic's id by name, and the reverse, as Metadata tells clients (Fetch v13+
+        names topics so): made once per metadata version, not per fetch (a consumer fetches
+        many times a second, and a cluster may hold 10,000 topics)."""
         image = self._handler.metadata([], False)
-        ids = {name: topic_uuid(t.topic_id) for name, t in image.topics.items()}
-        return {name: topic_id for name, topic_id in ids.items() if topic_id is not None}
+        cached = self._topic_id_maps
+        if cached is not None and cached[0] == image.version:
+            return cached[1], cached[2]
+        parsed = {name: topic_uuid(t.topic_id) for name, t in image.topics.items()}
+        ids = {name: topic_id for name, topic_id in parsed.items() if topic_id is not None}
+        names = {topic_id: name for name, topic_id in ids.items()}
+        self._topic_id_maps = (image.version, ids, names)  # one store: racing makers agree
+        return ids, names
 
     def _fetch_response(self, cls: Any, context: FetchContext, specs: list[FetchSpec],
                         denied: dict[str, errors.DeltaBusError], fetched: list[FetchResult], *,
