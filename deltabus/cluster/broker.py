@@ -654,6 +654,9 @@ class Broker:
                             ) -> dict[tuple[str, int], errors.DeltaBusError | None]:
         return self._controller.reassign_partitions(targets)
 
+    def reassignment_image(self, topics: list[str]) -> MetadataImage:
+        return self._controller.metadata(topics, allow_auto_create=False)
+
     def alter_user_scram_credentials(self, deletions: list[ScramCredentialDeletion],
                                      upsertions: list[ScramCredentialUpsertion]
                                      ) -> dict[str, errors.DeltaBusError | None]:

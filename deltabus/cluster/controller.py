@@ -992,6 +992,9 @@ class ControllerHandler:
                             ) -> dict[tuple[str, int], errors.DeltaBusError | None]:
         return self._controller.reassign_partitions(targets)
 
+    def reassignment_image(self, topics: list[str]) -> MetadataImage:
+        return self._controller.image()
+
     def alter_user_scram_credentials(self, deletions: list[ScramCredentialDeletion],
                                      upsertions: list[ScramCredentialUpsertion]
                                      ) -> dict[str, errors.DeltaBusError | None]:

@@ -176,6 +176,12 @@ class DeltaBusHandler(Protocol):
         null replicas; NO_REASSIGNMENT_IN_PROGRESS where none is)."""
         ...
 
+    def reassignment_image(self, topics: list[str]) -> MetadataImage:
+        """The controller's image of the topics named (all: []), for ListPartitionReassignments:
+        Kafka forwards it to the controller, so a move the controller has finished is never
+        listed by a broker whose metadata has not caught up yet."""
+        ...
+
     def find_coordinator(self, group_id: str) -> BrokerEndpoint:
         """The server that coordinates a group (node id -1: the controller)."""
         ...

@@ -876,6 +876,9 @@ class FakeBroker:
                             ) -> dict[tuple[str, int], errors.DeltaBusError | None]:
         raise errors.UnsupportedVersionError("the fake cluster reassigns nothing")
 
+    def reassignment_image(self, topics: list[str]) -> MetadataImage:
+        return self._cluster.image()
+
     def find_coordinator(self, group_id: str) -> BrokerEndpoint:
         """Broker 0 coordinates every group."""
         return self._cluster.brokers[0]

@@ -9,8 +9,8 @@ A reassignment runs in the controller as `deltabus reassign-partitions` runs it:
 comes once it is checked; a Spark job then copies the leader's files into the new replicas,
 the controller records them as `adding` (and the replicas to drop as `removing`), and once
 they are in sync the target list becomes the replicas. ListPartitionReassignments answers from
-this broker's metadata, so it lists a reassignment from that record until it completes or is
-cancelled (not while the copy job that precedes it runs).
+the controller's metadata (brokers forward it, as Kafka's do), so it lists a reassignment from
+that record until it completes or is cancelled (not while the copy job that precedes it runs).
 """
 
 from __future__ import annotations
@@ -130,7 +130,7 @@ class KafkaPartitionAdminApis:
         wanted = (None if request.topics is None
                   else {(t.name, p) for t in request.topics for p in t.partition_indexes})
         names = sorted({t for t, _ in wanted}) if wanted is not None else []
-        image = self._handler.metadata(names, False)
+        image = self._handler.reassignment_image(names)
         topics = []
         for name in sorted(image.topics):
             ongoing = tuple(
