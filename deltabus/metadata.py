@@ -248,6 +248,10 @@ class MetadataImage:
     # Client quotas (Kafka's ClientQuotasImage): entity -> key -> value. Brokers throttle by
     # them; never in a client's Metadata answer.
     client_quotas: ClientQuotas = field(default_factory=dict)
+    # The producers with a transaction open on each partition (the transaction coordinator's
+    # AddPartitionsToTxn, until its marker): a leader that takes a partition over holds the
+    # last stable offset at the first record of each, never serving read_committed past it.
+    open_transactions: dict[tuple[str, int], frozenset[int]] = field(default_factory=dict)
 
     def broker(self, broker_id: int) -> BrokerEndpoint | None:
         return next((b for b in self.brokers if b.broker_id == broker_id), None)

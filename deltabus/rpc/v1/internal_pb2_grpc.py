@@ -263,3 +263,84 @@ class ReplicaFetch:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class TxnMarkersStub:
+    """Served by brokers to the transaction coordinator (in the controller): Kafka's
+    WriteTxnMarkers. The leader of each partition named appends the marker (a control record)
+    and answers once every in-sync replica has it, as Kafka appends markers with acks=all.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.WriteTxnMarkers = channel.unary_unary(
+                '/deltabus.internal.v1.TxnMarkers/WriteTxnMarkers',
+                request_serializer=deltabus_dot_rpc_dot_v1_dot_internal__pb2.WriteTxnMarkersRequest.SerializeToString,
+                response_deserializer=deltabus_dot_rpc_dot_v1_dot_internal__pb2.WriteTxnMarkersResponse.FromString,
+                _registered_method=True)
+
+
+class TxnMarkersServicer:
+    """Served by brokers to the transaction coordinator (in the controller): Kafka's
+    WriteTxnMarkers. The leader of each partition named appends the marker (a control record)
+    and answers once every in-sync replica has it, as Kafka appends markers with acks=all.
+    """
+
+    def WriteTxnMarkers(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_TxnMarkersServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'WriteTxnMarkers': grpc.unary_unary_rpc_method_handler(
+                    servicer.WriteTxnMarkers,
+                    request_deserializer=deltabus_dot_rpc_dot_v1_dot_internal__pb2.WriteTxnMarkersRequest.FromString,
+                    response_serializer=deltabus_dot_rpc_dot_v1_dot_internal__pb2.WriteTxnMarkersResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'deltabus.internal.v1.TxnMarkers', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('deltabus.internal.v1.TxnMarkers', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class TxnMarkers:
+    """Served by brokers to the transaction coordinator (in the controller): Kafka's
+    WriteTxnMarkers. The leader of each partition named appends the marker (a control record)
+    and answers once every in-sync replica has it, as Kafka appends markers with acks=all.
+    """
+
+    @staticmethod
+    def WriteTxnMarkers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/deltabus.internal.v1.TxnMarkers/WriteTxnMarkers',
+            deltabus_dot_rpc_dot_v1_dot_internal__pb2.WriteTxnMarkersRequest.SerializeToString,
+            deltabus_dot_rpc_dot_v1_dot_internal__pb2.WriteTxnMarkersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

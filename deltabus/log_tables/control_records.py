@@ -1,0 +1,59 @@
+"""Kafka's control records (KIP-98's transaction markers) as rows of a partition table.
+
+A transaction coordinator ends a transaction by having each partition's leader append one
+marker for the producer: COMMIT or ABORT. The marker takes an offset like any record, so it
+replicates as part of the table's files and survives restarts with them. No column is added
+for it (delta-spark reads every table unchanged): a marker is the one kind of row with a
+producer id (>= 0) and no sequence (-1), as a Kafka control batch has base sequence -1. Its
+key and value are Kafka's control record key (version, type) and value (version,
+coordinator epoch), so the Kafka door sends them back byte for byte in a control batch; a
+header names the offset its transaction began at, so the aborted transactions a
+read_committed fetch must be told of are found from the markers alone.
+
+Invariant: a row is a marker exactly when `control_mask` says so; nothing else writes a row
+with producer_id >= 0 and sequence -1.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+CONTROL_SEQUENCE = -1
+ABORT, COMMIT = 0, 1  # Kafka's ControlRecordType
+TXN_FIRST_OFFSET_HEADER = "deltabus.txnFirstOffset"  # the transaction's first offset here
+_KEY = struct.Struct(">hh")  # version 0, type
+_VALUE = struct.Struct(">hi")  # version 0, coordinator epoch
+
+
+@dataclass(frozen=True)
+class TxnMarker:
+    """One producer's transaction ended on some partitions (Kafka's WritableTxnMarker)."""
+
+    producer_id: int
+    producer_epoch: int
+    committed: bool
+    coordinator_epoch: int
+    partitions: tuple[tuple[str, int], ...]
+
+
+def control_key(committed: bool) -> bytes:
+    return _KEY.pack(0, COMMIT if committed else ABORT)
+
+
+def control_value(coordinator_epoch: int) -> bytes:
+    return _VALUE.pack(0, coordinator_epoch)
+
+
+def is_commit(key: bytes) -> bool:
+    """Whether a marker's key (`control_key`) is a COMMIT; ABORT otherwise."""
+    return _KEY.unpack_from(key)[1] == COMMIT
+
+
+def control_mask(rows: pa.Table) -> pa.ChunkedArray:
+    """True for the markers among `rows` (any table with producer_id and sequence)."""
+    return pc.and_(pc.greater_equal(rows.column("producer_id"), 0),
+                   pc.equal(rows.column("sequence"), CONTROL_SEQUENCE))
