@@ -96,6 +96,15 @@ GROUP_ID_LENGTH_MAX = 255
 # its metadata log and in driver memory, so it takes at most this many characters
 # (INVALID_REQUEST beyond); Kafka Streams' ids (application.id, a UUID, a task) fit easily.
 TRANSACTIONAL_ID_LENGTH_MAX = 1_024
+# Transactions (KIP-98), as Kafka's transaction coordinator names them: the longest
+# transaction.timeout.ms a producer may ask for (INVALID_TRANSACTION_TIMEOUT beyond), how often
+# the coordinator looks for transactions open past their timeout (to abort them), the partitions
+# one transaction may hold (every one gets a marker, and the image holds them while it is open),
+# and the highest producer epoch before a transactional id moves to a new producer id.
+TRANSACTION_MAX_TIMEOUT_MS = 900_000
+TRANSACTION_ABORT_TIMED_OUT_INTERVAL_MS = 1_000
+TRANSACTION_PARTITIONS_MAX = 10_000
+PRODUCER_EPOCH_MAX = 32_767  # Short.MAX_VALUE
 # file.delete.delay.ms at most: the cleaner stamps a removed file with now + the delay (the
 # time vacuum may delete it, Delta's 64-bit milliseconds), so a delay near 2^63 would overflow
 # it. Kafka bounds it only below; a thousand years is forever all the same.

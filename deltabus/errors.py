@@ -145,8 +145,20 @@ PolicyViolationError = _kafka_error(44, "POLICY_VIOLATION")
 OutOfOrderSequenceNumberError = _kafka_error(45, "OUT_OF_ORDER_SEQUENCE_NUMBER", retriable=True)
 DuplicateSequenceNumberError = _kafka_error(46, "DUPLICATE_SEQUENCE_NUMBER")
 InvalidProducerEpochError = _kafka_error(47, "INVALID_PRODUCER_EPOCH")
+# Transactions (KIP-98): a request out of its transaction's order (INVALID_TXN_STATE), a producer
+# id the transactional id does not have now, a transaction.timeout.ms past the coordinator's
+# transaction.max.timeout.ms, a transaction still being ended (retry), a producer whose epoch a
+# newer one took over (PRODUCER_FENCED; INVALID_PRODUCER_EPOCH for versions before KIP-588), a
+# request not tried because another part of it failed, a transactional id nobody used.
+InvalidTxnStateError = _kafka_error(48, "INVALID_TXN_STATE")
+InvalidProducerIdMappingError = _kafka_error(49, "INVALID_PRODUCER_ID_MAPPING")
+InvalidTransactionTimeoutError = _kafka_error(50, "INVALID_TRANSACTION_TIMEOUT")
+ConcurrentTransactionsError = _kafka_error(51, "CONCURRENT_TRANSACTIONS", retriable=True)
 TransactionalIdAuthorizationFailedError = _kafka_error(
     53, "TRANSACTIONAL_ID_AUTHORIZATION_FAILED")
+OperationNotAttemptedError = _kafka_error(55, "OPERATION_NOT_ATTEMPTED")
+ProducerFencedError = _kafka_error(90, "PRODUCER_FENCED")
+TransactionalIdNotFoundError = _kafka_error(105, "TRANSACTIONAL_ID_NOT_FOUND")
 KafkaStorageError = _kafka_error(
     56, "KAFKA_STORAGE_ERROR", retriable=True, invalid_metadata=True
 )

@@ -224,6 +224,30 @@ class TopicState:
         return len(self.partitions[0].replicas) if self.partitions else 0
 
 
+# Kafka's transaction states (TransactionState), by the names ListTransactions answers.
+EMPTY, ONGOING, PREPARE_COMMIT, PREPARE_ABORT = "Empty", "Ongoing", "PrepareCommit", "PrepareAbort"
+COMPLETE_COMMIT, COMPLETE_ABORT = "CompleteCommit", "CompleteAbort"
+TXN_STATES = (EMPTY, ONGOING, PREPARE_COMMIT, PREPARE_ABORT, COMPLETE_COMMIT, COMPLETE_ABORT)
+# The states whose partitions may hold records of the transaction with no marker yet.
+TXN_OPEN_STATES = (ONGOING, PREPARE_COMMIT, PREPARE_ABORT)
+
+
+@dataclass(frozen=True)
+class TransactionMetadata:
+    """A transactional id's transaction state (Kafka's TransactionMetadata), as its last
+    `TransactionRecord` says."""
+
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+    state: str
+    timeout_ms: int
+    partitions: frozenset[tuple[str, int]] = frozenset()
+    groups: frozenset[str] = frozenset()
+    start_ms: int = -1
+    update_ms: int = -1
+
+
 @dataclass(frozen=True)
 class MetadataImage:
     """An immutable snapshot of the cluster metadata at `version`."""

@@ -64,6 +64,7 @@ from deltabus.cluster import (
     producer_id_control,
     quota_control,
     replication_control,
+    transaction_coordinator,
 )
 from deltabus.cluster.broker_registry import BrokerHeartbeatManager, BrokerRegistry
 from deltabus.cluster.catch_up import CatchUpTask
@@ -87,9 +88,12 @@ from deltabus.cluster.metadata_records import (
     to_stored,
 )
 from deltabus.cluster.metadata_state import MetadataState
+from deltabus.log_tables.control_records import TxnMarker
 from deltabus.log_tables.layout import metadata_path, replica_path, topic_path
 from deltabus.log_tables.partition_log import ActiveProducer, AppendResult, create_log_table
 from deltabus.metadata import (
+    PREPARE_ABORT,
+    PREPARE_COMMIT,
     BrokerEndpoint,
     MetadataBatch,
     MetadataImage,
@@ -100,9 +104,11 @@ from deltabus.metadata import (
     ScramCredentialUpsertion,
     ScramDescriptions,
     TopicResult,
+    TransactionMetadata,
     describe_scram_credentials,
     new_cluster_id,
 )
+from deltabus.offsets.offset_store import OffsetAndMetadata
 from deltabus.principal import ANONYMOUS, KafkaPrincipal
 from deltabus.quotas import (
     ClientQuotaManager,
@@ -117,6 +123,31 @@ from deltabus.scram import ScramCredential
 log = logging.getLogger(__name__)
 
 TABLE_CREATE_THREADS = 8  # replica tables a CreateTopics or CreatePartitions creates at once
+TXN_ADD_PARTITIONS_WAIT_MS = 5_000  # for brokers to apply a transaction's new partitions
+TXN_MARKER_BACKOFF_S = (0.05, 1.0)  # first and longest wait before markers are sent again
+
+MarkerAnswers = dict[tuple[int, str, int], errors.DeltaBusError | None]
+# Write markers through one broker: (broker id, markers) -> the answer for each (producer id,
+# topic, partition) of them (None: written). Raising, or leaving one out, means "try again".
+SendMarkers = Callable[[int, list[TxnMarker]], MarkerAnswers]
+# Write a committed transaction's offsets into a group's: resolves once durable.
+TxnOffsetsWriter = Callable[[str, dict[tuple[str, int], OffsetAndMetadata]], Future[object]]
+
+
+def send_txn_markers(config: cfg.ClusterConfig, broker: BrokerEndpoint | None,
+                     markers: list[TxnMarker]) -> MarkerAnswers:
+    """THE SEAM between the transaction coordinator and partition leaders: write `markers` on
+    `broker` (the partitions' leader; None when it is not live) through its WriteTxnMarkers
+    (TxnMarkers internal service, broker credential `config.inter_broker_secret`), and return
+    for every (producer id, topic, partition) of them None (the marker is in the ISR's logs) or
+    the leader's error (NOT_LEADER_OR_FOLLOWER and other retriable ones: the controller
+    re-resolves the leader and sends again; INVALID_PRODUCER_EPOCH and UNKNOWN_TOPIC_OR_PARTITION
+    end that partition's marker). Raising means every partition is sent again.
+    Until the partition side's client is wired here, every marker fails (retriable): EndTxn
+    still answers once PrepareCommit/PrepareAbort is durable, and the transaction stays in it."""
+    error = errors.CoordinatorNotAvailableError(
+        "transaction markers are not wired to the partition leaders yet")
+    return {(m.producer_id, t, p): error for m in markers for t, p in m.partitions}
 
 
 class Controller:
@@ -124,8 +155,16 @@ class Controller:
 
     def __init__(self, config: cfg.ClusterConfig,
                  on_fence: Callable[[int], None] | None = None,
-                 catch_up: Callable[[list[CatchUpTask], str], object] | None = None) -> None:
+                 catch_up: Callable[[list[CatchUpTask], str], object] | None = None,
+                 send_markers: SendMarkers | None = None) -> None:
+        """`send_markers`: how transaction markers reach a broker (tests give a fake); the
+        default is `send_txn_markers`."""
         self._config = config
+        self._send_markers: SendMarkers = send_markers or self._send_markers_to_leader
+        # Set by Cluster once the group coordinator runs: where a committed transaction's
+        # offsets go. Until then, a commit's completion waits.
+        self.txn_offsets_writer: TxnOffsetsWriter | None = None
+        self._ending: set[str] = set()  # transactional ids whose markers are being written
         self._authorizers = AuthorizerCache(
             super_users=config.super_users,
             allow_everyone_if_no_acl_found=config.allow_everyone_if_no_acl_found)
@@ -168,6 +207,10 @@ class Controller:
         if config.authorizer and not self._state.producer_id_key:  # ids are bound: a key
             with self._lock:
                 self._commit([ProducerIdKeyRecord(secrets.token_bytes(32))])
+        with self._lock:  # transactions a previous controller was ending: end them
+            for txn in list(self._state.transactions.values()):
+                if txn.state in (PREPARE_COMMIT, PREPARE_ABORT):
+                    self._start_ending(txn.transactional_id)
 
     # ---- metadata ----------------------------------------------------------------------------
 
@@ -508,13 +551,205 @@ class Controller:
                 bound=bound)
             self._commit(result.records)  # not cluster metadata brokers need: no new version
             producer_id, _ = result.response
-            counter = producer_id >> producer_id_control.TAG_BITS if bound else producer_id
-            self._next_producer_id = max(self._next_producer_id, counter + 1)
-            return result.response
+            self._issued(producer_id)
+            # The gRPC door never bumps the epoch: an exactly-once pipeline (the Spark sink)
+            # restarts with its id and sequences so leaders drop its rewrites, which a new
+            # epoch (sequences from 0) would break. It gets the id's current epoch: 0 unless
+            # a Kafka transactional producer of the same id fenced it.
+            return producer_id, transaction_coordinator.current_epoch(self._state,
+                                                                      transactional_id)
+
+    def _issued(self, producer_id: int) -> None:
+        """Lock held. `producer_id` was handed out: the next id is past its counter."""
+        bound = self._config.authorizer
+        counter = producer_id >> producer_id_control.TAG_BITS if bound else producer_id
+        self._next_producer_id = max(self._next_producer_id, counter + 1)
 
     def producer_id_issued_to(self, producer_id: int, principal: KafkaPrincipal) -> bool:
         return producer_id_control.issued_to(producer_id, principal,
                                              self._state.producer_id_key)
+
+    # ---- transactions (transaction_coordinator) -----------------------------------------------
+
+    def init_transactional_producer(self, transactional_id: str, timeout_ms: int,
+                                    principal: KafkaPrincipal = ANONYMOUS,
+                                    expected: tuple[int, int] = (-1, -1)) -> tuple[int, int]:
+        """Kafka's InitProducerId with a transactional id: (producer id, epoch), the epoch
+        bumped. An open transaction is aborted first: CONCURRENT_TRANSACTIONS until done."""
+        with self._lock:
+            result = transaction_coordinator.init_producer_id(
+                self._state, self._next_producer_id, transactional_id, timeout_ms,
+                now_ms=_now_ms(), principal=principal, bound=self._config.authorizer,
+                expected=expected)
+            self._commit(result.records)
+            if isinstance(result.response, errors.DeltaBusError):
+                self._start_ending(transactional_id)
+                raise result.response
+            self._issued(result.response[0])
+            return result.response
+
+    def add_partitions_to_txn(self, transactional_id: str, producer_id: int,
+                              producer_epoch: int, partitions: list[tuple[str, int]]
+                              ) -> transaction_coordinator.PartitionErrors:
+        """AddPartitionsToTxn. Answers once the live brokers applied it (or after a while),
+        since a leader takes a transactional batch only from a producer its image says has
+        the partition in its transaction."""
+        with self._lock:
+            result = transaction_coordinator.add_partitions(
+                self._state, transactional_id, producer_id, producer_epoch, partitions,
+                now_ms=_now_ms())
+            self._commit(result.records)
+            target = self._version
+        if result.records:
+            self._await_brokers(target, TXN_ADD_PARTITIONS_WAIT_MS)
+        return result.response
+
+    def add_offsets_to_txn(self, transactional_id: str, producer_id: int, producer_epoch: int,
+                           group_id: str) -> None:
+        with self._lock:
+            result = transaction_coordinator.add_offsets(
+                self._state, transactional_id, producer_id, producer_epoch, group_id,
+                now_ms=_now_ms())
+            self._commit(result.records)
+
+    def txn_offset_commit(self, transactional_id: str, group_id: str, producer_id: int,
+                          producer_epoch: int,
+                          offsets: dict[tuple[str, int], tuple[int, int, str]]
+                          ) -> transaction_coordinator.PartitionErrors:
+        with self._lock:
+            result = transaction_coordinator.txn_offset_commit(
+                self._state, transactional_id, group_id, producer_id, producer_epoch, offsets)
+            self._commit(result.records)
+            return result.response
+
+    def end_txn(self, transactional_id: str, producer_id: int, producer_epoch: int,
+                committed: bool) -> None:
+        """EndTxn: returns once PrepareCommit/PrepareAbort is durable; a thread then writes
+        the markers and records the completion."""
+        with self._lock:
+            result = transaction_coordinator.end_txn(
+                self._state, transactional_id, producer_id, producer_epoch, committed,
+                now_ms=_now_ms())
+            self._commit(result.records)
+            if result.records:
+                self._start_ending(transactional_id)
+
+    def abort_timed_out_transactions(self) -> list[str]:
+        """Abort (under a new epoch: the producer is fenced) every transaction open longer
+        than its transaction.timeout.ms, as Kafka's coordinator does; their ids."""
+        aborted = []
+        with self._lock:
+            now_ms = _now_ms()
+            for transactional_id in transaction_coordinator.timed_out(self._state, now_ms):
+                result = transaction_coordinator.abort_timed_out(
+                    self._state, transactional_id, now_ms=now_ms)
+                self._commit(result.records)
+                if result.records:
+                    log.info("transaction of %r timed out: aborting it", transactional_id)
+                    self._start_ending(transactional_id)
+                    aborted.append(transactional_id)
+        return aborted
+
+    def list_transactions(self, states: list[str], producer_ids: list[int],
+                          duration_ms: int = -1) -> list[TransactionMetadata]:
+        with self._lock:
+            return transaction_coordinator.list_transactions(
+                self._state, states, producer_ids, duration_ms, _now_ms())
+
+    def describe_transactions(self, transactional_ids: list[str]
+                              ) -> dict[str, TransactionMetadata | None]:
+        with self._lock:
+            return {t: self._state.transactions.get(t) for t in transactional_ids}
+
+    def _start_ending(self, transactional_id: str) -> None:
+        """Lock held. Write the markers of a transaction in PrepareX, in a thread (one per
+        transactional id at a time)."""
+        if transactional_id not in self._ending:
+            self._ending.add(transactional_id)
+            threading.Thread(target=self._end_transaction, args=(transactional_id,),
+                             daemon=True, name=f"deltabus-txn-end-{transactional_id}").start()
+
+    def _end_transaction(self, transactional_id: str) -> None:
+        """Thread: send the markers until every partition has one (leaders move: each round
+        resolves them again), write a commit's offsets, then record CompleteX."""
+        try:
+            with self._lock:
+                txn = self._state.transactions.get(transactional_id)
+                if txn is None or txn.state not in (PREPARE_COMMIT, PREPARE_ABORT):
+                    return
+                pending = (self._state.txn_offsets.get(transactional_id, {})
+                           if txn.state == PREPARE_COMMIT else {})
+            remaining = set(txn.partitions)
+            wait_s, wait_max_s = TXN_MARKER_BACKOFF_S
+            while not self._shutting_down:
+                if remaining:
+                    remaining = self._send_markers_once(txn, remaining)
+                elif self._write_txn_offsets(pending):
+                    break
+                with self._lock:
+                    self._lock.wait(wait_s)
+                wait_s = min(wait_s * 2, wait_max_s)
+            else:
+                return
+            with self._lock:
+                self._commit(transaction_coordinator.complete(
+                    self._state, transactional_id, txn.producer_id, txn.producer_epoch,
+                    now_ms=_now_ms()).records)
+        except Exception:
+            log.exception("ending the transaction of %r failed", transactional_id)
+        finally:
+            with self._lock:
+                self._ending.discard(transactional_id)
+
+    def _send_markers_once(self, txn: TransactionMetadata, remaining: set[tuple[str, int]]
+                           ) -> set[tuple[str, int]]:
+        """One round of markers to the current leaders; the partitions still without one."""
+        image = self.image()
+        by_leader: dict[int, set[tuple[str, int]]] = {}
+        for tp in remaining:
+            state = image.partition(*tp)
+            if state is not None:  # a deleted topic needs no marker
+                by_leader.setdefault(state.leader, set()).add(tp)
+        left: set[tuple[str, int]] = set()
+        for leader, partitions in by_leader.items():
+            try:
+                answers = self._send_markers(
+                    leader, [transaction_coordinator.marker(txn, partitions)])
+            except Exception as e:
+                log.warning("markers of %r to broker %d failed: %r", txn.transactional_id,
+                            leader, e)
+                left |= partitions
+                continue
+            for t, p in partitions:
+                error = answers.get((txn.producer_id, t, p), errors.RequestTimedOutError())
+                if isinstance(error, errors.InvalidProducerEpochError | errors.ProducerFencedError
+                              | errors.UnknownTopicOrPartitionError):
+                    log.warning("marker of %r on %s-%d dropped: %s", txn.transactional_id, t,
+                                p, error)
+                elif error is not None:
+                    left.add((t, p))
+        return left
+
+    def _write_txn_offsets(self, pending: dict[str, dict[tuple[str, int],
+                                                         tuple[int, int, str]]]) -> bool:
+        """Write a committed transaction's offsets into its groups; False to try again."""
+        if not pending:
+            return True
+        writer = self.txn_offsets_writer
+        if writer is None:
+            return False
+        try:
+            for group_id, offsets in pending.items():
+                writer(group_id, {tp: OffsetAndMetadata(o, e, m)
+                                  for tp, (o, e, m) in offsets.items()}).result(30)
+        except Exception:
+            log.exception("writing committed transaction offsets failed; trying again")
+            return False
+        return True
+
+    def _send_markers_to_leader(self, broker_id: int, markers: list[TxnMarker]
+                                ) -> MarkerAnswers:
+        return send_txn_markers(self._config, self.image().broker(broker_id), markers)
 
     # ---- brokers -----------------------------------------------------------------------------
 
@@ -888,6 +1123,10 @@ class Controller:
     @property
     def shutting_down(self) -> bool:
         return self._shutting_down
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
 
 
 class ControllerHandler:

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, TypeVar
 
 from deltabus.acls import AclBinding, Operation, PatternType, Permission, ResourceType
-from deltabus.metadata import BrokerEndpoint, ListenerEndpoint
+from deltabus.metadata import BrokerEndpoint, ListenerEndpoint, TransactionMetadata
 from deltabus.quotas import QuotaEntity
 
 T = TypeVar("T")
@@ -154,6 +154,59 @@ class TransactionalIdRecord(MetadataRecord):
     STORED_KEYS: ClassVar[Mapping[str, str]] = {"transactional_id": "id"}
     transactional_id: str
     producer_id: int
+
+
+@dataclass(frozen=True)
+class TransactionRecord(MetadataRecord):
+    """A transactional id's whole transaction state, as Kafka's __transaction_state holds it
+    (TransactionLogValue): its producer id and epoch, its state (`transaction_coordinator`'s
+    names), timeout, the partitions (parallel `topics` / `partitions`) and groups it holds, and
+    when it started (-1: none open) and last changed, in epoch ms. Brokers get it with the
+    metadata: the image's `open_transactions` is built from the open ones."""
+
+    type: ClassVar[str] = "transaction"
+    STORED_KEYS: ClassVar[Mapping[str, str]] = {"transactional_id": "id"}
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+    state: str
+    timeout_ms: int
+    topics: tuple[str, ...] = ()
+    partitions: tuple[int, ...] = ()
+    groups: tuple[str, ...] = ()
+    start_ms: int = -1
+    update_ms: int = -1
+
+    @classmethod
+    def of(cls, txn: TransactionMetadata) -> TransactionRecord:
+        parts = sorted(txn.partitions)
+        return cls(txn.transactional_id, txn.producer_id, txn.producer_epoch, txn.state,
+                   txn.timeout_ms, tuple(t for t, _ in parts), tuple(p for _, p in parts),
+                   tuple(sorted(txn.groups)), txn.start_ms, txn.update_ms)
+
+    def metadata(self) -> TransactionMetadata:
+        return TransactionMetadata(
+            self.transactional_id, self.producer_id, self.producer_epoch, self.state,
+            self.timeout_ms, frozenset(zip(self.topics, self.partitions, strict=True)),
+            frozenset(self.groups), self.start_ms, self.update_ms)
+
+
+@dataclass(frozen=True)
+class TxnOffsetCommitRecord(MetadataRecord):
+    """Offsets a transaction commits for a group (TxnOffsetCommit), held with the transaction
+    until it ends: written to the group's committed offsets if it commits, dropped if it aborts.
+    Parallel tuples, one entry per partition. Brokers never need them."""
+
+    type: ClassVar[str] = "txn_offset_commit"
+    changes_image: ClassVar[bool] = False
+    STORED_KEYS: ClassVar[Mapping[str, str]] = {"transactional_id": "id"}
+    transactional_id: str
+    group_id: str
+    topics: tuple[str, ...]
+    partitions: tuple[int, ...]
+    offsets: tuple[int, ...]
+    leader_epochs: tuple[int, ...]
+    metadata: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -307,7 +360,8 @@ PERSISTED_RECORD_TYPES: Mapping[str, type[MetadataRecord]] = {
         ClusterIdRecord, ProducerIdKeyRecord, TopicRecord, PartitionRecord,
         PartitionChangeRecord, RemoveTopicRecord, ConfigRecord, ProducerIdsRecord,
         TransactionalIdRecord, UserScramCredentialRecord, RemoveUserScramCredentialRecord,
-        AccessControlEntryRecord, RemoveAccessControlEntryRecord, ClientQuotaRecord)
+        AccessControlEntryRecord, RemoveAccessControlEntryRecord, ClientQuotaRecord,
+        TransactionRecord, TxnOffsetCommitRecord)
 }
 
 BROKER_RECORD_TYPES: Mapping[str, type[MetadataRecord]] = {

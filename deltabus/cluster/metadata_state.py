@@ -41,10 +41,18 @@ from deltabus.cluster.metadata_records import (
     RemoveUserScramCredentialRecord,
     TopicRecord,
     TransactionalIdRecord,
+    TransactionRecord,
+    TxnOffsetCommitRecord,
     UserScramCredentialRecord,
     from_stored,
 )
-from deltabus.metadata import MetadataImage, PartitionState, TopicState
+from deltabus.metadata import (
+    TXN_OPEN_STATES,
+    MetadataImage,
+    PartitionState,
+    TopicState,
+    TransactionMetadata,
+)
 from deltabus.quotas import QuotaEntity
 from deltabus.scram import ScramCredential
 
@@ -72,6 +80,10 @@ class PartitionRegistration:
                               self.adding_replicas, self.removing_replicas)
 
 
+# A transaction's pending offsets: group -> (topic, partition) -> (offset, leader epoch, metadata)
+PendingOffsets = dict[str, dict[tuple[str, int], tuple[int, int, str]]]
+
+
 @dataclass
 class TopicRegistration:
     topic_id: str
@@ -89,6 +101,10 @@ class MetadataState:
     producer_ids_end: int = 0  # producer ids below this were handed out (or reserved)
     producer_id_key: bytes = field(default=b"", repr=False)  # binds ids to principals
     transactional_ids: dict[str, int] = field(default_factory=dict)
+    # transactional id -> its transaction (Kafka's transaction coordinator's txnMetadataCache)
+    transactions: dict[str, TransactionMetadata] = field(default_factory=dict)
+    # transactional id -> offsets its open transaction commits (TxnOffsetCommit)
+    txn_offsets: dict[str, PendingOffsets] = field(default_factory=dict)
     # user -> mechanism -> credential (Kafka's ScramControlManager.credentials)
     scram_credentials: dict[str, dict[str, ScramCredential]] = field(default_factory=dict)
     # id -> ACL (Kafka's AclControlManager.idToAcl), and each ACL's id
@@ -130,6 +146,14 @@ class MetadataState:
             self.producer_ids_end = record.producer_ids_end
         elif isinstance(record, TransactionalIdRecord):
             self.transactional_ids[record.transactional_id] = record.producer_id
+        elif isinstance(record, TransactionRecord):
+            self._replay_transaction(record)
+        elif isinstance(record, TxnOffsetCommitRecord):
+            pending = self.txn_offsets.setdefault(record.transactional_id, {}).setdefault(
+                record.group_id, {})
+            for t, p, o, e, m in zip(record.topics, record.partitions, record.offsets,
+                                     record.leader_epochs, record.metadata, strict=True):
+                pending[(t, p)] = (o, e, m)
         elif isinstance(record, ClusterIdRecord):
             self.cluster_id = record.cluster_id
         elif isinstance(record, ProducerIdKeyRecord):
@@ -148,6 +172,23 @@ class MetadataState:
             self._replay_client_quota(record)
         else:
             raise ValueError(f"unknown metadata record type {record.type!r}")
+
+    def _replay_transaction(self, record: TransactionRecord) -> None:
+        """A transaction's new state; its pending offsets go once it is no longer open (they
+        were written to the group, or dropped, before the record)."""
+        self.transactions[record.transactional_id] = record.metadata()
+        if record.state not in TXN_OPEN_STATES:
+            self.txn_offsets.pop(record.transactional_id, None)
+
+    def open_transactions(self) -> dict[tuple[str, int], frozenset[int]]:
+        """The image's `open_transactions`: each partition's producers whose transaction holds
+        it and has no marker there yet (Ongoing, PrepareCommit, PrepareAbort)."""
+        out: dict[tuple[str, int], set[int]] = {}
+        for txn in self.transactions.values():
+            if txn.state in TXN_OPEN_STATES:
+                for tp in txn.partitions:
+                    out.setdefault(tp, set()).add(txn.producer_id)
+        return {tp: frozenset(ids) for tp, ids in out.items()}
 
     def _remove_scram_credential(self, user: str, mechanism: str) -> None:
         mechanisms = self.scram_credentials.get(user, {})
@@ -203,12 +244,14 @@ class MetadataState:
         return MetadataImage(version, self.cluster_id, -1, self.brokers.live_endpoints(),
                              self.topic_states(), log_root, self.scram_credentials_copy(),
                              self.acls_image(), self.producer_id_key,
-                             client_quotas=self.client_quotas_copy())
+                             client_quotas=self.client_quotas_copy(),
+                             open_transactions=self.open_transactions())
 
     def snapshot(self) -> list[MetadataRecord]:
         """Records that, replayed into an empty state, give one whose `image` is this one's
         (KRaft's metadata snapshot). Producer ids and transactional ids, which no image holds
-        (their records do not `changes_image`), are left out, as brokers are never sent them."""
+        (their records do not `changes_image`), are left out, as brokers are never sent them; of the
+        transactions, the open ones holding partitions (all `open_transactions` is built from)."""
         records: list[MetadataRecord] = []
         if self.cluster_id:
             records.append(ClusterIdRecord(self.cluster_id))
@@ -234,6 +277,8 @@ class MetadataState:
         records.extend(ClientQuotaRecord.of(entity, key, value)
                        for entity, values in self.client_quotas.items()
                        for key, value in sorted(values.items()))
+        records.extend(TransactionRecord.of(t) for t in self.transactions.values()
+                       if t.state in TXN_OPEN_STATES and t.partitions)
         records.extend(self.brokers.snapshot())
         return records
 

@@ -31,6 +31,8 @@ from deltabus.cluster.metadata_records import (
     RemoveUserScramCredentialRecord,
     TopicRecord,
     TransactionalIdRecord,
+    TransactionRecord,
+    TxnOffsetCommitRecord,
     UnfenceBrokerRecord,
     UserScramCredentialRecord,
     deserialize,
@@ -93,6 +95,14 @@ OLD_AND_TYPED: list[tuple[dict[str, Any], MetadataRecord]] = [
     ({"type": "client_quota", "entity_types": ["user"], "entity_names": ["alice"],
       "key": "request_percentage", "value": None},
      ClientQuotaRecord(("user",), ("alice",), "request_percentage", None)),
+    ({"type": "transaction", "id": "tx", "producer_id": 7, "producer_epoch": 2,
+      "state": "Ongoing", "timeout_ms": 60000, "topics": ["orders", "orders"],
+      "partitions": [0, 1], "groups": ["g"], "start_ms": 5, "update_ms": 6},
+     TransactionRecord("tx", 7, 2, "Ongoing", 60000, ("orders", "orders"), (0, 1), ("g",), 5,
+                       6)),
+    ({"type": "txn_offset_commit", "id": "tx", "group_id": "g", "topics": ["orders"],
+      "partitions": [0], "offsets": [42], "leader_epochs": [-1], "metadata": [""]},
+     TxnOffsetCommitRecord("tx", "g", ("orders",), (0,), (42,), (-1,), ("",))),
 ]
 
 
