@@ -143,7 +143,9 @@ class Cluster:
         handler = ControllerHandler(self.controller)
         self._doors = open_doors(self.config, CONTROLLER_NODE_ID, handler,
                                  credentials=handler.scram_credential,
-                                 lifecycle=self.controller, groups=self.coordinator)
+                                 lifecycle=self.controller, groups=self.coordinator,
+                                 transactions=handler)
+        self.controller.txn_offsets_writer = self.coordinator.commit_transactional_offsets
         bootstrap = self.config.listener_config().client_grpc()[0].name
         self._node = handler.endpoint = self._doors.node(CONTROLLER_NODE_ID, bootstrap)
         self.log_cleaner = LogCleaner(self.spark, self.controller.cleaner_tasks,
@@ -151,6 +153,7 @@ class Cluster:
                                       self.config.log_retention_check_interval_ms)
         self._spawn(self._check_sessions_loop, "deltabus-session-checker")
         self._spawn(self._coordinator_loop, "deltabus-group-coordinator")
+        self._spawn(self._transaction_loop, "deltabus-transaction-timeouts")
         for broker_id in range(self.config.brokers):
             self._spawn(lambda b=broker_id: self._supervise(b), f"deltabus-supervisor-{broker_id}")
         timeout_s = self.config.startup_timeout_ms / 1000
@@ -321,6 +324,15 @@ class Cluster:
                     self.coordinator.tick()
             except Exception:  # a storage hiccup must not stop group sessions from expiring
                 log.exception("group coordinator tick failed")
+
+    def _transaction_loop(self) -> None:
+        """The transaction coordinator's clock: transactions open past their timeout abort."""
+        while not self._stopping.wait(cfg.TRANSACTION_ABORT_TIMED_OUT_INTERVAL_MS / 1000):
+            try:
+                if self.controller is not None:
+                    self.controller.abort_timed_out_transactions()
+            except Exception:  # a storage hiccup must not stop later checks
+                log.exception("aborting timed-out transactions failed")
 
     # ---- using -------------------------------------------------------------------------------
 

@@ -131,7 +131,7 @@ MarkerAnswers = dict[tuple[int, str, int], errors.DeltaBusError | None]
 # topic, partition) of them (None: written). Raising, or leaving one out, means "try again".
 SendMarkers = Callable[[int, list[TxnMarker]], MarkerAnswers]
 # Write a committed transaction's offsets into a group's: resolves once durable.
-TxnOffsetsWriter = Callable[[str, dict[tuple[str, int], OffsetAndMetadata]], Future[object]]
+TxnOffsetsWriter = Callable[[str, dict[tuple[str, int], OffsetAndMetadata]], Future[None]]
 
 
 def send_txn_markers(config: cfg.ClusterConfig, broker: BrokerEndpoint | None,
@@ -1222,6 +1222,44 @@ class ControllerHandler:
 
     def producer_id_issued_to(self, producer_id: int, principal: KafkaPrincipal) -> bool:
         return self._controller.producer_id_issued_to(producer_id, principal)
+
+    # The transaction coordinator (TransactionHandler): the controller's.
+
+    def init_transactional_producer(self, transactional_id: str, timeout_ms: int,
+                                    principal: KafkaPrincipal = ANONYMOUS,
+                                    expected: tuple[int, int] = (-1, -1)) -> tuple[int, int]:
+        return self._controller.init_transactional_producer(transactional_id, timeout_ms,
+                                                            principal, expected)
+
+    def add_partitions_to_txn(self, transactional_id: str, producer_id: int,
+                              producer_epoch: int, partitions: list[tuple[str, int]]
+                              ) -> transaction_coordinator.PartitionErrors:
+        return self._controller.add_partitions_to_txn(transactional_id, producer_id,
+                                                      producer_epoch, partitions)
+
+    def add_offsets_to_txn(self, transactional_id: str, producer_id: int, producer_epoch: int,
+                           group_id: str) -> None:
+        self._controller.add_offsets_to_txn(transactional_id, producer_id, producer_epoch,
+                                            group_id)
+
+    def txn_offset_commit(self, transactional_id: str, group_id: str, producer_id: int,
+                          producer_epoch: int,
+                          offsets: dict[tuple[str, int], tuple[int, int, str]]
+                          ) -> transaction_coordinator.PartitionErrors:
+        return self._controller.txn_offset_commit(transactional_id, group_id, producer_id,
+                                                  producer_epoch, offsets)
+
+    def end_txn(self, transactional_id: str, producer_id: int, producer_epoch: int,
+                committed: bool) -> None:
+        self._controller.end_txn(transactional_id, producer_id, producer_epoch, committed)
+
+    def list_transactions(self, states: list[str], producer_ids: list[int],
+                          duration_ms: int = -1) -> list[TransactionMetadata]:
+        return self._controller.list_transactions(states, producer_ids, duration_ms)
+
+    def describe_transactions(self, transactional_ids: list[str]
+                              ) -> dict[str, TransactionMetadata | None]:
+        return self._controller.describe_transactions(transactional_ids)
 
     def elect_leaders(self, election_type: str, partitions: list[tuple[str, int]] | None
                       ) -> dict[tuple[str, int], errors.DeltaBusError | None]:

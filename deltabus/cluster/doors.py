@@ -22,7 +22,7 @@ from typing import Any
 
 from deltabus import config as cfg
 from deltabus.cluster.executor_process import broker_host, local_host
-from deltabus.cluster.handler import DeltaBusHandler, LifecycleHandler
+from deltabus.cluster.handler import DeltaBusHandler, LifecycleHandler, TransactionHandler
 from deltabus.listeners import GRPC, KAFKA, Listener
 from deltabus.metadata import CONTROLLER_NODE_ID, BrokerEndpoint, ListenerEndpoint
 from deltabus.offsets.group_coordinator import GroupCoordinator
@@ -62,10 +62,11 @@ class Doors:
 def open_doors(config: cfg.ClusterConfig, node: int, handler: DeltaBusHandler, *,
                credentials: CredentialLookup, lifecycle: LifecycleHandler | None = None,
                groups: GroupCoordinator | None = None,
-               coordinator: BrokerEndpoint | None = None) -> Doors:
-    """Open node `node`'s listeners (CONTROLLER_NODE_ID: the driver's, with the `lifecycle` and
-    the `groups` it coordinates; else a broker's, sending Kafka clients to the group
-    `coordinator`). Closes what it opened if one cannot be bound, and raises
+               coordinator: BrokerEndpoint | None = None,
+               transactions: TransactionHandler | None = None) -> Doors:
+    """Open node `node`'s listeners (CONTROLLER_NODE_ID: the driver's, with the `lifecycle`,
+    the `groups` it coordinates and the `transactions`; else a broker's, sending Kafka clients
+    to the group `coordinator`). Closes what it opened if one cannot be bound, and raises
     ListenerBindError naming it."""
     listeners = config.listener_config(
         None if node == CONTROLLER_NODE_ID else broker_host(config.host))
@@ -96,7 +97,7 @@ def open_doors(config: cfg.ClusterConfig, node: int, handler: DeltaBusHandler, *
                 coordinator=_coordinator_address(coordinator, listener.name),
                 security=config.listener_security(listener.security_protocol),
                 credentials=credentials, listener=listener.name,
-                socket_server=config.socket_server).start()
+                socket_server=config.socket_server, transactions=transactions).start()
             doors.kafka_listeners[listener.name] = kafka
             endpoint = _endpoint(listener, kafka.bound_port, node)
             kafka.advertise(endpoint.host, endpoint.port)

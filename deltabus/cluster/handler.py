@@ -29,6 +29,7 @@ from deltabus.metadata import (
     ScramCredentialUpsertion,
     ScramDescriptions,
     TopicResult,
+    TransactionMetadata,
 )
 from deltabus.principal import ANONYMOUS, KafkaPrincipal
 from deltabus.quotas import (
@@ -241,6 +242,46 @@ class DeltaBusHandler(Protocol):
         """The quotas this server throttles by and the rates it measures (the doors record
         every produce, fetch and request against it)."""
         ...
+
+
+TxnPartitionErrors = dict[tuple[str, int], errors.DeltaBusError | None]
+
+
+class TransactionHandler(Protocol):
+    """The transaction coordinator (the controller, in the driver), as the Kafka door calls
+    it. Each raises the Kafka error of a refused request (INVALID_PRODUCER_ID_MAPPING,
+    PRODUCER_FENCED, INVALID_TXN_STATE, CONCURRENT_TRANSACTIONS, ...)."""
+
+    def init_transactional_producer(self, transactional_id: str, timeout_ms: int,
+                                    principal: KafkaPrincipal = ANONYMOUS,
+                                    expected: tuple[int, int] = (-1, -1)) -> tuple[int, int]:
+        """InitProducerId with a transactional id: (producer id, epoch), the epoch bumped."""
+        ...
+
+    def add_partitions_to_txn(self, transactional_id: str, producer_id: int,
+                              producer_epoch: int, partitions: list[tuple[str, int]]
+                              ) -> TxnPartitionErrors: ...
+
+    def add_offsets_to_txn(self, transactional_id: str, producer_id: int, producer_epoch: int,
+                           group_id: str) -> None: ...
+
+    def txn_offset_commit(self, transactional_id: str, group_id: str, producer_id: int,
+                          producer_epoch: int,
+                          offsets: dict[tuple[str, int], tuple[int, int, str]]
+                          ) -> TxnPartitionErrors:
+        """Offsets (offset, leader epoch, metadata) held until the transaction commits."""
+        ...
+
+    def end_txn(self, transactional_id: str, producer_id: int, producer_epoch: int,
+                committed: bool) -> None:
+        """Returns once PrepareCommit/PrepareAbort is durable (the markers follow)."""
+        ...
+
+    def list_transactions(self, states: list[str], producer_ids: list[int],
+                          duration_ms: int = -1) -> list[TransactionMetadata]: ...
+
+    def describe_transactions(self, transactional_ids: list[str]
+                              ) -> dict[str, TransactionMetadata | None]: ...
 
 
 class LifecycleHandler(Protocol):

@@ -573,6 +573,19 @@ class GroupCoordinator:
             for (topic, partition), om in known.items()])
         return _once_stored(stored, answers)
 
+    def commit_transactional_offsets(self, group_id: str,
+                                     offsets: dict[tuple[str, int], OffsetAndMetadata]
+                                     ) -> Future[None]:
+        """A committed transaction's offsets (TxnOffsetCommit) become the group's committed
+        offsets, whatever its members and generation now: the transaction coordinator checked
+        the producer when it took them, as Kafka's group coordinator materializes them on the
+        commit marker. Resolves once durable."""
+        now_ms = int(time.time() * 1000)
+        return self._store.commit([
+            OffsetCommit(group_id, topic, partition,
+                         OffsetAndMetadata(om.offset, om.leader_epoch, om.metadata, now_ms))
+            for (topic, partition), om in offsets.items()])
+
     def fetch_offsets(self, group_id: str, partitions: list[tuple[str, int]] | None = None
                       ) -> dict[tuple[str, int], OffsetAndMetadata]:
         """OffsetFetch: the committed offsets of a group (all, or of these partitions)."""

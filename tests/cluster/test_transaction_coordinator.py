@@ -69,9 +69,9 @@ class Offsets:
         self.written: dict[str, dict[tuple[str, int], OffsetAndMetadata]] = {}
 
     def __call__(self, group: str, offsets: dict[tuple[str, int], OffsetAndMetadata]
-                 ) -> Future[object]:
+                 ) -> Future[None]:
         self.written.setdefault(group, {}).update(offsets)
-        done: Future[object] = Future()
+        done: Future[None] = Future()
         done.set_result(None)
         return done
 

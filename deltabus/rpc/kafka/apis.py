@@ -25,7 +25,12 @@ from kio.schema.errors import ErrorCode
 from deltabus import config as cfg
 from deltabus import errors
 from deltabus.acls import Authorizer, Operation
-from deltabus.cluster.handler import DeltaBusHandler, FetchResult, FetchSpec
+from deltabus.cluster.handler import (
+    DeltaBusHandler,
+    FetchResult,
+    FetchSpec,
+    TransactionHandler,
+)
 from deltabus.offsets.group_coordinator import GroupCoordinator
 from deltabus.quotas import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE
 from deltabus.records import UnpackBudget
@@ -42,6 +47,7 @@ from deltabus.rpc.kafka import (
     partition_admin,
     quota_apis,
     sasl,
+    txn_apis,
 )
 from deltabus.rpc.kafka.admin import controller_id, kafka_endpoints, topic_uuid
 from deltabus.rpc.kafka.delayed import DelayedResponse, result_of
@@ -89,6 +95,7 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     **acl_apis.SUPPORTED,
     **quota_apis.SUPPORTED,
     **sasl.SUPPORTED,
+    **txn_apis.SUPPORTED,
 }
 
 
@@ -105,13 +112,16 @@ class KafkaApis:
     it, for one connection's requests one at a time."""
 
     def __init__(self, handler: DeltaBusHandler, groups_: GroupCoordinator | None = None,
-                 coordinator: tuple[str, int] | None = None, listener: str = "") -> None:
-        """`groups_`: the group coordinator, where this listener has it (the bootstrap);
+                 coordinator: tuple[str, int] | None = None, listener: str = "",
+                 transactions: TransactionHandler | None = None) -> None:
+        """`groups_` and `transactions`: the group and transaction coordinators, where this
+        listener has them (the bootstrap);
         `coordinator`: where Kafka clients find it (FindCoordinator's answer); `listener`: the
         name of the Kafka listener this answers on, whose endpoints Metadata tells clients."""
         self._handler = handler
         self._listener = listener
         self.groups = groups.KafkaGroupApis(groups_, coordinator)
+        self.txn = txn_apis.KafkaTxnApis(transactions)
         self._sessions = FetchSessionCache()
         self._topic_id_maps: tuple[int, dict[str, uuid.UUID], dict[uuid.UUID, str]] | None = None
         self._apis: dict[int, Callable[..., Any]] = {
@@ -124,7 +134,7 @@ class KafkaApis:
             **describe_apis.KafkaDescribeApis(handler, listener).apis,
             **quota_apis.KafkaQuotaApis(handler).apis,
             **config_apis.KafkaConfigApis(handler).apis,
-            **partition_admin.KafkaPartitionAdminApis(handler).apis,
+            **partition_admin.KafkaPartitionAdminApis(handler).apis, **self.txn.apis,
         }
 
     def knows(self, api_key: int) -> bool:
@@ -174,6 +184,10 @@ class KafkaApis:
             return access.group(Operation.DELETE, request.group_id)
         if api_key == groups.FIND_COORDINATOR and getattr(request, "key_type", 0) == 0:
             return access.group(Operation.DESCRIBE, request.key)
+        if api_key == groups.FIND_COORDINATOR and request.key_type == groups.TRANSACTION:
+            return access.transactional_id(Operation.DESCRIBE, request.key)
+        if api_key in txn_apis.SUPPORTED:
+            return txn_apis.refusal(api_key, request)
         if api_key == INIT_PRODUCER_ID:
             return access.init_producer_id(request.transactional_id or "")
         if api_key in (admin.ALTER_USER_SCRAM_CREDENTIALS, partition_admin.ELECT_LEADERS,
@@ -537,14 +551,10 @@ class KafkaApis:
                          refused: errors.DeltaBusError | None = None) -> Any:
         cls = load_response_schema(INIT_PRODUCER_ID, version)
         error = refused
-        if error is None and request.transactional_id is not None:
-            try:  # an id no coordinator would keep is an invalid request, whatever we support
-                cfg.check_transactional_id(request.transactional_id)
-                error = errors.UnsupportedVersionError("transactions are not supported yet")
-            except errors.DeltaBusError as e:
-                error = e
         producer_id, epoch = -1, -1
-        if error is None:
+        if error is None and request.transactional_id is not None:
+            producer_id, epoch, error = self.txn.init_producer_id(version, request)
+        elif error is None:
             try:
                 producer_id, epoch = self._handler.init_producer_id(
                     "", current_access().principal)

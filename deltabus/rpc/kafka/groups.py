@@ -52,6 +52,7 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     DELETE_GROUPS: (0, 2),
     OFFSET_DELETE: (0, 0),
 }
+GROUP, TRANSACTION = 0, 1  # FindCoordinator's key types
 # The coordinator's node id in FindCoordinator answers: no broker has it, so clients keep a
 # connection of its own for it.
 COORDINATOR_NODE_ID = 2**31 - 1
@@ -84,11 +85,12 @@ class KafkaGroupApis:
                          refused: errors.DeltaBusError | None = None) -> Any:
         cls = load_response_schema(FIND_COORDINATOR, version)
         error = refused
-        if error is None and getattr(request, "key_type", 0) != 0:
-            error = errors.InvalidRequestError("only group coordinators are supported "
-                                               "(transactions are not)")
+        if error is None and getattr(request, "key_type", GROUP) not in (GROUP, TRANSACTION):
+            error = errors.InvalidRequestError(
+                f"unknown coordinator key type {request.key_type}: groups (0) and "
+                "transactions (1) have coordinators")
         if error is None and self.coordinator_address is None:
-            error = errors.CoordinatorNotAvailableError("no group coordinator is listening for "
+            error = errors.CoordinatorNotAvailableError("no coordinator is listening for "
                                                         "Kafka clients")
         host, port = self.coordinator_address or ("", -1)
         return make(cls, throttle_time=NO_TIME, error_code=error_code(error),

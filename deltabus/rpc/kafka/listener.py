@@ -44,7 +44,7 @@ from kio.schema.errors import ErrorCode
 
 from deltabus import config as cfg
 from deltabus import errors
-from deltabus.cluster.handler import DeltaBusHandler
+from deltabus.cluster.handler import DeltaBusHandler, TransactionHandler
 from deltabus.config import ListenerSecurity
 from deltabus.listeners import ListenerBindError
 from deltabus.offsets.group_coordinator import GroupCoordinator
@@ -274,8 +274,10 @@ class KafkaListener:
                  max_request_bytes: int | None = None,
                  security: ListenerSecurity = PLAINTEXT,
                  credentials: CredentialLookup | None = None, listener: str = "",
-                 socket_server: cfg.SocketServerConfig | None = None) -> None:
-        """`groups`: the group coordinator, on the listener that has it (the bootstrap, which
+                 socket_server: cfg.SocketServerConfig | None = None,
+                 transactions: TransactionHandler | None = None) -> None:
+        """`groups` and `transactions`: the group and transaction coordinators, on the
+        listener that has them (the bootstrap, which
         then tells clients to come to itself); `coordinator`: host:port of that listener, for
         the brokers' FindCoordinator answers; `security`: TLS and SASL; `credentials`: the
         users' SCRAM credentials a SASL listener checks; `listener`: its name (Metadata
@@ -287,7 +289,8 @@ class KafkaListener:
                 config, socket_request_max_bytes=max_request_bytes,
                 queued_max_request_bytes=max(config.queued_max_request_bytes,
                                              max_request_bytes))
-        kafka_apis = apis.KafkaApis(handler, groups, _address(coordinator), listener)
+        kafka_apis = apis.KafkaApis(handler, groups, _address(coordinator), listener,
+                                    transactions)
         authenticator = None
         if security.uses_sasl:
             if credentials is None:
