@@ -10,6 +10,7 @@
     deltabus leader-election      kafka-leader-election.sh
     deltabus reassign-partitions  kafka-reassign-partitions.sh
     deltabus delete-records       kafka-delete-records.sh
+    deltabus transactions         kafka-transactions.sh (list, describe)
     deltabus perf producer        kafka-producer-perf-test.sh
     deltabus perf consumer        kafka-consumer-perf-test.sh
 
@@ -42,6 +43,7 @@ from deltabus.cli import (
     producer_performance,
     reassign_partitions,
     topic_command,
+    transactions,
 )
 from deltabus.cli.options import CliError, default_bootstrap
 from deltabus.errors import DeltaBusError, NetworkError
@@ -82,6 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     leader_election.add_parser(commands, parent)
     reassign_partitions.add_parser(commands, parent)
     delete_records.add_parser(commands, parent)
+    transactions.add_parser(commands, parent)
     perf = commands.add_parser("perf", help="producer and consumer performance tests")
     perf_commands = perf.add_subparsers(dest="perf_command", metavar="COMMAND", required=True)
     producer_performance.add_parser(perf_commands, parent)

@@ -30,6 +30,7 @@ from deltabus.metadata import (
     ScramCredentialUpsertion,
     ScramDescriptions,
     TopicState,
+    TransactionMetadata,
     UserScramCredentialsDescription,
 )
 from deltabus.quotas import QuotaAlteration, QuotaEntity, QuotaFilterComponent
@@ -325,6 +326,46 @@ class AdminClient:
                 continue
             groups[broker.address][tp] = offset
         return groups
+
+    # ---- transactions -------------------------------------------------------------------------
+
+    def _txn_call(self, transactional_id: str, method: str, request: Any) -> Any:
+        """A call to the transaction coordinator (FindCoordinator, key type 1)."""
+        found = self._client.call_any("FindCoordinator", pb.FindCoordinatorRequest(
+            key=transactional_id, key_type=1))
+        errors.check(found.error_code, found.error_message)
+        return self._client.call(f"{found.host}:{found.port}", method, request)
+
+    def list_transactions(self, states: Iterable[str] = (), producer_ids: Iterable[int] = (),
+                          duration_ms: int | None = None) -> list[tuple[str, int, str]]:
+        """(transactional id, producer id, state) of every transactional id the caller may
+        describe, or those in `states`, of `producer_ids`, open longer than `duration_ms`
+        (kafka-transactions.sh list)."""
+        request = pb.ListTransactionsRequest(state_filters=list(states),
+                                             producer_id_filters=list(producer_ids))
+        if duration_ms is not None:
+            request.duration_filter_ms = duration_ms
+        response = self._txn_call("", "ListTransactions", request)
+        errors.check(response.error_code, response.error_message)
+        return [(t.transactional_id, t.producer_id, t.state) for t in response.transactions]
+
+    def describe_transactions(self, transactional_ids: Iterable[str]
+                              ) -> dict[str, TransactionMetadata]:
+        """Each transactional id's state, producer, timeout and open partitions
+        (kafka-transactions.sh describe); raises the first id's error (TRANSACTIONAL_ID_NOT_
+        FOUND for one never used)."""
+        ids = list(transactional_ids)
+        response = self._txn_call(ids[0] if ids else "", "DescribeTransactions",
+                                  pb.DescribeTransactionsRequest(transactional_ids=ids))
+        out = {}
+        for t in response.transactions:
+            errors.check(t.error_code, t.error_message)
+            out[t.transactional_id] = TransactionMetadata(
+                t.transactional_id, t.producer_id, t.producer_epoch, t.state,
+                t.transaction_timeout_ms,
+                frozenset((p.topic, p.partition) for p in t.partitions),
+                start_ms=t.transaction_start_time_ms)
+        return out
 
     # ---- consumer groups ----------------------------------------------------------------------
 

@@ -88,7 +88,7 @@ def open_doors(config: cfg.ClusterConfig, node: int, handler: DeltaBusHandler, *
                 security=config.listener_security(listener.security_protocol),
                 credentials=credentials, listener=listener.name,
                 brokers_only=node == CONTROLLER_NODE_ID and listeners.controller_only(listener),
-                long_polls_max=config.grpc_long_polls_max)
+                long_polls_max=config.grpc_long_polls_max, transactions=transactions)
             doors.grpc_servers.append(server)
             doors.endpoints.append(_endpoint(listener, port, node))
         for listener in listeners.kafka:

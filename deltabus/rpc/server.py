@@ -21,7 +21,12 @@ import grpc
 from deltabus import config as cfg
 from deltabus import errors
 from deltabus.acls import Operation
-from deltabus.cluster.handler import DeltaBusHandler, FetchSpec, LifecycleHandler
+from deltabus.cluster.handler import (
+    DeltaBusHandler,
+    FetchSpec,
+    LifecycleHandler,
+    TransactionHandler,
+)
 from deltabus.listeners import ListenerBindError
 from deltabus.log_tables.partition_log import LATEST_TIMESTAMP, AppendResult
 from deltabus.offsets.group_coordinator import GroupCoordinator
@@ -50,6 +55,7 @@ from deltabus.rpc.request_limits import (
     duplicates,
 )
 from deltabus.rpc.tls import grpc_server_credentials
+from deltabus.rpc.txn_servicer import TxnServicerMixin
 from deltabus.rpc.v1 import deltabus_pb2 as pb
 from deltabus.rpc.v1 import deltabus_pb2_grpc as pb_grpc
 from deltabus.rpc.v1 import internal_pb2_grpc as ipb_grpc
@@ -102,15 +108,18 @@ def _repeated_field_bytes(message_bytes: int) -> int:
     return 1 + max(1, (message_bytes.bit_length() + 6) // 7) + message_bytes
 
 
-class DeltaBusServicer(GroupServicerMixin, AclServicerMixin, pb_grpc.DeltaBusServicer):
+class DeltaBusServicer(GroupServicerMixin, AclServicerMixin, TxnServicerMixin,
+                       pb_grpc.DeltaBusServicer):
     def __init__(self, handler: DeltaBusHandler, groups: GroupCoordinator | None = None,
-                 listener: str = "", long_polls_max: int = 32) -> None:
+                 listener: str = "", long_polls_max: int = 32,
+                 transactions: TransactionHandler | None = None) -> None:
         """`listener`: the name of the listener this servicer answers on; Metadata and
         FindCoordinator name nodes by their endpoints of it ("": as registered).
         `long_polls_max`: how many Fetches may wait for records at once, each on a server
         thread (`Fetch`)."""
         self._handler = handler
         self._groups = groups
+        self._transactions = transactions
         self._listener = listener
         self._long_polls = threading.BoundedSemaphore(max(1, long_polls_max))
 
@@ -129,10 +138,13 @@ class DeltaBusServicer(GroupServicerMixin, AclServicerMixin, pb_grpc.DeltaBusSer
     def FindCoordinator(self, request: pb.FindCoordinatorRequest,
                         context: Any) -> pb.FindCoordinatorResponse:
         try:
-            if request.key_type != 0:
+            if request.key_type not in (0, 1):
                 raise errors.InvalidRequestError(
-                    f"coordinator key type {request.key_type} is not supported (0: group)")
-            Access.raise_if(self._access(context).group(Operation.DESCRIBE, request.key))
+                    f"unknown coordinator key type {request.key_type} (0: group, "
+                    "1: transactional id)")
+            access = self._access(context)
+            Access.raise_if(access.group(Operation.DESCRIBE, request.key) if request.key_type == 0
+                            else access.transactional_id(Operation.DESCRIBE, request.key))
             node = self._handler.find_coordinator(request.key)
         except errors.DeltaBusError as e:
             return pb.FindCoordinatorResponse(error_code=e.code, error_message=e.message)
@@ -509,7 +521,8 @@ def start_server(host: str, port: int, handler: DeltaBusHandler,
                  security: cfg.ListenerSecurity = PLAINTEXT,
                  credentials: CredentialLookup | None = None,
                  listener: str = "", brokers_only: bool = False,
-                 long_polls_max: int | None = None) -> tuple[grpc.Server, int]:
+                 long_polls_max: int | None = None,
+                 transactions: TransactionHandler | None = None) -> tuple[grpc.Server, int]:
     """Start a gRPC server for one listener on host:port (0 picks a free port); returns it
     and the bound port. The server is one thread pool of `threads`: what it serves shares
     them. The controller passes `lifecycle` on its controller listeners (brokers register
@@ -545,7 +558,7 @@ def start_server(host: str, port: int, handler: DeltaBusHandler,
     if not brokers_only:
         long_polls = threads if long_polls_max is None else min(long_polls_max, threads)
         pb_grpc.add_DeltaBusServicer_to_server(
-            DeltaBusServicer(handler, groups, listener, long_polls), server)
+            DeltaBusServicer(handler, groups, listener, long_polls, transactions), server)
     if lifecycle is not None:
         ipb_grpc.add_BrokerLifecycleServicer_to_server(BrokerLifecycleServicer(lifecycle), server)
     if replica_fetch:

@@ -194,6 +194,16 @@ class DeltaBusStub:
                 request_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DeleteGroupsRequest.SerializeToString,
                 response_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DeleteGroupsResponse.FromString,
                 _registered_method=True)
+        self.ListTransactions = channel.unary_unary(
+                '/deltabus.v1.DeltaBus/ListTransactions',
+                request_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.ListTransactionsRequest.SerializeToString,
+                response_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.ListTransactionsResponse.FromString,
+                _registered_method=True)
+        self.DescribeTransactions = channel.unary_unary(
+                '/deltabus.v1.DeltaBus/DescribeTransactions',
+                request_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DescribeTransactionsRequest.SerializeToString,
+                response_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DescribeTransactionsResponse.FromString,
+                _registered_method=True)
 
 
 class DeltaBusServicer:
@@ -420,6 +430,20 @@ class DeltaBusServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListTransactions(self, request, context):
+        """Transactions (KIP-664's admin view): the transaction coordinator (FindCoordinator key
+        type 1) lists and describes the transactional ids it coordinates.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DescribeTransactions(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_DeltaBusServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -582,6 +606,16 @@ def add_DeltaBusServicer_to_server(servicer, server):
                     servicer.DeleteGroups,
                     request_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DeleteGroupsRequest.FromString,
                     response_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DeleteGroupsResponse.SerializeToString,
+            ),
+            'ListTransactions': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListTransactions,
+                    request_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.ListTransactionsRequest.FromString,
+                    response_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.ListTransactionsResponse.SerializeToString,
+            ),
+            'DescribeTransactions': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeTransactions,
+                    request_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DescribeTransactionsRequest.FromString,
+                    response_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DescribeTransactionsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1448,6 +1482,60 @@ class DeltaBus:
             '/deltabus.v1.DeltaBus/DeleteGroups',
             deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DeleteGroupsRequest.SerializeToString,
             deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DeleteGroupsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListTransactions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/deltabus.v1.DeltaBus/ListTransactions',
+            deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.ListTransactionsRequest.SerializeToString,
+            deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.ListTransactionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeTransactions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/deltabus.v1.DeltaBus/DescribeTransactions',
+            deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DescribeTransactionsRequest.SerializeToString,
+            deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DescribeTransactionsResponse.FromString,
             options,
             channel_credentials,
             insecure,
