@@ -158,6 +158,8 @@ TransactionalIdAuthorizationFailedError = _kafka_error(
     53, "TRANSACTIONAL_ID_AUTHORIZATION_FAILED")
 OperationNotAttemptedError = _kafka_error(55, "OPERATION_NOT_ATTEMPTED")
 ProducerFencedError = _kafka_error(90, "PRODUCER_FENCED")
+# OffsetFetch with require_stable (KIP-447): an open transaction commits offsets of the partition.
+UnstableOffsetCommitError = _kafka_error(88, "UNSTABLE_OFFSET_COMMIT", retriable=True)
 TransactionalIdNotFoundError = _kafka_error(105, "TRANSACTIONAL_ID_NOT_FOUND")
 KafkaStorageError = _kafka_error(
     56, "KAFKA_STORAGE_ERROR", retriable=True, invalid_metadata=True

@@ -656,6 +656,11 @@ class Controller:
             return transaction_coordinator.list_transactions(
                 self._state, states, producer_ids, duration_ms, _now_ms())
 
+    def pending_txn_offsets(self, group_id: str) -> set[tuple[str, int]]:
+        with self._lock:
+            return {tp for pending in self._state.txn_offsets.values()
+                    for tp in pending.get(group_id, {})}
+
     def describe_transactions(self, transactional_ids: list[str]
                               ) -> dict[str, TransactionMetadata | None]:
         with self._lock:
@@ -1260,6 +1265,9 @@ class ControllerHandler:
     def describe_transactions(self, transactional_ids: list[str]
                               ) -> dict[str, TransactionMetadata | None]:
         return self._controller.describe_transactions(transactional_ids)
+
+    def pending_txn_offsets(self, group_id: str) -> set[tuple[str, int]]:
+        return self._controller.pending_txn_offsets(group_id)
 
     def elect_leaders(self, election_type: str, partitions: list[tuple[str, int]] | None
                       ) -> dict[tuple[str, int], errors.DeltaBusError | None]:

@@ -280,6 +280,11 @@ class TransactionHandler(Protocol):
     def list_transactions(self, states: list[str], producer_ids: list[int],
                           duration_ms: int = -1) -> list[TransactionMetadata]: ...
 
+    def pending_txn_offsets(self, group_id: str) -> set[tuple[str, int]]:
+        """The group's partitions an open transaction commits offsets of (OffsetFetch's
+        require_stable answers them UNSTABLE_OFFSET_COMMIT)."""
+        ...
+
     def describe_transactions(self, transactional_ids: list[str]
                               ) -> dict[str, TransactionMetadata | None]: ...
 

@@ -20,7 +20,7 @@ from tests.conftest import wait_until
 from tests.kafka.raw_frames import connect_to, frame, read_response
 
 FIND_COORDINATOR, INIT_PRODUCER_ID, ADD_PARTITIONS, ADD_OFFSETS, END_TXN = 10, 22, 24, 25, 26
-TXN_OFFSET_COMMIT = 28
+TXN_OFFSET_COMMIT, OFFSET_FETCH = 28, 9
 
 
 def call(sock: socket.socket, api: int, version: int, **fields: Any) -> Any:
@@ -116,6 +116,14 @@ def test_txn_offset_commit_needs_the_group_in_the_transaction(cluster, topic_nam
                     group_instance_id=None, topics=topics)
         return body.topics[0].partitions[0].error_code
 
+    def fetch(sock: socket.socket, require_stable: bool) -> tuple[int, ErrorCode]:
+        cls = load_request_schema(OFFSET_FETCH, 7)
+        body = call(sock, OFFSET_FETCH, 7, group_id="g-o", require_stable=require_stable,
+                    topics=(make(nested(cls, "OffsetFetchRequestTopic"), name=topic_name,
+                                 partition_indexes=(0,)),))
+        p = body.topics[0].partitions[0]
+        return p.committed_offset, p.error_code
+
     with connect_to(cluster.kafka_bootstrap_servers) as sock:
         pid = init(sock, "txn-o").producer_id
         assert add_partitions(sock, "txn-o", pid, 0, topic_name, (0,)) == {0: ErrorCode.none}
@@ -123,6 +131,9 @@ def test_txn_offset_commit_needs_the_group_in_the_transaction(cluster, topic_nam
         assert call(sock, ADD_OFFSETS, 3, transactional_id="txn-o", producer_id=pid,
                     producer_epoch=0, group_id="g-o").error_code == ErrorCode.none
         assert commit(sock, pid) == ErrorCode.none
+        # KIP-447: a consumer asking for stable offsets waits for the transaction's end.
+        assert fetch(sock, require_stable=True) == (-1, ErrorCode.unstable_offset_commit)
+        assert fetch(sock, require_stable=False) == (-1, ErrorCode.none)
     assert cluster.controller.describe_transactions(["txn-o"])["txn-o"].groups == {"g-o"}
 
 

@@ -122,6 +122,8 @@ class KafkaApis:
         self._listener = listener
         self.groups = groups.KafkaGroupApis(groups_, coordinator)
         self.txn = txn_apis.KafkaTxnApis(transactions)
+        if transactions is not None:
+            self.groups.pending_txn_offsets = transactions.pending_txn_offsets
         self._sessions = FetchSessionCache()
         self._topic_id_maps: tuple[int, dict[str, uuid.UUID], dict[uuid.UUID, str]] | None = None
         self._apis: dict[int, Callable[..., Any]] = {

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
@@ -66,6 +67,9 @@ class KafkaGroupApis:
                  coordinator: tuple[str, int] | None) -> None:
         self._groups = groups
         self.coordinator_address = coordinator
+        # The partitions of a group whose offsets an open transaction commits (the transaction
+        # coordinator's), for OffsetFetch's require_stable (KIP-447).
+        self.pending_txn_offsets: Callable[[str], set[tuple[str, int]]] | None = None
         self.apis = {
             FIND_COORDINATOR: self.find_coordinator, JOIN_GROUP: self.join_group,
             SYNC_GROUP: self.sync_group, HEARTBEAT: self.heartbeat,
@@ -251,17 +255,23 @@ class KafkaGroupApis:
                 committed = self._coordinator().fetch_offsets(request.group_id, wanted)
             except errors.DeltaBusError as e:
                 error = e
+        unstable: set[tuple[str, int]] = set()
+        if error is None and getattr(request, "require_stable", False) and (
+                self.pending_txn_offsets is not None):
+            unstable = self.pending_txn_offsets(request.group_id)
         by_topic: dict[str, list[Any]] = {}
         access = current_access()
         for topic, partition in (wanted if wanted is not None else sorted(committed)):
             if access.topic(Operation.DESCRIBE, topic) is not None:
                 continue  # Kafka leaves out what the caller may not DESCRIBE
-            om = committed.get((topic, partition))
+            om = None if (topic, partition) in unstable else committed.get((topic, partition))
             by_topic.setdefault(topic, []).append(make(
                 partition_cls, partition_index=partition,
                 committed_offset=om.offset if om else -1,
                 committed_leader_epoch=om.leader_epoch if om else -1,
-                metadata=om.metadata if om else "", error_code=ErrorCode.none))
+                metadata=om.metadata if om else "", error_code=(
+                    ErrorCode.unstable_offset_commit if (topic, partition) in unstable
+                    else ErrorCode.none)))
         return make(cls, throttle_time=NO_TIME, error_code=error_code(error), topics=tuple(
             topic_cls(name=t, partitions=tuple(ps)) for t, ps in by_topic.items()))
 
