@@ -573,6 +573,24 @@ class GroupCoordinator:
             for (topic, partition), om in known.items()])
         return _once_stored(stored, answers)
 
+    def check_txn_offset_commit(self, group_id: str, member_id: str, generation_id: int,
+                                group_instance_id: str | None = None) -> None:
+        """TxnOffsetCommit's check of the consumer that sent it (KIP-447), as Kafka's: a member
+        id the group does not have is UNKNOWN_MEMBER_ID, a generation (>= 0) not the group's
+        ILLEGAL_GENERATION, a replaced static member FENCED_INSTANCE_ID; a producer that names
+        no member (generation -1, "") is not checked. A zombie consumer's producer cannot
+        commit offsets for partitions the group gave to another member since."""
+        _check_group_id(group_id)
+        with self._lock:
+            group = self._groups.get(group_id)
+            if group is not None:
+                self._check_instance(group, member_id, group_instance_id)
+            if member_id and (group is None or member_id not in group.members):
+                raise errors.UnknownMemberIdError(f"member {member_id} is not in group {group_id}")
+            if generation_id >= 0 and generation_id != (group.generation_id if group else -1):
+                raise errors.IllegalGenerationError(
+                    f"generation {generation_id} of group {group_id} is not the current one")
+
     def commit_transactional_offsets(self, group_id: str,
                                      offsets: dict[tuple[str, int], OffsetAndMetadata]
                                      ) -> Future[None]:

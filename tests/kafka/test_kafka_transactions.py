@@ -110,9 +110,9 @@ def test_txn_offset_commit_needs_the_group_in_the_transaction(cluster, topic_nam
         make(nested(cls, "TxnOffsetCommitRequestPartition"), partition_index=0,
              committed_offset=5, committed_leader_epoch=-1, committed_metadata=None),)),)
 
-    def commit(sock: socket.socket, pid: int) -> ErrorCode:
+    def commit(sock: socket.socket, pid: int, member_id: str = "") -> ErrorCode:
         body = call(sock, TXN_OFFSET_COMMIT, 3, transactional_id="txn-o", group_id="g-o",
-                    producer_id=pid, producer_epoch=0, generation_id=-1, member_id="",
+                    producer_id=pid, producer_epoch=0, generation_id=-1, member_id=member_id,
                     group_instance_id=None, topics=topics)
         return body.topics[0].partitions[0].error_code
 
@@ -130,6 +130,8 @@ def test_txn_offset_commit_needs_the_group_in_the_transaction(cluster, topic_nam
         assert commit(sock, pid) == ErrorCode.invalid_txn_state
         assert call(sock, ADD_OFFSETS, 3, transactional_id="txn-o", producer_id=pid,
                     producer_epoch=0, group_id="g-o").error_code == ErrorCode.none
+        # KIP-447: a consumer the group does not have cannot commit through a transaction.
+        assert commit(sock, pid, member_id="zombie") == ErrorCode.unknown_member_id
         assert commit(sock, pid) == ErrorCode.none
         # KIP-447: a consumer asking for stable offsets waits for the transaction's end.
         assert fetch(sock, require_stable=True) == (-1, ErrorCode.unstable_offset_commit)

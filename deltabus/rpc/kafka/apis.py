@@ -121,7 +121,7 @@ class KafkaApis:
         self._handler = handler
         self._listener = listener
         self.groups = groups.KafkaGroupApis(groups_, coordinator)
-        self.txn = txn_apis.KafkaTxnApis(transactions)
+        self.txn = txn_apis.KafkaTxnApis(transactions, groups_)
         if transactions is not None:
             self.groups.pending_txn_offsets = transactions.pending_txn_offsets
         self._sessions = FetchSessionCache()

@@ -21,6 +21,7 @@ from deltabus import errors
 from deltabus.acls import Operation, ResourceType
 from deltabus.cluster.handler import TransactionHandler
 from deltabus.metadata import TXN_STATES, TransactionMetadata
+from deltabus.offsets.group_coordinator import GroupCoordinator
 from deltabus.rpc.access import current_access
 from deltabus.rpc.kafka.frames import NO_TIME, error_code, load_response_schema, make, nested
 
@@ -59,8 +60,11 @@ def refusal(api_key: int, request: Any) -> errors.DeltaBusError | None:
 class KafkaTxnApis:
     """The transaction APIs; `transactions` None on a broker."""
 
-    def __init__(self, transactions: TransactionHandler | None) -> None:
+    def __init__(self, transactions: TransactionHandler | None,
+                 groups: GroupCoordinator | None = None) -> None:
+        """`groups`: the group coordinator, which checks TxnOffsetCommit's member."""
         self._transactions = transactions
+        self._groups = groups
         self.apis = {
             ADD_PARTITIONS_TO_TXN: self.add_partitions_to_txn,
             ADD_OFFSETS_TO_TXN: self.add_offsets_to_txn, END_TXN: self.end_txn,
@@ -157,6 +161,14 @@ class KafkaTxnApis:
             "TxnOffsetCommitResponseTopic", "TxnOffsetCommitResponsePartition"))
         access = current_access()
         refused = refused or access.group(Operation.READ, request.group_id)
+        if refused is None and self._groups is not None:
+            try:
+                self._groups.check_txn_offset_commit(
+                    request.group_id, getattr(request, "member_id", ""),
+                    getattr(request, "generation_id", -1),
+                    getattr(request, "group_instance_id", None))
+            except errors.DeltaBusError as e:
+                refused = e
         answers: dict[tuple[str, int], errors.DeltaBusError | None] = {}
         offsets: dict[tuple[str, int], tuple[int, int, str]] = {}
         for t in request.topics:
