@@ -152,3 +152,33 @@ def test_a_transaction_open_past_its_timeout_is_aborted_under_a_new_epoch(
         assert describe(kafka_admin, "txn-t").producer_epoch == 1
         assert end_txn(sock, "txn-t", pid, 0, True) == ErrorCode.producer_fenced
     kafka_admin.close()
+
+
+def test_a_committed_transactions_offsets_become_the_groups(cluster, topic_name,
+                                                            monkeypatch) -> None:
+    """With markers answered (the seam replaced by one that acknowledges every partition, as
+    the partition leaders will), EndTxn's commit completes and the offsets TxnOffsetCommit
+    held are the group's committed offsets, through the real group coordinator."""
+    monkeypatch.setattr(cluster.controller, "_send_markers", lambda broker_id, markers: {
+        (m.producer_id, t, p): None for m in markers for t, p in m.partitions})
+    with AdminClient(cluster.bootstrap_servers) as admin:
+        admin.create_topics([NewTopic(topic_name, 1, 1)])
+    cls = load_request_schema(TXN_OFFSET_COMMIT, 3)
+    topics = (make(nested(cls, "TxnOffsetCommitRequestTopic"), name=topic_name, partitions=(
+        make(nested(cls, "TxnOffsetCommitRequestPartition"), partition_index=0,
+             committed_offset=42, committed_leader_epoch=-1, committed_metadata="m"),)),)
+    with connect_to(cluster.kafka_bootstrap_servers) as sock:
+        pid = init(sock, "txn-c").producer_id
+        assert add_partitions(sock, "txn-c", pid, 0, topic_name, (0,)) == {0: ErrorCode.none}
+        assert call(sock, ADD_OFFSETS, 3, transactional_id="txn-c", producer_id=pid,
+                    producer_epoch=0, group_id="g-c").error_code == ErrorCode.none
+        committed = call(sock, TXN_OFFSET_COMMIT, 3, transactional_id="txn-c", group_id="g-c",
+                         producer_id=pid, producer_epoch=0, generation_id=-1, member_id="",
+                         group_instance_id=None, topics=topics)
+        assert committed.topics[0].partitions[0].error_code == ErrorCode.none
+        assert end_txn(sock, "txn-c", pid, 0, True) == ErrorCode.none
+    wait_until(lambda: cluster.controller.describe_transactions(["txn-c"])["txn-c"].state
+               == "CompleteCommit", "the commit to complete")
+    assert cluster.controller.image().open_transactions.get((topic_name, 0)) is None
+    with AdminClient(cluster.bootstrap_servers) as admin:
+        assert admin.list_consumer_group_offsets("g-c") == {(topic_name, 0): 42}
