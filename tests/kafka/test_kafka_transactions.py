@@ -10,6 +10,8 @@ import socket
 from datetime import timedelta
 from typing import Any
 
+import pytest
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from kafka.admin import KafkaAdminClient
 from kio.index import load_request_schema
 from kio.schema.errors import ErrorCode
@@ -182,3 +184,38 @@ def test_a_committed_transactions_offsets_become_the_groups(cluster, topic_name,
     assert cluster.controller.image().open_transactions.get((topic_name, 0)) is None
     with AdminClient(cluster.bootstrap_servers) as admin:
         assert admin.list_consumer_group_offsets("g-c") == {(topic_name, 0): 42}
+
+
+def test_confluent_kafkas_transactional_producer_commits_offsets_and_is_fenced(
+        cluster, topic_name, monkeypatch) -> None:
+    """librdkafka's own transaction calls, unmodified (no records produced: transactional
+    batches are the partition side's): init_transactions, send_offsets_to_transaction and
+    commit_transaction commit the group's offsets; a second producer with the same
+    transactional.id fences the first, whose next transaction fails fatally."""
+    monkeypatch.setattr(cluster.controller, "_send_markers", lambda broker_id, markers: {
+        (m.producer_id, t, p): None for m in markers for t, p in m.partitions})
+    with AdminClient(cluster.bootstrap_servers) as admin:
+        admin.create_topics([NewTopic(topic_name, 1, 1)])
+    boot = cluster.kafka_bootstrap_servers
+    first = Producer({"bootstrap.servers": boot, "transactional.id": "ck-1"})
+    first.init_transactions(30)
+    consumer = Consumer({"bootstrap.servers": boot, "group.id": "ck-g"})
+    group = consumer.consumer_group_metadata()
+    first.begin_transaction()
+    first.send_offsets_to_transaction([TopicPartition(topic_name, 0, 7)], group, 30)
+    first.commit_transaction(30)  # answered once PrepareCommit is durable; markers follow
+    with AdminClient(cluster.bootstrap_servers) as admin:
+        wait_until(lambda: admin.list_consumer_group_offsets("ck-g") == {(topic_name, 0): 7},
+                   "the committed offsets")
+    second = Producer({"bootstrap.servers": boot, "transactional.id": "ck-1"})
+    second.init_transactions(30)
+    with pytest.raises(KafkaException) as fenced:
+        first.begin_transaction()
+        first.send_offsets_to_transaction([TopicPartition(topic_name, 0, 9)], group, 30)
+        first.commit_transaction(30)
+    assert fenced.value.args[0].fatal()
+    with AdminClient(cluster.bootstrap_servers) as admin:
+        assert admin.list_consumer_group_offsets("ck-g") == {(topic_name, 0): 7}
+    described = cluster.controller.describe_transactions(["ck-1"])["ck-1"]
+    assert described.producer_epoch == 1
+    consumer.close()
