@@ -57,6 +57,7 @@ from deltabus.cluster.partition import Partition
 from deltabus.cluster.producer_id_control import issued_to
 from deltabus.cluster.replica_fetcher import ReplicaFetcher
 from deltabus.listeners import GRPC, ListenerBindError
+from deltabus.log_tables.control_records import TxnMarker
 from deltabus.log_tables.layout import log_dir, replica_path
 from deltabus.log_tables.partition_log import (
     EARLIEST_TIMESTAMP,
@@ -368,7 +369,8 @@ class Broker:
         following = state.leader not in (self.broker_id, NO_LEADER)
         # Before the role changes: a copy from the old leader lands first, or not at all.
         self._unfollow(key, keep=state.leader if following else NO_LEADER)
-        partition.apply(state, image.version)
+        if partition.apply(state, image.version) and partition.is_leader:
+            partition.log.reset_transactions(image.open_transactions.get(key, frozenset()))
         self._fetch_purgatory.check(key)  # a fetch of an old leader epoch is answered now
         if not following:
             return
@@ -510,6 +512,41 @@ class Broker:
             return appended
         return hosted.acknowledged(appended, leader_epoch, topic_config.min_insync_replicas
                                    if acks == -1 else None)
+
+    def write_txn_markers(self, markers: list[TxnMarker], *, timeout_ms: int
+                          ) -> dict[tuple[int, str, int], errors.DeltaBusError | None]:
+        """Kafka's WriteTxnMarkers on this broker's partitions: each marker appended as a
+        control row (PartitionLog.append_marker) and answered once the ISR holds it (acks=all:
+        a marker must survive a change of leader), or with why not: NOT_LEADER_OR_FOLLOWER,
+        UNKNOWN_TOPIC_OR_PARTITION, INVALID_PRODUCER_EPOCH, REQUEST_TIMED_OUT."""
+        deadline = time.monotonic() + max(0, timeout_ms) / 1000
+        out: dict[tuple[int, str, int], errors.DeltaBusError | None] = {}
+        pending: dict[tuple[int, str, int], Future[AppendResult]] = {}
+        for marker in markers:
+            for topic, partition in marker.partitions:
+                key = (marker.producer_id, topic, partition)
+                try:
+                    hosted = self._partition(topic, partition)
+                    leader_epoch = hosted.check_leader()
+                    config = self._topic_configs.get(topic) or cfg.TopicConfig()
+                    appended = hosted.log.append_marker(
+                        marker.producer_id, marker.producer_epoch, committed=marker.committed,
+                        coordinator_epoch=marker.coordinator_epoch, leader_epoch=leader_epoch)
+                    pending[key] = hosted.acknowledged(appended, leader_epoch,
+                                                       config.min_insync_replicas)
+                except errors.DeltaBusError as e:
+                    out[key] = e
+        for key, future in pending.items():
+            try:
+                future.result(max(0.0, deadline - time.monotonic()))
+                out[key] = None
+            except errors.DeltaBusError as e:
+                out[key] = e
+            except TimeoutError:
+                out[key] = errors.RequestTimedOutError(
+                    f"the marker of producer {key[0]} on {key[1]}-{key[2]} was not replicated "
+                    f"within {timeout_ms} ms")
+        return out
 
     def fetch(self, specs: list[FetchSpec], *, max_wait_ms: int, min_bytes: int,
               max_bytes: int, replica_id: int) -> list[FetchResult]:

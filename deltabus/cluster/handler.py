@@ -10,13 +10,14 @@ from __future__ import annotations
 from collections.abc import Collection
 from concurrent import futures
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import pyarrow as pa
 
 from deltabus import config as cfg
 from deltabus import errors
 from deltabus.acls import AclBinding, AclBindingFilter, AclCreation, Authorizer
+from deltabus.log_tables.control_records import TxnMarker
 from deltabus.log_tables.partition_log import ActiveProducer, AppendResult, LogFile
 from deltabus.metadata import (
     BrokerEndpoint,
@@ -240,6 +241,17 @@ class DeltaBusHandler(Protocol):
     def client_quota_manager(self) -> ClientQuotaManager:
         """The quotas this server throttles by and the rates it measures (the doors record
         every produce, fetch and request against it)."""
+        ...
+
+
+@runtime_checkable
+class TxnMarkerHandler(Protocol):
+    """What a broker answers the transaction coordinator: Kafka's WriteTxnMarkers."""
+
+    def write_txn_markers(self, markers: list[TxnMarker], *, timeout_ms: int
+                          ) -> dict[tuple[int, str, int], errors.DeltaBusError | None]:
+        """Append each marker to each of its partitions led here; the outcome of each, by
+        (producer id, topic, partition), once the ISR holds it or `timeout_ms` passed."""
         ...
 
 

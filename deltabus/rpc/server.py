@@ -21,7 +21,7 @@ import grpc
 from deltabus import config as cfg
 from deltabus import errors
 from deltabus.acls import Operation
-from deltabus.cluster.handler import DeltaBusHandler, FetchSpec, LifecycleHandler
+from deltabus.cluster.handler import DeltaBusHandler, FetchSpec, LifecycleHandler, TxnMarkerHandler
 from deltabus.listeners import ListenerBindError
 from deltabus.log_tables.partition_log import LATEST_TIMESTAMP, AppendResult
 from deltabus.offsets.group_coordinator import GroupCoordinator
@@ -42,7 +42,11 @@ from deltabus.rpc.codec import present_or
 from deltabus.rpc.fetch_size import FetchBudget
 from deltabus.rpc.group_servicer import GroupServicerMixin
 from deltabus.rpc.inter_broker import InterBrokerAuthorizer
-from deltabus.rpc.internal_servicer import BrokerLifecycleServicer, ReplicaFetchServicer
+from deltabus.rpc.internal_servicer import (
+    BrokerLifecycleServicer,
+    ReplicaFetchServicer,
+    TxnMarkersServicer,
+)
 from deltabus.rpc.request_limits import (
     check_distinct,
     check_partition_count,
@@ -550,6 +554,8 @@ def start_server(host: str, port: int, handler: DeltaBusHandler,
         ipb_grpc.add_BrokerLifecycleServicer_to_server(BrokerLifecycleServicer(lifecycle), server)
     if replica_fetch:
         ipb_grpc.add_ReplicaFetchServicer_to_server(ReplicaFetchServicer(handler), server)
+        if isinstance(handler, TxnMarkerHandler):  # brokers (a test's handler may not be)
+            ipb_grpc.add_TxnMarkersServicer_to_server(TxnMarkersServicer(handler), server)
     try:
         bound = (server.add_secure_port(f"{host}:{port}", grpc_server_credentials(security))
                  if security.uses_tls else server.add_insecure_port(f"{host}:{port}"))
