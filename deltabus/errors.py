@@ -145,6 +145,7 @@ PolicyViolationError = _kafka_error(44, "POLICY_VIOLATION")
 OutOfOrderSequenceNumberError = _kafka_error(45, "OUT_OF_ORDER_SEQUENCE_NUMBER", retriable=True)
 DuplicateSequenceNumberError = _kafka_error(46, "DUPLICATE_SEQUENCE_NUMBER")
 InvalidProducerEpochError = _kafka_error(47, "INVALID_PRODUCER_EPOCH")
+InvalidTxnStateError = _kafka_error(48, "INVALID_TXN_STATE")
 TransactionalIdAuthorizationFailedError = _kafka_error(
     53, "TRANSACTIONAL_ID_AUTHORIZATION_FAILED")
 KafkaStorageError = _kafka_error(

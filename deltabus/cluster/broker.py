@@ -61,11 +61,13 @@ from deltabus.log_tables.control_records import TxnMarker
 from deltabus.log_tables.layout import log_dir, replica_path
 from deltabus.log_tables.partition_log import (
     EARLIEST_TIMESTAMP,
+    LATEST_TIMESTAMP,
     ActiveProducer,
     AppendResult,
     PartitionLog,
 )
 from deltabus.log_tables.partition_reader import LogFile
+from deltabus.log_tables.transactions import READ_COMMITTED, READ_UNCOMMITTED
 from deltabus.metadata import (
     NO_LEADER,
     BrokerEndpoint,
@@ -117,6 +119,7 @@ class Broker:
         self._config = spec.config
         self._log_config = spec.config.log_config()
         self._image = empty_image()
+        self._image_applied = threading.Condition()  # notified with every image applied
         # The heartbeat thread hands the loader's newest image to the metadata thread, which
         # applies it (`_apply_loop`); `_applied_image` is the last it applied, `_generation`
         # counts registrations (an image of an earlier one is not reported as applied).
@@ -361,7 +364,9 @@ class Broker:
         if image.acls == self._image.acls:  # the same tuple: the authorizer is not rebuilt
             image = dataclasses.replace(image, acls=self._image.acls)
         self._quota_manager.update(image.client_quotas)
-        self._image = image
+        with self._image_applied:
+            self._image = image
+            self._image_applied.notify_all()
 
     def _apply_partition(self, partition: Partition, state: PartitionState,
                          image: MetadataImage) -> None:
@@ -498,6 +503,8 @@ class Broker:
                 timeout_ms: int | None = None) -> Future[AppendResult]:
         hosted = self._partition(topic, partition)
         leader_epoch = hosted.check_leader()
+        if producer.transactional:
+            self._check_in_transaction(topic, partition, producer.producer_id)
         topic_config = self._topic_configs.get(topic) or cfg.TopicConfig()
         if acks == -1:  # nothing is appended when the ISR is already too small
             hosted.check_min_isr(topic_config.min_insync_replicas)
@@ -512,6 +519,22 @@ class Broker:
             return appended
         return hosted.acknowledged(appended, leader_epoch, topic_config.min_insync_replicas
                                    if acks == -1 else None)
+
+    def _check_in_transaction(self, topic: str, partition: int, producer_id: int) -> None:
+        """A transactional batch's producer must have added the partition to its transaction
+        (AddPartitionsToTxn), as Kafka 3.6+ verifies (KIP-890): else INVALID_TXN_STATE. The
+        coordinator's record may reach this broker's metadata just after the client heard it
+        was added, so an absent producer is waited for a little."""
+        deadline = time.monotonic() + cfg.TXN_VERIFY_WAIT_MS / 1000
+        with self._image_applied:
+            while producer_id not in self._image.open_transactions.get(
+                    (topic, partition), frozenset()):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise errors.InvalidTxnStateError(
+                        f"producer {producer_id} has no transaction open on {topic}-"
+                        f"{partition}: add the partition to its transaction first")
+                self._image_applied.wait(left)
 
     def write_txn_markers(self, markers: list[TxnMarker], *, timeout_ms: int
                           ) -> dict[tuple[int, str, int], errors.DeltaBusError | None]:
@@ -606,7 +629,12 @@ class Broker:
         if spec.current_leader_epoch >= 0 and hosted.leader_epoch != spec.current_leader_epoch:
             return True
         plog = hosted.log
-        reached = plog.log_end_offset if replica_id >= 0 else plog.high_watermark
+        if replica_id >= 0:
+            reached = plog.log_end_offset
+        elif spec.isolation_level == READ_COMMITTED:  # moved by markers, not only appends
+            reached = plog.stable_offset_hint
+        else:
+            reached = plog.high_watermark
         return reached > spec.offset
 
     def _follower_fetched(self, specs: list[FetchSpec],
@@ -657,8 +685,15 @@ class Broker:
             # Read a little under the limit: the encoding adds its metadata, and a read that
             # fits whole is sent without the door searching for a shorter prefix.
             limit = min(spec.max_bytes, cfg.FETCH_RESPONSE_PARTITION_BYTES_MAX)
+            committed = replica_id < 0 and spec.isolation_level == READ_COMMITTED
+            if replica_id < 0:
+                result.last_stable_offset = plog.last_stable_offset()
             result.records = plog.read(spec.offset, limit - limit // FETCH_READ_SLACK_SHARE,
-                                       to_log_end=replica_id >= 0)
+                                       to_log_end=replica_id >= 0,
+                                       upto=result.last_stable_offset if committed else None)
+            if committed and result.records.num_rows:
+                last = result.records.column("offset")[-1].as_py()
+                result.aborted_transactions = plog.aborted_transactions(spec.offset, last + 1)
         except errors.DeltaBusError as e:
             result.error = e
         return result
@@ -740,11 +775,15 @@ class Broker:
         """Groups are coordinated by the controller, in the driver."""
         return self.spec.controller
 
-    def list_offsets(self, topic: str, partition: int, timestamp: int) -> tuple[int, int, int]:
+    def list_offsets(self, topic: str, partition: int, timestamp: int,
+                     isolation_level: int = READ_UNCOMMITTED) -> tuple[int, int, int]:
+        """As Kafka: read_committed's latest offset is the last stable offset."""
         hosted = self._partition(topic, partition)
         leader_epoch = hosted.check_leader()
         if timestamp != EARLIEST_TIMESTAMP:
             hosted.check_offsets_available()
+        if timestamp == LATEST_TIMESTAMP and isolation_level == READ_COMMITTED:
+            return hosted.log.last_stable_offset(), -1, leader_epoch
         offset, ts = hosted.log.offset_for_timestamp(timestamp)
         return offset, ts, leader_epoch
 

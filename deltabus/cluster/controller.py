@@ -962,7 +962,8 @@ class ControllerHandler:
                                        max_bytes=max_bytes, replica_id=replica_id))
         return answered
 
-    def list_offsets(self, topic: str, partition: int, timestamp: int) -> tuple[int, int, int]:
+    def list_offsets(self, topic: str, partition: int, timestamp: int,
+                     isolation_level: int = 0) -> tuple[int, int, int]:
         raise self._not_leader(topic, partition)
 
     def offset_for_leader_epoch(self, topic: str, partition: int, current_leader_epoch: int,

@@ -19,6 +19,7 @@ from deltabus import errors
 from deltabus.acls import AclBinding, AclBindingFilter, AclCreation, Authorizer
 from deltabus.log_tables.control_records import TxnMarker
 from deltabus.log_tables.partition_log import ActiveProducer, AppendResult, LogFile
+from deltabus.log_tables.transactions import READ_UNCOMMITTED, AbortedTxn
 from deltabus.metadata import (
     BrokerEndpoint,
     MetadataBatch,
@@ -51,6 +52,7 @@ class FetchSpec:
     current_leader_epoch: int = -1
     last_fetched_epoch: int = -1  # followers: the epoch of their last record
     log_start_offset: int = -1  # followers: their log start offset (-1: not said)
+    isolation_level: int = READ_UNCOMMITTED  # READ_COMMITTED: up to the last stable offset
 
 
 @dataclass
@@ -64,6 +66,9 @@ class FetchResult:
     log_end_offset: int = -1
     diverging_epoch: tuple[int, int] | None = None  # (epoch, end offset) for a follower
     files: list[LogFile] | None = None  # for a follower: whole files instead of records
+    last_stable_offset: int = -1  # consumers: the partition's LSO
+    # read_committed: the aborted transactions with records among those read
+    aborted_transactions: list[AbortedTxn] | None = None
 
 
 @dataclass(frozen=True)
@@ -133,7 +138,8 @@ class DeltaBusHandler(Protocol):
         (the Kafka door's purgatory) wait on it."""
         ...
 
-    def list_offsets(self, topic: str, partition: int, timestamp: int) -> tuple[int, int, int]: ...
+    def list_offsets(self, topic: str, partition: int, timestamp: int,
+                     isolation_level: int = READ_UNCOMMITTED) -> tuple[int, int, int]: ...
 
     def delete_records(self, topic: str, partition: int, offset: int) -> futures.Future[int]:
         """Kafka's DeleteRecords on the partition's leader: the log start offset moves up to

@@ -160,6 +160,9 @@ class PartitionLog:
         # commit; `_open_hint` names the producers the metadata says have one open here.
         self._txn: TransactionState | None = None
         self._open_hint: frozenset[int] = frozenset()
+        # The oldest open transaction's first offset (None: none, or not known): read without
+        # the lock by `stable_offset_hint`.
+        self._first_open: int | None = None
         self._closed = False
         self._pool = shared_pool(config.append_threads)  # commits this log's queue
 
@@ -319,6 +322,14 @@ class PartitionLog:
             self._txn = None
             self._open_hint = open_producers
 
+    @property
+    def stable_offset_hint(self) -> int:
+        """The last stable offset as last computed, read without the lock (a waiting fetch's
+        wake-up test): at or above the LSO when the state is not known yet."""
+        first = self._first_open
+        hw = self.high_watermark
+        return hw if first is None else min(hw, first)
+
     def last_stable_offset(self) -> int:
         """Kafka's LSO: the high watermark, or the first offset of the oldest open
         transaction below it."""
@@ -335,6 +346,7 @@ class PartitionLog:
         per leadership; reads only the row groups that may hold markers or open producers)."""
         if self._txn is None:
             self._txn = read_transactions(self._reader.parquet_files, self._open_hint)
+            self._first_open = self._txn.first_open_offset
         return self._txn
 
     def append_copy(self, records: pa.Table, fetch_offset: int = -1) -> Future[AppendResult]:
@@ -519,6 +531,7 @@ class PartitionLog:
                     self._txn = None  # a follower's: rebuilt if it leads
                 elif self._txn is not None:
                     self._txn.apply(done.records, done.txn_begins)
+                    self._first_open = self._txn.first_open_offset
                 elif done.txn_begins:  # the new transactions are read from the table
                     self._open_hint |= {pid for pid, _ in done.txn_begins}
                 self._producers.note_timestamps(done.records)

@@ -40,6 +40,7 @@ from deltabus.log_tables.log_reader import leaf_columns
 from deltabus.log_tables.producer_state import producer_rows
 
 NO_OFFSET = -1  # a marker's first-offset header when its producer wrote nothing here
+READ_UNCOMMITTED, READ_COMMITTED = 0, 1  # Kafka's isolation levels (Fetch, ListOffsets)
 _MARKER_COLUMNS = ["offset", "key", "headers", "producer_id", "sequence"]
 
 
@@ -76,6 +77,11 @@ class TransactionState:
         if not committed and first != NO_OFFSET:
             self.aborted.append(AbortedTxn(producer_id, first, marker_offset))
             self._aborted_ends.append(marker_offset)
+
+    @property
+    def first_open_offset(self) -> int | None:
+        """The first offset of the oldest open transaction (None: none is open)."""
+        return min(self.open.values(), default=None)
 
     def last_stable_offset(self, high_watermark: int) -> int:
         """Kafka's LSO: below it every transaction is decided."""
