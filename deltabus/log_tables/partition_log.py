@@ -319,7 +319,7 @@ class PartitionLog:
         keep it) and rebuild it when first needed, with `open_producers` (the metadata's
         producers with a transaction open here)."""
         with self._lock:
-            self._txn = None
+            self._txn, self._first_open = None, None
             self._open_hint = open_producers
 
     @property
@@ -528,7 +528,7 @@ class PartitionLog:
                 self._epochs.assign(done.records)
                 if done.kind == "copy":
                     self._producers.note_copied(done.records)
-                    self._txn = None  # a follower's: rebuilt if it leads
+                    self._txn, self._first_open = None, None  # a follower's: rebuilt if it leads
                 elif self._txn is not None:
                     self._txn.apply(done.records, done.txn_begins)
                     self._first_open = self._txn.first_open_offset
@@ -542,7 +542,7 @@ class PartitionLog:
                 self._epochs.assign(done.records)
                 self._producers.note_copied(done.records)
                 self._producers.note_timestamps(done.records)
-                self._txn = None
+                self._txn, self._first_open = None, None
             elif done.kind == "truncate":
                 changed = done.end_offset < self.log_end_offset
                 if changed:
@@ -551,7 +551,7 @@ class PartitionLog:
                     self._tail.truncate(done.end_offset)
                     self._epochs.truncate_from(done.end_offset)
                     self._producers.clear()  # rebuilt from the table on their next batch
-                    self._txn = None
+                    self._txn, self._first_open = None, None
             elif done.kind == "log_start":
                 self._raise_log_start(done.log_start_offset)
             else:  # restart
@@ -560,7 +560,7 @@ class PartitionLog:
                 self._tail.clear()
                 self._epochs.reset([])
                 self._producers.clear()
-                self._txn = None
+                self._txn, self._first_open = None, None
             self._lock.notify_all()
         if done.kind == "truncate" and changed:
             log.info("truncated %s to offset %d", self._name, done.end_offset)
@@ -581,7 +581,7 @@ class PartitionLog:
         with self._lock:
             queued = self._appender.drain()
             self._producers.clear()  # rebuilt from the table on their next batch
-            self._txn = None
+            self._txn, self._first_open = None, None
         for item in work if isinstance(work, list) else [work]:
             item.future.set_exception(failure.error)
         for other in queued:

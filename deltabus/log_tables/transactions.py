@@ -26,6 +26,7 @@ import bisect
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -112,6 +113,30 @@ class TransactionState:
                 self.end(pid, offset, committed)
 
 
+def aborted_mask(rows: pa.Table, aborted: Iterable[AbortedTxn]) -> np.ndarray:
+    """Which of `rows` (offset and producer_id columns) are records of the `aborted`
+    transactions (their ABORT markers excluded)."""
+    out = np.zeros(rows.num_rows, bool)
+    aborted = list(aborted)
+    if not aborted:
+        return out
+    pids = rows.column("producer_id").to_numpy()
+    offsets = rows.column("offset").to_numpy()
+    for txn in aborted:
+        out |= ((pids == txn.producer_id) & (offsets >= txn.first_offset)
+                & (offsets < txn.last_offset))
+    return out
+
+
+def consumed_rows(rows: pa.Table, aborted: Iterable[AbortedTxn] = ()) -> pa.Table:
+    """The rows a consumer gets: never a marker, nor a record of the `aborted` transactions
+    (read_committed passes those a fetch of `rows` is told of)."""
+    if not rows.num_rows:
+        return rows
+    keep = ~(control_mask(rows).to_numpy(zero_copy_only=False) | aborted_mask(rows, aborted))
+    return rows if keep.all() else rows.filter(pa.array(keep))
+
+
 def read_markers(files: Iterable[pq.ParquetFile]) -> pa.Table:
     """The markers of the files (offset, key, headers, producer_id, sequence), in offset order.
     Row groups whose statistics show no producer id >= 0 or no sequence -1 are skipped."""
@@ -147,11 +172,9 @@ def first_offset_header(headers: list[dict] | None) -> int:
     return NO_OFFSET
 
 
-def read_transactions(files: Callable[[], Iterable[pq.ParquetFile]],
-                      open_producers: Iterable[int]) -> TransactionState:
-    """Rebuild a log's transaction state from its committed files (`files()` gives them, in
-    offset order, each call afresh) and the producers with a transaction open on it."""
-    markers = read_markers(files())
+def aborted_in(markers: pa.Table) -> tuple[list[AbortedTxn], dict[int, int]]:
+    """The aborted transactions `markers` (read_markers) end, and each producer's last
+    marker offset."""
     aborted = []
     last_marker: dict[int, int] = {}
     for offset, key, headers, pid in zip(
@@ -162,6 +185,14 @@ def read_transactions(files: Callable[[], Iterable[pq.ParquetFile]],
         first = first_offset_header(headers)
         if not is_commit(key) and first != NO_OFFSET:
             aborted.append(AbortedTxn(pid, first, offset))
+    return aborted, last_marker
+
+
+def read_transactions(files: Callable[[], Iterable[pq.ParquetFile]],
+                      open_producers: Iterable[int]) -> TransactionState:
+    """Rebuild a log's transaction state from its committed files (`files()` gives them, in
+    offset order, each call afresh) and the producers with a transaction open on it."""
+    aborted, last_marker = aborted_in(read_markers(files()))
     open_txns = {}
     for pid in open_producers:
         rows = producer_rows(files(), pid)

@@ -23,7 +23,8 @@ from kafka import KafkaConsumer, TopicPartition
 from kafka.record.default_records import DefaultRecordBatchBuilder
 from kio.index import load_request_schema
 
-from deltabus import NewTopic
+from deltabus import Consumer, NewTopic
+from deltabus import TopicPartition as DeltaBusPartition
 from deltabus.cluster.broker import Broker, BrokerSpec
 from deltabus.log_tables.control_records import TxnMarker
 from deltabus.rpc.kafka.frames import make, nested
@@ -135,6 +136,30 @@ def test_read_committed_sees_committed_records_once_and_no_aborted_record_or_mar
         (ABORTED, 1)]
     assert consume(address, "read_committed", 3) == ([b"p0", b"c0", b"p1"], 7)
     assert consume(address, "read_uncommitted", 5) == ([b"p0", b"a0", b"a1", b"c0", b"p1"], 7)
+    # deltabus's own consumer (gRPC): the same, and never a marker either.
+    assert consume_grpc(server.address, "read_committed", 3) == ([b"p0", b"c0", b"p1"], 7)
+    assert consume_grpc(server.address, "read_uncommitted", 5) == (
+        [b"p0", b"a0", b"a1", b"c0", b"p1"], 7)
+
+
+def consume_grpc(bootstrap: str, isolation_level: str, expected: int) -> tuple[list[bytes], int]:
+    """Every value deltabus's Consumer reads from the start, and its position at the end."""
+    consumer = Consumer(bootstrap, auto_offset_reset="earliest", isolation_level=isolation_level)
+    partition = DeltaBusPartition(TOPIC, 0)
+    consumer.assign([partition])
+    values: list[bytes] = []
+
+    def more() -> bool:
+        values.extend(r.value for r in consumer.poll(200))
+        return len(values) >= expected
+
+    wait_until(more, f"{expected} records", 30)
+    end = consumer.end_offsets([partition])[partition]
+    wait_until(lambda: not consumer.poll(100) and consumer.position(partition) >= end,
+               "the consumer to reach the end", 30)
+    position = consumer.position(partition)
+    consumer.close()
+    return values, position
 
 
 def fetch_answer(address: str, isolation_level: int) -> Any:

@@ -26,7 +26,7 @@ from kafka.record.util import calc_crc32c, decode_varint
 
 from deltabus import errors
 from deltabus.log_tables.control_records import control_mask
-from deltabus.log_tables.transactions import AbortedTxn
+from deltabus.log_tables.transactions import AbortedTxn, aborted_mask
 from deltabus.records import (
     LOG_APPEND_TIME,
     ProducerState,
@@ -373,8 +373,8 @@ def encode_fetch(log_rows: pa.Table, aborted: Sequence[AbortedTxn] = ()) -> byte
     control batches of one record each; the records of the `aborted` transactions (those a
     read_committed fetch is told of) in transactional batches of their producer, which the
     client then drops. No batch mixes a marker or an aborted transaction with other rows."""
-    control = control_mask(log_rows).to_numpy()
-    in_aborted = _aborted_rows(log_rows, aborted) & ~control
+    control = control_mask(log_rows).to_numpy(zero_copy_only=False)
+    in_aborted = aborted_mask(log_rows, aborted) & ~control
     parts = []
     for start, length in _batch_slices(log_rows, control, in_aborted):
         rows = log_rows.slice(start, length)
@@ -406,17 +406,6 @@ def _producer_of(rows: pa.Table, base_sequence: int | None = None) -> tuple[int,
             rows.column("sequence")[0].as_py() if base_sequence is None else base_sequence)
 
 
-def _aborted_rows(log_rows: pa.Table, aborted: Sequence[AbortedTxn]) -> np.ndarray:
-    """Which rows belong to one of the `aborted` transactions."""
-    out = np.zeros(log_rows.num_rows, bool)
-    if not aborted:
-        return out
-    pids = log_rows.column("producer_id").to_numpy()
-    offsets = log_rows.column("offset").to_numpy()
-    for txn in aborted:
-        out |= ((pids == txn.producer_id) & (offsets >= txn.first_offset)
-                & (offsets < txn.last_offset))
-    return out
 
 
 CODECS = {"gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}  # compression.type -> batch attribute
