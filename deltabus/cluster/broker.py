@@ -686,8 +686,10 @@ class Broker:
             # fits whole is sent without the door searching for a shorter prefix.
             limit = min(spec.max_bytes, cfg.FETCH_RESPONSE_PARTITION_BYTES_MAX)
             committed = replica_id < 0 and spec.isolation_level == READ_COMMITTED
-            if replica_id < 0:
+            if committed:
                 result.last_stable_offset = plog.last_stable_offset()
+            elif replica_id < 0:  # not worth reading the table's markers for (as last known)
+                result.last_stable_offset = plog.stable_offset_hint
             result.records = plog.read(spec.offset, limit - limit // FETCH_READ_SLACK_SHARE,
                                        to_log_end=replica_id >= 0,
                                        upto=result.last_stable_offset if committed else None)

@@ -13,6 +13,7 @@ the broker's metadata image is given the open transactions directly, as its reco
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -21,6 +22,7 @@ from typing import Any
 import pytest
 from kafka import KafkaConsumer, TopicPartition
 from kafka.record.default_records import DefaultRecordBatchBuilder
+from kafka.record.memory_records import MemoryRecords
 from kio.index import load_request_schema
 
 from deltabus import Consumer, NewTopic
@@ -168,3 +170,23 @@ def fetch_answer(address: str, isolation_level: int) -> Any:
         sock.sendall(fetch(TOPIC, 0, 0, isolation_level=isolation_level))
         _, answer = read_response(sock, FETCH, 12)
     return answer.responses[0].partitions[0]
+
+
+def test_a_read_committed_long_poll_is_woken_by_the_commit_marker(door):
+    server, broker, address = door
+    broker._apply(dataclasses.replace(broker._image, open_transactions={
+        (TOPIC, 0): frozenset({COMMITTED})}))
+    assert produce(address, [b"c0"], COMMITTED, "tx-c").base_offset == 0
+    with connect_to(address, timeout_s=60) as sock:
+        sock.sendall(fetch(TOPIC, 0, 50_000, isolation_level=1))
+        wait_until(lambda: broker.fetches_waiting() == 1, "the fetch to wait", 30)
+        leader = server.controller.image().broker(0).address
+        started = time.monotonic()
+        assert write_txn_markers(
+            leader, [TxnMarker(COMMITTED, 0, True, 0, ((TOPIC, 0),))], timeout_ms=30_000,
+            broker_secret=server.config.inter_broker_secret) == {(COMMITTED, TOPIC, 0): None}
+        _, answer = read_response(sock, FETCH, 12)
+        assert time.monotonic() - started < 25  # woken, long before its 50 s max wait
+    partition = answer.responses[0].partitions[0]
+    assert partition.last_stable_offset == 2
+    assert MemoryRecords(partition.records).next_batch().base_offset == 0
