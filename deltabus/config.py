@@ -51,6 +51,9 @@ PRODUCE_UNPACKED_BYTES_MAX = REQUEST_MAX_BYTES
 # A produce that does not say how long it may wait for its acks waits this long (Kafka's producer
 # request.timeout.ms default).
 PRODUCE_TIMEOUT_MS_DEFAULT = 30_000
+# How long a leader waits for its metadata to show a transactional producer's partition added to
+# its transaction (the coordinator's record) before refusing its batch with INVALID_TXN_STATE.
+TXN_VERIFY_WAIT_MS = 5_000
 # CreateTopics, DeleteTopics and CreatePartitions that do not say how long to wait for the brokers
 # to learn of the change wait this long (Kafka's admin request.timeout.ms default).
 ADMIN_TIMEOUT_MS_DEFAULT = 30_000

@@ -80,6 +80,7 @@ class ProducerState:
     producer_id: int = NO_PRODUCER_ID
     producer_epoch: int = -1
     base_sequence: int = -1
+    transactional: bool = False  # a batch of a transaction (Kafka's attribute bit 4)
 
 
 def produce_batch(

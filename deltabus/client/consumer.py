@@ -69,6 +69,9 @@ class ConsumerRebalanceListener:
         pass
 
 
+ISOLATION_LEVELS = {"read_uncommitted": 0, "read_committed": 1}  # Kafka's, on the wire
+
+
 class Consumer:
     """Read records from assigned partitions. Options are Kafka's consumer configs, snake case."""
 
@@ -93,12 +96,21 @@ class Consumer:
         heartbeat_interval_ms: int = 3_000,
         max_poll_interval_ms: int = 300_000,
         partition_assignment_strategy: Iterable[str | Assignor] = ("range",),
+        isolation_level: str = "read_uncommitted",
         **security: Unpack[SecuritySettings],
     ) -> None:
-        """`security`: Kafka's client security configs (deltabus.client.security)."""
+        """`security`: Kafka's client security configs (deltabus.client.security).
+        `isolation_level` as Kafka's: read_committed reads up to the last stable offset and
+        never a record of an aborted transaction (end_offsets are the last stable offsets)."""
         if auto_offset_reset not in ("earliest", "latest", "none"):
             raise errors.InvalidConfigError(
                 f"auto_offset_reset must be earliest, latest or none, not {auto_offset_reset!r}")
+        if isolation_level not in ISOLATION_LEVELS:
+            raise errors.InvalidConfigError(
+                "isolation_level must be read_uncommitted or read_committed, not "
+                f"{isolation_level!r}")
+        self.isolation_level = isolation_level
+        self._isolation = ISOLATION_LEVELS[isolation_level]
         assignors = [assignor(a) if isinstance(a, str) else a
                      for a in partition_assignment_strategy]
         if not assignors:
@@ -295,7 +307,7 @@ class Consumer:
         while pending:
             retry: list[TopicPartition] = []
             for tp, answer in self._ask_leaders(pending, "ListOffsets", lambda group: (
-                    pb.ListOffsetsRequest(partitions=[
+                    pb.ListOffsetsRequest(isolation_level=self._isolation, partitions=[
                         pb.ListOffsetsPartition(topic=t.topic, partition=t.partition,
                                                 timestamp=timestamp) for t in group])), retry):
                 out[tp] = answer.offset
@@ -424,7 +436,7 @@ class Consumer:
                 continue  # that broker throttles us: its partitions wait
             request = pb.FetchRequest(
                 max_wait_ms=max_wait_ms, min_bytes=self.fetch_min_bytes,
-                max_bytes=self.fetch_max_bytes, format=pb.ARROW,
+                max_bytes=self.fetch_max_bytes, format=pb.ARROW, isolation_level=self._isolation,
                 partitions=[self._fetch_partition(t) for t in group])
             try:
                 call = self._client.stub(address).Fetch.future(
@@ -563,6 +575,9 @@ class Consumer:
                     self._buffer[tp] = table
                     self._positions[tp] = table.column("offset")[-1].as_py() + 1
                     self._position_epochs[tp] = table.column("leader_epoch")[-1].as_py()
+            # Past what the answer read but holds no record of (markers, aborted records).
+            if p.next_offset > (self._positions[tp] or 0):
+                self._positions[tp] = p.next_offset
 
     # ---- groups: rebalances and commits ---------------------------------------------------------
 

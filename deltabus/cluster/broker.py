@@ -57,14 +57,17 @@ from deltabus.cluster.partition import Partition
 from deltabus.cluster.producer_id_control import issued_to
 from deltabus.cluster.replica_fetcher import ReplicaFetcher
 from deltabus.listeners import GRPC, ListenerBindError
+from deltabus.log_tables.control_records import TxnMarker
 from deltabus.log_tables.layout import log_dir, replica_path
 from deltabus.log_tables.partition_log import (
     EARLIEST_TIMESTAMP,
+    LATEST_TIMESTAMP,
     ActiveProducer,
     AppendResult,
     PartitionLog,
 )
 from deltabus.log_tables.partition_reader import LogFile
+from deltabus.log_tables.transactions import READ_COMMITTED, READ_UNCOMMITTED
 from deltabus.metadata import (
     NO_LEADER,
     BrokerEndpoint,
@@ -116,6 +119,7 @@ class Broker:
         self._config = spec.config
         self._log_config = spec.config.log_config()
         self._image = empty_image()
+        self._image_applied = threading.Condition()  # notified with every image applied
         # The heartbeat thread hands the loader's newest image to the metadata thread, which
         # applies it (`_apply_loop`); `_applied_image` is the last it applied, `_generation`
         # counts registrations (an image of an earlier one is not reported as applied).
@@ -360,7 +364,9 @@ class Broker:
         if image.acls == self._image.acls:  # the same tuple: the authorizer is not rebuilt
             image = dataclasses.replace(image, acls=self._image.acls)
         self._quota_manager.update(image.client_quotas)
-        self._image = image
+        with self._image_applied:
+            self._image = image
+            self._image_applied.notify_all()
 
     def _apply_partition(self, partition: Partition, state: PartitionState,
                          image: MetadataImage) -> None:
@@ -368,7 +374,8 @@ class Broker:
         following = state.leader not in (self.broker_id, NO_LEADER)
         # Before the role changes: a copy from the old leader lands first, or not at all.
         self._unfollow(key, keep=state.leader if following else NO_LEADER)
-        partition.apply(state, image.version)
+        if partition.apply(state, image.version) and partition.is_leader:
+            partition.log.reset_transactions(image.open_transactions.get(key, frozenset()))
         self._fetch_purgatory.check(key)  # a fetch of an old leader epoch is answered now
         if not following:
             return
@@ -496,6 +503,8 @@ class Broker:
                 timeout_ms: int | None = None) -> Future[AppendResult]:
         hosted = self._partition(topic, partition)
         leader_epoch = hosted.check_leader()
+        if producer.transactional:
+            self._check_in_transaction(topic, partition, producer.producer_id)
         topic_config = self._topic_configs.get(topic) or cfg.TopicConfig()
         if acks == -1:  # nothing is appended when the ISR is already too small
             hosted.check_min_isr(topic_config.min_insync_replicas)
@@ -510,6 +519,57 @@ class Broker:
             return appended
         return hosted.acknowledged(appended, leader_epoch, topic_config.min_insync_replicas
                                    if acks == -1 else None)
+
+    def _check_in_transaction(self, topic: str, partition: int, producer_id: int) -> None:
+        """A transactional batch's producer must have added the partition to its transaction
+        (AddPartitionsToTxn), as Kafka 3.6+ verifies (KIP-890): else INVALID_TXN_STATE. The
+        coordinator's record may reach this broker's metadata just after the client heard it
+        was added, so an absent producer is waited for a little."""
+        deadline = time.monotonic() + cfg.TXN_VERIFY_WAIT_MS / 1000
+        with self._image_applied:
+            while producer_id not in self._image.open_transactions.get(
+                    (topic, partition), frozenset()):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise errors.InvalidTxnStateError(
+                        f"producer {producer_id} has no transaction open on {topic}-"
+                        f"{partition}: add the partition to its transaction first")
+                self._image_applied.wait(left)
+
+    def write_txn_markers(self, markers: list[TxnMarker], *, timeout_ms: int
+                          ) -> dict[tuple[int, str, int], errors.DeltaBusError | None]:
+        """Kafka's WriteTxnMarkers on this broker's partitions: each marker appended as a
+        control row (PartitionLog.append_marker) and answered once the ISR holds it (acks=all:
+        a marker must survive a change of leader), or with why not: NOT_LEADER_OR_FOLLOWER,
+        UNKNOWN_TOPIC_OR_PARTITION, INVALID_PRODUCER_EPOCH, REQUEST_TIMED_OUT."""
+        deadline = time.monotonic() + max(0, timeout_ms) / 1000
+        out: dict[tuple[int, str, int], errors.DeltaBusError | None] = {}
+        pending: dict[tuple[int, str, int], Future[AppendResult]] = {}
+        for marker in markers:
+            for topic, partition in marker.partitions:
+                key = (marker.producer_id, topic, partition)
+                try:
+                    hosted = self._partition(topic, partition)
+                    leader_epoch = hosted.check_leader()
+                    config = self._topic_configs.get(topic) or cfg.TopicConfig()
+                    appended = hosted.log.append_marker(
+                        marker.producer_id, marker.producer_epoch, committed=marker.committed,
+                        coordinator_epoch=marker.coordinator_epoch, leader_epoch=leader_epoch)
+                    pending[key] = hosted.acknowledged(appended, leader_epoch,
+                                                       config.min_insync_replicas)
+                except errors.DeltaBusError as e:
+                    out[key] = e
+        for key, future in pending.items():
+            try:
+                future.result(max(0.0, deadline - time.monotonic()))
+                out[key] = None
+            except errors.DeltaBusError as e:
+                out[key] = e
+            except TimeoutError:
+                out[key] = errors.RequestTimedOutError(
+                    f"the marker of producer {key[0]} on {key[1]}-{key[2]} was not replicated "
+                    f"within {timeout_ms} ms")
+        return out
 
     def fetch(self, specs: list[FetchSpec], *, max_wait_ms: int, min_bytes: int,
               max_bytes: int, replica_id: int) -> list[FetchResult]:
@@ -569,7 +629,12 @@ class Broker:
         if spec.current_leader_epoch >= 0 and hosted.leader_epoch != spec.current_leader_epoch:
             return True
         plog = hosted.log
-        reached = plog.log_end_offset if replica_id >= 0 else plog.high_watermark
+        if replica_id >= 0:
+            reached = plog.log_end_offset
+        elif spec.isolation_level == READ_COMMITTED:  # moved by markers, not only appends
+            reached = plog.stable_offset_hint
+        else:
+            reached = plog.high_watermark
         return reached > spec.offset
 
     def _follower_fetched(self, specs: list[FetchSpec],
@@ -620,8 +685,17 @@ class Broker:
             # Read a little under the limit: the encoding adds its metadata, and a read that
             # fits whole is sent without the door searching for a shorter prefix.
             limit = min(spec.max_bytes, cfg.FETCH_RESPONSE_PARTITION_BYTES_MAX)
+            committed = replica_id < 0 and spec.isolation_level == READ_COMMITTED
+            if committed:
+                result.last_stable_offset = plog.last_stable_offset()
+            elif replica_id < 0:  # not worth reading the table's markers for (as last known)
+                result.last_stable_offset = plog.stable_offset_hint
             result.records = plog.read(spec.offset, limit - limit // FETCH_READ_SLACK_SHARE,
-                                       to_log_end=replica_id >= 0)
+                                       to_log_end=replica_id >= 0,
+                                       upto=result.last_stable_offset if committed else None)
+            if committed and result.records.num_rows:
+                last = result.records.column("offset")[-1].as_py()
+                result.aborted_transactions = plog.aborted_transactions(spec.offset, last + 1)
         except errors.DeltaBusError as e:
             result.error = e
         return result
@@ -703,11 +777,15 @@ class Broker:
         """Groups are coordinated by the controller, in the driver."""
         return self.spec.controller
 
-    def list_offsets(self, topic: str, partition: int, timestamp: int) -> tuple[int, int, int]:
+    def list_offsets(self, topic: str, partition: int, timestamp: int,
+                     isolation_level: int = READ_UNCOMMITTED) -> tuple[int, int, int]:
+        """As Kafka: read_committed's latest offset is the last stable offset."""
         hosted = self._partition(topic, partition)
         leader_epoch = hosted.check_leader()
         if timestamp != EARLIEST_TIMESTAMP:
             hosted.check_offsets_available()
+        if timestamp == LATEST_TIMESTAMP and isolation_level == READ_COMMITTED:
+            return hosted.log.last_stable_offset(), -1, leader_epoch
         offset, ts = hosted.log.offset_for_timestamp(timestamp)
         return offset, ts, leader_epoch
 

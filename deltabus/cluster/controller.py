@@ -118,6 +118,7 @@ from deltabus.quotas import (
     describe_client_quotas,
 )
 from deltabus.records import ProducerState
+from deltabus.rpc.txn_markers import TxnMarkerClient
 from deltabus.scram import ScramCredential
 
 log = logging.getLogger(__name__)
@@ -125,6 +126,7 @@ log = logging.getLogger(__name__)
 TABLE_CREATE_THREADS = 8  # replica tables a CreateTopics or CreatePartitions creates at once
 TXN_ADD_PARTITIONS_WAIT_MS = 5_000  # for brokers to apply a transaction's new partitions
 TXN_MARKER_BACKOFF_S = (0.05, 1.0)  # first and longest wait before markers are sent again
+TXN_MARKER_TIMEOUT_MS = 30_000  # for a leader to have a marker in its ISR's tables
 
 MarkerAnswers = dict[tuple[int, str, int], errors.DeltaBusError | None]
 # Write markers through one broker: (broker id, markers) -> the answer for each (producer id,
@@ -132,22 +134,6 @@ MarkerAnswers = dict[tuple[int, str, int], errors.DeltaBusError | None]
 SendMarkers = Callable[[int, list[TxnMarker]], MarkerAnswers]
 # Write a committed transaction's offsets into a group's: resolves once durable.
 TxnOffsetsWriter = Callable[[str, dict[tuple[str, int], OffsetAndMetadata]], Future[None]]
-
-
-def send_txn_markers(config: cfg.ClusterConfig, broker: BrokerEndpoint | None,
-                     markers: list[TxnMarker]) -> MarkerAnswers:
-    """THE SEAM between the transaction coordinator and partition leaders: write `markers` on
-    `broker` (the partitions' leader; None when it is not live) through its WriteTxnMarkers
-    (TxnMarkers internal service, broker credential `config.inter_broker_secret`), and return
-    for every (producer id, topic, partition) of them None (the marker is in the ISR's logs) or
-    the leader's error (NOT_LEADER_OR_FOLLOWER and other retriable ones: the controller
-    re-resolves the leader and sends again; INVALID_PRODUCER_EPOCH and UNKNOWN_TOPIC_OR_PARTITION
-    end that partition's marker). Raising means every partition is sent again.
-    Until the partition side's client is wired here, every marker fails (retriable): EndTxn
-    still answers once PrepareCommit/PrepareAbort is durable, and the transaction stays in it."""
-    error = errors.CoordinatorNotAvailableError(
-        "transaction markers are not wired to the partition leaders yet")
-    return {(m.producer_id, t, p): error for m in markers for t, p in m.partitions}
 
 
 class Controller:
@@ -158,9 +144,10 @@ class Controller:
                  catch_up: Callable[[list[CatchUpTask], str], object] | None = None,
                  send_markers: SendMarkers | None = None) -> None:
         """`send_markers`: how transaction markers reach a broker (tests give a fake); the
-        default is `send_txn_markers`."""
+        default writes them on the leaders (`_send_markers_to_leader`)."""
         self._config = config
         self._send_markers: SendMarkers = send_markers or self._send_markers_to_leader
+        self._marker_client: TxnMarkerClient | None = None  # made on the first markers
         # Set by Cluster once the group coordinator runs: where a committed transaction's
         # offsets go. Until then, a commit's completion waits.
         self.txn_offsets_writer: TxnOffsetsWriter | None = None
@@ -754,7 +741,23 @@ class Controller:
 
     def _send_markers_to_leader(self, broker_id: int, markers: list[TxnMarker]
                                 ) -> MarkerAnswers:
-        return send_txn_markers(self._config, self.image().broker(broker_id), markers)
+        """Kafka's WriteTxnMarkers to the partitions' leader, on its inter-broker listener
+        with the broker credential (rpc.txn_markers); a leader not live: NOT_LEADER (the
+        caller re-resolves the leader and sends again)."""
+        broker = self.image().broker(broker_id)
+        if broker is None:
+            error = errors.NotLeaderOrFollowerError(f"broker {broker_id} is not live")
+            return {(m.producer_id, t, p): error for m in markers for t, p in m.partitions}
+        with self._lock:
+            if self._marker_client is None:
+                listeners = self._config.listener_config()
+                self._marker_client = TxnMarkerClient(
+                    broker_secret=self._config.inter_broker_secret,
+                    security=self._config.listener_security(
+                        listeners.inter_broker.security_protocol))
+            client = self._marker_client
+        return client.write_txn_markers(broker.address, markers,
+                                        timeout_ms=TXN_MARKER_TIMEOUT_MS)
 
     # ---- brokers -----------------------------------------------------------------------------
 
@@ -1206,7 +1209,8 @@ class ControllerHandler:
                                        max_bytes=max_bytes, replica_id=replica_id))
         return answered
 
-    def list_offsets(self, topic: str, partition: int, timestamp: int) -> tuple[int, int, int]:
+    def list_offsets(self, topic: str, partition: int, timestamp: int,
+                     isolation_level: int = 0) -> tuple[int, int, int]:
         raise self._not_leader(topic, partition)
 
     def offset_for_leader_epoch(self, topic: str, partition: int, current_leader_epoch: int,

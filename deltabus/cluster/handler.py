@@ -10,14 +10,16 @@ from __future__ import annotations
 from collections.abc import Collection
 from concurrent import futures
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import pyarrow as pa
 
 from deltabus import config as cfg
 from deltabus import errors
 from deltabus.acls import AclBinding, AclBindingFilter, AclCreation, Authorizer
+from deltabus.log_tables.control_records import TxnMarker
 from deltabus.log_tables.partition_log import ActiveProducer, AppendResult, LogFile
+from deltabus.log_tables.transactions import READ_UNCOMMITTED, AbortedTxn
 from deltabus.metadata import (
     BrokerEndpoint,
     MetadataBatch,
@@ -51,6 +53,7 @@ class FetchSpec:
     current_leader_epoch: int = -1
     last_fetched_epoch: int = -1  # followers: the epoch of their last record
     log_start_offset: int = -1  # followers: their log start offset (-1: not said)
+    isolation_level: int = READ_UNCOMMITTED  # READ_COMMITTED: up to the last stable offset
 
 
 @dataclass
@@ -64,6 +67,9 @@ class FetchResult:
     log_end_offset: int = -1
     diverging_epoch: tuple[int, int] | None = None  # (epoch, end offset) for a follower
     files: list[LogFile] | None = None  # for a follower: whole files instead of records
+    last_stable_offset: int = -1  # consumers: the partition's LSO
+    # read_committed: the aborted transactions with records among those read
+    aborted_transactions: list[AbortedTxn] | None = None
 
 
 @dataclass(frozen=True)
@@ -133,7 +139,8 @@ class DeltaBusHandler(Protocol):
         (the Kafka door's purgatory) wait on it."""
         ...
 
-    def list_offsets(self, topic: str, partition: int, timestamp: int) -> tuple[int, int, int]: ...
+    def list_offsets(self, topic: str, partition: int, timestamp: int,
+                     isolation_level: int = READ_UNCOMMITTED) -> tuple[int, int, int]: ...
 
     def delete_records(self, topic: str, partition: int, offset: int) -> futures.Future[int]:
         """Kafka's DeleteRecords on the partition's leader: the log start offset moves up to
@@ -287,6 +294,17 @@ class TransactionHandler(Protocol):
 
     def describe_transactions(self, transactional_ids: list[str]
                               ) -> dict[str, TransactionMetadata | None]: ...
+
+
+@runtime_checkable
+class TxnMarkerHandler(Protocol):
+    """What a broker answers the transaction coordinator: Kafka's WriteTxnMarkers."""
+
+    def write_txn_markers(self, markers: list[TxnMarker], *, timeout_ms: int
+                          ) -> dict[tuple[int, str, int], errors.DeltaBusError | None]:
+        """Append each marker to each of its partitions led here; the outcome of each, by
+        (producer id, topic, partition), once the ISR holds it or `timeout_ms` passed."""
+        ...
 
 
 class LifecycleHandler(Protocol):

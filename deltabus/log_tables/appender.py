@@ -123,6 +123,8 @@ class Committed:
     results: list[tuple[Future[AppendResult], int, int]]  # (future, first offset, last offset)
     now_ms: int
     log_start_offset: int = -1  # log_start: the log start offset it recorded
+    # append: (producer id, first offset) of each transactional batch it holds
+    txn_begins: tuple[tuple[int, int], ...] = ()
 
 
 class CommitFailed(Exception):
@@ -423,9 +425,12 @@ class LogAppender:
             error = (e if isinstance(e, errors.DeltaBusError)
                      else storage_error(e, f"append to {self._name} failed"))
             raise CommitFailed(error, error, reload=True) from e
+        begins = tuple((item.producer.producer_id, first) for item, (first, _)
+                       in zip(group, results, strict=True) if item.producer.transactional)
         return Committed("copy" if copied else "append", self.table.version(), next_offset,
                          table, [(item.future, first, last) for item, (first, last)
-                                 in zip(group, results, strict=True)], now_ms)
+                                 in zip(group, results, strict=True)], now_ms,
+                         txn_begins=begins)
 
     def _commit_files(self, item: PendingFiles, base: int) -> Committed:
         expected = base

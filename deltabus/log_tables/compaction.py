@@ -17,6 +17,11 @@ What a Kafka user relies on, and how it holds here:
 - Each idempotent producer's last record in the cleaned range stays, so a broker that rebuilds a
   producer's sequence from the log after a restart still finds it (Kafka keeps each producer's
   last batch for the same reason).
+- Transactions: every marker stays (all markers of a kind share one key; a leader rebuilds its
+  aborted transactions from them), and the records of aborted transactions go and never hide an
+  earlier record of their key, as Kafka's cleaner discards aborted batches. Not yet: Kafka
+  cleans only below the last stable offset; here an open transaction's record may still hide
+  an earlier one of its key if the transaction later aborts.
 - As Kafka's `min.cleanable.dirty.ratio`: a table is compacted once the files written since it
   was last compacted (the cleanable end then is kept in the Delta app transaction
   `deltabus.compact`) are at least that share of the cleanable range's bytes.
@@ -29,24 +34,28 @@ from __future__ import annotations
 
 import posixpath
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake import DeltaTable, Transaction
 from deltalake.transaction import AddAction, RemoveAction
 
+from deltabus.log_tables.control_records import control_mask
 from deltabus.log_tables.delta_writes import commit_properties, removal_stamp, write_data_file
 from deltabus.log_tables.log_reader import data_files, leaf_columns, stats_json
+from deltabus.log_tables.transactions import AbortedTxn, aborted_in, aborted_mask, read_markers
 from deltabus.records import LOG_SCHEMA
 from deltabus.storage import Storage
 
 _STATS = ["min.offset", "max.offset", "min.timestamp", "max.timestamp", "min.timestamp_type",
           "max.timestamp_type"]
 _COLUMNS = ["path", "size_bytes", "num_records", *_STATS]
-_SCAN_COLUMNS = ["offset", "timestamp", "key", "producer_id"]
+_SCAN_COLUMNS = ["offset", "timestamp", "key", "producer_id", "sequence"]
 CLEANED_TXN_APP_ID = "deltabus.compact"  # Delta app transaction: where the last run stopped
 
 
@@ -85,13 +94,17 @@ def _epoch_ms(timestamps: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Ar
 
 
 def retained(records: pa.Table, tombstone: pa.Array, *, now_ms: int,
-             delete_retention_ms: int) -> tuple[pa.Array, int]:
-    """The offsets to keep of `records` (offset, timestamp, key, producer_id: the whole
-    cleanable range), and how many tombstones go. `tombstone` says which records have a null
-    value."""
+             delete_retention_ms: int,
+             aborted: Sequence[AbortedTxn] = ()) -> tuple[pa.Array, int]:
+    """The offsets to keep of `records` (offset, timestamp, key, producer_id and, to tell
+    markers, sequence: the whole cleanable range), and how many tombstones go. `tombstone` says
+    which records have a null value; `aborted` the aborted transactions, whose records go."""
     index = pa.array(range(records.num_rows), pa.int64())
     table = records.append_column("row", index).append_column("tombstone", tombstone)
-    keyed = table.filter(pc.is_valid(table.column("key")))
+    markers = (control_mask(records).to_numpy(zero_copy_only=False)
+               if "sequence" in records.column_names else np.zeros(records.num_rows, bool))
+    compactable = pa.array(~(markers | aborted_mask(records, aborted)))
+    keyed = table.filter(pc.and_(pc.is_valid(table.column("key")), compactable))
     latest = keyed.group_by("key").aggregate([("offset", "max")])
     latest_rows = keyed.join(latest, "key").filter(
         pc.equal(pc.field("offset"), pc.field("offset_max")))
@@ -101,9 +114,21 @@ def retained(records: pa.Table, tombstone: pa.Array, *, now_ms: int,
     keep = latest_rows.filter(pc.invert(expired)).column("offset")
     produced = table.filter(pc.greater_equal(table.column("producer_id"), 0))
     last_of_producer = produced.group_by("producer_id").aggregate([("offset", "max")])
-    keep = pc.unique(pa.chunked_array([keep, last_of_producer.column("offset_max")],
+    keep = pc.unique(pa.chunked_array([keep, last_of_producer.column("offset_max"),
+                                       table.filter(pa.array(markers)).column("offset")],
                                       pa.int64()).combine_chunks())
     return keep, int(pc.sum(expired).as_py() or 0)
+
+
+def _aborted_transactions(table: DeltaTable, storage: Storage) -> list[AbortedTxn]:
+    """The table's aborted transactions, from its markers (every file: a transaction's marker
+    may lie past the cleanable end; row groups without markers are skipped by statistics)."""
+    def files() -> Iterator[pq.ParquetFile]:
+        for path in data_files(table, ["path", "min.offset"]).column("path").to_pylist():
+            with storage.open_input(posixpath.join(table.table_uri, path)) as source:
+                yield pq.ParquetFile(source)
+
+    return aborted_in(read_markers(files()))[0]
 
 
 def _may_hold_nulls(reader: pq.ParquetFile, column: str) -> bool:
@@ -155,7 +180,8 @@ def compact(table: DeltaTable, *, high_watermark: int, min_lag_ms: int, delete_r
     records = pa.concat_tables(scans)
     keep, tombstones_removed = retained(
         records, pa.chunked_array([c for t in tombstones for c in t.chunks], pa.bool_()),
-        now_ms=now_ms, delete_retention_ms=delete_retention_ms)
+        now_ms=now_ms, delete_retention_ms=delete_retention_ms,
+        aborted=_aborted_transactions(table, storage))
     stamp = removal_stamp(now_ms, delete_delay_ms)
     actions: list[AddAction | RemoveAction] = []
     for i, path in enumerate(paths):

@@ -125,6 +125,13 @@ class LogReader:
         last = int(self._files.column("max.offset")[-1].as_py())
         return min(max(first, self._recorded_start), last + 1)
 
+    def parquet_files(self, start: int = 0) -> Iterator[pq.ParquetFile]:
+        """The data files holding offsets from `start` on, opened one at a time, in order
+        (each is closed when the next is asked for)."""
+        for path in files_overlapping(self._files, start, 2**63 - 1).column("path").to_pylist():
+            with self._storage.open_input(posixpath.join(self.path, unquote(path))) as source:
+                yield pq.ParquetFile(source)
+
     def read(self, start: int, end: int, columns: list[str] | None = None) -> Iterator[pa.Table]:
         """Records [start, end) in offset order, one table per data file (bounded memory);
         none below the log start offset (a file straddling it keeps records that are gone)."""

@@ -57,6 +57,11 @@ from deltabus.log_tables.appender import (
     create_log_table,
     log_offsets,
 )
+from deltabus.log_tables.control_records import (
+    TXN_FIRST_OFFSET_HEADER,
+    control_key,
+    control_value,
+)
 from deltabus.log_tables.leader_epochs import LeaderEpochCache, recover_epochs
 from deltabus.log_tables.partition_reader import LogFile, PartitionReader
 from deltabus.log_tables.producer_state import (
@@ -65,8 +70,14 @@ from deltabus.log_tables.producer_state import (
     ProducerStateManager,
 )
 from deltabus.log_tables.tail_cache import TailCache, read_cached, shared_budget
+from deltabus.log_tables.transactions import (
+    AbortedTxn,
+    TransactionState,
+    read_transactions,
+)
 from deltabus.records import (
     CREATE_TIME,
+    HEADERS_TYPE,
     LOG_SCHEMA,
     PRODUCE_SCHEMA,
     ProducerState,
@@ -145,6 +156,13 @@ class PartitionLog:
         self._producers = ProducerStateManager(self._name, self._lock,
                                                self._reader.parquet_files,
                                                config.sequence_wait_ms)
+        # Transactions (transactions.py): None until first needed, then kept as appends
+        # commit; `_open_hint` names the producers the metadata says have one open here.
+        self._txn: TransactionState | None = None
+        self._open_hint: frozenset[int] = frozenset()
+        # The oldest open transaction's first offset (None: none, or not known): read without
+        # the lock by `stable_offset_hint`.
+        self._first_open: int | None = None
         self._closed = False
         self._pool = shared_pool(config.append_threads)  # commits this log's queue
 
@@ -268,6 +286,68 @@ class PartitionLog:
     def _check_open(self) -> None:
         if self._closed:
             raise errors.NotLeaderOrFollowerError(f"{self._name} is closed on this broker")
+
+    def append_marker(self, producer_id: int, producer_epoch: int, *, committed: bool,
+                      coordinator_epoch: int, leader_epoch: int) -> Future[AppendResult]:
+        """Queue a transaction marker (control_records.py) of `producer_id` for the next group
+        commit, naming where its transaction began here (-1: it wrote nothing here since its
+        last marker; the marker is appended all the same, as Kafka appends it). The marker's
+        epoch becomes the producer's epoch here: a later batch of an older epoch is fenced.
+        Raises InvalidProducerEpochError, with nothing queued, when `producer_epoch` is older
+        than the producer's epoch here."""
+        with self._lock:
+            self._check_open()
+            self._producers.take_marker_epoch(producer_id, producer_epoch)
+            first = self._transactions().first_offset(producer_id)
+            batch = pa.table({
+                "key": pa.array([control_key(committed)], pa.binary()),
+                "value": pa.array([control_value(coordinator_epoch)], pa.binary()),
+                "timestamp": pa.nulls(1, PRODUCE_SCHEMA.field("timestamp").type),
+                "headers": pa.array([[{"key": TXN_FIRST_OFFSET_HEADER,
+                                       "value": str(first).encode()}]], HEADERS_TYPE)})
+            future: Future[AppendResult] = Future()
+            self._appender.enqueue(PendingAppend(
+                batch, batch.nbytes, leader_epoch, CREATE_TIME,
+                ProducerState(producer_id, producer_epoch, -1), future))
+            self._schedule_commit()
+        return future
+
+    # ---- transactions ----------------------------------------------------------------------
+
+    def reset_transactions(self, open_producers: frozenset[int]) -> None:
+        """This replica became the leader: forget the transaction state (a follower does not
+        keep it) and rebuild it when first needed, with `open_producers` (the metadata's
+        producers with a transaction open here)."""
+        with self._lock:
+            self._txn, self._first_open = None, None
+            self._open_hint = open_producers
+
+    @property
+    def stable_offset_hint(self) -> int:
+        """The last stable offset as last computed, read without the lock (a waiting fetch's
+        wake-up test): at or above the LSO when the state is not known yet."""
+        first = self._first_open
+        hw = self.high_watermark
+        return hw if first is None else min(hw, first)
+
+    def last_stable_offset(self) -> int:
+        """Kafka's LSO: the high watermark, or the first offset of the oldest open
+        transaction below it."""
+        with self._lock:
+            return self._transactions().last_stable_offset(self.high_watermark)
+
+    def aborted_transactions(self, start: int, end: int) -> list[AbortedTxn]:
+        """The aborted transactions with records in [start, end)."""
+        with self._lock:
+            return self._transactions().aborted_between(start, end)
+
+    def _transactions(self) -> TransactionState:
+        """Lock held: the transaction state, rebuilt from the committed table if unknown (once
+        per leadership; reads only the row groups that may hold markers or open producers)."""
+        if self._txn is None:
+            self._txn = read_transactions(self._reader.parquet_files, self._open_hint)
+            self._first_open = self._txn.first_open_offset
+        return self._txn
 
     def append_copy(self, records: pa.Table, fetch_offset: int = -1) -> Future[AppendResult]:
         """Queue records copied from the leader, with their offsets, epochs and producer fields,
@@ -448,6 +528,12 @@ class PartitionLog:
                 self._epochs.assign(done.records)
                 if done.kind == "copy":
                     self._producers.note_copied(done.records)
+                    self._txn, self._first_open = None, None  # a follower's: rebuilt if it leads
+                elif self._txn is not None:
+                    self._txn.apply(done.records, done.txn_begins)
+                    self._first_open = self._txn.first_open_offset
+                elif done.txn_begins:  # the new transactions are read from the table
+                    self._open_hint |= {pid for pid, _ in done.txn_begins}
                 self._producers.note_timestamps(done.records)
             elif done.kind == "files":
                 assert done.records is not None
@@ -456,6 +542,7 @@ class PartitionLog:
                 self._epochs.assign(done.records)
                 self._producers.note_copied(done.records)
                 self._producers.note_timestamps(done.records)
+                self._txn, self._first_open = None, None
             elif done.kind == "truncate":
                 changed = done.end_offset < self.log_end_offset
                 if changed:
@@ -464,6 +551,7 @@ class PartitionLog:
                     self._tail.truncate(done.end_offset)
                     self._epochs.truncate_from(done.end_offset)
                     self._producers.clear()  # rebuilt from the table on their next batch
+                    self._txn, self._first_open = None, None
             elif done.kind == "log_start":
                 self._raise_log_start(done.log_start_offset)
             else:  # restart
@@ -472,6 +560,7 @@ class PartitionLog:
                 self._tail.clear()
                 self._epochs.reset([])
                 self._producers.clear()
+                self._txn, self._first_open = None, None
             self._lock.notify_all()
         if done.kind == "truncate" and changed:
             log.info("truncated %s to offset %d", self._name, done.end_offset)
@@ -492,6 +581,7 @@ class PartitionLog:
         with self._lock:
             queued = self._appender.drain()
             self._producers.clear()  # rebuilt from the table on their next batch
+            self._txn, self._first_open = None, None
         for item in work if isinstance(work, list) else [work]:
             item.future.set_exception(failure.error)
         for other in queued:

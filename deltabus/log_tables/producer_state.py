@@ -153,6 +153,17 @@ class ProducerStateManager:
                     f"for it)")
             self._lock.wait(left)
 
+    def take_marker_epoch(self, producer_id: int, producer_epoch: int) -> None:
+        """A transaction marker of `producer_id` at `producer_epoch` is about to be queued:
+        refused (InvalidProducerEpochError) when the producer's epoch here is newer, else the
+        marker's epoch becomes the producer's (a newer one starts its sequences afresh, as
+        the coordinator's epoch bump fences the producer's earlier incarnation)."""
+        entry = self._entry(ProducerState(producer_id, producer_epoch))
+        if producer_epoch < entry.epoch:
+            raise errors.InvalidProducerEpochError(
+                f"the marker's epoch {producer_epoch} of producer {producer_id} is older than "
+                f"its epoch {entry.epoch} on {self._name}")
+
     def note_copied(self, table: pa.Table) -> None:
         """Take in the producers' state from records a follower copied (offsets, producer id,
         epoch and sequence columns, in offset order)."""

@@ -11,7 +11,14 @@ import grpc
 
 from deltabus import config as cfg
 from deltabus import errors
-from deltabus.cluster.handler import DeltaBusHandler, FetchResult, FetchSpec, LifecycleHandler
+from deltabus.cluster.handler import (
+    DeltaBusHandler,
+    FetchResult,
+    FetchSpec,
+    LifecycleHandler,
+    TxnMarkerHandler,
+)
+from deltabus.log_tables.control_records import TxnMarker
 from deltabus.metadata import BrokerEndpoint
 from deltabus.records import to_ipc
 from deltabus.rpc import codec
@@ -63,6 +70,26 @@ class BrokerLifecycleServicer(ipb_grpc.BrokerLifecycleServicer):
             return ipb.AlterPartitionResponse(error_code=e.code, error_message=e.message)
         return ipb.AlterPartitionResponse(leader_epoch=state.leader_epoch, isr=state.isr,
                                          metadata_version=version)
+
+
+class TxnMarkersServicer(ipb_grpc.TxnMarkersServicer):
+    """A broker's answers to the transaction coordinator's markers (Kafka's WriteTxnMarkers)."""
+
+    def __init__(self, handler: TxnMarkerHandler) -> None:
+        self._handler = handler
+
+    def WriteTxnMarkers(self, request: ipb.WriteTxnMarkersRequest,
+                        context: Any) -> ipb.WriteTxnMarkersResponse:
+        markers = [TxnMarker(m.producer_id, m.producer_epoch, m.committed, m.coordinator_epoch,
+                             tuple((p.topic, p.partition) for p in m.partitions))
+                   for m in request.markers]
+        outcomes = self._handler.write_txn_markers(
+            markers, timeout_ms=request.timeout_ms or cfg.PRODUCE_TIMEOUT_MS_DEFAULT)
+        return ipb.WriteTxnMarkersResponse(results=[
+            ipb.TxnMarkerResult(producer_id=pid, topic=topic, partition=partition,
+                                error_code=error.code if error else 0,
+                                error_message=error.message if error else "")
+            for (pid, topic, partition), error in outcomes.items()])
 
 
 class ReplicaFetchServicer(ipb_grpc.ReplicaFetchServicer):

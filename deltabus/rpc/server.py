@@ -23,12 +23,15 @@ from deltabus import errors
 from deltabus.acls import Operation
 from deltabus.cluster.handler import (
     DeltaBusHandler,
+    FetchResult,
     FetchSpec,
     LifecycleHandler,
     TransactionHandler,
+    TxnMarkerHandler,
 )
 from deltabus.listeners import ListenerBindError
 from deltabus.log_tables.partition_log import LATEST_TIMESTAMP, AppendResult
+from deltabus.log_tables.transactions import READ_COMMITTED, READ_UNCOMMITTED, consumed_rows
 from deltabus.offsets.group_coordinator import GroupCoordinator
 from deltabus.quotas import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE
 from deltabus.records import ProducerState, UnpackBudget
@@ -47,7 +50,11 @@ from deltabus.rpc.codec import present_or
 from deltabus.rpc.fetch_size import FetchBudget
 from deltabus.rpc.group_servicer import GroupServicerMixin
 from deltabus.rpc.inter_broker import InterBrokerAuthorizer
-from deltabus.rpc.internal_servicer import BrokerLifecycleServicer, ReplicaFetchServicer
+from deltabus.rpc.internal_servicer import (
+    BrokerLifecycleServicer,
+    ReplicaFetchServicer,
+    TxnMarkersServicer,
+)
 from deltabus.rpc.request_limits import (
     check_distinct,
     check_partition_count,
@@ -106,6 +113,29 @@ def _left_ms(deadline: float) -> int:
 def _repeated_field_bytes(message_bytes: int) -> int:
     """What one message of a repeated field adds to its parent: tag, length varint, message."""
     return 1 + max(1, (message_bytes.bit_length() + 6) // 7) + message_bytes
+
+
+def _put_records(entry: pb.FetchPartitionResponse, result: FetchResult, budget: FetchBudget,
+                 partition_max_bytes: int, record_format: int) -> None:
+    """A partition's records into its answer, within the budget: never a transaction marker,
+    nor (read_committed) a record of an aborted transaction. When every record read goes,
+    `next_offset` says where the next fetch starts (past trailing markers: the consumer's
+    position moves past what it never gets, as a Kafka consumer moves past control batches)."""
+    assert result.records is not None
+    read_end = result.records.column("offset")[-1].as_py() + 1
+    rows = consumed_rows(result.records, result.aborted_transactions or ())
+    carried = 0
+    if rows.num_rows and record_format == pb.PROTO:
+        records = codec.table_to_records(rows)
+        sizes = [_repeated_field_bytes(record.ByteSize()) for record in records]
+        carried = budget.fit_sized(sizes, partition_max_bytes)
+        entry.records.extend(records[:carried])
+    elif rows.num_rows:
+        prefix, entry.arrow_records = budget.fit(rows, partition_max_bytes,
+                                                 codec.table_to_arrow_records)
+        carried = prefix.num_rows
+    if carried == rows.num_rows:
+        entry.next_offset = read_end
 
 
 class DeltaBusServicer(GroupServicerMixin, AclServicerMixin, TxnServicerMixin,
@@ -319,10 +349,12 @@ class DeltaBusServicer(GroupServicerMixin, AclServicerMixin, TxnServicerMixin,
         started_s = time.thread_time()
         refused = {p.topic: e for p in request.partitions
                    if (e := access.topic(Operation.READ, p.topic))}
+        isolation = (READ_COMMITTED if request.isolation_level == READ_COMMITTED
+                     else READ_UNCOMMITTED)
         specs = [FetchSpec(p.topic, p.partition, p.fetch_offset,
                            max(0, present_or(p, "partition_max_bytes",
                                              cfg.FETCH_PARTITION_MAX_BYTES)),
-                           present_or(p, "current_leader_epoch", -1))
+                           present_or(p, "current_leader_epoch", -1), isolation_level=isolation)
                  for p in request.partitions if p.topic not in refused]
         max_wait_ms = min(max(present_or(request, "max_wait_ms", cfg.FETCH_MAX_WAIT_MS), 0),
                           cfg.FETCH_WAIT_MS_MAX)
@@ -350,15 +382,9 @@ class DeltaBusServicer(GroupServicerMixin, AclServicerMixin, TxnServicerMixin,
             entry = pb.FetchPartitionResponse(
                 topic=r.topic, partition=r.partition, error_code=code, error_message=message,
                 high_watermark=r.high_watermark, log_start_offset=r.log_start_offset,
-                log_end_offset=r.log_end_offset)
+                log_end_offset=r.log_end_offset, last_stable_offset=r.last_stable_offset)
             if r.records is not None and r.records.num_rows:
-                if record_format == pb.PROTO:
-                    records = codec.table_to_records(r.records)
-                    sizes = [_repeated_field_bytes(record.ByteSize()) for record in records]
-                    entry.records.extend(records[:budget.fit_sized(sizes, spec.max_bytes)])
-                else:
-                    _, entry.arrow_records = budget.fit(r.records, spec.max_bytes,
-                                                        codec.table_to_arrow_records)
+                _put_records(entry, r, budget, spec.max_bytes, record_format)
             response.partitions.append(entry)
         return self._throttled_fetch(response, access, started_s)
 
@@ -392,7 +418,9 @@ class DeltaBusServicer(GroupServicerMixin, AclServicerMixin, TxnServicerMixin,
                     raise duplicate_error("ListOffsets", (p.topic, p.partition))
                 Access.raise_if(access.topic(Operation.DESCRIBE, p.topic))
                 entry.offset, entry.timestamp, entry.leader_epoch = self._handler.list_offsets(
-                    p.topic, p.partition, present_or(p, "timestamp", LATEST_TIMESTAMP))
+                    p.topic, p.partition, present_or(p, "timestamp", LATEST_TIMESTAMP),
+                    READ_COMMITTED if request.isolation_level == READ_COMMITTED
+                    else READ_UNCOMMITTED)
             except errors.DeltaBusError as e:
                 entry.error_code, entry.error_message = e.code, e.message
             response.partitions.append(entry)
@@ -563,6 +591,8 @@ def start_server(host: str, port: int, handler: DeltaBusHandler,
         ipb_grpc.add_BrokerLifecycleServicer_to_server(BrokerLifecycleServicer(lifecycle), server)
     if replica_fetch:
         ipb_grpc.add_ReplicaFetchServicer_to_server(ReplicaFetchServicer(handler), server)
+        if isinstance(handler, TxnMarkerHandler):  # brokers (a test's handler may not be)
+            ipb_grpc.add_TxnMarkersServicer_to_server(TxnMarkersServicer(handler), server)
     try:
         bound = (server.add_secure_port(f"{host}:{port}", grpc_server_credentials(security))
                  if security.uses_tls else server.add_insecure_port(f"{host}:{port}"))

@@ -36,6 +36,7 @@ from deltabus.client.consumer_coordinator import TopicPartition
 from deltabus.client.security import ClientSecurity, security_from_properties
 from deltabus.log_tables.layout import replica_path
 from deltabus.log_tables.log_reader import LogReader
+from deltabus.log_tables.transactions import aborted_in, consumed_rows, read_markers
 from deltabus.metadata import MetadataImage
 from deltabus.storage import Storage
 
@@ -92,6 +93,16 @@ def _timestamp_ms(options: dict[str, str], name: str) -> int | None:
         ) from None
 
 
+def _isolation(options: dict[str, str]) -> str:
+    """Spark's Kafka source passes kafka.isolation.level to its consumer; so does deltabus."""
+    level = options.get("kafka.isolation.level", "read_uncommitted").strip().lower()
+    if level not in ("read_uncommitted", "read_committed"):
+        raise errors.InvalidConfigError(
+            f"option kafka.isolation.level must be read_uncommitted or read_committed, not "
+            f"{level!r}")
+    return level
+
+
 def bootstrap_servers(options: dict[str, str]) -> str:
     """The cluster address: `kafka.bootstrap.servers`, as Spark's Kafka source names it."""
     for name in ("kafka.bootstrap.servers", "bootstrap.servers"):
@@ -138,6 +149,8 @@ class SourceOptions:
     min_partitions: int | None = None
     fail_on_data_loss: bool = True
     include_headers: bool = False
+    # kafka.isolation.level=read_committed: up to the last stable offset, no aborted record
+    read_committed: bool = False
     group_id: str | None = None
     security: ClientSecurity = field(default_factory=ClientSecurity)
     # How executors reach the partition tables (delta-rs's option names): the `storage.KEY`
@@ -207,6 +220,7 @@ class SourceOptions:
             min_partitions=_positive(options, "minpartitions"),
             fail_on_data_loss=_flag(options, "failondataloss", True),
             include_headers=_flag(options, "includeheaders", False),
+            read_committed=_isolation(options) == "read_committed",
             group_id=options.get("kafka.group.id") or options.get("groupid") or None,
             security=client_security(options),
             storage_options={k[len(STORAGE_OPTION_PREFIX):].upper(): v
@@ -277,7 +291,9 @@ class TopicReader:
             self._consumer = Consumer(self.options.bootstrap, enable_auto_commit=False,
                                       group_id=self.options.group_id,
                                       client_id="deltabus-spark-source",
-                                      security=self.options.security)
+                                      security=self.options.security,
+                                      isolation_level="read_committed"
+                                      if self.options.read_committed else "read_uncommitted")
         return self._consumer
 
     def refresh(self) -> MetadataImage:
@@ -391,7 +407,9 @@ def read_ranges(partition: RangePartition, options: SourceOptions) -> Iterator[p
     """Executor side: the records of each range, from the replica's Delta table, as Arrow
     batches in the Kafka source's columns."""
     include_headers, fail_on_data_loss = options.include_headers, options.fail_on_data_loss
-    columns = ["offset", "timestamp", "timestamp_type", "key", "value"]
+    # producer_id and sequence tell transaction markers, which are never rows of the source
+    columns = ["offset", "timestamp", "timestamp_type", "key", "value", "producer_id",
+               "sequence"]
     if include_headers:
         columns.append("headers")
     ranges = partition.ranges
@@ -410,9 +428,11 @@ def read_ranges(partition: RangePartition, options: SourceOptions) -> Iterator[p
             _data_loss(f"{r.topic}-{r.partition} has no records [{r.start}, "
                        f"{r.end if start is None else min(start, r.end)}) in {r.path}",
                        fail_on_data_loss)
+        aborted = (aborted_in(read_markers(reader.parquet_files(r.start)))[0]
+                   if options.read_committed else [])
         # Gaps inside the log are records a compacted topic's cleaner removed: not a loss.
         for table in reader.read(r.start, r.end, columns):
-            for batch in table.to_batches():  # the row groups as read: no copy
+            for batch in consumed_rows(table, aborted).to_batches():
                 yield to_kafka_columns(batch, r.topic, r.partition, include_headers)
 
 

@@ -767,10 +767,12 @@ class FakeCluster:
         return result
 
     def list_offsets(self, broker_id: int, topic: str, partition: int,
-                     timestamp: int) -> tuple[int, int, int]:
+                     timestamp: int, isolation_level: int = 0) -> tuple[int, int, int]:
         self._take_fault("list_offsets", topic, partition)
         with self._changed:
             log, leader_epoch = self._led_log(broker_id, topic, partition)
+            if timestamp == -1 and isolation_level == 1:  # read_committed: the LSO
+                return log.last_stable_offset(), -1, leader_epoch
             offset, ts = log.offset_for_timestamp(timestamp)
             return offset, ts, leader_epoch
 
@@ -839,8 +841,10 @@ class FakeBroker:
                       max_bytes: int, replica_id: int) -> Future[list[FetchResult]]:
         return self._cluster.fetch_delayed(self.broker_id, specs, max_wait_ms)
 
-    def list_offsets(self, topic: str, partition: int, timestamp: int) -> tuple[int, int, int]:
-        return self._cluster.list_offsets(self.broker_id, topic, partition, timestamp)
+    def list_offsets(self, topic: str, partition: int, timestamp: int,
+                     isolation_level: int = 0) -> tuple[int, int, int]:
+        return self._cluster.list_offsets(self.broker_id, topic, partition, timestamp,
+                                          isolation_level)
 
     def offset_for_leader_epoch(self, topic: str, partition: int, current_leader_epoch: int,
                                 leader_epoch: int) -> tuple[int, int]:

@@ -89,16 +89,16 @@ def metadata(topics: list[str], correlation_id: int = 7) -> bytes:
 
 
 def fetch(topic: str, offset: int, max_wait_ms: int, correlation_id: int = 7, *,
-          client_id: str = "test") -> bytes:
+          client_id: str = "test", isolation_level: int = 0) -> bytes:
     """A Fetch v12 of one partition (0) from `offset`, long-polling up to `max_wait_ms` for a
-    byte."""
+    byte (read_committed with `isolation_level` 1)."""
     cls = load_request_schema(FETCH, 12)
     partition = nested(cls, "FetchPartition")(
         partition=0, current_leader_epoch=-1, fetch_offset=offset, last_fetched_epoch=-1,
         log_start_offset=-1, partition_max_bytes=1 << 20)
     return frame(FETCH, 12, make(
         cls, replica_id=-1, max_wait=timedelta(milliseconds=max_wait_ms), min_bytes=1,
-        max_bytes=1 << 20, isolation_level=0, session_id=0, session_epoch=-1,
+        max_bytes=1 << 20, isolation_level=isolation_level, session_id=0, session_epoch=-1,
         topics=(nested(cls, "FetchTopic")(topic=topic, partitions=(partition,)),),
         forgotten_topics_data=(), rack_id=""), correlation_id, client_id=client_id)
 

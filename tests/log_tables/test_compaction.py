@@ -217,3 +217,25 @@ def test_compaction_and_merging_run_while_the_log_appends(tmp_path: Path) -> Non
     assert reopened.read(0, 1 << 30).equals(records)
     reopened.close()
     log.close()
+
+
+def test_compaction_keeps_markers_and_drops_aborted_records_which_hide_nothing(tmp_path) -> None:
+    log = PartitionLog(str(tmp_path / "log"), topic="t", partition=0)
+    _append(log, [b"k"], [b"v1"])  # 0: committed (no transaction)
+    _append(log, [b"k"], [b"v2"], producer=ProducerState(7, 0, 0, transactional=True))  # 1
+    log.append_marker(7, 0, committed=False, coordinator_epoch=0, leader_epoch=0).result(30)  # 2
+    _append(log, [b"l"], [b"w1"], producer=ProducerState(8, 0, 0, transactional=True))  # 3
+    log.append_marker(8, 0, committed=True, coordinator_epoch=0, leader_epoch=0).result(30)  # 4
+    _append(log, [b"l"], [b"w2"])  # 5
+    _append(log, [b"z"], [b"last"])  # 6: the newest file is never cleaned
+    compact(DeltaTable(log.path), high_watermark=log.high_watermark, min_lag_ms=0,
+            delete_retention_ms=HOUR_MS, delete_delay_ms=0)
+    log.refresh()
+    # k's committed v1 stays (the aborted v2 goes and hides nothing); l's w1 is hidden by w2;
+    # both markers stay, and a leader rebuilding its state still finds the aborted one.
+    assert log.read(0, 1 << 30).column("offset").to_pylist() == [0, 2, 4, 5, 6]
+    reopened = PartitionLog(log.path, topic="t", partition=0)
+    assert [(a.producer_id, a.first_offset, a.last_offset)
+            for a in reopened.aborted_transactions(0, 7)] == [(7, 1, 2)]
+    reopened.close()
+    log.close()

@@ -19,6 +19,7 @@ BASE = {"kafka.bootstrap.servers": "127.0.0.1:9192", "subscribe": "payments"}
     ("minPartitions", "-1"),
     ("startingOffsets", "{not json"),
     ("startingOffsetsByTimestamp", "[1, 2]"),
+    ("kafka.isolation.level", "serializable"),
 ])
 def test_a_bad_option_value_is_an_invalid_config_naming_it(option: str, value: str) -> None:
     with pytest.raises(errors.InvalidConfigError) as info:

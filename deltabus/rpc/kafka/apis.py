@@ -31,6 +31,7 @@ from deltabus.cluster.handler import (
     FetchSpec,
     TransactionHandler,
 )
+from deltabus.log_tables.transactions import READ_COMMITTED, READ_UNCOMMITTED
 from deltabus.offsets.group_coordinator import GroupCoordinator
 from deltabus.quotas import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE
 from deltabus.records import UnpackBudget
@@ -278,8 +279,6 @@ class KafkaApis:
         acks = request.acks
         if refused is None and acks not in (0, 1, -1):
             refused = errors.InvalidRequiredAcksError(f"acks must be 0, 1 or -1, not {acks}")
-        if refused is None and request.transactional_id is not None:
-            refused = errors.UnsupportedVersionError("transactions are not supported yet")
         pending: list[tuple[str, int, list[Any], errors.DeltaBusError | None]] = []
         access = current_access()
         budget = UnpackBudget()  # what this request's compressed batches unpack to, together
@@ -295,9 +294,9 @@ class KafkaApis:
                         for batch in batches.decode_produce(data.records or b"", budget):
                             Access.raise_if(access.producer_id(
                                 self._handler, batch.producer.producer_id))
-                            if batch.transactional:
-                                raise errors.InvalidRecordError(
-                                    "transactional batches are not supported yet")
+                            if batch.transactional:  # as Kafka: WRITE on its transactional id
+                                Access.raise_if(_transactional_refusal(
+                                    access, request.transactional_id))
                             appended.append(self._handler.produce(
                                 topic.name, data.index, batch.records, acks=acks,
                                 producer=batch.producer, batch_bytes=batch.size_bytes,
@@ -344,6 +343,9 @@ class KafkaApis:
                 return make(cls, throttle_time=NO_TIME, error_code=error_code(context.error),
                             session_id=INVALID_SESSION_ID, responses=())
             specs = context.specs
+        isolation = getattr(request, "isolation_level", READ_UNCOMMITTED)  # v4 and later
+        if isolation == READ_COMMITTED:  # a session's cached specs take this request's level
+            specs = [dataclasses.replace(s, isolation_level=READ_COMMITTED) for s in specs]
         max_bytes = min(getattr(request, "max_bytes", 0) or cfg.FETCH_MAX_BYTES,  # v3 and later
                         cfg.FETCH_RESPONSE_MAX_BYTES)
         denied = {s.topic: e for s in specs if (e := refused or access.topic(Operation.READ,
@@ -421,7 +423,9 @@ class KafkaApis:
             # and librdkafka 2.0 (Debian's kcat) fails to parse a null
             records = b""
             if r.records is not None and r.records.num_rows:
-                _, records = budget.fit(r.records, spec.max_bytes, batches.encode_fetch)
+                encode = functools.partial(batches.encode_fetch,
+                                           aborted=r.aborted_transactions or ())
+                _, records = budget.fit(r.records, spec.max_bytes, encode)
                 codec = codecs.get(r.topic, 0)
                 if codec:
                     records = batches.compress_batches(records, codec)
@@ -439,8 +443,14 @@ class KafkaApis:
         for r in self._sessions.answered(context, results, with_records):
             by_topic.setdefault(r.topic, []).append(make(
                 partition_cls, partition_index=r.partition, error_code=error_code(r.error),
-                high_watermark=r.high_watermark, last_stable_offset=r.high_watermark,
-                log_start_offset=r.log_start_offset, aborted_transactions=None,
+                high_watermark=r.high_watermark,
+                last_stable_offset=(r.last_stable_offset if r.last_stable_offset >= 0
+                                    else r.high_watermark),
+                log_start_offset=r.log_start_offset,
+                aborted_transactions=None if r.aborted_transactions is None else tuple(
+                    make(nested(partition_cls, "AbortedTransaction"),
+                         producer_id=a.producer_id, first_offset=a.first_offset)
+                    for a in r.aborted_transactions),
                 preferred_read_replica=-1, records=encoded[(r.topic, r.partition)]))
         topics = [make(topic_cls, topic=name, topic_id=ids.get(name), partitions=tuple(parts))
                   for name, parts in by_topic.items()]
@@ -478,7 +488,8 @@ class KafkaApis:
                 if error is None:
                     try:
                         offset, timestamp, epoch = self._handler.list_offsets(
-                            t.name, p.partition_index, p.timestamp)
+                            t.name, p.partition_index, p.timestamp,
+                            getattr(request, "isolation_level", READ_UNCOMMITTED))
                     except errors.DeltaBusError as e:
                         error = e
                 parts.append(make(partition_cls, partition_index=p.partition_index,
@@ -599,6 +610,15 @@ def _invalid_fetch(specs: list[FetchSpec]) -> errors.DeltaBusError | None:
     except errors.DeltaBusError as e:
         return e
     return None
+
+
+def _transactional_refusal(access: Access, transactional_id: str | None
+                           ) -> errors.DeltaBusError | None:
+    """Why a produce request may not carry transactional batches (None: it may)."""
+    if transactional_id is None:
+        return errors.TransactionalIdAuthorizationFailedError(
+            "transactional batches need the request's transactional id")
+    return access.transactional_id(Operation.WRITE, transactional_id)
 
 
 def _produce_response(cls: Any, pending: list[tuple[str, int, list[Any], Any]],

@@ -11,7 +11,7 @@ from __future__ import annotations
 import io
 import struct
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import lz4.frame
@@ -25,6 +25,8 @@ from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchB
 from kafka.record.util import calc_crc32c, decode_varint
 
 from deltabus import errors
+from deltabus.log_tables.control_records import control_mask
+from deltabus.log_tables.transactions import AbortedTxn, aborted_mask
 from deltabus.records import (
     LOG_APPEND_TIME,
     ProducerState,
@@ -80,7 +82,8 @@ def decode_produce(data: bytes, budget: UnpackBudget | None = None) -> list[Prod
             keys, values, timestamps, headers = _read_records(records, batch)
             table = produce_batch(values, keys=keys, timestamps_ms=timestamps, headers=headers)
         table = normalize_produce(table)
-        producer = (ProducerState(batch.producer_id, batch.producer_epoch, batch.base_sequence)
+        producer = (ProducerState(batch.producer_id, batch.producer_epoch, batch.base_sequence,
+                                  batch.is_transactional)
                     if batch.producer_id >= 0 else ProducerState())
         out.append(ProducedBatch(table, producer, batch.is_transactional, size))
     if not out:
@@ -365,18 +368,44 @@ def _read_bytes(buffer: bytes, pos: int) -> tuple[bytes | None, int]:
     return buffer[pos:pos + length], pos + length
 
 
-def encode_fetch(log_rows: pa.Table) -> bytes:
-    """Log rows (LOG_SCHEMA, in offset order) as uncompressed record batches."""
+def encode_fetch(log_rows: pa.Table, aborted: Sequence[AbortedTxn] = ()) -> bytes:
+    """Log rows (LOG_SCHEMA, in offset order) as uncompressed record batches. Markers go as
+    control batches of one record each; the records of the `aborted` transactions (those a
+    read_committed fetch is told of) in transactional batches of their producer, which the
+    client then drops. No batch mixes a marker or an aborted transaction with other rows."""
+    control = control_mask(log_rows).to_numpy(zero_copy_only=False)
+    in_aborted = aborted_mask(log_rows, aborted) & ~control
     parts = []
-    for start, length in _batch_slices(log_rows):
+    for start, length in _batch_slices(log_rows, control, in_aborted):
         rows = log_rows.slice(start, length)
+        if control[start]:
+            parts.append(_encode_columnar(rows.set_column(
+                rows.schema.get_field_index("headers"), "headers",
+                pa.nulls(rows.num_rows, rows.schema.field("headers").type)),
+                _CONTROL_ATTRIBUTES, _producer_of(rows, base_sequence=-1)))
+            continue
+        producer = _producer_of(rows) if in_aborted[start] else _NO_PRODUCER
+        extra = _TRANSACTIONAL if in_aborted[start] else 0
         headers = rows.column("headers")
         if headers.null_count == rows.num_rows or not pc.any(
                 pc.greater(pc.list_value_length(headers), 0)).as_py():
-            parts.append(_encode_columnar(rows))
+            parts.append(_encode_columnar(rows, extra, producer))
         else:
-            parts.append(_encode_batch(rows))
+            parts.append(_encode_batch(rows, producer))
     return b"".join(parts)
+
+
+_TRANSACTIONAL = 0x10  # attribute bits of a record batch
+_CONTROL_ATTRIBUTES = 0x30  # a control batch is transactional too
+_NO_PRODUCER = (-1, -1, -1)
+
+
+def _producer_of(rows: pa.Table, base_sequence: int | None = None) -> tuple[int, int, int]:
+    """(producer id, epoch, base sequence) of a batch of one producer's rows."""
+    return (rows.column("producer_id")[0].as_py(), rows.column("producer_epoch")[0].as_py(),
+            rows.column("sequence")[0].as_py() if base_sequence is None else base_sequence)
+
+
 
 
 CODECS = {"gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}  # compression.type -> batch attribute
@@ -397,6 +426,9 @@ def compress_batches(data: bytes, codec: int) -> bytes:
         size = _batch_size(view, pos)
         batch = view[pos:pos + size]
         pos += size
+        if struct.unpack_from(">h", batch, _ATTRIBUTES_AT)[0] & 0x20:  # a marker goes as is
+            out.append(bytes(batch))
+            continue
         packed = pack(bytes(batch[_RECORDS_AT:]))
         if len(packed) >= size - _RECORDS_AT:
             out.append(bytes(batch))
@@ -411,14 +443,20 @@ def compress_batches(data: bytes, codec: int) -> bytes:
     return b"".join(out)
 
 
-def _batch_slices(log_rows: pa.Table) -> list[tuple[int, int]]:
+def _batch_slices(log_rows: pa.Table, control: np.ndarray,
+                  in_aborted: np.ndarray) -> list[tuple[int, int]]:
     """(start, length) of each batch: at most FETCH_BATCH_RECORDS_MAX records of one timestamp
     type; with LogAppendTime, of one timestamp too (a client gives every record of such a batch
-    the batch's max timestamp, as the broker set one time per append)."""
+    the batch's max timestamp, as the broker set one time per append); a marker alone; an
+    aborted transaction's rows apart from others."""
     kinds = log_rows.column("timestamp_type").to_numpy()
     stamps = pc.cast(log_rows.column("timestamp"), pa.int64()).to_numpy()
     cut = kinds[1:] != kinds[:-1]
     cut |= (kinds[1:] == LOG_APPEND_TIME) & (stamps[1:] != stamps[:-1])
+    cut |= control[1:] | control[:-1] | (in_aborted[1:] != in_aborted[:-1])
+    if in_aborted.any():
+        pids = log_rows.column("producer_id").to_numpy()
+        cut |= in_aborted[1:] & (pids[1:] != pids[:-1])
     bounds = [0, *(np.nonzero(cut)[0] + 1).tolist(), log_rows.num_rows]
     return [(s, min(FETCH_BATCH_RECORDS_MAX, end - s))
             for lo, end in zip(bounds, bounds[1:], strict=False)
@@ -456,7 +494,8 @@ def _binary(column: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray, np.ndarray
     return offsets[:-1].astype(np.int64), lengths, data
 
 
-def _encode_columnar(rows: pa.Table) -> bytes:
+def _encode_columnar(rows: pa.Table, attributes_extra: int = 0,
+                     producer: tuple[int, int, int] = _NO_PRODUCER) -> bytes:
     """One uncompressed batch of records without headers, built column-wise with numpy (the
     per-record builder is the slow part of a Kafka fetch)."""
     n = rows.num_rows
@@ -503,18 +542,18 @@ def _encode_columnar(rows: pa.Table) -> bytes:
     put_varints(value_length_varints, at)
     at = at + value_length_varints[1]
     put_bytes(value_data, value_starts, value_bytes, at)  # then a 0: no headers
-    attributes = (DefaultRecordBatch.TIMESTAMP_TYPE_MASK
-                  if rows.column("timestamp_type")[0].as_py() == LOG_APPEND_TIME else 0)
+    attributes = attributes_extra | (DefaultRecordBatch.TIMESTAMP_TYPE_MASK if rows.column(
+        "timestamp_type")[0].as_py() == LOG_APPEND_TIME else 0)
     buffer = bytearray(out.tobytes())
     _BATCH_HEADER.pack_into(buffer, 0, base_offset, len(buffer) - 12,
                             rows.column("leader_epoch")[-1].as_py(), 2, 0, attributes,
                             int(offsets[-1]) - base_offset, first_ts, int(timestamps.max()),
-                            -1, -1, -1, n)
+                            *producer, n)
     _CRC.pack_into(buffer, _CRC_AT, calc_crc32c(memoryview(buffer)[_ATTRIBUTES_AT:]))
     return bytes(buffer)
 
 
-def _encode_batch(rows: pa.Table) -> bytes:
+def _encode_batch(rows: pa.Table, producer: tuple[int, int, int] = _NO_PRODUCER) -> bytes:
     offsets = rows.column("offset").to_pylist()
     base = offsets[0]
     timestamps = pc.cast(pc.cast(rows.column("timestamp"), pa.timestamp("ms", tz="UTC")),
@@ -522,9 +561,10 @@ def _encode_batch(rows: pa.Table) -> bytes:
     keys = rows.column("key").to_pylist()
     values = rows.column("value").to_pylist()
     headers = rows.column("headers").to_pylist()
-    builder = DefaultRecordBatchBuilder(magic=2, compression_type=0, is_transactional=False,
-                                        producer_id=-1, producer_epoch=-1, base_sequence=-1,
-                                        batch_size=2**31 - 1)
+    builder = DefaultRecordBatchBuilder(magic=2, compression_type=0,
+                                        is_transactional=producer != _NO_PRODUCER,
+                                        producer_id=producer[0], producer_epoch=producer[1],
+                                        base_sequence=producer[2], batch_size=2**31 - 1)
     for i, offset in enumerate(offsets):
         builder.append(offset - base, timestamp=timestamps[i], key=keys[i], value=values[i],
                        headers=[(h["key"], h["value"]) for h in headers[i] or ()])

@@ -49,6 +49,7 @@ class CachedPartition:
     spec: FetchSpec
     high_watermark: int = -1
     log_start_offset: int = -1
+    last_stable_offset: int = -1
 
 
 @dataclass
@@ -188,11 +189,13 @@ class FetchSessionCache:
                     continue
                 news = (r.error is not None or key in with_records
                         or r.high_watermark != cached.high_watermark
-                        or r.log_start_offset != cached.log_start_offset)
+                        or r.log_start_offset != cached.log_start_offset
+                        or r.last_stable_offset != cached.last_stable_offset)
                 if context.incremental and not news:
                     continue
                 cached.high_watermark, cached.log_start_offset = (r.high_watermark,
                                                                   r.log_start_offset)
+                cached.last_stable_offset = r.last_stable_offset
                 out.append(r)
                 if key in with_records:
                     session.partitions[key] = session.partitions.pop(key)

@@ -79,6 +79,7 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     OUT_OF_ORDER_SEQUENCE_NUMBER: _ClassVar[ErrorCode]
     DUPLICATE_SEQUENCE_NUMBER: _ClassVar[ErrorCode]
     INVALID_PRODUCER_EPOCH: _ClassVar[ErrorCode]
+    INVALID_TXN_STATE: _ClassVar[ErrorCode]
     TRANSACTIONAL_ID_AUTHORIZATION_FAILED: _ClassVar[ErrorCode]
     KAFKA_STORAGE_ERROR: _ClassVar[ErrorCode]
     SASL_AUTHENTICATION_FAILED: _ClassVar[ErrorCode]
@@ -214,6 +215,7 @@ POLICY_VIOLATION: ErrorCode
 OUT_OF_ORDER_SEQUENCE_NUMBER: ErrorCode
 DUPLICATE_SEQUENCE_NUMBER: ErrorCode
 INVALID_PRODUCER_EPOCH: ErrorCode
+INVALID_TXN_STATE: ErrorCode
 TRANSACTIONAL_ID_AUTHORIZATION_FAILED: ErrorCode
 KAFKA_STORAGE_ERROR: ErrorCode
 SASL_AUTHENTICATION_FAILED: ErrorCode
@@ -665,21 +667,23 @@ class FetchPartition(_message.Message):
     def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., fetch_offset: _Optional[int] = ..., partition_max_bytes: _Optional[int] = ..., current_leader_epoch: _Optional[int] = ...) -> None: ...
 
 class FetchRequest(_message.Message):
-    __slots__ = ("max_wait_ms", "min_bytes", "max_bytes", "partitions", "format")
+    __slots__ = ("max_wait_ms", "min_bytes", "max_bytes", "partitions", "format", "isolation_level")
     MAX_WAIT_MS_FIELD_NUMBER: _ClassVar[int]
     MIN_BYTES_FIELD_NUMBER: _ClassVar[int]
     MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
     PARTITIONS_FIELD_NUMBER: _ClassVar[int]
     FORMAT_FIELD_NUMBER: _ClassVar[int]
+    ISOLATION_LEVEL_FIELD_NUMBER: _ClassVar[int]
     max_wait_ms: int
     min_bytes: int
     max_bytes: int
     partitions: _containers.RepeatedCompositeFieldContainer[FetchPartition]
     format: RecordFormat
-    def __init__(self, max_wait_ms: _Optional[int] = ..., min_bytes: _Optional[int] = ..., max_bytes: _Optional[int] = ..., partitions: _Optional[_Iterable[_Union[FetchPartition, _Mapping]]] = ..., format: _Optional[_Union[RecordFormat, str]] = ...) -> None: ...
+    isolation_level: int
+    def __init__(self, max_wait_ms: _Optional[int] = ..., min_bytes: _Optional[int] = ..., max_bytes: _Optional[int] = ..., partitions: _Optional[_Iterable[_Union[FetchPartition, _Mapping]]] = ..., format: _Optional[_Union[RecordFormat, str]] = ..., isolation_level: _Optional[int] = ...) -> None: ...
 
 class FetchPartitionResponse(_message.Message):
-    __slots__ = ("topic", "partition", "error_code", "error_message", "high_watermark", "log_start_offset", "arrow_records", "records", "log_end_offset")
+    __slots__ = ("topic", "partition", "error_code", "error_message", "high_watermark", "log_start_offset", "arrow_records", "records", "log_end_offset", "next_offset", "last_stable_offset")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
@@ -689,6 +693,8 @@ class FetchPartitionResponse(_message.Message):
     ARROW_RECORDS_FIELD_NUMBER: _ClassVar[int]
     RECORDS_FIELD_NUMBER: _ClassVar[int]
     LOG_END_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    NEXT_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LAST_STABLE_OFFSET_FIELD_NUMBER: _ClassVar[int]
     topic: str
     partition: int
     error_code: int
@@ -698,7 +704,9 @@ class FetchPartitionResponse(_message.Message):
     arrow_records: bytes
     records: _containers.RepeatedCompositeFieldContainer[Record]
     log_end_offset: int
-    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., high_watermark: _Optional[int] = ..., log_start_offset: _Optional[int] = ..., arrow_records: _Optional[bytes] = ..., records: _Optional[_Iterable[_Union[Record, _Mapping]]] = ..., log_end_offset: _Optional[int] = ...) -> None: ...
+    next_offset: int
+    last_stable_offset: int
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., high_watermark: _Optional[int] = ..., log_start_offset: _Optional[int] = ..., arrow_records: _Optional[bytes] = ..., records: _Optional[_Iterable[_Union[Record, _Mapping]]] = ..., log_end_offset: _Optional[int] = ..., next_offset: _Optional[int] = ..., last_stable_offset: _Optional[int] = ...) -> None: ...
 
 class FetchResponse(_message.Message):
     __slots__ = ("partitions", "throttle_time_ms")
@@ -719,10 +727,12 @@ class ListOffsetsPartition(_message.Message):
     def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., timestamp: _Optional[int] = ...) -> None: ...
 
 class ListOffsetsRequest(_message.Message):
-    __slots__ = ("partitions",)
+    __slots__ = ("partitions", "isolation_level")
     PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    ISOLATION_LEVEL_FIELD_NUMBER: _ClassVar[int]
     partitions: _containers.RepeatedCompositeFieldContainer[ListOffsetsPartition]
-    def __init__(self, partitions: _Optional[_Iterable[_Union[ListOffsetsPartition, _Mapping]]] = ...) -> None: ...
+    isolation_level: int
+    def __init__(self, partitions: _Optional[_Iterable[_Union[ListOffsetsPartition, _Mapping]]] = ..., isolation_level: _Optional[int] = ...) -> None: ...
 
 class ListOffsetsPartitionResponse(_message.Message):
     __slots__ = ("topic", "partition", "error_code", "error_message", "timestamp", "offset", "leader_epoch")
