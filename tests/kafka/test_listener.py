@@ -52,13 +52,13 @@ def test_an_unsupported_version_or_api_gets_unsupported_version(cluster, topic_n
                 topic_data=(nested(produce, "TopicProduceData")(
                     name=topic_name, partition_data=(nested(produce, "PartitionProduceData")(
                         index=0, records=None),)),))
-    transactions = load_request_schema(66, 0)  # ListTransactions: not implemented
+    features = load_request_schema(57, 0)  # UpdateFeatures: not implemented
     with connect(cluster) as sock:
         sock.sendall(frame(0, 10, body, correlation_id=1))
         _, produced = read_response(sock, 0, 10)
-        sock.sendall(frame(66, 0, make(transactions, state_filters=(), producer_id_filters=()),
-                           correlation_id=2))
-        correlation_id, listed = read_response(sock, 66, 0)
+        sock.sendall(frame(57, 0, make(features, timeout=timedelta(seconds=5),
+                                       feature_updates=()), correlation_id=2))
+        correlation_id, listed = read_response(sock, 57, 0)
     (partition,) = produced.responses[0].partition_responses
     assert partition.error_code == ErrorCode.unsupported_version
     assert correlation_id == 2 and listed.error_code == ErrorCode.unsupported_version
