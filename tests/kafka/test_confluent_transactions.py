@@ -15,6 +15,7 @@ from confluent_kafka import KafkaException, TopicPartition
 from confluent_kafka import Producer as KafkaProducer
 
 from deltabus import AdminClient, NewTopic
+from tests.cluster.test_replication import state
 from tests.conftest import wait_until
 
 
@@ -188,3 +189,25 @@ def test_a_crashed_producers_transaction_is_aborted_when_it_times_out(cluster,
     assert after.flush(60) == 0
     got = read(cluster, topic_name, "read_committed", until={b"after"})
     assert got == [b"after"]
+
+
+def test_a_transaction_commits_through_a_leader_kill(cluster, topic_name,
+                                                      all_brokers_back) -> None:
+    """The leader of a transaction's partition is killed between the records and the commit:
+    the coordinator writes the marker on the new leader, and read_committed consumers get every
+    record of the transaction once, and the open transaction's records before that never."""
+    with AdminClient(cluster.bootstrap_servers) as admin:
+        admin.create_topics([NewTopic(topic_name, 1, 3, {"min.insync.replicas": "2"})])
+    p = transactional_producer(cluster, f"{topic_name}-tx", **{"acks": "all"})
+    p.init_transactions(60)
+    p.begin_transaction()
+    values = [f"through-{i}" for i in range(30)]
+    for v in values:
+        p.produce(topic_name, value=v.encode(), partition=0)
+    assert p.flush(60) == 0
+    leader = state(cluster, topic_name).leader
+    cluster.kill_broker(leader)
+    wait_until(lambda: state(cluster, topic_name).leader not in (leader, -1), "a new leader")
+    p.commit_transaction(120)
+    got = read(cluster, topic_name, "read_committed", count=30)
+    assert sorted(got) == sorted(v.encode() for v in values)
