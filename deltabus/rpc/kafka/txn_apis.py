@@ -17,6 +17,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from deltabus import config as cfg
 from deltabus import errors
 from deltabus.acls import Operation, ResourceType
 from deltabus.cluster.handler import TransactionHandler
@@ -80,8 +81,10 @@ class KafkaTxnApis:
         return self._transactions
 
     def init_producer_id(self, version: int, request: Any) -> tuple[int, int, Any]:
-        """InitProducerId of a transactional producer: (producer id, epoch, error)."""
+        """InitProducerId of a transactional producer: (producer id, epoch, error). An id no
+        coordinator would keep is INVALID_REQUEST wherever it is sent, before NOT_COORDINATOR."""
         try:
+            cfg.check_transactional_id(request.transactional_id)
             producer_id, epoch = self._coordinator().init_transactional_producer(
                 request.transactional_id,
                 int(request.transaction_timeout.total_seconds() * 1000),
