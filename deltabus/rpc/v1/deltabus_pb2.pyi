@@ -80,7 +80,11 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     DUPLICATE_SEQUENCE_NUMBER: _ClassVar[ErrorCode]
     INVALID_PRODUCER_EPOCH: _ClassVar[ErrorCode]
     INVALID_TXN_STATE: _ClassVar[ErrorCode]
+    INVALID_PRODUCER_ID_MAPPING: _ClassVar[ErrorCode]
+    INVALID_TRANSACTION_TIMEOUT: _ClassVar[ErrorCode]
+    CONCURRENT_TRANSACTIONS: _ClassVar[ErrorCode]
     TRANSACTIONAL_ID_AUTHORIZATION_FAILED: _ClassVar[ErrorCode]
+    OPERATION_NOT_ATTEMPTED: _ClassVar[ErrorCode]
     KAFKA_STORAGE_ERROR: _ClassVar[ErrorCode]
     SASL_AUTHENTICATION_FAILED: _ClassVar[ErrorCode]
     NON_EMPTY_GROUP: _ClassVar[ErrorCode]
@@ -100,11 +104,14 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     NO_REASSIGNMENT_IN_PROGRESS: _ClassVar[ErrorCode]
     GROUP_SUBSCRIBED_TO_TOPIC: _ClassVar[ErrorCode]
     INVALID_RECORD: _ClassVar[ErrorCode]
+    UNSTABLE_OFFSET_COMMIT: _ClassVar[ErrorCode]
+    PRODUCER_FENCED: _ClassVar[ErrorCode]
     RESOURCE_NOT_FOUND: _ClassVar[ErrorCode]
     DUPLICATE_RESOURCE: _ClassVar[ErrorCode]
     UNACCEPTABLE_CREDENTIAL: _ClassVar[ErrorCode]
     INVALID_UPDATE_VERSION: _ClassVar[ErrorCode]
     UNKNOWN_TOPIC_ID: _ClassVar[ErrorCode]
+    TRANSACTIONAL_ID_NOT_FOUND: _ClassVar[ErrorCode]
     INELIGIBLE_REPLICA: _ClassVar[ErrorCode]
 
 class ElectionType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
@@ -216,7 +223,11 @@ OUT_OF_ORDER_SEQUENCE_NUMBER: ErrorCode
 DUPLICATE_SEQUENCE_NUMBER: ErrorCode
 INVALID_PRODUCER_EPOCH: ErrorCode
 INVALID_TXN_STATE: ErrorCode
+INVALID_PRODUCER_ID_MAPPING: ErrorCode
+INVALID_TRANSACTION_TIMEOUT: ErrorCode
+CONCURRENT_TRANSACTIONS: ErrorCode
 TRANSACTIONAL_ID_AUTHORIZATION_FAILED: ErrorCode
+OPERATION_NOT_ATTEMPTED: ErrorCode
 KAFKA_STORAGE_ERROR: ErrorCode
 SASL_AUTHENTICATION_FAILED: ErrorCode
 NON_EMPTY_GROUP: ErrorCode
@@ -236,11 +247,14 @@ ELECTION_NOT_NEEDED: ErrorCode
 NO_REASSIGNMENT_IN_PROGRESS: ErrorCode
 GROUP_SUBSCRIBED_TO_TOPIC: ErrorCode
 INVALID_RECORD: ErrorCode
+UNSTABLE_OFFSET_COMMIT: ErrorCode
+PRODUCER_FENCED: ErrorCode
 RESOURCE_NOT_FOUND: ErrorCode
 DUPLICATE_RESOURCE: ErrorCode
 UNACCEPTABLE_CREDENTIAL: ErrorCode
 INVALID_UPDATE_VERSION: ErrorCode
 UNKNOWN_TOPIC_ID: ErrorCode
+TRANSACTIONAL_ID_NOT_FOUND: ErrorCode
 INELIGIBLE_REPLICA: ErrorCode
 PREFERRED: ElectionType
 UNCLEAN: ElectionType
