@@ -42,6 +42,7 @@ from deltabus.client.cluster_client import ClusterClient
 from deltabus.client.consumer_coordinator import (
     CommitFailedError,
     ConsumerCoordinator,
+    ConsumerGroupMetadata,
     OffsetAndMetadata,
     TopicPartition,
     matching_topics,
@@ -622,6 +623,16 @@ class Consumer:
             self.commit()
         except (CommitFailedError, errors.DeltaBusError) as e:  # the records come again
             log.warning("auto-commit failed: %s", e)
+
+    def consumer_group_metadata(self) -> ConsumerGroupMetadata:
+        """This consumer's group and membership, for a transactional producer's
+        send_offsets_to_transaction (confluent-kafka's consumer_group_metadata)."""
+        if self._group is None:
+            raise errors.InvalidConfigError("consumer_group_metadata needs a group_id")
+        if self._subscription is None:  # outside group management: no membership to check
+            return ConsumerGroupMetadata(self._group.group_id)
+        return ConsumerGroupMetadata(self._group.group_id, self._group.generation_id,
+                                     self._group.member_id)
 
     def commit(self, offsets: dict[TopicPartition, OffsetAndMetadata | int] | None = None
                ) -> None:

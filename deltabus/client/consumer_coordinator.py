@@ -44,6 +44,15 @@ class TopicPartition(NamedTuple):
     partition: int
 
 
+class ConsumerGroupMetadata(NamedTuple):
+    """What a transactional producer's send_offsets_to_transaction needs of a consumer: its
+    group and membership, which the coordinator checks (KIP-447: a zombie's offsets fail)."""
+
+    group_id: str
+    generation_id: int = -1
+    member_id: str = ""
+
+
 class OffsetAndMetadata(NamedTuple):
     offset: int
     metadata: str = ""

@@ -15,6 +15,13 @@ Batch sizes: the broker checks a topic's max.message.bytes on each batch as Kafk
 batch never grows past `batch_size` as a record batch would count it, each record at its largest
 (`records.record_bytes_max`); only a record bigger than that goes alone. The default, 1,000,000
 (librdkafka's), leaves a full batch room within the default max.message.bytes (1,048,588).
+
+Transactions (KIP-98), as confluent-kafka's Producer names them: with a `transactional_id`,
+`init_transactions()` makes the producer transactional (a new epoch from the transaction
+coordinator, fencing earlier producers of the id); then `begin_transaction()`, `send`,
+`send_offsets_to_transaction`, `commit_transaction()` or `abort_transaction()`. Without
+`init_transactions()` a transactional id only gives a stable producer id (epoch 0, or
+`producer_epoch`), as the Spark sink and `exactly_once` use it.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ from deltabus import errors
 from deltabus.client import wire
 from deltabus.client.cluster_client import ClusterClient
 from deltabus.client.security import ClientSecurity, SecuritySettings
+from deltabus.client.transaction_manager import TransactionManager
 from deltabus.partitioner import StickyPartitioner, partition_for_key
 from deltabus.records import (
     HEADER_OVERHEAD_BYTES_MAX,
@@ -152,6 +160,20 @@ class FutureRecordMetadata:
         return self._batch.error
 
 
+def _offset_commits(offsets: Any) -> list[pb.OffsetCommitPartition]:
+    """send_offsets_to_transaction's offsets as TxnOffsetCommit entries."""
+    if isinstance(offsets, dict):
+        items = [(tp[0], tp[1], o if isinstance(o, int) else o.offset,
+                  "" if isinstance(o, int) else getattr(o, "metadata", "") or "",
+                  -1 if isinstance(o, int) else getattr(o, "leader_epoch", -1))
+                 for tp, o in offsets.items()]
+    else:
+        items = [(o.topic, o.partition, o.offset, getattr(o, "metadata", None) or "",
+                  getattr(o, "leader_epoch", None) or -1) for o in offsets]
+    return [pb.OffsetCommitPartition(topic=t, partition=p, committed_offset=o, metadata=m,
+                                     committed_leader_epoch=e) for t, p, o, m, e in items]
+
+
 def _to_bytes(data: Any, what: str) -> bytes | None:
     if data is None or isinstance(data, bytes):
         return data
@@ -186,6 +208,7 @@ class Producer:
         max_in_flight_batches_per_partition: int = 2,
         transactional_id: str | None = None,
         producer_epoch: int | None = None,
+        transaction_timeout_ms: int = 60_000,
         **security: Unpack[SecuritySettings],
     ) -> None:
         """`security`: Kafka's client security configs (deltabus.client.security)."""
@@ -229,6 +252,8 @@ class Producer:
             raise errors.InvalidConfigError(
                 "producer_epoch needs a transactional_id and must be in [0, 32767]")
         self._fixed_epoch = producer_epoch
+        self.transaction_timeout_ms = transaction_timeout_ms
+        self._txn: TransactionManager | None = None  # set by init_transactions()
         self._in_flight_max = (max_in_flight_batches_per_partition if enable_idempotence
                                else 1)
         self._producer_id = -1
@@ -254,6 +279,8 @@ class Producer:
              headers: list[tuple[str, Any]] | None = None, partition: int | None = None,
              timestamp_ms: int | None = None) -> FutureRecordMetadata:
         """Queue one record; returns a future of its RecordMetadata (topic, partition, offset)."""
+        if self._txn is not None:
+            self._txn.check_sending()
         value_b = _to_bytes(value, "value")
         key_b = _to_bytes(key, "key")
         n = self.partitions_for(topic)
@@ -306,6 +333,8 @@ class Producer:
         """The bulk path: send an Arrow table (columns value, and optionally key, timestamp,
         headers) or a list of values in as few requests as possible. Returns one future per
         chunk; each resolves to the metadata of the chunk's first record."""
+        if self._txn is not None:
+            self._txn.check_sending()
         table = (data if isinstance(data, pa.Table)
                  else pa.table({"value": pa.array(data, pa.binary())}))
         n = self.partitions_for(topic)
@@ -507,6 +536,9 @@ class Producer:
                 key = (batch.topic, batch.partition)
                 batch.base_sequence = self._sequences[key]
                 self._sequences[key] += batch.count
+        if self._txn is not None:  # in the transaction before its first batch, as librdkafka
+            self._txn.add_partitions({(b.topic, b.partition) for b in batches},
+                                     self.max_block_s)
 
     def sequences(self) -> dict[tuple[str, int], int]:
         """The next sequence number per partition (after flush: what was sent so far)."""
@@ -540,7 +572,8 @@ class Producer:
             self._in_flight[address] += 1
         request = wire.produce_request(
             self.acks, self.request_timeout_ms,
-            [(self._produce_data(b), b.payload()) for b in batches])
+            [(self._produce_data(b), b.payload()) for b in batches],
+            self.transactional_id if self._txn is not None else None)
         try:
             call = self._client.raw_produce(address).future(
                 request, timeout=self.request_timeout_ms / 1000 + 5)
@@ -618,6 +651,8 @@ class Producer:
             else:
                 done.append((batch, base_offset, error))
         for batch, base_offset, failure in done:
+            if failure is not None and self._txn is not None:
+                self._txn.batch_failed(failure)
             if failure is not None:  # as Kafka's producer: a lost batch is worth a line
                 log.warning("batch of %d records to %s-%d (sequence %d) failed: %s",
                             batch.count, batch.topic, batch.partition, batch.base_sequence,
@@ -654,6 +689,66 @@ class Producer:
                     self._lock.notify_all()
 
         threading.Thread(target=refresh, name="deltabus-producer-metadata", daemon=True).start()
+
+    # ---- transactions ------------------------------------------------------------------------
+
+    def init_transactions(self, timeout: float | None = None) -> None:
+        """Make this producer transactional (confluent-kafka's init_transactions): a new epoch
+        for its transactional id, which fences any earlier producer of the id and aborts the
+        transaction it left open. Call it once, before sending."""
+        if self.transactional_id is None or self._fixed_epoch is not None:
+            raise errors.InvalidConfigError(
+                "init_transactions needs a transactional_id and no producer_epoch")
+        with self._lock:
+            if self._incomplete or self._producer_id >= 0 and self._txn is None:
+                raise errors.InvalidTxnStateError("init_transactions before sending anything")
+        txn = self._txn or TransactionManager(self._client, self.transactional_id,
+                                              self.transaction_timeout_ms)
+        txn.init(self.max_block_s if timeout is None else timeout)
+        with self._lock:
+            self._txn = txn
+            self._producer_id, self._producer_epoch = txn.producer_id, txn.producer_epoch
+            self._sequences.clear()  # a new epoch starts its sequences at 0
+
+    def _transaction(self) -> TransactionManager:
+        if self._txn is None:
+            raise errors.InvalidTxnStateError("init_transactions() first")
+        return self._txn
+
+    def begin_transaction(self) -> None:
+        """Open a transaction: what is sent until commit or abort is in it."""
+        self._transaction().begin()
+
+    def send_offsets_to_transaction(self, offsets: Any, group_metadata: Any,
+                                    timeout: float | None = None) -> None:
+        """Commit a consumer group's offsets with the transaction (read-process-write):
+        `offsets` a dict {TopicPartition or (topic, partition): OffsetAndMetadata or offset},
+        or a list of objects with topic, partition and offset (confluent-kafka's
+        TopicPartition); `group_metadata` the consumer's consumer_group_metadata() or a group
+        id. The offsets become the group's only if the transaction commits."""
+        group_id = group_metadata if isinstance(group_metadata, str) else \
+            group_metadata.group_id
+        self._transaction().send_offsets(
+            group_id, getattr(group_metadata, "generation_id", -1),
+            getattr(group_metadata, "member_id", ""), _offset_commits(offsets),
+            self.max_block_s if timeout is None else timeout)
+
+    def commit_transaction(self, timeout: float | None = None) -> None:
+        """Send what is queued, then commit the transaction: its records become visible to
+        read_committed consumers and its offsets the group's. A fenced producer raises
+        ProducerFencedError; a transaction with a failed batch raises and must be aborted."""
+        txn = self._transaction()
+        txn.raise_if_fatal()
+        self.flush(timeout)
+        txn.end(True, self.max_block_s if timeout is None else timeout)
+
+    def abort_transaction(self, timeout: float | None = None) -> None:
+        """Wait for what is queued, then abort the transaction: its records are never shown to
+        read_committed consumers and its offsets are dropped."""
+        txn = self._transaction()
+        txn.raise_if_fatal()
+        self.flush(timeout)
+        txn.end(False, self.max_block_s if timeout is None else timeout)
 
     # ---- flushing and closing ----------------------------------------------------------------
 

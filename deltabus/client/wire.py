@@ -31,10 +31,14 @@ def varint(value: int) -> bytes:
 
 
 def produce_request(acks: pb.Acks, timeout_ms: int,
-                    batches: Iterable[tuple[pb.PartitionProduceData, bytes]]) -> bytes:
+                    batches: Iterable[tuple[pb.PartitionProduceData, bytes]],
+                    transactional_id: str | None = None) -> bytes:
     """The serialized ProduceRequest for batches given as (their PartitionProduceData without
-    arrow_records, the Arrow IPC payload)."""
-    parts = [pb.ProduceRequest(acks=acks, timeout_ms=timeout_ms).SerializeToString()]
+    arrow_records, the Arrow IPC payload); `transactional_id`: batches of its transaction."""
+    head = pb.ProduceRequest(acks=acks, timeout_ms=timeout_ms)
+    if transactional_id is not None:
+        head.transactional_id = transactional_id
+    parts = [head.SerializeToString()]
     for data, payload in batches:
         head = data.SerializeToString()
         body_len = len(head) + 1 + len(varint(len(payload))) + len(payload)

@@ -294,18 +294,24 @@ class DeltaBusServicer(GroupServicerMixin, AclServicerMixin, TxnServicerMixin,
         budget = UnpackBudget()  # what this request's compressed Arrow buffers unpack to
         timeout_ms = max(0, present_or(request, "timeout_ms", cfg.PRODUCE_TIMEOUT_MS_DEFAULT))
         deadline = time.monotonic() + timeout_ms / 1000  # for the appends and their acks
+        transactional = request.HasField("transactional_id")
+        txn_refusal = (access.transactional_id(Operation.WRITE, request.transactional_id)
+                       if transactional else None)
         for data in request.partitions:
             refusal = access.topic(Operation.WRITE, data.topic) or (
                 access.producer_id(self._handler, data.producer_id)
-                if data.HasField("producer_id") else None)
+                if data.HasField("producer_id") else None) or txn_refusal
             if refusal is not None:  # nothing of it is written
                 pending.append((data, None, refusal))
                 continue
             try:
                 batch = codec.produce_batch_from_proto(data, budget)
                 idempotent = data.HasField("producer_id") and data.producer_id >= 0
+                if transactional and not idempotent:
+                    raise errors.InvalidRequestError(
+                        "a transaction's batches need their producer id and epoch")
                 producer = (ProducerState(data.producer_id, data.producer_epoch,
-                                          data.base_sequence)
+                                          data.base_sequence, transactional)
                             if idempotent else ProducerState())
                 future = self._handler.produce(
                     data.topic, data.partition, batch, acks=acks, producer=producer,
@@ -482,6 +488,8 @@ class DeltaBusServicer(GroupServicerMixin, AclServicerMixin, TxnServicerMixin,
     @_guard
     def InitProducerId(self, request: pb.InitProducerIdRequest,
                        context: Any) -> pb.InitProducerIdResponse:
+        if request.HasField("transaction_timeout_ms"):
+            return self._init_transactions(request, context)
         access = self._access(context)
         Access.raise_if(access.init_producer_id(request.transactional_id))
         producer_id, epoch = self._handler.init_producer_id(request.transactional_id,

@@ -329,3 +329,24 @@ def test_a_closed_producer_refuses_to_send(fake: FakeCluster) -> None:
     assert future.get(0).offset == 0  # close flushed it
     with pytest.raises(errors.ClientError, match="closed"):
         producer.send(TOPIC, b"x")
+
+
+def test_transactions_need_a_transactional_id_and_init_transactions_first(fake) -> None:
+    """confluent-kafka's order: init_transactions (with a transactional_id, and not with the
+    Spark sink's fixed producer_epoch) before begin_transaction; nothing is sent meanwhile."""
+    fake.create_topic(TOPIC, 1)
+    with Producer(fake.bootstrap_servers) as producer:
+        with pytest.raises(errors.InvalidConfigError):
+            producer.init_transactions()
+        with pytest.raises(errors.InvalidTxnStateError):
+            producer.begin_transaction()
+    with Producer(fake.bootstrap_servers, transactional_id="tx", producer_epoch=3) as producer:
+        with pytest.raises(errors.InvalidConfigError):
+            producer.init_transactions()
+    with Producer(fake.bootstrap_servers, transactional_id="tx") as producer:
+        for call in (producer.begin_transaction, producer.commit_transaction,
+                     producer.abort_transaction):
+            with pytest.raises(errors.InvalidTxnStateError):
+                call()
+        producer.send(TOPIC, b"stable id, no transaction", partition=0).get(30)
+    assert fake.values(TOPIC, 0) == [b"stable id, no transaction"]

@@ -42,6 +42,7 @@ ACLS = [
     *allow(ResourceType.TOPIC, "public-", "User:*", Operation.DESCRIBE,
            pattern=PatternType.PREFIXED),
     *allow(ResourceType.GROUP, "billing", "User:alice", Operation.READ),
+    *allow(ResourceType.TRANSACTIONAL_ID, "alice-tx", "User:alice", Operation.WRITE),
 ]
 
 
@@ -138,3 +139,38 @@ def test_groups_need_read_on_the_group_and_admin_calls_their_operation(fake) -> 
             pb.CreatableTopic(name="bobs", num_partitions=1, replication_factor=1)]),
             timeout=30, metadata=_as("bob"))
     assert created.topics[0].error_code == 0 and "bobs" in fake.image().topics
+
+
+def test_transaction_calls_need_write_on_the_transactional_id(fake) -> None:
+    """As the Kafka door: WRITE on the transactional id for a transactional producer's calls
+    and its produce requests, WRITE on each topic added, READ on the group of its offsets. The
+    fake's servers have no transaction coordinator: NOT_COORDINATOR means the ACLs let it by."""
+    ids = dict(transactional_id="alice-tx", producer_id=7, producer_epoch=0)
+    with grpc.insecure_channel(fake.bootstrap_servers) as channel:
+        stub = pb_grpc.DeltaBusStub(channel)
+        init = pb.InitProducerIdRequest(transactional_id="alice-tx",
+                                        transaction_timeout_ms=60_000)
+        assert stub.InitProducerId(init, timeout=30, metadata=_as("bob")).error_code == \
+            errors.TransactionalIdAuthorizationFailedError.code
+        assert stub.InitProducerId(init, timeout=30, metadata=_as("alice")).error_code == \
+            errors.NotCoordinatorError.code
+        end = pb.EndTxnRequest(committed=True, **ids)
+        assert stub.EndTxn(end, timeout=30, metadata=_as("bob")).error_code == \
+            errors.TransactionalIdAuthorizationFailedError.code
+        added = stub.AddPartitionsToTxn(pb.AddPartitionsToTxnRequest(topic_partitions=[
+            pb.TopicPartitions(topic="orders", partitions=[0]),
+            pb.TopicPartitions(topic="secret", partitions=[0])], **ids),
+            timeout=30, metadata=_as("alice"))
+        assert {(r.topic, r.error_code) for r in added.results} == {
+            ("orders", errors.OperationNotAttemptedError.code),
+            ("secret", errors.TopicAuthorizationFailedError.code)}
+        offsets = stub.AddOffsetsToTxn(pb.AddOffsetsToTxnRequest(group_id="payroll", **ids),
+                                       timeout=30, metadata=_as("alice"))
+        assert offsets.error_code == errors.GroupAuthorizationFailedError.code
+        produced = stub.Produce(pb.ProduceRequest(
+            acks=pb.ACKS_LEADER, transactional_id="bobs-tx", partitions=[
+                pb.PartitionProduceData(topic="orders", partition=0, producer_id=7,
+                                        records=[pb.Record(value=b"t")])]),
+            timeout=30, metadata=_as("alice")).partitions[0]
+        assert produced.error_code == errors.TransactionalIdAuthorizationFailedError.code
+    assert fake.values("orders", 0) == []
