@@ -127,6 +127,7 @@ class KafkaApis:
             self.groups.pending_txn_offsets = transactions.pending_txn_offsets
         self._sessions = FetchSessionCache()
         self._topic_id_maps: tuple[int, dict[str, uuid.UUID], dict[uuid.UUID, str]] | None = None
+        self.groups.topic_ids = self._topic_ids
         self._apis: dict[int, Callable[..., Any]] = {
             API_VERSIONS: self.api_versions, METADATA: self.metadata, PRODUCE: self.produce,
             FETCH: self.fetch, LIST_OFFSETS: self.list_offsets,
@@ -157,6 +158,8 @@ class KafkaApis:
         started_s = time.thread_time()
         if api_key == groups.JOIN_GROUP:
             response = self.groups.join_group(version, request, refused, client)
+        elif api_key == groups.CONSUMER_GROUP_HEARTBEAT:
+            response = self.groups.consumer_group_heartbeat(version, request, refused, client)
         else:
             response = self._apis[api_key](version, request, refused)
         if api_key == API_VERSIONS or response is None or isinstance(response, Unanswered):
@@ -179,7 +182,8 @@ class KafkaApis:
         ids, cluster-wide changes. Per-topic checks are the APIs' own."""
         access = current_access()
         if api_key in (groups.JOIN_GROUP, groups.SYNC_GROUP, groups.HEARTBEAT,
-                       groups.LEAVE_GROUP, groups.OFFSET_COMMIT):
+                       groups.LEAVE_GROUP, groups.OFFSET_COMMIT,
+                       groups.CONSUMER_GROUP_HEARTBEAT):
             return access.group(Operation.READ, request.group_id)
         if api_key == groups.OFFSET_FETCH and getattr(request, "group_id", None) is not None:
             return access.group(Operation.DESCRIBE, request.group_id)
