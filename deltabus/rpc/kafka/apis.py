@@ -231,7 +231,15 @@ class KafkaApis:
             "MetadataResponseBroker", "MetadataResponseTopic", "MetadataResponsePartition"))
         # v0: an empty list means every topic; v1 and later: a null list does.
         names = (None if request.topics is None or (version == 0 and not request.topics)
-                 else [t.name for t in request.topics])
+                 else [t.name for t in request.topics if t.name is not None])
+        # v10+: a topic may be named by its id alone (librdkafka does, for the topics a
+        # KIP-848 assignment names by id); one the cluster does not have is UNKNOWN_TOPIC_ID.
+        by_id = [t.topic_id for t in request.topics or () if getattr(t, "name", "") is None]
+        unknown_ids = []
+        if by_id:
+            id_names = self._topic_ids()[1]
+            names = (names or []) + [id_names[i] for i in by_id if i in id_names]
+            unknown_ids = [i for i in by_id if i not in id_names]
         auto_create = bool(getattr(request, "allow_auto_topic_creation", True))
         image, denied = authorized_metadata(self._handler, current_access(), names or [],
                                             auto_create and bool(names))
@@ -267,6 +275,8 @@ class KafkaApis:
                                partitions=partitions, topic_authorized_operations=(
                                    current_access().topic_operations(name) if asked
                                    else OPERATIONS_NOT_ASKED)))
+        topics += [make(topic_cls, error_code=ErrorCode.unknown_topic_id, name=None,
+                        topic_id=i, is_internal=False, partitions=()) for i in unknown_ids]
         return make(cls, throttle_time=NO_TIME, brokers=brokers,
                     cluster_id=image.cluster_id or None,
                     controller_id=controller_id(image, self._listener),
