@@ -36,6 +36,7 @@ Invariants:
 from __future__ import annotations
 
 import collections
+import copy
 import logging
 import struct
 import threading
@@ -683,6 +684,16 @@ class GroupCoordinator:
                     self._fence_consumer(group, member, "did not revoke its partitions in time")
             if not group.members and not self._store.has_group(group.group_id):
                 del self._consumer_groups[group.group_id]
+
+    def describe_consumer_group(self, group_id: str) -> ConsumerGroup:
+        """ConsumerGroupDescribe: a copy of a KIP-848 group (GROUP_ID_NOT_FOUND for any other,
+        a classic group included, as Kafka answers)."""
+        _check_group_id(group_id)
+        with self._lock:
+            group = self._consumer_groups.get(group_id)
+            if group is None:
+                raise errors.GroupIdNotFoundError(f"group {group_id} is not a consumer group")
+            return copy.deepcopy(group)
 
     def _check_not_consumer_group(self, group_id: str) -> None:
         """Lock held. A classic request to a KIP-848 group with members is refused."""

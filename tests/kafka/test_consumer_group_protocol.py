@@ -5,7 +5,7 @@ consumers with group.protocol=consumer, whose partitions the group coordinator a
 from __future__ import annotations
 
 from confluent_kafka import Consumer as KafkaConsumer
-from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+from confluent_kafka import ConsumerGroupTopicPartitions, ConsumerGroupType, TopicPartition
 from confluent_kafka import Producer as KafkaProducer
 from confluent_kafka.admin import AdminClient as KafkaAdminClient
 
@@ -71,6 +71,12 @@ def test_two_librdkafka_consumers_share_a_topic_the_coordinator_assigns(
             group, [TopicPartition(topic_name, p_) for p_ in range(PARTITIONS)])])
         offsets = listed[group].result(30).topic_partitions
         assert {tp.partition: tp.offset for tp in offsets} == dict.fromkeys(range(PARTITIONS), 10)
+
+        described = classic.describe_consumer_groups([group])[group].result(30)
+        assert described.type == ConsumerGroupType.CONSUMER  # ConsumerGroupDescribe's answer
+        assert len(described.members) == 2
+        assert sorted(tp.partition for m in described.members
+                      for tp in m.assignment.topic_partitions) == list(range(PARTITIONS))
 
         consumers.pop().close()  # leaves the group (epoch -1): its partitions move
 

@@ -41,7 +41,7 @@ from deltabus.rpc.kafka.frames import (
 
 (FIND_COORDINATOR, JOIN_GROUP, SYNC_GROUP, HEARTBEAT, LEAVE_GROUP, OFFSET_COMMIT, OFFSET_FETCH,
  LIST_GROUPS, DESCRIBE_GROUPS) = 10, 11, 14, 12, 13, 8, 9, 16, 15
-DELETE_GROUPS, OFFSET_DELETE, CONSUMER_GROUP_HEARTBEAT = 42, 47, 68
+DELETE_GROUPS, OFFSET_DELETE, CONSUMER_GROUP_HEARTBEAT, CONSUMER_GROUP_DESCRIBE = 42, 47, 68, 69
 SUPPORTED: dict[int, tuple[int, int]] = {
     FIND_COORDINATOR: (0, 3),
     JOIN_GROUP: (0, 7),
@@ -55,6 +55,7 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     DELETE_GROUPS: (0, 2),
     OFFSET_DELETE: (0, 0),
     CONSUMER_GROUP_HEARTBEAT: (0, 1),
+    CONSUMER_GROUP_DESCRIBE: (0, 1),
 }
 GROUP, TRANSACTION = 0, 1  # FindCoordinator's key types
 # The coordinator's node id in FindCoordinator answers: no broker has it, so clients keep a
@@ -85,6 +86,7 @@ class KafkaGroupApis:
             DESCRIBE_GROUPS: self.describe_groups, DELETE_GROUPS: self.delete_groups,
             OFFSET_DELETE: self.offset_delete,
             CONSUMER_GROUP_HEARTBEAT: self.consumer_group_heartbeat,
+            CONSUMER_GROUP_DESCRIBE: self.consumer_group_describe,
         }
 
     def _coordinator(self) -> GroupCoordinator:
@@ -417,6 +419,49 @@ class KafkaGroupApis:
                     member_id=result.member_id, member_epoch=result.member_epoch,
                     heartbeat_interval=timedelta(milliseconds=result.heartbeat_interval_ms),
                     assignment=assignment)
+
+
+    def consumer_group_describe(self, version: int, request: Any,
+                                refused: errors.DeltaBusError | None = None) -> Any:
+        """ConsumerGroupDescribe (KIP-848): each group's epochs, assignor and members with their
+        subscriptions, assignments and targets; DESCRIBE on the group, and on every topic its
+        assignments name (TOPIC_AUTHORIZATION_FAILED otherwise), as Kafka checks them."""
+        cls = load_response_schema(CONSUMER_GROUP_DESCRIBE, version)
+        group_cls, member_cls = nested(cls, "DescribedGroup"), nested(cls, "Member")
+        access = current_access()
+        ids = self.topic_ids()[0]
+
+        def assignment(a: dict[str, frozenset[int]]) -> Any:
+            return make(nested(cls, "Assignment"), topic_partitions=tuple(
+                make(nested(cls, "TopicPartitions"), topic_id=ids.get(t), topic_name=t,
+                     partitions=tuple(sorted(ps))) for t, ps in sorted(a.items())))
+
+        described = []
+        for group_id in request.group_ids:
+            try:
+                Access.raise_if(refused or access.group(Operation.DESCRIBE, group_id))
+                g = self._coordinator().describe_consumer_group(group_id)
+                for m in g.members.values():
+                    for t in {*m.assigned, *g.target.get(m.member_id, {})}:
+                        Access.raise_if(access.topic(Operation.DESCRIBE, t))
+            except errors.DeltaBusError as e:
+                described.append(make(group_cls, error_code=error_code(e),
+                                      error_message=e.message, group_id=group_id,
+                                      group_state="", group_epoch=-1, assignment_epoch=-1,
+                                      assignor_name="", members=()))
+                continue
+            described.append(make(
+                group_cls, error_code=ErrorCode.none, error_message=None, group_id=group_id,
+                group_state=g.state, group_epoch=g.group_epoch,
+                assignment_epoch=g.assignment_epoch, assignor_name=g.assignor(),
+                members=tuple(make(
+                    member_cls, member_id=m.member_id, instance_id=m.instance_id,
+                    rack_id=m.rack_id, member_epoch=m.member_epoch, client_id=m.client_id,
+                    client_host=m.client_host, subscribed_topic_names=m.subscribed_topic_names,
+                    subscribed_topic_regex=None, assignment=assignment(m.assigned),
+                    target_assignment=assignment(g.target.get(m.member_id, {})),
+                    member_type=1) for m in g.members.values())))
+        return make(cls, throttle_time=NO_TIME, groups=tuple(described))
 
 
 def _check_heartbeat(version: int, request: Any) -> None:
