@@ -618,7 +618,8 @@ class GroupCoordinator:
                     f"({self._config.group_max_groups}) allows: no new group {group_id}")
             group = self._consumer_groups[group_id] = ConsumerGroup(group_id)
         member_id = member_id or str(uuid.uuid4())  # v0: the coordinator names new members
-        if member_id in group.members:
+        if member_id in group.members:  # a rejoin: it keeps its place (a static one too)
+            group.members[member_id].left_static = False
             return group, group.members[member_id]
         if len(group.members) >= self._config.group_max_size:
             raise errors.GroupMaxSizeReachedError(
@@ -958,7 +959,9 @@ class GroupCoordinator:
         for group_id in self._store.groups():
             with self._lock:
                 group = self._groups.get(group_id)
-                if group is not None and group.members:
+                consumers = self._consumer_groups.get(group_id)
+                if group is not None and group.members or consumers is not None and \
+                        consumers.members:
                     continue
                 idle_since = max(self._store.last_commit_ms(group_id) / 1000,
                                  group.empty_since_s if group is not None else 0.0)

@@ -180,6 +180,31 @@ def test_classic_and_consumer_groups_do_not_mix(coordinator: GroupCoordinator) -
         coordinator.consumer_group_heartbeat("g", "x", 0, server_assignor="sticky", owned={})
 
 
+def test_a_consumer_heartbeat_to_a_classic_group_with_members_is_inconsistent(
+        coordinator: GroupCoordinator) -> None:
+    with pytest.raises(errors.MemberIdRequiredError) as handed:
+        coordinator.join_group("classic", "", "consumer", [("range", b"")],
+                               session_timeout_ms=10_000, rebalance_timeout_ms=10_000)
+    coordinator.join_group("classic", handed.value.member_id, "consumer",  # type: ignore
+                           [("range", b"")], session_timeout_ms=10_000,
+                           rebalance_timeout_ms=10_000)
+    with pytest.raises(errors.InconsistentGroupProtocolError):
+        coordinator.consumer_group_heartbeat("classic", "x", 0, rebalance_timeout_ms=1000,
+                                             subscribed_topic_names=[TOPIC], owned={})
+
+
+def test_a_subscription_change_revokes_the_partitions_of_topics_left(
+        coordinator: GroupCoordinator) -> None:
+    a = Member(coordinator, "a")
+    converge([a])
+    epoch = a.epoch
+    result = coordinator.consumer_group_heartbeat("g", "a", a.epoch, owned=a.owned,
+                                                  subscribed_topic_names=["other"])
+    assert result.assignment == {} and result.member_epoch == epoch  # revoke first
+    result = coordinator.consumer_group_heartbeat("g", "a", epoch, owned={})
+    assert result.member_epoch > epoch
+
+
 def test_commits_check_the_member_epoch(coordinator: GroupCoordinator) -> None:
     a = Member(coordinator, "a")
     a.heartbeat()
