@@ -421,6 +421,12 @@ class GroupConfig:
     offset_commit_partitions_max: int = 10_000
     # Commits queued within this long share one Delta commit of __consumer_offsets.
     offsets_commit_linger_ms: int = 5
+    # KIP-848's consumer groups (ConsumerGroupHeartbeat): how often members heartbeat, and how
+    # long a silent one keeps its partitions (group.consumer.heartbeat.interval.ms and
+    # group.consumer.session.timeout.ms).
+    group_consumer_heartbeat_interval_ms: int = 5_000
+    group_consumer_session_timeout_ms: int = field(
+        default_factory=lambda: _env_int("DELTABUS_GROUP_CONSUMER_SESSION_TIMEOUT_MS", 45_000))
     # The coordinator answers joins and syncs of this many members at once (server threads).
     coordinator_threads: int = 512
 

@@ -203,6 +203,13 @@ InvalidUpdateVersionError = _kafka_error(95, "INVALID_UPDATE_VERSION")
 # A Fetch (v13+) naming a topic by an id the cluster does not have.
 UnknownTopicIdError = _kafka_error(100, "UNKNOWN_TOPIC_ID", retriable=True)
 IneligibleReplicaError = _kafka_error(107, "INELIGIBLE_REPLICA")
+# KIP-848's consumer groups: a member epoch the coordinator no longer holds for the member (it
+# must join again with epoch 0), a static member's instance id still held by a live member, a
+# server assignor the coordinator does not have, and a commit of an older member epoch.
+FencedMemberEpochError = _kafka_error(110, "FENCED_MEMBER_EPOCH")
+UnreleasedInstanceIdError = _kafka_error(111, "UNRELEASED_INSTANCE_ID")
+UnsupportedAssignorError = _kafka_error(112, "UNSUPPORTED_ASSIGNOR")
+StaleMemberEpochError = _kafka_error(113, "STALE_MEMBER_EPOCH")
 
 
 class ClientError(DeltaBusError):

@@ -36,6 +36,7 @@ Invariants:
 from __future__ import annotations
 
 import collections
+import copy
 import logging
 import struct
 import threading
@@ -50,6 +51,15 @@ from typing import Any
 from deltabus import config as cfg
 from deltabus import errors
 from deltabus.metadata import GroupDescription, MemberDescription, MetadataImage
+from deltabus.offsets.consumer_group import (
+    ASSIGNORS,
+    LEAVE_EPOCH,
+    STATIC_LEAVE_EPOCH,
+    UNREVOKED,
+    Assignment,
+    ConsumerGroup,
+    ConsumerMember,
+)
 from deltabus.offsets.offset_store import OffsetAndMetadata, OffsetCommit, OffsetStore
 
 log = logging.getLogger(__name__)
@@ -97,6 +107,17 @@ class JoinResult:
     instance_ids: dict[str, str] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class HeartbeatResult:
+    """ConsumerGroupHeartbeat's answer: the member's epoch and, when it changed or the member
+    sent a full request, its assignment."""
+
+    member_id: str
+    member_epoch: int
+    heartbeat_interval_ms: int
+    assignment: Assignment | None
+
+
 @dataclass
 class Group:
     group_id: str
@@ -135,6 +156,7 @@ class GroupCoordinator:
         self._metadata = metadata
         self._lock = threading.Lock()
         self._groups: dict[str, Group] = {}
+        self._consumer_groups: dict[str, ConsumerGroup] = {}  # KIP-848's
         self._next_expiry_check_s = clock() + config.offsets_retention_check_interval_ms / 1000
 
     # ---- membership ----------------------------------------------------------------------------
@@ -163,6 +185,7 @@ class GroupCoordinator:
                                                           session_timeout_ms)
         future: Future[JoinResult] = Future()
         with self._lock:
+            self._check_not_consumer_group(group_id)
             group = self._groups.get(group_id) or self._new_group(group_id)
             now = self._clock()
             leader_before: str | None = None  # a static member's restart: the leader's id
@@ -520,6 +543,188 @@ class GroupCoordinator:
                 f"({group.generation_id})")
         return group, group.members[member_id]
 
+    # ---- KIP-848's consumer groups -------------------------------------------------------------
+
+    def consumer_group_heartbeat(
+            self, group_id: str, member_id: str, member_epoch: int, *,
+            instance_id: str | None = None, rack_id: str | None = None,
+            rebalance_timeout_ms: int = -1, subscribed_topic_names: list[str] | None = None,
+            server_assignor: str | None = None, owned: Assignment | None = None,
+            client_id: str = "", client_host: str = "") -> HeartbeatResult:
+        """ConsumerGroupHeartbeat: join (epoch 0), heartbeat, or leave (-1; -2 for a static
+        member that comes back); the answer carries the member's next epoch and assignment,
+        computed here (the coordinator assigns, not a leader). None of these fields but the
+        ids and epoch are sent when unchanged since the last heartbeat, so None keeps them."""
+        _check_group_id(group_id)
+        if server_assignor is not None and server_assignor not in ASSIGNORS:
+            raise errors.UnsupportedAssignorError(
+                f"the coordinator's assignors are {list(ASSIGNORS)}, not {_shown(server_assignor)}")
+        interval_ms = self._config.group_consumer_heartbeat_interval_ms
+        with self._lock:
+            classic = self._groups.get(group_id)
+            if classic is not None and classic.members:
+                raise errors.InconsistentGroupProtocolError(
+                    f"group {group_id} is a classic group with members (JoinGroup)")
+            now = self._clock()
+            if member_epoch in (LEAVE_EPOCH, STATIC_LEAVE_EPOCH):
+                self._consumer_leave(group_id, member_id, member_epoch, now)
+                return HeartbeatResult(member_id, member_epoch, interval_ms, None)
+            group, member = self._consumer_member(group_id, member_id, member_epoch,
+                                                  instance_id, owned, now)
+            before = dict(member.assigned)
+            member.last_heartbeat_s = now
+            member.client_id, member.client_host = client_id, client_host
+            member.rack_id = rack_id if rack_id is not None else member.rack_id
+            if rebalance_timeout_ms > 0:
+                member.rebalance_timeout_ms = min(
+                    rebalance_timeout_ms, self._config.group_max_rebalance_timeout_ms)
+            if subscribed_topic_names is not None and \
+                    tuple(sorted(set(subscribed_topic_names))) != member.subscribed_topic_names:
+                member.subscribed_topic_names = tuple(sorted(set(subscribed_topic_names)))
+                group.changed = True
+            if server_assignor is not None and server_assignor != member.server_assignor:
+                member.server_assignor = server_assignor
+                group.changed = True
+            image = self._metadata()
+            group.refresh_partition_counts(
+                lambda t: len(image.topics[t].partitions) if t in image.topics else 0)
+            group.update_target()
+            group.reconcile(member, owned, now)
+            full = member_epoch == 0 or (rebalance_timeout_ms != -1 and owned is not None
+                                         and subscribed_topic_names is not None)
+            changed = full or member.assigned != before
+            return HeartbeatResult(member.member_id, member.member_epoch, interval_ms,
+                                   dict(member.assigned) if changed else None)
+
+    def _consumer_member(self, group_id: str, member_id: str, member_epoch: int,
+                         instance_id: str | None, owned: Assignment | None,
+                         now: float) -> tuple[ConsumerGroup, ConsumerMember]:
+        """Lock held. The member a heartbeat is for: a new one (epoch 0), a static member
+        taking its place back (epoch 0 and its instance id), or a known one at its epoch."""
+        group = self._consumer_groups.get(group_id)
+        if member_epoch != 0:
+            member = group.members.get(member_id) if group is not None else None
+            if group is None or member is None or member.left_static:
+                raise errors.UnknownMemberIdError(
+                    f"member {member_id} is not in consumer group {group_id}")
+            group.check_epoch(member, member_epoch, owned)
+            return group, member
+        if group is None:
+            if not self._store.has_group(group_id) and \
+                    self._group_count() + len(self._consumer_groups) >= \
+                    self._config.group_max_groups:
+                raise errors.GroupMaxSizeReachedError(
+                    f"the coordinator holds the most groups group.max.groups "
+                    f"({self._config.group_max_groups}) allows: no new group {group_id}")
+            group = self._consumer_groups[group_id] = ConsumerGroup(group_id)
+        member_id = member_id or str(uuid.uuid4())  # v0: the coordinator names new members
+        if member_id in group.members:  # a rejoin: it keeps its place (a static one too)
+            group.members[member_id].left_static = False
+            return group, group.members[member_id]
+        if len(group.members) >= self._config.group_max_size:
+            raise errors.GroupMaxSizeReachedError(
+                f"group {group_id} has the most members group.max.size "
+                f"({self._config.group_max_size}) allows")
+        member = ConsumerMember(member_id, now, instance_id=instance_id)
+        holder = group.static_members.get(instance_id) if instance_id else None
+        if holder is not None:
+            old = group.members[holder]
+            if not old.left_static:
+                raise errors.UnreleasedInstanceIdError(
+                    f"instance id {instance_id} is held by live member {holder}")
+            del group.members[holder]  # the static member is back: same epoch, same partitions
+            member.member_epoch, member.previous_member_epoch = old.member_epoch, -1
+            member.assigned, member.revoking, member.state = old.assigned, old.revoking, old.state
+            member.subscribed_topic_names = old.subscribed_topic_names
+            member.server_assignor = old.server_assignor
+            group.target[member_id] = group.target.pop(holder, {})
+        else:
+            group.changed = True
+        if instance_id:
+            group.static_members[instance_id] = member_id
+        group.members[member_id] = member
+        log.info("consumer group %s: member %s joined (group epoch %d)", group_id, member_id,
+                 group.group_epoch)
+        return group, member
+
+    def _consumer_leave(self, group_id: str, member_id: str, member_epoch: int,
+                        now: float) -> None:
+        """Lock held. A member leaves (epoch -1) and its partitions go to others; a static
+        member that will come back (-2) keeps them for its session timeout."""
+        group = self._consumer_groups.get(group_id)
+        member = group.members.get(member_id) if group is not None else None
+        if group is None or member is None:
+            raise errors.UnknownMemberIdError(
+                f"member {member_id} is not in consumer group {group_id}")
+        if member_epoch == STATIC_LEAVE_EPOCH and member.instance_id:
+            member.left_static, member.last_heartbeat_s = True, now
+            return
+        self._fence_consumer(group, member, "left the group")
+
+    def _fence_consumer(self, group: ConsumerGroup, member: ConsumerMember, why: str) -> None:
+        """Lock held. The member is out; its partitions go to others in a new group epoch."""
+        del group.members[member.member_id]
+        group.target.pop(member.member_id, None)
+        if member.instance_id and group.static_members.get(member.instance_id) == \
+                member.member_id:
+            del group.static_members[member.instance_id]
+        group.group_epoch += 1
+        log.info("consumer group %s: member %s %s (group epoch %d)", group.group_id,
+                 member.member_id, why, group.group_epoch)
+
+    def _expire_consumers(self, now: float) -> None:
+        """Lock held. Members silent past group.consumer.session.timeout.ms, and those that
+        did not revoke partitions within their rebalance timeout, are fenced; empty groups
+        without committed offsets go."""
+        session_s = self._config.group_consumer_session_timeout_ms / 1000
+        for group in list(self._consumer_groups.values()):
+            for member in list(group.members.values()):
+                if now - member.last_heartbeat_s > session_s:
+                    self._fence_consumer(group, member, "missed its session timeout")
+                elif member.state == UNREVOKED and now > member.revoke_deadline_s:
+                    self._fence_consumer(group, member, "did not revoke its partitions in time")
+            if not group.members and not self._store.has_group(group.group_id):
+                del self._consumer_groups[group.group_id]
+
+    def describe_consumer_group(self, group_id: str) -> ConsumerGroup:
+        """ConsumerGroupDescribe: a copy of a KIP-848 group (GROUP_ID_NOT_FOUND for any other,
+        a classic group included, as Kafka answers)."""
+        _check_group_id(group_id)
+        with self._lock:
+            group = self._consumer_groups.get(group_id)
+            if group is None:
+                raise errors.GroupIdNotFoundError(f"group {group_id} is not a consumer group")
+            return copy.deepcopy(group)
+
+    def _check_not_consumer_group(self, group_id: str) -> None:
+        """Lock held. A classic request to a KIP-848 group with members is refused."""
+        group = self._consumer_groups.get(group_id)
+        if group is not None and group.members:
+            raise errors.InconsistentGroupProtocolError(
+                f"group {group_id} is a consumer group (ConsumerGroupHeartbeat) with members")
+
+    def _check_consumer_commit(self, group: ConsumerGroup, member_id: str,
+                               member_epoch: int) -> None:
+        """Lock held. An OffsetCommit to a consumer group: from a member at its epoch (v9's
+        generation field carries it), or from outside (epoch -1, no member id) while empty."""
+        if member_epoch < 0 and not member_id:
+            if group.members:
+                raise errors.UnknownMemberIdError(
+                    f"group {group.group_id} has active members: a consumer outside it cannot "
+                    "commit its offsets")
+            return
+        member = group.members.get(member_id)
+        if member is None:
+            raise errors.UnknownMemberIdError(
+                f"member {member_id} is not in consumer group {group.group_id}")
+        if member_epoch > member.member_epoch:
+            raise errors.FencedMemberEpochError(
+                f"member {member_id} is at epoch {member.member_epoch}, not {member_epoch}")
+        if member_epoch < member.member_epoch:
+            raise errors.StaleMemberEpochError(
+                f"member {member_id} is at epoch {member.member_epoch}, not {member_epoch}")
+        member.last_heartbeat_s = self._clock()
+
     # ---- offsets -------------------------------------------------------------------------------
 
     def check_offset_commit(self, group_id: str, partitions: int) -> None:
@@ -550,8 +755,11 @@ class GroupCoordinator:
         if offsets and not known:  # Kafka asks the coordinator nothing: no group is made
             return _resolved(answers)
         with self._lock:
+            consumers = self._consumer_groups.get(group_id)
             group = self._groups.get(group_id)
-            if generation_id < 0 and not member_id:
+            if consumers is not None and (consumers.members or member_id):
+                self._check_consumer_commit(consumers, member_id, generation_id)
+            elif generation_id < 0 and not member_id:
                 if group is not None and group.members:
                     raise errors.UnknownMemberIdError(
                         f"group {group_id} has active members: a consumer outside it cannot "
@@ -563,7 +771,7 @@ class GroupCoordinator:
                     raise errors.RebalanceInProgressError(
                         f"group {group_id} is completing a rebalance")
                 member.last_heartbeat_s = self._clock()
-            if group is None:
+            if group is None and consumers is None:
                 self._new_group(group_id)
         now_ms = int(time.time() * 1000)
         stored = self._store.commit([
@@ -582,6 +790,10 @@ class GroupCoordinator:
         commit offsets for partitions the group gave to another member since."""
         _check_group_id(group_id)
         with self._lock:
+            consumers = self._consumer_groups.get(group_id)
+            if consumers is not None and member_id:  # KIP-848: the generation is the epoch
+                self._check_consumer_commit(consumers, member_id, generation_id)
+                return
             group = self._groups.get(group_id)
             if group is not None:
                 self._check_instance(group, member_id, group_instance_id)
@@ -620,6 +832,8 @@ class GroupCoordinator:
         with self._lock:
             known = {g.group_id: (g.group_id, g.protocol_type or "consumer", g.state)
                      for g in self._groups.values()}
+            known |= {g.group_id: (g.group_id, "consumer", g.state)
+                      for g in self._consumer_groups.values()}
         for group_id in self._store.groups():
             known.setdefault(group_id, (group_id, "consumer", EMPTY))
         return sorted(known.values())
@@ -702,6 +916,7 @@ class GroupCoordinator:
         now = self._clock()
         with self._lock:
             self._expire_members(now)
+            self._expire_consumers(now)
             self._drop_empty_groups()
         if now >= self._next_expiry_check_s:
             self._next_expiry_check_s = now + \
@@ -744,7 +959,9 @@ class GroupCoordinator:
         for group_id in self._store.groups():
             with self._lock:
                 group = self._groups.get(group_id)
-                if group is not None and group.members:
+                consumers = self._consumer_groups.get(group_id)
+                if group is not None and group.members or consumers is not None and \
+                        consumers.members:
                     continue
                 idle_since = max(self._store.last_commit_ms(group_id) / 1000,
                                  group.empty_since_s if group is not None else 0.0)

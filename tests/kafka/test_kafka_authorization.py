@@ -79,11 +79,18 @@ def test_metadata_shows_bob_only_what_he_may_describe(door) -> None:
         "orders", "public-news"}  # WRITE and READ imply DESCRIBE; public- is for everyone
 
 
-def test_a_consumer_needs_read_on_its_group_and_topic(door) -> None:
+@pytest.mark.parametrize("protocol", ["classic", "consumer"])
+def test_a_consumer_needs_read_on_its_group_and_topic(door, protocol: str) -> None:
+    """Both group protocols: JoinGroup, and KIP-848's ConsumerGroupHeartbeat. Bob may find
+    the group's coordinator and the topic (DESCRIBE), not join the group (READ)."""
     fake, address = door
+    fake.authorizer = Authorizer(DOOR_ACLS + [
+        _allow(ResourceType.GROUP, "billing", "User:bob", Operation.DESCRIBE),
+        _allow(ResourceType.TOPIC, "orders", "User:bob", Operation.DESCRIBE)])
     assert _produce(_as("alice", address), "orders") is None
     for user, expected in (("bob", KafkaError.GROUP_AUTHORIZATION_FAILED), ("alice", None)):
         consumer = confluent_kafka.Consumer({**_as(user, address), "group.id": "billing",
+                                             "group.protocol": protocol,
                                              "auto.offset.reset": "earliest"})
         consumer.subscribe(["orders"])
         deadline, got = time.monotonic() + 60, None
@@ -94,7 +101,13 @@ def test_a_consumer_needs_read_on_its_group_and_topic(door) -> None:
         if expected is None:
             assert got.error() is None and got.value() == b"v"
         else:
-            assert got.error() is not None and got.error().code() == expected
+            error = got.error()
+            assert error is not None
+            if protocol == "consumer":  # librdkafka makes a refused heartbeat fatal
+                assert error.code() == KafkaError._FATAL, error
+                assert "Group authorization failed" in error.str(), error
+            else:
+                assert error.code() == expected
 
 
 def test_create_and_delete_topics_need_their_operations(door) -> None:

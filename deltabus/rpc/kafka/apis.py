@@ -127,6 +127,7 @@ class KafkaApis:
             self.groups.pending_txn_offsets = transactions.pending_txn_offsets
         self._sessions = FetchSessionCache()
         self._topic_id_maps: tuple[int, dict[str, uuid.UUID], dict[uuid.UUID, str]] | None = None
+        self.groups.topic_ids = self._topic_ids
         self._apis: dict[int, Callable[..., Any]] = {
             API_VERSIONS: self.api_versions, METADATA: self.metadata, PRODUCE: self.produce,
             FETCH: self.fetch, LIST_OFFSETS: self.list_offsets,
@@ -157,6 +158,8 @@ class KafkaApis:
         started_s = time.thread_time()
         if api_key == groups.JOIN_GROUP:
             response = self.groups.join_group(version, request, refused, client)
+        elif api_key == groups.CONSUMER_GROUP_HEARTBEAT:
+            response = self.groups.consumer_group_heartbeat(version, request, refused, client)
         else:
             response = self._apis[api_key](version, request, refused)
         if api_key == API_VERSIONS or response is None or isinstance(response, Unanswered):
@@ -179,7 +182,8 @@ class KafkaApis:
         ids, cluster-wide changes. Per-topic checks are the APIs' own."""
         access = current_access()
         if api_key in (groups.JOIN_GROUP, groups.SYNC_GROUP, groups.HEARTBEAT,
-                       groups.LEAVE_GROUP, groups.OFFSET_COMMIT):
+                       groups.LEAVE_GROUP, groups.OFFSET_COMMIT,
+                       groups.CONSUMER_GROUP_HEARTBEAT):
             return access.group(Operation.READ, request.group_id)
         if api_key == groups.OFFSET_FETCH and getattr(request, "group_id", None) is not None:
             return access.group(Operation.DESCRIBE, request.group_id)
@@ -227,7 +231,15 @@ class KafkaApis:
             "MetadataResponseBroker", "MetadataResponseTopic", "MetadataResponsePartition"))
         # v0: an empty list means every topic; v1 and later: a null list does.
         names = (None if request.topics is None or (version == 0 and not request.topics)
-                 else [t.name for t in request.topics])
+                 else [t.name for t in request.topics if t.name is not None])
+        # v10+: a topic may be named by its id alone (librdkafka does, for the topics a
+        # KIP-848 assignment names by id); one the cluster does not have is UNKNOWN_TOPIC_ID.
+        by_id = [t.topic_id for t in request.topics or () if getattr(t, "name", "") is None]
+        unknown_ids = []
+        if by_id:
+            id_names = self._topic_ids()[1]
+            names = (names or []) + [id_names[i] for i in by_id if i in id_names]
+            unknown_ids = [i for i in by_id if i not in id_names]
         auto_create = bool(getattr(request, "allow_auto_topic_creation", True))
         image, denied = authorized_metadata(self._handler, current_access(), names or [],
                                             auto_create and bool(names))
@@ -263,6 +275,8 @@ class KafkaApis:
                                partitions=partitions, topic_authorized_operations=(
                                    current_access().topic_operations(name) if asked
                                    else OPERATIONS_NOT_ASKED)))
+        topics += [make(topic_cls, error_code=ErrorCode.unknown_topic_id, name=None,
+                        topic_id=i, is_internal=False, partitions=()) for i in unknown_ids]
         return make(cls, throttle_time=NO_TIME, brokers=brokers,
                     cluster_id=image.cluster_id or None,
                     controller_id=controller_id(image, self._listener),

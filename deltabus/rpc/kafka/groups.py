@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import functools
 import time
+import uuid
 from collections.abc import Callable
 from concurrent.futures import Future
+from datetime import timedelta
 from typing import Any
 
 from kio.schema.errors import ErrorCode
@@ -39,19 +41,21 @@ from deltabus.rpc.kafka.frames import (
 
 (FIND_COORDINATOR, JOIN_GROUP, SYNC_GROUP, HEARTBEAT, LEAVE_GROUP, OFFSET_COMMIT, OFFSET_FETCH,
  LIST_GROUPS, DESCRIBE_GROUPS) = 10, 11, 14, 12, 13, 8, 9, 16, 15
-DELETE_GROUPS, OFFSET_DELETE = 42, 47
+DELETE_GROUPS, OFFSET_DELETE, CONSUMER_GROUP_HEARTBEAT, CONSUMER_GROUP_DESCRIBE = 42, 47, 68, 69
 SUPPORTED: dict[int, tuple[int, int]] = {
     FIND_COORDINATOR: (0, 3),
     JOIN_GROUP: (0, 7),
     SYNC_GROUP: (0, 5),
     HEARTBEAT: (0, 4),
     LEAVE_GROUP: (0, 4),
-    OFFSET_COMMIT: (2, 8),
+    OFFSET_COMMIT: (2, 9),
     OFFSET_FETCH: (1, 7),
     LIST_GROUPS: (0, 4),
     DESCRIBE_GROUPS: (0, 5),
     DELETE_GROUPS: (0, 2),
     OFFSET_DELETE: (0, 0),
+    CONSUMER_GROUP_HEARTBEAT: (0, 1),
+    CONSUMER_GROUP_DESCRIBE: (0, 1),
 }
 GROUP, TRANSACTION = 0, 1  # FindCoordinator's key types
 # The coordinator's node id in FindCoordinator answers: no broker has it, so clients keep a
@@ -70,6 +74,10 @@ class KafkaGroupApis:
         # The partitions of a group whose offsets an open transaction commits (the transaction
         # coordinator's), for OffsetFetch's require_stable (KIP-447).
         self.pending_txn_offsets: Callable[[str], set[tuple[str, int]]] | None = None
+        # Every topic's id by name and the reverse, as Metadata tells clients (KIP-848's
+        # assignments name topics by id).
+        self.topic_ids: Callable[[], tuple[dict[str, uuid.UUID], dict[uuid.UUID, str]]] = \
+            lambda: ({}, {})
         self.apis = {
             FIND_COORDINATOR: self.find_coordinator, JOIN_GROUP: self.join_group,
             SYNC_GROUP: self.sync_group, HEARTBEAT: self.heartbeat,
@@ -77,6 +85,8 @@ class KafkaGroupApis:
             OFFSET_FETCH: self.offset_fetch, LIST_GROUPS: self.list_groups,
             DESCRIBE_GROUPS: self.describe_groups, DELETE_GROUPS: self.delete_groups,
             OFFSET_DELETE: self.offset_delete,
+            CONSUMER_GROUP_HEARTBEAT: self.consumer_group_heartbeat,
+            CONSUMER_GROUP_DESCRIBE: self.consumer_group_describe,
         }
 
     def _coordinator(self) -> GroupCoordinator:
@@ -368,6 +378,110 @@ class KafkaGroupApis:
                 partition_cls, partition_index=partition, error_code=error_code(error)))
         return make(cls, error_code=ErrorCode.none, throttle_time=NO_TIME, topics=tuple(
             make(topic_cls, name=t, partitions=tuple(ps)) for t, ps in by_topic.items()))
+
+
+    def consumer_group_heartbeat(self, version: int, request: Any,
+                                 refused: errors.DeltaBusError | None = None,
+                                 client: tuple[str, str] = ("", "")) -> Any:
+        """ConsumerGroupHeartbeat (KIP-848): the coordinator answers at once with the member's
+        epoch and, when it changed, its assignment. READ on the group (`refused`), then
+        DESCRIBE on every subscribed topic (TOPIC_AUTHORIZATION_FAILED), as Kafka checks."""
+        cls = load_response_schema(CONSUMER_GROUP_HEARTBEAT, version)
+        ids, names = self.topic_ids()
+        try:
+            Access.raise_if(refused)
+            _check_heartbeat(version, request)
+            access = current_access()
+            for topic in request.subscribed_topic_names or ():
+                Access.raise_if(access.topic(Operation.DESCRIBE, topic))
+            owned = None if request.topic_partitions is None else {
+                names.get(t.topic_id, ""): frozenset(t.partitions)
+                for t in request.topic_partitions}
+            result = self._coordinator().consumer_group_heartbeat(
+                request.group_id, request.member_id, request.member_epoch,
+                instance_id=request.instance_id, rack_id=request.rack_id,
+                rebalance_timeout_ms=millis(request.rebalance_timeout, -1),
+                subscribed_topic_names=None if request.subscribed_topic_names is None
+                else list(request.subscribed_topic_names),
+                server_assignor=request.server_assignor, owned=owned,
+                client_id=client[0], client_host=client[1])
+        except errors.DeltaBusError as e:
+            return make(cls, throttle_time=NO_TIME, error_code=error_code(e),
+                        error_message=e.message, member_id=request.member_id or None,
+                        member_epoch=-1, heartbeat_interval=timedelta(0), assignment=None)
+        assignment = None
+        if result.assignment is not None:
+            tp_cls = nested(cls, "TopicPartitions")
+            assignment = make(nested(cls, "Assignment"), topic_partitions=tuple(
+                tp_cls(topic_id=ids[t], partitions=tuple(sorted(ps)))
+                for t, ps in sorted(result.assignment.items()) if t in ids))
+        return make(cls, throttle_time=NO_TIME, error_code=ErrorCode.none, error_message=None,
+                    member_id=result.member_id, member_epoch=result.member_epoch,
+                    heartbeat_interval=timedelta(milliseconds=result.heartbeat_interval_ms),
+                    assignment=assignment)
+
+
+    def consumer_group_describe(self, version: int, request: Any,
+                                refused: errors.DeltaBusError | None = None) -> Any:
+        """ConsumerGroupDescribe (KIP-848): each group's epochs, assignor and members with their
+        subscriptions, assignments and targets; DESCRIBE on the group, and on every topic its
+        assignments name (TOPIC_AUTHORIZATION_FAILED otherwise), as Kafka checks them."""
+        cls = load_response_schema(CONSUMER_GROUP_DESCRIBE, version)
+        group_cls, member_cls = nested(cls, "DescribedGroup"), nested(cls, "Member")
+        access = current_access()
+        ids = self.topic_ids()[0]
+
+        def assignment(a: dict[str, frozenset[int]]) -> Any:
+            return make(nested(cls, "Assignment"), topic_partitions=tuple(
+                make(nested(cls, "TopicPartitions"), topic_id=ids.get(t), topic_name=t,
+                     partitions=tuple(sorted(ps))) for t, ps in sorted(a.items())))
+
+        described = []
+        for group_id in request.group_ids:
+            try:
+                Access.raise_if(refused or access.group(Operation.DESCRIBE, group_id))
+                g = self._coordinator().describe_consumer_group(group_id)
+                for m in g.members.values():
+                    for t in {*m.assigned, *g.target.get(m.member_id, {})}:
+                        Access.raise_if(access.topic(Operation.DESCRIBE, t))
+            except errors.DeltaBusError as e:
+                described.append(make(group_cls, error_code=error_code(e),
+                                      error_message=e.message, group_id=group_id,
+                                      group_state="", group_epoch=-1, assignment_epoch=-1,
+                                      assignor_name="", members=()))
+                continue
+            described.append(make(
+                group_cls, error_code=ErrorCode.none, error_message=None, group_id=group_id,
+                group_state=g.state, group_epoch=g.group_epoch,
+                assignment_epoch=g.assignment_epoch, assignor_name=g.assignor(),
+                members=tuple(make(
+                    member_cls, member_id=m.member_id, instance_id=m.instance_id,
+                    rack_id=m.rack_id, member_epoch=m.member_epoch, client_id=m.client_id,
+                    client_host=m.client_host, subscribed_topic_names=m.subscribed_topic_names,
+                    subscribed_topic_regex=None, assignment=assignment(m.assigned),
+                    target_assignment=assignment(g.target.get(m.member_id, {})),
+                    member_type=1) for m in g.members.values())))
+        return make(cls, throttle_time=NO_TIME, groups=tuple(described))
+
+
+def _check_heartbeat(version: int, request: Any) -> None:
+    """Kafka's validation of a ConsumerGroupHeartbeat before the coordinator sees it."""
+    if version >= 1 and not request.member_id:
+        raise errors.InvalidRequestError("MemberId can't be empty.")
+    if request.member_epoch == 0 and (request.subscribed_topic_names is None
+                                      and getattr(request, "subscribed_topic_regex", None) is None
+                                      or request.topic_partitions is None
+                                      or millis(request.rebalance_timeout, -1) == -1):
+        raise errors.InvalidRequestError(
+            "a join (member epoch 0) names its subscription, owned partitions and rebalance "
+            "timeout")
+    if request.member_epoch == -2 and not request.instance_id:
+        raise errors.InvalidRequestError("InstanceId can't be null when member epoch is -2.")
+    if request.member_epoch < -2:
+        raise errors.InvalidRequestError(f"MemberEpoch {request.member_epoch} is invalid.")
+    if getattr(request, "subscribed_topic_regex", None):
+        raise errors.InvalidRequestError(
+            "subscribed_topic_regex is not supported by this coordinator: subscribe by names")
 
 
 def _join_failed(cls: Any, version: int, error: errors.DeltaBusError, member_id: str) -> Any:
