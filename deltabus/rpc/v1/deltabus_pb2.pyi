@@ -113,6 +113,10 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     UNKNOWN_TOPIC_ID: _ClassVar[ErrorCode]
     TRANSACTIONAL_ID_NOT_FOUND: _ClassVar[ErrorCode]
     INELIGIBLE_REPLICA: _ClassVar[ErrorCode]
+    FENCED_MEMBER_EPOCH: _ClassVar[ErrorCode]
+    UNRELEASED_INSTANCE_ID: _ClassVar[ErrorCode]
+    UNSUPPORTED_ASSIGNOR: _ClassVar[ErrorCode]
+    STALE_MEMBER_EPOCH: _ClassVar[ErrorCode]
 
 class ElectionType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -256,6 +260,10 @@ INVALID_UPDATE_VERSION: ErrorCode
 UNKNOWN_TOPIC_ID: ErrorCode
 TRANSACTIONAL_ID_NOT_FOUND: ErrorCode
 INELIGIBLE_REPLICA: ErrorCode
+FENCED_MEMBER_EPOCH: ErrorCode
+UNRELEASED_INSTANCE_ID: ErrorCode
+UNSUPPORTED_ASSIGNOR: ErrorCode
+STALE_MEMBER_EPOCH: ErrorCode
 PREFERRED: ElectionType
 UNCLEAN: ElectionType
 SCRAM_MECHANISM_UNKNOWN: ScramMechanism
