@@ -406,6 +406,7 @@ class DeltaBusServicer(GroupServicerMixin, AclServicerMixin, TxnServicerMixin,
             for p in response.partitions:
                 del p.records[:]
                 p.arrow_records = b""
+                p.next_offset = 0  # the records withheld are fetched again, not skipped
         response.throttle_time_ms = max(
             throttle_ms, throttling.record_thread_time(self._handler, access, started_s))
         return response
