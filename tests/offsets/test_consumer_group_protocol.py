@@ -15,6 +15,7 @@ from deltabus.metadata import MetadataImage, PartitionState, TopicState
 from deltabus.offsets.consumer_group import range_assign, uniform_assign
 from deltabus.offsets.group_coordinator import GroupCoordinator, HeartbeatResult
 from deltabus.offsets.offset_store import OffsetAndMetadata, OffsetStore
+from tests.offsets.test_group_coordinator import Clock
 
 TOPIC = "t"
 
@@ -22,14 +23,6 @@ TOPIC = "t"
 def image() -> MetadataImage:
     partitions = tuple(PartitionState(p, 0, 0, (0,), (0,)) for p in range(6))
     return MetadataImage(1, "c", 0, (), {TOPIC: TopicState(TOPIC, "t-id", partitions)})
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture
