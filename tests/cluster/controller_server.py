@@ -4,14 +4,18 @@ Delta table under tmp_path), the public API and the brokers' lifecycle API on a 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+from deltabus import NewTopic
 from deltabus import config as cfg
+from deltabus.cluster.broker import Broker, BrokerSpec
 from deltabus.cluster.controller import Controller, ControllerHandler
 from deltabus.listeners import GRPC
 from deltabus.metadata import CONTROLLER_NODE_ID, BrokerEndpoint, ListenerEndpoint
 from deltabus.rpc.kafka.listener import KafkaListener
 from deltabus.rpc.server import start_server
+from tests.conftest import wait_until
 
 
 class ControllerServer:
@@ -58,4 +62,22 @@ def serve(root: Path) -> Iterator[ControllerServer]:
     try:
         yield server
     finally:
+        server.stop()
+
+
+@contextmanager
+def leading_broker(server: ControllerServer, topics: tuple[str, ...]) -> Iterator[Broker]:
+    """Broker 0 against `server`, live and leading partition 0 of each of `topics` (one
+    partition, its only replica); closed, and the server stopped, afterwards."""
+    broker = Broker(BrokerSpec(0, server.node, server.config))
+    try:
+        broker.start()
+        wait_until(lambda: server.controller.live_brokers() == [0], "the broker to be live", 30)
+        server.controller.create_topics(
+            [NewTopic(t, replica_assignment={0: [0]}) for t in topics], timeout_ms=30_000)
+        wait_until(lambda: all((p := broker._partitions.get((t, 0))) is not None
+                               and p.is_leader for t in topics), "the broker to lead", 30)
+        yield broker
+    finally:
+        broker.close()
         server.stop()

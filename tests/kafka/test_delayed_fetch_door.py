@@ -15,10 +15,9 @@ from pathlib import Path
 import pytest
 from kio.schema.errors import ErrorCode
 
-from deltabus import NewTopic
 from deltabus import config as cfg
-from deltabus.cluster.broker import Broker, BrokerSpec
-from tests.cluster.controller_server import ControllerServer
+from deltabus.cluster.broker import Broker
+from tests.cluster.controller_server import ControllerServer, leading_broker
 from tests.conftest import wait_until
 from tests.kafka.raw_frames import (
     FETCH,
@@ -50,18 +49,10 @@ def descriptors() -> None:
 def broker(tmp_path: Path) -> Iterator[tuple[Broker, tuple[str, int]]]:
     """Broker 0, leading the test's topics, and its Kafka door's address."""
     server = ControllerServer(tmp_path, kafka_port=0)
-    broker = Broker(BrokerSpec(0, server.node, server.config))
-    try:
-        broker.start()
-        wait_until(lambda: server.controller.live_brokers() == [0], "the broker to be live", 30)
+    with leading_broker(server, ("woken", "expired")) as broker:
         node = server.controller.image().broker(0)
         assert node is not None and node.kafka_port > 0
-        server.controller.create_topics([NewTopic(t, replica_assignment={0: [0]})
-                                         for t in ("woken", "expired")], timeout_ms=30_000)
         yield broker, (node.host, node.kafka_port)
-    finally:
-        broker.close()
-        server.stop()
 
 
 def long_polls(address: tuple[str, int], topic: str, max_wait_ms: int,

@@ -25,13 +25,13 @@ from kafka.record.default_records import DefaultRecordBatchBuilder
 from kafka.record.memory_records import MemoryRecords
 from kio.index import load_request_schema
 
-from deltabus import Consumer, NewTopic
+from deltabus import Consumer
 from deltabus import TopicPartition as DeltaBusPartition
-from deltabus.cluster.broker import Broker, BrokerSpec
+from deltabus.cluster.broker import Broker
 from deltabus.log_tables.control_records import TxnMarker
 from deltabus.rpc.kafka.frames import make, nested
 from deltabus.rpc.txn_markers import write_txn_markers
-from tests.cluster.controller_server import ControllerServer
+from tests.cluster.controller_server import ControllerServer, leading_broker
 from tests.conftest import wait_until
 from tests.kafka.raw_frames import FETCH, PRODUCE, call, connect_to, fetch, read_response
 
@@ -45,20 +45,10 @@ INVALID_TXN_STATE = 48
 def door(tmp_path: Path) -> Iterator[tuple[ControllerServer, Broker, str]]:
     """Broker 0 leading TOPIC-0, its Kafka door's address."""
     server = ControllerServer(tmp_path, kafka_port=0)
-    broker = Broker(BrokerSpec(0, server.node, server.config))
-    try:
-        broker.start()
-        wait_until(lambda: server.controller.live_brokers() == [0], "the broker to be live", 30)
-        server.controller.create_topics([NewTopic(TOPIC, replica_assignment={0: [0]})],
-                                        timeout_ms=30_000)
-        wait_until(lambda: broker._partitions.get((TOPIC, 0)) is not None
-                   and broker._partitions[(TOPIC, 0)].is_leader, "the broker to lead", 30)
+    with leading_broker(server, (TOPIC,)) as broker:
         node = server.controller.image().broker(0)
         assert node is not None
         yield server, broker, f"{node.host}:{node.kafka_port}"
-    finally:
-        broker.close()
-        server.stop()
 
 
 def produce(address: str, values: list[bytes], producer_id: int = -1,

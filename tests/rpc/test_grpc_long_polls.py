@@ -17,12 +17,11 @@ import grpc
 import pyarrow as pa
 import pytest
 
-from deltabus import NewTopic
-from deltabus.cluster.broker import Broker, BrokerSpec
+from deltabus.cluster.broker import Broker
 from deltabus.records import ProducerState
 from deltabus.rpc.v1 import deltabus_pb2 as pb
 from deltabus.rpc.v1 import deltabus_pb2_grpc as pb_grpc
-from tests.cluster.controller_server import ControllerServer
+from tests.cluster.controller_server import ControllerServer, leading_broker
 from tests.cluster.test_replica_fetch_threads import client_address
 from tests.conftest import client_pool_is_full, wait_until
 
@@ -36,17 +35,9 @@ LONG_WAIT_MS = 60_000  # the most a broker waits: an answer before it ended earl
 def broker(tmp_path: Path) -> Iterator[tuple[Broker, pb_grpc.DeltaBusStub]]:
     server = ControllerServer(tmp_path, grpc_threads=CLIENT_THREADS,
                               grpc_long_polls_max=LONG_POLLS_MAX)
-    broker = Broker(BrokerSpec(0, server.node, server.config))
-    try:
-        broker.start()
-        wait_until(lambda: server.controller.live_brokers() == [0], "the broker to be live", 30)
-        server.controller.create_topics([NewTopic(TOPIC, replica_assignment={0: [0]})],
-                                        timeout_ms=30_000)
-        with grpc.insecure_channel(client_address(server, 0)) as channel:
-            yield broker, pb_grpc.DeltaBusStub(channel)
-    finally:
-        broker.close()
-        server.stop()
+    with leading_broker(server, (TOPIC,)) as broker, \
+            grpc.insecure_channel(client_address(server, 0)) as channel:
+        yield broker, pb_grpc.DeltaBusStub(channel)
 
 
 def long_poll(stub: pb_grpc.DeltaBusStub, min_bytes: int = 1) -> pb.FetchResponse:
