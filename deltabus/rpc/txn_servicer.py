@@ -19,9 +19,8 @@ from deltabus.cluster.handler import TransactionHandler
 from deltabus.offsets.group_coordinator import GroupCoordinator
 from deltabus.rpc.access import Access
 from deltabus.rpc.codec import present_or
+from deltabus.rpc.txn_offsets import PartitionAnswers, commit_txn_offsets
 from deltabus.rpc.v1 import deltabus_pb2 as pb
-
-PartitionAnswers = dict[tuple[str, int], errors.DeltaBusError | None]
 
 
 def _results(answers: PartitionAnswers) -> list[pb.PartitionResult]:
@@ -99,30 +98,13 @@ class TxnServicerMixin:
         access = self._access(context)
         refused = (access.transactional_id(Operation.WRITE, request.transactional_id)
                    or access.group(Operation.READ, request.group_id))
-        if refused is None and self._groups is not None:
-            try:
-                self._groups.check_txn_offset_commit(
-                    request.group_id, request.member_id,
-                    present_or(request, "generation_id", -1),
-                    request.group_instance_id if request.HasField("group_instance_id")
-                    else None)
-            except errors.DeltaBusError as e:
-                refused = e
-        answers: PartitionAnswers = {}
-        offsets: dict[tuple[str, int], tuple[int, int, str]] = {}
-        for p in request.partitions:
-            denied = refused or access.topic(Operation.READ, p.topic)
-            answers[(p.topic, p.partition)] = denied
-            if denied is None:
-                offsets[(p.topic, p.partition)] = (
-                    p.committed_offset, present_or(p, "committed_leader_epoch", -1), p.metadata)
-        if offsets:
-            try:
-                answers.update(self._txn_coordinator().txn_offset_commit(
-                    request.transactional_id, request.group_id, request.producer_id,
-                    request.producer_epoch, offsets))
-            except errors.DeltaBusError as e:
-                answers.update(dict.fromkeys(offsets, e))
+        answers = commit_txn_offsets(
+            self._txn_coordinator(), self._groups, access, refused, request,
+            (request.member_id, present_or(request, "generation_id", -1),
+             request.group_instance_id if request.HasField("group_instance_id") else None),
+            ((p.topic, p.partition, p.committed_offset,
+              present_or(p, "committed_leader_epoch", -1), p.metadata)
+             for p in request.partitions))
         return pb.TxnOffsetCommitResponse(results=_results(answers))
 
     def EndTxn(self, request: pb.EndTxnRequest, context: Any) -> pb.EndTxnResponse:

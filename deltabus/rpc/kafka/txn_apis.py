@@ -25,6 +25,7 @@ from deltabus.metadata import TXN_STATES, TransactionMetadata
 from deltabus.offsets.group_coordinator import GroupCoordinator
 from deltabus.rpc.access import current_access
 from deltabus.rpc.kafka.frames import NO_TIME, error_code, load_response_schema, make, nested
+from deltabus.rpc.txn_offsets import commit_txn_offsets
 
 INIT_PRODUCER_ID, ADD_PARTITIONS_TO_TXN, ADD_OFFSETS_TO_TXN, END_TXN = 22, 24, 25, 26
 TXN_OFFSET_COMMIT, DESCRIBE_TRANSACTIONS, LIST_TRANSACTIONS = 28, 65, 66
@@ -164,31 +165,13 @@ class KafkaTxnApis:
             "TxnOffsetCommitResponseTopic", "TxnOffsetCommitResponsePartition"))
         access = current_access()
         refused = refused or access.group(Operation.READ, request.group_id)
-        if refused is None and self._groups is not None:
-            try:
-                self._groups.check_txn_offset_commit(
-                    request.group_id, getattr(request, "member_id", ""),
-                    getattr(request, "generation_id", -1),
-                    getattr(request, "group_instance_id", None))
-            except errors.DeltaBusError as e:
-                refused = e
-        answers: dict[tuple[str, int], errors.DeltaBusError | None] = {}
-        offsets: dict[tuple[str, int], tuple[int, int, str]] = {}
-        for t in request.topics:
-            denied = refused or access.topic(Operation.READ, t.name)
-            for p in t.partitions:
-                answers[(t.name, p.partition_index)] = denied
-                if denied is None:
-                    offsets[(t.name, p.partition_index)] = (
-                        p.committed_offset, getattr(p, "committed_leader_epoch", -1),
-                        p.committed_metadata or "")
-        if offsets:
-            try:
-                answers.update(self._coordinator().txn_offset_commit(
-                    request.transactional_id, request.group_id, request.producer_id,
-                    request.producer_epoch, offsets))
-            except errors.DeltaBusError as e:
-                answers.update(dict.fromkeys(offsets, e))
+        answers = commit_txn_offsets(
+            self._coordinator(), self._groups, access, refused, request,
+            (getattr(request, "member_id", ""), getattr(request, "generation_id", -1),
+             getattr(request, "group_instance_id", None)),
+            ((t.name, p.partition_index, p.committed_offset,
+              getattr(p, "committed_leader_epoch", -1), p.committed_metadata or "")
+             for t in request.topics for p in t.partitions))
         by_topic: dict[str, list[Any]] = {}
         for (topic, partition), error in answers.items():
             by_topic.setdefault(topic, []).append(make(
