@@ -67,7 +67,7 @@ def decoded(data: bytes) -> tuple[list[tuple], list[DefaultRecordBatch]]:
 @given(st.lists(record, min_size=1, max_size=60), st.sampled_from([0, 1]),
        st.integers(0, 10**12), st.booleans())
 def test_fetched_batches_decode_to_the_log_rows(records, timestamp_type, base, no_headers):
-    if no_headers:  # the column-wise encoder's case
+    if no_headers:  # the encoder skips the headers field then
         records = [(*r[:4], []) for r in records]
     rows = log_rows(records, timestamp_type, base)
     got, batches = decoded(encode_fetch(rows))

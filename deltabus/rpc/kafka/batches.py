@@ -20,9 +20,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import snappy
 import zstandard
+from crc32c import crc32c
 from kafka import codec as kafka_codec
-from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
-from kafka.record.util import calc_crc32c, decode_varint
+from kafka.record.default_records import DefaultRecordBatch
+from kafka.record.util import decode_varint, encode_varint
 
 from deltabus import errors
 from deltabus.log_tables.control_records import control_mask
@@ -372,26 +373,49 @@ def encode_fetch(log_rows: pa.Table, aborted: Sequence[AbortedTxn] = ()) -> byte
     """Log rows (LOG_SCHEMA, in offset order) as uncompressed record batches. Markers go as
     control batches of one record each; the records of the `aborted` transactions (those a
     read_committed fetch is told of) in transactional batches of their producer, which the
-    client then drops. No batch mixes a marker or an aborted transaction with other rows."""
+    client then drops. No batch mixes a marker or an aborted transaction with other rows.
+
+    Every fetch answer is encoded here, so this is built column-wise for all its batches at
+    once: each field of every record is a column of bytes (varints by numpy; keys, values and
+    headers as stored) that Arrow joins row by row into the records; Python only writes each
+    batch's 61-byte header."""
+    if log_rows.num_rows == 0:
+        return b""
+    log_rows = log_rows.combine_chunks()
     control = control_mask(log_rows).to_numpy(zero_copy_only=False)
     in_aborted = aborted_mask(log_rows, aborted) & ~control
-    parts = []
-    for start, length in _batch_slices(log_rows, control, in_aborted):
-        rows = log_rows.slice(start, length)
+    slices = _batch_slices(log_rows, control, in_aborted)
+    starts = np.array([start for start, _ in slices], np.int64)
+    counts = np.array([count for _, count in slices], np.int64)
+    first_of = np.repeat(starts, counts)  # each row's batch's first row
+    offsets = log_rows.column("offset").to_numpy()
+    timestamps = _micros(log_rows) // 1000  # Kafka's are in ms
+    records, ends = _records(log_rows, control, offsets - offsets[first_of],
+                             timestamps - timestamps[first_of])
+    max_timestamps = np.maximum.reduceat(timestamps, starts)
+    append_time = log_rows.column("timestamp_type").to_numpy() == LOG_APPEND_TIME
+    epochs = log_rows.column("leader_epoch").to_numpy()
+    parts: list[bytes | bytearray | memoryview] = []
+    for i, (start, count) in enumerate(slices):
+        last = start + count - 1
+        attributes = DefaultRecordBatch.TIMESTAMP_TYPE_MASK if append_time[start] else 0
+        producer = _NO_PRODUCER
         if control[start]:
-            parts.append(_encode_columnar(rows.set_column(
-                rows.schema.get_field_index("headers"), "headers",
-                pa.nulls(rows.num_rows, rows.schema.field("headers").type)),
-                _CONTROL_ATTRIBUTES, _producer_of(rows, base_sequence=-1)))
-            continue
-        producer = _producer_of(rows) if in_aborted[start] else _NO_PRODUCER
-        extra = _TRANSACTIONAL if in_aborted[start] else 0
-        headers = rows.column("headers")
-        if headers.null_count == rows.num_rows or not pc.any(
-                pc.greater(pc.list_value_length(headers), 0)).as_py():
-            parts.append(_encode_columnar(rows, extra, producer))
-        else:
-            parts.append(_encode_batch(rows, producer))
+            attributes |= _CONTROL_ATTRIBUTES
+            producer = _producer_of(log_rows, start, base_sequence=-1)
+        elif in_aborted[start]:
+            attributes |= _TRANSACTIONAL
+            producer = _producer_of(log_rows, start)
+        data = records[ends[start - 1] if start else 0:ends[last]]
+        header = bytearray(_BATCH_HEADER.size)
+        _BATCH_HEADER.pack_into(header, 0, int(offsets[start]),
+                                _BATCH_HEADER.size - 12 + len(data), int(epochs[last]), 2, 0,
+                                attributes, int(offsets[last] - offsets[start]),
+                                int(timestamps[start]), int(max_timestamps[i]), *producer,
+                                count)
+        _CRC.pack_into(header, _CRC_AT,
+                       crc32c(data, crc32c(memoryview(header)[_ATTRIBUTES_AT:])))
+        parts += (header, data)
     return b"".join(parts)
 
 
@@ -400,12 +424,11 @@ _CONTROL_ATTRIBUTES = 0x30  # a control batch is transactional too
 _NO_PRODUCER = (-1, -1, -1)
 
 
-def _producer_of(rows: pa.Table, base_sequence: int | None = None) -> tuple[int, int, int]:
-    """(producer id, epoch, base sequence) of a batch of one producer's rows."""
-    return (rows.column("producer_id")[0].as_py(), rows.column("producer_epoch")[0].as_py(),
-            rows.column("sequence")[0].as_py() if base_sequence is None else base_sequence)
-
-
+def _producer_of(rows: pa.Table, row: int,
+                 base_sequence: int | None = None) -> tuple[int, int, int]:
+    """(producer id, epoch, base sequence) of the batch of one producer's rows from `row`."""
+    return (rows.column("producer_id")[row].as_py(), rows.column("producer_epoch")[row].as_py(),
+            rows.column("sequence")[row].as_py() if base_sequence is None else base_sequence)
 
 
 CODECS = {"gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}  # compression.type -> batch attribute
@@ -438,7 +461,7 @@ def compress_batches(data: bytes, codec: int) -> bytes:
         struct.pack_into(">i", buffer, 8, len(buffer) - 12)
         attributes = struct.unpack_from(">h", buffer, _ATTRIBUTES_AT)[0]
         struct.pack_into(">h", buffer, _ATTRIBUTES_AT, attributes | codec)
-        _CRC.pack_into(buffer, _CRC_AT, calc_crc32c(memoryview(buffer)[_ATTRIBUTES_AT:]))
+        _CRC.pack_into(buffer, _CRC_AT, crc32c(memoryview(buffer)[_ATTRIBUTES_AT:]))
         out.append(bytes(buffer))
     return b"".join(out)
 
@@ -450,7 +473,7 @@ def _batch_slices(log_rows: pa.Table, control: np.ndarray,
     the batch's max timestamp, as the broker set one time per append); a marker alone; an
     aborted transaction's rows apart from others."""
     kinds = log_rows.column("timestamp_type").to_numpy()
-    stamps = pc.cast(log_rows.column("timestamp"), pa.int64()).to_numpy()
+    stamps = _micros(log_rows)
     cut = kinds[1:] != kinds[:-1]
     cut |= (kinds[1:] == LOG_APPEND_TIME) & (stamps[1:] != stamps[:-1])
     cut |= control[1:] | control[:-1] | (in_aborted[1:] != in_aborted[:-1])
@@ -466,114 +489,86 @@ def _batch_slices(log_rows: pa.Table, control: np.ndarray,
 _BATCH_HEADER = struct.Struct(">qiibIhiqqqhii")  # v2 record batch header: 61 bytes
 
 
-def _zigzag_varints(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Kafka's zigzag varints of int64 `values`: (bytes as an (n, 10) matrix, lengths)."""
+def _micros(log_rows: pa.Table) -> np.ndarray:
+    """The rows' timestamps in µs since the epoch (the column's unit), without a copy."""
+    return log_rows.column("timestamp").combine_chunks().to_numpy().view(np.int64)
+
+# A field of every record: one value each (an Arrow array), or the same for all (a scalar),
+# with its byte lengths (an array, or one int).
+_Field = tuple[pa.Array | pa.Scalar, np.ndarray | int]
+
+
+def _records(rows: pa.Table, control: np.ndarray, offset_deltas: np.ndarray,
+             timestamp_deltas: np.ndarray) -> tuple[memoryview, np.ndarray]:
+    """Every row as a v2 record (length, attributes, timestamp and offset deltas, key, value,
+    headers), back to back, and where each record ends. Markers carry no headers."""
+    fields = [_varints(timestamp_deltas), _varints(offset_deltas)]
+    for name in ("key", "value"):
+        data, lengths = _nullable_binary(rows.column(name).combine_chunks())
+        fields += (_varints(lengths), (data, np.maximum(lengths, 0)))
+    fields += _headers(rows.column("headers"), control)
+    body = 1 + sum(lengths for _, lengths in fields)  # 1: the attributes byte, always 0
+    length = _varints(np.broadcast_to(body, (rows.num_rows,)).astype(np.int64))
+    joined = pc.binary_join_element_wise(length[0], _NO_ATTRIBUTES,
+                                         *(data for data, _ in fields), _NOTHING)
+    ends = np.cumsum(np.broadcast_to(length[1] + body, (rows.num_rows,)))
+    if isinstance(joined, pa.Scalar):  # every record the same: each field was a scalar
+        return memoryview(joined.as_py() * rows.num_rows), ends
+    offsets = np.frombuffer(joined.buffers()[1], np.int32, 1, joined.offset * 4)
+    return memoryview(joined.buffers()[2])[int(offsets[0]):], ends
+
+
+_NO_ATTRIBUTES = pa.scalar(b"\x00")
+_NOTHING = pa.scalar(b"")
+
+
+def _varints(values: np.ndarray) -> _Field:
+    """Kafka's zigzag varints of int64 `values`: a scalar when they are all the same (a batch's
+    value lengths often are), else a binary array."""
+    if len(values) and (values == values[0]).all():
+        encoded = bytearray()
+        length = encode_varint(int(values[0]), encoded.append)
+        return pa.scalar(bytes(encoded)), length
     rest = ((values << 1) ^ (values >> 63)).astype(np.uint64)
-    groups = np.empty((len(values), 10), np.uint8)
-    lengths = np.ones(len(values), np.int64)
-    for i in range(10):
-        groups[:, i] = (rest & np.uint64(0x7F)).astype(np.uint8)
+    width = max(1, (int(rest.max(initial=0)).bit_length() + 6) // 7)
+    groups = np.empty((len(values), width), np.uint8)
+    lengths = np.ones(len(values), np.int32)
+    for i in range(width):
+        low = (rest & np.uint64(0x7F)).astype(np.uint8)
         rest >>= np.uint64(7)
         more = rest > 0
-        groups[more, i] |= 0x80
+        groups[:, i] = low | (more.view(np.uint8) << 7)
         lengths += more
-    return groups, lengths
+    data = groups[np.arange(width) < lengths[:, None]]
+    offsets = np.zeros(len(values) + 1, np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    return pa.Array.from_buffers(pa.binary(), len(values),
+                                 [None, pa.py_buffer(offsets), pa.py_buffer(data)]), lengths
 
 
-def _binary(column: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(starts, lengths with -1 for null, data bytes) of a binary column."""
-    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-    n = len(array)
-    buffers = array.buffers()
-    offsets = np.frombuffer(buffers[1], np.int32)[array.offset:array.offset + n + 1]
-    data = (np.frombuffer(buffers[2], np.uint8) if buffers[2] is not None
-            else np.empty(0, np.uint8))
-    lengths = np.diff(offsets).astype(np.int64)
-    if array.null_count:
-        lengths[array.is_null().to_numpy(zero_copy_only=False)] = -1
-    return offsets[:-1].astype(np.int64), lengths, data
+def _nullable_binary(column: pa.Array) -> tuple[pa.Array, np.ndarray]:
+    """A binary column with nulls as empty values, and its lengths with -1 for null (Kafka's
+    length of a null key or value)."""
+    lengths = pc.fill_null(pc.binary_length(column), -1).to_numpy().astype(np.int64)
+    return pc.fill_null(column, b""), lengths
 
 
-def _encode_columnar(rows: pa.Table, attributes_extra: int = 0,
-                     producer: tuple[int, int, int] = _NO_PRODUCER) -> bytes:
-    """One uncompressed batch of records without headers, built column-wise with numpy (the
-    per-record builder is the slow part of a Kafka fetch)."""
-    n = rows.num_rows
-    offsets = rows.column("offset").to_numpy()
-    timestamps = pc.cast(pc.cast(rows.column("timestamp"), pa.timestamp("ms", tz="UTC")),
-                         pa.int64()).to_numpy()
-    base_offset, first_ts = int(offsets[0]), int(timestamps[0])
-    key_starts, key_lengths, key_data = _binary(rows.column("key"))
-    value_starts, value_lengths, value_data = _binary(rows.column("value"))
-    fields = [_zigzag_varints(timestamps - first_ts), _zigzag_varints(offsets - base_offset),
-              _zigzag_varints(key_lengths)]
-    value_length_varints = _zigzag_varints(value_lengths)
-    key_bytes, value_bytes = np.maximum(key_lengths, 0), np.maximum(value_lengths, 0)
-    # body: attributes(1) ts off keylen key valuelen value headers-count(1)
-    body = (2 + fields[0][1] + fields[1][1] + fields[2][1] + key_bytes
-            + value_length_varints[1] + value_bytes)
-    length_varints = _zigzag_varints(body)
-    sizes = length_varints[1] + body
-    starts = _BATCH_HEADER.size + np.concatenate(([0], np.cumsum(sizes)[:-1]))
-    out = np.zeros(_BATCH_HEADER.size + int(sizes.sum()), np.uint8)
-
-    def put_varints(varints: tuple[np.ndarray, np.ndarray], at: np.ndarray) -> None:
-        groups, lengths = varints
-        rows_i, cols = np.nonzero(np.arange(10) < lengths[:, None])
-        out[at[rows_i] + cols] = groups[rows_i, cols]
-
-    def put_bytes(data: np.ndarray, first: np.ndarray, count: np.ndarray,
-                  at: np.ndarray) -> None:
-        total = int(count.sum())
-        if total == 0:
-            return
-        record = np.repeat(np.arange(n), count)
-        within = np.arange(total) - np.repeat(np.cumsum(count) - count, count)
-        out[at[record] + within] = data[first[record] + within]
-
-    at = starts.copy()
-    put_varints(length_varints, at)
-    at += length_varints[1] + 1  # the attributes byte stays 0
-    for varints in fields:
-        put_varints(varints, at)
-        at = at + varints[1]
-    put_bytes(key_data, key_starts, key_bytes, at)
-    at = at + key_bytes
-    put_varints(value_length_varints, at)
-    at = at + value_length_varints[1]
-    put_bytes(value_data, value_starts, value_bytes, at)  # then a 0: no headers
-    attributes = attributes_extra | (DefaultRecordBatch.TIMESTAMP_TYPE_MASK if rows.column(
-        "timestamp_type")[0].as_py() == LOG_APPEND_TIME else 0)
-    buffer = bytearray(out.tobytes())
-    _BATCH_HEADER.pack_into(buffer, 0, base_offset, len(buffer) - 12,
-                            rows.column("leader_epoch")[-1].as_py(), 2, 0, attributes,
-                            int(offsets[-1]) - base_offset, first_ts, int(timestamps.max()),
-                            *producer, n)
-    _CRC.pack_into(buffer, _CRC_AT, calc_crc32c(memoryview(buffer)[_ATTRIBUTES_AT:]))
-    return bytes(buffer)
-
-
-def _encode_batch(rows: pa.Table, producer: tuple[int, int, int] = _NO_PRODUCER) -> bytes:
-    offsets = rows.column("offset").to_pylist()
-    base = offsets[0]
-    timestamps = pc.cast(pc.cast(rows.column("timestamp"), pa.timestamp("ms", tz="UTC")),
-                         pa.int64()).to_pylist()
-    keys = rows.column("key").to_pylist()
-    values = rows.column("value").to_pylist()
-    headers = rows.column("headers").to_pylist()
-    builder = DefaultRecordBatchBuilder(magic=2, compression_type=0,
-                                        is_transactional=producer != _NO_PRODUCER,
-                                        producer_id=producer[0], producer_epoch=producer[1],
-                                        base_sequence=producer[2], batch_size=2**31 - 1)
-    for i, offset in enumerate(offsets):
-        builder.append(offset - base, timestamp=timestamps[i], key=keys[i], value=values[i],
-                       headers=[(h["key"], h["value"]) for h in headers[i] or ()])
-    buffer = builder.build()
-    struct.pack_into(">q", buffer, 0, base)
-    struct.pack_into(">i", buffer, _LEADER_EPOCH_AT, rows.column("leader_epoch")[-1].as_py())
-    if rows.column("timestamp_type")[0].as_py() == LOG_APPEND_TIME:
-        attributes = struct.unpack_from(">h", buffer, _ATTRIBUTES_AT)[0]
-        struct.pack_into(">h", buffer, _ATTRIBUTES_AT,
-                         attributes | DefaultRecordBatch.TIMESTAMP_TYPE_MASK)
-        _CRC.pack_into(buffer, _CRC_AT, calc_crc32c(bytes(buffer[_ATTRIBUTES_AT:])))
-    return bytes(buffer)
+def _headers(column: pa.ChunkedArray | pa.Array, control: np.ndarray) -> list[_Field]:
+    """The header count and the headers of each record (count, then for each header its
+    key's length and key, its value's length and value), as two fields."""
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    if control.any():
+        column = pc.if_else(pa.array(control), pa.nulls(len(column), column.type), column)
+    counts = pc.fill_null(pc.list_value_length(column), 0).to_numpy().astype(np.int64)
+    if not counts.any():
+        return [_varints(counts)]
+    header_keys, header_values = pc.list_flatten(column).flatten()  # null headers: key ""
+    keys, key_lengths = _nullable_binary(pc.cast(header_keys, pa.binary()))
+    values, value_lengths = _nullable_binary(header_values)
+    each = pc.binary_join_element_wise(_varints(key_lengths)[0], keys,
+                                       _varints(value_lengths)[0], values, _NOTHING)
+    offsets = np.concatenate(([0], np.cumsum(counts))).astype(np.int32)
+    joined = pc.binary_join(pa.ListArray.from_arrays(pa.array(offsets), each), _NOTHING)
+    return [_varints(counts),
+            (joined, pc.binary_length(joined).to_numpy().astype(np.int64))]
