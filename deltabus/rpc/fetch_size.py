@@ -69,6 +69,26 @@ class FetchBudget:
         self.spend(len(data))
         return prefix, data
 
+    def fit_encoded(self, records: pa.Table, partition_max_bytes: int,
+                    encode: Callable[[pa.Table], tuple[bytes, np.ndarray]]) -> bytes:
+        """What `fit` carries, for an encoding that also gives the size of the encoding of each
+        prefix (`encode_fetch_sized`): at most two encodes, the whole and the prefix, instead of
+        a search."""
+        limit = self.partition_limit(partition_max_bytes)
+        at_least_one = not self.carrying
+        if records.num_rows == 0 or (limit <= 0 and not at_least_one):
+            return b""
+        data, prefix_sizes = encode(records)
+        if len(data) > limit:
+            count = int(np.searchsorted(prefix_sizes, limit, side="right")) or int(at_least_one)
+            data = encode(records.slice(0, count))[0] if count else b""
+            assert len(data) == (prefix_sizes[count - 1] if count else 0), (
+                "a prefix's encoding is not the size its whole's encoding gave")
+        assert len(data) <= limit or not self.carrying, (
+            f"a partition's answer of {len(data)} bytes is over its limit of {limit}")
+        self.spend(len(data))
+        return data
+
     def fit_sized(self, sizes_bytes: Sequence[int], partition_max_bytes: int) -> int:
         """How many leading records a partition carries when each record's encoded size is known
         and they add up (proto records); spent."""

@@ -94,6 +94,20 @@ def test_a_batch_that_would_not_shrink_goes_as_stored() -> None:
     assert compress_batches(plain, 1) == plain
 
 
+@settings(max_examples=40, deadline=None)
+@given(st.lists(record, min_size=1, max_size=40), st.integers(1, 7))
+def test_each_prefix_encodes_to_the_size_the_whole_encoding_gave(records, batch_records_max):
+    rows = log_rows(records, 0, 0)
+    default, batches.FETCH_BATCH_RECORDS_MAX = batches.FETCH_BATCH_RECORDS_MAX, batch_records_max
+    try:  # several batches from a few records
+        data, prefix_sizes = batches.encode_fetch_sized(rows)
+        assert len(data) == prefix_sizes[-1]
+        assert [len(encode_fetch(rows.slice(0, n))) for n in range(1, rows.num_rows + 1)] \
+            == prefix_sizes.tolist()
+    finally:
+        batches.FETCH_BATCH_RECORDS_MAX = default
+
+
 def test_a_long_fetch_is_split_into_batches() -> None:
     records = [(1, 1_700_000_000_000 + i, None, b"v", []) for i in range(10_000)]
     got, batches = decoded(encode_fetch(log_rows(records, 0, 0)))

@@ -437,9 +437,9 @@ class KafkaApis:
             # and librdkafka 2.0 (Debian's kcat) fails to parse a null
             records = b""
             if r.records is not None and r.records.num_rows:
-                encode = functools.partial(batches.encode_fetch,
+                encode = functools.partial(batches.encode_fetch_sized,
                                            aborted=r.aborted_transactions or ())
-                _, records = budget.fit(r.records, spec.max_bytes, encode)
+                records = budget.fit_encoded(r.records, spec.max_bytes, encode)
                 codec = codecs.get(r.topic, 0)
                 if codec:
                     records = batches.compress_batches(records, codec)

@@ -370,6 +370,12 @@ def _read_bytes(buffer: bytes, pos: int) -> tuple[bytes | None, int]:
 
 
 def encode_fetch(log_rows: pa.Table, aborted: Sequence[AbortedTxn] = ()) -> bytes:
+    """`encode_fetch_sized` without the sizes."""
+    return encode_fetch_sized(log_rows, aborted)[0]
+
+
+def encode_fetch_sized(log_rows: pa.Table,
+                       aborted: Sequence[AbortedTxn] = ()) -> tuple[bytes, np.ndarray]:
     """Log rows (LOG_SCHEMA, in offset order) as uncompressed record batches. Markers go as
     control batches of one record each; the records of the `aborted` transactions (those a
     read_committed fetch is told of) in transactional batches of their producer, which the
@@ -378,9 +384,13 @@ def encode_fetch(log_rows: pa.Table, aborted: Sequence[AbortedTxn] = ()) -> byte
     Every fetch answer is encoded here, so this is built column-wise for all its batches at
     once: each field of every record is a column of bytes (varints by numpy; keys, values and
     headers as stored) that Arrow joins row by row into the records; Python only writes each
-    batch's 61-byte header."""
+    batch's 61-byte header.
+
+    With the bytes, the size of the encoding of each prefix of the rows (of 1, 2, ... rows):
+    a prefix is encoded as the same batches, its last one cut short, so a door finds the
+    longest prefix that fits a byte limit without encoding candidates."""
     if log_rows.num_rows == 0:
-        return b""
+        return b"", np.zeros(0, np.int64)
     log_rows = log_rows.combine_chunks()
     control = control_mask(log_rows).to_numpy(zero_copy_only=False)
     in_aborted = aborted_mask(log_rows, aborted) & ~control
@@ -416,7 +426,8 @@ def encode_fetch(log_rows: pa.Table, aborted: Sequence[AbortedTxn] = ()) -> byte
         _CRC.pack_into(header, _CRC_AT,
                        crc32c(data, crc32c(memoryview(header)[_ATTRIBUTES_AT:])))
         parts += (header, data)
-    return b"".join(parts)
+    prefix_sizes = ends + _BATCH_HEADER.size * np.repeat(np.arange(1, len(slices) + 1), counts)
+    return b"".join(parts), prefix_sizes
 
 
 _TRANSACTIONAL = 0x10  # attribute bits of a record batch
