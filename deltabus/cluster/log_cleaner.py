@@ -65,6 +65,10 @@ class CleanerTask:
     min_compaction_lag_ms: int = 0
     delete_retention_ms: int = 86_400_000
     min_cleanable_dirty_ratio: float = 0.5
+    # Compaction stays below the last stable offset: the producers with a transaction open on
+    # the partition in the controller's metadata, and when the task was made (driver's clock).
+    open_producers: tuple[int, ...] = ()
+    open_as_of_ms: int = 0
 
 
 @dataclass(frozen=True)
@@ -126,7 +130,8 @@ def run_cleaner(task: CleanerTask) -> CleanerResult:
                     delete_retention_ms=task.delete_retention_ms,
                     delete_delay_ms=task.file_delete_delay_ms,
                     min_dirty_ratio=task.min_cleanable_dirty_ratio, now_ms=now_ms,
-                    storage=storage)
+                    storage=storage, open_producers=task.open_producers,
+                    open_as_of_ms=task.open_as_of_ms)
         merged = {}
         for r in tables:
             merged[r] = merge_small_files(

@@ -24,6 +24,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
+import time
 from collections.abc import Collection, Sequence
 
 from deltabus import config as cfg
@@ -554,11 +555,16 @@ def cleaner_tasks(state: MetadataState, config: cfg.ClusterConfig, topics: list[
     includes compact) and merge settings. A topic whose tasks cannot be made is logged as an
     error and left out of this round: it must not stop the cleaning of the others."""
     tasks = []
+    open_as_of_ms = int(time.time() * 1000)  # before reading which transactions are open
+    open_transactions = state.open_transactions()
     for name, topic in sorted(state.topics.items()):
         if topics is not None and name not in topics:
             continue
         try:
-            tasks += _topic_cleaner_tasks(config, name, topic, merge_min_age_ms)
+            tasks += [dataclasses.replace(
+                t, open_producers=tuple(sorted(open_transactions.get((name, t.partition), ()))),
+                open_as_of_ms=open_as_of_ms)
+                for t in _topic_cleaner_tasks(config, name, topic, merge_min_age_ms)]
         except Exception:
             log.exception("log cleaner: topic %s is left out of this round", name)
     return tasks

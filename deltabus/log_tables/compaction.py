@@ -19,9 +19,11 @@ What a Kafka user relies on, and how it holds here:
   last batch for the same reason).
 - Transactions: every marker stays (all markers of a kind share one key; a leader rebuilds its
   aborted transactions from them), and the records of aborted transactions go and never hide an
-  earlier record of their key, as Kafka's cleaner discards aborted batches. Not yet: Kafka
-  cleans only below the last stable offset; here an open transaction's record may still hide
-  an earlier one of its key if the transaction later aborts.
+  earlier record of their key, as Kafka's cleaner discards aborted batches. As Kafka's, it
+  cleans only below the last stable offset, so an open transaction's record, which may yet be
+  aborted, hides nothing: the cleanable end stops at the first offset of the producers the
+  caller says have a transaction open (the controller's metadata, as of `open_as_of_ms`) and
+  at the first file committed since then (a transaction opened since may be in it).
 - As Kafka's `min.cleanable.dirty.ratio`: a table is compacted once the files written since it
   was last compacted (the cleanable end then is kept in the Delta app transaction
   `deltabus.compact`) are at least that share of the cleanable range's bytes.
@@ -48,13 +50,18 @@ from deltalake.transaction import AddAction, RemoveAction
 from deltabus.log_tables.control_records import control_mask
 from deltabus.log_tables.delta_writes import commit_properties, removal_stamp, write_data_file
 from deltabus.log_tables.log_reader import data_files, leaf_columns, stats_json
-from deltabus.log_tables.transactions import AbortedTxn, aborted_in, aborted_mask, read_markers
+from deltabus.log_tables.transactions import (
+    AbortedTxn,
+    TransactionState,
+    aborted_mask,
+    read_transactions,
+)
 from deltabus.records import LOG_SCHEMA
 from deltabus.storage import Storage
 
 _STATS = ["min.offset", "max.offset", "min.timestamp", "max.timestamp", "min.timestamp_type",
           "max.timestamp_type"]
-_COLUMNS = ["path", "size_bytes", "num_records", *_STATS]
+_COLUMNS = ["path", "size_bytes", "modification_time", "num_records", *_STATS]
 _SCAN_COLUMNS = ["offset", "timestamp", "key", "producer_id", "sequence"]
 CLEANED_TXN_APP_ID = "deltabus.compact"  # Delta app transaction: where the last run stopped
 
@@ -120,15 +127,29 @@ def retained(records: pa.Table, tombstone: pa.Array, *, now_ms: int,
     return keep, int(pc.sum(expired).as_py() or 0)
 
 
-def _aborted_transactions(table: DeltaTable, storage: Storage) -> list[AbortedTxn]:
+def _transactions(table: DeltaTable, storage: Storage,
+                  open_producers: Sequence[int]) -> TransactionState:
     """The table's aborted transactions, from its markers (every file: a transaction's marker
-    may lie past the cleanable end; row groups without markers are skipped by statistics)."""
+    may lie past the cleanable end; row groups without markers are skipped by statistics), and
+    where the open transactions of `open_producers` begin."""
     def files() -> Iterator[pq.ParquetFile]:
         for path in data_files(table, ["path", "min.offset"]).column("path").to_pylist():
             with storage.open_input(posixpath.join(table.table_uri, path)) as source:
                 yield pq.ParquetFile(source)
 
-    return aborted_in(read_markers(files()))[0]
+    return read_transactions(files, open_producers)
+
+
+def _stable_end(files: pa.Table, first_open_offset: int | None,
+                open_as_of_ms: int | None) -> int:
+    """Where the last stable offset may be, at most: the first offset of an open transaction,
+    or of the first file committed since the open ones were known (`files` by first offset)."""
+    end = first_open_offset if first_open_offset is not None else 2**63 - 1
+    if open_as_of_ms is not None:
+        since = files.filter(pc.greater_equal(files.column("modification_time"), open_as_of_ms))
+        if since.num_rows:
+            end = min(end, int(pc.min(since.column("min.offset")).as_py()))
+    return end
 
 
 def _may_hold_nulls(reader: pq.ParquetFile, column: str) -> bool:
@@ -152,19 +173,24 @@ def dirty_ratio(files: pa.Table, cleaned_end: int) -> float:
 
 def compact(table: DeltaTable, *, high_watermark: int, min_lag_ms: int, delete_retention_ms: int,
             delete_delay_ms: int, min_dirty_ratio: float = 0.0,
-            now_ms: int | None = None, storage: Storage | None = None) -> Compacted:
+            now_ms: int | None = None, storage: Storage | None = None,
+            open_producers: Sequence[int] = (), open_as_of_ms: int | None = None) -> Compacted:
     """Compact `table` below its cleanable end, if dirty enough: rewrite each file that holds
     records to drop (one commit for all of them, which also records the new cleaned end).
-    `storage` reaches its files (by default the table's store, with no options)."""
+    `storage` reaches its files (by default the table's store, with no options).
+    `open_producers` have a transaction open on the partition as of `open_as_of_ms` (None: the
+    caller knows no transaction can open, e.g. a test's table)."""
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    storage = storage or Storage(table.table_uri)
     files = data_files(table, _COLUMNS)
-    end = cleanable_end(files, now_ms=now_ms, min_lag_ms=min_lag_ms,
-                        high_watermark=high_watermark)
+    transactions = _transactions(table, storage, open_producers)
+    end = min(cleanable_end(files, now_ms=now_ms, min_lag_ms=min_lag_ms,
+                            high_watermark=high_watermark),
+              _stable_end(files, transactions.first_open_offset, open_as_of_ms))
     files = files.filter(pc.less(files.column("max.offset"), end))
     ratio = dirty_ratio(files, table.transaction_version(CLEANED_TXN_APP_ID) or 0)
     if files.num_rows == 0 or ratio == 0 or ratio < min_dirty_ratio:
         return Compacted(end, ratio, 0, 0, 0, 0)
-    storage = storage or Storage(table.table_uri)
     base = table.table_uri
     paths = files.column("path").to_pylist()
     scans, tombstones = [], []
@@ -181,7 +207,7 @@ def compact(table: DeltaTable, *, high_watermark: int, min_lag_ms: int, delete_r
     keep, tombstones_removed = retained(
         records, pa.chunked_array([c for t in tombstones for c in t.chunks], pa.bool_()),
         now_ms=now_ms, delete_retention_ms=delete_retention_ms,
-        aborted=_aborted_transactions(table, storage))
+        aborted=transactions.aborted)
     stamp = removal_stamp(now_ms, delete_delay_ms)
     actions: list[AddAction | RemoveAction] = []
     for i, path in enumerate(paths):

@@ -7,6 +7,7 @@ open transactions brokers see in their image."""
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import Future
 from pathlib import Path
 
@@ -275,3 +276,18 @@ def test_grpc_init_producer_id_keeps_the_epoch(controller: Controller) -> None:
     pid, epoch = controller.init_producer_id("sink")
     assert controller.init_transactional_producer("sink", 60_000) == (pid, epoch + 1)
     assert controller.init_producer_id("sink") == (pid, epoch + 1)
+
+
+def test_the_log_cleaner_is_told_which_transactions_are_open_where(
+        controller: Controller, leaders: Leaders) -> None:
+    """Compaction stays below the last stable offset: its tasks carry the producers with a
+    transaction open on their partition, and when that was read."""
+    pid, epoch = controller.init_transactional_producer("tx", 60_000)
+    controller.add_partitions_to_txn("tx", pid, epoch, [("orders", 1)])
+    before_ms = int(time.time() * 1000)
+    tasks = {t.partition: t for t in controller.cleaner_tasks() if t.topic == "orders"}
+    assert tasks[1].open_producers == (pid,) and tasks[0].open_producers == ()
+    assert before_ms <= tasks[1].open_as_of_ms <= int(time.time() * 1000)
+    controller.end_txn("tx", pid, epoch, committed=False)
+    wait_until(lambda: _state(controller, "tx") == "CompleteAbort", "tx CompleteAbort")
+    assert all(t.open_producers == () for t in controller.cleaner_tasks())

@@ -239,3 +239,41 @@ def test_compaction_keeps_markers_and_drops_aborted_records_which_hide_nothing(t
             for a in reopened.aborted_transactions(0, 7)] == [(7, 1, 2)]
     reopened.close()
     log.close()
+
+
+def test_compaction_stays_below_an_open_transaction_which_may_yet_abort(tmp_path) -> None:
+    log = PartitionLog(str(tmp_path / "log"), topic="t", partition=0)
+    _append(log, [b"k"], [b"v1"])  # 0: committed (no transaction)
+    _append(log, [b"k"], [b"v2"], producer=ProducerState(7, 0, 0, transactional=True))  # 1
+    _append(log, [b"l"], [b"w"])  # 2
+    _append(log, [b"z"], [b"last"])  # 3: the newest file is never cleaned
+    result = compact(DeltaTable(log.path), high_watermark=log.high_watermark, min_lag_ms=0,
+                     delete_retention_ms=HOUR_MS, delete_delay_ms=0, open_producers=[7])
+    assert result.cleanable_end == 1  # the last stable offset: 7's transaction is open
+    log.append_marker(7, 0, committed=False, coordinator_epoch=0, leader_epoch=0).result(30)
+    _append(log, [b"z"], [b"later"])
+    compact(DeltaTable(log.path), high_watermark=log.high_watermark, min_lag_ms=0,
+            delete_retention_ms=HOUR_MS, delete_delay_ms=0)
+    log.refresh()
+    # 7 aborted: its v2 goes, and k's v1, which v2 never replaced, is still there to read
+    assert log.read(0, 1 << 30).column("offset").to_pylist() == [0, 2, 3, 4, 5]
+    log.close()
+
+
+def test_compaction_leaves_files_committed_since_the_open_transactions_were_known(
+        tmp_path) -> None:
+    log = PartitionLog(str(tmp_path / "log"), topic="t", partition=0)
+    _append(log, [b"k"], [b"v1"])  # 0
+    open_as_of_ms = int(time.time() * 1000)  # the controller's metadata: nothing open
+    while int(time.time() * 1000) == open_as_of_ms:  # the next file is committed after it
+        time.sleep(0.001)
+    # 1: a transaction that opened after the metadata was read
+    _append(log, [b"k"], [b"v2"], producer=ProducerState(9, 0, 0, transactional=True))
+    _append(log, [b"l"], [b"w"])  # 2
+    _append(log, [b"z"], [b"last"])  # 3
+    result = compact(DeltaTable(log.path), high_watermark=log.high_watermark, min_lag_ms=0,
+                     delete_retention_ms=HOUR_MS, delete_delay_ms=0, open_as_of_ms=open_as_of_ms)
+    assert result.cleanable_end == 1
+    log.refresh()
+    assert log.read(0, 1 << 30).column("offset").to_pylist() == [0, 1, 2, 3]
+    log.close()
