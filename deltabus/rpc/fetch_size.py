@@ -26,11 +26,15 @@ Pure: no I/O, no transport. A FetchBudget lives for one request, in that request
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 
 from deltabus.records import record_sizes
+
+if TYPE_CHECKING:
+    from deltabus.rpc.kafka.batches import EncodedFetch
 
 # The per-record bytes an encoding adds to key + value + headers, for the first guess of where a
 # prefix ends (offset, timestamp, lengths, ...). Only a guess: each cut is checked by encoding.
@@ -70,20 +74,18 @@ class FetchBudget:
         return prefix, data
 
     def fit_encoded(self, records: pa.Table, partition_max_bytes: int,
-                    encode: Callable[[pa.Table], tuple[bytes, np.ndarray]]) -> bytes:
-        """What `fit` carries, for an encoding that also gives the size of the encoding of each
-        prefix (`encode_fetch_sized`): at most two encodes, the whole and the prefix, instead of
-        a search."""
+                    encode: Callable[[pa.Table], EncodedFetch]) -> bytes:
+        """What `fit` carries, for an encoding that cuts itself to a prefix (the Kafka door's
+        record batches): one encode, no search."""
         limit = self.partition_limit(partition_max_bytes)
         at_least_one = not self.carrying
         if records.num_rows == 0 or (limit <= 0 and not at_least_one):
             return b""
-        data, prefix_sizes = encode(records)
+        encoded = encode(records)
+        data = encoded.data
         if len(data) > limit:
-            count = int(np.searchsorted(prefix_sizes, limit, side="right")) or int(at_least_one)
-            data = encode(records.slice(0, count))[0] if count else b""
-            assert len(data) == (prefix_sizes[count - 1] if count else 0), (
-                "a prefix's encoding is not the size its whole's encoding gave")
+            count = int(np.searchsorted(encoded.prefix_sizes, limit, side="right"))
+            data = encoded.prefix(count or int(at_least_one))
         assert len(data) <= limit or not self.carrying, (
             f"a partition's answer of {len(data)} bytes is over its limit of {limit}")
         self.spend(len(data))

@@ -96,14 +96,15 @@ def test_a_batch_that_would_not_shrink_goes_as_stored() -> None:
 
 @settings(max_examples=40, deadline=None)
 @given(st.lists(record, min_size=1, max_size=40), st.integers(1, 7))
-def test_each_prefix_encodes_to_the_size_the_whole_encoding_gave(records, batch_records_max):
+def test_each_prefix_is_cut_from_the_whole_encoding_as_encoded_alone(records, batch_records_max):
     rows = log_rows(records, 0, 0)
     default, batches.FETCH_BATCH_RECORDS_MAX = batches.FETCH_BATCH_RECORDS_MAX, batch_records_max
     try:  # several batches from a few records
-        data, prefix_sizes = batches.encode_fetch_sized(rows)
-        assert len(data) == prefix_sizes[-1]
-        assert [len(encode_fetch(rows.slice(0, n))) for n in range(1, rows.num_rows + 1)] \
-            == prefix_sizes.tolist()
+        whole = batches.encode_fetch_sized(rows)
+        alone = [encode_fetch(rows.slice(0, n)) for n in range(1, rows.num_rows + 1)]
+        assert whole.prefix_sizes.tolist() == [len(data) for data in alone]
+        assert [whole.prefix(n) for n in range(1, rows.num_rows + 1)] == alone
+        assert whole.prefix(0) == b"" and len(whole.data) == whole.prefix_sizes[-1]
     finally:
         batches.FETCH_BATCH_RECORDS_MAX = default
 

@@ -370,12 +370,46 @@ def _read_bytes(buffer: bytes, pos: int) -> tuple[bytes | None, int]:
 
 
 def encode_fetch(log_rows: pa.Table, aborted: Sequence[AbortedTxn] = ()) -> bytes:
-    """`encode_fetch_sized` without the sizes."""
-    return encode_fetch_sized(log_rows, aborted)[0]
+    """`encode_fetch_sized`'s record batches."""
+    return encode_fetch_sized(log_rows, aborted).data
+
+
+@dataclass(frozen=True)
+class EncodedFetch:
+    """Record batches (`data`), and what cuts them to a prefix of their records without
+    encoding again: a prefix is the same batches, the last one cut short with its header
+    rewritten, so its size is known beforehand (`prefix_sizes`) and making it copies one batch."""
+
+    data: bytes
+    prefix_sizes: np.ndarray  # the encoded size of the first 1, 2, ... records
+    batch_starts: np.ndarray  # each batch's first record
+    offsets: np.ndarray
+    timestamps_ms: np.ndarray
+    leader_epochs: np.ndarray
+
+    def prefix(self, count: int) -> bytes:
+        """The first `count` records, exactly as `encode_fetch` of them encodes them."""
+        if count >= len(self.prefix_sizes):
+            return self.data
+        if count <= 0:
+            return b""
+        last = count - 1
+        first = int(self.batch_starts[np.searchsorted(self.batch_starts, last, "right") - 1])
+        at = int(self.prefix_sizes[first - 1]) if first else 0
+        batch = bytearray(self.data[at:int(self.prefix_sizes[last])])
+        header = list(_BATCH_HEADER.unpack_from(batch))
+        header[1] = len(batch) - 12  # the batch's length
+        header[2] = int(self.leader_epochs[last])
+        header[6] = int(self.offsets[last] - self.offsets[first])  # last offset delta
+        header[8] = int(self.timestamps_ms[first:count].max())
+        header[12] = count - first  # records
+        _BATCH_HEADER.pack_into(batch, 0, *header)
+        _CRC.pack_into(batch, _CRC_AT, crc32c(memoryview(batch)[_ATTRIBUTES_AT:]))
+        return self.data[:at] + bytes(batch)
 
 
 def encode_fetch_sized(log_rows: pa.Table,
-                       aborted: Sequence[AbortedTxn] = ()) -> tuple[bytes, np.ndarray]:
+                       aborted: Sequence[AbortedTxn] = ()) -> EncodedFetch:
     """Log rows (LOG_SCHEMA, in offset order) as uncompressed record batches. Markers go as
     control batches of one record each; the records of the `aborted` transactions (those a
     read_committed fetch is told of) in transactional batches of their producer, which the
@@ -384,13 +418,11 @@ def encode_fetch_sized(log_rows: pa.Table,
     Every fetch answer is encoded here, so this is built column-wise for all its batches at
     once: each field of every record is a column of bytes (varints by numpy; keys, values and
     headers as stored) that Arrow joins row by row into the records; Python only writes each
-    batch's 61-byte header.
-
-    With the bytes, the size of the encoding of each prefix of the rows (of 1, 2, ... rows):
-    a prefix is encoded as the same batches, its last one cut short, so a door finds the
-    longest prefix that fits a byte limit without encoding candidates."""
+    batch's 61-byte header. A door reads a little more than a partition's byte limit and cuts
+    the encoding to the longest prefix that fits (`EncodedFetch.prefix`)."""
     if log_rows.num_rows == 0:
-        return b"", np.zeros(0, np.int64)
+        empty = np.zeros(0, np.int64)
+        return EncodedFetch(b"", empty, empty, empty, empty, empty)
     log_rows = log_rows.combine_chunks()
     control = control_mask(log_rows).to_numpy(zero_copy_only=False)
     in_aborted = aborted_mask(log_rows, aborted) & ~control
@@ -427,7 +459,7 @@ def encode_fetch_sized(log_rows: pa.Table,
                        crc32c(data, crc32c(memoryview(header)[_ATTRIBUTES_AT:])))
         parts += (header, data)
     prefix_sizes = ends + _BATCH_HEADER.size * np.repeat(np.arange(1, len(slices) + 1), counts)
-    return b"".join(parts), prefix_sizes
+    return EncodedFetch(b"".join(parts), prefix_sizes, starts, offsets, timestamps, epochs)
 
 
 _TRANSACTIONAL = 0x10  # attribute bits of a record batch
