@@ -1,15 +1,18 @@
 """Bench step (l): Kafka's producer and consumer perf workload shape (kafka-producer-perf-test:
 N records of a fixed size, as fast as the client goes, acks=1; kafka-consumer-perf-test: read them
 all back) through a Kafka client, librdkafka by confluent-kafka, side by side with deltabus's own
-gRPC clients doing the same in the same run, each on a topic of its own.
+gRPC clients doing the same in the same run, each on a topic of its own; and step (e)'s
+produce-to-consume latency through the Kafka door with confluent-kafka.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from typing import Any
 
+from bench.produce_fetch import IDLE_MS_MAX, LATENCY_INTERVAL_S, WARM_UP, percentiles
 from deltabus.client.admin import AdminClient
 from deltabus.client.consumer import Consumer, TopicPartition
 from deltabus.client.producer import Producer
@@ -18,13 +21,15 @@ from deltabus.metadata import NewTopic
 IDLE_S_MAX = 10.0  # a consume giving up after this long with nothing new
 
 
-def kafka_vs_grpc(bootstrap: str, kafka_bootstrap: str, records: int,
-                  value: bytes) -> dict[str, float]:
-    """records/s of produce and consume through each door."""
+def kafka_vs_grpc(bootstrap: str, kafka_bootstrap: str, records: int, value: bytes,
+                  latency_run_s: float) -> dict[str, Any]:
+    """records/s of produce and consume through each door, and the Kafka door's latency."""
     run_id = uuid.uuid4().hex[:8]
     kafka_topic, grpc_topic = f"bench-kafka-{run_id}", f"bench-grpc-{run_id}"
+    latency_topic = f"bench-kafka-latency-{run_id}"
     with AdminClient(bootstrap) as admin:
-        admin.create_topics([NewTopic(kafka_topic, 1, 1), NewTopic(grpc_topic, 1, 1)])
+        admin.create_topics([NewTopic(kafka_topic, 1, 1), NewTopic(grpc_topic, 1, 1),
+                             NewTopic(latency_topic, 1, 1)])
         try:
             figures = {
                 "kafka_produce_rps": records / kafka_produce(kafka_bootstrap, kafka_topic,
@@ -34,9 +39,11 @@ def kafka_vs_grpc(bootstrap: str, kafka_bootstrap: str, records: int,
                 "kafka_consume_rps": records / kafka_consume(kafka_bootstrap, kafka_topic,
                                                              records),
                 "grpc_consume_rps": records / grpc_consume(bootstrap, grpc_topic, records),
+                "kafka_latency_ms": kafka_latency(kafka_bootstrap, latency_topic,
+                                                  latency_run_s),
             }
         finally:
-            admin.delete_topics([kafka_topic, grpc_topic])
+            admin.delete_topics([kafka_topic, grpc_topic, latency_topic])
     return {"records": records, **figures}
 
 
@@ -122,3 +129,53 @@ def grpc_consume(bootstrap: str, topic: str, records: int) -> float:
     if count < records + 1:
         raise RuntimeError(f"deltabus's Consumer read {count} of {records + 1} records")
     return elapsed
+
+
+def kafka_latency(kafka_bootstrap: str, topic: str, run_s: float) -> dict[str, float]:
+    """Step (e) through the Kafka door: confluent-kafka sends one 16-byte record every ~2 ms for
+    `run_s` (acks=1, linger.ms=0) while a confluent-kafka consumer (its defaults) polls in a
+    thread; latency is the consume time minus the record's CreateTime, set at produce()."""
+    from confluent_kafka import Consumer as KafkaConsumer
+    from confluent_kafka import Producer as KafkaProducer
+    from confluent_kafka import TopicPartition as KafkaTopicPartition
+
+    producer = KafkaProducer({"bootstrap.servers": kafka_bootstrap, "acks": 1, "linger.ms": 0,
+                              "enable.idempotence": False})
+    warm_up: list[int | None] = []
+    producer.produce(topic, WARM_UP, partition=0,
+                     on_delivery=lambda _error, message: warm_up.append(message.offset()))
+    producer.flush(30)
+    if not warm_up or warm_up[0] is None:
+        raise RuntimeError("latency: confluent-kafka could not deliver its warm-up record")
+    consumer = KafkaConsumer({"bootstrap.servers": kafka_bootstrap, "group.id": "bench-latency",
+                              "enable.auto.commit": False})
+    consumer.assign([KafkaTopicPartition(topic, 0, warm_up[0])])
+    while (message := consumer.poll(1.0)) is None or message.value() != WARM_UP:
+        pass  # the consumer is fetching where the records will come
+    latencies: list[float] = []
+    stop = threading.Event()
+
+    def consume() -> None:
+        while not stop.is_set():
+            message = consumer.poll(0.1)
+            if message is not None and message.error() is None:
+                latencies.append(time.time() * 1000 - message.timestamp()[1])
+
+    reader = threading.Thread(target=consume, name="deltabus-bench-kafka-consumer", daemon=True)
+    reader.start()
+    sent = 0
+    start = next_at = time.monotonic()
+    while time.monotonic() - start < run_s:
+        producer.produce(topic, b"x" * 16, partition=0, timestamp=int(time.time() * 1000))
+        producer.poll(0)
+        sent += 1
+        next_at += LATENCY_INTERVAL_S
+        time.sleep(max(0.0, next_at - time.monotonic()))
+    producer.flush(IDLE_MS_MAX / 1000)
+    deadline = time.monotonic() + IDLE_MS_MAX / 1000
+    while len(latencies) < sent and time.monotonic() < deadline:
+        time.sleep(0.05)
+    stop.set()
+    reader.join(5)
+    consumer.close()
+    return percentiles(latencies, sent)

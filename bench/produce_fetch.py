@@ -142,6 +142,11 @@ def latency(bootstrap: str, topic: str, run_s: float, acks: int | str = 1) -> di
     stop.set()
     reader.join(5)
     consumer.close()
+    return percentiles(latencies, sent)
+
+
+def percentiles(latencies: list[float], sent: int) -> dict[str, float]:
+    """A latency step's figures (ms): p50, p95, p99 and max of what came back of `sent`."""
     ordered = sorted(latencies)
     if not ordered:
         raise RuntimeError("latency: no record came back")

@@ -262,7 +262,8 @@ def measure(bootstrap: str, spark: Any, kafka_bootstrap: str | None, root: str,
     if kafka_bootstrap:
         with _step(figures["step_s"], "l", "Kafka client and gRPC perf workload"):
             figures["kafka"] = kafka_clients.kafka_vs_grpc(
-                bootstrap, kafka_bootstrap, sizes.send_records, payload(VALUE_BYTES))
+                bootstrap, kafka_bootstrap, sizes.send_records, payload(VALUE_BYTES),
+                sizes.latency_run_s)
     else:
         print("(l) skipped: give --kafka-bootstrap-server with --bootstrap-server")
     if embedded:

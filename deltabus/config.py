@@ -463,9 +463,12 @@ class SocketServerConfig:
     max_connections_per_ip: int = 10_000
     connections_max_idle_ms: int = 600_000  # connections.max.idle.ms: Kafka's default
     socket_listen_backlog_size: int = 512  # socket.listen.backlog.size (Kafka's is 50)
-    # A connection's requests read ahead of their answers (Kafka's clients pipeline up to
-    # max.in.flight.requests.per.connection=5); past it the connection is not read.
-    max_in_flight_requests_per_connection: int = 5
+    # A connection's requests read ahead of their answers; past it the connection is not read.
+    # Kafka's broker reads one at a time, its appends taking well under a millisecond; here an
+    # append waits for a Delta commit (~10 ms), and librdkafka (max.in.flight 1,000,000, one
+    # request a record at linger.ms=0) sends many meanwhile: all must join the next commit, or
+    # acks fall behind without end (5 read ahead: 1,500 records at 500/s acked after 6 s).
+    max_in_flight_requests_per_connection: int = 100
 
     def __post_init__(self) -> None:
         for name, value in asdict(self).items():

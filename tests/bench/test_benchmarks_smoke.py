@@ -102,6 +102,9 @@ def test_kafka_clients(figures: dict[str, Any]) -> None:
     positive(kafka, "kafka_produce_rps", "grpc_produce_rps", "kafka_consume_rps",
              "grpc_consume_rps")
     assert kafka["records"] == TINY.send_records
+    latency = kafka["kafka_latency_ms"]
+    assert latency["received"] == latency["sent"] > 0  # every record came back through the door
+    assert 0 < latency["p50"] <= latency["p99"] <= latency["max"]
 
 
 def test_sasl_ssl_beside_plaintext(figures: dict[str, Any]) -> None:

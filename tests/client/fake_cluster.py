@@ -289,6 +289,7 @@ class FakeCluster:
         self._producer_ids = itertools.count(1000)
         self._released = threading.Event()
         self._released.set()
+        self._acks_held: list[tuple[Future[Any], AppendResult]] | None = None
         self.produce_calls: list[ProduceCall] = []
         self.appends_waiting = 0  # produce requests held by `appends_held`
         self._fetches_blocked = 0  # fetches long-polling for records on their threads
@@ -458,6 +459,29 @@ class FakeCluster:
             yield
         finally:
             self._released.set()
+
+    @contextmanager
+    def acks_held(self) -> Iterator[None]:
+        """Produce requests are appended at once but acknowledged only when the block ends, as
+        a real log acknowledges them after its next Delta commit."""
+        with self._changed:
+            self._acks_held = []
+        try:
+            yield
+        finally:
+            with self._changed:
+                held, self._acks_held = self._acks_held or [], None
+            for future, result in held:
+                future.set_result(result)
+
+    def acknowledged(self, result: AppendResult) -> Future[AppendResult]:
+        """`result`'s future: done, or held until `acks_held` ends."""
+        with self._changed:
+            if self._acks_held is None:
+                return _done(result)
+            future: Future[AppendResult] = Future()
+            self._acks_held.append((future, result))
+            return future
 
     def wait_until(self, condition: Callable[[], bool], what: str,
                    timeout_s: float = 10.0) -> None:
@@ -830,8 +854,8 @@ class FakeBroker:
     def produce(self, topic: str, partition: int, batch: pa.Table, *, acks: int,
                 producer: ProducerState, batch_bytes: int | None = None,
                 timeout_ms: int | None = None) -> Future[AppendResult]:
-        return _done(self._cluster.produce(self.broker_id, topic, partition, batch, producer,
-                                           batch_bytes, timeout_ms))
+        return self._cluster.acknowledged(self._cluster.produce(
+            self.broker_id, topic, partition, batch, producer, batch_bytes, timeout_ms))
 
     def fetch(self, specs: list[FetchSpec], *, max_wait_ms: int, min_bytes: int,
               max_bytes: int, replica_id: int) -> list[FetchResult]:

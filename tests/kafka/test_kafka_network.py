@@ -4,6 +4,7 @@ against the real listener in front of in-memory brokers (no Spark):
 - max.connections and max.connections.per.ip close the extra connection at once, and only it;
 - a connection idle for connections.max.idle.ms is closed, one owed an answer is not;
 - pipelined requests are handled while a long poll waits and answered in request order;
+- pipelined produce requests are all appended while their acks wait;
 - long polls on many connections leave the request handler threads to everyone else;
 - past queued.max.requests or queued.max.request.bytes nothing more is read until handlers catch up;
 - requests read before the client closed are still handled;
@@ -174,6 +175,20 @@ def test_pipelined_requests_are_handled_while_a_long_poll_waits_and_answered_in_
     assert values(fetched.records) == [b"pipelined"]
     assert answers[3][1].responses[0].partition_responses[0].base_offset == 0
     assert fake.values(TOPIC, 0) == [b"pipelined"]
+
+
+def test_pipelined_produce_requests_all_reach_the_log_while_their_acks_wait() -> None:
+    """librdkafka at linger.ms=0 sends a request a record, pipelined: every one must be
+    appended while the first waits for its commit, so one commit takes them all (read five
+    at a time, a log committing every ~10 ms acknowledged 500 records/s seconds late)."""
+    requests = 60
+    with door() as (fake, address), connect_to(address) as sock:
+        with fake.acks_held():
+            sock.sendall(b"".join(produce(TOPIC, [b"r%d" % i], i) for i in range(requests)))
+            fake.wait_until(lambda: len(fake.produce_calls) == requests, "every produce appended")
+        answers = [read_response(sock, PRODUCE, 9) for _ in range(requests)]
+    assert [correlation_id for correlation_id, _ in answers] == list(range(requests))
+    assert fake.values(TOPIC, 0) == [b"r%d" % i for i in range(requests)]
 
 
 def test_long_polls_on_many_connections_leave_the_request_handlers_to_everyone_else() -> None:
