@@ -39,8 +39,11 @@ kcat:
 run: setup
 	$(VENV)/bin/deltabus cluster start $(ARGS)
 
+# Two pytest-xdist workers, each module on one of them (tests/conftest.py: HEAVY_MODULES);
+# PYTEST_WORKERS=0 runs the tests in this one process.
+PYTEST_WORKERS ?= 2
 test: setup lint
-	$(PY) -m pytest -q --durations=15 $(ARGS)
+	$(PY) -m pytest -q --durations=15 -n $(PYTEST_WORKERS) --dist loadfile $(ARGS)
 
 # The benchmarks (bench/, a development tool beside tests/, not installed): the README's figures.
 # Smaller and quicker, e.g. ARGS="--records 10000 --drain-records 10000 --small-commits 20";
