@@ -45,8 +45,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.spark)
 
 
-# `make test` runs two pytest-xdist workers (`--dist loadfile`), each with its own Spark and
-# shared cluster; a module's tests run on one worker, so its module-scoped fixtures start once.
+# `make test PYTEST_WORKERS=2`: two pytest-xdist workers (`--dist loadfile`), each with its own
+# Spark and shared cluster; a module's tests run on one worker, so its module fixtures start once.
 # These modules start JVMs of their own or kill brokers on a timetable: one worker runs all of
 # them, one after the other, so no two of them compete for the machine's two cores.
 HEAVY_MODULES = frozenset({
