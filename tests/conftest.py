@@ -45,6 +45,32 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.spark)
 
 
+# `make test PYTEST_WORKERS=2`: two pytest-xdist workers (`--dist loadfile`), each with its own
+# Spark and shared cluster; a module's tests run on one worker, so its module fixtures start once.
+# These modules start JVMs of their own or kill brokers on a timetable: one worker runs all of
+# them, one after the other, so no two of them compete for the machine's two cores.
+HEAVY_MODULES = frozenset({
+    "tests/notebooks/test_notebooks.py", "tests/spark/test_spark_source_and_sink.py",
+    "tests/cluster/test_object_storage.py", "tests/cluster/test_local_cluster.py",
+    "tests/cluster/test_fault_injection.py", "tests/cluster/test_standalone_cluster.py"})
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`--dist loadfile`, with HEAVY_MODULES as one file (xdist's `loadgroup` cannot group
+    them: it marks the groups in node ids, which pytest 9.2's items no longer take)."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class HeavyModulesTogether(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = super()._split_scope(nodeid)
+            return "heavy modules" if module in HEAVY_MODULES else module
+
+    return HeavyModulesTogether(config, log)
+
+
 @pytest.fixture(scope="session")
 def spark() -> Iterator[object]:
     from deltabus import local_spark
