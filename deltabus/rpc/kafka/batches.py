@@ -23,6 +23,7 @@ import zstandard
 from kafka import codec as kafka_codec
 from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
 from kafka.record.util import calc_crc32c, decode_varint
+from numpy.lib.stride_tricks import sliding_window_view
 
 from deltabus import errors
 from deltabus.log_tables.control_records import control_mask
@@ -223,12 +224,12 @@ def _read_columns(buffer: bytes, batch: DefaultRecordBatch) -> pa.Table | None:
             raise ValueError("a record's length does not match its fields")
     except (ValueError, IndexError) as e:
         raise errors.CorruptMessageError(f"a record batch cannot be read: {e}") from None
-    timestamps = pa.array(batch.first_timestamp + delta, pa.int64())
     return pa.table({"value": _binary_at(buf, value_at, value_length),
                      "key": _binary_at(buf, key_at, key_length),
-                     "timestamp": timestamps.cast(pa.timestamp("ms", "UTC"))})
+                     "timestamp": pa.array(batch.first_timestamp + delta, _TIMESTAMP)})
 
 
+_TIMESTAMP = pa.timestamp("ms", "UTC")
 _VARINT_BYTES_MAX = 10
 _PAD_BYTES = 16
 
@@ -273,6 +274,10 @@ def _decode_varint_raw(buffer: bytes, pos: int) -> tuple[int, int]:
 def _varints_at(buf: np.ndarray, at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The zigzag varints starting at each position `at` of `buf` (int64), and their sizes.
     `buf` ends in _VARINT_BYTES_MAX zero bytes, so every varint read ends within it."""
+    first = buf[at]
+    if not (first & 0x80).any():  # one byte each, as most fields of small records are
+        small = first.astype(np.int64)
+        return (small >> 1) ^ -(small & 1), np.ones(len(at), np.int64)
     raw = np.zeros(len(at), np.uint64)
     size = np.zeros(len(at), np.int64)
     going = np.ones(len(at), bool)
@@ -292,30 +297,42 @@ def _varints_at(buf: np.ndarray, at: np.ndarray) -> tuple[np.ndarray, np.ndarray
 
 def _binary_at(buf: np.ndarray, at: np.ndarray, lengths: np.ndarray) -> pa.Array:
     """A binary column of the byte strings at `at` of `lengths` (negative: null). Built as
-    Arrow's binary view over `buf` (a 16-byte view a string: up to 12 bytes inline, else a
-    4-byte prefix and where the bytes are), which Arrow's cast gathers into a binary column in
-    one native pass."""
+    Arrow's binary view over `buf` (a 16-byte view a string: its length, then up to 12 bytes
+    inline, else a 4-byte prefix, buffer 0 and where the bytes are), which Arrow's cast
+    gathers into a binary column in one native pass."""
     n = len(at)
     valid = lengths >= 0
+    nulls = n - int(np.count_nonzero(valid))
+    if nulls == n:  # no record has one (keys, usually)
+        return pa.nulls(n, pa.binary())
     sizes = np.where(valid, lengths, 0)
-    if sizes.sum() > np.iinfo(np.int32).max:
+    if sizes.sum() > _INT32_MAX:
         raise ValueError("a record batch holds more than 2 GiB of keys or values")
-    views = np.zeros((n, 16), np.uint8)
-    views[:, :4] = sizes.astype("<i4").view(np.uint8).reshape(n, 4)
-    window = buf[at[:, None] + np.arange(_INLINE_BYTES_MAX)]
+    views = np.zeros((n, 4), "<i4")
+    views[:, 0] = sizes
     short = sizes <= _INLINE_BYTES_MAX
-    views[short, 4:] = np.where(np.arange(_INLINE_BYTES_MAX) < sizes[short, None],
-                                window[short], 0)
-    views[~short, 4:8] = window[~short, :4]  # the prefix; buffer 0 at 8:12
-    views[~short, 12:] = at[~short].astype("<i4").view(np.uint8).reshape(-1, 4)
-    nulls = n - int(valid.sum())
+    if short.any():
+        rows = _rows(short)
+        window = sliding_window_view(buf, _INLINE_BYTES_MAX)[at[rows]]
+        views.view(np.uint8)[rows, 4:] = np.where(
+            np.arange(_INLINE_BYTES_MAX) < sizes[rows, None], window, 0)
+    if not short.all():
+        rows = _rows(~short)
+        views[rows, 1] = sliding_window_view(buf, 4)[at[rows]].view("<i4")[:, 0]  # the prefix
+        views[rows, 3] = at[rows]
     validity = pa.py_buffer(np.packbits(valid, bitorder="little")) if nulls else None
     viewed = pa.Array.from_buffers(pa.binary_view(), n, [
         validity, pa.py_buffer(views), pa.py_buffer(buf)], nulls)
     return viewed.cast(pa.binary())
 
 
+def _rows(mask: np.ndarray) -> slice | np.ndarray:
+    """The rows `mask` selects, as a slice where it selects all (no gather needed)."""
+    return slice(None) if mask.all() else np.flatnonzero(mask)
+
+
 _INLINE_BYTES_MAX = 12  # what a binary view holds inline
+_INT32_MAX = 2**31 - 1
 
 
 def _read_records(buffer: bytes, batch: DefaultRecordBatch) -> tuple[list, list, list, list]:
