@@ -9,6 +9,7 @@ compacted topic's gaps are offset deltas), timestamps, timestamp type and leader
 from __future__ import annotations
 
 import io
+import itertools
 import struct
 import zlib
 from collections.abc import Callable, Sequence
@@ -202,7 +203,7 @@ def _read_columns(buffer: bytes, batch: DefaultRecordBatch) -> pa.Table | None:
     # varints, and the windows binary views are cut from, end within the pad
     buf = np.frombuffer(buffer + bytes(_PAD_BYTES), np.uint8)
     try:
-        starts = _record_starts(buffer, count)
+        starts = _record_starts(buffer, buf, count)
         at = starts[:-1]
         length, size = _varints_at(buf, at)
         end = at + size + length
@@ -234,14 +235,17 @@ _VARINT_BYTES_MAX = 10
 _PAD_BYTES = 16
 
 
-def _record_starts(buffer: bytes, count: int) -> np.ndarray:
+def _record_starts(buffer: bytes, buf: np.ndarray, count: int) -> np.ndarray:
     """Where each of `count` records starts, and where the last ends: the one sequential pass,
-    over each record's length varint alone. IndexError past the end, ValueError for a negative
-    length or an overlong varint."""
+    over each record's length varint alone, which leaps over a run of records as long as the
+    one before (`_same_run`: a producer of fixed-size records sends runs hundreds long).
+    IndexError past the end, ValueError for a negative length or an overlong varint."""
     starts = [0] * (count + 1)
-    pos = 0
-    for i in range(count):
-        starts[i] = pos
+    pos = last = same = 0
+    leap_after = _LEAP_AFTER
+    records = iter(range(count))
+    for i in records:
+        starts[i] = start = pos
         raw = buffer[pos]
         if raw < 0x80:  # the usual lengths, up to 63 and 8,191 bytes, take one or two bytes
             pos += 1
@@ -253,8 +257,43 @@ def _record_starts(buffer: bytes, count: int) -> np.ndarray:
         if raw & 1:
             raise ValueError(f"a record declares a length of {(raw >> 1) ^ -1}")
         pos += raw >> 1
+        if pos - start != last:
+            last, same = pos - start, 0
+        elif (same := same + 1) == leap_after:
+            head = last - (raw >> 1)
+            room = len(buffer) - head - pos  # the varints compared stay in the buffer
+            run = _same_run(buf, pos, head, last, min(count - i - 1, room // last + 1))
+            starts[i + 1:i + 1 + run] = range(pos, pos + run * last, last)
+            pos, same = pos + run * last, 0
+            if run:
+                next(itertools.islice(records, run - 1, None), None)  # leap over them
+            if run < leap_after:  # runs are short here: leaping costs more than it saves
+                leap_after *= 2
     starts[count] = pos
     return np.array(starts, np.int64)
+
+
+_LEAP_AFTER = 8  # records as long as the one before them, read one by one, before a leap
+
+
+def _same_run(buf: np.ndarray, pos: int, head: int, stride: int, most: int) -> int:
+    """How many records from `pos` on, `stride` bytes apart, begin with the same `head` bytes
+    (their length varint) as the one just before `pos`: each of those is `stride` bytes long
+    too, so the next one starts where the sequential pass would find it. Looks ahead in
+    windows growing fourfold, so a short run costs little more than a long one's start;
+    `most` bounds it (the records left, and the bytes: a varint read stays in the buffer)."""
+    first = buf[pos - stride:pos - stride + head].tolist()
+    done, window = 0, 64
+    while done < most:
+        take = min(window, most - done)
+        at = np.arange(pos + done * stride, pos + (done + take) * stride, stride)
+        same = buf[at] == first[0]
+        for k in range(1, head):
+            same &= buf[at + k] == first[k]
+        if not same.all():
+            return done + int(np.argmin(same))
+        done, window = done + take, window * 4
+    return done
 
 
 def _decode_varint_raw(buffer: bytes, pos: int) -> tuple[int, int]:
