@@ -573,10 +573,7 @@ class LogConfig:
     # recently give up their oldest commits (log_tables/tail_cache.py).
     log_cache_total_bytes_max: int = 1024 * 1024 * 1024
     # Delta checkpoint every N commits keeps table open time flat however long the log grows.
-    # delta-rs replays every commit since the last checkpoint on each commit: measured, a
-    # commit of 6,000 records costs 10 ms of CPU at 25 and 15 ms at 100 (22 and 33 ms with
-    # 1,000 files in the table), checkpoints included.
-    checkpoint_interval: int = 25
+    checkpoint_interval: int = 100
     pending_bytes_max: int = 256 * 1024 * 1024  # produce requests waiting for a commit
     # How long a producer's batch that arrived ahead of its predecessor waits for it, at most:
     # never past its produce request's timeout (`PartitionLog.append`).
