@@ -124,7 +124,8 @@ def normalize_produce(table: pa.Table) -> pa.Table:
         try:
             if field.name == "timestamp" and pa.types.is_integer(column.type):
                 column = column.cast(pa.int64()).cast(pa.timestamp("ms", "UTC"))
-            column = column.cast(field.type)
+            if column.type != field.type:  # a cast costs even when there is nothing to do
+                column = column.cast(field.type)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
             raise errors.InvalidRecordError(
                 f"column {field.name!r} has type {column.type}, expected {field.type}: {e}"

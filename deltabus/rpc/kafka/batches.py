@@ -9,6 +9,7 @@ compacted topic's gaps are offset deltas), timestamps, timestamp type and leader
 from __future__ import annotations
 
 import io
+import itertools
 import struct
 import zlib
 from collections.abc import Callable, Sequence
@@ -24,6 +25,7 @@ from crc32c import crc32c
 from kafka import codec as kafka_codec
 from kafka.record.default_records import DefaultRecordBatch
 from kafka.record.util import decode_varint, encode_varint
+from numpy.lib.stride_tricks import sliding_window_view
 
 from deltabus import errors
 from deltabus.log_tables.control_records import control_mask
@@ -202,7 +204,7 @@ def _read_columns(buffer: bytes, batch: DefaultRecordBatch) -> pa.Table | None:
     # varints, and the windows binary views are cut from, end within the pad
     buf = np.frombuffer(buffer + bytes(_PAD_BYTES), np.uint8)
     try:
-        starts = _record_starts(buffer, count)
+        starts = _record_starts(buffer, buf, count)
         at = starts[:-1]
         length, size = _varints_at(buf, at)
         end = at + size + length
@@ -224,24 +226,27 @@ def _read_columns(buffer: bytes, batch: DefaultRecordBatch) -> pa.Table | None:
             raise ValueError("a record's length does not match its fields")
     except (ValueError, IndexError) as e:
         raise errors.CorruptMessageError(f"a record batch cannot be read: {e}") from None
-    timestamps = pa.array(batch.first_timestamp + delta, pa.int64())
     return pa.table({"value": _binary_at(buf, value_at, value_length),
                      "key": _binary_at(buf, key_at, key_length),
-                     "timestamp": timestamps.cast(pa.timestamp("ms", "UTC"))})
+                     "timestamp": pa.array(batch.first_timestamp + delta, _TIMESTAMP)})
 
 
+_TIMESTAMP = pa.timestamp("ms", "UTC")
 _VARINT_BYTES_MAX = 10
 _PAD_BYTES = 16
 
 
-def _record_starts(buffer: bytes, count: int) -> np.ndarray:
+def _record_starts(buffer: bytes, buf: np.ndarray, count: int) -> np.ndarray:
     """Where each of `count` records starts, and where the last ends: the one sequential pass,
-    over each record's length varint alone. IndexError past the end, ValueError for a negative
-    length or an overlong varint."""
+    over each record's length varint alone, which leaps over a run of records as long as the
+    one before (`_same_run`: a producer of fixed-size records sends runs hundreds long).
+    IndexError past the end, ValueError for a negative length or an overlong varint."""
     starts = [0] * (count + 1)
-    pos = 0
-    for i in range(count):
-        starts[i] = pos
+    pos = last = same = 0
+    leap_after = _LEAP_AFTER
+    records = iter(range(count))
+    for i in records:
+        starts[i] = start = pos
         raw = buffer[pos]
         if raw < 0x80:  # the usual lengths, up to 63 and 8,191 bytes, take one or two bytes
             pos += 1
@@ -253,8 +258,43 @@ def _record_starts(buffer: bytes, count: int) -> np.ndarray:
         if raw & 1:
             raise ValueError(f"a record declares a length of {(raw >> 1) ^ -1}")
         pos += raw >> 1
+        if pos - start != last:
+            last, same = pos - start, 0
+        elif (same := same + 1) == leap_after:
+            head = last - (raw >> 1)
+            room = len(buffer) - head - pos  # the varints compared stay in the buffer
+            run = _same_run(buf, pos, head, last, min(count - i - 1, room // last + 1))
+            starts[i + 1:i + 1 + run] = range(pos, pos + run * last, last)
+            pos, same = pos + run * last, 0
+            if run:
+                next(itertools.islice(records, run - 1, None), None)  # leap over them
+            if run < leap_after:  # runs are short here: leaping costs more than it saves
+                leap_after *= 2
     starts[count] = pos
     return np.array(starts, np.int64)
+
+
+_LEAP_AFTER = 8  # records as long as the one before them, read one by one, before a leap
+
+
+def _same_run(buf: np.ndarray, pos: int, head: int, stride: int, most: int) -> int:
+    """How many records from `pos` on, `stride` bytes apart, begin with the same `head` bytes
+    (their length varint) as the one just before `pos`: each of those is `stride` bytes long
+    too, so the next one starts where the sequential pass would find it. Looks ahead in
+    windows growing fourfold, so a short run costs little more than a long one's start;
+    `most` bounds it (the records left, and the bytes: a varint read stays in the buffer)."""
+    first = buf[pos - stride:pos - stride + head].tolist()
+    done, window = 0, 64
+    while done < most:
+        take = min(window, most - done)
+        at = np.arange(pos + done * stride, pos + (done + take) * stride, stride)
+        same = buf[at] == first[0]
+        for k in range(1, head):
+            same &= buf[at + k] == first[k]
+        if not same.all():
+            return done + int(np.argmin(same))
+        done, window = done + take, window * 4
+    return done
 
 
 def _decode_varint_raw(buffer: bytes, pos: int) -> tuple[int, int]:
@@ -274,6 +314,10 @@ def _decode_varint_raw(buffer: bytes, pos: int) -> tuple[int, int]:
 def _varints_at(buf: np.ndarray, at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The zigzag varints starting at each position `at` of `buf` (int64), and their sizes.
     `buf` ends in _VARINT_BYTES_MAX zero bytes, so every varint read ends within it."""
+    first = buf[at]
+    if not (first & 0x80).any():  # one byte each, as most fields of small records are
+        small = first.astype(np.int64)
+        return (small >> 1) ^ -(small & 1), np.ones(len(at), np.int64)
     raw = np.zeros(len(at), np.uint64)
     size = np.zeros(len(at), np.int64)
     going = np.ones(len(at), bool)
@@ -293,30 +337,42 @@ def _varints_at(buf: np.ndarray, at: np.ndarray) -> tuple[np.ndarray, np.ndarray
 
 def _binary_at(buf: np.ndarray, at: np.ndarray, lengths: np.ndarray) -> pa.Array:
     """A binary column of the byte strings at `at` of `lengths` (negative: null). Built as
-    Arrow's binary view over `buf` (a 16-byte view a string: up to 12 bytes inline, else a
-    4-byte prefix and where the bytes are), which Arrow's cast gathers into a binary column in
-    one native pass."""
+    Arrow's binary view over `buf` (a 16-byte view a string: its length, then up to 12 bytes
+    inline, else a 4-byte prefix, buffer 0 and where the bytes are), which Arrow's cast
+    gathers into a binary column in one native pass."""
     n = len(at)
     valid = lengths >= 0
+    nulls = n - int(np.count_nonzero(valid))
+    if nulls == n:  # no record has one (keys, usually)
+        return pa.nulls(n, pa.binary())
     sizes = np.where(valid, lengths, 0)
-    if sizes.sum() > np.iinfo(np.int32).max:
+    if sizes.sum() > _INT32_MAX:
         raise ValueError("a record batch holds more than 2 GiB of keys or values")
-    views = np.zeros((n, 16), np.uint8)
-    views[:, :4] = sizes.astype("<i4").view(np.uint8).reshape(n, 4)
-    window = buf[at[:, None] + np.arange(_INLINE_BYTES_MAX)]
+    views = np.zeros((n, 4), "<i4")
+    views[:, 0] = sizes
     short = sizes <= _INLINE_BYTES_MAX
-    views[short, 4:] = np.where(np.arange(_INLINE_BYTES_MAX) < sizes[short, None],
-                                window[short], 0)
-    views[~short, 4:8] = window[~short, :4]  # the prefix; buffer 0 at 8:12
-    views[~short, 12:] = at[~short].astype("<i4").view(np.uint8).reshape(-1, 4)
-    nulls = n - int(valid.sum())
+    if short.any():
+        rows = _rows(short)
+        window = sliding_window_view(buf, _INLINE_BYTES_MAX)[at[rows]]
+        views.view(np.uint8)[rows, 4:] = np.where(
+            np.arange(_INLINE_BYTES_MAX) < sizes[rows, None], window, 0)
+    if not short.all():
+        rows = _rows(~short)
+        views[rows, 1] = sliding_window_view(buf, 4)[at[rows]].view("<i4")[:, 0]  # the prefix
+        views[rows, 3] = at[rows]
     validity = pa.py_buffer(np.packbits(valid, bitorder="little")) if nulls else None
     viewed = pa.Array.from_buffers(pa.binary_view(), n, [
         validity, pa.py_buffer(views), pa.py_buffer(buf)], nulls)
     return viewed.cast(pa.binary())
 
 
+def _rows(mask: np.ndarray) -> slice | np.ndarray:
+    """The rows `mask` selects, as a slice where it selects all (no gather needed)."""
+    return slice(None) if mask.all() else np.flatnonzero(mask)
+
+
 _INLINE_BYTES_MAX = 12  # what a binary view holds inline
+_INT32_MAX = 2**31 - 1
 
 
 def _read_records(buffer: bytes, batch: DefaultRecordBatch) -> tuple[list, list, list, list]:
