@@ -117,8 +117,12 @@ def test_a_long_fetch_is_split_into_batches() -> None:
 
 
 @settings(max_examples=30, deadline=None)
-@given(st.lists(record, min_size=1, max_size=30), st.sampled_from([0, 1, 2, 3, 4]))
-def test_produced_batches_decode_to_produce_rows(records, codec):
+@given(st.lists(record, min_size=1, max_size=30), st.sampled_from([0, 1, 2, 3, 4]),
+       st.sampled_from([1, 5]), st.booleans())
+def test_produced_batches_decode_to_produce_rows(records, codec, copies, no_headers):
+    records = records * copies  # past COLUMN_READ_RECORDS_MIN too: both readers
+    if no_headers:
+        records = [(*r[:4], []) for r in records]
     builder = DefaultRecordBatchBuilder(magic=2, compression_type=codec, is_transactional=False,
                                         producer_id=9, producer_epoch=1, base_sequence=5,
                                         batch_size=1 << 24)
