@@ -12,7 +12,7 @@ import time
 import uuid
 from typing import Any
 
-from bench.produce_fetch import IDLE_MS_MAX, LATENCY_INTERVAL_S, WARM_UP, percentiles
+from bench.produce_fetch import IDLE_MS_MAX, LATENCY_INTERVAL_S, WARM_UP, gathered
 from deltabus.client.admin import AdminClient
 from deltabus.client.consumer import Consumer, TopicPartition
 from deltabus.client.producer import Producer
@@ -172,10 +172,4 @@ def kafka_latency(kafka_bootstrap: str, topic: str, run_s: float) -> dict[str, f
         next_at += LATENCY_INTERVAL_S
         time.sleep(max(0.0, next_at - time.monotonic()))
     producer.flush(IDLE_MS_MAX / 1000)
-    deadline = time.monotonic() + IDLE_MS_MAX / 1000
-    while len(latencies) < sent and time.monotonic() < deadline:
-        time.sleep(0.05)
-    stop.set()
-    reader.join(5)
-    consumer.close()
-    return percentiles(latencies, sent)
+    return gathered(latencies, sent, stop, reader, consumer.close)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import pyarrow as pa
@@ -136,12 +136,19 @@ def latency(bootstrap: str, topic: str, run_s: float, acks: int | str = 1) -> di
     reader = threading.Thread(target=consume, name="deltabus-bench-consumer", daemon=True)
     reader.start()
     sent = _send_paced(bootstrap, topic, acks, run_s)
+    return gathered(latencies, sent, stop, reader, consumer.close)
+
+
+def gathered(latencies: list[float], sent: int, stop: threading.Event,
+             reader: threading.Thread, close: Callable[[], Any]) -> dict[str, float]:
+    """A latency step's figures once its `reader` thread has them all (or has been idle for
+    IDLE_MS_MAX): stops the reader and closes its consumer first."""
     deadline = time.monotonic() + IDLE_MS_MAX / 1000
     while len(latencies) < sent and time.monotonic() < deadline:
         time.sleep(0.05)
     stop.set()
     reader.join(5)
-    consumer.close()
+    close()
     return percentiles(latencies, sent)
 
 

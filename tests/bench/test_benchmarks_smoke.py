@@ -213,7 +213,8 @@ def test_results_json_and_report(figures: dict[str, Any], tmp_path: pathlib.Path
                              "replicated_latency", "commits", "rebalance", "drain",
                              "small_files", "sasl_ssl", "idle_connections", "quotas",
                              "partitions", "keyed_partitions", "hostile",
-                             "object_storage_latency"}
+                             "object_storage_latency", "kafka_produce", "kafka_consume",
+                             "kafka_latency"}
     assert written["drain"]["records"] == TINY.drain_records
     table = capsys.readouterr().out
     for letter in "abcdefghijklmnopqr":
