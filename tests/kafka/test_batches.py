@@ -5,6 +5,7 @@ in any order, both timestamp types), and what a producer sends is what the log t
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import pyarrow as pa
 from hypothesis import given, settings
@@ -136,6 +137,26 @@ def test_produced_batches_decode_to_produce_rows(records, codec, copies, no_head
         (key, value, ts, headers) for _, ts, key, value, headers in records]
 
 
+def assert_readers_agree(section: bytes, batch: DefaultRecordBatch) -> None:
+    """The column-wise and the record-by-record reader make the same of one records section:
+    the same keys and values, or the same error (the column-wise reader may hand a damaged
+    header count over to the other: None)."""
+    outcomes: list[Any] = []
+    for read in (batches._read_columns, batches._read_records):
+        try:
+            outcomes.append(read(section, batch))
+        except errors.DeltaBusError as e:
+            outcomes.append(e.name)
+    columns, rows = outcomes
+    if columns is None:
+        return
+    if isinstance(columns, str) or isinstance(rows, str):
+        assert columns == rows
+        return
+    assert columns.column("key").to_pylist() == rows[0]
+    assert columns.column("value").to_pylist() == rows[1]
+
+
 plain_record = st.tuples(
     st.integers(1_600_000_000_000, 1_800_000_000_000),
     st.none() | st.binary(max_size=20),  # inline in a binary view up to 12 bytes, not past it
@@ -177,23 +198,7 @@ def test_a_damaged_batch_is_read_column_wise_as_record_by_record(records, data):
         section[at] = data.draw(st.integers(0, 255))
     else:
         section = section[:data.draw(st.integers(0, len(section)))]
-    outcomes = []
-    for read in (batches._read_columns, batches._read_records):
-        try:
-            outcomes.append(read(bytes(section), batch))
-        except errors.CorruptMessageError:
-            outcomes.append("corrupt")
-        except errors.DeltaBusError as e:
-            outcomes.append(e.name)
-    columns, rows = outcomes
-    if columns is None:  # a damaged header count: read record by record
-        return
-    if isinstance(columns, str) or isinstance(rows, str):
-        assert columns == rows
-        return
-    keys, values, timestamps, _ = rows
-    assert columns.column("key").to_pylist() == keys
-    assert columns.column("value").to_pylist() == values
+    assert_readers_agree(bytes(section), batch)
 
 
 @settings(max_examples=40, deadline=None)
@@ -210,17 +215,4 @@ def test_runs_of_equal_records_are_read_as_record_by_record(runs, where, byte):
     for damaged in (False, True):
         if damaged:
             section[where % len(section)] = byte
-        outcomes = []
-        for read in (batches._read_columns, batches._read_records):
-            try:
-                outcomes.append(read(bytes(section), batch))
-            except errors.DeltaBusError as e:
-                outcomes.append(e.name)
-        columns, rows = outcomes
-        if columns is None:  # a damaged header count: read record by record
-            continue
-        if isinstance(columns, str) or isinstance(rows, str):
-            assert columns == rows
-            continue
-        assert columns.column("value").to_pylist() == rows[1]
-        assert columns.column("key").to_pylist() == rows[0]
+        assert_readers_agree(bytes(section), batch)
