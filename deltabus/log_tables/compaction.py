@@ -183,10 +183,12 @@ def compact(table: DeltaTable, *, high_watermark: int, min_lag_ms: int, delete_r
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
     storage = storage or Storage(table.table_uri)
     files = data_files(table, _COLUMNS)
-    transactions = _transactions(table, storage, open_producers)
+    # The markers are read only for a run that compacts, or where a transaction is open
+    transactions = _transactions(table, storage, open_producers) if open_producers else None
     end = min(cleanable_end(files, now_ms=now_ms, min_lag_ms=min_lag_ms,
                             high_watermark=high_watermark),
-              _stable_end(files, transactions.first_open_offset, open_as_of_ms))
+              _stable_end(files, transactions.first_open_offset if transactions else None,
+                          open_as_of_ms))
     files = files.filter(pc.less(files.column("max.offset"), end))
     ratio = dirty_ratio(files, table.transaction_version(CLEANED_TXN_APP_ID) or 0)
     if files.num_rows == 0 or ratio == 0 or ratio < min_dirty_ratio:
@@ -207,7 +209,7 @@ def compact(table: DeltaTable, *, high_watermark: int, min_lag_ms: int, delete_r
     keep, tombstones_removed = retained(
         records, pa.chunked_array([c for t in tombstones for c in t.chunks], pa.bool_()),
         now_ms=now_ms, delete_retention_ms=delete_retention_ms,
-        aborted=transactions.aborted)
+        aborted=(transactions or _transactions(table, storage, ())).aborted)
     stamp = removal_stamp(now_ms, delete_delay_ms)
     actions: list[AddAction | RemoveAction] = []
     for i, path in enumerate(paths):
