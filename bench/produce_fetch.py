@@ -21,11 +21,12 @@ from typing import Any
 import pyarrow as pa
 from deltalake import write_deltalake
 
+from bench import latency_trace
 from bench.sizes import VALUE_BYTES
 from deltabus import config as cfg
 from deltabus.cli.producer_performance import BULK_CHUNK_BYTES, payload, random_values
 from deltabus.client.consumer import Consumer, TopicPartition
-from deltabus.client.producer import Producer
+from deltabus.client.producer import FutureRecordMetadata, Producer
 from deltabus.errors import KafkaTimeoutError
 from deltabus.records import normalize_produce, to_log_batch
 
@@ -115,28 +116,40 @@ def fetch_all(bootstrap: str, topic: str, *, security: Mapping[str, Any] | None 
     return count, count / elapsed
 
 
-def latency(bootstrap: str, topic: str, run_s: float, acks: int | str = 1) -> dict[str, float]:
+def latency(bootstrap: str, topic: str, run_s: float, acks: int | str = 1,
+            trace_dir: str | None = None) -> dict[str, Any]:
     """Produce-to-consume latency (ms): a consumer thread polls while one small record is sent
     every ~2 ms for `run_s` with linger.ms=0; latency is the consume time minus the record's
-    timestamp, which the producer sets at send time (both clocks are this process's)."""
+    timestamp, which the producer sets at send time (both clocks are this process's). With
+    the `trace_dir` deltabus.trace writes to (tracing `topic`), also the breakdown of the
+    records' trips by stage (bench.latency_trace), under "breakdown"."""
     tp = TopicPartition(topic, 0)
     consumer = Consumer(bootstrap)
     consumer.assign([tp])
     consumer.seek_to_end(tp)
     consumer.position(tp)
     latencies: list[float] = []
+    polled_ns: dict[int, int] = {}
     stop = threading.Event()
 
     def consume() -> None:
         while not stop.is_set():
-            for record in consumer.poll(timeout_ms=100):
+            records = consumer.poll(timeout_ms=100)
+            now_ns = time.time_ns()
+            for record in records:
                 if record.value != WARM_UP:  # its latency includes opening the channels
-                    latencies.append(time.time() * 1000 - record.timestamp)
+                    latencies.append(now_ns / 1e6 - record.timestamp)
+                    polled_ns[record.offset] = now_ns
 
     reader = threading.Thread(target=consume, name="deltabus-bench-consumer", daemon=True)
     reader.start()
-    sent = _send_paced(bootstrap, topic, acks, run_s)
-    return gathered(latencies, sent, stop, reader, consumer.close)
+    sends = _send_paced(bootstrap, topic, acks, run_s)
+    figures: dict[str, Any] = gathered(latencies, len(sends), stop, reader, consumer.close)
+    if trace_dir is not None:
+        sent_ns = {future.get(0).offset: ns for future, ns in sends if future.done()
+                   and future.exception(0) is None}
+        figures["breakdown"] = latency_trace.breakdown(trace_dir, topic, sent_ns, polled_ns)
+    return figures
 
 
 def gathered(latencies: list[float], sent: int, stop: threading.Event,
@@ -165,22 +178,25 @@ def percentiles(latencies: list[float], sent: int) -> dict[str, float]:
             "p99": pct(0.99), "max": ordered[-1]}
 
 
-def _send_paced(bootstrap: str, topic: str, acks: int | str, run_s: float) -> int:
-    """Send one 16-byte record every LATENCY_INTERVAL_S for `run_s`; returns the count.
+def _send_paced(bootstrap: str, topic: str, acks: int | str,
+                run_s: float) -> list[tuple[FutureRecordMetadata, int]]:
+    """Send one 16-byte record every LATENCY_INTERVAL_S for `run_s`; returns each send's future
+    and when it was called (time.time_ns()).
 
     Waits at most IDLE_MS_MAX for the acks: a backlog must not stretch the bench without end.
     """
     producer = Producer(bootstrap, acks=acks, linger_ms=0)
+    sends: list[tuple[FutureRecordMetadata, int]] = []
     try:
         producer.send(topic, WARM_UP).get(30)
-        sent = 0
         start = next_at = time.monotonic()
         while time.monotonic() - start < run_s:
-            producer.send(topic, b"x" * 16, timestamp_ms=int(time.time() * 1000))
-            sent += 1
+            now_ns = time.time_ns()
+            sends.append((producer.send(topic, b"x" * 16, timestamp_ms=now_ns // 1_000_000),
+                          now_ns))
             next_at += LATENCY_INTERVAL_S
             time.sleep(max(0.0, next_at - time.monotonic()))
     finally:
         with contextlib.suppress(KafkaTimeoutError):
             producer.close(timeout=IDLE_MS_MAX / 1000)
-    return sent
+    return sends

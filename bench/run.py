@@ -7,9 +7,10 @@ a running one), in an order where each step leaves what the next needs:
     (b) bulk produce (send_batch, acks=1) of the same batches, to a 1-partition topic
     (c) per-record send() to the same topic
     (d) fetch of the whole topic with poll_batch, from the beginning
-    (e) produce-to-consume latency: one small record every ~2 ms for ~3 s, linger.ms=0
+    (e) produce-to-consume latency: one small record every ~2 ms for ~3 s, linger.ms=0, and
+        where each record's time went, stage by stage (bench/latency_trace.py)
     (f) bulk produce as (b) but acks=all to a topic with replication factor 3
-    (g) latency as (e) but acks=all with replication factor 3
+    (g) latency as (e) but acks=all with replication factor 3, with its breakdown too
     (h) offset commits: 100 consumers each committing every 100 ms (see groups)
     (i) rebalance time of a 10-member group when one member leaves
     (j) a Structured Streaming query draining a 10-million-record topic, against Spark reading
@@ -80,12 +81,15 @@ from bench.produce_fetch import (
 )
 from bench.report import TARGETS, judge, report
 from bench.sizes import SEND_RECORDS_MAX, VALUE_BYTES, Sizes
+from deltabus import trace
 from deltabus.cli.producer_performance import payload, random_values
 from deltabus.cli.results import write_json
 from deltabus.client.admin import AdminClient
 from deltabus.metadata import NewTopic
 
 DEFAULT = Sizes()
+# Steps (e) and (g)'s topics, whose records the trace follows (bench/latency_trace.py)
+LATENCY_TOPIC_PREFIXES = ("bench-latency-", "bench-rf3-latency-")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -195,6 +199,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("; ".join(wrong))
     root = tempfile.mkdtemp(prefix="deltabus-bench-")
     embedded = args.bootstrap_server is None
+    # The embedded cluster's brokers, started after this, stamp the latency steps' records.
+    trace_dir = f"{root}/trace" if embedded else None
+    if trace_dir is not None:
+        trace.start(trace_dir, LATENCY_TOPIC_PREFIXES)
     started = time.monotonic()
     try:
         with _session(embedded) as spark:
@@ -202,7 +210,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                                     cluster):
                 figures = measure(bootstrap, spark,
                                   args.kafka_bootstrap_server or kafka_bootstrap, root, sizes,
-                                  embedded=embedded, cluster=cluster)
+                                  embedded=embedded, cluster=cluster, trace_dir=trace_dir)
             if embedded:  # on the task slots the embedded cluster's brokers held
                 measure_object_storage(figures, spark, root, sizes)
             else:
@@ -247,13 +255,14 @@ def _bootstrap(bootstrap: str | None, spark: Any, root: str
 
 
 def measure(bootstrap: str, spark: Any, kafka_bootstrap: str | None, root: str,
-            sizes: Sizes, *, embedded: bool = True, cluster: Any = None) -> dict[str, Any]:
+            sizes: Sizes, *, embedded: bool = True, cluster: Any = None,
+            trace_dir: str | None = None) -> dict[str, Any]:
     """The steps on a cluster, (a) to (j), (l) to (q) ((k) and (r) run after it stopped); (l)
     and (q) only with a Kafka listener, (p) only given the `cluster` (a Cluster of this
     process), (m) only on an `embedded` cluster's Spark session, (n) only with an `embedded`
     cluster's Kafka listener (in this process). Scratch files go under `root`, which the
-    caller removes."""
-    figures = run_steps(bootstrap, root, sizes)
+    caller removes. `trace_dir`: see run_steps."""
+    figures = run_steps(bootstrap, root, sizes, trace_dir)
     with _step(figures["step_s"], "j", "streaming query draining a topic"):
         figures["drain"] = stream_drain.drain_vs_parquet(
             spark, bootstrap, pa.table({"value": random_values(
@@ -314,12 +323,14 @@ def measure_small_files(figures: dict[str, Any], root: str, sizes: Sizes) -> Non
             f"{root}/small-commits", sizes.small_commits, VALUE_BYTES)
 
 
-def run_steps(bootstrap: str, root: str, sizes: Sizes) -> dict[str, Any]:
+def run_steps(bootstrap: str, root: str, sizes: Sizes,
+              trace_dir: str | None = None) -> dict[str, Any]:
     """Steps (a)-(i), in order, each on a topic of its own (deleted at the end); returns the
-    figures."""
+    figures. With the `trace_dir` the cluster's brokers stamp into (deltabus.trace), steps
+    (e) and (g) also break their latency down by stage."""
     run_id = uuid.uuid4().hex[:8]
-    topic, latency_topic = f"bench-{run_id}", f"bench-latency-{run_id}"
-    replicated, replicated_latency = f"bench-rf3-{run_id}", f"bench-rf3-latency-{run_id}"
+    topic, latency_topic = f"bench-{run_id}", f"{LATENCY_TOPIC_PREFIXES[0]}{run_id}"
+    replicated, replicated_latency = f"bench-rf3-{run_id}", f"{LATENCY_TOPIC_PREFIXES[1]}{run_id}"
     commits, rebalance = f"bench-commits-{run_id}", f"bench-rebalance-{run_id}"
     records = sizes.records
     values = chunk_values(records)
@@ -346,14 +357,16 @@ def run_steps(bootstrap: str, root: str, sizes: Sizes) -> dict[str, Any]:
             with _step(steps, "d", "fetch, poll_batch"):
                 figures["fetched_records"], figures["fetch_rps"] = fetch_all(bootstrap, topic)
             with _step(steps, "e", "produce-to-consume latency"):
-                figures["latency_ms"] = latency(bootstrap, latency_topic, sizes.latency_run_s)
+                figures["latency_ms"] = latency(bootstrap, latency_topic, sizes.latency_run_s,
+                                                trace_dir=trace_dir)
             with _step(steps, "f", "bulk produce, acks=all, replication factor 3"):
                 figures["replicated_rps"] = bulk_produce(bootstrap, replicated, values, records,
                                                          acks="all")
             figures["replicated_vs_bulk"] = figures["replicated_rps"] / figures["bulk_rps"]
             with _step(steps, "g", "latency, acks=all, replication factor 3"):
                 figures["replicated_latency_ms"] = latency(bootstrap, replicated_latency,
-                                                           sizes.latency_run_s, acks="all")
+                                                           sizes.latency_run_s, acks="all",
+                                                           trace_dir=trace_dir)
             with _step(steps, "h", f"offset commits, {sizes.committers} consumers every "
                                    f"{groups.COMMIT_INTERVAL_S * 1000:.0f} ms"):
                 figures["offset_commits"] = groups.offset_commits(

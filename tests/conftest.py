@@ -72,7 +72,19 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
 
 @pytest.fixture(scope="session")
-def spark() -> Iterator[object]:
+def latency_trace_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """Where this session's processes stamp the records of bench steps (e) and (g)
+    (deltabus.trace): set before Spark starts, so the shared cluster's brokers stamp too."""
+    from bench.run import LATENCY_TOPIC_PREFIXES
+    from deltabus import trace
+
+    folder = str(tmp_path_factory.mktemp("latency-trace"))
+    trace.start(folder, LATENCY_TOPIC_PREFIXES)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def spark(latency_trace_dir: str) -> Iterator[object]:
     from deltabus import local_spark
 
     session = local_spark(SPARK_TASK_SLOTS, app_name="deltabus-tests", ui=False)

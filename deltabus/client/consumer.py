@@ -36,7 +36,7 @@ import grpc
 import pyarrow as pa
 
 from deltabus import config as cfg
-from deltabus import errors
+from deltabus import errors, trace
 from deltabus.client.assignors import Assignor, assignor
 from deltabus.client.cluster_client import ClusterClient
 from deltabus.client.consumer_coordinator import (
@@ -575,6 +575,11 @@ class Consumer:
                 if table.num_rows:
                     self._buffer[tp] = table
                     self._positions[tp] = table.column("offset")[-1].as_py() + 1
+                    if trace.traced(tp.topic):
+                        trace.stamp("fetched", tp.topic, tp.partition,
+                                    table.column("offset")[0].as_py(),
+                                    table.column("offset")[-1].as_py(),
+                                    received=trace.now_ns())
                     self._position_epochs[tp] = table.column("leader_epoch")[-1].as_py()
             # Past what the answer read but holds no record of (markers, aborted records).
             if p.next_offset > (self._positions[tp] or 0):

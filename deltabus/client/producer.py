@@ -39,7 +39,7 @@ import grpc
 import numpy as np
 import pyarrow as pa
 
-from deltabus import errors
+from deltabus import errors, trace
 from deltabus.client import wire
 from deltabus.client.cluster_client import ClusterClient
 from deltabus.client.security import ClientSecurity, SecuritySettings
@@ -85,6 +85,7 @@ class _Batch:
     nbytes: int = 0  # the records' bytes in a record batch at most (records.record_bytes_max)
     full: bool = False  # no more records fit: it may be sent while others are in flight
     retry_at: float = 0.0
+    sent_ns: int = 0  # its last request's sending (time.time_ns()), for deltabus.trace
     base_sequence: int = -1  # set when first sent by an idempotent producer
     order: int = field(default_factory=lambda: next(_BATCH_ORDER))  # creation order
     _payload: bytes | None = None
@@ -574,6 +575,9 @@ class Producer:
             self.acks, self.request_timeout_ms,
             [(self._produce_data(b), b.payload()) for b in batches],
             self.transactional_id if self._txn is not None else None)
+        sent_ns = trace.now_ns()
+        for batch in batches:
+            batch.sent_ns = sent_ns
         try:
             call = self._client.raw_produce(address).future(
                 request, timeout=self.request_timeout_ms / 1000 + 5)
@@ -625,6 +629,10 @@ class Producer:
                                                                   result.error_message)))
             else:
                 outcomes.append((batch, result.base_offset, None))
+                if trace.traced(batch.topic):
+                    trace.stamp("produce", batch.topic, batch.partition, result.base_offset,
+                                result.base_offset + batch.count - 1, sent=batch.sent_ns,
+                                acked=trace.now_ns())
         self._settle(outcomes)
 
     def _settle(self, outcomes: list[tuple[_Batch, int, errors.DeltaBusError | None]]) -> None:

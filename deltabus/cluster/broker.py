@@ -34,7 +34,7 @@ import pyarrow as pa
 from pyspark import TaskContext
 
 from deltabus import config as cfg
-from deltabus import errors
+from deltabus import errors, trace
 from deltabus.acls import (
     AclBinding,
     AclBindingFilter,
@@ -693,6 +693,10 @@ class Broker:
             result.records = plog.read(spec.offset, limit - limit // FETCH_READ_SLACK_SHARE,
                                        to_log_end=replica_id >= 0,
                                        upto=result.last_stable_offset if committed else None)
+            if result.records.num_rows and trace.traced(spec.topic):
+                offsets = result.records.column("offset")
+                trace.stamp("read", spec.topic, spec.partition, offsets[0].as_py(),
+                            offsets[-1].as_py(), read=trace.now_ns(), replica=replica_id)
             if committed and result.records.num_rows:
                 last = result.records.column("offset")[-1].as_py()
                 result.aborted_transactions = plog.aborted_transactions(spec.offset, last + 1)

@@ -75,6 +75,7 @@ class PendingAppend:
     future: Future[AppendResult]
     copied: bool = False  # a follower's copy of the leader's records
     fetch_offset: int = -1  # a copy: the offset the leader read it from (-1: its first)
+    queued_ns: int = 0  # when it was queued, for the latency trace (deltabus.trace)
 
 
 @dataclass
@@ -86,6 +87,7 @@ class PendingFiles:
     records: pa.Table  # the copies' offset, epoch and producer columns, as read back
     future: Future[AppendResult]
     nbytes: int = 0
+    queued_ns: int = 0  # when the copies were begun, for the latency trace (deltabus.trace)
 
 
 @dataclass
@@ -125,6 +127,8 @@ class Committed:
     log_start_offset: int = -1  # log_start: the log start offset it recorded
     # append: (producer id, first offset) of each transactional batch it holds
     txn_begins: tuple[tuple[int, int], ...] = ()
+    written_ns: int = 0  # append and copy: its data file written (time.time_ns())
+    committed_ns: int = 0  # append and copy: its Delta commit written
 
 
 class CommitFailed(Exception):
@@ -408,6 +412,7 @@ class LogAppender:
         try:
             table, results = self._build_group(group, base, now_ms)
             next_offset = results[-1][1] + 1
+            written_ns = time.time_ns()  # delta-rs writes file and commit in one call
             write_deltalake(
                 self.table,
                 table,
@@ -430,7 +435,7 @@ class LogAppender:
         return Committed("copy" if copied else "append", self.table.version(), next_offset,
                          table, [(item.future, first, last) for item, (first, last)
                                  in zip(group, results, strict=True)], now_ms,
-                         txn_begins=begins)
+                         txn_begins=begins, written_ns=written_ns, committed_ns=time.time_ns())
 
     def _commit_files(self, item: PendingFiles, base: int) -> Committed:
         expected = base
@@ -444,6 +449,7 @@ class LogAppender:
                     reload=False)
             expected = leader_file.last_offset + 1
         now_ms = int(time.time() * 1000)
+        written_ns = time.time_ns()
         actions: list[AddAction | RemoveAction] = [
             AddAction(name, f.size_bytes, {}, now_ms, True, f.stats) for name, f in item.files]
         try:
@@ -461,7 +467,7 @@ class LogAppender:
                                reload=True) from e
         return Committed("files", self.table.version(), expected,
                          item.records.sort_by("offset"), [(item.future, base, expected - 1)],
-                         now_ms)
+                         now_ms, written_ns=written_ns, committed_ns=time.time_ns())
 
     def _commit_truncate(self, item: PendingTruncate, log_end_offset: int) -> Committed:
         offset = item.offset

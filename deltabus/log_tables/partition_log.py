@@ -41,7 +41,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 
-from deltabus import errors
+from deltabus import errors, trace
 from deltabus.config import LogConfig
 from deltabus.log_tables.append_pool import shared_pool
 from deltabus.log_tables.appender import (
@@ -137,6 +137,7 @@ class PartitionLog:
         self._name = f"{topic}-{partition}"
         self._config = config
         self._on_append = on_append
+        self._traced = trace.traced(topic)  # stamps for the latency trace (deltabus.trace)
         self._lock = threading.Condition()
         storage = storage or Storage(path)
         self._appender = LogAppender(path, topic=topic, partition=partition, config=config,
@@ -219,7 +220,8 @@ class PartitionLog:
         # Outside the lock; a refusal is raised once the sequence numbers are taken.
         batch, refusal = self._checked(batch, max_message_bytes, batch_bytes, compacted)
         future: Future[AppendResult] = Future()
-        item = PendingAppend(batch, batch.nbytes, leader_epoch, timestamp_type, producer, future)
+        item = PendingAppend(batch, batch.nbytes, leader_epoch, timestamp_type, producer, future,
+                             queued_ns=trace.now_ns() if self._traced else 0)
         deadline = None if timeout_ms is None else time.monotonic() + max(0, timeout_ms) / 1000
         with self._lock:
             self._check_open()
@@ -361,7 +363,8 @@ class PartitionLog:
             records = records.select(LOG_SCHEMA.names).cast(LOG_SCHEMA)
         future: Future[AppendResult] = Future()
         self._enqueue(PendingAppend(records, records.nbytes, -1, CREATE_TIME, NO_PRODUCER, future,
-                                    copied=True, fetch_offset=fetch_offset))
+                                    copied=True, fetch_offset=fetch_offset,
+                                    queued_ns=trace.now_ns() if self._traced else 0))
         return future
 
     def append_files(self, files: list[LogFile]) -> Future[AppendResult]:
@@ -373,8 +376,9 @@ class PartitionLog:
         if not files:
             raise errors.InvalidRecordError("no files to copy")
         future: Future[AppendResult] = Future()
+        received_ns = trace.now_ns() if self._traced else 0
         copied, records = self._appender.copy_in(files)
-        self._enqueue(PendingFiles(copied, records, future))
+        self._enqueue(PendingFiles(copied, records, future, queued_ns=received_ns))
         return future
 
     def truncate_to(self, offset: int) -> Future[AppendResult]:
@@ -462,6 +466,9 @@ class PartitionLog:
         offset = min(offset, self.log_end_offset)
         if offset <= self.high_watermark:
             return []
+        if self._traced:
+            trace.stamp("hw", self.topic, self.partition, self.high_watermark, offset - 1,
+                        moved=trace.now_ns())
         self.high_watermark = offset
         self._lock.notify_all()
         ready = []
@@ -500,21 +507,26 @@ class PartitionLog:
             if at is None or at > time.monotonic():
                 return at
             work = self._appender.take()
+        taken_ns = trace.now_ns() if self._traced else 0
         try:
             try:
                 done = self._appender.commit(work, self.log_end_offset)
             except CommitFailed as failure:
                 self._fail(work, failure)
             else:
-                self._apply(done)
+                applied_ns = self._apply(done)
+                if self._traced and isinstance(work, (list, PendingFiles)):
+                    self._stamp_commit(list(work) if isinstance(work, list) else [work], done,
+                                       taken_ns, applied_ns)
         finally:
             self._appender.done()
         with self._lock:
             return self._appender.ready_at(self._closed)
 
-    def _apply(self, done: Committed) -> None:
+    def _apply(self, done: Committed) -> int:
         """Bring the offsets, cache, epochs and producers up to a commit, then resolve its
-        futures: the log end offset moves only after the commit holding the records."""
+        futures: the log end offset moves only after the commit holding the records. Returns
+        when the log took the commit in (time.time_ns(), for the latency trace; 0 untraced)."""
         ready: list[Future[int]] = []
         changed = True
         with self._lock:
@@ -562,6 +574,7 @@ class PartitionLog:
                 self._producers.clear()
                 self._txn, self._first_open = None, None
             self._lock.notify_all()
+        applied_ns = trace.now_ns() if self._traced else 0
         if done.kind == "truncate" and changed:
             log.info("truncated %s to offset %d", self._name, done.end_offset)
         elif done.kind == "restart":
@@ -571,6 +584,17 @@ class PartitionLog:
             self._after_change(ready)
         for future, first, last in done.results:
             future.set_result(AppendResult(first, last, done.now_ms, self.log_start_offset))
+        return applied_ns
+
+    def _stamp_commit(self, group: list[PendingAppend | PendingFiles], done: Committed,
+                      taken_ns: int, applied_ns: int) -> None:
+        """The latency trace's stamps of a group committed (deltabus.trace): "append", or
+        "copy" for a follower's records or files."""
+        stage = "append" if done.kind == "append" else "copy"
+        for item, (_, first, last) in zip(group, done.results, strict=True):
+            trace.stamp(stage, self.topic, self.partition, first, last,
+                        queued=item.queued_ns, taken=taken_ns, written=done.written_ns,
+                        committed=done.committed_ns, applied=applied_ns)
 
     def _fail(self, work: Work, failure: CommitFailed) -> None:
         """A commit failed (or could not be tried): it and everything queued behind it fail

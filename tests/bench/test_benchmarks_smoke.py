@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from bench import run
+from bench import latency_trace, run
 from bench.report import TARGETS, judge, report
 from bench.sizes import VALUE_BYTES, Sizes
 
@@ -29,11 +29,11 @@ TINY = Sizes(records=2_000, send_records=200, latency_run_s=0.3, committers=3,
 
 
 @pytest.fixture(scope="module")
-def figures(cluster: Any, spark: Any, tmp_path_factory: pytest.TempPathFactory
-            ) -> dict[str, Any]:
+def figures(cluster: Any, spark: Any, latency_trace_dir: str,
+            tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     root = str(tmp_path_factory.mktemp("bench"))
     out = run.measure(cluster.bootstrap_servers, spark, cluster.kafka_bootstrap_servers, root,
-                      TINY, cluster=cluster)
+                      TINY, cluster=cluster, trace_dir=latency_trace_dir)
     run.measure_object_storage(out, spark, root, TINY)  # beside the cluster: the slots allow
     run.measure_small_files(out, root, TINY)
     out["elapsed_s"] = sum(out["step_s"].values())
@@ -66,6 +66,19 @@ def test_latency(figures: dict[str, Any], step: str) -> None:
     positive(latency, "sent", "received", "p50", "p95", "p99", "max")
     assert latency["received"] <= latency["sent"]
     assert latency["p50"] <= latency["p95"] <= latency["p99"] <= latency["max"]
+
+
+@pytest.mark.parametrize("step", ["latency_ms", "replicated_latency_ms"])
+def test_latency_breakdown_follows_every_record_stage_by_stage(figures: dict[str, Any],
+                                                               step: str) -> None:
+    breakdown = figures[step]["breakdown"]
+    assert breakdown["records"] == figures[step]["received"]  # every trip stamped whole
+    replicated = {"to the follower", "follower commit", "high watermark"}
+    expected = [s for s in latency_trace.STAGES
+                if step == "replicated_latency_ms" or s not in replicated]
+    assert list(breakdown["stages"]) == expected
+    for stage, pct in breakdown["stages"].items():  # each a gap between moments in order
+        assert 0 <= pct["p50"] <= pct["p99"], stage
 
 
 def test_offset_commits(figures: dict[str, Any]) -> None:
