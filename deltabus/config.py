@@ -567,16 +567,21 @@ class LogConfig:
     """How a partition log commits and caches: a broker's come from its ClusterConfig
     (`ClusterConfig.log_config`), whose fields of the same names default to these."""
 
-    # Group commit: produce requests for one partition gathered into one Delta commit.
+    # Group commit: produce requests for one partition gathered into one Delta commit. Requests
+    # arriving while a commit runs form the next one, so commits grow with the load; a linger
+    # above 0 also holds a request reaching an idle log that long, for others to join it (a
+    # fixed wait on every record's latency, to save commits that cost about a millisecond).
     group_commit_bytes_max: int = 32 * 1024 * 1024
-    group_commit_linger_ms: int = 1
+    group_commit_linger_ms: int = 0
     # Recently committed batches kept in broker memory, so tail fetches never read Parquet.
     log_cache_bytes_max: int = 64 * 1024 * 1024  # per partition
     # ... and by all of a broker's partitions together: past it the caches appended to least
     # recently give up their oldest commits (log_tables/tail_cache.py).
     log_cache_total_bytes_max: int = 1024 * 1024 * 1024
-    # Delta checkpoint every N commits keeps table open time flat however long the log grows.
-    checkpoint_interval: int = 100
+    # Delta checkpoint every N commits keeps table open time flat however long the log grows,
+    # and a commit's own time too (LogAppender._renew: delta-rs replays every commit since its
+    # table object was loaded; 25 against 100 took a third off a small commit).
+    checkpoint_interval: int = 25
     pending_bytes_max: int = 256 * 1024 * 1024  # produce requests waiting for a commit
     # How long a producer's batch that arrived ahead of its predecessor waits for it, at most:
     # never past its produce request's timeout (`PartitionLog.append`).
@@ -677,8 +682,8 @@ class ClusterConfig:
     replica_fetch_backoff_ms: int = 100  # after an error, before the partition is fetched again
     # Followers copy the leader's committed Parquet files whole (no decoding or encoding) where
     # their log ends at a file boundary, up to this many bytes a round; else they copy records.
-    # On an object store a file still in the leader's tail cache is copied whole only from
-    # this size up; smaller ones go as records (Broker._files_to_copy).
+    # A tail still in the leader's tail cache goes as records below this many bytes
+    # (Broker._files_to_copy): the low-latency path of acks=all.
     replica_copy_files: bool = True
     replica_files_max_bytes: int = 256 * 1024 * 1024
     replica_files_min_bytes: int = 4 * 1024 * 1024

@@ -706,15 +706,15 @@ class Broker:
 
     def _files_to_copy(self, plog: PartitionLog, offset: int) -> list[LogFile]:
         """The files a follower fetching from `offset` copies whole (none: it is sent records).
-        On an object store a file copy costs a server-side copy and its read-back, five
-        requests more than the follower writing records, one after another behind every
-        acks=all produce: worth it for large files (no encoding on the follower) and for what
-        the tail cache no longer holds, not for the small files of a tail of small commits."""
-        files = plog.files_from(offset, self._config.replica_files_max_bytes)
-        if (files and not self._config.storage.is_local and plog.cached_from(offset)
-                and files[0].size_bytes < self._config.replica_files_min_bytes):
+        A tail the leader's cache holds, below `replica_files_min_bytes`, goes as records: a
+        file copy costs a listing of the table's log, the copy and its read-back, one after
+        another behind every acks=all produce (on an object store, five requests more than the
+        follower writing records), while records from memory cost one encoding. A follower
+        far behind, or large commits, copy files (no encoding on the follower)."""
+        cached = plog.cached_bytes_from(offset)
+        if cached is not None and cached < self._config.replica_files_min_bytes:
             return []
-        return files
+        return plog.files_from(offset, self._config.replica_files_max_bytes)
 
     def init_producer_id(self, transactional_id: str = "",
                          principal: KafkaPrincipal = ANONYMOUS) -> tuple[int, int]:

@@ -2,12 +2,12 @@
 
 Produce batches, a follower's copies (records or whole files) and truncations queue here, under
 the log's lock. The log's commit round (on the append pool) takes them in groups when
-`ready_at` says they may go (`take`): produce batches that arrived within
-`group_commit.linger.ms` of each other, up to `group_commit_bytes_max`, become one
-Delta commit (`commit`), which gives them their offsets from the log end as it is written, so a
+`ready_at` says they may go (`take`): produce batches queued while the commit before ran (and
+within `group_commit_linger_ms` of the first, when set), up to `group_commit_bytes_max`, become
+one Delta commit (`commit`), which gives them their offsets from the log end as it is written, so a
 failed commit leaves no gap. Every commit sets the Delta app transaction `deltabus.log` to the
-log end offset it leaves, so two processes writing one table conflict and one fails, and asks
-delta-rs for a checkpoint every `checkpoint_interval` commits.
+log end offset it leaves, so two processes writing one table conflict and one fails, and
+delta-rs writes a checkpoint every `checkpoint_interval` versions.
 
 What a commit changed comes back as `Committed`; the log applies it to its offsets, cache, epochs
 and producers (partition_log.py).
@@ -50,7 +50,8 @@ from deltabus.records import LOG_SCHEMA, ProducerState, to_log_batch
 from deltabus.storage import Storage, storage_error
 
 LOG_TXN_APP_ID = "deltabus.log"  # Delta app transaction every commit of a log sets
-_CHECKPOINT = PostCommitHookProperties(create_checkpoint=True)
+# The appender checkpoints itself (`_renew`), at the broker's interval, not the table's.
+_CHECKPOINT = PostCommitHookProperties(create_checkpoint=False)
 # What the epoch list and producer state (with its producers' last timestamps, which
 # DescribeProducers shows) need of records copied as files.
 _STATE_COLUMNS = ["offset", "timestamp", "leader_epoch", "producer_id", "producer_epoch",
@@ -540,9 +541,15 @@ class LogAppender:
     def _renew(self) -> None:
         """After a commit. delta-rs replays, on every commit, each commit made since the table
         object was loaded (measured: 7 ms more a commit every 100 commits, 400 ms a commit after
-        5,000): every checkpoint_interval commits the object is loaded afresh from the latest
-        checkpoint, so commit time stays flat however long the broker runs."""
-        if self.table.version() - self._table_base >= self._config.checkpoint_interval:
+        5,000), so every checkpoint_interval versions the log writes a checkpoint and loads the
+        object afresh from it: commit time stays flat however long the broker runs. The
+        interval is the broker's (25 by default), not the table's delta.checkpointInterval, so
+        tables made with an older one follow it too. Measured (commits of 4 records, 300 in a
+        row, `write_deltalake` as here): every 25 versions, a commit took p50 7-9 ms and p99
+        32-37 ms and 10-11 ms of CPU; every 100, p50 10-11 ms, p99 47-60 ms, 13-14 ms of CPU."""
+        version = self.table.version()
+        if version - self._table_base >= self._config.checkpoint_interval:
+            self.table.create_checkpoint()
             self.table = DeltaTable(self.path, storage_options=self._storage.delta_options)
             self._table_base = self.table.version()
 

@@ -670,6 +670,15 @@ class PartitionLog:
             cache = self._tail.snapshot()
         return bool(cache) and cache[0].column("offset")[0].as_py() <= offset
 
+    def cached_bytes_from(self, offset: int) -> int | None:
+        """The bytes the tail cache holds from `offset` to the log end (about: whole cached
+        commits), or None when a read from `offset` is not served from it."""
+        with self._lock:
+            cache = self._tail.snapshot()
+        if not cache or cache[0].column("offset")[0].as_py() > offset:
+            return None
+        return sum(t.nbytes for t in cache if t.column("offset")[-1].as_py() >= offset)
+
     def files_from(self, offset: int, max_bytes: int) -> list[LogFile]:
         """The committed data files holding the log from exactly `offset` on, whole and in
         order, about `max_bytes` of them (at least one): what a follower copies as files. Empty

@@ -7,6 +7,7 @@ import os
 from deltalake import DeltaTable
 
 from deltabus.log_tables import LogConfig, PartitionLog, commit_ranges
+from deltabus.log_tables.partition_log import create_log_table
 from deltabus.records import normalize_produce, produce_batch
 
 
@@ -41,3 +42,19 @@ def test_every_commit_maps_a_delta_version_to_its_offset_range(tmp_path):
     for r in ranges:  # the version holds exactly the offsets up to its range's end
         table.load_as_version(r.version)
         assert table.to_pyarrow_table().num_rows == r.last_offset + 1
+
+
+def test_a_table_made_with_another_interval_is_checkpointed_at_the_brokers(tmp_path):
+    """A commit's time grows with the commits since the last checkpoint, so tables created
+    before the interval changed (delta.checkpointInterval 100) follow the broker's too."""
+    path = str(tmp_path / "log")
+    create_log_table(path, topic="t", partition=0, checkpoint_interval=100)
+    log = PartitionLog(path, topic="t", partition=0,
+                       config=LogConfig(checkpoint_interval=10, group_commit_linger_ms=0))
+    batch = normalize_produce(produce_batch([b"x"]))
+    for _ in range(25):
+        log.append(batch, leader_epoch=0).result(10)
+    log.close()
+    names = os.listdir(os.path.join(path, "_delta_log"))
+    assert sorted(n for n in names if n.endswith(".checkpoint.parquet")) == [
+        f"{v:020d}.checkpoint.parquet" for v in (10, 20)]

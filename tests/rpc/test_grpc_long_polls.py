@@ -1,7 +1,8 @@
 """gRPC Fetch long polls are bounded on a broker's server (issue 17, an interim until the gRPC
 door waits without threads): grpcio's sync server holds a thread for each waiting Fetch, so at
 most grpc_long_polls_max of them wait at once; a Fetch past that answers at once with what there
-is, and the server's other threads stay free for every other call.
+is, and the server's other threads stay free for every other call. And a waiting Fetch is woken
+by the append it waits for, not by a timer (issue 20).
 
 A real broker runs in this process around a controller server (tests/cluster/controller_server
 .py) with a client pool of 4 threads, at most 2 of them for long polls."""
@@ -9,6 +10,7 @@ A real broker runs in this process around a controller server (tests/cluster/con
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import Future
 from pathlib import Path
@@ -29,6 +31,9 @@ TOPIC = "polled"
 CLIENT_THREADS = 4
 LONG_POLLS_MAX = 2
 LONG_WAIT_MS = 60_000  # the most a broker waits: an answer before it ended early
+# How long a waiting fetch is watched with nothing appended: room for code on a timer to read the
+# log again. It bounds nothing: event-driven code reads nothing however long or loaded it is.
+IDLE_WINDOW_S = 1.0
 
 
 @pytest.fixture
@@ -85,3 +90,29 @@ def test_a_fetch_past_the_long_polls_max_answers_at_once_and_threads_stay_free(b
     leader.produce(TOPIC, 0, pa.table({"value": [b"x" * 20_000]}), acks=1,
                    producer=ProducerState()).result(30)
     assert values(waiting.result(30))[0] == b"wake up"
+
+
+def test_a_waiting_fetch_reads_the_log_again_only_when_an_append_wakes_it(broker) -> None:
+    """The long poll's wake-up is the append itself: the fetch reads the log when it comes
+    (nothing there) and once more after the append, never while it waits. Code that polls
+    reads again during the idle window; code that waits out the fetch's max wait (60 s) misses
+    the call's deadline (30 s)."""
+    leader, stub = broker
+    log = leader._partitions[(TOPIC, 0)].log
+    reads: list[int] = []
+    read = log.read
+
+    def counted(offset: int, *args: object, **kwargs: object) -> pa.Table:
+        reads.append(offset)
+        return read(offset, *args, **kwargs)  # type: ignore[arg-type]
+
+    log.read = counted  # type: ignore[method-assign]
+    waiting = in_background(lambda: long_poll(stub))
+    wait_until(lambda: leader.fetches_waiting() == 1, "the long poll waiting", 30)
+    assert reads == [0]
+    time.sleep(IDLE_WINDOW_S)
+    assert reads == [0], "the waiting fetch read the log again with nothing appended"
+    leader.produce(TOPIC, 0, pa.table({"value": [b"wake up"]}), acks=1,
+                   producer=ProducerState()).result(30)
+    assert values(waiting.result(30)) == [b"wake up"]
+    assert reads == [0, 0]
