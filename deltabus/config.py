@@ -579,7 +579,7 @@ class LogConfig:
     # recently give up their oldest commits (log_tables/tail_cache.py).
     log_cache_total_bytes_max: int = 1024 * 1024 * 1024
     # Delta checkpoint every N commits keeps table open time flat however long the log grows,
-    # and a commit's own time too (LogAppender._renew: delta-rs replays every commit since its
+    # and a commit's own time too (LogAppender.renew: delta-rs replays every commit since its
     # table object was loaded; 25 against 100 took a third off a small commit).
     checkpoint_interval: int = 25
     pending_bytes_max: int = 256 * 1024 * 1024  # produce requests waiting for a commit

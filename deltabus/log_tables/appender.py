@@ -7,7 +7,7 @@ within `group_commit_linger_ms` of the first, when set), up to `group_commit_byt
 one Delta commit (`commit`), which gives them their offsets from the log end as it is written, so a
 failed commit leaves no gap. Every commit sets the Delta app transaction `deltabus.log` to the
 log end offset it leaves, so two processes writing one table conflict and one fails, and
-delta-rs writes a checkpoint every `checkpoint_interval` versions.
+delta-rs writes a checkpoint every `checkpoint_interval` versions (`renew`).
 
 What a commit changed comes back as `Committed`; the log applies it to its offsets, cache, epochs
 and producers (partition_log.py).
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import json
+import logging
 import posixpath
 import threading
 import time
@@ -49,8 +50,10 @@ from deltabus.log_tables.partition_reader import LogFile
 from deltabus.records import LOG_SCHEMA, ProducerState, to_log_batch
 from deltabus.storage import Storage, storage_error
 
+log = logging.getLogger(__name__)
+
 LOG_TXN_APP_ID = "deltabus.log"  # Delta app transaction every commit of a log sets
-# The appender checkpoints itself (`_renew`), at the broker's interval, not the table's.
+# The appender checkpoints itself (`renew`), at the broker's interval, not the table's.
 _CHECKPOINT = PostCommitHookProperties(create_checkpoint=False)
 # What the epoch list and producer state (with its producers' last timestamps, which
 # DescribeProducers shows) need of records copied as files.
@@ -364,7 +367,6 @@ class LogAppender:
             done = self._commit_files(work, log_end_offset)
         else:
             done = self._commit_group(work, log_end_offset)
-        self._renew()
         return done
 
     def reload(self) -> tuple[int, int]:
@@ -538,20 +540,26 @@ class LogAppender:
                          [(item.future, offset, offset - 1)], int(time.time() * 1000),
                          log_start_offset=offset)
 
-    def _renew(self) -> None:
-        """After a commit. delta-rs replays, on every commit, each commit made since the table
-        object was loaded (measured: 7 ms more a commit every 100 commits, 400 ms a commit after
-        5,000), so every checkpoint_interval versions the log writes a checkpoint and loads the
-        object afresh from it: commit time stays flat however long the broker runs. The
-        interval is the broker's (25 by default), not the table's delta.checkpointInterval, so
-        tables made with an older one follow it too. Measured (commits of 4 records, 300 in a
-        row, `write_deltalake` as here): every 25 versions, a commit took p50 7-9 ms and p99
-        32-37 ms and 10-11 ms of CPU; every 100, p50 10-11 ms, p99 47-60 ms, 13-14 ms of CPU."""
-        version = self.table.version()
-        if version - self._table_base >= self._config.checkpoint_interval:
+    def renew(self) -> None:
+        """After a commit, once the log applied it (its records acknowledged and readable: a
+        checkpoint never delays them). delta-rs replays, on every commit, each commit made since
+        the table object was loaded (measured: 7 ms more a commit every 100 commits, 400 ms a
+        commit after 5,000), so every checkpoint_interval versions the log writes a checkpoint
+        and loads the object afresh from it: commit time stays flat however long the broker
+        runs. The interval is the broker's (25 by default), not the table's
+        delta.checkpointInterval, so tables made with an older one follow it too. Measured
+        (commits of 4 records, 300 in a row, `write_deltalake` as here): every 25 versions, a
+        commit took p50 7-9 ms and p99 32-37 ms and 10-11 ms of CPU; every 100, p50 10-11 ms,
+        p99 47-60 ms, 13-14 ms of CPU."""
+        if self.table.version() - self._table_base < self._config.checkpoint_interval:
+            return
+        try:
             self.table.create_checkpoint()
             self.table = DeltaTable(self.path, storage_options=self._storage.delta_options)
-            self._table_base = self.table.version()
+        except Exception as e:  # the next interval tries again; the table is as committed
+            log.warning("%s", storage_error(e, f"checkpoint of {self._name}"))
+            return
+        self._table_base = self.table.version()
 
 
 def _increasing(table: pa.Table) -> bool:

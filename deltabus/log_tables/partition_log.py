@@ -518,6 +518,7 @@ class PartitionLog:
                 if self._traced and isinstance(work, (list, PendingFiles)):
                     self._stamp_commit(list(work) if isinstance(work, list) else [work], done,
                                        taken_ns, applied_ns)
+                self._appender.renew()
         finally:
             self._appender.done()
         with self._lock:
