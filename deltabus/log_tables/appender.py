@@ -21,7 +21,7 @@ import logging
 import posixpath
 import threading
 import time
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -211,6 +211,8 @@ class LogAppender:
         self._lock = lock
         self.table = self._open(create)
         self._table_base = self.table.version()  # loaded afresh at this version
+        # A checkpoint being written and the table loaded afresh from it (`renew`)
+        self._renewing: Future[tuple[int, DeltaTable]] | None = None
         self._pending: collections.deque[Pending] = collections.deque()
         self.pending_bytes = 0
         self.committing = False  # a group is taken off the queue but not yet committed
@@ -541,25 +543,66 @@ class LogAppender:
                          log_start_offset=offset)
 
     def renew(self) -> None:
-        """After a commit, once the log applied it (its records acknowledged and readable: a
-        checkpoint never delays them). delta-rs replays, on every commit, each commit made since
-        the table object was loaded (measured: 7 ms more a commit every 100 commits, 400 ms a
-        commit after 5,000), so every checkpoint_interval versions the log writes a checkpoint
-        and loads the object afresh from it: commit time stays flat however long the broker
-        runs. The interval is the broker's (25 by default), not the table's
+        """After a commit, once the log applied it. delta-rs replays, on every commit, each
+        commit made since the table object was loaded (measured: 7 ms more a commit every 100
+        commits, 400 ms a commit after 5,000), so every checkpoint_interval versions a
+        checkpoint is written and the object loaded afresh from it: commit time stays flat
+        however long the broker runs. Both happen on the process's renewal thread
+        (`_checkpoint_and_load`), the fresh object taken in here at a later commit: a commit
+        round never waits for them (they held the commit after them 30-60 ms).
+
+        The interval is the broker's (25 by default), not the table's
         delta.checkpointInterval, so tables made with an older one follow it too. Measured
-        (commits of 4 records, 300 in a row, `write_deltalake` as here): every 25 versions, a
-        commit took p50 7-9 ms and p99 32-37 ms and 10-11 ms of CPU; every 100, p50 10-11 ms,
-        p99 47-60 ms, 13-14 ms of CPU."""
-        if self.table.version() - self._table_base < self._config.checkpoint_interval:
-            return
-        try:
-            self.table.create_checkpoint()
-            self.table = DeltaTable(self.path, storage_options=self._storage.delta_options)
-        except Exception as e:  # the next interval tries again; the table is as committed
-            log.warning("%s", storage_error(e, f"checkpoint of {self._name}"))
-            return
-        self._table_base = self.table.version()
+        (commits of 4 records, 300 in a row, `write_deltalake` as here, checkpoints in line):
+        every 25 versions, a commit took p50 7-9 ms and p99 32-37 ms and 10-11 ms of CPU; every
+        100, p50 10-11 ms, p99 47-60 ms, 13-14 ms of CPU."""
+        renewing = self._renewing
+        if renewing is not None and renewing.done():
+            self._renewing = None
+            try:
+                base, fresh = renewing.result()
+                if fresh.version() < self.table.version():  # commits made meanwhile
+                    fresh.update_incremental()
+            except Exception as e:  # the next interval tries again; the table is as committed
+                log.warning("%s", storage_error(e, f"checkpoint of {self._name}"))
+            else:
+                self.table, self._table_base = fresh, base
+        version = self.table.version()
+        interval = self._config.checkpoint_interval
+        if self._renewing is None and version - self._table_base >= interval:
+            self._renewing = _renewals().submit(_checkpoint_and_load, self.path, version,
+                                                self._storage.delta_options)
+
+    def await_renewal(self, timeout_s: float) -> None:
+        """Wait (at most `timeout_s`) for a checkpoint being written: a log closing leaves its
+        table quick to open."""
+        renewing = self._renewing
+        if renewing is not None:
+            try:
+                renewing.result(timeout_s)
+            except Exception:  # renew() says why, when it runs again; a close does not
+                pass
+
+
+_renewal_pool: ThreadPoolExecutor | None = None
+_renewal_lock = threading.Lock()
+
+
+def _renewals() -> ThreadPoolExecutor:
+    """The process's one thread for the logs' checkpoints and reloads (LogAppender.renew)."""
+    global _renewal_pool
+    with _renewal_lock:
+        if _renewal_pool is None:
+            _renewal_pool = ThreadPoolExecutor(1, thread_name_prefix="deltabus-log-renewal")
+        return _renewal_pool
+
+
+def _checkpoint_and_load(path: str, version: int, storage_options: dict[str, str] | None
+                         ) -> tuple[int, DeltaTable]:
+    """Write the checkpoint of `version` and load the table afresh from it: (the version it
+    was loaded from, the table at the latest version)."""
+    DeltaTable(path, version=version, storage_options=storage_options).create_checkpoint()
+    return version, DeltaTable(path, storage_options=storage_options)
 
 
 def _increasing(table: pa.Table) -> bool:

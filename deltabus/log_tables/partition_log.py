@@ -750,11 +750,13 @@ class PartitionLog:
 
     def close(self, timeout_s: float = 30.0) -> None:
         """Commit what is queued, then stop the appender. Later appends are refused."""
+        deadline = time.monotonic() + timeout_s
         with self._lock:
             self._closed = True
             self._lock.notify_all()
             self._schedule_commit()  # what lingers goes now
             self._lock.wait_for(lambda: not self._appender.busy(), timeout_s)
+        self._appender.await_renewal(max(0.0, deadline - time.monotonic()))
         self.fail_waiters(errors.NotLeaderOrFollowerError(
             f"{self._name} was closed on this broker"))
 

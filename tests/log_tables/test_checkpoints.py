@@ -52,9 +52,11 @@ def test_a_table_made_with_another_interval_is_checkpointed_at_the_brokers(tmp_p
     log = PartitionLog(path, topic="t", partition=0,
                        config=LogConfig(checkpoint_interval=10, group_commit_linger_ms=0))
     batch = normalize_produce(produce_batch([b"x"]))
-    for _ in range(25):
+    for _ in range(45):
         log.append(batch, leader_epoch=0).result(10)
     log.close()
     names = os.listdir(os.path.join(path, "_delta_log"))
-    assert sorted(n for n in names if n.endswith(".checkpoint.parquet")) == [
-        f"{v:020d}.checkpoint.parquet" for v in (10, 20)]
+    checkpoints = sorted(int(n.split(".")[0]) for n in names
+                         if n.endswith(".checkpoint.parquet"))
+    # The first at the broker's interval; the next once that one is written (not 100)
+    assert checkpoints[0] == 10 and len(checkpoints) >= 2 and checkpoints[-1] < 100
