@@ -9,8 +9,8 @@ returned it. A record's stage times are the gaps between consecutive moments of 
     to the leader       request sent -> queued at the leader's log (network, decoding, checks)
     commit queue        queued -> taken by a commit round (group commit gathering, an earlier
                         commit still running)
-    data file           taken -> its Parquet file written
-    Delta commit        file written -> the commit file written
+    log batch           taken -> its log batch built (offsets and the broker's fields)
+    Delta commit        built -> its Parquet file and Delta commit written (write_deltalake)
     leader apply        committed -> offsets, cache and high watermark (acks=1) updated
   with replication (the follower whose copy the high watermark waited for):
     to the follower     leader applied -> queued at the follower (its fetch's wait and answer)
@@ -34,11 +34,12 @@ import collections
 import glob
 import json
 import os
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-STAGES = ("client send", "to the leader", "commit queue", "data file", "Delta commit",
+STAGES = ("client send", "to the leader", "commit queue", "log batch", "Delta commit",
           "leader apply", "to the follower", "follower commit", "high watermark",
           "fetch wake-up", "to the consumer", "poll loop", "total", "ack")
 NS_PER_MS = 1_000_000
@@ -118,7 +119,7 @@ def record_stages(ranges: Mapping[tuple[str, int], _Ranges], offset: int, sent_n
         return None
     copies = [e for e in (find("copy", pid) for stage, pid in ranges if stage == "copy") if e]
     moments = [("client send", produce["sent"]), ("to the leader", append["queued"]),
-               ("commit queue", append["taken"]), ("data file", append["written"]),
+               ("commit queue", append["taken"]), ("log batch", append["built"]),
                ("Delta commit", append["committed"])]
     if copies:  # the follower the high watermark waited for: the last to apply before it
         copy = max((c for c in copies if c["applied"] <= hw["moved"]),
@@ -169,3 +170,57 @@ def table_lines(figures: Mapping[str, Any]) -> list[str]:
     for stage, pct in figures["stages"].items():
         lines.append(f"    {stage:<18} {pct['p50']:>8.2f} {pct['p99']:>8.2f}")
     return lines
+
+
+def main(argv: list[str]) -> int:
+    """Steps (e) and (g) alone: `python -m bench.latency_trace [rounds [run_s]]` (defaults 2
+    and 3 s), each round on topics of its own, on an embedded 3-broker cluster in a local Spark
+    session of its own; prints each round's figures and breakdown, then the medians."""
+    import shutil
+    import statistics
+    import tempfile
+
+    from bench.produce_fetch import latency
+    from deltabus import trace
+    from deltabus.client.admin import AdminClient
+    from deltabus.cluster.cluster import Cluster, local_spark
+    from deltabus.metadata import NewTopic
+
+    rounds, run_s = [*argv, "", ""][:2]
+    root = tempfile.mkdtemp(prefix="deltabus-bench-latency-")
+    folder = f"{root}/trace"
+    trace.start(folder, ("latency-e-", "latency-g-"))  # before Spark: its brokers stamp too
+    spark = local_spark(5, app_name="deltabus-bench-latency", ui=False)
+    spark.sparkContext.setLogLevel("WARN")
+    p50s: dict[str, list[float]] = collections.defaultdict(list)
+    p99s: dict[str, list[float]] = collections.defaultdict(list)
+    try:
+        cluster = Cluster(spark, root=f"{root}/cluster", brokers=3, port=0).start()
+        try:
+            with AdminClient(cluster.bootstrap_servers) as admin:
+                for r in range(int(rounds or 2)):
+                    admin.create_topics([
+                        NewTopic(f"latency-e-{r}", 1, 1),
+                        NewTopic(f"latency-g-{r}", 1, 3, {"min.insync.replicas": "2"})])
+                    for step, acks in (("e", 1), ("g", "all")):
+                        figures = latency(cluster.bootstrap_servers, f"latency-{step}-{r}",
+                                          float(run_s or 3.0), acks=acks, trace_dir=folder)
+                        p50s[step].append(figures["p50"])
+                        p99s[step].append(figures["p99"])
+                        print(f"({step}) round {r}: p50 {figures['p50']:.1f} ms, p99 "
+                              f"{figures['p99']:.1f} ms")
+                        print("\n".join(table_lines(figures["breakdown"])), flush=True)
+        finally:
+            cluster.stop()
+    finally:
+        spark.stop()
+        trace.stop()
+        shutil.rmtree(root, ignore_errors=True)
+    for step in p50s:
+        print(f"({step}) medians of {len(p50s[step])} rounds: p50 "
+              f"{statistics.median(p50s[step]):.1f} ms, p99 {statistics.median(p99s[step]):.1f} ms")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

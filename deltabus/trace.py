@@ -12,7 +12,7 @@ one of the comma-separated prefixes in DELTABUS_TRACE_TOPICS (every topic when u
 A stage covers the offsets first..last and carries its named moments (time.time_ns(): one
 clock for every process of the machine). Stages: "produce" (a client's request: `sent`,
 `acked`), "append" and "copy" (a leader's and a follower's commit: `queued`, `taken`,
-`written`, `committed`, `applied`), "hw" (the high watermark passing the offsets: `moved`),
+`built`, `committed`, `applied`), "hw" (the high watermark passing the offsets: `moved`),
 "read" (a broker reading them for a fetch: `read`, and `replica`, the fetching follower or
 -1), "fetched" (a consumer client's fetch answer: `received`).
 

@@ -131,7 +131,7 @@ class Committed:
     log_start_offset: int = -1  # log_start: the log start offset it recorded
     # append: (producer id, first offset) of each transactional batch it holds
     txn_begins: tuple[tuple[int, int], ...] = ()
-    written_ns: int = 0  # append and copy: its data file written (time.time_ns())
+    built_ns: int = 0  # append and copy: its log batch built, before delta-rs writes it
     committed_ns: int = 0  # append and copy: its Delta commit written
 
 
@@ -417,7 +417,7 @@ class LogAppender:
         try:
             table, results = self._build_group(group, base, now_ms)
             next_offset = results[-1][1] + 1
-            written_ns = time.time_ns()  # delta-rs writes file and commit in one call
+            built_ns = time.time_ns()  # delta-rs writes the file and the commit in one call
             write_deltalake(
                 self.table,
                 table,
@@ -440,7 +440,7 @@ class LogAppender:
         return Committed("copy" if copied else "append", self.table.version(), next_offset,
                          table, [(item.future, first, last) for item, (first, last)
                                  in zip(group, results, strict=True)], now_ms,
-                         txn_begins=begins, written_ns=written_ns, committed_ns=time.time_ns())
+                         txn_begins=begins, built_ns=built_ns, committed_ns=time.time_ns())
 
     def _commit_files(self, item: PendingFiles, base: int) -> Committed:
         expected = base
@@ -454,7 +454,7 @@ class LogAppender:
                     reload=False)
             expected = leader_file.last_offset + 1
         now_ms = int(time.time() * 1000)
-        written_ns = time.time_ns()
+        built_ns = time.time_ns()  # the files were copied before they were queued
         actions: list[AddAction | RemoveAction] = [
             AddAction(name, f.size_bytes, {}, now_ms, True, f.stats) for name, f in item.files]
         try:
@@ -472,7 +472,7 @@ class LogAppender:
                                reload=True) from e
         return Committed("files", self.table.version(), expected,
                          item.records.sort_by("offset"), [(item.future, base, expected - 1)],
-                         now_ms, written_ns=written_ns, committed_ns=time.time_ns())
+                         now_ms, built_ns=built_ns, committed_ns=time.time_ns())
 
     def _commit_truncate(self, item: PendingTruncate, log_end_offset: int) -> Committed:
         offset = item.offset

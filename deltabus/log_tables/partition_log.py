@@ -594,7 +594,7 @@ class PartitionLog:
         stage = "append" if done.kind == "append" else "copy"
         for item, (_, first, last) in zip(group, done.results, strict=True):
             trace.stamp(stage, self.topic, self.partition, first, last,
-                        queued=item.queued_ns, taken=taken_ns, written=done.written_ns,
+                        queued=item.queued_ns, taken=taken_ns, built=done.built_ns,
                         committed=done.committed_ns, applied=applied_ns)
 
     def _fail(self, work: Work, failure: CommitFailed) -> None:
