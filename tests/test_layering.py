@@ -27,6 +27,7 @@ LAYERS = {
     "deltabus.records": "pure", "deltabus.partitioner": "pure", "deltabus.topics": "pure",
     "deltabus.scram": "pure", "deltabus.principal": "pure", "deltabus.acls": "pure",
     "deltabus.listeners": "pure", "deltabus.quotas": "pure", "deltabus.storage": "pure",
+    "deltabus.trace": "pure",  # stamps for the latency breakdown: clients and brokers alike
     "deltabus.log_tables": "log_tables",
     "deltabus.offsets": "offsets",
     "deltabus.cluster.handler": "contracts",
