@@ -665,12 +665,6 @@ class PartitionLog:
             table = self._reader.read(offset, end, max_bytes)
         return _trim_to_bytes(table, max_bytes)
 
-    def cached_from(self, offset: int) -> bool:
-        """Whether a read from `offset` is served from the tail cache, not from storage."""
-        with self._lock:
-            cache = self._tail.snapshot()
-        return bool(cache) and cache[0].column("offset")[0].as_py() <= offset
-
     def cached_bytes_from(self, offset: int) -> int | None:
         """The bytes the tail cache holds from `offset` to the log end (about: whole cached
         commits), or None when a read from `offset` is not served from it."""
