@@ -176,6 +176,7 @@ def main(argv: list[str]) -> int:
     """Steps (e) and (g) alone: `python -m bench.latency_trace [rounds [run_s]]` (defaults 2
     and 3 s), each round on topics of its own, on an embedded 3-broker cluster in a local Spark
     session of its own; prints each round's figures and breakdown, then the medians."""
+    import argparse
     import shutil
     import statistics
     import tempfile
@@ -186,7 +187,12 @@ def main(argv: list[str]) -> int:
     from deltabus.cluster.cluster import Cluster, local_spark
     from deltabus.metadata import NewTopic
 
-    rounds, run_s = [*argv, "", ""][:2]
+    parser = argparse.ArgumentParser(prog="python -m bench.latency_trace",
+                                     description="bench steps (e) and (g) alone, traced")
+    parser.add_argument("rounds", nargs="?", type=int, default=2, help="rounds (default 2)")
+    parser.add_argument("run_s", nargs="?", type=float, default=3.0,
+                        help="seconds each step sends for (default 3)")
+    args = parser.parse_args(argv)
     root = tempfile.mkdtemp(prefix="deltabus-bench-latency-")
     folder = f"{root}/trace"
     trace.start(folder, ("latency-e-", "latency-g-"))  # before Spark: its brokers stamp too
@@ -198,13 +204,13 @@ def main(argv: list[str]) -> int:
         cluster = Cluster(spark, root=f"{root}/cluster", brokers=3, port=0).start()
         try:
             with AdminClient(cluster.bootstrap_servers) as admin:
-                for r in range(int(rounds or 2)):
+                for r in range(args.rounds):
                     admin.create_topics([
                         NewTopic(f"latency-e-{r}", 1, 1),
                         NewTopic(f"latency-g-{r}", 1, 3, {"min.insync.replicas": "2"})])
                     for step, acks in (("e", 1), ("g", "all")):
                         figures = latency(cluster.bootstrap_servers, f"latency-{step}-{r}",
-                                          float(run_s or 3.0), acks=acks, trace_dir=folder)
+                                          args.run_s, acks=acks, trace_dir=folder)
                         p50s[step].append(figures["p50"])
                         p99s[step].append(figures["p99"])
                         print(f"({step}) round {r}: p50 {figures['p50']:.1f} ms, p99 "
