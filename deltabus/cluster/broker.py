@@ -711,8 +711,7 @@ class Broker:
         another behind every acks=all produce (on an object store, five requests more than the
         follower writing records), while records from memory cost one encoding. A follower
         far behind, or large commits, copy files (no encoding on the follower)."""
-        cached = plog.cached_bytes_from(offset)
-        if cached is not None and cached < self._config.replica_files_min_bytes:
+        if plog.cached_tail_under(offset, self._config.replica_files_min_bytes):
             return []
         return plog.files_from(offset, self._config.replica_files_max_bytes)
 

@@ -665,14 +665,23 @@ class PartitionLog:
             table = self._reader.read(offset, end, max_bytes)
         return _trim_to_bytes(table, max_bytes)
 
-    def cached_bytes_from(self, offset: int) -> int | None:
-        """The bytes the tail cache holds from `offset` to the log end (about: whole cached
-        commits), or None when a read from `offset` is not served from it."""
+    def cached_tail_under(self, offset: int, max_bytes: int) -> bool:
+        """Whether the tail cache serves the log from `offset` to its end, in fewer than
+        `max_bytes` (about: whole cached commits). Looks at the newest commits only, back to
+        `offset` or to `max_bytes`: a follower's every fetch asks."""
         with self._lock:
             cache = self._tail.snapshot()
-        if not cache or cache[0].column("offset")[0].as_py() > offset:
-            return None
-        return sum(t.nbytes for t in cache if t.column("offset")[-1].as_py() >= offset)
+        held = 0
+        for table in reversed(cache):
+            offsets = table.column("offset")
+            if offsets[-1].as_py() < offset:  # the newer commits hold all from `offset` on
+                return True
+            held += table.nbytes
+            if held >= max_bytes:
+                return False
+            if offsets[0].as_py() <= offset:
+                return True
+        return False
 
     def files_from(self, offset: int, max_bytes: int) -> list[LogFile]:
         """The committed data files holding the log from exactly `offset` on, whole and in

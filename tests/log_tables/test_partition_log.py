@@ -580,3 +580,18 @@ def test_a_logs_size_is_its_live_data_files(log: PartitionLog, path: Path) -> No
     log.append(_batch(_values("b", 100)), leader_epoch=0).result(10)
     sizes = pa.table(DeltaTable(str(path)).get_add_actions(flatten=True)).column("size_bytes")
     assert 0 < first < log.size_bytes() == sum(sizes.to_pylist())
+
+
+def test_a_tail_in_memory_goes_to_followers_as_records_up_to_a_size(path: Path) -> None:
+    """What a follower fetching from an offset is sent: records while the tail cache holds
+    the log from there, in less than replica_files_min_bytes; files otherwise."""
+    log = _open(path, LogConfig(log_cache_bytes_max=6_000))
+    for i in range(3):  # three commits of about 2 KB each: the cache keeps the last two
+        log.append(_batch([bytes([i]) * 1_000, bytes([i]) * 1_000]), leader_epoch=0).result(
+            RESULT_TIMEOUT_S)
+    assert log.cached_tail_under(6, 1_000)  # caught up: nothing to send
+    assert log.cached_tail_under(4, 3_000)
+    assert not log.cached_tail_under(4, 1_000)  # the tail is larger: files
+    assert log.cached_tail_under(2, 10_000)
+    assert not log.cached_tail_under(0, 10_000)  # left the cache: files
+    log.close()
