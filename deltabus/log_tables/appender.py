@@ -54,7 +54,7 @@ log = logging.getLogger(__name__)
 
 LOG_TXN_APP_ID = "deltabus.log"  # Delta app transaction every commit of a log sets
 # The appender checkpoints itself (`renew`), at the broker's interval, not the table's.
-_CHECKPOINT = PostCommitHookProperties(create_checkpoint=False)
+_NO_CHECKPOINT_HOOK = PostCommitHookProperties(create_checkpoint=False)
 # What the epoch list and producer state (with its producers' last timestamps, which
 # DescribeProducers shows) need of records copied as files.
 _STATE_COLUMNS = ["offset", "timestamp", "leader_epoch", "producer_id", "producer_epoch",
@@ -428,7 +428,7 @@ class LogAppender:
                     "deltabus.lastOffset": str(next_offset - 1),
                     "deltabus.batches": str(len(group)),
                 }),
-                post_commithook_properties=_CHECKPOINT,
+                post_commithook_properties=_NO_CHECKPOINT_HOOK,
                 writer_properties=writer_properties(),
             )
         except Exception as e:  # delta-rs, IO, a bad copy: no offset was given out
@@ -464,7 +464,7 @@ class LogAppender:
                     "deltabus.operation": "copy", "deltabus.baseOffset": str(base),
                     "deltabus.lastOffset": str(expected - 1),
                     "deltabus.batches": str(len(actions))}),
-                post_commithook_properties=_CHECKPOINT)
+                post_commithook_properties=_NO_CHECKPOINT_HOOK)
             self.table.update_incremental()  # unlike write_deltalake, it leaves the snapshot
         except Exception as e:
             raise CommitFailed(storage_error(e, f"copying files into {self._name} failed"),
@@ -484,7 +484,7 @@ class LogAppender:
                     writer_properties=writer_properties(),
                     commit_properties=self._properties(offset, {
                         "deltabus.operation": "truncate", "deltabus.truncatedTo": str(offset)}),
-                    post_commithook_properties=_CHECKPOINT,
+                    post_commithook_properties=_NO_CHECKPOINT_HOOK,
                 )
             except Exception as e:
                 raise CommitFailed(storage_error(e, f"truncating {self._name} failed"),
@@ -509,7 +509,7 @@ class LogAppender:
                 actions, mode="append", schema=LOG_SCHEMA,
                 commit_properties=self._properties(offset, {
                     "deltabus.operation": "restart", "deltabus.restartedAt": str(offset)}),
-                post_commithook_properties=_CHECKPOINT)
+                post_commithook_properties=_NO_CHECKPOINT_HOOK)
             self.table.update_incremental()
         except Exception as e:
             raise CommitFailed(storage_error(e, f"restarting {self._name} failed"),
@@ -532,7 +532,7 @@ class LogAppender:
                     retries=APPEND_COMMIT_RETRIES,
                     app_transactions=[Transaction(LOG_TXN_APP_ID, log_end_offset),
                                       Transaction(LOG_START_TXN_APP_ID, offset)]),
-                post_commithook_properties=_CHECKPOINT)
+                post_commithook_properties=_NO_CHECKPOINT_HOOK)
             self.table.update_incremental()
         except Exception as e:
             raise CommitFailed(storage_error(e, f"moving the log start of {self._name} failed"),
