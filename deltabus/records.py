@@ -318,6 +318,15 @@ def check_batch_size(size_bytes: int, max_message_bytes: int, where: str,
             f"(max.message.bytes={max_message_bytes}).")
 
 
+class ProducedBatch(NamedTuple):
+    """A normalised produce batch and what the leader stamps on it (`to_log_group`)."""
+
+    batch: pa.Table
+    leader_epoch: int
+    timestamp_type: int = CREATE_TIME
+    producer: ProducerState = ProducerState()
+
+
 def to_log_batch(
     batch: pa.Table,
     *,
@@ -328,27 +337,49 @@ def to_log_batch(
     producer: ProducerState = ProducerState(),
 ) -> pa.Table:
     """Give a normalised produce batch its offsets and broker-side fields, as LOG_SCHEMA."""
-    n = batch.num_rows
+    return to_log_group([ProducedBatch(batch, leader_epoch, timestamp_type, producer)],
+                        base_offset=base_offset, now_ms=now_ms)
+
+
+def to_log_group(produced: Sequence[ProducedBatch], *, base_offset: int,
+                 now_ms: int) -> pa.Table:
+    """Produce batches as one log batch of consecutive offsets from `base_offset`, each row
+    stamped with its batch's fields, as LOG_SCHEMA.
+
+    Built column by column over the whole group, not batch by batch: a Kafka client at
+    linger.ms=0 sends a request per record, so a group commit gathers hundreds of one-record
+    batches, and the commit round (which holds the partition's next commit back) must not pay
+    a dozen Arrow calls per batch, each a chance to lose the GIL to the request threads."""
+    counts = np.array([p.batch.num_rows for p in produced], dtype=np.int64)
+    n = int(counts.sum())
+    # one chunk: delta-rs may write the chunks of a table in any order
+    records = (produced[0].batch if len(produced) == 1
+               else pa.concat_tables([p.batch for p in produced]).combine_chunks())
+
+    def each(values: list[int], dtype: type) -> np.ndarray:
+        return np.repeat(np.array(values, dtype=dtype), counts)
+
+    timestamp_types = each([p.timestamp_type for p in produced], np.int32)
     now = pa.scalar(now_ms * 1000, TIMESTAMP_TYPE)
-    if timestamp_type == LOG_APPEND_TIME:
-        timestamp = pa.array(np.full(n, now_ms * 1000, dtype=np.int64)).cast(TIMESTAMP_TYPE)
-    else:
-        timestamp = pc.fill_null(batch.column("timestamp").cast(TIMESTAMP_TYPE), now)
-    if producer.base_sequence >= 0:
-        sequence = pa.array(np.arange(n, dtype=np.int32) + np.int32(producer.base_sequence))
-    else:
-        sequence = pa.array(np.full(n, -1, dtype=np.int32))
+    timestamp = pc.fill_null(records.column("timestamp").cast(TIMESTAMP_TYPE), now)
+    if (timestamp_types == LOG_APPEND_TIME).any():
+        timestamp = pc.if_else(pa.array(timestamp_types == LOG_APPEND_TIME), now, timestamp)
+    base_sequences = each([p.producer.base_sequence for p in produced], np.int64)
+    # each row's place in its own batch: 0, 1, ... from every batch's first row
+    starts = np.repeat(np.cumsum(counts) - counts, counts)
+    sequence = np.where(base_sequences >= 0,
+                        np.arange(n, dtype=np.int64) - starts + base_sequences, -1)
     columns = [
         pa.array(np.arange(base_offset, base_offset + n, dtype=np.int64)),
         timestamp,
-        pa.array(np.full(n, timestamp_type, dtype=np.int32)),
-        batch.column("key"),
-        batch.column("value"),
-        batch.column("headers"),
-        pa.array(np.full(n, producer.producer_id, dtype=np.int64)),
-        pa.array(np.full(n, producer.producer_epoch, dtype=np.int16)),
-        sequence,
-        pa.array(np.full(n, leader_epoch, dtype=np.int32)),
+        pa.array(timestamp_types),
+        records.column("key"),
+        records.column("value"),
+        records.column("headers"),
+        pa.array(each([p.producer.producer_id for p in produced], np.int64)),
+        pa.array(each([p.producer.producer_epoch for p in produced], np.int16)),
+        pa.array(sequence.astype(np.int32)),
+        pa.array(each([p.leader_epoch for p in produced], np.int32)),
     ]
     return pa.Table.from_arrays(columns, schema=LOG_SCHEMA)
 

@@ -47,7 +47,7 @@ from deltabus.log_tables.delta_writes import (
 )
 from deltabus.log_tables.log_reader import LOG_START_TXN_APP_ID, data_files
 from deltabus.log_tables.partition_reader import LogFile
-from deltabus.records import LOG_SCHEMA, ProducerState, to_log_batch
+from deltabus.records import LOG_SCHEMA, ProducedBatch, ProducerState, to_log_group
 from deltabus.storage import Storage, storage_error
 
 log = logging.getLogger(__name__)
@@ -386,25 +386,26 @@ class LogAppender:
         """The log batch a group commits, and each item's offsets. Produced batches get offsets
         from the log end; copied ones continue it, in increasing offsets (gaps are records a
         compacted topic's cleaner removed on the leader)."""
+        if not group[0].copied:  # `take` never mixes the kinds
+            results, next_offset = [], base
+            for item in group:
+                results.append((next_offset, next_offset + item.batch.num_rows - 1))
+                next_offset += item.batch.num_rows
+            return to_log_group([ProducedBatch(item.batch, item.leader_epoch,
+                                               item.timestamp_type, item.producer)
+                                 for item in group], base_offset=base, now_ms=now_ms), results
         next_offset = base
         parts = []
         results = []
         for item in group:
-            if item.copied:
-                first = item.batch.column("offset")[0].as_py()
-                gap = first > next_offset and item.fetch_offset != next_offset
-                if first < next_offset or gap or not _increasing(item.batch):
-                    raise errors.InvalidRecordError(
-                        f"copied records start at offset {first} but {self._name} continues "
-                        f"at {next_offset} (or are out of order)")
-                parts.append(item.batch)
-                last = item.batch.column("offset")[-1].as_py()
-            else:
-                parts.append(to_log_batch(
-                    item.batch, base_offset=next_offset, now_ms=now_ms,
-                    leader_epoch=item.leader_epoch, timestamp_type=item.timestamp_type,
-                    producer=item.producer))
-                first, last = next_offset, next_offset + item.batch.num_rows - 1
+            first = item.batch.column("offset")[0].as_py()
+            gap = first > next_offset and item.fetch_offset != next_offset
+            if first < next_offset or gap or not _increasing(item.batch):
+                raise errors.InvalidRecordError(
+                    f"copied records start at offset {first} but {self._name} continues "
+                    f"at {next_offset} (or are out of order)")
+            parts.append(item.batch)
+            last = item.batch.column("offset")[-1].as_py()
             results.append((first, last))
             next_offset = last + 1
         # One chunk: delta-rs may write the chunks of a table in any order.

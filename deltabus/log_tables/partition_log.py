@@ -69,7 +69,7 @@ from deltabus.log_tables.producer_state import (
     ActiveProducer,
     ProducerStateManager,
 )
-from deltabus.log_tables.tail_cache import TailCache, read_cached, shared_budget
+from deltabus.log_tables.tail_cache import TailCache, shared_budget
 from deltabus.log_tables.transactions import (
     AbortedTxn,
     TransactionState,
@@ -652,16 +652,14 @@ class PartitionLog:
             limit = leo if to_log_end else self.high_watermark
             end = limit if upto is None else min(upto, limit)
             start = self.log_start_offset
-            cache = self._tail.snapshot()
         if offset < start or offset > leo:
             raise errors.OffsetOutOfRangeError(
                 f"offset {offset} is out of range for {self._name}: "
                 f"log start offset {start}, log end offset {leo}")
         if offset >= end:
             return LOG_SCHEMA.empty_table()
-        if cache and cache[0].column("offset")[0].as_py() <= offset:
-            table = read_cached(cache, offset, end, max_bytes)
-        else:
+        table = self._tail.read(offset, end, max_bytes)
+        if table is None:
             table = self._reader.read(offset, end, max_bytes)
         return _trim_to_bytes(table, max_bytes)
 
@@ -669,19 +667,7 @@ class PartitionLog:
         """Whether the tail cache serves the log from `offset` to its end, in fewer than
         `max_bytes` (about: whole cached commits). Looks at the newest commits only, back to
         `offset` or to `max_bytes`: a follower's every fetch asks."""
-        with self._lock:
-            cache = self._tail.snapshot()
-        held = 0
-        for table in reversed(cache):
-            offsets = table.column("offset")
-            if offsets[-1].as_py() < offset:  # the newer commits hold all from `offset` on
-                return True
-            held += table.nbytes
-            if held >= max_bytes:
-                return False
-            if offsets[0].as_py() <= offset:
-                return True
-        return False
+        return self._tail.holds_from(offset, max_bytes)
 
     def files_from(self, offset: int, max_bytes: int) -> list[LogFile]:
         """The committed data files holding the log from exactly `offset` on, whole and in

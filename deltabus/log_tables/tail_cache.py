@@ -16,7 +16,9 @@ so the budget may evict from any cache while another is appended to.
 
 from __future__ import annotations
 
+import bisect
 import collections
+import itertools
 import threading
 
 import numpy as np
@@ -74,6 +76,9 @@ class TailCache:
         self._budget = budget
         self._lock = threading.Lock()
         self._tables: collections.deque[pa.Table] = collections.deque()
+        # Each cached commit's first offset, so a read finds its commit by bisection: a log
+        # committing a record at a time caches tens of thousands of commits.
+        self._firsts: collections.deque[int] = collections.deque()
         self._bytes = 0
 
     def __bool__(self) -> bool:
@@ -89,9 +94,10 @@ class TailCache:
         with self._lock:
             before = self._bytes
             self._tables.append(table)
+            self._firsts.append(int(table.column("offset")[0].as_py()))
             self._bytes += table.nbytes
             while self._bytes > self._bytes_max and len(self._tables) > 1:
-                self._bytes -= self._tables.popleft().nbytes
+                self._bytes -= self._pop_oldest()
             delta = self._bytes - before
         self._charge(delta, appended=True)
 
@@ -99,6 +105,7 @@ class TailCache:
         with self._lock:
             delta = -self._bytes
             self._tables.clear()
+            self._firsts.clear()
             self._bytes = 0
         self._charge(delta, appended=False)
 
@@ -112,6 +119,7 @@ class TailCache:
                 if below:
                     kept.append(table.slice(0, below))
             self._tables = kept
+            self._firsts = collections.deque(int(t.column("offset")[0].as_py()) for t in kept)
             self._bytes = sum(t.nbytes for t in kept)
             delta = self._bytes - before
         self._charge(delta, appended=False)
@@ -121,9 +129,47 @@ class TailCache:
         with self._lock:
             if not self._tables:
                 return 0
-            freed = self._tables.popleft().nbytes
+            freed = self._pop_oldest()
             self._bytes -= freed
             return freed
+
+    def _pop_oldest(self) -> int:
+        self._firsts.popleft()
+        return self._tables.popleft().nbytes
+
+    def read(self, offset: int, end: int, max_bytes: int) -> pa.Table | None:
+        """Records [offset, end), about `max_bytes` of them, as `read_cached`; None when the
+        cache does not reach back to `offset`. Finds the first commit by bisection and takes
+        only the commits the read needs, so a tail read costs the same however many commits
+        the cache holds."""
+        with self._lock:
+            if not self._firsts or self._firsts[0] > offset:
+                return None
+            first = bisect.bisect_right(self._firsts, offset) - 1
+            needed, size = [], 0
+            for table in itertools.islice(self._tables, first, None):
+                needed.append(table)
+                size += table.nbytes
+                if size >= max_bytes:
+                    break
+        return read_cached(needed, offset, end, max_bytes)
+
+    def holds_from(self, offset: int, max_bytes: int) -> bool:
+        """Whether the cache holds the log from `offset` to its end in fewer than `max_bytes`
+        (about: whole commits). Looks at the newest commits only, back to `offset` or to
+        `max_bytes`."""
+        with self._lock:
+            held = 0
+            for first, table in zip(reversed(self._firsts), reversed(self._tables),
+                                    strict=True):
+                if table.column("offset")[-1].as_py() < offset:  # newer ones hold it all
+                    return True
+                held += table.nbytes
+                if held >= max_bytes:
+                    return False
+                if first <= offset:
+                    return True
+            return False
 
     def snapshot(self) -> list[pa.Table]:
         """The cached commits now, to read outside the lock (tables never change)."""

@@ -132,6 +132,27 @@ def test_the_tail_cache_keeps_the_newest_commits_and_truncates() -> None:
     assert not cache
 
 
+def test_the_tail_cache_finds_a_read_among_many_commits_and_misses_what_it_lost() -> None:
+    """A log committing a record at a time caches thousands of commits: a read from any of
+    them starts at the commit holding its offset, and one from before the cache (evicted,
+    truncated) goes to the table instead (None)."""
+    cache = TailCache(bytes_max=1 << 30)
+    for i in range(0, 3000, 3):
+        cache.append(_records([i, i + 1, i + 2]))
+    assert cache.read(1501, 1505, 1 << 20).column("offset").to_pylist() == list(range(1501, 1505))
+    assert cache.read(2998, 3000, 1 << 20).column("offset").to_pylist() == [2998, 2999]
+    assert cache.read(0, 3000, 1 << 20).num_rows == 3000
+    assert cache.read(100, 3000, 1).column("offset").to_pylist() == [100, 101]  # its commit
+    assert cache.holds_from(2990, 1 << 20) and not cache.holds_from(0, 100)
+    for _ in range(10):
+        cache.drop_oldest()
+    assert cache.read(29, 40, 1 << 20) is None
+    assert cache.read(30, 33, 1 << 20).column("offset").to_pylist() == [30, 31, 32]
+    cache.truncate(1000)
+    assert cache.read(997, 1010, 1 << 20).column("offset").to_pylist() == [997, 998, 999]
+    assert cache.holds_from(1000, 1 << 20)  # the log end: nothing past it to miss
+
+
 def test_the_tail_caches_of_a_process_share_one_budget_coldest_first() -> None:
     """Thousands of partitions at 64 MiB of tail each would outgrow any broker: together they
     hold at most the budget, the partitions appended to least recently giving up theirs first,
