@@ -22,7 +22,7 @@ import ssl
 import struct
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import kafka
 import pytest
@@ -33,7 +33,7 @@ from kio.schema.errors import ErrorCode
 
 from deltabus import config as cfg
 from deltabus.rpc.kafka import network
-from deltabus.rpc.kafka.frames import make
+from deltabus.rpc.kafka.frames import make, peek
 from deltabus.scram import make_credential
 from tests.client.fake_cluster import FakeCluster
 from tests.kafka.raw_frames import (
@@ -49,6 +49,7 @@ from tests.kafka.raw_frames import (
     metadata,
     produce,
     read_response,
+    recv_exactly,
     room_for_connections,
 )
 
@@ -277,18 +278,16 @@ def test_a_stalled_tls_handshake_holds_no_one_up_and_is_closed_after_its_time(
 @contextlib.contextmanager
 def processor(socket_server: cfg.SocketServerConfig
               ) -> Iterator[tuple[str, queue.SimpleQueue[network.Request]]]:
-    """The network thread alone, its handler a queue the test takes requests from."""
+    """The network thread alone, its handler a queue the test takes requests from (each of a
+    run in turn)."""
     handed: queue.SimpleQueue[network.Request] = queue.SimpleQueue()
-    server = socket.create_server(("127.0.0.1", 0))
-    p = network.Processor(server, handed.put, config=socket_server, ssl_context=None,
-                          sasl_required=False)
-    thread = threading.Thread(target=p.run, daemon=True)
-    thread.start()
-    try:
-        yield f"127.0.0.1:{server.getsockname()[1]}", handed
-    finally:
-        p.stop()
-        thread.join(30)
+
+    def hand(run: list[network.Request]) -> None:
+        for request in run:
+            handed.put(request)
+
+    with bare_processor(hand, socket_server) as (_, address):
+        yield address, handed
 
 
 def nothing_more_handed(handed: queue.SimpleQueue[network.Request]) -> bool:
@@ -363,3 +362,87 @@ def test_requests_read_before_the_client_closed_are_still_handled() -> None:
                                   for i in range(5)))
         fake.wait_until(lambda: len(fake.values(TOPIC, 0)) == 5, "all five requests handled")
         assert fake.values(TOPIC, 0) == [f"fire {i}".encode() for i in range(5)]
+
+
+@contextlib.contextmanager
+def bare_processor(handle: Callable[[list[network.Request]], None],
+                   socket_server: cfg.SocketServerConfig | None = None
+                   ) -> Iterator[tuple[network.Processor, str]]:
+    """A network thread alone on a loopback port, its runs of requests handed to `handle`."""
+    server = socket.create_server(("127.0.0.1", 0))
+    p = network.Processor(server, handle, config=socket_server or cfg.SocketServerConfig(),
+                          ssl_context=None, sasl_required=False)
+    thread = threading.Thread(target=p.run, daemon=True)
+    thread.start()
+    try:
+        yield p, f"127.0.0.1:{server.getsockname()[1]}"
+    finally:
+        p.stop()
+        thread.join(30)
+
+
+def requests_read(p: network.Processor) -> int:
+    """Requests the network thread has read and not yet answered (a peek at its state, to
+    know frames sent are read before the test lets a run form)."""
+    return sum(len(connection.slots) for connection in list(p._connections))
+
+
+def test_requests_read_while_one_is_handled_are_handed_over_together_in_order() -> None:
+    """librdkafka at linger.ms=0 sends a request a record: what arrives while one is handled
+    goes to the handlers as one run, in request order (one hand-over between the threads per
+    run: per request, a request each 2 ms fell behind without end on 2 busy cores)."""
+    runs: queue.SimpleQueue[list[network.Request]] = queue.SimpleQueue()
+    with bare_processor(runs.put) as (processor, address), connect_to(address) as sock:
+        sock.sendall(api_versions(0))
+        (first,) = runs.get(timeout=30)
+        sock.sendall(b"".join(api_versions(i) for i in range(1, 6)))
+        wait_for(lambda: requests_read(processor) == 6, "the five requests read")
+        first.respond(answer(0))
+        run = runs.get(timeout=30)
+        assert [peek(r.frame)[2] for r in run] == [1, 2, 3, 4, 5]
+        for i, request in enumerate(run, 1):
+            request.respond(answer(i))
+        assert [recv_answer(sock) for _ in range(6)] == list(range(6))
+
+
+def test_requests_given_back_by_a_throttled_run_wait_out_the_mute_and_come_again() -> None:
+    """A run's answer carries a throttle time: the handlers give the rest back, and the network
+    thread hands them over again, in order, only once the connection's mute is over."""
+    runs: queue.SimpleQueue[list[network.Request]] = queue.SimpleQueue()
+    throttle_ms = 300
+    with bare_processor(runs.put) as (processor, address), connect_to(address) as sock:
+        sock.sendall(api_versions(0))
+        (first,) = runs.get(timeout=30)
+        sock.sendall(b"".join(api_versions(i) for i in range(1, 4)))
+        wait_for(lambda: requests_read(processor) == 4, "the three requests read")
+        first.respond(answer(0))
+        run = runs.get(timeout=30)
+        throttled_s = time.monotonic()
+        run[0].respond(answer(1), throttle_ms=throttle_ms)
+        for request in run[1:]:
+            request.give_back()
+        again = runs.get(timeout=30)
+        assert time.monotonic() - throttled_s >= throttle_ms / 1000
+        assert [peek(r.frame)[2] for r in again] == [2, 3]
+        for request in again:
+            request.respond(answer(peek(request.frame)[2]))
+        assert [recv_answer(sock) for _ in range(4)] == list(range(4))
+
+
+def wait_for(condition, what: str) -> None:
+    """Wait until `condition()` holds; the suite's timeout bounds it."""
+    while not condition():
+        time.sleep(0.01)
+    assert condition(), what
+
+
+def answer(n: int) -> bytes:
+    """A test handler's answer: a frame holding `n`."""
+    return struct.pack(">ii", 4, n)
+
+
+def recv_answer(sock: socket.socket) -> int:
+    """The number in the next answer `answer` made."""
+    size, n = struct.unpack(">ii", recv_exactly(sock, 8))
+    assert size == 4
+    return n

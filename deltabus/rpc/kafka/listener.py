@@ -15,7 +15,8 @@ Threads, per listener and never per connection (cfg.SocketServerConfig sizes the
 - one network thread (`network.Processor`) accepts, reads and writes every connection, and keeps
   each connection's answers in request order;
 - up to num.io.threads request handler threads parse, check and answer requests, one of a
-  connection at a time, so their effects land in request order as on Kafka's broker;
+  connection at a time, so their effects land in request order as on Kafka's broker: a thread
+  takes a run of a connection's requests and handles them one after the other;
 - a request that waits by design holds no thread: Produce waiting for its acks, JoinGroup and
   SyncGroup waiting for the group, and a Fetch long-polling for records are delayed responses
   (`delayed`), which no thread waits for; a waiting Fetch's future is the broker's delayed
@@ -146,12 +147,24 @@ class _RequestHandlers:
         self.purgatory.stop()
         self._io.stop()
 
-    def on_request(self, request: Request) -> None:
-        """On the network thread: queue the request for a handler thread."""
-        self._io.submit(self._handle, request)
+    def on_request(self, run: list[Request]) -> None:
+        """On the network thread: queue a run of a connection's requests for a handler
+        thread, which handles them in their order."""
+        self._io.submit(self._handle_run, run)
 
-    def _handle(self, request: Request) -> None:
-        """On a request handler thread: answer the request, or hand it on where it waits."""
+    def _handle_run(self, run: list[Request]) -> None:
+        """On a request handler thread: each request of the run in turn, until one leaves the
+        connection failed, throttled or closing; the rest are given back (a muted connection
+        handles nothing until its throttle time is over)."""
+        for i, request in enumerate(run):
+            if not self._handle(request):
+                for rest in run[i + 1:]:
+                    rest.give_back()
+                return
+
+    def _handle(self, request: Request) -> bool:
+        """Answer the request, or hand it on where it waits. Returns whether the connection's
+        next request may be handled at once."""
         session = request.session
         frame, request.frame = request.frame, b""  # not kept while the answer waits
         try:
@@ -159,16 +172,17 @@ class _RequestHandlers:
             answer = self._call(parsed, session) if isinstance(parsed, _Parsed) else parsed
         except BadRequest as e:
             request.fail(str(e))
-            return
+            return False
         if isinstance(answer, DelayedResponse):
             assert isinstance(parsed, _Parsed)
             request.release()
             delayed, correlation_id = answer, parsed.correlation_id
             self.purgatory.watch(delayed, lambda: self._io.submit(
                 self._complete, request, correlation_id, delayed))
-            return
+            return True
         encoded, throttle_ms = answer if isinstance(answer, tuple) else (answer, 0)
         request.respond(encoded, last=session.close_after_answer, throttle_ms=throttle_ms)
+        return throttle_ms <= 0 and not session.close_after_answer
 
     def _complete(self, request: Request, correlation_id: int,
                   delayed: DelayedResponse) -> None:
