@@ -20,6 +20,7 @@ from deltabus.storage import Storage
 
 # Ports and addresses. Every server binds loopback unless told otherwise.
 DEFAULT_HOST = "127.0.0.1"
+DEFAULT_SCHEMA_REGISTRY_PORT = 8081  # Confluent's
 DEFAULT_KAFKA_PORT = 9092  # the Kafka protocol bootstrap, where Kafka's clients expect it
 DEFAULT_BOOTSTRAP_PORT = 9192  # the controller's gRPC port: the cluster's bootstrap address
 # The driver's controller listener serves only brokers' lifecycle calls, on a thread pool of its
@@ -616,6 +617,9 @@ class ClusterConfig:
     # free ports; -1: no Kafka listeners).
     kafka_port: int = field(
         default_factory=lambda: _env_int("DELTABUS_KAFKA_PORT", DEFAULT_KAFKA_PORT))
+    # Confluent Schema Registry's REST API, served by the driver on `host` (0: any free port;
+    # -1: not served). `deltabus cluster start` serves it on DEFAULT_SCHEMA_REGISTRY_PORT.
+    schema_registry_port: int = -1
     num_partitions: int = 1  # Kafka's num.partitions
     default_replication_factor: int = 1
     # Kafka's auto.create.topics.enable: a Metadata request (that allows it) naming a missing

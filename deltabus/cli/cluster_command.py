@@ -46,6 +46,10 @@ def add_parser(subparsers: argparse._SubParsersAction, parent: argparse.Argument
     s.add_argument("--kafka-port", type=int, default=None,
                    help="Kafka protocol bootstrap port; broker b listens on it + 1 + b "
                         "(default: $DELTABUS_KAFKA_PORT or 9092; 0: any free ports; -1: none)")
+    s.add_argument("--schema-registry-port", type=int, default=cfg.DEFAULT_SCHEMA_REGISTRY_PORT,
+                   help="port of the schema registry's REST API, Confluent's "
+                        f"(default {cfg.DEFAULT_SCHEMA_REGISTRY_PORT}; 0: any free port; "
+                        "-1: not served)")
     broker_security.add_arguments(s)
     s.set_defaults(func=start)
 
@@ -98,6 +102,7 @@ def start(args: argparse.Namespace) -> int:
             kafka = {} if args.kafka_port is None else {"kafka_port": args.kafka_port}
             cluster = Cluster(spark, root=args.root, brokers=args.brokers, port=port,
                               host=host, storage_options=storage_options, **kafka,
+                              schema_registry_port=args.schema_registry_port,
                               **security).start()
         except (TimeoutError, ValueError, ListenerBindError) as e:
             raise CliError(str(e)) from None
@@ -125,6 +130,8 @@ def _announce(cluster: Cluster, brokers: int, security: str | None) -> None:
     if cluster.config.listener_config().kafka:
         print(f"Kafka clients: bootstrap.servers={cluster.kafka_bootstrap_servers}",
               flush=True)
+    if cluster.config.schema_registry_port >= 0:
+        print(f"Schema registry: schema.registry.url={cluster.schema_registry_url}", flush=True)
     if cluster.config.listeners is not None:
         print("Listeners: " + ", ".join(f"{e.name}://{e.host}:{e.port} ({e.door})"
                                         for e in cluster.listener_endpoints), flush=True)

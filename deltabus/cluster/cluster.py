@@ -42,6 +42,7 @@ from deltabus.metadata import (
 )
 from deltabus.offsets.group_coordinator import GroupCoordinator
 from deltabus.offsets.offset_store import OffsetStore
+from deltabus.rpc.schema_registry_http import SchemaRegistryServer
 from deltabus.scram import DEFAULT_ITERATIONS, salted_password
 from deltabus.spark import register
 from deltabus.storage import normalize_root, spark_storage_options
@@ -112,6 +113,7 @@ class Cluster:
         self.coordinator: GroupCoordinator | None = None
         self.log_cleaner: LogCleaner | None = None  # retention as Spark jobs, once started
         self._doors = Doors()  # the driver's listeners, once started
+        self._schema_registry: SchemaRegistryServer | None = None  # its REST door, if served
         self._node: BrokerEndpoint | None = None  # the driver's node, with its listeners
         self._threads: list[threading.Thread] = []
         self._stopping = threading.Event()
@@ -148,6 +150,14 @@ class Cluster:
         self.controller.txn_offsets_writer = self.coordinator.commit_transactional_offsets
         bootstrap = self.config.listener_config().client_grpc()[0].name
         self._node = handler.endpoint = self._doors.node(CONTROLLER_NODE_ID, bootstrap)
+        if self.config.schema_registry_port >= 0:
+            try:
+                self._schema_registry = SchemaRegistryServer(
+                    self.controller.schema_registry, self.config.host,
+                    self.config.schema_registry_port).start()
+            except ListenerBindError:
+                self.stop()
+                raise
         self.log_cleaner = LogCleaner(self.spark, self.controller.cleaner_tasks,
                                       self.controller.tables_changed,
                                       self.config.log_retention_check_interval_ms)
@@ -356,6 +366,14 @@ class Cluster:
         return self.listener_address(kafka[0].name, KAFKA)
 
     @property
+    def schema_registry_url(self) -> str:
+        """Where the schema registry's REST API answers (Confluent's `schema.registry.url`)."""
+        if self._schema_registry is None:
+            raise RuntimeError("this cluster serves no schema registry "
+                               "(schema_registry_port=-1)")
+        return self._schema_registry.url
+
+    @property
     def listener_endpoints(self) -> tuple[ListenerEndpoint, ...]:
         """The driver's listeners as clients are told them (advertised)."""
         return tuple(self._doors.endpoints)
@@ -464,6 +482,8 @@ class Cluster:
             if any(t.is_alive() for t in self._threads):
                 sc.cancelJobGroup(self._broker_group(broker_id))
         self._doors.stop()
+        if self._schema_registry is not None:
+            self._schema_registry.stop()
         if self.coordinator is not None:
             self.coordinator.close()
         if self._owns_spark:

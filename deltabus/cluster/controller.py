@@ -88,6 +88,7 @@ from deltabus.cluster.metadata_records import (
     to_stored,
 )
 from deltabus.cluster.metadata_state import MetadataState
+from deltabus.cluster.schema_registry import SchemaRegistry
 from deltabus.log_tables.control_records import TxnMarker
 from deltabus.log_tables.layout import metadata_path, replica_path, topic_path
 from deltabus.log_tables.partition_log import ActiveProducer, AppendResult, create_log_table
@@ -186,6 +187,9 @@ class Controller:
         for stored in self._log.read_all():
             self._state.replay(stored)
         self._deltas = MetadataDeltas(self._version)  # what brokers are sent
+        # Confluent's schema registry, over this state and log (its REST door: the Cluster's)
+        self.schema_registry = SchemaRegistry(self._lock, lambda: self._state.schema_registry,
+                                              self._commit)
         self._next_producer_id = self._state.producer_ids_end  # skip a block used before
         self.quota_manager.update(self._state.client_quotas_copy())
         if not self._state.cluster_id:

@@ -7,7 +7,7 @@ Pure types: no grpc, no I/O, so the domain can implement them without knowing th
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from concurrent import futures
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -41,6 +41,7 @@ from deltabus.quotas import (
     QuotaFilterComponent,
 )
 from deltabus.records import ProducerState
+from deltabus.schemas import Compatibility, SchemaReference, StoredSchema, SubjectVersion
 from deltabus.scram import ScramCredential
 
 
@@ -320,3 +321,51 @@ class LifecycleHandler(Protocol):
     def alter_partition(self, broker_id: int, broker_epoch: int, topic: str, partition: int,
                         leader_epoch: int, isr: list[int],
                         new_isr: list[int]) -> tuple[PartitionState, int]: ...
+
+
+class SchemaRegistryHandler(Protocol):
+    """Confluent Schema Registry's operations, as the REST door and the gRPC door call them.
+    Refusals raise `schemas.SchemaRegistryError` with Confluent's error code. A version -1 is
+    the subject's latest live one; `deleted` includes soft-deleted versions."""
+
+    def register_schema(self, subject: str, schema_type: str, text: str,
+                        references: Sequence[SchemaReference]) -> SubjectVersion: ...
+
+    def lookup_schema(self, subject: str, schema_type: str, text: str,
+                      references: Sequence[SchemaReference], deleted: bool) -> SubjectVersion:
+        """The subject's version holding this schema (SCHEMA_NOT_FOUND where none does)."""
+        ...
+
+    def schema_by_id(self, schema_id: int, fmt: str = "") -> StoredSchema:
+        """The schema with the id; `fmt` "serialized" gives a Protobuf schema as the base64
+        of its FileDescriptorProto, as Confluent's `format` parameter does."""
+        ...
+
+    def schema_versions(self, schema_id: int, deleted: bool) -> list[SubjectVersion]: ...
+
+    def subjects(self, deleted: bool, prefix: str) -> list[str]: ...
+
+    def subject_versions(self, subject: str, deleted: bool) -> list[SubjectVersion]: ...
+
+    def subject_version(self, subject: str, version: int, deleted: bool) -> SubjectVersion: ...
+
+    def referenced_by(self, subject: str, version: int) -> list[int]: ...
+
+    def test_compatibility(self, subject: str, version: int | None, schema_type: str,
+                           text: str, references: Sequence[SchemaReference]) -> list[str]:
+        """Why the schema could not be registered after the version (None: after the versions
+        the subject's level checks); empty when it could."""
+        ...
+
+    def delete_schema_version(self, subject: str, version: int, permanent: bool) -> int: ...
+
+    def delete_subject(self, subject: str, permanent: bool) -> list[int]: ...
+
+    def compatibility_level(self, subject: str, default_to_global: bool) -> Compatibility:
+        """The subject's level ("": the global one); where the subject has none of its own,
+        the global one if `default_to_global`, else Confluent's 40408."""
+        ...
+
+    def set_compatibility_level(self, subject: str, level: str | None) -> Compatibility:
+        """Set the subject's level ("": the global one); None removes the subject's own."""
+        ...

@@ -292,6 +292,44 @@ class ClientQuotaRecord(MetadataRecord):
         return QuotaEntity(tuple(zip(self.entity_types, self.entity_names, strict=True)))
 
 
+@dataclass(frozen=True)
+class SchemaRecord(MetadataRecord):
+    """A schema registered as a subject's version (Confluent Schema Registry's SchemaValue), or
+    that version soft-deleted (`deleted`: hidden from lists, its id still answers). The text is
+    as registered; its references name other subjects' versions by the name the schema uses
+    for them (three columns of one list). Brokers replay it too: typed topics decode with it."""
+
+    type: ClassVar[str] = "schema"
+    subject: str
+    version: int
+    schema_id: int
+    schema_type: str
+    schema: str
+    reference_names: tuple[str, ...] = ()
+    reference_subjects: tuple[str, ...] = ()
+    reference_versions: tuple[int, ...] = ()
+    deleted: bool = False
+
+
+@dataclass(frozen=True)
+class RemoveSchemaRecord(MetadataRecord):
+    """A soft-deleted version of a subject deleted for good (Confluent's permanent delete)."""
+
+    type: ClassVar[str] = "remove_schema"
+    subject: str
+    version: int
+
+
+@dataclass(frozen=True)
+class SchemaCompatibilityRecord(MetadataRecord):
+    """A subject's compatibility level (subject "": the registry's global level), or the
+    subject's own level removed (None: it follows the global one again)."""
+
+    type: ClassVar[str] = "schema_compatibility"
+    subject: str
+    compatibility: str | None
+
+
 # ---- broker registration records (replayed, never persisted) ---------------------------------
 
 @dataclass(frozen=True)
@@ -361,7 +399,8 @@ PERSISTED_RECORD_TYPES: Mapping[str, type[MetadataRecord]] = {
         PartitionChangeRecord, RemoveTopicRecord, ConfigRecord, ProducerIdsRecord,
         TransactionalIdRecord, UserScramCredentialRecord, RemoveUserScramCredentialRecord,
         AccessControlEntryRecord, RemoveAccessControlEntryRecord, ClientQuotaRecord,
-        TransactionRecord, TxnOffsetCommitRecord)
+        TransactionRecord, TxnOffsetCommitRecord, SchemaRecord, RemoveSchemaRecord,
+        SchemaCompatibilityRecord)
 }
 
 BROKER_RECORD_TYPES: Mapping[str, type[MetadataRecord]] = {

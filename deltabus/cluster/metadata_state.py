@@ -37,8 +37,11 @@ from deltabus.cluster.metadata_records import (
     ProducerIdKeyRecord,
     ProducerIdsRecord,
     RemoveAccessControlEntryRecord,
+    RemoveSchemaRecord,
     RemoveTopicRecord,
     RemoveUserScramCredentialRecord,
+    SchemaCompatibilityRecord,
+    SchemaRecord,
     TopicRecord,
     TransactionalIdRecord,
     TransactionRecord,
@@ -46,6 +49,7 @@ from deltabus.cluster.metadata_records import (
     UserScramCredentialRecord,
     from_stored,
 )
+from deltabus.cluster.schema_registry import SchemaRegistryState
 from deltabus.metadata import (
     TXN_OPEN_STATES,
     MetadataImage,
@@ -114,6 +118,8 @@ class MetadataState:
     # entity with no quota left has no entry
     client_quotas: dict[QuotaEntity, dict[str, float]] = field(default_factory=dict)
     brokers: BrokerRegistry = field(default_factory=BrokerRegistry)
+    # subjects, versions, schemas by id, compatibility levels (Confluent's schema registry)
+    schema_registry: SchemaRegistryState = field(default_factory=SchemaRegistryState)
     # The ACLs as an image holds them, built again only after an ACL record: the authorizers
     # (`AuthorizerCache`) are rebuilt when this tuple is another one.
     _acls_image: tuple[AclBinding, ...] | None = field(default=None, repr=False,
@@ -170,6 +176,8 @@ class MetadataState:
             self._remove_acl(record.acl_id)
         elif isinstance(record, ClientQuotaRecord):
             self._replay_client_quota(record)
+        elif isinstance(record, SchemaRecord | RemoveSchemaRecord | SchemaCompatibilityRecord):
+            self.schema_registry.replay(record)
         else:
             raise ValueError(f"unknown metadata record type {record.type!r}")
 
@@ -277,6 +285,7 @@ class MetadataState:
         records.extend(ClientQuotaRecord.of(entity, key, value)
                        for entity, values in self.client_quotas.items()
                        for key, value in sorted(values.items()))
+        records.extend(self.schema_registry.snapshot())
         records.extend(TransactionRecord.of(t) for t in self.transactions.values()
                        if t.state in TXN_OPEN_STATES and t.partitions)
         records.extend(self.brokers.snapshot())

@@ -9,6 +9,7 @@ import re
 import signal
 import subprocess
 import sys
+import urllib.request
 import uuid
 from typing import Any
 
@@ -174,7 +175,7 @@ def _cluster_start(*argv: str, env: dict[str, str] | None = None
     port = free_port_block(2)  # the bootstrap's, and broker 0's next to it
     process = subprocess.Popen(
         [sys.executable, "-m", "deltabus.cli.main", "cluster", "start", "--brokers", "1",
-         "--master", "local[3]", "--port", str(port), *argv],
+         "--master", "local[3]", "--port", str(port), "--schema-registry-port", "0", *argv],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**(os.environ if env is None else env), "SPARK_LOCAL_IP": "127.0.0.1"})
     return process, port
@@ -191,6 +192,10 @@ def test_cluster_start_serves_until_signalled_and_flushes(tmp_path: Any, stop_si
         assert first == (f"deltabus cluster started: bootstrap 127.0.0.1:{port}, 1 brokers, "
                          f"data under {tmp_path / 'data'}\n")
         assert process.stdout.readline().startswith("Kafka clients: bootstrap.servers=127.0.0.1:")
+        registry = process.stdout.readline()
+        assert registry.startswith("Schema registry: schema.registry.url=http://127.0.0.1:")
+        with urllib.request.urlopen(registry.split("=", 1)[1].strip() + "/subjects") as answer:
+            assert json.loads(answer.read()) == []  # Confluent's REST API answers there
         assert process.stdout.readline().startswith("Spark UI: http://")
         with Producer(f"127.0.0.1:{port}", acks=0) as producer:
             for i in range(200):

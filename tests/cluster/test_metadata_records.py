@@ -27,8 +27,11 @@ from deltabus.cluster.metadata_records import (
     ProducerIdsRecord,
     RegisterBrokerRecord,
     RemoveAccessControlEntryRecord,
+    RemoveSchemaRecord,
     RemoveTopicRecord,
     RemoveUserScramCredentialRecord,
+    SchemaCompatibilityRecord,
+    SchemaRecord,
     TopicRecord,
     TransactionalIdRecord,
     TransactionRecord,
@@ -103,6 +106,16 @@ OLD_AND_TYPED: list[tuple[dict[str, Any], MetadataRecord]] = [
     ({"type": "txn_offset_commit", "id": "tx", "group_id": "g", "topics": ["orders"],
       "partitions": [0], "offsets": [42], "leader_epochs": [-1], "metadata": [""]},
      TxnOffsetCommitRecord("tx", "g", ("orders",), (0,), (42,), (-1,), ("",))),
+    ({"type": "schema", "subject": "orders-value", "version": 2, "schema_id": 7,
+      "schema_type": "AVRO", "schema": '"string"', "reference_names": ["shop.Money"],
+      "reference_subjects": ["money"], "reference_versions": [1], "deleted": False},
+     SchemaRecord("orders-value", 2, 7, "AVRO", '"string"', ("shop.Money",), ("money",), (1,))),
+    ({"type": "remove_schema", "subject": "orders-value", "version": 2},
+     RemoveSchemaRecord("orders-value", 2)),
+    ({"type": "schema_compatibility", "subject": "", "compatibility": "FULL"},
+     SchemaCompatibilityRecord("", "FULL")),
+    ({"type": "schema_compatibility", "subject": "orders-value", "compatibility": None},
+     SchemaCompatibilityRecord("orders-value", None)),
 ]
 
 

@@ -1,0 +1,229 @@
+"""Schemas as Confluent Schema Registry knows them: their types, compatibility levels, the
+references between them, and the wire format serializers put in front of a record's bytes.
+
+Pure: no I/O. The registry (cluster/schema_registry.py) stores schemas and decides registrations
+with `check_compatibility`; each schema type's parsing and reader/writer rules live in a module
+of their own (schema_avro, schema_json, schema_protobuf), reached through `parse`.
+
+Compatibility in Confluent's terms, with one primitive, `read_errors(reader, writer)`: what
+stops data written with `writer` from being read with `reader` (empty: nothing).
+- BACKWARD: the new schema reads data written with the latest one (consumers upgrade first);
+- FORWARD: the latest schema reads data written with the new one (producers upgrade first);
+- FULL: both; the _TRANSITIVE forms check against every live version, not the latest only;
+- NONE: no check.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+MAGIC_BYTE = 0
+WIRE_HEADER = struct.Struct(">bI")  # Confluent's wire format: magic byte 0, schema id (4 bytes)
+
+
+class SchemaType(enum.StrEnum):
+    AVRO = "AVRO"
+    JSON = "JSON"
+    PROTOBUF = "PROTOBUF"
+
+
+class Compatibility(enum.StrEnum):
+    NONE = "NONE"
+    BACKWARD = "BACKWARD"
+    BACKWARD_TRANSITIVE = "BACKWARD_TRANSITIVE"
+    FORWARD = "FORWARD"
+    FORWARD_TRANSITIVE = "FORWARD_TRANSITIVE"
+    FULL = "FULL"
+    FULL_TRANSITIVE = "FULL_TRANSITIVE"
+
+    @property
+    def transitive(self) -> bool:
+        return self.name.endswith("_TRANSITIVE")
+
+    @property
+    def backward(self) -> bool:
+        return self.name.startswith(("BACKWARD", "FULL"))
+
+    @property
+    def forward(self) -> bool:
+        return self.name.startswith(("FORWARD", "FULL"))
+
+
+DEFAULT_COMPATIBILITY = Compatibility.BACKWARD  # Confluent's default
+
+
+class InvalidSchemaError(ValueError):
+    """A schema text that does not parse as its type (Confluent: 42201 Invalid schema)."""
+
+
+@dataclass(frozen=True)
+class SchemaReference:
+    """A reference from a schema to another subject's version, under the name the schema
+    uses for it (an Avro full name, a JSON Schema $ref URL, a .proto import path)."""
+
+    name: str
+    subject: str
+    version: int
+
+
+@dataclass(frozen=True)
+class StoredSchema:
+    """A schema the registry holds, under its id, with its text as registered."""
+
+    schema_id: int
+    schema_type: SchemaType
+    text: str
+    references: tuple[SchemaReference, ...]
+
+
+@dataclass(frozen=True)
+class SubjectVersion:
+    """A version of a subject: the schema it holds, and whether it is soft-deleted."""
+
+    subject: str
+    version: int
+    schema_id: int
+    deleted: bool = False
+
+
+class ParsedSchema(Protocol):
+    """A parsed schema of one type."""
+
+    @property
+    def schema_type(self) -> SchemaType: ...
+
+    def canonical(self) -> str:
+        """The schema's normalised text: two registrations of the same schema written
+        differently (whitespace, key order) get the same id."""
+        ...
+
+    def read_errors(self, writer: ParsedSchema) -> list[str]:
+        """What stops data written with `writer` from being read with this schema, one line
+        each (empty: compatible). `writer` is of the same type."""
+        ...
+
+
+def parse(schema_type: SchemaType, text: str, references: Mapping[str, str]) -> ParsedSchema:
+    """Parse a schema of `schema_type`; `references` maps each reference's name to the text of
+    the schema it names. Raises InvalidSchemaError saying what is wrong."""
+    if schema_type == SchemaType.AVRO:
+        from deltabus.schema_avro import parse_avro
+        return parse_avro(text, references)
+    if schema_type == SchemaType.JSON:
+        from deltabus.schema_json import parse_json_schema
+        return parse_json_schema(text, references)
+    from deltabus.schema_protobuf import parse_protobuf
+    return parse_protobuf(text, references)
+
+
+def check_compatibility(level: Compatibility, new: ParsedSchema,
+                        live: Sequence[ParsedSchema]) -> list[str]:
+    """Why `new` may not follow the subject's live versions (oldest first) at `level`; empty
+    when it may. A non-transitive level checks against the latest version only."""
+    if level == Compatibility.NONE or not live:
+        return []
+    against = live if level.transitive else live[-1:]
+    errors: list[str] = []
+    for version in against:
+        if level.backward:
+            errors += new.read_errors(version)
+        if level.forward:
+            errors += version.read_errors(new)
+    return errors
+
+
+def wire_header(schema_id: int) -> bytes:
+    """The 5 bytes Confluent's serializers put before a record's encoded bytes."""
+    return WIRE_HEADER.pack(MAGIC_BYTE, schema_id)
+
+
+def split_wire(data: bytes) -> tuple[int, memoryview]:
+    """(schema id, the encoded bytes after the header); raises ValueError where `data` does
+    not start with Confluent's wire header."""
+    if len(data) < WIRE_HEADER.size or data[0] != MAGIC_BYTE:
+        raise ValueError("the record does not start with the schema registry's magic byte 0 "
+                         "and a schema id")
+    _, schema_id = WIRE_HEADER.unpack_from(data)
+    return schema_id, memoryview(data)[WIRE_HEADER.size:]
+
+
+class SchemaRegistryError(Exception):
+    """A request the registry refuses, with Confluent's error code and HTTP status, so REST
+    clients (confluent-kafka's serializers among them) see what Confluent's registry answers."""
+
+    def __init__(self, error_code: int, message: str) -> None:
+        super().__init__(message)
+        self.error_code = error_code
+        self.message = message
+
+    @property
+    def http_status(self) -> int:
+        """Confluent's codes start with their HTTP status (40401 -> 404, 409 -> 409)."""
+        return int(str(self.error_code)[:3])
+
+
+def subject_not_found(subject: str) -> SchemaRegistryError:
+    return SchemaRegistryError(40401, f"Subject '{subject}' not found.")
+
+
+def version_not_found(subject: str, version: int | str) -> SchemaRegistryError:
+    return SchemaRegistryError(40402, f"Version {version} not found for subject '{subject}'.")
+
+
+def schema_not_found(schema_id: int | None = None) -> SchemaRegistryError:
+    return SchemaRegistryError(
+        40403, "Schema not found" if schema_id is None else f"Schema {schema_id} not found")
+
+
+def subject_soft_deleted(subject: str) -> SchemaRegistryError:
+    return SchemaRegistryError(
+        40404, f"Subject '{subject}' was soft deleted. Set permanent=true to delete permanently")
+
+
+def subject_not_soft_deleted(subject: str) -> SchemaRegistryError:
+    return SchemaRegistryError(
+        40405, f"Subject '{subject}' was not deleted first before being permanently deleted")
+
+
+def version_soft_deleted(subject: str, version: int) -> SchemaRegistryError:
+    return SchemaRegistryError(
+        40406, f"Subject '{subject}' Version {version} was soft deleted. Set permanent=true "
+        "to delete permanently")
+
+
+def version_not_soft_deleted(subject: str, version: int) -> SchemaRegistryError:
+    return SchemaRegistryError(
+        40407, f"Subject '{subject}' Version {version} was not deleted first before being "
+        "permanently deleted")
+
+
+def invalid_schema(detail: str) -> SchemaRegistryError:
+    return SchemaRegistryError(42201, f"Invalid schema: {detail}")
+
+
+def invalid_version(version: object) -> SchemaRegistryError:
+    return SchemaRegistryError(
+        42202, f"The specified version '{version}' is not a valid version id. Allowed values "
+        "are between [1, 2^31-1] and the string \"latest\"")
+
+
+def invalid_compatibility_level(level: object) -> SchemaRegistryError:
+    return SchemaRegistryError(
+        42203, f"Invalid compatibility level {level!r}. Valid values are none, backward, "
+        "forward, full, backward_transitive, forward_transitive, and full_transitive")
+
+
+def reference_exists(subject: str, version: int, ids: list[int]) -> SchemaRegistryError:
+    return SchemaRegistryError(
+        42206, f"One or more references exist to the schema {{subject={subject}, "
+        f"version={version}}}: schema ids {ids}")
+
+
+def incompatible_schema(subject: str, details: list[str]) -> SchemaRegistryError:
+    return SchemaRegistryError(
+        409, f"Schema being registered is incompatible with an earlier schema for subject "
+        f"\"{subject}\", details: {details}")
