@@ -27,10 +27,10 @@ LAYERS = {
     "deltabus.records": "pure", "deltabus.partitioner": "pure", "deltabus.topics": "pure",
     "deltabus.scram": "pure", "deltabus.principal": "pure", "deltabus.acls": "pure",
     "deltabus.listeners": "pure", "deltabus.quotas": "pure", "deltabus.storage": "pure",
-    "deltabus.trace": "pure",
+    "deltabus.trace": "pure",  # stamps for the latency breakdown: clients and brokers alike
     # schemas as Confluent's registry knows them, each type's rules (pure: no I/O)
     "deltabus.schemas": "pure", "deltabus.schema_avro": "pure", "deltabus.schema_json": "pure",
-    "deltabus.schema_protobuf": "pure",  # stamps for the latency breakdown: clients and brokers alike
+    "deltabus.schema_protobuf": "pure",
     "deltabus.log_tables": "log_tables",
     "deltabus.offsets": "offsets",
     "deltabus.cluster.handler": "contracts",
