@@ -66,6 +66,25 @@ def finished(query):
     return query.exception()
 
 
+def await_micro_batches(query, count: int, stall_s: float = 120) -> None:
+    """Wait until the query has run `count` micro-batches. Waits on progress, not a clock: as
+    long as the query's status moves (a trigger starts or ends, a batch completes), a loaded
+    machine only makes this slower; it fails when the query stopped, failed, or stood still
+    for `stall_s` (CI: a fixed 60 s ran out on a loaded 2-core machine)."""
+    seen, moved = None, time.monotonic()
+    while len(query.recentProgress) < count:
+        if query.exception() is not None or not query.isActive:
+            raise AssertionError(f"the query ended before {count} micro-batches: "
+                                 f"{query.exception()}")
+        now = (len(query.recentProgress), query.status["message"],
+               query.status["isTriggerActive"])
+        if now != seen:
+            seen, moved = now, time.monotonic()
+        elif time.monotonic() - moved > stall_s:
+            raise AssertionError(f"the query made no progress for {stall_s} s: {now}")
+        time.sleep(0.05)
+
+
 def rows_written(spark, path: Path) -> int:
     """Rows a streaming file sink has committed so far (0 before its first batch)."""
     if not (path / "_spark_metadata" / "0").exists():
@@ -183,11 +202,11 @@ def test_stream_from_live_producers_restarted_from_its_checkpoint_neither_skips_
     producer.start()
     try:
         query = start(processingTime="100 milliseconds")
-        wait_until(lambda: len(query.recentProgress) >= 3, "three micro-batches")
+        await_micro_batches(query, 3)
         query.stop()
         first_run = query.recentProgress
         query = start(processingTime="100 milliseconds")  # the same checkpoint
-        wait_until(lambda: len(query.recentProgress) >= 2, "two more micro-batches")
+        await_micro_batches(query, 2)
         query.stop()
     finally:
         stop.set()
