@@ -250,8 +250,10 @@ def register(state: SchemaRegistryState, subject: str, schema_type: str, text: s
         raise schemas.incompatible_schema(subject, problems)
     schema_id = state._id_of(parsed, parsed.schema_type, refs) or state.next_id
     version = max(state.subjects.get(subject, {}), default=0) + 1
+    # Stored as Confluent stores it: normalised (compact JSON; a Protobuf schema registered
+    # as a serialized descriptor becomes .proto text, what GET answers by default)
     stored = state.schemas.get(schema_id) or StoredSchema(
-        schema_id, parsed.schema_type, text, refs)
+        schema_id, parsed.schema_type, parsed.canonical(), refs)
     return ControllerResult([schema_record(stored, subject, version)],
                             SubjectVersion(subject, version, schema_id))
 
@@ -296,8 +298,8 @@ def delete_version(state: SchemaRegistryState, subject: str, version: int,
 
 def delete_subject(state: SchemaRegistryState, subject: str,
                    permanent: bool) -> ControllerResult[list[int]]:
-    """DELETE /subjects/{subject}: soft-delete every version, or (permanent) remove a subject
-    soft-deleted before. Answers the versions deleted."""
+    """DELETE /subjects/{subject}: soft-delete every live version, or (permanent) remove a
+    subject soft-deleted before. Answers the versions deleted (soft: the live ones)."""
     versions = state.versions(subject, deleted=True)
     live = [v for v in versions if not v.deleted]
     if permanent and live:
@@ -316,7 +318,7 @@ def delete_subject(state: SchemaRegistryState, subject: str,
     else:
         records = [schema_record(state.schema(v.schema_id), subject, v.version, deleted=True)
                    for v in live]
-    return ControllerResult(records, [v.version for v in versions])
+    return ControllerResult(records, [v.version for v in (versions if permanent else live)])
 
 
 def set_compatibility(state: SchemaRegistryState, subject: str,
