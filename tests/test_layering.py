@@ -36,7 +36,7 @@ LAYERS = {
     "deltabus.cluster.handler": "contracts",
     "deltabus.rpc": "doors",
     "deltabus.rpc.v1": "wire", "deltabus.rpc.codec": "wire", "deltabus.rpc.status": "wire",
-    "deltabus.rpc.channel": "wire",
+    "deltabus.rpc.channel": "wire", "deltabus.rpc.schema_codec": "wire",
     "deltabus.client": "client",
     "deltabus.cluster": "cluster",
     "deltabus.spark": "spark",

@@ -11,6 +11,7 @@
     deltabus reassign-partitions  kafka-reassign-partitions.sh
     deltabus delete-records       kafka-delete-records.sh
     deltabus transactions         kafka-transactions.sh (list, describe)
+    deltabus schemas              the schema registry (Confluent's operations)
     deltabus perf producer        kafka-producer-perf-test.sh
     deltabus perf consumer        kafka-consumer-perf-test.sh
 
@@ -42,6 +43,7 @@ from deltabus.cli import (
     leader_election,
     producer_performance,
     reassign_partitions,
+    schemas_command,
     topic_command,
     transactions,
 )
@@ -85,6 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     reassign_partitions.add_parser(commands, parent)
     delete_records.add_parser(commands, parent)
     transactions.add_parser(commands, parent)
+    schemas_command.add_parser(commands, parent)
     perf = commands.add_parser("perf", help="producer and consumer performance tests")
     perf_commands = perf.add_subparsers(dest="perf_command", metavar="COMMAND", required=True)
     producer_performance.add_parser(perf_commands, parent)

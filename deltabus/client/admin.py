@@ -35,6 +35,7 @@ from deltabus.metadata import (
 )
 from deltabus.quotas import QuotaAlteration, QuotaEntity, QuotaFilterComponent
 from deltabus.rpc import codec
+from deltabus.rpc.schema_codec import RegistryOverGrpc
 from deltabus.rpc.v1 import deltabus_pb2 as pb
 
 __all__ = ["AclBinding", "AclBindingFilter", "AdminClient", "DeletedRecords", "NewTopic",
@@ -268,6 +269,17 @@ class AdminClient:
         response = self._client.call_any("DescribeClientQuotas", pb.DescribeClientQuotasRequest(
             components=[codec.quota_filter_to_proto(c) for c in components], strict=strict))
         return codec.describe_client_quotas_result(response)
+
+    # ---- schema registry ----------------------------------------------------------------------
+
+    @property
+    def schema_registry(self) -> RegistryOverGrpc:
+        """The cluster's schema registry over gRPC (the calls of Confluent's REST API, by the
+        registry's own names): `register_schema`, `schema_by_id`, `subjects`,
+        `subject_versions`, `subject_version`, `test_compatibility`, `compatibility_level`,
+        `set_compatibility_level`, `delete_schema_version`, `delete_subject`. Refusals raise
+        `deltabus.schemas.SchemaRegistryError` with Confluent's error code."""
+        return RegistryOverGrpc(lambda method, request: self._client.call_any(method, request))
 
     # ---- records ------------------------------------------------------------------------------
 

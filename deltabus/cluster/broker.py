@@ -51,6 +51,7 @@ from deltabus.cluster.handler import (
     FetchSpec,
     LogDirDescription,
     ReplicaDescription,
+    SchemaRegistryHandler,
 )
 from deltabus.cluster.metadata_loader import MetadataLoader
 from deltabus.cluster.partition import Partition
@@ -758,6 +759,12 @@ class Broker:
         """From this broker's metadata, as a KRaft broker answers it: the ACLs it authorizes
         with, not only what the controller decided."""
         return describe_acls(self._image.acls, acl_filter)
+
+    @property
+    def schema_registry(self) -> SchemaRegistryHandler:
+        """The controller's registry: every call forwarded, so a broker never answers from a
+        registry state behind the controller's."""
+        return self._controller.schema_registry
 
     def alter_client_quotas(self, alterations: list[QuotaAlteration], *,
                             validate_only: bool) -> list[errors.DeltaBusError | None]:

@@ -1149,6 +1149,10 @@ class ControllerHandler:
         self._controller = controller
         self.endpoint: BrokerEndpoint | None = None  # set once the server is bound
 
+    @property
+    def schema_registry(self) -> SchemaRegistry:
+        return self._controller.schema_registry
+
     def find_coordinator(self, group_id: str) -> BrokerEndpoint:
         """Groups are coordinated here, beside the controller."""
         if self.endpoint is None:

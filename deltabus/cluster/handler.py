@@ -213,6 +213,11 @@ class DeltaBusHandler(Protocol):
         user's credential for `mechanism` in this server's metadata, None when it has none."""
         ...
 
+    @property
+    def schema_registry(self) -> SchemaRegistryHandler:
+        """The schema registry, the controller's (a broker forwards every call to it)."""
+        ...
+
     def authorizer(self) -> Authorizer | None:
         """What the doors check every request against (`rpc.access`): the cluster's ACLs in
         this server's metadata, or None when the cluster runs without an authorizer."""

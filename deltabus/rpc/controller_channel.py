@@ -39,6 +39,7 @@ from deltabus.rpc import codec
 from deltabus.rpc.access import requester
 from deltabus.rpc.channel import open_channel
 from deltabus.rpc.inter_broker import credential_metadata, forwarded_for
+from deltabus.rpc.schema_codec import RegistryOverGrpc
 from deltabus.rpc.status import error_from_rpc
 from deltabus.rpc.tls import grpc_peer_credentials
 from deltabus.rpc.v1 import deltabus_pb2 as pb
@@ -227,6 +228,11 @@ class ControllerChannel:
         return codec.alter_client_quotas_results(self._admin_call(
             "AlterClientQuotas", codec.alter_client_quotas_request(alterations, validate_only),
             cfg.ADMIN_TIMEOUT_MS_DEFAULT + ADMIN_TIMEOUT_SLACK_MS))
+
+    @property
+    def schema_registry(self) -> RegistryOverGrpc:
+        """The controller's schema registry, each call forwarded on the caller's behalf."""
+        return RegistryOverGrpc(self._admin_call)
 
     def _admin_call(self, method: str, request: Any, timeout_ms: int | None = None) -> Any:
         """One forwarded call, on behalf of the client whose request this broker is answering

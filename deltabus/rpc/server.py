@@ -61,6 +61,7 @@ from deltabus.rpc.request_limits import (
     duplicate_error,
     duplicates,
 )
+from deltabus.rpc.schema_servicer import SchemaServicerMixin
 from deltabus.rpc.tls import grpc_server_credentials
 from deltabus.rpc.txn_servicer import TxnServicerMixin
 from deltabus.rpc.v1 import deltabus_pb2 as pb
@@ -139,7 +140,7 @@ def _put_records(entry: pb.FetchPartitionResponse, result: FetchResult, budget: 
 
 
 class DeltaBusServicer(GroupServicerMixin, AclServicerMixin, TxnServicerMixin,
-                       pb_grpc.DeltaBusServicer):
+                       SchemaServicerMixin, pb_grpc.DeltaBusServicer):
     def __init__(self, handler: DeltaBusHandler, groups: GroupCoordinator | None = None,
                  listener: str = "", long_polls_max: int = 32,
                  transactions: TransactionHandler | None = None) -> None:

@@ -1713,3 +1713,169 @@ class EndTxnResponse(_message.Message):
     error_code: int
     error_message: str
     def __init__(self, error_code: _Optional[int] = ..., error_message: _Optional[str] = ...) -> None: ...
+
+class SchemaReference(_message.Message):
+    __slots__ = ("name", "subject", "version")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SUBJECT_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    subject: str
+    version: int
+    def __init__(self, name: _Optional[str] = ..., subject: _Optional[str] = ..., version: _Optional[int] = ...) -> None: ...
+
+class RegisteredSchema(_message.Message):
+    __slots__ = ("subject", "version", "id", "schema_type", "schema", "references", "deleted")
+    SUBJECT_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_TYPE_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_FIELD_NUMBER: _ClassVar[int]
+    REFERENCES_FIELD_NUMBER: _ClassVar[int]
+    DELETED_FIELD_NUMBER: _ClassVar[int]
+    subject: str
+    version: int
+    id: int
+    schema_type: str
+    schema: str
+    references: _containers.RepeatedCompositeFieldContainer[SchemaReference]
+    deleted: bool
+    def __init__(self, subject: _Optional[str] = ..., version: _Optional[int] = ..., id: _Optional[int] = ..., schema_type: _Optional[str] = ..., schema: _Optional[str] = ..., references: _Optional[_Iterable[_Union[SchemaReference, _Mapping]]] = ..., deleted: _Optional[bool] = ...) -> None: ...
+
+class RegisterSchemaRequest(_message.Message):
+    __slots__ = ("subject", "schema_type", "schema", "references", "lookup_only", "deleted")
+    SUBJECT_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_TYPE_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_FIELD_NUMBER: _ClassVar[int]
+    REFERENCES_FIELD_NUMBER: _ClassVar[int]
+    LOOKUP_ONLY_FIELD_NUMBER: _ClassVar[int]
+    DELETED_FIELD_NUMBER: _ClassVar[int]
+    subject: str
+    schema_type: str
+    schema: str
+    references: _containers.RepeatedCompositeFieldContainer[SchemaReference]
+    lookup_only: bool
+    deleted: bool
+    def __init__(self, subject: _Optional[str] = ..., schema_type: _Optional[str] = ..., schema: _Optional[str] = ..., references: _Optional[_Iterable[_Union[SchemaReference, _Mapping]]] = ..., lookup_only: _Optional[bool] = ..., deleted: _Optional[bool] = ...) -> None: ...
+
+class GetSchemaRequest(_message.Message):
+    __slots__ = ("id", "subject", "version", "deleted", "format")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    SUBJECT_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    DELETED_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    subject: str
+    version: int
+    deleted: bool
+    format: str
+    def __init__(self, id: _Optional[int] = ..., subject: _Optional[str] = ..., version: _Optional[int] = ..., deleted: _Optional[bool] = ..., format: _Optional[str] = ...) -> None: ...
+
+class SchemaResponse(_message.Message):
+    __slots__ = ("error_code", "error_message", "schema")
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_FIELD_NUMBER: _ClassVar[int]
+    error_code: int
+    error_message: str
+    schema: RegisteredSchema
+    def __init__(self, error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., schema: _Optional[_Union[RegisteredSchema, _Mapping]] = ...) -> None: ...
+
+class ListSchemasRequest(_message.Message):
+    __slots__ = ("subject", "id", "deleted", "subject_prefix", "referenced_by", "version")
+    SUBJECT_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    DELETED_FIELD_NUMBER: _ClassVar[int]
+    SUBJECT_PREFIX_FIELD_NUMBER: _ClassVar[int]
+    REFERENCED_BY_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    subject: str
+    id: int
+    deleted: bool
+    subject_prefix: str
+    referenced_by: bool
+    version: int
+    def __init__(self, subject: _Optional[str] = ..., id: _Optional[int] = ..., deleted: _Optional[bool] = ..., subject_prefix: _Optional[str] = ..., referenced_by: _Optional[bool] = ..., version: _Optional[int] = ...) -> None: ...
+
+class ListSchemasResponse(_message.Message):
+    __slots__ = ("error_code", "error_message", "subjects", "versions", "ids")
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    SUBJECTS_FIELD_NUMBER: _ClassVar[int]
+    VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    error_code: int
+    error_message: str
+    subjects: _containers.RepeatedScalarFieldContainer[str]
+    versions: _containers.RepeatedCompositeFieldContainer[RegisteredSchema]
+    ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., subjects: _Optional[_Iterable[str]] = ..., versions: _Optional[_Iterable[_Union[RegisteredSchema, _Mapping]]] = ..., ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class DeleteSchemasRequest(_message.Message):
+    __slots__ = ("subject", "version", "permanent")
+    SUBJECT_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    PERMANENT_FIELD_NUMBER: _ClassVar[int]
+    subject: str
+    version: int
+    permanent: bool
+    def __init__(self, subject: _Optional[str] = ..., version: _Optional[int] = ..., permanent: _Optional[bool] = ...) -> None: ...
+
+class DeleteSchemasResponse(_message.Message):
+    __slots__ = ("error_code", "error_message", "versions")
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    error_code: int
+    error_message: str
+    versions: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., versions: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class TestSchemaCompatibilityRequest(_message.Message):
+    __slots__ = ("subject", "version", "schema_type", "schema", "references")
+    SUBJECT_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_TYPE_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_FIELD_NUMBER: _ClassVar[int]
+    REFERENCES_FIELD_NUMBER: _ClassVar[int]
+    subject: str
+    version: int
+    schema_type: str
+    schema: str
+    references: _containers.RepeatedCompositeFieldContainer[SchemaReference]
+    def __init__(self, subject: _Optional[str] = ..., version: _Optional[int] = ..., schema_type: _Optional[str] = ..., schema: _Optional[str] = ..., references: _Optional[_Iterable[_Union[SchemaReference, _Mapping]]] = ...) -> None: ...
+
+class TestSchemaCompatibilityResponse(_message.Message):
+    __slots__ = ("error_code", "error_message", "is_compatible", "messages")
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    IS_COMPATIBLE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    error_code: int
+    error_message: str
+    is_compatible: bool
+    messages: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., is_compatible: _Optional[bool] = ..., messages: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class SchemaCompatibilityRequest(_message.Message):
+    __slots__ = ("subject", "level", "remove", "default_to_global")
+    SUBJECT_FIELD_NUMBER: _ClassVar[int]
+    LEVEL_FIELD_NUMBER: _ClassVar[int]
+    REMOVE_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_TO_GLOBAL_FIELD_NUMBER: _ClassVar[int]
+    subject: str
+    level: str
+    remove: bool
+    default_to_global: bool
+    def __init__(self, subject: _Optional[str] = ..., level: _Optional[str] = ..., remove: _Optional[bool] = ..., default_to_global: _Optional[bool] = ...) -> None: ...
+
+class SchemaCompatibilityResponse(_message.Message):
+    __slots__ = ("error_code", "error_message", "level")
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    LEVEL_FIELD_NUMBER: _ClassVar[int]
+    error_code: int
+    error_message: str
+    level: str
+    def __init__(self, error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., level: _Optional[str] = ...) -> None: ...

@@ -144,6 +144,36 @@ class DeltaBusStub:
                 request_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DescribeClientQuotasRequest.SerializeToString,
                 response_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DescribeClientQuotasResponse.FromString,
                 _registered_method=True)
+        self.RegisterSchema = channel.unary_unary(
+                '/deltabus.v1.DeltaBus/RegisterSchema',
+                request_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.RegisterSchemaRequest.SerializeToString,
+                response_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.SchemaResponse.FromString,
+                _registered_method=True)
+        self.GetSchema = channel.unary_unary(
+                '/deltabus.v1.DeltaBus/GetSchema',
+                request_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.GetSchemaRequest.SerializeToString,
+                response_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.SchemaResponse.FromString,
+                _registered_method=True)
+        self.ListSchemas = channel.unary_unary(
+                '/deltabus.v1.DeltaBus/ListSchemas',
+                request_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.ListSchemasRequest.SerializeToString,
+                response_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.ListSchemasResponse.FromString,
+                _registered_method=True)
+        self.DeleteSchemas = channel.unary_unary(
+                '/deltabus.v1.DeltaBus/DeleteSchemas',
+                request_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DeleteSchemasRequest.SerializeToString,
+                response_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DeleteSchemasResponse.FromString,
+                _registered_method=True)
+        self.TestSchemaCompatibility = channel.unary_unary(
+                '/deltabus.v1.DeltaBus/TestSchemaCompatibility',
+                request_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.TestSchemaCompatibilityRequest.SerializeToString,
+                response_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.TestSchemaCompatibilityResponse.FromString,
+                _registered_method=True)
+        self.SchemaCompatibility = channel.unary_unary(
+                '/deltabus.v1.DeltaBus/SchemaCompatibility',
+                request_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.SchemaCompatibilityRequest.SerializeToString,
+                response_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.SchemaCompatibilityResponse.FromString,
+                _registered_method=True)
         self.FindCoordinator = channel.unary_unary(
                 '/deltabus.v1.DeltaBus/FindCoordinator',
                 request_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.FindCoordinatorRequest.SerializeToString,
@@ -387,6 +417,47 @@ class DeltaBusServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RegisterSchema(self, request, context):
+        """The schema registry (Confluent Schema Registry's operations; its REST API is served by the
+        driver too): subjects, versions, schemas by id, compatibility levels, kept in the
+        controller's metadata log. Brokers forward every call to the controller. A refusal carries
+        Confluent's error code (40401 subject not found, 409 incompatible, 42201 invalid schema,
+        ...) in `error_code`, and is never a gRPC error.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetSchema(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListSchemas(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteSchemas(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def TestSchemaCompatibility(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SchemaCompatibility(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def FindCoordinator(self, request, context):
         """Consumer groups (Kafka's classic group protocol). FindCoordinator names the server that
         coordinates a group; the other calls go there. JoinGroup and SyncGroup are long polls that
@@ -602,6 +673,36 @@ def add_DeltaBusServicer_to_server(servicer, server):
                     servicer.DescribeClientQuotas,
                     request_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DescribeClientQuotasRequest.FromString,
                     response_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DescribeClientQuotasResponse.SerializeToString,
+            ),
+            'RegisterSchema': grpc.unary_unary_rpc_method_handler(
+                    servicer.RegisterSchema,
+                    request_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.RegisterSchemaRequest.FromString,
+                    response_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.SchemaResponse.SerializeToString,
+            ),
+            'GetSchema': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetSchema,
+                    request_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.GetSchemaRequest.FromString,
+                    response_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.SchemaResponse.SerializeToString,
+            ),
+            'ListSchemas': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListSchemas,
+                    request_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.ListSchemasRequest.FromString,
+                    response_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.ListSchemasResponse.SerializeToString,
+            ),
+            'DeleteSchemas': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteSchemas,
+                    request_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DeleteSchemasRequest.FromString,
+                    response_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DeleteSchemasResponse.SerializeToString,
+            ),
+            'TestSchemaCompatibility': grpc.unary_unary_rpc_method_handler(
+                    servicer.TestSchemaCompatibility,
+                    request_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.TestSchemaCompatibilityRequest.FromString,
+                    response_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.TestSchemaCompatibilityResponse.SerializeToString,
+            ),
+            'SchemaCompatibility': grpc.unary_unary_rpc_method_handler(
+                    servicer.SchemaCompatibility,
+                    request_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.SchemaCompatibilityRequest.FromString,
+                    response_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.SchemaCompatibilityResponse.SerializeToString,
             ),
             'FindCoordinator': grpc.unary_unary_rpc_method_handler(
                     servicer.FindCoordinator,
@@ -1278,6 +1379,168 @@ class DeltaBus:
             '/deltabus.v1.DeltaBus/DescribeClientQuotas',
             deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DescribeClientQuotasRequest.SerializeToString,
             deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DescribeClientQuotasResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RegisterSchema(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/deltabus.v1.DeltaBus/RegisterSchema',
+            deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.RegisterSchemaRequest.SerializeToString,
+            deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.SchemaResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetSchema(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/deltabus.v1.DeltaBus/GetSchema',
+            deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.GetSchemaRequest.SerializeToString,
+            deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.SchemaResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListSchemas(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/deltabus.v1.DeltaBus/ListSchemas',
+            deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.ListSchemasRequest.SerializeToString,
+            deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.ListSchemasResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteSchemas(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/deltabus.v1.DeltaBus/DeleteSchemas',
+            deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DeleteSchemasRequest.SerializeToString,
+            deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DeleteSchemasResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TestSchemaCompatibility(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/deltabus.v1.DeltaBus/TestSchemaCompatibility',
+            deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.TestSchemaCompatibilityRequest.SerializeToString,
+            deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.TestSchemaCompatibilityResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SchemaCompatibility(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/deltabus.v1.DeltaBus/SchemaCompatibility',
+            deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.SchemaCompatibilityRequest.SerializeToString,
+            deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.SchemaCompatibilityResponse.FromString,
             options,
             channel_credentials,
             insecure,
