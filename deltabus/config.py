@@ -55,6 +55,10 @@ PRODUCE_TIMEOUT_MS_DEFAULT = 30_000
 # How long a leader waits for its metadata to show a transactional producer's partition added to
 # its transaction (the coordinator's record) before refusing its batch with INVALID_TXN_STATE.
 TXN_VERIFY_WAIT_MS = 5_000
+# A produce to a topic with schema validation that names a schema this broker's metadata does
+# not hold yet, but the controller's registry does (registered a moment ago), waits this long
+# for the metadata to bring it.
+SCHEMA_METADATA_WAIT_MS = 10_000
 # CreateTopics, DeleteTopics and CreatePartitions that do not say how long to wait for the brokers
 # to learn of the change wait this long (Kafka's admin request.timeout.ms default).
 ADMIN_TIMEOUT_MS_DEFAULT = 30_000
@@ -164,6 +168,10 @@ class TopicConfig:
     min_insync_replicas: int = 1
     # Elect a replica outside the ISR when no in-sync one is alive (may lose acknowledged data).
     unclean_leader_election_enable: bool = False
+    # Confluent Server's broker-side schema validation (TopicNameStrategy subjects): every
+    # record's key or value must carry a schema id of its subject and decode with that schema.
+    key_schema_validation: bool = False
+    value_schema_validation: bool = False
 
     @property
     def deletes(self) -> bool:
@@ -198,6 +206,14 @@ TOPIC_CONFIGS: dict[str, ConfigDef] = {d.name: d for d in (
     ConfigDef("cleanup.policy", "cleanup_policy", "LIST", "log.cleanup.policy",
               "delete: remove records past retention; compact: keep the latest record per key",
               choices=("compact", "delete")),
+    ConfigDef("confluent.key.schema.validation", "key_schema_validation", "BOOLEAN",
+              "confluent.key.schema.validation",
+              "refuse (INVALID_RECORD) a record whose key is not in the registry's wire format "
+              "with a schema of subject <topic>-key, or does not decode with it"),
+    ConfigDef("confluent.value.schema.validation", "value_schema_validation", "BOOLEAN",
+              "confluent.value.schema.validation",
+              "refuse (INVALID_RECORD) a record whose value is not in the registry's wire "
+              "format with a schema of subject <topic>-value, or does not decode with it"),
     ConfigDef("compression.type", "compression_type", "STRING", "compression.type",
               "the codec fetch answers compress record batches with (producer, uncompressed: "
               "none, as they are stored)",

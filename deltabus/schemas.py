@@ -19,7 +19,7 @@ import enum
 import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 MAGIC_BYTE = 0
 WIRE_HEADER = struct.Struct(">bI")  # Confluent's wire format: magic byte 0, schema id (4 bytes)
@@ -118,6 +118,19 @@ def parse(schema_type: SchemaType, text: str, references: Mapping[str, str]) -> 
         return parse_json_schema(text, references)
     from deltabus.schema_protobuf import parse_protobuf
     return parse_protobuf(text, references)
+
+
+def decode(schema: ParsedSchema, payloads: Sequence[bytes]) -> Any:
+    """Records encoded with `schema` (each without the wire header) as a pyarrow Table of
+    its typed columns; raises ValueError naming the first record that does not decode."""
+    if schema.schema_type == SchemaType.AVRO:
+        from deltabus.schema_avro import decode_avro
+        return decode_avro(schema, payloads)  # type: ignore[arg-type]
+    if schema.schema_type == SchemaType.JSON:
+        from deltabus.schema_json import decode_json
+        return decode_json(schema, payloads)  # type: ignore[arg-type]
+    from deltabus.schema_protobuf import decode_protobuf
+    return decode_protobuf(schema, payloads)  # type: ignore[arg-type]
 
 
 def check_compatibility(level: Compatibility, new: ParsedSchema,

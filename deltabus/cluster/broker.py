@@ -20,13 +20,14 @@ Invariants:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -57,6 +58,7 @@ from deltabus.cluster.metadata_loader import MetadataLoader
 from deltabus.cluster.partition import Partition
 from deltabus.cluster.producer_id_control import issued_to
 from deltabus.cluster.replica_fetcher import ReplicaFetcher
+from deltabus.cluster.schema_registry import check_records
 from deltabus.listeners import GRPC, ListenerBindError
 from deltabus.log_tables.control_records import TxnMarker
 from deltabus.log_tables.layout import log_dir, replica_path
@@ -93,6 +95,7 @@ from deltabus.quotas import (
 from deltabus.records import CREATE_TIME, LOG_APPEND_TIME, ProducerState
 from deltabus.rpc.controller_channel import ControllerChannel
 from deltabus.rpc.leader_endpoint import RemoteLeaderEndpoint
+from deltabus.schemas import ParsedSchema, SchemaRegistryError
 from deltabus.scram import ScramCredential
 
 log = logging.getLogger(__name__)
@@ -515,11 +518,50 @@ class Broker:
                                      timestamp_type=timestamp_type, producer=producer,
                                      max_message_bytes=topic_config.max_message_bytes,
                                      batch_bytes=batch_bytes,
-                                     compacted=topic_config.compacts, timeout_ms=timeout_ms)
+                                     compacted=topic_config.compacts, timeout_ms=timeout_ms,
+                                     validate=self._schema_check(topic, topic_config))
         if acks == 0:
             return appended
         return hosted.acknowledged(appended, leader_epoch, topic_config.min_insync_replicas
                                    if acks == -1 else None)
+
+    def _schema_check(self, topic: str, config: cfg.TopicConfig
+                      ) -> Callable[[pa.Table], None] | None:
+        """The topic's schema validation (confluent.key/value.schema.validation), as the log
+        runs it on a produce batch; None when the topic validates nothing."""
+        fields = [f for f, on in (("key", config.key_schema_validation),
+                                  ("value", config.value_schema_validation)) if on]
+        if not fields:
+            return None
+
+        def check(batch: pa.Table) -> None:
+            for field in fields:
+                subject = f"{topic}-{field}"  # Confluent's TopicNameStrategy
+                check_records(functools.partial(self._schema_of, subject),
+                              subject, batch.column(field).to_pylist(), field, topic)
+        return check
+
+    def _schema_of(self, subject: str, schema_id: int) -> ParsedSchema | None:
+        """The schema a record names, if registered under `subject`. One registered a moment
+        ago may not have reached this broker's metadata yet: if the controller's registry holds
+        it, the metadata that brings it is waited for (SCHEMA_METADATA_WAIT_MS)."""
+        found = self._loader.schema_of(subject, schema_id)
+        if found is not None:
+            return found
+        try:
+            versions = self._controller.schema_registry.schema_versions(schema_id, True)
+        except (SchemaRegistryError, errors.DeltaBusError):
+            return None  # no such id, or no controller to ask: refused as unknown
+        if not any(v.subject == subject for v in versions):
+            return None
+        deadline = time.monotonic() + cfg.SCHEMA_METADATA_WAIT_MS / 1000
+        with self._image_applied:
+            while (found := self._loader.schema_of(subject, schema_id)) is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                self._image_applied.wait(left)
+        return found
 
     def _check_in_transaction(self, topic: str, partition: int, producer_id: int) -> None:
         """A transactional batch's producer must have added the partition to its transaction

@@ -26,7 +26,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from deltabus import schemas
+from deltabus import errors, schemas
 from deltabus.cluster.metadata_records import (
     ControllerResult,
     MetadataRecord,
@@ -433,3 +433,40 @@ class SchemaRegistry:
 
     def set_compatibility_level(self, subject: str, level: str | None) -> Compatibility:
         return self._write(lambda s: set_compatibility(s, subject, level))
+
+
+def check_records(schema_of: Callable[[int], ParsedSchema | None], subject: str,
+                  payloads: Sequence[bytes | None], what: str, where: str) -> None:
+    """Confluent Server's schema validation of a batch's keys or values (`what`): each one
+    present must start with the registry's wire header, name a schema registered under
+    `subject` (`schema_of` gives it, None when the id is not the subject's), and decode with
+    it. Raises INVALID_RECORD naming the first record that does not; a null one (a tombstone,
+    no key) passes. Records are decoded a schema at a time, together."""
+    by_id: dict[int, list[tuple[int, bytes]]] = {}
+    for i, data in enumerate(payloads):
+        if data is None:
+            continue
+        try:
+            schema_id, body = schemas.split_wire(data)
+        except ValueError:
+            raise errors.InvalidRecordError(
+                f"record {i} of the batch to {where}: its {what} does not start with the "
+                f"schema registry's magic byte and a schema id") from None
+        by_id.setdefault(schema_id, []).append((i, bytes(body)))
+    for schema_id, items in by_id.items():
+        schema = schema_of(schema_id)
+        if schema is None:
+            raise errors.InvalidRecordError(
+                f"record {items[0][0]} of the batch to {where}: its {what}'s schema id "
+                f"{schema_id} is not registered under subject {subject}")
+        try:
+            schemas.decode(schema, [body for _, body in items])
+        except ValueError:
+            for i, one in items:  # which one: the error path alone decodes one by one
+                try:
+                    schemas.decode(schema, [one])
+                except ValueError as e:
+                    raise errors.InvalidRecordError(
+                        f"record {i} of the batch to {where}: its {what} does not match "
+                        f"schema id {schema_id} of subject {subject}: {e}") from None
+            raise

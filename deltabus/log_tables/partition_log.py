@@ -196,6 +196,7 @@ class PartitionLog:
         batch_bytes: int | None = None,
         compacted: bool = False,
         timeout_ms: int | None = None,
+        validate: Callable[[pa.Table], None] | None = None,
     ) -> Future[AppendResult]:
         """Queue a produce batch (PRODUCE_SCHEMA's columns, or a subset `normalize_produce`
         completes) for the next group commit; the future resolves once the Delta commit holding
@@ -215,10 +216,13 @@ class PartitionLog:
         `max_message_bytes` limits each record batch, as Kafka does: its size as the client sent
         it (`batch_bytes`, a Kafka client's record batch, compressed or not) or else the size of
         each Arrow record batch of `batch` as an uncompressed record batch of its records
-        (`records.largest_batch_bytes`: a bulk produce entry holds many).
+        (`records.largest_batch_bytes`: a bulk produce entry holds many). `validate` checks the
+        records further (a topic's schema validation): it raises INVALID_RECORD, a refusal like
+        the others.
         """
         # Outside the lock; a refusal is raised once the sequence numbers are taken.
-        batch, refusal = self._checked(batch, max_message_bytes, batch_bytes, compacted)
+        batch, refusal = self._checked(batch, max_message_bytes, batch_bytes, compacted,
+                                       validate)
         future: Future[AppendResult] = Future()
         item = PendingAppend(batch, batch.nbytes, leader_epoch, timestamp_type, producer, future,
                              queued_ns=trace.now_ns() if self._traced else 0)
@@ -258,7 +262,8 @@ class PartitionLog:
             self._lock.wait(left)
 
     def _checked(self, batch: pa.Table, max_message_bytes: int | None, batch_bytes: int | None,
-                 compacted: bool) -> tuple[pa.Table, errors.DeltaBusError | None]:
+                 compacted: bool, validate: Callable[[pa.Table], None] | None = None
+                 ) -> tuple[pa.Table, errors.DeltaBusError | None]:
         """The batch normalised, and why it is refused (None: it is not). The size a batch's
         record count implies is checked before normalising, which allocates per record."""
         try:
@@ -281,6 +286,8 @@ class PartitionLog:
                 raise errors.InvalidRecordError(
                     f"Compacted topic cannot accept message without key in topic partition "
                     f"{self._name}.")
+            if validate is not None:
+                validate(batch)
         except errors.DeltaBusError as e:
             return batch, e
         return batch, None

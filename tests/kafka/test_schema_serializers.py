@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Consumer as KafkaConsumer
+from confluent_kafka import KafkaError
 from confluent_kafka import Producer as KafkaProducer
-from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerializer
 from confluent_kafka.schema_registry.json_schema import JSONDeserializer, JSONSerializer
 from confluent_kafka.schema_registry.protobuf import ProtobufDeserializer, ProtobufSerializer
@@ -23,7 +24,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 from deltabus import AdminClient, NewTopic
 from deltabus.rpc.schema_registry_http import SchemaRegistryServer
-from deltabus.schemas import split_wire
+from deltabus.schemas import split_wire, wire_header
 
 PAYMENT_AVRO = json.dumps({
     "type": "record", "name": "Payment", "namespace": "shop",
@@ -127,3 +128,39 @@ def test_protobuf_serializer_registers_and_the_deserializer_reads_by_id(
     registered = client.get_latest_version(f"{topic_name}-value")
     assert registered.schema.schema_type == "PROTOBUF"
     assert "message Payment" in registered.schema.schema_str  # the .proto text, by default
+
+
+def test_a_validating_topic_refuses_a_record_its_schema_does_not_read_and_writes_nothing(
+        cluster, registry_url, topic_name) -> None:
+    """confluent.value.schema.validation=true, as on Confluent Server: a record whose value is
+    not in the wire format, names a schema id of another subject, or does not decode with its
+    schema is refused INVALID_RECORD with nothing of its batch written; serializer output is
+    taken, including a schema registered the moment before (the broker's metadata catches up)."""
+    client = SchemaRegistryClient({"url": registry_url})
+    with AdminClient(cluster.bootstrap_servers) as admin:
+        admin.create_topics([NewTopic(topic_name, 1, 1, configs={
+            "confluent.value.schema.validation": "true"})])
+    other = client.register_schema(f"{topic_name}-other-value", Schema(
+        json.dumps({"type": "record", "name": "Other", "fields": []}), "AVRO"))
+    context = SerializationContext(topic_name, MessageField.VALUE)
+    good = AvroSerializer(client, PAYMENT_AVRO)(PAYMENTS[0], context)  # registers it now
+    schema_id, _ = split_wire(good)
+    refused = {
+        "no wire header": b"plain text",
+        "another subject's id": wire_header(other) + b"",
+        "a body its schema cannot read": wire_header(schema_id) + b"\x01",
+    }
+    producer = KafkaProducer({"bootstrap.servers": cluster.kafka_bootstrap_servers,
+                              "acks": "all", "retries": 0})
+    errors: dict[str, Any] = {}
+    for why, value in refused.items():
+        producer.produce(topic_name, value, partition=0,
+                         on_delivery=lambda e, _m, why=why: errors.__setitem__(why, e))
+        producer.flush(60)
+    assert {why: e.code() for why, e in errors.items()} == {
+        why: KafkaError.INVALID_RECORD for why in refused}
+    delivered: list[Any] = []
+    producer.produce(topic_name, good, partition=0,
+                     on_delivery=lambda e, m: delivered.append((e, m.offset())))
+    producer.flush(60)
+    assert delivered == [(None, 0)]  # the first record written: nothing refused was
