@@ -172,6 +172,9 @@ class TopicConfig:
     # record's key or value must carry a schema id of its subject and decode with that schema.
     key_schema_validation: bool = False
     value_schema_validation: bool = False
+    # A typed topic (deltabus): its values' subject ("": untyped); implies value validation
+    # against that subject, and the tables keep the decoded values (records.VALUE_FIELDS).
+    value_schema_subject: str = ""
 
     @property
     def deletes(self) -> bool:
@@ -214,6 +217,10 @@ TOPIC_CONFIGS: dict[str, ConfigDef] = {d.name: d for d in (
               "confluent.value.schema.validation",
               "refuse (INVALID_RECORD) a record whose value is not in the registry's wire "
               "format with a schema of subject <topic>-value, or does not decode with it"),
+    ConfigDef("value.schema.subject", "value_schema_subject", "STRING", "value.schema.subject",
+              "a typed topic: the schema registry subject its values are written with; every "
+              "record must decode with a schema of it, and the partition tables hold the "
+              "decoded values as typed columns (value_fields) beside the raw bytes"),
     ConfigDef("compression.type", "compression_type", "STRING", "compression.type",
               "the codec fetch answers compress record batches with (producer, uncompressed: "
               "none, as they are stored)",

@@ -46,6 +46,10 @@ LOG_SCHEMA = pa.schema([
 ])
 
 # What a producer may send; only `value` is required.
+# A typed topic's partition tables carry each record's decoded value in this struct column,
+# beside the raw bytes (the topic config value.schema.subject names the schema's subject).
+VALUE_FIELDS = "value_fields"
+
 PRODUCE_SCHEMA = pa.schema([
     pa.field("key", pa.binary()),
     pa.field("value", pa.binary()),
@@ -325,6 +329,7 @@ class ProducedBatch(NamedTuple):
     leader_epoch: int
     timestamp_type: int = CREATE_TIME
     producer: ProducerState = ProducerState()
+    value_fields: pa.Array | None = None  # a typed topic's decoded values (a struct each)
 
 
 def to_log_batch(
@@ -381,7 +386,20 @@ def to_log_group(produced: Sequence[ProducedBatch], *, base_offset: int,
         pa.array(sequence.astype(np.int32)),
         pa.array(each([p.leader_epoch for p in produced], np.int32)),
     ]
-    return pa.Table.from_arrays(columns, schema=LOG_SCHEMA)
+    table = pa.Table.from_arrays(columns, schema=LOG_SCHEMA)
+    if any(p.value_fields is not None for p in produced):
+        table = table.append_column(VALUE_FIELDS, typed_values(produced, counts))
+    return table
+
+
+def typed_values(produced: Sequence[ProducedBatch], counts: np.ndarray) -> pa.Array:
+    """The group's `value_fields` column: each batch's decoded values, their struct types
+    unified (records written with different versions of a schema: missing fields are null),
+    null for a batch that has none."""
+    parts = [pa.table({VALUE_FIELDS: p.value_fields if p.value_fields is not None
+                       else pa.nulls(int(n))}) for p, n in zip(produced, counts, strict=True)]
+    column = pa.concat_tables(parts, promote_options="permissive").column(VALUE_FIELDS)
+    return column.combine_chunks()
 
 
 def to_ipc_batches(tables: Sequence[pa.Table]) -> bytes:

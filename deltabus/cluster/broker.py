@@ -526,19 +526,27 @@ class Broker:
                                    if acks == -1 else None)
 
     def _schema_check(self, topic: str, config: cfg.TopicConfig
-                      ) -> Callable[[pa.Table], None] | None:
-        """The topic's schema validation (confluent.key/value.schema.validation), as the log
-        runs it on a produce batch; None when the topic validates nothing."""
-        fields = [f for f, on in (("key", config.key_schema_validation),
-                                  ("value", config.value_schema_validation)) if on]
-        if not fields:
+                      ) -> Callable[[pa.Table], pa.Array | None] | None:
+        """The topic's schema validation (confluent.key/value.schema.validation, and a typed
+        topic's value.schema.subject), as the log runs it on a produce batch: it returns a
+        typed topic's decoded values. None when the topic validates nothing."""
+        checks = [(f, f"{topic}-{f}") for f, on in (  # Confluent's TopicNameStrategy
+            ("key", config.key_schema_validation),
+            ("value", config.value_schema_validation)) if on]
+        typed = config.value_schema_subject
+        if typed:
+            checks.append(("value", typed))
+        if not checks:
             return None
 
-        def check(batch: pa.Table) -> None:
-            for field in fields:
-                subject = f"{topic}-{field}"  # Confluent's TopicNameStrategy
-                check_records(functools.partial(self._schema_of, subject),
-                              subject, batch.column(field).to_pylist(), field, topic)
+        def check(batch: pa.Table) -> pa.Array | None:
+            fields = None
+            for field, subject in checks:
+                decoded = check_records(functools.partial(self._schema_of, subject), subject,
+                                        batch.column(field).to_pylist(), field, topic)
+                if field == "value" and subject == typed:
+                    fields = decoded
+            return fields
         return check
 
     def _schema_of(self, subject: str, schema_id: int) -> ParsedSchema | None:

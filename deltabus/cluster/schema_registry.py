@@ -26,6 +26,9 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
+import numpy as np
+import pyarrow as pa
+
 from deltabus import errors, schemas
 from deltabus.cluster.metadata_records import (
     ControllerResult,
@@ -436,13 +439,16 @@ class SchemaRegistry:
 
 
 def check_records(schema_of: Callable[[int], ParsedSchema | None], subject: str,
-                  payloads: Sequence[bytes | None], what: str, where: str) -> None:
+                  payloads: Sequence[bytes | None], what: str, where: str) -> pa.Array:
     """Confluent Server's schema validation of a batch's keys or values (`what`): each one
     present must start with the registry's wire header, name a schema registered under
     `subject` (`schema_of` gives it, None when the id is not the subject's), and decode with
     it. Raises INVALID_RECORD naming the first record that does not; a null one (a tombstone,
-    no key) passes. Records are decoded a schema at a time, together."""
+    no key) passes. Records are decoded a schema at a time, together. Returns what they
+    decode to, a struct per record in batch order (null for a null one): a typed topic's
+    `value_fields`."""
     by_id: dict[int, list[tuple[int, bytes]]] = {}
+    decoded: list[tuple[list[int], pa.Table]] = []
     for i, data in enumerate(payloads):
         if data is None:
             continue
@@ -460,7 +466,8 @@ def check_records(schema_of: Callable[[int], ParsedSchema | None], subject: str,
                 f"record {items[0][0]} of the batch to {where}: its {what}'s schema id "
                 f"{schema_id} is not registered under subject {subject}")
         try:
-            schemas.decode(schema, [body for _, body in items])
+            decoded.append(([i for i, _ in items],
+                            schemas.decode(schema, [body for _, body in items])))
         except ValueError:
             for i, one in items:  # which one: the error path alone decodes one by one
                 try:
@@ -470,3 +477,21 @@ def check_records(schema_of: Callable[[int], ParsedSchema | None], subject: str,
                         f"record {i} of the batch to {where}: its {what} does not match "
                         f"schema id {schema_id} of subject {subject}: {e}") from None
             raise
+    return in_batch_order(decoded, len(payloads))
+
+
+def in_batch_order(decoded: Sequence[tuple[list[int], pa.Table]], count: int) -> pa.Array:
+    """One struct column of `count` records from the tables decoded a schema at a time (each
+    with the records' places in the batch): their struct types unified (versions of a schema
+    differ in fields), null where a record has no table."""
+    parts = [pa.table({"v": pa.StructArray.from_arrays(
+        [c.combine_chunks() for c in t.columns], fields=list(t.schema))}) for _, t in decoded]
+    places = [i for indexes, _ in decoded for i in indexes]
+    missing = sorted(set(range(count)) - set(places))
+    if missing:
+        parts.append(pa.table({"v": pa.nulls(len(missing))}))
+        places += missing
+    if not parts:
+        return pa.nulls(count)
+    column = pa.concat_tables(parts, promote_options="permissive").column("v").combine_chunks()
+    return column.take(pa.array(np.argsort(places)))

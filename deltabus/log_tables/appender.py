@@ -43,6 +43,7 @@ from deltabus.config import LogConfig
 from deltabus.log_tables.delta_writes import (
     APPEND_COMMIT_RETRIES,
     commit_properties,
+    log_table_schema,
     writer_properties,
 )
 from deltabus.log_tables.log_reader import LOG_START_TXN_APP_ID, data_files
@@ -80,6 +81,7 @@ class PendingAppend:
     copied: bool = False  # a follower's copy of the leader's records
     fetch_offset: int = -1  # a copy: the offset the leader read it from (-1: its first)
     queued_ns: int = 0  # when it was queued, for the latency trace (deltabus.trace)
+    value_fields: pa.Array | None = None  # a typed topic's decoded values (records.VALUE_FIELDS)
 
 
 @dataclass
@@ -92,6 +94,8 @@ class PendingFiles:
     future: Future[AppendResult]
     nbytes: int = 0
     queued_ns: int = 0  # when the copies were begun, for the latency trace (deltabus.trace)
+    # columns the copies hold beyond the log's (a typed topic's): the table's schema gains them
+    extra_fields: tuple[pa.Field, ...] = ()
 
 
 @dataclass
@@ -218,6 +222,12 @@ class LogAppender:
         self.committing = False  # a group is taken off the queue but not yet committed
         self._head_since = 0.0  # when the queue's head became its head: its linger starts
 
+    @property
+    def _typed(self) -> bool:
+        """The table holds columns beyond the log's (a typed topic's values): every append
+        merges its schema, so a batch without them (a tombstone's) leaves them null."""
+        return len(self.table.schema().fields) > len(LOG_SCHEMA)
+
     def _open(self, create: bool) -> DeltaTable:
         try:
             return DeltaTable(self.path, storage_options=self._storage.delta_options)
@@ -301,10 +311,12 @@ class LogAppender:
 
     # ---- copying files (a follower's request thread) --------------------------------------------
 
-    def copy_in(self, files: list[LogFile]) -> tuple[list[tuple[str, LogFile]], pa.Table]:
+    def copy_in(self, files: list[LogFile]
+                ) -> tuple[list[tuple[str, LogFile]], pa.Table, tuple[pa.Field, ...]]:
         """Copy a leader's data files, byte for byte, into this table's directory (not yet
         part of the table), and read each copy back: (name here, the leader's file) for each,
-        and the copies' offset, epoch and producer columns.
+        the copies' offset, epoch and producer columns, and the columns they hold beyond the
+        log's (a typed topic's values).
 
         A copy that is not what the leader stated (its size, its record count, its first and
         last offsets: a file cut short, a copy torn midway) raises CorruptMessageError, and
@@ -312,12 +324,15 @@ class LogAppender:
         fetcher tries again."""
         copied: list[tuple[str, LogFile]] = []
         read_back = []
+        extra: dict[str, pa.Field] = {}
         try:
             for leader_file in files:
                 name = posixpath.basename(leader_file.uri)
                 copied.append((name, leader_file))
                 self._storage.copy(leader_file.uri, posixpath.join(self.path, name))
-                read_back.append(self._read_back(name, leader_file))
+                records, schema = self._read_back(name, leader_file)
+                read_back.append(records)
+                extra.update((f.name, f) for f in schema if f.name not in LOG_SCHEMA.names)
         except Exception as e:
             self._delete_copies([name for name, _ in copied])
             if isinstance(e, errors.DeltaBusError):
@@ -325,16 +340,17 @@ class LogAppender:
             raise errors.CorruptMessageError(
                 f"a file copied into {self._name} cannot be read back: {type(e).__name__}: "
                 f"{e}") from e
-        return copied, pa.concat_tables(read_back)
+        return copied, pa.concat_tables(read_back), tuple(extra.values())
 
-    def _read_back(self, name: str, leader_file: LogFile) -> pa.Table:
+    def _read_back(self, name: str, leader_file: LogFile) -> tuple[pa.Table, pa.Schema]:
         """The copy's offset, epoch and producer columns, once its size, footer and records
         match what the leader stated (a compacted file's records lie within its stated
         offsets, not at both ends); else CorruptMessageError."""
         location = posixpath.join(self.path, name)
         size = self._storage.size(location)
         with self._storage.open_input(location) as source:
-            records = pq.ParquetFile(source).read(columns=_STATE_COLUMNS)
+            reader = pq.ParquetFile(source)
+            records, schema = reader.read(columns=_STATE_COLUMNS), reader.schema_arrow
         offsets = records.column("offset")
         first, last = pc.min(offsets).as_py(), pc.max(offsets).as_py()
         stated = json.loads(leader_file.stats).get("numRecords")
@@ -346,7 +362,7 @@ class LogAppender:
                 f"{records.num_rows} records, offsets {first}..{last}; the leader stated "
                 f"{leader_file.size_bytes} bytes, {stated} records, offsets "
                 f"{leader_file.base_offset}..{leader_file.last_offset}")
-        return records
+        return records, schema
 
     def _delete_copies(self, names: list[str]) -> None:
         for name in names:
@@ -392,7 +408,8 @@ class LogAppender:
                 results.append((next_offset, next_offset + item.batch.num_rows - 1))
                 next_offset += item.batch.num_rows
             return to_log_group([ProducedBatch(item.batch, item.leader_epoch,
-                                               item.timestamp_type, item.producer)
+                                               item.timestamp_type, item.producer,
+                                               item.value_fields)
                                  for item in group], base_offset=base, now_ms=now_ms), results
         next_offset = base
         parts = []
@@ -408,8 +425,10 @@ class LogAppender:
             last = item.batch.column("offset")[-1].as_py()
             results.append((first, last))
             next_offset = last + 1
-        # One chunk: delta-rs may write the chunks of a table in any order.
-        table = pa.concat_tables(parts).combine_chunks() if len(parts) > 1 else parts[0]
+        # One chunk: delta-rs may write the chunks of a table in any order. Copies of a typed
+        # topic may hold its values in the struct types of several versions: unified.
+        table = (pa.concat_tables(parts, promote_options="permissive").combine_chunks()
+                 if len(parts) > 1 else parts[0])
         return table, results
 
     def _commit_group(self, group: list[PendingAppend], base: int) -> Committed:
@@ -419,10 +438,13 @@ class LogAppender:
             table, results = self._build_group(group, base, now_ms)
             next_offset = results[-1][1] + 1
             built_ns = time.time_ns()  # delta-rs writes the file and the commit in one call
+            typed = table.num_columns > len(LOG_SCHEMA)
             write_deltalake(
                 self.table,
                 table,
                 mode="append",
+                # a typed topic's values evolve the table's schema (new nullable fields)
+                schema_mode="merge" if typed or self._typed else None,
                 commit_properties=self._properties(next_offset, {
                     "deltabus.operation": "copy" if copied else "append",
                     "deltabus.baseOffset": str(base),
@@ -460,7 +482,8 @@ class LogAppender:
             AddAction(name, f.size_bytes, {}, now_ms, True, f.stats) for name, f in item.files]
         try:
             self.table.create_write_transaction(
-                actions, mode="append", schema=LOG_SCHEMA,
+                actions, mode="append",
+                schema=log_table_schema(self.table, item.extra_fields),
                 commit_properties=self._properties(expected, {
                     "deltabus.operation": "copy", "deltabus.baseOffset": str(base),
                     "deltabus.lastOffset": str(expected - 1),
@@ -507,7 +530,7 @@ class LogAppender:
                 files.column("path").to_pylist(), files.column("size_bytes").to_pylist(),
                 strict=True)]
             self.table.create_write_transaction(
-                actions, mode="append", schema=LOG_SCHEMA,
+                actions, mode="append", schema=log_table_schema(self.table),
                 commit_properties=self._properties(offset, {
                     "deltabus.operation": "restart", "deltabus.restartedAt": str(offset)}),
                 post_commithook_properties=_NO_CHECKPOINT_HOOK)
@@ -526,7 +549,7 @@ class LogAppender:
         offset = item.offset
         try:
             self.table.create_write_transaction(
-                [], mode="append", schema=LOG_SCHEMA,
+                [], mode="append", schema=log_table_schema(self.table),
                 commit_properties=commit_properties(
                     {"deltabus.operation": "deleteRecords",
                      "deltabus.logStartOffset": str(offset)},

@@ -48,7 +48,12 @@ from deltalake import DeltaTable, Transaction
 from deltalake.transaction import AddAction, RemoveAction
 
 from deltabus.log_tables.control_records import control_mask
-from deltabus.log_tables.delta_writes import commit_properties, removal_stamp, write_data_file
+from deltabus.log_tables.delta_writes import (
+    commit_properties,
+    log_table_schema,
+    removal_stamp,
+    write_data_file,
+)
 from deltabus.log_tables.log_reader import data_files, leaf_columns, stats_json
 from deltabus.log_tables.transactions import (
     AbortedTxn,
@@ -211,13 +216,14 @@ def compact(table: DeltaTable, *, high_watermark: int, min_lag_ms: int, delete_r
         now_ms=now_ms, delete_retention_ms=delete_retention_ms,
         aborted=(transactions or _transactions(table, storage, ())).aborted)
     stamp = removal_stamp(now_ms, delete_delay_ms)
+    schema = log_table_schema(table)  # a typed table's columns are kept too
     actions: list[AddAction | RemoveAction] = []
     for i, path in enumerate(paths):
         if len(keep) == records.num_rows or pc.all(pc.is_in(scans[i].column("offset"),
                                                             keep)).as_py():
             continue
         row = {name: files.column(name)[i].as_py() for name in files.column_names}
-        data = storage.read_parquet(posixpath.join(base, path), LOG_SCHEMA)
+        data = storage.read_parquet(posixpath.join(base, path), schema)
         data = data.filter(pc.is_in(data.column("offset"), keep)).sort_by("offset")
         name, size = write_data_file(storage, base, data, "compacted")
         actions.append(AddAction(name, size, {}, now_ms, False,
@@ -225,7 +231,7 @@ def compact(table: DeltaTable, *, high_watermark: int, min_lag_ms: int, delete_r
         actions.append(RemoveAction(path, False, stamp, row["size_bytes"]))
     # Also when nothing went: the range is clean, and the next run need not read it again.
     table.create_write_transaction(
-        actions, mode="append", schema=LOG_SCHEMA,
+        actions, mode="append", schema=schema,
         commit_properties=commit_properties(
             {"deltabus.operation": "compact", "deltabus.cleanableEnd": str(end),
              "deltabus.removedRecords": str(records.num_rows - len(keep))},

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import posixpath
 import uuid
+from collections.abc import Iterable
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from deltalake import CommitProperties, Transaction, WriterProperties
+from deltalake import CommitProperties, DeltaTable, Transaction, WriterProperties
 
+from deltabus.records import LOG_SCHEMA
 from deltabus.storage import Storage
 
 # Row groups of a bounded size carry offset statistics, so a range read inside a large
@@ -32,6 +34,22 @@ APPEND_COMMIT_RETRIES = 50
 # after the delay, files other writers removed (a truncation, a compaction of the offsets table)
 # after an hour.
 VACUUM_RETENTION_HOURS = 1
+
+
+def log_table_schema(table: DeltaTable, extra: Iterable[pa.Field] = ()) -> pa.Schema:
+    """The schema a commit to a partition table states: the log's columns (LOG_SCHEMA, in its
+    types) and the typed columns the table gained (a typed topic's `value_fields`, as its schema
+    evolved), with `extra` fields merged in. A commit stating LOG_SCHEMA alone would drop a
+    typed table's columns from its schema: every writer of a partition table states this."""
+    current = pa.schema(table.schema().to_arrow())
+    fields = {f.name: f for f in current if f.name not in LOG_SCHEMA.names}
+    for field in extra:
+        if field.name not in LOG_SCHEMA.names:
+            held = fields.get(field.name)
+            fields[field.name] = field if held is None else pa.unify_schemas(
+                [pa.schema([held]), pa.schema([field])],
+                promote_options="permissive").field(0)
+    return pa.schema(list(LOG_SCHEMA) + list(fields.values())) if fields else LOG_SCHEMA
 
 
 def writer_properties() -> WriterProperties:

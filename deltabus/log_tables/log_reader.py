@@ -64,7 +64,7 @@ def read_row_group(reader: pq.ParquetFile, group: int,
                    columns: list[str] | None = None) -> pa.Table:
     """One row group, whole, as LOG_SCHEMA's types (files a truncation rewrote may differ)."""
     schema = LOG_SCHEMA if columns is None else pa.schema([LOG_SCHEMA.field(c) for c in columns])
-    part = reader.read_row_group(group, columns=columns)
+    part = reader.read_row_group(group, columns=columns or LOG_SCHEMA.names)  # not typed ones
     return part if part.schema.equals(schema) else part.cast(schema)
 
 

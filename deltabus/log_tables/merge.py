@@ -24,9 +24,13 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 from deltalake.transaction import AddAction, RemoveAction
 
-from deltabus.log_tables.delta_writes import commit_properties, removal_stamp, write_data_file
+from deltabus.log_tables.delta_writes import (
+    commit_properties,
+    log_table_schema,
+    removal_stamp,
+    write_data_file,
+)
 from deltabus.log_tables.log_reader import data_files, stats_json
-from deltabus.records import LOG_SCHEMA
 from deltabus.storage import Storage
 
 _COLUMNS = ["path", "size_bytes", "num_records", "min.offset", "max.offset", "modification_time",
@@ -102,11 +106,12 @@ def merge_small_files(table: DeltaTable, *, target_bytes: int, min_age_ms: int,
     storage = storage or Storage(table.table_uri)
     base = table.table_uri
     merged = records = 0
+    schema = log_table_schema(table)  # a typed table's columns are merged too
     for run in runs:
         inputs = files.take(run)
         paths = inputs.column("path").to_pylist()
         data = pa.concat_tables(
-            storage.read_parquet(posixpath.join(base, p), LOG_SCHEMA)
+            storage.read_parquet(posixpath.join(base, p), schema)
             for p in paths).sort_by("offset")
         name, size = write_data_file(storage, base, data, "merged")
         # the inputs are vacuumed file.delete.delay.ms from now, as retention's removals
@@ -116,7 +121,7 @@ def merge_small_files(table: DeltaTable, *, target_bytes: int, min_age_ms: int,
         actions += [RemoveAction(p, False, stamp, s) for p, s in zip(
             paths, inputs.column("size_bytes").to_pylist(), strict=True)]
         table.create_write_transaction(
-            actions, mode="append", schema=LOG_SCHEMA,
+            actions, mode="append", schema=schema,
             commit_properties=commit_properties(
                 {"deltabus.operation": "merge",
                  "deltabus.baseOffset": str(inputs.column("min.offset")[0]),

@@ -196,7 +196,7 @@ class PartitionLog:
         batch_bytes: int | None = None,
         compacted: bool = False,
         timeout_ms: int | None = None,
-        validate: Callable[[pa.Table], None] | None = None,
+        validate: Callable[[pa.Table], pa.Array | None] | None = None,
     ) -> Future[AppendResult]:
         """Queue a produce batch (PRODUCE_SCHEMA's columns, or a subset `normalize_produce`
         completes) for the next group commit; the future resolves once the Delta commit holding
@@ -218,14 +218,16 @@ class PartitionLog:
         each Arrow record batch of `batch` as an uncompressed record batch of its records
         (`records.largest_batch_bytes`: a bulk produce entry holds many). `validate` checks the
         records further (a topic's schema validation): it raises INVALID_RECORD, a refusal like
-        the others.
+        the others, and returns a typed topic's decoded values (records.VALUE_FIELDS), which the
+        commit writes beside the records.
         """
         # Outside the lock; a refusal is raised once the sequence numbers are taken.
-        batch, refusal = self._checked(batch, max_message_bytes, batch_bytes, compacted,
-                                       validate)
+        batch, refusal, fields = self._checked(batch, max_message_bytes, batch_bytes, compacted,
+                                               validate)
         future: Future[AppendResult] = Future()
         item = PendingAppend(batch, batch.nbytes, leader_epoch, timestamp_type, producer, future,
-                             queued_ns=trace.now_ns() if self._traced else 0)
+                             queued_ns=trace.now_ns() if self._traced else 0,
+                             value_fields=fields)
         deadline = None if timeout_ms is None else time.monotonic() + max(0, timeout_ms) / 1000
         with self._lock:
             self._check_open()
@@ -262,10 +264,13 @@ class PartitionLog:
             self._lock.wait(left)
 
     def _checked(self, batch: pa.Table, max_message_bytes: int | None, batch_bytes: int | None,
-                 compacted: bool, validate: Callable[[pa.Table], None] | None = None
-                 ) -> tuple[pa.Table, errors.DeltaBusError | None]:
-        """The batch normalised, and why it is refused (None: it is not). The size a batch's
-        record count implies is checked before normalising, which allocates per record."""
+                 compacted: bool,
+                 validate: Callable[[pa.Table], pa.Array | None] | None = None
+                 ) -> tuple[pa.Table, errors.DeltaBusError | None, pa.Array | None]:
+        """The batch normalised, why it is refused (None: it is not), and its typed values.
+        The size a batch's record count implies is checked before normalising, which
+        allocates per record."""
+        fields = None
         try:
             batch_rows = arrow_batch_rows(batch)
             if max_message_bytes is not None:
@@ -287,10 +292,10 @@ class PartitionLog:
                     f"Compacted topic cannot accept message without key in topic partition "
                     f"{self._name}.")
             if validate is not None:
-                validate(batch)
+                fields = validate(batch)
         except errors.DeltaBusError as e:
-            return batch, e
-        return batch, None
+            return batch, e, None
+        return batch, None, fields
 
     def _check_open(self) -> None:
         if self._closed:
@@ -366,8 +371,12 @@ class PartitionLog:
         log end: a compacted topic's leader has no records in between."""
         if records.num_rows == 0:
             raise errors.InvalidRecordError("a copied batch must hold at least one record")
-        if not records.schema.equals(LOG_SCHEMA):
-            records = records.select(LOG_SCHEMA.names).cast(LOG_SCHEMA)
+        if not records.schema.equals(LOG_SCHEMA):  # a typed topic's values come along
+            extra = [n for n in records.column_names if n not in LOG_SCHEMA.names]
+            log = records.select(LOG_SCHEMA.names).cast(LOG_SCHEMA)
+            records = pa.Table.from_arrays(
+                log.columns + [records.column(n) for n in extra],
+                schema=pa.schema(list(LOG_SCHEMA) + [records.schema.field(n) for n in extra]))
         future: Future[AppendResult] = Future()
         self._enqueue(PendingAppend(records, records.nbytes, -1, CREATE_TIME, NO_PRODUCER, future,
                                     copied=True, fetch_offset=fetch_offset,
@@ -384,8 +393,9 @@ class PartitionLog:
             raise errors.InvalidRecordError("no files to copy")
         future: Future[AppendResult] = Future()
         received_ns = trace.now_ns() if self._traced else 0
-        copied, records = self._appender.copy_in(files)
-        self._enqueue(PendingFiles(copied, records, future, queued_ns=received_ns))
+        copied, records, extra = self._appender.copy_in(files)
+        self._enqueue(PendingFiles(copied, records, future, queued_ns=received_ns,
+                                   extra_fields=extra))
         return future
 
     def truncate_to(self, offset: int) -> Future[AppendResult]:
@@ -668,6 +678,8 @@ class PartitionLog:
         table = self._tail.read(offset, end, max_bytes)
         if table is None:
             table = self._reader.read(offset, end, max_bytes)
+        elif table.num_columns > len(LOG_SCHEMA) and not to_log_end:
+            table = table.select(LOG_SCHEMA.names)  # a typed topic's values: its followers'
         return _trim_to_bytes(table, max_bytes)
 
     def cached_tail_under(self, offset: int, max_bytes: int) -> bool:

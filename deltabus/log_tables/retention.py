@@ -32,10 +32,10 @@ from deltalake.transaction import AddAction, RemoveAction
 from deltabus.log_tables.delta_writes import (
     VACUUM_RETENTION_HOURS,
     commit_properties,
+    log_table_schema,
     removal_stamp,
 )
 from deltabus.log_tables.log_reader import LOG_START_TXN_APP_ID, data_files
-from deltabus.records import LOG_SCHEMA
 
 _COLUMNS = ["path", "size_bytes", "num_records", "min.offset", "max.offset", "max.timestamp"]
 
@@ -115,7 +115,7 @@ def remove_below(table: DeltaTable, cut: int, *, delete_delay_ms: int,
         doomed.column("path").to_pylist(), doomed.column("size_bytes").to_pylist(), strict=True)]
     start = files.column("min.offset")[doomed.num_rows].as_py()
     table.create_write_transaction(
-        actions, mode="append", schema=LOG_SCHEMA,
+        actions, mode="append", schema=log_table_schema(table),
         commit_properties=commit_properties(
             {"deltabus.operation": "retention", "deltabus.logStartOffset": str(start)}))
     return Removed(doomed.num_rows, int(pc.sum(doomed.column("num_records")).as_py()),

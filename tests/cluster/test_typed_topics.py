@@ -1,0 +1,131 @@
+"""Typed topics on the shared cluster: with `value.schema.subject`, every replica's partition
+table holds each record's decoded value as typed columns (`value_fields`) beside the raw bytes,
+read straight by deltalake and by Spark SQL with no parsing; a schema evolution under the
+registry's rules adds a nullable field to the Delta schema without rewriting a file; a record
+its schema does not read is refused with nothing written."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from confluent_kafka import KafkaError
+from confluent_kafka import Producer as KafkaProducer
+from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry.avro import AvroSerializer
+from confluent_kafka.serialization import MessageField, SerializationContext
+from deltalake import DeltaTable
+
+from deltabus import AdminClient, NewTopic
+from deltabus.rpc.schema_registry_http import SchemaRegistryServer
+from deltabus.schemas import split_wire, wire_header
+from tests.conftest import wait_until
+
+PAYMENT_V1 = {"type": "record", "name": "Payment", "namespace": "shop",
+              "fields": [{"name": "id", "type": "string"},
+                         {"name": "amount", "type": "double"},
+                         {"name": "currency", "type": "string"}]}
+PAYMENT_V2 = {**PAYMENT_V1, "fields": [*PAYMENT_V1["fields"],
+                                       {"name": "note", "type": ["null", "string"],
+                                        "default": None}]}
+
+
+@pytest.fixture(scope="module")
+def registry(cluster: Any) -> Iterator[SchemaRegistryClient]:
+    server = SchemaRegistryServer(cluster.controller.schema_registry, "127.0.0.1", 0).start()
+    yield SchemaRegistryClient({"url": server.url})
+    server.stop()
+
+
+def typed_topic(cluster: Any, topic: str) -> None:
+    with AdminClient(cluster.bootstrap_servers) as admin:
+        admin.create_topics([NewTopic(topic, 1, 3, configs={
+            "value.schema.subject": f"{topic}-value", "min.insync.replicas": "3"})])
+
+
+def produce(cluster: Any, topic: str, serializer: AvroSerializer, values: list[dict]) -> None:
+    producer = KafkaProducer({"bootstrap.servers": cluster.kafka_bootstrap_servers,
+                              "acks": "all", "linger.ms": 5})
+    context = SerializationContext(topic, MessageField.VALUE)
+    failed: list[Any] = []
+    for value in values:
+        producer.produce(topic, serializer(value, context), partition=0,
+                         on_delivery=lambda e, _m: failed.append(e) if e else None)
+    assert producer.flush(60) == 0 and failed == []
+
+
+def replica_tables(cluster: Any, topic: str) -> list[DeltaTable]:
+    """Every replica's partition table, once each holds what the leader acknowledged."""
+    partition = cluster.controller.image().partition(topic, 0)
+    root = cluster.config.root
+    return [DeltaTable(f"{root}/topics/{topic}/0/replica-{b}") for b in partition.replicas]
+
+
+def test_every_replica_holds_the_decoded_values_as_typed_columns(
+        cluster, registry, topic_name, spark) -> None:
+    typed_topic(cluster, topic_name)
+    serializer = AvroSerializer(registry, json.dumps(PAYMENT_V1))
+    payments = [{"id": f"p{i}", "amount": 1.5 * i, "currency": ("EUR", "USD")[i % 2]}
+                for i in range(30)]
+    produce(cluster, topic_name, serializer, payments)  # acks=all, min.insync.replicas=3
+    for table in replica_tables(cluster, topic_name):
+        wait_until(lambda t=table: (t.update_incremental() or True)
+                   and t.to_pyarrow_table(columns=["offset"]).num_rows == 30,
+                   "every replica holds the 30 records")
+        schema = pa.schema(table.schema().to_arrow())
+        assert schema.field("value_fields").type == pa.struct([
+            pa.field("id", pa.string()), pa.field("amount", pa.float64()),
+            pa.field("currency", pa.string())])
+        rows = table.to_pyarrow_table(columns=["offset", "value", "value_fields"]).sort_by(
+            "offset")
+        assert rows.column("value_fields").to_pylist() == payments
+        assert all(v[:1] == b"\0" for v in rows.column("value").to_pylist())  # raw bytes kept
+    leader = replica_tables(cluster, topic_name)[0]
+    spark.read.parquet(*leader.file_uris()).createOrReplaceTempView("typed_payments")
+    euros = spark.sql("SELECT value_fields.id, value_fields.amount FROM typed_payments "
+                      "WHERE value_fields.currency = 'EUR' ORDER BY value_fields.amount")
+    assert [(r.id, r.amount) for r in euros.collect()] == [
+        (p["id"], p["amount"]) for p in payments if p["currency"] == "EUR"]
+
+
+def test_an_evolution_adds_a_nullable_field_and_rewrites_no_file(
+        cluster, registry, topic_name) -> None:
+    typed_topic(cluster, topic_name)
+    produce(cluster, topic_name, AvroSerializer(registry, json.dumps(PAYMENT_V1)),
+            [{"id": "old", "amount": 1.0, "currency": "EUR"}])
+    table = replica_tables(cluster, topic_name)[0]
+    table.update_incremental()
+    before = set(table.file_uris())
+    produce(cluster, topic_name, AvroSerializer(registry, json.dumps(PAYMENT_V2)),
+            [{"id": "new", "amount": 2.0, "currency": "USD", "note": "evolved"}])
+    assert registry.get_versions(f"{topic_name}-value") == [1, 2]
+    table.update_incremental()
+    assert before <= set(table.file_uris())  # the old file is still the table's, unchanged
+    schema = pa.schema(table.schema().to_arrow())
+    assert schema.field("value_fields").type.get_field_index("note") == 3
+    rows = table.to_pyarrow_table(columns=["offset", "value_fields"]).sort_by("offset")
+    assert rows.column("value_fields").to_pylist() == [
+        {"id": "old", "amount": 1.0, "currency": "EUR", "note": None},
+        {"id": "new", "amount": 2.0, "currency": "USD", "note": "evolved"}]
+
+
+def test_a_record_its_schema_does_not_read_is_refused_and_nothing_is_written(
+        cluster, registry, topic_name) -> None:
+    typed_topic(cluster, topic_name)
+    serializer = AvroSerializer(registry, json.dumps(PAYMENT_V1))
+    produce(cluster, topic_name, serializer, [{"id": "ok", "amount": 1.0, "currency": "EUR"}])
+    schema_id, _ = split_wire(serializer({"id": "x", "amount": 0.0, "currency": "EUR"},
+                                         SerializationContext(topic_name, MessageField.VALUE)))
+    producer = KafkaProducer({"bootstrap.servers": cluster.kafka_bootstrap_servers,
+                              "acks": "all", "retries": 0})
+    outcome: list[Any] = []
+    producer.produce(topic_name, wire_header(schema_id) + b"\xff", partition=0,
+                     on_delivery=lambda e, _m: outcome.append(e))
+    producer.flush(60)
+    assert outcome[0] is not None and outcome[0].code() == KafkaError.INVALID_RECORD
+    table = replica_tables(cluster, topic_name)[0]
+    table.update_incremental()
+    assert table.to_pyarrow_table(columns=["offset"]).num_rows == 1
