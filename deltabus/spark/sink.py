@@ -4,6 +4,11 @@ It takes the columns of Spark's Kafka sink: `value` (required), and optionally `
 (or the `topic` option, which wins), `partition` and `headers`. Each Spark task sends its rows
 with an idempotent producer, acks=all, and fails when any record is not acknowledged.
 
+A typed DataFrame writes to a typed topic: a `value` column that is a struct (the fields of the
+topic's schema) is encoded with the latest schema of subject `valueSubject` (option; default
+`<topic>-value`, Confluent's TopicNameStrategy) in the registry's wire format, as Confluent's
+serializers would; a row that does not fit the schema fails the task.
+
 Streaming writes are exactly once. Kafka's Spark sink is at least once: a micro-batch replayed
 after a failure writes its records again. Here each task of micro-batch b writes as producer
 `<query id>.<task partition>` (a transactional id: the same producer id every time) with epoch b
@@ -30,7 +35,9 @@ from pyspark.sql.datasource import (
 )
 
 from deltabus import errors
+from deltabus.client.admin import AdminClient
 from deltabus.client.producer import FutureRecordMetadata, Producer
+from deltabus.client.schema_cache import SchemaCache
 from deltabus.client.security import ClientSecurity
 from deltabus.partitioner import partition_for_key
 
@@ -47,6 +54,7 @@ class SinkOptions:
     topic: str | None
     delivery_timeout_ms: int = 120_000
     security: ClientSecurity = field(default_factory=ClientSecurity)
+    value_subject: str | None = None  # a typed value's subject (None: <topic>-value)
 
     @classmethod
     def parse(cls, options: dict[str, str]) -> SinkOptions:
@@ -57,7 +65,8 @@ class SinkOptions:
         lowered = {k.lower(): v for k, v in options.items()}
         timeout = lowered.get("kafka.delivery.timeout.ms") or lowered.get("delivery.timeout.ms")
         return cls(bootstrap_servers(lowered), lowered.get("topic") or None,
-                   int(timeout) if timeout else 120_000, client_security(lowered))
+                   int(timeout) if timeout else 120_000, client_security(lowered),
+                   options.get("valueSubject") or lowered.get("valuesubject") or None)
 
 
 @dataclass
@@ -89,6 +98,29 @@ class RowSender:
         self.task_partition = task_partition
         self.futures: list[FutureRecordMetadata] = []
         self.records = 0
+        self._admin: AdminClient | None = None  # the registry's, once a typed value comes
+        self._schemas: SchemaCache | None = None
+
+    def _encoded(self, value: pa.ChunkedArray, topics: list[str]) -> pa.Array:
+        """A struct `value` column encoded with each row's subject's latest schema."""
+        if self._schemas is None:
+            self._admin = AdminClient(self.options.bootstrap, security=self.options.security)
+            self._schemas = SchemaCache(self._admin.schema_registry)
+        rows = value.to_pylist()
+        out: list[bytes | None] = [None] * len(rows)
+        by_subject: dict[str, list[int]] = {}
+        for i, topic in enumerate(topics):
+            by_subject.setdefault(self.options.value_subject or f"{topic}-value", []).append(i)
+        for subject, indices in by_subject.items():
+            present = [i for i in indices if rows[i] is not None]  # a null value: a tombstone
+            try:
+                encoded = self._schemas.encode_latest(subject, [rows[i] for i in present])
+            except ValueError as e:
+                raise errors.InvalidRecordError(
+                    f"a row's value does not fit the latest schema of {subject}: {e}") from None
+            for i, data in zip(present, encoded, strict=True):
+                out[i] = data
+        return pa.array(out, pa.binary())
 
     def send(self, batch: pa.RecordBatch) -> None:
         table = pa.Table.from_batches([batch])
@@ -98,17 +130,19 @@ class RowSender:
         if self.options.topic is None and "topic" not in names:
             raise errors.InvalidRecordError(
                 "the deltabus sink needs a topic column or the topic option")
-        columns = {"value": _as_binary(table.column("value"), "value")}
+        topics = ([self.options.topic] * table.num_rows if self.options.topic
+                  else table.column("topic").to_pylist())
+        if None in topics:
+            raise errors.InvalidRecordError("a row has a null topic")
+        value = table.column("value")
+        columns = {"value": self._encoded(value, topics) if pa.types.is_struct(value.type)
+                   else _as_binary(value, "value")}
         if "key" in names:
             columns["key"] = _as_binary(table.column("key"), "key")
         if "headers" in names:
             from deltabus.records import HEADERS_TYPE
             columns["headers"] = pa.array(_headers(table.column("headers")), HEADERS_TYPE)
         rows = pa.table(columns)
-        topics = ([self.options.topic] * table.num_rows if self.options.topic
-                  else table.column("topic").to_pylist())
-        if None in topics:
-            raise errors.InvalidRecordError("a row has a null topic")
         given = table.column("partition").to_pylist() if "partition" in names else None
         keys = columns["key"].to_pylist() if "key" in columns else None
         groups: dict[tuple[str, int], list[int]] = {}
@@ -130,6 +164,8 @@ class RowSender:
 
     def finish(self) -> SentRecords:
         """Wait for every acknowledgement; the first failure fails the task."""
+        if self._admin is not None:
+            self._admin.close()
         self.producer.flush()
         for future in self.futures:
             error = future.exception()

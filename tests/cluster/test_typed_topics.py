@@ -14,7 +14,7 @@ import pyarrow as pa
 import pytest
 from confluent_kafka import KafkaError
 from confluent_kafka import Producer as KafkaProducer
-from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 from deltalake import DeltaTable
@@ -129,3 +129,29 @@ def test_a_record_its_schema_does_not_read_is_refused_and_nothing_is_written(
     table = replica_tables(cluster, topic_name)[0]
     table.update_incremental()
     assert table.to_pyarrow_table(columns=["offset"]).num_rows == 1
+
+
+def test_spark_writes_a_typed_dataframe_encoded_with_the_subjects_latest_schema(
+        cluster, registry, topic_name, spark) -> None:
+    """The sink takes a struct `value` and encodes it as Confluent's serializers would: the
+    broker decodes it back into the same typed columns; a row its schema does not fit fails
+    the write, and nothing of it is written."""
+    typed_topic(cluster, topic_name)
+    registry.register_schema(f"{topic_name}-value", Schema(json.dumps(PAYMENT_V1), "AVRO"))
+    rows = [(f"s{i}", 2.5 * i, ("EUR", "USD")[i % 2]) for i in range(40)]
+    frame = spark.createDataFrame(rows, "id string, amount double, currency string")
+    (frame.selectExpr("struct(id, amount, currency) AS value").write.format("deltabus")
+     .option("kafka.bootstrap.servers", cluster.bootstrap_servers)
+     .option("topic", topic_name).mode("append").save())
+    table = replica_tables(cluster, topic_name)[0]
+    table.update_incremental()
+    written = table.to_pyarrow_table(columns=["value_fields"]).column("value_fields")
+    assert sorted(written.to_pylist(), key=lambda v: v["id"]) == sorted(
+        [{"id": i, "amount": a, "currency": c} for i, a, c in rows], key=lambda v: v["id"])
+    wrong = spark.createDataFrame([("x", "not a number")], "id string, amount string")
+    with pytest.raises(Exception, match="does not fit the latest schema"):
+        (wrong.selectExpr("struct(id, amount) AS value").write.format("deltabus")
+         .option("kafka.bootstrap.servers", cluster.bootstrap_servers)
+         .option("topic", topic_name).mode("append").save())
+    table.update_incremental()
+    assert table.to_pyarrow_table(columns=["offset"]).num_rows == 40
