@@ -1,7 +1,7 @@
-"""Bench step (j): a Structured Streaming query draining a topic, against Spark reading the same
-Parquet files directly.
+"""Bench step (j): a Structured Streaming query draining a topic, and SQL over it on Spark's own
+Parquet reader, against Spark reading the same Parquet files directly.
 
-Both run in the same Spark session, on the same data files (the partition leaders' Delta
+All run in the same Spark session, on the same data files (the partition leaders' Delta
 tables), with the same columns into Spark's `noop` sink. The JVM's JIT keeps speeding Spark's
 own Parquet reader up over the first few reads (2.9 -> 6.4 M records/s over four reads here), so
 one read of each compares whatever state the JIT was in: after a warm-up of each on a small topic
@@ -12,9 +12,15 @@ query start-up included, is reported beside it.
 
 Each round also times a Python data source that yields Arrow batches already in memory (the same
 records, no I/O at all): what Spark's Python data source path itself can carry on this machine,
-the ceiling for any reader built on it, as deltabus's source is. That source's class is
-pickled by value, so Spark's Python workers need not find the `bench` package, which is not
-installed.
+the ceiling for any reader built on it, as deltabus's source is, so the stream is judged against
+it. That source's class is pickled by value, so Spark's Python workers need not find the `bench`
+package, which is not installed.
+
+And each round times SQL over the topic through Spark's own Parquet reader (issue 21): a
+snapshot view (`register_topic_views(..., snapshot=True)`, which resolves the offsets and files
+on the driver with `read_topic`) and a `SELECT` of the Kafka source's columns, from the
+registration on, into the same sink. It is judged against the direct read: the same reader on
+the same files, plus the offset resolution, the filter and the literal topic and partition.
 """
 
 from __future__ import annotations
@@ -38,10 +44,12 @@ from deltabus.client.producer import Producer
 from deltabus.log_tables.layout import replica_path
 from deltabus.metadata import NewTopic
 from deltabus.spark.source import kafka_schema, to_kafka_columns
+from deltabus.spark.views import register_topic_views
 
 PARTITIONS = 4
 WARM_UP_RECORDS_MAX = 200_000  # the small topic warming each reader up
 COLUMNS = ["key", "value", "offset", "timestamp", "timestamp_type"]  # what the source reads
+SQL_COLUMNS = "key, value, topic, partition, offset, timestamp, timestampType"
 
 
 def fill(bootstrap: str, topic: str, values: pa.Table, records: int) -> None:
@@ -128,6 +136,22 @@ def memory_read(spark: Any, files: list[str], records: int, topic: str) -> float
     return time.perf_counter() - start
 
 
+def sql_read(spark: Any, bootstrap: str, topic: str) -> float:
+    """Seconds for SQL over the topic on Spark's Parquet reader: registering its snapshot view
+    (offsets and files resolved on the driver) and selecting every record into the noop sink."""
+    start = time.perf_counter()
+    view = register_topic_views(spark, bootstrap, [topic], snapshot=True)[topic]
+    (spark.sql(f"SELECT {SQL_COLUMNS} FROM {view}")
+     .write.format("noop").mode("overwrite").save())
+    return time.perf_counter() - start
+
+
+def sql_count(spark: Any, bootstrap: str, topic: str) -> int:
+    """The records SQL over the topic's snapshot view counts (a check, not timed)."""
+    view = register_topic_views(spark, bootstrap, [topic], snapshot=True)[topic]
+    return int(spark.sql(f"SELECT count(*) AS n FROM {view}").first().n)
+
+
 def stream_drain(spark: Any, bootstrap: str, topic: str) -> dict[str, float]:
     """A query from the earliest offsets until the topic is drained (availableNow)."""
     with tempfile.TemporaryDirectory(prefix="deltabus-bench-checkpoint-") as checkpoint:
@@ -149,8 +173,8 @@ def stream_drain(spark: Any, bootstrap: str, topic: str) -> dict[str, float]:
 
 def drain_vs_parquet(spark: Any, bootstrap: str, values: pa.Table, records: int,
                      rounds: int) -> dict[str, Any]:
-    """Medians of `rounds` interleaved rounds of the direct read, the in-memory ceiling and the
-    streaming query, each round's figures kept beside them."""
+    """Medians of `rounds` interleaved rounds of the direct read, the in-memory ceiling, the
+    streaming query and SQL on the Parquet path, each round's figures kept beside them."""
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
     spark.dataSource.register(MemorySource)
     run_id = uuid.uuid4().hex[:8]
@@ -162,24 +186,31 @@ def drain_vs_parquet(spark: Any, bootstrap: str, values: pa.Table, records: int,
             fill(bootstrap, warm, values, min(WARM_UP_RECORDS_MAX, records))
             direct_read(spark, leader_files(bootstrap, warm))
             stream_drain(spark, bootstrap, warm)
+            sql_read(spark, bootstrap, warm)
             fill(bootstrap, topic, values, records)
             files = leader_files(bootstrap, topic)
             memory_files = [files[0]] * PARTITIONS
+            if (counted := sql_count(spark, bootstrap, topic)) != records:
+                raise RuntimeError(f"SQL counted {counted} records, not {records}")
             for i in range(rounds + 1):  # the first round warms up
                 direct_s = direct_read(spark, files)
                 memory_s = memory_read(spark, memory_files, records, topic)
                 stream = stream_drain(spark, bootstrap, topic)
+                sql_s = sql_read(spark, bootstrap, topic)
                 if stream["rows"] != records:
                     raise RuntimeError(f"the query read {stream['rows']} records, not {records}")
                 if i:
                     timed.append({"direct_rps": records / direct_s,
                                   "memory_rps": records / memory_s,
                                   "stream_rps": records / stream["trigger_s"],
-                                  "stream_wall_rps": records / stream["wall_s"]})
+                                  "stream_wall_rps": records / stream["wall_s"],
+                                  "sql_rps": records / sql_s})
         finally:
             admin.delete_topics([warm, topic])
     median = {k: statistics.median(r[k] for r in timed) for k in timed[0]}
     return {"records": records, **median,
             "stream_vs_direct": median["stream_rps"] / median["direct_rps"],
             "memory_vs_direct": median["memory_rps"] / median["direct_rps"],
+            "stream_vs_memory": median["stream_rps"] / median["memory_rps"],
+            "sql_vs_direct": median["sql_rps"] / median["direct_rps"],
             "micro_batches": stream["batches"], "rounds": timed}

@@ -5,6 +5,7 @@ views over topics.
     >>> deltabus.spark.register(spark)  # done by deltabus.local_spark and Cluster(spark)
     >>> spark.readStream.format("deltabus").option("kafka.bootstrap.servers", bootstrap) \\
     ...     .option("subscribe", "payments").load()
+    >>> deltabus.spark.read_topic(spark, bootstrap, "payments")  # a batch read, Spark's reader
 
 Runs in the Spark driver (planning: offsets, partitions) and on executors (reading partition
 tables with delta-rs, producing with deltabus's `Producer`). May import the pure modules,
@@ -25,6 +26,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from deltabus.spark.parquet_reads import read_topic, remember_storage_options
 from deltabus.spark.sink import BatchWriter, SinkOptions, StreamWriter
 from deltabus.spark.source import (
     STORAGE_OPTION_PREFIX,
@@ -36,7 +38,8 @@ from deltabus.spark.source import (
 )
 from deltabus.spark.views import register_topic_views
 
-__all__ = ["DataLossError", "DeltaBusDataSource", "register", "register_topic_views"]
+__all__ = ["DataLossError", "DeltaBusDataSource", "read_topic", "register",
+           "register_topic_views"]
 
 
 class DeltaBusDataSource(DataSource):
@@ -82,3 +85,4 @@ def register(spark: Any, storage_options: Mapping[str, str] | None = None) -> No
                       {"storage_options": dict(storage_options),
                        "__doc__": DeltaBusDataSource.__doc__})
     spark.dataSource.register(source)
+    remember_storage_options(spark, storage_options or {})

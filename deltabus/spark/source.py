@@ -423,17 +423,23 @@ def read_ranges(partition: RangePartition, options: SourceOptions) -> Iterator[p
         if r.end <= r.start:
             continue
         reader = LogReader(r.path, Storage(r.path, options.storage_options))
-        start = reader.log_start_offset
-        if start is None or start > r.start:  # retention removed records since planning
-            _data_loss(f"{r.topic}-{r.partition} has no records [{r.start}, "
-                       f"{r.end if start is None else min(start, r.end)}) in {r.path}",
-                       fail_on_data_loss)
+        check_log_start(r, reader.log_start_offset, fail_on_data_loss)
         aborted = (aborted_in(read_markers(reader.parquet_files(r.start)))[0]
                    if options.read_committed else [])
         # Gaps inside the log are records a compacted topic's cleaner removed: not a loss.
         for table in reader.read(r.start, r.end, columns):
             for batch in consumed_rows(table, aborted).to_batches():
                 yield to_kafka_columns(batch, r.topic, r.partition, include_headers)
+
+
+def check_log_start(r: OffsetRange, log_start: int | None, fail_on_data_loss: bool) -> None:
+    """Data loss when the replica table no longer holds the start of `r`: retention or
+    DeleteRecords moved its log start offset past it since planning (`log_start` None: the
+    table holds no file)."""
+    if log_start is None or log_start > r.start:
+        _data_loss(f"{r.topic}-{r.partition} has no records [{r.start}, "
+                   f"{r.end if log_start is None else min(log_start, r.end)}) in {r.path}",
+                   fail_on_data_loss)
 
 
 _SPARK_SCHEMA = {
