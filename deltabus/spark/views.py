@@ -1,4 +1,23 @@
-"""SQL over topics: each topic as a temporary view, so `SELECT ... FROM payments` works."""
+"""SQL over topics: each topic as a temporary view, so `SELECT ... FROM payments` works.
+
+Two kinds of view, because Spark cannot have both at once from Python (issue 21):
+- live (the default): a view over `format("deltabus")`, the Python data source, which resolves
+  the high watermark and the table files again each time a query runs. So the view is the
+  topic as consumers see it now, as a view over Spark's Kafka source is (its batch relation
+  fetches the latest offsets per query) and as a Delta table in a catalog is.
+- snapshot (`snapshot=True`): a view over `read_topic`'s DataFrame, Spark's own Parquet reader
+  with no Python worker in the data path (about twice the live view's rate, see README
+  Performance), fixed at the high watermark and the files of the moment it was registered. A
+  temporary view over `spark.read.parquet(files)` keeps that file list: no hook runs when a
+  query starts, so it cannot move on by itself. Registering again moves it on; once the log
+  cleaner deletes a file it lists (file.delete.delay.ms after a merge, retention or
+  compaction), its queries fail with a missing file until it is registered again.
+
+Live is the default because that is what a Kafka or Spark user expects a view named after a
+topic to be: a view that silently stops at an old high watermark gives wrong answers with no
+error. Snapshot views are for an analysis that wants the speed, or several queries over one
+consistent cut of the topic.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +26,7 @@ from typing import Any
 
 from deltabus.client.admin import AdminClient
 from deltabus.client.security import security_from_properties
+from deltabus.spark.parquet_reads import read_topic
 
 
 def view_name(topic: str) -> str:
@@ -15,23 +35,35 @@ def view_name(topic: str) -> str:
 
 
 def register_topic_views(spark: Any, bootstrap_servers: str, topics: list[str] | None = None,
-                         options: dict[str, str] | None = None) -> dict[str, str]:
+                         options: dict[str, str] | None = None, *,
+                         snapshot: bool = False, value_fields: bool = False) -> dict[str, str]:
     """Register every topic (or these) as a temporary view with the Kafka source's columns and
-    headers; returns {topic: view name}. A view reads the topic's partition tables up to the
-    high watermark each time a query runs, so it always shows what consumers can see.
-    `options`: more source options, such as the `kafka.`-prefixed security settings of a
-    secured cluster (kafka.security.protocol, kafka.sasl.jaas.config, kafka.ssl.ca.location)."""
+    headers; returns {topic: view name}. A live view (the default) reads the topic's partition
+    tables up to the high watermark each time a query runs, so it always shows what consumers
+    can see; `snapshot=True` makes Spark's Parquet reader serve it, fixed at the high
+    watermark of this call (module docstring). `options`: more source options, such as the
+    `kafka.`-prefixed security settings of a secured cluster (kafka.security.protocol,
+    kafka.sasl.jaas.config, kafka.ssl.ca.location). `value_fields` (snapshot views): a typed
+    topic's decoded values as the struct column `value_fields` (`read_topic`)."""
+    if value_fields and not snapshot:
+        raise ValueError("value_fields are served by snapshot views (snapshot=True) only")
     extra = dict(options or {})
-    security = security_from_properties({k.lower(): v for k, v in extra.items()},
-                                        prefix="kafka.")
-    with AdminClient(bootstrap_servers, security=security) as admin:
-        names = topics if topics is not None else admin.list_topics()
+    names = topics
+    if names is None:
+        security = security_from_properties({k.lower(): v for k, v in extra.items()},
+                                            prefix="kafka.")
+        with AdminClient(bootstrap_servers, security=security) as admin:
+            names = admin.list_topics()
     views = {}
     for topic in names:
         name = view_name(topic)
-        (spark.read.format("deltabus").options(**extra)
-         .option("kafka.bootstrap.servers", bootstrap_servers)
-         .option("subscribe", topic).option("includeHeaders", "true").load()
-         .createOrReplaceTempView(name))
+        if snapshot:
+            df = read_topic(spark, bootstrap_servers, topic, include_headers=True,
+                            options=extra, value_fields=value_fields)
+        else:
+            df = (spark.read.format("deltabus").options(**extra)
+                  .option("kafka.bootstrap.servers", bootstrap_servers)
+                  .option("subscribe", topic).option("includeHeaders", "true").load())
+        df.createOrReplaceTempView(name)
         views[topic] = name
     return views

@@ -22,6 +22,7 @@ from deltalake import DeltaTable
 from deltabus import AdminClient, NewTopic
 from deltabus.rpc.schema_registry_http import SchemaRegistryServer
 from deltabus.schemas import split_wire, wire_header
+from deltabus.spark import read_topic, register_topic_views
 from tests.conftest import wait_until
 
 PAYMENT_V1 = {"type": "record", "name": "Payment", "namespace": "shop",
@@ -83,16 +84,17 @@ def test_every_replica_holds_the_decoded_values_as_typed_columns(
             "offset")
         assert rows.column("value_fields").to_pylist() == payments
         assert all(v[:1] == b"\0" for v in rows.column("value").to_pylist())  # raw bytes kept
-    leader = replica_tables(cluster, topic_name)[0]
-    spark.read.parquet(*leader.file_uris()).createOrReplaceTempView("typed_payments")
-    euros = spark.sql("SELECT value_fields.id, value_fields.amount FROM typed_payments "
+    views = register_topic_views(spark, cluster.bootstrap_servers, [topic_name],
+                                 snapshot=True, value_fields=True)
+    euros = spark.sql(f"SELECT value_fields.id, value_fields.amount FROM {views[topic_name]} "
                       "WHERE value_fields.currency = 'EUR' ORDER BY value_fields.amount")
     assert [(r.id, r.amount) for r in euros.collect()] == [
         (p["id"], p["amount"]) for p in payments if p["currency"] == "EUR"]
+    assert "value" in spark.table(views[topic_name]).columns  # the Kafka columns stay
 
 
 def test_an_evolution_adds_a_nullable_field_and_rewrites_no_file(
-        cluster, registry, topic_name) -> None:
+        cluster, registry, topic_name, spark) -> None:
     typed_topic(cluster, topic_name)
     produce(cluster, topic_name, AvroSerializer(registry, json.dumps(PAYMENT_V1)),
             [{"id": "old", "amount": 1.0, "currency": "EUR"}])
@@ -107,9 +109,11 @@ def test_an_evolution_adds_a_nullable_field_and_rewrites_no_file(
     schema = pa.schema(table.schema().to_arrow())
     assert schema.field("value_fields").type.get_field_index("note") == 3
     rows = table.to_pyarrow_table(columns=["offset", "value_fields"]).sort_by("offset")
-    assert rows.column("value_fields").to_pylist() == [
-        {"id": "old", "amount": 1.0, "currency": "EUR", "note": None},
-        {"id": "new", "amount": 2.0, "currency": "USD", "note": "evolved"}]
+    expected = [{"id": "old", "amount": 1.0, "currency": "EUR", "note": None},
+                {"id": "new", "amount": 2.0, "currency": "USD", "note": "evolved"}]
+    assert rows.column("value_fields").to_pylist() == expected
+    read = read_topic(spark, cluster.bootstrap_servers, topic_name, value_fields=True)
+    assert [r.value_fields.asDict() for r in read.orderBy("offset").collect()] == expected
 
 
 def test_a_record_its_schema_does_not_read_is_refused_and_nothing_is_written(
