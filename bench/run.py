@@ -13,8 +13,9 @@ a running one), in an order where each step leaves what the next needs:
     (g) latency as (e) but acks=all with replication factor 3, with its breakdown too
     (h) offset commits: 100 consumers each committing every 100 ms (see groups)
     (i) rebalance time of a 10-member group when one member leaves
-    (j) a Structured Streaming query draining a 10-million-record topic, against Spark reading
-        the same Parquet files directly (see stream_drain)
+    (j) a Structured Streaming query draining a 10-million-record topic, against a Python data
+        source serving the records from memory, and SQL over the topic on Spark's own Parquet
+        reader, against Spark reading the same Parquet files directly (see stream_drain)
     (k) a partition table after 10,000 small commits: open time and fetch rate of the broker's
         log, before and after the log cleaner's small-file compaction (see small_files)
     (l) Kafka's perf-test workload through a Kafka client (confluent-kafka) on the Kafka
@@ -40,6 +41,9 @@ a running one), in an order where each step leaves what the next needs:
         leader restarted), bulk produce and latency at acks=1 and at acks=all with replication
         factor 3, and each phase's S3 requests by method, per produced or fetched MB (see
         object_storage); only with the embedded cluster
+    (s) bulk produce of the same Avro records to a typed topic (value.schema.subject: the leader
+        decodes every record into typed columns) and to an untyped one, alternating rounds
+        (see typed_produce); runs before (r), on the cluster of the other steps
 
 Sizes are the README's by default; flags make every step smaller (see sizes). A command line
 argparse rejects exits 2; a step that fails raises, with its traceback: the bench is a
@@ -70,6 +74,7 @@ from bench import (
     sasl_ssl,
     small_files,
     stream_drain,
+    typed_produce,
 )
 from bench.produce_fetch import (
     bulk_produce,
@@ -263,7 +268,7 @@ def measure(bootstrap: str, spark: Any, kafka_bootstrap: str | None, root: str,
     cluster's Kafka listener (in this process). Scratch files go under `root`, which the
     caller removes. `trace_dir`: see run_steps."""
     figures = run_steps(bootstrap, root, sizes, trace_dir)
-    with _step(figures["step_s"], "j", "streaming query draining a topic"):
+    with _step(figures["step_s"], "j", "streaming query and SQL draining a topic"):
         figures["drain"] = stream_drain.drain_vs_parquet(
             spark, bootstrap, pa.table({"value": random_values(
                 min(sizes.drain_records, 100_000), VALUE_BYTES)}), sizes.drain_records,
@@ -304,6 +309,9 @@ def measure(bootstrap: str, spark: Any, kafka_bootstrap: str | None, root: str,
                 sizes.hostile_rounds)
     else:
         print("(q) skipped: give --kafka-bootstrap-server with --bootstrap-server")
+    with _step(figures["step_s"], "s", "bulk produce to a typed topic and an untyped one"):
+        figures["typed_produce"] = typed_produce.typed_vs_untyped(
+            bootstrap, sizes.records, typed_produce.ROUNDS)
     return figures
 
 

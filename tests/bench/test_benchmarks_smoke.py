@@ -47,7 +47,7 @@ def positive(section: dict[str, Any], *keys: str) -> None:
 
 
 def test_every_step_ran_and_took_time(figures: dict[str, Any]) -> None:
-    assert sorted(figures["step_s"]) == list("abcdefghijklmnopqr")
+    assert sorted(figures["step_s"]) == list("abcdefghijklmnopqrs")
     positive(figures["step_s"], *figures["step_s"])
     assert (figures["records"], figures["send_records"], figures["value_bytes"]) == (
         TINY.records, TINY.send_records, VALUE_BYTES)
@@ -93,10 +93,18 @@ def test_rebalance(figures: dict[str, Any]) -> None:
     assert figures["group_members"] == TINY.group_members
 
 
+def test_typed_produce(figures: dict[str, Any]) -> None:
+    typed = figures["typed_produce"]
+    positive(typed, "typed_rps", "untyped_rps", "typed_vs_untyped")
+    assert typed["records"] == TINY.records
+    assert len(typed["rounds"]["typed"]) == len(typed["rounds"]["untyped"]) == 3
+
+
 def test_stream_drain(figures: dict[str, Any]) -> None:
     drain = figures["drain"]
     positive(drain, "direct_rps", "memory_rps", "stream_rps", "stream_wall_rps",
-             "stream_vs_direct", "memory_vs_direct", "micro_batches")
+             "stream_vs_direct", "memory_vs_direct", "micro_batches", "sql_rps",
+             "sql_vs_direct", "stream_vs_memory")
     assert drain["records"] == TINY.drain_records
     assert len(drain["rounds"]) == TINY.drain_rounds
 
@@ -227,7 +235,7 @@ def test_results_json_and_report(figures: dict[str, Any], tmp_path: pathlib.Path
                              "small_files", "sasl_ssl", "idle_connections", "quotas",
                              "partitions", "keyed_partitions", "hostile",
                              "object_storage_latency", "kafka_produce", "kafka_consume",
-                             "kafka_latency"}
+                             "kafka_latency", "drain_sql", "typed_produce"}
     assert written["drain"]["records"] == TINY.drain_records
     table = capsys.readouterr().out
     for letter in "abcdefghijklmnopqr":
