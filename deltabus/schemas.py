@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import enum
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -118,6 +118,23 @@ def parse(schema_type: SchemaType, text: str, references: Mapping[str, str]) -> 
         return parse_json_schema(text, references)
     from deltabus.schema_protobuf import parse_protobuf
     return parse_protobuf(text, references)
+
+
+def referenced_texts(references: Sequence[SchemaReference],
+                     lookup: Callable[[SchemaReference], StoredSchema]) -> dict[str, str]:
+    """Each reference's name -> the text of the schema it names, references of references
+    included: a schema may use what its references use, and parsing it needs them all.
+    `lookup` finds the schema a reference names (the registry's state, or a registry client)."""
+    texts: dict[str, str] = {}
+    pending = list(references)
+    while pending:
+        ref = pending.pop()
+        if ref.name in texts:
+            continue
+        held = lookup(ref)
+        texts[ref.name] = held.text
+        pending.extend(held.references)
+    return texts
 
 
 def decode(schema: ParsedSchema, payloads: Sequence[bytes]) -> Any:

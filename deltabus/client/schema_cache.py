@@ -13,7 +13,7 @@ from typing import Any
 
 from deltabus import schemas
 from deltabus.rpc.schema_codec import RegistryOverGrpc
-from deltabus.schemas import ParsedSchema, SchemaReference, SchemaRegistryError
+from deltabus.schemas import ParsedSchema, SchemaReference, SchemaRegistryError, StoredSchema
 
 LATEST = -1
 
@@ -43,18 +43,10 @@ class SchemaCache:
         return self._by_id[schema_id]
 
     def _texts(self, references: Sequence[SchemaReference]) -> dict[str, str]:
-        """Each reference's name -> its text, references of references included."""
-        texts: dict[str, str] = {}
-        pending = list(references)
-        while pending:
-            ref = pending.pop()
-            if ref.name in texts:
-                continue
+        def lookup(ref: SchemaReference) -> StoredSchema:
             held = self._registry.subject_version(ref.subject, ref.version, True)
-            stored = self._registry.schema_by_id(held.schema_id)
-            texts[ref.name] = stored.text
-            pending.extend(stored.references)
-        return texts
+            return self._registry.schema_by_id(held.schema_id)
+        return schemas.referenced_texts(references, lookup)
 
     def encode_latest(self, subject: str, rows: Sequence[Any]) -> list[bytes]:
         """Rows encoded with the subject's latest schema, in Confluent's wire format; raises

@@ -158,23 +158,16 @@ class SchemaRegistryState:
             subject, self.compatibility.get(GLOBAL, DEFAULT_COMPATIBILITY))
 
     def referenced_texts(self, references: Sequence[SchemaReference]) -> dict[str, str]:
-        """Each reference's name -> the text it names, references of references included (a
-        schema may use what its references use)."""
-        texts: dict[str, str] = {}
-        pending = list(references)
-        while pending:
-            ref = pending.pop()
-            if ref.name in texts:
-                continue
+        """Each reference's name -> the text it names (`schemas.referenced_texts`); a reference
+        to a version that does not exist is an invalid schema."""
+        def lookup(ref: SchemaReference) -> StoredSchema:
             try:
-                held = self.schema(self.version(ref.subject, ref.version).schema_id)
+                return self.schema(self.version(ref.subject, ref.version).schema_id)
             except SchemaRegistryError:
                 raise schemas.invalid_schema(
                     f"reference '{ref.name}' names subject '{ref.subject}' version "
                     f"{ref.version}, which does not exist") from None
-            texts[ref.name] = held.text
-            pending.extend(held.references)
-        return texts
+        return schemas.referenced_texts(references, lookup)
 
     def referenced_by(self, subject: str, version: int) -> list[int]:
         """Ids of the schemas of live versions that reference the subject's version."""
