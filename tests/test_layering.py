@@ -29,7 +29,8 @@ LAYERS = {
     "deltabus.listeners": "pure", "deltabus.quotas": "pure", "deltabus.storage": "pure",
     "deltabus.trace": "pure",  # stamps for the latency breakdown: clients and brokers alike
     # schemas as Confluent's registry knows them, each type's rules (pure: no I/O)
-    "deltabus.schemas": "pure", "deltabus.schema_avro": "pure", "deltabus.schema_json": "pure",
+    "deltabus.schemas": "pure", "deltabus.schema_avro": "pure", "deltabus.avro_columns": "pure",
+    "deltabus.schema_json": "pure",
     "deltabus.schema_protobuf": "pure",
     "deltabus.log_tables": "log_tables",
     "deltabus.offsets": "offsets",
