@@ -543,7 +543,7 @@ class Broker:
             fields = None
             for field, subject in checks:
                 decoded = check_records(functools.partial(self._schema_of, subject), subject,
-                                        batch.column(field).to_pylist(), field, topic)
+                                        batch.column(field), field, topic)
                 if field == "value" and subject == typed:
                     fields = decoded
             return fields

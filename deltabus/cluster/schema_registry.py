@@ -28,6 +28,7 @@ from typing import TypeVar
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from deltabus import errors, schemas
 from deltabus.cluster.metadata_records import (
@@ -432,45 +433,70 @@ class SchemaRegistry:
 
 
 def check_records(schema_of: Callable[[int], ParsedSchema | None], subject: str,
-                  payloads: Sequence[bytes | None], what: str, where: str) -> pa.Array:
-    """Confluent Server's schema validation of a batch's keys or values (`what`): each one
-    present must start with the registry's wire header, name a schema registered under
-    `subject` (`schema_of` gives it, None when the id is not the subject's), and decode with
-    it. Raises INVALID_RECORD naming the first record that does not; a null one (a tombstone,
-    no key) passes. Records are decoded a schema at a time, together. Returns what they
-    decode to, a struct per record in batch order (null for a null one): a typed topic's
-    `value_fields`."""
-    by_id: dict[int, list[tuple[int, bytes]]] = {}
+                  payloads: pa.Array | pa.ChunkedArray, what: str, where: str) -> pa.Array:
+    """Confluent Server's schema validation of a batch's keys or values (`what`, a binary
+    column): each one present must start with the registry's wire header, name a schema
+    registered under `subject` (`schema_of` gives it, None when the id is not the subject's),
+    and decode with it. Raises INVALID_RECORD naming the first record that does not; a null one
+    (a tombstone, no key) passes. Returns what they decode to, a struct per record in batch
+    order (null for a null one): a typed topic's `value_fields`.
+
+    The headers are read column-wise (numpy over the column's buffers) and the records decoded
+    a schema at a time, together: a bulk produce of 100,000 records spent most of its check in
+    a per-record loop before."""
+    values = payloads.combine_chunks() if isinstance(payloads, pa.ChunkedArray) else payloads
+    present, schema_ids = wire_headers(values)
+    bad = present & (schema_ids < 0)
+    if bad.any():
+        raise errors.InvalidRecordError(
+            f"record {int(np.argmax(bad))} of the batch to {where}: its {what} does not start "
+            f"with the schema registry's magic byte and a schema id")
+    # (an explicit stop: pyarrow 26's binary_slice without one fails on some arrays)
+    bodies = pc.binary_slice(values, schemas.WIRE_HEADER.size, 2**31 - 1)
     decoded: list[tuple[list[int], pa.Table]] = []
-    for i, data in enumerate(payloads):
-        if data is None:
-            continue
-        try:
-            schema_id, body = schemas.split_wire(data)
-        except ValueError:
-            raise errors.InvalidRecordError(
-                f"record {i} of the batch to {where}: its {what} does not start with the "
-                f"schema registry's magic byte and a schema id") from None
-        by_id.setdefault(schema_id, []).append((i, bytes(body)))
-    for schema_id, items in by_id.items():
+    for schema_id in np.unique(schema_ids[present]).tolist():
+        places = np.flatnonzero(present & (schema_ids == schema_id))
         schema = schema_of(schema_id)
         if schema is None:
             raise errors.InvalidRecordError(
-                f"record {items[0][0]} of the batch to {where}: its {what}'s schema id "
+                f"record {int(places[0])} of the batch to {where}: its {what}'s schema id "
                 f"{schema_id} is not registered under subject {subject}")
+        items = bodies.take(pa.array(places)).to_pylist()
         try:
-            decoded.append(([i for i, _ in items],
-                            schemas.decode(schema, [body for _, body in items])))
+            decoded.append((places.tolist(), schemas.decode(schema, items)))
         except ValueError:
-            for i, one in items:  # which one: the error path alone decodes one by one
-                try:
+            for i, one in zip(places.tolist(), items, strict=True):  # which one: the error
+                try:                                                 # path alone goes one by one
                     schemas.decode(schema, [one])
                 except ValueError as e:
                     raise errors.InvalidRecordError(
                         f"record {i} of the batch to {where}: its {what} does not match "
                         f"schema id {schema_id} of subject {subject}: {e}") from None
             raise
-    return in_batch_order(decoded, len(payloads))
+    return in_batch_order(decoded, len(values))
+
+
+def wire_headers(values: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """(present, schema id) of each record of a binary column: present is False for a null
+    one; the schema id is -1 where the record is too short or its magic byte is not 0."""
+    n = len(values)
+    present = values.is_valid().to_numpy(zero_copy_only=False) if values.null_count else \
+        np.ones(n, dtype=bool)
+    ids = np.full(n, -1, dtype=np.int64)
+    if not n:
+        return present, ids
+    offsets = np.frombuffer(values.buffers()[1], dtype=np.int32)[values.offset:
+                                                                 values.offset + n + 1]
+    data = values.buffers()[2]
+    raw = np.frombuffer(data, dtype=np.uint8) if data is not None else np.zeros(0, np.uint8)
+    starts = offsets[:-1].astype(np.int64)
+    whole = present & (np.diff(offsets) >= schemas.WIRE_HEADER.size)
+    at = starts[whole]
+    header = np.stack([raw[at + k] for k in range(schemas.WIRE_HEADER.size)]).astype(np.int64)
+    magic_ok = header[0] == schemas.MAGIC_BYTE
+    found = (header[1] << 24) | (header[2] << 16) | (header[3] << 8) | header[4]
+    ids[np.flatnonzero(whole)] = np.where(magic_ok, found, -1)
+    return present, ids
 
 
 def in_batch_order(decoded: Sequence[tuple[list[int], pa.Table]], count: int) -> pa.Array:
