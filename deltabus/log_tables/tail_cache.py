@@ -197,7 +197,9 @@ def read_cached(cache: list[pa.Table], offset: int, end: int, max_bytes: int) ->
         size += part.nbytes
         if size >= max_bytes or offsets[-1] + 1 >= end:
             break
-    return pa.concat_tables(parts) if parts else LOG_SCHEMA.empty_table()
+    # a typed topic's commits may hold its values in several versions' struct types: unified
+    return (pa.concat_tables(parts, promote_options="permissive") if parts
+            else LOG_SCHEMA.empty_table())
 
 
 _shared: TailCacheBudget | None = None

@@ -15,11 +15,11 @@ import pytest
 from confluent_kafka import KafkaError
 from confluent_kafka import Producer as KafkaProducer
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
-from confluent_kafka.schema_registry.avro import AvroSerializer
+from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 from deltalake import DeltaTable
 
-from deltabus import AdminClient, NewTopic
+from deltabus import AdminClient, Consumer, NewTopic, TopicPartition
 from deltabus.rpc.schema_registry_http import SchemaRegistryServer
 from deltabus.schemas import split_wire, wire_header
 from deltabus.spark import read_topic, register_topic_views
@@ -114,6 +114,16 @@ def test_an_evolution_adds_a_nullable_field_and_rewrites_no_file(
     assert rows.column("value_fields").to_pylist() == expected
     read = read_topic(spark, cluster.bootstrap_servers, topic_name, value_fields=True)
     assert [r.value_fields.asDict() for r in read.orderBy("offset").collect()] == expected
+    with Consumer(cluster.bootstrap_servers) as consumer:  # across both versions' commits
+        tp = TopicPartition(topic_name, 0)
+        consumer.assign([tp])
+        consumer.seek(tp, 0)
+        got: list[bytes] = []
+        while len(got) < 2:  # the suite's timeout bounds it
+            got += [r.value for r in consumer.poll(1000)]
+    deserialize = AvroDeserializer(registry)
+    context = SerializationContext(topic_name, MessageField.VALUE)
+    assert [deserialize(v, context)["id"] for v in got] == ["old", "new"]
 
 
 def test_a_record_its_schema_does_not_read_is_refused_and_nothing_is_written(
