@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 MAGIC_BYTE = 0
+LATEST_VERSION = -1  # a subject's latest live version ("latest" or -1 on the REST API)
+VERSION_MAX = 2**31 - 1
 WIRE_HEADER = struct.Struct(">bI")  # Confluent's wire format: magic byte 0, schema id (4 bytes)
 
 
@@ -256,6 +258,14 @@ def invalid_version(version: object) -> SchemaRegistryError:
     return SchemaRegistryError(
         42202, f"The specified version '{version}' is not a valid version id. Allowed values "
         "are between [1, 2^31-1] and the string \"latest\"")
+
+
+def check_version(version: int, given: object = None) -> int:
+    """`version` if it may name a subject's version (1 to 2^31-1, or LATEST_VERSION); else
+    INVALID_VERSION (42202) naming what was given."""
+    if version != LATEST_VERSION and not 1 <= version <= VERSION_MAX:
+        raise invalid_version(version if given is None else given)
+    return version
 
 
 def invalid_compatibility_level(level: object) -> SchemaRegistryError:

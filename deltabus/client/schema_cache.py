@@ -15,8 +15,6 @@ from deltabus import schemas
 from deltabus.rpc.schema_codec import RegistryOverGrpc
 from deltabus.schemas import ParsedSchema, SchemaReference, SchemaRegistryError, StoredSchema
 
-LATEST = -1
-
 
 class SchemaCache:
     """Parsed schemas of one registry, by id and by subject's latest version. Not
@@ -30,7 +28,7 @@ class SchemaCache:
     def latest(self, subject: str) -> tuple[int, ParsedSchema]:
         """The subject's latest live version's schema id and schema (fetched once)."""
         if subject not in self._latest:
-            self._latest[subject] = self._registry.subject_version(subject, LATEST,
+            self._latest[subject] = self._registry.subject_version(subject, schemas.LATEST_VERSION,
                                                                    False).schema_id
         schema_id = self._latest[subject]
         return schema_id, self.schema(schema_id)

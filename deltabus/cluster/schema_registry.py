@@ -54,8 +54,6 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 GLOBAL = ""  # the subject name under which the global compatibility level is kept
-LATEST = -1  # the subject's latest live version ("latest" or -1 on the REST API)
-VERSION_MAX = 2**31 - 1
 
 
 class SchemaRegistryState:
@@ -143,11 +141,10 @@ class SchemaRegistryState:
         return found
 
     def version(self, subject: str, version: int, deleted: bool = False) -> SubjectVersion:
-        """A version of the subject (LATEST: its newest live one)."""
-        if version != LATEST and not 1 <= version <= VERSION_MAX:
-            raise schemas.invalid_version(version)
+        """A version of the subject (LATEST_VERSION: its newest live one)."""
+        schemas.check_version(version)
         versions = self.versions(subject, deleted)
-        if version == LATEST:
+        if version == schemas.LATEST_VERSION:
             return versions[-1]
         for v in versions:
             if v.version == version:

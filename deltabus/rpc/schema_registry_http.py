@@ -28,18 +28,20 @@ from typing import Any
 from deltabus.cluster.handler import SchemaRegistryHandler
 from deltabus.listeners import ListenerBindError
 from deltabus.schemas import (
+    LATEST_VERSION,
     SchemaReference,
     SchemaRegistryError,
     SchemaType,
     StoredSchema,
     SubjectVersion,
+    check_version,
+    invalid_version,
 )
 
 log = logging.getLogger(__name__)
 
 CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"
 REQUEST_BYTES_MAX = 16 * 1024 * 1024  # a schema request's body, at most
-LATEST = -1
 
 Query = dict[str, str]
 Route = tuple[str, re.Pattern[str], Callable[..., Any]]
@@ -56,16 +58,11 @@ class RestError(Exception):
 def _version(text: str) -> int:
     """A version in a path: "latest", -1, or 1 to 2^31-1 (INVALID_VERSION 42202)."""
     if text == "latest":
-        return LATEST
+        return LATEST_VERSION
     try:
-        version = int(text)
+        return check_version(int(text), text)
     except ValueError:
-        version = 0
-    if version != LATEST and not 1 <= version <= 2**31 - 1:
-        raise SchemaRegistryError(
-            42202, f"The specified version '{text}' is not a valid version id. Allowed values "
-            "are between [1, 2^31-1] and the string \"latest\"")
-    return version
+        raise invalid_version(text) from None
 
 
 def _flag(query: Query, name: str) -> bool:
