@@ -44,6 +44,7 @@ from deltabus.log_tables.delta_writes import (
     APPEND_COMMIT_RETRIES,
     commit_properties,
     log_table_schema,
+    value_fields_type,
     writer_properties,
 )
 from deltabus.log_tables.log_reader import LOG_START_TXN_APP_ID, data_files
@@ -215,6 +216,8 @@ class LogAppender:
         self._lock = lock
         self.table = self._open(create)
         self._table_base = self.table.version()  # loaded afresh at this version
+        # A typed topic's value_fields type, as committed: produce checks read it (typed_columns)
+        self.value_fields_type = value_fields_type(self.table)
         # A checkpoint being written and the table loaded afresh from it (`renew`)
         self._renewing: Future[tuple[int, DeltaTable]] | None = None
         self._pending: collections.deque[Pending] = collections.deque()
@@ -383,14 +386,19 @@ class LogAppender:
             done = self._commit_log_start(work, log_end_offset)
         elif isinstance(work, PendingFiles):
             done = self._commit_files(work, log_end_offset)
+            if work.extra_fields:
+                self.value_fields_type = value_fields_type(self.table)
         else:
             done = self._commit_group(work, log_end_offset)
+            if done.records is not None and done.records.num_columns > len(LOG_SCHEMA):
+                self.value_fields_type = value_fields_type(self.table)
         return done
 
     def reload(self) -> tuple[int, int]:
         """After a failed commit, trust only the table: reload it. (version, log end offset)."""
         self.table = DeltaTable(self.path, storage_options=self._storage.delta_options)
         self._table_base = self.table.version()
+        self.value_fields_type = value_fields_type(self.table)
         return self.table.version(), log_offsets(self.table)[1]
 
     def _properties(self, end_offset: int, metadata: dict[str, str]) -> CommitProperties:

@@ -61,11 +61,22 @@ def overlapping_row_groups(metadata: pq.FileMetaData, start: int, end: int
 
 
 def read_row_group(reader: pq.ParquetFile, group: int,
-                   columns: list[str] | None = None) -> pa.Table:
-    """One row group, whole, as LOG_SCHEMA's types (files a truncation rewrote may differ)."""
+                   columns: list[str] | None = None, typed: bool = False) -> pa.Table:
+    """One row group, whole, as LOG_SCHEMA's types (files a truncation rewrote may differ).
+    `typed`: with the typed columns a typed topic's file holds after them (records.VALUE_FIELDS,
+    what a follower copies), as they were written."""
     schema = LOG_SCHEMA if columns is None else pa.schema([LOG_SCHEMA.field(c) for c in columns])
-    part = reader.read_row_group(group, columns=columns or LOG_SCHEMA.names)  # not typed ones
-    return part if part.schema.equals(schema) else part.cast(schema)
+    extra = ([n for n in reader.schema_arrow.names if n not in LOG_SCHEMA.names]
+             if typed else [])
+    part = reader.read_row_group(group, columns=[*schema.names, *extra])
+    log = part.select(schema.names) if extra else part
+    if not log.schema.equals(schema):
+        log = log.cast(schema)
+    if not extra:
+        return log
+    return pa.Table.from_arrays(
+        log.columns + [part.column(n) for n in extra],
+        schema=pa.schema(list(schema) + [part.schema.field(n) for n in extra]))
 
 
 def read_row_groups(reader: pq.ParquetFile, start: int, end: int,
@@ -90,7 +101,9 @@ def offset_slice(parts: list[pa.Table], start: int, end: int) -> pa.Table:
     in any order, so they are sorted when they are not already)."""
     if not parts:
         return LOG_SCHEMA.empty_table()
-    table = pa.concat_tables(parts)
+    same = all(p.schema.equals(parts[0].schema) for p in parts[1:])
+    # A typed topic's files: a file written before an evolution lacks the newer fields.
+    table = pa.concat_tables(parts, promote_options="none" if same else "permissive")
     offsets = table.column("offset").to_numpy()
     if offsets.size > 1 and not (np.diff(offsets) > 0).all():
         table = table.sort_by("offset")

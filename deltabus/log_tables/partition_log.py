@@ -43,6 +43,7 @@ from deltalake import DeltaTable
 
 from deltabus import errors, trace
 from deltabus.config import LogConfig
+from deltabus.log_tables import typed_columns
 from deltabus.log_tables.append_pool import shared_pool
 from deltabus.log_tables.appender import (
     AppendResult,
@@ -293,6 +294,9 @@ class PartitionLog:
                     f"{self._name}.")
             if validate is not None:
                 fields = validate(batch)
+                if fields is not None:  # in the types the table's column holds
+                    fields = typed_columns.conform(fields, self._appender.value_fields_type,
+                                                   self._name)
         except errors.DeltaBusError as e:
             return batch, e, None
         return batch, None, fields
@@ -677,7 +681,7 @@ class PartitionLog:
             return LOG_SCHEMA.empty_table()
         table = self._tail.read(offset, end, max_bytes)
         if table is None:
-            table = self._reader.read(offset, end, max_bytes)
+            table = self._reader.read(offset, end, max_bytes, typed=to_log_end)
         elif table.num_columns > len(LOG_SCHEMA) and not to_log_end:
             table = table.select(LOG_SCHEMA.names)  # a typed topic's values: its followers'
         return _trim_to_bytes(table, max_bytes)

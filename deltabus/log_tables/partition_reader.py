@@ -96,9 +96,10 @@ class PartitionReader:
         for path in self.files().column("path").to_pylist():
             yield self.parquet_file(path)
 
-    def read(self, offset: int, end: int, max_bytes: int) -> pa.Table:
+    def read(self, offset: int, end: int, max_bytes: int, typed: bool = False) -> pa.Table:
         """Records [offset, end) from Parquet, touching only the files, and row groups, that
-        hold them; stops after about `max_bytes`."""
+        hold them; stops after about `max_bytes`. `typed`: with a typed topic's typed columns
+        (a follower's copy holds what the leader's does)."""
         parts: list[pa.Table] = []
         size = 0
         for path in files_overlapping(self.files(), offset, end).column("path").to_pylist():
@@ -110,7 +111,7 @@ class PartitionReader:
                     table = offset_slice(parts, offset, first)
                     if table.num_rows:
                         return table
-                parts.append(read_row_group(reader, group))
+                parts.append(read_row_group(reader, group, typed=typed))
                 size += parts[-1].nbytes
             if size >= max_bytes:  # files hold disjoint ranges: a file's end is a safe stop
                 break

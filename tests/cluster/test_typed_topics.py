@@ -126,6 +126,29 @@ def test_an_evolution_adds_a_nullable_field_and_rewrites_no_file(
     assert [deserialize(v, context)["id"] for v in got] == ["old", "new"]
 
 
+def test_a_promotion_from_int_to_long_lands_in_the_same_column(
+        cluster, registry, topic_name) -> None:
+    """Avro lets a schema promote an int field to long (BACKWARD compatible), but a Delta
+    column never changes type: an int is stored as a bigint from the first record, so values
+    of the promoted field land in the same column, on every replica."""
+    typed_topic(cluster, topic_name)
+    counted = {**PAYMENT_V1, "fields": [*PAYMENT_V1["fields"], {"name": "items", "type": "int"}]}
+    promoted = {**counted, "fields": [*PAYMENT_V1["fields"], {"name": "items", "type": "long"}]}
+    produce(cluster, topic_name, AvroSerializer(registry, json.dumps(counted)),
+            [{"id": "small", "amount": 1.0, "currency": "EUR", "items": 7}])
+    produce(cluster, topic_name, AvroSerializer(registry, json.dumps(promoted)),
+            [{"id": "large", "amount": 2.0, "currency": "EUR", "items": 2**40}])
+    assert registry.get_versions(f"{topic_name}-value") == [1, 2]
+    for table in replica_tables(cluster, topic_name):
+        wait_until(lambda t=table: (t.update_incremental() or True)
+                   and t.to_pyarrow_table(columns=["offset"]).num_rows == 2,
+                   "every replica holds both records")
+        items = pa.schema(table.schema().to_arrow()).field("value_fields").type.field("items")
+        assert items.type == pa.int64()
+        rows = table.to_pyarrow_table(columns=["offset", "value_fields"]).sort_by("offset")
+        assert [v["items"] for v in rows.column("value_fields").to_pylist()] == [7, 2**40]
+
+
 def test_a_record_its_schema_does_not_read_is_refused_and_nothing_is_written(
         cluster, registry, topic_name) -> None:
     typed_topic(cluster, topic_name)

@@ -25,6 +25,7 @@ from deltabus.log_tables.partition_log import (
 )
 from deltabus.records import (
     LOG_SCHEMA,
+    VALUE_FIELDS,
     batch_size_bytes,
     from_ipc,
     normalize_produce,
@@ -595,3 +596,62 @@ def test_a_tail_in_memory_goes_to_followers_as_records_up_to_a_size(path: Path) 
     assert log.cached_tail_under(2, 10_000)
     assert not log.cached_tail_under(0, 10_000)  # left the cache: files
     log.close()
+
+
+def test_a_followers_read_from_parquet_carries_a_typed_topics_values_across_evolution(
+        path: Path) -> None:
+    """A follower whose catch-up starts inside a data file copies records the leader reads from
+    Parquet: they must carry the typed columns (records.VALUE_FIELDS) as the commit wrote them,
+    or that replica's table holds nulls where the leader's holds values. Consumers' reads keep
+    the log's own columns."""
+    v1 = [{"id": f"a{i}", "amount": float(i)} for i in range(3)]
+    v2 = [{"id": f"b{i}", "amount": 10.0 + i, "note": f"n{i}"} for i in range(2)]
+    log = _open(path)
+    try:
+        for values in (v1, v2):
+            fields = pa.array(values)
+            _wait([log.append(_batch([b"x"] * len(values)), leader_epoch=0,
+                              validate=lambda _batch, f=fields: f)])
+    finally:
+        log.close()
+    reopened = _open(path)
+    try:
+        assert not reopened._tail  # nothing in memory: the reads below are Parquet reads
+        copied = reopened.read(1, READ_ALL, to_log_end=True)  # inside the first commit's file
+        assert copied.column("offset").to_pylist() == [1, 2, 3, 4]
+        assert copied.column(VALUE_FIELDS).to_pylist() == [
+            {**v, "note": None} for v in v1[1:]] + v2
+        consumed = reopened.read(1, READ_ALL)
+        assert consumed.schema.equals(LOG_SCHEMA)
+    finally:
+        reopened.close()
+
+
+def test_a_typed_column_holds_promoted_values_and_refuses_what_its_type_cannot_hold(
+        log: PartitionLog, path: Path) -> None:
+    """A registry lets a schema promote a field (Avro int to long or to double), but a Delta
+    column written by delta-rs never changes type: integers are stored as 64-bit from the
+    first commit, and a value the column cannot hold is refused with INVALID_RECORD naming the
+    field, before it could fail the group commit other producers' batches joined."""
+    def append(values: pa.Array) -> Future:
+        return log.append(_batch([b"x"] * len(values)), leader_epoch=0,
+                          validate=lambda _batch: values)
+
+    first = pa.array([{"id": "a", "qty": 1}], pa.struct([("id", pa.string()),
+                                                         ("qty", pa.int32())]))
+    _wait([append(first)])
+    promoted = pa.array([{"id": "b", "qty": 2**40}], pa.struct([("id", pa.string()),
+                                                                ("qty", pa.int64())]))
+    _wait([append(promoted)])
+    with pytest.raises(errors.InvalidRecordError, match="qty"):
+        append(pa.array([{"id": "c", "qty": 2.5}], pa.struct([("id", pa.string()),
+                                                              ("qty", pa.float64())])))
+    whole = pa.array([{"id": "d", "qty": 3.0}], pa.struct([("id", pa.string()),
+                                                           ("qty", pa.float64())]))
+    _wait([append(whole)])  # a double that is a whole number fits the integer column
+    table = DeltaTable(str(path))
+    assert pa.schema(table.schema().to_arrow()).field(VALUE_FIELDS).type == pa.struct(
+        [("id", pa.string()), ("qty", pa.int64())])
+    rows = table.to_pyarrow_table(columns=["offset", VALUE_FIELDS]).sort_by("offset")
+    assert rows.column("offset").to_pylist() == [0, 1, 2]
+    assert [v["qty"] for v in rows.column(VALUE_FIELDS).to_pylist()] == [1, 2**40, 3]
