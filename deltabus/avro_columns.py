@@ -374,22 +374,27 @@ def _within_digits(low: npt.NDArray[np.uint64], high: Int64s, precision: int) ->
 
 
 def decode_columns(steps: Sequence[Step], schema: pa.Schema,
-                   payloads: Sequence[bytes]) -> pa.Table:
+                   payloads: Sequence[bytes] | pa.Array) -> pa.Table:
     """The table of `schema` whose columns `steps` read, one after another, from every
-    payload. Raises Undecodable where a payload does not decode, or decodes with bytes left
+    payload (Python bytes, or a binary Arrow array: read from its buffers, no Python object a
+    record). Raises Undecodable where a payload does not decode, or decodes with bytes left
     over: the caller then decodes record by record for the exact error."""
     try:
-        batch = pa.array(payloads, pa.large_binary())
+        batch = (payloads.cast(pa.large_binary()) if isinstance(payloads, pa.Array)
+                 else pa.array(payloads, pa.large_binary()))
     except (pa.ArrowException, TypeError) as e:  # not bytes: the record path says which
         raise Undecodable(str(e)) from e
     if isinstance(batch, pa.ChunkedArray):  # more than Arrow puts in one array
         raise Undecodable("the batch is too large for one array")
+    if batch.null_count:
+        raise Undecodable("a null payload")
     _, offsets_buffer, values = batch.buffers()
-    offsets = np.frombuffer(offsets_buffer, np.int64, len(batch) + 1)
-    size = int(offsets[-1])
+    offsets = np.frombuffer(offsets_buffer, np.int64, len(batch) + 1, batch.offset * 8)
+    base, size = int(offsets[0]), int(offsets[-1] - offsets[0])
+    offsets = offsets - base
     data = np.zeros(size + _PADDING, np.uint8)
     if size:
-        data[:size] = np.frombuffer(values, np.uint8, size)
+        data[:size] = np.frombuffer(values, np.uint8, size, base)
     cursors = _Cursors(data, pa.py_buffer(data), offsets[:-1].copy(), offsets[1:])
     columns = [step.read(cursors) for step in steps]
     if (cursors.pos != cursors.end).any():

@@ -902,7 +902,7 @@ _DECODE_ERRORS = (EOFError, IndexError, KeyError, ValueError, TypeError, Overflo
                   ArithmeticError)
 
 
-def decode_avro(schema: AvroSchema, payloads: Sequence[bytes]) -> pa.Table:
+def decode_avro(schema: AvroSchema, payloads: Sequence[bytes] | pa.Array) -> pa.Table:
     """The typed columns (`avro_arrow_schema`) of records encoded with `schema` (Avro binary,
     without Confluent's 5-byte header). Raises ValueError naming the first record that does
     not decode, InvalidSchemaError where the schema has no columns.
@@ -917,6 +917,8 @@ def decode_avro(schema: AvroSchema, payloads: Sequence[bytes]) -> pa.Table:
             return decode_columns(plan.steps, plan.arrow_schema, payloads)
         except Undecodable:
             pass  # the record path finds what does not decode, and names the record
+    if isinstance(payloads, pa.Array):
+        payloads = payloads.to_pylist()
     return decode_avro_records(schema, payloads)
 
 

@@ -21,6 +21,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import pyarrow as pa
+
 MAGIC_BYTE = 0
 LATEST_VERSION = -1  # a subject's latest live version ("latest" or -1 on the REST API)
 VERSION_MAX = 2**31 - 1
@@ -139,12 +141,15 @@ def referenced_texts(references: Sequence[SchemaReference],
     return texts
 
 
-def decode(schema: ParsedSchema, payloads: Sequence[bytes]) -> Any:
-    """Records encoded with `schema` (each without the wire header) as a pyarrow Table of
-    its typed columns; raises ValueError naming the first record that does not decode."""
+def decode(schema: ParsedSchema, payloads: Sequence[bytes] | pa.Array) -> Any:
+    """Records encoded with `schema` (each without the wire header; Python bytes or a binary
+    Arrow array) as a pyarrow Table of its typed columns; raises ValueError naming the first
+    record that does not decode."""
     if schema.schema_type == SchemaType.AVRO:
         from deltabus.schema_avro import decode_avro
         return decode_avro(schema, payloads)  # type: ignore[arg-type]
+    if isinstance(payloads, pa.Array):
+        payloads = payloads.to_pylist()
     if schema.schema_type == SchemaType.JSON:
         from deltabus.schema_json import decode_json
         return decode_json(schema, payloads)  # type: ignore[arg-type]

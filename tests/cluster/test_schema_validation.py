@@ -1,0 +1,58 @@
+"""The broker's check of a batch against the registry (Confluent Server's schema validation),
+as a typed topic's leader runs it on every produce: a batch may mix versions of a schema and
+hold tombstones, and the decoded values come back in the batch's order either way; a record
+that names no schema of the subject, or does not decode, refuses the batch naming it."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pytest
+
+from deltabus import errors
+from deltabus.cluster.schema_registry import check_records
+from deltabus.schema_avro import encode_avro, parse_avro
+from deltabus.schemas import wire_header
+
+V1 = {"type": "record", "name": "Payment", "fields": [{"name": "id", "type": "string"},
+                                                     {"name": "amount", "type": "double"}]}
+V2 = {**V1, "fields": [*V1["fields"], {"name": "note", "type": ["null", "string"],
+                                      "default": None}]}
+SCHEMAS = {1: parse_avro(json.dumps(V1), {}), 2: parse_avro(json.dumps(V2), {})}
+
+
+def wire(schema_id: int, row: dict) -> bytes:
+    return wire_header(schema_id) + encode_avro(SCHEMAS[schema_id], [row])[0]
+
+
+def check(values: list[bytes | None]) -> pa.Array:
+    return check_records(SCHEMAS.get, "payments-value", pa.array(values, pa.binary()),
+                         "value", "payments-0")
+
+
+@pytest.mark.parametrize("copies", [1, 100])  # record by record, and column-wise
+def test_a_batch_mixing_versions_and_tombstones_decodes_in_its_own_order(copies: int) -> None:
+    rows = [(1, {"id": "a", "amount": 1.0}), None, (2, {"id": "b", "amount": 2.0, "note": "n"}),
+            (1, {"id": "c", "amount": 3.0})] * copies
+    got = check([None if r is None else wire(*r) for r in rows])
+    assert got.to_pylist() == [None if r is None else {"note": None, **r[1]} for r in rows]
+
+
+def test_a_batch_of_one_version_decodes_as_its_schema_types() -> None:
+    rows = [{"id": f"p{i}", "amount": i / 4} for i in range(200)]
+    got = check([wire(1, r) for r in rows])
+    assert got.type == pa.struct([("id", pa.string()), ("amount", pa.float64())])
+    assert got.to_pylist() == rows
+
+
+@pytest.mark.parametrize(("value", "named"), [
+    (b"\x01\x00\x00\x00\x01", "magic byte"),
+    (wire_header(7) + b"\x02a", "schema id 7 is not registered"),
+    (wire_header(1) + b"\xff", "does not match schema id 1"),
+])
+def test_a_record_that_is_not_the_subjects_refuses_the_batch_naming_it(
+        value: bytes, named: str) -> None:
+    good = wire(1, {"id": "a", "amount": 1.0})
+    with pytest.raises(errors.InvalidRecordError, match=f"record 70 .*{named}"):
+        check([good] * 70 + [value] + [good] * 5)
