@@ -228,6 +228,13 @@ def report(f: dict[str, Any], ok: dict[str, bool]) -> str:
                      (f"{t['typed_rps']:,.0f} vs {t['untyped_rps']:,.0f} rec/s untyped "
                       f"({t['typed_vs_untyped']:.0%})"),
                      f">= {TARGETS['typed_vs_untyped']:.0%} of untyped", ok["typed_produce"]))
+        if "behind_head" in t:
+            b = t["behind_head"]
+            rows.append(("(s) the same decode behind the head",
+                         (f"cleaner rewrite {b['decode_rewrite_rps']:,.0f} vs "
+                          f"{b['rewrite_rps']:,.0f} rec/s without decoding: "
+                          f"+{b['cleaner_decode_s_per_m']:.2f} s/M records, on produce "
+                          f"+{t['produce_decode_s_per_m']:.2f} s/M"), "", ""))
     if "object_storage" in f:
         rows += _object_storage_rows(f["object_storage"], ok["object_storage_latency"])
     title = (f"deltabus bench: {f['records']:,} records of {f['value_bytes']} bytes "

@@ -311,7 +311,7 @@ def measure(bootstrap: str, spark: Any, kafka_bootstrap: str | None, root: str,
         print("(q) skipped: give --kafka-bootstrap-server with --bootstrap-server")
     with _step(figures["step_s"], "s", "bulk produce to a typed topic and an untyped one"):
         figures["typed_produce"] = typed_produce.typed_vs_untyped(
-            bootstrap, sizes.records, typed_produce.ROUNDS)
+            bootstrap, sizes.records, typed_produce.ROUNDS, root)
     return figures
 
 

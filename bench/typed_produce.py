@@ -8,6 +8,11 @@ are compared (the target: typed at least 70% of untyped).
 
 The schema is registered through AdminClient's registry (gRPC), so the step runs against any
 cluster; the topics are the step's own.
+
+The design not taken is timed too (`decode_behind_head`): decoding in the log cleaner's job,
+behind the head, leaves produce at the untyped rate and adds to the cleaner the rewrite of
+every file with its decoded values. One task of that job is run here, in this process, on a
+partition table of its own under the bench's scratch root.
 """
 
 from __future__ import annotations
@@ -21,11 +26,18 @@ from typing import Any
 
 import fastavro
 import pyarrow as pa
+from deltalake import DeltaTable
 
-from deltabus import AdminClient, NewTopic
+from deltabus import AdminClient, NewTopic, schemas
 from deltabus.cli.producer_performance import BULK_CHUNK_BYTES
 from deltabus.client.producer import Producer
-from deltabus.schemas import wire_header
+from deltabus.cluster.schema_registry import check_records
+from deltabus.log_tables.delta_writes import write_data_file
+from deltabus.log_tables.partition_log import PartitionLog
+from deltabus.log_tables.typed_columns import conform
+from deltabus.records import VALUE_FIELDS, normalize_produce
+from deltabus.schemas import SchemaType, wire_header
+from deltabus.storage import Storage
 
 SCHEMA = {"type": "record", "name": "Payment", "namespace": "bench",
           "fields": [{"name": "id", "type": "string"}, {"name": "amount", "type": "double"},
@@ -49,8 +61,7 @@ def avro_values(schema_id: int) -> pa.Table:
 
 def produce_rate(bootstrap: str, topic: str, values: pa.Table, records: int) -> float:
     """Records/s of send_batch (acks=1) of `records` of `values`, until every chunk is acked."""
-    rows = max(1, min(values.num_rows, BULK_CHUNK_BYTES // max(1, values.nbytes
-                                                                // values.num_rows)))
+    rows = chunk_rows(values)
     chunk = values.slice(0, rows)
     with Producer(bootstrap, acks=1) as producer:
         producer.send(topic, values.column("value")[0].as_py()).get(30)  # warm-up, untimed
@@ -65,9 +76,17 @@ def produce_rate(bootstrap: str, topic: str, values: pa.Table, records: int) -> 
     return records / elapsed
 
 
-def typed_vs_untyped(bootstrap: str, records: int, rounds: int) -> dict[str, Any]:
+def chunk_rows(values: pa.Table) -> int:
+    """Records per send_batch call: BULK_CHUNK_BYTES of `values`."""
+    return max(1, min(values.num_rows, BULK_CHUNK_BYTES // max(1, values.nbytes
+                                                              // values.num_rows)))
+
+
+def typed_vs_untyped(bootstrap: str, records: int, rounds: int,
+                     root: str | None = None) -> dict[str, Any]:
     """Medians of `rounds` alternating rounds of bulk produce to an untyped and a typed topic
-    (one partition each, a topic per round), and the typed rate as a share of the untyped."""
+    (one partition each, a topic per round), and the typed rate as a share of the untyped.
+    With a scratch `root`, the decode behind the head is timed too (`decode_behind_head`)."""
     tag = uuid.uuid4().hex[:6]
     subject = f"bench-typed-{tag}-value"
     with AdminClient(bootstrap) as admin:
@@ -83,6 +102,53 @@ def typed_vs_untyped(bootstrap: str, records: int, rounds: int) -> dict[str, Any
             print(f"    round {r + 1}: untyped {untyped[-1]:,.0f} rec/s, typed "
                   f"{typed[-1]:,.0f} rec/s", flush=True)
     untyped_rps, typed_rps = statistics.median(untyped), statistics.median(typed)
-    return {"records": records, "untyped_rps": untyped_rps, "typed_rps": typed_rps,
-            "typed_vs_untyped": typed_rps / untyped_rps, "rounds": {
-                "untyped": untyped, "typed": typed}}
+    figures = {"records": records, "untyped_rps": untyped_rps, "typed_rps": typed_rps,
+               "typed_vs_untyped": typed_rps / untyped_rps,
+               # what decoding adds to produce, in seconds per million records
+               "produce_decode_s_per_m": 1e6 / typed_rps - 1e6 / untyped_rps,
+               "rounds": {"untyped": untyped, "typed": typed}}
+    if root is not None:
+        figures["behind_head"] = decode_behind_head(f"{root}/typed-behind-head", values,
+                                                    records, rounds)
+    return figures
+
+
+def decode_behind_head(path: str, values: pa.Table, records: int, rounds: int
+                       ) -> dict[str, Any]:
+    """One task of the log cleaner's job, had it decoded typed topics behind the head: the
+    untyped records, committed by a PartitionLog a produce chunk at a time, read back file by
+    file and rewritten as the cleaner's merge rewrites them (`write_data_file`), once as they
+    are and once with their decoded values beside them; medians of `rounds` alternating
+    rounds. The difference is what decoding would add to the cleaner, per core."""
+    parsed = schemas.parse(SchemaType.AVRO, json.dumps(SCHEMA), {})
+    log = PartitionLog(path, topic="bench-behind-head", partition=0)
+    rows = chunk_rows(values)
+    try:
+        for first in range(0, records, rows):
+            chunk = values.slice(0, min(rows, records - first))
+            log.append(normalize_produce(chunk), leader_epoch=0).result(60)
+    finally:
+        log.close()
+    storage = Storage(path)
+    files = DeltaTable(path).file_uris()
+
+    def rewrite(decode: bool) -> float:
+        started = time.perf_counter()
+        for uri in files:
+            data = storage.read_parquet(uri)
+            if decode:
+                fields = check_records(lambda _id: parsed, "bench-value", data.column("value"),
+                                       "value", "bench-behind-head")
+                data = data.append_column(VALUE_FIELDS, conform(fields, None, path))
+            write_data_file(storage, f"{path}/rewritten", data, "typed" if decode else "merged")
+        return time.perf_counter() - started
+
+    plain, decoded = [], []
+    for _ in range(rounds):
+        plain.append(rewrite(False))
+        decoded.append(rewrite(True))
+    plain_s, decoded_s = statistics.median(plain), statistics.median(decoded)
+    return {"files": len(files), "rewrite_rps": records / plain_s,
+            "decode_rewrite_rps": records / decoded_s,
+            "cleaner_decode_s_per_m": (decoded_s - plain_s) * 1e6 / records,
+            "rounds": {"rewrite_s": plain, "decode_rewrite_s": decoded}}

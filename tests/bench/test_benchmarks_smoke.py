@@ -98,6 +98,9 @@ def test_typed_produce(figures: dict[str, Any]) -> None:
     positive(typed, "typed_rps", "untyped_rps", "typed_vs_untyped")
     assert typed["records"] == TINY.records
     assert len(typed["rounds"]["typed"]) == len(typed["rounds"]["untyped"]) == 3
+    behind = typed["behind_head"]  # the design not taken: decoding in the cleaner's job
+    positive(behind, "files", "rewrite_rps", "decode_rewrite_rps")
+    assert len(behind["rounds"]["decode_rewrite_s"]) == 3
 
 
 def test_stream_drain(figures: dict[str, Any]) -> None:
