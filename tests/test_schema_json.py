@@ -587,6 +587,41 @@ def test_decode_refuses_an_invalid_document_naming_its_index() -> None:
         decode_json(schema(ORDER), [b"{}"])
 
 
+FORMATS = record({f: {"type": "string", "format": f} for f in (
+    "date-time", "date", "email", "ipv4", "ipv6", "uuid", "regex", "uri", "hostname")})
+
+
+@pytest.mark.parametrize(("draft", "document", "valid"), [
+    (None, {"date-time": "2024-03-01T12:00:00Z", "date": "2024-03-01", "email": "a@b.example",
+            "ipv4": "10.0.0.1", "ipv6": "::1", "uuid": "0b6c1d4e-5f7a-4b8c-9d0e-1f2a3b4c5d6e",
+            "regex": "^a+$"}, True),
+    (None, {"date-time": "2024-03-01 12:00"}, False),
+    (None, {"date": "2024-02-30"}, False),
+    (None, {"ipv4": "10.0.0.256"}, False),
+    (None, {"regex": "(unclosed"}, False),
+    (DRAFT4, {"date-time": "yesterday"}, False),
+    (DRAFT2020, {"date-time": "yesterday"}, False),
+    (DRAFT2020, {"date-time": "2024-03-01T12:00:00+02:00"}, True),
+    (DRAFT2020, {"uuid": "not-a-uuid"}, False),
+    # formats jsonschema does not check (draft-07 has no uuid; uri and hostname need libraries
+    # deltabus does not install) are not checked on produce either
+    (None, {"uuid": "not-a-uuid", "uri": "not a uri", "hostname": "-bad-"}, True),
+])
+def test_produce_checks_accept_and_refuse_as_the_registrys_validator_does(
+        draft: str | None, document: dict[str, Any], valid: bool) -> None:
+    """Records are checked with jsonschema-rs, for speed; what it accepts and refuses, formats
+    included, is what jsonschema (the registry's validator, and the refusals' words) decides."""
+    parsed = schema({**FORMATS, "$schema": draft} if draft else FORMATS)
+    assert parsed._fast_validator is not None  # the fast path is the one checked here
+    assert parsed._validator.is_valid(document) is valid
+    payload = json.dumps(document).encode()
+    if valid:
+        assert decode_json(parsed, [payload]).num_rows == 1
+    else:
+        with pytest.raises(ValueError, match="record 0 is not valid under the schema"):
+            decode_json(parsed, [payload])
+
+
 def test_decode_refuses_a_record_that_is_not_json_naming_its_index() -> None:
     with pytest.raises(ValueError, match="record 2 is not JSON"):
         decode_json(schema(ORDER), [b'{"id": 1}', b'{"id": 2}', b'{"id": '])
