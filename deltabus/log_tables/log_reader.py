@@ -80,11 +80,11 @@ def read_row_group(reader: pq.ParquetFile, group: int,
 
 
 def read_row_groups(reader: pq.ParquetFile, start: int, end: int,
-                    columns: list[str] | None = None) -> Iterator[pa.Table]:
+                    columns: list[str] | None = None, typed: bool = False) -> Iterator[pa.Table]:
     """The row groups of one data file whose offset statistics overlap [start, end), whole
-    (the caller slices), by first offset."""
+    (the caller slices), by first offset (`typed`: as `read_row_group`)."""
     for _, group in overlapping_row_groups(reader.metadata, start, end):
-        yield read_row_group(reader, group, columns)
+        yield read_row_group(reader, group, columns, typed)
 
 
 def leaf_columns(reader: pq.ParquetFile) -> dict[str, int]:
@@ -145,15 +145,18 @@ class LogReader:
             with self._storage.open_input(posixpath.join(self.path, unquote(path))) as source:
                 yield pq.ParquetFile(source)
 
-    def read(self, start: int, end: int, columns: list[str] | None = None) -> Iterator[pa.Table]:
+    def read(self, start: int, end: int, columns: list[str] | None = None,
+             typed: bool = False) -> Iterator[pa.Table]:
         """Records [start, end) in offset order, one table per data file (bounded memory);
-        none below the log start offset (a file straddling it keeps records that are gone)."""
+        none below the log start offset (a file straddling it keeps records that are gone).
+        `typed`: with a typed topic's typed columns, where a file holds them."""
         start = max(start, self._recorded_start)
         if columns is not None and "offset" not in columns:
             columns = ["offset", *columns]
         for path in files_overlapping(self._files, start, end).column("path").to_pylist():
             with self._storage.open_input(posixpath.join(self.path, unquote(path))) as source:
-                parts = list(read_row_groups(pq.ParquetFile(source), start, end, columns))
+                parts = list(read_row_groups(pq.ParquetFile(source), start, end, columns,
+                                             typed))
             table = offset_slice(parts, start, end)
             if table.num_rows:
                 yield table

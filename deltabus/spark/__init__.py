@@ -14,6 +14,7 @@ tables with delta-rs, producing with deltabus's `Producer`). May import the pure
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -26,6 +27,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from deltabus.records import VALUE_FIELDS
 from deltabus.spark.parquet_reads import read_topic, remember_storage_options
 from deltabus.spark.sink import BatchWriter, SinkOptions, StreamWriter
 from deltabus.spark.source import (
@@ -35,6 +37,9 @@ from deltabus.spark.source import (
     SourceOptions,
     StreamReader,
     kafka_schema,
+    spark_ddl,
+    typed_values_type,
+    wants_value_fields,
 )
 from deltabus.spark.views import register_topic_views
 
@@ -56,13 +61,27 @@ class DeltaBusDataSource(DataSource):
 
     def schema(self) -> str:
         headers = str(self.options.get("includeHeaders", "false")).lower() == "true"
-        return kafka_schema(headers)
+        if not wants_value_fields(self.options):
+            return kafka_schema(headers)
+        # valueFields=true: a typed topic's decoded values, in the type its subject and tables
+        # hold now (a stream keeps it: see source.typed_values_type)
+        options = SourceOptions.parse(self._source_options(), streaming=False)
+        return f"{kafka_schema(headers)}, {VALUE_FIELDS} {spark_ddl(typed_values_type(options))}"
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        return BatchReader(SourceOptions.parse(self._source_options(), streaming=False))
+        return BatchReader(self._parsed(schema, streaming=False))
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        return StreamReader(SourceOptions.parse(self._source_options(), streaming=True))
+        return StreamReader(self._parsed(schema, streaming=True))
+
+    def _parsed(self, schema: StructType, *, streaming: bool) -> SourceOptions:
+        options = SourceOptions.parse(self._source_options(), streaming=streaming)
+        if not wants_value_fields(self.options):
+            return options
+        from pyspark.sql.pandas.types import to_arrow_type
+
+        return dataclasses.replace(options, value_fields=to_arrow_type(
+            schema[VALUE_FIELDS].dataType))
 
     def _source_options(self) -> dict[str, str]:
         defaults = {f"{STORAGE_OPTION_PREFIX}{k}": v for k, v in self.storage_options.items()}

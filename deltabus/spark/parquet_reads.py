@@ -66,7 +66,6 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
-from deltabus import errors
 from deltabus.log_tables.log_reader import LOG_START_TXN_APP_ID, data_files, files_overlapping
 from deltabus.log_tables.transactions import AbortedTxn, aborted_in, read_markers
 from deltabus.records import VALUE_FIELDS
@@ -77,6 +76,8 @@ from deltabus.spark.source import (
     TopicReader,
     check_log_start,
     kafka_schema,
+    spark_ddl,
+    unified_struct,
 )
 from deltabus.storage import Storage, spark_storage_options
 
@@ -150,7 +151,8 @@ def read_topic(spark: Any, bootstrap_servers: str, topics: str | Iterable[str] |
     `value_fields`: a typed topic's decoded values too, as the struct column `value_fields`
     (`SELECT value_fields.amount ... WHERE value_fields.currency = 'EUR'`, no parsing): the
     partitions' struct types unified (each table's schema evolved on its own), null for a record
-    of an untyped topic. It needs the Parquet path: a read that falls back raises instead."""
+    of an untyped topic (a read that falls back gives them through the Python source's
+    valueFields option)."""
     given = _source_options(bootstrap_servers, topics, starting_offsets, ending_offsets,
                             include_headers, options)
     stored = {**spark_storage_options(spark), **_registered.get(spark, {})}
@@ -160,11 +162,9 @@ def read_topic(spark: Any, bootstrap_servers: str, topics: str | Iterable[str] |
     try:
         scans = plan_scans(spark, parsed)
     except FallBack as reason:
-        if value_fields:
-            raise errors.InvalidConfigError(
-                f"a typed topic's value_fields are read by Spark's Parquet reader only, and "
-                f"this read cannot take it: {reason}") from None
         log.info("reading through the deltabus Python source: %s", reason)
+        if value_fields:
+            given = {**given, "valueFields": "true"}
         return spark.read.format("deltabus").options(**given).load()
     return scans_frame(spark, scans, parsed.include_headers,
                        _fields_type(scans) if value_fields else None)
@@ -173,10 +173,7 @@ def read_topic(spark: Any, bootstrap_servers: str, topics: str | Iterable[str] |
 def _fields_type(scans: list[PartitionScan]) -> pa.DataType:
     """The value_fields type every scan is read as: the partitions' types unified."""
     types = [s.value_fields for s in scans if s.value_fields is not None]
-    if not types:
-        return pa.struct([])
-    return pa.unify_schemas([pa.schema([pa.field(VALUE_FIELDS, t)]) for t in types],
-                            promote_options="permissive").field(0).type
+    return unified_struct(types) if types else pa.struct([])
 
 
 def _source_options(bootstrap: str, topics: str | Iterable[str] | None, starting: str,
@@ -311,7 +308,7 @@ def _scan_frame(spark: Any, scan: PartitionScan, include_headers: bool,
                 fields: pa.DataType | None = None) -> Any:
     schema = FILE_SCHEMA
     if fields is not None and fields.num_fields:  # files written before a field came: null
-        schema += f", {VALUE_FIELDS} {_spark_ddl(fields)}"
+        schema += f", {VALUE_FIELDS} {spark_ddl(fields)}"
     df = spark.read.schema(schema).parquet(*(_literal_path(f) for f in scan.files))
     condition = scan_filter(scan)
     if condition is not None:
@@ -325,13 +322,6 @@ def _scan_frame(spark: Any, scan: PartitionScan, include_headers: bool,
     if fields is not None:
         columns.append(VALUE_FIELDS if fields.num_fields else f"NULL AS {VALUE_FIELDS}")
     return df.selectExpr(*columns)
-
-
-def _spark_ddl(arrow_type: pa.DataType) -> str:
-    """Spark's DDL for an Arrow type of a typed column."""
-    from pyspark.sql.pandas.types import from_arrow_type
-
-    return str(from_arrow_type(arrow_type).simpleString())
 
 
 def _literal_path(uri: str) -> str:

@@ -17,11 +17,12 @@ import json
 import logging
 import math
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
+from deltalake import DeltaTable
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
@@ -30,14 +31,19 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from deltabus import errors
+from deltabus import errors, schemas
+from deltabus.client.admin import AdminClient
 from deltabus.client.consumer import Consumer
 from deltabus.client.consumer_coordinator import TopicPartition
+from deltabus.client.schema_cache import SchemaCache
 from deltabus.client.security import ClientSecurity, security_from_properties
+from deltabus.log_tables.delta_writes import value_fields_type
 from deltabus.log_tables.layout import replica_path
 from deltabus.log_tables.log_reader import LogReader
 from deltabus.log_tables.transactions import aborted_in, consumed_rows, read_markers
+from deltabus.log_tables.typed_columns import stored_type
 from deltabus.metadata import MetadataImage
+from deltabus.records import VALUE_FIELDS
 from deltabus.storage import Storage
 
 log = logging.getLogger(__name__)
@@ -65,6 +71,11 @@ def _flag(options: dict[str, str], name: str, default: bool) -> bool:
     if value.lower() not in ("true", "false"):
         raise errors.InvalidConfigError(f"option {name} must be true or false, not {value!r}")
     return value.lower() == "true"
+
+
+def wants_value_fields(options: Mapping[str, str]) -> bool:
+    """Whether the option valueFields asks for a typed topic's decoded values."""
+    return _flag({k.lower(): v for k, v in options.items()}, "valuefields", False)
 
 
 def _positive(options: dict[str, str], name: str) -> int | None:
@@ -149,6 +160,9 @@ class SourceOptions:
     min_partitions: int | None = None
     fail_on_data_loss: bool = True
     include_headers: bool = False
+    # valueFields=true: a typed topic's decoded values as the struct column value_fields, in
+    # this type (the partitions' types unified when the query was defined: `typed_values_type`)
+    value_fields: pa.DataType | None = None
     # kafka.isolation.level=read_committed: up to the last stable offset, no aborted record
     read_committed: bool = False
     group_id: str | None = None
@@ -403,10 +417,68 @@ class TopicReader:
             self._consumer = None
 
 
+def typed_values_type(options: SourceOptions) -> pa.DataType:
+    """Driver side, when a query is defined with valueFields: the struct type of its
+    `value_fields` column. Each typed topic's (value.schema.subject) subject's latest schema,
+    as its tables store it, and each partition table's column as its schema evolved, unified:
+    a stream keeps this type for its life (fields registered later are read after a restart).
+    Raises InvalidConfigError when none of the query's topics is typed."""
+    topics = TopicReader(options)
+    found: list[pa.DataType] = []
+    try:
+        tps = topics.partitions()
+        names = sorted({tp.topic for tp in tps})
+        with AdminClient(options.bootstrap, security=options.security) as admin:
+            subjects = set(value_subjects(admin, names).values())
+            if subjects:
+                cache = SchemaCache(admin.schema_registry)
+                found += [_struct_of(schemas.decode(cache.latest(s)[1], []))
+                          for s in sorted(subjects)]
+        for tp in tps:
+            path = topics.table_path(tp)
+            table = DeltaTable(path, storage_options=Storage(path, options.storage_options)
+                               .delta_options)
+            held = value_fields_type(table)
+            if held is not None:
+                found.append(held)
+    finally:
+        topics.close()
+    if not found:
+        raise errors.InvalidConfigError(
+            "option valueFields reads a typed topic's decoded values, and none of the query's "
+            "topics is typed (topic config value.schema.subject)")
+    return unified_struct(found)
+
+
+def value_subjects(admin: AdminClient, topics: Iterable[str]) -> dict[str, str]:
+    """The typed topics among `topics`, each with its value.schema.subject."""
+    return {topic: entry.value for topic, entries in admin.describe_configs(topics).items()
+            for entry in entries if entry.name == "value.schema.subject" and entry.value}
+
+
+def unified_struct(types: Sequence[pa.DataType]) -> pa.DataType:
+    """One struct type holding values of every one of `types` (versions of a typed topic's
+    values, each table's as its schema evolved): fields unified, types promoted."""
+    return pa.unify_schemas([pa.schema([pa.field(VALUE_FIELDS, t)]) for t in types],
+                            promote_options="permissive").field(0).type
+
+
+def spark_ddl(arrow_type: pa.DataType) -> str:
+    """Spark's DDL for an Arrow type of a typed column."""
+    from pyspark.sql.pandas.types import from_arrow_type
+
+    return str(from_arrow_type(arrow_type).simpleString())
+
+
+def _struct_of(table: pa.Table) -> pa.DataType:
+    return stored_type(pa.struct(list(table.schema)))
+
+
 def read_ranges(partition: RangePartition, options: SourceOptions) -> Iterator[pa.RecordBatch]:
     """Executor side: the records of each range, from the replica's Delta table, as Arrow
     batches in the Kafka source's columns."""
     include_headers, fail_on_data_loss = options.include_headers, options.fail_on_data_loss
+    typed = options.value_fields
     # producer_id and sequence tell transaction markers, which are never rows of the source
     columns = ["offset", "timestamp", "timestamp_type", "key", "value", "producer_id",
                "sequence"]
@@ -427,9 +499,9 @@ def read_ranges(partition: RangePartition, options: SourceOptions) -> Iterator[p
         aborted = (aborted_in(read_markers(reader.parquet_files(r.start)))[0]
                    if options.read_committed else [])
         # Gaps inside the log are records a compacted topic's cleaner removed: not a loss.
-        for table in reader.read(r.start, r.end, columns):
+        for table in reader.read(r.start, r.end, columns, typed=typed is not None):
             for batch in consumed_rows(table, aborted).to_batches():
-                yield to_kafka_columns(batch, r.topic, r.partition, include_headers)
+                yield to_kafka_columns(batch, r.topic, r.partition, include_headers, typed)
 
 
 def check_log_start(r: OffsetRange, log_start: int | None, fail_on_data_loss: bool) -> None:
@@ -452,8 +524,11 @@ _SPARK_SCHEMA[True] = _SPARK_SCHEMA[False].append(pa.field("headers", pa.list_(p
 
 
 def to_kafka_columns(batch: pa.RecordBatch, topic: str, partition: int,
-                     include_headers: bool) -> pa.RecordBatch:
-    """Log rows as Spark's Kafka source rows (its column names, order and types)."""
+                     include_headers: bool, value_fields: pa.DataType | None = None
+                     ) -> pa.RecordBatch:
+    """Log rows as Spark's Kafka source rows (its column names, order and types), with a
+    typed topic's decoded values in `value_fields`' type when it is given (null for records
+    that have none: an untyped topic's, or written before the topic was typed)."""
     n = batch.num_rows
     arrays = [batch.column("key"), batch.column("value"), pa.repeat(topic, n),
               pa.repeat(pa.scalar(partition, pa.int32()), n), batch.column("offset"),
@@ -461,6 +536,10 @@ def to_kafka_columns(batch: pa.RecordBatch, topic: str, partition: int,
     if include_headers:
         arrays.append(batch.column("headers"))
     schema = _SPARK_SCHEMA[include_headers]
+    if value_fields is not None:
+        arrays.append(batch.column(VALUE_FIELDS) if VALUE_FIELDS in batch.schema.names
+                      else pa.nulls(n, value_fields))
+        schema = schema.append(pa.field(VALUE_FIELDS, value_fields))
     return pa.RecordBatch.from_arrays(
         [a if a.type == f.type else a.cast(f.type) for a, f in zip(arrays, schema, strict=True)],
         schema=schema)

@@ -27,6 +27,7 @@ from typing import Any
 from deltabus.client.admin import AdminClient
 from deltabus.client.security import security_from_properties
 from deltabus.spark.parquet_reads import read_topic
+from deltabus.spark.source import value_subjects
 
 
 def view_name(topic: str) -> str:
@@ -43,17 +44,20 @@ def register_topic_views(spark: Any, bootstrap_servers: str, topics: list[str] |
     can see; `snapshot=True` makes Spark's Parquet reader serve it, fixed at the high
     watermark of this call (module docstring). `options`: more source options, such as the
     `kafka.`-prefixed security settings of a secured cluster (kafka.security.protocol,
-    kafka.sasl.jaas.config, kafka.ssl.ca.location). `value_fields` (snapshot views): a typed
-    topic's decoded values as the struct column `value_fields` (`read_topic`)."""
-    if value_fields and not snapshot:
-        raise ValueError("value_fields are served by snapshot views (snapshot=True) only")
+    kafka.sasl.jaas.config, kafka.ssl.ca.location). `value_fields`: a typed topic's decoded
+    values as the struct column `value_fields` (`read_topic`, or the source's valueFields
+    option; a live view of an untyped topic has no such column, a snapshot's is null)."""
     extra = dict(options or {})
     names = topics
-    if names is None:
+    typed: set[str] = set()
+    if names is None or (value_fields and not snapshot):
         security = security_from_properties({k.lower(): v for k, v in extra.items()},
                                             prefix="kafka.")
         with AdminClient(bootstrap_servers, security=security) as admin:
-            names = admin.list_topics()
+            if names is None:
+                names = admin.list_topics()
+            if value_fields and not snapshot:
+                typed = set(value_subjects(admin, names))
     views = {}
     for topic in names:
         name = view_name(topic)
@@ -63,7 +67,8 @@ def register_topic_views(spark: Any, bootstrap_servers: str, topics: list[str] |
         else:
             df = (spark.read.format("deltabus").options(**extra)
                   .option("kafka.bootstrap.servers", bootstrap_servers)
-                  .option("subscribe", topic).option("includeHeaders", "true").load())
+                  .option("subscribe", topic).option("includeHeaders", "true")
+                  .option("valueFields", str(topic in typed).lower()).load())
         df.createOrReplaceTempView(name)
         views[topic] = name
     return views

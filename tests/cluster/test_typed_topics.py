@@ -192,3 +192,46 @@ def test_spark_writes_a_typed_dataframe_encoded_with_the_subjects_latest_schema(
          .option("topic", topic_name).mode("append").save())
     table.update_incremental()
     assert table.to_pyarrow_table(columns=["offset"]).num_rows == 40
+
+
+def test_the_spark_source_gives_the_typed_columns_when_asked_streaming_and_batch(
+        cluster, registry, topic_name, spark, tmp_path) -> None:
+    """`format("deltabus")` with valueFields=true: a stream defined on a typed topic that holds
+    no record yet takes its type from the subject's latest schema, and reads the records
+    produced after it as typed columns; a batch read after an evolution reads every record
+    in the unified type (null where a record's version has no such field). An untyped topic
+    refuses the option, saying why."""
+    typed_topic(cluster, topic_name)
+    registry.register_schema(f"{topic_name}-value", Schema(json.dumps(PAYMENT_V1), "AVRO"))
+
+    def source(kind: str, topic: str = topic_name) -> Any:
+        reader = spark.readStream if kind == "stream" else spark.read
+        return (reader.format("deltabus")
+                .option("kafka.bootstrap.servers", cluster.bootstrap_servers)
+                .option("subscribe", topic).option("startingOffsets", "earliest")
+                .option("valueFields", "true").load())
+
+    stream = source("stream")
+    assert stream.schema["value_fields"].dataType.simpleString() == (
+        "struct<id:string,amount:double,currency:string>")
+    payments = [{"id": f"s{i}", "amount": 1.0 * i, "currency": "EUR"} for i in range(5)]
+    produce(cluster, topic_name, AvroSerializer(registry, json.dumps(PAYMENT_V1)), payments)
+    name = f"typed_{topic_name.replace('-', '_')}"
+    query = (stream.select("offset", "value_fields").writeStream.format("memory")
+             .queryName(name).option("checkpointLocation", str(tmp_path / "cp"))
+             .trigger(availableNow=True).start())
+    query.awaitTermination()
+    assert query.exception() is None
+    rows = spark.sql(f"SELECT value_fields FROM {name} ORDER BY offset").collect()
+    assert [r.value_fields.asDict() for r in rows] == payments
+
+    produce(cluster, topic_name, AvroSerializer(registry, json.dumps(PAYMENT_V2)),
+            [{"id": "v2", "amount": 9.0, "currency": "USD", "note": "evolved"}])
+    read = source("batch").orderBy("offset").select("value_fields.id", "value_fields.note")
+    assert [(r.id, r.note) for r in read.collect()] == (
+        [(p["id"], None) for p in payments] + [("v2", "evolved")])
+
+    with AdminClient(cluster.bootstrap_servers) as admin:
+        admin.create_topics([NewTopic(f"{topic_name}-plain", 1, 1)])
+    with pytest.raises(Exception, match="none of the query's topics is typed"):
+        source("batch", f"{topic_name}-plain").collect()
