@@ -112,8 +112,11 @@ def _send_keyed(bootstrap: str, topic: str, records: int) -> float:
 
 
 def _one_record_each(bootstrap: str, topic: str, partitions: int) -> None:
-    """One record to each partition of `topic`; raises if any is refused."""
-    with Producer(bootstrap, acks=1, linger_ms=20) as producer:
+    """One record to each partition of `topic`; raises if any is refused. A partition with no
+    leader yet (a relaunched broker taking its thousands back) is retried for as long as the
+    step waits, not the producer's default 2 minutes."""
+    with Producer(bootstrap, acks=1, linger_ms=20,
+                  delivery_timeout_ms=int(WAIT_S * 1000)) as producer:
         futures = [producer.send(topic, b"x", partition=p) for p in range(partitions)]
         producer.flush(WAIT_S)
     for future in futures:
