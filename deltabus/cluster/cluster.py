@@ -148,13 +148,17 @@ class Cluster:
                                  lifecycle=self.controller, groups=self.coordinator,
                                  transactions=handler)
         self.controller.txn_offsets_writer = self.coordinator.commit_transactional_offsets
-        bootstrap = self.config.listener_config().client_grpc()[0].name
-        self._node = handler.endpoint = self._doors.node(CONTROLLER_NODE_ID, bootstrap)
+        bootstrap = self.config.listener_config().client_grpc()[0]
+        self._node = handler.endpoint = self._doors.node(CONTROLLER_NODE_ID, bootstrap.name)
         if self.config.schema_registry_port >= 0:
             try:
                 self._schema_registry = SchemaRegistryServer(
                     self.controller.schema_registry, self.config.host,
-                    self.config.schema_registry_port).start()
+                    self.config.schema_registry_port,
+                    # the registry is secured as the cluster's bootstrap listener
+                    security=self.config.listener_security(bootstrap.security_protocol),
+                    credentials=handler.scram_credential,
+                    authorizer=self.controller.authorizer).start()
             except ListenerBindError:
                 self.stop()
                 raise

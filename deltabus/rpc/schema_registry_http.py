@@ -8,9 +8,19 @@ lock, so the door keeps no state. Answers are Confluent's: JSON bodies of
 `application/vnd.schemaregistry.v1+json`, errors as {"error_code", "message"} with the HTTP status
 the code starts with (40401 -> 404).
 
+Security follows the cluster's client listener, so one set of users and ACLs guards the
+registry on every door:
+- TLS (security.protocol SSL, SASL_SSL): the door serves HTTPS with the listeners' certificate
+  (and asks for client certificates with ssl.client.auth=required: the subject names the
+  caller).
+- SASL (SASL_PLAINTEXT, SASL_SSL): every request carries HTTP Basic credentials of a SCRAM user
+  (confluent-kafka's `basic.auth.user.info`), or is answered 401.
+- With an authorizer, reading needs DESCRIBE on the cluster and changing (registering,
+  deleting, setting a level) ALTER on the cluster, as over gRPC: else 403 (error code 40301).
+
 What it does not serve (answered 404 with error code 404, as an unknown path): modes other than
 READWRITE, contexts, data-contract rule sets and metadata (accepted on register and ignored),
-exporters, and authentication (the door binds where it is told: loopback by default).
+exporters.
 """
 
 from __future__ import annotations
@@ -18,6 +28,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import ssl
 import threading
 import urllib.parse
 from collections.abc import Callable
@@ -25,8 +36,16 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from deltabus import errors
+from deltabus.acls import Authorizer, Operation
 from deltabus.cluster.handler import SchemaRegistryHandler
+from deltabus.config import ListenerSecurity
 from deltabus.listeners import ListenerBindError
+from deltabus.principal import ANONYMOUS, KafkaPrincipal
+from deltabus.rpc.access import Access
+from deltabus.rpc.authentication import Authenticator, CredentialLookup
+from deltabus.rpc.call_authentication import basic_credentials
+from deltabus.rpc.tls import certificate_principal, server_ssl_context
 from deltabus.schemas import (
     LATEST_VERSION,
     SchemaReference,
@@ -42,6 +61,7 @@ log = logging.getLogger(__name__)
 
 CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"
 REQUEST_BYTES_MAX = 16 * 1024 * 1024  # a schema request's body, at most
+REQUEST_TIMEOUT_S = 60  # a connection silent this long (mid-request or idle) is closed
 
 Query = dict[str, str]
 Route = tuple[str, re.Pattern[str], Callable[..., Any]]
@@ -157,6 +177,15 @@ class SchemaRegistryApi:
             ("GET", re.compile(r"/mode(?:/[^/]+)?"), lambda *a: {"mode": "READWRITE"}),
         ]
 
+    @staticmethod
+    def operation(method: str, path: str) -> Operation:
+        """What a request does to the registry, for the cluster's ACLs: reads (GET, a lookup,
+        a compatibility test) are DESCRIBE, every change ALTER."""
+        if method == "GET" or (method == "POST" and (
+                path.startswith("/compatibility/") or not path.endswith("/versions"))):
+            return Operation.DESCRIBE
+        return Operation.ALTER
+
     def answer(self, method: str, path: str, query: Query, body: Any) -> Any:
         """The JSON answer of a request; raises SchemaRegistryError or RestError."""
         known_path = False
@@ -218,6 +247,13 @@ class SchemaRegistryApi:
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
     protocol_version = "HTTP/1.1"  # keep-alive: serializers reuse their connection
+    timeout = REQUEST_TIMEOUT_S
+
+    def setup(self) -> None:
+        if isinstance(self.request, ssl.SSLSocket):  # on this request's thread, not accept's
+            self.request.settimeout(self.timeout)
+            self.request.do_handshake()
+        super().setup()
 
     def do_GET(self) -> None:
         self._serve("GET")
@@ -234,11 +270,12 @@ class _Handler(BaseHTTPRequestHandler):
     def _serve(self, method: str) -> None:
         url = urllib.parse.urlsplit(self.path)
         query = {k: v[-1] for k, v in urllib.parse.parse_qs(url.query).items()}
+        path = url.path.rstrip("/") or "/"
         status: int
         try:
+            self._authorize(method, path)
             body = self._body()
-            status, answer = HTTPStatus.OK, self.server.api.answer(
-                method, url.path.rstrip("/") or "/", query, body)
+            status, answer = HTTPStatus.OK, self.server.api.answer(method, path, query, body)
         except SchemaRegistryError as e:
             status, answer = e.http_status, {"error_code": e.error_code, "message": e.message}
         except RestError as e:
@@ -249,10 +286,37 @@ class _Handler(BaseHTTPRequestHandler):
                 "error_code": 50001, "message": f"Error in the backend data store: {e}"}
         data = json.dumps(answer).encode()
         self.send_response(status)
+        if status == HTTPStatus.UNAUTHORIZED:
+            self.send_header("WWW-Authenticate", 'Basic realm="deltabus schema registry"')
         self.send_header("Content-Type", CONTENT_TYPE)
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
+
+    def _authorize(self, method: str, path: str) -> None:
+        """Who calls (HTTP Basic on a SASL cluster, a client certificate, else anonymous),
+        and whether the cluster's ACLs let them: RestError 401 or 403 if not."""
+        server = self.server
+        principal: KafkaPrincipal = ANONYMOUS
+        if server.authenticator is not None:
+            header = self.headers.get("Authorization")
+            try:
+                if not header:
+                    raise errors.SaslAuthenticationFailedError("no credentials")
+                name, password = basic_credentials(header)
+                principal = server.authenticator.check_password(name, password)
+            except errors.DeltaBusError:
+                raise RestError(HTTPStatus.UNAUTHORIZED, 401, "Unauthorized: send the "
+                                "credentials of a SCRAM user as HTTP Basic "
+                                "(basic.auth.user.info)") from None
+        elif isinstance(self.connection, ssl.SSLSocket):
+            principal = certificate_principal(self.connection.getpeercert()) or ANONYMOUS
+        refusal = Access(server.authorizer(), principal, self.client_address[0]).cluster(
+            server.api.operation(method, path))
+        if refusal is not None:
+            raise RestError(HTTPStatus.FORBIDDEN, 40301, f"{refusal.message}: "
+                            f"{method} {path} needs "
+                            f"{server.api.operation(method, path).name} on the cluster")
 
     def _body(self) -> Any:
         size = int(self.headers.get("Content-Length") or 0)
@@ -273,26 +337,48 @@ class _Handler(BaseHTTPRequestHandler):
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     api: SchemaRegistryApi
+    authenticator: Authenticator | None  # SASL: every request names a SCRAM user
+    authorizer: Callable[[], Authorizer | None]  # the cluster's, at each request
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A connection that failed (a TLS handshake refused, a client gone): a debug line,
+        not a traceback on stderr."""
+        log.debug("schema registry: connection from %s failed", client_address, exc_info=True)
 
 
 class SchemaRegistryServer:
-    """The REST door on (host, port) (port 0: any free one), on threads of its own."""
+    """The REST door on (host, port) (port 0: any free one), on threads of its own, secured
+    as the cluster's client listener is (`security`: its TLS and SASL; `credentials`: the
+    users' SCRAM credentials, for SASL; `authorizer`: the cluster's ACLs, None without)."""
 
-    def __init__(self, registry: SchemaRegistryHandler, host: str, port: int) -> None:
+    def __init__(self, registry: SchemaRegistryHandler, host: str, port: int, *,
+                 security: ListenerSecurity | None = None,
+                 credentials: CredentialLookup | None = None,
+                 authorizer: Callable[[], Authorizer | None] = lambda: None) -> None:
+        security = security or ListenerSecurity()
+        if security.uses_sasl and credentials is None:
+            raise ValueError("a SASL cluster's registry needs the users' credentials")
         try:
             self._server = _Server((host, port), _Handler)
         except OSError as e:
             raise ListenerBindError(
                 f"cannot serve the schema registry on {host}:{port}: {e.strerror}") from None
+        if security.uses_tls:
+            self._server.socket = server_ssl_context(security).wrap_socket(
+                self._server.socket, server_side=True, do_handshake_on_connect=False)
         self._server.api = SchemaRegistryApi(registry)
+        self._server.authenticator = (Authenticator(credentials, security.sasl_enabled_mechanisms)
+                                      if security.uses_sasl and credentials else None)
+        self._server.authorizer = authorizer
         self.host = host
         self.port = int(self._server.server_address[1])
+        self._scheme = "https" if security.uses_tls else "http"
         self._thread = threading.Thread(target=self._server.serve_forever,
                                         name=f"schema-registry-{self.port}", daemon=True)
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"{self._scheme}://{self.host}:{self.port}"
 
     def start(self) -> SchemaRegistryServer:
         self._thread.start()

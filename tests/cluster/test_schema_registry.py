@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trustme
 from confluent_kafka.schema_registry import (
     Schema,
     SchemaReference,
@@ -28,8 +29,18 @@ from confluent_kafka.schema_registry import (
 )
 
 from deltabus import config as cfg
+from deltabus.acls import (
+    CLUSTER_NAME,
+    AclBinding,
+    Authorizer,
+    Operation,
+    PatternType,
+    Permission,
+    ResourceType,
+)
 from deltabus.cluster.controller import Controller
 from deltabus.rpc.schema_registry_http import SchemaRegistryServer
+from deltabus.scram import make_credential
 
 
 def record(name: str, *fields: tuple[str, Any], default: dict[str, Any] | None = None) -> str:
@@ -237,3 +248,62 @@ def test_what_the_registry_acknowledged_survives_a_controller_restart(
                    default={"currency": "EUR", "note": None})
     registered = client.register_schema_full_response("payments-value", avro(third))
     assert (registered.schema_id, registered.version) == (3, 3)  # ids and versions go on
+
+
+@pytest.fixture
+def secured(tmp_path: Path) -> Iterator[tuple[SchemaRegistryServer, str]]:
+    """The REST door of a SASL_SSL cluster with an authorizer: alice may read the registry
+    (DESCRIBE on the cluster), bob may change it (ALTER), carol may do nothing. Yields the
+    server and the CA's PEM file."""
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
+    ca_file = tmp_path / "ca.pem"
+    ca.cert_pem.write_to_path(str(ca_file))
+    security = cfg.ListenerSecurity(
+        security_protocol="SASL_SSL",
+        ssl_certificate=b"".join(p.bytes() for p in cert.cert_chain_pems),
+        ssl_key=cert.private_key_pem.bytes())
+    users = {name: make_credential("SCRAM-SHA-256", f"{name}-secret")
+             for name in ("alice", "bob", "carol")}
+    authorizer = Authorizer([
+        AclBinding(ResourceType.CLUSTER, CLUSTER_NAME, PatternType.LITERAL, f"User:{name}", "*",
+                   operation, Permission.ALLOW)
+        for name, operation in (("alice", Operation.DESCRIBE), ("bob", Operation.ALTER))])
+    controller = Controller(cfg.ClusterConfig(root=str(tmp_path / "root"), port=0,
+                                              kafka_port=-1))
+    server = SchemaRegistryServer(
+        controller.schema_registry, "127.0.0.1", 0, security=security,
+        credentials=lambda name, mechanism: users.get(name) if mechanism == "SCRAM-SHA-256"
+        else None, authorizer=lambda: authorizer).start()
+    yield server, str(ca_file)
+    server.stop()
+
+
+def test_a_secured_clusters_registry_takes_its_users_and_acls_over_https(secured) -> None:
+    """On a SASL_SSL cluster with an authorizer the REST door is HTTPS, every request names a
+    SCRAM user with HTTP Basic (confluent-kafka's basic.auth.user.info), and the cluster's ACLs
+    decide: DESCRIBE on the cluster reads, ALTER changes, as over gRPC."""
+    server, ca_file = secured
+    assert server.url.startswith("https://")
+
+    def client(user_info: str | None) -> SchemaRegistryClient:
+        conf = {"url": server.url, "ssl.ca.location": ca_file}
+        if user_info is not None:
+            conf["basic.auth.user.info"] = user_info
+        return SchemaRegistryClient(conf)
+
+    schema = avro(record("Payment", ("id", "string")))
+    for anonymous in (client(None), client("bob:wrong")):
+        with pytest.raises(SchemaRegistryError) as raised:
+            anonymous.get_subjects()
+        assert raised.value.http_status_code == 401
+    schema_id = client("bob:bob-secret").register_schema("payments-value", schema)
+    assert json.loads(client("alice:alice-secret").get_schema(schema_id).schema_str) == (
+        json.loads(schema.schema_str))
+    for refused in (lambda: client("alice:alice-secret").register_schema("other", schema),
+                    lambda: client("carol:carol-secret").get_subjects()):
+        with pytest.raises(SchemaRegistryError) as raised:
+            refused()
+        assert (raised.value.http_status_code, raised.value.error_code) == (403, 40301)
+    with pytest.raises((urllib.error.URLError, ConnectionError)):  # no plain HTTP on TLS
+        urllib.request.urlopen(server.url.replace("https", "http") + "/subjects", timeout=30)
