@@ -175,6 +175,8 @@ class TopicConfig:
     # A typed topic (deltabus): its values' subject ("": untyped); implies value validation
     # against that subject, and the tables keep the decoded values (records.VALUE_FIELDS).
     value_schema_subject: str = ""
+    # Likewise its keys' subject: the decoded keys in records.KEY_FIELDS (a null key passes).
+    key_schema_subject: str = ""
 
     @property
     def deletes(self) -> bool:
@@ -221,6 +223,10 @@ TOPIC_CONFIGS: dict[str, ConfigDef] = {d.name: d for d in (
               "a typed topic: the schema registry subject its values are written with; every "
               "record must decode with a schema of it, and the partition tables hold the "
               "decoded values as typed columns (value_fields) beside the raw bytes"),
+    ConfigDef("key.schema.subject", "key_schema_subject", "STRING", "key.schema.subject",
+              "a topic with typed keys: the schema registry subject its keys are written with; "
+              "every key must decode with a schema of it (a null key passes), and the "
+              "partition tables hold the decoded keys as typed columns (key_fields)"),
     ConfigDef("compression.type", "compression_type", "STRING", "compression.type",
               "the codec fetch answers compress record batches with (producer, uncompressed: "
               "none, as they are stored)",

@@ -12,8 +12,9 @@ Invariants:
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import NamedTuple
 
 import numpy as np
@@ -47,8 +48,11 @@ LOG_SCHEMA = pa.schema([
 
 # What a producer may send; only `value` is required.
 # A typed topic's partition tables carry each record's decoded value in this struct column,
-# beside the raw bytes (the topic config value.schema.subject names the schema's subject).
+# beside the raw bytes (the topic config value.schema.subject names the schema's subject), and
+# its decoded key in KEY_FIELDS (key.schema.subject): the typed columns, in this order.
 VALUE_FIELDS = "value_fields"
+KEY_FIELDS = "key_fields"
+TYPED_COLUMNS = (KEY_FIELDS, VALUE_FIELDS)
 
 PRODUCE_SCHEMA = pa.schema([
     pa.field("key", pa.binary()),
@@ -329,7 +333,8 @@ class ProducedBatch(NamedTuple):
     leader_epoch: int
     timestamp_type: int = CREATE_TIME
     producer: ProducerState = ProducerState()
-    value_fields: pa.Array | None = None  # a typed topic's decoded values (a struct each)
+    # a typed topic's decoded keys or values (a struct each), by typed column (TYPED_COLUMNS)
+    typed: Mapping[str, pa.Array] = MappingProxyType({})
 
 
 def to_log_batch(
@@ -387,18 +392,19 @@ def to_log_group(produced: Sequence[ProducedBatch], *, base_offset: int,
         pa.array(each([p.leader_epoch for p in produced], np.int32)),
     ]
     table = pa.Table.from_arrays(columns, schema=LOG_SCHEMA)
-    if any(p.value_fields is not None for p in produced):
-        table = table.append_column(VALUE_FIELDS, typed_values(produced, counts))
+    for name in TYPED_COLUMNS:
+        if any(name in p.typed for p in produced):
+            table = table.append_column(name, typed_column(produced, counts, name))
     return table
 
 
-def typed_values(produced: Sequence[ProducedBatch], counts: np.ndarray) -> pa.Array:
-    """The group's `value_fields` column: each batch's decoded values, their struct types
-    unified (records written with different versions of a schema: missing fields are null),
-    null for a batch that has none."""
-    parts = [pa.table({VALUE_FIELDS: p.value_fields if p.value_fields is not None
-                       else pa.nulls(int(n))}) for p, n in zip(produced, counts, strict=True)]
-    column = pa.concat_tables(parts, promote_options="permissive").column(VALUE_FIELDS)
+def typed_column(produced: Sequence[ProducedBatch], counts: np.ndarray, name: str) -> pa.Array:
+    """The group's typed column `name`: each batch's decoded keys or values, their struct
+    types unified (records written with different versions of a schema: missing fields are
+    null), null for a batch that has none."""
+    parts = [pa.table({name: p.typed[name] if name in p.typed else pa.nulls(int(n))})
+             for p, n in zip(produced, counts, strict=True)]
+    column = pa.concat_tables(parts, promote_options="permissive").column(name)
     return column.combine_chunks()
 
 

@@ -27,7 +27,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -68,6 +68,7 @@ from deltabus.log_tables.partition_log import (
     ActiveProducer,
     AppendResult,
     PartitionLog,
+    Validation,
 )
 from deltabus.log_tables.partition_reader import LogFile
 from deltabus.log_tables.transactions import READ_COMMITTED, READ_UNCOMMITTED
@@ -92,7 +93,13 @@ from deltabus.quotas import (
     QuotaFilterComponent,
     describe_client_quotas,
 )
-from deltabus.records import CREATE_TIME, LOG_APPEND_TIME, ProducerState
+from deltabus.records import (
+    CREATE_TIME,
+    KEY_FIELDS,
+    LOG_APPEND_TIME,
+    VALUE_FIELDS,
+    ProducerState,
+)
 from deltabus.rpc.controller_channel import ControllerChannel
 from deltabus.rpc.leader_endpoint import RemoteLeaderEndpoint
 from deltabus.schemas import ParsedSchema, SchemaRegistryError
@@ -525,28 +532,31 @@ class Broker:
         return hosted.acknowledged(appended, leader_epoch, topic_config.min_insync_replicas
                                    if acks == -1 else None)
 
-    def _schema_check(self, topic: str, config: cfg.TopicConfig
-                      ) -> Callable[[pa.Table], pa.Array | None] | None:
+    def _schema_check(self, topic: str, config: cfg.TopicConfig) -> Validation | None:
         """The topic's schema validation (confluent.key/value.schema.validation, and a typed
-        topic's value.schema.subject), as the log runs it on a produce batch: it returns a
-        typed topic's decoded values. None when the topic validates nothing."""
-        checks = [(f, f"{topic}-{f}") for f, on in (  # Confluent's TopicNameStrategy
-            ("key", config.key_schema_validation),
-            ("value", config.value_schema_validation)) if on]
-        typed = config.value_schema_subject
-        if typed:
-            checks.append(("value", typed))
+        topic's key.schema.subject and value.schema.subject), as the log runs it on a produce
+        batch: it returns a typed topic's decoded keys and values, by typed column. None when
+        the topic validates nothing."""
+        # (column, subject, typed column or None): Confluent's TopicNameStrategy subjects
+        checks: list[tuple[str, str, str | None]] = [
+            (f, f"{topic}-{f}", None) for f, on in (("key", config.key_schema_validation),
+                                                    ("value", config.value_schema_validation))
+            if on]
+        for field, subject, column in (("key", config.key_schema_subject, KEY_FIELDS),
+                                       ("value", config.value_schema_subject, VALUE_FIELDS)):
+            if subject:
+                checks.append((field, subject, column))
         if not checks:
             return None
 
-        def check(batch: pa.Table) -> pa.Array | None:
-            fields = None
-            for field, subject in checks:
+        def check(batch: pa.Table) -> dict[str, pa.Array]:
+            typed = {}
+            for field, subject, column in checks:
                 decoded = check_records(functools.partial(self._schema_of, subject), subject,
                                         batch.column(field), field, topic)
-                if field == "value" and subject == typed:
-                    fields = decoded
-            return fields
+                if column is not None:
+                    typed[column] = decoded
+            return typed
         return check
 
     def _schema_of(self, subject: str, schema_id: int) -> ParsedSchema | None:

@@ -21,8 +21,9 @@ import logging
 import posixpath
 import threading
 import time
+from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
@@ -44,7 +45,7 @@ from deltabus.log_tables.delta_writes import (
     APPEND_COMMIT_RETRIES,
     commit_properties,
     log_table_schema,
-    value_fields_type,
+    typed_column_types,
     writer_properties,
 )
 from deltabus.log_tables.log_reader import LOG_START_TXN_APP_ID, data_files
@@ -82,7 +83,8 @@ class PendingAppend:
     copied: bool = False  # a follower's copy of the leader's records
     fetch_offset: int = -1  # a copy: the offset the leader read it from (-1: its first)
     queued_ns: int = 0  # when it was queued, for the latency trace (deltabus.trace)
-    value_fields: pa.Array | None = None  # a typed topic's decoded values (records.VALUE_FIELDS)
+    # a typed topic's decoded keys or values, by typed column (records.TYPED_COLUMNS)
+    typed: Mapping[str, pa.Array] = field(default_factory=dict)
 
 
 @dataclass
@@ -216,8 +218,8 @@ class LogAppender:
         self._lock = lock
         self.table = self._open(create)
         self._table_base = self.table.version()  # loaded afresh at this version
-        # A typed topic's value_fields type, as committed: produce checks read it (typed_columns)
-        self.value_fields_type = value_fields_type(self.table)
+        # A typed topic's typed columns' types, as committed: produce checks read them
+        self.typed_types = typed_column_types(self.table)
         # A checkpoint being written and the table loaded afresh from it (`renew`)
         self._renewing: Future[tuple[int, DeltaTable]] | None = None
         self._pending: collections.deque[Pending] = collections.deque()
@@ -387,18 +389,18 @@ class LogAppender:
         elif isinstance(work, PendingFiles):
             done = self._commit_files(work, log_end_offset)
             if work.extra_fields:
-                self.value_fields_type = value_fields_type(self.table)
+                self.typed_types = typed_column_types(self.table)
         else:
             done = self._commit_group(work, log_end_offset)
             if done.records is not None and done.records.num_columns > len(LOG_SCHEMA):
-                self.value_fields_type = value_fields_type(self.table)
+                self.typed_types = typed_column_types(self.table)
         return done
 
     def reload(self) -> tuple[int, int]:
         """After a failed commit, trust only the table: reload it. (version, log end offset)."""
         self.table = DeltaTable(self.path, storage_options=self._storage.delta_options)
         self._table_base = self.table.version()
-        self.value_fields_type = value_fields_type(self.table)
+        self.typed_types = typed_column_types(self.table)
         return self.table.version(), log_offsets(self.table)[1]
 
     def _properties(self, end_offset: int, metadata: dict[str, str]) -> CommitProperties:
@@ -417,7 +419,7 @@ class LogAppender:
                 next_offset += item.batch.num_rows
             return to_log_group([ProducedBatch(item.batch, item.leader_epoch,
                                                item.timestamp_type, item.producer,
-                                               item.value_fields)
+                                               item.typed)
                                  for item in group], base_offset=base, now_ms=now_ms), results
         next_offset = base
         parts = []

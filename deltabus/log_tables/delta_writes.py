@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Transaction, WriterProperties
 
-from deltabus.records import LOG_SCHEMA, VALUE_FIELDS
+from deltabus.records import LOG_SCHEMA, TYPED_COLUMNS
 from deltabus.storage import Storage
 
 # Row groups of a bounded size carry offset statistics, so a range read inside a large
@@ -52,10 +52,10 @@ def log_table_schema(table: DeltaTable, extra: Iterable[pa.Field] = ()) -> pa.Sc
     return pa.schema(list(LOG_SCHEMA) + list(fields.values())) if fields else LOG_SCHEMA
 
 
-def value_fields_type(table: DeltaTable) -> pa.DataType | None:
-    """The type of a typed topic's table's `value_fields` column (None: it has none yet)."""
+def typed_column_types(table: DeltaTable) -> dict[str, pa.DataType]:
+    """The types of a typed topic's table's typed columns (records.TYPED_COLUMNS) it has."""
     schema = pa.schema(table.schema().to_arrow())
-    return schema.field(VALUE_FIELDS).type if VALUE_FIELDS in schema.names else None
+    return {name: schema.field(name).type for name in TYPED_COLUMNS if name in schema.names}
 
 
 def writer_properties() -> WriterProperties:

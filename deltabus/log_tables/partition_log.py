@@ -32,7 +32,7 @@ import heapq
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
 
@@ -92,6 +92,10 @@ from deltabus.records import (
 from deltabus.storage import Storage
 
 log = logging.getLogger(__name__)
+
+# A topic's schema validation of a produce batch: raises INVALID_RECORD, or returns a typed
+# topic's decoded keys and values by typed column (records.TYPED_COLUMNS; empty: untyped).
+Validation = Callable[[pa.Table], Mapping[str, pa.Array]]
 
 LATEST_TIMESTAMP = -1
 EARLIEST_TIMESTAMP = -2
@@ -197,7 +201,7 @@ class PartitionLog:
         batch_bytes: int | None = None,
         compacted: bool = False,
         timeout_ms: int | None = None,
-        validate: Callable[[pa.Table], pa.Array | None] | None = None,
+        validate: Validation | None = None,
     ) -> Future[AppendResult]:
         """Queue a produce batch (PRODUCE_SCHEMA's columns, or a subset `normalize_produce`
         completes) for the next group commit; the future resolves once the Delta commit holding
@@ -219,16 +223,16 @@ class PartitionLog:
         each Arrow record batch of `batch` as an uncompressed record batch of its records
         (`records.largest_batch_bytes`: a bulk produce entry holds many). `validate` checks the
         records further (a topic's schema validation): it raises INVALID_RECORD, a refusal like
-        the others, and returns a typed topic's decoded values (records.VALUE_FIELDS), which the
-        commit writes beside the records.
+        the others, and returns a typed topic's decoded keys and values by typed column
+        (records.TYPED_COLUMNS), which the commit writes beside the records.
         """
         # Outside the lock; a refusal is raised once the sequence numbers are taken.
-        batch, refusal, fields = self._checked(batch, max_message_bytes, batch_bytes, compacted,
-                                               validate)
+        batch, refusal, typed = self._checked(batch, max_message_bytes, batch_bytes, compacted,
+                                              validate)
         future: Future[AppendResult] = Future()
         item = PendingAppend(batch, batch.nbytes, leader_epoch, timestamp_type, producer, future,
                              queued_ns=trace.now_ns() if self._traced else 0,
-                             value_fields=fields)
+                             typed=typed)
         deadline = None if timeout_ms is None else time.monotonic() + max(0, timeout_ms) / 1000
         with self._lock:
             self._check_open()
@@ -266,12 +270,12 @@ class PartitionLog:
 
     def _checked(self, batch: pa.Table, max_message_bytes: int | None, batch_bytes: int | None,
                  compacted: bool,
-                 validate: Callable[[pa.Table], pa.Array | None] | None = None
-                 ) -> tuple[pa.Table, errors.DeltaBusError | None, pa.Array | None]:
-        """The batch normalised, why it is refused (None: it is not), and its typed values.
+                 validate: Validation | None = None
+                 ) -> tuple[pa.Table, errors.DeltaBusError | None, dict[str, pa.Array]]:
+        """The batch normalised, why it is refused (None: it is not), and its typed columns.
         The size a batch's record count implies is checked before normalising, which
         allocates per record."""
-        fields = None
+        typed: dict[str, pa.Array] = {}
         try:
             batch_rows = arrow_batch_rows(batch)
             if max_message_bytes is not None:
@@ -293,13 +297,12 @@ class PartitionLog:
                     f"Compacted topic cannot accept message without key in topic partition "
                     f"{self._name}.")
             if validate is not None:
-                fields = validate(batch)
-                if fields is not None:  # in the types the table's column holds
-                    fields = typed_columns.conform(fields, self._appender.value_fields_type,
-                                                   self._name)
+                held = self._appender.typed_types  # in the types the table's columns hold
+                typed = {name: typed_columns.conform(values, held.get(name), self._name)
+                         for name, values in validate(batch).items()}
         except errors.DeltaBusError as e:
-            return batch, e, None
-        return batch, None, fields
+            return batch, e, {}
+        return batch, None, typed
 
     def _check_open(self) -> None:
         if self._closed:

@@ -27,7 +27,6 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from deltabus.records import VALUE_FIELDS
 from deltabus.spark.parquet_reads import read_topic, remember_storage_options
 from deltabus.spark.sink import BatchWriter, SinkOptions, StreamWriter
 from deltabus.spark.source import (
@@ -38,8 +37,8 @@ from deltabus.spark.source import (
     StreamReader,
     kafka_schema,
     spark_ddl,
-    typed_values_type,
-    wants_value_fields,
+    typed_column_type,
+    wanted_typed_columns,
 )
 from deltabus.spark.views import register_topic_views
 
@@ -61,12 +60,14 @@ class DeltaBusDataSource(DataSource):
 
     def schema(self) -> str:
         headers = str(self.options.get("includeHeaders", "false")).lower() == "true"
-        if not wants_value_fields(self.options):
+        wanted = wanted_typed_columns(self.options)
+        if not wanted:
             return kafka_schema(headers)
-        # valueFields=true: a typed topic's decoded values, in the type its subject and tables
-        # hold now (a stream keeps it: see source.typed_values_type)
+        # keyFields, valueFields: a typed topic's decoded keys or values, in the type their
+        # subject and tables hold now (a stream keeps it: see source.typed_column_type)
         options = SourceOptions.parse(self._source_options(), streaming=False)
-        return f"{kafka_schema(headers)}, {VALUE_FIELDS} {spark_ddl(typed_values_type(options))}"
+        return kafka_schema(headers) + "".join(
+            f", {c} {spark_ddl(typed_column_type(options, c))}" for c in wanted)
 
     def reader(self, schema: StructType) -> DataSourceReader:
         return BatchReader(self._parsed(schema, streaming=False))
@@ -76,12 +77,13 @@ class DeltaBusDataSource(DataSource):
 
     def _parsed(self, schema: StructType, *, streaming: bool) -> SourceOptions:
         options = SourceOptions.parse(self._source_options(), streaming=streaming)
-        if not wants_value_fields(self.options):
+        wanted = wanted_typed_columns(self.options)
+        if not wanted:
             return options
         from pyspark.sql.pandas.types import to_arrow_type
 
-        return dataclasses.replace(options, value_fields=to_arrow_type(
-            schema[VALUE_FIELDS].dataType))
+        return dataclasses.replace(options, typed=tuple(
+            (c, to_arrow_type(schema[c].dataType)) for c in wanted))
 
     def _source_options(self) -> dict[str, str]:
         defaults = {f"{STORAGE_OPTION_PREFIX}{k}": v for k, v in self.storage_options.items()}

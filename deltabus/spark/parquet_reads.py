@@ -66,9 +66,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
+from deltabus.log_tables.delta_writes import typed_column_types
 from deltabus.log_tables.log_reader import LOG_START_TXN_APP_ID, data_files, files_overlapping
 from deltabus.log_tables.transactions import AbortedTxn, aborted_in, read_markers
-from deltabus.records import VALUE_FIELDS
+from deltabus.records import KEY_FIELDS, VALUE_FIELDS
 from deltabus.spark.source import (
     STORAGE_OPTION_PREFIX,
     OffsetRange,
@@ -127,8 +128,8 @@ class PartitionScan:
     # filter tests every row's producer_id and sequence instead.
     markers: tuple[int, ...] | None = ()
     aborted: tuple[AbortedTxn, ...] = ()
-    # A typed topic's table: the type of its value_fields column (None: an untyped table).
-    value_fields: pa.DataType | None = None
+    # A typed topic's table: its typed columns (records.TYPED_COLUMNS) with their types.
+    typed: tuple[tuple[str, pa.DataType], ...] = ()
 
 
 class FallBack(Exception):  # noqa: N818 (a decision, not an error: never leaves this module)
@@ -138,7 +139,7 @@ class FallBack(Exception):  # noqa: N818 (a decision, not an error: never leaves
 def read_topic(spark: Any, bootstrap_servers: str, topics: str | Iterable[str] | None = None,
                *, starting_offsets: str = "earliest", ending_offsets: str = "latest",
                include_headers: bool = False, options: Mapping[str, str] | None = None,
-               value_fields: bool = False) -> Any:
+               value_fields: bool = False, key_fields: bool = False) -> Any:
     """The records of `topics` (a name, names, or None with `assign`/`subscribePattern` in
     `options`) from `starting_offsets` to `ending_offsets` (earliest/latest or the Kafka
     source's offset JSON) as a DataFrame with the Kafka source's columns, read by Spark's
@@ -152,7 +153,8 @@ def read_topic(spark: Any, bootstrap_servers: str, topics: str | Iterable[str] |
     (`SELECT value_fields.amount ... WHERE value_fields.currency = 'EUR'`, no parsing): the
     partitions' struct types unified (each table's schema evolved on its own), null for a record
     of an untyped topic (a read that falls back gives them through the Python source's
-    valueFields option)."""
+    valueFields option). `key_fields`: likewise a topic's decoded keys (key.schema.subject),
+    as the struct column `key_fields`."""
     given = _source_options(bootstrap_servers, topics, starting_offsets, ending_offsets,
                             include_headers, options)
     stored = {**spark_storage_options(spark), **_registered.get(spark, {})}
@@ -163,16 +165,17 @@ def read_topic(spark: Any, bootstrap_servers: str, topics: str | Iterable[str] |
         scans = plan_scans(spark, parsed)
     except FallBack as reason:
         log.info("reading through the deltabus Python source: %s", reason)
-        if value_fields:
-            given = {**given, "valueFields": "true"}
+        given = {**given, "keyFields": str(key_fields).lower(),
+                 "valueFields": str(value_fields).lower()}
         return spark.read.format("deltabus").options(**given).load()
+    wanted = [c for c, on in ((KEY_FIELDS, key_fields), (VALUE_FIELDS, value_fields)) if on]
     return scans_frame(spark, scans, parsed.include_headers,
-                       _fields_type(scans) if value_fields else None)
+                       {c: _typed_type(scans, c) for c in wanted})
 
 
-def _fields_type(scans: list[PartitionScan]) -> pa.DataType:
-    """The value_fields type every scan is read as: the partitions' types unified."""
-    types = [s.value_fields for s in scans if s.value_fields is not None]
+def _typed_type(scans: list[PartitionScan], column: str) -> pa.DataType:
+    """The type every scan's typed `column` is read as: the partitions' types unified."""
+    types = [t for s in scans for name, t in s.typed if name == column]
     return unified_struct(types) if types else pa.struct([])
 
 
@@ -243,8 +246,7 @@ def partition_scan(r: OffsetRange, options: SourceOptions) -> PartitionScan:
     wanted = files_overlapping(files, start, r.end)
     if not wanted.num_rows:
         return PartitionScan(r.topic, r.partition, start, r.end, (), False)
-    schema = pa.schema(table.schema().to_arrow())
-    typed = (schema.field(VALUE_FIELDS).type if VALUE_FIELDS in schema.names else None)
+    typed = tuple(typed_column_types(table).items())
     straddles = bool(pc.min(wanted.column("min.offset")).as_py() < start
                      or pc.max(wanted.column("max.offset")).as_py() >= r.end)
     uris = tuple(posixpath.join(r.path, unquote(p)) for p in wanted.column("path").to_pylist())
@@ -252,7 +254,7 @@ def partition_scan(r: OffsetRange, options: SourceOptions) -> PartitionScan:
     later = files_overlapping(files, start, 2**63 - 1) if options.read_committed else wanted
     if not options.read_committed and later.num_rows > MARKER_SCAN_FILES_MAX:
         return PartitionScan(r.topic, r.partition, start, r.end, uris, straddles, None,
-                             value_fields=typed)
+                             typed=typed)
     markers = read_markers(_opened(storage, r.path, later.column("path").to_pylist()))
     offsets = [o for o in markers.column("offset").to_pylist() if start <= o < r.end]
     aborted = [a for a in aborted_in(markers)[0] if a.first_offset < r.end
@@ -273,7 +275,7 @@ def _opened(storage: Storage, table_path: str, paths: list[str]) -> Iterator[pq.
 
 
 def scans_frame(spark: Any, scans: list[PartitionScan], include_headers: bool,
-                fields: pa.DataType | None = None) -> Any:
+                typed: Mapping[str, pa.DataType] | None = None) -> Any:
     """The DataFrame of the scans: one Parquet scan each, filtered and given the Kafka
     source's columns, unioned; an empty one with those columns when there is none. Built
     from SQL expression strings: each Column built in Python is a round trip to the JVM (0.5
@@ -281,8 +283,10 @@ def scans_frame(spark: Any, scans: list[PartitionScan], include_headers: bool,
     if not scans:
         from pyspark.sql.types import StructType
 
-        return spark.createDataFrame([], StructType.fromDDL(kafka_schema(include_headers)))
-    frames = [_scan_frame(spark, s, include_headers, fields) for s in scans]
+        ddl = kafka_schema(include_headers) + "".join(
+            f", {name} {spark_ddl(fields)}" for name, fields in (typed or {}).items())
+        return spark.createDataFrame([], StructType.fromDDL(ddl))
+    frames = [_scan_frame(spark, s, include_headers, typed or {}) for s in scans]
     while len(frames) > 1:  # a balanced tree, so a topic of many partitions plans shallow
         frames = [frames[i].unionAll(frames[i + 1]) if i + 1 < len(frames) else frames[i]
                   for i in range(0, len(frames), 2)]
@@ -305,10 +309,11 @@ def scan_filter(scan: PartitionScan) -> str | None:
 
 
 def _scan_frame(spark: Any, scan: PartitionScan, include_headers: bool,
-                fields: pa.DataType | None = None) -> Any:
+                typed: Mapping[str, pa.DataType]) -> Any:
     schema = FILE_SCHEMA
-    if fields is not None and fields.num_fields:  # files written before a field came: null
-        schema += f", {VALUE_FIELDS} {spark_ddl(fields)}"
+    for name, fields in typed.items():  # files written before a field came: null
+        if fields.num_fields:
+            schema += f", {name} {spark_ddl(fields)}"
     df = spark.read.schema(schema).parquet(*(_literal_path(f) for f in scan.files))
     condition = scan_filter(scan)
     if condition is not None:
@@ -319,8 +324,8 @@ def _scan_frame(spark: Any, scan: PartitionScan, include_headers: bool,
                "timestamp_type AS timestampType"]
     if include_headers:
         columns.append("headers")
-    if fields is not None:
-        columns.append(VALUE_FIELDS if fields.num_fields else f"NULL AS {VALUE_FIELDS}")
+    columns += [name if fields.num_fields else f"NULL AS {name}"
+                for name, fields in typed.items()]
     return df.selectExpr(*columns)
 
 

@@ -37,13 +37,13 @@ from deltabus.client.consumer import Consumer
 from deltabus.client.consumer_coordinator import TopicPartition
 from deltabus.client.schema_cache import SchemaCache
 from deltabus.client.security import ClientSecurity, security_from_properties
-from deltabus.log_tables.delta_writes import value_fields_type
+from deltabus.log_tables.delta_writes import typed_column_types
 from deltabus.log_tables.layout import replica_path
 from deltabus.log_tables.log_reader import LogReader
 from deltabus.log_tables.transactions import aborted_in, consumed_rows, read_markers
 from deltabus.log_tables.typed_columns import stored_type
 from deltabus.metadata import MetadataImage
-from deltabus.records import VALUE_FIELDS
+from deltabus.records import KEY_FIELDS, TYPED_COLUMNS, VALUE_FIELDS
 from deltabus.storage import Storage
 
 log = logging.getLogger(__name__)
@@ -73,9 +73,16 @@ def _flag(options: dict[str, str], name: str, default: bool) -> bool:
     return value.lower() == "true"
 
 
-def wants_value_fields(options: Mapping[str, str]) -> bool:
-    """Whether the option valueFields asks for a typed topic's decoded values."""
-    return _flag({k.lower(): v for k, v in options.items()}, "valuefields", False)
+# Each typed column (records.TYPED_COLUMNS): the source option asking for it, and the topic
+# config naming its subject.
+TYPED_OPTIONS = {KEY_FIELDS: ("keyFields", "key.schema.subject"),
+                 VALUE_FIELDS: ("valueFields", "value.schema.subject")}
+
+
+def wanted_typed_columns(options: Mapping[str, str]) -> list[str]:
+    """The typed columns the options keyFields and valueFields ask for, in table order."""
+    lowered = {k.lower(): v for k, v in options.items()}
+    return [c for c in TYPED_COLUMNS if _flag(lowered, TYPED_OPTIONS[c][0].lower(), False)]
 
 
 def _positive(options: dict[str, str], name: str) -> int | None:
@@ -160,9 +167,10 @@ class SourceOptions:
     min_partitions: int | None = None
     fail_on_data_loss: bool = True
     include_headers: bool = False
-    # valueFields=true: a typed topic's decoded values as the struct column value_fields, in
-    # this type (the partitions' types unified when the query was defined: `typed_values_type`)
-    value_fields: pa.DataType | None = None
+    # valueFields=true, keyFields=true: a typed topic's decoded values or keys as the struct
+    # columns value_fields and key_fields, in these types (the subjects' and partitions' types
+    # unified when the query was defined: `typed_column_type`), by column
+    typed: tuple[tuple[str, pa.DataType], ...] = ()
     # kafka.isolation.level=read_committed: up to the last stable offset, no aborted record
     read_committed: bool = False
     group_id: str | None = None
@@ -417,19 +425,21 @@ class TopicReader:
             self._consumer = None
 
 
-def typed_values_type(options: SourceOptions) -> pa.DataType:
-    """Driver side, when a query is defined with valueFields: the struct type of its
-    `value_fields` column. Each typed topic's (value.schema.subject) subject's latest schema,
-    as its tables store it, and each partition table's column as its schema evolved, unified:
-    a stream keeps this type for its life (fields registered later are read after a restart).
-    Raises InvalidConfigError when none of the query's topics is typed."""
+def typed_column_type(options: SourceOptions, column: str) -> pa.DataType:
+    """Driver side, when a query is defined with valueFields (keyFields): the struct type of
+    its typed `column`. Each typed topic's subject's latest schema (value.schema.subject,
+    key.schema.subject), as its tables store it, and each partition table's column as its
+    schema evolved, unified: a stream keeps this type for its life (fields registered later
+    are read after a restart). Raises InvalidConfigError when none of the query's topics is
+    typed so."""
+    option, config = TYPED_OPTIONS[column]
     topics = TopicReader(options)
     found: list[pa.DataType] = []
     try:
         tps = topics.partitions()
         names = sorted({tp.topic for tp in tps})
         with AdminClient(options.bootstrap, security=options.security) as admin:
-            subjects = set(value_subjects(admin, names).values())
+            subjects = set(schema_subjects(admin, names, config).values())
             if subjects:
                 cache = SchemaCache(admin.schema_registry)
                 found += [_struct_of(schemas.decode(cache.latest(s)[1], []))
@@ -438,22 +448,23 @@ def typed_values_type(options: SourceOptions) -> pa.DataType:
             path = topics.table_path(tp)
             table = DeltaTable(path, storage_options=Storage(path, options.storage_options)
                                .delta_options)
-            held = value_fields_type(table)
+            held = typed_column_types(table).get(column)
             if held is not None:
                 found.append(held)
     finally:
         topics.close()
     if not found:
         raise errors.InvalidConfigError(
-            "option valueFields reads a typed topic's decoded values, and none of the query's "
-            "topics is typed (topic config value.schema.subject)")
+            f"option {option} reads a typed topic's decoded {column.split('_')[0]}s, and none "
+            f"of the query's topics is typed (topic config {config})")
     return unified_struct(found)
 
 
-def value_subjects(admin: AdminClient, topics: Iterable[str]) -> dict[str, str]:
-    """The typed topics among `topics`, each with its value.schema.subject."""
+def schema_subjects(admin: AdminClient, topics: Iterable[str], config: str) -> dict[str, str]:
+    """The topics among `topics` with typed values (`config` value.schema.subject) or keys
+    (key.schema.subject), each with its subject."""
     return {topic: entry.value for topic, entries in admin.describe_configs(topics).items()
-            for entry in entries if entry.name == "value.schema.subject" and entry.value}
+            for entry in entries if entry.name == config and entry.value}
 
 
 def unified_struct(types: Sequence[pa.DataType]) -> pa.DataType:
@@ -478,7 +489,7 @@ def read_ranges(partition: RangePartition, options: SourceOptions) -> Iterator[p
     """Executor side: the records of each range, from the replica's Delta table, as Arrow
     batches in the Kafka source's columns."""
     include_headers, fail_on_data_loss = options.include_headers, options.fail_on_data_loss
-    typed = options.value_fields
+    typed = options.typed
     # producer_id and sequence tell transaction markers, which are never rows of the source
     columns = ["offset", "timestamp", "timestamp_type", "key", "value", "producer_id",
                "sequence"]
@@ -499,7 +510,7 @@ def read_ranges(partition: RangePartition, options: SourceOptions) -> Iterator[p
         aborted = (aborted_in(read_markers(reader.parquet_files(r.start)))[0]
                    if options.read_committed else [])
         # Gaps inside the log are records a compacted topic's cleaner removed: not a loss.
-        for table in reader.read(r.start, r.end, columns, typed=typed is not None):
+        for table in reader.read(r.start, r.end, columns, typed=bool(typed)):
             for batch in consumed_rows(table, aborted).to_batches():
                 yield to_kafka_columns(batch, r.topic, r.partition, include_headers, typed)
 
@@ -524,10 +535,10 @@ _SPARK_SCHEMA[True] = _SPARK_SCHEMA[False].append(pa.field("headers", pa.list_(p
 
 
 def to_kafka_columns(batch: pa.RecordBatch, topic: str, partition: int,
-                     include_headers: bool, value_fields: pa.DataType | None = None
-                     ) -> pa.RecordBatch:
+                     include_headers: bool,
+                     typed: Sequence[tuple[str, pa.DataType]] = ()) -> pa.RecordBatch:
     """Log rows as Spark's Kafka source rows (its column names, order and types), with a
-    typed topic's decoded values in `value_fields`' type when it is given (null for records
+    typed topic's decoded keys or values, each `typed` column in its type (null for records
     that have none: an untyped topic's, or written before the topic was typed)."""
     n = batch.num_rows
     arrays = [batch.column("key"), batch.column("value"), pa.repeat(topic, n),
@@ -536,10 +547,10 @@ def to_kafka_columns(batch: pa.RecordBatch, topic: str, partition: int,
     if include_headers:
         arrays.append(batch.column("headers"))
     schema = _SPARK_SCHEMA[include_headers]
-    if value_fields is not None:
-        arrays.append(batch.column(VALUE_FIELDS) if VALUE_FIELDS in batch.schema.names
-                      else pa.nulls(n, value_fields))
-        schema = schema.append(pa.field(VALUE_FIELDS, value_fields))
+    for name, fields in typed:
+        arrays.append(batch.column(name) if name in batch.schema.names
+                      else pa.nulls(n, fields))
+        schema = schema.append(pa.field(name, fields))
     return pa.RecordBatch.from_arrays(
         [a if a.type == f.type else a.cast(f.type) for a, f in zip(arrays, schema, strict=True)],
         schema=schema)

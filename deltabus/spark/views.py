@@ -26,8 +26,9 @@ from typing import Any
 
 from deltabus.client.admin import AdminClient
 from deltabus.client.security import security_from_properties
+from deltabus.records import KEY_FIELDS, VALUE_FIELDS
 from deltabus.spark.parquet_reads import read_topic
-from deltabus.spark.source import value_subjects
+from deltabus.spark.source import TYPED_OPTIONS, schema_subjects
 
 
 def view_name(topic: str) -> str:
@@ -37,7 +38,8 @@ def view_name(topic: str) -> str:
 
 def register_topic_views(spark: Any, bootstrap_servers: str, topics: list[str] | None = None,
                          options: dict[str, str] | None = None, *,
-                         snapshot: bool = False, value_fields: bool = False) -> dict[str, str]:
+                         snapshot: bool = False, value_fields: bool = False,
+                         key_fields: bool = False) -> dict[str, str]:
     """Register every topic (or these) as a temporary view with the Kafka source's columns and
     headers; returns {topic: view name}. A live view (the default) reads the topic's partition
     tables up to the high watermark each time a query runs, so it always shows what consumers
@@ -46,29 +48,33 @@ def register_topic_views(spark: Any, bootstrap_servers: str, topics: list[str] |
     `kafka.`-prefixed security settings of a secured cluster (kafka.security.protocol,
     kafka.sasl.jaas.config, kafka.ssl.ca.location). `value_fields`: a typed topic's decoded
     values as the struct column `value_fields` (`read_topic`, or the source's valueFields
-    option; a live view of an untyped topic has no such column, a snapshot's is null)."""
+    option; a live view of an untyped topic has no such column, a snapshot's is null).
+    `key_fields`: likewise a topic's decoded keys (key.schema.subject), as `key_fields`."""
     extra = dict(options or {})
     names = topics
-    typed: set[str] = set()
-    if names is None or (value_fields and not snapshot):
+    wanted = [c for c, on in ((KEY_FIELDS, key_fields), (VALUE_FIELDS, value_fields)) if on]
+    typed: dict[str, set[str]] = {c: set() for c in wanted}  # column -> topics typed so
+    if names is None or (wanted and not snapshot):
         security = security_from_properties({k.lower(): v for k, v in extra.items()},
                                             prefix="kafka.")
         with AdminClient(bootstrap_servers, security=security) as admin:
             if names is None:
                 names = admin.list_topics()
-            if value_fields and not snapshot:
-                typed = set(value_subjects(admin, names))
+            if not snapshot:
+                typed = {c: set(schema_subjects(admin, names, TYPED_OPTIONS[c][1]))
+                         for c in wanted}
     views = {}
     for topic in names:
         name = view_name(topic)
         if snapshot:
             df = read_topic(spark, bootstrap_servers, topic, include_headers=True,
-                            options=extra, value_fields=value_fields)
+                            options=extra, value_fields=value_fields, key_fields=key_fields)
         else:
             df = (spark.read.format("deltabus").options(**extra)
                   .option("kafka.bootstrap.servers", bootstrap_servers)
                   .option("subscribe", topic).option("includeHeaders", "true")
-                  .option("valueFields", str(topic in typed).lower()).load())
+                  .options(**{TYPED_OPTIONS[c][0]: str(topic in typed[c]).lower()
+                              for c in wanted}).load())
         df.createOrReplaceTempView(name)
         views[topic] = name
     return views

@@ -235,3 +235,60 @@ def test_the_spark_source_gives_the_typed_columns_when_asked_streaming_and_batch
         admin.create_topics([NewTopic(f"{topic_name}-plain", 1, 1)])
     with pytest.raises(Exception, match="none of the query's topics is typed"):
         source("batch", f"{topic_name}-plain").collect()
+
+
+CUSTOMER_KEY = {"type": "record", "name": "CustomerKey", "namespace": "shop",
+                "fields": [{"name": "region", "type": "string"},
+                           {"name": "customer", "type": "long"}]}
+
+
+def test_typed_keys_are_decoded_beside_the_values_and_read_by_spark(
+        cluster, registry, topic_name, spark) -> None:
+    """With key.schema.subject a topic's keys are checked and decoded like its values: every
+    replica's table holds them as `key_fields` (null for a record without key), Spark reads
+    them with read_topic(key_fields=True) and the source's keyFields option, and a key its
+    schema does not read is refused with nothing written."""
+    with AdminClient(cluster.bootstrap_servers) as admin:
+        admin.create_topics([NewTopic(topic_name, 1, 3, configs={
+            "key.schema.subject": f"{topic_name}-key",
+            "value.schema.subject": f"{topic_name}-value", "min.insync.replicas": "3"})])
+    keys = AvroSerializer(registry, json.dumps(CUSTOMER_KEY))
+    values = AvroSerializer(registry, json.dumps(PAYMENT_V1))
+    key_context = SerializationContext(topic_name, MessageField.KEY)
+    value_context = SerializationContext(topic_name, MessageField.VALUE)
+    producer = KafkaProducer({"bootstrap.servers": cluster.kafka_bootstrap_servers,
+                              "acks": "all", "retries": 0})
+    outcomes: list[Any] = []
+    sent = [({"region": "eu", "customer": 7}, {"id": "a", "amount": 1.0, "currency": "EUR"}),
+            (None, {"id": "b", "amount": 2.0, "currency": "USD"})]
+    for key, value in sent:
+        producer.produce(topic_name, values(value, value_context), partition=0,
+                         key=None if key is None else keys(key, key_context),
+                         on_delivery=lambda e, _m: outcomes.append(e))
+        producer.flush(60)
+    schema_id, _ = split_wire(keys({"region": "x", "customer": 1}, key_context))
+    producer.produce(topic_name, values(sent[0][1], value_context), partition=0,
+                     key=wire_header(schema_id) + b"\xff",
+                     on_delivery=lambda e, _m: outcomes.append(e))
+    producer.flush(60)
+    assert outcomes[:2] == [None, None]
+    assert outcomes[2] is not None and outcomes[2].code() == KafkaError.INVALID_RECORD
+    expected = [k for k, _ in sent]
+    for table in replica_tables(cluster, topic_name):
+        wait_until(lambda t=table: (t.update_incremental() or True)
+                   and t.to_pyarrow_table(columns=["offset"]).num_rows == 2,
+                   "every replica holds the 2 records, and not the refused one")
+        rows = table.to_pyarrow_table(columns=["offset", "key_fields", "value_fields"]
+                                      ).sort_by("offset")
+        assert rows.column("key_fields").to_pylist() == expected
+        assert rows.column("value_fields").to_pylist() == [v for _, v in sent]
+    read = read_topic(spark, cluster.bootstrap_servers, topic_name, key_fields=True)
+    assert [r.key_fields and r.key_fields.asDict()
+            for r in read.orderBy("offset").collect()] == expected
+    live = (spark.read.format("deltabus")
+            .option("kafka.bootstrap.servers", cluster.bootstrap_servers)
+            .option("subscribe", topic_name).option("keyFields", "true").load())
+    assert live.schema["key_fields"].dataType.simpleString() == (
+        "struct<region:string,customer:bigint>")
+    assert [r.key_fields and r.key_fields.asDict()
+            for r in live.orderBy("offset").collect()] == expected

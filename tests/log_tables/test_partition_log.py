@@ -611,7 +611,7 @@ def test_a_followers_read_from_parquet_carries_a_typed_topics_values_across_evol
         for values in (v1, v2):
             fields = pa.array(values)
             _wait([log.append(_batch([b"x"] * len(values)), leader_epoch=0,
-                              validate=lambda _batch, f=fields: f)])
+                              validate=lambda _batch, f=fields: {VALUE_FIELDS: f})])
     finally:
         log.close()
     reopened = _open(path)
@@ -635,7 +635,7 @@ def test_a_typed_column_holds_promoted_values_and_refuses_what_its_type_cannot_h
     field, before it could fail the group commit other producers' batches joined."""
     def append(values: pa.Array) -> Future:
         return log.append(_batch([b"x"] * len(values)), leader_epoch=0,
-                          validate=lambda _batch: values)
+                          validate=lambda _batch: {VALUE_FIELDS: values})
 
     first = pa.array([{"id": "a", "qty": 1}], pa.struct([("id", pa.string()),
                                                          ("qty", pa.int32())]))
