@@ -164,7 +164,8 @@ class Cluster:
                 raise
         self.log_cleaner = LogCleaner(self.spark, self.controller.cleaner_tasks,
                                       self.controller.tables_changed,
-                                      self.config.log_retention_check_interval_ms)
+                                      self.config.log_retention_check_interval_ms,
+                                      reserved_slots=self.config.brokers + 1)
         self._spawn(self._check_sessions_loop, "deltabus-session-checker")
         self._spawn(self._coordinator_loop, "deltabus-group-coordinator")
         self._spawn(self._transaction_loop, "deltabus-transaction-timeouts")

@@ -11,7 +11,10 @@ with their next heartbeat, and they take the changed tables in (the new log star
 
 The cleaner never competes with brokers for their task slots or threads: it is an ordinary short
 Spark job, visible in the Spark UI under its job group, and each run logs what it removed per
-partition.
+partition. Its partitions are shared out over at most the task slots the brokers leave, less
+one (`cleaner_slices`): a job of a task per partition kept every free slot for minutes over
+thousands of partitions (bench step (p), 12,000), and a killed broker's relaunch, a later job,
+waited behind it.
 """
 
 from __future__ import annotations
@@ -90,6 +93,12 @@ class CleanerResult:
                 or any(x.files_rewritten for x in self.compacted.values()))
 
 
+def cleaner_slices(partitions: int, slots: int, reserved: int) -> int:
+    """The Spark tasks a cleaner run of `partitions` partitions is split into: at most the
+    `slots` Spark offers less the `reserved` ones, and at least one."""
+    return max(1, min(partitions, slots - reserved))
+
+
 def run_cleaner(task: CleanerTask) -> CleanerResult:
     """The Spark task body, on an executor: one partition, every replica table. Errors are
     reported, not raised, so one partition's trouble does not fail the others."""
@@ -150,8 +159,12 @@ class LogCleaner:
     """Driver side: runs the retention job now (`run`) or every `interval_s` (`start`).
     Thread-safe (one run at a time); `interval_s` may be changed while it runs."""
 
-    def __init__(self, spark: Any, tasks: Any, changed: Any, interval_ms: int) -> None:
+    def __init__(self, spark: Any, tasks: Any, changed: Any, interval_ms: int, *,
+                 reserved_slots: int = 0) -> None:
+        """`reserved_slots`: the Spark task slots the cleaner leaves to others (the brokers'
+        own, and one for a broker's relaunch)."""
         self._spark = spark
+        self._reserved_slots = reserved_slots
         # (topics, merge_min_age_ms) -> list[CleanerTask], from the controller's metadata
         self._tasks = tasks
         self._changed = changed  # (list[(topic, partition, replicas)]) -> None: tell brokers
@@ -198,8 +211,9 @@ class LogCleaner:
             sc.setJobGroup(JOB_GROUP, f"deltabus log cleaner: retention, compaction and "
                            f"small-file merge of {len(tasks)} partitions", interruptOnCancel=True)
             started = time.monotonic()
+            slices = cleaner_slices(len(tasks), sc.defaultParallelism, self._reserved_slots)
             results: list[CleanerResult] = (
-                sc.parallelize(tasks, len(tasks)).map(run_cleaner).collect())
+                sc.parallelize(tasks, slices).map(run_cleaner).collect())
             self.runs += 1
         self._changed([(r.task.topic, r.task.partition, r.task.replicas) for r in results
                        if r.changed])

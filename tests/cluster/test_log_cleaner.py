@@ -18,7 +18,7 @@ import pytest
 from deltabus import config as cfg
 from deltabus import errors
 from deltabus.cluster.controller import Controller
-from deltabus.cluster.log_cleaner import LogCleaner, run_cleaner
+from deltabus.cluster.log_cleaner import LogCleaner, cleaner_slices, run_cleaner
 from deltabus.cluster.metadata_log import MetadataLog
 from deltabus.log_tables.layout import metadata_path, replica_path
 from deltabus.log_tables.partition_log import PartitionLog
@@ -103,3 +103,22 @@ def test_a_partition_that_cannot_be_cleaned_is_an_error_and_the_others_are_clean
     assert results["orders"].error == "" and results["orders"].removed[0].files == 4
     [failure] = [r for r in caplog.records if "gone-0" in r.getMessage()]
     assert failure.levelno == logging.ERROR
+
+
+def test_a_run_leaves_the_brokers_slots_and_one_more_and_cleans_every_partition(
+        spark, tmp_path: Path) -> None:
+    """A cleaner run shares its partitions out over the task slots the brokers leave, less one
+    kept for a killed broker's relaunch (a job of a task per partition held every free slot for
+    minutes over 12,000 partitions): every partition is still cleaned."""
+    assert [cleaner_slices(n, 8, 4) for n in (1, 3, 4, 12_000)] == [1, 3, 4, 4]
+    assert cleaner_slices(12_000, 4, 4) == 1  # never none
+    for topic in ("orders", "payments", "refunds"):
+        _fill(tmp_path, topic)
+    controller = _controller(tmp_path, {t: {"retention.ms": str(HOUR_MS)}
+                                        for t in ("orders", "payments", "refunds")})
+    reserved = spark.sparkContext.defaultParallelism  # one task for the three partitions
+    cleaner = LogCleaner(spark, controller.cleaner_tasks, controller.tables_changed, 60_000,
+                         reserved_slots=reserved)
+    results = {r.task.topic: r for r in cleaner.run()}
+    assert sorted(results) == ["orders", "payments", "refunds"]
+    assert all(r.error == "" and r.removed[0].files == 4 for r in results.values())
