@@ -362,9 +362,10 @@ def to_log_group(produced: Sequence[ProducedBatch], *, base_offset: int,
     a dozen Arrow calls per batch, each a chance to lose the GIL to the request threads."""
     counts = np.array([p.batch.num_rows for p in produced], dtype=np.int64)
     n = int(counts.sum())
-    # one chunk: delta-rs may write the chunks of a table in any order
+    # one chunk: delta-rs may write the chunks of a table in any order (a bulk produce entry
+    # of several Arrow batches left files out of offset order: every Parquet read sorted them)
     records = (produced[0].batch if len(produced) == 1
-               else pa.concat_tables([p.batch for p in produced]).combine_chunks())
+               else pa.concat_tables([p.batch for p in produced])).combine_chunks()
 
     def each(values: list[int], dtype: type) -> np.ndarray:
         return np.repeat(np.array(values, dtype=dtype), counts)

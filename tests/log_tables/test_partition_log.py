@@ -8,6 +8,7 @@ from concurrent.futures import Future
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from deltalake import CommitProperties, DeltaTable, Transaction, WriterProperties, write_deltalake
 from hypothesis import HealthCheck, given, settings
@@ -655,3 +656,14 @@ def test_a_typed_column_holds_promoted_values_and_refuses_what_its_type_cannot_h
     rows = table.to_pyarrow_table(columns=["offset", VALUE_FIELDS]).sort_by("offset")
     assert rows.column("offset").to_pylist() == [0, 1, 2]
     assert [v["qty"] for v in rows.column(VALUE_FIELDS).to_pylist()] == [1, 2**40, 3]
+
+
+def test_a_batch_of_many_chunks_is_written_in_offset_order(log: PartitionLog, path: Path) -> None:
+    """A bulk produce entry arrives as several Arrow record batches; delta-rs may write a
+    table's chunks in any order, and a data file out of offset order costs every read of it
+    from Parquet a sort (a fetch below the tail cache, every Spark stream's read)."""
+    chunks = [_batch(_values(f"c{c}", 20_000)) for c in range(6)]
+    _wait([log.append(pa.concat_tables(chunks), leader_epoch=0)])
+    [data_file] = DeltaTable(str(path)).file_uris()
+    offsets = pq.read_table(data_file, columns=["offset"]).column("offset").to_pylist()
+    assert offsets == list(range(120_000))
