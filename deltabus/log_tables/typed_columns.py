@@ -1,4 +1,4 @@
-"""The types a typed topic's decoded values (records.VALUE_FIELDS) take in its partition tables.
+"""The types a typed topic's decoded keys and values (records.TYPED_COLUMNS) take in its tables.
 
 A Delta table written by delta-rs cannot change a column's type (Delta's type widening is a
 table feature delta-rs does not write), yet a schema registry lets a schema promote a field:
