@@ -147,6 +147,9 @@ def report(f: dict[str, Any], ok: dict[str, bool]) -> str:
           f"Parquet; {dr['stream_wall_rps']:,.0f} with start-up; "
           f"medians of {len(dr['rounds'])})"),
          f">= {TARGETS['stream_vs_memory']:.0%} of the Python-source ceiling", ok["drain"]),
+        ("(j) the same, Python streaming ceiling",
+         (f"{dr['stream_vs_memory_stream']:.0%} of a Python streaming source serving the same "
+          f"records from memory ({dr['memory_stream_rps']:,.0f} rec/s)"), "reported", ""),
         (f"(j) SQL, Parquet reader, {dr['records'] / 1e6:g} M rec",
          (f"{dr['sql_rps']:,.0f} rec/s ({dr['sql_vs_direct']:.0%} of direct Parquet "
           f"{dr['direct_rps']:,.0f}; medians of {len(dr['rounds'])})"),

@@ -16,6 +16,11 @@ the ceiling for any reader built on it, as deltabus's source is, so the stream i
 it. That source's class is pickled by value, so Spark's Python workers need not find the `bench`
 package, which is not installed.
 
+The same in-memory records are also served by a Python *streaming* source (`MemoryStreamSource`)
+drained by the same kind of query (one micro-batch, availableNow, the noop sink): the ceiling of
+Spark's Python streaming path, whose micro-batch execution and streaming write carry costs the
+batch read does not. Against it, the stream's figure is deltabus's reader's own share.
+
 And each round times SQL over the topic through Spark's own Parquet reader (issue 21): a
 snapshot view (`register_topic_views(..., snapshot=True)`, which resolves the offsets and files
 on the driver with `read_topic`) and a `SELECT` of the Kafka source's columns, from the
@@ -36,7 +41,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
 from pyspark import cloudpickle
-from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    InputPartition,
+)
 
 from deltabus.client.admin import AdminClient
 from deltabus.client.consumer import Consumer
@@ -126,6 +136,58 @@ class MemorySource(DataSource):
                              self.options["topic"])
 
 
+class _MemoryStreamReader(DataSourceStreamReader):
+    """The in-memory records as one micro-batch of a stream (offsets 0 to 1)."""
+
+    def __init__(self, files: list[str], records: int, topic: str) -> None:
+        self._batch = _MemoryReader(files, records, topic)
+
+    def initialOffset(self) -> dict:
+        return {"batch": 0}
+
+    def latestOffset(self, start: dict | None = None, limit: Any = None) -> dict:
+        return {"batch": 1}
+
+    def partitions(self, start: dict, end: dict) -> list[_MemoryPartition]:
+        return self._batch.partitions() if end["batch"] > start["batch"] else []
+
+    def read(self, partition: _MemoryPartition) -> Any:  # type: ignore[override]
+        return self._batch.read(partition)
+
+    def commit(self, end: dict) -> None:
+        pass
+
+
+class MemoryStreamSource(MemorySource):
+    """`deltabus-bench-memory-stream`: the ceiling of Spark's Python streaming source path."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "deltabus-bench-memory-stream"
+
+    def streamReader(self, schema: Any) -> _MemoryStreamReader:
+        return _MemoryStreamReader(self.options["files"].split(","),
+                                   int(self.options["records"]), self.options["topic"])
+
+
+def memory_stream_read(spark: Any, files: list[str], records: int, topic: str) -> float:
+    """Seconds of the micro-batch (trigger time, as the stream's figure) of a query draining
+    the in-memory streaming source's `records` records into the noop sink."""
+    with tempfile.TemporaryDirectory(prefix="deltabus-bench-checkpoint-") as checkpoint:
+        query = (spark.readStream.format(MemoryStreamSource.name())
+                 .option("files", ",".join(files)).option("records", str(records))
+                 .option("topic", topic).load()
+                 .writeStream.format("noop").option("checkpointLocation", checkpoint)
+                 .trigger(availableNow=True).start())
+        query.awaitTermination()
+    if query.exception() is not None:
+        raise RuntimeError(f"the in-memory streaming query failed: {query.exception()}")
+    rows = sum(p["numInputRows"] for p in query.recentProgress)
+    if rows != records:
+        raise RuntimeError(f"the in-memory stream gave {rows} records, not {records}")
+    return sum(p["durationMs"]["triggerExecution"] for p in query.recentProgress) / 1000
+
+
 def memory_read(spark: Any, files: list[str], records: int, topic: str) -> float:
     """Seconds for the in-memory Python data source to hand Spark `records` records, one
     partition per leader (as the stream has), into the noop sink."""
@@ -177,6 +239,7 @@ def drain_vs_parquet(spark: Any, bootstrap: str, values: pa.Table, records: int,
     streaming query and SQL on the Parquet path, each round's figures kept beside them."""
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
     spark.dataSource.register(MemorySource)
+    spark.dataSource.register(MemoryStreamSource)
     run_id = uuid.uuid4().hex[:8]
     warm, topic = f"bench-drain-warm-{run_id}", f"bench-drain-{run_id}"
     timed: list[dict[str, float]] = []
@@ -195,6 +258,7 @@ def drain_vs_parquet(spark: Any, bootstrap: str, values: pa.Table, records: int,
             for i in range(rounds + 1):  # the first round warms up
                 direct_s = direct_read(spark, files)
                 memory_s = memory_read(spark, memory_files, records, topic)
+                memory_stream_s = memory_stream_read(spark, memory_files, records, topic)
                 stream = stream_drain(spark, bootstrap, topic)
                 sql_s = sql_read(spark, bootstrap, topic)
                 if stream["rows"] != records:
@@ -202,6 +266,7 @@ def drain_vs_parquet(spark: Any, bootstrap: str, values: pa.Table, records: int,
                 if i:
                     timed.append({"direct_rps": records / direct_s,
                                   "memory_rps": records / memory_s,
+                                  "memory_stream_rps": records / memory_stream_s,
                                   "stream_rps": records / stream["trigger_s"],
                                   "stream_wall_rps": records / stream["wall_s"],
                                   "sql_rps": records / sql_s})
@@ -212,5 +277,6 @@ def drain_vs_parquet(spark: Any, bootstrap: str, values: pa.Table, records: int,
             "stream_vs_direct": median["stream_rps"] / median["direct_rps"],
             "memory_vs_direct": median["memory_rps"] / median["direct_rps"],
             "stream_vs_memory": median["stream_rps"] / median["memory_rps"],
+            "stream_vs_memory_stream": median["stream_rps"] / median["memory_stream_rps"],
             "sql_vs_direct": median["sql_rps"] / median["direct_rps"],
             "micro_batches": stream["batches"], "rounds": timed}
