@@ -7,7 +7,6 @@ concatenation), so neither decoder is checked against itself. No Spark."""
 from __future__ import annotations
 
 import decimal
-import io
 import itertools
 import json
 import math
@@ -15,7 +14,6 @@ import re
 import tracemalloc
 from typing import Any
 
-import fastavro
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -31,6 +29,7 @@ from deltabus.avro_columns import (
     decode_columns,
 )
 from deltabus.schema_avro import AvroSchema, decode_avro, decode_avro_records, parse_avro
+from tests.test_schema_avro import fastavro_encoded
 
 INT = (-(2**31), 2**31 - 1)
 LONG = (-(2**63), 2**63 - 1)
@@ -55,14 +54,7 @@ def record(name: str, **fields: Any) -> dict[str, Any]:
             "fields": [{"name": k, "type": v} for k, v in fields.items()]}
 
 
-def encoded(schema: Any, rows: list[Any]) -> list[bytes]:
-    parsed = fastavro.parse_schema(schema)
-    out = []
-    for row in rows:
-        stream = io.BytesIO()
-        fastavro.schemaless_writer(stream, parsed, row)
-        out.append(stream.getvalue())
-    return out
+encoded = fastavro_encoded  # the reference encoding (tests/test_schema_avro.py)
 
 
 def written(kind: Any, value: Any) -> bytes:

@@ -516,7 +516,8 @@ ROWS: list[dict[str, Any]] = [
 ]
 
 
-def _fastavro_encoded(schema: Any, rows: list[dict[str, Any]]) -> list[bytes]:
+def fastavro_encoded(schema: Any, rows: list[Any]) -> list[bytes]:
+    """Each row as fastavro writes it (Avro binary, no header): the reference encoding."""
     parsed = fastavro.parse_schema(schema)
     out = []
     for row in rows:
@@ -528,7 +529,7 @@ def _fastavro_encoded(schema: Any, rows: list[dict[str, Any]]) -> list[bytes]:
 
 def test_records_fastavro_encoded_decode_to_the_typed_columns() -> None:
     schema = avro(EVENT)
-    table = decode_avro(schema, _fastavro_encoded(EVENT, ROWS))
+    table = decode_avro(schema, fastavro_encoded(EVENT, ROWS))
     assert table.schema == avro_arrow_schema(schema)
     first, second, third = table.to_pylist()
     assert first["to"] == {"city": "Paris", "zip": 75001}
@@ -551,12 +552,12 @@ def test_records_fastavro_encoded_decode_to_the_typed_columns() -> None:
 def test_encode_gives_the_bytes_fastavro_gives_and_decode_reads_them_back() -> None:
     schema = avro(EVENT)
     encoded = encode_avro(schema, ROWS)
-    assert encoded == _fastavro_encoded(EVENT, ROWS)
-    assert decode_avro(schema, encoded) == decode_avro(schema, _fastavro_encoded(EVENT, ROWS))
+    assert encoded == fastavro_encoded(EVENT, ROWS)
+    assert decode_avro(schema, encoded) == decode_avro(schema, fastavro_encoded(EVENT, ROWS))
 
 
 def test_decoded_columns_append_to_a_delta_table(tmp_path: Any) -> None:
-    table = decode_avro(avro(EVENT), _fastavro_encoded(EVENT, ROWS))
+    table = decode_avro(avro(EVENT), fastavro_encoded(EVENT, ROWS))
     write_deltalake(str(tmp_path), table)
     back = DeltaTable(str(tmp_path)).to_pyarrow_table()
     assert back.num_rows == 3
@@ -570,7 +571,7 @@ def test_a_non_record_schema_encodes_and_decodes_its_value_column() -> None:
 
 
 def test_a_payload_that_does_not_decode_is_refused_naming_its_record() -> None:
-    good = _fastavro_encoded(EVENT, ROWS[:1])[0]
+    good = fastavro_encoded(EVENT, ROWS[:1])[0]
     with pytest.raises(ValueError, match="record 1 does not decode with the schema"):
         decode_avro(avro(EVENT), [good, good[:7]])
 
