@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 CONTROL_SEQUENCE = -1
 ABORT, COMMIT = 0, 1  # Kafka's ControlRecordType
@@ -57,3 +58,16 @@ def control_mask(rows: pa.Table) -> pa.ChunkedArray:
     """True for the markers among `rows` (any table with producer_id and sequence)."""
     return pc.and_(pc.greater_equal(rows.column("producer_id"), 0),
                    pc.equal(rows.column("sequence"), CONTROL_SEQUENCE))
+
+
+def cannot_hold_markers(meta: pq.RowGroupMetaData, leaves: dict[str, int]) -> bool:
+    """Whether a row group's statistics (producer ids all below 0, or sequences all above -1)
+    prove it holds no marker; `leaves`: the file's leaf column indexes by name
+    (log_reader.leaf_columns). A reader skips such groups, or their transaction columns."""
+    pid, seq = leaves.get("producer_id"), leaves.get("sequence")
+    if pid is None or seq is None:
+        return False
+    pid_stats, seq_stats = meta.column(pid).statistics, meta.column(seq).statistics
+    return bool((pid_stats is not None and pid_stats.has_min_max and pid_stats.max < 0)
+                or (seq_stats is not None and seq_stats.has_min_max
+                    and seq_stats.min > CONTROL_SEQUENCE))

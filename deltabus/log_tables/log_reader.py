@@ -21,6 +21,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
+from deltabus.log_tables.control_records import cannot_hold_markers
 from deltabus.records import LOG_SCHEMA
 from deltabus.storage import Storage
 
@@ -29,6 +30,8 @@ from deltabus.storage import Storage
 LOG_START_TXN_APP_ID = "deltabus.logStart"
 # Columns of delta-rs's flattened add actions a reader needs (offsets first).
 FILE_COLUMNS = ["path", "min.offset", "max.offset", "size_bytes", "num_records"]
+# The columns that tell a transaction marker from a record (control_records.control_mask).
+TRANSACTION_COLUMNS = ("producer_id", "sequence")
 
 
 def data_files(table: DeltaTable, columns: list[str] | None = None) -> pa.Table:
@@ -79,12 +82,16 @@ def read_row_group(reader: pq.ParquetFile, group: int,
         schema=pa.schema(list(schema) + [part.schema.field(n) for n in extra]))
 
 
-def read_row_groups(reader: pq.ParquetFile, start: int, end: int,
-                    columns: list[str] | None = None, typed: bool = False) -> Iterator[pa.Table]:
-    """The row groups of one data file whose offset statistics overlap [start, end), whole
-    (the caller slices), by first offset (`typed`: as `read_row_group`)."""
-    for _, group in overlapping_row_groups(reader.metadata, start, end):
-        yield read_row_group(reader, group, columns, typed)
+def disjoint_row_groups(metadata: pq.FileMetaData, groups: list[tuple[int, int]]) -> bool:
+    """Whether `groups` (overlapping_row_groups' list) hold disjoint offset ranges, each
+    above the one before, by their statistics: then each group can be read and sliced alone."""
+    last = None
+    for _, group in groups:
+        stats = metadata.row_group(group).column(0).statistics  # offset
+        if stats is None or not stats.has_min_max or (last is not None and stats.min <= last):
+            return False
+        last = stats.max
+    return True
 
 
 def leaf_columns(reader: pq.ParquetFile) -> dict[str, int]:
@@ -146,20 +153,37 @@ class LogReader:
                 yield pq.ParquetFile(source)
 
     def read(self, start: int, end: int, columns: list[str] | None = None,
-             typed: bool = False) -> Iterator[pa.Table]:
-        """Records [start, end) in offset order, one table per data file (bounded memory);
-        none below the log start offset (a file straddling it keeps records that are gone).
-        `typed`: with a typed topic's typed columns, where a file holds them."""
+             typed: bool = False, skip_marker_free: bool = False) -> Iterator[pa.Table]:
+        """Records [start, end) in offset order, none below the log start offset (a file
+        straddling it keeps records that are gone). A table per row group where a file's groups
+        hold disjoint offset ranges, as the files deltabus writes do, so a reader holds one
+        group in memory and hands it on while it is still in the CPU's caches; a table per file
+        otherwise. `typed`: with a typed topic's typed columns, where a file holds them.
+        `skip_marker_free`: producer_id and sequence (what tells transaction markers) are left
+        out of the groups whose statistics show they hold none, the common case, which then
+        need no filtering either."""
         start = max(start, self._recorded_start)
         if columns is not None and "offset" not in columns:
             columns = ["offset", *columns]
         for path in files_overlapping(self._files, start, end).column("path").to_pylist():
             with self._storage.open_input(posixpath.join(self.path, unquote(path))) as source:
-                parts = list(read_row_groups(pq.ParquetFile(source), start, end, columns,
-                                             typed))
-            table = offset_slice(parts, start, end)
-            if table.num_rows:
-                yield table
+                reader = pq.ParquetFile(source)
+                groups = overlapping_row_groups(reader.metadata, start, end)
+                if not disjoint_row_groups(reader.metadata, groups):
+                    table = offset_slice([read_row_group(reader, group, columns, typed)
+                                          for _, group in groups], start, end)
+                    if table.num_rows:
+                        yield table
+                    continue
+                leaves = leaf_columns(reader) if skip_marker_free and columns else {}
+                for _, group in groups:
+                    wanted = columns
+                    if leaves and cannot_hold_markers(reader.metadata.row_group(group), leaves):
+                        wanted = [c for c in wanted or () if c not in TRANSACTION_COLUMNS]
+                    table = offset_slice([read_row_group(reader, group, wanted, typed)],
+                                         start, end)
+                    if table.num_rows:
+                        yield table
 
 
 def stats_json(row: dict[str, Any]) -> str:

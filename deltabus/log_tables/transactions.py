@@ -32,8 +32,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from deltabus.log_tables.control_records import (
-    CONTROL_SEQUENCE,
     TXN_FIRST_OFFSET_HEADER,
+    cannot_hold_markers,
     control_mask,
     is_commit,
 )
@@ -145,23 +145,13 @@ def read_markers(files: Iterable[pq.ParquetFile]) -> pa.Table:
         leaves = leaf_columns(reader)
         for group in range(reader.metadata.num_row_groups):
             meta = reader.metadata.row_group(group)
-            if _cannot_hold_markers(meta, leaves):
+            if cannot_hold_markers(meta, leaves):
                 continue
             part = reader.read_row_group(group, columns=_MARKER_COLUMNS)
             parts.append(part.filter(control_mask(part)))
     if not parts:
         return pa.table({name: [] for name in _MARKER_COLUMNS})
     return pa.concat_tables(parts).sort_by("offset")
-
-
-def _cannot_hold_markers(meta: pq.RowGroupMetaData, leaves: dict[str, int]) -> bool:
-    pid, seq = leaves.get("producer_id"), leaves.get("sequence")
-    if pid is None or seq is None:
-        return False
-    pid_stats, seq_stats = meta.column(pid).statistics, meta.column(seq).statistics
-    return bool((pid_stats is not None and pid_stats.has_min_max and pid_stats.max < 0)
-                or (seq_stats is not None and seq_stats.has_min_max
-                    and seq_stats.min > CONTROL_SEQUENCE))
 
 
 def first_offset_header(headers: list[dict] | None) -> int:

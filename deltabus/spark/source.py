@@ -39,7 +39,7 @@ from deltabus.client.schema_cache import SchemaCache
 from deltabus.client.security import ClientSecurity, security_from_properties
 from deltabus.log_tables.delta_writes import typed_column_types
 from deltabus.log_tables.layout import replica_path
-from deltabus.log_tables.log_reader import LogReader
+from deltabus.log_tables.log_reader import TRANSACTION_COLUMNS, LogReader
 from deltabus.log_tables.transactions import aborted_in, consumed_rows, read_markers
 from deltabus.log_tables.typed_columns import stored_type
 from deltabus.metadata import MetadataImage
@@ -491,8 +491,7 @@ def read_ranges(partition: RangePartition, options: SourceOptions) -> Iterator[p
     include_headers, fail_on_data_loss = options.include_headers, options.fail_on_data_loss
     typed = options.typed
     # producer_id and sequence tell transaction markers, which are never rows of the source
-    columns = ["offset", "timestamp", "timestamp_type", "key", "value", "producer_id",
-               "sequence"]
+    columns = ["offset", "timestamp", "timestamp_type", "key", "value", *TRANSACTION_COLUMNS]
     if include_headers:
         columns.append("headers")
     ranges = partition.ranges
@@ -510,8 +509,13 @@ def read_ranges(partition: RangePartition, options: SourceOptions) -> Iterator[p
         aborted = (aborted_in(read_markers(reader.parquet_files(r.start)))[0]
                    if options.read_committed else [])
         # Gaps inside the log are records a compacted topic's cleaner removed: not a loss.
-        for table in reader.read(r.start, r.end, columns, typed=bool(typed)):
-            for batch in consumed_rows(table, aborted).to_batches():
+        # Groups that cannot hold a marker come without the transaction columns, and need no
+        # filter (unless records of aborted transactions are to be dropped).
+        for table in reader.read(r.start, r.end, columns, typed=bool(typed),
+                                 skip_marker_free=not aborted):
+            if TRANSACTION_COLUMNS[0] in table.column_names:
+                table = consumed_rows(table, aborted)
+            for batch in table.to_batches():
                 yield to_kafka_columns(batch, r.topic, r.partition, include_headers, typed)
 
 

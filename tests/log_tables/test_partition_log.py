@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from deltabus import errors
 from deltabus.log_tables import appender
+from deltabus.log_tables.log_reader import TRANSACTION_COLUMNS, LogReader
 from deltabus.log_tables.partition_log import (
     EARLIEST_TIMESTAMP,
     LATEST_TIMESTAMP,
@@ -403,6 +404,35 @@ def test_reads_of_a_file_whose_row_groups_interleave_return_every_offset_once(
             assert seen == list(range(records)), max_bytes
     finally:
         log.close()
+
+
+def test_an_executors_reader_hands_on_a_file_group_by_group_and_orders_interleaved_ones(
+        path: Path) -> None:
+    """The Spark source's reader (LogReader) holds one Parquet row group at a time, not a
+    whole data file, and leaves out the transaction columns where statistics show no marker;
+    a file whose groups interleave is still read whole and in offset order."""
+    log = _open(path)
+    try:
+        _wait([log.append(_batch([b"x" * 10] * 150_000), leader_epoch=0)])
+    finally:
+        log.close()
+    columns = ["offset", "value", *TRANSACTION_COLUMNS]
+    parts = list(LogReader(str(path)).read(70_000, 140_000, columns, skip_marker_free=True))
+    assert [p.num_rows for p in parts] == [131_072 - 70_000, 140_000 - 131_072]
+    assert pa.concat_tables(parts).column("offset").to_pylist() == list(range(70_000, 140_000))
+    assert all(p.column_names == ["offset", "value"] for p in parts)
+    asked = list(LogReader(str(path)).read(70_000, 140_000, columns))
+    assert all(p.column_names == columns for p in asked)
+
+    shuffled = path.parent / "replica-1"
+    ordered = to_log_batch(_batch([b"x" * 100] * 1_000), base_offset=0, now_ms=1,
+                           leader_epoch=0)
+    write_deltalake(str(shuffled), ordered.take(list(range(0, 1_000, 2))
+                                                + list(range(1, 1_000, 2))),
+                    writer_properties=WriterProperties(max_row_group_size=100))
+    whole = list(LogReader(str(shuffled)).read(150, 850, columns, skip_marker_free=True))
+    assert len(whole) == 1
+    assert whole[0].column("offset").to_pylist() == list(range(150, 850))
 
 
 def test_read_upto_stops_early(log: PartitionLog) -> None:
