@@ -150,6 +150,11 @@ def report(f: dict[str, Any], ok: dict[str, bool]) -> str:
         ("(j) the same, Python streaming ceiling",
          (f"{dr['stream_vs_memory_stream']:.0%} of a Python streaming source serving the same "
           f"records from memory ({dr['memory_stream_rps']:,.0f} rec/s)"), "reported", ""),
+        ("(j) the same, Parquet floor",
+         (f"{dr['stream_vs_parquet_floor']:.0%} of a Python streaming source decoding the same "
+          f"files with pyarrow alone ({dr['parquet_floor_rps']:,.0f} rec/s, "
+          f"{dr['parquet_floor_vs_memory_stream']:.0%} of the streaming ceiling)"),
+         "reported", ""),
         (f"(j) SQL, Parquet reader, {dr['records'] / 1e6:g} M rec",
          (f"{dr['sql_rps']:,.0f} rec/s ({dr['sql_vs_direct']:.0%} of direct Parquet "
           f"{dr['direct_rps']:,.0f}; medians of {len(dr['rounds'])})"),

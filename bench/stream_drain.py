@@ -21,6 +21,12 @@ drained by the same kind of query (one micro-batch, availableNow, the noop sink)
 Spark's Python streaming path, whose micro-batch execution and streaming write carry costs the
 batch read does not. Against it, the stream's figure is deltabus's reader's own share.
 
+And a Python streaming source that reads the partition leaders' files with pyarrow alone
+(`ParquetFloorSource`: a row group at a time, the source's columns, no offsets, markers or
+Delta log) gives the floor of any reader that must decode those files: between it and the
+in-memory ceiling is the cost of decoding Parquet at all, on the same cores Spark converts the
+rows on; between it and the stream, deltabus's reader's own work.
+
 And each round times SQL over the topic through Spark's own Parquet reader (issue 21): a
 snapshot view (`register_topic_views(..., snapshot=True)`, which resolves the offsets and files
 on the driver with `read_topic`) and a `SELECT` of the Kafka source's columns, from the
@@ -74,17 +80,21 @@ def fill(bootstrap: str, topic: str, values: pa.Table, records: int) -> None:
                 left -= chunk.num_rows
 
 
-def leader_files(bootstrap: str, topic: str) -> list[str]:
-    """The Parquet files of the partition leaders' tables."""
+def leader_files_by_partition(bootstrap: str, topic: str) -> list[list[str]]:
+    """The Parquet files of each partition leader's table."""
     consumer = Consumer(bootstrap)
     try:
         image = consumer.metadata()
     finally:
         consumer.close()
     state = image.topics[topic]
-    return [uri for p in state.partitions
-            for uri in DeltaTable(replica_path(image.log_root, topic, p.partition,
-                                               p.leader)).file_uris()]
+    return [DeltaTable(replica_path(image.log_root, topic, p.partition, p.leader)).file_uris()
+            for p in state.partitions]
+
+
+def leader_files(bootstrap: str, topic: str) -> list[str]:
+    """The Parquet files of the partition leaders' tables."""
+    return [uri for files in leader_files_by_partition(bootstrap, topic) for uri in files]
 
 
 def direct_read(spark: Any, files: list[str]) -> float:
@@ -170,22 +180,80 @@ class MemoryStreamSource(MemorySource):
                                    int(self.options["records"]), self.options["topic"])
 
 
-def memory_stream_read(spark: Any, files: list[str], records: int, topic: str) -> float:
+class _FilesPartition(InputPartition):
+    def __init__(self, files: list[str]) -> None:
+        self.files = files
+
+
+class _ParquetFloorReader(DataSourceStreamReader):
+    """Each partition leader's files, read with pyarrow alone, as one micro-batch."""
+
+    def __init__(self, partitions: list[list[str]], topic: str) -> None:
+        self.files, self.topic = partitions, topic
+
+    def initialOffset(self) -> dict:
+        return {"batch": 0}
+
+    def latestOffset(self, start: dict | None = None, limit: Any = None) -> dict:
+        return {"batch": 1}
+
+    def partitions(self, start: dict, end: dict) -> list[_FilesPartition]:
+        return [_FilesPartition(f) for f in self.files] if end["batch"] > start["batch"] else []
+
+    def read(self, partition: _FilesPartition) -> Any:  # type: ignore[override]
+        """The files' records, a row group at a time, as the Kafka source's columns: what any
+        reader of these tables must decode, and nothing else (no offsets, no markers)."""
+        for file in partition.files:
+            reader = pq.ParquetFile(file)
+            for group in range(reader.num_row_groups):
+                for batch in reader.read_row_group(group, columns=COLUMNS).to_batches():
+                    yield to_kafka_columns(batch, self.topic, 0, False)
+
+    def commit(self, end: dict) -> None:
+        pass
+
+
+class ParquetFloorSource(MemorySource):
+    """`deltabus-bench-parquet-floor`: the cost of decoding the topic's Parquet at all."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "deltabus-bench-parquet-floor"
+
+    def streamReader(self, schema: Any) -> _ParquetFloorReader:
+        return _ParquetFloorReader([p.split(",") for p in self.options["partitions"].split(";")],
+                                   self.options["topic"])
+
+
+def _one_batch_stream(spark: Any, source: str, options: dict[str, str], records: int) -> float:
     """Seconds of the micro-batch (trigger time, as the stream's figure) of a query draining
-    the in-memory streaming source's `records` records into the noop sink."""
+    a bench streaming source's `records` records into the noop sink."""
     with tempfile.TemporaryDirectory(prefix="deltabus-bench-checkpoint-") as checkpoint:
-        query = (spark.readStream.format(MemoryStreamSource.name())
-                 .option("files", ",".join(files)).option("records", str(records))
-                 .option("topic", topic).load()
+        query = (spark.readStream.format(source).options(**options).load()
                  .writeStream.format("noop").option("checkpointLocation", checkpoint)
                  .trigger(availableNow=True).start())
         query.awaitTermination()
     if query.exception() is not None:
-        raise RuntimeError(f"the in-memory streaming query failed: {query.exception()}")
+        raise RuntimeError(f"the {source} streaming query failed: {query.exception()}")
     rows = sum(p["numInputRows"] for p in query.recentProgress)
     if rows != records:
-        raise RuntimeError(f"the in-memory stream gave {rows} records, not {records}")
+        raise RuntimeError(f"the {source} stream gave {rows} records, not {records}")
     return sum(p["durationMs"]["triggerExecution"] for p in query.recentProgress) / 1000
+
+
+def memory_stream_read(spark: Any, files: list[str], records: int, topic: str) -> float:
+    """Seconds of the micro-batch of a query draining the in-memory streaming source."""
+    return _one_batch_stream(spark, MemoryStreamSource.name(),
+                             {"files": ",".join(files), "records": str(records), "topic": topic},
+                             records)
+
+
+def parquet_floor_read(spark: Any, partitions: list[list[str]], records: int,
+                       topic: str) -> float:
+    """Seconds of the micro-batch of a query draining the Parquet floor source."""
+    return _one_batch_stream(spark, ParquetFloorSource.name(),
+                             {"partitions": ";".join(",".join(p) for p in partitions),
+                              "topic": topic}, records)
 
 
 def memory_read(spark: Any, files: list[str], records: int, topic: str) -> float:
@@ -240,6 +308,7 @@ def drain_vs_parquet(spark: Any, bootstrap: str, values: pa.Table, records: int,
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
     spark.dataSource.register(MemorySource)
     spark.dataSource.register(MemoryStreamSource)
+    spark.dataSource.register(ParquetFloorSource)
     run_id = uuid.uuid4().hex[:8]
     warm, topic = f"bench-drain-warm-{run_id}", f"bench-drain-{run_id}"
     timed: list[dict[str, float]] = []
@@ -251,7 +320,8 @@ def drain_vs_parquet(spark: Any, bootstrap: str, values: pa.Table, records: int,
             stream_drain(spark, bootstrap, warm)
             sql_read(spark, bootstrap, warm)
             fill(bootstrap, topic, values, records)
-            files = leader_files(bootstrap, topic)
+            by_partition = leader_files_by_partition(bootstrap, topic)
+            files = [uri for p in by_partition for uri in p]
             memory_files = [files[0]] * PARTITIONS
             if (counted := sql_count(spark, bootstrap, topic)) != records:
                 raise RuntimeError(f"SQL counted {counted} records, not {records}")
@@ -259,6 +329,7 @@ def drain_vs_parquet(spark: Any, bootstrap: str, values: pa.Table, records: int,
                 direct_s = direct_read(spark, files)
                 memory_s = memory_read(spark, memory_files, records, topic)
                 memory_stream_s = memory_stream_read(spark, memory_files, records, topic)
+                floor_s = parquet_floor_read(spark, by_partition, records, topic)
                 stream = stream_drain(spark, bootstrap, topic)
                 sql_s = sql_read(spark, bootstrap, topic)
                 if stream["rows"] != records:
@@ -267,6 +338,7 @@ def drain_vs_parquet(spark: Any, bootstrap: str, values: pa.Table, records: int,
                     timed.append({"direct_rps": records / direct_s,
                                   "memory_rps": records / memory_s,
                                   "memory_stream_rps": records / memory_stream_s,
+                                  "parquet_floor_rps": records / floor_s,
                                   "stream_rps": records / stream["trigger_s"],
                                   "stream_wall_rps": records / stream["wall_s"],
                                   "sql_rps": records / sql_s})
@@ -278,5 +350,8 @@ def drain_vs_parquet(spark: Any, bootstrap: str, values: pa.Table, records: int,
             "memory_vs_direct": median["memory_rps"] / median["direct_rps"],
             "stream_vs_memory": median["stream_rps"] / median["memory_rps"],
             "stream_vs_memory_stream": median["stream_rps"] / median["memory_stream_rps"],
+            "parquet_floor_vs_memory_stream": (median["parquet_floor_rps"]
+                                               / median["memory_stream_rps"]),
+            "stream_vs_parquet_floor": median["stream_rps"] / median["parquet_floor_rps"],
             "sql_vs_direct": median["sql_rps"] / median["direct_rps"],
             "micro_batches": stream["batches"], "rounds": timed}

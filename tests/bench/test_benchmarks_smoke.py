@@ -107,7 +107,8 @@ def test_stream_drain(figures: dict[str, Any]) -> None:
     drain = figures["drain"]
     positive(drain, "direct_rps", "memory_rps", "stream_rps", "stream_wall_rps",
              "stream_vs_direct", "memory_vs_direct", "micro_batches", "sql_rps",
-             "sql_vs_direct", "stream_vs_memory", "memory_stream_rps", "stream_vs_memory_stream")
+             "sql_vs_direct", "stream_vs_memory", "memory_stream_rps", "stream_vs_memory_stream",
+             "parquet_floor_rps", "stream_vs_parquet_floor")
     assert drain["records"] == TINY.drain_records
     assert len(drain["rounds"]) == TINY.drain_rounds
 
