@@ -554,7 +554,9 @@ class Broker:
             for field, subject, column in checks:
                 decoded = check_records(functools.partial(self._schema_of, subject), subject,
                                         batch.column(field), field, topic)
-                if column is not None:
+                # A batch whose keys (values) are all null decodes to none: its typed column
+                # would take the null type, which no later struct could be written into.
+                if column is not None and not pa.types.is_null(decoded.type):
                     typed[column] = decoded
             return typed
         return check

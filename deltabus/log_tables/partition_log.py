@@ -298,7 +298,8 @@ class PartitionLog:
                     f"{self._name}.")
             if validate is not None:
                 held = self._appender.typed_types  # in the types the table's columns hold
-                typed = {name: typed_columns.conform(values, held.get(name), self._name)
+                typed = {name: typed_columns.conform(values, held.get(name), self._name,
+                                                     name.split("_")[0])
                          for name, values in validate(batch).items()}
         except errors.DeltaBusError as e:
             return batch, e, {}

@@ -58,10 +58,11 @@ def table_type(decoded: pa.DataType, held: pa.DataType | None) -> pa.DataType:
     return held
 
 
-def conform(values: pa.Array, held: pa.DataType | None, where: str) -> pa.Array:
-    """`values` (a batch's decoded values) in the types a table whose typed column has type
-    `held` stores them; INVALID_RECORD naming the first field whose values the table's type
-    cannot hold (`where`: the partition, for the message)."""
+def conform(values: pa.Array, held: pa.DataType | None, where: str,
+            what: str = "value") -> pa.Array:
+    """`values` (a batch's decoded values, or keys: `what`) in the types a table whose typed
+    column has type `held` stores them; INVALID_RECORD naming the first field whose values the
+    table's type cannot hold (`where`: the partition, for the message)."""
     target = table_type(values.type, held)
     if values.type.equals(target):
         return values
@@ -69,9 +70,13 @@ def conform(values: pa.Array, held: pa.DataType | None, where: str) -> pa.Array:
         return values.cast(target)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
         raise errors.InvalidRecordError(
-            f"{_failing_field(values, target) or 'the value'} of a record to {where} does not "
-            f"fit the type its table's column holds ({e}); a Delta column's type never "
+            f"{_which(_failing_field(values, target), what)} to {where} does not fit the "
+            f"type its table's column holds ({e}); a Delta column's type never "
             "changes, so register the changed field under a new name") from e
+
+
+def _which(field: str | None, what: str) -> str:
+    return f"field {field} of a record's {what}" if field else f"a record's {what}"
 
 
 def _failing_field(values: pa.Array, target: pa.DataType, path: str = "") -> str | None:

@@ -7,7 +7,9 @@ with an idempotent producer, acks=all, and fails when any record is not acknowle
 A typed DataFrame writes to a typed topic: a `value` column that is a struct (the fields of the
 topic's schema) is encoded with the latest schema of subject `valueSubject` (option; default
 `<topic>-value`, Confluent's TopicNameStrategy) in the registry's wire format, as Confluent's
-serializers would; a row that does not fit the schema fails the task.
+serializers would; a row that does not fit the schema fails the task. A struct `key` is
+encoded the same way with subject `keySubject` (default `<topic>-key`), before it picks the
+partition, so rows with equal keys land together as a Kafka producer's serialized keys do.
 
 Streaming writes are exactly once. Kafka's Spark sink is at least once: a micro-batch replayed
 after a failure writes its records again. Here each task of micro-batch b writes as producer
@@ -55,6 +57,7 @@ class SinkOptions:
     delivery_timeout_ms: int = 120_000
     security: ClientSecurity = field(default_factory=ClientSecurity)
     value_subject: str | None = None  # a typed value's subject (None: <topic>-value)
+    key_subject: str | None = None  # a typed key's subject (None: <topic>-key)
 
     @classmethod
     def parse(cls, options: dict[str, str]) -> SinkOptions:
@@ -66,7 +69,7 @@ class SinkOptions:
         timeout = lowered.get("kafka.delivery.timeout.ms") or lowered.get("delivery.timeout.ms")
         return cls(bootstrap_servers(lowered), lowered.get("topic") or None,
                    int(timeout) if timeout else 120_000, client_security(lowered),
-                   options.get("valueSubject") or lowered.get("valuesubject") or None)
+                   lowered.get("valuesubject") or None, lowered.get("keysubject") or None)
 
 
 @dataclass
@@ -101,26 +104,34 @@ class RowSender:
         self._admin: AdminClient | None = None  # the registry's, once a typed value comes
         self._schemas: SchemaCache | None = None
 
-    def _encoded(self, value: pa.ChunkedArray, topics: list[str]) -> pa.Array:
-        """A struct `value` column encoded with each row's subject's latest schema."""
+    def _encoded(self, column: pa.ChunkedArray, name: str, topics: list[str]) -> pa.Array:
+        """A struct `value` (`key`) column encoded with each row's subject's latest schema;
+        a null stays null (a tombstone, a record with no key)."""
         if self._schemas is None:
             self._admin = AdminClient(self.options.bootstrap, security=self.options.security)
             self._schemas = SchemaCache(self._admin.schema_registry)
-        rows = value.to_pylist()
+        chosen = self.options.value_subject if name == "value" else self.options.key_subject
+        rows = column.to_pylist()
         out: list[bytes | None] = [None] * len(rows)
         by_subject: dict[str, list[int]] = {}
         for i, topic in enumerate(topics):
-            by_subject.setdefault(self.options.value_subject or f"{topic}-value", []).append(i)
+            by_subject.setdefault(chosen or f"{topic}-{name}", []).append(i)
         for subject, indices in by_subject.items():
-            present = [i for i in indices if rows[i] is not None]  # a null value: a tombstone
+            present = [i for i in indices if rows[i] is not None]
             try:
                 encoded = self._schemas.encode_latest(subject, [rows[i] for i in present])
             except ValueError as e:
                 raise errors.InvalidRecordError(
-                    f"a row's value does not fit the latest schema of {subject}: {e}") from None
+                    f"a row's {name} does not fit the latest schema of {subject}: {e}") from None
             for i, data in zip(present, encoded, strict=True):
                 out[i] = data
         return pa.array(out, pa.binary())
+
+    def _bytes(self, table: pa.Table, name: str, topics: list[str]) -> pa.Array:
+        column = table.column(name)
+        if pa.types.is_struct(column.type):
+            return self._encoded(column, name, topics)
+        return _as_binary(column, name)
 
     def send(self, batch: pa.RecordBatch) -> None:
         table = pa.Table.from_batches([batch])
@@ -134,11 +145,9 @@ class RowSender:
                   else table.column("topic").to_pylist())
         if None in topics:
             raise errors.InvalidRecordError("a row has a null topic")
-        value = table.column("value")
-        columns = {"value": self._encoded(value, topics) if pa.types.is_struct(value.type)
-                   else _as_binary(value, "value")}
+        columns = {"value": self._bytes(table, "value", topics)}
         if "key" in names:
-            columns["key"] = _as_binary(table.column("key"), "key")
+            columns["key"] = self._bytes(table, "key", topics)
         if "headers" in names:
             from deltabus.records import HEADERS_TYPE
             columns["headers"] = pa.array(_headers(table.column("headers")), HEADERS_TYPE)

@@ -20,6 +20,7 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 from deltalake import DeltaTable
 
 from deltabus import AdminClient, Consumer, NewTopic, TopicPartition
+from deltabus.partitioner import partition_for_key
 from deltabus.rpc.schema_registry_http import SchemaRegistryServer
 from deltabus.schemas import split_wire, wire_header
 from deltabus.spark import read_topic, register_topic_views
@@ -292,3 +293,84 @@ def test_typed_keys_are_decoded_beside_the_values_and_read_by_spark(
         "struct<region:string,customer:bigint>")
     assert [r.key_fields and r.key_fields.asDict()
             for r in live.orderBy("offset").collect()] == expected
+
+
+def test_spark_writes_a_typed_key_encoded_with_the_key_subject_and_partitioned_by_it(
+        cluster, registry, topic_name, spark) -> None:
+    """The sink encodes a struct `key` with `<topic>-key`'s latest schema, byte for byte as
+    Confluent's AvroSerializer does, and partitions by those bytes as a Kafka producer does:
+    the broker decodes the keys into `key_fields`; a null key stays null; a key its schema
+    does not fit fails the write."""
+    with AdminClient(cluster.bootstrap_servers) as admin:
+        admin.create_topics([NewTopic(topic_name, 2, 1, configs={
+            "key.schema.subject": f"{topic_name}-key",
+            "value.schema.subject": f"{topic_name}-value"})])
+    registry.register_schema(f"{topic_name}-key", Schema(json.dumps(CUSTOMER_KEY), "AVRO"))
+    registry.register_schema(f"{topic_name}-value", Schema(json.dumps(PAYMENT_V1), "AVRO"))
+    rows = [(("eu", "us")[i % 2], i % 5, f"p{i}", 1.0 * i, "EUR") for i in range(30)]
+    frame = spark.createDataFrame(rows, "region string, customer long, id string, "
+                                        "amount double, currency string")
+    (frame.selectExpr("IF(customer = 0, NULL, struct(region, customer)) AS key",
+                      "struct(id, amount, currency) AS value")
+     .write.format("deltabus").option("kafka.bootstrap.servers", cluster.bootstrap_servers)
+     .option("topic", topic_name).mode("append").save())
+
+    keys = AvroSerializer(registry, json.dumps(CUSTOMER_KEY),
+                          conf={"auto.register.schemas": False, "use.latest.version": True})
+    context = SerializationContext(topic_name, MessageField.KEY)
+    read = read_topic(spark, cluster.bootstrap_servers, topic_name, key_fields=True,
+                      value_fields=True).collect()
+    assert len(read) == len(rows)
+    for row in read:
+        region, number = rows[int(row.value_fields.id[1:])][:2]  # id p<i>: row i
+        if number == 0:
+            assert row.key is None and row.key_fields is None
+            continue
+        assert row.key == keys({"region": region, "customer": number}, context)
+        assert row.key_fields.asDict() == {"region": region, "customer": number}
+        assert row.partition == partition_for_key(bytes(row.key), 2)
+    assert {r.partition for r in read if r.key is not None} == {0, 1}
+
+    wrong = spark.createDataFrame([("eu", "seven", "x", 1.0, "EUR")],
+                                  "region string, customer string, id string, amount double, "
+                                  "currency string")
+    with pytest.raises(Exception, match="row's key does not fit the latest schema"):
+        (wrong.selectExpr("struct(region, customer) AS key",
+                          "struct(id, amount, currency) AS value")
+         .write.format("deltabus").option("kafka.bootstrap.servers", cluster.bootstrap_servers)
+         .option("topic", topic_name).mode("append").save())
+    assert read_topic(spark, cluster.bootstrap_servers, topic_name).count() == len(rows)
+
+
+def test_a_first_record_without_key_or_value_leaves_the_typed_columns_to_later_ones(
+        cluster, registry, topic_name) -> None:
+    """A typed topic's first commit may hold no key (or only a tombstone): its typed columns
+    must not take the null type, which no later key or value could be written into (a Spark
+    write of a few null keys first once failed every keyed batch after it)."""
+    with AdminClient(cluster.bootstrap_servers) as admin:
+        admin.create_topics([NewTopic(topic_name, 1, 3, configs={
+            "key.schema.subject": f"{topic_name}-key",
+            "value.schema.subject": f"{topic_name}-value", "min.insync.replicas": "3"})])
+    keys = AvroSerializer(registry, json.dumps(CUSTOMER_KEY))
+    values = AvroSerializer(registry, json.dumps(PAYMENT_V1))
+    producer = KafkaProducer({"bootstrap.servers": cluster.kafka_bootstrap_servers,
+                              "acks": "all", "retries": 0})
+    outcomes: list[Any] = []
+    key, value = {"region": "eu", "customer": 1}, {"id": "a", "amount": 1.0, "currency": "EUR"}
+    for k, v in ((None, None), (key, value)):
+        producer.produce(
+            topic_name, partition=0,
+            key=None if k is None else keys(k, SerializationContext(topic_name, MessageField.KEY)),
+            value=None if v is None else values(v, SerializationContext(topic_name,
+                                                                        MessageField.VALUE)),
+            on_delivery=lambda e, _m: outcomes.append(e))
+        producer.flush(60)
+    assert outcomes == [None, None]
+    for table in replica_tables(cluster, topic_name):
+        wait_until(lambda t=table: (t.update_incremental() or True)
+                   and t.to_pyarrow_table(columns=["offset"]).num_rows == 2,
+                   "every replica holds both records")
+        rows = table.to_pyarrow_table(columns=["offset", "key_fields", "value_fields"]
+                                      ).sort_by("offset")
+        assert rows.column("key_fields").to_pylist() == [None, key]
+        assert rows.column("value_fields").to_pylist() == [None, value]
