@@ -5,7 +5,7 @@ All run in the same Spark session, on the same data files (the partition leaders
 tables), with the same columns into Spark's `noop` sink. The JVM's JIT keeps speeding Spark's
 own Parquet reader up over the first few reads (2.9 -> 6.4 M records/s over four reads here), so
 one read of each compares whatever state the JIT was in: after a warm-up of each on a small topic
-and one untimed round on the big one, `rounds` interleaved rounds (3 by default) are timed and
+and one untimed round on the big one, `rounds` interleaved rounds (5 by default) are timed and
 the medians are compared. The streaming rate is Spark's own measure, input rows over the
 micro-batches' trigger time (`processedRowsPerSecond`); the wall time from `start()` to the end,
 query start-up included, is reported beside it.
