@@ -10,7 +10,8 @@ def test_public_api_is_pinned():
         "ConsumerRebalanceListener",
         "ConsumerRecord", "DeltaBusError", "ExactlyOncePipeline", "FutureRecordMetadata",
         "NewTopic",
-        "OffsetAndMetadata", "Producer", "RecordMetadata", "ScramCredentialInfo", "TopicPartition",
+        "OffsetAndMetadata", "Producer", "RecordMetadata", "SchemaDeserializer",
+        "ScramCredentialInfo", "TopicPartition",
         "UserScramCredentialDeletion", "UserScramCredentialUpsertion",
         "UserScramCredentialsDescription", "acls", "errors", "local_spark",
     ]

@@ -26,6 +26,7 @@ from deltabus.client.consumer import (
 )
 from deltabus.client.exactly_once import ExactlyOncePipeline
 from deltabus.client.producer import FutureRecordMetadata, Producer, RecordMetadata
+from deltabus.client.schema_cache import SchemaDeserializer
 
 __all__ = [
     "AclBinding",
@@ -39,6 +40,7 @@ __all__ = [
     "OffsetAndMetadata",
     "Producer",
     "RecordMetadata",
+    "SchemaDeserializer",
     "ScramCredentialInfo",
     "TopicPartition",
     "UserScramCredentialDeletion",

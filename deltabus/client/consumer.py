@@ -98,11 +98,17 @@ class Consumer:
         max_poll_interval_ms: int = 300_000,
         partition_assignment_strategy: Iterable[str | Assignor] = ("range",),
         isolation_level: str = "read_uncommitted",
+        key_deserializer: Callable[[bytes], Any] | None = None,
+        value_deserializer: Callable[[bytes], Any] | None = None,
         **security: Unpack[SecuritySettings],
     ) -> None:
         """`security`: Kafka's client security configs (deltabus.client.security).
         `isolation_level` as Kafka's: read_committed reads up to the last stable offset and
-        never a record of an aborted transaction (end_offsets are the last stable offsets)."""
+        never a record of an aborted transaction (end_offsets are the last stable offsets).
+        `key_deserializer`, `value_deserializer`: as kafka-python's, a callable from a record's
+        bytes to the key or value `poll` returns (`SchemaDeserializer` for a typed topic's);
+        a null key or value stays None, as Kafka's deserializers give null for null.
+        `poll_batch` keeps the bytes."""
         if auto_offset_reset not in ("earliest", "latest", "none"):
             raise errors.InvalidConfigError(
                 f"auto_offset_reset must be earliest, latest or none, not {auto_offset_reset!r}")
@@ -125,6 +131,7 @@ class Consumer:
         self.fetch_max_bytes = fetch_max_bytes
         self.max_partition_fetch_bytes = max_partition_fetch_bytes
         self.max_poll_records = max_poll_records
+        self._deserializers = (key_deserializer, value_deserializer)
         self._client = ClusterClient(bootstrap_servers, request_timeout_ms=request_timeout_ms,
                                      retry_backoff_ms=retry_backoff_ms,
                                      metadata_max_age_ms=metadata_max_age_ms, client_id=client_id,
@@ -365,10 +372,57 @@ class Consumer:
         """Up to max_poll_records records, in offset order per partition; waits up to timeout_ms
         for the first one."""
         limit = max_records or self.max_poll_records
+        epochs = dict(self._consumed_epochs)
+        taken = list(self._take(limit, timeout_ms).items())
         out: list[ConsumerRecord] = []
-        for tp, table in self._take(limit, timeout_ms).items():
-            out.extend(iter_consumer_records(tp.topic, tp.partition, table))
+        for i, (tp, table) in enumerate(taken):
+            records = iter_consumer_records(tp.topic, tp.partition, table)
+            if self._deserializers == (None, None):
+                out.extend(records)
+                continue
+            for j, record in enumerate(records):
+                try:
+                    out.append(self._deserialized(record))
+                except errors.ClientError:
+                    # As Kafka's consumer (KIP-334): the records before it are returned, and
+                    # the position stays at it, so the next poll raises again.
+                    self._give_back([(tp, table.slice(j)), *taken[i + 1:]], epochs)
+                    if j:
+                        self._consumed_epochs[tp] = table.column("leader_epoch")[j - 1].as_py()
+                    if out:
+                        return out
+                    raise
         return out
+
+    def _deserialized(self, record: ConsumerRecord) -> ConsumerRecord:
+        """`record` with its key and value through the deserializers. A failure raises
+        ClientError naming the record (Kafka's RecordDeserializationException)."""
+        key_deserializer, value_deserializer = self._deserializers
+        try:
+            return record._replace(
+                key=(key_deserializer(record.key) if key_deserializer and record.key is not None
+                     else record.key),
+                value=(value_deserializer(record.value)
+                       if value_deserializer and record.value is not None else record.value))
+        except Exception as e:
+            raise errors.ClientError(
+                f"cannot deserialize the record of {record.topic}-{record.partition} at offset "
+                f"{record.offset}: {e}; poll raises this until the consumer seeks past it"
+            ) from e
+
+    def _give_back(self, untaken: list[tuple[TopicPartition, pa.Table]],
+                   epochs: dict[TopicPartition, int]) -> None:
+        """Undo part of a poll's take: these records go back to the front of the buffer, so
+        each partition's position is the first of them again."""
+        for tp, table in untaken:
+            rest = self._buffer.pop(tp, None)
+            self._buffer[tp] = table if rest is None else pa.concat_tables([table, rest])
+            if tp in epochs:
+                self._consumed_epochs[tp] = epochs[tp]
+            else:
+                self._consumed_epochs.pop(tp, None)
+        for tp, _ in reversed(untaken):
+            self._buffer.move_to_end(tp, last=False)
 
     def poll_batch(self, timeout_ms: int = 0,
                    max_records: int | None = None) -> dict[TopicPartition, pa.Table]:

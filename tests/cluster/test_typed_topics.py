@@ -19,7 +19,15 @@ from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerialize
 from confluent_kafka.serialization import MessageField, SerializationContext
 from deltalake import DeltaTable
 
-from deltabus import AdminClient, Consumer, NewTopic, TopicPartition
+from deltabus import (
+    AdminClient,
+    Consumer,
+    NewTopic,
+    Producer,
+    SchemaDeserializer,
+    TopicPartition,
+    errors,
+)
 from deltabus.partitioner import partition_for_key
 from deltabus.rpc.schema_registry_http import SchemaRegistryServer
 from deltabus.schemas import split_wire, wire_header
@@ -374,3 +382,44 @@ def test_a_first_record_without_key_or_value_leaves_the_typed_columns_to_later_o
                                       ).sort_by("offset")
         assert rows.column("key_fields").to_pylist() == [None, key]
         assert rows.column("value_fields").to_pylist() == [None, value]
+
+
+def test_deltabus_consumer_decodes_typed_records_with_the_schema_deserializer(
+        cluster, registry, topic_name) -> None:
+    """deltabus's Consumer takes kafka-python's key_deserializer and value_deserializer, and
+    SchemaDeserializer decodes the registry's wire format as confluent-kafka's deserializers
+    do (a tombstone stays None). A record it cannot decode is raised, naming its offset, once
+    the records before it are returned; the position stays at it until the consumer seeks
+    past it, as Kafka's consumer does."""
+    with AdminClient(cluster.bootstrap_servers) as admin:  # untyped: any bytes are written
+        admin.create_topics([NewTopic(topic_name, 1, 1)])
+    keys = AvroSerializer(registry, json.dumps(CUSTOMER_KEY))
+    values = AvroSerializer(registry, json.dumps(PAYMENT_V1))
+    key_context = SerializationContext(topic_name, MessageField.KEY)
+    value_context = SerializationContext(topic_name, MessageField.VALUE)
+    key = {"region": "eu", "customer": 3}
+    first, last = ({"id": i, "amount": 2.0, "currency": "EUR"} for i in ("a", "d"))
+    with Producer(cluster.bootstrap_servers, acks="all") as producer:
+        producer.send(topic_name, values(first, value_context), key=keys(key, key_context),
+                      partition=0).get(30)
+        producer.send(topic_name, None, key=keys(key, key_context), partition=0).get(30)
+        producer.send(topic_name, b"not the wire format", partition=0).get(30)
+        producer.send(topic_name, values(last, value_context), partition=0).get(30)
+    tp = TopicPartition(topic_name, 0)
+    with SchemaDeserializer(cluster.bootstrap_servers) as decode:
+        consumer = Consumer(cluster.bootstrap_servers, auto_offset_reset="earliest",
+                            key_deserializer=decode, value_deserializer=decode)
+        consumer.assign([tp])
+        got: list[Any] = []
+        wait_until(lambda: got.extend(consumer.poll(500)) or len(got) >= 2,
+                   "the records before the one that does not decode")
+        assert [(r.offset, r.key, r.value) for r in got] == [(0, key, first), (1, key, None)]
+        for _ in range(2):
+            with pytest.raises(errors.ClientError, match=f"{topic_name}-0 at offset 2"):
+                consumer.poll(10_000)
+            assert consumer.position(tp) == 2
+        consumer.seek(tp, 3)
+        rest: list[Any] = []
+        wait_until(lambda: rest.extend(consumer.poll(500)) or bool(rest), "the record after it")
+        assert [(r.offset, r.key, r.value) for r in rest] == [(3, None, last)]
+        consumer.close()
