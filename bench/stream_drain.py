@@ -146,11 +146,11 @@ class MemorySource(DataSource):
                              self.options["topic"])
 
 
-class _MemoryStreamReader(DataSourceStreamReader):
-    """The in-memory records as one micro-batch of a stream (offsets 0 to 1)."""
+class _OneBatchReader(DataSourceStreamReader):
+    """A bench stream of one micro-batch (offsets 0 to 1) of `batch_partitions`."""
 
-    def __init__(self, files: list[str], records: int, topic: str) -> None:
-        self._batch = _MemoryReader(files, records, topic)
+    def batch_partitions(self) -> list[InputPartition]:
+        raise NotImplementedError
 
     def initialOffset(self) -> dict:
         return {"batch": 0}
@@ -158,14 +158,24 @@ class _MemoryStreamReader(DataSourceStreamReader):
     def latestOffset(self, start: dict | None = None, limit: Any = None) -> dict:
         return {"batch": 1}
 
-    def partitions(self, start: dict, end: dict) -> list[_MemoryPartition]:
-        return self._batch.partitions() if end["batch"] > start["batch"] else []
-
-    def read(self, partition: _MemoryPartition) -> Any:  # type: ignore[override]
-        return self._batch.read(partition)
+    def partitions(self, start: dict, end: dict) -> list[InputPartition]:
+        return self.batch_partitions() if end["batch"] > start["batch"] else []
 
     def commit(self, end: dict) -> None:
         pass
+
+
+class _MemoryStreamReader(_OneBatchReader):
+    """The in-memory records as one micro-batch of a stream."""
+
+    def __init__(self, files: list[str], records: int, topic: str) -> None:
+        self._batch = _MemoryReader(files, records, topic)
+
+    def batch_partitions(self) -> list[InputPartition]:
+        return list(self._batch.partitions())
+
+    def read(self, partition: _MemoryPartition) -> Any:  # type: ignore[override]
+        return self._batch.read(partition)
 
 
 class MemoryStreamSource(MemorySource):
@@ -185,20 +195,14 @@ class _FilesPartition(InputPartition):
         self.files = files
 
 
-class _ParquetFloorReader(DataSourceStreamReader):
+class _ParquetFloorReader(_OneBatchReader):
     """Each partition leader's files, read with pyarrow alone, as one micro-batch."""
 
     def __init__(self, partitions: list[list[str]], topic: str) -> None:
         self.files, self.topic = partitions, topic
 
-    def initialOffset(self) -> dict:
-        return {"batch": 0}
-
-    def latestOffset(self, start: dict | None = None, limit: Any = None) -> dict:
-        return {"batch": 1}
-
-    def partitions(self, start: dict, end: dict) -> list[_FilesPartition]:
-        return [_FilesPartition(f) for f in self.files] if end["batch"] > start["batch"] else []
+    def batch_partitions(self) -> list[InputPartition]:
+        return [_FilesPartition(f) for f in self.files]
 
     def read(self, partition: _FilesPartition) -> Any:  # type: ignore[override]
         """The files' records, a row group at a time, as the Kafka source's columns: what any
@@ -208,9 +212,6 @@ class _ParquetFloorReader(DataSourceStreamReader):
             for group in range(reader.num_row_groups):
                 for batch in reader.read_row_group(group, columns=COLUMNS).to_batches():
                     yield to_kafka_columns(batch, self.topic, 0, False)
-
-    def commit(self, end: dict) -> None:
-        pass
 
 
 class ParquetFloorSource(MemorySource):

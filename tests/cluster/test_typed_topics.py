@@ -50,10 +50,14 @@ def registry(cluster: Any) -> Iterator[SchemaRegistryClient]:
     server.stop()
 
 
-def typed_topic(cluster: Any, topic: str) -> None:
+def typed_topic(cluster: Any, topic: str, keys: bool = False) -> None:
+    """One partition on 3 replicas, values typed by `<topic>-value` (and keys by
+    `<topic>-key`)."""
+    configs = {"value.schema.subject": f"{topic}-value", "min.insync.replicas": "3"}
+    if keys:
+        configs["key.schema.subject"] = f"{topic}-key"
     with AdminClient(cluster.bootstrap_servers) as admin:
-        admin.create_topics([NewTopic(topic, 1, 3, configs={
-            "value.schema.subject": f"{topic}-value", "min.insync.replicas": "3"})])
+        admin.create_topics([NewTopic(topic, 1, 3, configs=configs)])
 
 
 def produce(cluster: Any, topic: str, serializer: AvroSerializer, values: list[dict]) -> None:
@@ -257,10 +261,7 @@ def test_typed_keys_are_decoded_beside_the_values_and_read_by_spark(
     replica's table holds them as `key_fields` (null for a record without key), Spark reads
     them with read_topic(key_fields=True) and the source's keyFields option, and a key its
     schema does not read is refused with nothing written."""
-    with AdminClient(cluster.bootstrap_servers) as admin:
-        admin.create_topics([NewTopic(topic_name, 1, 3, configs={
-            "key.schema.subject": f"{topic_name}-key",
-            "value.schema.subject": f"{topic_name}-value", "min.insync.replicas": "3"})])
+    typed_topic(cluster, topic_name, keys=True)
     keys = AvroSerializer(registry, json.dumps(CUSTOMER_KEY))
     values = AvroSerializer(registry, json.dumps(PAYMENT_V1))
     key_context = SerializationContext(topic_name, MessageField.KEY)
@@ -355,10 +356,7 @@ def test_a_first_record_without_key_or_value_leaves_the_typed_columns_to_later_o
     """A typed topic's first commit may hold no key (or only a tombstone): its typed columns
     must not take the null type, which no later key or value could be written into (a Spark
     write of a few null keys first once failed every keyed batch after it)."""
-    with AdminClient(cluster.bootstrap_servers) as admin:
-        admin.create_topics([NewTopic(topic_name, 1, 3, configs={
-            "key.schema.subject": f"{topic_name}-key",
-            "value.schema.subject": f"{topic_name}-value", "min.insync.replicas": "3"})])
+    typed_topic(cluster, topic_name, keys=True)
     keys = AvroSerializer(registry, json.dumps(CUSTOMER_KEY))
     values = AvroSerializer(registry, json.dumps(PAYMENT_V1))
     producer = KafkaProducer({"bootstrap.servers": cluster.kafka_bootstrap_servers,
