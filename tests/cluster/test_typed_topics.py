@@ -78,6 +78,16 @@ def replica_tables(cluster: Any, topic: str) -> list[DeltaTable]:
     return [DeltaTable(f"{root}/topics/{topic}/0/replica-{b}") for b in partition.replicas]
 
 
+def caught_up_replicas(cluster: Any, topic: str, records: int) -> list[DeltaTable]:
+    """Every replica's partition table, once each holds `records` records."""
+    tables = replica_tables(cluster, topic)
+    for table in tables:
+        wait_until(lambda t=table: (t.update_incremental() or True)
+                   and t.to_pyarrow_table(columns=["offset"]).num_rows == records,
+                   f"every replica holds the {records} records")
+    return tables
+
+
 def test_every_replica_holds_the_decoded_values_as_typed_columns(
         cluster, registry, topic_name, spark) -> None:
     typed_topic(cluster, topic_name)
@@ -85,10 +95,7 @@ def test_every_replica_holds_the_decoded_values_as_typed_columns(
     payments = [{"id": f"p{i}", "amount": 1.5 * i, "currency": ("EUR", "USD")[i % 2]}
                 for i in range(30)]
     produce(cluster, topic_name, serializer, payments)  # acks=all, min.insync.replicas=3
-    for table in replica_tables(cluster, topic_name):
-        wait_until(lambda t=table: (t.update_incremental() or True)
-                   and t.to_pyarrow_table(columns=["offset"]).num_rows == 30,
-                   "every replica holds the 30 records")
+    for table in caught_up_replicas(cluster, topic_name, 30):
         schema = pa.schema(table.schema().to_arrow())
         assert schema.field("value_fields").type == pa.struct([
             pa.field("id", pa.string()), pa.field("amount", pa.float64()),
@@ -152,10 +159,7 @@ def test_a_promotion_from_int_to_long_lands_in_the_same_column(
     produce(cluster, topic_name, AvroSerializer(registry, json.dumps(promoted)),
             [{"id": "large", "amount": 2.0, "currency": "EUR", "items": 2**40}])
     assert registry.get_versions(f"{topic_name}-value") == [1, 2]
-    for table in replica_tables(cluster, topic_name):
-        wait_until(lambda t=table: (t.update_incremental() or True)
-                   and t.to_pyarrow_table(columns=["offset"]).num_rows == 2,
-                   "every replica holds both records")
+    for table in caught_up_replicas(cluster, topic_name, 2):
         items = pa.schema(table.schema().to_arrow()).field("value_fields").type.field("items")
         assert items.type == pa.int64()
         rows = table.to_pyarrow_table(columns=["offset", "value_fields"]).sort_by("offset")
@@ -284,10 +288,7 @@ def test_typed_keys_are_decoded_beside_the_values_and_read_by_spark(
     assert outcomes[:2] == [None, None]
     assert outcomes[2] is not None and outcomes[2].code() == KafkaError.INVALID_RECORD
     expected = [k for k, _ in sent]
-    for table in replica_tables(cluster, topic_name):
-        wait_until(lambda t=table: (t.update_incremental() or True)
-                   and t.to_pyarrow_table(columns=["offset"]).num_rows == 2,
-                   "every replica holds the 2 records, and not the refused one")
+    for table in caught_up_replicas(cluster, topic_name, 2):
         rows = table.to_pyarrow_table(columns=["offset", "key_fields", "value_fields"]
                                       ).sort_by("offset")
         assert rows.column("key_fields").to_pylist() == expected
@@ -372,10 +373,7 @@ def test_a_first_record_without_key_or_value_leaves_the_typed_columns_to_later_o
             on_delivery=lambda e, _m: outcomes.append(e))
         producer.flush(60)
     assert outcomes == [None, None]
-    for table in replica_tables(cluster, topic_name):
-        wait_until(lambda t=table: (t.update_incremental() or True)
-                   and t.to_pyarrow_table(columns=["offset"]).num_rows == 2,
-                   "every replica holds both records")
+    for table in caught_up_replicas(cluster, topic_name, 2):
         rows = table.to_pyarrow_table(columns=["offset", "key_fields", "value_fields"]
                                       ).sort_by("offset")
         assert rows.column("key_fields").to_pylist() == [None, key]
