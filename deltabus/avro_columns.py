@@ -130,6 +130,22 @@ class _Cursors:
         self.pos = pos + size
         return value
 
+    def length(self) -> Int64s:
+        """A length (a zigzag long, not negative) at every cursor. Most lengths are under 64:
+        one byte with its low bit (the sign) and high bit (more bytes) clear, read with one
+        gather and a shift."""
+        pos = self.pos
+        if (pos >= self.end).any():
+            raise Undecodable("a record ends inside a value")
+        byte = self.data[pos]
+        if (byte & 0x81).any():  # negative or over one byte: the general read
+            size = self.long()
+            if (size < 0).any():
+                raise Undecodable("a negative length")
+            return size
+        self.pos = pos + 1
+        return (byte >> 1).astype(np.int64)
+
     def long(self) -> Int64s:
         """A zigzag-encoded int or long at every cursor."""
         raw = self.varint()
@@ -220,7 +236,7 @@ class BinaryStep(Step):
     arrow: pa.DataType
 
     def read(self, cursors: _Cursors) -> pa.Array:
-        size = cursors.long()
+        size = cursors.length()
         return _binaries(cursors, cursors.advance(size), size, self.arrow)
 
 
@@ -340,10 +356,34 @@ def _binaries(cursors: _Cursors, start: Int64s, size: Int64s,
     spread = pa.Array.from_buffers(pa.large_binary(), 2 * count,
                                    [None, pa.py_buffer(bounds), cursors.buffer])
     picked = spread.take(pa.array(np.arange(1, 2 * count, 2, dtype=np.int64)))
+    if arrow != pa.string():
+        return picked.cast(arrow)
+    _, offsets, data = picked.buffers()
+    _check_utf8(offsets, data, count)
+    narrow = np.frombuffer(offsets, np.int64, count + 1).astype(np.int32)
+    return pa.Array.from_buffers(pa.string(), count, [None, pa.py_buffer(narrow), data])
+
+
+def _check_utf8(offsets: pa.Buffer, data: pa.Buffer | None, count: int) -> None:
+    """Refuse unless each of the `count` values (back to back in `data`, at 64-bit `offsets`)
+    is UTF-8, as Python's decode requires; checked as one string, a pass over the bytes, not a
+    value at a time. The values joined are UTF-8, and each is, exactly when the join is and
+    no value starts inside a character (on a continuation byte, 0b10xxxxxx): where each value
+    starts is then a character boundary of the join, and so is where it ends."""
+    bounds = np.frombuffer(offsets, np.int64, count + 1)
+    total = int(bounds[-1])
+    if not total or data is None:  # no bytes: every value is empty
+        return
+    joined = pa.Array.from_buffers(pa.large_binary(), 1,
+                                   [None, pa.py_buffer(bounds[[0, -1]].copy()), data])
     try:
-        return picked.cast(arrow)  # to a string: checks the UTF-8 as Python's decode does
+        joined.cast(pa.large_string())
     except pa.ArrowInvalid as e:
         raise Undecodable(str(e)) from e
+    starts = bounds[:-1]
+    starts = starts[starts < total]
+    if ((np.frombuffer(data, np.uint8, total)[starts] & 0xC0) == 0x80).any():
+        raise Undecodable("a string starts inside a UTF-8 character")
 
 
 def _int128(data: npt.NDArray[np.uint8], start: Int64s,
@@ -374,11 +414,12 @@ def _within_digits(low: npt.NDArray[np.uint64], high: Int64s, precision: int) ->
 
 
 def decode_columns(steps: Sequence[Step], schema: pa.Schema,
-                   payloads: Sequence[bytes] | pa.Array) -> pa.Table:
+                   payloads: Sequence[bytes] | pa.Array, skip: int = 0) -> pa.Table:
     """The table of `schema` whose columns `steps` read, one after another, from every
     payload (Python bytes, or a binary Arrow array: read from its buffers, no Python object a
-    record). Raises Undecodable where a payload does not decode, or decodes with bytes left
-    over: the caller then decodes record by record for the exact error."""
+    record), each past its first `skip` bytes (Confluent's wire header: read in place, not
+    sliced off into a copy). Raises Undecodable where a payload does not decode, or decodes
+    with bytes left over: the caller then decodes record by record for the exact error."""
     try:
         batch = (payloads.cast(pa.large_binary()) if isinstance(payloads, pa.Array)
                  else pa.array(payloads, pa.large_binary()))
@@ -392,10 +433,14 @@ def decode_columns(steps: Sequence[Step], schema: pa.Schema,
     offsets = np.frombuffer(offsets_buffer, np.int64, len(batch) + 1, batch.offset * 8)
     base, size = int(offsets[0]), int(offsets[-1] - offsets[0])
     offsets = offsets - base
-    data = np.zeros(size + _PADDING, np.uint8)
+    start = offsets[:-1] + skip
+    if (start > offsets[1:]).any():
+        raise Undecodable("a payload shorter than its header")
+    data = np.empty(size + _PADDING, np.uint8)
+    data[size:] = 0
     if size:
         data[:size] = np.frombuffer(values, np.uint8, size, base)
-    cursors = _Cursors(data, pa.py_buffer(data), offsets[:-1].copy(), offsets[1:])
+    cursors = _Cursors(data, pa.py_buffer(data), start, offsets[1:])
     columns = [step.read(cursors) for step in steps]
     if (cursors.pos != cursors.end).any():
         raise Undecodable("bytes left over after a record")

@@ -61,7 +61,7 @@ from deltabus.avro_columns import (
     UnionStep,
     decode_columns,
 )
-from deltabus.schemas import InvalidSchemaError, ParsedSchema, SchemaType
+from deltabus.schemas import InvalidSchemaError, ParsedSchema, SchemaType, without_header
 
 _PRIMITIVES = frozenset({"null", "boolean", "int", "long", "float", "double", "bytes", "string"})
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -902,10 +902,12 @@ _DECODE_ERRORS = (EOFError, IndexError, KeyError, ValueError, TypeError, Overflo
                   ArithmeticError)
 
 
-def decode_avro(schema: AvroSchema, payloads: Sequence[bytes] | pa.Array) -> pa.Table:
+def decode_avro(schema: AvroSchema, payloads: Sequence[bytes] | pa.Array,
+                skip: int = 0) -> pa.Table:
     """The typed columns (`avro_arrow_schema`) of records encoded with `schema` (Avro binary,
-    without Confluent's 5-byte header). Raises ValueError naming the first record that does
-    not decode, InvalidSchemaError where the schema has no columns.
+    each past its first `skip` bytes: 5 for Confluent's header, 0 without it). Raises
+    ValueError naming the first record that does not decode, InvalidSchemaError where the
+    schema has no columns.
 
     Read a column at a time with numpy (`deltabus.avro_columns`) where the schema has a
     columnar plan and the batch is large enough: per-record Python capped typed produce.
@@ -914,12 +916,10 @@ def decode_avro(schema: AvroSchema, payloads: Sequence[bytes] | pa.Array) -> pa.
     plan = schema.decode_plan
     if plan.steps is not None and len(payloads) >= COLUMNAR_RECORDS_MIN:
         try:
-            return decode_columns(plan.steps, plan.arrow_schema, payloads)
+            return decode_columns(plan.steps, plan.arrow_schema, payloads, skip)
         except Undecodable:
             pass  # the record path finds what does not decode, and names the record
-    if isinstance(payloads, pa.Array):
-        payloads = payloads.to_pylist()
-    return decode_avro_records(schema, payloads)
+    return decode_avro_records(schema, without_header(payloads, skip))
 
 
 def decode_avro_records(schema: AvroSchema, payloads: Sequence[bytes]) -> pa.Table:

@@ -141,20 +141,28 @@ def referenced_texts(references: Sequence[SchemaReference],
     return texts
 
 
-def decode(schema: ParsedSchema, payloads: Sequence[bytes] | pa.Array) -> Any:
-    """Records encoded with `schema` (each without the wire header; Python bytes or a binary
-    Arrow array) as a pyarrow Table of its typed columns; raises ValueError naming the first
-    record that does not decode."""
+def decode(schema: ParsedSchema, payloads: Sequence[bytes] | pa.Array, skip: int = 0) -> Any:
+    """Records encoded with `schema` (Python bytes or a binary Arrow array; each past its
+    first `skip` bytes: WIRE_HEADER.size for records in the wire format, 0 without the header)
+    as a pyarrow Table of its typed columns; raises ValueError naming the first record that
+    does not decode."""
     if schema.schema_type == SchemaType.AVRO:
         from deltabus.schema_avro import decode_avro
-        return decode_avro(schema, payloads)  # type: ignore[arg-type]
-    if isinstance(payloads, pa.Array):
-        payloads = payloads.to_pylist()
+        return decode_avro(schema, payloads, skip)  # type: ignore[arg-type]
+    bodies = without_header(payloads, skip)
     if schema.schema_type == SchemaType.JSON:
         from deltabus.schema_json import decode_json
-        return decode_json(schema, payloads)  # type: ignore[arg-type]
+        return decode_json(schema, bodies)  # type: ignore[arg-type]
     from deltabus.schema_protobuf import decode_protobuf
-    return decode_protobuf(schema, payloads)  # type: ignore[arg-type]
+    return decode_protobuf(schema, bodies)  # type: ignore[arg-type]
+
+
+def without_header(payloads: Sequence[bytes] | pa.Array, skip: int) -> list[bytes]:
+    """Each payload past its first `skip` bytes, as Python bytes (the record-by-record paths
+    read those)."""
+    if isinstance(payloads, pa.Array):
+        payloads = payloads.to_pylist()
+    return [p[skip:] for p in payloads] if skip else list(payloads)
 
 
 def encode(schema: ParsedSchema, schema_id: int, rows: Sequence[Any]) -> list[bytes]:

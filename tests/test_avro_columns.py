@@ -29,6 +29,7 @@ from deltabus.avro_columns import (
     decode_columns,
 )
 from deltabus.schema_avro import AvroSchema, decode_avro, decode_avro_records, parse_avro
+from deltabus.schemas import wire_header
 from tests.test_schema_avro import fastavro_encoded
 
 INT = (-(2**31), 2**31 - 1)
@@ -274,6 +275,23 @@ def test_a_batch_below_the_minimum_decodes_record_by_record(
     assert decode_avro(schema, payloads[:63]).num_rows == 63
     with pytest.raises(AssertionError, match="the columnar pass ran"):
         decode_avro(schema, payloads)
+
+
+@pytest.mark.parametrize("columnar_min", [0, 10**6])  # the columnar pass, the record path
+def test_records_behind_a_wire_header_decode_in_place_as_without_it(
+        monkeypatch: pytest.MonkeyPatch, columnar_min: int) -> None:
+    monkeypatch.setattr(schema_avro, "COLUMNAR_RECORDS_MIN", columnar_min)
+    schema = avro(PAYMENT)
+    rows = [{"id": f"p{i}", "amount": i / 4, "currency": "EUR", "note": "é" * i}
+            for i in range(70)]  # notes of 64 bytes and more: two-byte lengths
+    payloads = encoded(PAYMENT, rows)
+    headed = pa.array([wire_header(7) + p for p in payloads], pa.binary())
+    assert decode_avro(schema, headed, 5).to_pylist() == rows
+    assert decode_avro(schema, headed.slice(3), 5).to_pylist() == rows[3:]
+    damaged = headed.to_pylist()
+    damaged[4] = damaged[4][:-1]
+    with pytest.raises(ValueError, match="record 4 does not decode"):
+        decode_avro(schema, damaged, 5)
 
 
 WIDE = {"type": "fixed", "name": "Wide", "size": 20, "logicalType": "decimal",

@@ -28,7 +28,6 @@ from typing import TypeVar
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from deltabus import errors, schemas
 from deltabus.cluster.metadata_records import (
@@ -448,8 +447,7 @@ def check_records(schema_of: Callable[[int], ParsedSchema | None], subject: str,
         raise errors.InvalidRecordError(
             f"record {int(np.argmax(bad))} of the batch to {where}: its {what} does not start "
             f"with the schema registry's magic byte and a schema id")
-    # (an explicit stop: pyarrow 26's binary_slice without one fails on some arrays)
-    bodies = pc.binary_slice(values, schemas.WIRE_HEADER.size, 2**31 - 1)
+    header = schemas.WIRE_HEADER.size  # read past in place: no copy of the records
     decoded: list[tuple[np.ndarray, pa.Table]] = []
     every = bool(len(values)) and bool(present.all()) and bool((schema_ids == schema_ids[0]).all())
     # the common batch: one schema, no nulls (np.unique sorts: it costs more than the rest)
@@ -462,13 +460,13 @@ def check_records(schema_of: Callable[[int], ParsedSchema | None], subject: str,
             raise errors.InvalidRecordError(
                 f"record {int(places[0])} of the batch to {where}: its {what}'s schema id "
                 f"{schema_id} is not registered under subject {subject}")
-        items = bodies if every else bodies.take(pa.array(places))
+        items = values if every else values.take(pa.array(places))
         try:
-            decoded.append((places, schemas.decode(schema, items)))
+            decoded.append((places, schemas.decode(schema, items, header)))
         except ValueError:
             for i, one in zip(places.tolist(), items.to_pylist(), strict=True):
                 try:  # which one: the error path alone goes one by one
-                    schemas.decode(schema, [one])
+                    schemas.decode(schema, [one], header)
                 except ValueError as e:
                     raise errors.InvalidRecordError(
                         f"record {i} of the batch to {where}: its {what} does not match "
@@ -479,7 +477,9 @@ def check_records(schema_of: Callable[[int], ParsedSchema | None], subject: str,
 
 def wire_headers(values: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     """(present, schema id) of each record of a binary column: present is False for a null
-    one; the schema id is -1 where the record is too short or its magic byte is not 0."""
+    one; the schema id is -1 where the record is too short or its magic byte is not 0. Read
+    with one gather for the magic bytes and one for the ids (a big-endian view at every byte
+    offset): a gather per header byte cost a tenth of a typed produce."""
     n = len(values)
     present = values.is_valid().to_numpy(zero_copy_only=False) if values.null_count else \
         np.ones(n, dtype=bool)
@@ -492,11 +492,16 @@ def wire_headers(values: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     raw = np.frombuffer(data, dtype=np.uint8) if data is not None else np.zeros(0, np.uint8)
     starts = offsets[:-1].astype(np.int64)
     whole = present & (np.diff(offsets) >= schemas.WIRE_HEADER.size)
-    at = starts[whole]
-    header = np.stack([raw[at + k] for k in range(schemas.WIRE_HEADER.size)]).astype(np.int64)
-    magic_ok = header[0] == schemas.MAGIC_BYTE
-    found = (header[1] << 24) | (header[2] << 16) | (header[3] << 8) | header[4]
-    ids[np.flatnonzero(whole)] = np.where(magic_ok, found, -1)
+    every = bool(whole.all())
+    at = starts if every else starts[whole]
+    if not at.size:
+        return present, ids
+    # the 4 bytes after each byte, big-endian: the id after a record's magic byte
+    after = np.ndarray((raw.size - 4,), ">u4", raw, offset=1, strides=(1,))
+    found = np.where(raw[at] == schemas.MAGIC_BYTE, after[at].astype(np.int64), -1)
+    if every:
+        return present, found
+    ids[whole] = found
     return present, ids
 
 
