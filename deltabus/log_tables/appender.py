@@ -462,7 +462,7 @@ class LogAppender:
                     "deltabus.batches": str(len(group)),
                 }),
                 post_commithook_properties=_NO_CHECKPOINT_HOOK,
-                writer_properties=writer_properties(),
+                writer_properties=writer_properties(typed),
             )
         except Exception as e:  # delta-rs, IO, a bad copy: no offset was given out
             error = (e if isinstance(e, errors.DeltaBusError)
@@ -515,7 +515,7 @@ class LogAppender:
                 self.table.update_incremental()  # a delete from an older view would conflict
                 self.table.delete(
                     f'"offset" >= {offset}',
-                    writer_properties=writer_properties(),
+                    writer_properties=writer_properties(self._typed),
                     commit_properties=self._properties(offset, {
                         "deltabus.operation": "truncate", "deltabus.truncatedTo": str(offset)}),
                     post_commithook_properties=_NO_CHECKPOINT_HOOK,

@@ -658,6 +658,25 @@ def test_a_followers_read_from_parquet_carries_a_typed_topics_values_across_evol
         reopened.close()
 
 
+def test_a_typed_tables_files_carry_statistics_of_each_decoded_field(log: PartitionLog,
+                                                                     path: Path) -> None:
+    """SQL on a typed topic (Spark's Parquet reader, spark/parquet_reads.py) skips row groups
+    by the decoded fields (WHERE amount > ...): the head files are written for speed (no
+    dictionaries, no page index: see delta_writes.writer_properties), but each field keeps its
+    row-group statistics."""
+    values = pa.array([{"id": f"p{i}", "amount": float(i), "currency": ("EUR", "USD")[i % 2]}
+                       for i in range(1_000)])
+    _wait([log.append(_batch([b"x"] * len(values)), leader_epoch=0,
+                      validate=lambda _batch: {VALUE_FIELDS: values})])
+    [data_file] = DeltaTable(str(path)).file_uris()
+    group = pq.ParquetFile(data_file).metadata.row_group(0)
+    leaves = {group.column(i).path_in_schema: group.column(i) for i in range(group.num_columns)}
+    amount = leaves[f"{VALUE_FIELDS}.amount"].statistics
+    assert (amount.min, amount.max) == (0.0, 999.0)
+    assert leaves[f"{VALUE_FIELDS}.currency"].statistics.max == "USD"
+    assert leaves[f"{VALUE_FIELDS}.id"].statistics.min == "p0"
+
+
 def test_a_typed_column_holds_promoted_values_and_refuses_what_its_type_cannot_hold(
         log: PartitionLog, path: Path) -> None:
     """A registry lets a schema promote a field (Avro int to long or to double), but a Delta
