@@ -366,10 +366,10 @@ def _binaries(cursors: _Cursors, start: Int64s, size: Int64s,
 
 def _check_utf8(offsets: pa.Buffer, data: pa.Buffer | None, count: int) -> None:
     """Refuse unless each of the `count` values (back to back in `data`, at 64-bit `offsets`)
-    is UTF-8, as Python's decode requires; checked as one string, a pass over the bytes, not a
-    value at a time. The values joined are UTF-8, and each is, exactly when the join is and
-    no value starts inside a character (on a continuation byte, 0b10xxxxxx): where each value
-    starts is then a character boundary of the join, and so is where it ends."""
+    is UTF-8, as Python's decode requires: one pass over the bytes, not a check a value.
+    Each value is UTF-8 exactly when the values joined are and none starts on a continuation
+    byte (0b10xxxxxx): every value then starts, and ends, on a character boundary of the
+    join."""
     bounds = np.frombuffer(offsets, np.int64, count + 1)
     total = int(bounds[-1])
     if not total or data is None:  # no bytes: every value is empty
