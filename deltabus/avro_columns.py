@@ -359,18 +359,18 @@ def _binaries(cursors: _Cursors, start: Int64s, size: Int64s,
     if arrow != pa.string():
         return picked.cast(arrow)
     _, offsets, data = picked.buffers()
-    _check_utf8(offsets, data, count)
-    narrow = np.frombuffer(offsets, np.int64, count + 1).astype(np.int32)
+    bounds = np.frombuffer(offsets, np.int64, count + 1)
+    _check_utf8(bounds, data)
+    narrow = bounds.astype(np.int32)
     return pa.Array.from_buffers(pa.string(), count, [None, pa.py_buffer(narrow), data])
 
 
-def _check_utf8(offsets: pa.Buffer, data: pa.Buffer | None, count: int) -> None:
-    """Refuse unless each of the `count` values (back to back in `data`, at 64-bit `offsets`)
-    is UTF-8, as Python's decode requires: one pass over the bytes, not a check a value.
+def _check_utf8(bounds: Int64s, data: pa.Buffer | None) -> None:
+    """Refuse unless each value (back to back in `data`, between consecutive `bounds`) is
+    UTF-8, as Python's decode requires: one pass over the bytes, not a check a value.
     Each value is UTF-8 exactly when the values joined are and none starts on a continuation
     byte (0b10xxxxxx): every value then starts, and ends, on a character boundary of the
     join."""
-    bounds = np.frombuffer(offsets, np.int64, count + 1)
     total = int(bounds[-1])
     if not total or data is None:  # no bytes: every value is empty
         return
@@ -434,7 +434,7 @@ def decode_columns(steps: Sequence[Step], schema: pa.Schema,
     base, size = int(offsets[0]), int(offsets[-1] - offsets[0])
     offsets = offsets - base
     start = offsets[:-1] + skip
-    if (start > offsets[1:]).any():
+    if skip and (start > offsets[1:]).any():
         raise Undecodable("a payload shorter than its header")
     data = np.empty(size + _PADDING, np.uint8)
     data[size:] = 0

@@ -8,6 +8,7 @@ file is stamped so that `vacuum` deletes it after `file.delete.delay.ms`.
 
 from __future__ import annotations
 
+import functools
 import posixpath
 import uuid
 from collections.abc import Iterable
@@ -72,6 +73,7 @@ _TYPED_LEAVES = ColumnProperties(dictionary_enabled=False, statistics_enabled="C
 _LOG_COLUMNS = ColumnProperties(dictionary_enabled=True, statistics_enabled="PAGE")
 
 
+@functools.cache  # the same two settings for every commit: built once
 def writer_properties(typed: bool = False) -> WriterProperties:
     """delta-rs writer settings for every data file deltabus writes through `write_deltalake`;
     `typed` for a file with typed columns.
