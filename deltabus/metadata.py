@@ -13,7 +13,8 @@ grow; `version` grows with every change a broker or client could see.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping, Sequence
+import zlib
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from deltabus.acls import AclBinding
@@ -142,6 +143,17 @@ def describe_scram_credentials(credentials: ScramCredentials,
 
 
 CONTROLLER_NODE_ID = -1  # the controller's node id where an API names a node (FindCoordinator)
+
+
+def coordinator_node(key: str, node_ids: Iterable[int]) -> int:
+    """The broker Kafka clients are sent to for a group or transactional id: one of the live
+    brokers `node_ids`, by the key's hash, so keys spread over the brokers as Kafka's
+    coordinators spread over the leaders of __consumer_offsets (-1: none is up). The
+    coordinators themselves live in the driver and every broker passes their requests on, so
+    a broker that leaves moves only its own keys, whose clients look their coordinator up
+    again as they would on Kafka."""
+    ids = sorted(node_ids)
+    return ids[zlib.crc32(key.encode()) % len(ids)] if ids else -1
 
 
 @dataclass(frozen=True)

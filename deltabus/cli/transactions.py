@@ -3,9 +3,9 @@
 `--bootstrap-server X list` (TransactionalId, Coordinator, ProducerId, TransactionState) and
 `describe --transactional-id T` (adds ProducerEpoch, TransactionTimeoutMs,
 CurrentTransactionStartTimeMs, TransactionDurationMs, TopicPartitions), the same columns as
-Kafka's tool. The coordinator is the driver: its node id is the one FindCoordinator gives
-Kafka clients (2147483647). Times are the coordinator's, in ms; a column with no value is "None",
-as Kafka's tool prints it.
+Kafka's tool. The coordinator is the broker FindCoordinator names for the transactional id
+(`metadata.coordinator_node`). Times are the coordinator's, in ms; a column with no value is
+"None", as Kafka's tool prints it.
 """
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ import time
 from deltabus.cli.consumer_groups import _print_table
 from deltabus.cli.options import add_command_config, admin_settings
 from deltabus.client.admin import AdminClient
-
-COORDINATOR_ID = 2**31 - 1  # the driver's node id in Kafka's FindCoordinator answers
+from deltabus.metadata import coordinator_node
 
 
 def add_parser(subparsers: argparse._SubParsersAction, parent: argparse.ArgumentParser) -> None:
@@ -41,9 +40,10 @@ def add_parser(subparsers: argparse._SubParsersAction, parent: argparse.Argument
 
 def run(args: argparse.Namespace) -> int:
     with AdminClient(args.bootstrap_server, **admin_settings(args)) as admin:
+        brokers = [b.broker_id for b in admin.describe_cluster()["brokers"]]
         if args.transactions_command == "list":
             rows = [["TransactionalId", "Coordinator", "ProducerId", "TransactionState"]]
-            rows += [[t, str(COORDINATOR_ID), str(p), s]
+            rows += [[t, str(coordinator_node(t, brokers)), str(p), s]
                      for t, p, s in admin.list_transactions()]
             _print_table(rows)
             return 0
@@ -54,8 +54,8 @@ def run(args: argparse.Namespace) -> int:
         ["CoordinatorId", "TransactionalId", "ProducerId", "ProducerEpoch", "TransactionState",
          "TransactionTimeoutMs", "CurrentTransactionStartTimeMs", "TransactionDurationMs",
          "TopicPartitions"],
-        [str(COORDINATOR_ID), txn.transactional_id, str(txn.producer_id),
-         str(txn.producer_epoch), txn.state, str(txn.timeout_ms),
+        [str(coordinator_node(txn.transactional_id, brokers)), txn.transactional_id,
+         str(txn.producer_id), str(txn.producer_epoch), txn.state, str(txn.timeout_ms),
          str(txn.start_ms) if started else "None",
          str(now_ms - txn.start_ms) if started else "None",
          ",".join(f"{t}-{p}" for t, p in sorted(txn.partitions))]])

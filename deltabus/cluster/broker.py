@@ -75,6 +75,7 @@ from deltabus.log_tables.transactions import READ_COMMITTED, READ_UNCOMMITTED
 from deltabus.metadata import (
     NO_LEADER,
     BrokerEndpoint,
+    ListenerEndpoint,
     MetadataImage,
     NewTopic,
     PartitionState,
@@ -115,10 +116,13 @@ class BrokerSpec:
     """What a broker task needs to start; pickled into the Spark task."""
 
     broker_id: int
-    # The driver's node: its controller listener (where brokers register), and the group
-    # coordinator's listeners (where FindCoordinator sends clients).
+    # The driver's node: its controller listener (where brokers register) and the listeners
+    # brokers forward to.
     controller: BrokerEndpoint
     config: cfg.ClusterConfig
+    # The broker's listeners in its last incarnation: one on a free port takes that port again
+    # (`doors.open_doors`), so a relaunched broker keeps its address.
+    previous_listeners: tuple[ListenerEndpoint, ...] = ()
 
 
 class Broker:
@@ -170,7 +174,8 @@ class Broker:
             security=spec.config.listener_security(listeners.controller.security_protocol),
             admin_address=f"{admin.host}:{admin.port}",
             admin_security=spec.config.listener_security(
-                listeners.inter_broker.security_protocol))
+                listeners.inter_broker.security_protocol),
+            rebalance_timeout_ms_max=spec.config.group.group_max_rebalance_timeout_ms)
         self._leaders = RemoteLeaderEndpoint(
             spec.broker_id, broker_secret=secret,
             security=spec.config.listener_security(listeners.inter_broker.security_protocol))
@@ -182,7 +187,8 @@ class Broker:
     def start(self) -> None:
         self._doors = open_doors(self._config, self.broker_id, self,
                                  credentials=self.scram_credential,
-                                 coordinator=self.spec.controller)
+                                 forward=self._controller.forward_kafka,
+                                 previous=self.spec.previous_listeners)
         self._register()
         threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True).start()
         threading.Thread(target=self._apply_loop, name="metadata", daemon=True).start()

@@ -13,6 +13,7 @@ Thread-safe: `start` and `stop` are meant for one thread; the rest may be called
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import logging
 import os
@@ -239,6 +240,9 @@ class Cluster:
                 self._start_failures[broker_id] = outcome
             if self._stopping.is_set() or self.controller is None:
                 break
+            last = self.controller.registered_endpoint(broker_id)
+            if last is not None:  # its relaunch keeps its ports (doors.open_doors)
+                spec = dataclasses.replace(spec, previous_listeners=last.listeners)
             _survive(f"fencing broker {broker_id} after its task ended",
                      self.controller.fence_broker, broker_id, "its Spark task ended")
             self._stopping.wait(RELAUNCH_BACKOFF_S)

@@ -876,6 +876,12 @@ class Controller:
             self._commit_broker_change(records, leaving=broker_id)
             return True
 
+    def registered_endpoint(self, broker_id: int) -> BrokerEndpoint | None:
+        """Where a broker's current registration says it listens (None: not registered)."""
+        with self._lock:
+            registration = self._state.brokers.get(broker_id)
+            return registration.endpoint if registration is not None else None
+
     def fence_broker(self, broker_id: int, reason: str) -> None:
         """Declare a broker dead: move leadership off it. Its next registration unfences it."""
         with self._lock:

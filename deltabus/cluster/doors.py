@@ -8,7 +8,8 @@ Who serves what, as KRaft splits it:
   AlterPartition) and nothing else, on gRPC servers of their own: grpcio's server is one thread
   pool, so a pool no client call can reach is what keeps client long-polls (JoinGroup) and
   floods from starving heartbeats until brokers are fenced. They answer only the cluster's
-  brokers. Brokers forward their clients' admin calls to the driver's inter-broker listener;
+  brokers. Brokers forward their clients' admin calls, and their Kafka clients' requests for
+  the group and transaction coordinators, to the driver's inter-broker listener;
 - broker b opens every listener but the controller-only ones; followers fetch from it on the
   inter-broker listener and nowhere else.
 
@@ -17,18 +18,30 @@ Runs on the driver and in broker tasks on executors.
 
 from __future__ import annotations
 
+import functools
+import logging
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from deltabus import config as cfg
 from deltabus.cluster.executor_process import broker_host, local_host
 from deltabus.cluster.handler import DeltaBusHandler, LifecycleHandler, TransactionHandler
-from deltabus.listeners import GRPC, KAFKA, Listener
+from deltabus.listeners import GRPC, KAFKA, Listener, ListenerBindError
 from deltabus.metadata import CONTROLLER_NODE_ID, BrokerEndpoint, ListenerEndpoint
 from deltabus.offsets.group_coordinator import GroupCoordinator
+from deltabus.principal import KafkaPrincipal
 from deltabus.rpc.authentication import CredentialLookup
 from deltabus.rpc.kafka.listener import KafkaListener
 from deltabus.rpc.server import start_server
+
+log = logging.getLogger(__name__)
+
+# Passes a Kafka request on to the driver's listener named first: (listener, frame, client's
+# host, principal) -> the future of the answer frame and throttle time (`ControllerChannel`).
+Bound = TypeVar("Bound")
+ForwardKafka = Callable[[str, bytes, str, KafkaPrincipal], "Future[tuple[bytes, int]]"]
 
 
 @dataclass
@@ -62,12 +75,14 @@ class Doors:
 def open_doors(config: cfg.ClusterConfig, node: int, handler: DeltaBusHandler, *,
                credentials: CredentialLookup, lifecycle: LifecycleHandler | None = None,
                groups: GroupCoordinator | None = None,
-               coordinator: BrokerEndpoint | None = None,
-               transactions: TransactionHandler | None = None) -> Doors:
+               forward: ForwardKafka | None = None,
+               transactions: TransactionHandler | None = None,
+               previous: Sequence[ListenerEndpoint] = ()) -> Doors:
     """Open node `node`'s listeners (CONTROLLER_NODE_ID: the driver's, with the `lifecycle`,
-    the `groups` it coordinates and the `transactions`; else a broker's, sending Kafka clients
-    to the group `coordinator`). Closes what it opened if one cannot be bound, and raises
-    ListenerBindError naming it."""
+    the `groups` it coordinates and the `transactions`; else a broker's, which `forward`s its
+    Kafka clients' requests for them to the driver's listener of the same name). `previous`:
+    the node's listeners in its last incarnation (`_bind`). Closes what it opened if one
+    cannot be bound, and raises ListenerBindError naming it."""
     listeners = config.listener_config(
         None if node == CONTROLLER_NODE_ID else broker_host(config.host))
     doors = Doors()
@@ -77,9 +92,9 @@ def open_doors(config: cfg.ClusterConfig, node: int, handler: DeltaBusHandler, *
                 continue
             controller = (node == CONTROLLER_NODE_ID
                           and listener.name in listeners.controller_listener_names)
-            server, port = start_server(
-                listener.bind_host, listener.bind_port(node), handler,
-                lifecycle if controller else None,
+            server, port = _bind(listener, node, previous, functools.partial(
+                start_server, host=listener.bind_host, handler=handler,
+                lifecycle=lifecycle if controller else None,
                 threads=(config.controller_threads() if controller
                          else _grpc_threads(config, node)), groups=groups,
                 replica_fetch=(node != CONTROLLER_NODE_ID
@@ -88,16 +103,19 @@ def open_doors(config: cfg.ClusterConfig, node: int, handler: DeltaBusHandler, *
                 security=config.listener_security(listener.security_protocol),
                 credentials=credentials, listener=listener.name,
                 brokers_only=node == CONTROLLER_NODE_ID and listeners.controller_only(listener),
-                long_polls_max=config.grpc_long_polls_max, transactions=transactions)
+                long_polls_max=config.grpc_long_polls_max, transactions=transactions,
+                kafka_forwarded=(doors.kafka_listeners if node == CONTROLLER_NODE_ID and
+                                 listener.name == listeners.inter_broker_listener_name
+                                 else None)))
             doors.grpc_servers.append(server)
             doors.endpoints.append(_endpoint(listener, port, node))
         for listener in listeners.kafka:
-            kafka = KafkaListener(
-                listener.bind_host, listener.bind_port(node), handler, groups=groups,
-                coordinator=_coordinator_address(coordinator, listener.name),
+            kafka = _bind(listener, node, previous, functools.partial(
+                KafkaListener, host=listener.bind_host, handler=handler, groups=groups,
+                forward=functools.partial(forward, listener.name) if forward else None,
                 security=config.listener_security(listener.security_protocol),
                 credentials=credentials, listener=listener.name,
-                socket_server=config.socket_server, transactions=transactions).start()
+                socket_server=config.socket_server, transactions=transactions)).start()
             doors.kafka_listeners[listener.name] = kafka
             endpoint = _endpoint(listener, kafka.bound_port, node)
             kafka.advertise(endpoint.host, endpoint.port)
@@ -108,15 +126,27 @@ def open_doors(config: cfg.ClusterConfig, node: int, handler: DeltaBusHandler, *
     return doors
 
 
+def _bind(listener: Listener, node: int, previous: Sequence[ListenerEndpoint],
+          open_at: Callable[..., Bound]) -> Bound:
+    """`open_at(port=...)` for the listener: its configured port; for one on a free port (0), the
+    port it had in the node's last incarnation where that is still free. A relaunched broker
+    keeps its address, as a Kafka broker does across restarts: Kafka clients keep the brokers'
+    addresses, and some (kafka-python) never ask the bootstrap again once they know them."""
+    port = listener.bind_port(node)
+    again = next((e.port for e in previous if (e.door, e.name) == (listener.door, listener.name)),
+                 0)
+    if port == 0 and again and not listener.advertised_port:
+        try:
+            return open_at(port=again)
+        except ListenerBindError:
+            log.info("%s listener %s: port %d is taken now, binding another", listener.door,
+                     listener.name, again)
+    return open_at(port=port)
+
+
 def _endpoint(listener: Listener, bound_port: int, node: int) -> ListenerEndpoint:
     host, port = listener.advertised(bound_port, node, local_host())
     return ListenerEndpoint(listener.name, listener.door, host, port)
-
-
-def _coordinator_address(coordinator: BrokerEndpoint | None, name: str) -> str:
-    """host:port of the group coordinator's Kafka listener `name` ("": none known)."""
-    address = coordinator.kafka_address(name) if coordinator is not None else None
-    return f"{address[0]}:{address[1]}" if address else ""
 
 
 def _grpc_threads(config: cfg.ClusterConfig, node: int) -> int:

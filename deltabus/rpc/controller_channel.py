@@ -15,6 +15,7 @@ AlterPartition means the outcome is unknown. Thread-safe (one gRPC channel, shar
 from __future__ import annotations
 
 from collections.abc import Iterable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +35,7 @@ from deltabus.metadata import (
     ScramCredentialUpsertion,
     TopicResult,
 )
+from deltabus.principal import KafkaPrincipal
 from deltabus.quotas import QuotaAlteration
 from deltabus.rpc import codec
 from deltabus.rpc.access import requester
@@ -49,6 +51,7 @@ from deltabus.rpc.v1 import internal_pb2_grpc as ipb_grpc
 
 PLAINTEXT = ListenerSecurity()
 ADMIN_TIMEOUT_SLACK_MS = 5_000  # a forwarded admin call waits its own timeout and this much
+FORWARD_TIMEOUT_SLACK_S = 60  # a forwarded Kafka request waits the longest rebalance and this
 
 
 @dataclass(frozen=True)
@@ -67,12 +70,15 @@ class ControllerChannel:
     def __init__(self, address: str, broker_id: int, *, broker_secret: str,
                  security: ListenerSecurity = PLAINTEXT, admin_address: str = "",
                  admin_security: ListenerSecurity | None = None,
-                 request_timeout_ms: int = 30_000) -> None:
+                 request_timeout_ms: int = 30_000,
+                 rebalance_timeout_ms_max: int = cfg.GroupConfig.group_max_rebalance_timeout_ms
+                 ) -> None:
         """`broker_secret`: the cluster's broker credential, which every call carries
         (`rpc.inter_broker`); `security`, `admin_security`: the two listeners', TLS where they
-        use it."""
+        use it; `rebalance_timeout_ms_max`: the longest a forwarded JoinGroup may wait."""
         self.address = address
         self.request_timeout_ms = request_timeout_ms
+        self._forward_timeout_s = rebalance_timeout_ms_max / 1000 + FORWARD_TIMEOUT_SLACK_S
         self._credential = credential_metadata(broker_secret)
         agent = f"deltabus-broker-{broker_id}"
         self._channel = open_channel(address, agent, credentials=grpc_peer_credentials(security))
@@ -82,6 +88,8 @@ class ControllerChannel:
             self._admin_channel = open_channel(admin_address, agent, credentials=(
                 grpc_peer_credentials(admin_security or security)))
         self._admin = pb_grpc.DeltaBusStub(self._admin_channel)
+        self._forward = ipb_grpc.KafkaForwardStub(self._admin_channel)
+        self._broker_id = broker_id
 
     def close(self) -> None:
         self._channel.close()
@@ -228,6 +236,30 @@ class ControllerChannel:
         return codec.alter_client_quotas_results(self._admin_call(
             "AlterClientQuotas", codec.alter_client_quotas_request(alterations, validate_only),
             cfg.ADMIN_TIMEOUT_MS_DEFAULT + ADMIN_TIMEOUT_SLACK_MS))
+
+    def forward_kafka(self, listener: str, frame: bytes, client_host: str,
+                      principal: KafkaPrincipal) -> Future[tuple[bytes, int]]:
+        """Pass a Kafka client's request for the group or transaction coordinator on to the
+        driver's Kafka listener `listener` (Kafka's Envelope, KIP-590): a future of the
+        driver's answer frame and throttle time, or of NETWORK_EXCEPTION where the driver did
+        not answer. Waits at most as long as a rebalance may (a JoinGroup's wait)."""
+        answer: Future[tuple[bytes, int]] = Future()
+        call = self._forward.Forward.future(
+            ipb.ForwardKafkaRequest(listener=listener, frame=frame, client_host=client_host,
+                                    broker_id=self._broker_id),
+            timeout=self._forward_timeout_s, metadata=self._credential + forwarded_for(principal))
+
+        def done(call: Any) -> None:
+            try:
+                response = call.result()
+            except grpc.RpcError as e:
+                answer.set_exception(errors.NetworkError(
+                    f"{e.code() if hasattr(e, 'code') else e}"))
+                return
+            answer.set_result((response.frame, response.throttle_ms))
+
+        call.add_done_callback(done)
+        return answer
 
     @property
     def schema_registry(self) -> RegistryOverGrpc:

@@ -1,11 +1,13 @@
 """The internal API's servicers: the controller's `BrokerLifecycle` (registration, heartbeats, ISR
-changes) and a broker's `ReplicaFetch` (what it answers its followers). Clients never reach these
+changes) and `KafkaForward` (the coordinators' Kafka requests brokers pass on), and a broker's
+`ReplicaFetch` (what it answers its followers). Clients never reach these
 through deltabus's own code; decode, call the domain object, encode, as the public servicers do.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 import grpc
 
@@ -20,11 +22,46 @@ from deltabus.cluster.handler import (
 )
 from deltabus.log_tables.control_records import TxnMarker
 from deltabus.metadata import BrokerEndpoint
+from deltabus.principal import ANONYMOUS, KafkaPrincipal
 from deltabus.records import to_ipc
 from deltabus.rpc import codec
 from deltabus.rpc.fetch_size import FetchBudget
+from deltabus.rpc.inter_broker import vouched_principal
+from deltabus.rpc.status import abort
 from deltabus.rpc.v1 import internal_pb2 as ipb
 from deltabus.rpc.v1 import internal_pb2_grpc as ipb_grpc
+
+
+class ForwardedKafkaRequests(Protocol):
+    """The driver's Kafka listener of one name, answering what brokers forward to it."""
+
+    def answer_forwarded(self, frame: bytes, principal: KafkaPrincipal, host: str,
+                         node: int) -> tuple[bytes, int]: ...
+
+
+class KafkaForwardServicer(ipb_grpc.KafkaForwardServicer):
+    """On the driver: a broker's client's request for the coordinators, answered by the
+    driver's Kafka listener of the name the client came in on, as the broker's principal
+    for it (vouched for by the broker credential the interceptor checked). Thread-safe;
+    a JoinGroup holds its gRPC thread until its group is ready."""
+
+    def __init__(self, listeners: Mapping[str, ForwardedKafkaRequests], secret: str) -> None:
+        self._listeners = listeners  # filled once the driver's Kafka listeners are open
+        self._secret = secret
+
+    def Forward(self, request: ipb.ForwardKafkaRequest,
+                context: Any) -> ipb.ForwardKafkaResponse:
+        listener = self._listeners.get(request.listener)
+        if listener is None:
+            abort(context, errors.InvalidRequestError(
+                f"the driver has no Kafka listener {request.listener!r}"))
+        principal = vouched_principal(context.invocation_metadata(), self._secret) or ANONYMOUS
+        try:
+            frame, throttle_ms = listener.answer_forwarded(
+                request.frame, principal, request.client_host, request.broker_id)
+        except errors.DeltaBusError as e:
+            abort(context, e)
+        return ipb.ForwardKafkaResponse(frame=frame, throttle_ms=throttle_ms)
 
 
 class BrokerLifecycleServicer(ipb_grpc.BrokerLifecycleServicer):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent import futures
 from typing import Any
 
@@ -52,6 +52,8 @@ from deltabus.rpc.group_servicer import GroupServicerMixin
 from deltabus.rpc.inter_broker import InterBrokerAuthorizer
 from deltabus.rpc.internal_servicer import (
     BrokerLifecycleServicer,
+    ForwardedKafkaRequests,
+    KafkaForwardServicer,
     ReplicaFetchServicer,
     TxnMarkersServicer,
 )
@@ -560,7 +562,9 @@ def start_server(host: str, port: int, handler: DeltaBusHandler,
                  credentials: CredentialLookup | None = None,
                  listener: str = "", brokers_only: bool = False,
                  long_polls_max: int | None = None,
-                 transactions: TransactionHandler | None = None) -> tuple[grpc.Server, int]:
+                 transactions: TransactionHandler | None = None,
+                 kafka_forwarded: Mapping[str, ForwardedKafkaRequests] | None = None
+                 ) -> tuple[grpc.Server, int]:
     """Start a gRPC server for one listener on host:port (0 picks a free port); returns it
     and the bound port. The server is one thread pool of `threads`: what it serves shares
     them. The controller passes `lifecycle` on its controller listeners (brokers register
@@ -573,6 +577,8 @@ def start_server(host: str, port: int, handler: DeltaBusHandler,
     the port speaks TLS and how callers authenticate (against the users' SCRAM
     `credentials`); `listener` is its name (`DeltaBusServicer`). At most `long_polls_max`
     (at most `threads`; all of them when not given) Fetches wait for records at once.
+    `kafka_forwarded` (the driver's inter-broker listener): the driver's Kafka listeners by
+    name, which answer the coordinators' requests brokers forward (internal API).
 
     Raises ListenerBindError when the port cannot be bound (already in use).
     """
@@ -581,7 +587,8 @@ def start_server(host: str, port: int, handler: DeltaBusHandler,
         ("grpc.max_send_message_length", cfg.REQUEST_MAX_BYTES),
         ("grpc.so_reuseport", 0),
     ]
-    internal = lifecycle is not None or replica_fetch or brokers_only
+    internal = (lifecycle is not None or replica_fetch or brokers_only
+                or kafka_forwarded is not None)
     if internal and not broker_secret:
         raise ValueError("a server of the internal API needs the cluster's broker credential")
     interceptors: list[grpc.ServerInterceptor] = []
@@ -599,6 +606,9 @@ def start_server(host: str, port: int, handler: DeltaBusHandler,
             DeltaBusServicer(handler, groups, listener, long_polls, transactions), server)
     if lifecycle is not None:
         ipb_grpc.add_BrokerLifecycleServicer_to_server(BrokerLifecycleServicer(lifecycle), server)
+    if kafka_forwarded is not None and broker_secret:
+        ipb_grpc.add_KafkaForwardServicer_to_server(
+            KafkaForwardServicer(kafka_forwarded, broker_secret), server)
     if replica_fetch:
         ipb_grpc.add_ReplicaFetchServicer_to_server(ReplicaFetchServicer(handler), server)
         if isinstance(handler, TxnMarkerHandler):  # brokers (a test's handler may not be)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from deltabus import AdminClient, NewTopic, errors
+from deltabus.metadata import coordinator_node
 from tests.kafka.raw_frames import connect_to
 from tests.kafka.test_kafka_transactions import add_partitions, init
 
@@ -30,7 +31,9 @@ def test_list_and_describe_show_an_open_transaction(cli, cluster, topic_name) ->
     lines = out.splitlines()
     assert rc == 0 and lines[0].split() == [
         "TransactionalId", "Coordinator", "ProducerId", "TransactionState"]
-    assert ["txn-cli", "2147483647", str(pid), "Ongoing"] in [line.split() for line in lines]
+    # the coordinator is the broker FindCoordinator names for the id, as on Kafka
+    coordinator = str(coordinator_node("txn-cli", range(cluster.config.brokers)))
+    assert ["txn-cli", coordinator, str(pid), "Ongoing"] in [line.split() for line in lines]
 
     rc, out, _ = cli("transactions", "describe", "--transactional-id", "txn-cli")
     header, row = (line.split() for line in out.splitlines())
@@ -39,6 +42,7 @@ def test_list_and_describe_show_an_open_transaction(cli, cluster, topic_name) ->
         "TransactionTimeoutMs", "CurrentTransactionStartTimeMs", "TransactionDurationMs",
         "TopicPartitions"]
     fields = dict(zip(header, row, strict=True))
+    assert fields["CoordinatorId"] == coordinator
     assert fields["TransactionState"] == "Ongoing" and fields["ProducerEpoch"] == "0"
     assert fields["TransactionTimeoutMs"] == "300000"
     assert int(fields["TransactionDurationMs"]) >= 0

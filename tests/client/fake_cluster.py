@@ -36,7 +36,7 @@ import itertools
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any, cast
@@ -302,6 +302,10 @@ class FakeCluster:
         self._servers: list[grpc.Server] = []
         self._kafka_listeners: list[KafkaListener] = []
         self.kafka_coordinator: str | None = None  # host:port, once serve_kafka opened it
+        self._coordinator_door: KafkaListener | None = None
+        # The brokers' forwarded coordinator requests, each holding a thread as the driver's
+        # gRPC threads hold them.
+        self._forwarding = ThreadPoolExecutor(max_workers=32, thread_name_prefix="forward")
         self.brokers: list[BrokerEndpoint] = []
         for broker_id in range(brokers):
             secured = ({"security": security, "credentials": credentials}
@@ -340,6 +344,7 @@ class FakeCluster:
         for listener in self._kafka_listeners:
             listener.stop()
         self._ticker.join(5)
+        self._forwarding.shutdown(wait=False, cancel_futures=True)
         self.coordinator.close()
 
     def serve_kafka(self, broker_id: int, *, security: cfg.ListenerSecurity | None = None,
@@ -357,8 +362,15 @@ class FakeCluster:
                                  **secured).start()
             self._kafka_listeners.append(door)
             self.kafka_coordinator = f"{HOST}:{door.port}"
-        listener = KafkaListener(HOST, 0, FakeBroker(self, broker_id),
-                                 coordinator=self.kafka_coordinator,
+            self._coordinator_door = door
+
+        def forward(frame: bytes, host: str, principal: KafkaPrincipal
+                    ) -> Future[tuple[bytes, int]]:
+            """As a real broker forwards to the driver, without the gRPC hop between."""
+            return self._forwarding.submit(self._coordinator_door.answer_forwarded, frame,
+                                           principal, host, broker_id)
+
+        listener = KafkaListener(HOST, 0, FakeBroker(self, broker_id), forward=forward,
                                  socket_server=socket_server or cfg.SocketServerConfig(),
                                  **secured).start()
         self._kafka_listeners.append(listener)

@@ -15,8 +15,6 @@ from deltabus.log_tables.layout import consumer_offsets_path
 from deltabus.offsets.offset_store import OffsetStore
 from tests.conftest import wait_until
 
-COORDINATOR_NODE_ID = 2**31 - 1  # the bootstrap listener, which hosts no replica
-
 
 def kafka_admin(cluster) -> KafkaAdminClient:
     return KafkaAdminClient(bootstrap_servers=cluster.kafka_bootstrap_servers)
@@ -110,7 +108,7 @@ def test_describe_log_dirs_gives_each_replica_size_on_each_broker(cluster, topic
     try:
         before = admin.describe_log_dirs({topic_name: [0, 1]})
         brokers = {b["broker"]: b["log_dirs"] for b in before}
-        assert brokers.get(COORDINATOR_NODE_ID, []) == []
+        assert set(brokers) == {0, 1, 2}  # the brokers, and nothing but
         for broker_id in range(3):
             (log_dir,) = brokers[broker_id]
             assert log_dir["log_dir"] == f"{cluster.config.root}/topics"

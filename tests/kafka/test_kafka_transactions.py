@@ -67,9 +67,9 @@ def test_a_transaction_is_coordinated_and_its_producer_fenced_over_kafkas_protoc
     with socket.create_connection((broker.host, broker.kafka_port), timeout=30) as at_broker:
         found = call(at_broker, FIND_COORDINATOR, 3, key="txn-a", key_type=1)
         assert found.error_code == ErrorCode.none
-        # A broker coordinates no transaction.
+        # Every broker passes the coordinator's requests on: the coordinator's answer.
         assert add_partitions(at_broker, "txn-a", 1, 0, topic_name, (0,)) == {
-            0: ErrorCode.not_coordinator}
+            0: ErrorCode.invalid_producer_id_mapping}
     kafka_admin = KafkaAdminClient(bootstrap_servers=cluster.kafka_bootstrap_servers)
     with connect_to(f"{found.host}:{found.port}") as sock:
         first = init(sock, "txn-a")

@@ -24,6 +24,7 @@ from deltabus.metadata import (
     ScramCredentialDeletion,
     ScramCredentialUpsertion,
     TopicResult,
+    coordinator_node,
 )
 from deltabus.rpc import codec
 from deltabus.rpc.access import current_access, merge_refusals
@@ -76,6 +77,13 @@ def controller_id(image: MetadataImage, listener: str = "") -> int:
     """The node Kafka clients send controller requests to: a live broker (the lowest id), which
     passes them on to deltabus's controller in the driver; -1 when none is up."""
     return min((b.node_id for b in kafka_endpoints(image, listener)), default=-1)
+
+
+def coordinator_for(key: str, image: MetadataImage, listener: str = "") -> KafkaEndpoint | None:
+    """The broker FindCoordinator names for a group or transactional id, on the listener
+    (`metadata.coordinator_node`; None: no broker is up)."""
+    brokers = {b.node_id: b for b in kafka_endpoints(image, listener)}
+    return brokers.get(coordinator_node(key, brokers))
 
 
 def topic_uuid(topic_id: str) -> uuid.UUID | None:

@@ -50,7 +50,13 @@ from deltabus.rpc.kafka import (
     sasl,
     txn_apis,
 )
-from deltabus.rpc.kafka.admin import controller_id, kafka_endpoints, topic_uuid
+from deltabus.rpc.kafka.admin import (
+    KafkaEndpoint,
+    controller_id,
+    coordinator_for,
+    kafka_endpoints,
+    topic_uuid,
+)
 from deltabus.rpc.kafka.delayed import DelayedResponse, result_of
 from deltabus.rpc.kafka.fetch_sessions import (
     FINAL_EPOCH,
@@ -117,16 +123,16 @@ class KafkaApis:
     it, for one connection's requests one at a time."""
 
     def __init__(self, handler: DeltaBusHandler, groups_: GroupCoordinator | None = None,
-                 coordinator: tuple[str, int] | None = None, listener: str = "",
-                 transactions: TransactionHandler | None = None) -> None:
+                 listener: str = "", transactions: TransactionHandler | None = None) -> None:
         """`groups_` and `transactions`: the group and transaction coordinators, where this
-        listener has them (the bootstrap);
-        `coordinator`: where Kafka clients find it (FindCoordinator's answer); `listener`: the
-        name of the Kafka listener this answers on, whose endpoints Metadata tells clients."""
+        listener has them (the driver's); `listener`: the name of the Kafka listener this
+        answers on, whose endpoints Metadata and FindCoordinator tell clients."""
         self._handler = handler
         self._listener = listener
-        self.groups = groups.KafkaGroupApis(groups_, coordinator)
+        self.groups = groups.KafkaGroupApis(groups_)
         self.txn = txn_apis.KafkaTxnApis(transactions, groups_)
+        self.groups.coordinator_for = self.coordinator_for
+        self.groups.coordinated_by = self.txn.coordinated_by = self._coordinated_by
         if transactions is not None:
             self.groups.pending_txn_offsets = transactions.pending_txn_offsets
         self._sessions = FetchSessionCache()
@@ -149,12 +155,12 @@ class KafkaApis:
         return api_key in self._apis
 
     def handle(self, api_key: int, version: int, request: Any,
-               client: tuple[str, str] = ("", "")) -> Any:
+               client: tuple[str, str] = ("", ""), node: int | None = None) -> Any:
         """The response to a request: a kio response, None where none is due (acks=0; an
         Unanswered where the connection is muted all the same), or a DelayedResponse where it
         waits for acks or a group (Produce, JoinGroup, SyncGroup).
         One outside the advertised versions gets UNSUPPORTED_VERSION. `client`: the header's
-        client id and the client's host."""
+        client id and the client's host; `node`: the broker that forwarded the request."""
         lo, hi = SUPPORTED[api_key]
         refused = None if lo <= version <= hi else errors.UnsupportedVersionError(
             f"API {api_key} version {version} is not supported (versions {lo} to {hi} are)")
@@ -164,6 +170,8 @@ class KafkaApis:
             response = self.groups.join_group(version, request, refused, client)
         elif api_key == groups.CONSUMER_GROUP_HEARTBEAT:
             response = self.groups.consumer_group_heartbeat(version, request, refused, client)
+        elif api_key in (groups.LIST_GROUPS, txn_apis.LIST_TRANSACTIONS):
+            response = self._apis[api_key](version, request, refused, node)
         else:
             response = self._apis[api_key](version, request, refused)
         if api_key == API_VERSIONS or response is None or isinstance(response, Unanswered):
@@ -179,6 +187,14 @@ class KafkaApis:
 
     def authorizer(self) -> Authorizer | None:
         return self._handler.authorizer()
+
+    def coordinator_for(self, key: str) -> KafkaEndpoint | None:
+        """The broker FindCoordinator names for a group or transactional id."""
+        return coordinator_for(key, self._handler.metadata([], False), self._listener)
+
+    def _coordinated_by(self, key: str, node: int) -> bool:
+        found = self.coordinator_for(key)
+        return found is not None and found.node_id == node
 
     @staticmethod
     def _refusal(api_key: int, request: Any) -> errors.DeltaBusError | None:
@@ -250,12 +266,6 @@ class KafkaApis:
         brokers = tuple(make(broker_cls, node_id=b.node_id, host=b.host, port=b.port,
                              rack=b.rack) for b in kafka_endpoints(image, self._listener))
         live = {b.node_id for b in brokers}
-        if self.groups.coordinator_address is not None:
-            # librdkafka drops a coordinator that Metadata does not list: the group
-            # coordinator's listener (in the driver) is listed too, leading no partition.
-            host, port = self.groups.coordinator_address
-            brokers += (make(broker_cls, node_id=groups.COORDINATOR_NODE_ID, host=host,
-                             port=port, rack=None),)
         topics = []
         asked = bool(getattr(request, "include_topic_authorized_operations", False))
         for name in sorted(image.topics) if names is None else names:
@@ -646,7 +656,8 @@ def _transactional_refusal(access: Access, transactional_id: str | None
 def _produce_response(cls: Any, pending: list[tuple[str, int, list[Any], Any]],
                       timeout_ms: int, throttle_ms: int = 0) -> Any:
     """Produce's answer once its appends are acknowledged or its timeout passed (Kafka's
-    DelayedProduce): each partition's first batch's offsets, or its first error."""
+    DelayedProduce): each partition's first batch's offsets, or its first error, with the
+    records it names (v8+, KIP-467: INVALID_RECORD's record errors)."""
     topic_cls, partition_cls = (nested(cls, n) for n in (
         "TopicProduceResponse", "PartitionProduceResponse"))
     by_topic: dict[str, list[Any]] = {}

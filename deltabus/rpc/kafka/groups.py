@@ -1,8 +1,9 @@
 """Kafka's consumer-group APIs over the cluster's group coordinator: the same groups, members
 and committed offsets (`__consumer_offsets`) as through gRPC, so a Kafka client and a deltabus
-client can share one group. The coordinator lives in the Spark driver; FindCoordinator sends
-Kafka clients to the bootstrap listener there, and the brokers' listeners answer the other group
-APIs with NOT_COORDINATOR, as a Kafka broker does for a group it does not coordinate.
+client can share one group. The coordinator lives in the Spark driver. Kafka clients see only
+brokers, as Kafka's own: FindCoordinator names a live broker for each group
+(`admin.coordinator_for`), and a broker's listener passes the group APIs on to the driver
+(`listener`, Kafka's Envelope). The driver's own listener (the bootstrap) answers them itself.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from deltabus.offsets.group_coordinator import (
 )
 from deltabus.offsets.offset_store import OffsetAndMetadata
 from deltabus.rpc.access import Access, current_access
+from deltabus.rpc.kafka.admin import KafkaEndpoint
 from deltabus.rpc.kafka.delayed import DelayedResponse, result_of
 from deltabus.rpc.kafka.frames import (
     NO_TIME,
@@ -58,19 +60,18 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     CONSUMER_GROUP_DESCRIBE: (0, 1),
 }
 GROUP, TRANSACTION = 0, 1  # FindCoordinator's key types
-# The coordinator's node id in FindCoordinator answers: no broker has it, so clients keep a
-# connection of its own for it.
-COORDINATOR_NODE_ID = 2**31 - 1
 
 
 class KafkaGroupApis:
     """The group APIs; `groups` is None on a broker (everything but FindCoordinator then
-    answers NOT_COORDINATOR). `coordinator` is the (host, port) of the bootstrap listener."""
+    answers NOT_COORDINATOR, unless its listener forwards them to the driver)."""
 
-    def __init__(self, groups: GroupCoordinator | None,
-                 coordinator: tuple[str, int] | None) -> None:
+    def __init__(self, groups: GroupCoordinator | None) -> None:
         self._groups = groups
-        self.coordinator_address = coordinator
+        # The broker FindCoordinator names for a key, on this listener (None: no broker is up).
+        self.coordinator_for: Callable[[str], KafkaEndpoint | None] = lambda key: None
+        # Whether broker `node` coordinates a group, for a broker's ListGroups.
+        self.coordinated_by: Callable[[str, int], bool] = lambda key, node: True
         # The partitions of a group whose offsets an open transaction commits (the transaction
         # coordinator's), for OffsetFetch's require_stable (KIP-447).
         self.pending_txn_offsets: Callable[[str], set[tuple[str, int]]] | None = None
@@ -103,14 +104,14 @@ class KafkaGroupApis:
             error = errors.InvalidRequestError(
                 f"unknown coordinator key type {request.key_type}: groups (0) and "
                 "transactions (1) have coordinators")
-        if error is None and self.coordinator_address is None:
-            error = errors.CoordinatorNotAvailableError("no coordinator is listening for "
-                                                        "Kafka clients")
-        host, port = self.coordinator_address or ("", -1)
+        found = self.coordinator_for(request.key) if error is None else None
+        if error is None and found is None:
+            error = errors.CoordinatorNotAvailableError("no broker is up to coordinate "
+                                                        f"{request.key!r}")
         return make(cls, throttle_time=NO_TIME, error_code=error_code(error),
                     error_message=error.message if error else None,
-                    node_id=COORDINATOR_NODE_ID if error is None else -1,
-                    host=host if error is None else "", port=port if error is None else -1)
+                    node_id=found.node_id if found else -1,
+                    host=found.host if found else "", port=found.port if found else -1)
 
     def join_group(self, version: int, request: Any, refused: errors.DeltaBusError | None = None,
                    client: tuple[str, str] = ("", "")) -> Any:
@@ -286,7 +287,11 @@ class KafkaGroupApis:
             topic_cls(name=t, partitions=tuple(ps)) for t, ps in by_topic.items()))
 
     def list_groups(self, version: int, request: Any,
-                    refused: errors.DeltaBusError | None = None) -> Any:
+                    refused: errors.DeltaBusError | None = None, node: int | None = None
+                    ) -> Any:
+        """The groups the asked broker coordinates (`node`: a broker's forwarded request), as
+        Kafka's admin clients list groups from every broker and join the answers; every
+        group where the request came to the driver itself."""
         cls = load_response_schema(LIST_GROUPS, version)
         group_cls = nested(cls, "ListedGroup")
         listed: list[tuple[str, str, str]] = []
@@ -302,6 +307,7 @@ class KafkaGroupApis:
         return make(cls, throttle_time=NO_TIME, error_code=error_code(error), groups=tuple(
             make(group_cls, group_id=g, protocol_type=t, group_state=s)
             for g, t, s in listed if (not states or s.lower() in states)
+            and (node is None or self.coordinated_by(g, node))
             and (everything or access.group(Operation.DESCRIBE, g) is None)))
 
     def describe_groups(self, version: int, request: Any,

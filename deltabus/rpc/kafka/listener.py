@@ -26,6 +26,15 @@ Threads, per listener and never per connection (cfg.SocketServerConfig sizes the
 - the purgatory's expiration thread completes delayed responses whose time ran out.
 The connection's next request is handled as soon as the previous one is released: a Produce
 behind a waiting Fetch is appended at once, and its answer still goes out after the Fetch's.
+
+The group and transaction coordinators live in the driver, whose listeners Metadata does not
+list: a broker's listener passes their APIs on to the driver's listener of the same name
+(`forward`, Kafka's Envelope, KIP-590), as the client sent them, with the principal it
+authenticated; the driver answers them as its own (`answer_forwarded`), and the broker sends
+the answer back unchanged. A forwarded request holds its handler thread until the driver
+answers, so the connection's requests still take effect in order, except JoinGroup and
+SyncGroup, which wait for the rest of the group and hold no thread. A driver that does not
+answer closes the client's connection: the client looks its coordinator up again.
 """
 
 from __future__ import annotations
@@ -35,9 +44,12 @@ import logging
 import queue
 import socket
 import threading
+import time
 import types
 import typing
 from collections.abc import Callable
+from concurrent import futures
+from concurrent.futures import Future
 from datetime import timedelta
 from typing import Any
 
@@ -49,9 +61,10 @@ from deltabus.cluster.handler import DeltaBusHandler, TransactionHandler
 from deltabus.config import ListenerSecurity
 from deltabus.listeners import ListenerBindError
 from deltabus.offsets.group_coordinator import GroupCoordinator
+from deltabus.principal import KafkaPrincipal
 from deltabus.rpc.access import Access, acting_as
 from deltabus.rpc.authentication import Authenticator, CredentialLookup
-from deltabus.rpc.kafka import apis, sasl
+from deltabus.rpc.kafka import apis, groups, sasl, txn_apis
 from deltabus.rpc.kafka.delayed import DelayedResponse, Purgatory
 from deltabus.rpc.kafka.frames import (
     NO_TIME,
@@ -81,14 +94,14 @@ class HandlerPool:
     def __init__(self, name: str, threads_max: int) -> None:
         self._name = name
         self._threads_max = threads_max
-        self._work: queue.SimpleQueue[tuple[Callable[..., None], tuple[Any, ...]] | None] = \
+        self._work: queue.SimpleQueue[tuple[Callable[..., object], tuple[Any, ...]] | None] = \
             queue.SimpleQueue()
         self._lock = threading.Lock()
         self._threads = 0
         self._idle = 0  # threads waiting for work and not yet claimed by a submit
         self._stopped = False
 
-    def submit(self, work: Callable[..., None], *args: Any) -> None:
+    def submit(self, work: Callable[..., object], *args: Any) -> None:
         """Queue `work(*args)`; after `stop` it is dropped (its listener is closed)."""
         with self._lock:
             if self._stopped:
@@ -121,6 +134,21 @@ class HandlerPool:
                 self._idle += 1
 
 
+# Passes a request's frame on to the driver's listener, for the client at a host with a
+# principal: the driver's answer (its frame, b"" where none is due) and its throttle time in ms.
+Forward = Callable[[bytes, str, KafkaPrincipal], "Future[tuple[bytes, int]]"]
+# The forwarded requests that wait for the rest of their group, holding no handler thread.
+FORWARDED_WAITING = frozenset({groups.JOIN_GROUP, groups.SYNC_GROUP})
+
+
+def for_coordinator(key: int, request: Any) -> bool:
+    """Whether a request is the group or transaction coordinator's to answer."""
+    if key == apis.INIT_PRODUCER_ID:
+        return request.transactional_id is not None
+    return key != groups.FIND_COORDINATOR and (key in groups.SUPPORTED
+                                                or key in txn_apis.SUPPORTED)
+
+
 @dataclasses.dataclass(frozen=True)
 class _Parsed:
     """A request that passed the checks, for an API of KafkaApis."""
@@ -137,9 +165,10 @@ class _RequestHandlers:
     threads. Thread-safe."""
 
     def __init__(self, kafka_apis: apis.KafkaApis, authenticator: Authenticator | None,
-                 config: cfg.SocketServerConfig, name: str) -> None:
+                 config: cfg.SocketServerConfig, name: str, forward: Forward | None) -> None:
         self.apis = kafka_apis
         self.authenticator = authenticator
+        self.forward = forward
         self._io = HandlerPool(f"{name}-request-handler", config.num_io_threads)
         self.purgatory = Purgatory(f"{name}-purgatory")
 
@@ -169,6 +198,9 @@ class _RequestHandlers:
         frame, request.frame = request.frame, b""  # not kept while the answer waits
         try:
             parsed = self._parse(frame, session)
+            if (isinstance(parsed, _Parsed) and self.forward is not None
+                    and for_coordinator(parsed.key, parsed.body)):
+                return self._forward(request, parsed, frame)
             answer = self._call(parsed, session) if isinstance(parsed, _Parsed) else parsed
         except BadRequest as e:
             request.fail(str(e))
@@ -183,6 +215,50 @@ class _RequestHandlers:
         encoded, throttle_ms = answer if isinstance(answer, tuple) else (answer, 0)
         request.respond(encoded, last=session.close_after_answer, throttle_ms=throttle_ms)
         return throttle_ms <= 0 and not session.close_after_answer
+
+    def _forward(self, request: Request, parsed: _Parsed, frame: bytes) -> bool:
+        """Pass a coordinator's request on to the driver; answer it when the driver does."""
+        assert self.forward is not None
+        answer = self.forward(frame, request.session.host, request.session.principal)
+        if parsed.key not in FORWARDED_WAITING:
+            return self._send_forwarded(request, answer)
+        request.release()
+        answer.add_done_callback(lambda done: self._io.submit(self._send_forwarded, request,
+                                                              done))
+        return True
+
+    @staticmethod
+    def _send_forwarded(request: Request, answer: Future[tuple[bytes, int]]) -> bool:
+        try:
+            encoded, throttle_ms = answer.result()
+        except errors.DeltaBusError as e:
+            request.fail(f"the coordinator in the driver did not answer: {e.message}")
+            return False
+        request.respond(encoded or None, last=request.session.close_after_answer,
+                        throttle_ms=throttle_ms)
+        return throttle_ms <= 0 and not request.session.close_after_answer
+
+    def answer_forwarded(self, frame: bytes, principal: KafkaPrincipal, host: str,
+                         node: int) -> tuple[bytes, int]:
+        """On the driver: the answer to a request broker `node` forwards for a client it
+        authenticated (`forward`), and its throttle time in ms. Waits for a delayed answer:
+        the caller is the forwarding call's own thread."""
+        session = KafkaSession(host=host, principal=principal, authenticated=True)
+        try:
+            parsed = self._parse(frame, session)
+            if not isinstance(parsed, _Parsed):
+                return parsed, 0
+            answer = self._call(parsed, session, node)
+        except BadRequest as e:
+            raise errors.InvalidRequestError(str(e)) from None
+        if isinstance(answer, DelayedResponse):
+            futures.wait(answer.waiting_on, max(0.0, answer.deadline_s - time.monotonic()))
+            with acting_as(Access(self.apis.authorizer(), principal, host, parsed.client_id)):
+                response = answer.complete()
+            return (encode_response(parsed.correlation_id, response),
+                    throttle_time_ms(response))
+        encoded, throttle_ms = answer or (None, 0)
+        return encoded or b"", throttle_ms
 
     def _complete(self, request: Request, correlation_id: int,
                   delayed: DelayedResponse) -> None:
@@ -225,16 +301,17 @@ class _RequestHandlers:
             return encode_response(correlation_id, unsupported(key, version))
         return _Parsed(key, version, correlation_id, header.client_id or "", request)
 
-    def _call(self, parsed: _Parsed, session: KafkaSession
+    def _call(self, parsed: _Parsed, session: KafkaSession, node: int | None = None
               ) -> tuple[bytes | None, int] | DelayedResponse | None:
         """KafkaApis' answer, encoded, and its throttle time in ms (the connection is muted
-        that long once it is sent); None where none is due (acks=0)."""
+        that long once it is sent); None where none is due (acks=0). `node`: the broker that
+        forwarded the request."""
         key, version = parsed.key, parsed.version
         try:
             with acting_as(Access(self.apis.authorizer(), session.principal, session.host,
                                   parsed.client_id)):
                 response = self.apis.handle(key, version, parsed.body,
-                                            (parsed.client_id, f"/{session.host}"))
+                                            (parsed.client_id, f"/{session.host}"), node)
         except Exception as e:  # a bug: the client gets a closed connection, the log says why
             log.exception("Kafka API %d v%d failed", key, version)
             raise BadRequest(f"API {key} v{version} failed: {type(e).__name__}: {e}") from None
@@ -272,28 +349,20 @@ def unsupported(key: int, version: int) -> Any:
     return cls(**values)
 
 
-def _address(host_port: str) -> tuple[str, int] | None:
-    if not host_port:
-        return None
-    host, port = host_port.rsplit(":", 1)
-    return host, int(port)
-
-
 class KafkaListener:
     """A Kafka protocol listener in front of `handler`, on host:port (0: any free port).
     Thread-safe; its threads are its own (see the module's docstring)."""
 
     def __init__(self, host: str, port: int, handler: DeltaBusHandler, *,
-                 groups: GroupCoordinator | None = None, coordinator: str = "",
+                 groups: GroupCoordinator | None = None, forward: Forward | None = None,
                  max_request_bytes: int | None = None,
                  security: ListenerSecurity = PLAINTEXT,
                  credentials: CredentialLookup | None = None, listener: str = "",
                  socket_server: cfg.SocketServerConfig | None = None,
                  transactions: TransactionHandler | None = None) -> None:
         """`groups` and `transactions`: the group and transaction coordinators, on the
-        listener that has them (the bootstrap, which
-        then tells clients to come to itself); `coordinator`: host:port of that listener, for
-        the brokers' FindCoordinator answers; `security`: TLS and SASL; `credentials`: the
+        listener that has them (the driver's); `forward`: how a broker's listener passes
+        their requests on to the driver's; `security`: TLS and SASL; `credentials`: the
         users' SCRAM credentials a SASL listener checks; `listener`: its name (Metadata
         answers with the brokers' endpoints of it); `socket_server`: its threads and limits
         (`max_request_bytes`, where given, is its socket.request.max.bytes)."""
@@ -303,8 +372,7 @@ class KafkaListener:
                 config, socket_request_max_bytes=max_request_bytes,
                 queued_max_request_bytes=max(config.queued_max_request_bytes,
                                              max_request_bytes))
-        kafka_apis = apis.KafkaApis(handler, groups, _address(coordinator), listener,
-                                    transactions)
+        kafka_apis = apis.KafkaApis(handler, groups, listener, transactions)
         authenticator = None
         if security.uses_sasl:
             if credentials is None:
@@ -321,12 +389,8 @@ class KafkaListener:
         self.host: str = str(address[0])
         self.port: int = int(address[1])
         self.bound_port = self.port
-        if groups is not None:
-            kafka_apis.groups.coordinator_address = (self.host, self.port)
-        self._apis = kafka_apis
-        self._coordinates = groups is not None  # this listener is the group coordinator's
         self._handlers = _RequestHandlers(kafka_apis, authenticator, config,
-                                          f"kafka-{self.port}")
+                                          f"kafka-{self.port}", forward)
         self._processor = Processor(server, self._handlers.on_request, config=config,
                                     ssl_context=ssl_context, sasl_required=security.uses_sasl)
         self._thread = threading.Thread(target=self._processor.run,
@@ -334,10 +398,13 @@ class KafkaListener:
 
     def advertise(self, host: str, port: int) -> None:
         """Tell clients (host, port) for this listener rather than the bound address (Kafka's
-        advertised.listeners); on the group coordinator's listener FindCoordinator names it."""
+        advertised.listeners)."""
         self.host, self.port = host, port
-        if self._coordinates:
-            self._apis.groups.coordinator_address = (host, port)
+
+    def answer_forwarded(self, frame: bytes, principal: KafkaPrincipal, host: str,
+                         node: int) -> tuple[bytes, int]:
+        """On the driver: answer a request a broker's listener of this name forwards."""
+        return self._handlers.answer_forwarded(frame, principal, host, node)
 
     def start(self) -> KafkaListener:
         self._handlers.purgatory.start()

@@ -1,8 +1,8 @@
 """Kafka's transaction APIs (KIP-98, KIP-664) over the transaction coordinator, which lives in
-the driver beside the group coordinator: FindCoordinator (key type 1) sends producers to the
-driver's listener, whose `transactions` is the controller; a broker's listener has none and
-answers NOT_COORDINATOR, as a Kafka broker does for a transactional id it does not coordinate
-(ListTransactions: an empty list, it coordinates none).
+the driver beside the group coordinator: FindCoordinator (key type 1) names a live broker,
+whose listener passes these APIs on to the driver's, whose `transactions` is the controller
+(`listener`, Kafka's Envelope). A broker's ListTransactions lists the transactional ids
+FindCoordinator sends to it, so admin clients that ask every broker list each once.
 
 ACLs as Kafka checks them (`KafkaApis._refusal` for the whole request): WRITE on the
 transactional id for InitProducerId, AddPartitionsToTxn, AddOffsetsToTxn, EndTxn and
@@ -14,6 +14,7 @@ INVALID_PRODUCER_EPOCH to versions older than KIP-588's.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -67,6 +68,9 @@ class KafkaTxnApis:
         """`groups`: the group coordinator, which checks TxnOffsetCommit's member."""
         self._transactions = transactions
         self._groups = groups
+        # Whether broker `node` coordinates a transactional id, for a broker's
+        # ListTransactions (admin clients ask every broker and join the answers).
+        self.coordinated_by: Callable[[str, int], bool] = lambda key, node: True
         self.apis = {
             ADD_PARTITIONS_TO_TXN: self.add_partitions_to_txn,
             ADD_OFFSETS_TO_TXN: self.add_offsets_to_txn, END_TXN: self.end_txn,
@@ -182,7 +186,10 @@ class KafkaTxnApis:
             for name, parts in by_topic.items()))
 
     def list_transactions(self, version: int, request: Any,
-                          refused: errors.DeltaBusError | None = None) -> Any:
+                          refused: errors.DeltaBusError | None = None, node: int | None = None
+                          ) -> Any:
+        """The transactions the asked broker coordinates (`node`: a broker's forwarded
+        request); every one where the request came to the driver itself."""
         cls = load_response_schema(LIST_TRANSACTIONS, version)
         state_cls = nested(cls, "TransactionState")
         states = list(request.state_filters)
@@ -194,7 +201,8 @@ class KafkaTxnApis:
                 states, list(request.producer_id_filters),
                 getattr(request, "duration_filter", -1))
                 if access.allows(Operation.DESCRIBE, ResourceType.TRANSACTIONAL_ID,
-                                 t.transactional_id)]
+                                 t.transactional_id)
+                and (node is None or self.coordinated_by(t.transactional_id, node))]
         return make(cls, throttle_time=NO_TIME, error_code=error_code(refused),
                     unknown_state_filters=unknown, transaction_states=tuple(
                         make(state_cls, transactional_id=t.transactional_id,

@@ -7,6 +7,26 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class ForwardKafkaRequest(_message.Message):
+    __slots__ = ("listener", "frame", "client_host", "broker_id")
+    LISTENER_FIELD_NUMBER: _ClassVar[int]
+    FRAME_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_HOST_FIELD_NUMBER: _ClassVar[int]
+    BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    listener: str
+    frame: bytes
+    client_host: str
+    broker_id: int
+    def __init__(self, listener: _Optional[str] = ..., frame: _Optional[bytes] = ..., client_host: _Optional[str] = ..., broker_id: _Optional[int] = ...) -> None: ...
+
+class ForwardKafkaResponse(_message.Message):
+    __slots__ = ("frame", "throttle_ms")
+    FRAME_FIELD_NUMBER: _ClassVar[int]
+    THROTTLE_MS_FIELD_NUMBER: _ClassVar[int]
+    frame: bytes
+    throttle_ms: int
+    def __init__(self, frame: _Optional[bytes] = ..., throttle_ms: _Optional[int] = ...) -> None: ...
+
 class RegisterBrokerRequest(_message.Message):
     __slots__ = ("broker_id", "host", "port", "rack", "pid", "incarnation_id", "kafka_port", "listeners")
     BROKER_ID_FIELD_NUMBER: _ClassVar[int]

@@ -344,3 +344,90 @@ class TxnMarkers:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class KafkaForwardStub:
+    """Served by the controller on the driver's inter-broker listener: a broker passes on a Kafka
+    client's request for the group or transaction coordinator, which live in the driver (Kafka's
+    Envelope, KIP-590). FindCoordinator names a broker, never the driver, so Kafka clients see
+    only brokers; the broker that a client was sent to forwards the request unchanged, with the
+    principal it authenticated in the call's metadata, and sends the answer back as it comes.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Forward = channel.unary_unary(
+                '/deltabus.internal.v1.KafkaForward/Forward',
+                request_serializer=deltabus_dot_rpc_dot_v1_dot_internal__pb2.ForwardKafkaRequest.SerializeToString,
+                response_deserializer=deltabus_dot_rpc_dot_v1_dot_internal__pb2.ForwardKafkaResponse.FromString,
+                _registered_method=True)
+
+
+class KafkaForwardServicer:
+    """Served by the controller on the driver's inter-broker listener: a broker passes on a Kafka
+    client's request for the group or transaction coordinator, which live in the driver (Kafka's
+    Envelope, KIP-590). FindCoordinator names a broker, never the driver, so Kafka clients see
+    only brokers; the broker that a client was sent to forwards the request unchanged, with the
+    principal it authenticated in the call's metadata, and sends the answer back as it comes.
+    """
+
+    def Forward(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_KafkaForwardServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Forward': grpc.unary_unary_rpc_method_handler(
+                    servicer.Forward,
+                    request_deserializer=deltabus_dot_rpc_dot_v1_dot_internal__pb2.ForwardKafkaRequest.FromString,
+                    response_serializer=deltabus_dot_rpc_dot_v1_dot_internal__pb2.ForwardKafkaResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'deltabus.internal.v1.KafkaForward', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('deltabus.internal.v1.KafkaForward', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class KafkaForward:
+    """Served by the controller on the driver's inter-broker listener: a broker passes on a Kafka
+    client's request for the group or transaction coordinator, which live in the driver (Kafka's
+    Envelope, KIP-590). FindCoordinator names a broker, never the driver, so Kafka clients see
+    only brokers; the broker that a client was sent to forwards the request unchanged, with the
+    principal it authenticated in the call's metadata, and sends the answer back as it comes.
+    """
+
+    @staticmethod
+    def Forward(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/deltabus.internal.v1.KafkaForward/Forward',
+            deltabus_dot_rpc_dot_v1_dot_internal__pb2.ForwardKafkaRequest.SerializeToString,
+            deltabus_dot_rpc_dot_v1_dot_internal__pb2.ForwardKafkaResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
