@@ -3,7 +3,8 @@
     DeltaBusError                      root; `code`, `retriable`, `invalid_metadata`
     ├── one subclass per Kafka code    UnknownTopicOrPartitionError (3), NotLeaderOrFollowerError...
     │   raised by brokers and the controller, carried on the wire as `error_code` + message,
-    │   and raised again by clients from the code (`error_for_code`)
+    │   and raised again by clients from the code (`error_for_code`); InvalidRecordError (87)
+    │   also names the records of its batch at fault (`record_errors`, KIP-467)
     └── ClientError                    client-side problems with no Kafka code (closed, timeout,
                                        a Spark query's data loss)
 
@@ -16,13 +17,18 @@ every layer may raise these errors.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 __all__ = [
     "DeltaBusError",
     "ClientError",
     "DataLossError",
     "KafkaTimeoutError",
     "LogTruncationError",
+    "RecordError",
     "error_for_code",
+    "invalid_records",
     "ERRORS_BY_CODE",
 ]
 
@@ -68,10 +74,15 @@ def _kafka_error(
             "__doc__": f"Kafka error {code}, {name}.",
         },
     )
-    if code in ERRORS_BY_CODE:
-        raise AssertionError(f"error code {code} has two classes: {ERRORS_BY_CODE[code].__name__}, "
-                             f"{class_name}")
-    ERRORS_BY_CODE[code] = cls
+    return _indexed(cls)
+
+
+def _indexed(cls: type[DeltaBusError]) -> type[DeltaBusError]:
+    """Index the class of a Kafka error code by its code (one class per code)."""
+    if cls.code in ERRORS_BY_CODE:
+        raise AssertionError(f"error code {cls.code} has two classes: "
+                             f"{ERRORS_BY_CODE[cls.code].__name__}, {cls.__name__}")
+    ERRORS_BY_CODE[cls.code] = cls
     return cls
 
 
@@ -191,7 +202,48 @@ ElectionNotNeededError = _kafka_error(84, "ELECTION_NOT_NEEDED")
 NoReassignmentInProgressError = _kafka_error(85, "NO_REASSIGNMENT_IN_PROGRESS")
 # OffsetDelete of a topic the group's members subscribe to: they would commit it again.
 GroupSubscribedToTopicError = _kafka_error(86, "GROUP_SUBSCRIBED_TO_TOPIC")
-InvalidRecordError = _kafka_error(87, "INVALID_RECORD")
+
+
+@dataclass(frozen=True)
+class RecordError:
+    """One record a produce batch was refused for (KIP-467): its index in the record batch as
+    the client sent it (Kafka's batch_index), and why."""
+
+    batch_index: int
+    message: str
+
+
+class InvalidRecordError(DeltaBusError):
+    """Kafka error 87, INVALID_RECORD: a produce batch the log refuses as a whole. Where some of
+    its records are at fault, `record_errors` names each, in batch order, so a client can tell
+    them from their batch-mates (Produce v8+ answers them, KIP-467); the message names them
+    too, for the doors without that field (Produce before v8, the gRPC door)."""
+
+    code = 87
+    name = "INVALID_RECORD"
+
+    def __init__(self, message: str = "", record_errors: Sequence[RecordError] = ()) -> None:
+        super().__init__(message)
+        self.record_errors = tuple(record_errors)
+
+
+_indexed(InvalidRecordError)
+_RECORD_ERRORS_NAMED = 10  # the batch indexes an INVALID_RECORD message names; the field has all
+
+
+def invalid_records(record_errors: Sequence[RecordError]) -> InvalidRecordError:
+    """INVALID_RECORD for the records of a batch `record_errors` names (at least one). Its
+    message gives the first three distinct reasons, as Kafka's broker shows the first three
+    record errors, and which records: the doors without `record_errors` still tell them."""
+    reasons = list(dict.fromkeys(e.message for e in record_errors))
+    indexes = [str(e.batch_index) for e in record_errors[:_RECORD_ERRORS_NAMED]]
+    if len(record_errors) > _RECORD_ERRORS_NAMED:
+        indexes.append(f"... ({len(record_errors)} records in all)")
+    noun = "record" if len(record_errors) == 1 else "records"
+    return InvalidRecordError(
+        f"{'; '.join(reasons[:3])} ({noun} {', '.join(indexes)} of the batch)", record_errors)
+
+
 # SCRAM credentials (AlterUserScramCredentials / DescribeUserScramCredentials): deleting or
 # describing a credential that is not there, one credential altered twice in a request, and a
 # credential the controller will not store (an empty user name, salt or salted password, or an

@@ -74,6 +74,19 @@ def test_named_classes_carry_their_codes() -> None:
     assert errors.CorruptMessageError.code == 2
 
 
+def test_invalid_records_names_each_record_and_says_why_in_its_message() -> None:
+    """KIP-467: the error carries every record at fault; its message (what a door without the
+    field shows) gives the distinct reasons and the first indexes."""
+    refused = [errors.RecordError(i, "no key" if i % 2 else "bad value") for i in range(1, 25)]
+    error = errors.invalid_records(refused)
+    assert isinstance(error, errors.InvalidRecordError) and error.code == 87
+    assert error.record_errors == tuple(refused)
+    assert error.message == ("no key; bad value (records 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, ... "
+                             "(24 records in all) of the batch)")
+    assert errors.invalid_records(refused[:1]).message == "no key (record 1 of the batch)"
+    assert errors.error_for_code(87, "x").record_errors == ()  # off the wire: none known
+
+
 def test_client_errors_have_no_kafka_code_but_share_the_root() -> None:
     assert issubclass(errors.KafkaTimeoutError, errors.ClientError)
     assert issubclass(errors.ClientError, errors.DeltaBusError)

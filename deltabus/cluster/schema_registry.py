@@ -433,9 +433,10 @@ def check_records(schema_of: Callable[[int], ParsedSchema | None], subject: str,
     """Confluent Server's schema validation of a batch's keys or values (`what`, a binary
     column): each one present must start with the registry's wire header, name a schema
     registered under `subject` (`schema_of` gives it, None when the id is not the subject's),
-    and decode with it. Raises INVALID_RECORD naming the first record that does not; a null one
-    (a tombstone, no key) passes. Returns what they decode to, a struct per record in batch
-    order (null for a null one): a typed topic's `value_fields`.
+    and decode with it. Raises INVALID_RECORD naming every record that does not (KIP-467's
+    record errors: a client can tell them from their batch-mates); a null one (a tombstone, no
+    key) passes. Returns what they decode to, a struct per record in batch order (null for a
+    null one): a typed topic's `value_fields`.
 
     The headers are read column-wise (numpy over the column's buffers) and the records decoded
     a schema at a time, together: a bulk produce of 100,000 records spent most of its check in
@@ -443,36 +444,50 @@ def check_records(schema_of: Callable[[int], ParsedSchema | None], subject: str,
     values = payloads.combine_chunks() if isinstance(payloads, pa.ChunkedArray) else payloads
     present, schema_ids = wire_headers(values)
     bad = present & (schema_ids < 0)
-    if bad.any():
-        raise errors.InvalidRecordError(
-            f"record {int(np.argmax(bad))} of the batch to {where}: its {what} does not start "
-            f"with the schema registry's magic byte and a schema id")
+    refused = [errors.RecordError(i, f"the {what} of a record to {where} does not start with "
+                                     "the schema registry's magic byte and a schema id")
+               for i in np.flatnonzero(bad).tolist()]
+    readable = present & ~bad
     header = schemas.WIRE_HEADER.size  # read past in place: no copy of the records
     decoded: list[tuple[np.ndarray, pa.Table]] = []
-    every = bool(len(values)) and bool(present.all()) and bool((schema_ids == schema_ids[0]).all())
+    every = bool(len(values)) and bool(readable.all()) and bool(
+        (schema_ids == schema_ids[0]).all())
     # the common batch: one schema, no nulls (np.unique sorts: it costs more than the rest)
-    ids = schema_ids[:1] if every else np.unique(schema_ids[present])
+    ids = schema_ids[:1] if every else np.unique(schema_ids[readable])
     for schema_id in ids.tolist():
         places = (np.arange(len(values)) if every
-                  else np.flatnonzero(present & (schema_ids == schema_id)))
+                  else np.flatnonzero(readable & (schema_ids == schema_id)))
         schema = schema_of(schema_id)
         if schema is None:
-            raise errors.InvalidRecordError(
-                f"record {int(places[0])} of the batch to {where}: its {what}'s schema id "
-                f"{schema_id} is not registered under subject {subject}")
+            refused += [errors.RecordError(i, f"the {what} of a record to {where}: schema id "
+                                              f"{schema_id} is not registered under subject "
+                                              f"{subject}") for i in places.tolist()]
+            continue
         items = values if every else values.take(pa.array(places))
         try:
             decoded.append((places, schemas.decode(schema, items, header)))
         except ValueError:
-            for i, one in zip(places.tolist(), items.to_pylist(), strict=True):
-                try:  # which one: the error path alone goes one by one
-                    schemas.decode(schema, [one], header)
-                except ValueError as e:
-                    raise errors.InvalidRecordError(
-                        f"record {i} of the batch to {where}: its {what} does not match "
-                        f"schema id {schema_id} of subject {subject}: {e}") from None
-            raise
+            alone = _undecodable(schema, items, places, f"the {what} of a record to {where} "
+                                 f"does not match schema id {schema_id} of subject {subject}")
+            if not alone:
+                raise
+            refused += alone
+    if refused:
+        raise errors.invalid_records(sorted(refused, key=lambda e: e.batch_index))
     return in_batch_order(decoded, len(values))
+
+
+def _undecodable(schema: ParsedSchema, items: pa.Array, places: np.ndarray,
+                 why: str) -> list[errors.RecordError]:
+    """Which of `items` (the records at `places` of a batch, which failed to decode together)
+    do not decode alone: the error path alone goes one by one."""
+    out = []
+    for i, one in zip(places.tolist(), items.to_pylist(), strict=True):
+        try:
+            schemas.decode(schema, [one], schemas.WIRE_HEADER.size)
+        except ValueError as e:
+            out.append(errors.RecordError(i, f"{why}: {e}"))
+    return out
 
 
 def wire_headers(values: pa.Array) -> tuple[np.ndarray, np.ndarray]:

@@ -293,9 +293,7 @@ class PartitionLog:
                             else largest_batch_bytes(batch, batch_rows))
                 check_batch_size(size, max_message_bytes, self._name)
             if compacted and batch.column("key").null_count:
-                raise errors.InvalidRecordError(
-                    f"Compacted topic cannot accept message without key in topic partition "
-                    f"{self._name}.")
+                raise _keyless(batch.column("key"), self._name)
             if validate is not None:
                 held = self._appender.typed_types  # in the types the table's columns hold
                 typed = {name: typed_columns.conform(values, held.get(name), self._name,
@@ -804,6 +802,15 @@ def _trim_to_bytes(table: pa.Table, max_bytes: int) -> pa.Table:
         return table
     per_record = table.nbytes / table.num_rows
     return table.slice(0, max(1, int(max_bytes / per_record)))
+
+
+def _keyless(keys: pa.ChunkedArray, name: str) -> errors.InvalidRecordError:
+    """INVALID_RECORD naming each record without a key, in Kafka's words: a compacted topic
+    keeps the latest record of each key, so one without is refused (KIP-467's record errors,
+    as Kafka's LogValidator lists them)."""
+    missing = np.flatnonzero(pc.is_null(keys).to_numpy(zero_copy_only=False))
+    message = f"Compacted topic cannot accept message without key in topic partition {name}."
+    return errors.invalid_records([errors.RecordError(int(i), message) for i in missing])
 
 
 def _left_ms(deadline: float) -> int:

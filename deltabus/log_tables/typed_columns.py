@@ -7,8 +7,9 @@ widest type of their kind from the first commit (every integer as a 64-bit integ
 floating point number as a double), and every later batch is cast to the types the table
 already holds: a promotion the registry accepted lands in the same column. A value the
 table's type cannot hold (a fraction for an integer column, after an Avro int became a
-double) refuses its batch with INVALID_RECORD naming the field, before anything is queued; it
-would otherwise fail the whole group commit it joined.
+double) refuses its batch with INVALID_RECORD naming the field and each such record (KIP-467's
+record errors), before anything is queued; it would otherwise fail the whole group commit it
+joined.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import pyarrow.types as pat
 
 from deltabus import errors
 
+_CAST_ERRORS = (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError)
 _WIDEST = {pa.int8(): pa.int64(), pa.int16(): pa.int64(), pa.int32(): pa.int64(),
            pa.uint8(): pa.int64(), pa.uint16(): pa.int64(), pa.uint32(): pa.int64(),
            pa.float16(): pa.float64(), pa.float32(): pa.float64()}
@@ -60,19 +62,38 @@ def table_type(decoded: pa.DataType, held: pa.DataType | None) -> pa.DataType:
 
 def conform(values: pa.Array, held: pa.DataType | None, where: str,
             what: str = "value") -> pa.Array:
-    """`values` (a batch's decoded values, or keys: `what`) in the types a table whose typed
-    column has type `held` stores them; INVALID_RECORD naming the first field whose values the
-    table's type cannot hold (`where`: the partition, for the message)."""
+    """`values` (a batch's decoded values, or keys: `what`, one per record in batch order) in
+    the types a table whose typed column has type `held` stores them; INVALID_RECORD naming
+    the first field whose values the table's type cannot hold, and each record whose value
+    it cannot (`where`: the partition, for the message)."""
     target = table_type(values.type, held)
     if values.type.equals(target):
         return values
     try:
         return values.cast(target)
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
-        raise errors.InvalidRecordError(
-            f"{_which(_failing_field(values, target), what)} to {where} does not fit the "
-            f"type its table's column holds ({e}); a Delta column's type never "
-            "changes, so register the changed field under a new name") from e
+    except _CAST_ERRORS as e:
+        field = _which(_failing_field(values, target), what)
+
+        def why(cause: Exception) -> str:
+            return (f"{field} to {where} does not fit the type its table's column holds "
+                    f"({cause}); a Delta column's type never changes, so register the "
+                    "changed field under a new name")
+        unfit = [errors.RecordError(i, why(cause)) for i, cause in _unfit(values, target)]
+        if not unfit:  # the batch fails as a whole only: no record to name
+            raise errors.InvalidRecordError(why(e)) from e
+        raise errors.invalid_records(unfit) from e
+
+
+def _unfit(values: pa.Array, target: pa.DataType) -> list[tuple[int, Exception]]:
+    """The places of the values that do not cast to `target` alone, and why (the error path
+    alone goes one by one)."""
+    out: list[tuple[int, Exception]] = []
+    for i in range(len(values)):
+        try:
+            values.slice(i, 1).cast(target)
+        except _CAST_ERRORS as e:
+            out.append((i, e))
+    return out
 
 
 def _which(field: str | None, what: str) -> str:
@@ -90,7 +111,7 @@ def _failing_field(values: pa.Array, target: pa.DataType, path: str = "") -> str
         want = target.field(field.name).type
         try:
             flat[i].cast(want)
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+        except _CAST_ERRORS:
             name = f"{path}.{field.name}" if path else field.name
             return _failing_field(flat[i], want, name) or name
     return path or None

@@ -54,5 +54,23 @@ def test_a_batch_of_one_version_decodes_as_its_schema_types() -> None:
 def test_a_record_that_is_not_the_subjects_refuses_the_batch_naming_it(
         value: bytes, named: str) -> None:
     good = wire(1, {"id": "a", "amount": 1.0})
-    with pytest.raises(errors.InvalidRecordError, match=f"record 70 .*{named}"):
+    with pytest.raises(errors.InvalidRecordError, match=f"{named}.*record 70 of the batch") as e:
         check([good] * 70 + [value] + [good] * 5)
+    ((index, why),) = [(r.batch_index, r.message) for r in e.value.record_errors]
+    assert index == 70 and named in why and "payments-0" in why
+
+
+@pytest.mark.parametrize("copies", [1, 100])  # record by record, and column-wise
+def test_every_record_at_fault_is_named_whatever_its_fault(copies: int) -> None:
+    """KIP-467's record errors: each refused record, by its index in the batch, with its own
+    reason; the records that pass and the tombstones are not named."""
+    good = wire(1, {"id": "a", "amount": 1.0})
+    faults = {1: b"\x01\x00\x00\x00\x01", 3: wire_header(7) + b"\x02a", 4: wire_header(1) + b"\xff",
+              6: wire_header(7) + b"\x02b"}
+    batch = [faults.get(i, None if i == 5 else good) for i in range(8)] * copies
+    with pytest.raises(errors.InvalidRecordError) as e:
+        check(batch)
+    named = {r.batch_index: r.message for r in e.value.record_errors}
+    assert sorted(named) == sorted(i + 8 * c for c in range(copies) for i in faults)
+    assert "magic byte" in named[1] and "schema id 7 is not registered" in named[3]
+    assert "does not match schema id 1" in named[4] and "schema id 7" in named[6]

@@ -147,10 +147,15 @@ def test_tombstones_go_after_delete_retention_and_records_stay_until_min_lag(
 def test_a_compacted_topic_refuses_keyless_records_and_keeps_what_it_has(tmp_path: Path) -> None:
     log = PartitionLog(str(tmp_path / "l"), topic="t", partition=0)
     _append(log, [b"a"], [b"1"])
-    batch = normalize_produce(produce_batch([b"2", b"3"], keys=[b"b", None]))
+    batch = normalize_produce(produce_batch([b"2", b"3", b"4", b"5"],
+                                            keys=[b"b", None, b"c", None]))
     with pytest.raises(errors.InvalidRecordError, match="Compacted topic cannot accept message "
-                       "without key in topic partition t-0"):
+                       "without key in topic partition t-0") as refused:
         log.append(batch, leader_epoch=0, compacted=True)
+    # Each keyless record is named by its index in the batch (KIP-467); none is written.
+    assert refused.value.record_errors == tuple(errors.RecordError(
+        i, "Compacted topic cannot accept message without key in topic partition t-0.")
+        for i in (1, 3))
     assert log.read(0, 1 << 30).column("value").to_pylist() == [b"1"]
     log.close()
 

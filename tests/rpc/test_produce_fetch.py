@@ -173,6 +173,20 @@ def test_record_over_max_message_bytes_is_refused_and_nothing_written(cluster, t
     assert [r.value for r in consume_all(cluster, topic_name, 1, 2)] == [b"small", b"after"]
 
 
+def test_keyless_records_to_a_compacted_topic_are_named_in_the_refusal(cluster, topic_name):
+    """The gRPC door has no field for KIP-467's record errors: its INVALID_RECORD message names
+    the records at fault by their index in the batch as sent. Nothing of the batch is written."""
+    create(cluster, topic_name, 1, **{"cleanup.policy": "compact"})
+    table = pa.table({"key": pa.array([b"k0", None, b"k2", None, b"k4"], pa.binary()),
+                      "value": pa.array([f"v{i}".encode() for i in range(5)], pa.binary())})
+    with Producer(cluster.bootstrap_servers) as producer:
+        (future,) = producer.send_batch(topic_name, table, partition=0)
+        with pytest.raises(errors.InvalidRecordError, match="Compacted topic cannot accept "
+                           "message without key.* \\(records 1, 3 of the batch\\)"):
+            future.get(30)
+        assert producer.send(topic_name, b"v", key=b"k", partition=0).get(30).offset == 0
+
+
 def test_produce_to_unknown_topic_without_auto_create(cluster):
     producer = Producer(cluster.bootstrap_servers, allow_auto_create_topics=False, max_block_ms=500)
     with pytest.raises(errors.UnknownTopicOrPartitionError):

@@ -673,11 +673,23 @@ def _produce_response(cls: Any, pending: list[tuple[str, int, list[Any], Any]],
         by_topic.setdefault(name, []).append(make(
             partition_cls, index=index, error_code=error_code(error),
             base_offset=base_offset if error is None else -1, log_append_time=None,
-            log_start_offset=log_start, record_errors=(),
+            log_start_offset=log_start, record_errors=_record_errors(partition_cls, error),
             error_message=error.message if error else None))
     return make(cls, throttle_time=timedelta(milliseconds=throttle_ms), responses=tuple(
         make(topic_cls, name=name, partition_responses=tuple(parts))
         for name, parts in by_topic.items()))
+
+
+def _record_errors(partition_cls: Any, error: errors.DeltaBusError | None) -> tuple[Any, ...]:
+    """The records of its batch an INVALID_RECORD names, as Produce v8+ answers them (batch
+    index, message); none for other errors, and for versions without the field."""
+    if not isinstance(error, errors.InvalidRecordError) or not error.record_errors:
+        return ()
+    if "record_errors" not in {f.name for f in dataclasses.fields(partition_cls)}:
+        return ()  # before v8
+    entry_cls = nested(partition_cls, "BatchIndexAndErrorMessage")
+    return tuple(entry_cls(batch_index=e.batch_index, batch_index_error_message=e.message)
+                 for e in error.record_errors)
 
 
 def _delete_records_response(
