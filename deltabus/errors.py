@@ -159,8 +159,9 @@ InvalidProducerEpochError = _kafka_error(47, "INVALID_PRODUCER_EPOCH")
 # Transactions (KIP-98): a request out of its transaction's order (INVALID_TXN_STATE), a producer
 # id the transactional id does not have now, a transaction.timeout.ms past the coordinator's
 # transaction.max.timeout.ms, a transaction still being ended (retry), a producer whose epoch a
-# newer one took over (PRODUCER_FENCED; INVALID_PRODUCER_EPOCH for versions before KIP-588), a
-# request not tried because another part of it failed, a transactional id nobody used.
+# newer one took over (PRODUCER_FENCED; INVALID_PRODUCER_EPOCH to Produce and to versions before
+# KIP-588: fatal to clients either way), a request not tried because another part of it failed,
+# a transactional id nobody used.
 InvalidTxnStateError = _kafka_error(48, "INVALID_TXN_STATE")
 InvalidProducerIdMappingError = _kafka_error(49, "INVALID_PRODUCER_ID_MAPPING")
 InvalidTransactionTimeoutError = _kafka_error(50, "INVALID_TRANSACTION_TIMEOUT")

@@ -105,6 +105,7 @@ from deltabus.rpc.controller_channel import ControllerChannel
 from deltabus.rpc.leader_endpoint import RemoteLeaderEndpoint
 from deltabus.schemas import ParsedSchema, SchemaRegistryError
 from deltabus.scram import ScramCredential
+from deltabus.topics import validate_topic_name
 
 log = logging.getLogger(__name__)
 
@@ -518,10 +519,14 @@ class Broker:
     def produce(self, topic: str, partition: int, batch: pa.Table, *, acks: int,
                 producer: ProducerState, batch_bytes: int | None = None,
                 timeout_ms: int | None = None) -> Future[AppendResult]:
-        hosted = self._partition(topic, partition)
+        try:
+            hosted = self._partition(topic, partition)
+        except errors.UnknownTopicOrPartitionError:
+            validate_topic_name(topic)  # INVALID_TOPIC_EXCEPTION: no topic may have the name
+            raise
         leader_epoch = hosted.check_leader()
         if producer.transactional:
-            self._check_in_transaction(topic, partition, producer.producer_id)
+            self._check_in_transaction(topic, partition, producer, hosted.log)
         topic_config = self._topic_configs.get(topic) or cfg.TopicConfig()
         if acks == -1:  # nothing is appended when the ISR is already too small
             hosted.check_min_isr(topic_config.min_insync_replicas)
@@ -589,11 +594,20 @@ class Broker:
                 self._image_applied.wait(left)
         return found
 
-    def _check_in_transaction(self, topic: str, partition: int, producer_id: int) -> None:
+    def _check_in_transaction(self, topic: str, partition: int, producer: ProducerState,
+                              log: PartitionLog) -> None:
         """A transactional batch's producer must have added the partition to its transaction
         (AddPartitionsToTxn), as Kafka 3.6+ verifies (KIP-890): else INVALID_TXN_STATE. The
         coordinator's record may reach this broker's metadata just after the client heard it
-        was added, so an absent producer is waited for a little."""
+        was added, so an absent producer is waited for a little. A producer fenced since (the
+        log holds its id at a newer epoch: the marker that aborted its transaction, or its
+        successor's batch) is told INVALID_PRODUCER_EPOCH first, as Kafka's verification
+        answers it: clients take that as fenced, fatal, where INVALID_TXN_STATE would only
+        abort the zombie's transaction and let it go on."""
+        producer_id = producer.producer_id
+        if producer_id in self._image.open_transactions.get((topic, partition), frozenset()):
+            return
+        log.check_producer_epoch(producer)
         deadline = time.monotonic() + cfg.TXN_VERIFY_WAIT_MS / 1000
         with self._image_applied:
             while producer_id not in self._image.open_transactions.get(

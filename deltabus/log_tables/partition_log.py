@@ -303,6 +303,13 @@ class PartitionLog:
             return batch, e, {}
         return batch, None, typed
 
+    def check_producer_epoch(self, producer: ProducerState) -> None:
+        """INVALID_PRODUCER_EPOCH when this log knows `producer`'s id at a newer epoch: it was
+        fenced (`ProducerStateManager.check_epoch`). Nothing is taken or queued."""
+        with self._lock:
+            self._check_open()
+            self._producers.check_epoch(producer)
+
     def _check_open(self) -> None:
         if self._closed:
             raise errors.NotLeaderOrFollowerError(f"{self._name} is closed on this broker")

@@ -126,9 +126,7 @@ class ProducerStateManager:
         while True:
             entry = self._entry(producer)
             if producer.producer_epoch < entry.epoch:
-                raise errors.InvalidProducerEpochError(
-                    f"producer {producer.producer_id} epoch {producer.producer_epoch} is older "
-                    f"than {entry.epoch}")
+                raise _fenced(producer, entry.epoch)
             if producer.base_sequence < entry.next_sequence:
                 earlier = entry.earlier(producer.base_sequence, records)
                 if earlier is None:
@@ -163,6 +161,16 @@ class ProducerStateManager:
             raise errors.InvalidProducerEpochError(
                 f"the marker's epoch {producer_epoch} of producer {producer_id} is older than "
                 f"its epoch {entry.epoch} on {self._name}")
+
+    def check_epoch(self, producer: ProducerState) -> None:
+        """INVALID_PRODUCER_EPOCH when the log knows `producer`'s id at a newer epoch (a
+        successor's batch, or the coordinator's marker fencing it, was written here); nothing
+        is taken or queued. A producer the log has not seen is looked up as a batch's is."""
+        if producer.producer_id not in self._producers:
+            self._look_up(producer.producer_id)
+        entry = self._producers.get(producer.producer_id)
+        if entry is not None and producer.producer_epoch < entry.epoch:
+            raise _fenced(producer, entry.epoch)
 
     def note_copied(self, table: pa.Table) -> None:
         """Take in the producers' state from records a follower copied (offsets, producer id,
@@ -227,17 +235,28 @@ class ProducerStateManager:
         earlier leader), unless its id is above every id the table holds."""
         pid = producer.producer_id
         if pid not in self._producers:
-            if self._producer_id_max is None:
-                self._producer_id_max = producer_id_max(self._data_files())
-            if self._producer_id_max is None or pid <= self._producer_id_max:
-                written = producer_rows(self._data_files(), pid)
-                if written is not None:
-                    self.note_copied(written)
+            self._look_up(pid)
             self._raise_producer_id_max(pid)  # its batch is about to be queued
         entry = self._producers.get(pid)
         if entry is None or producer.producer_epoch > entry.epoch:
             entry = self._producers[pid] = ProducerEntry(producer.producer_epoch, 0)
         return entry
+
+    def _look_up(self, producer_id: int) -> None:
+        """Take in what the table holds of a producer the log has not seen since it opened,
+        unless its id is above every id the table holds."""
+        if self._producer_id_max is None:
+            self._producer_id_max = producer_id_max(self._data_files())
+        if self._producer_id_max is None or producer_id <= self._producer_id_max:
+            written = producer_rows(self._data_files(), producer_id)
+            if written is not None:
+                self.note_copied(written)
+
+
+def _fenced(producer: ProducerState, epoch: int) -> errors.DeltaBusError:
+    """INVALID_PRODUCER_EPOCH for a batch of `producer` where its id has `epoch` now."""
+    return errors.InvalidProducerEpochError(
+        f"producer {producer.producer_id} epoch {producer.producer_epoch} is older than {epoch}")
 
 
 def producer_id_max(files: Iterable[pq.ParquetFile]) -> int | None:

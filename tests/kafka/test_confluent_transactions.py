@@ -10,8 +10,9 @@ import subprocess
 import sys
 import time
 
+import pytest
 from confluent_kafka import Consumer as KafkaConsumer
-from confluent_kafka import KafkaException, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from confluent_kafka import Producer as KafkaProducer
 
 from deltabus import AdminClient, NewTopic
@@ -157,6 +158,42 @@ def test_a_second_producer_fences_the_first_and_aborts_its_transaction(cluster,
     got = read(cluster, topic_name, "read_committed", until={f"alive-{i}".encode()
                                                                for i in range(4)})
     assert sorted(got) == sorted(f"alive-{i}".encode() for i in range(4))
+
+
+FENCED = {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
+
+
+def test_a_fenced_producers_next_produce_is_a_fatal_error(cluster, topic_name) -> None:
+    """The zombie's next batch after a second producer took its transactional.id over (to a
+    partition its aborted transaction held) is answered INVALID_PRODUCER_EPOCH, as Kafka's
+    broker answers it, which librdkafka takes as fenced: a fatal error, so the zombie stops
+    rather than aborting and going on. The new producer's transaction commits, and
+    read_committed readers see its records alone."""
+    with AdminClient(cluster.bootstrap_servers) as admin:
+        admin.create_topics([NewTopic(topic_name, 1, 3)])
+    zombie = transactional_producer(cluster, f"{topic_name}-tx")
+    zombie.init_transactions(60)
+    zombie.begin_transaction()
+    for i in range(3):
+        zombie.produce(topic_name, value=f"zombie-{i}".encode(), partition=0)
+    assert zombie.flush(60) == 0
+    alive = transactional_producer(cluster, f"{topic_name}-tx")
+    alive.init_transactions(60)  # aborts the zombie's transaction under a new epoch
+    with pytest.raises(KafkaException) as fenced:  # librdkafka raises a fatal error at once
+        zombie.produce(topic_name, value=b"zombie-late", partition=0)
+        zombie.flush(60)
+    with pytest.raises(KafkaException) as at_commit:
+        zombie.commit_transaction(30)
+    for error in (fenced.value.args[0], at_commit.value.args[0]):
+        assert error.fatal() and not error.txn_requires_abort(), error
+        assert error.code() in FENCED, error
+    assert "old epoch" in fenced.value.args[0].str()  # INVALID_PRODUCER_EPOCH's description
+    alive.begin_transaction()
+    for i in range(3):
+        alive.produce(topic_name, value=f"alive-{i}".encode(), partition=0)
+    alive.commit_transaction(60)
+    wanted = {f"alive-{i}".encode() for i in range(3)}
+    assert sorted(read(cluster, topic_name, "read_committed", until=wanted)) == sorted(wanted)
 
 
 CRASHING_PRODUCER = """

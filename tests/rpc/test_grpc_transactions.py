@@ -142,3 +142,31 @@ def test_a_second_producer_fences_the_first(cluster, topic_name) -> None:
         second.close()
     got = values_read(cluster, topic_name, 2, "read_committed", 4)
     assert sorted(got) == sorted(f"alive-{i}".encode() for i in range(4))
+
+
+def test_a_fenced_producers_next_batch_is_refused_as_fenced(cluster, topic_name) -> None:
+    """The zombie's batch after its successor's init_transactions gets INVALID_PRODUCER_EPOCH
+    (as from Kafka's broker), not INVALID_TXN_STATE: a fatal error, so every later call of the
+    zombie raises it; the successor commits and readers see its records alone."""
+    with AdminClient(cluster.bootstrap_servers) as admin:
+        admin.create_topics([NewTopic(topic_name, 1, 3)])
+    zombie = Producer(cluster.bootstrap_servers, transactional_id=f"{topic_name}-tx")
+    alive = Producer(cluster.bootstrap_servers, transactional_id=f"{topic_name}-tx")
+    try:
+        zombie.init_transactions()
+        zombie.begin_transaction()
+        zombie.send(topic_name, b"zombie-0", partition=0).get(30)
+        alive.init_transactions()  # aborts the zombie's transaction under a new epoch
+        with pytest.raises(errors.InvalidProducerEpochError):
+            zombie.send(topic_name, b"zombie-1", partition=0).get(30)
+        with pytest.raises(errors.InvalidProducerEpochError):
+            zombie.commit_transaction()  # fatal: not abortable
+        with pytest.raises(errors.InvalidProducerEpochError):
+            zombie.abort_transaction()
+        alive.begin_transaction()
+        alive.send(topic_name, b"alive-0", partition=0)
+        alive.commit_transaction()
+    finally:
+        zombie.close()
+        alive.close()
+    assert values_read(cluster, topic_name, 1, "read_committed", 1) == [b"alive-0"]
