@@ -1,4 +1,5 @@
-"""Kafka's rules for topic names (Topic.validate), applied by the controller and the CLI."""
+"""Kafka's rules for topic names (Topic.validate), applied by the controller, the brokers, the
+doors' Metadata and the CLI."""
 
 from __future__ import annotations
 
@@ -28,6 +29,19 @@ def validate_topic_name(name: str) -> None:
             f"Topic name \"{name}\" is illegal, it contains a character other than ASCII "
             "alphanumerics, '.', '_' and '-'"
         )
+
+
+def illegal_topic_name(name: str) -> errors.DeltaBusError | None:
+    """INVALID_TOPIC_EXCEPTION, with Kafka's message, for a name no topic may have; else None.
+
+    Kafka answers a request naming such a topic so rather than UNKNOWN_TOPIC_OR_PARTITION:
+    clients fail it at once (it is not retriable), where an unknown topic has them wait for it
+    until they time out, and this one can never appear."""
+    try:
+        validate_topic_name(name)
+    except errors.InvalidTopicError as e:
+        return e
+    return None
 
 
 def has_collision_chars(name: str) -> bool:

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from deltabus import errors
 from deltabus.config import TOPIC_NAME_LENGTH_MAX
-from deltabus.topics import has_collision_chars, validate_topic_name
+from deltabus.topics import has_collision_chars, illegal_topic_name, validate_topic_name
 
 LEGAL = [
     "a",
@@ -60,6 +60,17 @@ def test_illegal_names_raise_invalid_topic(name: str) -> None:
     with pytest.raises(errors.InvalidTopicError) as info:
         validate_topic_name(name)
     assert info.value.code == 17
+
+
+@pytest.mark.parametrize("name", ILLEGAL + LEGAL, ids=repr)
+def test_illegal_topic_name_is_the_error_a_request_naming_it_gets(name: str) -> None:
+    """What Metadata answers for a name (INVALID_TOPIC_EXCEPTION, not retriable, so clients
+    stop at once) is exactly what validate_topic_name refuses."""
+    error = illegal_topic_name(name)
+    if name in LEGAL:
+        assert error is None
+    else:
+        assert isinstance(error, errors.InvalidTopicError) and not error.retriable
 
 
 def test_length_limit_is_kafkas() -> None:

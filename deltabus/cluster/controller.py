@@ -121,6 +121,7 @@ from deltabus.quotas import (
 from deltabus.records import ProducerState
 from deltabus.rpc.txn_markers import TxnMarkerClient
 from deltabus.scram import ScramCredential
+from deltabus.topics import validate_topic_name
 
 log = logging.getLogger(__name__)
 
@@ -408,7 +409,10 @@ class Controller:
     def _check_topic_dir(self, name: str) -> None:
         """Refuse to create a topic whose directory holds files: a deleted topic's tables whose
         removal did not finish (the controller stopped, or brokers still had them open), or on
-        a case-insensitive file system another topic's. Deleting them would lose records."""
+        a case-insensitive file system another topic's. Deleting them would lose records.
+        An illegal name is INVALID_TOPIC_EXCEPTION first, as Kafka checks names before all
+        else: its path would be no topic's ("..": the folder above the topics)."""
+        validate_topic_name(name)
         path = topic_path(self._config.root, name)
         if self._storage.exists(path):
             raise errors.TopicAlreadyExistsError(
@@ -1206,6 +1210,7 @@ class ControllerHandler:
     def produce(self, topic: str, partition: int, batch: pa.Table, *, acks: int,
                 producer: ProducerState, batch_bytes: int | None = None,
                 timeout_ms: int | None = None) -> Future[AppendResult]:
+        validate_topic_name(topic)  # as a broker: INVALID_TOPIC_EXCEPTION for an illegal name
         raise self._not_leader(topic, partition)
 
     def delete_records(self, topic: str, partition: int, offset: int) -> Future[int]:

@@ -21,6 +21,7 @@ from deltabus.metadata import MetadataImage, TopicResult
 from deltabus.principal import ANONYMOUS, KafkaPrincipal
 from deltabus.rpc.call_authentication import current_principal
 from deltabus.rpc.channel import CLIENT_ID_KEY
+from deltabus.topics import illegal_topic_name
 
 # What ACLs on a topic can allow (Kafka's AclEntry.supportedOperations(TOPIC)).
 TOPIC_OPERATIONS = (Operation.READ, Operation.WRITE, Operation.CREATE, Operation.DELETE,
@@ -136,9 +137,11 @@ def authorized_metadata(handler: DeltaBusHandler, access: Access, topics: list[s
                         ) -> tuple[MetadataImage, dict[str, errors.DeltaBusError]]:
     """Kafka's Metadata under ACLs: a named topic the caller may not DESCRIBE is refused
     (TOPIC_AUTHORIZATION_FAILED), a missing one is created only if the caller may CREATE it,
-    and a listing of every topic shows only those the caller may DESCRIBE. An auto-creation
+    and a listing of every topic shows only those the caller may DESCRIBE. A name no topic may
+    have is INVALID_TOPIC_EXCEPTION, as in Kafka, and never auto-created. An auto-creation
     the controller refuses whole (POLICY_VIOLATION) is each missing topic's answer."""
     refused = {t: e for t in topics if (e := access.topic(Operation.DESCRIBE, t))}
+    refused.update({t: e for t in topics if t not in refused and (e := illegal_topic_name(t))})
     named = [t for t in topics if t not in refused]
     if topics and not named:
         image = handler.metadata([], False)
