@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import secrets
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Mapping
+from dataclasses import Field, asdict, dataclass, field, fields, replace
 from functools import cached_property
 from typing import Any
 
@@ -177,6 +179,13 @@ class TopicConfig:
     value_schema_subject: str = ""
     # Likewise its keys' subject: the decoded keys in records.KEY_FIELDS (a null key passes).
     key_schema_subject: str = ""
+    # Deprecated in Kafka 3 and gone in 4.0, yet taken and described as Kafka 3 does (its
+    # defaults), so tools written for 3.x clusters keep working. They change nothing: deltabus
+    # stores one record format and never down-converts a fetch, as Kafka 3 ignores the format
+    # version once its inter.broker.protocol.version is 3.0. Kafka's CreateTopics and
+    # AlterConfigs answers have no place for a warning, so none is sent.
+    message_format_version: str = "3.0-IV1"
+    message_downconversion_enable: bool = True
 
     @property
     def deletes(self) -> bool:
@@ -202,6 +211,7 @@ class ConfigDef:
     minimum: int | None = None
     maximum: int | None = None
     choices: tuple[str, ...] = ()
+    kafka_version: bool = False  # a STRING naming a Kafka version ("2.8", "3.0-IV1")
 
 
 _INT_MAX = 2**31 - 1
@@ -241,6 +251,15 @@ TOPIC_CONFIGS: dict[str, ConfigDef] = {d.name: d for d in (
     ConfigDef("max.message.bytes", "max_message_bytes", "INT", "message.max.bytes",
               "the largest record batch a produce may carry", minimum=1,
               maximum=REQUEST_MAX_BYTES),
+    ConfigDef("message.downconversion.enable", "message_downconversion_enable", "BOOLEAN",
+              "log.message.downconversion.enable",
+              "[DEPRECATED] Kafka 3's switch for down-converting fetches to the record formats "
+              "of old consumers; taken and ignored: deltabus never down-converts"),
+    ConfigDef("message.format.version", "message_format_version", "STRING",
+              "log.message.format.version",
+              "[DEPRECATED] the record format Kafka brokers before 3.0 appended; taken and "
+              "ignored, as Kafka 3 ignores it: deltabus stores one format",
+              kafka_version=True),
     ConfigDef("message.timestamp.type", "message_timestamp_type", "STRING",
               "log.message.timestamp.type",
               "CreateTime: the producer's timestamp; LogAppendTime: the broker's",
@@ -266,6 +285,16 @@ TOPIC_CONFIGS: dict[str, ConfigDef] = {d.name: d for d in (
               "unclean.leader.election.enable",
               "elect an out-of-sync replica when no in-sync one is alive (may lose data)"),
 )}
+
+
+# The broker configs that set the cluster's defaults of topic configs, by their
+# server.properties names: each topic config's broker synonym where it has a name of its own
+# (log.retention.ms sets retention.ms, message.max.bytes max.message.bytes). Of those of the
+# same name, min.insync.replicas and unclean.leader.election.enable are ClusterConfig fields;
+# the schema configs are per topic; a cluster-wide compression.type is not taken, as the
+# Kafka door compresses fetch answers by a topic's own override only.
+TOPIC_DEFAULT_CONFIGS: dict[str, str] = {
+    d.broker_name: d.name for d in TOPIC_CONFIGS.values() if d.broker_name != d.name}
 
 
 def _parse(definition: ConfigDef, raw: str, *, stored: bool = False) -> Any:
@@ -307,7 +336,14 @@ def _parse(definition: ConfigDef, raw: str, *, stored: bool = False) -> Any:
         return ",".join(dict.fromkeys(items))
     if definition.choices and text not in definition.choices:
         raise invalid(f"String must be one of: {allowed}")
+    if definition.kafka_version and not _KAFKA_VERSION.fullmatch(text):
+        raise invalid(f"Version `{text}` is not a valid version")
     return text
+
+
+# A version as Kafka 3's validator of message.format.version takes it: 0.8.0 to 0.11.0 with
+# three numbers, 1.0 to 3.x with two, each maybe followed by more numbers or an -IVn.
+_KAFKA_VERSION = re.compile(r"(0\.(8|9|10|11)\.\d+|[1-3]\.\d+)(\.\d+)*(-IV\d+)?")
 
 
 def _definition(key: str) -> ConfigDef:
@@ -740,6 +776,10 @@ class ClusterConfig:
     # Cluster defaults for the topic configs of the same name.
     min_insync_replicas: int = 1
     unclean_leader_election_enable: bool = False
+    # The cluster's defaults of other topic configs, by topic config name ({"retention.ms":
+    # "86400000"}): what Kafka's log.retention.ms & co. set (TOPIC_DEFAULT_CONFIGS). A topic's
+    # own overrides win over them.
+    topic_config_defaults: dict[str, str] = field(default_factory=dict, hash=False)
     # Consumer groups (Kafka's group.* and offsets.* broker configs).
     group: GroupConfig = field(default_factory=lambda: GroupConfig())
     # How each Kafka listener serves its connections (num.io.threads, max.connections, ...).
@@ -751,10 +791,16 @@ class ClusterConfig:
     def __post_init__(self) -> None:
         if self.brokers < 1:
             raise ValueError(f"brokers must be at least 1, not {self.brokers}")
-        for name in ("auto_create_topics_per_request_max", "max_topics", "max_partitions",
+        for name in ("num_partitions", "default_replication_factor", "min_insync_replicas",
+                     "auto_create_topics_per_request_max", "max_topics", "max_partitions",
                      "log_append_threads", "grpc_threads", "grpc_long_polls_max"):
             if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, not {getattr(self, name)}")
+                raise ValueError(f"{name.replace('_', '.')} must be at least 1, not "
+                                 f"{getattr(self, name)}")
+        if self.num_partitions > PARTITIONS_MAX:
+            raise ValueError(f"num.partitions must be at most {PARTITIONS_MAX}, not "
+                             f"{self.num_partitions}")
+        self._check_topic_config_defaults()
         if self.broker_heartbeat_interval_ms * 2 > self.broker_session_timeout_ms:
             raise ValueError("broker session timeout must cover at least two heartbeats")
         if self.group_commit_bytes_max > self.log_cache_bytes_max:
@@ -774,6 +820,18 @@ class ClusterConfig:
         listeners = self.listener_config()
         for listener in listeners.grpc + listeners.kafka:
             self.listener_security(listener.security_protocol)  # TLS listeners have their keys
+
+    def _check_topic_config_defaults(self) -> None:
+        """InvalidConfigError for a topic config default that is no config's, or that is not
+        one the cluster sets (TOPIC_DEFAULT_CONFIGS), or of a bad value."""
+        settable = set(TOPIC_DEFAULT_CONFIGS.values())
+        for name in self.topic_config_defaults:
+            if name not in settable:
+                raise errors.InvalidConfigError(
+                    f"{name} has no cluster default in deltabus; the cluster sets those of "
+                    f"{', '.join(sorted(settable))} (and min.insync.replicas, "
+                    "unclean.leader.election.enable)")
+        topic_config(self.topic_config_defaults)
 
     @cached_property
     def storage(self) -> Storage:
@@ -815,9 +873,16 @@ class ClusterConfig:
 
     def topic_defaults(self) -> TopicConfig:
         """What a topic without overrides gets: Kafka's defaults, and this cluster's settings
-        for the configs a broker sets (min.insync.replicas, unclean.leader.election.enable)."""
-        return TopicConfig(min_insync_replicas=self.min_insync_replicas,
-                           unclean_leader_election_enable=self.unclean_leader_election_enable)
+        for the configs a broker sets (min.insync.replicas, unclean.leader.election.enable,
+        topic_config_defaults)."""
+        return self._topic_defaults
+
+    @cached_property
+    def _topic_defaults(self) -> TopicConfig:
+        """Parsed once per config: every topic's effective config starts from it."""
+        return replace(topic_config(self.topic_config_defaults),
+                       min_insync_replicas=self.min_insync_replicas,
+                       unclean_leader_election_enable=self.unclean_leader_election_enable)
 
     def topic_config(self, overrides: dict[str, str]) -> TopicConfig:
         """A topic's effective config: its stored overrides over the cluster defaults."""
@@ -843,6 +908,103 @@ class ClusterConfig:
             source, _, value = synonyms[0]
             entries.append(ConfigEntry(name, value, source, tuple(synonyms), d.type, d.doc))
         return entries
+
+
+@dataclass(frozen=True)
+class BrokerConfigDef:
+    """A broker config deltabus takes, by its server.properties name: where it goes in a
+    ClusterConfig (`part`: "cluster" for a field of its own, "group" or "socket_server" for a
+    field of those, "topic" for a topic config's cluster default), that field or topic
+    config (`key`), and its type as Kafka names it."""
+
+    name: str
+    part: str
+    key: str
+    type: str
+
+
+# ClusterConfig fields that are Kafka broker configs of their name with dots (num_partitions
+# is num.partitions), and deltabus's own limits its POLICY_VIOLATION messages name so.
+# leader.imbalance.check.interval.ms stands for Kafka's .seconds (COARSE_BROKER_CONFIGS).
+_CLUSTER_BROKER_FIELDS = (
+    "num_partitions", "default_replication_factor", "auto_create_topics_enable",
+    "min_insync_replicas", "unclean_leader_election_enable", "auto_leader_rebalance_enable",
+    "leader_imbalance_check_interval_ms", "log_retention_check_interval_ms",
+    "replica_lag_time_max_ms", "replica_fetch_wait_max_ms", "replica_fetch_max_bytes",
+    "replica_fetch_response_max_bytes", "replica_fetch_backoff_ms",
+    "broker_heartbeat_interval_ms", "broker_session_timeout_ms",
+    "auto_create_topics_per_request_max", "max_topics", "max_partitions")
+# Kafka's names in coarser units, finest first: the millisecond config each stands for and
+# the milliseconds of its unit. Given together, the finest wins, as in Kafka; a negative
+# retention in any unit is -1 (forever), as Kafka reads it.
+COARSE_BROKER_CONFIGS: dict[str, tuple[str, int]] = {
+    "log.retention.minutes": ("log.retention.ms", 60_000),
+    "log.retention.hours": ("log.retention.ms", 3_600_000),
+    "leader.imbalance.check.interval.seconds": ("leader.imbalance.check.interval.ms", 1_000),
+}
+
+
+def _broker_config_defs() -> dict[str, BrokerConfigDef]:
+    """Every broker config of BROKER_CONFIGS: ClusterConfig's of _CLUSTER_BROKER_FIELDS, every
+    GroupConfig and SocketServerConfig field (Kafka's group.*, offsets.* and listener limits,
+    named as Kafka names them), and TOPIC_DEFAULT_CONFIGS."""
+    def of(part: str, f: Field[Any]) -> BrokerConfigDef:
+        kind = ("BOOLEAN" if f.type == "bool" else "LONG" if f.name.endswith("_ms")
+                else "INT")
+        return BrokerConfigDef(f.name.replace("_", "."), part, f.name, kind)
+
+    defs = [of("cluster", f) for f in fields(ClusterConfig) if f.name in _CLUSTER_BROKER_FIELDS]
+    defs += [of("group", f) for f in fields(GroupConfig)]
+    defs += [of("socket_server", f) for f in fields(SocketServerConfig)]
+    defs += [BrokerConfigDef(name, "topic", topic, TOPIC_CONFIGS[topic].type)
+             for name, topic in TOPIC_DEFAULT_CONFIGS.items()]
+    return {d.name: d for d in defs}
+
+
+BROKER_CONFIGS = _broker_config_defs()
+
+
+def broker_settings(properties: Mapping[str, str], *, source: str = "") -> dict[str, Any]:
+    """ClusterConfig keyword arguments of broker configs by their server.properties names
+    ({"num.partitions": "3"} gives num_partitions=3), as `cluster start --override` and the
+    Spark conf's spark.deltabus.NAME give them. Raises InvalidConfigError in one line naming
+    every name deltabus does not take (each after `source`, where it was given), or a bad
+    value with Kafka's message; a value out of a field's range is ClusterConfig's ValueError
+    (GroupConfig's and SocketServerConfig's are raised here)."""
+    taken = set(BROKER_CONFIGS) | set(COARSE_BROKER_CONFIGS)
+    unknown = sorted(source + name for name in properties if name not in taken)
+    if unknown:
+        verb = "is not a broker config" if len(unknown) == 1 else "are not broker configs"
+        raise errors.InvalidConfigError(
+            f"{', '.join(unknown)} {verb} deltabus takes; it takes {', '.join(sorted(taken))}")
+    parts: dict[str, dict[str, Any]] = {"cluster": {}, "group": {}, "socket_server": {},
+                                        "topic": {}}
+    for name, raw in _in_finest_units(properties).items():
+        d = BROKER_CONFIGS[name]
+        if d.part == "topic":  # checked as the topic config, named as the broker's
+            definition = replace(TOPIC_CONFIGS[d.key], name=name)
+            parts["topic"][d.key] = render(_parse(definition, raw))
+        else:
+            parts[d.part][d.key] = _parse(ConfigDef(name, d.key, d.type, name, ""), raw)
+    settings = dict(parts["cluster"])
+    if parts["group"]:
+        settings["group"] = GroupConfig(**parts["group"])
+    if parts["socket_server"]:
+        settings["socket_server"] = SocketServerConfig(**parts["socket_server"])
+    if parts["topic"]:
+        settings["topic_config_defaults"] = parts["topic"]
+    return settings
+
+
+def _in_finest_units(properties: Mapping[str, str]) -> dict[str, str]:
+    """`properties` with Kafka's coarser units (log.retention.hours) as the millisecond
+    configs they stand for, unless a finer one is given (COARSE_BROKER_CONFIGS)."""
+    out = {k: v for k, v in properties.items() if k not in COARSE_BROKER_CONFIGS}
+    for name, (fine, unit_ms) in COARSE_BROKER_CONFIGS.items():
+        if name in properties and fine not in out:
+            count = _parse(ConfigDef(name, "", "LONG", name, ""), properties[name])
+            out[fine] = str(count * unit_ms if count >= 0 else -1)
+    return out
 
 
 def _check_relations() -> None:

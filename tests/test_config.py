@@ -22,6 +22,7 @@ from deltabus.config import (
     SocketServerConfig,
     TopicConfig,
     altered_overrides,
+    broker_settings,
     topic_config,
 )
 
@@ -233,3 +234,73 @@ def test_a_delay_the_cleaner_adds_to_the_clock_cannot_overflow_it() -> None:
     assert int(time.time() * 1000) + bound < 2**63 // 1000  # microseconds fit too
     stored = ClusterConfig(root="/tmp/x").topic_config({"file.delete.delay.ms": str(2**63 - 1)})
     assert stored.file_delete_delay_ms == bound
+
+
+@pytest.mark.parametrize("version", ["0.10.2", "0.11.0-IV2", "2.8", "2.8-IV1", "3.0-IV1"])
+def test_a_kafka_3_deprecated_message_format_version_is_taken_and_changes_nothing(
+        version: str) -> None:
+    """message.format.version and message.downconversion.enable (deprecated in Kafka 3, gone in
+    4.0) are taken as Kafka 3 takes them, so tools written for 3.x clusters work; deltabus
+    writes one record format and never down-converts, so they change nothing but themselves."""
+    config = topic_config({"message.format.version": version,
+                           "message.downconversion.enable": "false"})
+    assert config == TopicConfig(message_format_version=version,
+                                 message_downconversion_enable=False)
+    assert TOPIC_CONFIGS["message.format.version"].broker_name == "log.message.format.version"
+    assert TopicConfig().message_format_version == "3.0-IV1"  # Kafka 3's default
+    with pytest.raises(errors.InvalidConfigError, match="message.format.version"):
+        topic_config({"message.format.version": "soon"})
+
+
+def test_broker_configs_by_their_server_properties_names_set_the_cluster() -> None:
+    """Kafka's broker configs deltabus implements, by their server.properties names, become
+    ClusterConfig keyword arguments: its own fields, the group coordinator's and the Kafka
+    listeners' limits, and the cluster defaults of topic configs (log.retention.ms for
+    retention.ms, in Kafka's coarser units too, the finest given winning as in Kafka)."""
+    settings = broker_settings({
+        "num.partitions": "3", "default.replication.factor": "2",
+        "auto.create.topics.enable": "FALSE", "min.insync.replicas": "2",
+        "leader.imbalance.check.interval.seconds": "30", "group.max.size": "50",
+        "offsets.retention.minutes": "60", "num.io.threads": "4",
+        "log.retention.hours": "24", "log.cleanup.policy": "compact",
+        "message.max.bytes": "2000000", "log.message.format.version": "2.8"})
+    config = ClusterConfig(root="unused", **settings)
+    assert (config.num_partitions, config.default_replication_factor) == (3, 2)
+    assert (config.auto_create_topics_enable, config.min_insync_replicas) == (False, 2)
+    assert config.leader_imbalance_check_interval_ms == 30_000
+    assert (config.group.group_max_size, config.group.offsets_retention_minutes) == (50, 60)
+    assert config.socket_server == SocketServerConfig(num_io_threads=4)
+    defaults = config.topic_defaults()
+    assert (defaults.retention_ms, defaults.cleanup_policy) == (24 * 3_600_000, "compact")
+    assert (defaults.max_message_bytes, defaults.min_insync_replicas) == (2_000_000, 2)
+    assert config.topic_config({"retention.ms": "5"}).retention_ms == 5  # a topic's own wins
+    retention = {e.name: e for e in config.describe_topic_config({})}["retention.ms"]
+    assert (retention.value, retention.source) == ("86400000", "STATIC_BROKER_CONFIG")
+    assert retention.synonyms[0] == ("STATIC_BROKER_CONFIG", "log.retention.ms", "86400000")
+    finest = broker_settings({"log.retention.hours": "1", "log.retention.minutes": "2",
+                              "log.retention.ms": "3"})
+    assert finest == {"topic_config_defaults": {"retention.ms": "3"}}
+    assert broker_settings({"log.retention.hours": "1", "log.retention.minutes": "2"}) == {
+        "topic_config_defaults": {"retention.ms": "120000"}}
+
+
+@pytest.mark.parametrize(("properties", "says"), [
+    ({"num.network.threads": "3", "log.dirs": "/tmp", "num.partitions": "1"},
+     "log.dirs, num.network.threads are not broker configs deltabus takes"),
+    ({"compression.type": "zstd"}, "compression.type is not a broker config deltabus takes"),
+    ({"num.partitions": "three"},
+     "Invalid value three for configuration num.partitions: Not a number of type INT"),
+    ({"log.retention.ms": "soon"},
+     "Invalid value soon for configuration log.retention.ms: Not a number of type LONG"),
+    ({"auto.create.topics.enable": "no"},
+     "Invalid value no for configuration auto.create.topics.enable: Expected value to be "
+     "either true or false"),
+    ({"num.partitions": "0"}, "num.partitions must be at least 1, not 0"),
+    ({"default.replication.factor": "0"}, "default.replication.factor must be at least 1"),
+])
+def test_a_broker_config_deltabus_does_not_take_is_one_line_naming_it(
+        properties: dict[str, str], says: str) -> None:
+    with pytest.raises((errors.InvalidConfigError, ValueError)) as refused:
+        ClusterConfig(root="unused", **broker_settings(properties))
+    message = str(refused.value)
+    assert says in message and "\n" not in message, message

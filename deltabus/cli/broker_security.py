@@ -14,10 +14,11 @@ may do what, and the first users, with the names Kafka gives them.
                                         kafka-storage format's flag: a user made at start
     --override key=value                kafka-server-start.sh's: the same settings by their
                                         server.properties names (a flag wins over it), and
-                                        auto.create.topics.enable=false and the Kafka
-                                        listeners' limits (max.connections.per.ip=100,
-                                        connections.max.idle.ms, num.io.threads, ...:
-                                        cfg.SocketServerConfig), which have no flags
+                                        every other broker config deltabus implements
+                                        (num.partitions=3, default.replication.factor=2,
+                                        auto.create.topics.enable=false, log.retention.hours,
+                                        max.connections.per.ip, ...: cfg.BROKER_CONFIGS),
+                                        which have no flags
 
 Named listeners (deltabus.listeners), instead of one protocol for the two doors:
 
@@ -43,11 +44,11 @@ from __future__ import annotations
 
 import argparse
 import re
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 from deltabus import config as cfg
-from deltabus import scram
+from deltabus import errors, scram
 from deltabus.cli.options import CliError, parse_bool, parse_properties
 from deltabus.listeners import ListenerConfig
 
@@ -71,12 +72,10 @@ OVERRIDES = {
     "listener.security.protocol.map": "listener_security_protocol_map",
     "inter.broker.listener.name": "inter_broker_listener_name",
     "controller.listener.names": "controller_listener_names",
-    # Not security, but a broker setting a hardened cluster turns off: --override only.
-    "auto.create.topics.enable": "auto_create_topics_enable",
 }
-# The Kafka listeners' limits by their server.properties names: SocketServerConfig's fields.
-SOCKET_SERVER_OVERRIDES = {f.name.replace("_", "."): f.name
-                           for f in fields(cfg.SocketServerConfig)}
+# Every other broker config deltabus takes (num.partitions, auto.create.topics.enable, the
+# Kafka listeners' limits, ...) has no flag: --override only, read by cfg.broker_settings.
+BROKER_OVERRIDES = (*cfg.BROKER_CONFIGS, *cfg.COARSE_BROKER_CONFIGS)
 # The settings of named listeners: ListenerConfig.parse's keywords.
 LISTENER_SETTINGS = ("listeners", "advertised_listeners", "grpc_listeners",
                      "grpc_advertised_listeners", "listener_security_protocol_map",
@@ -143,15 +142,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def cluster_settings(args: argparse.Namespace, bootstrap: tuple[str, int] = (
         cfg.DEFAULT_HOST, cfg.DEFAULT_BOOTSTRAP_PORT)) -> dict[str, Any]:
-    """Cluster(...) keyword arguments of the security and listener flags: {} when none was
-    given, so a plain start is exactly what it was. `bootstrap`: the gRPC door's address when
-    only Kafka listeners are named. Raises CliError or InvalidConfigError (one line)."""
+    """Cluster(...) keyword arguments of the security and listener flags and the other
+    broker configs' --overrides: {} when none was given, so a plain start is exactly what it
+    was. `bootstrap`: the gRPC door's address when only Kafka listeners are named. Raises
+    CliError or InvalidConfigError (one line)."""
     given = _given(args)
-    limits = {key: given.pop(key) for key in list(given) if key in SOCKET_SERVER_OVERRIDES}
-    settings: dict[str, Any] = {"socket_server": socket_server(limits)} if limits else {}
-    if "auto_create_topics_enable" in given:
-        settings["auto_create_topics_enable"] = _kafka_bool(
-            "auto.create.topics.enable", given.pop("auto_create_topics_enable"))
+    settings = broker_settings({key: given.pop(key) for key in list(given)
+                                if key in BROKER_OVERRIDES})
     if not given:
         return settings
     named = listener_config(given, args, bootstrap)
@@ -218,9 +215,9 @@ def _given(args: argparse.Namespace) -> dict[str, str]:
             raise CliError(f"{key} is Java's key or trust store setting: deltabus takes PEM "
                            "files, give --ssl-certificate-location, --ssl-key-location and "
                            "--ssl-ca-location")
-        if key not in OVERRIDES and key not in SOCKET_SERVER_OVERRIDES:
+        if key not in OVERRIDES and key not in BROKER_OVERRIDES:
             raise CliError(f"--override {key} is not a setting deltabus takes: use one of "
-                           f"{', '.join([*OVERRIDES, *SOCKET_SERVER_OVERRIDES])}")
+                           f"{', '.join([*OVERRIDES, *sorted(BROKER_OVERRIDES)])}")
     given = {OVERRIDES.get(key, key): value for key, value in overrides.items()}
     for dest in OVERRIDES.values():
         value = getattr(args, dest, None)
@@ -231,25 +228,14 @@ def _given(args: argparse.Namespace) -> dict[str, str]:
     return given
 
 
-def _kafka_bool(name: str, raw: str) -> bool:
-    """A boolean server.properties value: true or false in any case, as Kafka's ConfigDef."""
-    text = raw.strip().lower()
-    if text not in ("true", "false"):
-        raise CliError(f"{name} must be true or false, not {raw!r}")
-    return text == "true"
-
-
-def socket_server(limits: dict[str, str]) -> cfg.SocketServerConfig:
-    """The Kafka listeners' limits of `--override`s by their server.properties names."""
-    values = {}
-    for key, text in limits.items():
-        try:
-            values[SOCKET_SERVER_OVERRIDES[key]] = int(text.strip())
-        except ValueError:
-            raise CliError(f"--override {key} takes a whole number, not {text!r}") from None
+def broker_settings(overrides: dict[str, str]) -> dict[str, Any]:
+    """Cluster(...) keyword arguments of the broker configs among the `--override`s
+    (cfg.broker_settings); a bad value is one CliError line."""
     try:
-        return cfg.SocketServerConfig(**values)
-    except ValueError as e:
+        return cfg.broker_settings(overrides)
+    except errors.InvalidConfigError as e:
+        raise CliError(e.message) from None
+    except ValueError as e:  # a group or listener limit out of its range
         raise CliError(str(e)) from None
 
 

@@ -85,7 +85,7 @@ def start(args: argparse.Namespace) -> int:
         raise CliError(f"--brokers must be at least 1, not {args.brokers}")
     if not 0 < port < 65536:
         raise CliError(f"--port must be in 1..65535, not {port}")
-    security = broker_security.cluster_settings(args, (host, port))  # before Spark starts
+    settings = broker_security.cluster_settings(args, (host, port))  # before Spark starts
     storage_options = {
         **(read_properties(args.storage_options_file, "--storage-options-file")
            if args.storage_options_file else {}),
@@ -95,15 +95,22 @@ def start(args: argparse.Namespace) -> int:
     except errors.InvalidConfigError as e:
         raise CliError(f"--root: {e.message}") from None
     users = broker_security.scram_users(args)
+    kafka = {} if args.kafka_port is None else {"kafka_port": args.kafka_port}
+    try:  # the settings together (num.partitions at least 1, ...), before Spark starts
+        cfg.ClusterConfig(root=args.root, brokers=args.brokers, port=port, host=host, **kafka,
+                          **settings)
+    except ValueError as e:
+        raise CliError(str(e)) from None
+    except errors.DeltaBusError as e:
+        raise CliError(e.message) from None
     spark = spark_session(args.master) if args.master else local_spark(args.brokers + 2)
     spark.sparkContext.setLogLevel(SPARK_LOG_LEVEL)
     try:
         try:
-            kafka = {} if args.kafka_port is None else {"kafka_port": args.kafka_port}
             cluster = Cluster(spark, root=args.root, brokers=args.brokers, port=port,
                               host=host, storage_options=storage_options, **kafka,
                               schema_registry_port=args.schema_registry_port,
-                              **security).start()
+                              **settings).start()
         except (TimeoutError, ValueError, ListenerBindError) as e:
             raise CliError(str(e)) from None
         except errors.DeltaBusError as e:  # the root unreachable with these options
@@ -113,7 +120,7 @@ def start(args: argparse.Namespace) -> int:
                 cluster.add_scram_user(user.name, user.password, mechanism=user.mechanism,
                                        iterations=user.iterations)
                 print(f"Added {user.mechanism} credential for user {user.name}", flush=True)
-            _announce(cluster, args.brokers, broker_security.describe(security))
+            _announce(cluster, args.brokers, broker_security.describe(settings))
             _serve_until_signalled()
         finally:
             spark.sparkContext.setLogLevel("ERROR")  # cancelled broker tasks are expected now

@@ -46,12 +46,14 @@ from deltabus.offsets.offset_store import OffsetStore
 from deltabus.rpc.schema_registry_http import SchemaRegistryServer
 from deltabus.scram import DEFAULT_ITERATIONS, salted_password
 from deltabus.spark import register
-from deltabus.storage import normalize_root, spark_storage_options
+from deltabus.storage import SPARK_CONF_PREFIX, normalize_root, spark_storage_options
 
 log = logging.getLogger(__name__)
 
 RELAUNCH_BACKOFF_S = 0.5
 COORDINATOR_TICK_S = 0.1
+# Broker configs in the Spark conf: spark.deltabus.NAME, by Kafka's server.properties NAME.
+SPARK_BROKER_CONFIG_PREFIX = "spark.deltabus."
 
 
 def local_spark(task_slots: int, *, app_name: str = "deltabus", ui: bool = True) -> Any:
@@ -83,6 +85,19 @@ def local_spark(task_slots: int, *, app_name: str = "deltabus", ui: bool = True)
     return session
 
 
+def spark_broker_configs(spark: Any) -> dict[str, str]:
+    """Broker configs set in a SparkSession's conf as spark.deltabus.NAME (where a Databricks
+    cluster's Spark config or spark-defaults.conf puts them, or spark.conf.set), by NAME; the
+    spark.deltabus.storage. keys are storage options (deltabus.storage)."""
+    try:
+        pairs = dict(spark.conf.getAll)
+    except Exception:  # a session whose conf cannot be listed: none set there
+        return {}
+    return {key[len(SPARK_BROKER_CONFIG_PREFIX):]: value for key, value in pairs.items()
+            if key.startswith(SPARK_BROKER_CONFIG_PREFIX)
+            and not key.startswith(SPARK_CONF_PREFIX)}
+
+
 class Cluster:
     """A deltabus cluster: the controller here in the driver, brokers as Spark tasks.
 
@@ -97,6 +112,12 @@ class Cluster:
     extend any set in the Spark conf as spark.deltabus.storage.KEY (a Databricks cluster
     policy's place for them); the brokers get them with their config, whatever their
     environment holds.
+
+    `settings` are ClusterConfig's fields (num_partitions=3, default_replication_factor=2,
+    ...). Kafka's broker configs deltabus takes may also be set in the Spark conf as
+    spark.deltabus.NAME, by their server.properties names (spark.deltabus.num.partitions 3:
+    cfg.BROKER_CONFIGS); a keyword argument wins over them, and any other spark.deltabus. name
+    is refused (InvalidConfigError naming it).
     """
 
     def __init__(self, spark: Any = None, *, root: str = "./data", brokers: int = 3,
@@ -106,8 +127,11 @@ class Cluster:
         self._owns_spark = spark is None
         self.spark = spark if spark is not None else local_spark(brokers + 2)
         options = {**spark_storage_options(self.spark), **(storage_options or {})}
+        from_spark = cfg.broker_settings(spark_broker_configs(self.spark),
+                                         source=SPARK_BROKER_CONFIG_PREFIX)
         self.config = cfg.ClusterConfig(root=normalize_root(root), storage_options=options,
-                                        brokers=brokers, port=port, **extra, **settings)
+                                        brokers=brokers, port=port, **extra,
+                                        **{**from_spark, **settings})
         # format("deltabus") reads and writes this cluster's topics, reaching its tables
         register(self.spark, self.config.storage_options)
         self.controller: Controller | None = None

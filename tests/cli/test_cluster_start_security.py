@@ -116,6 +116,19 @@ def test_override_takes_the_kafka_listeners_limits_by_their_kafka_names() -> Non
         max_connections_per_ip=100, connections_max_idle_ms=60_000, num_io_threads=4)}
 
 
+def test_override_takes_the_broker_defaults_kafkas_server_properties_sets() -> None:
+    """num.partitions and default.replication.factor (what auto-created topics and a CreateTopics
+    without counts get), and every other broker config deltabus implements, by Kafka's name."""
+    args = start_args("--override", "num.partitions=3",
+                      "--override", "default.replication.factor=2",
+                      "--override", "log.retention.hours=168",
+                      "--override", "group.initial.rebalance.delay.ms=0")
+    assert broker_security.cluster_settings(args) == {
+        "num_partitions": 3, "default_replication_factor": 2,
+        "topic_config_defaults": {"retention.ms": "604800000"},
+        "group": cfg.GroupConfig(group_initial_rebalance_delay_ms=0)}
+
+
 def test_named_listeners_take_kafkas_flags_and_server_properties_names(
         tls: dict[str, str]) -> None:
     args = start_args(
@@ -181,7 +194,12 @@ def test_add_scram_is_kafka_storages_flag() -> None:
     (["--ssl-client-auth", "requested"], "ssl.client.auth must be none or required"),
     (["--super-users", "admin"], "--super-users lists principals as User:name"),
     (["--override", "num.network.threads=8"], "--override num.network.threads is not a setting"),
-    (["--override", "max.connections=many"], "max.connections takes a whole number, not 'many'"),
+    (["--override", "log.dirs=/var/kafka-logs"], "--override log.dirs is not a setting"),
+    (["--override", "num.partitions=0"], "num.partitions must be at least 1, not 0"),
+    (["--override", "default.replication.factor=two"],
+     "Invalid value two for configuration default.replication.factor: Not a number"),
+    (["--override", "max.connections=many"],
+     "Invalid value many for configuration max.connections: Not a number of type INT"),
     (["--override", "connections.max.idle.ms=0"], "connections.max.idle.ms must be at least 1"),
     (["--listeners", "CLIENT://127.0.0.1:9092"],
      "no security protocol defined for listener CLIENT"),
@@ -193,7 +211,8 @@ def test_add_scram_is_kafka_storages_flag() -> None:
      "inter.broker.listener.name must be a listener name defined in grpc.listeners"),
     (["--listeners", "SSL://127.0.0.1:9092"], "needs the listeners' certificate and key"),
     (["--override", "auto.create.topics.enable=no"],
-     "auto.create.topics.enable must be true or false, not 'no'"),
+     "Invalid value no for configuration auto.create.topics.enable: Expected value to be "
+     "either true or false"),
     (["--override", "ssl.keystore.location=/etc/kafka/keystore.jks"],
      "ssl.keystore.location is Java's key or trust store setting"),
     (["--add-scram", f"SCRAM-SHA-1=[name=admin,password={SECRET}]"],

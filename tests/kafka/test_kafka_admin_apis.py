@@ -115,6 +115,63 @@ def test_librdkafka_alters_configs_incrementally_and_as_a_whole(cluster, topic_n
     assert overrides(cluster, topic_name) == {"retention.bytes": "1000000"}
 
 
+def test_kafka_3_deprecated_topic_configs_are_taken_and_described(cluster, topic_name) -> None:
+    """message.format.version and message.downconversion.enable, deprecated in Kafka 3 and gone
+    in 4.0, are taken as a Kafka 3 broker takes them, so tools written for 3.x clusters work:
+    in librdkafka's CreateTopics, IncrementalAlterConfigs and legacy AlterConfigs, and in
+    kafka-python's IncrementalAlterConfigs. DescribeConfigs shows the value set, or Kafka 3's
+    default with its broker synonym (log.message.format.version), and documents the config as
+    deprecated. A value no Kafka version names is still INVALID_CONFIG."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
+    from confluent_kafka.admin import NewTopic as ConfluentNewTopic
+    from kafka.admin import ConfigResource as PythonConfigResource
+    from kafka.admin import ConfigResourceType
+
+    librdkafka = librdkafka_admin(cluster)
+    librdkafka.create_topics([ConfluentNewTopic(
+        topic_name, 1, 1, config={"message.format.version": "2.8"})])[topic_name].result(30)
+    resource = ConfigResource("topic", topic_name)
+    described = librdkafka.describe_configs([resource])[resource].result(30)
+    assert described["message.format.version"].value == "2.8"
+    assert (described["message.downconversion.enable"].value,
+            described["message.downconversion.enable"].is_default) == ("true", True)
+
+    changes = [ConfigEntry("message.downconversion.enable", "false",
+                           incremental_operation=AlterConfigOpType.SET)]
+    incremental = ConfigResource("topic", topic_name, incremental_configs=changes)
+    librdkafka.incremental_alter_configs([incremental])[incremental].result(30)
+    assert overrides(cluster, topic_name) == {
+        "message.format.version": "2.8", "message.downconversion.enable": "false"}
+    whole = ConfigResource("topic", topic_name, set_config={"message.format.version": "3.0-IV1"})
+    librdkafka.alter_configs([whole])[whole].result(30)
+    assert overrides(cluster, topic_name) == {"message.format.version": "3.0-IV1"}
+    theirs = kafka_python_admin(cluster)
+    try:
+        answered = theirs.alter_configs([PythonConfigResource(
+            ConfigResourceType.TOPIC, topic_name, configs={"message.format.version": "0.10.2"})])
+    finally:
+        theirs.close()
+    assert next(iter(answered.values()))[topic_name] == "OK"
+    assert overrides(cluster, topic_name) == {"message.format.version": "0.10.2"}
+
+    bad = ConfigResource("topic", topic_name, set_config={"message.format.version": "soon"})
+    with pytest.raises(KafkaException) as refused:
+        librdkafka.alter_configs([bad])[bad].result(30)
+    assert refused.value.args[0].name() == "INVALID_CONFIG"
+    with AdminClient(cluster.bootstrap_servers) as admin:
+        entries = {e.name: e for e in admin.describe_configs([topic_name])[topic_name]}
+    downconversion = entries["message.downconversion.enable"]
+    assert (downconversion.value, downconversion.source) == ("true", "DEFAULT_CONFIG")
+    assert downconversion.synonyms == (
+        ("DEFAULT_CONFIG", "log.message.downconversion.enable", "true"),)
+    assert entries["message.format.version"].synonyms == (
+        ("DYNAMIC_TOPIC_CONFIG", "message.format.version", "0.10.2"),
+        ("DEFAULT_CONFIG", "log.message.format.version", "3.0-IV1"))
+    assert all(entries[name].doc.startswith("[DEPRECATED]")
+               for name in ("message.format.version", "message.downconversion.enable"))
+
+
 @pytest.fixture
 def cluster_without_rebalance(spark, tmp_path) -> Iterator[Cluster]:
     """A 2-broker cluster of the test's own whose controller never hands leadership back by
