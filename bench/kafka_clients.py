@@ -1,8 +1,10 @@
 """Bench step (l): Kafka's producer and consumer perf workload shape (kafka-producer-perf-test:
 N records of a fixed size, as fast as the client goes, acks=1; kafka-consumer-perf-test: read them
 all back) through a Kafka client, librdkafka by confluent-kafka, side by side with deltabus's own
-gRPC clients doing the same in the same run, each on a topic of its own; and step (e)'s
-produce-to-consume latency through the Kafka door with confluent-kafka.
+gRPC clients doing the same in the same run, each on a topic of its own; step (e)'s
+produce-to-consume latency through the Kafka door with confluent-kafka; and librdkafka's own
+latency check (linger.ms=35, one record at a time), plain and with each record in a transaction
+of its own.
 """
 
 from __future__ import annotations
@@ -41,6 +43,10 @@ def kafka_vs_grpc(bootstrap: str, kafka_bootstrap: str, records: int, value: byt
                 "grpc_consume_rps": records / grpc_consume(bootstrap, grpc_topic, records),
                 "kafka_latency_ms": kafka_latency(kafka_bootstrap, latency_topic,
                                                   latency_run_s),
+                # librdkafka's latency check, plain and in transactions, the same run
+                "kafka_delivery_ms": delivery_latency(kafka_bootstrap, latency_topic),
+                "kafka_txn_delivery_ms": delivery_latency(
+                    kafka_bootstrap, latency_topic, transactional_id=f"bench-txn-{run_id}"),
             }
         finally:
             admin.delete_topics([kafka_topic, grpc_topic, latency_topic])
@@ -173,3 +179,58 @@ def kafka_latency(kafka_bootstrap: str, topic: str, run_s: float) -> dict[str, f
         time.sleep(max(0.0, next_at - time.monotonic()))
     producer.flush(IDLE_MS_MAX / 1000)
     return gathered(latencies, sent, stop, reader, consumer.close)
+
+
+# librdkafka's own latency check (its test 0055): linger.ms=35, one record at a time to one
+# partition, each awaited; with a transactional.id, each record in a transaction of its own.
+# librdkafka accepts an average of 35-85 ms from produce() to the delivery report for the
+# transactional case (linger.ms plus AddPartitionsToTxn), plus the round trip and 5 ms.
+DELIVERY_LINGER_MS = 35
+DELIVERY_ROUNDS = 10
+
+
+def delivery_latency(kafka_bootstrap: str, topic: str, rounds: int = DELIVERY_ROUNDS, *,
+                     transactional_id: str | None = None) -> dict[str, float]:
+    """ms from confluent-kafka's produce() to its delivery report, as librdkafka's latency
+    check measures it (mean, min, max of `rounds` records); with `transactional_id`, each
+    record in a transaction of its own, and the mean time commit_transaction() took."""
+    from confluent_kafka import Producer as KafkaProducer
+
+    settings: dict[str, Any] = {"bootstrap.servers": kafka_bootstrap,
+                                "linger.ms": DELIVERY_LINGER_MS}
+    if transactional_id is not None:
+        settings["transactional.id"] = transactional_id
+    producer = KafkaProducer(settings)
+    delivered: list[float] = []
+
+    def report(error: Any, _message: Any) -> None:
+        if error is not None:
+            raise RuntimeError(f"delivery failed: {error}")
+        delivered.append(time.perf_counter())
+
+    if transactional_id is not None:
+        producer.init_transactions(30)
+        producer.begin_transaction()
+    producer.produce(topic, b"priming", partition=0, on_delivery=report)  # all up and warm
+    if transactional_id is not None:
+        producer.commit_transaction(30)
+    producer.flush(30)
+    latencies, commits = [], []
+    for _ in range(rounds):
+        if transactional_id is not None:
+            producer.begin_transaction()
+        count, sent = len(delivered), time.perf_counter()
+        producer.produce(topic, b"hi", partition=0, on_delivery=report)
+        while len(delivered) == count:
+            producer.poll(5.0)
+        latencies.append((delivered[-1] - sent) * 1000)
+        if transactional_id is not None:
+            started = time.perf_counter()
+            producer.commit_transaction(30)
+            commits.append((time.perf_counter() - started) * 1000)
+    producer.flush(30)
+    figures = {"mean_ms": sum(latencies) / rounds, "min_ms": min(latencies),
+               "max_ms": max(latencies)}
+    if commits:
+        figures["commit_mean_ms"] = sum(commits) / len(commits)
+    return figures

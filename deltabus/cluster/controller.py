@@ -127,6 +127,9 @@ log = logging.getLogger(__name__)
 
 TABLE_CREATE_THREADS = 8  # replica tables a CreateTopics or CreatePartitions creates at once
 TXN_ADD_PARTITIONS_WAIT_MS = 5_000  # for brokers to apply a transaction's new partitions
+# A transactional call that finds the producer's previous transaction ending waits this long
+# for its markers (`_await_ended`) before it answers CONCURRENT_TRANSACTIONS.
+TXN_ENDING_WAIT_MS = 5_000
 TXN_MARKER_BACKOFF_S = (0.05, 1.0)  # first and longest wait before markers are sent again
 TXN_MARKER_TIMEOUT_MS = 30_000  # for a leader to have a marker in its ISR's tables
 
@@ -572,6 +575,7 @@ class Controller:
         """Kafka's InitProducerId with a transactional id: (producer id, epoch), the epoch
         bumped. An open transaction is aborted first: CONCURRENT_TRANSACTIONS until done."""
         with self._lock:
+            self._await_ended(transactional_id)
             result = transaction_coordinator.init_producer_id(
                 self._state, self._next_producer_id, transactional_id, timeout_ms,
                 now_ms=_now_ms(), principal=principal, bound=self._config.authorizer,
@@ -590,6 +594,7 @@ class Controller:
         since a leader takes a transactional batch only from a producer its image says has
         the partition in its transaction."""
         with self._lock:
+            self._await_ended(transactional_id)
             result = transaction_coordinator.add_partitions(
                 self._state, transactional_id, producer_id, producer_epoch, partitions,
                 now_ms=_now_ms())
@@ -602,6 +607,7 @@ class Controller:
     def add_offsets_to_txn(self, transactional_id: str, producer_id: int, producer_epoch: int,
                            group_id: str) -> None:
         with self._lock:
+            self._await_ended(transactional_id)
             result = transaction_coordinator.add_offsets(
                 self._state, transactional_id, producer_id, producer_epoch, group_id,
                 now_ms=_now_ms())
@@ -661,6 +667,23 @@ class Controller:
         with self._lock:
             return {t: self._state.transactions.get(t) for t in transactional_ids}
 
+    def _await_ended(self, transactional_id: str) -> None:
+        """Lock held. While the producer's previous transaction is being ended (PrepareCommit,
+        PrepareAbort: its markers are being written), wait for it, at most TXN_ENDING_WAIT_MS.
+        Kafka answers CONCURRENT_TRANSACTIONS at once and the client tries again after a
+        backoff (librdkafka: 20 ms for AddPartitionsToTxn, 500 ms for InitProducerId); its
+        markers take a millisecond there and a Delta commit each here, so a producer that
+        begins its next transaction right after a commit would pay several backoffs for each.
+        Past the wait the handler answers CONCURRENT_TRANSACTIONS, as before."""
+        deadline = time.monotonic() + TXN_ENDING_WAIT_MS / 1000
+        while not self._shutting_down:
+            txn = self._state.transactions.get(transactional_id)
+            remaining_s = deadline - time.monotonic()
+            if txn is None or txn.state not in (PREPARE_COMMIT, PREPARE_ABORT) or \
+                    remaining_s <= 0:
+                return
+            self._lock.wait(remaining_s)
+
     def _start_ending(self, transactional_id: str) -> None:
         """Lock held. Write the markers of a transaction in PrepareX, in a thread (one per
         transactional id at a time)."""
@@ -684,8 +707,8 @@ class Controller:
             while not self._shutting_down:
                 if remaining:
                     remaining = self._send_markers_once(txn, remaining)
-                elif self._write_txn_offsets(pending):
-                    break
+                if not remaining and self._write_txn_offsets(pending):
+                    break  # at once: the producer's next call waits for this (_await_ended)
                 with self._lock:
                     self._lock.wait(wait_s)
                 wait_s = min(wait_s * 2, wait_max_s)

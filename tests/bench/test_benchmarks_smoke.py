@@ -130,6 +130,9 @@ def test_kafka_clients(figures: dict[str, Any]) -> None:
     latency = kafka["kafka_latency_ms"]
     assert latency["received"] == latency["sent"] > 0  # every record came back through the door
     assert 0 < latency["p50"] <= latency["p99"] <= latency["max"]
+    for delivery in (kafka["kafka_delivery_ms"], kafka["kafka_txn_delivery_ms"]):
+        assert 0 < delivery["min_ms"] <= delivery["mean_ms"] <= delivery["max_ms"]
+    assert kafka["kafka_txn_delivery_ms"]["commit_mean_ms"] > 0  # each record was committed
 
 
 def test_sasl_ssl_beside_plaintext(figures: dict[str, Any]) -> None:
@@ -239,7 +242,8 @@ def test_results_json_and_report(figures: dict[str, Any], tmp_path: pathlib.Path
                              "small_files", "sasl_ssl", "idle_connections", "quotas",
                              "partitions", "keyed_partitions", "hostile",
                              "object_storage_latency", "kafka_produce", "kafka_consume",
-                             "kafka_latency", "drain_sql", "typed_produce"}
+                             "kafka_latency", "kafka_txn_delivery", "drain_sql",
+                             "typed_produce"}
     assert written["drain"]["records"] == TINY.drain_records
     table = capsys.readouterr().out
     for letter in "abcdefghijklmnopqr":

@@ -7,6 +7,7 @@ between EndTxn and its markers is looked at, the leaders are kept from answering
 from __future__ import annotations
 
 import socket
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -99,12 +100,44 @@ def test_a_transaction_is_coordinated_and_its_producer_fenced_over_kafkas_protoc
         assert end_txn(sock, "txn-a", pid, 1, True) == ErrorCode.none
         assert describe(kafka_admin, "txn-a").state == "PrepareCommit"
         assert end_txn(sock, "txn-a", pid, 1, False) == ErrorCode.invalid_txn_state
-        # The markers are not written yet: a new producer waits for the end.
+        # The markers are not written yet: a new producer waits for the end, and is told
+        # CONCURRENT_TRANSACTIONS when they still are not after a while.
         assert init(sock, "txn-a").error_code == ErrorCode.concurrent_transactions
     listed = {t.transactional_id: t for listing in kafka_admin.list_transactions().values()
               for t in listing}
     assert listed["txn-a"].state == "PrepareCommit" and listed["txn-a"].producer_id == pid
     kafka_admin.close()
+
+
+def test_the_next_transaction_waits_for_the_markers_of_the_last(cluster, topic_name,
+                                                                monkeypatch) -> None:
+    """AddPartitionsToTxn sent right after EndTxn, while the markers are still being written,
+    is answered once they are, not with CONCURRENT_TRANSACTIONS: a client would try again on
+    a backoff, and a producer with a transaction a record (librdkafka's latency check) would
+    pay it each time."""
+    write_markers = cluster.controller._send_markers
+
+    def slow(broker_id: int, markers: Any) -> Any:
+        time.sleep(0.5)
+        return write_markers(broker_id, markers)
+
+    monkeypatch.setattr(cluster.controller, "_send_markers", slow)
+    with AdminClient(cluster.bootstrap_servers) as admin:
+        admin.create_topics([NewTopic(topic_name, 1, 1)])
+    txn_id = f"{topic_name}-txn"
+    with connect_to(cluster.kafka_bootstrap_servers) as sock:
+        first = init(sock, txn_id)
+        pid, epoch = first.producer_id, first.producer_epoch
+        assert add_partitions(sock, txn_id, pid, epoch, topic_name, (0,)) == {
+            0: ErrorCode.none}
+        assert end_txn(sock, txn_id, pid, epoch, True) == ErrorCode.none
+        [ending] = cluster.controller.describe_transactions([txn_id]).values()
+        assert ending is not None and ending.state == "PrepareCommit"
+        assert add_partitions(sock, txn_id, pid, epoch, topic_name, (0,)) == {
+            0: ErrorCode.none}
+    [next_txn] = cluster.controller.describe_transactions([txn_id]).values()
+    assert next_txn is not None and next_txn.state == "Ongoing"
+    assert next_txn.partitions == {(topic_name, 0)}
 
 
 def test_txn_offset_commit_needs_the_group_in_the_transaction(cluster, topic_name) -> None:
