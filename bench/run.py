@@ -45,16 +45,21 @@ a running one), in an order where each step leaves what the next needs:
         decodes every record into typed columns) and to an untyped one, alternating rounds
         (see typed_produce); runs before (r), on the cluster of the other steps
 
-Sizes are the README's by default; flags make every step smaller (see sizes). A command line
-argparse rejects exits 2; a step that fails raises, with its traceback: the bench is a
-development tool, and where it broke matters more than a tidy line.
+Sizes are the full run's by default (`make bench` with no flags); flags make every step smaller
+(see sizes). A command line argparse rejects exits 2; a step that fails raises, with its
+traceback: the bench is a development tool, and where it broke matters more than a tidy line.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime
+import os
+import platform
+import shlex
 import shutil
+import sys
 import tempfile
 import time
 import uuid
@@ -98,7 +103,7 @@ LATENCY_TOPIC_PREFIXES = ("bench-latency-", "bench-rf3-latency-")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The flags of `python -m bench`; sizes default to the README's run."""
+    """The flags of `python -m bench`; sizes default to the full run (bench.sizes)."""
     p = argparse.ArgumentParser(prog="python -m bench", allow_abbrev=False,
                                 description="deltabus's throughput and latency against the "
                                             "targets (`make bench ARGS=...`)")
@@ -224,7 +229,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         shutil.rmtree(root, ignore_errors=True)
     figures["elapsed_s"] = time.monotonic() - started
-    finish(figures, args.json)
+    finish(figures, args.json, sys.argv[1:] if argv is None else argv)
     return 0
 
 
@@ -399,11 +404,22 @@ def _step(steps: dict[str, float], letter: str, what: str) -> Iterator[None]:
     print(f" {steps[letter]:.1f} s", flush=True)
 
 
-def finish(figures: dict[str, Any], json_path: str) -> dict[str, bool]:
-    """Judge the figures, print the table, write them with the targets and verdicts as JSON;
-    returns the verdicts."""
+def finish(figures: dict[str, Any], json_path: str,
+           argv: Sequence[str] = ()) -> dict[str, bool]:
+    """Judge the figures, print the table, write them with the targets, the verdicts and the
+    run (`run_stamp`: when, on what machine, which command) as JSON; returns the verdicts."""
     verdicts = judge(figures)
     print(report(figures, verdicts))
-    write_json(json_path, {**figures, "targets": TARGETS, "pass": verdicts})
+    write_json(json_path, {**figures, "targets": TARGETS, "pass": verdicts,
+                           "run": run_stamp(argv)})
     print(f"figures written to {json_path}")
     return verdicts
+
+
+def run_stamp(argv: Sequence[str]) -> dict[str, Any]:
+    """What a table of figures must come with to mean anything: the date (UTC), the machine's
+    cores and platform, the Python, and the command that produced them."""
+    return {"date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+            "cores": os.cpu_count(), "platform": platform.platform(),
+            "python": platform.python_version(),
+            "command": shlex.join(["python", "-m", "bench", *argv])}

@@ -1,8 +1,8 @@
 """How big a bench run is: every count and duration the steps use, in one place.
 
-The defaults are the run the README's figures come from (`make bench` with no flags). Smaller
-sizes make the same steps quicker and their figures noisier: the smoke tests run every step with
-tiny ones, so the steps keep working, not so their figures mean anything.
+The defaults are the full run (`make bench` with no flags), whose figures docs/performance.md
+shows. Smaller sizes make the same steps quicker and their figures noisier: the smoke tests run
+every step with tiny ones, so the steps keep working, not so their figures mean anything.
 """
 
 from __future__ import annotations

@@ -251,7 +251,7 @@ def test_results_json_and_report(figures: dict[str, Any], tmp_path: pathlib.Path
     assert f"figures written to {path}" in table
 
 
-def test_the_flags_default_to_the_readme_run() -> None:
+def test_the_flags_default_to_the_full_run() -> None:
     args = run.build_parser().parse_args([])
     assert run.sizes_from(args) == Sizes()
     assert args.json == "bench/results.json"
