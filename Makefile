@@ -46,11 +46,14 @@ PYTEST_WORKERS ?= 0
 test: setup lint
 	$(PY) -m pytest -q --durations=15 -n $(PYTEST_WORKERS) --dist loadfile $(ARGS)
 
-# The benchmarks (bench/, a development tool beside tests/, not installed): the README's figures.
+# The benchmarks (bench/, a development tool beside tests/, not installed): the figures, as JSON,
+# then docs/performance.md written from them (the run's table, not a history: that is git's).
 # Smaller and quicker, e.g. ARGS="--records 10000 --drain-records 10000 --small-commits 20";
 # `$(PY) -m bench --help` lists every size.
+BENCH_JSON ?= bench/results.json
 bench: setup
-	$(PY) -m bench $(ARGS)
+	$(PY) -m bench --json $(BENCH_JSON) $(ARGS)
+	$(PY) -m bench.performance_page $(BENCH_JSON) docs/performance.md
 
 # Fault injection for longer than `make test` runs it (issue 14): DELTABUS_SOAK_S seconds of
 # broker kills per run (240 by default). The soak file's name is outside pytest's test_*.py
