@@ -1,6 +1,6 @@
-"""The README's table of Kafka APIs is what the Kafka door serves: every API key Kafka has (as
-kio knows them) has a row, and its versions are the ones ApiVersions advertises, so users can
-trust the table and a change to the door cannot leave it behind."""
+"""The table of Kafka APIs (docs/kafka-compatibility.md) is what the Kafka door serves: every API
+key Kafka has (as kio knows them) has a row, and its versions are the ones ApiVersions
+advertises, so users can trust the table and a change to the door cannot leave it behind."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ from kio.schema.index import api_key_map
 
 from deltabus.rpc.kafka.apis import SUPPORTED
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "kafka-compatibility.md"
 ROW = re.compile(r"^\| (\d+) \| (\w+) \| ([-\d]+) \| (.*) \|$")
 
 
 def table() -> dict[int, tuple[str, str, str]]:
     rows = {}
-    for line in README.read_text().splitlines():
+    for line in PAGE.read_text().splitlines():
         match = ROW.match(line)
         if match:
             key, name, versions, tested = match.groups()
