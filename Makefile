@@ -12,7 +12,7 @@ export SPARK_LOCAL_IP ?= 127.0.0.1
 export PYSPARK_PYTHON = $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON = $(abspath $(PY))
 
-.PHONY: setup kcat run test bench soak protos lint clean
+.PHONY: setup kcat run test bench docs soak protos lint clean
 
 setup: $(STAMP) $(NODE_STAMP) kcat
 
@@ -54,6 +54,12 @@ BENCH_JSON ?= bench/results.json
 bench: setup
 	$(PY) -m bench --json $(BENCH_JSON) $(ARGS)
 	$(PY) -m bench.performance_page $(BENCH_JSON) docs/performance.md
+
+# The documentation as a site (mkdocs.yml: docs/ into build/docs). `make test` builds it too, with
+# the same strict checks (tests/docs/test_site.py): a broken link or anchor, or a page missing
+# from the navigation, fails the suite.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 # Fault injection for longer than `make test` runs it (issue 14): DELTABUS_SOAK_S seconds of
 # broker kills per run (240 by default). The soak file's name is outside pytest's test_*.py
