@@ -65,3 +65,13 @@ def test_a_schema_type_without_its_library_says_to_install_the_schemas(
     assert _fails_with(statement, library) == (
         f"ModuleNotFoundError: the {schema_type} schema type needs the schemas install "
         f"({library} is not installed): pip install 'deltabus[schemas]'")
+
+
+def test_the_cli_without_pyspark_refuses_cluster_start_in_one_line() -> None:
+    code = ("import sys\nsys.modules['pyspark'] = None\n"
+            "from deltabus.cli.main import main\n"
+            "sys.exit(main(['cluster', 'start', '--brokers', '1']))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert (out.returncode, out.stderr) == (1, (
+        "Error: deltabus cluster start needs the server install (pyspark is not installed): "
+        "pip install 'deltabus[server]'\n"))

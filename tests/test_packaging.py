@@ -1,6 +1,7 @@
 """`pip install deltabus` is the client: the wheel, installed with its base dependencies only in
 a fresh virtual environment, brings no Spark, JVM or Delta, and produces and consumes against
-the shared test cluster; a server part asked for there says which install it needs.
+the shared test cluster, as does its `deltabus` command; a server part asked for there says
+which install it needs.
 
 The wheel is built from a copy of the package's sources (`python -m build --wheel`), so the
 checkout gets no build/ or egg-info; pip installs from PyPI through the machine's pip cache,
@@ -33,7 +34,7 @@ SERVER_DISTRIBUTIONS = ("pyspark", "py4j", "deltalake", "pandas", "kio", "kafka-
 STEP_TIMEOUT_S = 600  # one build, venv or install step; pip on a cold cache downloads ~100 MB
 FROM_PYPI = "; this step installs packages from PyPI with pip: is PyPI reachable from here?"
 # Installing from PyPI on a cold cache, then starting the shared cluster, outlasts the
-# default 300 s of tests/setup.cfg.
+# default 300 s of setup.cfg's [tool:pytest].
 pytestmark = pytest.mark.timeout(2 * STEP_TIMEOUT_S)
 
 
@@ -180,3 +181,20 @@ def test_the_client_install_produces_and_consumes(client_install: ClientInstall,
                       + [[None, "bulk 0"], [None, "bulk 1"]], key=str)
     assert sorted(got["assigned"], key=str) == expected
     assert sorted(got["group"], key=str) == expected
+
+
+def test_the_client_installs_command_talks_to_the_cluster_but_starts_none(
+        client_install: ClientInstall, cluster: Any) -> None:
+    command = client_install.python.parent / "deltabus"
+    topic = f"client-install-cli-{int(time.time())}"
+    bootstrap = ["--bootstrap-server", cluster.bootstrap_servers]
+    _run([command, "topics", *bootstrap, "--create", "--topic", topic, "--partitions", "1",
+          "--replication-factor", "1"], "deltabus topics --create", cwd=client_install.folder)
+    listed = _run([command, "topics", *bootstrap, "--list"], "deltabus topics --list",
+                  cwd=client_install.folder)
+    assert topic in listed.split()
+    start = subprocess.run([command, "cluster", "start", "--brokers", "1"], capture_output=True,
+                           text=True, cwd=client_install.folder, timeout=STEP_TIMEOUT_S)
+    assert (start.returncode, start.stderr) == (1, (
+        "Error: deltabus cluster start needs the server install (pyspark is not installed): "
+        "pip install 'deltabus[server]'\n"))
