@@ -21,7 +21,7 @@ $(STAMP): setup.cfg pyproject.toml
 	  echo "deltabus needs Java 17 for Spark: install it (Debian/Ubuntu: apt-get install -y openjdk-17-jre-headless) or set JAVA_HOME" >&2; exit 1; }
 	@[ -x $(PY) ] || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[server,dev]'
 	@touch $(STAMP)
 
 # Where KafkaJS or kcat cannot be installed, set-up says what to install and goes on; their tests

@@ -4,7 +4,10 @@ Every topic-partition is a Delta table.
 
 The public API is what `__all__` names (a test pins it); everything else may change. `Cluster`
 and `local_spark` load on first use, so `import deltabus` (and `import deltabus.client`) stays
-free of Spark and Delta for users who only produce and consume.
+free of Spark and Delta for users who only produce and consume. `pip install deltabus` installs
+only what the clients need; without the server extra, asking for `Cluster` or `local_spark`
+raises ModuleNotFoundError saying so: "deltabus.Cluster needs the server install (pyspark is
+not installed): pip install 'deltabus[server]'" (deltabus/extras.py).
 
 Packages, by the process they run in:
     client/      the user's process: Producer, Consumer, AdminClient, ExactlyOncePipeline
@@ -19,12 +22,17 @@ ACL types and enums, Kafka's codes) and `errors` are public modules.
 """
 
 # pandas first: once a SparkSession exists, PySpark 4.3 has left half-imported pandas modules
-# behind, and the first `import pandas` (pyarrow imports it for Delta reads) then fails.
-import pandas  # noqa: F401, I001
+# behind, and the first `import pandas` (pyarrow imports it for Delta reads) then fails. The
+# client install has neither pandas nor PySpark: nothing to guard against there.
+try:
+    import pandas  # noqa: F401, I001
+except ModuleNotFoundError as e:
+    if e.name != "pandas":
+        raise
 
 from typing import Any
 
-from deltabus import acls, errors
+from deltabus import acls, errors, extras
 from deltabus.acls import AclBinding, AclBindingFilter
 from deltabus.client import (
     AdminClient,
@@ -77,12 +85,13 @@ __all__ = [
     "local_spark",
 ]
 
-_LAZY = {"Cluster", "local_spark"}  # need pyspark and deltalake: loaded when first asked for
+# The server parts: they need the server extra (pyspark, deltalake), loaded when first asked for.
+_LAZY = {"Cluster", "local_spark"}
 
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
-        from deltabus.cluster import cluster
-
+        with extras.needs(f"deltabus.{name}", extras.SERVER):
+            from deltabus.cluster import cluster
         return getattr(cluster, name)
     raise AttributeError(f"module 'deltabus' has no attribute {name!r}")

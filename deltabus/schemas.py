@@ -3,7 +3,9 @@ references between them, and the wire format serializers put in front of a recor
 
 Pure: no I/O. The registry (cluster/schema_registry.py) stores schemas and decides registrations
 with `check_compatibility`; each schema type's parsing and reader/writer rules live in a module
-of their own (schema_avro, schema_json, schema_protobuf), reached through `parse`.
+of their own (schema_avro, schema_json, schema_protobuf), reached through `parse`, `decode` and
+`encode`. Their libraries (fastavro, jsonschema, grpcio-tools) are the schemas extra, which the
+client install lacks: asking for a type without it raises ModuleNotFoundError naming the extra.
 
 Compatibility in Confluent's terms, with one primitive, `read_errors(reader, writer)`: what
 stops data written with `writer` from being read with `reader` (empty: nothing).
@@ -18,10 +20,13 @@ from __future__ import annotations
 import enum
 import struct
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import pyarrow as pa
+
+from deltabus import extras
 
 MAGIC_BYTE = 0
 LATEST_VERSION = -1  # a subject's latest live version ("latest" or -1 on the REST API)
@@ -111,16 +116,25 @@ class ParsedSchema(Protocol):
         ...
 
 
+def _needs_library(schema_type: SchemaType) -> AbstractContextManager[None]:
+    """Where a schema type's module is imported: without the schemas extra, one line saying
+    which library is missing and how to install it."""
+    return extras.needs(f"the {schema_type.value} schema type", extras.SCHEMAS)
+
+
 def parse(schema_type: SchemaType, text: str, references: Mapping[str, str]) -> ParsedSchema:
     """Parse a schema of `schema_type`; `references` maps each reference's name to the text of
     the schema it names. Raises InvalidSchemaError saying what is wrong."""
     if schema_type == SchemaType.AVRO:
-        from deltabus.schema_avro import parse_avro
+        with _needs_library(SchemaType.AVRO):
+            from deltabus.schema_avro import parse_avro
         return parse_avro(text, references)
     if schema_type == SchemaType.JSON:
-        from deltabus.schema_json import parse_json_schema
+        with _needs_library(SchemaType.JSON):
+            from deltabus.schema_json import parse_json_schema
         return parse_json_schema(text, references)
-    from deltabus.schema_protobuf import parse_protobuf
+    with _needs_library(SchemaType.PROTOBUF):
+        from deltabus.schema_protobuf import parse_protobuf
     return parse_protobuf(text, references)
 
 
@@ -147,13 +161,16 @@ def decode(schema: ParsedSchema, payloads: Sequence[bytes] | pa.Array, skip: int
     as a pyarrow Table of its typed columns; raises ValueError naming the first record that
     does not decode."""
     if schema.schema_type == SchemaType.AVRO:
-        from deltabus.schema_avro import decode_avro
+        with _needs_library(SchemaType.AVRO):
+            from deltabus.schema_avro import decode_avro
         return decode_avro(schema, payloads, skip)  # type: ignore[arg-type]
     bodies = without_header(payloads, skip)
     if schema.schema_type == SchemaType.JSON:
-        from deltabus.schema_json import decode_json
+        with _needs_library(SchemaType.JSON):
+            from deltabus.schema_json import decode_json
         return decode_json(schema, bodies)  # type: ignore[arg-type]
-    from deltabus.schema_protobuf import decode_protobuf
+    with _needs_library(SchemaType.PROTOBUF):
+        from deltabus.schema_protobuf import decode_protobuf
     return decode_protobuf(schema, bodies)  # type: ignore[arg-type]
 
 
@@ -171,13 +188,16 @@ def encode(schema: ParsedSchema, schema_id: int, rows: Sequence[Any]) -> list[by
     message). Raises ValueError naming the first row that does not fit."""
     header = wire_header(schema_id)
     if schema.schema_type == SchemaType.AVRO:
-        from deltabus.schema_avro import encode_avro
+        with _needs_library(SchemaType.AVRO):
+            from deltabus.schema_avro import encode_avro
         bodies = encode_avro(schema, rows)  # type: ignore[arg-type]
     elif schema.schema_type == SchemaType.JSON:
-        from deltabus.schema_json import encode_json
+        with _needs_library(SchemaType.JSON):
+            from deltabus.schema_json import encode_json
         bodies = encode_json(schema, rows)  # type: ignore[arg-type]
     else:
-        from deltabus.schema_protobuf import encode_protobuf
+        with _needs_library(SchemaType.PROTOBUF):
+            from deltabus.schema_protobuf import encode_protobuf
         bodies = encode_protobuf(schema, [0], rows)  # type: ignore[arg-type]
     return [header + body for body in bodies]
 

@@ -28,6 +28,7 @@ LAYERS = {
     "deltabus.scram": "pure", "deltabus.principal": "pure", "deltabus.acls": "pure",
     "deltabus.listeners": "pure", "deltabus.quotas": "pure", "deltabus.storage": "pure",
     "deltabus.trace": "pure",  # stamps for the latency breakdown: clients and brokers alike
+    "deltabus.extras": "pure",  # which install a part needs: the clients and the top alike
     # schemas as Confluent's registry knows them, each type's rules (pure: no I/O)
     "deltabus.schemas": "pure", "deltabus.schema_avro": "pure", "deltabus.avro_columns": "pure",
     "deltabus.schema_json": "pure",

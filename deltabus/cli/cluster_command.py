@@ -2,6 +2,8 @@
 
 It owns its SparkSession: it starts Spark, then the cluster, serves until Ctrl-C or SIGTERM, and
 stops both in that order, so the brokers flush their logs before Spark takes their tasks away.
+The cluster is imported when the command runs, not with the CLI: the client install (no server
+extra) runs every other command, and this one says in one line which install it needs.
 """
 
 from __future__ import annotations
@@ -11,15 +13,17 @@ import os
 import signal
 import sys
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from deltabus import config as cfg
-from deltabus import errors
+from deltabus import errors, extras
 from deltabus.cli import broker_security
 from deltabus.cli.options import CliError, parse_properties, read_properties, split_host_port
-from deltabus.cluster.cluster import Cluster, local_spark
 from deltabus.listeners import ListenerBindError
 from deltabus.storage import normalize_root
+
+if TYPE_CHECKING:
+    from deltabus.cluster.cluster import Cluster
 
 SPARK_LOG_LEVEL = "WARN"
 
@@ -79,6 +83,11 @@ def spark_session(master: str, *, app_name: str = "deltabus") -> Any:
 
 def start(args: argparse.Namespace) -> int:
     """Start Spark and the cluster, serve until Ctrl-C or SIGTERM, then stop both."""
+    try:  # first: without the server install there is nothing to start
+        with extras.needs("deltabus cluster start", extras.SERVER):
+            from deltabus.cluster.cluster import Cluster, local_spark
+    except ModuleNotFoundError as e:
+        raise CliError(str(e)) from None
     host, port = split_host_port(args.bootstrap_server)
     port = args.port if args.port is not None else port
     if args.brokers < 1:

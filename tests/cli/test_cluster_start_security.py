@@ -56,7 +56,7 @@ def no_spark(monkeypatch: pytest.MonkeyPatch) -> None:
     """A tripwire: these starts must fail on their arguments, before Spark is asked for."""
     def refuse(*_: object, **__: object) -> None:
         raise AssertionError("cluster start reached Spark with arguments it should refuse")
-    monkeypatch.setattr(cluster_command, "local_spark", refuse)
+    monkeypatch.setattr("deltabus.cluster.cluster.local_spark", refuse)  # start imports it
     monkeypatch.setattr(cluster_command, "spark_session", refuse)
 
 
