@@ -561,7 +561,7 @@ def open_listener_warning(config: cfg.ClusterConfig) -> str | None:
     return (f"deltabus listens on {named} without SASL and with no authorizer: ANYONE who "
             "reaches these addresses can read, write and delete every topic. Use "
             "security.protocol SASL_SSL and authorizer=True on a shared network (see the "
-            "README's Security section).")
+            "docs/security.md).")
 
 
 def _is_loopback(host: str) -> bool:

@@ -80,7 +80,7 @@ def writer_properties(typed: bool = False) -> WriterProperties:
 
     Why a typed table's head files differ: building a dictionary of every decoded field and a
     page index of its statistics cost about 0.1 CPU-s per million records, a third of what the
-    typed columns add to an append (the README's "Typed topics" has the figures). Head files
+    typed columns add to an append (docs/schema-registry.md, "Typed topics"). Head files
     are short-lived: the log cleaner's merge rewrites small files older than a minute, on its
     next run, with pyarrow's defaults (dictionaries, statistics, Snappy). Row-group statistics
     stay, so Spark's Parquet reader still skips row groups by the typed columns."""

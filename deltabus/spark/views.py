@@ -6,8 +6,8 @@ Two kinds of view, because Spark cannot have both at once from Python (issue 21)
   topic as consumers see it now, as a view over Spark's Kafka source is (its batch relation
   fetches the latest offsets per query) and as a Delta table in a catalog is.
 - snapshot (`snapshot=True`): a view over `read_topic`'s DataFrame, Spark's own Parquet reader
-  with no Python worker in the data path (about twice the live view's rate, see README
-  Performance), fixed at the high watermark and the files of the moment it was registered. A
+  with no Python worker in the data path (about twice the live view's rate, see
+  docs/performance.md), fixed at the high watermark and the files of the moment it was registered. A
   temporary view over `spark.read.parquet(files)` keeps that file list: no hook runs when a
   query starts, so it cannot move on by itself. Registering again moves it on; once the log
   cleaner deletes a file it lists (file.delete.delay.ms after a merge, retention or
