@@ -35,7 +35,7 @@ RUN = ("python", "bash")  # the languages whose blocks run
 SHOWN = ("text", "json", "properties", "protobuf")  # shown, not run
 # `make run`'s addresses, in the docs, and the default checkpoint folder of the Spark examples:
 # the test puts its cluster's and a folder of its own in their place.
-ADDRESSES = ("http://127.0.0.1:8081", "127.0.0.1:9192", "127.0.0.1:9092", "/tmp/checkpoints")
+ADDRESSES = ("http://127.0.0.1:8081", "127.0.0.1:9192", "127.0.0.1:9092")
 
 FENCE = re.compile(r"^(?P<indent> *)(?P<fence>`{3,}|~{3,})\s*(?P<info>[^`]*)$")
 NOTEST = re.compile(r"^\s*<!--\s*notest:\s*(?P<reason>.*?)\s*-->\s*$")

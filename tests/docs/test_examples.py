@@ -141,8 +141,7 @@ def test_the_examples_of_each_page_run(page: Path, cluster: Any, spark: Any, reg
                                        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     addresses = {"http://127.0.0.1:8081": registry_url,
                  "127.0.0.1:9192": cluster.bootstrap_servers,
-                 "127.0.0.1:9092": cluster.kafka_bootstrap_servers,
-                 "/tmp/checkpoints": str(tmp_path / "checkpoints")}
+                 "127.0.0.1:9092": cluster.kafka_bootstrap_servers}
     assert sorted(addresses) == sorted(ADDRESSES)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("DELTABUS_BOOTSTRAP_SERVER", cluster.bootstrap_servers)
