@@ -270,18 +270,18 @@ def rows(f: dict[str, Any], ok: dict[str, bool],
                       f"({h['share']:.0%}); {h['hostile_requests']:,} hostile requests"),
                      f">= {t['hostile_share']:.0%} of its rate alone", ok["hostile"]))
     if "typed_produce" in f:
-        t = f["typed_produce"]
+        ty = f["typed_produce"]
         out.append(("(s) bulk produce of Avro records, typed topic",
-                     (f"{t['typed_rps']:,.0f} vs {t['untyped_rps']:,.0f} rec/s untyped "
-                      f"({t['typed_vs_untyped']:.0%})"),
+                     (f"{ty['typed_rps']:,.0f} vs {ty['untyped_rps']:,.0f} rec/s untyped "
+                      f"({ty['typed_vs_untyped']:.0%})"),
                      f">= {t['typed_vs_untyped']:.0%} of untyped", ok["typed_produce"]))
-        if "behind_head" in t:
-            b = t["behind_head"]
+        if "behind_head" in ty:
+            b = ty["behind_head"]
             out.append(("(s) the same decode behind the head",
                          (f"cleaner rewrite {b['decode_rewrite_rps']:,.0f} vs "
                           f"{b['rewrite_rps']:,.0f} rec/s without decoding: "
                           f"+{b['cleaner_decode_s_per_m']:.2f} s/M records, on produce "
-                          f"+{t['produce_decode_s_per_m']:.2f} s/M"), "", ""))
+                          f"+{ty['produce_decode_s_per_m']:.2f} s/M"), "", ""))
     if "object_storage" in f:
         out += _object_storage_rows(f["object_storage"], ok["object_storage_latency"], t)
     return out
