@@ -7,6 +7,7 @@ failure detection in tests takes seconds, not Kafka's defaults.
 from __future__ import annotations
 
 import os
+import random
 import socket
 import time
 from collections.abc import Callable, Iterator
@@ -140,24 +141,34 @@ def all_brokers_back(cluster) -> Iterator[None]:
 
 
 def free_port_block(count: int) -> int:
-    """A loopback port whose next `count - 1` ports are free too (bound together, then
-    released): `cluster start --port P` has broker b listen on P + 1 + b, so a port picked alone
-    can have a taken neighbour."""
-    for _ in range(100):
-        with socket.socket() as first:
-            first.bind(("127.0.0.1", 0))
-            port = first.getsockname()[1]
-            neighbours = [socket.socket() for _ in range(count - 1)]
-            try:
-                for i, s in enumerate(neighbours, start=1):
-                    s.bind(("127.0.0.1", port + i))
-                return port
-            except OSError:
-                continue
-            finally:
-                for s in neighbours:
-                    s.close()
+    """A loopback port whose next `count - 1` ports are free too: `cluster start --port P` has
+    broker b listen on P + 1 + b, so a port picked alone can have a taken neighbour. The block
+    lies below the kernel's ephemeral range, where no `bind(0)` of another test (or another
+    xdist worker) can take a neighbour in the seconds before the cluster binds them."""
+    low = _ephemeral_ports()[0]
+    for _ in range(200):
+        port = random.randrange(10_000, low - count)
+        sockets = [socket.socket() for _ in range(count)]
+        try:
+            for i, s in enumerate(sockets):
+                s.bind(("127.0.0.1", port + i))
+            return port
+        except OSError:
+            continue
+        finally:
+            for s in sockets:
+                s.close()
     raise AssertionError(f"no {count} free loopback ports in a row")
+
+
+def _ephemeral_ports() -> tuple[int, int]:
+    """The range `bind(0)` takes ports from (Linux: ip_local_port_range)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, high = f.read().split()
+        return int(low), int(high)
+    except OSError:
+        return 32768, 60999
 
 
 def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 60) -> None:
