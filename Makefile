@@ -39,12 +39,13 @@ kcat:
 run: setup
 	$(VENV)/bin/deltabus cluster start $(ARGS)
 
-# The tests run in this one process by default; PYTEST_WORKERS=2 runs them on two pytest-xdist
-# workers, each module on one of them (tests/conftest.py: HEAVY_MODULES). Not the default yet:
-# its one full run (on a machine loaded by other work) saw a leader-kill test time out.
-PYTEST_WORKERS ?= 0
+# The tests run on PYTEST_WORKERS pytest-xdist workers (2: most of a test's time is waiting, so
+# two cores carry two), each module on one of them; tests/conftest.py keeps the modules that start
+# JVMs or kill brokers in groups and hands out the longest work first. PYTEST_WORKERS=0 runs them
+# in this one process.
+PYTEST_WORKERS ?= 2
 test: setup lint
-	$(PY) -m pytest -q --durations=15 -n $(PYTEST_WORKERS) --dist loadfile $(ARGS)
+	$(PY) -m pytest -q --durations=25 -n $(PYTEST_WORKERS) --dist loadfile $(ARGS)
 
 # The benchmarks (bench/, a development tool beside tests/, not installed): the figures, as JSON,
 # then docs/performance.md written from them (the run's table, not a history: that is git's).

@@ -28,6 +28,10 @@ os.environ.setdefault("DELTABUS_LEADER_IMBALANCE_CHECK_INTERVAL_MS", "1000")
 # The periodic log cleaner merges no test's files behind its back (tests merge on demand).
 os.environ.setdefault("DELTABUS_LOG_CLEANER_MERGE_MIN_AGE_MS", "3600000")
 os.environ.setdefault("DELTABUS_KAFKA_PORT", "0")  # Kafka listeners on any free ports
+# Every JVM a test starts (its Spark driver, a standalone cluster's, a notebook's) compiles with
+# C1 only and collects with one thread: a Spark start costs 13-15 s of CPU instead of 20-24, and
+# a run starts dozens on two cores. Tests measure behaviour, not JIT-compiled throughput.
+os.environ.setdefault("JAVA_TOOL_OPTIONS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
 
 # Shared cluster: 3 brokers; a second, short-lived cluster in restart tests: 3 more; 2 spare.
 SPARK_TASK_SLOTS = 8
@@ -44,30 +48,54 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if SPARK_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.spark)
+    _by_cost(items)
 
 
-# `make test PYTEST_WORKERS=2`: two pytest-xdist workers (`--dist loadfile`), each with its own
-# Spark and shared cluster; a module's tests run on one worker, so its module fixtures start once.
-# These modules start JVMs of their own or kill brokers on a timetable: one worker runs all of
-# them, one after the other, so no two of them compete for the machine's two cores.
-HEAVY_MODULES = frozenset({
-    "tests/notebooks/test_notebooks.py", "tests/spark/test_spark_source_and_sink.py",
-    "tests/cluster/test_object_storage.py", "tests/cluster/test_local_cluster.py",
-    "tests/cluster/test_fault_injection.py", "tests/cluster/test_standalone_cluster.py"})
+# `make test` runs the suite on PYTEST_WORKERS pytest-xdist workers (`--dist loadfile`), each
+# with its own Spark and shared cluster; a module's tests run on one worker, so its module
+# fixtures start once. The modules below start JVMs of their own or kill brokers on a timetable:
+# each group's modules run on one worker, one after the other, so at most two of them compete
+# for the machine's two cores. A group of JVM starters and a group of broker killers: a kill
+# test waits on the cluster's progress, not a clock, so a JVM starting beside it slows it only.
+HEAVY_GROUPS = {
+    "tests/notebooks/test_notebooks.py": "heavy: own JVMs",
+    "tests/spark/test_spark_source_and_sink.py": "heavy: own JVMs",
+    "tests/cluster/test_standalone_cluster.py": "heavy: own JVMs",
+    "tests/cluster/test_object_storage.py": "heavy: broker kills",
+    "tests/cluster/test_local_cluster.py": "heavy: broker kills",
+    "tests/cluster/test_fault_injection.py": "heavy: broker kills",
+}
+
+
+def _by_cost(items: list[pytest.Item]) -> None:
+    """Order the modules by which goes to the workers first (xdist hands out scopes in
+    collection order): the heavy groups, then modules on the shared cluster, then the unit
+    modules that fill the gaps at the end. The longest first is what keeps the workers finishing
+    together. A module's tests stay together and in their order."""
+    rank: dict[str, int] = {}
+    for item in items:
+        module = item.nodeid.split("::", 1)[0]
+        cost = (0 if module in HEAVY_GROUPS
+                else 1 if SPARK_FIXTURES & set(getattr(item, "fixturenames", ())) else 2)
+        rank[module] = min(rank.get(module, cost), cost)
+    items.sort(key=lambda item: rank[item.nodeid.split("::", 1)[0]])  # stable
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """`--dist loadfile`, with HEAVY_MODULES as one file (xdist's `loadgroup` cannot group
-    them: it marks the groups in node ids, which pytest 9.2's items no longer take)."""
+    """`--dist loadfile`, with each of HEAVY_GROUPS as one file (xdist's `loadgroup` cannot
+    group them: it marks the groups in node ids, which pytest 9.2's items no longer take), and
+    the scopes handed out in collection order (`_by_cost`), not by their count of tests."""
     if config.getvalue("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadFileScheduling
 
+    config.option.loadscopereorder = False
+
     class HeavyModulesTogether(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
             module = super()._split_scope(nodeid)
-            return "heavy modules" if module in HEAVY_MODULES else module
+            return HEAVY_GROUPS.get(module, module)
 
     return HeavyModulesTogether(config, log)
 
