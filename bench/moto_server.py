@@ -62,11 +62,12 @@ class S3Server:
 
 
 def stop_process(process: subprocess.Popen[bytes]) -> None:
-    """Stop an emulator: asked first, then killed (Azurite waits for its clients' connections
-    to close, which a test's pooled connections may never do)."""
+    """Stop an emulator: asked first, then killed after 2 s (Azurite and fake-gcs-server wait
+    for their clients' connections to close, which a test's pooled connections may never do,
+    and the emulators keep nothing that a graceful exit would save)."""
     process.terminate()
     try:
-        process.wait(10)
+        process.wait(2)
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
