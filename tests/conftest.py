@@ -48,7 +48,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         _by_cost(items)
 
 
-# `make test` runs the suite on PYTEST_WORKERS pytest-xdist workers (`--dist loadfile`), each
+# `make test PYTEST_WORKERS=N` runs the suite on N pytest-xdist workers (`--dist loadfile`), each
 # with its own Spark and shared cluster; a module's tests run on one worker, so its module
 # fixtures start once. The modules below start JVMs of their own or kill brokers on a timetable:
 # each group's modules run on one worker, one after the other, so at most two of them compete
