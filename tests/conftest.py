@@ -170,7 +170,7 @@ def free_port_block(count: int) -> int:
     broker b listen on P + 1 + b, so a port picked alone can have a taken neighbour. The block
     lies below the kernel's ephemeral range, where no `bind(0)` of another test (or another
     xdist worker) can take a neighbour in the seconds before the cluster binds them."""
-    low = _ephemeral_ports()[0]
+    low = _lowest_ephemeral_port()
     for _ in range(200):
         port = random.randrange(10_000, low - count)
         sockets = [socket.socket() for _ in range(count)]
@@ -186,14 +186,13 @@ def free_port_block(count: int) -> int:
     raise AssertionError(f"no {count} free loopback ports in a row")
 
 
-def _ephemeral_ports() -> tuple[int, int]:
-    """The range `bind(0)` takes ports from (Linux: ip_local_port_range)."""
+def _lowest_ephemeral_port() -> int:
+    """Where the range `bind(0)` takes ports from begins (Linux: ip_local_port_range)."""
     try:
         with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            low, high = f.read().split()
-        return int(low), int(high)
+            return int(f.read().split()[0])
     except OSError:
-        return 32768, 60999
+        return 32768
 
 
 def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 60) -> None:
