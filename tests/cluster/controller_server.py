@@ -3,6 +3,7 @@ Delta table under tmp_path), the public API and the brokers' lifecycle API on a 
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -16,6 +17,42 @@ from deltabus.metadata import CONTROLLER_NODE_ID, BrokerEndpoint, ListenerEndpoi
 from deltabus.rpc.kafka.listener import KafkaListener
 from deltabus.rpc.server import start_server
 from tests.conftest import wait_until
+
+
+class LiveBrokers:
+    """Brokers 0..count-1 registered by hand (no Spark) that go on heartbeating as live brokers
+    do: each long-polls the controller and reports its latest metadata version as applied. A
+    request that waits for the brokers to apply a change (an auto-created topic, a
+    transaction's new partitions) then answers when it would in a cluster, not at its timeout.
+    The heartbeats end with `close` or when the controller shuts down."""
+
+    def __init__(self, controller: Controller, count: int) -> None:
+        self._controller = controller
+        self._closed = threading.Event()
+        self.epochs: dict[int, int] = {}
+        for b in range(count):
+            self.epochs[b] = controller.register_broker(
+                BrokerEndpoint(b, "127.0.0.1", 9000 + b), 100 + b)
+            controller.heartbeat(b, self.epochs[b], controller.image().version, 0)
+        self._threads = [threading.Thread(target=self._heartbeat, args=(b,), daemon=True,
+                                          name=f"broker-{b}-heartbeat") for b in self.epochs]
+        for t in self._threads:
+            t.start()
+
+    def _heartbeat(self, broker_id: int) -> None:
+        while not self._closed.is_set():
+            try:
+                stop, _, _ = self._controller.heartbeat(
+                    broker_id, self.epochs[broker_id], self._controller.image().version, 200)
+            except Exception:  # fenced or stopped: a real broker would stop heartbeating too
+                return
+            if stop:
+                return
+
+    def close(self) -> None:
+        self._closed.set()
+        for t in self._threads:
+            t.join()
 
 
 class ControllerServer:
@@ -50,7 +87,16 @@ class ControllerServer:
                                        credentials=self.handler.scram_credential).start()
         self.kafka_address = f"127.0.0.1:{self.kafka.port}" if self.kafka else ""
 
+        self._brokers: LiveBrokers | None = None
+
+    def start_brokers(self, count: int) -> dict[int, int]:
+        """Brokers 0..count-1, live until `stop` (`LiveBrokers`); their epochs."""
+        self._brokers = LiveBrokers(self.controller, count)
+        return self._brokers.epochs
+
     def stop(self) -> None:
+        if self._brokers is not None:
+            self._brokers.close()
         if self.kafka is not None:
             self.kafka.stop()
         self.server.stop(grace=None)

@@ -22,7 +22,6 @@ from deltabus import Producer, errors
 from deltabus import config as cfg
 from deltabus.cluster.controller import Controller
 from deltabus.log_tables.layout import metadata_path
-from deltabus.metadata import BrokerEndpoint
 from deltabus.rpc.channel import open_channel
 from deltabus.rpc.controller_channel import ControllerChannel
 from deltabus.rpc.kafka.frames import make, nested
@@ -36,17 +35,10 @@ INIT_PRODUCER_ID, INIT_PRODUCER_ID_VERSION = 22, 4
 METADATA, METADATA_VERSION = 3, 12
 
 
-def start_brokers(controller: Controller, count: int) -> None:
-    """Register and unfence brokers, as their first heartbeats would."""
-    for b in range(count):
-        epoch = controller.register_broker(BrokerEndpoint(b, "127.0.0.1", 9000 + b), 100 + b)
-        controller.heartbeat(b, epoch, controller.image().version, 0)
-
-
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[ControllerServer]:
     server = ControllerServer(tmp_path, kafka=True)
-    start_brokers(server.controller, 3)
+    server.start_brokers(3)
     yield server
     server.stop()
 
@@ -149,7 +141,7 @@ def topics(server: ControllerServer) -> dict[str, int]:
 
 def test_with_auto_create_topics_enable_false_missing_topics_stay_unknown(tmp_path):
     server = ControllerServer(tmp_path, kafka=True, auto_create_topics_enable=False)
-    start_brokers(server.controller, 1)
+    server.start_brokers(1)
     channel = open_channel(server.address, "test")
     try:
         stub = pb_grpc.DeltaBusStub(channel)
@@ -200,7 +192,7 @@ def test_topics_created_by_one_request_are_one_metadata_commit(server, stub):
 
 def test_the_cluster_holds_at_most_max_topics_and_max_partitions(tmp_path):
     server = ControllerServer(tmp_path, kafka=True, max_topics=3, max_partitions=6)
-    start_brokers(server.controller, 1)
+    server.start_brokers(1)
     channel = open_channel(server.address, "test")
     try:
         stub = pb_grpc.DeltaBusStub(channel)
@@ -228,7 +220,7 @@ def test_a_producer_refused_auto_creation_fails_at_once_naming_the_limit(tmp_pat
     """A refusal that will not change by waiting (POLICY_VIOLATION) fails the send at once, as
     Kafka's producer does for a non-retriable topic error, not after max.block.ms."""
     server = ControllerServer(tmp_path, kafka=True, max_topics=1)
-    start_brokers(server.controller, 1)
+    server.start_brokers(1)
     try:
         with Producer(server.address, max_block_ms=3_600_000) as producer:
             producer.partitions_for("first")  # auto-created: the cluster's one topic

@@ -15,6 +15,7 @@ import pytest
 
 from deltabus import config as cfg
 from deltabus import errors
+from deltabus.cluster import controller as controller_module
 from deltabus.cluster import transaction_coordinator as tc
 from deltabus.cluster.controller import Controller, MarkerAnswers
 from deltabus.cluster.metadata_loader import MetadataLoader
@@ -26,8 +27,9 @@ from deltabus.cluster.metadata_records import (
 )
 from deltabus.cluster.metadata_state import MetadataState
 from deltabus.log_tables.control_records import TxnMarker
-from deltabus.metadata import EMPTY, BrokerEndpoint, MetadataPosition, NewTopic
+from deltabus.metadata import EMPTY, MetadataPosition, NewTopic
 from deltabus.offsets.offset_store import OffsetAndMetadata
+from tests.cluster.controller_server import LiveBrokers
 from tests.conftest import wait_until
 
 
@@ -80,9 +82,7 @@ class Offsets:
 def _controller(tmp_path: Path, leaders: Leaders) -> Controller:
     controller = Controller(cfg.ClusterConfig(root=str(tmp_path), brokers=2, kafka_port=-1),
                             send_markers=leaders)
-    for b in range(2):
-        epoch = controller.register_broker(BrokerEndpoint(b, "127.0.0.1", 9000 + b), 100 + b)
-        controller.heartbeat(b, epoch, controller.image().version, 0)
+    LiveBrokers(controller, 2)  # heartbeating until the controller shuts down
     return controller
 
 
@@ -164,7 +164,9 @@ def test_errors_of_requests_out_of_order(controller: Controller) -> None:
 
 
 def test_a_new_producer_fences_the_old_and_aborts_its_transaction(
-        controller: Controller, leaders: Leaders) -> None:
+        controller: Controller, leaders: Leaders, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The retries below wait for the abort's markers this long before their answer.
+    monkeypatch.setattr(controller_module, "TXN_ENDING_WAIT_MS", 300)
     pid, epoch = controller.init_transactional_producer("tx", 60_000)
     controller.add_partitions_to_txn("tx", pid, epoch, [("orders", 1)])
     leaders.down = True  # the abort cannot finish yet
