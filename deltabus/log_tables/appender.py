@@ -37,10 +37,17 @@ from deltalake import (
     write_deltalake,
 )
 from deltalake.exceptions import DeltaError, TableNotFoundError
-from deltalake.transaction import AddAction, RemoveAction
+from deltalake.transaction import AddAction
 
 from deltabus import errors
 from deltabus.config import LogConfig
+from deltabus.log_tables.delta_commit import (
+    DataFile,
+    DeltaCommitWriter,
+    FencedWriter,
+    indexed_columns,
+    remove_action,
+)
 from deltabus.log_tables.delta_writes import (
     APPEND_COMMIT_RETRIES,
     commit_properties,
@@ -50,7 +57,13 @@ from deltabus.log_tables.delta_writes import (
 )
 from deltabus.log_tables.log_reader import LOG_START_TXN_APP_ID, data_files
 from deltabus.log_tables.partition_reader import LogFile
-from deltabus.records import LOG_SCHEMA, ProducedBatch, ProducerState, to_log_group
+from deltabus.records import (
+    LOG_SCHEMA,
+    TYPED_COLUMNS,
+    ProducedBatch,
+    ProducerState,
+    to_log_group,
+)
 from deltabus.storage import Storage, storage_error
 
 log = logging.getLogger(__name__)
@@ -216,8 +229,16 @@ class LogAppender:
         self._config = config
         self._storage = storage
         self._lock = lock
+        # delta-rs's view of the table: opened, reloaded, checkpointed and used for what
+        # changes its schema or rewrites files; behind the writer's version in between.
         self.table = self._open(create)
         self._table_base = self.table.version()  # loaded afresh at this version
+        # The appends' own commits (delta_commit.py), from the version the table was opened at
+        self._writer = DeltaCommitWriter(
+            storage, path, self.table.version(),
+            indexed_columns=indexed_columns(self.table.metadata().configuration),
+            fence_app_id=LOG_TXN_APP_ID, retries=APPEND_COMMIT_RETRIES)
+        self._schema = pa.schema(self.table.schema().to_arrow())  # as committed
         # A typed topic's typed columns' types, as committed: produce checks read them
         self.typed_types = typed_column_types(self.table)
         # A checkpoint being written and the table loaded afresh from it (`renew`)
@@ -228,10 +249,26 @@ class LogAppender:
         self._head_since = 0.0  # when the queue's head became its head: its linger starts
 
     @property
+    def version(self) -> int:
+        """The table's latest version as this appender committed or loaded it."""
+        return self._writer.version
+
+    @property
     def _typed(self) -> bool:
-        """The table holds columns beyond the log's (a typed topic's values): every append
-        merges its schema, so a batch without them (a tombstone's) leaves them null."""
-        return len(self.table.schema().fields) > len(LOG_SCHEMA)
+        """The table holds columns beyond the log's (a typed topic's values)."""
+        return len(self._schema) > len(LOG_SCHEMA)
+
+    def _delta_rs(self) -> DeltaTable:
+        """delta-rs's view of the table brought up to the writer's commits, before delta-rs
+        commits to it (a commit from an older view would conflict)."""
+        self.table.update_incremental()
+        return self.table
+
+    def _delta_rs_committed(self) -> int:
+        """After delta-rs committed: the writer and the schema follow. The version."""
+        self._writer.catch_up(self.table.version())
+        self._schema = pa.schema(self.table.schema().to_arrow())
+        return self._writer.version
 
     def _open(self, create: bool) -> DeltaTable:
         try:
@@ -400,8 +437,41 @@ class LogAppender:
         """After a failed commit, trust only the table: reload it. (version, log end offset)."""
         self.table = DeltaTable(self.path, storage_options=self._storage.delta_options)
         self._table_base = self.table.version()
+        self._writer.version = self.table.version()
+        self._schema = pa.schema(self.table.schema().to_arrow())
         self.typed_types = typed_column_types(self.table)
         return self.table.version(), log_offsets(self.table)[1]
+
+    def _failure(self, e: Exception, what: str) -> errors.DeltaBusError:
+        """A failed commit as the error its produce requests get: a writer fenced by another
+        writer of the log no longer leads it (NOT_LEADER_OR_FOLLOWER, so clients look the
+        leader up again); anything else is the storage's failure."""
+        if isinstance(e, FencedWriter):
+            return errors.NotLeaderOrFollowerError(f"{what}: {e}")
+        return storage_error(e, what)
+
+    def _info(self, operation: str, **details: str) -> dict[str, str]:
+        """A commit's commitInfo keys (history() shows them)."""
+        return {"deltabus.operation": operation, **details}
+
+    def _conformed(self, data: pa.Table) -> pa.Table | None:
+        """`data` in the table's schema as committed (a typed column it lacks, as nulls), or
+        None when committing it changes the schema (a typed topic's value schema evolved):
+        that append goes through delta-rs, which writes the new metaData action."""
+        if data.schema.equals(self._schema):
+            return data
+        if any(name not in self._schema.names for name in data.schema.names):
+            return None  # it holds a column the table has not: the schema grows
+        columns = []
+        for column in self._schema:
+            index = data.schema.get_field_index(column.name)
+            if index < 0 and column.name in TYPED_COLUMNS:  # a tombstone's batch
+                columns.append(pa.nulls(data.num_rows, column.type))
+            elif index < 0 or not data.schema.field(index).type.equals(column.type):
+                return None
+            else:
+                columns.append(data.column(index))
+        return pa.Table.from_arrays(columns, schema=self._schema)
 
     def _properties(self, end_offset: int, metadata: dict[str, str]) -> CommitProperties:
         return commit_properties(metadata, retries=APPEND_COMMIT_RETRIES,
@@ -447,30 +517,28 @@ class LogAppender:
         try:
             table, results = self._build_group(group, base, now_ms)
             next_offset = results[-1][1] + 1
-            built_ns = time.time_ns()  # delta-rs writes the file and the commit in one call
-            typed = table.num_columns > len(LOG_SCHEMA)
-            write_deltalake(
-                self.table,
-                table,
-                mode="append",
-                # a typed topic's values evolve the table's schema (new nullable fields)
-                schema_mode="merge" if typed or self._typed else None,
-                commit_properties=self._properties(next_offset, {
-                    "deltabus.operation": "copy" if copied else "append",
-                    "deltabus.baseOffset": str(base),
-                    "deltabus.lastOffset": str(next_offset - 1),
-                    "deltabus.batches": str(len(group)),
-                }),
-                post_commithook_properties=_NO_CHECKPOINT_HOOK,
-                writer_properties=writer_properties(typed),
-            )
+            built_ns = time.time_ns()
+            info = self._info("copy" if copied else "append", **{
+                "deltabus.baseOffset": str(base), "deltabus.lastOffset": str(next_offset - 1),
+                "deltabus.batches": str(len(group))})
+            data = self._conformed(table)
+            if data is not None:
+                self._writer.commit(adds=[self._writer.write_file(data, "append")],
+                                    txns={LOG_TXN_APP_ID: next_offset}, info=info)
+            else:  # a typed topic's values evolve the table's schema (new nullable fields)
+                write_deltalake(
+                    self._delta_rs(), table, mode="append", schema_mode="merge",
+                    commit_properties=self._properties(next_offset, info),
+                    post_commithook_properties=_NO_CHECKPOINT_HOOK,
+                    writer_properties=writer_properties(True))
+                self._delta_rs_committed()
         except Exception as e:  # delta-rs, IO, a bad copy: no offset was given out
             error = (e if isinstance(e, errors.DeltaBusError)
-                     else storage_error(e, f"append to {self._name} failed"))
+                     else self._failure(e, f"append to {self._name} failed"))
             raise CommitFailed(error, error, reload=True) from e
         begins = tuple((item.producer.producer_id, first) for item, (first, _)
                        in zip(group, results, strict=True) if item.producer.transactional)
-        return Committed("copy" if copied else "append", self.table.version(), next_offset,
+        return Committed("copy" if copied else "append", self.version, next_offset,
                          table, [(item.future, first, last) for item, (first, last)
                                  in zip(group, results, strict=True)], now_ms,
                          txn_begins=begins, built_ns=built_ns, committed_ns=time.time_ns())
@@ -488,23 +556,29 @@ class LogAppender:
             expected = leader_file.last_offset + 1
         now_ms = int(time.time() * 1000)
         built_ns = time.time_ns()  # the files were copied before they were queued
-        actions: list[AddAction | RemoveAction] = [
-            AddAction(name, f.size_bytes, {}, now_ms, True, f.stats) for name, f in item.files]
+        info = self._info("copy", **{
+            "deltabus.baseOffset": str(base), "deltabus.lastOffset": str(expected - 1),
+            "deltabus.batches": str(len(item.files))})
         try:
-            self.table.create_write_transaction(
-                actions, mode="append",
-                schema=log_table_schema(self.table, item.extra_fields),
-                commit_properties=self._properties(expected, {
-                    "deltabus.operation": "copy", "deltabus.baseOffset": str(base),
-                    "deltabus.lastOffset": str(expected - 1),
-                    "deltabus.batches": str(len(actions))}),
-                post_commithook_properties=_NO_CHECKPOINT_HOOK)
-            self.table.update_incremental()  # unlike write_deltalake, it leaves the snapshot
+            schema = log_table_schema(self.table, item.extra_fields)
+            if schema.equals(self._schema):
+                self._writer.commit(
+                    adds=[DataFile(name, f.size_bytes, f.stats) for name, f in item.files],
+                    txns={LOG_TXN_APP_ID: expected}, info=info)
+            else:  # the copies hold typed columns the table has not yet: its schema grows
+                self._delta_rs().create_write_transaction(
+                    [AddAction(name, f.size_bytes, {}, now_ms, True, f.stats)
+                     for name, f in item.files],
+                    mode="append", schema=schema,
+                    commit_properties=self._properties(expected, info),
+                    post_commithook_properties=_NO_CHECKPOINT_HOOK)
+                self.table.update_incremental()  # unlike write_deltalake, it leaves the snapshot
+                self._delta_rs_committed()
         except Exception as e:
-            raise CommitFailed(storage_error(e, f"copying files into {self._name} failed"),
-                               storage_error(e, f"append to {self._name} failed"),
+            raise CommitFailed(self._failure(e, f"copying files into {self._name} failed"),
+                               self._failure(e, f"append to {self._name} failed"),
                                reload=True) from e
-        return Committed("files", self.table.version(), expected,
+        return Committed("files", self.version, expected,
                          item.records.sort_by("offset"), [(item.future, base, expected - 1)],
                          now_ms, built_ns=built_ns, committed_ns=time.time_ns())
 
@@ -512,19 +586,19 @@ class LogAppender:
         offset = item.offset
         if offset < log_end_offset:
             try:
-                self.table.update_incremental()  # a delete from an older view would conflict
-                self.table.delete(
+                self._delta_rs().delete(
                     f'"offset" >= {offset}',
                     writer_properties=writer_properties(self._typed),
                     commit_properties=self._properties(offset, {
                         "deltabus.operation": "truncate", "deltabus.truncatedTo": str(offset)}),
                     post_commithook_properties=_NO_CHECKPOINT_HOOK,
                 )
+                self._delta_rs_committed()
             except Exception as e:
-                raise CommitFailed(storage_error(e, f"truncating {self._name} failed"),
-                                   storage_error(e, f"append to {self._name} failed"),
+                raise CommitFailed(self._failure(e, f"truncating {self._name} failed"),
+                                   self._failure(e, f"append to {self._name} failed"),
                                    reload=True) from e
-        return Committed("truncate", self.table.version(), min(offset, log_end_offset), None,
+        return Committed("truncate", self.version, min(offset, log_end_offset), None,
                          [(item.future, offset, offset - 1)], int(time.time() * 1000))
 
     def _commit_restart(self, item: PendingTruncate) -> Committed:
@@ -533,23 +607,18 @@ class LogAppender:
         offset = item.offset
         now_ms = int(time.time() * 1000)
         try:
-            self.table.update_incremental()
-            files = data_files(self.table, ["path", "size_bytes", "min.offset"])
-            actions: list[AddAction | RemoveAction] = [
-                RemoveAction(path, True, now_ms, size) for path, size in zip(
-                files.column("path").to_pylist(), files.column("size_bytes").to_pylist(),
-                strict=True)]
-            self.table.create_write_transaction(
-                actions, mode="append", schema=log_table_schema(self.table),
-                commit_properties=self._properties(offset, {
-                    "deltabus.operation": "restart", "deltabus.restartedAt": str(offset)}),
-                post_commithook_properties=_NO_CHECKPOINT_HOOK)
-            self.table.update_incremental()
+            files = data_files(self._delta_rs(), ["path", "size_bytes", "min.offset"])
+            self._writer.commit(
+                removes=[remove_action(path, size, now_ms) for path, size in zip(
+                    files.column("path").to_pylist(), files.column("size_bytes").to_pylist(),
+                    strict=True)],
+                txns={LOG_TXN_APP_ID: offset},
+                info=self._info("restart", **{"deltabus.restartedAt": str(offset)}))
         except Exception as e:
-            raise CommitFailed(storage_error(e, f"restarting {self._name} failed"),
-                               storage_error(e, f"append to {self._name} failed"),
+            raise CommitFailed(self._failure(e, f"restarting {self._name} failed"),
+                               self._failure(e, f"append to {self._name} failed"),
                                reload=True) from e
-        return Committed("restart", self.table.version(), offset, None,
+        return Committed("restart", self.version, offset, None,
                          [(item.future, offset, offset - 1)], now_ms)
 
     def _commit_log_start(self, item: PendingLogStart, log_end_offset: int) -> Committed:
@@ -558,21 +627,14 @@ class LogAppender:
         conflicts). The files wholly below it leave with the cleaner's next run."""
         offset = item.offset
         try:
-            self.table.create_write_transaction(
-                [], mode="append", schema=log_table_schema(self.table),
-                commit_properties=commit_properties(
-                    {"deltabus.operation": "deleteRecords",
-                     "deltabus.logStartOffset": str(offset)},
-                    retries=APPEND_COMMIT_RETRIES,
-                    app_transactions=[Transaction(LOG_TXN_APP_ID, log_end_offset),
-                                      Transaction(LOG_START_TXN_APP_ID, offset)]),
-                post_commithook_properties=_NO_CHECKPOINT_HOOK)
-            self.table.update_incremental()
+            self._writer.commit(
+                txns={LOG_TXN_APP_ID: log_end_offset, LOG_START_TXN_APP_ID: offset},
+                info=self._info("deleteRecords", **{"deltabus.logStartOffset": str(offset)}))
         except Exception as e:
-            raise CommitFailed(storage_error(e, f"moving the log start of {self._name} failed"),
-                               storage_error(e, f"append to {self._name} failed"),
+            raise CommitFailed(self._failure(e, f"moving the log start of {self._name} failed"),
+                               self._failure(e, f"append to {self._name} failed"),
                                reload=True) from e
-        return Committed("log_start", self.table.version(), log_end_offset, None,
+        return Committed("log_start", self.version, log_end_offset, None,
                          [(item.future, offset, offset - 1)], int(time.time() * 1000),
                          log_start_offset=offset)
 
@@ -595,13 +657,13 @@ class LogAppender:
             self._renewing = None
             try:
                 base, fresh = renewing.result()
-                if fresh.version() < self.table.version():  # commits made meanwhile
+                if fresh.version() < self.version:  # commits made meanwhile
                     fresh.update_incremental()
             except Exception as e:  # the next interval tries again; the table is as committed
                 log.warning("%s", storage_error(e, f"checkpoint of {self._name}"))
             else:
                 self.table, self._table_base = fresh, base
-        version = self.table.version()
+        version = self.version
         interval = self._config.checkpoint_interval
         if self._renewing is None and version - self._table_base >= interval:
             self._renewing = _renewals().submit(_checkpoint_and_load, self.path, version,

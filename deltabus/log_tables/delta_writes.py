@@ -32,7 +32,7 @@ from deltabus.storage import Storage
 ROW_GROUP_RECORDS_MAX = 65_536
 # Conflicts a commit retries before it fails. Background writers (the cleaner, the offset store,
 # the metadata log) simply run again after a failure.
-COMMIT_RETRIES = 20
+COMMIT_RETRIES = 1000
 # A broker's appends race the cleaner's commits on the same table, and a failed append fails
 # produce requests: they retry longer.
 APPEND_COMMIT_RETRIES = 50

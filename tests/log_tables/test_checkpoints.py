@@ -9,6 +9,7 @@ from deltalake import DeltaTable
 from deltabus.log_tables import LogConfig, PartitionLog, commit_ranges
 from deltabus.log_tables.partition_log import create_log_table
 from deltabus.records import normalize_produce, produce_batch
+from tests.conftest import wait_until
 
 
 def test_checkpoints_are_written_and_reopen_recovers_from_them(tmp_path):
@@ -16,8 +17,12 @@ def test_checkpoints_are_written_and_reopen_recovers_from_them(tmp_path):
     config = LogConfig(checkpoint_interval=20, group_commit_linger_ms=0)
     log = PartitionLog(path, topic="t", partition=0, config=config)
     batch = normalize_produce(produce_batch([b"x"]))
-    for _ in range(45):  # the log reloads its table objects at checkpoints: it goes on the same
+    log_dir = os.path.join(path, "_delta_log")
+    for i in range(45):  # the log reloads its table objects at checkpoints: it goes on the same
         log.append(batch, leader_epoch=0).result(10)
+        if i == 24:  # a commit takes a millisecond: let the first checkpoint land (off the
+            # commit path) before the next 20 commits call for the second
+            wait_until(lambda: "_last_checkpoint" in os.listdir(log_dir), "the first checkpoint")
     assert log.read(0, 1 << 20).column("offset").to_pylist() == list(range(45))
     log.close()
     names = os.listdir(os.path.join(path, "_delta_log"))
