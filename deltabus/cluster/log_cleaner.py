@@ -29,6 +29,7 @@ from typing import Any
 from deltalake import DeltaTable
 
 from deltabus.log_tables.compaction import Compacted, compact
+from deltabus.log_tables.delta_reads import open_table
 from deltabus.log_tables.layout import replica_path
 from deltabus.log_tables.merge import Merged, merge_small_files
 from deltabus.log_tables.retention import (
@@ -107,7 +108,7 @@ def run_cleaner(task: CleanerTask) -> CleanerResult:
     storage = task.storage
 
     def table(replica: int) -> DeltaTable:
-        return DeltaTable(replica_path(storage.root, task.topic, task.partition, replica),
+        return open_table(replica_path(storage.root, task.topic, task.partition, replica),
                           storage_options=storage.delta_options)
 
     try:

@@ -16,6 +16,7 @@ from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import TableNotFoundError
 
 from deltabus import errors
+from deltabus.log_tables.delta_reads import open_table
 from deltabus.log_tables.delta_writes import commit_properties
 
 SCHEMA = pa.schema([
@@ -32,7 +33,7 @@ class MetadataLog:
     def __init__(self, path: str, storage_options: dict[str, str] | None = None) -> None:
         self.path = path
         try:
-            self._table = DeltaTable(path, storage_options=storage_options)
+            self._table = open_table(path, storage_options=storage_options)
         except TableNotFoundError:
             self._table = DeltaTable.create(
                 path, SCHEMA, mode="ignore", name="__cluster_metadata",

@@ -48,6 +48,7 @@ from deltabus.log_tables.delta_commit import (
     indexed_columns,
     remove_action,
 )
+from deltabus.log_tables.delta_reads import open_table, update
 from deltabus.log_tables.delta_writes import (
     APPEND_COMMIT_RETRIES,
     commit_properties,
@@ -261,7 +262,7 @@ class LogAppender:
     def _delta_rs(self) -> DeltaTable:
         """delta-rs's view of the table brought up to the writer's commits, before delta-rs
         commits to it (a commit from an older view would conflict)."""
-        self.table.update_incremental()
+        update(self.table)
         return self.table
 
     def _delta_rs_committed(self) -> int:
@@ -272,7 +273,7 @@ class LogAppender:
 
     def _open(self, create: bool) -> DeltaTable:
         try:
-            return DeltaTable(self.path, storage_options=self._storage.delta_options)
+            return open_table(self.path, storage_options=self._storage.delta_options)
         except TableNotFoundError:
             if not create:
                 raise errors.KafkaStorageError(
@@ -435,7 +436,7 @@ class LogAppender:
 
     def reload(self) -> tuple[int, int]:
         """After a failed commit, trust only the table: reload it. (version, log end offset)."""
-        self.table = DeltaTable(self.path, storage_options=self._storage.delta_options)
+        self.table = open_table(self.path, storage_options=self._storage.delta_options)
         self._table_base = self.table.version()
         self._writer.version = self.table.version()
         self._schema = pa.schema(self.table.schema().to_arrow())
@@ -572,7 +573,7 @@ class LogAppender:
                     mode="append", schema=schema,
                     commit_properties=self._properties(expected, info),
                     post_commithook_properties=_NO_CHECKPOINT_HOOK)
-                self.table.update_incremental()  # unlike write_deltalake, it leaves the snapshot
+                update(self.table)  # unlike write_deltalake, it leaves the snapshot
                 self._delta_rs_committed()
         except Exception as e:
             raise CommitFailed(self._failure(e, f"copying files into {self._name} failed"),
@@ -658,7 +659,7 @@ class LogAppender:
             try:
                 base, fresh = renewing.result()
                 if fresh.version() < self.version:  # commits made meanwhile
-                    fresh.update_incremental()
+                    update(fresh)
             except Exception as e:  # the next interval tries again; the table is as committed
                 log.warning("%s", storage_error(e, f"checkpoint of {self._name}"))
             else:
@@ -697,8 +698,8 @@ def _checkpoint_and_load(path: str, version: int, storage_options: dict[str, str
                          ) -> tuple[int, DeltaTable]:
     """Write the checkpoint of `version` and load the table afresh from it: (the version it
     was loaded from, the table at the latest version)."""
-    DeltaTable(path, version=version, storage_options=storage_options).create_checkpoint()
-    return version, DeltaTable(path, storage_options=storage_options)
+    open_table(path, version=version, storage_options=storage_options).create_checkpoint()
+    return version, open_table(path, storage_options=storage_options)
 
 
 def _increasing(table: pa.Table) -> bool:

@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
 from deltabus.log_tables.control_records import cannot_hold_markers
+from deltabus.log_tables.delta_reads import open_table
 from deltabus.records import LOG_SCHEMA
 from deltabus.storage import Storage
 
@@ -126,7 +127,7 @@ class LogReader:
         """`storage` reaches the table's root (by default `path`'s store, with no options)."""
         self.path = path
         self._storage = storage or Storage(path)
-        self._table = DeltaTable(path, storage_options=self._storage.delta_options)
+        self._table = open_table(path, storage_options=self._storage.delta_options)
         self._files = data_files(self._table)
         # The log start offset DeleteRecords recorded (the appender's LOG_START_TXN_APP_ID).
         self._recorded_start = self._table.transaction_version(LOG_START_TXN_APP_ID) or 0

@@ -63,6 +63,7 @@ from deltabus.log_tables.control_records import (
     control_key,
     control_value,
 )
+from deltabus.log_tables.delta_reads import history
 from deltabus.log_tables.leader_epochs import LeaderEpochCache, recover_epochs
 from deltabus.log_tables.partition_reader import LogFile, PartitionReader
 from deltabus.log_tables.producer_state import (
@@ -796,7 +797,7 @@ def commit_ranges(table: DeltaTable, limit: int | None = None) -> list[CommitRan
     commits), read from the commitInfo every append writes. Replication and streaming map
     versions to offsets and back with it; commits that appended nothing are left out."""
     out = []
-    for commit in table.history(limit):
+    for commit in history(table, limit):
         if "deltabus.baseOffset" in commit:
             out.append(CommitRange(int(commit["version"]), int(commit["deltabus.baseOffset"]),
                                    int(commit["deltabus.lastOffset"])))

@@ -19,8 +19,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from deltalake import DeltaTable
 
+from deltabus.log_tables.delta_reads import open_table, update
 from deltabus.log_tables.log_reader import (
     FILE_COLUMNS,
     data_files,
@@ -66,7 +66,7 @@ class PartitionReader:
         self._committed_version = committed_version
         self._on_log_start = on_log_start
         self._lock = threading.Lock()
-        self._table = DeltaTable(path, storage_options=storage.delta_options)
+        self._table = open_table(path, storage_options=storage.delta_options)
         self._table_base = self._table.version()  # loaded afresh at this version
         self._files_version = -1
         self._files_cache = pa.table({})
@@ -165,7 +165,7 @@ class PartitionReader:
         checkpoint every checkpoint_interval versions (delta-rs replays every commit since the
         object was loaded, so a long-lived object slows down)."""
         if self._committed_version() - self._table_base >= self._checkpoint_interval:
-            self._table = DeltaTable(self.path, storage_options=self._storage.delta_options)
+            self._table = open_table(self.path, storage_options=self._storage.delta_options)
             self._table_base = self._table.version()
         else:
-            self._table.update_incremental()
+            update(self._table)

@@ -37,6 +37,7 @@ from deltalake.exceptions import TableNotFoundError
 
 from deltabus import config as cfg
 from deltabus import errors
+from deltabus.log_tables.delta_reads import history, open_table, update
 from deltabus.log_tables.delta_writes import VACUUM_RETENTION_HOURS, commit_properties
 
 log = logging.getLogger(__name__)
@@ -332,11 +333,11 @@ class OffsetStore:
         """Whether an append that raised was committed anyway (say, the reply to the commit was
         lost): then it is acknowledged like any other, so memory keeps matching the table."""
         try:
-            self._table.update_incremental()
+            update(self._table)
             newer = self._table.version() - version
             return newer > 0 and any(
                 commit.get("deltabus.first_sequence") == first_sequence
-                for commit in self._table.history(newer))
+                for commit in history(self._table, newer))
         except Exception:  # the storage is still failing: the outcome stays unknown
             return False
 
@@ -357,7 +358,7 @@ class OffsetStore:
                 future.set_result(0)
             return
         try:
-            self._table.update_incremental()
+            update(self._table)
             write_deltalake(self._table, pa.Table.from_pylist(live, schema=SCHEMA),
                             mode="overwrite", commit_properties=_properties(COMPACTION))
         except Exception as e:
@@ -383,7 +384,7 @@ class OffsetStore:
             self._table.vacuum(retention_hours=VACUUM_RETENTION_HOURS, dry_run=False,
                                enforce_retention_duration=False,
                                commit_properties=_properties(COMPACTION))
-            self._table.update_incremental()
+            update(self._table)
             self._table.create_checkpoint()
             self._table.cleanup_metadata()
         except Exception as e:
@@ -437,7 +438,7 @@ class OffsetStore:
 def _open(path: str, storage_options: dict[str, str] | None) -> DeltaTable:
     try:
         try:
-            return DeltaTable(path, storage_options=storage_options)
+            return open_table(path, storage_options=storage_options)
         except TableNotFoundError:
             return DeltaTable.create(
                 path, SCHEMA, mode="ignore", name="__consumer_offsets",

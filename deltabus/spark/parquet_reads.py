@@ -64,8 +64,8 @@ from urllib.parse import unquote, urlsplit
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from deltalake import DeltaTable
 
+from deltabus.log_tables.delta_reads import open_table
 from deltabus.log_tables.delta_writes import typed_column_types
 from deltabus.log_tables.log_reader import LOG_START_TXN_APP_ID, data_files, files_overlapping
 from deltabus.log_tables.transactions import AbortedTxn, aborted_in, read_markers
@@ -234,7 +234,7 @@ def partition_scan(r: OffsetRange, options: SourceOptions) -> PartitionScan:
     """The files of the replica table `r.path` holding [r.start, r.end), at its current Delta
     version, with the markers among them and (read_committed) the aborted transactions."""
     storage = Storage(r.path, options.storage_options)
-    table = DeltaTable(r.path, storage_options=storage.delta_options)
+    table = open_table(r.path, storage_options=storage.delta_options)
     files = data_files(table)
     recorded_start = table.transaction_version(LOG_START_TXN_APP_ID) or 0
     log_start = None

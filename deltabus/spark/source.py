@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
-from deltalake import DeltaTable
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
@@ -37,6 +36,7 @@ from deltabus.client.consumer import Consumer
 from deltabus.client.consumer_coordinator import TopicPartition
 from deltabus.client.schema_cache import SchemaCache
 from deltabus.client.security import ClientSecurity, security_from_properties
+from deltabus.log_tables.delta_reads import open_table
 from deltabus.log_tables.delta_writes import typed_column_types
 from deltabus.log_tables.layout import replica_path
 from deltabus.log_tables.log_reader import TRANSACTION_COLUMNS, LogReader
@@ -446,7 +446,7 @@ def typed_column_type(options: SourceOptions, column: str) -> pa.DataType:
                           for s in sorted(subjects)]
         for tp in tps:
             path = topics.table_path(tp)
-            table = DeltaTable(path, storage_options=Storage(path, options.storage_options)
+            table = open_table(path, storage_options=Storage(path, options.storage_options)
                                .delta_options)
             held = typed_column_types(table).get(column)
             if held is not None:
