@@ -113,6 +113,25 @@ class Storage:
             store, key = self._store(uri)
             return obstore.get(store, key).bytes().to_bytes()
 
+    def read_if_present(self, uri: str) -> bytes | None:
+        """A whole file, or None when there is none at `uri` (a Delta writer looking for the
+        commits made after the one it lost to)."""
+        with _failures(f"cannot read {uri}"):
+            try:
+                if self._local is not None:
+                    with open(_local_path(uri), "rb") as source:
+                        return source.read()
+                import obstore
+                from obstore.exceptions import NotFoundError
+
+                store, key = self._store(uri)
+                try:
+                    return obstore.get(store, key).bytes().to_bytes()
+                except NotFoundError:
+                    return None
+            except FileNotFoundError:
+                return None
+
     def write(self, uri: str, data: bytes | pa.Buffer) -> int:
         """Write a whole file (replacing any); returns its size."""
         with _failures(f"cannot write {uri}"):

@@ -130,7 +130,7 @@ def run_cleaner(task: CleanerTask) -> CleanerResult:
         if cut > 0:
             for r, t in tables.items():
                 removed[r] = remove_below(t, cut, delete_delay_ms=task.file_delete_delay_ms,
-                                          now_ms=now_ms)
+                                          now_ms=now_ms, storage=storage)
         compacted = {}
         if task.compact:
             for r in tables:

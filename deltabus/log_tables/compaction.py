@@ -27,7 +27,9 @@ What a Kafka user relies on, and how it holds here:
 - As Kafka's `min.cleanable.dirty.ratio`: a table is compacted once the files written since it
   was last compacted (the cleanable end then is kept in the Delta app transaction
   `deltabus.compact`) are at least that share of the cleanable range's bytes.
-- The rewrite is one Delta commit of dataChange=false actions, as retention's and the merge's:
+- The rewrite is one Delta commit of dataChange=false actions, as retention's and the merge's
+  (deltabus's own, delta_writes.commit_rewrite; a concurrent compaction of the table conflicts
+  on the `deltabus.compact` app transaction and is tried again at the next run):
   an appending broker is not disturbed, readers at older versions still see the old files, and
   the removed files go after `file.delete.delay.ms` (retention.vacuum).
 """
@@ -44,12 +46,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from deltalake import DeltaTable, Transaction
-from deltalake.transaction import AddAction, RemoveAction
+from deltalake import DeltaTable
 
 from deltabus.log_tables.control_records import control_mask
+from deltabus.log_tables.delta_commit import DataFile, remove_action
 from deltabus.log_tables.delta_writes import (
-    commit_properties,
+    cleaner_writer,
+    commit_rewrite,
     log_table_schema,
     removal_stamp,
     write_data_file,
@@ -217,7 +220,9 @@ def compact(table: DeltaTable, *, high_watermark: int, min_lag_ms: int, delete_r
         aborted=(transactions or _transactions(table, storage, ())).aborted)
     stamp = removal_stamp(now_ms, delete_delay_ms)
     schema = log_table_schema(table)  # a typed table's columns are kept too
-    actions: list[AddAction | RemoveAction] = []
+    writer = cleaner_writer(table, storage)
+    adds: list[DataFile] = []
+    removes: list[dict[str, Any]] = []
     for i, path in enumerate(paths):
         if len(keep) == records.num_rows or pc.all(pc.is_in(scans[i].column("offset"),
                                                             keep)).as_py():
@@ -226,18 +231,16 @@ def compact(table: DeltaTable, *, high_watermark: int, min_lag_ms: int, delete_r
         data = storage.read_parquet(posixpath.join(base, path), schema)
         data = data.filter(pc.is_in(data.column("offset"), keep)).sort_by("offset")
         name, size = write_data_file(storage, base, data, "compacted")
-        actions.append(AddAction(name, size, {}, now_ms, False,
-                                 kept_range_stats(row, data.num_rows)))
-        actions.append(RemoveAction(path, False, stamp, row["size_bytes"]))
+        adds.append(DataFile(name, size, kept_range_stats(row, data.num_rows),
+                             data_change=False))
+        removes.append(remove_action(path, row["size_bytes"], stamp, data_change=False))
     # Also when nothing went: the range is clean, and the next run need not read it again.
-    table.create_write_transaction(
-        actions, mode="append", schema=schema,
-        commit_properties=commit_properties(
-            {"deltabus.operation": "compact", "deltabus.cleanableEnd": str(end),
-             "deltabus.removedRecords": str(records.num_rows - len(keep))},
-            app_transactions=[Transaction(CLEANED_TXN_APP_ID, end)]))
+    # The cleaned end's app transaction makes a concurrent compaction of the table conflict.
+    commit_rewrite(writer, adds=adds, removes=removes, txns={CLEANED_TXN_APP_ID: end},
+                   info={"deltabus.operation": "compact", "deltabus.cleanableEnd": str(end),
+                         "deltabus.removedRecords": str(records.num_rows - len(keep))})
     return Compacted(end, ratio, records.num_rows, records.num_rows - len(keep),
-                     tombstones_removed, len(actions) // 2)
+                     tombstones_removed, len(adds))
 
 
 def kept_range_stats(row: dict[str, Any], records: int) -> str:

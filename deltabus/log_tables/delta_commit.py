@@ -22,11 +22,19 @@ The rules of the Delta protocol (PROTOCOL.md, delta-io/delta) this writer follow
   maximum when longer; binary, boolean, list and map columns carry null counts only;
   timestamps are written to the millisecond, the maximum rounded up.
 - **remove**: path, deletionTimestamp, dataChange, size (vacuum deletes the file later).
-- **Blind appends and conflicts.** An append reads nothing, so a version lost to another writer
-  is tried again at the next one, unless the winner invalidates it: a `metaData` or `protocol`
-  action (the schema or the table's rules changed: CommitConflict, reload and rebuild) or an app
-  transaction named by `fence_app_id` (another writer of the same log: FencedWriter, and the
-  batch is never acknowledged).
+- **dataChange=false** on the actions of a rewrite that leaves the records as they were (the
+  cleaner's merge, compaction and retention): streaming readers skip those versions.
+- **Conflicts.** A version lost to another writer is tried again after the newest one, once
+  every commit made since the writer's version has been read and found compatible (the
+  protocol's optimistic concurrency: the checks of delta-spark's and delta-rs's conflict
+  checkers for blind appends and dataChange=false rewrites). A winner invalidates the commit
+  when it changes the `metaData` or `protocol` (the schema or the table's rules changed), when
+  it removes a file this commit removes (a concurrent rewrite of the same files: the cleaner's
+  merge, compaction or retention against each other or a restart), or when it sets an app
+  transaction this commit sets (e.g. the compaction's cleaned end): CommitConflict, nothing
+  committed, reload and try again. An app transaction named by `fence_app_id` is another writer
+  of the same log: FencedWriter, and the batch is never acknowledged. An append reads nothing
+  and removes nothing, so only the first and the last of these can stop it.
 - **Protocol versions** stay as the tables were created (reader 1, writer 2): this writer uses
   no table feature, and no deltabus table sets appendOnly or column invariants.
 """
@@ -40,14 +48,17 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
-from urllib.parse import quote
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote, unquote
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from deltabus.storage import Storage
+
+if TYPE_CHECKING:
+    from deltalake import DeltaTable
 
 ENGINE = "deltabus"
 DEFAULT_INDEXED_COLUMNS = 32  # the protocol's default delta.dataSkippingNumIndexedCols
@@ -72,10 +83,18 @@ class DataFile:
     path: str  # relative to the table, as the add action names it (not URL-encoded)
     size: int
     stats: str  # the add action's stats (JSON)
+    # False for a rewrite of records already in the table (merge, compaction)
+    data_change: bool = True
 
     def add_action(self, now_ms: int) -> dict[str, Any]:
         return {"add": {"path": quote(self.path), "partitionValues": {}, "size": self.size,
-                        "modificationTime": now_ms, "dataChange": True, "stats": self.stats}}
+                        "modificationTime": now_ms, "dataChange": self.data_change,
+                        "stats": self.stats}}
+
+    @property
+    def records(self) -> int:
+        """The records in the file, as its stats say."""
+        return int(json.loads(self.stats).get("numRecords", 0))
 
 
 def commit_file(table_uri: str, version: int) -> str:
@@ -83,23 +102,28 @@ def commit_file(table_uri: str, version: int) -> str:
     return posixpath.join(table_uri, "_delta_log", f"{version:020d}.json")
 
 
-def remove_action(path: str, size: int, deletion_ms: int) -> dict[str, Any]:
-    """A remove action for the data file at `path` (relative, not URL-encoded)."""
-    return {"remove": {"path": quote(path), "deletionTimestamp": deletion_ms, "dataChange": True,
-                       "extendedFileMetadata": True, "partitionValues": {}, "size": size}}
+def remove_action(path: str, size: int, deletion_ms: int, *,
+                  data_change: bool = True) -> dict[str, Any]:
+    """A remove action for the data file at `path` (relative, not URL-encoded).
+    `deletion_ms` decides when vacuum may delete the file (delta_writes.removal_stamp);
+    `data_change`=False for a rewrite that keeps the file's records in the table."""
+    return {"remove": {"path": quote(path), "deletionTimestamp": deletion_ms,
+                       "dataChange": data_change, "extendedFileMetadata": True,
+                       "partitionValues": {}, "size": size}}
 
 
 class DeltaCommitWriter:
-    """Writes data files and appends to one Delta table from a known version on. Not
-    thread-safe: one writer thread per table (the log's commit round)."""
+    """Writes data files and commits to one Delta table from a known version on. Not
+    thread-safe: one writer thread per table (the log's commit round, a cleaner's task)."""
 
     def __init__(self, storage: Storage, table_uri: str, version: int, *,
                  indexed_columns: int = DEFAULT_INDEXED_COLUMNS,
                  fence_app_id: str | None = None, retries: int = 50) -> None:
         """`version`: the table's latest version as the caller loaded it. `fence_app_id`: an
         app transaction only this table's one log writer sets (a lost version that sets it
-        means another writer: FencedWriter). `retries`: versions lost to other writers'
-        compatible commits (the cleaner's) before CommitConflict."""
+        means another writer: FencedWriter). `retries`: tries lost to other writers'
+        compatible commits before CommitConflict (after each, every commit made since is read,
+        so the next try loses only to a commit landing in between)."""
         self.storage = storage
         self.table_uri = table_uri
         self.version = version
@@ -120,13 +144,19 @@ class DeltaCommitWriter:
                txns: Mapping[str, int] | None = None, info: Mapping[str, str] | None = None,
                operation: str = "WRITE") -> int:
         """Commit the actions as the next version the table lets this writer have; returns it.
+        `removes` are `remove_action`s; `info` goes into the commitInfo (history() shows it).
         Raises FencedWriter or CommitConflict (nothing committed) or KafkaStorageError (the
         outcome is unknown: the storage failed, perhaps after the put landed)."""
         now_ms = int(time.time() * 1000)
         commit_info: dict[str, Any] = {
             "timestamp": now_ms, "operation": operation,
             "operationParameters": {"mode": "Append"}, "isBlindAppend": not removes,
-            "engineInfo": ENGINE, "clientVersion": ENGINE, **(info or {})}
+            "engineInfo": ENGINE, "clientVersion": ENGINE,
+            # what delta-rs's own writes report (its history() readers look here)
+            "operationMetrics": {"num_added_files": len(adds),
+                                 "num_removed_files": len(removes), "num_partitions": 0,
+                                 "num_added_rows": sum(f.records for f in adds)},
+            **(info or {})}
         lines = [{"commitInfo": commit_info}]
         lines += [{"txn": {"appId": app_id, "version": version, "lastUpdated": now_ms}}
                   for app_id, version in (txns or {}).items()]
@@ -134,35 +164,73 @@ class DeltaCommitWriter:
         lines += list(removes)
         payload = ("\n".join(json.dumps(line, separators=(",", ":")) for line in lines)
                    + "\n").encode()
+        mine = _Touches(removed={unquote(r["remove"]["path"]) for r in removes},
+                        txns=set(txns or ()))
+        version = self.version + 1
         for _ in range(self.retries + 1):
-            version = self.version + 1
             if self.storage.put_if_absent(commit_file(self.table_uri, version), payload):
                 self.version = version
                 return version
-            self._check_winner(version)
-            self.version = version
+            # Lost: read every commit made since (a cleaner reading an old version may be
+            # many behind), then try after the newest.
+            winner: bytes | None = self.storage.read_bytes(commit_file(self.table_uri, version))
+            while winner is not None:
+                self._check_winner(version, winner, mine)
+                self.version = version
+                version += 1
+                winner = self.storage.read_if_present(commit_file(self.table_uri, version))
         raise CommitConflict(
-            f"{self.table_uri}: {self.retries + 1} versions in a row went to other writers")
+            f"{self.table_uri}: {self.retries + 1} tries in a row lost their version to other "
+            "writers")
 
     def catch_up(self, version: int) -> None:
         """The table reached `version` through another writer of this process (delta-rs)."""
         self.version = max(self.version, version)
 
-    def _check_winner(self, version: int) -> None:
-        """The commit that took `version`: raise if it invalidates a blind append."""
-        text = self.storage.read_bytes(commit_file(self.table_uri, version)).decode()
-        for line in text.splitlines():
+    def _check_winner(self, version: int, text: bytes, mine: _Touches) -> None:
+        """The commit that took `version`: raise if it invalidates this writer's commit."""
+        for line in text.decode().splitlines():
             if not line.strip():
                 continue
             action = json.loads(line)
             if "metaData" in action or "protocol" in action:
                 raise CommitConflict(
                     f"{self.table_uri}: version {version} changed the table's schema or "
-                    "protocol while an append was being committed")
+                    "protocol while a commit was being made")
             txn = action.get("txn")
-            if txn is not None and self.fence_app_id and txn.get("appId") == self.fence_app_id:
-                raise FencedWriter(
-                    f"{self.table_uri}: another writer of this log committed version {version}")
+            if txn is not None:
+                app_id = txn.get("appId")
+                if self.fence_app_id and app_id == self.fence_app_id:
+                    raise FencedWriter(
+                        f"{self.table_uri}: another writer of this log committed version "
+                        f"{version}")
+                if app_id in mine.txns:
+                    raise CommitConflict(
+                        f"{self.table_uri}: version {version} set the app transaction "
+                        f"{app_id} this commit sets")
+            remove = action.get("remove")
+            if remove is not None and unquote(remove.get("path", "")) in mine.removed:
+                raise CommitConflict(
+                    f"{self.table_uri}: version {version} removed {remove.get('path')}, "
+                    "which this commit removes too")
+
+
+@dataclass(frozen=True)
+class _Touches:
+    """What a commit removes and which app transactions it sets: a winner touching either
+    invalidates it."""
+
+    removed: set[str]
+    txns: set[str]
+
+
+def writer_for(table: DeltaTable, storage: Storage, *, retries: int) -> DeltaCommitWriter:
+    """A writer continuing `table` from the version delta-rs loaded, for a commit of actions
+    prepared from that version (the log cleaner's): every commit made since is checked
+    against it before it lands."""
+    return DeltaCommitWriter(storage, table.table_uri, table.version(),
+                             indexed_columns=indexed_columns(table.metadata().configuration),
+                             retries=retries)
 
 
 def file_stats(data: pa.Table, indexed_columns: int = DEFAULT_INDEXED_COLUMNS) -> str:

@@ -1,9 +1,10 @@
 """How deltabus writes its Delta tables: the numbers every writer shares, each set once.
 
-The broker's appender, the log cleaner's retention, merge and compaction, the offset store and
-the metadata log all commit to Delta tables with delta-rs. What they must agree on lives here:
-the row-group size range reads rely on, how often a commit retries a conflict, and how a removed
-file is stamped so that `vacuum` deletes it after `file.delete.delay.ms`.
+The broker's appender and the log cleaner's retention, merge and compaction commit to partition
+tables through deltabus's own commit writer (delta_commit.py); the offset store, the metadata
+log, vacuum, truncation and schema changes commit with delta-rs. What they must agree on lives
+here: the row-group size range reads rely on, how often a commit retries a conflict, and how a
+removed file is stamped so that `vacuum` deletes it after `file.delete.delay.ms`.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import functools
 import posixpath
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -24,6 +25,14 @@ from deltalake import (
     WriterProperties,
 )
 
+from deltabus import errors
+from deltabus.log_tables.delta_commit import (
+    CommitConflict,
+    DataFile,
+    DeltaCommitWriter,
+    FencedWriter,
+    writer_for,
+)
 from deltabus.records import LOG_SCHEMA, TYPED_COLUMNS
 from deltabus.storage import Storage
 
@@ -31,8 +40,13 @@ from deltabus.storage import Storage
 # group-committed (or merged) file skips the row groups it does not need.
 ROW_GROUP_RECORDS_MAX = 65_536
 # Conflicts a commit retries before it fails. Background writers (the cleaner, the offset store,
-# the metadata log) simply run again after a failure.
-COMMIT_RETRIES = 1000
+# the metadata log) simply run again after a failure. 20 as before issue 38: the cleaner's
+# commits no longer go through delta-rs, whose retries (a listing and a replay each, many ms)
+# lost every race to appends landing every 1-2 ms, 1000 retries or 20; through the commit
+# writer a lost try costs a read of each commit made since and one put, and the next try loses
+# only to a commit landing in between. delta-rs's remaining commits to partition tables
+# (truncation, schema changes) are made by the one appender, between its own appends.
+COMMIT_RETRIES = 20
 # A broker's appends race the cleaner's commits on the same table, and a failed append fails
 # produce requests: they retry longer.
 APPEND_COMMIT_RETRIES = 50
@@ -114,3 +128,32 @@ def write_data_file(storage: Storage, table_uri: str, data: pa.Table,
     sink = pa.BufferOutputStream()
     pq.write_table(data, sink, row_group_size=ROW_GROUP_RECORDS_MAX, compression="snappy")
     return name, storage.write(posixpath.join(table_uri, name), sink.getvalue())
+
+
+def cleaner_writer(table: DeltaTable, storage: Storage) -> DeltaCommitWriter:
+    """The commit writer of a log cleaner's job on `table`, from the version delta-rs loaded
+    (what the job's actions were prepared from): see `commit_rewrite`."""
+    return writer_for(table, storage, retries=COMMIT_RETRIES)
+
+
+def commit_rewrite(writer: DeltaCommitWriter, *, adds: Sequence[DataFile] = (),
+                   removes: Sequence[dict[str, Any]] = (), txns: Mapping[str, int] | None = None,
+                   info: Mapping[str, str]) -> int:
+    """Commit a log cleaner's actions through deltabus's commit writer (delta_commit.py): the
+    version they got, after every commit made since the writer's version was found
+    compatible. Why not delta-rs: the cleaner commits beside a broker appending every 1-2 ms,
+    possibly from another process, and delta-rs's retries each cost many ms: they never caught
+    up (an S3 merge ran over 800 s). A conflicting commit (one removed a file this one removes,
+    set an app transaction it sets, or changed the schema) raises CommitConflict: nothing is
+    committed, the files it wrote are deleted, and the cleaner's next round tries again from
+    the table as it is then. `info` is the commitInfo's provenance (deltabus.operation and the
+    job's details)."""
+    try:
+        return writer.commit(adds=adds, removes=removes, txns=txns, info=info)
+    except (CommitConflict, FencedWriter):
+        for f in adds:  # no commit names them (vacuum would delete them an hour from now)
+            try:
+                writer.storage.delete(posixpath.join(writer.table_uri, f.path))
+            except errors.KafkaStorageError:
+                pass
+        raise

@@ -5,9 +5,10 @@ replica table (see cluster/log_cleaner.py).
 
 What must stay true: the same records at the same offsets, in offset order inside each merged
 file, with row groups of bounded size and per-file offset statistics, so range reads stay pruned
-and followers can still copy whole files. The rewrite is one Delta commit that adds the merged file
-and removes its inputs, marked dataChange=false (the data did not change: readers at any version
-see the same records, and an appending broker is not disturbed). Nothing at or above the high
+and followers can still copy whole files. The rewrite is one Delta commit (deltabus's own,
+delta_writes.commit_rewrite) that adds the merged file and removes its inputs, marked
+dataChange=false (the data did not change: readers at any version see the same records, and an
+appending broker is not disturbed). Nothing at or above the high
 watermark and never the newest file is touched. The inputs go from disk after
 `file.delete.delay.ms` (retention.vacuum).
 """
@@ -22,10 +23,11 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
-from deltalake.transaction import AddAction, RemoveAction
 
+from deltabus.log_tables.delta_commit import DataFile, remove_action
 from deltabus.log_tables.delta_writes import (
-    commit_properties,
+    cleaner_writer,
+    commit_rewrite,
     log_table_schema,
     removal_stamp,
     write_data_file,
@@ -107,6 +109,7 @@ def merge_small_files(table: DeltaTable, *, target_bytes: int, min_age_ms: int,
     base = table.table_uri
     merged = records = 0
     schema = log_table_schema(table)  # a typed table's columns are merged too
+    writer = cleaner_writer(table, storage)
     for run in runs:
         inputs = files.take(run)
         paths = inputs.column("path").to_pylist()
@@ -116,16 +119,15 @@ def merge_small_files(table: DeltaTable, *, target_bytes: int, min_age_ms: int,
         name, size = write_data_file(storage, base, data, "merged")
         # the inputs are vacuumed file.delete.delay.ms from now, as retention's removals
         stamp = removal_stamp(now_ms, delete_delay_ms)
-        actions: list[AddAction | RemoveAction] = [
-            AddAction(name, size, {}, now_ms, False, stats_json(_stats_row(inputs, data.num_rows)))]
-        actions += [RemoveAction(p, False, stamp, s) for p, s in zip(
-            paths, inputs.column("size_bytes").to_pylist(), strict=True)]
-        table.create_write_transaction(
-            actions, mode="append", schema=schema,
-            commit_properties=commit_properties(
-                {"deltabus.operation": "merge",
-                 "deltabus.baseOffset": str(inputs.column("min.offset")[0]),
-                 "deltabus.mergedFiles": str(len(paths))}))
+        commit_rewrite(
+            writer,
+            adds=[DataFile(name, size, stats_json(_stats_row(inputs, data.num_rows)),
+                           data_change=False)],
+            removes=[remove_action(p, s, stamp, data_change=False) for p, s in zip(
+                paths, inputs.column("size_bytes").to_pylist(), strict=True)],
+            info={"deltabus.operation": "merge",
+                  "deltabus.baseOffset": str(inputs.column("min.offset")[0]),
+                  "deltabus.mergedFiles": str(len(paths))})
         merged += len(paths)
         records += data.num_rows
     return Merged(files.num_rows, files.num_rows - merged + len(runs), merged, records)

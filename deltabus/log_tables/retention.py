@@ -11,11 +11,13 @@ DeleteRecords moves the log start offset without removing anything (it records i
 table, see appender.py): the cleaner's next run removes the files wholly below it the same way
 (`recorded_cut`); a file straddling it stays, and reads skip its records below it.
 
-The removal is a Delta commit of remove actions marked dataChange=false. The records stay readable
-at older versions, so running readers do not break; a broker appending to the table at the same
-time is not disturbed (delta-rs fails a concurrent append after a dataChange=true remove); and a
-delta-spark stream over the table does not see a delete, as a Kafka consumer does not. The files
-themselves go after `file.delete.delay.ms` (`vacuum`).
+The removal is a Delta commit of remove actions marked dataChange=false (deltabus's own,
+delta_writes.commit_rewrite: it wins its version beside appends landing every millisecond or
+two; a concurrent removal of the same files conflicts, and the next run tries again). The
+records stay readable at older versions, so running readers do not break; a broker appending to
+the table at the same time is not disturbed; and a delta-spark stream over the table does not
+see a delete, as a Kafka consumer does not. The files themselves go after
+`file.delete.delay.ms` (`vacuum`).
 """
 
 from __future__ import annotations
@@ -27,15 +29,17 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
-from deltalake.transaction import AddAction, RemoveAction
 
+from deltabus.log_tables.delta_commit import remove_action
 from deltabus.log_tables.delta_writes import (
     VACUUM_RETENTION_HOURS,
+    cleaner_writer,
     commit_properties,
-    log_table_schema,
+    commit_rewrite,
     removal_stamp,
 )
 from deltabus.log_tables.log_reader import LOG_START_TXN_APP_ID, data_files
+from deltabus.storage import Storage
 
 _COLUMNS = ["path", "size_bytes", "num_records", "min.offset", "max.offset", "max.timestamp"]
 
@@ -98,9 +102,9 @@ def recorded_cut(table: DeltaTable) -> int:
 
 
 def remove_below(table: DeltaTable, cut: int, *, delete_delay_ms: int,
-                 now_ms: int | None = None) -> Removed:
+                 now_ms: int | None = None, storage: Storage | None = None) -> Removed:
     """Commit the removal of `table`'s files that lie wholly below offset `cut` (never its
-    newest file)."""
+    newest file). `storage` reaches the table (by default its store, with no options)."""
     files = table_files(table)
     if files.num_rows == 0:
         return Removed(0, 0, 0, -1)
@@ -110,14 +114,11 @@ def remove_below(table: DeltaTable, cut: int, *, delete_delay_ms: int,
         return Removed(0, 0, 0, files.column("min.offset")[0].as_py())
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
     stamp = removal_stamp(now_ms, delete_delay_ms)
-    actions: list[AddAction | RemoveAction] = [
-        RemoveAction(path, False, stamp, size) for path, size in zip(
+    removes = [remove_action(path, size, stamp, data_change=False) for path, size in zip(
         doomed.column("path").to_pylist(), doomed.column("size_bytes").to_pylist(), strict=True)]
     start = files.column("min.offset")[doomed.num_rows].as_py()
-    table.create_write_transaction(
-        actions, mode="append", schema=log_table_schema(table),
-        commit_properties=commit_properties(
-            {"deltabus.operation": "retention", "deltabus.logStartOffset": str(start)}))
+    commit_rewrite(cleaner_writer(table, storage or Storage(table.table_uri)), removes=removes,
+                   info={"deltabus.operation": "retention", "deltabus.logStartOffset": str(start)})
     return Removed(doomed.num_rows, int(pc.sum(doomed.column("num_records")).as_py()),
                    int(pc.sum(doomed.column("size_bytes")).as_py()), start)
 
