@@ -35,6 +35,7 @@ from deltabus.records import (
     to_ipc_batches,
     to_log_batch,
 )
+from deltabus.storage import Storage
 
 RESULT_TIMEOUT_S = 30
 READ_ALL = 1 << 30
@@ -239,16 +240,16 @@ def test_failed_commit_fails_its_appends_and_leaves_no_gap(
     log: PartitionLog, path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     log.append(_batch([b"before"]), leader_epoch=0).result(RESULT_TIMEOUT_S)
-    real_write = appender.write_deltalake
+    real_put = Storage.put_if_absent
     calls = {"n": 0}
 
-    def fail_once(*args, **kwargs):
+    def fail_once(self: Storage, uri: str, data: bytes) -> bool:  # the disk, not Delta
         calls["n"] += 1
         if calls["n"] == 1:
             raise OSError("disk on fire")
-        return real_write(*args, **kwargs)
+        return real_put(self, uri, data)
 
-    monkeypatch.setattr(appender, "write_deltalake", fail_once)
+    monkeypatch.setattr(Storage, "put_if_absent", fail_once)
     failed = log.append(_batch([b"lost", b"lost"]), leader_epoch=0)
     with pytest.raises(errors.KafkaStorageError) as info:
         failed.result(RESULT_TIMEOUT_S)

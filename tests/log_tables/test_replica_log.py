@@ -89,12 +89,14 @@ def test_copy_that_does_not_continue_the_log_fails_and_writes_nothing(logs) -> N
 
 def test_two_writers_of_one_table_conflict_instead_of_duplicating(tmp_path: Path) -> None:
     """A zombie broker and its successor (or a catch-up job and a follower) both open a table:
-    the app transaction every commit sets makes the second writer's stale commit fail."""
+    the app transaction every commit sets makes the second writer's stale commit fail. The
+    writer that lost learns it was fenced and acknowledges nothing: its producers get
+    NOT_LEADER_OR_FOLLOWER and look the leader up again."""
     first = _open(tmp_path / "replica-0")
     second = _open(tmp_path / "replica-0")
     try:
         _append(first, "a", 3, epoch=0)
-        with pytest.raises(errors.KafkaStorageError):
+        with pytest.raises(errors.NotLeaderOrFollowerError, match="another writer"):
             _append(second, "zombie", 3, epoch=0)
         # The failed writer reloaded the table: it continues after what the other one wrote.
         assert second.log_end_offset == 3
