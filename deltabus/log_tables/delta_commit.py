@@ -1,11 +1,14 @@
-"""The Delta commits of appends, written by deltabus itself: a Parquet data file, then the next
-version's commit file, put only if no other writer made that version first.
+"""The Delta commits of appends and of the log cleaner's rewrites, written by deltabus itself: a
+Parquet data file, then the next version's commit file, put only if no other writer made that
+version first.
 
 Why not delta-rs: its write path costs 7-40 ms of CPU a commit whatever the batch size (it
 replays the log, plans, and runs its conflict checker), where a data file and a few lines of
-JSON cost about a millisecond (`python -m bench.commit_paths`). delta-rs still creates the
-tables, reads them, checkpoints, vacuums, merges, compacts and changes schemas; this module
-writes appends only, and every table it writes stays a plain Delta table.
+JSON cost about a millisecond (`python -m bench.commit_paths`). And a delta-rs commit beside
+appends landing every 1-2 ms loses every version race: its retries cost as much again, so the
+cleaner's retention, merge and compaction commit here too (delta_writes.commit_rewrite), with
+the actions they prepare. delta-rs still creates the tables, reads them, checkpoints, vacuums,
+truncates and changes schemas, and every table this module writes stays a plain Delta table.
 
 The rules of the Delta protocol (PROTOCOL.md, delta-io/delta) this writer follows:
 - **Mutual exclusion.** Version n is the file `_delta_log/<n, 20 digits>.json`, written whole
