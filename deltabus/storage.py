@@ -129,6 +129,36 @@ class Storage:
             obstore.put(store, key, payload)
             return len(payload)
 
+    def put_if_absent(self, uri: str, data: bytes) -> bool:
+        """Write a whole file only if none is at `uri`, atomically: True if this call wrote it,
+        False if another writer's was there first. How each store makes it atomic: a local
+        disk links a finished temporary file to the name (a link never replaces), S3 and Azure
+        put with `If-None-Match: *`, GCS with `ifGenerationMatch=0` (obstore's create mode)."""
+        with _failures(f"cannot write {uri}"):
+            if self._local is not None:
+                path = _local_path(uri)
+                folder, name = os.path.split(path)
+                temporary = os.path.join(
+                    folder, f".{name}.{os.getpid()}.{threading.get_ident()}.tmp")
+                with open(temporary, "wb") as out:
+                    out.write(data)
+                try:
+                    os.link(temporary, path)
+                    return True
+                except FileExistsError:
+                    return False
+                finally:
+                    os.unlink(temporary)
+            import obstore
+            from obstore.exceptions import AlreadyExistsError, PreconditionError
+
+            store, key = self._store(uri)
+            try:
+                obstore.put(store, key, data, mode="create")
+            except (AlreadyExistsError, PreconditionError):
+                return False
+            return True
+
     def copy(self, source: str, target: str) -> None:
         """Copy a file: server-side within one object store, so its bytes do not pass here."""
         with _failures(f"cannot copy {source} to {target}"):

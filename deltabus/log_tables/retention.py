@@ -124,7 +124,9 @@ def remove_below(table: DeltaTable, cut: int, *, delete_delay_ms: int,
 
 def vacuum(table: DeltaTable) -> int:
     """Delete the data files the cleaner removed more than `file.delete.delay.ms` ago (and
-    those other writers removed over an hour ago). Returns how many went."""
+    those other writers removed over an hour ago), and the files no commit names that are over
+    an hour old: a writer killed between its data file and its commit leaves one (a full
+    vacuum; the hour spares the files of commits still being made). Returns how many went."""
     return len(table.vacuum(retention_hours=VACUUM_RETENTION_HOURS, dry_run=False,
-                            enforce_retention_duration=False,
+                            enforce_retention_duration=False, full=True,
                             commit_properties=commit_properties({"deltabus.operation": "vacuum"})))

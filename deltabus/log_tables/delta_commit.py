@@ -1,0 +1,246 @@
+"""The Delta commits of appends, written by deltabus itself: a Parquet data file, then the next
+version's commit file, put only if no other writer made that version first.
+
+Why not delta-rs: its write path costs 7-40 ms of CPU a commit whatever the batch size (it
+replays the log, plans, and runs its conflict checker), where a data file and a few lines of
+JSON cost about a millisecond (`python -m bench.commit_paths`). delta-rs still creates the
+tables, reads them, checkpoints, vacuums, merges, compacts and changes schemas; this module
+writes appends only, and every table it writes stays a plain Delta table.
+
+The rules of the Delta protocol (PROTOCOL.md, delta-io/delta) this writer follows:
+- **Mutual exclusion.** Version n is the file `_delta_log/<n, 20 digits>.json`, written whole
+  and only if absent (Storage.put_if_absent: a hard link on local disks, a conditional put on
+  S3, Azure and GCS), so exactly one writer makes each version.
+- **Actions**, one JSON object a line: `commitInfo` (its provenance; delta-rs's `history()` and
+  delta-spark's DESCRIBE HISTORY show it), then `txn` (application transactions: appId,
+  version, lastUpdated), then `add` and `remove`.
+- **add**: the path relative to the table and URL-encoded, empty `partitionValues` (the tables
+  are unpartitioned), size, modificationTime, dataChange, and `stats`, a JSON string with
+  numRecords and the minValues, maxValues and nullCount of the first
+  `delta.dataSkippingNumIndexedCols` leaf columns (32 unless the table says): file pruning by
+  offset and timestamp reads them. Strings keep a 32-character prefix as their minimum and no
+  maximum when longer; binary, boolean, list and map columns carry null counts only;
+  timestamps are written to the millisecond, the maximum rounded up.
+- **remove**: path, deletionTimestamp, dataChange, size (vacuum deletes the file later).
+- **Blind appends and conflicts.** An append reads nothing, so a version lost to another writer
+  is tried again at the next one, unless the winner invalidates it: a `metaData` or `protocol`
+  action (the schema or the table's rules changed: CommitConflict, reload and rebuild) or an app
+  transaction named by `fence_app_id` (another writer of the same log: FencedWriter, and the
+  batch is never acknowledged).
+- **Protocol versions** stay as the tables were created (reader 1, writer 2): this writer uses
+  no table feature, and no deltabus table sets appendOnly or column invariants.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import posixpath
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from deltabus.storage import Storage
+
+ENGINE = "deltabus"
+DEFAULT_INDEXED_COLUMNS = 32  # the protocol's default delta.dataSkippingNumIndexedCols
+STRING_STATS_PREFIX = 32  # characters of a string kept as its minimum (delta-spark's)
+ROW_GROUP_RECORDS_MAX = 65_536  # see delta_writes.ROW_GROUP_RECORDS_MAX
+
+
+class CommitConflict(Exception):
+    """The version an append was to take went to a commit that changed the table's schema or
+    protocol, or every retry lost: nothing was committed; reload the table and try again."""
+
+
+class FencedWriter(Exception):
+    """Another writer of the same log committed (its app transaction `fence_app_id`): this
+    writer is no longer the log's only one, and what it was committing is not acknowledged."""
+
+
+@dataclass(frozen=True)
+class DataFile:
+    """A data file written into the table's folder, not yet part of the table."""
+
+    path: str  # relative to the table, as the add action names it (not URL-encoded)
+    size: int
+    stats: str  # the add action's stats (JSON)
+
+    def add_action(self, now_ms: int) -> dict[str, Any]:
+        return {"add": {"path": quote(self.path), "partitionValues": {}, "size": self.size,
+                        "modificationTime": now_ms, "dataChange": True, "stats": self.stats}}
+
+
+def commit_file(table_uri: str, version: int) -> str:
+    """The location of version `version`'s commit file."""
+    return posixpath.join(table_uri, "_delta_log", f"{version:020d}.json")
+
+
+def remove_action(path: str, size: int, deletion_ms: int) -> dict[str, Any]:
+    """A remove action for the data file at `path` (relative, not URL-encoded)."""
+    return {"remove": {"path": quote(path), "deletionTimestamp": deletion_ms, "dataChange": True,
+                       "extendedFileMetadata": True, "partitionValues": {}, "size": size}}
+
+
+class DeltaCommitWriter:
+    """Writes data files and appends to one Delta table from a known version on. Not
+    thread-safe: one writer thread per table (the log's commit round)."""
+
+    def __init__(self, storage: Storage, table_uri: str, version: int, *,
+                 indexed_columns: int = DEFAULT_INDEXED_COLUMNS,
+                 fence_app_id: str | None = None, retries: int = 50) -> None:
+        """`version`: the table's latest version as the caller loaded it. `fence_app_id`: an
+        app transaction only this table's one log writer sets (a lost version that sets it
+        means another writer: FencedWriter). `retries`: versions lost to other writers'
+        compatible commits (the cleaner's) before CommitConflict."""
+        self.storage = storage
+        self.table_uri = table_uri
+        self.version = version
+        self.indexed_columns = indexed_columns
+        self.fence_app_id = fence_app_id
+        self.retries = retries
+
+    def write_file(self, data: pa.Table, kind: str = "append") -> DataFile:
+        """Write `data` as a new Parquet data file of the table (Snappy, bounded row groups);
+        `kind` ends its name, saying which job wrote it."""
+        name = f"part-00000-{uuid.uuid4()}-c000.{kind}.snappy.parquet"
+        sink = pa.BufferOutputStream()
+        pq.write_table(data, sink, row_group_size=ROW_GROUP_RECORDS_MAX, compression="snappy")
+        size = self.storage.write(posixpath.join(self.table_uri, name), sink.getvalue())
+        return DataFile(name, size, file_stats(data, self.indexed_columns))
+
+    def commit(self, *, adds: Sequence[DataFile] = (), removes: Sequence[dict[str, Any]] = (),
+               txns: Mapping[str, int] | None = None, info: Mapping[str, str] | None = None,
+               operation: str = "WRITE") -> int:
+        """Commit the actions as the next version the table lets this writer have; returns it.
+        Raises FencedWriter or CommitConflict (nothing committed) or KafkaStorageError (the
+        outcome is unknown: the storage failed, perhaps after the put landed)."""
+        now_ms = int(time.time() * 1000)
+        commit_info: dict[str, Any] = {
+            "timestamp": now_ms, "operation": operation,
+            "operationParameters": {"mode": "Append"}, "isBlindAppend": not removes,
+            "engineInfo": ENGINE, "clientVersion": ENGINE, **(info or {})}
+        lines = [{"commitInfo": commit_info}]
+        lines += [{"txn": {"appId": app_id, "version": version, "lastUpdated": now_ms}}
+                  for app_id, version in (txns or {}).items()]
+        lines += [f.add_action(now_ms) for f in adds]
+        lines += list(removes)
+        payload = ("\n".join(json.dumps(line, separators=(",", ":")) for line in lines)
+                   + "\n").encode()
+        for _ in range(self.retries + 1):
+            version = self.version + 1
+            if self.storage.put_if_absent(commit_file(self.table_uri, version), payload):
+                self.version = version
+                return version
+            self._check_winner(version)
+            self.version = version
+        raise CommitConflict(
+            f"{self.table_uri}: {self.retries + 1} versions in a row went to other writers")
+
+    def catch_up(self, version: int) -> None:
+        """The table reached `version` through another writer of this process (delta-rs)."""
+        self.version = max(self.version, version)
+
+    def _check_winner(self, version: int) -> None:
+        """The commit that took `version`: raise if it invalidates a blind append."""
+        text = self.storage.read_bytes(commit_file(self.table_uri, version)).decode()
+        for line in text.splitlines():
+            if not line.strip():
+                continue
+            action = json.loads(line)
+            if "metaData" in action or "protocol" in action:
+                raise CommitConflict(
+                    f"{self.table_uri}: version {version} changed the table's schema or "
+                    "protocol while an append was being committed")
+            txn = action.get("txn")
+            if txn is not None and self.fence_app_id and txn.get("appId") == self.fence_app_id:
+                raise FencedWriter(
+                    f"{self.table_uri}: another writer of this log committed version {version}")
+
+
+def file_stats(data: pa.Table, indexed_columns: int = DEFAULT_INDEXED_COLUMNS) -> str:
+    """The add action's stats of a file holding `data`: numRecords, and the minimum, maximum
+    and null count of the first `indexed_columns` leaf columns (the protocol's order: nested
+    fields count one by one)."""
+    budget = [indexed_columns]
+    mins: dict[str, Any] = {}
+    maxes: dict[str, Any] = {}
+    nulls: dict[str, Any] = {}
+    for field, column in zip(data.schema, data.columns, strict=True):
+        if budget[0] <= 0:
+            break
+        _column_stats(field, column, budget, mins, maxes, nulls)
+    return json.dumps({"numRecords": data.num_rows, "minValues": mins, "maxValues": maxes,
+                       "nullCount": nulls}, separators=(",", ":"))
+
+
+def _column_stats(field: pa.Field, column: pa.ChunkedArray | pa.Array, budget: list[int],
+                  mins: dict[str, Any], maxes: dict[str, Any], nulls: dict[str, Any]) -> None:
+    kind = field.type
+    if pa.types.is_struct(kind):
+        inner_min: dict[str, Any] = {}
+        inner_max: dict[str, Any] = {}
+        inner_nulls: dict[str, Any] = {}
+        array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+        for i in range(kind.num_fields):
+            if budget[0] <= 0:
+                break
+            child = kind.field(i)
+            _column_stats(child, pc.struct_field(array, [i]), budget, inner_min, inner_max,
+                          inner_nulls)
+        for target, inner in ((mins, inner_min), (maxes, inner_max), (nulls, inner_nulls)):
+            if inner:
+                target[field.name] = inner
+        return
+    budget[0] -= 1
+    nulls[field.name] = column.null_count
+    if column.null_count == len(column) or not _has_min_max(kind):
+        return
+    bounds = pc.min_max(column)
+    low, high = bounds["min"].as_py(), bounds["max"].as_py()
+    if pa.types.is_timestamp(kind):
+        mins[field.name] = _timestamp(low, up=False)
+        maxes[field.name] = _timestamp(high, up=True)
+    elif pa.types.is_date(kind):
+        mins[field.name], maxes[field.name] = low.isoformat(), high.isoformat()
+    elif pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        mins[field.name] = low[:STRING_STATS_PREFIX]
+        if len(high) <= STRING_STATS_PREFIX:
+            maxes[field.name] = high
+    elif pa.types.is_decimal(kind):
+        mins[field.name], maxes[field.name] = float(low), float(high)
+    else:
+        mins[field.name], maxes[field.name] = low, high
+
+
+def _has_min_max(kind: pa.DataType) -> bool:
+    return (pa.types.is_integer(kind) or pa.types.is_floating(kind)
+            or pa.types.is_timestamp(kind) or pa.types.is_date(kind)
+            or pa.types.is_string(kind) or pa.types.is_large_string(kind)
+            or pa.types.is_decimal(kind))
+
+
+def _timestamp(value: datetime.datetime, *, up: bool) -> str:
+    """A timestamp statistic to the millisecond (the protocol's precision), UTC; a maximum
+    with microseconds beyond it is rounded up, so it still bounds the file."""
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=datetime.UTC)
+    value = value.astimezone(datetime.UTC)
+    if up and value.microsecond % 1000:
+        value += datetime.timedelta(microseconds=1000 - value.microsecond % 1000)
+    return value.strftime("%Y-%m-%dT%H:%M:%S.") + f"{value.microsecond // 1000:03d}Z"
+
+
+def indexed_columns(configuration: Mapping[str, str | None]) -> int:
+    """How many leaf columns a table's files carry statistics for (its configuration)."""
+    value = configuration.get("delta.dataSkippingNumIndexedCols")
+    if value is None:
+        return DEFAULT_INDEXED_COLUMNS
+    return 1 << 30 if int(value) < 0 else int(value)  # -1: every column
