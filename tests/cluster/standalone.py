@@ -38,6 +38,16 @@ class Standalone:
         return "\n".join(f"== {p.name}\n{p.read_text(errors='replace')[-chars:]}"
                          for p in sorted(self.logs.glob("*.log")))
 
+    def executor_lines(self, *words: str, skip: tuple[str, ...] = (),
+                       chars: int = 30000) -> str:
+        """The lines of every executor's stderr (where its brokers log) holding one of
+        `words` and none of `skip`, merged in time order (each line starts with its time
+        stamp), at most the last `chars` of them."""
+        lines = [line for path in self.logs.parent.glob("*/work/*/*/stderr")
+                 for line in path.read_text(errors="replace").splitlines()
+                 if any(w in line for w in words) and not any(w in line for w in skip)]
+        return "\n".join(sorted(lines))[-chars:]
+
 
 def _spark_class(name: str, args: list[str], host: str, log: Path,
                  extra_env: dict[str, str]) -> subprocess.Popen[bytes]:
