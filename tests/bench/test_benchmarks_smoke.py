@@ -267,7 +267,8 @@ def test_the_flags_default_to_the_full_run() -> None:
 
 def test_tiny_flags_make_tiny_sizes() -> None:
     args = run.build_parser().parse_args(
-        ["--records", "2000", "--send-records", "200", "--latency-run-s", "0.3",
+        ["--records", "2000", "--small-commit-rounds", "5", "--send-records", "200",
+         "--latency-run-s", "0.3",
          "--committers", "3", "--commit-run-s", "0.5", "--group-members", "3",
          "--drain-records", "2000", "--drain-rounds", "1", "--small-commits", "5",
          "--secure-records", "500", "--secure-rounds", "1", "--idle-connections", "50",
@@ -284,6 +285,7 @@ def test_tiny_flags_make_tiny_sizes() -> None:
     (["--send-records", "0"], "--send-records must be at least 1"),
     (["--group-members", "1"], "--group-members must be at least 2"),
     (["--small-commits", "1"], "--small-commits must be at least 2"),
+    (["--small-commit-rounds", "0"], "--small-commit-rounds must be at least 1"),
     (["--latency-run-s", "0"], "--latency-run-s must be more than 0"),
     (["--secure-rounds", "0"], "--secure-rounds must be at least 1"),
     (["--idle-connections", "0"], "--idle-connections must be at least 1"),
