@@ -39,11 +39,11 @@ kcat:
 run: setup
 	$(VENV)/bin/deltabus cluster start $(ARGS)
 
-# The tests run in this one process by default; PYTEST_WORKERS=2 runs them on two pytest-xdist
-# workers (21 minutes instead of 35), each module on one of them; tests/conftest.py keeps the
-# modules that start JVMs or kill brokers in groups and hands out the longest work first. Not the
-# default yet: one of its runs lost acknowledged records in the standalone worker-kill test.
-PYTEST_WORKERS ?= 0
+# The tests run on PYTEST_WORKERS pytest-xdist workers (2: most of a test's time is waiting, so
+# two cores carry two), each module on one of them; tests/conftest.py keeps the modules that start
+# JVMs or kill brokers in groups and hands out the longest work first. PYTEST_WORKERS=0 runs them
+# in this one process.
+PYTEST_WORKERS ?= 2
 test: setup lint
 	$(PY) -m pytest -q --durations=25 -n $(PYTEST_WORKERS) --dist loadfile $(ARGS)
 

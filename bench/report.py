@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from bench import latency_trace
+from bench import commit_paths, latency_trace
 
 TARGETS = {"bulk_rps": 500_000, "bulk_vs_straight": 0.70, "send_rps": 150_000,
            "fetch_rps": 1_000_000,
@@ -142,6 +142,17 @@ def verdict(passed: Any) -> str:
     return "" if passed == "" else ("PASS" if passed else "MISS")
 
 
+def _commit_paths(figures: dict[str, Any] | None) -> list[Row]:
+    """Step (a)'s small commit by each way of committing (bench.commit_paths): reported, the
+    bare commit as the limit of a commit (a results file from before it has none)."""
+    if figures is None:
+        return []
+    return [(f"(a) small commit, {way}",
+             f"p50 {figures[way]['p50_ms']:.2f} ms, CPU {figures[way]['cpu_ms']:.2f} ms",
+             "the limit of a commit" if way == "bare commit" else "", "")
+            for way in commit_paths.WAYS]
+
+
 def rows(f: dict[str, Any], ok: dict[str, bool],
          targets: Mapping[str, Any] = TARGETS) -> list[Row]:
     """The table's rows, (step, measured, target, verdict), for the steps that ran, with the
@@ -152,6 +163,7 @@ def rows(f: dict[str, Any], ok: dict[str, bool],
     out: list[Row] = [
         ("(a) straight write_deltalake", f"{f['straight_write_rps']:,.0f} rec/s",
          "the physical limit", ""),
+        *_commit_paths(f.get("commit_paths")),
         ("(b) bulk produce, send_batch",
          f"{f['bulk_rps']:,.0f} rec/s ({f['bulk_vs_straight']:.0%} of a)",
          f">= {t['bulk_rps']:,} and >= {t['bulk_vs_straight']:.0%} of a", ok["bulk"]),

@@ -3,7 +3,10 @@
 Everything runs in one process against an embedded 3-broker cluster (or, with --bootstrap-server,
 a running one), in an order where each step leaves what the next needs:
 
-    (a) straight write_deltalake of the produce batches: the physical limit of this machine
+    (a) straight write_deltalake of the produce batches, and one small commit (3 records) made
+        each way of committing, from write_deltalake to the bare commit the append path makes
+        (a pyarrow file and its commit file): the physical limits of this machine (see
+        commit_paths)
     (b) bulk produce (send_batch, acks=1) of the same batches, to a 1-partition topic
     (c) per-record send() to the same topic
     (d) fetch of the whole topic with poll_batch, from the beginning
@@ -69,6 +72,7 @@ from typing import Any
 import pyarrow as pa
 
 from bench import (
+    commit_paths,
     groups,
     hostile_clients,
     idle_connections,
@@ -117,6 +121,9 @@ def build_parser() -> argparse.ArgumentParser:
     size = p.add_argument_group("sizes (smaller: quicker and noisier)")
     size.add_argument("--records", type=int, default=DEFAULT.records,
                       help=f"records for bulk produce and fetch (default {DEFAULT.records})")
+    size.add_argument("--small-commit-rounds", type=int, default=DEFAULT.small_commit_rounds,
+                      help="small commits made by each way of committing, step (a) "
+                           f"(default {DEFAULT.small_commit_rounds})")
     size.add_argument("--send-records", type=int,
                       help="records for per-record send() and step (l) "
                            f"(default: min({SEND_RECORDS_MAX}, --records))")
@@ -187,7 +194,8 @@ def sizes_from(args: argparse.Namespace) -> Sizes:
                  latency_run_s=args.latency_run_s, committers=args.committers,
                  commit_run_s=args.commit_run_s, group_members=args.group_members,
                  drain_records=args.drain_records, drain_rounds=args.drain_rounds,
-                 small_commits=args.small_commits, secure_records=args.secure_records,
+                 small_commits=args.small_commits,
+                 small_commit_rounds=args.small_commit_rounds, secure_records=args.secure_records,
                  secure_rounds=args.secure_rounds, idle_connections=args.idle_connections,
                  quota_bytes_per_s=args.quota_bytes_per_s, quota_run_s=args.quota_run_s,
                  partitions=args.partitions, partitions_step=args.partitions_step,
@@ -359,9 +367,11 @@ def run_steps(bootstrap: str, root: str, sizes: Sizes,
                                        "value_bytes": VALUE_BYTES, "chunk_records": chunk_rows,
                                        "group_members": sizes.group_members}
             steps = figures["step_s"] = {}
-            with _step(steps, "a", "straight write_deltalake"):
+            with _step(steps, "a", "straight write_deltalake, and a small commit each way"):
                 figures["straight_write_rps"] = straight_write(f"{root}/straight", values,
                                                                records)
+                figures["commit_paths"] = commit_paths.commit_paths(
+                    f"{root}/commit-paths", sizes.small_commit_rounds)
             with _step(steps, "b", "bulk produce, send_batch"):
                 figures["bulk_rps"] = bulk_produce(bootstrap, topic, values, records)
             figures["bulk_vs_straight"] = figures["bulk_rps"] / figures["straight_write_rps"]

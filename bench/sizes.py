@@ -18,6 +18,7 @@ class Sizes:
     """The knobs of one run; `check` says which is out of range."""
 
     records: int = 1_000_000  # (a), (b), (d), (f): bulk produce and fetch
+    small_commit_rounds: int = 200  # (a): small commits made by each way of committing
     send_records: int = SEND_RECORDS_MAX  # (c) per-record send(), and (l)
     latency_run_s: float = 3.0  # (e), (g): how long one small record goes every ~2 ms
     committers: int = 100  # (h): consumers, each its own group, committing every 100 ms
@@ -46,7 +47,9 @@ class Sizes:
 
     def check(self) -> list[str]:
         """What is out of range, one line each (empty when every knob is usable)."""
-        counts = {"records": (self.records, 1), "send-records": (self.send_records, 1),
+        counts = {"records": (self.records, 1),
+                  "small-commit-rounds": (self.small_commit_rounds, 1),
+                  "send-records": (self.send_records, 1),
                   "committers": (self.committers, 1),
                   "group-members": (self.group_members, 2),  # one leaves, one takes over
                   "drain-records": (self.drain_records, 1),

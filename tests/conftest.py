@@ -28,6 +28,10 @@ os.environ.setdefault("DELTABUS_LEADER_IMBALANCE_CHECK_INTERVAL_MS", "1000")
 # The periodic log cleaner merges no test's files behind its back (tests merge on demand).
 os.environ.setdefault("DELTABUS_LOG_CLEANER_MERGE_MIN_AGE_MS", "3600000")
 os.environ.setdefault("DELTABUS_KAFKA_PORT", "0")  # Kafka listeners on any free ports
+# Every JVM a test starts (its Spark driver, a standalone cluster's, a notebook's) compiles with
+# C1 only and collects with one thread: a Spark start costs 13-15 s of CPU instead of 20-24, and
+# a run starts dozens on two cores. Tests measure behaviour, not JIT-compiled throughput.
+os.environ.setdefault("JAVA_TOOL_OPTIONS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
 
 # Shared cluster: 3 brokers; a second, short-lived cluster in restart tests: 3 more; 2 spare.
 SPARK_TASK_SLOTS = 8

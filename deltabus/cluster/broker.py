@@ -244,14 +244,23 @@ class Broker:
 
     def _heartbeat_loop(self) -> None:
         """Heartbeat and apply metadata until told to stop. A round that fails in any way is
-        logged and the next one runs: without heartbeats the broker is fenced for good."""
+        logged and the next one runs: without heartbeats the broker is fenced for good.
+
+        A broker whose registration is gone (STALE_BROKER_EPOCH: the controller fenced it for
+        missed heartbeats, or its supervisor after its Spark task ended, or a newer incarnation
+        registered) stops: it does not register again. Its supervisor relaunches it as a new
+        task, after catching its replicas up with a Spark job that writes their tables. A
+        fenced broker that registered again from its old process would be live beside that
+        job and beside its own successor (each fencing the other as it registers): several
+        writers of its tables, each with its own idea of what they hold and of its role."""
         interval_ms = self._config.broker_heartbeat_interval_ms
         while not self._stopped.is_set():
             try:
                 self._heartbeat(interval_ms)
             except errors.StaleBrokerEpochError:
-                log.warning("broker %d was fenced; registering again", self.broker_id)
-                self._register()
+                log.warning("broker %d was fenced (epoch %d); stopping: it is relaunched as a "
+                            "new task", self.broker_id, self._epoch)
+                self._stopped.set()
             except errors.DeltaBusError as e:
                 log.warning("heartbeat to the controller failed: %s", e)
                 self._stopped.wait(interval_ms / 1000)

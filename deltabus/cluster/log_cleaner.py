@@ -150,11 +150,10 @@ def run_cleaner(task: CleanerTask) -> CleanerResult:
                 delete_delay_ms=task.file_delete_delay_ms, now_ms=now_ms, storage=storage)
         vacuumed, vacuum_error = 0, ""
         try:
-            vacuumed = sum(vacuum(table(r)) for r in tables)
+            vacuumed = sum(vacuum(table(r), storage) for r in tables)
         except Exception as e:
-            # delta-rs's vacuum commits lose their versions to a broker appending every few ms
-            # (its retries list and replay the log): the files wait for a later run, and what
-            # this run removed, merged and compacted is still reported, so brokers take it in.
+            # The store failed: the files wait for a later run, and what this run removed,
+            # merged and compacted is still reported, so brokers take it in.
             vacuum_error = f"vacuum: {type(e).__name__}: {e}"
         return CleanerResult(task, cut, removed, merged, compacted, vacuumed,
                              time.monotonic() - started, error=vacuum_error)

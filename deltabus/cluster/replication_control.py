@@ -341,7 +341,12 @@ def _leader_change(topic: str, partition: int, s: PartitionRegistration, leader:
         if leader != NO_LEADER and leader not in s.isr:
             log.warning("unclean leader election: %s-%d led by out-of-sync replica %d; "
                         "records only the old ISR held are lost", topic, partition, leader)
-    return None if change == PartitionChangeRecord(topic, partition) else change
+    if change == PartitionChangeRecord(topic, partition):
+        return None
+    log.info("%s-%d leader %d -> %d at epoch %d, ISR %s -> %s (a broker change)", topic,
+             partition, s.leader, leader, s.leader_epoch + (leader != s.leader), list(s.isr),
+             isr)
+    return change
 
 
 def _elect(replicas: Sequence[int], isr: list[int], live: set[int],
@@ -391,6 +396,8 @@ def elect_leaders(state: MetadataState, election_type: str,
                 f"Failed to elect leader for partition {topic}-{partition} under "
                 f"strategy {election_type}")
         else:
+            log.info("%s-%d leader %d -> %d at epoch %d (%s election)", topic, partition,
+                     s.leader, leader, s.leader_epoch + 1, election_type)
             records.append(PartitionChangeRecord(topic, partition, leader=leader,
                                                  leader_epoch=s.leader_epoch + 1,
                                                  isr=tuple(isr)))

@@ -133,6 +133,8 @@ class DeltaCommitWriter:
         self.indexed_columns = indexed_columns
         self.fence_app_id = fence_app_id
         self.retries = retries
+        # In every commitInfo: tells this writer's own commits from others' (`landed`).
+        self.writer_id = uuid.uuid4().hex
 
     def write_file(self, data: pa.Table, kind: str = "append") -> DataFile:
         """Write `data` as a new Parquet data file of the table (Snappy, bounded row groups);
@@ -144,7 +146,7 @@ class DeltaCommitWriter:
         return DataFile(name, size, file_stats(data, self.indexed_columns))
 
     def commit(self, *, adds: Sequence[DataFile] = (), removes: Sequence[dict[str, Any]] = (),
-               txns: Mapping[str, int] | None = None, info: Mapping[str, str] | None = None,
+               txns: Mapping[str, int] | None = None, info: Mapping[str, Any] | None = None,
                operation: str = "WRITE") -> int:
         """Commit the actions as the next version the table lets this writer have; returns it.
         `removes` are `remove_action`s; `info` goes into the commitInfo (history() shows it).
@@ -154,7 +156,7 @@ class DeltaCommitWriter:
         commit_info: dict[str, Any] = {
             "timestamp": now_ms, "operation": operation,
             "operationParameters": {"mode": "Append"}, "isBlindAppend": not removes,
-            "engineInfo": ENGINE, "clientVersion": ENGINE,
+            "engineInfo": ENGINE, "clientVersion": ENGINE, "deltabus.writerId": self.writer_id,
             # what delta-rs's own writes report (its history() readers look here)
             "operationMetrics": {"num_added_files": len(adds),
                                  "num_removed_files": len(removes), "num_partitions": 0,
@@ -186,6 +188,20 @@ class DeltaCommitWriter:
             f"{self.table_uri}: {self.retries + 1} tries in a row lost their version to other "
             "writers")
 
+    def landed(self) -> bool:
+        """After `commit` raised KafkaStorageError (the outcome unknown: the put may have landed
+        and only its answer been lost): whether this writer's commit is the next version, in
+        which case the writer moves past it. Raises KafkaStorageError if the store still
+        fails."""
+        text = self.storage.read_if_present(commit_file(self.table_uri, self.version + 1))
+        if text is None:
+            return False
+        first = text.decode().split("\n", 1)[0]
+        if json.loads(first).get("commitInfo", {}).get("deltabus.writerId") != self.writer_id:
+            return False
+        self.version += 1
+        return True
+
     def catch_up(self, version: int) -> None:
         """The table reached `version` through another writer of this process (delta-rs)."""
         self.version = max(self.version, version)
@@ -196,6 +212,10 @@ class DeltaCommitWriter:
             if not line.strip():
                 continue
             action = json.loads(line)
+            if action.get("commitInfo", {}).get("deltabus.writerId") == self.writer_id:
+                raise CommitConflict(
+                    f"{self.table_uri}: version {version} is a commit of this writer that was "
+                    "reported failed (its outcome was unknown and `landed` was not asked)")
             if "metaData" in action or "protocol" in action:
                 raise CommitConflict(
                     f"{self.table_uri}: version {version} changed the table's schema or "

@@ -795,10 +795,11 @@ class CommitRange:
 def commit_ranges(table: DeltaTable, limit: int | None = None) -> list[CommitRange]:
     """Delta version -> offset range of the log's appends, newest first (at most `limit`
     commits), read from the commitInfo every append writes. Replication and streaming map
-    versions to offsets and back with it; commits that appended nothing are left out."""
+    versions to offsets and back with it; commits that appended nothing are left out (a
+    merge names the base offset of the files it rewrote, and no last offset)."""
     out = []
     for commit in history(table, limit):
-        if "deltabus.baseOffset" in commit:
+        if "deltabus.baseOffset" in commit and "deltabus.lastOffset" in commit:
             out.append(CommitRange(int(commit["version"]), int(commit["deltabus.baseOffset"]),
                                    int(commit["deltabus.lastOffset"])))
     return out

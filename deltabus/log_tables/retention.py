@@ -23,6 +23,7 @@ see a delete, as a Kafka consumer does not. The files themselves go after
 from __future__ import annotations
 
 import math
+import posixpath
 import time
 from dataclasses import dataclass
 
@@ -34,7 +35,6 @@ from deltabus.log_tables.delta_commit import remove_action
 from deltabus.log_tables.delta_writes import (
     VACUUM_RETENTION_HOURS,
     cleaner_writer,
-    commit_properties,
     commit_rewrite,
     removal_stamp,
 )
@@ -123,9 +123,19 @@ def remove_below(table: DeltaTable, cut: int, *, delete_delay_ms: int,
                    int(pc.sum(doomed.column("size_bytes")).as_py()), start)
 
 
-def vacuum(table: DeltaTable) -> int:
+def vacuum(table: DeltaTable, storage: Storage | None = None) -> int:
     """Delete the data files the cleaner removed more than `file.delete.delay.ms` ago (and
-    those other writers removed over an hour ago). Returns how many went."""
-    return len(table.vacuum(retention_hours=VACUUM_RETENTION_HOURS, dry_run=False,
-                            enforce_retention_duration=False,
-                            commit_properties=commit_properties({"deltabus.operation": "vacuum"})))
+    those other writers removed over an hour ago), and the files no commit names that are over
+    an hour old: a writer killed between its data file and its commit leaves one (a full
+    vacuum; the hour spares the files of commits still being made). Returns how many went.
+
+    delta-rs decides which files go (a dry run); `storage` (by default the table's store, with
+    no options) deletes them. delta-rs's own vacuum would also commit VACUUM START and END, and
+    those commits lose every version race to a leader appending every millisecond or two: the
+    protocol asks for no commit, so none is made."""
+    doomed = table.vacuum(retention_hours=VACUUM_RETENTION_HOURS, dry_run=True,
+                          enforce_retention_duration=False, full=True)
+    storage = storage or Storage(table.table_uri)
+    for path in doomed:
+        storage.delete(posixpath.join(table.table_uri, path))
+    return len(doomed)

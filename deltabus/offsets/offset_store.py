@@ -18,6 +18,12 @@ committed offset is its row with the highest `sequence`; a null `committed_offse
   every second must not mean a thousand Delta commits a second. One `commit()` call is never split
   across Delta commits, so the partitions of one OffsetCommit request land together.
 - Compaction runs on the writer thread between appends, so no append races its overwrite.
+
+Appends are the Delta commit writer's (delta_commit.py: about a millisecond, where delta-rs's
+write path costs 7-15), each stamped with the app transaction OFFSETS_TXN_APP_ID = the next
+sequence, so a second coordinator writing the same table fences the other instead of
+interleaving sequences. delta-rs does the rest: the compaction's overwrite, vacuum, and a
+checkpoint every CHECKPOINT_COMMITS appends (opening replays at most that many commits).
 """
 
 from __future__ import annotations
@@ -37,8 +43,10 @@ from deltalake.exceptions import TableNotFoundError
 
 from deltabus import config as cfg
 from deltabus import errors
-from deltabus.log_tables.delta_reads import history, open_table, update
+from deltabus.log_tables.delta_commit import CommitConflict, DeltaCommitWriter, FencedWriter
+from deltabus.log_tables.delta_reads import open_table, update
 from deltabus.log_tables.delta_writes import VACUUM_RETENTION_HOURS, commit_properties
+from deltabus.storage import Storage
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +71,8 @@ TABLE_CONFIGURATION: dict[str, str | None] = {
 }
 COMMIT = "offset-commit"
 COMPACTION = "offset-compaction"
-RENEW_COMMITS = 100  # commits between fresh loads of the table object
+OFFSETS_TXN_APP_ID = "deltabus.offsets"  # app transaction of every append: the next sequence
+CHECKPOINT_COMMITS = 100  # delta-rs's default checkpoint interval
 
 _INT32 = (-(2**31), 2**31 - 1)
 _INT64 = (-(2**63), 2**63 - 1)
@@ -131,7 +140,10 @@ class OffsetStore:
         self._compact_min_rows = compact_min_rows
         self._storage_options = storage_options
         self._table = _open(path, storage_options)
-        self._table_base = self._table.version()  # the version the table object was loaded at
+        # The appends' writer; delta-rs's table object serves the replay, compaction, vacuum
+        # and checkpoints, brought up to date before each (the appends go around it).
+        self._appends = DeltaCommitWriter(Storage(path, storage_options), path,
+                                          self._table.version(), fence_app_id=OFFSETS_TXN_APP_ID)
         # State below: changed by the writer thread only, under the lock; read under the lock.
         self._lock = threading.Condition()
         self._groups: dict[str, dict[tuple[str, int], _Entry]] = {}
@@ -288,19 +300,14 @@ class OffsetStore:
         # Used even if the append fails: an append whose outcome is unknown may have landed.
         self._next_sequence = first + len(rows)
         if rows:
-            version = self._table.version()
             try:
-                write_deltalake(self._table, pa.Table.from_pylist(rows, schema=SCHEMA),
-                                mode="append", commit_properties=_properties(COMMIT, first))
-                self._renew_table()
-            except Exception as e:
-                if not self._landed(version, first):
-                    log.warning("cannot write %d offset commits to %s: %s",
-                                len(rows), self.path, e)
-                    for request in batch:
-                        request.future.set_exception(errors.KafkaStorageError(
-                            f"cannot write offset commits to {self.path}: {e}"))
-                    return
+                self._append(rows, first)
+            except (errors.KafkaStorageError, CommitConflict, FencedWriter) as e:
+                log.warning("cannot write %d offset commits to %s: %s", len(rows), self.path, e)
+                for request in batch:
+                    request.future.set_exception(errors.KafkaStorageError(
+                        f"cannot write offset commits to {self.path}: {e}"))
+                return
         with self._lock:
             for row in rows:
                 self._apply(row)
@@ -308,13 +315,31 @@ class OffsetStore:
         for request in batch:
             request.future.set_result(None)
 
-    def _renew_table(self) -> None:
-        """Writer thread: load the table object afresh every RENEW_COMMITS commits. delta-rs
-        replays, on every commit, each commit made since the object was loaded, so commit time
-        would grow for as long as the cluster runs (see PartitionLog._renew_writer)."""
-        if self._table.version() - self._table_base >= RENEW_COMMITS:
-            self._table = _open(self.path, self._storage_options)
-            self._table_base = self._table.version()
+    def _append(self, rows: list[dict[str, Any]], first: int) -> None:
+        """One Delta commit of `rows`, or an exception with nothing committed. An append whose
+        outcome was unknown (the store failed, perhaps after the commit landed) that did land
+        counts as committed, so memory keeps matching the table."""
+        data = pa.Table.from_pylist(rows, schema=SCHEMA)
+        try:
+            self._appends.commit(adds=[self._appends.write_file(data)],
+                                 txns={OFFSETS_TXN_APP_ID: first + len(rows)},
+                                 info={"deltabus.operation": COMMIT,
+                                       "deltabus.first_sequence": first})
+        except errors.KafkaStorageError:
+            if not self._landed():
+                raise
+        if self._appends.version % CHECKPOINT_COMMITS == 0:
+            self._checkpoint()
+
+    def _checkpoint(self) -> None:
+        """Checkpoint the latest version and delete the log files past the table's log
+        retention: after the acknowledgement, and a failure only leaves it to the next one."""
+        try:
+            update(self._table)
+            self._table.create_checkpoint()
+            self._table.cleanup_metadata()
+        except Exception as e:
+            log.warning("cannot checkpoint %s: %s", self.path, e)
 
     def _tombstones(self, group_id: str, pending: dict[tuple[str, str, int], bool]
                     ) -> list[OffsetCommit]:
@@ -329,16 +354,12 @@ class OffsetStore:
                     keys.discard(key)
         return [OffsetCommit(g, t, p, None) for g, t, p in sorted(keys)]
 
-    def _landed(self, version: int, first_sequence: int) -> bool:
-        """Whether an append that raised was committed anyway (say, the reply to the commit was
-        lost): then it is acknowledged like any other, so memory keeps matching the table."""
+    def _landed(self) -> bool:
+        """Whether the append that raised was committed anyway (say, the answer to its put was
+        lost); False while the storage still fails, as the outcome stays unknown."""
         try:
-            update(self._table)
-            newer = self._table.version() - version
-            return newer > 0 and any(
-                commit.get("deltabus.first_sequence") == first_sequence
-                for commit in history(self._table, newer))
-        except Exception:  # the storage is still failing: the outcome stays unknown
+            return self._appends.landed()
+        except errors.KafkaStorageError:
             return False
 
     def _compaction_due(self) -> bool:
@@ -361,6 +382,7 @@ class OffsetStore:
             update(self._table)
             write_deltalake(self._table, pa.Table.from_pylist(live, schema=SCHEMA),
                             mode="overwrite", commit_properties=_properties(COMPACTION))
+            self._appends.catch_up(self._table.version())
         except Exception as e:
             # Had the overwrite landed anyway, the table holds the same live rows: no harm.
             self._compact_after_rows = before + self._compact_min_rows
@@ -385,6 +407,7 @@ class OffsetStore:
                                enforce_retention_duration=False,
                                commit_properties=_properties(COMPACTION))
             update(self._table)
+            self._appends.catch_up(self._table.version())
             self._table.create_checkpoint()
             self._table.cleanup_metadata()
         except Exception as e:
@@ -498,10 +521,7 @@ def _row(sequence: int, c: OffsetCommit, now_ms: int) -> dict[str, Any]:
     }
 
 
-def _properties(operation: str, first_sequence: int | None = None) -> CommitProperties:
-    """commitInfo saying what a commit was (Delta history shows it); an append also names its
-    first sequence, which tells whether an append that raised landed all the same."""
-    metadata: dict[str, Any] = {"deltabus.operation": operation}
-    if first_sequence is not None:
-        metadata["deltabus.first_sequence"] = first_sequence
-    return commit_properties(metadata)
+def _properties(operation: str) -> CommitProperties:
+    """commitInfo of delta-rs's commits (the compaction, vacuum) saying what they were: Delta
+    history shows it."""
+    return commit_properties({"deltabus.operation": operation})

@@ -16,12 +16,12 @@ from typing import Any
 
 import pytest
 
-from bench import latency_trace, run
+from bench import commit_paths, latency_trace, run
 from bench.report import TARGETS, judge, report
 from bench.sizes import VALUE_BYTES, Sizes
 
-TINY = Sizes(records=2_000, send_records=200, latency_run_s=0.3, committers=3,
-             commit_run_s=0.5, group_members=3, drain_records=2_000, drain_rounds=1,
+TINY = Sizes(records=2_000, small_commit_rounds=5, send_records=200, latency_run_s=0.3,
+             committers=3, commit_run_s=0.5, group_members=3, drain_records=2_000, drain_rounds=1,
              small_commits=5, secure_records=500, secure_rounds=1, idle_connections=50,
              quota_bytes_per_s=50_000_000, quota_run_s=1.0, partitions=20, partitions_step=10,
              keyed_partitions=5, keyed_records=200, keyed_rounds=1, hostile_run_s=0.5,
@@ -58,6 +58,14 @@ def test_produce_and_fetch(figures: dict[str, Any]) -> None:
              "fetch_rps", "replicated_rps", "replicated_vs_bulk")
     # (d) reads back (b)'s and (c)'s records and each one's warm-up record
     assert figures["fetched_records"] == TINY.records + TINY.send_records + 2
+
+
+def test_a_small_commit_each_way(figures: dict[str, Any]) -> None:
+    paths = figures["commit_paths"]
+    assert (paths["commits"], paths["rows"]) == (TINY.small_commit_rounds, 3)
+    for way in commit_paths.WAYS:
+        positive(paths[way], "p50_ms", "cpu_ms")
+    assert "(a) small commit, bare commit" in report(figures, judge(figures))
 
 
 @pytest.mark.parametrize("step", ["latency_ms", "replicated_latency_ms"])
@@ -259,7 +267,8 @@ def test_the_flags_default_to_the_full_run() -> None:
 
 def test_tiny_flags_make_tiny_sizes() -> None:
     args = run.build_parser().parse_args(
-        ["--records", "2000", "--send-records", "200", "--latency-run-s", "0.3",
+        ["--records", "2000", "--small-commit-rounds", "5", "--send-records", "200",
+         "--latency-run-s", "0.3",
          "--committers", "3", "--commit-run-s", "0.5", "--group-members", "3",
          "--drain-records", "2000", "--drain-rounds", "1", "--small-commits", "5",
          "--secure-records", "500", "--secure-rounds", "1", "--idle-connections", "50",
@@ -276,6 +285,7 @@ def test_tiny_flags_make_tiny_sizes() -> None:
     (["--send-records", "0"], "--send-records must be at least 1"),
     (["--group-members", "1"], "--group-members must be at least 2"),
     (["--small-commits", "1"], "--small-commits must be at least 2"),
+    (["--small-commit-rounds", "0"], "--small-commit-rounds must be at least 1"),
     (["--latency-run-s", "0"], "--latency-run-s must be more than 0"),
     (["--secure-rounds", "0"], "--secure-rounds must be at least 1"),
     (["--idle-connections", "0"], "--idle-connections must be at least 1"),

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pyspark
 
-from bench.moto_server import free_port, stop_process
+from bench.moto_server import stop_process
+from tests.conftest import free_port_block
 
 MASTER_HOST = "127.0.0.1"
 START_TIMEOUT_S = 180.0  # four JVMs starting on two cores
@@ -37,6 +38,16 @@ class Standalone:
         """The end of every JVM's log, for an assertion's message."""
         return "\n".join(f"== {p.name}\n{p.read_text(errors='replace')[-chars:]}"
                          for p in sorted(self.logs.glob("*.log")))
+
+    def executor_lines(self, *words: str, skip: tuple[str, ...] = (),
+                       chars: int = 30000) -> str:
+        """The lines of every executor's stderr (where its brokers log) holding one of
+        `words` and none of `skip`, merged in time order (each line starts with its time
+        stamp), at most the last `chars` of them."""
+        lines = [line for path in self.logs.parent.glob("*/work/*/*/stderr")
+                 for line in path.read_text(errors="replace").splitlines()
+                 if any(w in line for w in words) and not any(w in line for w in skip)]
+        return "\n".join(sorted(lines))[-chars:]
 
 
 def _spark_class(name: str, args: list[str], host: str, log: Path,
@@ -62,7 +73,10 @@ def standalone_cluster(base: Path, hosts: list[str], *, cores: int,
     ends; yields once every worker has registered with the master."""
     logs = base / "logs"
     logs.mkdir(parents=True)
-    port, webui_port = free_port(), free_port()
+    # Below the ephemeral range: no other test's bind(0) or outgoing connection can take them
+    # before the master binds (one did: its /json/ answered another server's page).
+    port = free_port_block(2)
+    webui_port = port + 1
     master_url = f"spark://{MASTER_HOST}:{port}"
     webui = f"http://{MASTER_HOST}:{webui_port}"
     # Python workers on the executors run this interpreter and import this checkout.
@@ -91,7 +105,7 @@ def standalone_cluster(base: Path, hosts: list[str], *, cores: int,
             try:
                 if _alive_workers(webui) >= set(hosts):
                     break
-            except OSError:
+            except (OSError, ValueError):  # not serving yet, or not JSON yet
                 pass
             if master.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError("the standalone cluster did not come up:\n"

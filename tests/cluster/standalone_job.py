@@ -20,6 +20,8 @@ import logging
 import os
 import signal
 import sys
+import threading
+import time
 from typing import Any
 
 from pyspark.sql import SparkSession
@@ -42,8 +44,53 @@ def listening_addresses(cluster: Cluster) -> dict[int, list[str]]:
             for b in cluster.controller.image().brokers}
 
 
+class History:
+    """What the controller's metadata said over the run, sampled every 0.1 s: each change of a
+    partition's leader, epoch and ISR, and of the registered brokers (host, epoch, live), as
+    lines "HH:MM:SS.mmm what", for the findings of a run that lost records (the controller's
+    own log, on the job's stderr, has every change; this has them side by side)."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self.lines: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="history", daemon=True)
+
+    def __enter__(self) -> History:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        last: dict[str, str] = {}
+        while not self._stop.wait(0.1):
+            controller = self.cluster.controller
+            if controller is None:
+                continue
+            try:
+                image = controller.image()
+                live = set(controller.live_brokers())
+                epochs = controller.broker_epochs()
+                now = {f"broker {b.broker_id}": f"{b.host} epoch {epochs.get(b.broker_id)} "
+                       + ("live" if b.broker_id in live else "fenced") for b in image.brokers}
+                for p in range(PARTITIONS):
+                    s = image.partition(TOPIC, p)
+                    now[f"{TOPIC}-{p}"] = f"leader {s.leader} epoch {s.leader_epoch} " \
+                                          f"ISR {list(s.isr)}"
+            except Exception as e:  # the cluster stopping
+                now = {"error": repr(e)}
+            stamp = time.strftime("%H:%M:%S") + f".{int(time.time() * 1000) % 1000:03d}"
+            for key, value in now.items():
+                if last.get(key) != value:
+                    self.lines.append(f"{stamp} {key}: {value}")
+            last = now
+
+
 def produce_through_worker_kill(cluster: Cluster, workers: dict[str, int]) -> dict[str, Any]:
-    with AckedLoad(cluster.bootstrap_servers, TOPIC) as load:
+    with History(cluster) as history, AckedLoad(cluster.bootstrap_servers, TOPIC) as load:
         wait_until(lambda: len(load.acked) >= 200, "records acknowledged before the kill")
         before = broker_hosts(cluster)
         old = cluster.controller.image().partition(TOPIC, 0)
@@ -64,9 +111,16 @@ def produce_through_worker_kill(cluster: Cluster, workers: dict[str, int]) -> di
         wait_until(lambda: len(load.acked) >= relaunched_at + 200,
                    "records acknowledged after the relaunch")
         after = broker_hosts(cluster)
+    found = load.check(PARTITIONS)
+    if found["lost"]:
+        found["history"] = history.lines
     return {"killed_machine": machine, "lost_brokers": lost_brokers,
-            "hosts_before": before, "hosts_after": after,
-            "new_leader_in_old_isr": new.leader in old.isr, **load.check(PARTITIONS)}
+            "hosts_before": before, "hosts_after": after, "old": describe(old),
+            "new": describe(new), "new_leader_in_old_isr": new.leader in old.isr, **found}
+
+
+def describe(state: Any) -> str:
+    return f"leader {state.leader} epoch {state.leader_epoch} ISR {list(state.isr)}"
 
 
 def main(args: dict[str, Any], dump_after_s: float) -> None:

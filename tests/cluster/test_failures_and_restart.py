@@ -257,3 +257,44 @@ def _bindable(port: int) -> bool:
         except OSError:
             return False
         return True
+
+
+def test_a_running_broker_the_controller_fences_stops_until_its_supervisor_relaunches_it(
+        cluster, topic_name, monkeypatch):
+    """The controller fences a broker that still runs (as for heartbeats missed on a loaded
+    machine): its task is cancelled, and the supervisor catches its replicas up with a Spark
+    job writing their tables, then starts a new task. The fenced process must not register
+    again meanwhile: it was (STALE_BROKER_EPOCH, then a new registration), so it was live
+    during the catch-up job and fenced its successor when it registered, and that one it."""
+    with AdminClient(cluster.bootstrap_servers) as admin:  # replicas on the victim to copy
+        admin.create_topics([NewTopic(topic_name, 3, 3)])
+    with Producer(cluster.bootstrap_servers) as producer:
+        for p in range(3):
+            producer.send(topic_name, b"before", partition=p).get(30)
+    controller, victim = cluster.controller, 1
+    wait_until(lambda: victim in controller.live_brokers(), "the victim to be live", 60)
+    registered: list[int] = []
+    live_while_caught_up: list[bool] = []
+    register, catch_up = controller.register_broker, cluster._catch_up_before_relaunch
+
+    def register_broker(endpoint, pid):
+        if endpoint.broker_id == victim:
+            registered.append(pid)
+        return register(endpoint, pid)
+
+    def catch_up_before_relaunch(broker_id):
+        if broker_id == victim:
+            live_while_caught_up.append(victim in controller.live_brokers())
+        catch_up(broker_id)
+
+    monkeypatch.setattr(controller, "register_broker", register_broker)
+    monkeypatch.setattr(cluster, "_catch_up_before_relaunch", catch_up_before_relaunch)
+    relaunches = cluster.relaunches[victim]
+    controller.fence_broker(victim, "the test: as for missed heartbeats")
+    wait_until(lambda: cluster.relaunches[victim] > relaunches
+               and victim in controller.live_brokers(), "the victim to be relaunched", 90)
+    time.sleep(2)  # a fenced process registering again does so within a heartbeat or two
+    assert live_while_caught_up == [False]
+    assert len(registered) == 1, registered  # the relaunched task's registration only
+    records = _read_all(cluster.bootstrap_servers, topic_name, 3, 3)
+    assert [r.value for r in records] == [b"before"] * 3

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 from deltalake import DeltaTable
 
-from deltabus.cluster.metadata_log import SCHEMA, MetadataLog
+from deltabus import errors
+from deltabus.cluster.metadata_log import CHECKPOINT_COMMITS, SCHEMA, MetadataLog
 from deltabus.cluster.metadata_state import MetadataState
 from deltabus.metadata import PartitionState, TopicState
 
@@ -131,3 +132,35 @@ def test_recreated_topic_starts_fresh() -> None:
 def test_unknown_record_type_is_refused() -> None:
     with pytest.raises(ValueError, match="unknown"):
         MetadataState().replay({"type": "no_such_type"})
+
+
+def test_a_second_controller_writing_the_log_fences_the_first_and_nothing_interleaves(
+        tmp_path: Path) -> None:
+    """A driver started twice on one root: the log's writers must not both append (their
+    offsets would collide). The one that finds the other's commit is refused, and the log
+    holds each accepted append once."""
+    first = MetadataLog(str(tmp_path / "meta"))
+    first.read_all()
+    first.append([{"type": "cluster", "cluster_id": "c-1"}])
+    second = MetadataLog(str(tmp_path / "meta"))
+    second.read_all()
+    second.append([{"type": "topic", "name": "b", "topic_id": "tid-b"}])
+    with pytest.raises(errors.KafkaStorageError, match="another controller"):
+        first.append([{"type": "topic", "name": "a", "topic_id": "tid-a"}])
+    table = DeltaTable(str(tmp_path / "meta")).to_pyarrow_table().sort_by("offset")
+    assert table.column("offset").to_pylist() == [0, 1]
+    assert [r["type"] for r in MetadataLog(str(tmp_path / "meta")).read_all()] == [
+        "cluster", "topic"]
+
+
+def test_the_log_is_checkpointed_and_reopens_from_the_checkpoint(tmp_path: Path) -> None:
+    path = tmp_path / "meta"
+    log = MetadataLog(str(path))
+    log.read_all()
+    for i in range(CHECKPOINT_COMMITS + 1):
+        log.append([{"type": "config", "topic": "t", "key": "k", "value": str(i)}])
+    assert (path / "_delta_log" / f"{CHECKPOINT_COMMITS:020d}.checkpoint.parquet").exists()
+    again = MetadataLog(str(path))
+    assert [r["value"] for r in again.read_all()] == [str(i) for i in range(
+        CHECKPOINT_COMMITS + 1)]
+    assert again.next_offset == CHECKPOINT_COMMITS + 1

@@ -37,6 +37,10 @@ def test_brokers_on_other_machines_advertise_their_own_address_and_survive_a_wor
         done = subprocess.run([sys.executable, str(JOB), json.dumps(args), "780"], env=env,
                               capture_output=True, text=True, timeout=840)
         assert done.returncode == 0, job_log(done.stderr) + spark.tail()
+        # What the brokers said of the topic's partitions, read before the machines go.
+        brokers_log = spark.executor_lines(
+            "t-0", "t-1", "t-2", "registered", "fenced", "not started", "attempt",
+            skip=("NOT_LEADER_OR_FOLLOWER",))  # a follower's retries while leaders change
     result = json.loads(done.stdout.strip().splitlines()[-1])
     # Every broker listener is on a worker's own address, none on the driver's.
     hosts = {e.rsplit(":", 1)[0] for listeners in result["listeners"].values()
@@ -49,5 +53,17 @@ def test_brokers_on_other_machines_advertise_their_own_address_and_survive_a_wor
                for b in kill["lost_brokers"]), kill
     # Every record acknowledged with acks=all is there once, in send order.
     assert kill["acked"] > 400 and not kill["failed"], kill
-    assert kill["lost"] == 0 and kill["duplicates"] == 0 and kill["in_order"], kill
+    assert kill["lost"] == 0 and kill["duplicates"] == 0 and kill["in_order"], (
+        loss_evidence(kill, done.stderr, brokers_log))
     assert kill["new_leader_in_old_isr"], kill
+
+
+def loss_evidence(kill: dict[str, Any], job_stderr: str, brokers_log: str) -> str:
+    """A failed loss check's message: the findings (per partition, where the missing records
+    were and what the read found: acked_load.loss_by_partition; how the read ended; the
+    metadata's history), then the driver's log (the controller's elections and ISR changes,
+    the catch-up jobs) and the brokers' lines on the topic, whatever the job's exit code."""
+    history = kill.pop("history", [])
+    return "\n".join([json.dumps(kill, indent=1), "== metadata history", *history,
+                      "== the job's stderr", job_log(job_stderr)[-15000:],
+                      "== the brokers' lines on the topic", brokers_log])

@@ -23,7 +23,7 @@ from deltabus.log_tables.delta_commit import CommitConflict, DeltaCommitWriter, 
 from deltabus.log_tables.delta_reads import open_table
 from deltabus.log_tables.merge import merge_small_files
 from deltabus.log_tables.partition_log import PartitionLog
-from deltabus.log_tables.retention import remove_below
+from deltabus.log_tables.retention import remove_below, vacuum
 from deltabus.records import normalize_produce, produce_batch
 from deltabus.storage import Storage
 
@@ -65,6 +65,8 @@ def test_the_cleaner_wins_its_versions_beside_another_process_appending(tmp_path
                             delete_retention_ms=HOUR_MS, delete_delay_ms=0)
         merged = merge_small_files(open_table(str(path)), target_bytes=1 << 20, min_age_ms=0,
                                    high_watermark=150, delete_delay_ms=0)
+        # the files all three removed (delay 0) go while the appends go on: no commit to win
+        vacuumed = vacuum(open_table(str(path)))
         elapsed = time.monotonic() - started
         appender.stdin.close()
         acknowledged = int(appender.stdout.readline())
@@ -73,6 +75,9 @@ def test_the_cleaner_wins_its_versions_beside_another_process_appending(tmp_path
         if appender.poll() is None:
             appender.kill()
     assert removed.files == 4 and compacted.files_rewritten > 0 and merged.merged_files > 1
+    assert vacuumed >= removed.files + compacted.files_rewritten + merged.merged_files
+    live = pa.table(open_table(str(path)).get_add_actions()).column("path").to_pylist()
+    assert all((path / f).exists() for f in live)  # none of the live files went
     print(f"\nretention, compaction and merge beside {acknowledged} appends from another "
           f"process: {elapsed:.2f} s")
     assert elapsed < 60, f"the cleaner's three commits took {elapsed:.0f} s"

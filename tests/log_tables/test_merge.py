@@ -13,7 +13,7 @@ import pytest
 from deltalake import DeltaTable
 
 from deltabus.log_tables.merge import merge_runs, merge_small_files
-from deltabus.log_tables.partition_log import PartitionLog
+from deltabus.log_tables.partition_log import PartitionLog, commit_ranges
 from deltabus.log_tables.retention import vacuum
 from deltabus.records import normalize_produce, produce_batch
 from deltabus.storage import Storage
@@ -93,7 +93,10 @@ def test_merge_keeps_every_record_in_order_while_the_log_appends(
     log.close()
 
     table = DeltaTable(path, storage_options=options)
-    assert vacuum(table) == 0  # the inputs stay for readers until file.delete.delay.ms
+    assert vacuum(table, storage) == 0  # the inputs stay for readers until file.delete.delay.ms
+    # The merge appended nothing: the map of appends' versions to offsets leaves it out.
+    appends = sorted((r.base_offset, r.last_offset) for r in commit_ranges(table))
+    assert appends[:30] == [(7 * i, 7 * i + 6) for i in range(30)]
     reopened = PartitionLog(path, topic="t", partition=0, storage=storage)
     assert (reopened.log_start_offset, reopened.log_end_offset) == (0, end)
     everything = reopened.read(0, 1 << 30)

@@ -2,7 +2,8 @@
 survive restarts and compaction, and the table stays a plain Delta table any reader can query.
 
 Real Delta tables under tmp_path; no Spark, no mocks. A storage failure is made real by putting a
-file where `_delta_log` should be."""
+file where `_delta_log` should be, or, for an answer lost after the write, by raising after the
+storage layer's own put."""
 
 from __future__ import annotations
 
@@ -19,10 +20,12 @@ from deltalake import DeltaTable
 from deltabus import errors
 from deltabus.config import OFFSET_METADATA_MAX_BYTES as METADATA_MAX_CHARS
 from deltabus.offsets.offset_store import (
+    CHECKPOINT_COMMITS,
     OffsetAndMetadata,
     OffsetCommit,
     OffsetStore,
 )
+from deltabus.storage import Storage
 
 
 def commit(store: OffsetStore, group: str, partition: int, offset: int,
@@ -320,4 +323,57 @@ def test_close_flushes_queued_commits_then_refuses_more(tmp_path: Path):
         store.compact()
     again = OffsetStore(path)
     assert committed(again, "g") == {("t", 0): 8}
+    again.close()
+
+
+def test_a_commit_whose_answer_was_lost_but_landed_is_acknowledged(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The store failed after the commit file was written (an object store's answer lost on
+    the way back): the commit is there, so it is acknowledged and in memory, as a restart
+    would replay it."""
+    path = str(tmp_path / "o")
+    store = OffsetStore(path)
+    put = Storage.put_if_absent
+
+    def put_then_fail(self: Storage, uri: str, data: bytes) -> bool:
+        put(self, uri, data)
+        raise errors.KafkaStorageError(f"cannot write {uri}: the answer was lost")
+
+    monkeypatch.setattr(Storage, "put_if_absent", put_then_fail)
+    commit(store, "g", 0, 7)
+    monkeypatch.undo()
+    commit(store, "g", 1, 8)
+    assert committed(store, "g") == {("t", 0): 7, ("t", 1): 8}
+    store.close()
+    again = OffsetStore(path)
+    assert committed(again, "g") == {("t", 0): 7, ("t", 1): 8}
+    again.close()
+
+
+def test_a_second_store_writing_the_table_fences_the_first(tmp_path: Path):
+    """Two coordinators on one table (a driver started twice on one root): the one that finds
+    the other's commit fails its batch instead of interleaving sequences with it."""
+    path = str(tmp_path / "o")
+    first = OffsetStore(path)
+    commit(first, "g", 0, 1)
+    second = OffsetStore(path)
+    commit(second, "g", 1, 2)
+    with pytest.raises(errors.KafkaStorageError, match="another writer"):
+        commit(first, "g", 2, 3)
+    assert committed(first, "g") == {("t", 0): 1}
+    first.close()
+    second.close()
+    assert [(r["partition"], r["committed_offset"]) for r in rows(path)] == [(0, 1), (1, 2)]
+
+
+def test_the_table_is_checkpointed_as_it_grows_and_reopens_whole(tmp_path: Path):
+    path = str(tmp_path / "o")
+    store = OffsetStore(path, commit_linger_ms=0)
+    for i in range(CHECKPOINT_COMMITS):
+        commit(store, "g", i % 3, i)
+    store.close()
+    checkpoints = list(Path(path, "_delta_log").glob("*.checkpoint.parquet"))
+    assert [p.name for p in checkpoints] == [f"{CHECKPOINT_COMMITS:020d}.checkpoint.parquet"]
+    again = OffsetStore(path)
+    assert committed(again, "g") == {("t", i % 3): i for i in range(CHECKPOINT_COMMITS)}
     again.close()
