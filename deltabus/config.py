@@ -164,6 +164,10 @@ class TopicConfig:
     min_cleanable_dirty_ratio: float = 0.5
     # Files a clean-up removed stay on disk this long, so running readers do not break.
     file_delete_delay_ms: int = 60_000
+    # A replica's files on a local disk are fsynced once this many records were appended since
+    # the last fsync (1: before every acknowledgement). Kafka's default, never, leaves them to
+    # the page cache and replication; object stores are durable when a write returns.
+    flush_messages: int = 2**63 - 1
     # Small committed files are merged into files of up to this size.
     segment_bytes: int = 1024 * 1024 * 1024
     # With acks=all, a produce needs this many in-sync replicas or fails NOT_ENOUGH_REPLICAS.
@@ -244,6 +248,9 @@ TOPIC_CONFIGS: dict[str, ConfigDef] = {d.name: d for d in (
     ConfigDef("delete.retention.ms", "delete_retention_ms", "LONG",
               "log.cleaner.delete.retention.ms",
               "how long compaction keeps a tombstone after reaching it", minimum=0),
+    ConfigDef("flush.messages", "flush_messages", "LONG", "log.flush.interval.messages",
+              "fsync a replica's files on a local disk after this many records (default: "
+              "never, as Kafka: the page cache and replication)", minimum=1),
     ConfigDef("file.delete.delay.ms", "file_delete_delay_ms", "LONG",
               "log.segment.delete.delay.ms",
               "how long removed data files stay on disk for running readers", minimum=0,

@@ -21,7 +21,7 @@ import os
 import posixpath
 import shutil
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, cast
 from urllib.parse import urlsplit
@@ -177,6 +177,21 @@ class Storage:
             except (AlreadyExistsError, PreconditionError):
                 return False
             return True
+
+    def sync(self, uris: Sequence[str]) -> None:
+        """Make written files durable: on a local disk, fsync each and then each folder holding
+        them (so their names survive a power cut too); object stores are durable when a write
+        returns, and there is nothing to do."""
+        if self._local is None or not uris:
+            return
+        paths = [_local_path(uri) for uri in uris]
+        with _failures(f"cannot fsync {uris[0]}"):
+            for path in [*paths, *dict.fromkeys(os.path.dirname(p) for p in paths)]:
+                descriptor = os.open(path, os.O_RDONLY)
+                try:
+                    os.fsync(descriptor)
+                finally:
+                    os.close(descriptor)
 
     def copy(self, source: str, target: str) -> None:
         """Copy a file: server-side within one object store, so its bytes do not pass here."""

@@ -236,6 +236,18 @@ def test_a_delay_the_cleaner_adds_to_the_clock_cannot_overflow_it() -> None:
     assert stored.file_delete_delay_ms == bound
 
 
+def test_flush_messages_defaults_to_never_as_kafka_and_takes_its_broker_synonym() -> None:
+    assert topic_config({}).flush_messages == 2**63 - 1
+    assert topic_config({"flush.messages": "1"}).flush_messages == 1
+    with pytest.raises(errors.InvalidConfigError, match="flush.messages: Value must be at least 1"):
+        topic_config({"flush.messages": "0"})
+    cluster = ClusterConfig(root="/tmp/x", topic_config_defaults={"flush.messages": "100"})
+    assert cluster.topic_config({}).flush_messages == 100
+    entry = {e.name: e for e in cluster.describe_topic_config({})}["flush.messages"]
+    assert (entry.value, entry.source) == ("100", "STATIC_BROKER_CONFIG")
+    assert entry.synonyms[0] == ("STATIC_BROKER_CONFIG", "log.flush.interval.messages", "100")
+
+
 @pytest.mark.parametrize("version", ["0.10.2", "0.11.0-IV2", "2.8", "2.8-IV1", "3.0-IV1"])
 def test_a_kafka_3_deprecated_message_format_version_is_taken_and_changes_nothing(
         version: str) -> None:

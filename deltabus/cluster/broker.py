@@ -387,6 +387,7 @@ class Broker:
             with self._partitions_lock:
                 found = self._partitions.get(key)
             if found is not None:
+                found.log.flush_messages = self._topic_configs[key[0]].flush_messages
                 self._apply_partition(found, state, image)
         if image.acls == self._image.acls:  # the same tuple: the authorizer is not rebuilt
             image = dataclasses.replace(image, acls=self._image.acls)

@@ -45,6 +45,7 @@ from deltabus.log_tables.delta_commit import (
     DataFile,
     DeltaCommitWriter,
     FencedWriter,
+    commit_file,
     indexed_columns,
     remove_action,
 )
@@ -72,6 +73,7 @@ log = logging.getLogger(__name__)
 LOG_TXN_APP_ID = "deltabus.log"  # Delta app transaction every commit of a log sets
 # The appender checkpoints itself (`renew`), at the broker's interval, not the table's.
 _NO_CHECKPOINT_HOOK = PostCommitHookProperties(create_checkpoint=False)
+NEVER_FLUSH = 2**63 - 1  # flush.messages's default, as Kafka's: fsync is left to the system
 # What the epoch list and producer state (with its producers' last timestamps, which
 # DescribeProducers shows) need of records copied as files.
 _STATE_COLUMNS = ["offset", "timestamp", "leader_epoch", "producer_id", "producer_epoch",
@@ -247,6 +249,11 @@ class LogAppender:
         self._pending: collections.deque[Pending] = collections.deque()
         self.pending_bytes = 0
         self.committing = False  # a group is taken off the queue but not yet committed
+        # flush.messages (the broker sets it from the topic's config): the records appended
+        # and the files committed since the last fsync
+        self.flush_messages = NEVER_FLUSH
+        self._unflushed: list[str] = []
+        self._unflushed_records = 0
         self._head_since = 0.0  # when the queue's head became its head: its linger starts
 
     @property
@@ -524,8 +531,10 @@ class LogAppender:
                 "deltabus.batches": str(len(group))})
             data = self._conformed(table)
             if data is not None:
-                self._writer.commit(adds=[self._writer.write_file(data, "append")],
-                                    txns={LOG_TXN_APP_ID: next_offset}, info=info)
+                written = self._writer.write_file(data, "append")
+                self._writer.commit(adds=[written], txns={LOG_TXN_APP_ID: next_offset},
+                                    info=info)
+                self._flush([written.path], table.num_rows)
             else:  # a typed topic's values evolve the table's schema (new nullable fields)
                 write_deltalake(
                     self._delta_rs(), table, mode="append", schema_mode="merge",
@@ -566,6 +575,7 @@ class LogAppender:
                 self._writer.commit(
                     adds=[DataFile(name, f.size_bytes, f.stats) for name, f in item.files],
                     txns={LOG_TXN_APP_ID: expected}, info=info)
+                self._flush([name for name, _ in item.files], expected - base)
             else:  # the copies hold typed columns the table has not yet: its schema grows
                 self._delta_rs().create_write_transaction(
                     [AddAction(name, f.size_bytes, {}, now_ms, True, f.stats)
@@ -582,6 +592,21 @@ class LogAppender:
         return Committed("files", self.version, expected,
                          item.records.sort_by("offset"), [(item.future, base, expected - 1)],
                          now_ms, built_ns=built_ns, committed_ns=time.time_ns())
+
+    def _flush(self, files: list[str], records: int) -> None:
+        """flush.messages, after the commit of `records` in the data `files`, before it is
+        acknowledged: once as many records were appended since the last fsync, fsync every
+        data file and commit file since (Storage.sync: local disks only). Without it (Kafka's
+        default) a commit on a local disk is durable against a killed process, not a power
+        cut: acks=all's replicas are what survives that."""
+        if self.flush_messages == NEVER_FLUSH:
+            return
+        self._unflushed += [posixpath.join(self.path, f) for f in files]
+        self._unflushed.append(commit_file(self.path, self.version))
+        self._unflushed_records += records
+        if self._unflushed_records >= self.flush_messages:
+            self._storage.sync(self._unflushed)
+            self._unflushed, self._unflushed_records = [], 0
 
     def _commit_truncate(self, item: PendingTruncate, log_end_offset: int) -> Committed:
         offset = item.offset

@@ -770,6 +770,16 @@ class PartitionLog:
         for item in pending:
             item.future.result(max(0.0, deadline - time.monotonic()))
 
+    @property
+    def flush_messages(self) -> int:
+        """flush.messages: fsync the log's files on a local disk once this many records were
+        appended since the last fsync (the topic's config; never by default)."""
+        return self._appender.flush_messages
+
+    @flush_messages.setter
+    def flush_messages(self, records: int) -> None:
+        self._appender.flush_messages = records
+
     def close(self, timeout_s: float = 30.0) -> None:
         """Commit what is queued, then stop the appender. Later appends are refused."""
         deadline = time.monotonic() + timeout_s

@@ -3,6 +3,7 @@ limits, long-poll and close."""
 
 from __future__ import annotations
 
+import os
 import threading
 from concurrent.futures import Future
 from pathlib import Path
@@ -261,6 +262,39 @@ def test_failed_commit_fails_its_appends_and_leaves_no_gap(
     assert (r.base_offset, r.last_offset) == (1, 2)
     assert _read_all(log).column("value").to_pylist() == [b"before", b"retried", b"retried"]
     assert DeltaTable(str(path)).to_pyarrow_table().num_rows == 3
+
+
+def test_flush_messages_fsyncs_every_file_since_the_last_fsync_before_acknowledging(
+        log: PartitionLog, path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """flush.messages on a local disk: nothing is fsynced by default (Kafka's default: the page
+    cache and replication); with 5, the append that reaches 5 records since the last fsync is
+    acknowledged only after its own and the earlier commits' data and commit files, and the
+    folders naming them, were fsynced."""
+    synced: list[str] = []
+    fsync = os.fsync
+
+    def recorded(descriptor: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{descriptor}"))
+        fsync(descriptor)
+
+    monkeypatch.setattr(os, "fsync", recorded)
+    log.append(_batch(_values("never", 10)), leader_epoch=0).result(RESULT_TIMEOUT_S)
+    assert synced == []
+    log.flush_messages = 5
+    log.append(_batch(_values("a", 3)), leader_epoch=0).result(RESULT_TIMEOUT_S)
+    assert synced == []  # 3 records since: not yet
+    log.append(_batch(_values("b", 2)), leader_epoch=0).result(RESULT_TIMEOUT_S)
+    table = DeltaTable(str(path))
+    newest = sorted(pa.table(table.get_add_actions()).column("path").to_pylist(),
+                    key=lambda f: (path / f).stat().st_mtime)[-2:]
+    delta_log = path / "_delta_log"
+    assert sorted(synced) == sorted(
+        [str(path / f) for f in newest]
+        + [str(delta_log / f"{v:020d}.json") for v in (table.version() - 1, table.version())]
+        + [str(path), str(delta_log)])
+    synced.clear()
+    log.append(_batch(_values("c", 1)), leader_epoch=0).result(RESULT_TIMEOUT_S)
+    assert synced == []  # counting starts again
 
 
 def test_append_after_close_is_refused(path: Path) -> None:
