@@ -217,11 +217,12 @@ def _hammer_in_process(uri: str, options: dict[str, str], name: str, commits: in
     out.put((name, _hammer(uri, options, name, commits)))
 
 
-def test_writers_racing_in_processes_get_every_version_once(tmp_path: Path) -> None:
-    uri, commits = _golden_copy(tmp_path), 20
+def test_writers_racing_in_processes_get_every_version_once(
+        table_uri: tuple[str, dict[str, str]]) -> None:
+    (uri, options), commits = table_uri, 20
     spawn = multiprocessing.get_context("spawn")
     out = spawn.Queue()
-    processes = [spawn.Process(target=_hammer_in_process, args=(uri, {}, n, commits, out))
+    processes = [spawn.Process(target=_hammer_in_process, args=(uri, options, n, commits, out))
                  for n in ("p", "q")]
     for p in processes:
         p.start()
@@ -229,4 +230,4 @@ def test_writers_racing_in_processes_get_every_version_once(tmp_path: Path) -> N
     for p in processes:
         p.join()
         assert p.exitcode == 0
-    _check_versions(uri, {}, got, commits)
+    _check_versions(uri, options, got, commits)
