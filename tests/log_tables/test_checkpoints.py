@@ -57,8 +57,12 @@ def test_a_table_made_with_another_interval_is_checkpointed_at_the_brokers(tmp_p
     log = PartitionLog(path, topic="t", partition=0,
                        config=LogConfig(checkpoint_interval=10, group_commit_linger_ms=0))
     batch = normalize_produce(produce_batch([b"x"]))
-    for _ in range(45):
+    log_dir = os.path.join(path, "_delta_log")
+    for i in range(45):
         log.append(batch, leader_epoch=0).result(10)
+        if i == 14:  # a commit takes a millisecond: let the first checkpoint land (off the
+            # commit path) before the next commits call for the second
+            wait_until(lambda: "_last_checkpoint" in os.listdir(log_dir), "the first checkpoint")
     log.close()
     names = os.listdir(os.path.join(path, "_delta_log"))
     checkpoints = sorted(int(n.split(".")[0]) for n in names
