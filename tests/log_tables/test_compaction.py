@@ -267,13 +267,22 @@ def test_compaction_stays_below_an_open_transaction_which_may_yet_abort(tmp_path
     log.close()
 
 
+def _next_millisecond(after_ms: int) -> int:
+    """Waits until the clock reads a millisecond past `after_ms`; returns it."""
+    while (now_ms := int(time.time() * 1000)) <= after_ms:
+        time.sleep(0.001)
+    return now_ms
+
+
 def test_compaction_leaves_files_committed_since_the_open_transactions_were_known(
         tmp_path) -> None:
     log = PartitionLog(str(tmp_path / "log"), topic="t", partition=0)
     _append(log, [b"k"], [b"v1"])  # 0
-    open_as_of_ms = int(time.time() * 1000)  # the controller's metadata: nothing open
-    while int(time.time() * 1000) == open_as_of_ms:  # the next file is committed after it
-        time.sleep(0.001)
+    committed_ms = int(time.time() * 1000)
+    # a commit takes under a millisecond: the metadata is read in a later one than file 0's
+    # (a file stamped in the very millisecond the metadata was read counts as committed since)
+    open_as_of_ms = _next_millisecond(committed_ms)  # the controller's metadata: nothing open
+    _next_millisecond(open_as_of_ms)  # the next file is committed after it
     # 1: a transaction that opened after the metadata was read
     _append(log, [b"k"], [b"v2"], producer=ProducerState(9, 0, 0, transactional=True))
     _append(log, [b"l"], [b"w"])  # 2
