@@ -16,6 +16,7 @@ and producers (partition_log.py).
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import logging
 import posixpath
@@ -74,6 +75,8 @@ LOG_TXN_APP_ID = "deltabus.log"  # Delta app transaction every commit of a log s
 # The appender checkpoints itself (`renew`), at the broker's interval, not the table's.
 _NO_CHECKPOINT_HOOK = PostCommitHookProperties(create_checkpoint=False)
 NEVER_FLUSH = 2**63 - 1  # flush.messages's default, as Kafka's: fsync is left to the system
+FILE_COPY_THREADS = 8  # files a follower copies at once (object stores: requests in flight)
+READ_BACK_WHOLE_BYTES_MAX = 4 * 1024 * 1024  # a copy this small is read back in one request
 # What the epoch list and producer state (with its producers' last timestamps, which
 # DescribeProducers shows) need of records copied as files.
 _STATE_COLUMNS = ["offset", "timestamp", "leader_epoch", "producer_id", "producer_epoch",
@@ -372,18 +375,24 @@ class LogAppender:
         last offsets: a file cut short, a copy torn midway) raises CorruptMessageError, and
         every copy of the call is deleted: nothing unread is committed, and the follower's
         fetcher tries again."""
-        copied: list[tuple[str, LogFile]] = []
+        copied = [(posixpath.basename(f.uri), f) for f in files]
         read_back = []
         extra: dict[str, pa.Field] = {}
+        # In parallel: a table of many small files (one per group commit) copied one by one
+        # from an object store costs a round trip per request, and a follower far behind a
+        # busy leader would copy more slowly than the leader commits.
+        copies = [_file_copies().submit(self._copy_one, name, leader_file)
+                  for name, leader_file in copied]
         try:
-            for leader_file in files:
-                name = posixpath.basename(leader_file.uri)
-                copied.append((name, leader_file))
-                self._storage.copy(leader_file.uri, posixpath.join(self.path, name))
-                records, schema = self._read_back(name, leader_file)
+            for copy in copies:
+                records, schema = copy.result()
                 read_back.append(records)
                 extra.update((f.name, f) for f in schema if f.name not in LOG_SCHEMA.names)
         except Exception as e:
+            for copy in copies:  # none may land after the copies are deleted
+                copy.cancel()
+                with contextlib.suppress(Exception):
+                    copy.exception()
             self._delete_copies([name for name, _ in copied])
             if isinstance(e, errors.DeltaBusError):
                 raise
@@ -392,13 +401,23 @@ class LogAppender:
                 f"{e}") from e
         return copied, pa.concat_tables(read_back), tuple(extra.values())
 
+    def _copy_one(self, name: str, leader_file: LogFile) -> tuple[pa.Table, pa.Schema]:
+        self._storage.copy(leader_file.uri, posixpath.join(self.path, name))
+        return self._read_back(name, leader_file)
+
     def _read_back(self, name: str, leader_file: LogFile) -> tuple[pa.Table, pa.Schema]:
         """The copy's offset, epoch and producer columns, once its size, footer and records
         match what the leader stated (a compacted file's records lie within its stated
         offsets, not at both ends); else CorruptMessageError."""
         location = posixpath.join(self.path, name)
-        size = self._storage.size(location)
-        with self._storage.open_input(location) as source:
+        if leader_file.size_bytes <= READ_BACK_WHOLE_BYTES_MAX:
+            # One GET, where a size, a footer and the columns would each take a request
+            # (object stores): the size is the length read.
+            whole = self._storage.read_bytes(location)
+            size, source = len(whole), pa.BufferReader(whole)
+        else:
+            size, source = self._storage.size(location), self._storage.open_input(location)
+        with source:
             reader = pq.ParquetFile(source)
             records, schema = reader.read(columns=_STATE_COLUMNS), reader.schema_arrow
         offsets = records.column("offset")
@@ -717,6 +736,19 @@ def _renewals() -> ThreadPoolExecutor:
         if _renewal_pool is None:
             _renewal_pool = ThreadPoolExecutor(1, thread_name_prefix="deltabus-log-renewal")
         return _renewal_pool
+
+
+_file_copy_pool: ThreadPoolExecutor | None = None
+
+
+def _file_copies() -> ThreadPoolExecutor:
+    """The process's threads for followers' file copies (LogAppender.copy_in)."""
+    global _file_copy_pool
+    with _renewal_lock:
+        if _file_copy_pool is None:
+            _file_copy_pool = ThreadPoolExecutor(FILE_COPY_THREADS,
+                                                 thread_name_prefix="deltabus-file-copy")
+        return _file_copy_pool
 
 
 def _checkpoint_and_load(path: str, version: int, storage_options: dict[str, str] | None
