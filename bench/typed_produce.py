@@ -32,7 +32,7 @@ from deltabus import AdminClient, NewTopic, schemas
 from deltabus.cli.producer_performance import BULK_CHUNK_BYTES
 from deltabus.client.producer import Producer
 from deltabus.cluster.schema_registry import check_records
-from deltabus.log_tables.delta_writes import write_data_file
+from deltabus.log_tables.delta_commit import write_data_file
 from deltabus.log_tables.partition_log import PartitionLog
 from deltabus.log_tables.typed_columns import conform
 from deltabus.records import VALUE_FIELDS, normalize_produce

@@ -49,13 +49,12 @@ import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
 from deltabus.log_tables.control_records import control_mask
-from deltabus.log_tables.delta_commit import DataFile, remove_action
+from deltabus.log_tables.delta_commit import DataFile, remove_action, write_data_file
 from deltabus.log_tables.delta_writes import (
     cleaner_writer,
     commit_rewrite,
     log_table_schema,
     removal_stamp,
-    write_data_file,
 )
 from deltabus.log_tables.log_reader import data_files, leaf_columns, stats_json
 from deltabus.log_tables.transactions import (

@@ -66,7 +66,9 @@ if TYPE_CHECKING:
 ENGINE = "deltabus"
 DEFAULT_INDEXED_COLUMNS = 32  # the protocol's default delta.dataSkippingNumIndexedCols
 STRING_STATS_PREFIX = 32  # characters of a string kept as its minimum (delta-spark's)
-ROW_GROUP_RECORDS_MAX = 65_536  # see delta_writes.ROW_GROUP_RECORDS_MAX
+# Row groups of a bounded size carry offset statistics, so a range read inside a large
+# group-committed (or merged) file skips the row groups it does not need.
+ROW_GROUP_RECORDS_MAX = 65_536
 
 
 class CommitConflict(Exception):
@@ -98,6 +100,17 @@ class DataFile:
     def records(self) -> int:
         """The records in the file, as its stats say."""
         return int(json.loads(self.stats).get("numRecords", 0))
+
+
+def write_data_file(storage: Storage, table_uri: str, data: pa.Table,
+                    kind: str) -> tuple[str, int]:
+    """Write `data` as a new Parquet data file of the table at `table_uri` (Snappy, bounded
+    row groups), not yet part of it; returns its name (relative to the table) and size, for
+    the add action. `kind` ends the name, saying which job wrote it."""
+    name = f"part-00000-{uuid.uuid4()}-c000.{kind}.snappy.parquet"
+    sink = pa.BufferOutputStream()
+    pq.write_table(data, sink, row_group_size=ROW_GROUP_RECORDS_MAX, compression="snappy")
+    return name, storage.write(posixpath.join(table_uri, name), sink.getvalue())
 
 
 def commit_file(table_uri: str, version: int) -> str:
@@ -139,10 +152,7 @@ class DeltaCommitWriter:
     def write_file(self, data: pa.Table, kind: str = "append") -> DataFile:
         """Write `data` as a new Parquet data file of the table (Snappy, bounded row groups);
         `kind` ends its name, saying which job wrote it."""
-        name = f"part-00000-{uuid.uuid4()}-c000.{kind}.snappy.parquet"
-        sink = pa.BufferOutputStream()
-        pq.write_table(data, sink, row_group_size=ROW_GROUP_RECORDS_MAX, compression="snappy")
-        size = self.storage.write(posixpath.join(self.table_uri, name), sink.getvalue())
+        name, size = write_data_file(self.storage, self.table_uri, data, kind)
         return DataFile(name, size, file_stats(data, self.indexed_columns))
 
     def commit(self, *, adds: Sequence[DataFile] = (), removes: Sequence[dict[str, Any]] = (),

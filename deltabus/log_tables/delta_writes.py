@@ -11,12 +11,10 @@ from __future__ import annotations
 
 import functools
 import posixpath
-import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 from deltalake import (
     ColumnProperties,
     CommitProperties,
@@ -27,6 +25,7 @@ from deltalake import (
 
 from deltabus import errors
 from deltabus.log_tables.delta_commit import (
+    ROW_GROUP_RECORDS_MAX,
     CommitConflict,
     DataFile,
     DeltaCommitWriter,
@@ -36,9 +35,6 @@ from deltabus.log_tables.delta_commit import (
 from deltabus.records import LOG_SCHEMA, TYPED_COLUMNS
 from deltabus.storage import Storage
 
-# Row groups of a bounded size carry offset statistics, so a range read inside a large
-# group-committed (or merged) file skips the row groups it does not need.
-ROW_GROUP_RECORDS_MAX = 65_536
 # Conflicts a commit retries before it fails. Background writers (the cleaner, the offset store,
 # the metadata log) simply run again after a failure. 20 as before issue 38: the cleaner's
 # commits no longer go through delta-rs, whose retries (a listing and a replay each, many ms)
@@ -117,17 +113,6 @@ def removal_stamp(now_ms: int, delete_delay_ms: int) -> int:
     """The deletion timestamp of a file removed now that `vacuum` (with
     VACUUM_RETENTION_HOURS) must delete only after `delete_delay_ms`."""
     return now_ms - VACUUM_RETENTION_HOURS * 3_600_000 + delete_delay_ms
-
-
-def write_data_file(storage: Storage, table_uri: str, data: pa.Table,
-                    kind: str) -> tuple[str, int]:
-    """Write `data` as a new Parquet data file of the table at `table_uri` (with the broker's
-    row groups); returns its name (relative to the table) and size, for the add action.
-    `kind` ends the name, saying which job wrote it."""
-    name = f"part-00000-{uuid.uuid4()}-c000.{kind}.parquet"
-    sink = pa.BufferOutputStream()
-    pq.write_table(data, sink, row_group_size=ROW_GROUP_RECORDS_MAX, compression="snappy")
-    return name, storage.write(posixpath.join(table_uri, name), sink.getvalue())
 
 
 def cleaner_writer(table: DeltaTable, storage: Storage) -> DeltaCommitWriter:

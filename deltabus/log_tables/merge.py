@@ -24,13 +24,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 
-from deltabus.log_tables.delta_commit import DataFile, remove_action
+from deltabus.log_tables.delta_commit import DataFile, remove_action, write_data_file
 from deltabus.log_tables.delta_writes import (
     cleaner_writer,
     commit_rewrite,
     log_table_schema,
     removal_stamp,
-    write_data_file,
 )
 from deltabus.log_tables.log_reader import data_files, stats_json
 from deltabus.storage import Storage
