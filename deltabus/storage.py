@@ -21,8 +21,9 @@ import os
 import posixpath
 import shutil
 import threading
+import time
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any, cast
 from urllib.parse import urlsplit
 
@@ -34,6 +35,7 @@ from deltabus import errors
 
 OBJECT_STORE_SCHEMES = {"s3", "s3a", "az", "abfs", "abfss", "azure", "gs"}
 LOCAL_SCHEMES = {"file", "dbfs"}
+_TEMPORARY = ".tmp"  # put_if_absent's temporary files end so (hidden: they begin with a dot)
 # object_store's client settings (its ClientConfigKey): delta-rs takes them with a provider
 # prefix (AWS_ALLOW_HTTP), obstore only as client options without one.
 _CLIENT_KEYS = {
@@ -158,7 +160,7 @@ class Storage:
                 path = _local_path(uri)
                 folder, name = os.path.split(path)
                 temporary = os.path.join(
-                    folder, f".{name}.{os.getpid()}.{threading.get_ident()}.tmp")
+                    folder, f".{name}.{os.getpid()}.{threading.get_ident()}{_TEMPORARY}")
                 with open(temporary, "wb") as out:
                     out.write(data)
                 try:
@@ -177,6 +179,25 @@ class Storage:
             except (AlreadyExistsError, PreconditionError):
                 return False
             return True
+
+    def delete_stale_temporaries(self, folder_uri: str, older_than_s: float) -> int:
+        """Delete the temporary files `put_if_absent` left in `folder_uri` over `older_than_s`
+        ago: a process killed between writing one and linking it leaves it behind (Delta
+        readers skip its hidden name; a live writer holds one for microseconds). Object stores
+        put in one request and leave none. Returns how many went."""
+        if self._local is None:
+            return 0
+        folder = _local_path(folder_uri)
+        cutoff = time.time() - older_than_s
+        gone = 0
+        with _failures(f"cannot clean {folder_uri}"):
+            for entry in os.scandir(folder):
+                if (entry.name.startswith(".") and entry.name.endswith(_TEMPORARY)
+                        and entry.stat().st_mtime < cutoff):
+                    with suppress(FileNotFoundError):  # another cleaner's
+                        os.unlink(entry.path)
+                        gone += 1
+        return gone
 
     def sync(self, uris: Sequence[str]) -> None:
         """Make written files durable: on a local disk, fsync each and then each folder holding

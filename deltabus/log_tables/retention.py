@@ -127,7 +127,9 @@ def vacuum(table: DeltaTable, storage: Storage | None = None) -> int:
     """Delete the data files the cleaner removed more than `file.delete.delay.ms` ago (and
     those other writers removed over an hour ago), and the files no commit names that are over
     an hour old: a writer killed between its data file and its commit leaves one (a full
-    vacuum; the hour spares the files of commits still being made). Returns how many went.
+    vacuum; the hour spares the files of commits still being made), and, on a local disk,
+    the temporary commit files over an hour old of writers killed while committing. Returns
+    how many went.
 
     delta-rs decides which files go (a dry run); `storage` (by default the table's store, with
     no options) deletes them. delta-rs's own vacuum would also commit VACUUM START and END, and
@@ -138,4 +140,6 @@ def vacuum(table: DeltaTable, storage: Storage | None = None) -> int:
     storage = storage or Storage(table.table_uri)
     for path in doomed:
         storage.delete(posixpath.join(table.table_uri, path))
-    return len(doomed)
+    # a writer killed inside a commit's put-if-absent leaves a temporary commit file
+    return len(doomed) + storage.delete_stale_temporaries(
+        posixpath.join(table.table_uri, "_delta_log"), VACUUM_RETENTION_HOURS * 3600)

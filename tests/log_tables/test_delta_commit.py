@@ -13,6 +13,7 @@ import json
 import multiprocessing
 import os
 import shutil
+import signal
 import threading
 import time
 import uuid
@@ -231,3 +232,57 @@ def test_writers_racing_in_processes_get_every_version_once(
         p.join()
         assert p.exitcode == 0
     _check_versions(uri, options, got, commits)
+
+
+def _append_killed(path: str, where: str) -> None:
+    """In a process of its own: an append whose process is killed `where` ("commit": after
+    the data file is written, as the commit file's put-if-absent begins; "link": inside it,
+    after its temporary file is written and before it is linked to the version's name)."""
+    def die(*_args: Any, **_kwargs: Any) -> None:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    if where == "commit":
+        Storage.put_if_absent = die  # type: ignore[method-assign]
+    else:
+        os.link = die
+    log = PartitionLog(path, topic="orders", partition=0, config=LogConfig())
+    log.append(normalize_produce(produce_batch([b"killed"], keys=[b"k"])),
+               leader_epoch=1).result(60)
+
+
+@pytest.mark.parametrize("where", ["commit", "link"])
+def test_a_writer_killed_while_committing_leaves_the_log_whole_and_vacuum_cleans_up(
+        tmp_path: Path, where: str) -> None:
+    path = _golden_copy(tmp_path)
+    version = DeltaTable(path).version()
+    killed = multiprocessing.get_context("spawn").Process(target=_append_killed,
+                                                          args=(path, where))
+    killed.start()
+    killed.join(120)
+    assert killed.exitcode == -signal.SIGKILL
+    log_dir = Path(path) / "_delta_log"
+    assert not (log_dir / f"{version + 1:020d}.json").exists()  # nothing was committed
+    committed = {os.path.basename(uri) for uri in DeltaTable(path).file_uris()}
+    left = ({p.name for p in Path(path).glob("*.parquet")} - committed if where == "commit"
+            else {p.name for p in log_dir.glob(".*.tmp")})
+    assert len(left) == 1  # the killed writer's data file, or its temporary commit file
+
+    log = PartitionLog(path, topic="orders", partition=0, config=LogConfig())
+    try:  # the log is as it was before the append, and goes on from there
+        assert log.log_end_offset == GOLDEN_RECORDS
+        log.append(normalize_produce(produce_batch([b"after"], keys=[b"k"])),
+                   leader_epoch=1).result(60)
+        values = log.read(0, 1 << 20).column("value").to_pylist()
+    finally:
+        log.close()
+    assert len(values) == GOLDEN_RECORDS + 1 and values[-1] == b"after"
+    assert b"killed" not in values
+    assert DeltaTable(path).version() == version + 1
+
+    leftover = (Path(path) / next(iter(left)) if where == "commit"
+                else log_dir / next(iter(left)))
+    assert vacuum(DeltaTable(path)) == 0 and leftover.exists()  # young: perhaps in use
+    two_hours_ago = time.time() - 7200
+    os.utime(leftover, (two_hours_ago, two_hours_ago))
+    assert vacuum(DeltaTable(path)) == 1 and not leftover.exists()
+    assert DeltaTable(path).to_pyarrow_table().num_rows == GOLDEN_RECORDS + 1
