@@ -4,7 +4,8 @@ Bench step (r) runs a cluster on it (bench/object_storage.py), and the tests sta
 too (tests/object_stores.py, beside Azurite): the bench may not import the tests, the tests may
 import the bench. moto is a development dependency (`moto[server]`), as both are development
 tools. The server starts with no AWS_ variable in its environment, and clients reach it only
-through the storage options `S3Server.options` gives (delta-rs's names).
+through the storage options `S3Server.options` gives (delta-rs's names). It is moto's own server
+with one change (`serve`): conditional writes are atomic, as S3's are.
 
 With a `log` file, the server's stderr goes there: werkzeug writes one line per request served,
 `127.0.0.1 - - [date] "GET /bucket?list-type=2&prefix=... HTTP/1.1" 200 -`, which
@@ -103,7 +104,7 @@ def s3_server(log: Path | None = None) -> Iterator[S3Server]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
     with open(log, "ab") if log else open(os.devnull, "wb") as err:
         process = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", HOST, "-p", str(port)],
+            [sys.executable, __file__, str(port)],
             stdout=subprocess.DEVNULL, stderr=err, env=env)
     endpoint = f"http://{HOST}:{port}"
     try:
@@ -151,3 +152,36 @@ def by_method(requests: list[tuple[str, str]], prefix: str = "") -> dict[str, in
     counts = Counter({method: 0 for method in METHODS})
     counts.update(method for method, key in requests if key.startswith(prefix))
     return dict(counts)
+
+
+def serve(port: int) -> None:
+    """moto.server's main on `HOST`:`port`, with its conditional writes made atomic. moto checks
+    `If-None-Match: *` and then puts, with no lock between, so two racing creates of one key
+    could both succeed (two Delta writers each got the same version); S3 lets exactly one, and
+    the commit writer's put-if-absent relies on it. Conditional requests take turns; the others
+    run in parallel as before."""
+    import threading
+
+    from moto.moto_server.werkzeug_app import (
+        DomainDispatcherApplication,
+        MotoRequestHandler,
+        create_backend_app,
+    )
+    from werkzeug.serving import run_simple
+
+    os.environ.setdefault("MOTO_PORT", str(port))
+    app = DomainDispatcherApplication(create_backend_app)
+    app.debug = True  # type: ignore[attr-defined]  # as moto.server runs it
+    conditional = threading.Lock()
+
+    def atomic(environ: dict[str, Any], start_response: Any) -> Any:
+        if "HTTP_IF_NONE_MATCH" in environ or "HTTP_IF_MATCH" in environ:
+            with conditional:
+                return app(environ, start_response)
+        return app(environ, start_response)
+
+    run_simple(HOST, port, atomic, threaded=True, request_handler=MotoRequestHandler)
+
+
+if __name__ == "__main__":
+    serve(int(sys.argv[1]))
