@@ -160,6 +160,22 @@ def cluster(spark: object, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     c.stop()
 
 
+@pytest.fixture(autouse=True)
+def shared_cluster_whole(request: pytest.FixtureRequest) -> None:
+    """A test on the shared cluster starts with every broker live. On a loaded machine a broker
+    can miss heartbeats past its session timeout between tests: the controller fences it and
+    its supervisor relaunches it after a catch-up job, and a test creating a topic of 3 replicas
+    meanwhile gets INVALID_REPLICATION_FACTOR (7 typed-topic tests once did). Kafka's test
+    harnesses wait for their brokers the same way."""
+    if "cluster" not in request.fixturenames:
+        return
+    shared = request.getfixturevalue("cluster")
+    controller, config = getattr(shared, "controller", None), getattr(shared, "config", None)
+    if controller is not None and config is not None:
+        assert controller.wait_for_brokers(config.brokers, 180), (
+            f"the shared cluster's {config.brokers} brokers are not all live after 180 s")
+
+
 @pytest.fixture
 def all_brokers_back(cluster) -> Iterator[None]:
     """Whatever a test stops, every broker of the shared cluster runs again afterwards."""
