@@ -12,6 +12,7 @@ from __future__ import annotations
 import posixpath
 import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from urllib.parse import unquote
 
@@ -33,6 +34,7 @@ from deltabus.log_tables.log_reader import (
 from deltabus.storage import Storage
 
 PARQUET_FILES_OPEN_MAX = 256  # footers kept per log; a file handle each
+PARQUET_OPENS_PARALLEL = 8  # files `parquet_files` opens at once
 # Statistics beyond the offsets that a copied file's add action carries (the table indexes its
 # first three columns: offset, timestamp, timestamp_type).
 _STATS_COLUMNS = ["min.timestamp", "max.timestamp", "min.timestamp_type", "max.timestamp_type",
@@ -71,6 +73,7 @@ class PartitionReader:
         self._files_version = -1
         self._files_cache = pa.table({})
         self._parquet_files: dict[str, pq.ParquetFile] = {}
+        self._parquet_files_lock = threading.Lock()
 
     def files(self) -> pa.Table:
         """The table's data files (path, offsets, size, statistics), by first offset: delta-rs's
@@ -92,9 +95,17 @@ class PartitionReader:
         self.files()
 
     def parquet_files(self) -> Iterator[pq.ParquetFile]:
-        """The committed data files, opened, in offset order."""
-        for path in self.files().column("path").to_pylist():
-            yield self.parquet_file(path)
+        """The committed data files, opened, in offset order: several at a time ahead of the
+        caller. On an object store an open is a round trip or two (the size, the footer), and
+        a busy leader's log holds a small file per group commit until the cleaner merges them:
+        opened one after another, a log of thousands took a relaunched broker most of a
+        minute to open (its leader epochs are read from every footer)."""
+        paths = self.files().column("path").to_pylist()
+        pool = ThreadPoolExecutor(PARQUET_OPENS_PARALLEL, thread_name_prefix="deltabus-open")
+        try:
+            yield from pool.map(self.parquet_file, paths)
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
 
     def read(self, offset: int, end: int, max_bytes: int, typed: bool = False) -> pa.Table:
         """Records [offset, end) from Parquet, touching only the files, and row groups, that
@@ -155,9 +166,10 @@ class PartitionReader:
         if reader is None:
             reader = pq.ParquetFile(self._storage.open_input(
                 posixpath.join(self.path, unquote(path))))
-            if len(self._parquet_files) >= PARQUET_FILES_OPEN_MAX:
-                self._parquet_files.pop(next(iter(self._parquet_files)))
-            self._parquet_files[path] = reader
+            with self._parquet_files_lock:  # opened in parallel by parquet_files
+                if len(self._parquet_files) >= PARQUET_FILES_OPEN_MAX:
+                    self._parquet_files.pop(next(iter(self._parquet_files)))
+                self._parquet_files[path] = reader
         return reader
 
     def _update(self) -> None:
