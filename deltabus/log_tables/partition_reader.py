@@ -9,6 +9,8 @@ from the latest checkpoint every `checkpoint_interval` versions, as the appender
 
 from __future__ import annotations
 
+import collections
+import itertools
 import posixpath
 import threading
 from collections.abc import Callable, Iterator
@@ -100,10 +102,18 @@ class PartitionReader:
         a busy leader's log holds a small file per group commit until the cleaner merges them:
         opened one after another, a log of thousands took a relaunched broker most of a
         minute to open (its leader epochs are read from every footer)."""
-        paths = self.files().column("path").to_pylist()
+        paths = iter(self.files().column("path").to_pylist())
         pool = ThreadPoolExecutor(PARQUET_OPENS_PARALLEL, thread_name_prefix="deltabus-open")
+        # A bounded window, not pool.map: that opens every file at once and holds each open
+        # until the caller reaches it (thousands of file handles for a log of small files).
+        ahead = collections.deque(pool.submit(self.parquet_file, path)
+                                  for path in itertools.islice(paths, PARQUET_OPENS_PARALLEL))
         try:
-            yield from pool.map(self.parquet_file, paths)
+            while ahead:
+                opened = ahead.popleft().result()
+                for path in itertools.islice(paths, 1):
+                    ahead.append(pool.submit(self.parquet_file, path))
+                yield opened
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
 
