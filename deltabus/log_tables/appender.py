@@ -725,30 +725,26 @@ class LogAppender:
                 pass
 
 
-_renewal_pool: ThreadPoolExecutor | None = None
-_renewal_lock = threading.Lock()
+_pools: dict[str, ThreadPoolExecutor] = {}
+_pools_lock = threading.Lock()
+
+
+def _process_pool(name: str, threads: int) -> ThreadPoolExecutor:
+    """The process's pool `name`, started on first use and shared by every log."""
+    with _pools_lock:
+        if name not in _pools:
+            _pools[name] = ThreadPoolExecutor(threads, thread_name_prefix=name)
+        return _pools[name]
 
 
 def _renewals() -> ThreadPoolExecutor:
     """The process's one thread for the logs' checkpoints and reloads (LogAppender.renew)."""
-    global _renewal_pool
-    with _renewal_lock:
-        if _renewal_pool is None:
-            _renewal_pool = ThreadPoolExecutor(1, thread_name_prefix="deltabus-log-renewal")
-        return _renewal_pool
-
-
-_file_copy_pool: ThreadPoolExecutor | None = None
+    return _process_pool("deltabus-log-renewal", 1)
 
 
 def _file_copies() -> ThreadPoolExecutor:
     """The process's threads for followers' file copies (LogAppender.copy_in)."""
-    global _file_copy_pool
-    with _renewal_lock:
-        if _file_copy_pool is None:
-            _file_copy_pool = ThreadPoolExecutor(FILE_COPY_THREADS,
-                                                 thread_name_prefix="deltabus-file-copy")
-        return _file_copy_pool
+    return _process_pool("deltabus-file-copy", FILE_COPY_THREADS)
 
 
 def _checkpoint_and_load(path: str, version: int, storage_options: dict[str, str] | None
