@@ -124,6 +124,8 @@ from deltabus.scram import ScramCredential
 from deltabus.topics import validate_topic_name
 
 log = logging.getLogger(__name__)
+# Waits before each new try at removing a deleted topic's directory (about 5 minutes in all).
+TOPIC_DIR_RETRY_S = (0.5, 1, 2, 4, 8, 15, 30, 60, 60, 60, 60)
 
 TABLE_CREATE_THREADS = 8  # replica tables a CreateTopics or CreatePartitions creates at once
 TXN_ADD_PARTITIONS_WAIT_MS = 5_000  # for brokers to apply a transaction's new partitions
@@ -403,11 +405,36 @@ class Controller:
             target = self._version
         if deleted:
             self._await_brokers(target, timeout_ms)
-            for name in deleted:
-                with self._tables_lock, self._lock:
-                    if name not in self._state.topics:  # not re-created meanwhile
-                        self._delete_dir(topic_path(self._config.root, name))
+            left = [name for name in deleted if not self._remove_topic_dir(name)]
+            if left:
+                threading.Thread(target=self._remove_topic_dirs_later, args=(left,),
+                                 name="deleted-topic-dirs", daemon=True).start()
         return results
+
+    def _remove_topic_dir(self, name: str) -> bool:
+        """Remove a deleted topic's directory, unless it was created again meanwhile; False
+        when the storage failed (a broker still closing one of its logs writes into it)."""
+        with self._tables_lock, self._lock:
+            if name in self._state.topics:
+                return True
+            try:
+                self._delete_dir(topic_path(self._config.root, name))
+            except errors.KafkaStorageError as e:
+                log.warning("deleted topic %s: its directory is not removed yet (%s)", name, e)
+                return False
+        return True
+
+    def _remove_topic_dirs_later(self, names: list[str]) -> None:
+        """Try again what `delete_topics` could not remove: the topics are deleted (their
+        removal is committed and answered, as Kafka answers before its logs are gone), and a
+        directory left behind would refuse a topic of the same name later."""
+        for wait_s in TOPIC_DIR_RETRY_S:
+            time.sleep(wait_s)
+            names = [name for name in names if not self._remove_topic_dir(name)]
+            if not names or self._shutting_down:
+                return
+        log.error("deleted topics %s: their directories could not be removed; a topic of the "
+                  "same name is refused until they are", names)
 
     def _check_topic_dir(self, name: str) -> None:
         """Refuse to create a topic whose directory holds files: a deleted topic's tables whose

@@ -16,7 +16,7 @@ from deltabus import errors
 from deltabus.cluster.controller import Controller
 from deltabus.cluster.metadata_log import MetadataLog
 from deltabus.cluster.producer_id_control import PRODUCER_ID_BLOCK
-from deltabus.log_tables.layout import metadata_path, replica_path
+from deltabus.log_tables.layout import metadata_path, replica_path, topic_path
 from deltabus.log_tables.partition_log import PartitionLog
 from deltabus.metadata import (
     BrokerEndpoint,
@@ -196,6 +196,35 @@ def test_a_create_never_deletes_what_the_topics_directory_holds(tmp_path: Path) 
         assert "already holds data" in str(result.error)
     assert "orders" not in controller.image().topics
     assert DeltaTable(leftover).to_pyarrow_table().num_rows == 3
+
+
+def test_a_topic_whose_directory_resists_removal_is_deleted_all_the_same(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """DeleteTopics commits the removal, then removes the topic's directory. A storage failure
+    there (a broker still closing a log writes into it: "Directory not empty") once failed the
+    whole request with KAFKA_STORAGE_ERROR, a retriable code: the client sent it again and heard
+    that the topic it had just deleted does not exist. The topic is deleted either way; the
+    controller removes the directory again until it goes."""
+    controller = Controller(_config(tmp_path))
+    _start_brokers(controller, 1)
+    controller.create_topics([NewTopic("orders", 2, 1)], timeout_ms=0)
+    path = topic_path(str(tmp_path), "orders")
+    storage = controller._storage
+    remove = storage.delete_tree
+    failures = [2]
+
+    def busy_once_or_twice(uri: str) -> None:
+        if failures[0]:
+            failures[0] -= 1
+            raise errors.KafkaStorageError(f"cannot delete {uri}: Directory not empty")
+        remove(uri)
+
+    monkeypatch.setattr(storage, "delete_tree", busy_once_or_twice)
+    [result] = controller.delete_topics(["orders"], timeout_ms=0)
+    assert result.error is None and result.name == "orders"
+    assert "orders" not in controller.image().topics
+    wait_until(lambda: not storage.exists(path), "the deleted topic's directory to go")
+    assert failures == [0]
 
 
 def test_a_name_that_differs_from_a_topic_only_in_case_is_refused(tmp_path: Path) -> None:
