@@ -42,10 +42,17 @@ def partitions_by_the_thousand(cluster: Any, sizes: Sizes) -> dict[str, Any]:
     try:
         return _measure(cluster, run_id, sizes, total, step)
     finally:
-        with AdminClient(cluster.bootstrap_servers) as admin:
-            mine = [t for t in admin.list_topics() if run_id in t]
-            if mine:
-                admin.delete_topics(mine)
+        _delete_mine(cluster.bootstrap_servers, run_id)
+
+
+def _delete_mine(bootstrap: str, run_id: str) -> None:
+    """Delete the step's topics one at a time, each with as long as the step waits: deleting
+    thousands of partition tables takes longer than the admin default of 30 s, and a request
+    that times out is sent again to the next broker, which no longer finds what the first
+    one deleted."""
+    with AdminClient(bootstrap) as admin:
+        for topic in [t for t in admin.list_topics() if run_id in t]:
+            admin.delete_topics([topic], timeout_ms=int(WAIT_S * 1000))
 
 
 def _measure(cluster: Any, run_id: str, sizes: Sizes, total: int, step: int) -> dict[str, Any]:
