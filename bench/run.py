@@ -3,10 +3,10 @@
 Everything runs in one process against an embedded 3-broker cluster (or, with --bootstrap-server,
 a running one), in an order where each step leaves what the next needs:
 
-    (a) straight write_deltalake of the produce batches, and one small commit (3 records) made
-        each way of committing, from write_deltalake to the bare commit the append path makes
-        (a pyarrow file and its commit file): the physical limits of this machine (see
-        commit_paths)
+    (a) straight write_deltalake of the produce batches, the bare commit of the same batches (a
+        pyarrow file and its commit file, as the append path writes them), and one small commit
+        (3 records) made each way of committing, from write_deltalake to the bare commit: the
+        physical limits of this machine (see commit_paths)
     (b) bulk produce (send_batch, acks=1) of the same batches, to a 1-partition topic
     (c) per-record send() to the same topic
     (d) fetch of the whole topic with poll_batch, from the beginning
@@ -47,6 +47,9 @@ a running one), in an order where each step leaves what the next needs:
     (s) bulk produce of the same Avro records to a typed topic (value.schema.subject: the leader
         decodes every record into typed columns) and to an untyped one, alternating rounds
         (see typed_produce); runs before (r), on the cluster of the other steps
+    (t) a broker's commit round over 1,000 partitions (one small batch each, on the process's
+        append pool) against 1,000 bare commits of (a) (see commit_round); runs last, with no
+        cluster
 
 Sizes are the full run's by default (`make bench` with no flags); flags make every step smaller
 (see sizes). A command line argparse rejects exits 2; a step that fails raises, with its
@@ -73,6 +76,7 @@ import pyarrow as pa
 
 from bench import (
     commit_paths,
+    commit_round,
     groups,
     hostile_clients,
     idle_connections,
@@ -86,6 +90,7 @@ from bench import (
     typed_produce,
 )
 from bench.produce_fetch import (
+    bare_write,
     bulk_produce,
     chunk_values,
     fetch_all,
@@ -176,6 +181,11 @@ def build_parser() -> argparse.ArgumentParser:
     size.add_argument("--hostile-rounds", type=int, default=DEFAULT.hostile_rounds,
                       help="rounds of step (q), alone and beside the hostile client "
                            f"(default {DEFAULT.hostile_rounds})")
+    size.add_argument("--round-partitions", type=int, default=DEFAULT.round_partitions,
+                      help="partitions of step (t)'s commit round "
+                           f"(default {DEFAULT.round_partitions})")
+    size.add_argument("--round-rounds", type=int, default=DEFAULT.round_rounds,
+                      help=f"timed rounds of step (t) (default {DEFAULT.round_rounds})")
     size.add_argument("--s3-records", type=int, default=DEFAULT.s3_records,
                       help="records for bulk produce and fetch on S3 in step (r) "
                            f"(default {DEFAULT.s3_records})")
@@ -201,7 +211,8 @@ def sizes_from(args: argparse.Namespace) -> Sizes:
                  partitions=args.partitions, partitions_step=args.partitions_step,
                  keyed_partitions=args.keyed_partitions, keyed_records=args.keyed_records,
                  keyed_rounds=args.keyed_rounds, hostile_run_s=args.hostile_run_s,
-                 hostile_rounds=args.hostile_rounds, s3_records=args.s3_records,
+                 hostile_rounds=args.hostile_rounds, round_partitions=args.round_partitions,
+                 round_rounds=args.round_rounds, s3_records=args.s3_records,
                  s3_send_records=args.s3_send_records, s3_latency_run_s=args.s3_latency_run_s)
 
 
@@ -234,6 +245,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             else:
                 print("(r) skipped: it starts a cluster of its own, on the embedded run's Spark")
         measure_small_files(figures, root, sizes)  # needs no cluster: runs after it stopped
+        measure_commit_round(figures, root, sizes)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     figures["elapsed_s"] = time.monotonic() - started
@@ -344,6 +356,16 @@ def measure_small_files(figures: dict[str, Any], root: str, sizes: Sizes) -> Non
             f"{root}/small-commits", sizes.small_commits, VALUE_BYTES)
 
 
+def measure_commit_round(figures: dict[str, Any], root: str, sizes: Sizes) -> None:
+    """Step (t), on partition logs of its own under `root`, against step (a)'s bare commit:
+    adds its figures to `figures`."""
+    with _step(figures["step_s"], "t", f"a commit round over {sizes.round_partitions:,} "
+                                       "partitions"):
+        figures["commit_round"] = commit_round.commit_round(
+            f"{root}/commit-round", sizes.round_partitions, sizes.round_rounds,
+            figures["commit_paths"]["bare commit"]["p50_ms"])
+
+
 def run_steps(bootstrap: str, root: str, sizes: Sizes,
               trace_dir: str | None = None) -> dict[str, Any]:
     """Steps (a)-(i), in order, each on a topic of its own (deleted at the end); returns the
@@ -367,14 +389,17 @@ def run_steps(bootstrap: str, root: str, sizes: Sizes,
                                        "value_bytes": VALUE_BYTES, "chunk_records": chunk_rows,
                                        "group_members": sizes.group_members}
             steps = figures["step_s"] = {}
-            with _step(steps, "a", "straight write_deltalake, and a small commit each way"):
+            with _step(steps, "a", "straight write_deltalake, the bare commit, and a small "
+                                   "commit each way"):
                 figures["straight_write_rps"] = straight_write(f"{root}/straight", values,
                                                                records)
+                figures["bare_write_rps"] = bare_write(f"{root}/bare", values, records)
                 figures["commit_paths"] = commit_paths.commit_paths(
                     f"{root}/commit-paths", sizes.small_commit_rounds)
             with _step(steps, "b", "bulk produce, send_batch"):
                 figures["bulk_rps"] = bulk_produce(bootstrap, topic, values, records)
             figures["bulk_vs_straight"] = figures["bulk_rps"] / figures["straight_write_rps"]
+            figures["bulk_vs_bare"] = figures["bulk_rps"] / figures["bare_write_rps"]
             with _step(steps, "c", "per-record send()"):
                 figures["send_rps"] = send_each(bootstrap, topic, sizes.send_records)
             with _step(steps, "d", "fetch, poll_batch"):

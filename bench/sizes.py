@@ -41,6 +41,8 @@ class Sizes:
     keyed_rounds: int = 3  # (p): rounds, alternating one partition and many
     hostile_run_s: float = 5.0  # (q): one round of the well-behaved producer
     hostile_rounds: int = 3  # (q): rounds of each, alone and beside the hostile client
+    round_partitions: int = 1_000  # (t): partition logs of a commit round
+    round_rounds: int = 5  # (t): timed rounds, after one warm-up round
     s3_records: int = 300_000  # (r): bulk produce and fetch on object storage (the emulator)
     s3_send_records: int = 100_000  # (r): per-record send() there
     s3_latency_run_s: float = 3.0  # (r): each latency phase there, acks=1 and acks=all
@@ -65,6 +67,8 @@ class Sizes:
                   "keyed-records": (self.keyed_records, 1),
                   "keyed-rounds": (self.keyed_rounds, 1),
                   "hostile-rounds": (self.hostile_rounds, 1),
+                  "round-partitions": (self.round_partitions, 1),
+                  "round-rounds": (self.round_rounds, 1),
                   "s3-records": (self.s3_records, 1),
                   "s3-send-records": (self.s3_send_records, 1)}
         wrong = [f"--{name} must be at least {least}"

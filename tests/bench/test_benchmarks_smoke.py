@@ -25,7 +25,8 @@ TINY = Sizes(records=2_000, small_commit_rounds=5, send_records=200, latency_run
              small_commits=5, secure_records=500, secure_rounds=1, idle_connections=50,
              quota_bytes_per_s=50_000_000, quota_run_s=1.0, partitions=20, partitions_step=10,
              keyed_partitions=5, keyed_records=200, keyed_rounds=1, hostile_run_s=0.5,
-             hostile_rounds=1, s3_records=2_000, s3_send_records=200, s3_latency_run_s=0.3)
+             hostile_rounds=1, round_partitions=3, round_rounds=1, s3_records=2_000,
+             s3_send_records=200, s3_latency_run_s=0.3)
 
 
 @pytest.fixture(scope="module")
@@ -36,6 +37,7 @@ def figures(cluster: Any, spark: Any, latency_trace_dir: str,
                       TINY, cluster=cluster, trace_dir=latency_trace_dir)
     run.measure_object_storage(out, spark, root, TINY)  # beside the cluster: the slots allow
     run.measure_small_files(out, root, TINY)
+    run.measure_commit_round(out, root, TINY)
     out["elapsed_s"] = sum(out["step_s"].values())
     return out
 
@@ -47,14 +49,15 @@ def positive(section: dict[str, Any], *keys: str) -> None:
 
 
 def test_every_step_ran_and_took_time(figures: dict[str, Any]) -> None:
-    assert sorted(figures["step_s"]) == list("abcdefghijklmnopqrs")
+    assert sorted(figures["step_s"]) == list("abcdefghijklmnopqrst")
     positive(figures["step_s"], *figures["step_s"])
     assert (figures["records"], figures["send_records"], figures["value_bytes"]) == (
         TINY.records, TINY.send_records, VALUE_BYTES)
 
 
 def test_produce_and_fetch(figures: dict[str, Any]) -> None:
-    positive(figures, "straight_write_rps", "bulk_rps", "bulk_vs_straight", "send_rps",
+    positive(figures, "straight_write_rps", "bare_write_rps", "bulk_rps", "bulk_vs_straight",
+             "bulk_vs_bare", "send_rps",
              "fetch_rps", "replicated_rps", "replicated_vs_bulk")
     # (d) reads back (b)'s and (c)'s records and each one's warm-up record
     assert figures["fetched_records"] == TINY.records + TINY.send_records + 2
@@ -66,6 +69,16 @@ def test_a_small_commit_each_way(figures: dict[str, Any]) -> None:
     for way in commit_paths.WAYS:
         positive(paths[way], "p50_ms", "cpu_ms")
     assert "(a) small commit, bare commit" in report(figures, judge(figures))
+
+
+def test_a_commit_round_over_partitions(figures: dict[str, Any]) -> None:
+    rounds = figures["commit_round"]
+    assert (rounds["partitions"], rounds["rounds"]) == (TINY.round_partitions, TINY.round_rounds)
+    positive(rounds, "round_ms", "per_partition_ms", "bare_commit_ms", "vs_bare")
+    assert rounds["bare_commit_ms"] == figures["commit_paths"]["bare commit"]["p50_ms"]
+    assert rounds["vs_bare"] == pytest.approx(
+        rounds["round_ms"] / (rounds["partitions"] * rounds["bare_commit_ms"]))
+    assert "(t) commit round, 3 partitions" in report(figures, judge(figures))
 
 
 @pytest.mark.parametrize("step", ["latency_ms", "replicated_latency_ms"])
@@ -251,10 +264,10 @@ def test_results_json_and_report(figures: dict[str, Any], tmp_path: pathlib.Path
                              "partitions", "keyed_partitions", "hostile",
                              "object_storage_latency", "kafka_produce", "kafka_consume",
                              "kafka_latency", "kafka_txn_delivery", "drain_sql",
-                             "typed_produce"}
+                             "typed_produce", "bulk_vs_bare", "commit_round"}
     assert written["drain"]["records"] == TINY.drain_records
     table = capsys.readouterr().out
-    for letter in "abcdefghijklmnopqr":
+    for letter in "abcdefghijklmnopqrst":
         assert f"({letter}) " in table
     assert f"figures written to {path}" in table
 
@@ -275,7 +288,7 @@ def test_tiny_flags_make_tiny_sizes() -> None:
          "--quota-bytes-per-s", "50000000", "--quota-run-s", "1", "--partitions", "20",
          "--partitions-step", "10", "--keyed-partitions", "5", "--keyed-records", "200",
          "--keyed-rounds", "1", "--hostile-run-s", "0.5", "--hostile-rounds", "1",
-         "--s3-records", "2000", "--s3-send-records", "200", "--s3-latency-run-s", "0.3"])
+         "--round-partitions", "3", "--round-rounds", "1", "--s3-records", "2000", "--s3-send-records", "200", "--s3-latency-run-s", "0.3"])
     assert run.sizes_from(args) == TINY
     assert run.sizes_from(run.build_parser().parse_args(["--records", "50"])).send_records == 50
 
