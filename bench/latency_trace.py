@@ -10,7 +10,7 @@ returned it. A record's stage times are the gaps between consecutive moments of 
     commit queue        queued -> taken by a commit round (group commit gathering, an earlier
                         commit still running)
     log batch           taken -> its log batch built (offsets and the broker's fields)
-    Delta commit        built -> its Parquet file and Delta commit written (write_deltalake)
+    Delta commit        built -> its Parquet file and Delta commit written (the bare commit)
     leader apply        committed -> offsets, cache and high watermark (acks=1) updated
   with replication (the follower whose copy the high watermark waited for):
     to the follower     leader applied -> queued at the follower (its fetch's wait and answer)

@@ -288,7 +288,8 @@ def test_tiny_flags_make_tiny_sizes() -> None:
          "--quota-bytes-per-s", "50000000", "--quota-run-s", "1", "--partitions", "20",
          "--partitions-step", "10", "--keyed-partitions", "5", "--keyed-records", "200",
          "--keyed-rounds", "1", "--hostile-run-s", "0.5", "--hostile-rounds", "1",
-         "--round-partitions", "3", "--round-rounds", "1", "--s3-records", "2000", "--s3-send-records", "200", "--s3-latency-run-s", "0.3"])
+         "--round-partitions", "3", "--round-rounds", "1", "--s3-records", "2000",
+         "--s3-send-records", "200", "--s3-latency-run-s", "0.3"])
     assert run.sizes_from(args) == TINY
     assert run.sizes_from(run.build_parser().parse_args(["--records", "50"])).send_records == 50
 
