@@ -111,4 +111,6 @@ def quota_beside_unquotad(bootstrap: str, quota_bytes_per_s: int,
             "value_bytes": QUOTA_VALUE_BYTES, "first_burst_bytes": first_burst,
             "held_bytes_per_s": held_rate, "held_vs_quota": held_rate / quota_bytes_per_s,
             "held_with_first_burst_bytes_per_s": held_bytes / run_s,
+            # every record acknowledged, the flush after the run included
+            "held_records": len(held.times), "unquotad_records": len(free.times),
             "unquotad_bytes_per_s": free.bytes(started, until) / run_s}

@@ -178,10 +178,14 @@ def test_idle_connections(figures: dict[str, Any]) -> None:
 
 def test_quotas(figures: dict[str, Any]) -> None:
     """Tiny: too short to reach the quota (the first burst is ten windows' worth, 500 MB),
-    but both producers wrote, and the figures are the step's."""
+    but both producers wrote, and the figures are the step's. A loaded machine may take the
+    whole second to start a producer, so the rates within it may be 0; the records acked in
+    all may not."""
     quotas = figures["quotas"]
     assert quotas["quota_bytes_per_s"] == TINY.quota_bytes_per_s
-    positive(quotas, "held_with_first_burst_bytes_per_s", "unquotad_bytes_per_s")
+    positive(quotas, "held_records", "unquotad_records")
+    assert quotas["held_with_first_burst_bytes_per_s"] >= 0
+    assert quotas["unquotad_bytes_per_s"] >= 0
     assert quotas["held_vs_quota"] == quotas["held_bytes_per_s"] / TINY.quota_bytes_per_s
 
 
