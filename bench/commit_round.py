@@ -7,10 +7,10 @@ file alone, measured in the same run). With 16 threads the pool may beat N x bar
 with the cores for it; on two cores it cannot do much better than N.
 
 The round is measured on N partition logs of this process on local disk (the logs a broker
-keeps, sharing the process's append pool as a broker's do): one batch of 3 records of 100
-bytes queued to each, from the first append until the last is committed; the median of
-`rounds` rounds after one warm-up round. `python -m bench.commit_round [PARTITIONS]` prints
-it beside a bare commit measured there.
+keeps, sharing the process's append pool as a broker's do): one batch of step (a)'s small
+commit (3 records of 100 bytes) queued to each, from the first append until the last is
+committed; the median of `rounds` rounds after one warm-up round.
+`python -m bench.commit_round [PARTITIONS]` prints it beside a bare commit measured there.
 """
 
 from __future__ import annotations
@@ -21,13 +21,11 @@ import tempfile
 import time
 from typing import Any
 
+from bench.commit_paths import ROWS, VALUE_BYTES
+from bench.report import TARGETS
 from deltabus.config import LogConfig
 from deltabus.log_tables.partition_log import PartitionLog
 from deltabus.records import normalize_produce, produce_batch
-
-ROWS = 3
-VALUE_BYTES = 100
-TARGET_VS_BARE = 1.5
 
 
 def commit_round(root: str, partitions: int, rounds: int, bare_commit_ms: float
@@ -72,4 +70,4 @@ if __name__ == "__main__":
     print(f"commit round over {figures['partitions']:,} partitions: "
           f"{figures['round_ms']:.1f} ms ({figures['per_partition_ms']:.3f} ms a partition); "
           f"bare commit {bare:.3f} ms; round / (N x bare) = {figures['vs_bare']:.2f} "
-          f"(target <= {TARGET_VS_BARE})")
+          f"(target <= {TARGETS['commit_round_vs_bare']})")
