@@ -16,12 +16,16 @@ export PYSPARK_DRIVER_PYTHON = $(abspath $(PY))
 
 setup: $(STAMP) $(NODE_STAMP) kcat
 
+# pip's PySpark ships its workers' code as sources in a zip, compiled again at each start of a
+# Python worker (a streaming query's source runner among them): set-up adds the bytecode
+# (deltabus/spark/pyspark_zip.py).
 $(STAMP): setup.cfg pyproject.toml
 	@command -v java >/dev/null 2>&1 || [ -n "$$JAVA_HOME" ] || { \
 	  echo "deltabus needs Java 17 for Spark: install it (Debian/Ubuntu: apt-get install -y openjdk-17-jre-headless) or set JAVA_HOME" >&2; exit 1; }
 	@[ -x $(PY) ] || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[server,dev]'
+	$(PY) -m deltabus.spark.pyspark_zip
 	@touch $(STAMP)
 
 # Where KafkaJS or kcat cannot be installed, set-up says what to install and goes on; their tests

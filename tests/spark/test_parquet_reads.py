@@ -50,10 +50,11 @@ def test_the_parquet_path_gives_the_python_source_rows_of_every_range(
     create(cluster, topic_name, 3, 3)
     with Producer(cluster.bootstrap_servers) as producer:
         for r in range(4):  # a commit, and so a file, per round and partition
-            for i in range(30):
-                producer.send(topic_name, None if i == 7 else f"v{r}-{i}",
+            for i in range(30):  # keyless records to a partition of the test's choosing:
+                producer.send(topic_name, None if i == 7 else f"v{r}-{i}",  # counts are fixed
                               key=None if i % 5 == 0 else f"k{i % 11}",
-                              headers=[("round", str(r).encode())] if i % 2 else None)
+                              headers=[("round", str(r).encode())] if i % 2 else None,
+                              partition=(r + i) % 3 if i % 5 == 0 else None)
             producer.flush()
     for headers in ("true", "false"):
         want = python_source(spark, cluster, topic_name, includeHeaders=headers)
