@@ -286,3 +286,41 @@ def test_a_writer_killed_while_committing_leaves_the_log_whole_and_vacuum_cleans
     os.utime(leftover, (two_hours_ago, two_hours_ago))
     assert vacuum(DeltaTable(path)) == 1 and not leftover.exists()
     assert DeltaTable(path).to_pyarrow_table().num_rows == GOLDEN_RECORDS + 1
+
+
+def test_small_files_get_the_same_statistics_as_large_ones(monkeypatch) -> None:
+    """Small columns take their bounds from Python lists, large ones from Arrow's kernel: a
+    file's stats (delta-rs's pruning reads them) must not depend on which."""
+    import datetime
+    import decimal
+
+    from deltabus.log_tables import delta_commit
+
+    rows = 40
+    day = datetime.date(2026, 1, 1)
+    moment = datetime.datetime(2026, 1, 1, 12, 0, 0, 123456, tzinfo=datetime.UTC)
+    table = pa.table({
+        "offset": pa.array(range(100, 100 + rows), pa.int64()),
+        "small": pa.array([None if i % 7 == 0 else (i * 37) % 11 - 5 for i in range(rows)],
+                          pa.int16()),
+        "ts": pa.array([moment + datetime.timedelta(microseconds=i * 999) for i in range(rows)],
+                       pa.timestamp("us", tz="UTC")),
+        "day": pa.array([day + datetime.timedelta(days=(i * 13) % 17) for i in range(rows)]),
+        "name": pa.array([None if i == 3 else f"name-é-{(i * 7) % 19}" + "x" * i
+                          for i in range(rows)]),
+        "amount": pa.array([decimal.Decimal(f"{(i * 29) % 23}.{i:02d}") for i in range(rows)],
+                           pa.decimal128(6, 2)),
+        "ratio": pa.array([float("nan") if i == 5 else i / 3 for i in range(rows)]),
+        "nested": pa.array([{"a": i % 4, "b": f"s{i % 6}"} for i in range(rows)]),
+        "all_null": pa.array([None] * rows, pa.int32()),
+        "value": pa.array([b"v"] * rows, pa.binary()),
+    })
+    small = delta_commit.file_stats(table)
+    monkeypatch.setattr(delta_commit, "LIST_BOUNDS_VALUES", 0)
+    large = delta_commit.file_stats(table)
+    assert small == large
+    stats = json.loads(small)
+    assert stats["minValues"]["offset"] == 100 and stats["maxValues"]["offset"] == 139
+    assert stats["minValues"]["small"] == -5 and stats["nullCount"]["small"] == 6
+    assert stats["minValues"]["nested"] == {"a": 0, "b": "s0"}
+    assert "all_null" not in stats["minValues"] and stats["nullCount"]["all_null"] == rows
