@@ -17,8 +17,9 @@ Packages, by the process they run in:
     rpc/         the doors: gRPC servicers, the Kafka listener, generated code, codec
     spark/       Spark's data source and sink (driver and executors)
     cli/         the `deltabus` command
-Pure modules (errors, config, metadata, records, partitioner, topics) run anywhere. `acls` (the
-ACL types and enums, Kafka's codes) and `errors` are public modules.
+Pure modules (errors, config, metadata, records, topics) and packages (`schemas/`: Confluent's
+schema types; `security/`: principals, ACLs, SCRAM) run anywhere. `security.acls` (the ACL types
+and enums, Kafka's codes; also `deltabus.acls`) and `errors` are public modules.
 """
 
 # pandas first: once a SparkSession exists, PySpark 4.3 has left half-imported pandas modules
@@ -32,8 +33,7 @@ except ModuleNotFoundError as e:
 
 from typing import Any
 
-from deltabus import acls, errors, extras
-from deltabus.acls import AclBinding, AclBindingFilter
+from deltabus import errors, extras
 from deltabus.client import (
     AdminClient,
     CommitFailedError,
@@ -55,6 +55,8 @@ from deltabus.config import AlterConfigOp, ConfigEntry
 from deltabus.errors import DeltaBusError
 from deltabus.metadata import NewTopic
 from deltabus.records import ConsumerRecord
+from deltabus.security import acls
+from deltabus.security.acls import AclBinding, AclBindingFilter
 
 __all__ = [
     "AclBinding",

@@ -17,14 +17,14 @@ import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from deltabus.acls import AclBinding
 from deltabus.errors import (
     DeltaBusError,
     DuplicateResourceError,
     ResourceNotFoundError,
 )
 from deltabus.quotas import ClientQuotas
-from deltabus.scram import ScramCredential
+from deltabus.security.acls import AclBinding
+from deltabus.security.scram import ScramCredential
 
 NO_LEADER = -1
 

@@ -24,15 +24,13 @@ PACKAGE = ROOT / "deltabus"
 LAYERS = {
     "deltabus": "top",
     "deltabus.errors": "pure", "deltabus.config": "pure", "deltabus.metadata": "pure",
-    "deltabus.records": "pure", "deltabus.partitioner": "pure", "deltabus.topics": "pure",
-    "deltabus.scram": "pure", "deltabus.principal": "pure", "deltabus.acls": "pure",
+    "deltabus.records": "pure", "deltabus.topics": "pure",
+    "deltabus.security": "pure",  # principals, ACLs, SCRAM
     "deltabus.listeners": "pure", "deltabus.quotas": "pure", "deltabus.storage": "pure",
     "deltabus.trace": "pure",  # stamps for the latency breakdown: clients and brokers alike
     "deltabus.extras": "pure",  # which install a part needs: the clients and the top alike
     # schemas as Confluent's registry knows them, each type's rules (pure: no I/O)
-    "deltabus.schemas": "pure", "deltabus.schema_avro": "pure", "deltabus.avro_columns": "pure",
-    "deltabus.schema_json": "pure",
-    "deltabus.schema_protobuf": "pure",
+    "deltabus.schemas": "pure",
     "deltabus.log_tables": "log_tables",
     "deltabus.offsets": "offsets",
     "deltabus.cluster.handler": "contracts",
@@ -144,3 +142,47 @@ def test_the_bench_imports_deltabus_not_the_tests() -> None:
     found = {target for module, path in bench.items() for target in imports(module, path)}
     assert "deltabus.client.producer" in found  # the walk sees the bench's imports
     assert sorted(t for t in found if t.split(".")[0] == "tests") == []
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The graph's strongly connected components of more than one module (Tarjan's)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in graph[node]:
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_module_imports_itself_through_others() -> None:
+    """An import cycle (even through an import inside a function) makes a module's meaning
+    depend on which of the two was imported first; the package has none."""
+    graph = {module: {t for t in imports(module, path) if t in MODULES and t != module}
+             for module, path in MODULES.items()}
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles(graph) == []

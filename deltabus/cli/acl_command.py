@@ -28,7 +28,9 @@ import sys
 from collections.abc import Iterable
 
 from deltabus import errors
-from deltabus.acls import (
+from deltabus.cli.options import CliError, add_command_config, admin_settings
+from deltabus.client.admin import AdminClient
+from deltabus.security.acls import (
     CLUSTER_NAME,
     AclBinding,
     AclBindingFilter,
@@ -39,8 +41,6 @@ from deltabus.acls import (
     ResourceType,
     by_resource,
 )
-from deltabus.cli.options import CliError, add_command_config, admin_settings
-from deltabus.client.admin import AdminClient
 
 WILDCARD_HOST = "*"
 # What each resource type's ACLs may allow (Kafka's AclEntry.supportedOperations), and ALL.

@@ -48,9 +48,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from deltabus import config as cfg
-from deltabus import errors, scram
+from deltabus import errors
 from deltabus.cli.options import CliError, parse_bool, parse_properties
 from deltabus.listeners import ListenerConfig
+from deltabus.security import scram
 
 ADD_SCRAM_KEYS = ("name", "password", "iterations")
 

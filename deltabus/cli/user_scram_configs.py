@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import re
 
-from deltabus import errors, scram
+from deltabus import errors
 from deltabus.cli.options import CliError, admin_settings
 from deltabus.client.admin import (
     AdminClient,
@@ -23,6 +23,7 @@ from deltabus.client.admin import (
     UserScramCredentialDeletion,
     UserScramCredentialUpsertion,
 )
+from deltabus.security import scram
 
 # kafka-configs' reading of a credential: iterations first (optional, -1 or empty: the
 # default), then the password, which may hold anything, commas included.

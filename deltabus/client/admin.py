@@ -16,8 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Unpack
 
 from deltabus import config as cfg
-from deltabus import errors, scram
-from deltabus.acls import AclBinding, AclBindingFilter, AclCreation
+from deltabus import errors
 from deltabus.client.cluster_client import ClusterClient
 from deltabus.client.consumer_coordinator import TopicPartition
 from deltabus.client.security import ClientSecurity, SecuritySettings
@@ -37,6 +36,8 @@ from deltabus.quotas import QuotaAlteration, QuotaEntity, QuotaFilterComponent
 from deltabus.rpc import codec
 from deltabus.rpc.schema_codec import RegistryOverGrpc
 from deltabus.rpc.v1 import deltabus_pb2 as pb
+from deltabus.security import scram
+from deltabus.security.acls import AclBinding, AclBindingFilter, AclCreation
 
 __all__ = ["AclBinding", "AclBindingFilter", "AdminClient", "DeletedRecords", "NewTopic",
            "QuotaAlteration", "QuotaEntity", "QuotaFilterComponent", "ScramCredentialInfo",

@@ -32,9 +32,9 @@ import pyarrow as pa
 
 from deltabus.client.consumer import Consumer, ConsumerRebalanceListener, OffsetAndMetadata
 from deltabus.client.consumer_coordinator import TopicPartition
+from deltabus.client.partitioner import partition_for_key
 from deltabus.client.producer import Producer
 from deltabus.client.security import ClientSecurity, SecuritySettings
-from deltabus.partitioner import partition_for_key
 from deltabus.records import ConsumerRecord
 
 log = logging.getLogger(__name__)

@@ -42,9 +42,9 @@ import pyarrow as pa
 from deltabus import errors, trace
 from deltabus.client import wire
 from deltabus.client.cluster_client import ClusterClient
+from deltabus.client.partitioner import StickyPartitioner, partition_for_key
 from deltabus.client.security import ClientSecurity, SecuritySettings
 from deltabus.client.transaction_manager import TransactionManager
-from deltabus.partitioner import StickyPartitioner, partition_for_key
 from deltabus.records import (
     HEADER_OVERHEAD_BYTES_MAX,
     RECORD_OVERHEAD_BYTES_MAX,

@@ -22,7 +22,14 @@ from collections.abc import Callable, Sequence
 
 from deltabus import config as cfg
 from deltabus import errors
-from deltabus.acls import (
+from deltabus.cluster.metadata_records import (
+    AccessControlEntryRecord,
+    ControllerResult,
+    MetadataRecord,
+    RemoveAccessControlEntryRecord,
+)
+from deltabus.cluster.metadata_state import MetadataState
+from deltabus.security.acls import (
     CLUSTER_NAME,
     AclBinding,
     AclBindingFilter,
@@ -32,13 +39,6 @@ from deltabus.acls import (
     Permission,
     ResourceType,
 )
-from deltabus.cluster.metadata_records import (
-    AccessControlEntryRecord,
-    ControllerResult,
-    MetadataRecord,
-    RemoveAccessControlEntryRecord,
-)
-from deltabus.cluster.metadata_state import MetadataState
 
 USER_TYPE = "User"  # the one principal type deltabus's listeners authenticate
 

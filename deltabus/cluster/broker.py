@@ -36,14 +36,6 @@ from pyspark import TaskContext
 
 from deltabus import config as cfg
 from deltabus import errors, trace
-from deltabus.acls import (
-    AclBinding,
-    AclBindingFilter,
-    AclCreation,
-    Authorizer,
-    AuthorizerCache,
-    describe_acls,
-)
 from deltabus.cluster.delayed_fetch import DelayedFetch, FetchPurgatory
 from deltabus.cluster.doors import Doors, open_doors
 from deltabus.cluster.executor_process import local_host
@@ -86,7 +78,6 @@ from deltabus.metadata import (
     describe_scram_credentials,
     empty_image,
 )
-from deltabus.principal import ANONYMOUS, KafkaPrincipal
 from deltabus.quotas import (
     ClientQuotaManager,
     QuotaAlteration,
@@ -104,7 +95,16 @@ from deltabus.records import (
 from deltabus.rpc.controller_channel import ControllerChannel
 from deltabus.rpc.leader_endpoint import RemoteLeaderEndpoint
 from deltabus.schemas import ParsedSchema, SchemaRegistryError
-from deltabus.scram import ScramCredential
+from deltabus.security.acls import (
+    AclBinding,
+    AclBindingFilter,
+    AclCreation,
+    Authorizer,
+    AuthorizerCache,
+    describe_acls,
+)
+from deltabus.security.principal import ANONYMOUS, KafkaPrincipal
+from deltabus.security.scram import ScramCredential
 from deltabus.topics import validate_topic_name
 
 log = logging.getLogger(__name__)

@@ -44,7 +44,7 @@ from deltabus.metadata import (
 from deltabus.offsets.group_coordinator import GroupCoordinator
 from deltabus.offsets.offset_store import OffsetStore
 from deltabus.rpc.schema_registry_http import SchemaRegistryServer
-from deltabus.scram import DEFAULT_ITERATIONS, salted_password
+from deltabus.security.scram import DEFAULT_ITERATIONS, salted_password
 from deltabus.spark import register
 from deltabus.storage import SPARK_CONF_PREFIX, normalize_root, spark_storage_options
 

@@ -48,14 +48,6 @@ import pyarrow as pa
 
 from deltabus import config as cfg
 from deltabus import errors
-from deltabus.acls import (
-    AclBinding,
-    AclBindingFilter,
-    AclCreation,
-    Authorizer,
-    AuthorizerCache,
-    describe_acls,
-)
 from deltabus.cluster import (
     acl_control,
     broker_registry,
@@ -110,7 +102,6 @@ from deltabus.metadata import (
     new_cluster_id,
 )
 from deltabus.offsets.offset_store import OffsetAndMetadata
-from deltabus.principal import ANONYMOUS, KafkaPrincipal
 from deltabus.quotas import (
     ClientQuotaManager,
     QuotaAlteration,
@@ -120,7 +111,16 @@ from deltabus.quotas import (
 )
 from deltabus.records import ProducerState
 from deltabus.rpc.txn_markers import TxnMarkerClient
-from deltabus.scram import ScramCredential
+from deltabus.security.acls import (
+    AclBinding,
+    AclBindingFilter,
+    AclCreation,
+    Authorizer,
+    AuthorizerCache,
+    describe_acls,
+)
+from deltabus.security.principal import ANONYMOUS, KafkaPrincipal
+from deltabus.security.scram import ScramCredential
 from deltabus.topics import validate_topic_name
 
 log = logging.getLogger(__name__)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from deltabus import errors, scram
+from deltabus import errors
 from deltabus.cluster.metadata_records import (
     ControllerResult,
     MetadataRecord,
@@ -31,6 +31,7 @@ from deltabus.cluster.metadata_records import (
 )
 from deltabus.cluster.metadata_state import MetadataState
 from deltabus.metadata import ScramCredentialDeletion, ScramCredentialUpsertion
+from deltabus.security import scram
 
 AlterResults = dict[str, errors.DeltaBusError | None]  # user -> None (done) or why not
 

@@ -31,10 +31,10 @@ from deltabus.cluster.handler import DeltaBusHandler, LifecycleHandler, Transact
 from deltabus.listeners import GRPC, KAFKA, Listener, ListenerBindError
 from deltabus.metadata import CONTROLLER_NODE_ID, BrokerEndpoint, ListenerEndpoint
 from deltabus.offsets.group_coordinator import GroupCoordinator
-from deltabus.principal import KafkaPrincipal
 from deltabus.rpc.authentication import CredentialLookup
 from deltabus.rpc.kafka.listener import KafkaListener
 from deltabus.rpc.server import start_server
+from deltabus.security.principal import KafkaPrincipal
 
 log = logging.getLogger(__name__)
 

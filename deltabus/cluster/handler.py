@@ -16,7 +16,6 @@ import pyarrow as pa
 
 from deltabus import config as cfg
 from deltabus import errors
-from deltabus.acls import AclBinding, AclBindingFilter, AclCreation, Authorizer
 from deltabus.log_tables.control_records import TxnMarker
 from deltabus.log_tables.partition_log import ActiveProducer, AppendResult, LogFile
 from deltabus.log_tables.transactions import READ_UNCOMMITTED, AbortedTxn
@@ -33,7 +32,6 @@ from deltabus.metadata import (
     TopicResult,
     TransactionMetadata,
 )
-from deltabus.principal import ANONYMOUS, KafkaPrincipal
 from deltabus.quotas import (
     ClientQuotaManager,
     QuotaAlteration,
@@ -42,7 +40,9 @@ from deltabus.quotas import (
 )
 from deltabus.records import ProducerState
 from deltabus.schemas import Compatibility, SchemaReference, StoredSchema, SubjectVersion
-from deltabus.scram import ScramCredential
+from deltabus.security.acls import AclBinding, AclBindingFilter, AclCreation, Authorizer
+from deltabus.security.principal import ANONYMOUS, KafkaPrincipal
+from deltabus.security.scram import ScramCredential
 
 
 @dataclass(frozen=True)

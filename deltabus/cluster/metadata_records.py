@@ -35,9 +35,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, TypeVar
 
-from deltabus.acls import AclBinding, Operation, PatternType, Permission, ResourceType
 from deltabus.metadata import BrokerEndpoint, ListenerEndpoint, TransactionMetadata
 from deltabus.quotas import QuotaEntity
+from deltabus.security.acls import AclBinding, Operation, PatternType, Permission, ResourceType
 
 T = TypeVar("T")
 
@@ -237,8 +237,8 @@ class RemoveUserScramCredentialRecord(MetadataRecord):
 @dataclass(frozen=True)
 class AccessControlEntryRecord(MetadataRecord):
     """An ACL created (KRaft's AccessControlEntryRecord), under an id of its own (a UUID) that
-    its removal names. The enums are Kafka's codes (`deltabus.acls`). Brokers get it with the
-    metadata."""
+    its removal names. The enums are Kafka's codes (`deltabus.security.acls`). Brokers get it
+    with the metadata."""
 
     type: ClassVar[str] = "access_control_entry"
     STORED_KEYS: ClassVar[Mapping[str, str]] = {"acl_id": "id"}

@@ -24,7 +24,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from deltabus.acls import AclBinding
 from deltabus.cluster.broker_registry import BrokerRegistry
 from deltabus.cluster.metadata_records import (
     AccessControlEntryRecord,
@@ -58,7 +57,8 @@ from deltabus.metadata import (
     TransactionMetadata,
 )
 from deltabus.quotas import QuotaEntity
-from deltabus.scram import ScramCredential
+from deltabus.security.acls import AclBinding
+from deltabus.security.scram import ScramCredential
 
 
 @dataclass(frozen=True)

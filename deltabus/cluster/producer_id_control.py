@@ -24,7 +24,7 @@ from deltabus.cluster.metadata_records import (
     TransactionalIdRecord,
 )
 from deltabus.cluster.metadata_state import MetadataState
-from deltabus.principal import ANONYMOUS, KafkaPrincipal
+from deltabus.security.principal import ANONYMOUS, KafkaPrincipal
 
 PRODUCER_ID_BLOCK = 1000  # producer ids reserved per metadata record
 # With an authorizer, a producer id is (counter << TAG_BITS) | tag, the tag an HMAC of the

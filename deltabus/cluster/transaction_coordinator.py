@@ -51,7 +51,7 @@ from deltabus.metadata import (
     PREPARE_COMMIT,
     TransactionMetadata,
 )
-from deltabus.principal import ANONYMOUS, KafkaPrincipal
+from deltabus.security.principal import ANONYMOUS, KafkaPrincipal
 
 # What InitProducerId answers: (producer id, epoch), or the error to answer once its records
 # (an open transaction's abort) are committed.

@@ -15,12 +15,12 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from deltabus import errors
-from deltabus.acls import CLUSTER_NAME, Authorizer, Operation, ResourceType
 from deltabus.cluster.handler import DeltaBusHandler
 from deltabus.metadata import MetadataImage, TopicResult
-from deltabus.principal import ANONYMOUS, KafkaPrincipal
 from deltabus.rpc.call_authentication import current_principal
 from deltabus.rpc.channel import CLIENT_ID_KEY
+from deltabus.security.acls import CLUSTER_NAME, Authorizer, Operation, ResourceType
+from deltabus.security.principal import ANONYMOUS, KafkaPrincipal
 from deltabus.topics import illegal_topic_name
 
 # What ACLs on a topic can allow (Kafka's AclEntry.supportedOperations(TOPIC)).

@@ -22,8 +22,8 @@ from collections.abc import Callable
 import scramp
 
 from deltabus import errors
-from deltabus.principal import KafkaPrincipal, user
-from deltabus.scram import MECHANISMS, ScramCredential, verify_password
+from deltabus.security.principal import KafkaPrincipal, user
+from deltabus.security.scram import MECHANISMS, ScramCredential, verify_password
 
 # Looks up a user's credential for a mechanism (the broker's or controller's metadata).
 CredentialLookup = Callable[[str, str], ScramCredential | None]

@@ -25,10 +25,10 @@ import grpc
 
 from deltabus import errors
 from deltabus.config import ListenerSecurity
-from deltabus.principal import ANONYMOUS, KafkaPrincipal
 from deltabus.rpc.authentication import Authenticator
 from deltabus.rpc.inter_broker import INTERNAL_METHODS, vouched_principal
 from deltabus.rpc.status import abort
+from deltabus.security.principal import ANONYMOUS, KafkaPrincipal
 
 AUTHORIZATION_KEY = "authorization"
 _PRINCIPAL: contextvars.ContextVar[KafkaPrincipal] = contextvars.ContextVar(

@@ -14,17 +14,6 @@ import pyarrow as pa
 
 from deltabus import config as cfg
 from deltabus import errors
-from deltabus.acls import (
-    AclBinding,
-    AclBindingFilter,
-    AclCreation,
-    Operation,
-    PatternType,
-    Permission,
-    ResourceType,
-    by_resource,
-    from_code,
-)
 from deltabus.metadata import (
     BrokerEndpoint,
     ListenerEndpoint,
@@ -57,6 +46,17 @@ from deltabus.records import (
 )
 from deltabus.rpc.v1 import deltabus_pb2 as pb
 from deltabus.rpc.v1 import internal_pb2 as ipb
+from deltabus.security.acls import (
+    AclBinding,
+    AclBindingFilter,
+    AclCreation,
+    Operation,
+    PatternType,
+    Permission,
+    ResourceType,
+    by_resource,
+    from_code,
+)
 
 T = TypeVar("T")
 

@@ -23,7 +23,6 @@ import grpc
 
 from deltabus import config as cfg
 from deltabus import errors
-from deltabus.acls import AclBinding, AclBindingFilter, AclCreation
 from deltabus.config import ListenerSecurity
 from deltabus.metadata import (
     BrokerEndpoint,
@@ -35,7 +34,6 @@ from deltabus.metadata import (
     ScramCredentialUpsertion,
     TopicResult,
 )
-from deltabus.principal import KafkaPrincipal
 from deltabus.quotas import QuotaAlteration
 from deltabus.rpc import codec
 from deltabus.rpc.access import requester
@@ -48,6 +46,8 @@ from deltabus.rpc.v1 import deltabus_pb2 as pb
 from deltabus.rpc.v1 import deltabus_pb2_grpc as pb_grpc
 from deltabus.rpc.v1 import internal_pb2 as ipb
 from deltabus.rpc.v1 import internal_pb2_grpc as ipb_grpc
+from deltabus.security.acls import AclBinding, AclBindingFilter, AclCreation
+from deltabus.security.principal import KafkaPrincipal
 
 PLAINTEXT = ListenerSecurity()
 ADMIN_TIMEOUT_SLACK_MS = 5_000  # a forwarded admin call waits its own timeout and this much

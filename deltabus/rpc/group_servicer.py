@@ -12,7 +12,6 @@ from typing import Any
 
 from deltabus import config as cfg
 from deltabus import errors
-from deltabus.acls import Operation
 from deltabus.offsets.group_coordinator import (
     COMMIT_TIMEOUT_S,
     LONG_POLL_SLACK_S,
@@ -24,6 +23,7 @@ from deltabus.offsets.offset_store import OffsetAndMetadata
 from deltabus.rpc.access import Access, peer_host
 from deltabus.rpc.codec import present_or
 from deltabus.rpc.v1 import deltabus_pb2 as pb
+from deltabus.security.acls import Operation
 
 
 class GroupServicerMixin:

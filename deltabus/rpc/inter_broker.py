@@ -22,8 +22,8 @@ from typing import Any
 import grpc
 
 from deltabus import errors
-from deltabus.principal import ANONYMOUS, KafkaPrincipal
 from deltabus.rpc.status import abort
+from deltabus.security.principal import ANONYMOUS, KafkaPrincipal
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,6 @@ from deltabus.cluster.handler import (
 )
 from deltabus.log_tables.control_records import TxnMarker
 from deltabus.metadata import BrokerEndpoint
-from deltabus.principal import ANONYMOUS, KafkaPrincipal
 from deltabus.records import to_ipc
 from deltabus.rpc import codec
 from deltabus.rpc.fetch_size import FetchBudget
@@ -30,6 +29,7 @@ from deltabus.rpc.inter_broker import vouched_principal
 from deltabus.rpc.status import abort
 from deltabus.rpc.v1 import internal_pb2 as ipb
 from deltabus.rpc.v1 import internal_pb2_grpc as ipb_grpc
+from deltabus.security.principal import ANONYMOUS, KafkaPrincipal
 
 
 class ForwardedKafkaRequests(Protocol):

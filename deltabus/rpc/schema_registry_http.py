@@ -37,11 +37,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from deltabus import errors
-from deltabus.acls import Authorizer, Operation
 from deltabus.cluster.handler import SchemaRegistryHandler
 from deltabus.config import ListenerSecurity
 from deltabus.listeners import ListenerBindError
-from deltabus.principal import ANONYMOUS, KafkaPrincipal
 from deltabus.rpc.access import Access
 from deltabus.rpc.authentication import Authenticator, CredentialLookup
 from deltabus.rpc.call_authentication import basic_credentials
@@ -56,6 +54,8 @@ from deltabus.schemas import (
     check_version,
     invalid_version,
 )
+from deltabus.security.acls import Authorizer, Operation
+from deltabus.security.principal import ANONYMOUS, KafkaPrincipal
 
 log = logging.getLogger(__name__)
 

@@ -13,12 +13,12 @@ from __future__ import annotations
 from typing import Any
 
 from deltabus import errors
-from deltabus.acls import Operation
 from deltabus.cluster.handler import DeltaBusHandler
 from deltabus.rpc import status
 from deltabus.rpc.access import Access
 from deltabus.rpc.schema_codec import serve
 from deltabus.rpc.v1 import deltabus_pb2 as pb
+from deltabus.security.acls import Operation
 
 
 class SchemaServicerMixin:

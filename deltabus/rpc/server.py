@@ -20,7 +20,6 @@ import grpc
 
 from deltabus import config as cfg
 from deltabus import errors
-from deltabus.acls import Operation
 from deltabus.cluster.handler import (
     DeltaBusHandler,
     FetchResult,
@@ -69,6 +68,7 @@ from deltabus.rpc.txn_servicer import TxnServicerMixin
 from deltabus.rpc.v1 import deltabus_pb2 as pb
 from deltabus.rpc.v1 import deltabus_pb2_grpc as pb_grpc
 from deltabus.rpc.v1 import internal_pb2_grpc as ipb_grpc
+from deltabus.security.acls import Operation
 
 log = logging.getLogger(__name__)
 

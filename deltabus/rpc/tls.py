@@ -14,7 +14,7 @@ from typing import Any
 import grpc
 
 from deltabus.config import ListenerSecurity
-from deltabus.principal import KafkaPrincipal
+from deltabus.security.principal import KafkaPrincipal
 
 # X.509 attribute names as RFC 2253 abbreviates them (Python's ssl gives the long names).
 _SHORT = {"commonName": "CN", "organizationalUnitName": "OU", "organizationName": "O",

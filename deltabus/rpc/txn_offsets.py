@@ -11,10 +11,10 @@ from collections.abc import Iterable
 from typing import Any
 
 from deltabus import errors
-from deltabus.acls import Operation
 from deltabus.cluster.handler import TransactionHandler
 from deltabus.offsets.group_coordinator import GroupCoordinator
 from deltabus.rpc.access import Access
+from deltabus.security.acls import Operation
 
 PartitionAnswers = dict[tuple[str, int], errors.DeltaBusError | None]
 # (topic, partition, offset, leader epoch, metadata), as a request names them

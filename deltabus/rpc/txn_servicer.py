@@ -14,13 +14,13 @@ from __future__ import annotations
 from typing import Any
 
 from deltabus import errors
-from deltabus.acls import Operation, ResourceType
 from deltabus.cluster.handler import TransactionHandler
 from deltabus.offsets.group_coordinator import GroupCoordinator
 from deltabus.rpc.access import Access
 from deltabus.rpc.codec import present_or
 from deltabus.rpc.txn_offsets import PartitionAnswers, commit_txn_offsets
 from deltabus.rpc.v1 import deltabus_pb2 as pb
+from deltabus.security.acls import Operation, ResourceType
 
 
 def _results(answers: PartitionAnswers) -> list[pb.PartitionResult]:

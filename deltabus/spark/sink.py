@@ -38,10 +38,10 @@ from pyspark.sql.datasource import (
 
 from deltabus import errors
 from deltabus.client.admin import AdminClient
+from deltabus.client.partitioner import partition_for_key
 from deltabus.client.producer import FutureRecordMetadata, Producer
 from deltabus.client.schema_cache import SchemaCache
 from deltabus.client.security import ClientSecurity
-from deltabus.partitioner import partition_for_key
 
 log = logging.getLogger(__name__)
 

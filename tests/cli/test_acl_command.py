@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from deltabus.acls import (
+from deltabus.cli.main import main
+from deltabus.security.acls import (
     CLUSTER_NAME,
     AclBinding,
     AclCreation,
@@ -19,7 +20,6 @@ from deltabus.acls import (
     Permission,
     ResourceType,
 )
-from deltabus.cli.main import main
 from tests.cluster.controller_server import ControllerServer, serve
 
 T, G, C, X = (ResourceType.TOPIC, ResourceType.GROUP, ResourceType.CLUSTER,

@@ -20,7 +20,7 @@ from deltabus import AdminClient, NewTopic, Producer, errors
 from deltabus import config as cfg
 from deltabus.cli import broker_security, cluster_command
 from deltabus.cli.main import build_parser, main
-from deltabus.scram import DEFAULT_ITERATIONS
+from deltabus.security.scram import DEFAULT_ITERATIONS
 from tests.conftest import free_port_block
 
 SECRET = "admin-secret"

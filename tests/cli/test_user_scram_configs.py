@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from deltabus.cli.main import main
-from deltabus.scram import verify_password
+from deltabus.security.scram import verify_password
 from tests.cluster.controller_server import ControllerServer, serve
 
 SECRET = "pw-secret-never-shown"

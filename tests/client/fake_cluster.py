@@ -47,7 +47,6 @@ import pyarrow.compute as pc
 
 from deltabus import config as cfg
 from deltabus import errors
-from deltabus.acls import Authorizer
 from deltabus.cluster.delayed_fetch import DelayedFetch, FetchPurgatory
 from deltabus.cluster.handler import (
     FetchResult,
@@ -70,7 +69,6 @@ from deltabus.metadata import (
 )
 from deltabus.offsets.group_coordinator import GroupCoordinator
 from deltabus.offsets.offset_store import OffsetAndMetadata, OffsetCommit, OffsetStore
-from deltabus.principal import ANONYMOUS, KafkaPrincipal
 from deltabus.quotas import (
     ClientQuotaManager,
     QuotaEntity,
@@ -91,6 +89,8 @@ from deltabus.records import (
 from deltabus.rpc.authentication import CredentialLookup
 from deltabus.rpc.kafka.listener import KafkaListener
 from deltabus.rpc.server import start_server
+from deltabus.security.acls import Authorizer
+from deltabus.security.principal import ANONYMOUS, KafkaPrincipal
 from deltabus.topics import validate_topic_name
 
 HOST = "127.0.0.1"

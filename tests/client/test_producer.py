@@ -11,9 +11,9 @@ import pyarrow as pa
 import pytest
 
 from deltabus import FutureRecordMetadata, Producer, errors
-from deltabus.partitioner import partition_for_key
+from deltabus.client.partitioner import partition_for_key
 from tests.client.fake_cluster import FakeCluster
-from tests.test_partitioner import KAFKA_MURMUR2_VECTORS
+from tests.client.test_partitioner import KAFKA_MURMUR2_VECTORS
 
 TOPIC = "orders"
 

@@ -10,7 +10,15 @@ import json
 import pytest
 
 from deltabus import errors
-from deltabus.acls import (
+from deltabus.cluster import acl_control
+from deltabus.cluster.metadata_records import (
+    AccessControlEntryRecord,
+    RemoveAccessControlEntryRecord,
+    from_stored,
+    to_stored,
+)
+from deltabus.cluster.metadata_state import MetadataState
+from deltabus.security.acls import (
     CLUSTER_NAME,
     AclBinding,
     AclBindingFilter,
@@ -22,14 +30,6 @@ from deltabus.acls import (
     describe_acls,
     from_code,
 )
-from deltabus.cluster import acl_control
-from deltabus.cluster.metadata_records import (
-    AccessControlEntryRecord,
-    RemoveAccessControlEntryRecord,
-    from_stored,
-    to_stored,
-)
-from deltabus.cluster.metadata_state import MetadataState
 
 T, G, C, X = (ResourceType.TOPIC, ResourceType.GROUP, ResourceType.CLUSTER,
               ResourceType.TRANSACTIONAL_ID)

@@ -19,7 +19,14 @@ import kafka.admin as kp
 import pytest
 
 from deltabus import AdminClient, errors
-from deltabus.acls import (
+from deltabus.cluster.controller import Controller, ControllerHandler
+from deltabus.cluster.metadata_loader import MetadataLoader
+from deltabus.metadata import BrokerEndpoint
+from deltabus.rpc.controller_channel import ControllerChannel
+from deltabus.rpc.kafka.listener import KafkaListener
+from deltabus.rpc.v1 import deltabus_pb2 as pb
+from deltabus.rpc.v1 import deltabus_pb2_grpc as pb_grpc
+from deltabus.security.acls import (
     CLUSTER_NAME,
     AclBinding,
     AclBindingFilter,
@@ -29,13 +36,6 @@ from deltabus.acls import (
     Permission,
     ResourceType,
 )
-from deltabus.cluster.controller import Controller, ControllerHandler
-from deltabus.cluster.metadata_loader import MetadataLoader
-from deltabus.metadata import BrokerEndpoint
-from deltabus.rpc.controller_channel import ControllerChannel
-from deltabus.rpc.kafka.listener import KafkaListener
-from deltabus.rpc.v1 import deltabus_pb2 as pb
-from deltabus.rpc.v1 import deltabus_pb2_grpc as pb_grpc
 from tests.cluster.controller_server import ControllerServer, serve
 from tests.conftest import wait_until
 

@@ -15,7 +15,9 @@ import pytest
 from confluent_kafka import admin as ck
 
 from deltabus import AdminClient, errors
-from deltabus.acls import (
+from deltabus.cli.main import main
+from deltabus.cluster.controller import Controller
+from deltabus.security.acls import (
     CLUSTER_NAME,
     AclBinding,
     AclBindingFilter,
@@ -24,8 +26,6 @@ from deltabus.acls import (
     Permission,
     ResourceType,
 )
-from deltabus.cli.main import main
-from deltabus.cluster.controller import Controller
 
 T, G, C = ResourceType.TOPIC, ResourceType.GROUP, ResourceType.CLUSTER
 LIT, PRE = PatternType.LITERAL, PatternType.PREFIXED

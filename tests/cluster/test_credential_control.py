@@ -22,7 +22,7 @@ from deltabus.metadata import (
     UserScramCredentialsDescription,
     describe_scram_credentials,
 )
-from deltabus.scram import salted_password, verify_password
+from deltabus.security.scram import salted_password, verify_password
 
 SHA256, SHA512 = "SCRAM-SHA-256", "SCRAM-SHA-512"
 SALT = b"0123456789abcdef"

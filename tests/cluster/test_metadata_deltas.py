@@ -19,15 +19,6 @@ from pathlib import Path
 import pytest
 
 from deltabus import config as cfg
-from deltabus.acls import (
-    AclBinding,
-    AclBindingFilter,
-    AclCreation,
-    Operation,
-    PatternType,
-    Permission,
-    ResourceType,
-)
 from deltabus.cluster.broker import Broker, BrokerSpec
 from deltabus.cluster.controller import Controller
 from deltabus.cluster.metadata_deltas import MetadataDeltas
@@ -50,7 +41,16 @@ from deltabus.quotas import (
     QuotaEntity,
 )
 from deltabus.rpc.controller_channel import ControllerChannel
-from deltabus.scram import salted_password
+from deltabus.security.acls import (
+    AclBinding,
+    AclBindingFilter,
+    AclCreation,
+    Operation,
+    PatternType,
+    Permission,
+    ResourceType,
+)
+from deltabus.security.scram import salted_password
 from tests.cluster.controller_server import ControllerServer
 from tests.conftest import wait_until
 

@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 
-from deltabus.acls import AclBinding, Operation, PatternType, Permission, ResourceType
 from deltabus.cluster.metadata_records import (
     BROKER_RECORD_TYPES,
     PERSISTED_RECORD_TYPES,
@@ -44,6 +43,7 @@ from deltabus.cluster.metadata_records import (
     to_stored,
 )
 from deltabus.metadata import BrokerEndpoint, ListenerEndpoint
+from deltabus.security.acls import AclBinding, Operation, PatternType, Permission, ResourceType
 
 # Each record as the dict-based controller built it, and the same record typed.
 OLD_AND_TYPED: list[tuple[dict[str, Any], MetadataRecord]] = [

@@ -27,7 +27,7 @@ from deltabus.cluster.metadata_records import (
 )
 from deltabus.cluster.metadata_state import MetadataState, PartitionRegistration
 from deltabus.metadata import BrokerEndpoint, PartitionState, TopicState
-from deltabus.scram import ScramCredential
+from deltabus.security.scram import ScramCredential
 
 TOPIC_RECORDS: list[MetadataRecord] = [
     ClusterIdRecord("c-1"),

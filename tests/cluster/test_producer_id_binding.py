@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from deltabus.cluster.metadata_state import MetadataState
 from deltabus.cluster.producer_id_control import bind, init_producer_id, issued_to
-from deltabus.principal import user
+from deltabus.security.principal import user
 
 KEY = b"k" * 32
 

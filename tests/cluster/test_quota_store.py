@@ -16,15 +16,6 @@ import grpc
 import pytest
 
 from deltabus import AdminClient, errors
-from deltabus.acls import (
-    CLUSTER_NAME,
-    AclBinding,
-    AclCreation,
-    Operation,
-    PatternType,
-    Permission,
-    ResourceType,
-)
 from deltabus.client.admin import QuotaAlteration, QuotaEntity
 from deltabus.cluster.controller import Controller
 from deltabus.cluster.metadata_loader import MetadataLoader
@@ -33,6 +24,15 @@ from deltabus.quotas import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE
 from deltabus.rpc.controller_channel import ControllerChannel
 from deltabus.rpc.v1 import deltabus_pb2 as pb
 from deltabus.rpc.v1 import deltabus_pb2_grpc as pb_grpc
+from deltabus.security.acls import (
+    CLUSTER_NAME,
+    AclBinding,
+    AclCreation,
+    Operation,
+    PatternType,
+    Permission,
+    ResourceType,
+)
 from tests.cluster.controller_server import ControllerServer, serve
 
 NAME_ONLY_BROKERS_LEARN = "a-client-id-only-brokers-learn-of-this-way"

@@ -29,7 +29,9 @@ from confluent_kafka.schema_registry import (
 )
 
 from deltabus import config as cfg
-from deltabus.acls import (
+from deltabus.cluster.controller import Controller
+from deltabus.rpc.schema_registry_http import SchemaRegistryServer
+from deltabus.security.acls import (
     CLUSTER_NAME,
     AclBinding,
     Authorizer,
@@ -38,9 +40,7 @@ from deltabus.acls import (
     Permission,
     ResourceType,
 )
-from deltabus.cluster.controller import Controller
-from deltabus.rpc.schema_registry_http import SchemaRegistryServer
-from deltabus.scram import make_credential
+from deltabus.security.scram import make_credential
 
 
 def record(name: str, *fields: tuple[str, Any], default: dict[str, Any] | None = None) -> str:

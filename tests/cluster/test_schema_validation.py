@@ -12,8 +12,8 @@ import pytest
 
 from deltabus import errors
 from deltabus.cluster.schema_registry import check_records
-from deltabus.schema_avro import encode_avro, parse_avro
 from deltabus.schemas import wire_header
+from deltabus.schemas.avro import encode_avro, parse_avro
 
 V1 = {"type": "record", "name": "Payment", "fields": [{"name": "id", "type": "string"},
                                                      {"name": "amount", "type": "double"}]}

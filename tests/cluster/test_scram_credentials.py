@@ -31,7 +31,7 @@ from deltabus import (
 )
 from deltabus.cli.main import main
 from deltabus.log_tables.layout import metadata_path
-from deltabus.scram import verify_password
+from deltabus.security.scram import verify_password
 
 SHA256, SHA512 = "SCRAM-SHA-256", "SCRAM-SHA-512"
 

@@ -33,7 +33,7 @@ from deltabus.metadata import BrokerEndpoint
 from deltabus.rpc.controller_channel import ControllerChannel
 from deltabus.rpc.v1 import deltabus_pb2 as pb
 from deltabus.rpc.v1 import deltabus_pb2_grpc as pb_grpc
-from deltabus.scram import salted_password, verify_password
+from deltabus.security.scram import salted_password, verify_password
 from tests.cluster.controller_server import ControllerServer, serve
 
 SHA256, SHA512 = "SCRAM-SHA-256", "SCRAM-SHA-512"

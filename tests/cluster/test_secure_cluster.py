@@ -19,11 +19,11 @@ import trustme
 
 from deltabus import AdminClient, Cluster, NewTopic, Producer, errors
 from deltabus import config as cfg
-from deltabus.acls import AclBinding, Operation, PatternType, Permission, ResourceType
 from deltabus.listeners import ListenerConfig
 from deltabus.rpc.v1 import deltabus_pb2 as pb
 from deltabus.rpc.v1 import deltabus_pb2_grpc as pb_grpc
 from deltabus.rpc.v1 import internal_pb2 as ipb
+from deltabus.security.acls import AclBinding, Operation, PatternType, Permission, ResourceType
 from tests.conftest import read_records
 
 PASSWORDS = {"admin": "admin-secret", "alice": "alice-secret"}

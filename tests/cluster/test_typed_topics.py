@@ -28,7 +28,7 @@ from deltabus import (
     TopicPartition,
     errors,
 )
-from deltabus.partitioner import partition_for_key
+from deltabus.client.partitioner import partition_for_key
 from deltabus.rpc.schema_registry_http import SchemaRegistryServer
 from deltabus.schemas import split_wire, wire_header
 from deltabus.spark import read_topic, register_topic_views

@@ -12,8 +12,15 @@ import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from deltabus import config as cfg
-from deltabus.acls import AclBinding, Authorizer, Operation, PatternType, Permission, ResourceType
-from deltabus.scram import make_credential
+from deltabus.security.acls import (
+    AclBinding,
+    Authorizer,
+    Operation,
+    PatternType,
+    Permission,
+    ResourceType,
+)
+from deltabus.security.scram import make_credential
 from tests.client.fake_cluster import FakeCluster
 
 PASSWORDS = {"alice": "alice-secret", "bob": "bob-secret"}

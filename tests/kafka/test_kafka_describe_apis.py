@@ -233,10 +233,10 @@ def test_each_api_is_checked_against_the_acls_kafka_checks():
     )
 
     from deltabus import config as cfg
-    from deltabus.acls import AclBinding, Authorizer, Operation, PatternType, Permission
-    from deltabus.acls import ResourceType as R
     from deltabus.offsets.offset_store import OffsetAndMetadata
-    from deltabus.scram import make_credential
+    from deltabus.security.acls import AclBinding, Authorizer, Operation, PatternType, Permission
+    from deltabus.security.acls import ResourceType as R
+    from deltabus.security.scram import make_credential
     from tests.client.fake_cluster import FakeCluster
 
     passwords = {"alice": "alice-secret", "bob": "bob-secret"}

@@ -34,7 +34,7 @@ from kio.schema.errors import ErrorCode
 from deltabus import config as cfg
 from deltabus.rpc.kafka import network
 from deltabus.rpc.kafka.frames import make, peek
-from deltabus.scram import make_credential
+from deltabus.security.scram import make_credential
 from tests.client.fake_cluster import FakeCluster
 from tests.kafka.raw_frames import (
     API_VERSIONS,

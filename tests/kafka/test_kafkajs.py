@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from deltabus import AdminClient, NewTopic, Producer
-from deltabus.partitioner import partition_for_key
+from deltabus.client.partitioner import partition_for_key
 from tests.conftest import read_records
 
 NODE_DIR = Path(__file__).parent / "node"

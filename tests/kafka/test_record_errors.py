@@ -21,8 +21,8 @@ from kio.schema.errors import ErrorCode
 
 from deltabus import AdminClient, NewTopic
 from deltabus.rpc.kafka.frames import make, nested
-from deltabus.schema_avro import encode_avro, parse_avro
 from deltabus.schemas import wire_header
+from deltabus.schemas.avro import encode_avro, parse_avro
 from tests.kafka.raw_frames import PRODUCE, call
 
 KEYS = [b"k0", None, b"k2", None, b"k4"]  # records 1 and 3 have no key

@@ -17,7 +17,7 @@ import pytest
 import trustme
 
 from deltabus import config as cfg
-from deltabus.scram import ScramCredential, make_credential
+from deltabus.security.scram import ScramCredential, make_credential
 from tests.client.fake_cluster import FakeCluster
 
 TOPIC = "secured"

@@ -16,7 +16,7 @@ import pytest
 import trustme
 
 from deltabus import config as cfg
-from deltabus.scram import ScramCredential, make_credential
+from deltabus.security.scram import ScramCredential, make_credential
 from tests.client.fake_cluster import FakeCluster
 from tests.kafka.test_kafkajs import json_lines, run_node_at
 from tests.kafka.test_kcat import run_kcat

@@ -16,11 +16,11 @@ from kio.index import load_request_schema
 from kio.schema.errors import ErrorCode
 
 from deltabus import config as cfg
-from deltabus.acls import Authorizer
 from deltabus.rpc.channel import open_channel
 from deltabus.rpc.kafka.frames import make, nested
 from deltabus.rpc.v1 import deltabus_pb2 as pb
 from deltabus.rpc.v1 import deltabus_pb2_grpc as pb_grpc
+from deltabus.security.acls import Authorizer
 from tests.client.fake_cluster import FakeCluster
 from tests.kafka import raw_frames
 

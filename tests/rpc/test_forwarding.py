@@ -14,13 +14,13 @@ import pytest
 from deltabus import config as cfg
 from deltabus import errors
 from deltabus.metadata import NewTopic, ScramCredentialUpsertion
-from deltabus.principal import user
 from deltabus.rpc.access import Access, acting_as
 from deltabus.rpc.controller_channel import ControllerChannel
 from deltabus.rpc.inter_broker import FORWARDED_PRINCIPAL_KEY
 from deltabus.rpc.v1 import deltabus_pb2 as pb
 from deltabus.rpc.v1 import deltabus_pb2_grpc as pb_grpc
-from deltabus.scram import salted_password
+from deltabus.security.principal import user
+from deltabus.security.scram import salted_password
 from tests.cluster.controller_server import ControllerServer
 
 

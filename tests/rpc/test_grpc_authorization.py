@@ -12,7 +12,9 @@ import pytest
 
 from deltabus import Consumer, Producer, errors
 from deltabus import config as cfg
-from deltabus.acls import (
+from deltabus.rpc.v1 import deltabus_pb2 as pb
+from deltabus.rpc.v1 import deltabus_pb2_grpc as pb_grpc
+from deltabus.security.acls import (
     CLUSTER_NAME,
     AclBinding,
     Authorizer,
@@ -21,9 +23,7 @@ from deltabus.acls import (
     Permission,
     ResourceType,
 )
-from deltabus.rpc.v1 import deltabus_pb2 as pb
-from deltabus.rpc.v1 import deltabus_pb2_grpc as pb_grpc
-from deltabus.scram import make_credential
+from deltabus.security.scram import make_credential
 from tests.client.fake_cluster import FakeCluster
 
 PASSWORDS = {"alice": "alice-secret", "bob": "bob-secret", "admin": "admin-secret"}

@@ -11,8 +11,8 @@ from deltalake import DeltaTable
 
 from deltabus import AdminClient, Consumer, NewTopic, Producer, TopicPartition, errors
 from deltabus.client.cluster_client import ClusterClient
+from deltabus.client.partitioner import partition_for_key
 from deltabus.log_tables.layout import replica_path
-from deltabus.partitioner import partition_for_key
 from deltabus.records import produce_batch, to_ipc
 from deltabus.rpc.status import ERROR_CODE_KEY
 from deltabus.rpc.v1 import deltabus_pb2 as pb

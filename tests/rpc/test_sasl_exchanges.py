@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from deltabus import errors
-from deltabus.principal import user
 from deltabus.rpc.authentication import Authenticator
-from deltabus.scram import make_credential
+from deltabus.security.principal import user
+from deltabus.security.scram import make_credential
 
 CREDENTIALS = {("alice", m): make_credential(m, "alice-secret", iterations=4096)
                for m in ("SCRAM-SHA-256", "SCRAM-SHA-512")}

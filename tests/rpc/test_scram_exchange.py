@@ -14,7 +14,7 @@ import scramp
 
 from deltabus import errors
 from deltabus.rpc.authentication import Authenticator
-from deltabus.scram import make_credential, salted_password
+from deltabus.security.scram import make_credential, salted_password
 
 MECHANISM, USER, PASSWORD = "SCRAM-SHA-256", "alice", "alice-secret"
 CREDENTIAL = make_credential(MECHANISM, PASSWORD)

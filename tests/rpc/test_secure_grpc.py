@@ -17,7 +17,7 @@ from deltabus import config as cfg
 from deltabus.rpc.status import ERROR_CODE_KEY
 from deltabus.rpc.v1 import deltabus_pb2 as pb
 from deltabus.rpc.v1 import deltabus_pb2_grpc as pb_grpc
-from deltabus.scram import make_credential
+from deltabus.security.scram import make_credential
 from tests.client.fake_cluster import FakeCluster
 
 TOPIC = "secured"

@@ -16,7 +16,9 @@ from typing import Any
 from kio.schema.errors import ErrorCode
 
 from deltabus import errors
-from deltabus.acls import (
+from deltabus.cluster.handler import DeltaBusHandler
+from deltabus.rpc.kafka.frames import NO_TIME, error_code, load_response_schema, make, nested
+from deltabus.security.acls import (
     AclBinding,
     AclBindingFilter,
     AclCreation,
@@ -27,8 +29,6 @@ from deltabus.acls import (
     by_resource,
     from_code,
 )
-from deltabus.cluster.handler import DeltaBusHandler
-from deltabus.rpc.kafka.frames import NO_TIME, error_code, load_response_schema, make, nested
 
 DESCRIBE_ACLS, CREATE_ACLS, DELETE_ACLS = 29, 30, 31
 SUPPORTED: dict[int, tuple[int, int]] = {

@@ -16,7 +16,6 @@ from kio.schema.errors import ErrorCode
 
 from deltabus import config as cfg
 from deltabus import errors
-from deltabus.acls import Operation
 from deltabus.cluster.handler import DeltaBusHandler
 from deltabus.metadata import (
     MetadataImage,
@@ -36,6 +35,7 @@ from deltabus.rpc.kafka.frames import (
     millis,
     nested,
 )
+from deltabus.security.acls import Operation
 
 CREATE_TOPICS, DELETE_TOPICS, CREATE_PARTITIONS, DESCRIBE_CONFIGS, DESCRIBE_CLUSTER = (
     19, 20, 37, 32, 60)

@@ -24,7 +24,6 @@ from kio.schema.errors import ErrorCode
 
 from deltabus import config as cfg
 from deltabus import errors
-from deltabus.acls import Authorizer, Operation
 from deltabus.cluster.handler import (
     DeltaBusHandler,
     FetchResult,
@@ -78,6 +77,7 @@ from deltabus.rpc.request_limits import (
     duplicate_error,
     duplicates,
 )
+from deltabus.security.acls import Authorizer, Operation
 
 log = logging.getLogger(__name__)
 

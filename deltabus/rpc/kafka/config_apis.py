@@ -17,11 +17,11 @@ from typing import Any
 
 from deltabus import config as cfg
 from deltabus import errors
-from deltabus.acls import Operation
 from deltabus.cluster.handler import DeltaBusHandler
 from deltabus.rpc import codec
 from deltabus.rpc.access import current_access
 from deltabus.rpc.kafka.frames import NO_TIME, error_code, load_response_schema, make, nested
+from deltabus.security.acls import Operation
 
 ALTER_CONFIGS, INCREMENTAL_ALTER_CONFIGS = 33, 44
 SUPPORTED: dict[int, tuple[int, int]] = {

@@ -14,13 +14,13 @@ from kio.schema.errors import ErrorCode
 
 from deltabus import config as cfg
 from deltabus import errors
-from deltabus.acls import Operation
 from deltabus.cluster.handler import DeltaBusHandler, LogDirDescription
 from deltabus.metadata import PartitionState, TopicState
 from deltabus.rpc.access import current_access
 from deltabus.rpc.kafka.admin import kafka_endpoints, topic_uuid
 from deltabus.rpc.kafka.frames import NO_TIME, error_code, load_response_schema, make, nested
 from deltabus.rpc.request_limits import check_partition_count
+from deltabus.security.acls import Operation
 
 DESCRIBE_LOG_DIRS, DESCRIBE_PRODUCERS, DESCRIBE_TOPIC_PARTITIONS = 35, 61, 75
 SUPPORTED: dict[int, tuple[int, int]] = {

@@ -19,7 +19,6 @@ from typing import Any
 from kio.schema.errors import ErrorCode
 
 from deltabus import errors
-from deltabus.acls import Operation
 from deltabus.offsets.group_coordinator import (
     COMMIT_TIMEOUT_S,
     LONG_POLL_SLACK_S,
@@ -40,6 +39,7 @@ from deltabus.rpc.kafka.frames import (
     millis,
     nested,
 )
+from deltabus.security.acls import Operation
 
 (FIND_COORDINATOR, JOIN_GROUP, SYNC_GROUP, HEARTBEAT, LEAVE_GROUP, OFFSET_COMMIT, OFFSET_FETCH,
  LIST_GROUPS, DESCRIBE_GROUPS) = 10, 11, 14, 12, 13, 8, 9, 16, 15

@@ -61,7 +61,6 @@ from deltabus.cluster.handler import DeltaBusHandler, TransactionHandler
 from deltabus.config import ListenerSecurity
 from deltabus.listeners import ListenerBindError
 from deltabus.offsets.group_coordinator import GroupCoordinator
-from deltabus.principal import KafkaPrincipal
 from deltabus.rpc.access import Access, acting_as
 from deltabus.rpc.authentication import Authenticator, CredentialLookup
 from deltabus.rpc.kafka import apis, groups, sasl, txn_apis
@@ -80,6 +79,7 @@ from deltabus.rpc.kafka.network import Processor, Request
 from deltabus.rpc.kafka.sasl import KafkaSession
 from deltabus.rpc.throttling import throttle_time_ms
 from deltabus.rpc.tls import server_ssl_context
+from deltabus.security.principal import KafkaPrincipal
 
 log = logging.getLogger(__name__)
 

@@ -47,9 +47,9 @@ from collections.abc import Callable
 from typing import Any
 
 from deltabus import config as cfg
-from deltabus.principal import ANONYMOUS
 from deltabus.rpc.kafka.sasl import KafkaSession
 from deltabus.rpc.tls import certificate_principal
+from deltabus.security.principal import ANONYMOUS
 
 log = logging.getLogger(__name__)
 

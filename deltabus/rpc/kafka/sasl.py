@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from deltabus import errors
-from deltabus.principal import ANONYMOUS, KafkaPrincipal
 from deltabus.rpc.authentication import Authenticator, SaslExchange
 from deltabus.rpc.kafka.frames import error_code, load_response_schema, make
+from deltabus.security.principal import ANONYMOUS, KafkaPrincipal
 
 SASL_HANDSHAKE, SASL_AUTHENTICATE, API_VERSIONS = 17, 36, 18
 # SaslHandshake is advertised from v0, as Kafka's broker does: librdkafka before 2.x (kcat's, on

@@ -20,13 +20,13 @@ from typing import Any
 
 from deltabus import config as cfg
 from deltabus import errors
-from deltabus.acls import Operation, ResourceType
 from deltabus.cluster.handler import TransactionHandler
 from deltabus.metadata import TXN_STATES, TransactionMetadata
 from deltabus.offsets.group_coordinator import GroupCoordinator
 from deltabus.rpc.access import current_access
 from deltabus.rpc.kafka.frames import NO_TIME, error_code, load_response_schema, make, nested
 from deltabus.rpc.txn_offsets import commit_txn_offsets
+from deltabus.security.acls import Operation, ResourceType
 
 INIT_PRODUCER_ID, ADD_PARTITIONS_TO_TXN, ADD_OFFSETS_TO_TXN, END_TXN = 22, 24, 25, 26
 TXN_OFFSET_COMMIT, DESCRIBE_TRANSACTIONS, LIST_TRANSACTIONS = 28, 65, 66

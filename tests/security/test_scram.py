@@ -7,8 +7,8 @@ import pytest
 import scramp
 
 from deltabus import errors
-from deltabus.principal import ANONYMOUS, KafkaPrincipal
-from deltabus.scram import (
+from deltabus.security.principal import ANONYMOUS, KafkaPrincipal
+from deltabus.security.scram import (
     from_salted_password,
     make_credential,
     salted_password,

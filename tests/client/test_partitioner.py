@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from deltabus.partitioner import StickyPartitioner, murmur2, partition_for_key
+from deltabus.client.partitioner import StickyPartitioner, murmur2, partition_for_key
 
 # Vectors from Kafka's UtilsTest.testMurmur2 (clients/src/test/.../utils/UtilsTest.java).
 KAFKA_MURMUR2_VECTORS = [

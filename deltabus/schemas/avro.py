@@ -22,7 +22,7 @@ What must hold, and why:
 - A typed topic's columns are the Arrow types delta-rs stores (`avro_arrow_type`), and
   `decode_avro` builds exactly those types, so a decoded batch appends without casts. A
   payload must decode to its last byte: bytes left over mean another schema wrote it.
-- `decode_avro` reads a column at a time (`deltabus.avro_columns`) where the schema allows
+- `decode_avro` reads a column at a time (`deltabus.schemas.avro_columns`) where the schema allows
   and gives exactly the table (and errors) of the record-by-record path, `decode_avro_records`.
 """
 
@@ -41,7 +41,7 @@ import fastavro
 import pyarrow as pa
 from fastavro.validation import ValidationError, validate
 
-from deltabus.avro_columns import (
+from deltabus.schemas.avro_columns import (
     DATE_RANGE,
     DECIMAL_BYTES_MAX,
     INT_RANGE,
@@ -61,7 +61,7 @@ from deltabus.avro_columns import (
     UnionStep,
     decode_columns,
 )
-from deltabus.schemas import InvalidSchemaError, ParsedSchema, SchemaType, without_header
+from deltabus.schemas.entities import InvalidSchemaError, ParsedSchema, SchemaType, without_header
 
 _PRIMITIVES = frozenset({"null", "boolean", "int", "long", "float", "double", "bytes", "string"})
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -909,7 +909,7 @@ def decode_avro(schema: AvroSchema, payloads: Sequence[bytes] | pa.Array,
     ValueError naming the first record that does not decode, InvalidSchemaError where the
     schema has no columns.
 
-    Read a column at a time with numpy (`deltabus.avro_columns`) where the schema has a
+    Read a column at a time with numpy (`deltabus.schemas.avro_columns`) where the schema has a
     columnar plan and the batch is large enough: per-record Python capped typed produce.
     The record-by-record path (`decode_avro_records`) reads the rest, and any batch the
     columnar pass refuses, so the error (or value) is exactly its own."""

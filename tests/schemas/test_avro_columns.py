@@ -1,4 +1,4 @@
-"""Avro decoded a column at a time (deltabus.avro_columns) gives exactly what the
+"""Avro decoded a column at a time (deltabus.schemas.avro_columns) gives exactly what the
 record-by-record path gives: for random schemas of every type it reads and random rows, for
 damaged payloads (the same table or the same error), and at every range limit. Values are
 written by fastavro's writer (the tests put in only union branch indexes and record
@@ -20,17 +20,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from deltabus import schema_avro
-from deltabus.avro_columns import (
+from deltabus.schemas import avro as schema_avro
+from deltabus.schemas import wire_header
+from deltabus.schemas.avro import AvroSchema, decode_avro, decode_avro_records, parse_avro
+from deltabus.schemas.avro_columns import (
     DATE_RANGE,
     MICROS_RANGE,
     MILLIS_RANGE,
     Undecodable,
     decode_columns,
 )
-from deltabus.schema_avro import AvroSchema, decode_avro, decode_avro_records, parse_avro
-from deltabus.schemas import wire_header
-from tests.test_schema_avro import fastavro_encoded
+from tests.schemas.test_avro import fastavro_encoded
 
 INT = (-(2**31), 2**31 - 1)
 LONG = (-(2**63), 2**63 - 1)
@@ -55,7 +55,7 @@ def record(name: str, **fields: Any) -> dict[str, Any]:
             "fields": [{"name": k, "type": v} for k, v in fields.items()]}
 
 
-encoded = fastavro_encoded  # the reference encoding (tests/test_schema_avro.py)
+encoded = fastavro_encoded  # the reference encoding (tests/schemas/test_avro.py)
 
 
 def written(kind: Any, value: Any) -> bytes:

@@ -19,7 +19,8 @@ from deltalake import DeltaTable, write_deltalake
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from deltabus.schema_avro import (
+from deltabus.schemas import Compatibility, InvalidSchemaError, SchemaType, check_compatibility
+from deltabus.schemas.avro import (
     AvroSchema,
     avro_arrow_schema,
     avro_arrow_type,
@@ -27,7 +28,6 @@ from deltabus.schema_avro import (
     encode_avro,
     parse_avro,
 )
-from deltabus.schemas import Compatibility, InvalidSchemaError, SchemaType, check_compatibility
 
 UTC = datetime.UTC
 

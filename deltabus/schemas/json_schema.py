@@ -51,7 +51,7 @@ from jsonschema.exceptions import ValidationError, best_match
 from jsonschema.protocols import Validator
 from referencing.exceptions import Unresolvable
 
-from deltabus.schemas import InvalidSchemaError, ParsedSchema, SchemaType
+from deltabus.schemas.entities import InvalidSchemaError, ParsedSchema, SchemaType
 
 if TYPE_CHECKING:
     from referencing._core import Resolver  # not re-exported by referencing

@@ -7,7 +7,7 @@ read for all records at once: every record has a cursor (`_Cursors.pos`, one int
 field's step reads its bytes at every cursor with numpy gathers and moves every cursor on.
 
 Pure (numpy and pyarrow, no I/O); runs anywhere, stateless and thread-safe. The steps are
-built once per schema by `deltabus.schema_avro` (which owns the schema tree) and cached there.
+built once per schema by `deltabus.schemas.avro` (which owns the schema tree) and cached there.
 
 What must hold, and why:
 - A batch this module accepts decodes to exactly the table the record-by-record path (fastavro,

@@ -10,14 +10,6 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from deltabus.schema_json import (
-    JsonSchema,
-    decode_json,
-    encode_json,
-    json_arrow_schema,
-    json_arrow_type,
-    parse_json_schema,
-)
 from deltabus.schemas import (
     Compatibility,
     InvalidSchemaError,
@@ -26,6 +18,14 @@ from deltabus.schemas import (
     parse,
     split_wire,
     wire_header,
+)
+from deltabus.schemas.json_schema import (
+    JsonSchema,
+    decode_json,
+    encode_json,
+    json_arrow_schema,
+    json_arrow_type,
+    parse_json_schema,
 )
 
 DRAFT4 = "http://json-schema.org/draft-04/schema#"

@@ -32,7 +32,15 @@ from google.protobuf.descriptor_pool import DescriptorPool
 from google.protobuf.message import Message
 from grpc_tools import protoc
 
-from deltabus.schema_protobuf import (
+from deltabus.schemas import (
+    Compatibility,
+    InvalidSchemaError,
+    SchemaType,
+    check_compatibility,
+    parse,
+    split_wire,
+)
+from deltabus.schemas.protobuf import (
     ProtobufSchema,
     decode_protobuf,
     encode_protobuf,
@@ -43,14 +51,6 @@ from deltabus.schema_protobuf import (
     protobuf_arrow_type,
     read_message_indexes,
     write_message_indexes,
-)
-from deltabus.schemas import (
-    Compatibility,
-    InvalidSchemaError,
-    SchemaType,
-    check_compatibility,
-    parse,
-    split_wire,
 )
 
 COMMON_PROTO = """\

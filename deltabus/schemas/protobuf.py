@@ -91,7 +91,7 @@ from google.protobuf.descriptor_pool import DescriptorPool
 from google.protobuf.message import DecodeError, Message
 from grpc_tools import _protoc_compiler, protoc
 
-from deltabus.schemas import InvalidSchemaError, ParsedSchema, SchemaType
+from deltabus.schemas.entities import InvalidSchemaError, ParsedSchema, SchemaType
 
 MAIN_FILE = "default"  # the main file's name: confluent-kafka's deserializer names it so
 MESSAGE_INDEXES_MAX = 100_000  # confluent-kafka's deserializer refuses longer index arrays

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from deltabus import errors
-from deltabus.acls import (
+from deltabus.security.acls import (
     CLUSTER_NAME,
     AclBinding,
     AclBindingFilter,
@@ -15,7 +15,7 @@ from deltabus.acls import (
     Permission,
     ResourceType,
 )
-from deltabus.principal import user
+from deltabus.security.principal import user
 
 T, G, C = ResourceType.TOPIC, ResourceType.GROUP, ResourceType.CLUSTER
 LIT, PRE = PatternType.LITERAL, PatternType.PREFIXED

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from deltabus import errors
-from deltabus.principal import KafkaPrincipal
+from deltabus.security.principal import KafkaPrincipal
 
 WILDCARD = "*"
 WILDCARD_PRINCIPAL = "User:*"
