@@ -9,6 +9,7 @@ field by field.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -29,12 +30,12 @@ from deltabus.cluster.handler import (
     TxnMarkerHandler,
 )
 from deltabus.listeners import ListenerBindError
-from deltabus.log_tables.partition_log import LATEST_TIMESTAMP, AppendResult
+from deltabus.log_tables.partition_log import LATEST_TIMESTAMP
 from deltabus.log_tables.transactions import READ_COMMITTED, READ_UNCOMMITTED, consumed_rows
 from deltabus.offsets.group_coordinator import GroupCoordinator
-from deltabus.quotas import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE
+from deltabus.quotas import CONSUMER_BYTE_RATE
 from deltabus.records import ProducerState, UnpackBudget
-from deltabus.rpc import codec, status, throttling
+from deltabus.rpc import codec, request_layer, status, throttling
 from deltabus.rpc.access import (
     Access,
     authorized_metadata,
@@ -113,6 +114,17 @@ def _left_ms(deadline: float) -> int:
     return max(0, int((deadline - time.monotonic()) * 1000))
 
 
+def _produced_batches(data: pb.PartitionProduceData, transactional: bool,
+                      budget: UnpackBudget) -> list[request_layer.RequestBatch]:
+    """A partition entry's one batch, for the request layer (which calls this only once the
+    partition is allowed)."""
+    batch = codec.produce_batch_from_proto(data, budget)
+    producer = (ProducerState(data.producer_id, data.producer_epoch, data.base_sequence,
+                              transactional)
+                if data.HasField("producer_id") and data.producer_id >= 0 else ProducerState())
+    return [request_layer.RequestBatch(batch, producer, transactional)]
+
+
 def _repeated_field_bytes(message_bytes: int) -> int:
     """What one message of a repeated field adds to its parent: tag, length varint, message."""
     return 1 + max(1, (message_bytes.bit_length() + 6) // 7) + message_bytes
@@ -155,6 +167,7 @@ class DeltaBusServicer(GroupServicerMixin, AclServicerMixin, TxnServicerMixin,
         self._transactions = transactions
         self._listener = listener
         self._long_polls = threading.BoundedSemaphore(max(1, long_polls_max))
+        self._requests = request_layer.RequestLayer(handler)
 
     def _access(self, context: Any) -> Access:
         """Who is calling (rpc.call_authentication) and what the cluster's ACLs let them do."""
@@ -287,58 +300,31 @@ class DeltaBusServicer(GroupServicerMixin, AclServicerMixin, TxnServicerMixin,
 
     @_guard
     def Produce(self, request: pb.ProduceRequest, context: Any) -> pb.ProduceResponse:
-        acks = int(present_or(request, "acks", pb.ACKS_ALL))
-        if acks not in (0, 1, -1):
-            raise errors.InvalidRequiredAcksError(f"acks must be 0, 1 or -1 (all), not {acks}")
-        pending: list[tuple[pb.PartitionProduceData, Any, errors.DeltaBusError | None]] = []
+        """Decodes each partition's batch (Arrow IPC or records) for the request layer, and
+        waits here, on this server thread, for the acks it answers."""
         access = self._access(context)
         self._hold(access)
         started_s = time.thread_time()
-        budget = UnpackBudget()  # what this request's compressed Arrow buffers unpack to
-        timeout_ms = max(0, present_or(request, "timeout_ms", cfg.PRODUCE_TIMEOUT_MS_DEFAULT))
-        deadline = time.monotonic() + timeout_ms / 1000  # for the appends and their acks
-        transactional = request.HasField("transactional_id")
-        txn_refusal = (access.transactional_id(Operation.WRITE, request.transactional_id)
-                       if transactional else None)
-        for data in request.partitions:
-            refusal = access.topic(Operation.WRITE, data.topic) or (
-                access.producer_id(self._handler, data.producer_id)
-                if data.HasField("producer_id") else None) or txn_refusal
-            if refusal is not None:  # nothing of it is written
-                pending.append((data, None, refusal))
-                continue
-            try:
-                batch = codec.produce_batch_from_proto(data, budget)
-                idempotent = data.HasField("producer_id") and data.producer_id >= 0
-                if transactional and not idempotent:
-                    raise errors.InvalidRequestError(
-                        "a transaction's batches need their producer id and epoch")
-                producer = (ProducerState(data.producer_id, data.producer_epoch,
-                                          data.base_sequence, transactional)
-                            if idempotent else ProducerState())
-                future = self._handler.produce(
-                    data.topic, data.partition, batch, acks=acks, producer=producer,
-                    timeout_ms=_left_ms(deadline))
-                pending.append((data, future, None))
-            except errors.DeltaBusError as e:
-                pending.append((data, None, e))
+        transactional_id = (request.transactional_id if request.HasField("transactional_id")
+                            else None)
+        acks = int(present_or(request, "acks", pb.ACKS_ALL))
+        answer = self._requests.produce(access, request_layer.ProduceRequest(
+            acks=acks,
+            timeout_ms=max(0, present_or(request, "timeout_ms", cfg.PRODUCE_TIMEOUT_MS_DEFAULT)),
+            partitions=[request_layer.ProducePartition(
+                data.topic, data.partition, functools.partial(_produced_batches, data,
+                                                              transactional_id is not None))
+                for data in request.partitions],
+            transactional_id=transactional_id, transactional=transactional_id is not None,
+            size_bytes=request.ByteSize()))
         response = pb.ProduceResponse(throttle_time_ms=max(
-            throttling.record(self._handler, PRODUCER_BYTE_RATE, access, request.ByteSize()),
-            throttling.record_thread_time(self._handler, access, started_s)))
-        for data, future, error in pending:
-            result: AppendResult | None = None
-            if future is not None and acks != 0:
-                try:
-                    result = future.result(max(0.0, deadline - time.monotonic()))
-                except futures.TimeoutError:
-                    error = errors.RequestTimedOutError(
-                        f"the append to {data.topic}-{data.partition} did not complete "
-                        f"in {timeout_ms} ms")
-                except errors.DeltaBusError as e:
-                    error = e
+            answer.throttle_ms, throttling.record_thread_time(self._handler, access, started_s)))
+        for entry in answer.partitions:
+            result, error = (entry.outcome(answer.deadline_s, answer.timeout_ms) if acks != 0
+                             else (None, entry.error))
             code, message = _code(error)
             response.partitions.append(pb.PartitionProduceResponse(
-                topic=data.topic, partition=data.partition, error_code=code,
+                topic=entry.topic, partition=entry.partition, error_code=code,
                 error_message=message,
                 base_offset=result.base_offset if result else -1,
                 log_append_time_ms=-1,
@@ -439,36 +425,20 @@ class DeltaBusServicer(GroupServicerMixin, AclServicerMixin, TxnServicerMixin,
     @_guard
     def DeleteRecords(self, request: pb.DeleteRecordsRequest,
                       context: Any) -> pb.DeleteRecordsResponse:
-        """Kafka's DeleteRecords on the leader, for a principal allowed DELETE on the topic:
-        each answer waits for the ISR to hold the new log start, at most `timeout_ms`."""
-        check_partition_count("DeleteRecords", len(request.partitions))
-        timeout_ms = request.timeout_ms if request.timeout_ms > 0 else 30_000
-        deadline = time.monotonic() + timeout_ms / 1000
-        access = self._access(context)
-        waiting = []
-        for p in request.partitions:
-            outcome: futures.Future[int] | errors.DeltaBusError
-            try:
-                Access.raise_if(access.topic(Operation.DELETE, p.topic))
-                outcome = self._handler.delete_records(p.topic, p.partition, p.offset)
-            except errors.DeltaBusError as e:
-                outcome = e
-            waiting.append((p, outcome))
+        """Kafka's DeleteRecords through the request layer; this server thread waits for the
+        ISR, at most `timeout_ms` (absent: 30 s; 0: answered at once)."""
+        answer = self._requests.delete_records(
+            self._access(context), request_layer.DeleteRecordsRequest(
+                [(p.topic, p.partition, p.offset) for p in request.partitions],
+                present_or(request, "timeout_ms",
+                           request_layer.DELETE_RECORDS_TIMEOUT_MS_DEFAULT)))
         response = pb.DeleteRecordsResponse()
-        for p, outcome in waiting:
-            entry = pb.DeleteRecordsPartitionResult(topic=p.topic, partition=p.partition,
-                                                    low_watermark=-1)
-            try:
-                if isinstance(outcome, errors.DeltaBusError):
-                    raise outcome
-                entry.low_watermark = outcome.result(max(0.0, deadline - time.monotonic()))
-            except futures.TimeoutError:
-                entry.error_code = errors.RequestTimedOutError.code
-                entry.error_message = (f"the ISR of {p.topic}-{p.partition} did not hold the "
-                                       f"new log start offset in {timeout_ms} ms")
-            except errors.DeltaBusError as e:
-                entry.error_code, entry.error_message = e.code, e.message
-            response.partitions.append(entry)
+        for entry in answer.partitions:
+            low_watermark, error = entry.outcome(answer.deadline_s, answer.timeout_ms)
+            code, message = _code(error)
+            response.partitions.append(pb.DeleteRecordsPartitionResult(
+                topic=entry.topic, partition=entry.partition, low_watermark=low_watermark,
+                error_code=code, error_message=message))
         return response
 
     @_guard

@@ -486,6 +486,21 @@ class FakeCluster:
             for future, result in held:
                 future.set_result(result)
 
+    def delete_records_on(self, broker_id: int, topic: str, partition: int,
+                          offset: int) -> Future[int]:
+        """DeleteRecords on the leader: the log start moves up to `offset` (-1: the log end);
+        the new low watermark's future is held while `acks_held`, as a real leader's waits for
+        its ISR."""
+        with self._changed:
+            log, _ = self._led_log(broker_id, topic, partition)
+            target = log.log_end_offset if offset == -1 else offset
+            if not 0 <= target <= log.log_end_offset:
+                raise errors.OffsetOutOfRangeError(
+                    f"offset {offset} is beyond the high watermark {log.log_end_offset}")
+            log.log_start_offset = max(log.log_start_offset, target)
+            self._changed.notify_all()
+            return self.acknowledged(log.log_start_offset)  # type: ignore[arg-type]
+
     def acknowledged(self, result: AppendResult) -> Future[AppendResult]:
         """`result`'s future: done, or held until `acks_held` ends."""
         with self._changed:
@@ -868,6 +883,9 @@ class FakeBroker:
                 timeout_ms: int | None = None) -> Future[AppendResult]:
         return self._cluster.acknowledged(self._cluster.produce(
             self.broker_id, topic, partition, batch, producer, batch_bytes, timeout_ms))
+
+    def delete_records(self, topic: str, partition: int, offset: int) -> Future[int]:
+        return self._cluster.delete_records_on(self.broker_id, topic, partition, offset)
 
     def fetch(self, specs: list[FetchSpec], *, max_wait_ms: int, min_bytes: int,
               max_bytes: int, replica_id: int) -> list[FetchResult]:

@@ -16,7 +16,6 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
-from concurrent.futures import Future
 from datetime import timedelta
 from typing import Any
 
@@ -32,9 +31,9 @@ from deltabus.cluster.handler import (
 )
 from deltabus.log_tables.transactions import READ_COMMITTED, READ_UNCOMMITTED
 from deltabus.offsets.group_coordinator import GroupCoordinator
-from deltabus.quotas import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE
+from deltabus.quotas import CONSUMER_BYTE_RATE
 from deltabus.records import UnpackBudget
-from deltabus.rpc import throttling
+from deltabus.rpc import request_layer, throttling
 from deltabus.rpc.access import Access, authorized_metadata, current_access
 from deltabus.rpc.fetch_size import FetchBudget
 from deltabus.rpc.kafka import (
@@ -56,7 +55,7 @@ from deltabus.rpc.kafka.admin import (
     kafka_endpoints,
     topic_uuid,
 )
-from deltabus.rpc.kafka.delayed import DelayedResponse, result_of
+from deltabus.rpc.kafka.delayed import DelayedResponse
 from deltabus.rpc.kafka.fetch_sessions import (
     FINAL_EPOCH,
     INVALID_SESSION_ID,
@@ -128,6 +127,7 @@ class KafkaApis:
         listener has them (the driver's); `listener`: the name of the Kafka listener this
         answers on, whose endpoints Metadata and FindCoordinator tell clients."""
         self._handler = handler
+        self._requests = request_layer.RequestLayer(handler)
         self._listener = listener
         self.groups = groups.KafkaGroupApis(groups_)
         self.txn = txn_apis.KafkaTxnApis(transactions, groups_)
@@ -300,49 +300,38 @@ class KafkaApis:
 
     def produce(self, version: int, request: Any,
                 refused: errors.DeltaBusError | None = None) -> Any:
-        """Appends each partition's batches, in order, before it returns; answers once they
+        """Decodes each partition's record batches for the request layer; answers once they
         are acknowledged as acks asks (a DelayedResponse: no thread waits for the acks), and
         not at all for acks=0, as Kafka."""
         cls = load_response_schema(PRODUCE, version)
-        acks = request.acks
-        if refused is None and acks not in (0, 1, -1):
-            refused = errors.InvalidRequiredAcksError(f"acks must be 0, 1 or -1, not {acks}")
-        pending: list[tuple[str, int, list[Any], errors.DeltaBusError | None]] = []
-        access = current_access()
-        budget = UnpackBudget()  # what this request's compressed batches unpack to, together
-        timeout_ms = millis(request.timeout, cfg.PRODUCE_TIMEOUT_MS_DEFAULT)
-        deadline = time.monotonic() + timeout_ms / 1000  # for the appends and their acks
-        for topic in request.topic_data:
-            denied = access.topic(Operation.WRITE, topic.name)
-            for data in topic.partition_data:
-                appended: list[Any] = []
-                error = refused or denied
-                if error is None:
-                    try:
-                        for batch in batches.decode_produce(data.records or b"", budget):
-                            Access.raise_if(access.producer_id(
-                                self._handler, batch.producer.producer_id))
-                            if batch.transactional:  # as Kafka: WRITE on its transactional id
-                                Access.raise_if(_transactional_refusal(
-                                    access, request.transactional_id))
-                            appended.append(self._handler.produce(
-                                topic.name, data.index, batch.records, acks=acks,
-                                producer=batch.producer, batch_bytes=batch.size_bytes,
-                                timeout_ms=max(0, int((deadline - time.monotonic()) * 1000))))
-                    except errors.DeltaBusError as e:
-                        error = e
-                pending.append((topic.name, data.index, appended, error))
-        produced_bytes = sum(len(data.records or b"") for topic in request.topic_data
-                             for data in topic.partition_data)
-        throttle_ms = throttling.record(self._handler, PRODUCER_BYTE_RATE, access,
-                                        produced_bytes) if refused is None else 0
-        if acks == 0 and refused is None:
-            return Unanswered(throttle_ms) if throttle_ms else None
-        appends = [future for _, _, appended, _ in pending for future in appended]
-        answer = functools.partial(_produce_response, cls, pending, timeout_ms, throttle_ms)
-        if not appends:
-            return answer()
-        return DelayedResponse(appends, deadline, answer)
+        try:
+            if refused is not None:
+                raise refused
+            answer = self._requests.produce(current_access(), request_layer.ProduceRequest(
+                acks=request.acks, timeout_ms=millis(request.timeout,
+                                                     cfg.PRODUCE_TIMEOUT_MS_DEFAULT),
+                partitions=[request_layer.ProducePartition(
+                    topic.name, data.index,
+                    functools.partial(_request_batches, data.records or b""))
+                    for topic in request.topic_data for data in topic.partition_data],
+                transactional_id=request.transactional_id,
+                transactional=any(batches.transactional(data.records or b"")
+                                  for topic in request.topic_data
+                                  for data in topic.partition_data),
+                size_bytes=sum(len(data.records or b"") for topic in request.topic_data
+                               for data in topic.partition_data)))
+        except errors.DeltaBusError as e:  # the whole request: each partition says so
+            return _produce_response(cls, [
+                request_layer.PartitionAppends(topic.name, data.index, error=e)
+                for topic in request.topic_data for data in topic.partition_data],
+                time.monotonic(), 0)
+        if request.acks == 0:
+            return Unanswered(answer.throttle_ms) if answer.throttle_ms else None
+        complete = functools.partial(_produce_response, cls, answer.partitions,
+                                     answer.deadline_s, answer.timeout_ms, answer.throttle_ms)
+        if not answer.waiting_on:
+            return complete()
+        return DelayedResponse(answer.waiting_on, answer.deadline_s, complete)
 
     # ---- Fetch, ListOffsets -------------------------------------------------------------------
 
@@ -532,37 +521,26 @@ class KafkaApis:
 
     def delete_records(self, version: int, request: Any,
                        refused: errors.DeltaBusError | None = None) -> Any:
-        """DeleteRecords (kafka-delete-records.sh), on each partition's leader: its log start
-        offset moves up to the requested one (-1: the high watermark), for a principal allowed
-        DELETE on the topic. Answered once the ISR holds the new log start (the low watermark)
-        or the request's timeout passed (REQUEST_TIMED_OUT): a DelayedResponse, no thread
-        waits."""
+        """DeleteRecords (kafka-delete-records.sh) through the request layer, answered once
+        the ISR holds each new log start or the request's timeout passed: a DelayedResponse,
+        no thread waits."""
         cls = load_response_schema(DELETE_RECORDS, version)
-        # As Kafka: 0 answers at once, REQUEST_TIMED_OUT where the ISR does not hold it yet.
-        timeout_ms = max(0, millis(request.timeout))
-        named = [(t.name, p.partition_index) for t in request.topics for p in t.partitions]
+        named = [(t.name, p.partition_index, p.offset) for t in request.topics
+                 for p in t.partitions]
         try:
-            check_partition_count("DeleteRecords", len(named))
-        except errors.DeltaBusError as e:
-            refused = refused or e
-        access = current_access()
-        pending: list[tuple[str, int, Future[int] | errors.DeltaBusError | None]] = []
-        for t in request.topics:
-            denied = refused or access.topic(Operation.DELETE, t.name)
-            for p in t.partitions:
-                outcome: Future[int] | errors.DeltaBusError | None = denied
-                if outcome is None:
-                    try:
-                        outcome = self._handler.delete_records(t.name, p.partition_index,
-                                                               p.offset)
-                    except errors.DeltaBusError as e:
-                        outcome = e
-                pending.append((t.name, p.partition_index, outcome))
-        answer = functools.partial(_delete_records_response, cls, pending, timeout_ms)
-        waiting = [o for _, _, o in pending if isinstance(o, Future)]
-        if not waiting:
-            return answer()
-        return DelayedResponse(waiting, time.monotonic() + timeout_ms / 1000, answer)
+            if refused is not None:
+                raise refused
+            answer = self._requests.delete_records(current_access(), request_layer.
+                                                   DeleteRecordsRequest(named,
+                                                                        millis(request.timeout)))
+        except errors.DeltaBusError as e:  # the whole request: each partition says so
+            answer = request_layer.DeleteRecordsAnswer(
+                [request_layer.DeletedRecords(t, p, error=e) for t, p, _ in named],
+                time.monotonic(), 0)
+        complete = functools.partial(_delete_records_response, cls, answer)
+        if not answer.waiting_on:
+            return complete()
+        return DelayedResponse(answer.waiting_on, answer.deadline_s, complete)
 
     def offset_for_leader_epoch(self, version: int, request: Any,
                                 refused: errors.DeltaBusError | None = None) -> Any:
@@ -644,36 +622,29 @@ def _invalid_fetch(specs: list[FetchSpec]) -> errors.DeltaBusError | None:
     return None
 
 
-def _transactional_refusal(access: Access, transactional_id: str | None
-                           ) -> errors.DeltaBusError | None:
-    """Why a produce request may not carry transactional batches (None: it may)."""
-    if transactional_id is None:
-        return errors.TransactionalIdAuthorizationFailedError(
-            "transactional batches need the request's transactional id")
-    return access.transactional_id(Operation.WRITE, transactional_id)
+def _request_batches(records: bytes,
+                     budget: UnpackBudget) -> list[request_layer.RequestBatch]:
+    """A partition's record batches, for the request layer (which calls this only once the
+    partition is allowed)."""
+    return [request_layer.RequestBatch(b.records, b.producer, b.transactional, b.size_bytes)
+            for b in batches.decode_produce(records, budget)]
 
 
-def _produce_response(cls: Any, pending: list[tuple[str, int, list[Any], Any]],
-                      timeout_ms: int, throttle_ms: int = 0) -> Any:
+def _produce_response(cls: Any, partitions: list[request_layer.PartitionAppends],
+                      deadline_s: float, timeout_ms: int, throttle_ms: int = 0) -> Any:
     """Produce's answer once its appends are acknowledged or its timeout passed (Kafka's
     DelayedProduce): each partition's first batch's offsets, or its first error, with the
     records it names (v8+, KIP-467: INVALID_RECORD's record errors)."""
     topic_cls, partition_cls = (nested(cls, n) for n in (
         "TopicProduceResponse", "PartitionProduceResponse"))
     by_topic: dict[str, list[Any]] = {}
-    for name, index, appended, error in pending:
-        base_offset, log_start = -1, -1
-        for i, future in enumerate(appended):
-            try:
-                result = result_of(future, timeout_ms / 1000, f"the append to {name}-{index}")
-                if i == 0:
-                    base_offset, log_start = result.base_offset, result.log_start_offset
-            except errors.DeltaBusError as e:
-                error = error or e
-        by_topic.setdefault(name, []).append(make(
-            partition_cls, index=index, error_code=error_code(error),
-            base_offset=base_offset if error is None else -1, log_append_time=None,
-            log_start_offset=log_start, record_errors=_record_errors(partition_cls, error),
+    for entry in partitions:
+        result, error = entry.outcome(deadline_s, timeout_ms)
+        by_topic.setdefault(entry.topic, []).append(make(
+            partition_cls, index=entry.partition, error_code=error_code(error),
+            base_offset=result.base_offset if result else -1, log_append_time=None,
+            log_start_offset=result.log_start_offset if result else -1,
+            record_errors=_record_errors(partition_cls, error),
             error_message=error.message if error else None))
     return make(cls, throttle_time=timedelta(milliseconds=throttle_ms), responses=tuple(
         make(topic_cls, name=name, partition_responses=tuple(parts))
@@ -692,26 +663,16 @@ def _record_errors(partition_cls: Any, error: errors.DeltaBusError | None) -> tu
                  for e in error.record_errors)
 
 
-def _delete_records_response(
-        cls: Any, pending: list[tuple[str, int, Future[int] | errors.DeltaBusError | None]],
-        timeout_ms: int) -> Any:
+def _delete_records_response(cls: Any, answer: request_layer.DeleteRecordsAnswer) -> Any:
     """DeleteRecords' answer: each partition's low watermark, or its error (REQUEST_TIMED_OUT
     for one the ISR did not reach in time)."""
     topic_cls, partition_cls = (nested(cls, n) for n in (
         "DeleteRecordsTopicResult", "DeleteRecordsPartitionResult"))
     by_topic: dict[str, list[Any]] = {}
-    for name, index, outcome in pending:
-        low_watermark, error = -1, None
-        if isinstance(outcome, Future):
-            try:
-                low_watermark = result_of(outcome, timeout_ms / 1000,
-                                          f"deleting the records of {name}-{index}")
-            except errors.DeltaBusError as e:
-                error = e
-        else:
-            error = outcome
-        by_topic.setdefault(name, []).append(make(
-            partition_cls, partition_index=index, low_watermark=low_watermark,
+    for entry in answer.partitions:
+        low_watermark, error = entry.outcome(answer.deadline_s, answer.timeout_ms)
+        by_topic.setdefault(entry.topic, []).append(make(
+            partition_cls, partition_index=entry.partition, low_watermark=low_watermark,
             error_code=error_code(error)))
     return make(cls, throttle_time=NO_TIME, topics=tuple(
         make(topic_cls, name=name, partitions=tuple(parts)) for name, parts in by_topic.items()))

@@ -47,6 +47,7 @@ _LEADER_EPOCH_AT = 12  # int32, outside the CRC
 _ATTRIBUTES_AT = DefaultRecordBatch.ATTRIBUTES_OFFSET  # the CRC covers from here to the end
 _CRC_AT = DefaultRecordBatch.CRC_OFFSET
 _MAGIC_AT = 16
+_TRANSACTIONAL_BIT = 0x10  # in the attributes' low byte
 _RECORDS_AT = 61  # the records section follows the batch header
 
 
@@ -96,6 +97,22 @@ def decode_produce(data: bytes, budget: UnpackBudget | None = None) -> list[Prod
     if not out:
         raise errors.InvalidRecordError("the produce data holds no record batch")
     return out
+
+
+def transactional(data: bytes) -> bool:
+    """Whether any record batch of a partition's produce data is a transaction's (attribute
+    bit 4), read from the batch headers alone: Kafka checks WRITE on the transactional id of
+    a request carrying such batches before it decodes any. Batches too short to have the bit
+    count as not (decoding them refuses them)."""
+    view, pos = memoryview(data), 0
+    while len(view) - pos >= _RECORDS_AT:
+        if view[pos + _ATTRIBUTES_AT + 1] & _TRANSACTIONAL_BIT:
+            return True
+        size = int.from_bytes(view[pos + 8:pos + 12], "big", signed=True) + 12
+        if size < _RECORDS_AT:
+            return False
+        pos += size
+    return False
 
 
 def _batch_size(view: memoryview, pos: int) -> int:

@@ -1,0 +1,237 @@
+"""The one request layer behind both doors, as Kafka's KafkaApis: a request decoded into domain
+types comes in, is validated and authorized, reaches the broker or controller, and a domain
+answer goes back. The gRPC servicers and the Kafka API handlers are codecs around it: they
+decode, call the layer, and encode what it answers, each in its own wire's shape (a gRPC status
+or a Kafka error code, an answer built at once or a delayed response).
+
+Why one layer: two doors that each made their own checks drifted apart (a transactional id
+checked once per request on one and once per batch on the other; a DeleteRecords with a timeout
+of 0 that waited 30 s on one and answered at once on the other), and two copies of an
+authorization matrix are how one door gets a rule the other lacks. Every rule of the
+operations served here lives once, in Kafka's order; tests/rpc/test_door_equivalence.py sends
+each through both doors and checks that a principal gets the same answer from each.
+
+Served here so far: Produce and DeleteRecords.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+
+from deltabus import errors
+from deltabus.cluster.handler import DeltaBusHandler
+from deltabus.log_tables.partition_log import AppendResult
+from deltabus.quotas import PRODUCER_BYTE_RATE
+from deltabus.records import ProducerState, UnpackBudget
+from deltabus.rpc import throttling
+from deltabus.rpc.access import Access
+from deltabus.rpc.request_limits import check_partition_count
+from deltabus.security.acls import Operation
+
+ACKS = (0, 1, -1)
+DELETE_RECORDS_TIMEOUT_MS_DEFAULT = 30_000  # what kafka-delete-records.sh waits
+
+
+def left_ms(deadline_s: float) -> int:
+    """What is left until `deadline_s` (time.monotonic()), in whole ms, never below 0."""
+    return max(0, int((deadline_s - time.monotonic()) * 1000))
+
+
+def outcome_of(future: Future, deadline_s: float, timeout_ms: int, what: str) -> object:
+    """The result of a future its answer waited for until `deadline_s`, the error it raised, or
+    REQUEST_TIMED_OUT naming `what` when it is not done by then (a caller that blocks waits
+    for it; a delayed answer is built at the deadline, when the wait is over anyway)."""
+    try:
+        return future.result(max(0.0, deadline_s - time.monotonic()))
+    except TimeoutError:
+        raise errors.RequestTimedOutError(
+            f"{what} did not complete in {timeout_ms} ms") from None
+
+
+# ---- Produce ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RequestBatch:
+    """One batch of records of a produce request, as a door decoded it."""
+
+    records: pa.Table  # any subset of PRODUCE_SCHEMA's columns
+    producer: ProducerState
+    transactional: bool = False  # a transaction's batch (Kafka's attribute bit 4)
+    size_bytes: int | None = None  # on the wire, where the client sent a Kafka record batch
+
+
+@dataclass(frozen=True)
+class ProducePartition:
+    """A partition's produce data: `batches` decodes it (against the request's unpack budget),
+    called only once the partition is allowed, so nothing is unpacked for a refused one."""
+
+    topic: str
+    partition: int
+    batches: Callable[[UnpackBudget], Sequence[RequestBatch]]
+
+
+@dataclass(frozen=True)
+class ProduceRequest:
+    acks: int
+    timeout_ms: int
+    partitions: Sequence[ProducePartition]
+    transactional_id: str | None = None
+    transactional: bool = False  # the request carries a transaction's batches
+    size_bytes: int = 0  # what the producer byte-rate quota counts
+
+
+@dataclass
+class PartitionAppends:
+    """A partition's appends in request order, or why none was made (after the first that
+    failed to decode or was refused, the partition's later batches are not appended)."""
+
+    topic: str
+    partition: int
+    appends: list[Future[AppendResult]] = field(default_factory=list)
+    error: errors.DeltaBusError | None = None
+
+    def outcome(self, deadline_s: float, timeout_ms: int) -> tuple[
+            AppendResult | None, errors.DeltaBusError | None]:
+        """The first batch's result and the partition's first error, once the appends are
+        done or `deadline_s` passed (REQUEST_TIMED_OUT for one still running)."""
+        first: AppendResult | None = None
+        error = self.error
+        for i, future in enumerate(self.appends):
+            try:
+                result = outcome_of(future, deadline_s, timeout_ms,
+                                    f"the append to {self.topic}-{self.partition}")
+            except errors.DeltaBusError as e:
+                error = error or e
+                continue
+            if i == 0:
+                first = result  # type: ignore[assignment]
+        return (first if error is None else None), error
+
+
+@dataclass
+class ProduceAnswer:
+    partitions: list[PartitionAppends]
+    deadline_s: float
+    timeout_ms: int
+    throttle_ms: int
+
+    @property
+    def waiting_on(self) -> list[Future[AppendResult]]:
+        return [f for p in self.partitions for f in p.appends]
+
+
+# ---- DeleteRecords ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class DeleteRecordsRequest:
+    partitions: Sequence[tuple[str, int, int]]  # topic, partition, offset (-1: the high watermark)
+    timeout_ms: int = DELETE_RECORDS_TIMEOUT_MS_DEFAULT  # 0: answer at once
+
+
+@dataclass
+class DeletedRecords:
+    topic: str
+    partition: int
+    moving: Future[int] | None = None  # the new low watermark, once the ISR holds it
+    error: errors.DeltaBusError | None = None
+
+    def outcome(self, deadline_s: float,
+                timeout_ms: int) -> tuple[int, errors.DeltaBusError | None]:
+        """(the low watermark, None), or (-1, the error): REQUEST_TIMED_OUT where the ISR did
+        not hold the new log start by `deadline_s`."""
+        if self.moving is None:
+            return -1, self.error
+        try:
+            return outcome_of(self.moving, deadline_s, timeout_ms,  # type: ignore[return-value]
+                              f"the ISR of {self.topic}-{self.partition} holding the new log "
+                              "start offset"), None
+        except errors.DeltaBusError as e:
+            return -1, e
+
+
+@dataclass
+class DeleteRecordsAnswer:
+    partitions: list[DeletedRecords]
+    deadline_s: float
+    timeout_ms: int
+
+    @property
+    def waiting_on(self) -> list[Future[int]]:
+        return [p.moving for p in self.partitions if p.moving is not None]
+
+
+class RequestLayer:
+    """Validates, authorizes and carries out the requests of both doors for one node's
+    handler (a broker, or the controller behind the bootstrap listener). Thread-safe."""
+
+    def __init__(self, handler: DeltaBusHandler) -> None:
+        self._handler = handler
+
+    def produce(self, access: Access, request: ProduceRequest) -> ProduceAnswer:
+        """Kafka's handleProduceRequest: acks must be 0, 1 or -1 (else INVALID_REQUIRED_ACKS
+        for the whole request); a request carrying a transaction's batches needs WRITE on its
+        transactional id, checked once (a refusal answers every partition with it); then per
+        partition WRITE on the topic, and per batch that its producer id was issued to the
+        caller. Each allowed batch is appended in order; the answer waits at most
+        `timeout_ms` for the acks."""
+        if request.acks not in ACKS:
+            raise errors.InvalidRequiredAcksError(
+                f"acks must be 0, 1 or -1 (all), not {request.acks}")
+        deadline_s = time.monotonic() + request.timeout_ms / 1000
+        whole = self._transactional_refusal(access, request)
+        budget = UnpackBudget()  # what the request's compressed batches unpack to, together
+        answers = []
+        for data in request.partitions:
+            entry = PartitionAppends(data.topic, data.partition)
+            answers.append(entry)
+            entry.error = whole or access.topic(Operation.WRITE, data.topic)
+            if entry.error is not None:
+                continue  # nothing of it is decoded or written
+            try:
+                for batch in data.batches(budget):
+                    if batch.transactional and batch.producer.producer_id < 0:
+                        raise errors.InvalidRequestError(
+                            "a transaction's batches need their producer id and epoch")
+                    Access.raise_if(access.producer_id(self._handler,
+                                                       batch.producer.producer_id))
+                    entry.appends.append(self._handler.produce(
+                        data.topic, data.partition, batch.records, acks=request.acks,
+                        producer=batch.producer, batch_bytes=batch.size_bytes,
+                        timeout_ms=left_ms(deadline_s)))
+            except errors.DeltaBusError as e:
+                entry.error = e
+        throttle_ms = (throttling.record(self._handler, PRODUCER_BYTE_RATE, access,
+                                         request.size_bytes) if whole is None else 0)
+        return ProduceAnswer(answers, deadline_s, request.timeout_ms, throttle_ms)
+
+    @staticmethod
+    def _transactional_refusal(access: Access,
+                               request: ProduceRequest) -> errors.DeltaBusError | None:
+        if not request.transactional:
+            return None
+        if request.transactional_id is None:
+            return errors.TransactionalIdAuthorizationFailedError(
+                "a transaction's batches need the request's transactional id")
+        return access.transactional_id(Operation.WRITE, request.transactional_id)
+
+    def delete_records(self, access: Access, request: DeleteRecordsRequest) -> DeleteRecordsAnswer:
+        """Kafka's DeleteRecords on each partition's leader, for a principal allowed DELETE on
+        the topic: the log start offset moves up to the requested one, answered once the ISR
+        holds it or `timeout_ms` passed (REQUEST_TIMED_OUT); 0 answers at once, as Kafka."""
+        check_partition_count("DeleteRecords", len(request.partitions))
+        timeout_ms = max(0, request.timeout_ms)
+        answers = []
+        for topic, partition, offset in request.partitions:
+            entry = DeletedRecords(topic, partition, error=access.topic(Operation.DELETE, topic))
+            answers.append(entry)
+            if entry.error is None:
+                try:
+                    entry.moving = self._handler.delete_records(topic, partition, offset)
+                except errors.DeltaBusError as e:
+                    entry.error = e
+        return DeleteRecordsAnswer(answers, time.monotonic() + timeout_ms / 1000, timeout_ms)
