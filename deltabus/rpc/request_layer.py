@@ -11,7 +11,7 @@ authorization matrix are how one door gets a rule the other lacks. Every rule of
 operations served here lives once, in Kafka's order; tests/rpc/test_door_equivalence.py sends
 each through both doors and checks that a principal gets the same answer from each.
 
-Served here so far: Produce and DeleteRecords.
+Served here so far: Produce, DeleteRecords, ListOffsets and OffsetForLeaderEpoch.
 """
 
 from __future__ import annotations
@@ -26,11 +26,12 @@ import pyarrow as pa
 from deltabus import errors
 from deltabus.cluster.handler import DeltaBusHandler
 from deltabus.log_tables.partition_log import AppendResult
+from deltabus.log_tables.transactions import READ_COMMITTED, READ_UNCOMMITTED
 from deltabus.quotas import PRODUCER_BYTE_RATE
 from deltabus.records import ProducerState, UnpackBudget
 from deltabus.rpc import throttling
 from deltabus.rpc.access import Access
-from deltabus.rpc.request_limits import check_partition_count
+from deltabus.rpc.request_limits import check_partition_count, duplicate_error, duplicates
 from deltabus.security.acls import Operation
 
 ACKS = (0, 1, -1)
@@ -165,6 +166,41 @@ class DeleteRecordsAnswer:
         return [p.moving for p in self.partitions if p.moving is not None]
 
 
+# ---- ListOffsets, OffsetForLeaderEpoch -------------------------------------------------------
+
+@dataclass(frozen=True)
+class ListOffsetsRequest:
+    partitions: Sequence[tuple[str, int, int]]  # topic, partition, timestamp (an OffsetSpec)
+    isolation_level: int = READ_UNCOMMITTED
+
+
+@dataclass
+class ListedOffset:
+    topic: str
+    partition: int
+    offset: int = -1
+    timestamp: int = -1
+    leader_epoch: int = -1
+    error: errors.DeltaBusError | None = None
+
+
+@dataclass(frozen=True)
+class EpochRequest:
+    topic: str
+    partition: int
+    leader_epoch: int  # the epoch whose end is asked
+    current_leader_epoch: int = -1  # the asker's idea of the leader's epoch (-1: none)
+
+
+@dataclass
+class EpochEndOffset:
+    topic: str
+    partition: int
+    leader_epoch: int = -1
+    end_offset: int = -1
+    error: errors.DeltaBusError | None = None
+
+
 class RequestLayer:
     """Validates, authorizes and carries out the requests of both doors for one node's
     handler (a broker, or the controller behind the bootstrap listener). Thread-safe."""
@@ -235,3 +271,43 @@ class RequestLayer:
                 except errors.DeltaBusError as e:
                     entry.error = e
         return DeleteRecordsAnswer(answers, time.monotonic() + timeout_ms / 1000, timeout_ms)
+
+    def list_offsets(self, access: Access, request: ListOffsetsRequest) -> list[ListedOffset]:
+        """Kafka's ListOffsets: DESCRIBE on each topic; a partition named twice is answered
+        INVALID_REQUEST in each of its entries and read in none (as Kafka)."""
+        check_partition_count("ListOffsets", len(request.partitions))
+        twice = duplicates((topic, partition) for topic, partition, _ in request.partitions)
+        isolation = (READ_COMMITTED if request.isolation_level == READ_COMMITTED
+                     else READ_UNCOMMITTED)
+        answers = []
+        for topic, partition, timestamp in request.partitions:
+            entry = ListedOffset(topic, partition)
+            answers.append(entry)
+            entry.error = (duplicate_error("ListOffsets", (topic, partition))
+                           if (topic, partition) in twice
+                           else access.topic(Operation.DESCRIBE, topic))
+            if entry.error is None:
+                try:
+                    entry.offset, entry.timestamp, entry.leader_epoch = (
+                        self._handler.list_offsets(topic, partition, timestamp, isolation))
+                except errors.DeltaBusError as e:
+                    entry.error = e
+        return answers
+
+    def offset_for_leader_epoch(self, access: Access,
+                                partitions: Sequence[EpochRequest]) -> list[EpochEndOffset]:
+        """Where each asked epoch ends in the leader's log (KIP-320: a consumer validates its
+        position after a leader change), for a principal allowed DESCRIBE on the topic."""
+        answers = []
+        for asked in partitions:
+            entry = EpochEndOffset(asked.topic, asked.partition,
+                                   error=access.topic(Operation.DESCRIBE, asked.topic))
+            answers.append(entry)
+            if entry.error is None:
+                try:
+                    entry.leader_epoch, entry.end_offset = self._handler.offset_for_leader_epoch(
+                        asked.topic, asked.partition, asked.current_leader_epoch,
+                        asked.leader_epoch)
+                except errors.DeltaBusError as e:
+                    entry.error = e
+        return answers

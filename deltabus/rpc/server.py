@@ -60,8 +60,6 @@ from deltabus.rpc.internal_servicer import (
 from deltabus.rpc.request_limits import (
     check_distinct,
     check_partition_count,
-    duplicate_error,
-    duplicates,
 )
 from deltabus.rpc.schema_servicer import SchemaServicerMixin
 from deltabus.rpc.tls import grpc_server_credentials
@@ -402,24 +400,16 @@ class DeltaBusServicer(GroupServicerMixin, AclServicerMixin, TxnServicerMixin,
 
     @_guard
     def ListOffsets(self, request: pb.ListOffsetsRequest, context: Any) -> pb.ListOffsetsResponse:
-        check_partition_count("ListOffsets", len(request.partitions))
-        twice = duplicates((p.topic, p.partition) for p in request.partitions)
         response = pb.ListOffsetsResponse()
-        access = self._access(context)
-        for p in request.partitions:
-            entry = pb.ListOffsetsPartitionResponse(topic=p.topic, partition=p.partition,
-                                                    offset=-1, timestamp=-1)
-            try:
-                if (p.topic, p.partition) in twice:  # as Kafka: each entry of it, none read
-                    raise duplicate_error("ListOffsets", (p.topic, p.partition))
-                Access.raise_if(access.topic(Operation.DESCRIBE, p.topic))
-                entry.offset, entry.timestamp, entry.leader_epoch = self._handler.list_offsets(
-                    p.topic, p.partition, present_or(p, "timestamp", LATEST_TIMESTAMP),
-                    READ_COMMITTED if request.isolation_level == READ_COMMITTED
-                    else READ_UNCOMMITTED)
-            except errors.DeltaBusError as e:
-                entry.error_code, entry.error_message = e.code, e.message
-            response.partitions.append(entry)
+        for entry in self._requests.list_offsets(self._access(context), request_layer.
+                                                 ListOffsetsRequest(
+                [(p.topic, p.partition, present_or(p, "timestamp", LATEST_TIMESTAMP))
+                 for p in request.partitions], request.isolation_level)):
+            code, message = _code(entry.error)
+            response.partitions.append(pb.ListOffsetsPartitionResponse(
+                topic=entry.topic, partition=entry.partition, offset=entry.offset,
+                timestamp=entry.timestamp, leader_epoch=entry.leader_epoch, error_code=code,
+                error_message=message))
         return response
 
     @_guard
@@ -445,18 +435,14 @@ class DeltaBusServicer(GroupServicerMixin, AclServicerMixin, TxnServicerMixin,
     def OffsetForLeaderEpoch(self, request: pb.OffsetForLeaderEpochRequest,
                              context: Any) -> pb.OffsetForLeaderEpochResponse:
         response = pb.OffsetForLeaderEpochResponse()
-        access = self._access(context)
-        for p in request.partitions:
-            entry = pb.EpochEndOffsetResult(topic=p.topic, partition=p.partition,
-                                            leader_epoch=-1, end_offset=-1)
-            try:
-                Access.raise_if(access.topic(Operation.DESCRIBE, p.topic))
-                entry.leader_epoch, entry.end_offset = self._handler.offset_for_leader_epoch(
-                    p.topic, p.partition,
-                    present_or(p, "current_leader_epoch", -1), p.leader_epoch)
-            except errors.DeltaBusError as e:
-                entry.error_code, entry.error_message = e.code, e.message
-            response.partitions.append(entry)
+        for entry in self._requests.offset_for_leader_epoch(self._access(context), [
+                request_layer.EpochRequest(p.topic, p.partition, p.leader_epoch,
+                                           present_or(p, "current_leader_epoch", -1))
+                for p in request.partitions]):
+            code, message = _code(entry.error)
+            response.partitions.append(pb.EpochEndOffsetResult(
+                topic=entry.topic, partition=entry.partition, leader_epoch=entry.leader_epoch,
+                end_offset=entry.end_offset, error_code=code, error_message=message))
         return response
 
     @_guard

@@ -217,3 +217,59 @@ def test_delete_records_with_a_timeout_of_0_answers_at_once_through_both(doors: 
     assert kafka == through_grpc == {0: (errors.RequestTimedOutError.code, -1)}
     kafka, through_grpc = _delete_both(doors, "alice", {0: 3}, 30_000)
     assert kafka == through_grpc == {0: (0, 3)}
+
+
+# ---- ListOffsets, OffsetForLeaderEpoch -------------------------------------------------------
+
+LIST_OFFSETS, OFFSET_FOR_LEADER_EPOCH = 2, 23
+
+
+def _list_offsets_both(doors: Doors, user: str, asked: list[tuple[int, int]]
+                       ) -> tuple[list[tuple[int, int, int]], list[tuple[int, int, int]]]:
+    """Each door's (partition, error code, offset) per entry, in order, for `asked`
+    (partition, timestamp) entries of the topic."""
+    cls = load_request_schema(LIST_OFFSETS, 7)
+    kafka = doors.kafka(user, LIST_OFFSETS, 7, make(
+        cls, replica_id=-1, isolation_level=0, topics=(nested(cls, "ListOffsetsTopic")(
+            name=TOPIC, partitions=tuple(nested(cls, "ListOffsetsPartition")(
+                partition_index=p, current_leader_epoch=-1, timestamp=ts)
+                for p, ts in asked)),)))
+    through_grpc = doors.grpc(user, "ListOffsets", pb.ListOffsetsRequest(partitions=[
+        pb.ListOffsetsPartition(topic=TOPIC, partition=p, timestamp=ts) for p, ts in asked]))
+    return ([(p.partition_index, p.error_code.value, p.offset)
+             for t in kafka.topics for p in t.partitions],
+            [(p.partition, p.error_code, p.offset) for p in through_grpc.partitions])
+
+
+def test_list_offsets_allowed_refused_and_named_twice_alike(doors: Doors) -> None:
+    _produce_both(doors, "alice")
+    kafka, through_grpc = _list_offsets_both(doors, "alice", [(0, -1), (1, -2)])
+    assert kafka == through_grpc
+    assert [code for _, code, _ in kafka] == [0, 0] and kafka[0][2] > 0
+    kafka, through_grpc = _list_offsets_both(doors, "bob", [(0, -1)])
+    assert kafka == through_grpc == [(0, errors.TopicAuthorizationFailedError.code, -1)]
+    kafka, through_grpc = _list_offsets_both(doors, "alice", [(0, -1), (0, -2), (9, -1)])
+    assert kafka == through_grpc == [(0, errors.InvalidRequestError.code, -1),
+                                     (0, errors.InvalidRequestError.code, -1),
+                                     (9, errors.UnknownTopicOrPartitionError.code, -1)]
+
+
+def test_offset_for_leader_epoch_alike(doors: Doors) -> None:
+    _produce_both(doors, "alice")
+    cls = load_request_schema(OFFSET_FOR_LEADER_EPOCH, 4)
+    answers = []
+    for user in ("alice", "bob"):
+        kafka = doors.kafka(user, OFFSET_FOR_LEADER_EPOCH, 4, make(
+            cls, replica_id=-1, topics=(nested(cls, "OffsetForLeaderTopic")(
+                topic=TOPIC, partitions=(nested(cls, "OffsetForLeaderPartition")(
+                    partition=0, current_leader_epoch=-1, leader_epoch=0),)),)))
+        through_grpc = doors.grpc(user, "OffsetForLeaderEpoch", pb.OffsetForLeaderEpochRequest(
+            partitions=[pb.OffsetForLeaderEpochPartition(topic=TOPIC, partition=0,
+                                                         leader_epoch=0)]))
+        answers.append(([(p.error_code.value, p.leader_epoch, p.end_offset)
+                         for t in kafka.topics for p in t.partitions],
+                        [(p.error_code, p.leader_epoch, p.end_offset)
+                         for p in through_grpc.partitions]))
+    (alice_kafka, alice_grpc), (bob_kafka, bob_grpc) = answers
+    assert alice_kafka == alice_grpc and alice_kafka[0][0] == 0 and alice_kafka[0][2] > 0
+    assert bob_kafka == bob_grpc == [(errors.TopicAuthorizationFailedError.code, -1, -1)]

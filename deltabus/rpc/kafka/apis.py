@@ -73,8 +73,6 @@ from deltabus.rpc.kafka.frames import (
 from deltabus.rpc.request_limits import (
     check_distinct,
     check_partition_count,
-    duplicate_error,
-    duplicates,
 )
 from deltabus.security.acls import Authorizer, Operation
 
@@ -490,34 +488,26 @@ class KafkaApis:
         cls = load_response_schema(LIST_OFFSETS, version)
         topic_cls, partition_cls = (nested(cls, n) for n in ("ListOffsetsTopicResponse",
                                                               "ListOffsetsPartitionResponse"))
-        named = [(t.name, p.partition_index) for t in request.topics for p in t.partitions]
+        named = [(t.name, p.partition_index, p.timestamp) for t in request.topics
+                 for p in t.partitions]
         try:
-            check_partition_count("ListOffsets", len(named))
-        except errors.DeltaBusError as e:
-            refused = refused or e
-        twice = duplicates(named)
-        topics = []
-        access = current_access()
-        for t in request.topics:
-            parts = []
-            for p in t.partitions:
-                offset, timestamp, epoch = -1, -1, -1
-                error = refused or (  # as Kafka: each entry of a partition named twice
-                    duplicate_error("ListOffsets", (t.name, p.partition_index))
-                    if (t.name, p.partition_index) in twice
-                    else access.topic(Operation.DESCRIBE, t.name))
-                if error is None:
-                    try:
-                        offset, timestamp, epoch = self._handler.list_offsets(
-                            t.name, p.partition_index, p.timestamp,
-                            getattr(request, "isolation_level", READ_UNCOMMITTED))
-                    except errors.DeltaBusError as e:
-                        error = e
-                parts.append(make(partition_cls, partition_index=p.partition_index,
-                                  error_code=error_code(error), timestamp=timestamp,
-                                  offset=offset, leader_epoch=epoch))
-            topics.append(make(topic_cls, name=t.name, partitions=tuple(parts)))
-        return make(cls, throttle_time=NO_TIME, topics=tuple(topics))
+            if refused is not None:
+                raise refused
+            answers = self._requests.list_offsets(current_access(), request_layer.
+                                                  ListOffsetsRequest(named, getattr(
+                                                      request, "isolation_level",
+                                                      READ_UNCOMMITTED)))
+        except errors.DeltaBusError as e:  # the whole request: each partition says so
+            answers = [request_layer.ListedOffset(t, p, error=e) for t, p, _ in named]
+        by_topic: dict[str, list[Any]] = {}
+        for entry in answers:
+            by_topic.setdefault(entry.topic, []).append(make(
+                partition_cls, partition_index=entry.partition,
+                error_code=error_code(entry.error), timestamp=entry.timestamp,
+                offset=entry.offset, leader_epoch=entry.leader_epoch))
+        return make(cls, throttle_time=NO_TIME, topics=tuple(
+            make(topic_cls, name=name, partitions=tuple(parts))
+            for name, parts in by_topic.items()))
 
     def delete_records(self, version: int, request: Any,
                        refused: errors.DeltaBusError | None = None) -> Any:
@@ -549,24 +539,20 @@ class KafkaApis:
         cls = load_response_schema(OFFSET_FOR_LEADER_EPOCH, version)
         topic_cls, partition_cls = (nested(cls, n) for n in ("OffsetForLeaderTopicResult",
                                                               "EpochEndOffset"))
-        topics = []
-        for t in request.topics:
-            parts = []
-            for p in t.partitions:
-                epoch, end_offset = -1, -1
-                error = refused or current_access().topic(Operation.DESCRIBE, t.topic)
-                if error is None:
-                    try:
-                        epoch, end_offset = self._handler.offset_for_leader_epoch(
-                            t.topic, p.partition, getattr(p, "current_leader_epoch", -1),
-                            p.leader_epoch)
-                    except errors.DeltaBusError as e:
-                        error = e
-                parts.append(make(partition_cls, error_code=error_code(error),
-                                  partition=p.partition, leader_epoch=epoch,
-                                  end_offset=end_offset))
-            topics.append(make(topic_cls, topic=t.topic, partitions=tuple(parts)))
-        return make(cls, throttle_time=NO_TIME, topics=tuple(topics))
+        asked = [request_layer.EpochRequest(t.topic, p.partition, p.leader_epoch,
+                                            getattr(p, "current_leader_epoch", -1))
+                 for t in request.topics for p in t.partitions]
+        answers = (self._requests.offset_for_leader_epoch(current_access(), asked)
+                   if refused is None else [request_layer.EpochEndOffset(
+                       a.topic, a.partition, error=refused) for a in asked])
+        by_topic: dict[str, list[Any]] = {}
+        for entry in answers:
+            by_topic.setdefault(entry.topic, []).append(make(
+                partition_cls, error_code=error_code(entry.error), partition=entry.partition,
+                leader_epoch=entry.leader_epoch, end_offset=entry.end_offset))
+        return make(cls, throttle_time=NO_TIME, topics=tuple(
+            make(topic_cls, topic=name, partitions=tuple(parts))
+            for name, parts in by_topic.items()))
 
     # ---- InitProducerId -----------------------------------------------------------------------
 
