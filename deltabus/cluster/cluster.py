@@ -29,7 +29,8 @@ from typing import Any
 from deltabus import config as cfg
 from deltabus.cluster.broker import STOPPED, BrokerSpec, run_broker_task
 from deltabus.cluster.catch_up import CatchUpTask, catch_up_replicas
-from deltabus.cluster.controller import Controller, ControllerHandler
+from deltabus.cluster.controller import Controller
+from deltabus.cluster.controller_apis import ControllerHandler
 from deltabus.cluster.doors import Doors, open_doors
 from deltabus.cluster.executor_process import executor_pid
 from deltabus.cluster.log_cleaner import LogCleaner

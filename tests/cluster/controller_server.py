@@ -11,7 +11,8 @@ from pathlib import Path
 from deltabus import NewTopic
 from deltabus import config as cfg
 from deltabus.cluster.broker import Broker, BrokerSpec
-from deltabus.cluster.controller import Controller, ControllerHandler
+from deltabus.cluster.controller import Controller
+from deltabus.cluster.controller_apis import ControllerHandler
 from deltabus.listeners import GRPC
 from deltabus.metadata import CONTROLLER_NODE_ID, BrokerEndpoint, ListenerEndpoint
 from deltabus.rpc.kafka.listener import KafkaListener

@@ -19,7 +19,8 @@ import kafka.admin as kp
 import pytest
 
 from deltabus import AdminClient, errors
-from deltabus.cluster.controller import Controller, ControllerHandler
+from deltabus.cluster.controller import Controller
+from deltabus.cluster.controller_apis import ControllerHandler
 from deltabus.cluster.metadata_loader import MetadataLoader
 from deltabus.metadata import BrokerEndpoint
 from deltabus.rpc.controller_channel import ControllerChannel
