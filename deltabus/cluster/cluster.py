@@ -173,7 +173,7 @@ class Cluster:
                                  credentials=handler.scram_credential,
                                  lifecycle=self.controller, groups=self.coordinator,
                                  transactions=handler)
-        self.controller.txn_offsets_writer = self.coordinator.commit_transactional_offsets
+        self.controller.markers.offsets_writer = self.coordinator.commit_transactional_offsets
         bootstrap = self.config.listener_config().client_grpc()[0]
         self._node = handler.endpoint = self._doors.node(CONTROLLER_NODE_ID, bootstrap.name)
         if self.config.schema_registry_port >= 0:

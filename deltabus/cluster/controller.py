@@ -14,6 +14,8 @@ KRaft does: it leaves every ISR it is in (unless it is the last member), and par
 a new leader from the ISR, in replica order. A partition with no live ISR member goes offline
 (leader -1) until one registers again, unless the topic allows unclean leader election.
 
+Beside it, not in it: the door adapter (`controller_apis`) and the writing of transaction
+markers (`txn_marker_channel`), which carries out the ends of transactions the controller decides.
 What stays here besides: waiting (brokers applying a version, heartbeat long polls), the
 reassignment thread and its catch-up job, and the replica tables' lives: the controller creates
 them, empty, when it creates a partition (CreateTopics, CreatePartitions) or adds a replica (a
@@ -42,7 +44,7 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Collection, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 
 from deltabus import config as cfg
 from deltabus import errors
@@ -78,7 +80,7 @@ from deltabus.cluster.metadata_records import (
 )
 from deltabus.cluster.metadata_state import MetadataState
 from deltabus.cluster.schema_registry import SchemaRegistry
-from deltabus.log_tables.control_records import TxnMarker
+from deltabus.cluster.txn_marker_channel import SendMarkers, TxnMarkerChannel
 from deltabus.log_tables.layout import metadata_path, replica_path, topic_path
 from deltabus.log_tables.partition_log import create_log_table
 from deltabus.metadata import (
@@ -98,7 +100,6 @@ from deltabus.metadata import (
     describe_scram_credentials,
     new_cluster_id,
 )
-from deltabus.offsets.offset_store import OffsetAndMetadata
 from deltabus.quotas import (
     ClientQuotaManager,
     QuotaAlteration,
@@ -106,7 +107,6 @@ from deltabus.quotas import (
     QuotaFilterComponent,
     describe_client_quotas,
 )
-from deltabus.rpc.txn_markers import TxnMarkerClient
 from deltabus.security.acls import (
     AclBinding,
     AclBindingFilter,
@@ -128,15 +128,7 @@ TXN_ADD_PARTITIONS_WAIT_MS = 5_000  # for brokers to apply a transaction's new p
 # A transactional call that finds the producer's previous transaction ending waits this long
 # for its markers (`_await_ended`) before it answers CONCURRENT_TRANSACTIONS.
 TXN_ENDING_WAIT_MS = 5_000
-TXN_MARKER_BACKOFF_S = (0.05, 1.0)  # first and longest wait before markers are sent again
-TXN_MARKER_TIMEOUT_MS = 30_000  # for a leader to have a marker in its ISR's tables
 
-MarkerAnswers = dict[tuple[int, str, int], errors.DeltaBusError | None]
-# Write markers through one broker: (broker id, markers) -> the answer for each (producer id,
-# topic, partition) of them (None: written). Raising, or leaving one out, means "try again".
-SendMarkers = Callable[[int, list[TxnMarker]], MarkerAnswers]
-# Write a committed transaction's offsets into a group's: resolves once durable.
-TxnOffsetsWriter = Callable[[str, dict[tuple[str, int], OffsetAndMetadata]], Future[None]]
 
 
 class Controller:
@@ -147,14 +139,8 @@ class Controller:
                  catch_up: Callable[[list[CatchUpTask], str], object] | None = None,
                  send_markers: SendMarkers | None = None) -> None:
         """`send_markers`: how transaction markers reach a broker (tests give a fake); the
-        default writes them on the leaders (`_send_markers_to_leader`)."""
+        default writes them on the leaders (`txn_markers`)."""
         self._config = config
-        self._send_markers: SendMarkers = send_markers or self._send_markers_to_leader
-        self._marker_client: TxnMarkerClient | None = None  # made on the first markers
-        # Set by Cluster once the group coordinator runs: where a committed transaction's
-        # offsets go. Until then, a commit's completion waits.
-        self.txn_offsets_writer: TxnOffsetsWriter | None = None
-        self._ending: set[str] = set()  # transactional ids whose markers are being written
         self._authorizers = AuthorizerCache(
             super_users=config.super_users,
             allow_everyone_if_no_acl_found=config.allow_everyone_if_no_acl_found)
@@ -189,6 +175,9 @@ class Controller:
         for stored in self._log.read_all():
             self._state.replay(stored)
         self._deltas = MetadataDeltas(self._version)  # what brokers are sent
+        self.markers = TxnMarkerChannel(config, self._lock, self._state, self.image,
+                                        self._complete_transaction, lambda: self._shutting_down,
+                                        send_markers)
         # Confluent's schema registry, over this state and log (its REST door: the Cluster's)
         self.schema_registry = SchemaRegistry(self._lock, lambda: self._state.schema_registry,
                                               self._commit)
@@ -707,111 +696,15 @@ class Controller:
                 return
             self._lock.wait(remaining_s)
 
+    def _complete_transaction(self, txn: TransactionMetadata) -> None:
+        """Lock held. Record CompleteCommit or CompleteAbort once every marker is written."""
+        self._commit(transaction_coordinator.complete(
+            self._state, txn.transactional_id, txn.producer_id, txn.producer_epoch,
+            now_ms=_now_ms()).records)
+
     def _start_ending(self, transactional_id: str) -> None:
-        """Lock held. Write the markers of a transaction in PrepareX, in a thread (one per
-        transactional id at a time)."""
-        if transactional_id not in self._ending:
-            self._ending.add(transactional_id)
-            threading.Thread(target=self._end_transaction, args=(transactional_id,),
-                             daemon=True, name=f"deltabus-txn-end-{transactional_id}").start()
-
-    def _end_transaction(self, transactional_id: str) -> None:
-        """Thread: send the markers until every partition has one (leaders move: each round
-        resolves them again), write a commit's offsets, then record CompleteX."""
-        try:
-            with self._lock:
-                txn = self._state.transactions.get(transactional_id)
-                if txn is None or txn.state not in (PREPARE_COMMIT, PREPARE_ABORT):
-                    return
-                pending = (self._state.txn_offsets.get(transactional_id, {})
-                           if txn.state == PREPARE_COMMIT else {})
-            remaining = set(txn.partitions)
-            wait_s, wait_max_s = TXN_MARKER_BACKOFF_S
-            while not self._shutting_down:
-                if remaining:
-                    remaining = self._send_markers_once(txn, remaining)
-                if not remaining and self._write_txn_offsets(pending):
-                    break  # at once: the producer's next call waits for this (_await_ended)
-                with self._lock:
-                    self._lock.wait(wait_s)
-                wait_s = min(wait_s * 2, wait_max_s)
-            else:
-                return
-            with self._lock:
-                self._commit(transaction_coordinator.complete(
-                    self._state, transactional_id, txn.producer_id, txn.producer_epoch,
-                    now_ms=_now_ms()).records)
-        except Exception:
-            log.exception("ending the transaction of %r failed", transactional_id)
-        finally:
-            with self._lock:
-                self._ending.discard(transactional_id)
-
-    def _send_markers_once(self, txn: TransactionMetadata, remaining: set[tuple[str, int]]
-                           ) -> set[tuple[str, int]]:
-        """One round of markers to the current leaders; the partitions still without one."""
-        image = self.image()
-        by_leader: dict[int, set[tuple[str, int]]] = {}
-        for tp in remaining:
-            state = image.partition(*tp)
-            if state is not None:  # a deleted topic needs no marker
-                by_leader.setdefault(state.leader, set()).add(tp)
-        left: set[tuple[str, int]] = set()
-        for leader, partitions in by_leader.items():
-            try:
-                answers = self._send_markers(
-                    leader, [transaction_coordinator.marker(txn, partitions)])
-            except Exception as e:
-                log.warning("markers of %r to broker %d failed: %r", txn.transactional_id,
-                            leader, e)
-                left |= partitions
-                continue
-            for t, p in partitions:
-                error = answers.get((txn.producer_id, t, p), errors.RequestTimedOutError())
-                if isinstance(error, errors.InvalidProducerEpochError | errors.ProducerFencedError
-                              | errors.UnknownTopicOrPartitionError):
-                    log.warning("marker of %r on %s-%d dropped: %s", txn.transactional_id, t,
-                                p, error)
-                elif error is not None:
-                    left.add((t, p))
-        return left
-
-    def _write_txn_offsets(self, pending: dict[str, dict[tuple[str, int],
-                                                         tuple[int, int, str]]]) -> bool:
-        """Write a committed transaction's offsets into its groups; False to try again."""
-        if not pending:
-            return True
-        writer = self.txn_offsets_writer
-        if writer is None:
-            return False
-        try:
-            for group_id, offsets in pending.items():
-                writer(group_id, {tp: OffsetAndMetadata(o, e, m)
-                                  for tp, (o, e, m) in offsets.items()}).result(30)
-        except Exception:
-            log.exception("writing committed transaction offsets failed; trying again")
-            return False
-        return True
-
-    def _send_markers_to_leader(self, broker_id: int, markers: list[TxnMarker]
-                                ) -> MarkerAnswers:
-        """Kafka's WriteTxnMarkers to the partitions' leader, on its inter-broker listener
-        with the broker credential (rpc.txn_markers); a leader not live: NOT_LEADER (the
-        caller re-resolves the leader and sends again)."""
-        broker = self.image().broker(broker_id)
-        if broker is None:
-            error = errors.NotLeaderOrFollowerError(f"broker {broker_id} is not live")
-            return {(m.producer_id, t, p): error for m in markers for t, p in m.partitions}
-        with self._lock:
-            if self._marker_client is None:
-                listeners = self._config.listener_config()
-                self._marker_client = TxnMarkerClient(
-                    broker_secret=self._config.inter_broker_secret,
-                    security=self._config.listener_security(
-                        listeners.inter_broker.security_protocol))
-            client = self._marker_client
-        return client.write_txn_markers(broker.address, markers,
-                                        timeout_ms=TXN_MARKER_TIMEOUT_MS)
+        """Lock held. Write the markers of a transaction in PrepareX (`txn_markers`)."""
+        self.markers.start(transactional_id)
 
     # ---- brokers -----------------------------------------------------------------------------
 

@@ -17,7 +17,7 @@ from deltabus import config as cfg
 from deltabus import errors
 from deltabus.cluster import controller as controller_module
 from deltabus.cluster import transaction_coordinator as tc
-from deltabus.cluster.controller import Controller, MarkerAnswers
+from deltabus.cluster.controller import Controller
 from deltabus.cluster.metadata_loader import MetadataLoader
 from deltabus.cluster.metadata_records import (
     TransactionalIdRecord,
@@ -26,6 +26,7 @@ from deltabus.cluster.metadata_records import (
     serialize,
 )
 from deltabus.cluster.metadata_state import MetadataState
+from deltabus.cluster.txn_marker_channel import MarkerAnswers
 from deltabus.log_tables.control_records import TxnMarker
 from deltabus.metadata import EMPTY, MetadataPosition, NewTopic
 from deltabus.offsets.offset_store import OffsetAndMetadata
@@ -109,7 +110,7 @@ def _state(controller: Controller, txn_id: str) -> str:
 def test_a_commit_writes_markers_on_every_partition_then_the_offsets(
         controller: Controller, leaders: Leaders) -> None:
     offsets = Offsets()
-    controller.txn_offsets_writer = offsets
+    controller.markers.offsets_writer = offsets
     pid, epoch = controller.init_transactional_producer("tx", 60_000)
     assert epoch == 0 and _state(controller, "tx") == EMPTY
     parts = [("orders", 0), ("orders", 1)]
@@ -133,7 +134,7 @@ def test_a_commit_writes_markers_on_every_partition_then_the_offsets(
 
 def test_an_abort_drops_the_offsets(controller: Controller, leaders: Leaders) -> None:
     offsets = Offsets()
-    controller.txn_offsets_writer = offsets
+    controller.markers.offsets_writer = offsets
     pid, epoch = controller.init_transactional_producer("tx", 60_000)
     controller.add_partitions_to_txn("tx", pid, epoch, [("orders", 0)])
     controller.add_offsets_to_txn("tx", pid, epoch, "g")
@@ -216,7 +217,7 @@ def test_a_restarted_controller_keeps_transactions_and_ends_the_ones_being_ended
     again = Leaders()
     offsets = Offsets()
     second = _controller(tmp_path, again)
-    second.txn_offsets_writer = offsets
+    second.markers.offsets_writer = offsets
     try:
         wait_until(lambda: _state(second, "ending") == "CompleteCommit", "ending CompleteCommit")
         assert again.marked() == {("orders", 0, True, epoch)}

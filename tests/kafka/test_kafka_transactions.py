@@ -60,7 +60,7 @@ def describe(admin: KafkaAdminClient, txn_id: str) -> Any:
 def test_a_transaction_is_coordinated_and_its_producer_fenced_over_kafkas_protocol(
         cluster, topic_name, monkeypatch) -> None:
     unanswered = errors.NotLeaderOrFollowerError("the leaders hold the markers back")
-    monkeypatch.setattr(cluster.controller, "_send_markers", lambda broker_id, markers: {
+    monkeypatch.setattr(cluster.controller.markers, "send", lambda broker_id, markers: {
         (m.producer_id, t, p): unanswered for m in markers for t, p in m.partitions})
     with AdminClient(cluster.bootstrap_servers) as admin:
         admin.create_topics([NewTopic(topic_name, 2, 1)])
@@ -115,13 +115,13 @@ def test_the_next_transaction_waits_for_the_markers_of_the_last(cluster, topic_n
     is answered once they are, not with CONCURRENT_TRANSACTIONS: a client would try again on
     a backoff, and a producer with a transaction a record (librdkafka's latency check) would
     pay it each time."""
-    write_markers = cluster.controller._send_markers
+    write_markers = cluster.controller.markers.send
 
     def slow(broker_id: int, markers: Any) -> Any:
         time.sleep(0.5)
         return write_markers(broker_id, markers)
 
-    monkeypatch.setattr(cluster.controller, "_send_markers", slow)
+    monkeypatch.setattr(cluster.controller.markers, "send", slow)
     with AdminClient(cluster.bootstrap_servers) as admin:
         admin.create_topics([NewTopic(topic_name, 1, 1)])
     txn_id = f"{topic_name}-txn"
@@ -198,7 +198,7 @@ def test_a_committed_transactions_offsets_become_the_groups(cluster, topic_name,
     """With markers answered (the seam replaced by one that acknowledges every partition, as
     the partition leaders will), EndTxn's commit completes and the offsets TxnOffsetCommit
     held are the group's committed offsets, through the real group coordinator."""
-    monkeypatch.setattr(cluster.controller, "_send_markers", lambda broker_id, markers: {
+    monkeypatch.setattr(cluster.controller.markers, "send", lambda broker_id, markers: {
         (m.producer_id, t, p): None for m in markers for t, p in m.partitions})
     with AdminClient(cluster.bootstrap_servers) as admin:
         admin.create_topics([NewTopic(topic_name, 1, 1)])
@@ -229,7 +229,7 @@ def test_confluent_kafkas_transactional_producer_commits_offsets_and_is_fenced(
     batches are the partition side's): init_transactions, send_offsets_to_transaction and
     commit_transaction commit the group's offsets; a second producer with the same
     transactional.id fences the first, whose next transaction fails fatally."""
-    monkeypatch.setattr(cluster.controller, "_send_markers", lambda broker_id, markers: {
+    monkeypatch.setattr(cluster.controller.markers, "send", lambda broker_id, markers: {
         (m.producer_id, t, p): None for m in markers for t, p in m.partitions})
     with AdminClient(cluster.bootstrap_servers) as admin:
         admin.create_topics([NewTopic(topic_name, 1, 1)])
