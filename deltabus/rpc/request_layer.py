@@ -38,12 +38,12 @@ ACKS = (0, 1, -1)
 DELETE_RECORDS_TIMEOUT_MS_DEFAULT = 30_000  # what kafka-delete-records.sh waits
 
 
-def left_ms(deadline_s: float) -> int:
+def _left_ms(deadline_s: float) -> int:
     """What is left until `deadline_s` (time.monotonic()), in whole ms, never below 0."""
     return max(0, int((deadline_s - time.monotonic()) * 1000))
 
 
-def outcome_of(future: Future, deadline_s: float, timeout_ms: int, what: str) -> object:
+def _outcome_of(future: Future, deadline_s: float, timeout_ms: int, what: str) -> object:
     """The result of a future its answer waited for until `deadline_s`, the error it raised, or
     REQUEST_TIMED_OUT naming `what` when it is not done by then (a caller that blocks waits
     for it; a delayed answer is built at the deadline, when the wait is over anyway)."""
@@ -104,7 +104,7 @@ class PartitionAppends:
         error = self.error
         for i, future in enumerate(self.appends):
             try:
-                result = outcome_of(future, deadline_s, timeout_ms,
+                result = _outcome_of(future, deadline_s, timeout_ms,
                                     f"the append to {self.topic}-{self.partition}")
             except errors.DeltaBusError as e:
                 error = error or e
@@ -148,7 +148,7 @@ class DeletedRecords:
         if self.moving is None:
             return -1, self.error
         try:
-            return outcome_of(self.moving, deadline_s, timeout_ms,  # type: ignore[return-value]
+            return _outcome_of(self.moving, deadline_s, timeout_ms,  # type: ignore[return-value]
                               f"the ISR of {self.topic}-{self.partition} holding the new log "
                               "start offset"), None
         except errors.DeltaBusError as e:
@@ -238,7 +238,7 @@ class RequestLayer:
                     entry.appends.append(self._handler.produce(
                         data.topic, data.partition, batch.records, acks=request.acks,
                         producer=batch.producer, batch_bytes=batch.size_bytes,
-                        timeout_ms=left_ms(deadline_s)))
+                        timeout_ms=_left_ms(deadline_s)))
             except errors.DeltaBusError as e:
                 entry.error = e
         throttle_ms = (throttling.record(self._handler, PRODUCER_BYTE_RATE, access,

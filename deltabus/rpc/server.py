@@ -107,11 +107,6 @@ def _code(error: errors.DeltaBusError | None) -> tuple[int, str]:
     return (error.code, error.message) if error else (0, "")
 
 
-def _left_ms(deadline: float) -> int:
-    """What is left until `deadline` (time.monotonic()), in whole ms, never below 0."""
-    return max(0, int((deadline - time.monotonic()) * 1000))
-
-
 def _produced_batches(data: pb.PartitionProduceData, transactional: bool,
                       budget: UnpackBudget) -> list[request_layer.RequestBatch]:
     """A partition entry's one batch, for the request layer (which calls this only once the
