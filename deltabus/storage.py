@@ -192,9 +192,12 @@ class Storage:
         gone = 0
         with _failures(f"cannot clean {folder_uri}"):
             for entry in os.scandir(folder):
-                if (entry.name.startswith(".") and entry.name.endswith(_TEMPORARY)
-                        and entry.stat().st_mtime < cutoff):
-                    with suppress(FileNotFoundError):  # another cleaner's
+                if not (entry.name.startswith(".") and entry.name.endswith(_TEMPORARY)):
+                    continue
+                # Gone since the listing (its writer linked and removed it, or another
+                # cleaner deleted it): one less to delete.
+                with suppress(FileNotFoundError):
+                    if entry.stat().st_mtime < cutoff:
                         os.unlink(entry.path)
                         gone += 1
         return gone

@@ -192,3 +192,37 @@ def test_deltabus_and_delta_rs_read_a_partition_log_on_gcs_with_the_options_only
     assert not storage.exists(files[0])
     storage.delete_tree(root)
     assert not storage.exists(root)
+
+
+def test_cleaning_temporaries_beside_a_writer_never_fails_on_one_it_renamed(
+        tmp_path: Path) -> None:
+    """The vacuum's sweep of stale put-if-absent temporaries lists the folder while a writer
+    links and removes its own: one listed then gone is not an error (it failed a vacuum beside
+    a leader appending, in tests/log_tables/test_cleaner_commits.py)."""
+    import threading
+
+    storage = Storage(str(tmp_path))
+    done = threading.Event()
+    failures: list[BaseException] = []
+
+    def write() -> None:
+        try:
+            for version in range(5_000):
+                assert storage.put_if_absent(f"{tmp_path}/{version:020d}.json", b"{}\n")
+        except BaseException as e:
+            failures.append(e)
+        finally:
+            done.set()
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    sweeps = 0
+    try:
+        while not done.is_set():
+            assert storage.delete_stale_temporaries(str(tmp_path), 3600) == 0
+            sweeps += 1
+    finally:
+        done.set()
+        writer.join()
+    assert not failures and sweeps > 0
+    assert len(os.listdir(tmp_path)) == 5_000
