@@ -10,18 +10,16 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import dataclasses
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 from deltabus import errors
 from deltabus.cluster.handler import DeltaBusHandler
-from deltabus.metadata import MetadataImage, TopicResult
+from deltabus.metadata import TopicResult
 from deltabus.rpc.call_authentication import current_principal
 from deltabus.rpc.channel import CLIENT_ID_KEY
 from deltabus.security.acls import CLUSTER_NAME, Authorizer, Operation, ResourceType
 from deltabus.security.principal import ANONYMOUS, KafkaPrincipal
-from deltabus.topics import illegal_topic_name
 
 # What ACLs on a topic can allow (Kafka's AclEntry.supportedOperations(TOPIC)).
 TOPIC_OPERATIONS = (Operation.READ, Operation.WRITE, Operation.CREATE, Operation.DELETE,
@@ -130,46 +128,6 @@ def peer_host(context: Any) -> str:
     if kind == "ipv6":
         return rest.rpartition(":")[0].strip("[]")
     return rest.rpartition(":")[0] if kind == "ipv4" else peer
-
-
-def authorized_metadata(handler: DeltaBusHandler, access: Access, topics: list[str],
-                        allow_auto_create: bool
-                        ) -> tuple[MetadataImage, dict[str, errors.DeltaBusError]]:
-    """Kafka's Metadata under ACLs: a named topic the caller may not DESCRIBE is refused
-    (TOPIC_AUTHORIZATION_FAILED), a missing one is created only if the caller may CREATE it,
-    and a listing of every topic shows only those the caller may DESCRIBE. A name no topic may
-    have is INVALID_TOPIC_EXCEPTION, as in Kafka, and never auto-created. An auto-creation
-    the controller refuses whole (POLICY_VIOLATION) is each missing topic's answer."""
-    refused = {t: e for t in topics if (e := access.topic(Operation.DESCRIBE, t))}
-    refused.update({t: e for t in topics if t not in refused and (e := illegal_topic_name(t))})
-    named = [t for t in topics if t not in refused]
-    if topics and not named:
-        image = handler.metadata([], False)
-        return dataclasses.replace(image, topics={}), refused
-    creatable = allow_auto_create and all(access.may_create_topic(t) for t in named)
-    image = _metadata(handler, named, creatable, refused)
-    if allow_auto_create and not creatable:  # create those it may, leave the rest unknown
-        missing = [t for t in named if t not in image.topics and access.may_create_topic(t)]
-        if missing:
-            _metadata(handler, missing, True, refused)
-            image = handler.metadata(named, False)
-    if not topics:
-        shown = set(access.describable_topics(image.topics))
-        image = dataclasses.replace(
-            image, topics={n: t for n, t in image.topics.items() if n in shown})
-    return image, refused
-
-
-def _metadata(handler: DeltaBusHandler, topics: list[str], allow_auto_create: bool,
-              refused: dict[str, errors.DeltaBusError]) -> MetadataImage:
-    """`handler.metadata`; when it refuses the auto-creation (POLICY_VIOLATION: nothing was
-    created), the image as it is, and the refusal in `refused` for each topic still missing."""
-    try:
-        return handler.metadata(topics, allow_auto_create)
-    except errors.PolicyViolationError as e:
-        image = handler.metadata(topics, False)
-        refused.update({t: e for t in topics if t not in image.topics})
-        return image
 
 
 def merge_refusals(names: list[str], results: list[TopicResult],

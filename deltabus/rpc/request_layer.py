@@ -11,11 +11,13 @@ authorization matrix are how one door gets a rule the other lacks. Every rule of
 operations served here lives once, in Kafka's order; tests/rpc/test_door_equivalence.py sends
 each through both doors and checks that a principal gets the same answer from each.
 
-Served here so far: Produce, DeleteRecords, ListOffsets and OffsetForLeaderEpoch.
+Served here so far: Metadata, Produce, Fetch, DeleteRecords, ListOffsets and OffsetForLeaderEpoch.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
@@ -23,16 +25,26 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
+from deltabus import config as cfg
 from deltabus import errors
-from deltabus.cluster.handler import DeltaBusHandler
+from deltabus.cluster.handler import DeltaBusHandler, FetchResult, FetchSpec
 from deltabus.log_tables.partition_log import AppendResult
 from deltabus.log_tables.transactions import READ_COMMITTED, READ_UNCOMMITTED
-from deltabus.quotas import PRODUCER_BYTE_RATE
+from deltabus.metadata import MetadataImage
+from deltabus.quotas import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE
 from deltabus.records import ProducerState, UnpackBudget
 from deltabus.rpc import throttling
 from deltabus.rpc.access import Access
-from deltabus.rpc.request_limits import check_partition_count, duplicate_error, duplicates
+from deltabus.rpc.request_limits import (
+    check_distinct,
+    check_partition_count,
+    duplicate_error,
+    duplicates,
+)
 from deltabus.security.acls import Operation
+from deltabus.topics import illegal_topic_name
+
+log = logging.getLogger(__name__)
 
 ACKS = (0, 1, -1)
 DELETE_RECORDS_TIMEOUT_MS_DEFAULT = 30_000  # what kafka-delete-records.sh waits
@@ -126,6 +138,54 @@ class ProduceAnswer:
         return [f for p in self.partitions for f in p.appends]
 
 
+# ---- Fetch -----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class FetchRequest:
+    partitions: Sequence[FetchSpec]  # in request order, each within its own max bytes
+    max_wait_ms: int
+    min_bytes: int
+    max_bytes: int  # what the answer may carry (negative: INVALID_FETCH_SIZE)
+    isolation_level: int = READ_UNCOMMITTED
+    # Reads go this far past the limits, for a door that cuts its answer on the bytes it
+    # encodes (a Kafka record batch is smaller than the Arrow rows it is made of).
+    read_over: float = 1.0
+
+
+@dataclass
+class FetchAnswer:
+    """Every partition's read, once `reading` is done (Kafka's DelayedFetch, on which no thread
+    waits): the answer's limits are the door's to apply, on the bytes it encodes."""
+
+    partitions: list[FetchSpec]  # as asked, at the request's isolation level
+    denied: dict[str, errors.DeltaBusError]  # topic -> why it is not read
+    max_bytes: int  # the answer's byte limit, within the broker's
+    deadline_s: float  # when the read is due (its max wait and a grace)
+    reading: Future[list[FetchResult]] | None  # the allowed partitions' reads
+    read_now: Callable[[], Future[list[FetchResult]]] | None = None
+
+    @property
+    def waiting_on(self) -> list[Future[list[FetchResult]]]:
+        return [self.reading] if self.reading is not None and not self.reading.done() else []
+
+    def results(self) -> list[FetchResult]:
+        """Every partition's result in request order, waiting for the reads until the
+        deadline: the broker completes a fetch at its max wait; should it not have (a bug, or
+        reads stuck in storage), what is there now is the answer."""
+        fetched: list[FetchResult] = []
+        if self.reading is not None:
+            try:
+                fetched = self.reading.result(max(0.0, self.deadline_s - time.monotonic()))
+            except TimeoutError:
+                log.error("a delayed fetch was not completed %d ms past its max wait; "
+                          "reading at once", cfg.DELAYED_FETCH_GRACE_MS)
+                assert self.read_now is not None
+                fetched = self.read_now().result()
+        reads = iter(fetched)
+        return [FetchResult(s.topic, s.partition, error=self.denied[s.topic])
+                if s.topic in self.denied else next(reads) for s in self.partitions]
+
+
 # ---- DeleteRecords ---------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -208,6 +268,47 @@ class RequestLayer:
     def __init__(self, handler: DeltaBusHandler) -> None:
         self._handler = handler
 
+    def metadata(self, access: Access, topics: Sequence[str],
+                 allow_auto_create: bool) -> tuple[MetadataImage, dict[str, errors.DeltaBusError]]:
+        """Kafka's Metadata under ACLs: a named topic the caller may not DESCRIBE is refused
+        (TOPIC_AUTHORIZATION_FAILED), a missing one is created only if the caller may CREATE it,
+        and a listing of every topic (`topics` empty) shows only those the caller may DESCRIBE.
+        A name no topic may have is INVALID_TOPIC_EXCEPTION, as in Kafka, and never
+        auto-created. An auto-creation the controller refuses whole (POLICY_VIOLATION) is each
+        missing topic's answer."""
+        handler = self._handler
+        refused = {t: e for t in topics if (e := access.topic(Operation.DESCRIBE, t))}
+        refused.update({t: e for t in topics
+                        if t not in refused and (e := illegal_topic_name(t))})
+        named = [t for t in topics if t not in refused]
+        if topics and not named:
+            image = handler.metadata([], False)
+            return dataclasses.replace(image, topics={}), refused
+        creatable = allow_auto_create and all(access.may_create_topic(t) for t in named)
+        image = self._metadata(named, creatable, refused)
+        if allow_auto_create and not creatable:  # create those it may, leave the rest unknown
+            missing = [t for t in named if t not in image.topics and access.may_create_topic(t)]
+            if missing:
+                self._metadata(missing, True, refused)
+                image = handler.metadata(named, False)
+        if not topics:
+            shown = set(access.describable_topics(image.topics))
+            image = dataclasses.replace(
+                image, topics={n: t for n, t in image.topics.items() if n in shown})
+        return image, refused
+
+    def _metadata(self, topics: list[str], allow_auto_create: bool,
+                  refused: dict[str, errors.DeltaBusError]) -> MetadataImage:
+        """The handler's metadata; when it refuses the auto-creation (POLICY_VIOLATION: nothing
+        was created), the image as it is, and the refusal in `refused` for each topic still
+        missing."""
+        try:
+            return self._handler.metadata(topics, allow_auto_create)
+        except errors.PolicyViolationError as e:
+            image = self._handler.metadata(topics, False)
+            refused.update({t: e for t in topics if t not in image.topics})
+            return image
+
     def produce(self, access: Access, request: ProduceRequest) -> ProduceAnswer:
         """Kafka's handleProduceRequest: acks must be 0, 1 or -1 (else INVALID_REQUIRED_ACKS
         for the whole request); a request carrying a transaction's batches needs WRITE on its
@@ -254,6 +355,56 @@ class RequestLayer:
             return errors.TransactionalIdAuthorizationFailedError(
                 "a transaction's batches need the request's transactional id")
         return access.transactional_id(Operation.WRITE, request.transactional_id)
+
+    @staticmethod
+    def check_fetch(partitions: Sequence[tuple[str, int]], max_bytes: int = 0) -> None:
+        """A Fetch refused whole (nothing is read for it): a negative max bytes
+        (INVALID_FETCH_SIZE), more partitions than the limit, or one named twice
+        (INVALID_REQUEST)."""
+        if max_bytes < 0:
+            raise errors.InvalidFetchSizeError(f"max_bytes must not be negative: {max_bytes}")
+        check_distinct("Fetch", partitions)
+        check_partition_count("Fetch", len(partitions))
+
+    def fetch(self, access: Access, request: FetchRequest) -> FetchAnswer:
+        """Kafka's handleFetchRequest for a consumer: READ on each topic (a refused one is
+        answered with the refusal and not read), then the long poll of the allowed partitions
+        (up to the high watermark, or the last stable offset under read_committed), waiting up
+        to the max wait for min_bytes."""
+        self.check_fetch([(s.topic, s.partition) for s in request.partitions],
+                         request.max_bytes)
+        isolation = (READ_COMMITTED if request.isolation_level == READ_COMMITTED
+                     else READ_UNCOMMITTED)
+        specs = [s if s.isolation_level == isolation
+                 else dataclasses.replace(s, isolation_level=isolation)
+                 for s in request.partitions]
+        denied = {s.topic: e for s in specs if (e := access.topic(Operation.READ, s.topic))}
+        max_bytes = min(request.max_bytes, cfg.FETCH_RESPONSE_MAX_BYTES)
+        max_wait_ms = min(max(request.max_wait_ms, 0), cfg.FETCH_WAIT_MS_MAX)
+        answer = FetchAnswer(specs, denied, max_bytes, time.monotonic() + (
+            max_wait_ms + cfg.DELAYED_FETCH_GRACE_MS) / 1000, reading=None)
+        allowed = [s for s in specs if s.topic not in denied]
+        if not allowed:
+            return answer
+        if request.read_over != 1.0:
+            allowed = [dataclasses.replace(s, max_bytes=int(s.max_bytes * request.read_over))
+                       for s in allowed]
+        read_bytes = int(max_bytes * request.read_over)
+
+        def read(wait_ms: int, min_bytes: int) -> Future[list[FetchResult]]:
+            return self._handler.fetch_delayed(allowed, max_wait_ms=wait_ms, min_bytes=min_bytes,
+                                               max_bytes=read_bytes, replica_id=-1)
+
+        answer.reading = read(max_wait_ms, request.min_bytes)
+        answer.read_now = lambda: read(0, 0)
+        return answer
+
+    def fetch_throttle_ms(self, access: Access, carried_bytes: int) -> int:
+        """The consumer byte-rate quota on what a fetch's answer carries: over it, the answer
+        goes without its records (they are not counted, and are fetched again), as Kafka
+        answers a throttled fetch."""
+        return throttling.record(self._handler, CONSUMER_BYTE_RATE, access, carried_bytes,
+                                 unrecord_if_throttled=True)
 
     def delete_records(self, access: Access, request: DeleteRecordsRequest) -> DeleteRecordsAnswer:
         """Kafka's DeleteRecords on each partition's leader, for a principal allowed DELETE on

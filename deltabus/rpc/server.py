@@ -31,14 +31,12 @@ from deltabus.cluster.handler import (
 )
 from deltabus.listeners import ListenerBindError
 from deltabus.log_tables.partition_log import LATEST_TIMESTAMP
-from deltabus.log_tables.transactions import READ_COMMITTED, READ_UNCOMMITTED, consumed_rows
+from deltabus.log_tables.transactions import consumed_rows
 from deltabus.offsets.group_coordinator import GroupCoordinator
-from deltabus.quotas import CONSUMER_BYTE_RATE
 from deltabus.records import ProducerState, UnpackBudget
 from deltabus.rpc import codec, request_layer, status, throttling
 from deltabus.rpc.access import (
     Access,
-    authorized_metadata,
     grpc_client_id,
     merge_refusals,
     peer_host,
@@ -56,10 +54,6 @@ from deltabus.rpc.internal_servicer import (
     KafkaForwardServicer,
     ReplicaFetchServicer,
     TxnMarkersServicer,
-)
-from deltabus.rpc.request_limits import (
-    check_distinct,
-    check_partition_count,
 )
 from deltabus.rpc.schema_servicer import SchemaServicerMixin
 from deltabus.rpc.tls import grpc_server_credentials
@@ -197,9 +191,8 @@ class DeltaBusServicer(GroupServicerMixin, AclServicerMixin, TxnServicerMixin,
     @_guard
     def Metadata(self, request: pb.MetadataRequest, context: Any) -> pb.MetadataResponse:
         topics = list(request.topics)
-        image, refused = authorized_metadata(
-            self._handler, self._access(context), topics,
-            present_or(request, "allow_auto_topic_creation", True))
+        image, refused = self._requests.metadata(
+            self._access(context), topics, present_or(request, "allow_auto_topic_creation", True))
         return codec.image_to_proto(image.on_listener(self._listener), topics, refused)
 
     @_guard
@@ -233,7 +226,7 @@ class DeltaBusServicer(GroupServicerMixin, AclServicerMixin, TxnServicerMixin,
     def DescribeTopics(self, request: pb.DescribeTopicsRequest,
                        context: Any) -> pb.DescribeTopicsResponse:
         topics = list(request.topics)
-        image, refused = authorized_metadata(self._handler, self._access(context), topics, False)
+        image, refused = self._requests.metadata(self._access(context), topics, False)
         return pb.DescribeTopicsResponse(
             topics=codec.image_to_proto(image, topics, refused).topics)
 
@@ -326,46 +319,32 @@ class DeltaBusServicer(GroupServicerMixin, AclServicerMixin, TxnServicerMixin,
 
     @_guard
     def Fetch(self, request: pb.FetchRequest, context: Any) -> pb.FetchResponse:
-        max_bytes = present_or(request, "max_bytes", cfg.FETCH_MAX_BYTES)
-        if max_bytes < 0:
-            raise errors.InvalidFetchSizeError(f"max_bytes must not be negative: {max_bytes}")
-        max_bytes = min(max_bytes, cfg.FETCH_RESPONSE_MAX_BYTES)
-        check_distinct("Fetch", [(p.topic, p.partition) for p in request.partitions])
-        check_partition_count("Fetch", len(request.partitions))
         access = self._access(context)
         self._hold(access)
         started_s = time.thread_time()
-        refused = {p.topic: e for p in request.partitions
-                   if (e := access.topic(Operation.READ, p.topic))}
-        isolation = (READ_COMMITTED if request.isolation_level == READ_COMMITTED
-                     else READ_UNCOMMITTED)
-        specs = [FetchSpec(p.topic, p.partition, p.fetch_offset,
-                           max(0, present_or(p, "partition_max_bytes",
-                                             cfg.FETCH_PARTITION_MAX_BYTES)),
-                           present_or(p, "current_leader_epoch", -1), isolation_level=isolation)
-                 for p in request.partitions if p.topic not in refused]
-        max_wait_ms = min(max(present_or(request, "max_wait_ms", cfg.FETCH_MAX_WAIT_MS), 0),
-                          cfg.FETCH_WAIT_MS_MAX)
-        record_format = present_or(request, "format", pb.PROTO)
+        max_wait_ms = present_or(request, "max_wait_ms", cfg.FETCH_MAX_WAIT_MS)
         # A long poll holds this server thread while it waits (grpcio's sync server): past
         # long_polls_max of them, a Fetch answers at once with what there is (issue 17's
         # interim; the Kafka door's fetches wait with no thread).
         waits = max_wait_ms > 0 and self._long_polls.acquire(blocking=False)
         try:
-            results = self._handler.fetch(
-                specs, max_wait_ms=max_wait_ms if waits else 0, min_bytes=request.min_bytes,
-                max_bytes=max_bytes, replica_id=-1)  # followers fetch with ReplicaFetch
+            answer = self._requests.fetch(access, request_layer.FetchRequest(
+                partitions=[FetchSpec(p.topic, p.partition, p.fetch_offset,
+                                      max(0, present_or(p, "partition_max_bytes",
+                                                        cfg.FETCH_PARTITION_MAX_BYTES)),
+                                      present_or(p, "current_leader_epoch", -1))
+                            for p in request.partitions],
+                max_wait_ms=max_wait_ms if waits else 0, min_bytes=request.min_bytes,
+                max_bytes=present_or(request, "max_bytes", cfg.FETCH_MAX_BYTES),
+                isolation_level=request.isolation_level))
+            results = answer.results()
         finally:
             if waits:
                 self._long_polls.release()
-        response = pb.FetchResponse(partitions=[
-            pb.FetchPartitionResponse(topic=p.topic, partition=p.partition,
-                                      error_code=refused[p.topic].code,
-                                      error_message=refused[p.topic].message,
-                                      high_watermark=-1, log_start_offset=-1, log_end_offset=-1)
-            for p in request.partitions if p.topic in refused])
-        budget = FetchBudget(max_bytes)  # Kafka's limits, on the bytes this answer carries
-        for spec, r in zip(specs, results, strict=True):
+        record_format = present_or(request, "format", pb.PROTO)
+        response = pb.FetchResponse()
+        budget = FetchBudget(answer.max_bytes)  # Kafka's limits, on the bytes this answer carries
+        for spec, r in zip(answer.partitions, results, strict=True):
             code, message = _code(r.error)
             entry = pb.FetchPartitionResponse(
                 topic=r.topic, partition=r.partition, error_code=code, error_message=message,
@@ -382,8 +361,7 @@ class DeltaBusServicer(GroupServicerMixin, AclServicerMixin, TxnServicerMixin,
         (they do not count), as Kafka answers a throttled fetch."""
         fetched = sum(len(p.arrow_records) + sum(r.ByteSize() for r in p.records)
                       for p in response.partitions)
-        throttle_ms = throttling.record(self._handler, CONSUMER_BYTE_RATE, access, fetched,
-                                        unrecord_if_throttled=True)
+        throttle_ms = self._requests.fetch_throttle_ms(access, fetched)
         if throttle_ms:
             for p in response.partitions:
                 del p.records[:]

@@ -18,6 +18,7 @@ from typing import Any
 import grpc
 import pytest
 from kafka.record.default_records import DefaultRecordBatchBuilder
+from kafka.record.memory_records import MemoryRecords
 from kio.index import load_request_schema
 
 from deltabus import config as cfg
@@ -53,7 +54,9 @@ def _allow(resource: ResourceType, name: str, user: str, *ops: Operation) -> lis
                        Permission.ALLOW) for op in ops]
 
 
-ACLS = [*_allow(ResourceType.TOPIC, TOPIC, "alice", Operation.WRITE, Operation.DELETE),
+ACLS = [*_allow(ResourceType.TOPIC, TOPIC, "alice", Operation.WRITE, Operation.DELETE,
+               Operation.READ),
+        *_allow(ResourceType.TOPIC, "*", "alice", Operation.DESCRIBE),
         *_allow(ResourceType.TRANSACTIONAL_ID, TXN_ID, "alice", Operation.WRITE),
         *_allow(ResourceType.TOPIC, TOPIC, "carol", Operation.WRITE)]
 
@@ -273,3 +276,109 @@ def test_offset_for_leader_epoch_alike(doors: Doors) -> None:
     (alice_kafka, alice_grpc), (bob_kafka, bob_grpc) = answers
     assert alice_kafka == alice_grpc and alice_kafka[0][0] == 0 and alice_kafka[0][2] > 0
     assert bob_kafka == bob_grpc == [(errors.TopicAuthorizationFailedError.code, -1, -1)]
+
+
+# ---- Fetch -----------------------------------------------------------------------------------
+
+FETCH = 1
+FetchOutcome = list[tuple[int, int, int, list[int]]]  # partition, error, high watermark, offsets
+
+
+def _fetch_both(doors: Doors, user: str, asked: list[tuple[int, int]],
+                max_bytes: int = 1 << 20) -> tuple[FetchOutcome, FetchOutcome]:
+    """Each door's answer per partition (sorted), fetching `asked` (partition, offset) pairs
+    without waiting; a request refused whole answers every partition with its code."""
+    cls = load_request_schema(FETCH, 12)
+    kafka = doors.kafka(user, FETCH, 12, make(
+        cls, replica_id=-1, max_wait=timedelta(0), min_bytes=0, max_bytes=max_bytes,
+        isolation_level=0, session_id=0, session_epoch=-1, rack_id="", forgotten_topics_data=(),
+        topics=(nested(cls, "FetchTopic")(topic=TOPIC, partitions=tuple(
+            nested(cls, "FetchPartition")(partition=p, current_leader_epoch=-1,
+                                          fetch_offset=o, last_fetched_epoch=-1,
+                                          log_start_offset=-1, partition_max_bytes=1 << 20)
+            for p, o in asked)),)))
+    through_kafka = sorted(
+        (p.partition_index, p.error_code.value or kafka.error_code.value, p.high_watermark,
+         [r.offset for batch in _batches(p.records) for r in batch])
+        for t in kafka.responses for p in t.partitions)
+    request = pb.FetchRequest(max_wait_ms=0, max_bytes=max_bytes, partitions=[
+        pb.FetchPartition(topic=TOPIC, partition=p, fetch_offset=o) for p, o in asked])
+    try:
+        answer = doors.grpc(user, "Fetch", request)
+        through_grpc = sorted((p.partition, p.error_code, p.high_watermark,
+                               [r.offset for r in p.records]) for p in answer.partitions)
+    except grpc.RpcError as e:
+        code = error_from_rpc(e).code
+        through_grpc = sorted((p, code, -1, []) for p, _ in asked)
+    return through_kafka, through_grpc
+
+
+def _batches(records: bytes | None) -> list[Any]:
+    out, read = [], MemoryRecords(records or b"")
+    while (batch := read.next_batch()) is not None:
+        out.append(list(batch))
+    return out
+
+
+def test_fetch_allowed_and_refused_alike(doors: Doors) -> None:
+    _produce_both(doors, "alice")
+    starts = [offset for _, _, offset in
+              _list_offsets_both(doors, "alice", [(0, -2), (1, -2)])[0]]
+    kafka, through_grpc = _fetch_both(doors, "alice", [(0, starts[0]), (1, starts[1] + 1)])
+    assert kafka == through_grpc
+    assert [code for _, code, _, _ in kafka] == [0, 0]
+    assert kafka[0][3] == list(range(starts[0], kafka[0][2])) and kafka[0][3]  # every record
+    kafka, through_grpc = _fetch_both(doors, "bob", [(0, 0)])
+    assert kafka == through_grpc == [(0, errors.TopicAuthorizationFailedError.code, -1, [])]
+    kafka, through_grpc = _fetch_both(doors, "alice", [(0, 1_000_000), (9, 0)])
+    assert kafka == through_grpc
+    assert [(p, code, offsets) for p, code, _, offsets in kafka] == [
+        (0, errors.OffsetOutOfRangeError.code, []),
+        (9, errors.UnknownTopicOrPartitionError.code, [])]
+
+
+@pytest.mark.parametrize("asked, max_bytes, code", [
+    ([(0, 0), (0, 1)], 1 << 20, errors.InvalidRequestError.code),  # a partition twice
+    ([(0, 0)], -1, errors.InvalidFetchSizeError.code),
+])
+def test_a_fetch_refused_whole_is_refused_alike(doors: Doors, asked: list[tuple[int, int]],
+                                                max_bytes: int, code: int) -> None:
+    kafka, through_grpc = _fetch_both(doors, "alice", asked, max_bytes)
+    assert kafka == through_grpc == sorted((p, code, -1, []) for p, _ in asked)
+
+
+# ---- Metadata --------------------------------------------------------------------------------
+
+METADATA = 3
+
+
+Topics = list[tuple[str, int]]  # topic, error code
+
+
+def _metadata_both(doors: Doors, user: str, names: list[str] | None,
+                   auto_create: bool = False) -> tuple[Topics, Topics]:
+    """Each door's (topic, error code) entries, sorted, for a Metadata naming `names` (None:
+    every topic)."""
+    cls = load_request_schema(METADATA, 12)
+    kafka = doors.kafka(user, METADATA, 12, make(
+        cls, allow_auto_topic_creation=auto_create, include_topic_authorized_operations=False,
+        topics=None if names is None else tuple(
+            nested(cls, "MetadataRequestTopic")(topic_id=None, name=n) for n in names)))
+    through_grpc = doors.grpc(user, "Metadata", pb.MetadataRequest(
+        topics=names or [], allow_auto_topic_creation=auto_create))
+    return (sorted((t.name, t.error_code.value) for t in kafka.topics),
+            sorted((t.name, t.error_code) for t in through_grpc.topics))
+
+
+def test_metadata_shows_and_refuses_alike(doors: Doors) -> None:
+    kafka, through_grpc = _metadata_both(doors, "alice", None)
+    assert kafka == through_grpc == [(TOPIC, 0)]
+    kafka, through_grpc = _metadata_both(doors, "bob", None)
+    assert kafka == through_grpc == []  # a listing shows only what the caller may describe
+    kafka, through_grpc = _metadata_both(doors, "bob", [TOPIC])
+    assert kafka == through_grpc == [(TOPIC, errors.TopicAuthorizationFailedError.code)]
+    kafka, through_grpc = _metadata_both(doors, "alice", ["no such", "missing"],
+                                         auto_create=True)
+    assert kafka == through_grpc == [  # alice may describe any topic but create none
+        ("missing", errors.UnknownTopicOrPartitionError.code),
+        ("no such", errors.InvalidTopicError.code)]

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import logging
 import time
 import uuid
 from collections.abc import Callable
@@ -25,16 +24,14 @@ from deltabus import config as cfg
 from deltabus import errors
 from deltabus.cluster.handler import (
     DeltaBusHandler,
-    FetchResult,
     FetchSpec,
     TransactionHandler,
 )
-from deltabus.log_tables.transactions import READ_COMMITTED, READ_UNCOMMITTED
+from deltabus.log_tables.transactions import READ_UNCOMMITTED
 from deltabus.offsets.group_coordinator import GroupCoordinator
-from deltabus.quotas import CONSUMER_BYTE_RATE
 from deltabus.records import UnpackBudget
 from deltabus.rpc import request_layer, throttling
-from deltabus.rpc.access import Access, authorized_metadata, current_access
+from deltabus.rpc.access import Access, current_access
 from deltabus.rpc.fetch_size import FetchBudget
 from deltabus.rpc.kafka import (
     acl_apis,
@@ -70,13 +67,7 @@ from deltabus.rpc.kafka.frames import (
     millis,
     nested,
 )
-from deltabus.rpc.request_limits import (
-    check_distinct,
-    check_partition_count,
-)
 from deltabus.security.acls import Authorizer, Operation
-
-log = logging.getLogger(__name__)
 
 API_VERSIONS, METADATA, PRODUCE, FETCH, LIST_OFFSETS, INIT_PRODUCER_ID = 18, 3, 0, 1, 2, 22
 OFFSET_FOR_LEADER_EPOCH, DELETE_RECORDS = 23, 21
@@ -259,8 +250,8 @@ class KafkaApis:
             names = (names or []) + [id_names[i] for i in by_id if i in id_names]
             unknown_ids = [i for i in by_id if i not in id_names]
         auto_create = bool(getattr(request, "allow_auto_topic_creation", True))
-        image, denied = authorized_metadata(self._handler, current_access(), names or [],
-                                            auto_create and bool(names))
+        image, denied = self._requests.metadata(current_access(), names or [],
+                                                auto_create and bool(names))
         brokers = tuple(make(broker_cls, node_id=b.node_id, host=b.host, port=b.port,
                              rack=b.rack) for b in kafka_endpoints(image, self._listener))
         live = {b.node_id for b in brokers}
@@ -342,59 +333,39 @@ class KafkaApis:
         cls = load_response_schema(FETCH, version)
         ids, names = self._topic_ids() if version >= 13 else ({}, {})
         specs, unknown = _fetch_specs(request, names if version >= 13 else None)
-        invalid = _invalid_fetch(specs)  # refused whole: every partition answered with it
-        refused = refused or invalid
+        max_bytes = getattr(request, "max_bytes", 0) or cfg.FETCH_MAX_BYTES  # v3 and later
         access = current_access()
         context = FetchContext(specs)
-        if refused is None:
-            forgotten = [(names.get(f.topic_id, "") if version >= 13 else f.topic, p)
-                         for f in getattr(request, "forgotten_topics_data", ()) or ()
-                         for p in f.partitions]
-            context = self._sessions.context(
-                getattr(request, "session_id", INVALID_SESSION_ID),
-                getattr(request, "session_epoch", FINAL_EPOCH), specs, forgotten,
-                str(access.principal))
-            if context.error is not None:
-                return make(cls, throttle_time=NO_TIME, error_code=error_code(context.error),
-                            session_id=INVALID_SESSION_ID, responses=())
-            specs = context.specs
-        isolation = getattr(request, "isolation_level", READ_UNCOMMITTED)  # v4 and later
-        if isolation == READ_COMMITTED:  # a session's cached specs take this request's level
-            specs = [dataclasses.replace(s, isolation_level=READ_COMMITTED) for s in specs]
-        max_bytes = min(getattr(request, "max_bytes", 0) or cfg.FETCH_MAX_BYTES,  # v3 and later
-                        cfg.FETCH_RESPONSE_MAX_BYTES)
-        denied = {s.topic: e for s in specs if (e := refused or access.topic(Operation.READ,
-                                                                              s.topic))}
-        allowed = [s for s in specs if s.topic not in denied]
-        max_wait_ms = min(millis(request.max_wait), cfg.FETCH_WAIT_MS_MAX)
-        respond = functools.partial(self._fetch_response, cls, context, specs, denied,
-                                    access=access, max_bytes=max_bytes, invalid=invalid,
-                                    ids=ids, unknown=unknown)
-        if not allowed:
-            return respond([])
-        # Read over the limits, which the answer is then cut to (_fetch_response)
-        allowed = [dataclasses.replace(s, max_bytes=int(s.max_bytes * READ_OVER_LIMIT))
-                   for s in allowed]
-        read_bytes = int(max_bytes * READ_OVER_LIMIT)
-        fetched = self._handler.fetch_delayed(allowed, max_wait_ms=max_wait_ms,
-                                              min_bytes=request.min_bytes, max_bytes=read_bytes,
-                                              replica_id=-1)
-
-        def answer() -> Any:
-            # The handler completes the fetch at its max wait; should it not have (a bug, or
-            # reads stuck in storage), what is there now is the answer.
-            results = fetched
-            if not fetched.done():
-                log.error("a delayed fetch was not completed %d ms past its max wait; "
-                          "reading at once", cfg.DELAYED_FETCH_GRACE_MS)
-                results = self._handler.fetch_delayed(allowed, max_wait_ms=0, min_bytes=0,
-                                                      max_bytes=read_bytes, replica_id=-1)
-            return respond(results.result())
-
-        if fetched.done():
-            return answer()
-        return DelayedResponse([fetched], time.monotonic() + max_wait_ms / 1000
-                               + cfg.DELAYED_FETCH_GRACE_MS / 1000, answer)
+        try:
+            Access.raise_if(refused)
+            self._requests.check_fetch([(s.topic, s.partition) for s in specs], max_bytes)
+        except errors.DeltaBusError as e:  # refused whole: every partition answered with it
+            return self._fetch_response(cls, context, request_layer.FetchAnswer(
+                specs, {s.topic: e for s in specs}, max_bytes, 0.0, reading=None),
+                access=access, invalid=e if refused is None else None, ids=ids, unknown=unknown)
+        forgotten = [(names.get(f.topic_id, "") if version >= 13 else f.topic, p)
+                     for f in getattr(request, "forgotten_topics_data", ()) or ()
+                     for p in f.partitions]
+        context = self._sessions.context(
+            getattr(request, "session_id", INVALID_SESSION_ID),
+            getattr(request, "session_epoch", FINAL_EPOCH), specs, forgotten,
+            str(access.principal))
+        if context.error is not None:
+            return make(cls, throttle_time=NO_TIME, error_code=error_code(context.error),
+                        session_id=INVALID_SESSION_ID, responses=())
+        try:
+            answer = self._requests.fetch(access, request_layer.FetchRequest(
+                context.specs, max_wait_ms=millis(request.max_wait), min_bytes=request.min_bytes,
+                max_bytes=max_bytes, read_over=READ_OVER_LIMIT,
+                isolation_level=getattr(request, "isolation_level", READ_UNCOMMITTED)))  # v4+
+        except errors.DeltaBusError as e:  # a session grown past the partition limit
+            return make(cls, throttle_time=NO_TIME, error_code=error_code(e),
+                        session_id=INVALID_SESSION_ID, responses=())
+        respond = functools.partial(self._fetch_response, cls, context, answer, access=access,
+                                    invalid=None, ids=ids, unknown=unknown)
+        if not answer.waiting_on:
+            return respond()
+        return DelayedResponse(answer.waiting_on, answer.deadline_s, respond)
 
     def _fetch_codecs(self, topics: set[str]) -> dict[str, int]:
         """The codec each topic's fetch answers are compressed with (its compression.type);
@@ -422,19 +393,16 @@ class KafkaApis:
         self._topic_id_maps = (image.version, ids, names)  # one store: racing makers agree
         return ids, names
 
-    def _fetch_response(self, cls: Any, context: FetchContext, specs: list[FetchSpec],
-                        denied: dict[str, errors.DeltaBusError], fetched: list[FetchResult], *,
-                        access: Access, max_bytes: int, invalid: errors.DeltaBusError | None,
+    def _fetch_response(self, cls: Any, context: FetchContext, answer: request_layer.FetchAnswer,
+                        *, access: Access, invalid: errors.DeltaBusError | None,
                         ids: dict[str, uuid.UUID], unknown: list[tuple[uuid.UUID, int]]) -> Any:
-        """Fetch's answer from what the allowed partitions read (`fetched`, in request order),
-        within its byte limits and the consumer's quota; in a session, only what it must carry.
-        """
+        """Fetch's answer from the layer's reads, within its byte limits and the consumer's
+        quota; in a session, only what it must carry."""
         topic_cls, partition_cls = (nested(cls, n) for n in ("FetchableTopicResponse",
                                                               "PartitionData"))
-        reads = iter(fetched)
-        results = [_failed(s, denied[s.topic]) if s.topic in denied else next(reads)
-                   for s in specs]
-        budget = FetchBudget(max_bytes)  # Kafka's limits, on the record bytes this answer carries
+        specs = answer.partitions
+        results = answer.results()
+        budget = FetchBudget(answer.max_bytes)  # Kafka's limits, on the record bytes it carries
         codecs = self._fetch_codecs({s.topic for s in specs})
         encoded: dict[tuple[str, int], bytes] = {}
         for spec, r in zip(specs, results, strict=True):
@@ -449,9 +417,7 @@ class KafkaApis:
                 if codec:
                     records = batches.compress_batches(records, codec)
             encoded[(r.topic, r.partition)] = records
-        throttle_ms = throttling.record(self._handler, CONSUMER_BYTE_RATE, access,
-                                        sum(map(len, encoded.values())),
-                                        unrecord_if_throttled=True)
+        throttle_ms = self._requests.fetch_throttle_ms(access, sum(map(len, encoded.values())))
         if throttle_ms:  # Kafka's throttled fetch: no records, the same offsets next time
             self._sessions.discard(context)
             return make(cls, throttle_time=timedelta(milliseconds=throttle_ms),
@@ -598,16 +564,6 @@ def _by_topic_id(partitions: list[tuple[uuid.UUID, int]]) -> dict[uuid.UUID, lis
     return out
 
 
-def _invalid_fetch(specs: list[FetchSpec]) -> errors.DeltaBusError | None:
-    """INVALID_REQUEST for a Fetch naming too many partitions or one twice, else None."""
-    try:
-        check_distinct("Fetch", [(s.topic, s.partition) for s in specs])
-        check_partition_count("Fetch", len(specs))
-    except errors.DeltaBusError as e:
-        return e
-    return None
-
-
 def _request_batches(records: bytes,
                      budget: UnpackBudget) -> list[request_layer.RequestBatch]:
     """A partition's record batches, for the request layer (which calls this only once the
@@ -662,7 +618,3 @@ def _delete_records_response(cls: Any, answer: request_layer.DeleteRecordsAnswer
             error_code=error_code(error)))
     return make(cls, throttle_time=NO_TIME, topics=tuple(
         make(topic_cls, name=name, partitions=tuple(parts)) for name, parts in by_topic.items()))
-
-
-def _failed(spec: FetchSpec, error: errors.DeltaBusError) -> FetchResult:
-    return FetchResult(spec.topic, spec.partition, error=error)
