@@ -1,9 +1,10 @@
 """gRPC servicer methods of the ACL calls (Kafka's CreateAcls, DescribeAcls, DeleteAcls): decode,
 check the caller, call the handler, encode.
 
-The checks are Kafka's: Create and Delete need ALTER on the cluster, Describe DESCRIBE; a refused
-Create or Delete answers every creation or filter with CLUSTER_AUTHORIZATION_FAILED and changes
-nothing, a refused Describe carries it as the response's error. A broker forwards Create and
+The checks are the request layer's (rpc/admin_requests.py CLUSTER_ACTIONS, Kafka's): Create
+and Delete need ALTER on the cluster, Describe DESCRIBE; a refused Create or Delete answers
+every creation or filter with CLUSTER_AUTHORIZATION_FAILED and changes nothing, a refused
+Describe carries it as the response's error. A broker forwards Create and
 Delete to the controller on the caller's behalf and answers Describe from its own metadata.
 """
 
@@ -15,20 +16,21 @@ from deltabus import errors
 from deltabus.cluster.handler import DeltaBusHandler
 from deltabus.rpc import codec, status
 from deltabus.rpc.access import Access
+from deltabus.rpc.request_layer import RequestLayer
 from deltabus.rpc.v1 import deltabus_pb2 as pb
-from deltabus.security.acls import Operation
 
 
 class AclServicerMixin:
     """The ACL calls of `DeltaBusServicer`; `_handler` is the controller's or a broker's."""
 
     _handler: DeltaBusHandler
+    _requests: RequestLayer
 
     def _access(self, context: Any) -> Access:  # DeltaBusServicer's
         raise NotImplementedError
 
     def CreateAcls(self, request: pb.CreateAclsRequest, context: Any) -> pb.CreateAclsResponse:
-        refusal = self._access(context).cluster(Operation.ALTER)
+        refusal = self._requests.admin.cluster_refusal(self._access(context), "CreateAcls")
         if refusal is not None:
             return codec.create_acls_response([refusal for _ in request.creations])
         creations = [codec.acl_creation_from_proto(c) for c in request.creations]
@@ -39,7 +41,7 @@ class AclServicerMixin:
 
     def DescribeAcls(self, request: pb.DescribeAclsRequest,
                      context: Any) -> pb.DescribeAclsResponse:
-        refusal = self._access(context).cluster(Operation.DESCRIBE)
+        refusal = self._requests.admin.cluster_refusal(self._access(context), "DescribeAcls")
         if refusal is not None:
             return codec.describe_acls_response(refusal)
         try:
@@ -49,7 +51,7 @@ class AclServicerMixin:
             return codec.describe_acls_response(e)
 
     def DeleteAcls(self, request: pb.DeleteAclsRequest, context: Any) -> pb.DeleteAclsResponse:
-        refusal = self._access(context).cluster(Operation.ALTER)
+        refusal = self._requests.admin.cluster_refusal(self._access(context), "DeleteAcls")
         if refusal is not None:
             return codec.delete_acls_response([refusal for _ in request.filters])
         filters = [codec.acl_filter_from_proto(f) for f in request.filters]

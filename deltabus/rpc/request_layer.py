@@ -11,7 +11,9 @@ authorization matrix are how one door gets a rule the other lacks. Every rule of
 operations served here lives once, in Kafka's order; tests/rpc/test_door_equivalence.py sends
 each through both doors and checks that a principal gets the same answer from each.
 
-Served here so far: Metadata, Produce, Fetch, DeleteRecords, ListOffsets and OffsetForLeaderEpoch.
+Served here so far: Metadata, Produce, Fetch, DeleteRecords, ListOffsets and OffsetForLeaderEpoch;
+the admin calls in `admin` (rpc/admin_requests.py), the transaction calls in `txn`
+(rpc/txn_requests.py), the group calls in `groups` (rpc/group_requests.py).
 """
 
 from __future__ import annotations
@@ -27,20 +29,29 @@ import pyarrow as pa
 
 from deltabus import config as cfg
 from deltabus import errors
-from deltabus.cluster.handler import DeltaBusHandler, FetchResult, FetchSpec
+from deltabus.cluster.handler import (
+    DeltaBusHandler,
+    FetchResult,
+    FetchSpec,
+    TransactionHandler,
+)
 from deltabus.log_tables.partition_log import AppendResult
 from deltabus.log_tables.transactions import READ_COMMITTED, READ_UNCOMMITTED
 from deltabus.metadata import MetadataImage
+from deltabus.offsets.group_coordinator import GroupCoordinator
 from deltabus.quotas import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE
 from deltabus.records import ProducerState, UnpackBudget
 from deltabus.rpc import throttling
 from deltabus.rpc.access import Access
+from deltabus.rpc.admin_requests import AdminRequests
+from deltabus.rpc.group_requests import GroupRequests
 from deltabus.rpc.request_limits import (
     check_distinct,
     check_partition_count,
     duplicate_error,
     duplicates,
 )
+from deltabus.rpc.txn_requests import TxnRequests
 from deltabus.security.acls import Operation
 from deltabus.topics import illegal_topic_name
 
@@ -265,8 +276,14 @@ class RequestLayer:
     """Validates, authorizes and carries out the requests of both doors for one node's
     handler (a broker, or the controller behind the bootstrap listener). Thread-safe."""
 
-    def __init__(self, handler: DeltaBusHandler) -> None:
+    def __init__(self, handler: DeltaBusHandler, groups: GroupCoordinator | None = None,
+                 transactions: TransactionHandler | None = None) -> None:
+        """`groups` and `transactions`: the group and transaction coordinators, where this
+        server has them (the driver's)."""
         self._handler = handler
+        self.admin = AdminRequests(handler)
+        self.txn = TxnRequests(handler, transactions, groups)
+        self.groups = GroupRequests(groups, transactions)
 
     def metadata(self, access: Access, topics: Sequence[str],
                  allow_auto_create: bool) -> tuple[MetadataImage, dict[str, errors.DeltaBusError]]:

@@ -34,11 +34,10 @@ from deltabus.log_tables.partition_log import LATEST_TIMESTAMP
 from deltabus.log_tables.transactions import consumed_rows
 from deltabus.offsets.group_coordinator import GroupCoordinator
 from deltabus.records import ProducerState, UnpackBudget
-from deltabus.rpc import codec, request_layer, status, throttling
+from deltabus.rpc import admin_requests, codec, request_layer, status, throttling, txn_requests
 from deltabus.rpc.access import (
     Access,
     grpc_client_id,
-    merge_refusals,
     peer_host,
 )
 from deltabus.rpc.acl_servicer import AclServicerMixin
@@ -61,25 +60,10 @@ from deltabus.rpc.txn_servicer import TxnServicerMixin
 from deltabus.rpc.v1 import deltabus_pb2 as pb
 from deltabus.rpc.v1 import deltabus_pb2_grpc as pb_grpc
 from deltabus.rpc.v1 import internal_pb2_grpc as ipb_grpc
-from deltabus.security.acls import Operation
 
 log = logging.getLogger(__name__)
 
 PLAINTEXT = cfg.ListenerSecurity()
-
-def _refuse_other_resources(resources: Any, add: Callable[..., Any]) -> None:
-    """Answer every config resource that is not a topic with INVALID_REQUEST (`add` appends a
-    result to the response)."""
-    for r in resources:
-        if r.resource_type == codec.TOPIC_RESOURCE:
-            continue
-        error = errors.InvalidRequestError(
-            "deltabus brokers take their configs when the cluster starts (deltabus cluster "
-            "start); only topics have dynamic configs" if r.resource_type == 4  # BROKER
-            else f"unsupported config resource type {r.resource_type}")
-        add(error_code=error.code, error_message=error.message, resource_type=r.resource_type,
-            resource_name=r.resource_name)
-
 
 def _guard(method: Callable) -> Callable:
     """Request-level DeltaBusErrors become a gRPC status; anything else is a server bug."""
@@ -154,7 +138,7 @@ class DeltaBusServicer(GroupServicerMixin, AclServicerMixin, TxnServicerMixin,
         self._transactions = transactions
         self._listener = listener
         self._long_polls = threading.BoundedSemaphore(max(1, long_polls_max))
-        self._requests = request_layer.RequestLayer(handler)
+        self._requests = request_layer.RequestLayer(handler, groups, transactions)
 
     def _access(self, context: Any) -> Access:
         """Who is calling (rpc.call_authentication) and what the cluster's ACLs let them do."""
@@ -171,13 +155,8 @@ class DeltaBusServicer(GroupServicerMixin, AclServicerMixin, TxnServicerMixin,
     def FindCoordinator(self, request: pb.FindCoordinatorRequest,
                         context: Any) -> pb.FindCoordinatorResponse:
         try:
-            if request.key_type not in (0, 1):
-                raise errors.InvalidRequestError(
-                    f"unknown coordinator key type {request.key_type} (0: group, "
-                    "1: transactional id)")
-            access = self._access(context)
-            Access.raise_if(access.group(Operation.DESCRIBE, request.key) if request.key_type == 0
-                            else access.transactional_id(Operation.DESCRIBE, request.key))
+            self._requests.groups.check_find_coordinator(self._access(context), request.key,
+                                                         request.key_type)
             node = self._handler.find_coordinator(request.key)
         except errors.DeltaBusError as e:
             return pb.FindCoordinatorResponse(error_code=e.code, error_message=e.message)
@@ -198,29 +177,17 @@ class DeltaBusServicer(GroupServicerMixin, AclServicerMixin, TxnServicerMixin,
     @_guard
     def CreateTopics(self, request: pb.CreateTopicsRequest,
                      context: Any) -> pb.CreateTopicsResponse:
-        access = self._access(context)
-        topics = [codec.new_topic_from_proto(t) for t in request.topics]
-        allowed = [t for t in topics if access.may_create_topic(t.name)]
-        results = self._handler.create_topics(
-            allowed, timeout_ms=_admin_timeout_ms(request),
-            validate_only=request.validate_only) if allowed else []
-        refused = {t.name: errors.TopicAuthorizationFailedError(
-            f"Not authorized to create topic: {t.name}") for t in topics if t not in allowed}
-        return pb.CreateTopicsResponse(topics=[
-            codec.topic_result_to_proto(r)
-            for r in merge_refusals([t.name for t in topics], results, refused)])
+        results = self._requests.admin.create_topics(
+            self._access(context), [codec.new_topic_from_proto(t) for t in request.topics],
+            _admin_timeout_ms(request), request.validate_only)
+        return pb.CreateTopicsResponse(topics=[codec.topic_result_to_proto(r) for r in results])
 
     @_guard
     def DeleteTopics(self, request: pb.DeleteTopicsRequest,
                      context: Any) -> pb.DeleteTopicsResponse:
-        access = self._access(context)
-        refused = {t: e for t in request.topics if (e := access.topic(Operation.DELETE, t))}
-        allowed = [t for t in request.topics if t not in refused]
-        results = self._handler.delete_topics(
-            allowed, timeout_ms=_admin_timeout_ms(request)) if allowed else []
-        return pb.DeleteTopicsResponse(topics=[codec.topic_result_to_proto(r) for r in
-                                               merge_refusals(list(request.topics), results,
-                                                              refused)])
+        results = self._requests.admin.delete_topics(self._access(context), list(request.topics),
+                                                     _admin_timeout_ms(request))
+        return pb.DeleteTopicsResponse(topics=[codec.topic_result_to_proto(r) for r in results])
 
     @_guard
     def DescribeTopics(self, request: pb.DescribeTopicsRequest,
@@ -233,56 +200,43 @@ class DeltaBusServicer(GroupServicerMixin, AclServicerMixin, TxnServicerMixin,
     @_guard
     def CreatePartitions(self, request: pb.CreatePartitionsRequest,
                          context: Any) -> pb.CreatePartitionsResponse:
-        access = self._access(context)
-        refused = {t.name: e for t in request.topics
-                   if (e := access.topic(Operation.ALTER, t.name))}
-        counts = {t.name: t.count for t in request.topics if t.name not in refused}
-        results = self._handler.create_partitions(
-            counts, timeout_ms=_admin_timeout_ms(request),
-            validate_only=request.validate_only) if counts else []
-        return pb.CreatePartitionsResponse(topics=[codec.topic_result_to_proto(r) for r in
-                                                   merge_refusals([t.name for t in request.topics],
-                                                                  results, refused)])
+        results = self._requests.admin.create_partitions(
+            self._access(context), [(t.name, t.count) for t in request.topics],
+            _admin_timeout_ms(request), request.validate_only)
+        return pb.CreatePartitionsResponse(topics=[codec.topic_result_to_proto(r)
+                                                   for r in results])
 
     @_guard
     def DescribeConfigs(self, request: pb.DescribeConfigsRequest,
                         context: Any) -> pb.DescribeConfigsResponse:
-        access = self._access(context)
-        named = [r.resource_name for r in request.resources
-                 if r.resource_type == codec.TOPIC_RESOURCE]
-        topics = [t for t in named if access.topic(Operation.DESCRIBE_CONFIGS, t) is None]
-        results = self._handler.describe_configs(topics) if topics else {}
-        results.update({t: access.topic(Operation.DESCRIBE_CONFIGS, t) for t in named
-                        if t not in topics})
-        response = codec.describe_configs_response(results)
-        wanted = {r.resource_name: set(r.configuration_keys) for r in request.resources
-                  if r.resource_type == codec.TOPIC_RESOURCE and r.configuration_keys}
-        for result in response.results:
-            keys = wanted.get(result.resource_name)
-            if keys:
-                kept = [c for c in result.configs if c.name in keys]
-                del result.configs[:]
-                result.configs.extend(kept)
-        _refuse_other_resources(request.resources, response.results.add)
+        found = self._requests.admin.describe_configs(
+            self._access(context), [(r.resource_type, r.resource_name) for r in request.resources])
+        response = pb.DescribeConfigsResponse()
+        for r in request.resources:
+            result = found.get((r.resource_type, r.resource_name))
+            if result is None:
+                continue  # named twice: answered once
+            keys = set(r.configuration_keys)
+            one = codec.describe_configs_response({r.resource_name: result if isinstance(
+                result, errors.DeltaBusError) else [e for e in result
+                                                     if not keys or e.name in keys]}).results[0]
+            one.resource_type = r.resource_type
+            response.results.append(one)
+            del found[(r.resource_type, r.resource_name)]
         return response
 
     @_guard
     def IncrementalAlterConfigs(self, request: pb.IncrementalAlterConfigsRequest,
                                 context: Any) -> pb.IncrementalAlterConfigsResponse:
-        changes = {r.resource_name: codec.alter_configs_changes(r) for r in request.resources
-                   if r.resource_type == codec.TOPIC_RESOURCE}
-        if len(changes) < sum(1 for r in request.resources
-                              if r.resource_type == codec.TOPIC_RESOURCE):
-            raise errors.InvalidRequestError("a topic appears twice in the request")
-        access = self._access(context)
-        refused = {t: e for t in changes if (e := access.topic(Operation.ALTER_CONFIGS, t))}
-        allowed = {t: c for t, c in changes.items() if t not in refused}
-        results = (self._handler.alter_configs(allowed, validate_only=request.validate_only)
-                   if allowed else {})
-        results.update(refused)
-        response = codec.alter_configs_response(results)
-        _refuse_other_resources(request.resources, response.responses.add)
-        return response
+        results = self._requests.admin.alter_configs(self._access(context), [
+            admin_requests.ConfigChange(r.resource_type, r.resource_name,
+                                        codec.alter_configs_changes(r))
+            for r in request.resources], request.validate_only)
+        return pb.IncrementalAlterConfigsResponse(responses=[
+            pb.AlterConfigsResourceResponse(
+                error_code=e.code if e else 0, error_message=e.message if e else "",
+                resource_type=resource_type, resource_name=name)
+            for (resource_type, name), e in results.items()])
 
     @_guard
     def Produce(self, request: pb.ProduceRequest, context: Any) -> pb.ProduceResponse:
@@ -423,16 +377,15 @@ class DeltaBusServicer(GroupServicerMixin, AclServicerMixin, TxnServicerMixin,
                        context: Any) -> pb.InitProducerIdResponse:
         if request.HasField("transaction_timeout_ms"):
             return self._init_transactions(request, context)
-        access = self._access(context)
-        Access.raise_if(access.init_producer_id(request.transactional_id))
-        producer_id, epoch = self._handler.init_producer_id(request.transactional_id,
-                                                            access.principal)
+        producer_id, epoch = self._requests.txn.init_producer_id(
+            self._access(context), txn_requests.InitProducerIdRequest(request.transactional_id))
         return pb.InitProducerIdResponse(producer_id=producer_id, producer_epoch=epoch)
 
     @_guard
     def ElectLeaders(self, request: pb.ElectLeadersRequest,
                      context: Any) -> pb.ElectLeadersResponse:
-        Access.raise_if(self._access(context).cluster(Operation.ALTER))
+        Access.raise_if(self._requests.admin.cluster_refusal(self._access(context),
+                                                          "ElectLeaders"))
         election_type = "unclean" if request.election_type == pb.UNCLEAN else "preferred"
         partitions = [(tp.topic, p) for tp in request.topic_partitions for p in tp.partitions]
         results = self._handler.elect_leaders(election_type, partitions or None)
@@ -441,14 +394,16 @@ class DeltaBusServicer(GroupServicerMixin, AclServicerMixin, TxnServicerMixin,
     @_guard
     def AlterPartitionReassignments(self, request: pb.AlterPartitionReassignmentsRequest,
                                     context: Any) -> pb.AlterPartitionReassignmentsResponse:
-        Access.raise_if(self._access(context).cluster(Operation.ALTER))
+        Access.raise_if(self._requests.admin.cluster_refusal(self._access(context),
+                                                          "AlterPartitionReassignments"))
         results = self._handler.reassign_partitions(codec.reassignment_targets(request))
         return pb.AlterPartitionReassignmentsResponse(results=codec.partition_results(results))
 
     @_guard
     def AlterUserScramCredentials(self, request: pb.AlterUserScramCredentialsRequest,
                                   context: Any) -> pb.AlterUserScramCredentialsResponse:
-        Access.raise_if(self._access(context).cluster(Operation.ALTER))
+        Access.raise_if(self._requests.admin.cluster_refusal(self._access(context),
+                                                          "AlterUserScramCredentials"))
         deletions, upsertions = codec.scram_alterations(request)
         return codec.alter_scram_response(
             self._handler.alter_user_scram_credentials(deletions, upsertions))
@@ -456,7 +411,8 @@ class DeltaBusServicer(GroupServicerMixin, AclServicerMixin, TxnServicerMixin,
     @_guard
     def DescribeUserScramCredentials(self, request: pb.DescribeUserScramCredentialsRequest,
                                      context: Any) -> pb.DescribeUserScramCredentialsResponse:
-        Access.raise_if(self._access(context).cluster(Operation.DESCRIBE))
+        Access.raise_if(self._requests.admin.cluster_refusal(self._access(context),
+                                                          "DescribeUserScramCredentials"))
         return codec.describe_scram_response(
             self._handler.describe_user_scram_credentials(list(request.users) or None))
 
@@ -464,7 +420,8 @@ class DeltaBusServicer(GroupServicerMixin, AclServicerMixin, TxnServicerMixin,
     def AlterClientQuotas(self, request: pb.AlterClientQuotasRequest,
                           context: Any) -> pb.AlterClientQuotasResponse:
         alterations = codec.quota_alterations(request)
-        refused = self._access(context).cluster(Operation.ALTER_CONFIGS)
+        refused = self._requests.admin.cluster_refusal(self._access(context),
+                                                       "AlterClientQuotas")
         results = ([refused for _ in alterations] if refused is not None
                    else self._handler.alter_client_quotas(
                        alterations, validate_only=request.validate_only))
@@ -473,7 +430,8 @@ class DeltaBusServicer(GroupServicerMixin, AclServicerMixin, TxnServicerMixin,
     @_guard
     def DescribeClientQuotas(self, request: pb.DescribeClientQuotasRequest,
                              context: Any) -> pb.DescribeClientQuotasResponse:
-        Access.raise_if(self._access(context).cluster(Operation.DESCRIBE_CONFIGS))
+        Access.raise_if(self._requests.admin.cluster_refusal(self._access(context),
+                                                          "DescribeClientQuotas"))
         try:
             found = self._handler.describe_client_quotas(
                 [codec.quota_filter_from_proto(c) for c in request.components], request.strict)

@@ -57,6 +57,12 @@ def _allow(resource: ResourceType, name: str, user: str, *ops: Operation) -> lis
 ACLS = [*_allow(ResourceType.TOPIC, TOPIC, "alice", Operation.WRITE, Operation.DELETE,
                Operation.READ),
         *_allow(ResourceType.TOPIC, "*", "alice", Operation.DESCRIBE),
+        *[AclBinding(ResourceType.GROUP, "pay", PatternType.PREFIXED, "User:alice", "*", op,
+                     Permission.ALLOW) for op in (Operation.READ, Operation.DELETE)],
+        *[AclBinding(ResourceType.TOPIC, "adm-", PatternType.PREFIXED, "User:alice", "*", op,
+                     Permission.ALLOW)
+          for op in (Operation.CREATE, Operation.DELETE, Operation.ALTER,
+                     Operation.DESCRIBE_CONFIGS, Operation.ALTER_CONFIGS)],
         *_allow(ResourceType.TRANSACTIONAL_ID, TXN_ID, "alice", Operation.WRITE),
         *_allow(ResourceType.TOPIC, TOPIC, "carol", Operation.WRITE)]
 
@@ -382,3 +388,399 @@ def test_metadata_shows_and_refuses_alike(doors: Doors) -> None:
     assert kafka == through_grpc == [  # alice may describe any topic but create none
         ("missing", errors.UnknownTopicOrPartitionError.code),
         ("no such", errors.InvalidTopicError.code)]
+
+
+# ---- Transactions ----------------------------------------------------------------------------
+# The fake cluster's server is a broker, not the transaction coordinator: an allowed call gets
+# NOT_COORDINATOR through both doors, a refused one its refusal first.
+
+INIT_PRODUCER_ID, ADD_PARTITIONS_TO_TXN, ADD_OFFSETS_TO_TXN, END_TXN = 22, 24, 25, 26
+TXN_OFFSET_COMMIT, DESCRIBE_TRANSACTIONS, LIST_TRANSACTIONS = 28, 65, 66
+TXN = dict(transactional_id=TXN_ID, producer_id=PRODUCER_ID, producer_epoch=0)
+
+
+def _init_both(doors: Doors, user: str, transactional: bool) -> tuple[int, int]:
+    cls = load_request_schema(INIT_PRODUCER_ID, 4)
+    kafka = doors.kafka(user, INIT_PRODUCER_ID, 4, make(
+        cls, transactional_id=TXN_ID if transactional else None,
+        transaction_timeout=timedelta(seconds=60), producer_id=-1, producer_epoch=-1))
+    request = pb.InitProducerIdRequest()
+    if transactional:
+        request.transactional_id, request.transaction_timeout_ms = TXN_ID, 60_000
+    try:
+        code = doors.grpc(user, "InitProducerId", request).error_code
+    except grpc.RpcError as e:
+        code = error_from_rpc(e).code
+    return kafka.error_code.value, code
+
+
+@pytest.mark.parametrize("user, transactional, code", [
+    ("alice", False, 0),
+    ("bob", False, errors.ClusterAuthorizationFailedError.code),
+    ("alice", True, errors.NotCoordinatorError.code),
+    ("bob", True, errors.TransactionalIdAuthorizationFailedError.code),
+])
+def test_init_producer_id_alike(doors: Doors, user: str, transactional: bool,
+                                code: int) -> None:
+    assert _init_both(doors, user, transactional) == (code, code)
+
+
+def _add_partitions_both(doors: Doors, user: str, topics: list[str]) -> tuple[Outcomes, Outcomes]:
+    cls = load_request_schema(ADD_PARTITIONS_TO_TXN, 3)
+    kafka = doors.kafka(user, ADD_PARTITIONS_TO_TXN, 3, make(
+        cls, v3_and_below_transactional_id=TXN_ID, v3_and_below_producer_id=PRODUCER_ID,
+        v3_and_below_producer_epoch=0, v3_and_below_topics=tuple(
+            nested(cls, "AddPartitionsToTxnTopic")(name=t, partitions=(0,)) for t in topics)))
+    through_grpc = doors.grpc(user, "AddPartitionsToTxn", pb.AddPartitionsToTxnRequest(
+        topic_partitions=[pb.TopicPartitions(topic=t, partitions=[0]) for t in topics], **TXN))
+    return (sorted((t.name, p.partition_error_code.value)
+                   for t in kafka.results_by_topic_v3_and_below for p in t.results_by_partition),
+            sorted((r.topic, r.error_code) for r in through_grpc.results))
+
+
+Outcomes = list[tuple[str, int]]  # topic, error code
+
+
+def test_add_partitions_to_txn_alike(doors: Doors) -> None:
+    kafka, through_grpc = _add_partitions_both(doors, "alice", [TOPIC, "secret"])
+    assert kafka == through_grpc == [(TOPIC, errors.OperationNotAttemptedError.code),
+                                     ("secret", errors.TopicAuthorizationFailedError.code)]
+    kafka, through_grpc = _add_partitions_both(doors, "alice", [TOPIC])
+    assert kafka == through_grpc == [(TOPIC, errors.NotCoordinatorError.code)]
+    kafka, through_grpc = _add_partitions_both(doors, "bob", [TOPIC, "secret"])
+    assert kafka == through_grpc == [
+        (t, errors.TransactionalIdAuthorizationFailedError.code) for t in (TOPIC, "secret")]
+
+
+@pytest.mark.parametrize("user, group, code", [
+    ("alice", "ledger", errors.GroupAuthorizationFailedError.code),  # alice may not READ it
+    ("bob", "ledger", errors.TransactionalIdAuthorizationFailedError.code),
+])
+def test_add_offsets_and_txn_offset_commit_alike(doors: Doors, user: str, group: str,
+                                                 code: int) -> None:
+    cls = load_request_schema(ADD_OFFSETS_TO_TXN, 3)
+    kafka = doors.kafka(user, ADD_OFFSETS_TO_TXN, 3, make(cls, group_id=group, **TXN))
+    through_grpc = doors.grpc(user, "AddOffsetsToTxn",
+                              pb.AddOffsetsToTxnRequest(group_id=group, **TXN))
+    assert kafka.error_code.value == through_grpc.error_code == code
+    cls = load_request_schema(TXN_OFFSET_COMMIT, 3)
+    kafka = doors.kafka(user, TXN_OFFSET_COMMIT, 3, make(
+        cls, group_id=group, generation_id=-1, member_id="", group_instance_id=None,
+        topics=(nested(cls, "TxnOffsetCommitRequestTopic")(name=TOPIC, partitions=(
+            nested(cls, "TxnOffsetCommitRequestPartition")(
+                partition_index=0, committed_offset=1, committed_leader_epoch=-1,
+                committed_metadata=""),)),), **TXN))
+    through_grpc = doors.grpc(user, "TxnOffsetCommit", pb.TxnOffsetCommitRequest(
+        group_id=group, partitions=[pb.OffsetCommitPartition(
+            topic=TOPIC, partition=0, committed_offset=1)], **TXN))
+    assert ([p.error_code.value for t in kafka.topics for p in t.partitions]
+            == [r.error_code for r in through_grpc.results] == [code])
+
+
+@pytest.mark.parametrize("user, code", [
+    ("alice", errors.NotCoordinatorError.code),
+    ("bob", errors.TransactionalIdAuthorizationFailedError.code),
+])
+def test_end_txn_and_describe_transactions_alike(doors: Doors, user: str, code: int) -> None:
+    cls = load_request_schema(END_TXN, 3)
+    kafka = doors.kafka(user, END_TXN, 3, make(cls, committed=True, **TXN))
+    through_grpc = doors.grpc(user, "EndTxn", pb.EndTxnRequest(committed=True, **TXN))
+    assert kafka.error_code.value == through_grpc.error_code == code
+    cls = load_request_schema(DESCRIBE_TRANSACTIONS, 0)
+    kafka = doors.kafka(user, DESCRIBE_TRANSACTIONS, 0, make(cls, transactional_ids=(TXN_ID,)))
+    through_grpc = doors.grpc(user, "DescribeTransactions",
+                              pb.DescribeTransactionsRequest(transactional_ids=[TXN_ID]))
+    assert ([t.error_code.value for t in kafka.transaction_states]
+            == [t.error_code for t in through_grpc.transactions] == [code])
+    cls = load_request_schema(LIST_TRANSACTIONS, 0)
+    kafka = doors.kafka(user, LIST_TRANSACTIONS, 0, make(cls, state_filters=(),
+                                                        producer_id_filters=()))
+    through_grpc = doors.grpc(user, "ListTransactions", pb.ListTransactionsRequest())
+    assert (kafka.error_code.value, list(kafka.transaction_states)) == (0, [])
+    assert list(through_grpc.transactions) == []
+
+
+# ---- Groups ----------------------------------------------------------------------------------
+# alice may READ and DELETE the groups named pay*; bob no group. Broker 0 of the fake cluster
+# is the group coordinator.
+
+(FIND_COORDINATOR, JOIN_GROUP, SYNC_GROUP, HEARTBEAT, LEAVE_GROUP, OFFSET_COMMIT, OFFSET_FETCH,
+ LIST_GROUPS, DESCRIBE_GROUPS, DELETE_GROUPS) = 10, 11, 14, 12, 13, 8, 9, 16, 15, 42
+GROUP_AUTH = errors.GroupAuthorizationFailedError.code
+TOPIC_AUTH = errors.TopicAuthorizationFailedError.code
+
+
+def _commit_both(doors: Doors, user: str, group: str, offset: int
+                 ) -> tuple[Outcomes, Outcomes]:
+    """Each door's (topic, error code) per partition committed: `offset` on orders-0 and on
+    secret-0, as an admin commits (no member)."""
+    topics = (TOPIC, "secret")
+    cls = load_request_schema(OFFSET_COMMIT, 8)
+    kafka = doors.kafka(user, OFFSET_COMMIT, 8, make(
+        cls, group_id=group, generation_id_or_member_epoch=-1, member_id="",
+        group_instance_id=None, topics=tuple(nested(cls, "OffsetCommitRequestTopic")(
+            name=t, partitions=(nested(cls, "OffsetCommitRequestPartition")(
+                partition_index=0, committed_offset=offset, committed_leader_epoch=-1,
+                committed_metadata=""),)) for t in topics)))
+    through_grpc = doors.grpc(user, "OffsetCommit", pb.OffsetCommitRequest(
+        group_id=group, partitions=[pb.OffsetCommitPartition(
+            topic=t, partition=0, committed_offset=offset) for t in topics]))
+    return (sorted((t.name, p.error_code.value) for t in kafka.topics for p in t.partitions),
+            sorted((r.topic, r.error_code) for r in through_grpc.results))
+
+
+def _fetch_offsets_both(doors: Doors, user: str, group: str
+                        ) -> tuple[tuple[int, list[tuple[str, int]]],
+                                   tuple[int, list[tuple[str, int]]]]:
+    """Each door's (whole-request error code, [(topic, offset)]) for orders-0 and secret-0."""
+    cls = load_request_schema(OFFSET_FETCH, 7)
+    kafka = doors.kafka(user, OFFSET_FETCH, 7, make(
+        cls, group_id=group, require_stable=False, topics=tuple(
+            nested(cls, "OffsetFetchRequestTopic")(name=t, partition_indexes=(0,))
+            for t in (TOPIC, "secret"))))
+    through_grpc = doors.grpc(user, "OffsetFetch", pb.OffsetFetchRequest(
+        group_id=group, topic_partitions=[pb.TopicPartitions(topic=t, partitions=[0])
+                                          for t in (TOPIC, "secret")]))
+    return ((kafka.error_code.value, [] if kafka.error_code.value else sorted(
+                (t.name, p.committed_offset) for t in kafka.topics for p in t.partitions)),
+            (through_grpc.error_code, sorted((p.topic, p.committed_offset)
+                                             for p in through_grpc.partitions)))
+
+
+def test_offset_commit_and_fetch_alike(doors: Doors) -> None:
+    kafka, through_grpc = _commit_both(doors, "alice", "payments", 5)
+    assert kafka == through_grpc == [(TOPIC, 0), ("secret", TOPIC_AUTH)]  # READ on orders only
+    kafka, through_grpc = _commit_both(doors, "bob", "payments", 6)
+    assert kafka == through_grpc == [(TOPIC, GROUP_AUTH), ("secret", GROUP_AUTH)]
+    kafka, through_grpc = _commit_both(doors, "alice", "other", 6)
+    assert kafka == through_grpc == [(TOPIC, GROUP_AUTH), ("secret", GROUP_AUTH)]
+    kafka, through_grpc = _fetch_offsets_both(doors, "alice", "payments")
+    assert kafka == through_grpc == (0, [(TOPIC, 5), ("secret", -1)])
+    kafka, through_grpc = _fetch_offsets_both(doors, "bob", "payments")
+    assert kafka == through_grpc == (GROUP_AUTH, [])
+
+
+def test_the_limits_of_a_commit_come_before_the_group_refusal_through_both(
+        doors: Doors) -> None:
+    """A refusal names the group in every partition's answer, so a group id past its limit is
+    refused for that first, through both doors (what the gRPC door did, the Kafka door not)."""
+    group = "pay" + "x" * cfg.GROUP_ID_LENGTH_MAX  # longer than group ids may be
+    for user in ("alice", "bob"):
+        kafka, through_grpc = _commit_both(doors, user, group, 1)
+        assert kafka == through_grpc == [(t, errors.InvalidGroupIdError.code)
+                                         for t in (TOPIC, "secret")]
+
+
+def test_member_calls_alike(doors: Doors) -> None:
+    """JoinGroup, SyncGroup, Heartbeat and LeaveGroup: refused for bob, and for alice the
+    coordinator's answer to a member it does not know."""
+    unknown = errors.UnknownMemberIdError.code
+    for user, expected in (("bob", GROUP_AUTH), ("alice", unknown)):
+        cls = load_request_schema(HEARTBEAT, 4)
+        kafka = doors.kafka(user, HEARTBEAT, 4, make(
+            cls, group_id="pay-members", generation_id=1, member_id="m-1",
+            group_instance_id=None))
+        through_grpc = doors.grpc(user, "Heartbeat", pb.HeartbeatRequest(
+            group_id="pay-members", generation_id=1, member_id="m-1"))
+        assert kafka.error_code.value == through_grpc.error_code == expected
+        cls = load_request_schema(SYNC_GROUP, 5)
+        kafka = doors.kafka(user, SYNC_GROUP, 5, make(
+            cls, group_id="pay-members", generation_id=1, member_id="m-1",
+            group_instance_id=None, protocol_type="consumer", protocol_name="range",
+            assignments=()))
+        through_grpc = doors.grpc(user, "SyncGroup", pb.SyncGroupRequest(
+            group_id="pay-members", generation_id=1, member_id="m-1"))
+        assert kafka.error_code.value == through_grpc.error_code == expected
+        cls = load_request_schema(LEAVE_GROUP, 2)
+        kafka = doors.kafka(user, LEAVE_GROUP, 2, make(cls, group_id="pay-members",
+                                                      member_id="m-1"))
+        through_grpc = doors.grpc(user, "LeaveGroup", pb.LeaveGroupRequest(
+            group_id="pay-members", member_ids=["m-1"]))
+        assert kafka.error_code.value == through_grpc.error_code == expected
+    cls = load_request_schema(JOIN_GROUP, 7)
+    kafka = doors.kafka("bob", JOIN_GROUP, 7, make(
+        cls, group_id="pay-members", session_timeout=timedelta(seconds=10),
+        rebalance_timeout=timedelta(seconds=10), member_id="m-1", group_instance_id=None,
+        protocol_type="consumer", protocols=()))
+    through_grpc = doors.grpc("bob", "JoinGroup", pb.JoinGroupRequest(
+        group_id="pay-members", member_id="m-1", protocol_type="consumer",
+        session_timeout_ms=10_000, rebalance_timeout_ms=10_000))
+    assert kafka.error_code.value == through_grpc.error_code == GROUP_AUTH
+
+
+def test_find_coordinator_alike(doors: Doors) -> None:
+    for user, key, key_type, expected in (
+            ("alice", "payments", 0, 0), ("bob", "payments", 0, GROUP_AUTH),
+            ("bob", TXN_ID, 1, errors.TransactionalIdAuthorizationFailedError.code),
+            ("alice", "payments", 5, errors.InvalidRequestError.code)):
+        cls = load_request_schema(FIND_COORDINATOR, 3)
+        kafka = doors.kafka(user, FIND_COORDINATOR, 3, make(cls, key=key, key_type=key_type))
+        through_grpc = doors.grpc(user, "FindCoordinator", pb.FindCoordinatorRequest(
+            key=key, key_type=key_type))
+        assert kafka.error_code.value == through_grpc.error_code == expected, (user, key_type)
+
+
+def test_list_describe_and_delete_groups_alike(doors: Doors) -> None:
+    for group in ("pay-a", "pay-b"):
+        _commit_both(doors, "alice", group, 1)
+    answers = []
+    for user in ("alice", "bob"):
+        cls = load_request_schema(LIST_GROUPS, 4)
+        kafka = doors.kafka(user, LIST_GROUPS, 4, make(cls, states_filter=()))
+        through_grpc = doors.grpc(user, "ListGroups", pb.ListGroupsRequest())
+        listed = ({g.group_id for g in kafka.groups} & {"pay-a", "pay-b"},
+                  {g.group_id for g in through_grpc.groups} & {"pay-a", "pay-b"})
+        cls = load_request_schema(DESCRIBE_GROUPS, 5)
+        kafka = doors.kafka(user, DESCRIBE_GROUPS, 5, make(
+            cls, groups=("pay-a",), include_authorized_operations=False))
+        through_grpc = doors.grpc(user, "DescribeGroups",
+                                  pb.DescribeGroupsRequest(group_ids=["pay-a"]))
+        described = ([(g.error_code.value, g.group_state) for g in kafka.groups],
+                     [(g.error_code, g.group_state) for g in through_grpc.groups])
+        answers.append((listed, described))
+    (alice_listed, alice_described), (bob_listed, bob_described) = answers
+    assert alice_listed == ({"pay-a", "pay-b"}, {"pay-a", "pay-b"})
+    assert bob_listed == (set(), set())
+    assert alice_described == ([(0, "Empty")], [(0, "Empty")])
+    assert bob_described == ([(GROUP_AUTH, "")], [(GROUP_AUTH, "")])
+    cls = load_request_schema(DELETE_GROUPS, 2)
+    for user, expected in (("bob", GROUP_AUTH), ("alice", 0)):
+        kafka = doors.kafka(user, DELETE_GROUPS, 2, make(cls, groups_names=("pay-a",)))
+        through_grpc = doors.grpc(user, "DeleteGroups",
+                                  pb.DeleteGroupsRequest(group_ids=["pay-b"]))
+        assert ([r.error_code.value for r in kafka.results]
+                == [r.error_code for r in through_grpc.results] == [expected])
+
+
+# ---- Topics and configs ----------------------------------------------------------------------
+# alice may create, delete, alter and configure the topics named adm-*; bob nothing.
+
+CREATE_TOPICS, DELETE_TOPICS, CREATE_PARTITIONS = 19, 20, 37
+DESCRIBE_CONFIGS, INCREMENTAL_ALTER_CONFIGS = 32, 44
+TOPIC_RESOURCE, BROKER_RESOURCE = 2, 4
+
+
+def test_create_grow_and_delete_topics_alike(doors: Doors) -> None:
+    cls = load_request_schema(CREATE_TOPICS, 5)
+    for user, expected in (("bob", TOPIC_AUTH), ("alice", 0)):
+        kafka = doors.kafka(user, CREATE_TOPICS, 5, make(
+            cls, timeout=timedelta(seconds=30), validate_only=False, topics=(
+                nested(cls, "CreatableTopic")(name="adm-k", num_partitions=1,
+                                              replication_factor=1, assignments=(),
+                                              configs=()),)))
+        through_grpc = doors.grpc(user, "CreateTopics", pb.CreateTopicsRequest(
+            topics=[pb.CreatableTopic(name="adm-g", num_partitions=1, replication_factor=1)]))
+        assert ([t.error_code.value for t in kafka.topics]
+                == [t.error_code for t in through_grpc.topics] == [expected]), user
+    cls = load_request_schema(CREATE_PARTITIONS, 3)
+    for user, expected in (("bob", TOPIC_AUTH), ("alice", 0)):
+        kafka = doors.kafka(user, CREATE_PARTITIONS, 3, make(
+            cls, timeout=timedelta(seconds=30), validate_only=False, topics=(
+                nested(cls, "CreatePartitionsTopic")(name="adm-k", count=2, assignments=None),)))
+        through_grpc = doors.grpc(user, "CreatePartitions", pb.CreatePartitionsRequest(
+            topics=[pb.CreatePartitionsTopic(name="adm-g", count=2)]))
+        assert ([t.error_code.value for t in kafka.results]
+                == [t.error_code for t in through_grpc.topics] == [expected]), user
+    cls = load_request_schema(DELETE_TOPICS, 5)
+    for user, expected in (("bob", TOPIC_AUTH), ("alice", 0)):
+        kafka = doors.kafka(user, DELETE_TOPICS, 5, make(
+            cls, timeout=timedelta(seconds=30), topic_names=("adm-k",)))
+        through_grpc = doors.grpc(user, "DeleteTopics", pb.DeleteTopicsRequest(topics=["adm-g"]))
+        assert ([t.error_code.value for t in kafka.responses]
+                == [t.error_code for t in through_grpc.topics] == [expected]), user
+
+
+def _describe_configs_both(doors: Doors, user: str, resources: list[tuple[int, str]]
+                           ) -> tuple[list[tuple[int, str, int]], list[tuple[int, str, int]]]:
+    cls = load_request_schema(DESCRIBE_CONFIGS, 4)
+    kafka = doors.kafka(user, DESCRIBE_CONFIGS, 4, make(
+        cls, include_synonyms=False, include_documentation=False, resources=tuple(
+            nested(cls, "DescribeConfigsResource")(resource_type=t, resource_name=n,
+                                                   configuration_keys=None)
+            for t, n in resources)))
+    through_grpc = doors.grpc(user, "DescribeConfigs", pb.DescribeConfigsRequest(resources=[
+        pb.DescribeConfigsResource(resource_type=t, resource_name=n) for t, n in resources]))
+    return ([(r.resource_type, r.resource_name, r.error_code.value) for r in kafka.results],
+            [(r.resource_type, r.resource_name, r.error_code) for r in through_grpc.results])
+
+
+def _alter_configs_both(doors: Doors, user: str,
+                        resources: list[tuple[int, str, list[str]]]
+                        ) -> tuple[list[tuple[int, str, int]], list[tuple[int, str, int]]]:
+    """Each door's (type, name, error code) for SETs of retention.ms on each resource's
+    named keys."""
+    cls = load_request_schema(INCREMENTAL_ALTER_CONFIGS, 1)
+    kafka = doors.kafka(user, INCREMENTAL_ALTER_CONFIGS, 1, make(
+        cls, validate_only=False, resources=tuple(
+            nested(cls, "AlterConfigsResource")(resource_type=t, resource_name=n, configs=tuple(
+                nested(cls, "AlterableConfig")(name=k, config_operation=0, value="60000")
+                for k in keys)) for t, n, keys in resources)))
+    through_grpc = doors.grpc(user, "IncrementalAlterConfigs", pb.IncrementalAlterConfigsRequest(
+        resources=[pb.AlterConfigsResource(resource_type=t, resource_name=n, configs=[
+            pb.AlterableConfig(name=k, value="60000") for k in keys])
+            for t, n, keys in resources]))
+    return (sorted((r.resource_type, r.resource_name, r.error_code.value)
+                   for r in kafka.responses),
+            sorted((r.resource_type, r.resource_name, r.error_code)
+                   for r in through_grpc.responses))
+
+
+def test_describe_and_alter_configs_alike(doors: Doors) -> None:
+    doors.fake.create_topic("adm-configs", 1)
+    asked = [(TOPIC_RESOURCE, "adm-configs"), (TOPIC_RESOURCE, TOPIC),
+             (TOPIC_RESOURCE, "adm-none"), (BROKER_RESOURCE, "0")]
+    kafka, through_grpc = _describe_configs_both(doors, "alice", asked)
+    assert kafka == through_grpc == [
+        (TOPIC_RESOURCE, "adm-configs", 0), (TOPIC_RESOURCE, TOPIC, TOPIC_AUTH),
+        (TOPIC_RESOURCE, "adm-none", errors.UnknownTopicOrPartitionError.code),
+        (BROKER_RESOURCE, "0", errors.InvalidRequestError.code)]
+    retention = "retention.ms"
+    kafka, through_grpc = _alter_configs_both(doors, "alice", [
+        (TOPIC_RESOURCE, "adm-configs", [retention]), (TOPIC_RESOURCE, TOPIC, [retention]),
+        (BROKER_RESOURCE, "0", [retention])])
+    assert kafka == through_grpc == sorted([
+        (TOPIC_RESOURCE, "adm-configs", 0), (TOPIC_RESOURCE, TOPIC, TOPIC_AUTH),
+        (BROKER_RESOURCE, "0", errors.InvalidRequestError.code)])
+    invalid = errors.InvalidRequestError.code  # a resource named twice, a key named twice
+    kafka, through_grpc = _alter_configs_both(doors, "alice", [
+        (TOPIC_RESOURCE, "adm-configs", [retention]), (TOPIC_RESOURCE, "adm-configs", []),
+        (TOPIC_RESOURCE, "adm-other", [retention, retention])])
+    assert kafka == through_grpc == [(TOPIC_RESOURCE, "adm-configs", invalid),
+                                     (TOPIC_RESOURCE, "adm-other", invalid)]
+
+
+# ---- Cluster-wide operations -----------------------------------------------------------------
+
+CLUSTER_AUTH = errors.ClusterAuthorizationFailedError.code
+
+
+def test_cluster_wide_operations_refused_alike(doors: Doors) -> None:
+    """bob may do nothing on the cluster: each operation refuses him through both doors."""
+    cls = load_request_schema(32 + 11, 2)  # ElectLeaders v2
+    kafka = doors.kafka("bob", 43, 2, make(cls, election_type=0, timeout=timedelta(seconds=30),
+                                          topic_partitions=None))
+    through_grpc = _grpc_code(doors, "ElectLeaders", pb.ElectLeadersRequest())
+    assert kafka.error_code.value == through_grpc == CLUSTER_AUTH
+    cls = load_request_schema(29, 3)  # DescribeAcls v3
+    kafka = doors.kafka("bob", 29, 3, make(
+        cls, resource_type_filter=1, resource_name_filter=None, pattern_type_filter=1,
+        principal_filter=None, host_filter=None, operation=1, permission_type=1))
+    through_grpc = doors.grpc("bob", "DescribeAcls", pb.DescribeAclsRequest())
+    assert kafka.error_code.value == through_grpc.error_code == CLUSTER_AUTH
+    cls = load_request_schema(50, 0)  # DescribeUserScramCredentials v0
+    kafka = doors.kafka("bob", 50, 0, make(cls, users=None))
+    through_grpc = _grpc_code(doors, "DescribeUserScramCredentials",
+                              pb.DescribeUserScramCredentialsRequest())
+    assert kafka.error_code.value == through_grpc == CLUSTER_AUTH
+    cls = load_request_schema(48, 1)  # DescribeClientQuotas v1
+    kafka = doors.kafka("bob", 48, 1, make(cls, components=(), strict=False))
+    through_grpc = _grpc_code(doors, "DescribeClientQuotas", pb.DescribeClientQuotasRequest())
+    assert kafka.error_code.value == through_grpc == CLUSTER_AUTH
+
+
+def _grpc_code(doors: Doors, method: str, request: Any) -> int:
+    """The error a gRPC call refused whole answers with (its status), or its response's."""
+    try:
+        return int(doors.grpc("bob", method, request).error_code)
+    except grpc.RpcError as e:
+        return error_from_rpc(e).code

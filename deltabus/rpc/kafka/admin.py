@@ -14,7 +14,6 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
-from deltabus import config as cfg
 from deltabus import errors
 from deltabus.cluster.handler import DeltaBusHandler
 from deltabus.metadata import (
@@ -26,7 +25,8 @@ from deltabus.metadata import (
     coordinator_node,
 )
 from deltabus.rpc import codec
-from deltabus.rpc.access import current_access, merge_refusals
+from deltabus.rpc.access import current_access
+from deltabus.rpc.admin_requests import AdminRequests, DescribedConfigs
 from deltabus.rpc.kafka.frames import (
     NO_TIME,
     error_code,
@@ -35,7 +35,6 @@ from deltabus.rpc.kafka.frames import (
     millis,
     nested,
 )
-from deltabus.security.acls import Operation
 
 CREATE_TOPICS, DELETE_TOPICS, CREATE_PARTITIONS, DESCRIBE_CONFIGS, DESCRIBE_CLUSTER = (
     19, 20, 37, 32, 60)
@@ -99,9 +98,11 @@ def _message(error: errors.DeltaBusError | None) -> str | None:
 
 
 class KafkaAdminApis:
-    def __init__(self, handler: DeltaBusHandler, listener: str = "") -> None:
+    def __init__(self, handler: DeltaBusHandler, requests: AdminRequests,
+                 listener: str = "") -> None:
         self._listener = listener  # the Kafka listener's name: DescribeCluster names its brokers
         self._handler = handler
+        self._requests = requests
         self.apis = {
             CREATE_TOPICS: self.create_topics, DELETE_TOPICS: self.delete_topics,
             CREATE_PARTITIONS: self.create_partitions, DESCRIBE_CONFIGS: self.describe_configs,
@@ -119,18 +120,10 @@ class KafkaAdminApis:
             {c.name: c.value for c in t.configs if c.value is not None} or None,
             {a.partition_index: list(a.broker_ids) for a in t.assignments} or None)
             for t in request.topics]
-        results: list[TopicResult]
-        access = current_access()
-        denied = {t.name: errors.TopicAuthorizationFailedError(
-            f"Not authorized to create topic: {t.name}")
-            for t in wanted if not access.may_create_topic(t.name)}
-        if refused is not None:
-            results = [TopicResult(t.name, refused) for t in wanted]
-        else:
-            allowed = [t for t in wanted if t.name not in denied]
-            results = merge_refusals([t.name for t in wanted], self._handler.create_topics(
-                allowed, timeout_ms=millis(request.timeout, ADMIN_TIMEOUT_MS),
-                validate_only=bool(request.validate_only)) if allowed else [], denied)
+        results = ([TopicResult(t.name, refused) for t in wanted] if refused is not None
+                   else self._requests.create_topics(
+                       current_access(), wanted, millis(request.timeout, ADMIN_TIMEOUT_MS),
+                       bool(request.validate_only)))
         return make(cls, throttle_time=NO_TIME, topics=tuple(make(
             result_cls, name=r.name, topic_id=topic_uuid(r.topic_id),
             error_code=error_code(r.error), error_message=_message(r.error),
@@ -144,18 +137,10 @@ class KafkaAdminApis:
         result_cls = nested(cls, "DeletableTopicResult")
         names = ([t.name for t in request.topics] if hasattr(request, "topics")
                  else list(request.topic_names))
-        results: list[tuple[str, errors.DeltaBusError | None]]
-        access = current_access()
-        denied = {n: e for n in names if n is not None
-                  and (e := access.topic(Operation.DELETE, n))}
-        if refused is not None:
-            results = [(n, refused) for n in names]
-        else:
-            allowed = [n for n in names if n is not None and n not in denied]
-            results = [(r.name, r.error) for r in merge_refusals(
-                [n for n in names if n is not None], self._handler.delete_topics(
-                    allowed, timeout_ms=millis(request.timeout, ADMIN_TIMEOUT_MS))
-                if allowed else [], denied)]
+        named = [n for n in names if n is not None]
+        results = ([(n, refused) for n in named] if refused is not None
+                   else [(r.name, r.error) for r in self._requests.delete_topics(
+                       current_access(), named, millis(request.timeout, ADMIN_TIMEOUT_MS))])
         return make(cls, throttle_time=NO_TIME, responses=tuple(make(
             result_cls, name=name, topic_id=None, error_code=error_code(error),
             error_message=_message(error)) for name, error in results))
@@ -168,17 +153,10 @@ class KafkaAdminApis:
         if any(t.assignments for t in request.topics) and refused is None:
             refused = errors.InvalidReplicaAssignmentError(
                 "deltabus places new partitions itself: leave out the assignments")
-        results: list[tuple[str, errors.DeltaBusError | None]]
-        access = current_access()
-        denied = {n: e for n in counts if (e := access.topic(Operation.ALTER, n))}
-        if refused is not None:
-            results = [(n, refused) for n in counts]
-        else:
-            allowed = {n: c for n, c in counts.items() if n not in denied}
-            results = [(r.name, r.error) for r in merge_refusals(
-                list(counts), self._handler.create_partitions(
-                    allowed, timeout_ms=millis(request.timeout, ADMIN_TIMEOUT_MS),
-                    validate_only=bool(request.validate_only)) if allowed else [], denied)]
+        results = ([(n, refused) for n in counts] if refused is not None
+                   else [(r.name, r.error) for r in self._requests.create_partitions(
+                       current_access(), list(counts.items()),
+                       millis(request.timeout, ADMIN_TIMEOUT_MS), bool(request.validate_only))])
         return make(cls, throttle_time=NO_TIME, results=tuple(make(
             result_cls, name=name, error_code=error_code(error), error_message=_message(error))
             for name, error in results))
@@ -189,33 +167,15 @@ class KafkaAdminApis:
         result_cls, entry_cls = (nested(cls, n) for n in ("DescribeConfigsResult",
                                                           "DescribeConfigsResourceResult"))
         synonym_cls = nested(cls, "DescribeConfigsSynonym") if version >= 1 else None
-        access = current_access()
-        named = [r.resource_name for r in request.resources
-                 if r.resource_type == codec.TOPIC_RESOURCE]
-        denied = {t: e for t in named if (e := access.topic(Operation.DESCRIBE_CONFIGS, t))}
-        topics = [t for t in named if t not in denied]
-        found: cfg.ConfigResults = (
-            {t: refused for t in named} if refused is not None
-            else self._handler.describe_configs(topics) if topics else {})
-        if refused is None:
-            found.update(denied)
+        asked = [(r.resource_type, r.resource_name) for r in request.resources]
+        found: DescribedConfigs = (dict.fromkeys(asked, refused) if refused is not None
+                                   else self._requests.describe_configs(current_access(), asked))
         results = []
         for r in request.resources:
-            if r.resource_type != codec.TOPIC_RESOURCE:
-                error: errors.DeltaBusError = errors.InvalidRequestError(
-                    "only topics have dynamic configs in deltabus"
-                    if r.resource_type == 4 else
-                    f"unsupported config resource type {r.resource_type}")
-                results.append(make(result_cls, error_code=error_code(error),
-                                    error_message=error.message, resource_type=r.resource_type,
-                                    resource_name=r.resource_name, configs=()))
-                continue
-            entries = found.get(r.resource_name)
-            if isinstance(entries, errors.DeltaBusError) or entries is None:
-                error = entries or errors.UnknownTopicOrPartitionError(
-                    f"unknown topic {r.resource_name}")
-                results.append(make(result_cls, error_code=error_code(error),
-                                    error_message=error.message, resource_type=r.resource_type,
+            entries = found[(r.resource_type, r.resource_name)]
+            if isinstance(entries, errors.DeltaBusError):
+                results.append(make(result_cls, error_code=error_code(entries),
+                                    error_message=entries.message, resource_type=r.resource_type,
                                     resource_name=r.resource_name, configs=()))
                 continue
             keys = set(r.configuration_keys or ())

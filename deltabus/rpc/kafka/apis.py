@@ -32,6 +32,7 @@ from deltabus.offsets.group_coordinator import GroupCoordinator
 from deltabus.records import UnpackBudget
 from deltabus.rpc import request_layer, throttling
 from deltabus.rpc.access import Access, current_access
+from deltabus.rpc.admin_requests import AdminRequests
 from deltabus.rpc.fetch_size import FetchBudget
 from deltabus.rpc.kafka import (
     acl_apis,
@@ -67,10 +68,23 @@ from deltabus.rpc.kafka.frames import (
     millis,
     nested,
 )
-from deltabus.security.acls import Authorizer, Operation
+from deltabus.security.acls import Authorizer
 
 API_VERSIONS, METADATA, PRODUCE, FETCH, LIST_OFFSETS, INIT_PRODUCER_ID = 18, 3, 0, 1, 2, 22
 OFFSET_FOR_LEADER_EPOCH, DELETE_RECORDS = 23, 21
+# Kafka's cluster-wide APIs, by the request layer's names for them.
+_CLUSTER_APIS = {
+    partition_admin.ELECT_LEADERS: "ElectLeaders",
+    partition_admin.ALTER_PARTITION_REASSIGNMENTS: "AlterPartitionReassignments",
+    partition_admin.LIST_PARTITION_REASSIGNMENTS: "ListPartitionReassignments",
+    admin.ALTER_USER_SCRAM_CREDENTIALS: "AlterUserScramCredentials",
+    admin.DESCRIBE_USER_SCRAM_CREDENTIALS: "DescribeUserScramCredentials",
+    acl_apis.CREATE_ACLS: "CreateAcls", acl_apis.DELETE_ACLS: "DeleteAcls",
+    acl_apis.DESCRIBE_ACLS: "DescribeAcls",
+    quota_apis.ALTER_CLIENT_QUOTAS: "AlterClientQuotas",
+    quota_apis.DESCRIBE_CLIENT_QUOTAS: "DescribeClientQuotas",
+    admin.DESCRIBE_CLUSTER: "DescribeCluster", describe_apis.DESCRIBE_LOG_DIRS: "DescribeLogDirs",
+}
 OPERATIONS_NOT_ASKED = -(2**31)  # Kafka's authorized operations nobody asked for
 # Fetch reads are sized in the broker's memory, where a record takes more than in a record batch
 # (about 150 bytes against 110 for a 100-byte value): the door reads this share over each limit
@@ -116,14 +130,12 @@ class KafkaApis:
         listener has them (the driver's); `listener`: the name of the Kafka listener this
         answers on, whose endpoints Metadata and FindCoordinator tell clients."""
         self._handler = handler
-        self._requests = request_layer.RequestLayer(handler)
+        self._requests = request_layer.RequestLayer(handler, groups_, transactions)
         self._listener = listener
-        self.groups = groups.KafkaGroupApis(groups_)
-        self.txn = txn_apis.KafkaTxnApis(transactions, groups_)
+        self.groups = groups.KafkaGroupApis(self._requests.groups)
+        self.txn = txn_apis.KafkaTxnApis(self._requests.txn)
         self.groups.coordinator_for = self.coordinator_for
         self.groups.coordinated_by = self.txn.coordinated_by = self._coordinated_by
-        if transactions is not None:
-            self.groups.pending_txn_offsets = transactions.pending_txn_offsets
         self._sessions = FetchSessionCache()
         self._topic_id_maps: tuple[int, dict[str, uuid.UUID], dict[uuid.UUID, str]] | None = None
         self.groups.topic_ids = self._topic_ids
@@ -133,10 +145,11 @@ class KafkaApis:
             INIT_PRODUCER_ID: self.init_producer_id,
             OFFSET_FOR_LEADER_EPOCH: self.offset_for_leader_epoch,
             DELETE_RECORDS: self.delete_records, **self.groups.apis,
-            **admin.KafkaAdminApis(handler, listener).apis, **acl_apis.KafkaAclApis(handler).apis,
+            **admin.KafkaAdminApis(handler, self._requests.admin, listener).apis,
+            **acl_apis.KafkaAclApis(handler).apis,
             **describe_apis.KafkaDescribeApis(handler, listener).apis,
             **quota_apis.KafkaQuotaApis(handler).apis,
-            **config_apis.KafkaConfigApis(handler).apis,
+            **config_apis.KafkaConfigApis(handler, self._requests.admin).apis,
             **partition_admin.KafkaPartitionAdminApis(handler).apis, **self.txn.apis,
         }
 
@@ -187,41 +200,10 @@ class KafkaApis:
 
     @staticmethod
     def _refusal(api_key: int, request: Any) -> errors.DeltaBusError | None:
-        """The checks of a whole request (Kafka's): the group APIs on their group, producer
-        ids, cluster-wide changes. Per-topic checks are the APIs' own."""
-        access = current_access()
-        if api_key in (groups.JOIN_GROUP, groups.SYNC_GROUP, groups.HEARTBEAT,
-                       groups.LEAVE_GROUP, groups.OFFSET_COMMIT,
-                       groups.CONSUMER_GROUP_HEARTBEAT):
-            return access.group(Operation.READ, request.group_id)
-        if api_key == groups.OFFSET_FETCH and getattr(request, "group_id", None) is not None:
-            return access.group(Operation.DESCRIBE, request.group_id)
-        if api_key == groups.OFFSET_DELETE:
-            return access.group(Operation.DELETE, request.group_id)
-        if api_key == groups.FIND_COORDINATOR and getattr(request, "key_type", 0) == 0:
-            return access.group(Operation.DESCRIBE, request.key)
-        if api_key == groups.FIND_COORDINATOR and request.key_type == groups.TRANSACTION:
-            return access.transactional_id(Operation.DESCRIBE, request.key)
-        if api_key in txn_apis.SUPPORTED:
-            return txn_apis.refusal(api_key, request)
-        if api_key == INIT_PRODUCER_ID:
-            return access.init_producer_id(request.transactional_id or "")
-        if api_key in (admin.ALTER_USER_SCRAM_CREDENTIALS, partition_admin.ELECT_LEADERS,
-                       partition_admin.ALTER_PARTITION_REASSIGNMENTS):
-            return access.cluster(Operation.ALTER)
-        if api_key in (admin.DESCRIBE_USER_SCRAM_CREDENTIALS, admin.DESCRIBE_CLUSTER,
-                       describe_apis.DESCRIBE_LOG_DIRS,
-                       partition_admin.LIST_PARTITION_REASSIGNMENTS):
-            return access.cluster(Operation.DESCRIBE)
-        if api_key in (acl_apis.CREATE_ACLS, acl_apis.DELETE_ACLS):
-            return access.cluster(Operation.ALTER)
-        if api_key == acl_apis.DESCRIBE_ACLS:
-            return access.cluster(Operation.DESCRIBE)
-        if api_key == quota_apis.ALTER_CLIENT_QUOTAS:
-            return access.cluster(Operation.ALTER_CONFIGS)
-        if api_key == quota_apis.DESCRIBE_CLIENT_QUOTAS:
-            return access.cluster(Operation.DESCRIBE_CONFIGS)
-        return None
+        """The refusal of a cluster-wide request (the request layer's CLUSTER_ACTIONS); the
+        other APIs' checks are the layer's, per group, topic or transactional id."""
+        api = _CLUSTER_APIS.get(api_key)
+        return None if api is None else AdminRequests.cluster_refusal(current_access(), api)
 
     # ---- ApiVersions, Metadata ----------------------------------------------------------------
 
@@ -525,16 +507,8 @@ class KafkaApis:
     def init_producer_id(self, version: int, request: Any,
                          refused: errors.DeltaBusError | None = None) -> Any:
         cls = load_response_schema(INIT_PRODUCER_ID, version)
-        error = refused
-        producer_id, epoch = -1, -1
-        if error is None and request.transactional_id is not None:
-            producer_id, epoch, error = self.txn.init_producer_id(version, request)
-        elif error is None:
-            try:
-                producer_id, epoch = self._handler.init_producer_id(
-                    "", current_access().principal)
-            except errors.DeltaBusError as e:
-                error = e
+        producer_id, epoch, error = ((-1, -1, refused) if refused is not None
+                                     else self.txn.init_producer_id(version, request))
         return make(cls, throttle_time=NO_TIME, error_code=error_code(error),
                     producer_id=producer_id, producer_epoch=epoch)
 

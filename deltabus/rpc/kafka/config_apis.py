@@ -12,7 +12,6 @@ changes) and honours validate_only.
 
 from __future__ import annotations
 
-from collections import Counter
 from typing import Any
 
 from deltabus import config as cfg
@@ -20,6 +19,7 @@ from deltabus import errors
 from deltabus.cluster.handler import DeltaBusHandler
 from deltabus.rpc import codec
 from deltabus.rpc.access import current_access
+from deltabus.rpc.admin_requests import TOPIC_RESOURCE, AdminRequests, ConfigChange
 from deltabus.rpc.kafka.frames import NO_TIME, error_code, load_response_schema, make, nested
 from deltabus.security.acls import Operation
 
@@ -28,26 +28,26 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     ALTER_CONFIGS: (0, 2),
     INCREMENTAL_ALTER_CONFIGS: (0, 1),
 }
-BROKER_RESOURCE = 4  # Kafka's ConfigResource.Type.BROKER
 _OPS = {number: name for name, number in codec.CONFIG_OPS.items()}
 Changes = dict[str, list[cfg.AlterConfigOp]]
 Results = dict[tuple[int, str], errors.DeltaBusError | None]
 
 
-def not_alterable(resource_type: int) -> errors.DeltaBusError:
-    """What a config change to anything but a topic is answered."""
-    return errors.InvalidRequestError(
-        "deltabus brokers take their configs when the cluster starts (deltabus cluster "
-        "start); only topics have dynamic configs" if resource_type == BROKER_RESOURCE
-        else f"unsupported config resource type {resource_type}: only topics have dynamic "
-        "configs in deltabus")
+def _ops(resource: Any, changes: Changes) -> list[cfg.AlterConfigOp]:
+    """A resource's changes, for the request layer; as named on the wire where a key is named
+    twice or the resource is not a topic (the layer refuses those before any change)."""
+    named = [c.name for c in resource.configs]
+    if resource.resource_type != TOPIC_RESOURCE or len(set(named)) < len(named):
+        return [cfg.AlterConfigOp(name) for name in named]
+    return changes[resource.resource_name]
 
 
 class KafkaConfigApis:
     """Thread-safe: it holds nothing but the handler."""
 
-    def __init__(self, handler: DeltaBusHandler) -> None:
+    def __init__(self, handler: DeltaBusHandler, requests: AdminRequests) -> None:
         self._handler = handler
+        self._requests = requests
         self.apis = {ALTER_CONFIGS: self.alter_configs,
                      INCREMENTAL_ALTER_CONFIGS: self.incremental_alter_configs}
 
@@ -88,32 +88,12 @@ class KafkaConfigApis:
 
     def _alter(self, request: Any, changes: Changes,
                refused: errors.DeltaBusError | None) -> Results:
-        """Each resource's answer: refusals and checks first, the controller's for the rest."""
-        results: Results = {}
-        access = current_access()
-        seen = Counter((r.resource_type, r.resource_name) for r in request.resources)
-        allowed: Changes = {}
-        for r in request.resources:
-            key = (r.resource_type, r.resource_name)
-            if refused is not None:
-                results[key] = refused
-            elif seen[key] > 1:
-                results[key] = errors.InvalidRequestError(
-                    f"Error due to duplicate config resource: {r.resource_name}")
-            elif len({c.name for c in r.configs}) < len(r.configs):
-                results[key] = errors.InvalidRequestError(
-                    f"Error due to duplicate config keys for resource {r.resource_name}")
-            elif r.resource_type != codec.TOPIC_RESOURCE:
-                results[key] = not_alterable(r.resource_type)
-            else:
-                results[key] = access.topic(Operation.ALTER_CONFIGS, r.resource_name)
-                if results[key] is None:
-                    allowed[r.resource_name] = changes[r.resource_name]
-        if allowed:
-            answered = self._handler.alter_configs(
-                allowed, validate_only=bool(request.validate_only))
-            results.update({(codec.TOPIC_RESOURCE, t): e for t, e in answered.items()})
-        return results
+        """Each resource's answer (the request layer's, rpc/admin_requests.py)."""
+        if refused is not None:
+            return {(r.resource_type, r.resource_name): refused for r in request.resources}
+        return self._requests.alter_configs(current_access(), [
+            ConfigChange(r.resource_type, r.resource_name, _ops(r, changes))
+            for r in request.resources], bool(request.validate_only))
 
     @staticmethod
     def _response(cls: Any, request: Any, results: Results) -> Any:

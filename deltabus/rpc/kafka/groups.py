@@ -1,4 +1,5 @@
-"""Kafka's consumer-group APIs over the cluster's group coordinator: the same groups, members
+"""Kafka's consumer-group APIs over the request layer (rpc/group_requests.py, where the rules
+and ACLs live) and the cluster's group coordinator: the same groups, members
 and committed offsets (`__consumer_offsets`) as through gRPC, so a Kafka client and a deltabus
 client can share one group. The coordinator lives in the Spark driver. Kafka clients see only
 brokers, as Kafka's own: FindCoordinator names a live broker for each group
@@ -19,16 +20,18 @@ from typing import Any
 from kio.schema.errors import ErrorCode
 
 from deltabus import errors
-from deltabus.offsets.group_coordinator import (
-    COMMIT_TIMEOUT_S,
-    LONG_POLL_SLACK_S,
-    GroupCoordinator,
-    JoinResult,
-    PartitionErrors,
-    wait_result,
-)
+from deltabus.offsets.group_coordinator import JoinResult, PartitionErrors
 from deltabus.offsets.offset_store import OffsetAndMetadata
 from deltabus.rpc.access import Access, current_access
+from deltabus.rpc.group_requests import (
+    GROUP,
+    ConsumerGroupHeartbeatRequest,
+    DescribedGroup,
+    FetchedOffset,
+    GroupRequests,
+    JoinGroupRequest,
+    OffsetCommitRequest,
+)
 from deltabus.rpc.kafka.admin import KafkaEndpoint
 from deltabus.rpc.kafka.delayed import DelayedResponse, result_of
 from deltabus.rpc.kafka.frames import (
@@ -39,7 +42,6 @@ from deltabus.rpc.kafka.frames import (
     millis,
     nested,
 )
-from deltabus.security.acls import Operation
 
 (FIND_COORDINATOR, JOIN_GROUP, SYNC_GROUP, HEARTBEAT, LEAVE_GROUP, OFFSET_COMMIT, OFFSET_FETCH,
  LIST_GROUPS, DESCRIBE_GROUPS) = 10, 11, 14, 12, 13, 8, 9, 16, 15
@@ -59,22 +61,19 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     CONSUMER_GROUP_HEARTBEAT: (0, 1),
     CONSUMER_GROUP_DESCRIBE: (0, 1),
 }
-GROUP, TRANSACTION = 0, 1  # FindCoordinator's key types
 
 
 class KafkaGroupApis:
-    """The group APIs; `groups` is None on a broker (everything but FindCoordinator then
-    answers NOT_COORDINATOR, unless its listener forwards them to the driver)."""
+    """The group APIs, codecs around the request layer's (rpc/group_requests.py). A broker
+    has no coordinator (everything but FindCoordinator then answers NOT_COORDINATOR, unless
+    its listener forwards them to the driver)."""
 
-    def __init__(self, groups: GroupCoordinator | None) -> None:
-        self._groups = groups
+    def __init__(self, requests: GroupRequests) -> None:
+        self._requests = requests
         # The broker FindCoordinator names for a key, on this listener (None: no broker is up).
         self.coordinator_for: Callable[[str], KafkaEndpoint | None] = lambda key: None
         # Whether broker `node` coordinates a group, for a broker's ListGroups.
         self.coordinated_by: Callable[[str, int], bool] = lambda key, node: True
-        # The partitions of a group whose offsets an open transaction commits (the transaction
-        # coordinator's), for OffsetFetch's require_stable (KIP-447).
-        self.pending_txn_offsets: Callable[[str], set[tuple[str, int]]] | None = None
         # Every topic's id by name and the reverse, as Metadata tells clients (KIP-848's
         # assignments name topics by id).
         self.topic_ids: Callable[[], tuple[dict[str, uuid.UUID], dict[uuid.UUID, str]]] = \
@@ -90,20 +89,16 @@ class KafkaGroupApis:
             CONSUMER_GROUP_DESCRIBE: self.consumer_group_describe,
         }
 
-    def _coordinator(self) -> GroupCoordinator:
-        if self._groups is None:
-            raise errors.NotCoordinatorError(
-                "this broker is not the group coordinator: ask FindCoordinator")
-        return self._groups
-
     def find_coordinator(self, version: int, request: Any,
                          refused: errors.DeltaBusError | None = None) -> Any:
         cls = load_response_schema(FIND_COORDINATOR, version)
         error = refused
-        if error is None and getattr(request, "key_type", GROUP) not in (GROUP, TRANSACTION):
-            error = errors.InvalidRequestError(
-                f"unknown coordinator key type {request.key_type}: groups (0) and "
-                "transactions (1) have coordinators")
+        if error is None:
+            try:
+                self._requests.check_find_coordinator(current_access(), request.key,
+                                                      getattr(request, "key_type", GROUP))
+            except errors.DeltaBusError as e:
+                error = e
         found = self.coordinator_for(request.key) if error is None else None
         if error is None and found is None:
             error = errors.CoordinatorNotAvailableError("no broker is up to coordinate "
@@ -127,24 +122,22 @@ class KafkaGroupApis:
                 raise refused
             protocols = [(p.name, bytes(p.metadata)) for p in request.protocols]
 
-            def join(member: str) -> Future[JoinResult]:
-                return self._coordinator().join_group(
+            def join(member: str) -> tuple[Future[JoinResult], float]:
+                return self._requests.join_group(current_access(), JoinGroupRequest(
                     request.group_id, member, request.protocol_type, protocols,
                     session_timeout_ms=session_ms, rebalance_timeout_ms=rebalance_ms,
                     client_id=client[0], client_host=client[1],
-                    group_instance_id=getattr(request, "group_instance_id", None))
+                    group_instance_id=getattr(request, "group_instance_id", None)))
 
             try:
-                future = join(member_id)
+                future, timeout_s = join(member_id)
             except errors.MemberIdRequiredError as e:
                 if version >= 4:  # the client joins again with its new id (KIP-394)
                     raise
                 member_id = e.member_id  # type: ignore[attr-defined]
-                future = join(member_id)
+                future, timeout_s = join(member_id)
         except errors.DeltaBusError as e:
             return _join_failed(cls, version, e, member_id)
-        # group.max.rebalance.timeout.ms caps the wait, whatever the member asks for.
-        timeout_s = self._coordinator().join_wait_s(rebalance_ms, session_ms)
         return DelayedResponse([future], time.monotonic() + timeout_s, functools.partial(
             _joined, cls, version, request, future, timeout_s, member_id))
 
@@ -155,14 +148,12 @@ class KafkaGroupApis:
         try:
             if refused is not None:
                 raise refused
-            coordinator = self._coordinator()
-            future = coordinator.sync_group(
-                request.group_id, request.generation_id, request.member_id,
+            future, timeout_s = self._requests.sync_group(
+                current_access(), request.group_id, request.generation_id, request.member_id,
                 {a.member_id: bytes(a.assignment) for a in request.assignments},
                 getattr(request, "group_instance_id", None))
         except errors.DeltaBusError as e:
             return make(cls, throttle_time=NO_TIME, error_code=error_code(e), assignment=b"")
-        timeout_s = coordinator.rebalance_timeout_s(request.group_id) + LONG_POLL_SLACK_S
         return DelayedResponse([future], time.monotonic() + timeout_s, functools.partial(
             _synced, cls, request, future, timeout_s))
 
@@ -172,9 +163,9 @@ class KafkaGroupApis:
         error = refused
         if error is None:
             try:
-                self._coordinator().heartbeat(request.group_id, request.generation_id,
-                                              request.member_id,
-                                              getattr(request, "group_instance_id", None))
+                self._requests.heartbeat(current_access(), request.group_id,
+                                         request.generation_id, request.member_id,
+                                         getattr(request, "group_instance_id", None))
             except errors.DeltaBusError as e:
                 error = e
         return make(cls, throttle_time=NO_TIME, error_code=error_code(error))
@@ -188,7 +179,8 @@ class KafkaGroupApis:
             error = refused
             if error is None:
                 try:
-                    self._coordinator().leave_group(request.group_id, [request.member_id])
+                    self._requests.leave_group(current_access(), request.group_id,
+                                               [request.member_id])
                 except errors.DeltaBusError as e:
                     error = e
             return make(cls, throttle_time=NO_TIME, error_code=error_code(error), members=())
@@ -196,7 +188,7 @@ class KafkaGroupApis:
         answers: dict[tuple[str, str | None], errors.DeltaBusError | None] = {}
         try:
             Access.raise_if(refused)
-            answers = self._coordinator().leave_members(request.group_id, members)
+            answers = self._requests.leave_members(current_access(), request.group_id, members)
         except errors.DeltaBusError as e:
             return make(cls, throttle_time=NO_TIME, error_code=error_code(e), members=())
         response_member = nested(cls, "MemberResponse")
@@ -221,36 +213,15 @@ class KafkaGroupApis:
 
     def _offset_commit(self, request: Any, refused: errors.DeltaBusError | None
                        ) -> tuple[PartitionErrors, errors.DeltaBusError | None]:
-        """Each partition's answer, and the answer of those without one (the refusal of the
-        whole request), in Kafka's order: READ on the group (`refused`), the request's limits,
-        READ on each topic (a refused topic is not committed), then the coordinator."""
-        try:
-            Access.raise_if(refused)
-            coordinator = self._coordinator()
-            coordinator.check_offset_commit(
-                request.group_id, sum(len(t.partitions) for t in request.topics))
-        except errors.DeltaBusError as e:
-            return {}, e
-        access = current_access()
-        denied = {t.name: refusal for t in request.topics
-                  if (refusal := access.topic(Operation.READ, t.name))}
-        answers: PartitionErrors = {(t.name, p.partition_index): denied[t.name]
-                                    for t in request.topics if t.name in denied
-                                    for p in t.partitions}
-        offsets = {(t.name, p.partition_index): OffsetAndMetadata(
-            p.committed_offset, getattr(p, "committed_leader_epoch", -1),
-            p.committed_metadata or "")
-            for t in request.topics if t.name not in denied for p in t.partitions}
-        if offsets or not denied:
-            generation = getattr(request, "generation_id_or_member_epoch",
-                                 getattr(request, "generation_id", -1))
-            try:
-                answers |= wait_result(coordinator.commit_offsets(
-                    request.group_id, generation, request.member_id, offsets,
-                    getattr(request, "group_instance_id", None)), COMMIT_TIMEOUT_S)
-            except errors.DeltaBusError as e:
-                return answers, e
-        return answers, None
+        if refused is not None:
+            return {}, refused
+        return self._requests.offset_commit(current_access(), OffsetCommitRequest(
+            request.group_id, getattr(request, "generation_id_or_member_epoch",
+                                      getattr(request, "generation_id", -1)),
+            request.member_id, [(t.name, p.partition_index, OffsetAndMetadata(
+                p.committed_offset, getattr(p, "committed_leader_epoch", -1),
+                p.committed_metadata or "")) for t in request.topics for p in t.partitions],
+            getattr(request, "group_instance_id", None)))
 
     def offset_fetch(self, version: int, request: Any,
                      refused: errors.DeltaBusError | None = None) -> Any:
@@ -259,30 +230,20 @@ class KafkaGroupApis:
                                                               "OffsetFetchResponsePartition"))
         wanted = (None if request.topics is None else
                   [(t.name, p) for t in request.topics for p in t.partition_indexes])
-        committed: dict[tuple[str, int], OffsetAndMetadata] = {}
-        error = refused
-        if error is None:
-            try:
-                committed = self._coordinator().fetch_offsets(request.group_id, wanted)
-            except errors.DeltaBusError as e:
-                error = e
-        unstable: set[tuple[str, int]] = set()
-        if error is None and getattr(request, "require_stable", False) and (
-                self.pending_txn_offsets is not None):
-            unstable = self.pending_txn_offsets(request.group_id)
+        fetched, error = ([FetchedOffset(t, p, None) for t, p in wanted or ()], refused)
+        if refused is None:
+            fetched, error = self._requests.offset_fetch(
+                current_access(), request.group_id, wanted,
+                bool(getattr(request, "require_stable", False)))
         by_topic: dict[str, list[Any]] = {}
-        access = current_access()
-        for topic, partition in (wanted if wanted is not None else sorted(committed)):
-            if access.topic(Operation.DESCRIBE, topic) is not None:
-                continue  # Kafka leaves out what the caller may not DESCRIBE
-            om = None if (topic, partition) in unstable else committed.get((topic, partition))
-            by_topic.setdefault(topic, []).append(make(
-                partition_cls, partition_index=partition,
+        for f in fetched:
+            om = f.committed
+            by_topic.setdefault(f.topic, []).append(make(
+                partition_cls, partition_index=f.partition,
                 committed_offset=om.offset if om else -1,
                 committed_leader_epoch=om.leader_epoch if om else -1,
                 metadata=om.metadata if om else "", error_code=(
-                    ErrorCode.unstable_offset_commit if (topic, partition) in unstable
-                    else ErrorCode.none)))
+                    ErrorCode.unstable_offset_commit if f.unstable else ErrorCode.none)))
         return make(cls, throttle_time=NO_TIME, error_code=error_code(error), topics=tuple(
             topic_cls(name=t, partitions=tuple(ps)) for t, ps in by_topic.items()))
 
@@ -298,17 +259,13 @@ class KafkaGroupApis:
         error = refused
         if error is None:
             try:
-                listed = self._coordinator().list_groups()
+                listed = self._requests.list_groups(
+                    current_access(), list(getattr(request, "states_filter", ())),
+                    shown=lambda g: node is None or self.coordinated_by(g, node))
             except errors.DeltaBusError as e:
                 error = e
-        states = {s.lower() for s in getattr(request, "states_filter", ())}
-        access = current_access()
-        everything = access.cluster(Operation.DESCRIBE) is None
         return make(cls, throttle_time=NO_TIME, error_code=error_code(error), groups=tuple(
-            make(group_cls, group_id=g, protocol_type=t, group_state=s)
-            for g, t, s in listed if (not states or s.lower() in states)
-            and (node is None or self.coordinated_by(g, node))
-            and (everything or access.group(Operation.DESCRIBE, g) is None)))
+            make(group_cls, group_id=g, protocol_type=t, group_state=s) for g, t, s in listed))
 
     def describe_groups(self, version: int, request: Any,
                         refused: errors.DeltaBusError | None = None) -> Any:
@@ -316,18 +273,14 @@ class KafkaGroupApis:
         group_cls, member_cls = (nested(cls, n) for n in ("DescribedGroup",
                                                           "DescribedGroupMember"))
         described = []
-        for group_id in request.groups:
-            try:
-                if refused is not None:
-                    raise refused
-                denied = current_access().group(Operation.DESCRIBE, group_id)
-                if denied is not None:
-                    raise denied
-                d = self._coordinator().describe_group(group_id)
-            except errors.DeltaBusError as e:
-                described.append(make(group_cls, error_code=error_code(e), group_id=group_id,
-                                      group_state="", protocol_type="", protocol_data="",
-                                      members=()))
+        for found in ([DescribedGroup(g, error=refused) for g in request.groups]
+                      if refused is not None
+                      else self._requests.describe_groups(current_access(), request.groups)):
+            d = found.description
+            if d is None:
+                described.append(make(group_cls, error_code=error_code(found.error),
+                                      group_id=found.group_id, group_state="",
+                                      protocol_type="", protocol_data="", members=()))
                 continue
             described.append(make(
                 group_cls, error_code=ErrorCode.none, group_id=d.group_id, group_state=d.state,
@@ -346,15 +299,8 @@ class KafkaGroupApis:
         principal allowed DELETE on it."""
         cls = load_response_schema(DELETE_GROUPS, version)
         result_cls = nested(cls, "DeletableGroupResult")
-        results: dict[str, errors.DeltaBusError | None] = {}
-        for group_id in request.groups_names:
-            results[group_id] = refused or current_access().group(Operation.DELETE, group_id)
-        allowed = [g for g, e in results.items() if e is None]
-        if allowed:
-            try:
-                results.update(self._coordinator().delete_groups(allowed))
-            except errors.DeltaBusError as e:
-                results.update({g: e for g in allowed})
+        results = (dict.fromkeys(request.groups_names, refused) if refused is not None
+                   else self._requests.delete_groups(current_access(), request.groups_names))
         return make(cls, throttle_time=NO_TIME, results=tuple(
             make(result_cls, group_id=g, error_code=error_code(e)) for g, e in results.items()))
 
@@ -368,14 +314,9 @@ class KafkaGroupApis:
         topic_cls, partition_cls = (nested(cls, n) for n in ("OffsetDeleteResponseTopic",
                                                               "OffsetDeleteResponsePartition"))
         named = [(t.name, p.partition_index) for t in request.topics for p in t.partitions]
-        access = current_access()
         try:
             Access.raise_if(refused)
-            denied = {t.name: e for t in request.topics
-                      if (e := access.topic(Operation.READ, t.name))}
-            answers: PartitionErrors = {tp: denied[tp[0]] for tp in named if tp[0] in denied}
-            answers |= self._coordinator().delete_offsets(
-                request.group_id, [tp for tp in named if tp[0] not in denied])
+            answers = self._requests.offset_delete(current_access(), request.group_id, named)
         except errors.DeltaBusError as e:
             return make(cls, error_code=error_code(e), throttle_time=NO_TIME, topics=())
         by_topic: dict[str, list[Any]] = {}
@@ -397,20 +338,18 @@ class KafkaGroupApis:
         try:
             Access.raise_if(refused)
             _check_heartbeat(version, request)
-            access = current_access()
-            for topic in request.subscribed_topic_names or ():
-                Access.raise_if(access.topic(Operation.DESCRIBE, topic))
             owned = None if request.topic_partitions is None else {
                 names.get(t.topic_id, ""): frozenset(t.partitions)
                 for t in request.topic_partitions}
-            result = self._coordinator().consumer_group_heartbeat(
-                request.group_id, request.member_id, request.member_epoch,
-                instance_id=request.instance_id, rack_id=request.rack_id,
-                rebalance_timeout_ms=millis(request.rebalance_timeout, -1),
-                subscribed_topic_names=None if request.subscribed_topic_names is None
-                else list(request.subscribed_topic_names),
-                server_assignor=request.server_assignor, owned=owned,
-                client_id=client[0], client_host=client[1])
+            result = self._requests.consumer_group_heartbeat(
+                current_access(), ConsumerGroupHeartbeatRequest(
+                    request.group_id, request.member_id, request.member_epoch,
+                    instance_id=request.instance_id, rack_id=request.rack_id,
+                    rebalance_timeout_ms=millis(request.rebalance_timeout, -1),
+                    subscribed_topic_names=None if request.subscribed_topic_names is None
+                    else list(request.subscribed_topic_names),
+                    server_assignor=request.server_assignor, owned=owned,
+                    client_id=client[0], client_host=client[1]))
         except errors.DeltaBusError as e:
             return make(cls, throttle_time=NO_TIME, error_code=error_code(e),
                         error_message=e.message, member_id=request.member_id or None,
@@ -445,11 +384,8 @@ class KafkaGroupApis:
         described = []
         for group_id in request.group_ids:
             try:
-                Access.raise_if(refused or access.group(Operation.DESCRIBE, group_id))
-                g = self._coordinator().describe_consumer_group(group_id)
-                for m in g.members.values():
-                    for t in {*m.assigned, *g.target.get(m.member_id, {})}:
-                        Access.raise_if(access.topic(Operation.DESCRIBE, t))
+                Access.raise_if(refused)
+                g = self._requests.describe_consumer_group(access, group_id)
             except errors.DeltaBusError as e:
                 described.append(make(group_cls, error_code=error_code(e),
                                       error_message=e.message, group_id=group_id,

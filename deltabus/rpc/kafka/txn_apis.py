@@ -4,12 +4,9 @@ whose listener passes these APIs on to the driver's, whose `transactions` is the
 (`listener`, Kafka's Envelope). A broker's ListTransactions lists the transactional ids
 FindCoordinator sends to it, so admin clients that ask every broker list each once.
 
-ACLs as Kafka checks them (`KafkaApis._refusal` for the whole request): WRITE on the
-transactional id for InitProducerId, AddPartitionsToTxn, AddOffsetsToTxn, EndTxn and
-TxnOffsetCommit; WRITE on each topic added; READ on the group of AddOffsetsToTxn and
-TxnOffsetCommit, READ on each topic committed; DESCRIBE on each transactional id described or
-listed (ListTransactions leaves the others out). PRODUCER_FENCED is answered as
-INVALID_PRODUCER_EPOCH to versions older than KIP-588's.
+The rules and ACLs are the request layer's (rpc/txn_requests.py); this module decodes, calls it
+and encodes. PRODUCER_FENCED is answered as INVALID_PRODUCER_EPOCH to versions older than
+KIP-588's.
 """
 
 from __future__ import annotations
@@ -18,15 +15,12 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from deltabus import config as cfg
 from deltabus import errors
-from deltabus.cluster.handler import TransactionHandler
 from deltabus.metadata import TXN_STATES, TransactionMetadata
-from deltabus.offsets.group_coordinator import GroupCoordinator
+from deltabus.rpc import txn_requests
 from deltabus.rpc.access import current_access
 from deltabus.rpc.kafka.frames import NO_TIME, error_code, load_response_schema, make, nested
-from deltabus.rpc.txn_offsets import commit_txn_offsets
-from deltabus.security.acls import Operation, ResourceType
+from deltabus.rpc.txn_requests import InitProducerIdRequest, TxnProducer, TxnRequests
 
 INIT_PRODUCER_ID, ADD_PARTITIONS_TO_TXN, ADD_OFFSETS_TO_TXN, END_TXN = 22, 24, 25, 26
 TXN_OFFSET_COMMIT, DESCRIBE_TRANSACTIONS, LIST_TRANSACTIONS = 28, 65, 66
@@ -50,24 +44,11 @@ def _answered(api_key: int, version: int,
     return error
 
 
-def refusal(api_key: int, request: Any) -> errors.DeltaBusError | None:
-    """The check of a whole transaction request: WRITE on its transactional id."""
-    access = current_access()
-    if api_key == ADD_PARTITIONS_TO_TXN:
-        return access.transactional_id(Operation.WRITE, request.v3_and_below_transactional_id)
-    if api_key in (ADD_OFFSETS_TO_TXN, END_TXN, TXN_OFFSET_COMMIT):
-        return access.transactional_id(Operation.WRITE, request.transactional_id)
-    return None
-
-
 class KafkaTxnApis:
     """The transaction APIs; `transactions` None on a broker."""
 
-    def __init__(self, transactions: TransactionHandler | None,
-                 groups: GroupCoordinator | None = None) -> None:
-        """`groups`: the group coordinator, which checks TxnOffsetCommit's member."""
-        self._transactions = transactions
-        self._groups = groups
+    def __init__(self, requests: TxnRequests) -> None:
+        self._requests = requests
         # Whether broker `node` coordinates a transactional id, for a broker's
         # ListTransactions (admin clients ask every broker and join the answers).
         self.coordinated_by: Callable[[str, int], bool] = lambda key, node: True
@@ -79,22 +60,15 @@ class KafkaTxnApis:
             LIST_TRANSACTIONS: self.list_transactions,
         }
 
-    def _coordinator(self) -> TransactionHandler:
-        if self._transactions is None:
-            raise errors.NotCoordinatorError(
-                "this broker is not the transaction coordinator: ask FindCoordinator")
-        return self._transactions
-
     def init_producer_id(self, version: int, request: Any) -> tuple[int, int, Any]:
-        """InitProducerId of a transactional producer: (producer id, epoch, error). An id no
-        coordinator would keep is INVALID_REQUEST wherever it is sent, before NOT_COORDINATOR."""
+        """InitProducerId: (producer id, epoch, error)."""
         try:
-            cfg.check_transactional_id(request.transactional_id)
-            producer_id, epoch = self._coordinator().init_transactional_producer(
-                request.transactional_id,
-                int(request.transaction_timeout.total_seconds() * 1000),
-                current_access().principal,
-                (getattr(request, "producer_id", -1), getattr(request, "producer_epoch", -1)))
+            producer_id, epoch = self._requests.init_producer_id(
+                current_access(), InitProducerIdRequest(
+                    request.transactional_id,
+                    None if request.transactional_id is None
+                    else int(request.transaction_timeout.total_seconds() * 1000),
+                    getattr(request, "producer_id", -1), getattr(request, "producer_epoch", -1)))
         except errors.DeltaBusError as e:
             return -1, -1, _answered(INIT_PRODUCER_ID, version, e)
         return producer_id, epoch, None
@@ -105,7 +79,10 @@ class KafkaTxnApis:
         topic_cls, partition_cls = (nested(cls, n) for n in (
             "AddPartitionsToTxnTopicResult", "AddPartitionsToTxnPartitionResult"))
         asked = [(t.name, p) for t in request.v3_and_below_topics for p in t.partitions]
-        answers = self._add_partitions(request, asked, refused)
+        answers = (dict.fromkeys(asked, refused) if refused is not None
+                   else self._requests.add_partitions_to_txn(current_access(), TxnProducer(
+                       request.v3_and_below_transactional_id, request.v3_and_below_producer_id,
+                       request.v3_and_below_producer_epoch), asked))
         by_topic: dict[str, list[Any]] = {}
         for (topic, partition), error in answers.items():
             by_topic.setdefault(topic, []).append(make(
@@ -116,34 +93,14 @@ class KafkaTxnApis:
             make(topic_cls, name=name, results_by_partition=tuple(parts))
             for name, parts in by_topic.items()))
 
-    def _add_partitions(self, request: Any, asked: list[tuple[str, int]],
-                        refused: errors.DeltaBusError | None
-                        ) -> dict[tuple[str, int], errors.DeltaBusError | None]:
-        """Each partition's answer: a topic the producer may not WRITE fails the request
-        (TOPIC_AUTHORIZATION_FAILED for it, OPERATION_NOT_ATTEMPTED for the rest), as Kafka."""
-        access = current_access()
-        denied = {t: e for t, _ in asked if (e := access.topic(Operation.WRITE, t)) is not None}
-        if refused is None and denied:
-            return {tp: denied.get(tp[0]) or errors.OperationNotAttemptedError(
-                "another topic of the request is not authorized") for tp in asked}
-        try:
-            if refused is not None:
-                raise refused
-            return self._coordinator().add_partitions_to_txn(
-                request.v3_and_below_transactional_id, request.v3_and_below_producer_id,
-                request.v3_and_below_producer_epoch, asked)
-        except errors.DeltaBusError as e:
-            return dict.fromkeys(asked, e)
-
     def add_offsets_to_txn(self, version: int, request: Any,
                            refused: errors.DeltaBusError | None = None) -> Any:
         cls = load_response_schema(ADD_OFFSETS_TO_TXN, version)
-        error = refused or current_access().group(Operation.READ, request.group_id)
+        error = refused
         if error is None:
             try:
-                self._coordinator().add_offsets_to_txn(
-                    request.transactional_id, request.producer_id, request.producer_epoch,
-                    request.group_id)
+                self._requests.add_offsets_to_txn(current_access(), _producer(request),
+                                                  request.group_id)
             except errors.DeltaBusError as e:
                 error = e
         return make(cls, throttle_time=NO_TIME,
@@ -155,8 +112,7 @@ class KafkaTxnApis:
         error = refused
         if error is None:
             try:
-                self._coordinator().end_txn(request.transactional_id, request.producer_id,
-                                            request.producer_epoch, request.committed)
+                self._requests.end_txn(current_access(), _producer(request), request.committed)
             except errors.DeltaBusError as e:
                 error = e
         return make(cls, throttle_time=NO_TIME,
@@ -167,15 +123,14 @@ class KafkaTxnApis:
         cls = load_response_schema(TXN_OFFSET_COMMIT, version)
         topic_cls, partition_cls = (nested(cls, n) for n in (
             "TxnOffsetCommitResponseTopic", "TxnOffsetCommitResponsePartition"))
-        access = current_access()
-        refused = refused or access.group(Operation.READ, request.group_id)
-        answers = commit_txn_offsets(
-            self._coordinator(), self._groups, access, refused, request,
-            (getattr(request, "member_id", ""), getattr(request, "generation_id", -1),
-             getattr(request, "group_instance_id", None)),
-            ((t.name, p.partition_index, p.committed_offset,
-              getattr(p, "committed_leader_epoch", -1), p.committed_metadata or "")
-             for t in request.topics for p in t.partitions))
+        offsets = [(t.name, p.partition_index, p.committed_offset,
+                    getattr(p, "committed_leader_epoch", -1), p.committed_metadata or "")
+                   for t in request.topics for p in t.partitions]
+        answers = (dict.fromkeys(((t, p) for t, p, *_ in offsets), refused)
+                   if refused is not None else self._requests.txn_offset_commit(
+                       current_access(), _producer(request), request.group_id,
+                       (getattr(request, "member_id", ""), getattr(request, "generation_id", -1),
+                        getattr(request, "group_instance_id", None)), offsets))
         by_topic: dict[str, list[Any]] = {}
         for (topic, partition), error in answers.items():
             by_topic.setdefault(topic, []).append(make(
@@ -195,14 +150,11 @@ class KafkaTxnApis:
         states = list(request.state_filters)
         unknown = tuple(s for s in states if s not in TXN_STATES)
         listed: list[TransactionMetadata] = []
-        if refused is None and self._transactions is not None:
-            access = current_access()
-            listed = [t for t in self._transactions.list_transactions(
-                states, list(request.producer_id_filters),
-                getattr(request, "duration_filter", -1))
-                if access.allows(Operation.DESCRIBE, ResourceType.TRANSACTIONAL_ID,
-                                 t.transactional_id)
-                and (node is None or self.coordinated_by(t.transactional_id, node))]
+        if refused is None:
+            listed = self._requests.list_transactions(
+                current_access(), states, list(request.producer_id_filters),
+                getattr(request, "duration_filter", -1),
+                shown=lambda key: node is None or self.coordinated_by(key, node))
         return make(cls, throttle_time=NO_TIME, error_code=error_code(refused),
                     unknown_state_filters=unknown, transaction_states=tuple(
                         make(state_cls, transactional_id=t.transactional_id,
@@ -214,25 +166,16 @@ class KafkaTxnApis:
         cls = load_response_schema(DESCRIBE_TRANSACTIONS, version)
         state_cls, topic_cls = nested(cls, "TransactionState"), nested(cls, "TopicData")
         ids = list(request.transactional_ids)
-        access = current_access()
-        allowed = [i for i in ids if refused is None
-                   and access.transactional_id(Operation.DESCRIBE, i) is None]
-        found: dict[str, TransactionMetadata | None] = {}
-        coordinator_error: errors.DeltaBusError | None = refused
-        try:
-            if allowed:
-                found = self._coordinator().describe_transactions(allowed)
-        except errors.DeltaBusError as e:
-            coordinator_error = e
-        out = []
-        for i in ids:
-            txn = found.get(i)
-            error = (coordinator_error or access.transactional_id(Operation.DESCRIBE, i) or (
-                None if txn is not None else errors.TransactionalIdNotFoundError(
-                    f"no transactional id {i!r}")))
-            out.append(_described(state_cls, topic_cls, i, txn if error is None else None,
-                                  error))
-        return make(cls, throttle_time=NO_TIME, transaction_states=tuple(out))
+        described = ([txn_requests.DescribedTransaction(i, None, refused) for i in ids]
+                     if refused is not None
+                     else self._requests.describe_transactions(current_access(), ids))
+        return make(cls, throttle_time=NO_TIME, transaction_states=tuple(
+            _described(state_cls, topic_cls, d.transactional_id, d.transaction, d.error)
+            for d in described))
+
+
+def _producer(request: Any) -> TxnProducer:
+    return TxnProducer(request.transactional_id, request.producer_id, request.producer_epoch)
 
 
 def _described(state_cls: Any, topic_cls: Any, transactional_id: str,
@@ -240,7 +183,7 @@ def _described(state_cls: Any, topic_cls: Any, transactional_id: str,
     by_topic: dict[str, list[int]] = {}
     for topic, partition in sorted(txn.partitions if txn else ()):
         by_topic.setdefault(topic, []).append(partition)
-    start_ms = txn.start_ms if txn else -1
+    start_ms = txn.start_ms if txn else 0  # Kafka's default where the entry is an error
     return make(state_cls, error_code=error_code(error), transactional_id=transactional_id,
                 transaction_state=txn.state if txn else "",
                 transaction_timeout=timedelta(milliseconds=txn.timeout_ms if txn else 0),

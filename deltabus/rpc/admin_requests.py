@@ -1,0 +1,149 @@
+"""The request layer's admin operations, for both doors: topics (CreateTopics, DeleteTopics,
+CreatePartitions), configs (DescribeConfigs, IncrementalAlterConfigs), and the ACL each
+cluster-wide operation needs (`CLUSTER_ACTIONS`: elections, reassignments, SCRAM credentials,
+ACLs, client quotas, DescribeCluster, DescribeLogDirs).
+
+ACLs as Kafka's: CREATE on the cluster or the topic to create it, DELETE on a topic to delete
+it, ALTER to add partitions, DESCRIBE_CONFIGS and ALTER_CONFIGS on a topic for its configs; a
+refused topic is answered with its refusal and the others go ahead. Only topics have dynamic
+configs here: any other config resource is answered INVALID_REQUEST.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from deltabus import config as cfg
+from deltabus import errors
+from deltabus.cluster.handler import DeltaBusHandler
+from deltabus.metadata import NewTopic, TopicResult
+from deltabus.rpc.access import Access, merge_refusals
+from deltabus.security.acls import Operation
+
+TOPIC_RESOURCE, BROKER_RESOURCE = 2, 4  # Kafka's ConfigResource.Type
+
+# The operation on the cluster each cluster-wide request needs (Kafka's KafkaApis checks).
+CLUSTER_ACTIONS: dict[str, Operation] = {
+    "ElectLeaders": Operation.ALTER,
+    "AlterPartitionReassignments": Operation.ALTER,
+    "ListPartitionReassignments": Operation.DESCRIBE,
+    "AlterUserScramCredentials": Operation.ALTER,
+    "DescribeUserScramCredentials": Operation.DESCRIBE,
+    "CreateAcls": Operation.ALTER,
+    "DeleteAcls": Operation.ALTER,
+    "DescribeAcls": Operation.DESCRIBE,
+    "AlterClientQuotas": Operation.ALTER_CONFIGS,
+    "DescribeClientQuotas": Operation.DESCRIBE_CONFIGS,
+    "DescribeCluster": Operation.DESCRIBE,
+    "DescribeLogDirs": Operation.DESCRIBE,
+}
+
+ConfigKey = tuple[int, str]  # resource type, resource name
+DescribedConfigs = dict[ConfigKey, list[cfg.ConfigEntry] | errors.DeltaBusError]
+
+
+@dataclass(frozen=True)
+class ConfigChange:
+    """One resource of an IncrementalAlterConfigs."""
+
+    resource_type: int
+    name: str
+    ops: Sequence[cfg.AlterConfigOp]
+
+
+def not_a_topic(resource_type: int) -> errors.DeltaBusError:
+    """What a config request about anything but a topic is answered."""
+    return errors.InvalidRequestError(
+        "deltabus brokers take their configs when the cluster starts (deltabus cluster "
+        "start); only topics have dynamic configs" if resource_type == BROKER_RESOURCE
+        else f"unsupported config resource type {resource_type}: only topics have dynamic "
+        "configs in deltabus")
+
+
+class AdminRequests:
+    """Validates, authorizes and carries out the admin calls of both doors."""
+
+    def __init__(self, handler: DeltaBusHandler) -> None:
+        self._handler = handler
+
+    @staticmethod
+    def cluster_refusal(access: Access, api: str) -> errors.DeltaBusError | None:
+        """The refusal of a cluster-wide request (`api`: a key of CLUSTER_ACTIONS), or None."""
+        return access.cluster(CLUSTER_ACTIONS[api])
+
+    def create_topics(self, access: Access, topics: Sequence[NewTopic], timeout_ms: int,
+                      validate_only: bool = False) -> list[TopicResult]:
+        """Each topic's result in request order: TOPIC_AUTHORIZATION_FAILED without CREATE on
+        the cluster or the topic; the controller's answer for the others."""
+        denied = {t.name: errors.TopicAuthorizationFailedError(
+            f"Not authorized to create topic: {t.name}")
+            for t in topics if not access.may_create_topic(t.name)}
+        allowed = [t for t in topics if t.name not in denied]
+        return merge_refusals([t.name for t in topics], self._handler.create_topics(
+            allowed, timeout_ms=timeout_ms, validate_only=validate_only) if allowed else [],
+            denied)
+
+    def delete_topics(self, access: Access, names: Sequence[str],
+                      timeout_ms: int) -> list[TopicResult]:
+        denied = {n: e for n in names if (e := access.topic(Operation.DELETE, n))}
+        allowed = [n for n in names if n not in denied]
+        return merge_refusals(list(names), self._handler.delete_topics(
+            allowed, timeout_ms=timeout_ms) if allowed else [], denied)
+
+    def create_partitions(self, access: Access, counts: Sequence[tuple[str, int]],
+                          timeout_ms: int, validate_only: bool = False) -> list[TopicResult]:
+        """Each topic grows to its new partition count, for a principal allowed ALTER on it."""
+        denied = {n: e for n, _ in counts if (e := access.topic(Operation.ALTER, n))}
+        allowed = {n: c for n, c in counts if n not in denied}
+        return merge_refusals([n for n, _ in counts], self._handler.create_partitions(
+            allowed, timeout_ms=timeout_ms, validate_only=validate_only) if allowed else [],
+            denied)
+
+    def describe_configs(self, access: Access,
+                         resources: Sequence[ConfigKey]) -> DescribedConfigs:
+        """Each topic's config entries, or why not (TOPIC_AUTHORIZATION_FAILED without
+        DESCRIBE_CONFIGS on it, UNKNOWN_TOPIC_OR_PARTITION for none)."""
+        out: DescribedConfigs = {}
+        topics = []
+        for resource_type, name in resources:
+            refusal = (not_a_topic(resource_type) if resource_type != TOPIC_RESOURCE
+                       else access.topic(Operation.DESCRIBE_CONFIGS, name))
+            if refusal is not None:
+                out[(resource_type, name)] = refusal
+            else:
+                topics.append(name)
+        found = self._handler.describe_configs(topics) if topics else {}
+        for name in topics:
+            out[(TOPIC_RESOURCE, name)] = found.get(name) or errors.UnknownTopicOrPartitionError(
+                f"unknown topic {name}")
+        return {key: out[key] for key in resources}  # in request order
+
+    def alter_configs(self, access: Access, changes: Sequence[ConfigChange],
+                      validate_only: bool = False
+                      ) -> dict[ConfigKey, errors.DeltaBusError | None]:
+        """Each resource's answer, in Kafka's order: a resource named twice or a key named
+        twice in one resource is INVALID_REQUEST, anything but a topic cannot be altered, then
+        ALTER_CONFIGS on the topic, then the controller's checks and change."""
+        seen = Counter((c.resource_type, c.name) for c in changes)
+        results: dict[ConfigKey, errors.DeltaBusError | None] = {}
+        allowed: dict[str, list[cfg.AlterConfigOp]] = {}
+        for c in changes:
+            key = (c.resource_type, c.name)
+            if seen[key] > 1:
+                results[key] = errors.InvalidRequestError(
+                    f"Error due to duplicate config resource: {c.name}")
+            elif len({op.name for op in c.ops}) < len(c.ops):
+                results[key] = errors.InvalidRequestError(
+                    f"Error due to duplicate config keys for resource {c.name}")
+            elif c.resource_type != TOPIC_RESOURCE:
+                results[key] = not_a_topic(c.resource_type)
+            else:
+                results[key] = access.topic(Operation.ALTER_CONFIGS, c.name)
+                if results[key] is None:
+                    allowed[c.name] = list(c.ops)
+        if allowed:
+            answered = self._handler.alter_configs(allowed, validate_only=validate_only)
+            results.update({(TOPIC_RESOURCE, t): e for t, e in answered.items()})
+        return results
