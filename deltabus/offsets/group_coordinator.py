@@ -35,22 +35,28 @@ Invariants:
 
 from __future__ import annotations
 
-import collections
 import copy
 import logging
-import struct
 import threading
 import time
 import uuid
 from collections.abc import Callable
-from concurrent import futures
 from concurrent.futures import Future
-from dataclasses import dataclass, field
-from typing import Any
 
 from deltabus import config as cfg
 from deltabus import errors
-from deltabus.metadata import GroupDescription, MemberDescription, MetadataImage
+from deltabus.metadata import GroupDescription, MetadataImage
+from deltabus.offsets.classic_group import (
+    COMPLETING_REBALANCE,
+    DEAD,
+    EMPTY,
+    PREPARING_REBALANCE,
+    STABLE,
+    ClassicGroup,
+    JoinResult,
+    Member,
+    subscription_topics,
+)
 from deltabus.offsets.consumer_group import (
     ASSIGNORS,
     LEAVE_EPOCH,
@@ -59,87 +65,29 @@ from deltabus.offsets.consumer_group import (
     Assignment,
     ConsumerGroup,
     ConsumerMember,
+    HeartbeatResult,
+)
+from deltabus.offsets.group_limits import (
+    COMMIT_TIMEOUT_S,
+    LONG_POLL_SLACK_S,
+    NAME_SHOWN_MAX,
+    check_group_id,
+    shown,
+    wait_result,
 )
 from deltabus.offsets.offset_store import OffsetAndMetadata, OffsetCommit, OffsetStore
 
 log = logging.getLogger(__name__)
 
-EMPTY = "Empty"
-PREPARING_REBALANCE = "PreparingRebalance"
-COMPLETING_REBALANCE = "CompletingRebalance"
-STABLE = "Stable"
-DEAD = "Dead"
-
-# A JoinGroup or SyncGroup waits for the rebalance at most its rebalance timeout and this much.
-LONG_POLL_SLACK_S = 5.0
-COMMIT_TIMEOUT_S = 30.0  # an OffsetCommit waits this long for __consumer_offsets
-
-
-@dataclass
-class Member:
-    """One member of a group, as the coordinator knows it."""
-
-    member_id: str
-    client_id: str
-    client_host: str
-    session_timeout_ms: int
-    rebalance_timeout_ms: int
-    protocol_type: str
-    protocols: list[tuple[str, bytes]]  # (assignor name, subscription metadata), by preference
-    last_heartbeat_s: float
-    assignment: bytes = b""
-    join: Future[JoinResult] | None = None  # waiting in JoinGroup
-    sync: Future[bytes] | None = None  # waiting in SyncGroup
-    group_instance_id: str | None = None  # a static member's (KIP-345)
-
-    def metadata(self, protocol: str) -> bytes:
-        return next(m for name, m in self.protocols if name == protocol)
-
-
-@dataclass(frozen=True)
-class JoinResult:
-    generation_id: int
-    protocol_name: str
-    leader_id: str
-    member_id: str
-    members: list[tuple[str, bytes]]  # (member id, metadata): only the leader gets them
-    # The static members among them: member id -> group instance id.
-    instance_ids: dict[str, str] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class HeartbeatResult:
-    """ConsumerGroupHeartbeat's answer: the member's epoch and, when it changed or the member
-    sent a full request, its assignment."""
-
-    member_id: str
-    member_epoch: int
-    heartbeat_interval_ms: int
-    assignment: Assignment | None
-
-
-@dataclass
-class Group:
-    group_id: str
-    state: str = EMPTY
-    generation_id: int = 0
-    protocol_type: str = ""
-    protocol_name: str = ""
-    leader_id: str = ""
-    members: dict[str, Member] = field(default_factory=dict)
-    join_deadline_s: float = 0.0  # the join phase ends by then, joined or not
-    join_not_before_s: float = 0.0  # a new group's first join phase waits for more members
-    empty_since_s: float = field(default_factory=time.time)
-    # Member ids handed out with MEMBER_ID_REQUIRED, not joined yet: id -> expiry time.
-    pending_members: dict[str, float] = field(default_factory=dict)
-    # Static members: group.instance.id -> the member id that holds it now.
-    static_members: dict[str, str] = field(default_factory=dict)
-
+# What callers imported from here, still importable from here.
+__all__ = [
+    "COMMIT_TIMEOUT_S", "COMPLETING_REBALANCE", "DEAD", "EMPTY", "LONG_POLL_SLACK_S",
+    "NAME_SHOWN_MAX", "PREPARING_REBALANCE", "STABLE", "GroupCoordinator", "HeartbeatResult",
+    "JoinResult", "Member", "PartitionErrors", "subscription_topics", "wait_result",
+]
 
 # Each partition's answer to an OffsetCommit: None when committed, else why not.
 PartitionErrors = dict[tuple[str, int], errors.DeltaBusError | None]
-# A name longer than this is cut short in error messages.
-NAME_SHOWN_MAX = 64
 
 
 class GroupCoordinator:
@@ -155,7 +103,7 @@ class GroupCoordinator:
         self._clock = clock
         self._metadata = metadata
         self._lock = threading.Lock()
-        self._groups: dict[str, Group] = {}
+        self._groups: dict[str, ClassicGroup] = {}
         self._consumer_groups: dict[str, ConsumerGroup] = {}  # KIP-848's
         self._next_expiry_check_s = clock() + config.offsets_retention_check_interval_ms / 1000
 
@@ -171,7 +119,7 @@ class GroupCoordinator:
         A static member (`group_instance_id`, KIP-345) that joins again under a new member id
         takes its old place, assignment and all, without a rebalance while the group is
         stable: a restarted consumer gets its partitions back and the others never stop."""
-        _check_group_id(group_id)
+        check_group_id(group_id)
         low = self._config.group_min_session_timeout_ms
         high = self._config.group_max_session_timeout_ms
         if not low <= session_timeout_ms <= high:
@@ -191,17 +139,17 @@ class GroupCoordinator:
             leader_before: str | None = None  # a static member's restart: the leader's id
             if group_instance_id and not member_id:
                 known = group.static_members.get(group_instance_id)
-                self._check_protocols(group, known or "", protocol_type, protocols)
+                group.check_protocols(known or "", protocol_type, protocols)
                 member_id = f"{group_instance_id}-{uuid.uuid4()}"
                 if known is not None:
                     leader_before = group.leader_id
-                    self._replace_static_member(group, known, member_id)
+                    group.replace_static_member(known, member_id)
                 else:  # a static member needs no MEMBER_ID_REQUIRED round (KIP-345)
                     self._check_room_for_member(group)
                     group.pending_members[member_id] = now + session_timeout_ms / 1000
             else:
-                self._check_protocols(group, member_id, protocol_type, protocols)
-                self._check_instance(group, member_id, group_instance_id)
+                group.check_protocols(member_id, protocol_type, protocols)
+                group.check_instance(member_id, group_instance_id)
             if not member_id:  # Kafka's KIP-394: the member learns its id before it waits
                 self._check_room_for_member(group)
                 member_id = f"{client_id or 'consumer'}-{uuid.uuid4()}"
@@ -218,19 +166,20 @@ class GroupCoordinator:
                 group.static_members[group_instance_id] = member_id
             member.last_heartbeat_s = now
             if leader_before is not None and \
-                    self._rejoined_without_rebalance(group, member, future, leader_before):
+                    group.rejoined_without_rebalance(member, future, leader_before):
                 return future
             member.join = future
             if group.state != PREPARING_REBALANCE:
-                self._prepare_rebalance(group, f"member {member_id} joined", now)
+                group.prepare_rebalance(f"member {member_id} joined", now,
+                                        self._config.group_initial_rebalance_delay_ms)
             elif group.join_not_before_s > now:  # a new group: wait a little more for others
                 group.join_not_before_s = min(
                     now + self._config.group_initial_rebalance_delay_ms / 1000,
                     group.join_deadline_s)
-            self._maybe_complete_join(group, now)
+            group.maybe_complete_join(now)
         return future
 
-    def _joining_member(self, group: Group, member_id: str, protocol_type: str,
+    def _joining_member(self, group: ClassicGroup, member_id: str, protocol_type: str,
                         protocols: list[tuple[str, bytes]], session_timeout_ms: int,
                         rebalance_timeout_ms: int, client_id: str, client_host: str,
                         now: float) -> Member:
@@ -258,56 +207,6 @@ class GroupCoordinator:
             group.protocol_type = protocol_type
         return member
 
-    def _replace_static_member(self, group: Group, old_id: str, new_id: str) -> None:
-        """Lock held. A static member joined again without its member id (a restart): the
-        member it replaces keeps its place under `new_id`, and whatever still uses `old_id`
-        is fenced (FENCED_INSTANCE_ID), as Kafka's replaceStaticMember does."""
-        member = group.members.pop(old_id)
-        for waiter in (member.join, member.sync):
-            if waiter is not None and not waiter.done():
-                waiter.set_exception(errors.FencedInstanceIdError(
-                    f"member {old_id} was replaced by a newer member with instance id "
-                    f"{member.group_instance_id}"))
-        member.join = member.sync = None
-        member.member_id = new_id
-        group.members[new_id] = member
-        if group.leader_id == old_id:
-            group.leader_id = new_id
-        log.info("group %s: static member %s rejoined as %s", group.group_id,
-                 member.group_instance_id, new_id)
-
-    def _rejoined_without_rebalance(self, group: Group, member: Member,
-                                    future: Future[JoinResult], leader_before: str) -> bool:
-        """Lock held. A static member that took its old place in a stable group, without
-        changing the protocol the group would choose, gets the current generation at once and
-        its old assignment at SyncGroup; a leader is told the old leader id, so that it does not
-        assign again (Kafka's updateStaticMemberAndRebalance, before KIP-814's
-        skipAssignment). Elsewhere, the group rebalances as for any join."""
-        if group.state != STABLE or \
-                _choose_protocol(list(group.members.values())) != group.protocol_name:
-            return False
-        future.set_result(JoinResult(group.generation_id, group.protocol_name, leader_before,
-                                     member.member_id, []))
-        return True
-
-    def _check_instance(self, group: Group, member_id: str,
-                        group_instance_id: str | None) -> None:
-        """Lock held. A request of a static member must come from the member that holds its
-        instance id now: an older one (replaced by a restart) is FENCED_INSTANCE_ID."""
-        if not group_instance_id:
-            return
-        holder = group.static_members.get(group_instance_id)
-        if holder is None:
-            if member_id and member_id not in group.members \
-                    and member_id not in group.pending_members:
-                raise errors.UnknownMemberIdError(
-                    f"member {member_id} is not in group {group.group_id}")
-            return
-        if holder != member_id:
-            raise errors.FencedInstanceIdError(
-                f"instance id {group_instance_id} of group {group.group_id} belongs to a "
-                f"newer member than {member_id}")
-
     def _rebalance_timeout_ms(self, rebalance_timeout_ms: int, session_timeout_ms: int) -> int:
         """A member's rebalance timeout: as asked (the session timeout if not), up to
         group.max.rebalance.timeout.ms."""
@@ -320,7 +219,7 @@ class GroupCoordinator:
         asked = max(rebalance_timeout_ms, session_timeout_ms)
         return min(asked, self._config.group_max_rebalance_timeout_ms) / 1000 + LONG_POLL_SLACK_S
 
-    def _new_group(self, group_id: str) -> Group:
+    def _new_group(self, group_id: str) -> ClassicGroup:
         """Lock held. A group the coordinator does not hold in memory yet, unless it holds
         group.max.groups (those with committed offsets count too)."""
         limit = self._config.group_max_groups
@@ -328,7 +227,7 @@ class GroupCoordinator:
             raise errors.GroupMaxSizeReachedError(
                 f"the coordinator holds {self._group_count()} groups, the most "
                 f"group.max.groups ({limit}) allows: no new group {group_id}")
-        group = self._groups[group_id] = Group(group_id)
+        group = self._groups[group_id] = ClassicGroup(group_id)
         return group
 
     def _group_count(self) -> int:
@@ -338,7 +237,7 @@ class GroupCoordinator:
             return stored + len(self._groups)  # an upper bound, and room enough
         return stored + sum(1 for g in self._groups if not self._store.has_group(g))
 
-    def _check_room_for_member(self, group: Group) -> None:
+    def _check_room_for_member(self, group: ClassicGroup) -> None:
         """Lock held. Before a member id is handed out: the group stays within group.max.size
         counting the ids handed out, and the ids handed out within group.max.pending.members."""
         size, limit = len(group.members) + len(group.pending_members), self._config.group_max_size
@@ -351,81 +250,6 @@ class GroupCoordinator:
             raise errors.GroupMaxSizeReachedError(
                 f"{pending} member ids are handed out and not joined with, the most "
                 f"group.max.pending.members ({self._config.group_max_pending_members}) allows")
-
-    def _check_protocols(self, group: Group, member_id: str, protocol_type: str,
-                         protocols: list[tuple[str, bytes]]) -> None:
-        others = [m for mid, m in group.members.items() if mid != member_id]
-        if not others:
-            return
-        if protocol_type != group.protocol_type:
-            raise errors.InconsistentGroupProtocolError(
-                f"group {group.group_id} uses protocol type {group.protocol_type}, "
-                f"not {protocol_type}")
-        names = {name for name, _ in protocols}
-        if not all(names & {name for name, _ in m.protocols} for m in others):
-            raise errors.InconsistentGroupProtocolError(
-                f"none of the assignors {sorted(names)} is supported by every member of group "
-                f"{group.group_id}")
-
-    def _prepare_rebalance(self, group: Group, why: str, now: float) -> None:
-        """Lock held. Start a join phase: members must join again by the deadline."""
-        for member in group.members.values():  # a sync in flight belongs to a dead generation
-            if member.sync is not None and not member.sync.done():
-                member.sync.set_exception(errors.RebalanceInProgressError(
-                    f"group {group.group_id} is rebalancing: {why}"))
-            member.sync = None
-        timeout_s = max((m.rebalance_timeout_ms for m in group.members.values()), default=0) / 1000
-        group.join_deadline_s = now + timeout_s
-        group.join_not_before_s = 0.0
-        if group.state == EMPTY:  # Kafka's group.initial.rebalance.delay.ms
-            group.join_not_before_s = min(
-                now + self._config.group_initial_rebalance_delay_ms / 1000, group.join_deadline_s)
-        log.info("group %s rebalancing (generation %d): %s", group.group_id,
-                 group.generation_id, why)
-        group.state = PREPARING_REBALANCE
-
-    def _maybe_complete_join(self, group: Group, now: float) -> None:
-        """Lock held. End the join phase once every member has joined, or at its deadline
-        (members that did not join by then are out)."""
-        if group.state != PREPARING_REBALANCE or now < group.join_not_before_s:
-            return
-        waiting = [m for m in group.members.values() if m.join is None]
-        if waiting and now < group.join_deadline_s:
-            return
-        for member in waiting:
-            log.info("group %s: member %s did not join in time; removed", group.group_id,
-                     member.member_id)
-            del group.members[member.member_id]
-        group.generation_id += 1
-        if not group.members:
-            self._become_empty(group)
-            return
-        group.protocol_name = _choose_protocol(list(group.members.values()))
-        if group.leader_id not in group.members:
-            group.leader_id = next(iter(group.members))
-        group.state = COMPLETING_REBALANCE
-        everyone = [(m.member_id, m.metadata(group.protocol_name))
-                    for m in group.members.values()]
-        instance_ids = {m.member_id: m.group_instance_id for m in group.members.values()
-                        if m.group_instance_id}
-        log.info("group %s generation %d: %d members, protocol %s, leader %s", group.group_id,
-                 group.generation_id, len(group.members), group.protocol_name, group.leader_id)
-        for member in group.members.values():
-            member.assignment = b""
-            member.last_heartbeat_s = now
-            join, member.join = member.join, None
-            assert join is not None
-            leader = member.member_id == group.leader_id
-            join.set_result(JoinResult(
-                group.generation_id, group.protocol_name, group.leader_id, member.member_id,
-                everyone if leader else [], instance_ids if leader else {}))
-
-    def _become_empty(self, group: Group) -> None:
-        group.state = EMPTY
-        group.protocol_name = group.leader_id = ""
-        group.protocol_type = ""
-        group.empty_since_s = time.time()
-        log.info("group %s is empty (generation %d)", group.group_id, group.generation_id)
 
     def sync_group(self, group_id: str, generation_id: int, member_id: str,
                    assignments: dict[str, bytes],
@@ -442,14 +266,7 @@ class GroupCoordinator:
                 return future
             member.sync = future
             if member_id == group.leader_id:
-                for mid, m in group.members.items():
-                    m.assignment = assignments.get(mid, b"")
-                group.state = STABLE
-                log.info("group %s generation %d is stable", group_id, generation_id)
-                for m in group.members.values():
-                    if m.sync is not None:
-                        m.sync.set_result(m.assignment)
-                        m.sync = None
+                group.assign(assignments)
         return future
 
     def rebalance_timeout_s(self, group_id: str) -> float:
@@ -500,7 +317,7 @@ class GroupCoordinator:
                     if instance_id and not member_id:
                         member_id = group.static_members.get(instance_id, "")
                     else:
-                        self._check_instance(group, member_id, instance_id)
+                        group.check_instance(member_id, instance_id)
                     if member_id not in group.members:
                         raise errors.UnknownMemberIdError(
                             f"{member_id or instance_id} is not a member of group {group_id}")
@@ -510,31 +327,20 @@ class GroupCoordinator:
                     answers[key] = e
         return answers
 
-    def _remove_member(self, group: Group, member_id: str, why: str) -> None:
+    def _remove_member(self, group: ClassicGroup, member_id: str, why: str) -> None:
         """Lock held."""
-        member = group.members.pop(member_id)
-        if member.group_instance_id and \
-                group.static_members.get(member.group_instance_id) == member_id:
-            del group.static_members[member.group_instance_id]
-        for waiter in (member.join, member.sync):
-            if waiter is not None and not waiter.done():
-                waiter.set_exception(errors.UnknownMemberIdError(f"member {member_id} {why}"))
+        group.remove(member_id, why)
         now = self._clock()
-        if group.state in (STABLE, COMPLETING_REBALANCE):
-            if group.members:
-                self._prepare_rebalance(group, f"member {member_id} {why}", now)
-            else:
-                group.generation_id += 1
-                self._become_empty(group)
-        self._maybe_complete_join(group, now)
+        group.rebalance_after_removal(f"member {member_id} {why}", now,
+                                      self._config.group_initial_rebalance_delay_ms)
 
     def _member(self, group_id: str, member_id: str, generation_id: int,
-                group_instance_id: str | None = None) -> tuple[Group, Member]:
+                group_instance_id: str | None = None) -> tuple[ClassicGroup, Member]:
         """Lock held. The group and member a request names, checked against the member that
         holds its instance id (a static member's) and the generation."""
         group = self._groups.get(group_id)
         if group is not None:
-            self._check_instance(group, member_id, group_instance_id)
+            group.check_instance(member_id, group_instance_id)
         if group is None or member_id not in group.members:
             raise errors.UnknownMemberIdError(f"member {member_id} is not in group {group_id}")
         if generation_id != group.generation_id:
@@ -555,10 +361,10 @@ class GroupCoordinator:
         member that comes back); the answer carries the member's next epoch and assignment,
         computed here (the coordinator assigns, not a leader). None of these fields but the
         ids and epoch are sent when unchanged since the last heartbeat, so None keeps them."""
-        _check_group_id(group_id)
+        check_group_id(group_id)
         if server_assignor is not None and server_assignor not in ASSIGNORS:
             raise errors.UnsupportedAssignorError(
-                f"the coordinator's assignors are {list(ASSIGNORS)}, not {_shown(server_assignor)}")
+                f"the coordinator's assignors are {list(ASSIGNORS)}, not {shown(server_assignor)}")
         interval_ms = self._config.group_consumer_heartbeat_interval_ms
         with self._lock:
             classic = self._groups.get(group_id)
@@ -626,25 +432,7 @@ class GroupCoordinator:
                 f"group {group_id} has the most members group.max.size "
                 f"({self._config.group_max_size}) allows")
         member = ConsumerMember(member_id, now, instance_id=instance_id)
-        holder = group.static_members.get(instance_id) if instance_id else None
-        if holder is not None:
-            old = group.members[holder]
-            if not old.left_static:
-                raise errors.UnreleasedInstanceIdError(
-                    f"instance id {instance_id} is held by live member {holder}")
-            del group.members[holder]  # the static member is back: same epoch, same partitions
-            member.member_epoch, member.previous_member_epoch = old.member_epoch, -1
-            member.assigned, member.revoking, member.state = old.assigned, old.revoking, old.state
-            member.subscribed_topic_names = old.subscribed_topic_names
-            member.server_assignor = old.server_assignor
-            group.target[member_id] = group.target.pop(holder, {})
-        else:
-            group.changed = True
-        if instance_id:
-            group.static_members[instance_id] = member_id
-        group.members[member_id] = member
-        log.info("consumer group %s: member %s joined (group epoch %d)", group_id, member_id,
-                 group.group_epoch)
+        group.add_member(member)
         return group, member
 
     def _consumer_leave(self, group_id: str, member_id: str, member_epoch: int,
@@ -659,18 +447,7 @@ class GroupCoordinator:
         if member_epoch == STATIC_LEAVE_EPOCH and member.instance_id:
             member.left_static, member.last_heartbeat_s = True, now
             return
-        self._fence_consumer(group, member, "left the group")
-
-    def _fence_consumer(self, group: ConsumerGroup, member: ConsumerMember, why: str) -> None:
-        """Lock held. The member is out; its partitions go to others in a new group epoch."""
-        del group.members[member.member_id]
-        group.target.pop(member.member_id, None)
-        if member.instance_id and group.static_members.get(member.instance_id) == \
-                member.member_id:
-            del group.static_members[member.instance_id]
-        group.group_epoch += 1
-        log.info("consumer group %s: member %s %s (group epoch %d)", group.group_id,
-                 member.member_id, why, group.group_epoch)
+        group.fence(member, "left the group")
 
     def _expire_consumers(self, now: float) -> None:
         """Lock held. Members silent past group.consumer.session.timeout.ms, and those that
@@ -680,16 +457,16 @@ class GroupCoordinator:
         for group in list(self._consumer_groups.values()):
             for member in list(group.members.values()):
                 if now - member.last_heartbeat_s > session_s:
-                    self._fence_consumer(group, member, "missed its session timeout")
+                    group.fence(member, "missed its session timeout")
                 elif member.state == UNREVOKED and now > member.revoke_deadline_s:
-                    self._fence_consumer(group, member, "did not revoke its partitions in time")
+                    group.fence(member, "did not revoke its partitions in time")
             if not group.members and not self._store.has_group(group.group_id):
                 del self._consumer_groups[group.group_id]
 
     def describe_consumer_group(self, group_id: str) -> ConsumerGroup:
         """ConsumerGroupDescribe: a copy of a KIP-848 group (GROUP_ID_NOT_FOUND for any other,
         a classic group included, as Kafka answers)."""
-        _check_group_id(group_id)
+        check_group_id(group_id)
         with self._lock:
             group = self._consumer_groups.get(group_id)
             if group is None:
@@ -703,34 +480,12 @@ class GroupCoordinator:
             raise errors.InconsistentGroupProtocolError(
                 f"group {group_id} is a consumer group (ConsumerGroupHeartbeat) with members")
 
-    def _check_consumer_commit(self, group: ConsumerGroup, member_id: str,
-                               member_epoch: int) -> None:
-        """Lock held. An OffsetCommit to a consumer group: from a member at its epoch (v9's
-        generation field carries it), or from outside (epoch -1, no member id) while empty."""
-        if member_epoch < 0 and not member_id:
-            if group.members:
-                raise errors.UnknownMemberIdError(
-                    f"group {group.group_id} has active members: a consumer outside it cannot "
-                    "commit its offsets")
-            return
-        member = group.members.get(member_id)
-        if member is None:
-            raise errors.UnknownMemberIdError(
-                f"member {member_id} is not in consumer group {group.group_id}")
-        if member_epoch > member.member_epoch:
-            raise errors.FencedMemberEpochError(
-                f"member {member_id} is at epoch {member.member_epoch}, not {member_epoch}")
-        if member_epoch < member.member_epoch:
-            raise errors.StaleMemberEpochError(
-                f"member {member_id} is at epoch {member.member_epoch}, not {member_epoch}")
-        member.last_heartbeat_s = self._clock()
-
     # ---- offsets -------------------------------------------------------------------------------
 
     def check_offset_commit(self, group_id: str, partitions: int) -> None:
         """The limits of a whole OffsetCommit: its group id, and how many partitions it names.
         Doors call this before anything else, so a request past them costs nothing more."""
-        _check_group_id(group_id)
+        check_group_id(group_id)
         limit = self._config.offset_commit_partitions_max
         if partitions > limit:
             raise errors.InvalidRequestError(
@@ -748,7 +503,7 @@ class GroupCoordinator:
         for (topic, partition), om in offsets.items():
             if om.offset < 0 or partition < 0:
                 raise errors.InvalidCommitOffsetSizeError(
-                    f"cannot commit offset {om.offset} of {_shown(topic)}-{partition}")
+                    f"cannot commit offset {om.offset} of {shown(topic)}-{partition}")
         unknown = _unknown_partitions(self._metadata(), list(offsets))
         known = {tp: om for tp, om in offsets.items() if tp not in unknown}
         answers: PartitionErrors = {**dict.fromkeys(known), **unknown}
@@ -758,7 +513,7 @@ class GroupCoordinator:
             consumers = self._consumer_groups.get(group_id)
             group = self._groups.get(group_id)
             if consumers is not None and (consumers.members or member_id):
-                self._check_consumer_commit(consumers, member_id, generation_id)
+                consumers.validate_offset_commit(member_id, generation_id, self._clock())
             elif generation_id < 0 and not member_id:
                 if group is not None and group.members:
                     raise errors.UnknownMemberIdError(
@@ -788,15 +543,15 @@ class GroupCoordinator:
         ILLEGAL_GENERATION, a replaced static member FENCED_INSTANCE_ID; a producer that names
         no member (generation -1, "") is not checked. A zombie consumer's producer cannot
         commit offsets for partitions the group gave to another member since."""
-        _check_group_id(group_id)
+        check_group_id(group_id)
         with self._lock:
             consumers = self._consumer_groups.get(group_id)
             if consumers is not None and member_id:  # KIP-848: the generation is the epoch
-                self._check_consumer_commit(consumers, member_id, generation_id)
+                consumers.validate_offset_commit(member_id, generation_id, self._clock())
                 return
             group = self._groups.get(group_id)
             if group is not None:
-                self._check_instance(group, member_id, group_instance_id)
+                group.check_instance(member_id, group_instance_id)
             if member_id and (group is None or member_id not in group.members):
                 raise errors.UnknownMemberIdError(f"member {member_id} is not in group {group_id}")
             if generation_id >= 0 and generation_id != (group.generation_id if group else -1):
@@ -819,7 +574,7 @@ class GroupCoordinator:
     def fetch_offsets(self, group_id: str, partitions: list[tuple[str, int]] | None = None
                       ) -> dict[tuple[str, int], OffsetAndMetadata]:
         """OffsetFetch: the committed offsets of a group (all, or of these partitions)."""
-        _check_group_id(group_id)
+        check_group_id(group_id)
         committed = self._store.offsets(group_id)
         if partitions is None:
             return committed
@@ -844,14 +599,7 @@ class GroupCoordinator:
             if group is None:
                 state = EMPTY if group_id in self._store.groups() else DEAD
                 return GroupDescription(group_id, state, "", "", -1, "", [])
-            members = [MemberDescription(
-                m.member_id, m.client_id, m.client_host,
-                m.metadata(group.protocol_name) if group.protocol_name else b"",
-                m.assignment if group.state == STABLE else b"", m.group_instance_id)
-                for m in group.members.values()]
-            return GroupDescription(group_id, group.state, group.protocol_type,
-                                    group.protocol_name, group.generation_id, group.leader_id,
-                                    members)
+            return group.description()
 
     def delete_groups(self, group_ids: list[str]) -> dict[str, errors.DeltaBusError | None]:
         """DeleteGroups: only empty groups (NON_EMPTY_GROUP otherwise); their offsets go too."""
@@ -889,7 +637,7 @@ class GroupCoordinator:
             group = self._groups.get(group_id)
             if group is None and not self._store.has_group(group_id):
                 raise errors.GroupIdNotFoundError(f"group {group_id} does not exist")
-            subscribed = _subscribed_topics(group) if group is not None else set()
+            subscribed = group.subscribed_topics() if group is not None else set()
         committed = self._store.offsets(group_id)
         topics = self._metadata().topics
         answers: PartitionErrors = {}
@@ -897,10 +645,10 @@ class GroupCoordinator:
         for topic, partition in partitions:
             if topic not in topics:  # as Kafka's KafkaApis, from its metadata cache
                 answers[(topic, partition)] = errors.UnknownTopicOrPartitionError(
-                    f"unknown topic {_shown(topic)}")
+                    f"unknown topic {shown(topic)}")
             elif subscribed is None or topic in subscribed:
                 answers[(topic, partition)] = errors.GroupSubscribedToTopicError(
-                    f"group {group_id} has members subscribed to {_shown(topic)}")
+                    f"group {group_id} has members subscribed to {shown(topic)}")
             else:
                 answers[(topic, partition)] = None
                 if (topic, partition) in committed:
@@ -938,7 +686,7 @@ class GroupCoordinator:
                              "session.timeout.ms; removed", group.group_id, member.member_id)
                     self._remove_member(group, member.member_id,
                                         "missed heartbeats past session.timeout.ms")
-            self._maybe_complete_join(group, now)
+            group.maybe_complete_join(now)
 
     def _drop_empty_groups(self) -> None:
         """Lock held. A group with no members, no member ids handed out and no committed
@@ -985,51 +733,8 @@ class GroupCoordinator:
         self._store.close()
 
 
-def _subscribed_topics(group: Group) -> set[str] | None:
-    """Lock held. The topics the group's members subscribe to (their JoinGroup metadata);
-    None when a member's cannot be read: every topic counts as subscribed then, as Kafka's
-    classic groups answer. NON_EMPTY_GROUP for members of another protocol than consumer."""
-    topics: set[str] = set()
-    for member in group.members.values():
-        if member.protocol_type != "consumer":
-            raise errors.NonEmptyGroupError(
-                f"group {group.group_id} has {len(group.members)} members of protocol "
-                f"{_shown(member.protocol_type)}")
-        for _, metadata in member.protocols:
-            named = subscription_topics(metadata)
-            if named is None:
-                return None
-            topics.update(named)
-    return topics
 
 
-def subscription_topics(metadata: bytes) -> list[str] | None:
-    """The topics of a ConsumerProtocolSubscription (every version opens with its version and
-    topic list), None when it is malformed."""
-    try:
-        (count,) = struct.unpack_from(">i", metadata, 2)
-        pos, topics = 6, []
-        for _ in range(count):  # each takes 2 bytes at least: the data bounds the loop
-            (size,) = struct.unpack_from(">h", metadata, pos)
-            if size < 0 or pos + 2 + size > len(metadata):
-                return None
-            topics.append(metadata[pos + 2:pos + 2 + size].decode())
-            pos += 2 + size
-    except (struct.error, UnicodeDecodeError):
-        return None
-    return topics
-
-
-def _check_group_id(group_id: str) -> None:
-    if not group_id or len(group_id) > cfg.GROUP_ID_LENGTH_MAX:
-        raise errors.InvalidGroupIdError(
-            f"a group id has 1 to {cfg.GROUP_ID_LENGTH_MAX} characters, not {len(group_id)}")
-
-
-def _shown(name: str) -> str:
-    """A name as error messages show it: cut short if long (a door copies a message into the
-    answer of every partition it concerns)."""
-    return name if len(name) <= NAME_SHOWN_MAX else f"{name[:NAME_SHOWN_MAX]}..."
 
 
 def _unknown_partitions(image: MetadataImage, partitions: list[tuple[str, int]]
@@ -1072,21 +777,4 @@ def _once_stored(stored: Future[None], answers: PartitionErrors) -> Future[Parti
     return future
 
 
-def _choose_protocol(members: list[Member]) -> str:
-    """Kafka's vote: among the protocols every member supports, each member votes for the one it
-    prefers most; the most votes wins (ties go to the first member's preference)."""
-    common = set.intersection(*({name for name, _ in m.protocols} for m in members))
-    votes: collections.Counter[str] = collections.Counter()
-    for m in members:
-        votes[next(name for name, _ in m.protocols if name in common)] += 1
-    first = [name for name, _ in members[0].protocols if name in common]
-    return max(first, key=lambda name: (votes[name], -first.index(name)))
 
-
-def wait_result(future: Future, timeout_s: float) -> Any:
-    """A coordinator future's result, or REQUEST_TIMED_OUT after `timeout_s`."""
-    try:
-        return future.result(timeout_s)
-    except futures.TimeoutError:
-        raise errors.RequestTimedOutError(
-            f"the group coordinator did not answer in {timeout_s:.0f} s") from None
