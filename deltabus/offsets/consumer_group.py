@@ -1,6 +1,8 @@
 """KIP-848's consumer groups (ConsumerGroupHeartbeat): the coordinator assigns partitions.
 
-Pure state, driven by the group coordinator under its lock (not thread-safe by itself). Each
+Pure state, driven by the GroupMetadataManager under the coordinator's lock (not thread-safe by
+itself): a group owns its members and epochs, and the moves between them (a member joining or
+taking a static member's place back, a member fenced, a commit checked against its epoch). Each
 group has a group epoch, bumped whenever membership, a subscription or the partition count of
 a subscribed topic changes; a target assignment, computed by a server assignor (`uniform` or
 `range`) for the group epoch; and members that each move toward their target one step at a
@@ -21,16 +23,30 @@ Invariants:
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from deltabus import errors
+
+log = logging.getLogger(__name__)
 
 STABLE, UNREVOKED, UNRELEASED = "STABLE", "UNREVOKED_PARTITIONS", "UNRELEASED_PARTITIONS"
 ASSIGNORS = ("uniform", "range")  # Kafka's group.consumer.assignors; the first is the default
 LEAVE_EPOCH, STATIC_LEAVE_EPOCH = -1, -2
 
 Assignment = dict[str, frozenset[int]]  # topic -> partitions
+
+
+@dataclass(frozen=True)
+class HeartbeatResult:
+    """ConsumerGroupHeartbeat's answer: the member's epoch and, when it changed or the member
+    sent a full request, its assignment."""
+
+    member_id: str
+    member_epoch: int
+    heartbeat_interval_ms: int
+    assignment: Assignment | None
 
 
 @dataclass
@@ -141,6 +157,65 @@ class ConsumerGroup:
             member.member_epoch = self.assignment_epoch
         member.state = STABLE if member.assigned == {t: ps for t, ps in target.items() if ps} \
             else UNRELEASED
+
+    def add_member(self, member: ConsumerMember) -> None:
+        """A new member joins (epoch 0): a new group epoch, unless it is a static member that
+        comes back (its instance id held by a member gone with epoch -2), which takes that
+        member's place, epoch and partitions without a rebalance. UNRELEASED_INSTANCE_ID while
+        the instance id's holder is live."""
+        member_id, instance_id = member.member_id, member.instance_id
+        holder = self.static_members.get(instance_id) if instance_id else None
+        if holder is not None:
+            old = self.members[holder]
+            if not old.left_static:
+                raise errors.UnreleasedInstanceIdError(
+                    f"instance id {instance_id} is held by live member {holder}")
+            del self.members[holder]  # the static member is back: same epoch, same partitions
+            member.member_epoch, member.previous_member_epoch = old.member_epoch, -1
+            member.assigned, member.revoking, member.state = old.assigned, old.revoking, old.state
+            member.subscribed_topic_names = old.subscribed_topic_names
+            member.server_assignor = old.server_assignor
+            self.target[member_id] = self.target.pop(holder, {})
+        else:
+            self.changed = True
+        if instance_id:
+            self.static_members[instance_id] = member_id
+        self.members[member_id] = member
+        log.info("consumer group %s: member %s joined (group epoch %d)", self.group_id,
+                 member_id, self.group_epoch)
+
+    def fence(self, member: ConsumerMember, why: str) -> None:
+        """The member is out; its partitions go to others in a new group epoch."""
+        del self.members[member.member_id]
+        self.target.pop(member.member_id, None)
+        if member.instance_id and self.static_members.get(member.instance_id) == \
+                member.member_id:
+            del self.static_members[member.instance_id]
+        self.group_epoch += 1
+        log.info("consumer group %s: member %s %s (group epoch %d)", self.group_id,
+                 member.member_id, why, self.group_epoch)
+
+    def validate_offset_commit(self, member_id: str, member_epoch: int, now: float) -> None:
+        """An OffsetCommit to the group: from a member at its epoch (v9's generation field
+        carries it), or from outside (epoch -1, no member id) while empty. A member's commit
+        counts as a heartbeat."""
+        if member_epoch < 0 and not member_id:
+            if self.members:
+                raise errors.UnknownMemberIdError(
+                    f"group {self.group_id} has active members: a consumer outside it cannot "
+                    "commit its offsets")
+            return
+        member = self.members.get(member_id)
+        if member is None:
+            raise errors.UnknownMemberIdError(
+                f"member {member_id} is not in consumer group {self.group_id}")
+        if member_epoch > member.member_epoch:
+            raise errors.FencedMemberEpochError(
+                f"member {member_id} is at epoch {member.member_epoch}, not {member_epoch}")
+        if member_epoch < member.member_epoch:
+            raise errors.StaleMemberEpochError(
+                f"member {member_id} is at epoch {member.member_epoch}, not {member_epoch}")
+        member.last_heartbeat_s = now
 
     def check_epoch(self, member: ConsumerMember, epoch: int, owned: Assignment | None) -> None:
         """A heartbeat's epoch against the member's (Kafka's throwIfMemberEpochIsInvalid): the

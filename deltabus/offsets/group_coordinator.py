@@ -1,4 +1,4 @@
-"""The group coordinator: Kafka's classic consumer-group protocol and committed offsets.
+"""The group coordinator: Kafka's consumer-group protocols and committed offsets, one door.
 
 Runs in the Spark driver beside the controller, so it lives as long as the cluster and no
 executor loss moves it; what it must not forget (committed offsets) is in the `__consumer_offsets`
@@ -6,144 +6,76 @@ Delta table (`OffsetStore`). Membership is soft state, as in Kafka after a coord
 restarted coordinator answers UNKNOWN_MEMBER_ID and members join again, resuming from their
 committed offsets.
 
-Thread-safe: gRPC threads call in; JoinGroup and SyncGroup answer through futures that complete
-when the rebalance does. `tick` (called by the coordinator's timer thread) expires sessions, ends
-join phases at their deadline and expires old offsets.
+Split as Kafka's group coordinator is: `GroupCoordinator` here is the front the doors call, and
+routes each request to
+- `GroupMetadataManager` (group_metadata_manager.py): membership for both protocols, the classic
+  one (JoinGroup, SyncGroup, Heartbeat, LeaveGroup; each group a `ClassicGroup`, classic_group.py,
+  that owns its join/sync state machine) and KIP-848's (ConsumerGroupHeartbeat; each group a
+  `ConsumerGroup`, consumer_group.py);
+- `OffsetMetadataManager` (offset_metadata_manager.py): OffsetCommit, transactional offsets,
+  OffsetFetch, OffsetDelete and the expiry of offsets.
+What spans both (DeleteGroups, the timer's `tick`, `close`) stays here, as in Kafka's
+GroupCoordinatorShard. The limits every request is held to are in group_limits.py.
 
-Group states and transitions (Kafka's names):
+Thread-safe: gRPC threads call in; one lock, made here and shared by both managers, guards every
+group, as the single coordinator lock did before the split; nothing waits on Delta while holding
+it. JoinGroup and SyncGroup answer through futures that complete when the rebalance does. `tick`
+(called by the coordinator's timer thread) expires sessions, ends join phases at their deadline
+and expires old offsets.
 
-    Empty --join--> PreparingRebalance --all joined / deadline--> CompletingRebalance
-    CompletingRebalance --leader's SyncGroup--> Stable
-    Stable / CompletingRebalance --join, leave, session expiry--> PreparingRebalance
-    PreparingRebalance --deadline with nobody joined--> Empty
-
-Invariants:
+Invariants (each module states its own in full):
 - `generation_id` grows by one with every completed join phase; requests of an older generation
   get ILLEGAL_GENERATION, so a member that missed a rebalance cannot commit or act on a stale
   assignment.
 - A commit is acknowledged only once it is durable in `__consumer_offsets`.
-- A member waiting in JoinGroup or SyncGroup is never expired: it is in the middle of the protocol.
-- What the coordinator keeps is bounded: offsets only for partitions the cluster has (Kafka's
-  metadata cache check); at most group.max.groups groups, group.max.size members a group
-  (counting member ids handed out) and group.max.pending.members ids handed out in all; a group
-  with no members, ids handed out or offsets is dropped. A request past a limit
-  (config.GroupConfig, config.GROUP_ID_LENGTH_MAX) is refused before anything is written, and a
-  refusal's message never repeats a hostile name, since doors copy it into every partition's
-  answer.
+- What the coordinator keeps is bounded (group.max.groups, group.max.size,
+  group.max.pending.members, offsets only for partitions the cluster has), and a request past a
+  limit is refused before anything is written.
 - No JoinGroup or SyncGroup waits longer than group.max.rebalance.timeout.ms (and a slack).
 """
 
 from __future__ import annotations
 
-import collections
-import copy
-import logging
-import struct
 import threading
 import time
-import uuid
 from collections.abc import Callable
-from concurrent import futures
 from concurrent.futures import Future
-from dataclasses import dataclass, field
-from typing import Any
 
 from deltabus import config as cfg
 from deltabus import errors
-from deltabus.metadata import GroupDescription, MemberDescription, MetadataImage
-from deltabus.offsets.consumer_group import (
-    ASSIGNORS,
-    LEAVE_EPOCH,
-    STATIC_LEAVE_EPOCH,
-    UNREVOKED,
-    Assignment,
-    ConsumerGroup,
-    ConsumerMember,
+from deltabus.metadata import GroupDescription, MetadataImage
+from deltabus.offsets.classic_group import (
+    COMPLETING_REBALANCE,
+    DEAD,
+    EMPTY,
+    PREPARING_REBALANCE,
+    STABLE,
+    JoinResult,
+    Member,
+    subscription_topics,
 )
-from deltabus.offsets.offset_store import OffsetAndMetadata, OffsetCommit, OffsetStore
+from deltabus.offsets.consumer_group import Assignment, ConsumerGroup, HeartbeatResult
+from deltabus.offsets.group_limits import (
+    COMMIT_TIMEOUT_S,
+    LONG_POLL_SLACK_S,
+    NAME_SHOWN_MAX,
+    wait_result,
+)
+from deltabus.offsets.group_metadata_manager import GroupMetadataManager
+from deltabus.offsets.offset_metadata_manager import OffsetMetadataManager, PartitionErrors
+from deltabus.offsets.offset_store import OffsetAndMetadata, OffsetStore
 
-log = logging.getLogger(__name__)
-
-EMPTY = "Empty"
-PREPARING_REBALANCE = "PreparingRebalance"
-COMPLETING_REBALANCE = "CompletingRebalance"
-STABLE = "Stable"
-DEAD = "Dead"
-
-# A JoinGroup or SyncGroup waits for the rebalance at most its rebalance timeout and this much.
-LONG_POLL_SLACK_S = 5.0
-COMMIT_TIMEOUT_S = 30.0  # an OffsetCommit waits this long for __consumer_offsets
-
-
-@dataclass
-class Member:
-    """One member of a group, as the coordinator knows it."""
-
-    member_id: str
-    client_id: str
-    client_host: str
-    session_timeout_ms: int
-    rebalance_timeout_ms: int
-    protocol_type: str
-    protocols: list[tuple[str, bytes]]  # (assignor name, subscription metadata), by preference
-    last_heartbeat_s: float
-    assignment: bytes = b""
-    join: Future[JoinResult] | None = None  # waiting in JoinGroup
-    sync: Future[bytes] | None = None  # waiting in SyncGroup
-    group_instance_id: str | None = None  # a static member's (KIP-345)
-
-    def metadata(self, protocol: str) -> bytes:
-        return next(m for name, m in self.protocols if name == protocol)
-
-
-@dataclass(frozen=True)
-class JoinResult:
-    generation_id: int
-    protocol_name: str
-    leader_id: str
-    member_id: str
-    members: list[tuple[str, bytes]]  # (member id, metadata): only the leader gets them
-    # The static members among them: member id -> group instance id.
-    instance_ids: dict[str, str] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class HeartbeatResult:
-    """ConsumerGroupHeartbeat's answer: the member's epoch and, when it changed or the member
-    sent a full request, its assignment."""
-
-    member_id: str
-    member_epoch: int
-    heartbeat_interval_ms: int
-    assignment: Assignment | None
-
-
-@dataclass
-class Group:
-    group_id: str
-    state: str = EMPTY
-    generation_id: int = 0
-    protocol_type: str = ""
-    protocol_name: str = ""
-    leader_id: str = ""
-    members: dict[str, Member] = field(default_factory=dict)
-    join_deadline_s: float = 0.0  # the join phase ends by then, joined or not
-    join_not_before_s: float = 0.0  # a new group's first join phase waits for more members
-    empty_since_s: float = field(default_factory=time.time)
-    # Member ids handed out with MEMBER_ID_REQUIRED, not joined yet: id -> expiry time.
-    pending_members: dict[str, float] = field(default_factory=dict)
-    # Static members: group.instance.id -> the member id that holds it now.
-    static_members: dict[str, str] = field(default_factory=dict)
-
-
-# Each partition's answer to an OffsetCommit: None when committed, else why not.
-PartitionErrors = dict[tuple[str, int], errors.DeltaBusError | None]
-# A name longer than this is cut short in error messages.
-NAME_SHOWN_MAX = 64
+# What callers imported from here before the split, still importable from here.
+__all__ = [
+    "COMMIT_TIMEOUT_S", "COMPLETING_REBALANCE", "DEAD", "EMPTY", "LONG_POLL_SLACK_S",
+    "NAME_SHOWN_MAX", "PREPARING_REBALANCE", "STABLE", "GroupCoordinator", "HeartbeatResult",
+    "JoinResult", "Member", "PartitionErrors", "subscription_topics", "wait_result",
+]
 
 
 class GroupCoordinator:
-    """Every consumer group of the cluster: membership, rebalances and committed offsets."""
+    """Every consumer group of the cluster: membership, rebalances and committed offsets. In
+    the driver; thread-safe."""
 
     def __init__(self, store: OffsetStore, config: cfg.GroupConfig,
                  clock: Callable[[], float] = time.monotonic, *,
@@ -153,397 +85,54 @@ class GroupCoordinator:
         self._store = store
         self._config = config
         self._clock = clock
-        self._metadata = metadata
-        self._lock = threading.Lock()
-        self._groups: dict[str, Group] = {}
-        self._consumer_groups: dict[str, ConsumerGroup] = {}  # KIP-848's
+        self._lock = threading.Lock()  # the managers' one lock
+        self._groups = GroupMetadataManager(store, config, clock, metadata, self._lock)
+        self._offsets = OffsetMetadataManager(store, config, clock, metadata, self._lock,
+                                              self._groups)
         self._next_expiry_check_s = clock() + config.offsets_retention_check_interval_ms / 1000
 
-    # ---- membership ----------------------------------------------------------------------------
+    # ---- membership: GroupMetadataManager ------------------------------------------------------
 
     def join_group(self, group_id: str, member_id: str, protocol_type: str,
                    protocols: list[tuple[str, bytes]], *, session_timeout_ms: int,
                    rebalance_timeout_ms: int, client_id: str = "", client_host: str = "",
                    group_instance_id: str | None = None) -> Future[JoinResult]:
         """JoinGroup: the future completes when the join phase ends, with the new generation
-        (and, for the leader, every member's metadata to compute the assignment from).
-
-        A static member (`group_instance_id`, KIP-345) that joins again under a new member id
-        takes its old place, assignment and all, without a rebalance while the group is
-        stable: a restarted consumer gets its partitions back and the others never stop."""
-        _check_group_id(group_id)
-        low = self._config.group_min_session_timeout_ms
-        high = self._config.group_max_session_timeout_ms
-        if not low <= session_timeout_ms <= high:
-            raise errors.InvalidSessionTimeoutError(
-                f"session.timeout.ms {session_timeout_ms} is outside [{low}, {high}] "
-                "(group.min.session.timeout.ms, group.max.session.timeout.ms)")
-        if not protocol_type or not protocols:
-            raise errors.InconsistentGroupProtocolError(
-                "a member must name its protocol type and at least one protocol")
-        rebalance_timeout_ms = self._rebalance_timeout_ms(rebalance_timeout_ms,
-                                                          session_timeout_ms)
-        future: Future[JoinResult] = Future()
-        with self._lock:
-            self._check_not_consumer_group(group_id)
-            group = self._groups.get(group_id) or self._new_group(group_id)
-            now = self._clock()
-            leader_before: str | None = None  # a static member's restart: the leader's id
-            if group_instance_id and not member_id:
-                known = group.static_members.get(group_instance_id)
-                self._check_protocols(group, known or "", protocol_type, protocols)
-                member_id = f"{group_instance_id}-{uuid.uuid4()}"
-                if known is not None:
-                    leader_before = group.leader_id
-                    self._replace_static_member(group, known, member_id)
-                else:  # a static member needs no MEMBER_ID_REQUIRED round (KIP-345)
-                    self._check_room_for_member(group)
-                    group.pending_members[member_id] = now + session_timeout_ms / 1000
-            else:
-                self._check_protocols(group, member_id, protocol_type, protocols)
-                self._check_instance(group, member_id, group_instance_id)
-            if not member_id:  # Kafka's KIP-394: the member learns its id before it waits
-                self._check_room_for_member(group)
-                member_id = f"{client_id or 'consumer'}-{uuid.uuid4()}"
-                group.pending_members[member_id] = now + session_timeout_ms / 1000
-                error = errors.MemberIdRequiredError(
-                    f"join group {group_id} again with the member id {member_id}")
-                error.member_id = member_id  # type: ignore[attr-defined]
-                raise error
-            member = self._joining_member(group, member_id, protocol_type, protocols,
-                                          session_timeout_ms, rebalance_timeout_ms,
-                                          client_id, client_host, now)
-            if group_instance_id:
-                member.group_instance_id = group_instance_id
-                group.static_members[group_instance_id] = member_id
-            member.last_heartbeat_s = now
-            if leader_before is not None and \
-                    self._rejoined_without_rebalance(group, member, future, leader_before):
-                return future
-            member.join = future
-            if group.state != PREPARING_REBALANCE:
-                self._prepare_rebalance(group, f"member {member_id} joined", now)
-            elif group.join_not_before_s > now:  # a new group: wait a little more for others
-                group.join_not_before_s = min(
-                    now + self._config.group_initial_rebalance_delay_ms / 1000,
-                    group.join_deadline_s)
-            self._maybe_complete_join(group, now)
-        return future
-
-    def _joining_member(self, group: Group, member_id: str, protocol_type: str,
-                        protocols: list[tuple[str, bytes]], session_timeout_ms: int,
-                        rebalance_timeout_ms: int, client_id: str, client_host: str,
-                        now: float) -> Member:
-        """Lock held. The member a JoinGroup is for: a known one with its new protocols and
-        timeouts, or a new one with an id it was handed."""
-        group_id = group.group_id
-        if member_id in group.members:
-            member = group.members[member_id]
-            if member.join is not None and not member.join.done():
-                member.join.set_exception(errors.RebalanceInProgressError(
-                    "a newer JoinGroup of this member replaced this one"))
-            member.protocols, member.session_timeout_ms = protocols, session_timeout_ms
-            member.rebalance_timeout_ms = rebalance_timeout_ms
-            return member
-        if group.pending_members.pop(member_id, None) is None:
-            raise errors.UnknownMemberIdError(f"member {member_id} is not in group {group_id}")
-        if len(group.members) >= self._config.group_max_size:
-            raise errors.GroupMaxSizeReachedError(
-                f"group {group_id} has {len(group.members)} members, the most "
-                f"group.max.size ({self._config.group_max_size}) allows")
-        member = Member(member_id, client_id, client_host, session_timeout_ms,
-                        rebalance_timeout_ms, protocol_type, protocols, now)
-        group.members[member_id] = member
-        if not group.protocol_type:
-            group.protocol_type = protocol_type
-        return member
-
-    def _replace_static_member(self, group: Group, old_id: str, new_id: str) -> None:
-        """Lock held. A static member joined again without its member id (a restart): the
-        member it replaces keeps its place under `new_id`, and whatever still uses `old_id`
-        is fenced (FENCED_INSTANCE_ID), as Kafka's replaceStaticMember does."""
-        member = group.members.pop(old_id)
-        for waiter in (member.join, member.sync):
-            if waiter is not None and not waiter.done():
-                waiter.set_exception(errors.FencedInstanceIdError(
-                    f"member {old_id} was replaced by a newer member with instance id "
-                    f"{member.group_instance_id}"))
-        member.join = member.sync = None
-        member.member_id = new_id
-        group.members[new_id] = member
-        if group.leader_id == old_id:
-            group.leader_id = new_id
-        log.info("group %s: static member %s rejoined as %s", group.group_id,
-                 member.group_instance_id, new_id)
-
-    def _rejoined_without_rebalance(self, group: Group, member: Member,
-                                    future: Future[JoinResult], leader_before: str) -> bool:
-        """Lock held. A static member that took its old place in a stable group, without
-        changing the protocol the group would choose, gets the current generation at once and
-        its old assignment at SyncGroup; a leader is told the old leader id, so that it does not
-        assign again (Kafka's updateStaticMemberAndRebalance, before KIP-814's
-        skipAssignment). Elsewhere, the group rebalances as for any join."""
-        if group.state != STABLE or \
-                _choose_protocol(list(group.members.values())) != group.protocol_name:
-            return False
-        future.set_result(JoinResult(group.generation_id, group.protocol_name, leader_before,
-                                     member.member_id, []))
-        return True
-
-    def _check_instance(self, group: Group, member_id: str,
-                        group_instance_id: str | None) -> None:
-        """Lock held. A request of a static member must come from the member that holds its
-        instance id now: an older one (replaced by a restart) is FENCED_INSTANCE_ID."""
-        if not group_instance_id:
-            return
-        holder = group.static_members.get(group_instance_id)
-        if holder is None:
-            if member_id and member_id not in group.members \
-                    and member_id not in group.pending_members:
-                raise errors.UnknownMemberIdError(
-                    f"member {member_id} is not in group {group.group_id}")
-            return
-        if holder != member_id:
-            raise errors.FencedInstanceIdError(
-                f"instance id {group_instance_id} of group {group.group_id} belongs to a "
-                f"newer member than {member_id}")
-
-    def _rebalance_timeout_ms(self, rebalance_timeout_ms: int, session_timeout_ms: int) -> int:
-        """A member's rebalance timeout: as asked (the session timeout if not), up to
-        group.max.rebalance.timeout.ms."""
-        asked = rebalance_timeout_ms if rebalance_timeout_ms > 0 else session_timeout_ms
-        return min(asked, self._config.group_max_rebalance_timeout_ms)
+        (and, for the leader, every member's metadata); see GroupMetadataManager.join_group."""
+        return self._groups.join_group(
+            group_id, member_id, protocol_type, protocols,
+            session_timeout_ms=session_timeout_ms, rebalance_timeout_ms=rebalance_timeout_ms,
+            client_id=client_id, client_host=client_host, group_instance_id=group_instance_id)
 
     def join_wait_s(self, rebalance_timeout_ms: int, session_timeout_ms: int) -> float:
-        """How long a door waits for a JoinGroup's answer: the member's timeouts, never more
-        than group.max.rebalance.timeout.ms (by then the join phase has ended), and a slack."""
-        asked = max(rebalance_timeout_ms, session_timeout_ms)
-        return min(asked, self._config.group_max_rebalance_timeout_ms) / 1000 + LONG_POLL_SLACK_S
-
-    def _new_group(self, group_id: str) -> Group:
-        """Lock held. A group the coordinator does not hold in memory yet, unless it holds
-        group.max.groups (those with committed offsets count too)."""
-        limit = self._config.group_max_groups
-        if not self._store.has_group(group_id) and self._group_count() >= limit:
-            raise errors.GroupMaxSizeReachedError(
-                f"the coordinator holds {self._group_count()} groups, the most "
-                f"group.max.groups ({limit}) allows: no new group {group_id}")
-        group = self._groups[group_id] = Group(group_id)
-        return group
-
-    def _group_count(self) -> int:
-        """Lock held. Groups with committed offsets, and those in memory only."""
-        stored = self._store.group_count()
-        if stored + len(self._groups) < self._config.group_max_groups:
-            return stored + len(self._groups)  # an upper bound, and room enough
-        return stored + sum(1 for g in self._groups if not self._store.has_group(g))
-
-    def _check_room_for_member(self, group: Group) -> None:
-        """Lock held. Before a member id is handed out: the group stays within group.max.size
-        counting the ids handed out, and the ids handed out within group.max.pending.members."""
-        size, limit = len(group.members) + len(group.pending_members), self._config.group_max_size
-        if size >= limit:
-            raise errors.GroupMaxSizeReachedError(
-                f"group {group.group_id} has {size} members and member ids handed out, the "
-                f"most group.max.size ({limit}) allows")
-        pending = sum(len(g.pending_members) for g in self._groups.values())
-        if pending >= self._config.group_max_pending_members:
-            raise errors.GroupMaxSizeReachedError(
-                f"{pending} member ids are handed out and not joined with, the most "
-                f"group.max.pending.members ({self._config.group_max_pending_members}) allows")
-
-    def _check_protocols(self, group: Group, member_id: str, protocol_type: str,
-                         protocols: list[tuple[str, bytes]]) -> None:
-        others = [m for mid, m in group.members.items() if mid != member_id]
-        if not others:
-            return
-        if protocol_type != group.protocol_type:
-            raise errors.InconsistentGroupProtocolError(
-                f"group {group.group_id} uses protocol type {group.protocol_type}, "
-                f"not {protocol_type}")
-        names = {name for name, _ in protocols}
-        if not all(names & {name for name, _ in m.protocols} for m in others):
-            raise errors.InconsistentGroupProtocolError(
-                f"none of the assignors {sorted(names)} is supported by every member of group "
-                f"{group.group_id}")
-
-    def _prepare_rebalance(self, group: Group, why: str, now: float) -> None:
-        """Lock held. Start a join phase: members must join again by the deadline."""
-        for member in group.members.values():  # a sync in flight belongs to a dead generation
-            if member.sync is not None and not member.sync.done():
-                member.sync.set_exception(errors.RebalanceInProgressError(
-                    f"group {group.group_id} is rebalancing: {why}"))
-            member.sync = None
-        timeout_s = max((m.rebalance_timeout_ms for m in group.members.values()), default=0) / 1000
-        group.join_deadline_s = now + timeout_s
-        group.join_not_before_s = 0.0
-        if group.state == EMPTY:  # Kafka's group.initial.rebalance.delay.ms
-            group.join_not_before_s = min(
-                now + self._config.group_initial_rebalance_delay_ms / 1000, group.join_deadline_s)
-        log.info("group %s rebalancing (generation %d): %s", group.group_id,
-                 group.generation_id, why)
-        group.state = PREPARING_REBALANCE
-
-    def _maybe_complete_join(self, group: Group, now: float) -> None:
-        """Lock held. End the join phase once every member has joined, or at its deadline
-        (members that did not join by then are out)."""
-        if group.state != PREPARING_REBALANCE or now < group.join_not_before_s:
-            return
-        waiting = [m for m in group.members.values() if m.join is None]
-        if waiting and now < group.join_deadline_s:
-            return
-        for member in waiting:
-            log.info("group %s: member %s did not join in time; removed", group.group_id,
-                     member.member_id)
-            del group.members[member.member_id]
-        group.generation_id += 1
-        if not group.members:
-            self._become_empty(group)
-            return
-        group.protocol_name = _choose_protocol(list(group.members.values()))
-        if group.leader_id not in group.members:
-            group.leader_id = next(iter(group.members))
-        group.state = COMPLETING_REBALANCE
-        everyone = [(m.member_id, m.metadata(group.protocol_name))
-                    for m in group.members.values()]
-        instance_ids = {m.member_id: m.group_instance_id for m in group.members.values()
-                        if m.group_instance_id}
-        log.info("group %s generation %d: %d members, protocol %s, leader %s", group.group_id,
-                 group.generation_id, len(group.members), group.protocol_name, group.leader_id)
-        for member in group.members.values():
-            member.assignment = b""
-            member.last_heartbeat_s = now
-            join, member.join = member.join, None
-            assert join is not None
-            leader = member.member_id == group.leader_id
-            join.set_result(JoinResult(
-                group.generation_id, group.protocol_name, group.leader_id, member.member_id,
-                everyone if leader else [], instance_ids if leader else {}))
-
-    def _become_empty(self, group: Group) -> None:
-        group.state = EMPTY
-        group.protocol_name = group.leader_id = ""
-        group.protocol_type = ""
-        group.empty_since_s = time.time()
-        log.info("group %s is empty (generation %d)", group.group_id, group.generation_id)
+        """How long a door waits for a JoinGroup's answer."""
+        return self._groups.join_wait_s(rebalance_timeout_ms, session_timeout_ms)
 
     def sync_group(self, group_id: str, generation_id: int, member_id: str,
                    assignments: dict[str, bytes],
                    group_instance_id: str | None = None) -> Future[bytes]:
-        """SyncGroup: the leader hands in every member's assignment; each member's future
-        completes with its own once the leader's has arrived."""
-        future: Future[bytes] = Future()
-        with self._lock:
-            group, member = self._member(group_id, member_id, generation_id, group_instance_id)
-            if group.state == PREPARING_REBALANCE:
-                raise errors.RebalanceInProgressError(f"group {group_id} is rebalancing")
-            if group.state == STABLE:
-                future.set_result(member.assignment)
-                return future
-            member.sync = future
-            if member_id == group.leader_id:
-                for mid, m in group.members.items():
-                    m.assignment = assignments.get(mid, b"")
-                group.state = STABLE
-                log.info("group %s generation %d is stable", group_id, generation_id)
-                for m in group.members.values():
-                    if m.sync is not None:
-                        m.sync.set_result(m.assignment)
-                        m.sync = None
-        return future
+        """SyncGroup: each member's future completes with its assignment once the leader's
+        SyncGroup has handed them in."""
+        return self._groups.sync_group(group_id, generation_id, member_id, assignments,
+                                       group_instance_id)
 
     def rebalance_timeout_s(self, group_id: str) -> float:
         """How long a SyncGroup may wait: the longest rebalance timeout of the group's members."""
-        with self._lock:
-            group = self._groups.get(group_id)
-            members = group.members.values() if group is not None else []
-            return max((m.rebalance_timeout_ms for m in members), default=0) / 1000
+        return self._groups.rebalance_timeout_s(group_id)
 
     def heartbeat(self, group_id: str, generation_id: int, member_id: str,
                   group_instance_id: str | None = None) -> None:
         """Heartbeat: keeps the member's session; REBALANCE_IN_PROGRESS tells it to join again."""
-        with self._lock:
-            group, member = self._member(group_id, member_id, generation_id, group_instance_id)
-            member.last_heartbeat_s = self._clock()
-            if group.state == PREPARING_REBALANCE:
-                raise errors.RebalanceInProgressError(
-                    f"group {group_id} is rebalancing: join again")
+        self._groups.heartbeat(group_id, generation_id, member_id, group_instance_id)
 
     def leave_group(self, group_id: str, member_ids: list[str]) -> None:
-        """LeaveGroup: the members go at once, so their partitions move without waiting for
-        their sessions to expire."""
-        with self._lock:
-            group = self._groups.get(group_id)
-            if group is None:
-                raise errors.UnknownMemberIdError(f"group {group_id} has no members")
-            unknown = [m for m in member_ids if m not in group.members]
-            if unknown:
-                raise errors.UnknownMemberIdError(
-                    f"{unknown} are not members of group {group_id}")
-            for member_id in member_ids:
-                self._remove_member(group, member_id, "left the group")
+        """LeaveGroup: the members go at once."""
+        self._groups.leave_group(group_id, member_ids)
 
     def leave_members(self, group_id: str, members: list[tuple[str, str | None]]
                       ) -> dict[tuple[str, str | None], errors.DeltaBusError | None]:
-        """LeaveGroup v3+: each (member id, group instance id) goes, with its own answer. A
-        static member named by its instance id alone (no member id: an admin's
-        removeMembersFromConsumerGroup) goes whatever its member id; one whose member id is
-        not the instance's holder is FENCED_INSTANCE_ID."""
-        answers: dict[tuple[str, str | None], errors.DeltaBusError | None] = {}
-        with self._lock:
-            group = self._groups.get(group_id)
-            for key in members:
-                member_id, instance_id = key
-                try:
-                    if group is None:
-                        raise errors.UnknownMemberIdError(f"group {group_id} has no members")
-                    if instance_id and not member_id:
-                        member_id = group.static_members.get(instance_id, "")
-                    else:
-                        self._check_instance(group, member_id, instance_id)
-                    if member_id not in group.members:
-                        raise errors.UnknownMemberIdError(
-                            f"{member_id or instance_id} is not a member of group {group_id}")
-                    self._remove_member(group, member_id, "left the group")
-                    answers[key] = None
-                except errors.DeltaBusError as e:
-                    answers[key] = e
-        return answers
-
-    def _remove_member(self, group: Group, member_id: str, why: str) -> None:
-        """Lock held."""
-        member = group.members.pop(member_id)
-        if member.group_instance_id and \
-                group.static_members.get(member.group_instance_id) == member_id:
-            del group.static_members[member.group_instance_id]
-        for waiter in (member.join, member.sync):
-            if waiter is not None and not waiter.done():
-                waiter.set_exception(errors.UnknownMemberIdError(f"member {member_id} {why}"))
-        now = self._clock()
-        if group.state in (STABLE, COMPLETING_REBALANCE):
-            if group.members:
-                self._prepare_rebalance(group, f"member {member_id} {why}", now)
-            else:
-                group.generation_id += 1
-                self._become_empty(group)
-        self._maybe_complete_join(group, now)
-
-    def _member(self, group_id: str, member_id: str, generation_id: int,
-                group_instance_id: str | None = None) -> tuple[Group, Member]:
-        """Lock held. The group and member a request names, checked against the member that
-        holds its instance id (a static member's) and the generation."""
-        group = self._groups.get(group_id)
-        if group is not None:
-            self._check_instance(group, member_id, group_instance_id)
-        if group is None or member_id not in group.members:
-            raise errors.UnknownMemberIdError(f"member {member_id} is not in group {group_id}")
-        if generation_id != group.generation_id:
-            raise errors.IllegalGenerationError(
-                f"generation {generation_id} of group {group_id} is not the current one "
-                f"({group.generation_id})")
-        return group, group.members[member_id]
-
-    # ---- KIP-848's consumer groups -------------------------------------------------------------
+        """LeaveGroup v3+: each (member id, group instance id) goes, with its own answer."""
+        return self._groups.leave_members(group_id, members)
 
     def consumer_group_heartbeat(
             self, group_id: str, member_id: str, member_epoch: int, *,
@@ -551,315 +140,77 @@ class GroupCoordinator:
             rebalance_timeout_ms: int = -1, subscribed_topic_names: list[str] | None = None,
             server_assignor: str | None = None, owned: Assignment | None = None,
             client_id: str = "", client_host: str = "") -> HeartbeatResult:
-        """ConsumerGroupHeartbeat: join (epoch 0), heartbeat, or leave (-1; -2 for a static
-        member that comes back); the answer carries the member's next epoch and assignment,
-        computed here (the coordinator assigns, not a leader). None of these fields but the
-        ids and epoch are sent when unchanged since the last heartbeat, so None keeps them."""
-        _check_group_id(group_id)
-        if server_assignor is not None and server_assignor not in ASSIGNORS:
-            raise errors.UnsupportedAssignorError(
-                f"the coordinator's assignors are {list(ASSIGNORS)}, not {_shown(server_assignor)}")
-        interval_ms = self._config.group_consumer_heartbeat_interval_ms
-        with self._lock:
-            classic = self._groups.get(group_id)
-            if classic is not None and classic.members:
-                raise errors.InconsistentGroupProtocolError(
-                    f"group {group_id} is a classic group with members (JoinGroup)")
-            now = self._clock()
-            if member_epoch in (LEAVE_EPOCH, STATIC_LEAVE_EPOCH):
-                self._consumer_leave(group_id, member_id, member_epoch, now)
-                return HeartbeatResult(member_id, member_epoch, interval_ms, None)
-            group, member = self._consumer_member(group_id, member_id, member_epoch,
-                                                  instance_id, owned, now)
-            before = dict(member.assigned)
-            member.last_heartbeat_s = now
-            member.client_id, member.client_host = client_id, client_host
-            member.rack_id = rack_id if rack_id is not None else member.rack_id
-            if rebalance_timeout_ms > 0:
-                member.rebalance_timeout_ms = min(
-                    rebalance_timeout_ms, self._config.group_max_rebalance_timeout_ms)
-            if subscribed_topic_names is not None and \
-                    tuple(sorted(set(subscribed_topic_names))) != member.subscribed_topic_names:
-                member.subscribed_topic_names = tuple(sorted(set(subscribed_topic_names)))
-                group.changed = True
-            if server_assignor is not None and server_assignor != member.server_assignor:
-                member.server_assignor = server_assignor
-                group.changed = True
-            image = self._metadata()
-            group.refresh_partition_counts(
-                lambda t: len(image.topics[t].partitions) if t in image.topics else 0)
-            group.update_target()
-            group.reconcile(member, owned, now)
-            full = member_epoch == 0 or (rebalance_timeout_ms != -1 and owned is not None
-                                         and subscribed_topic_names is not None)
-            changed = full or member.assigned != before
-            return HeartbeatResult(member.member_id, member.member_epoch, interval_ms,
-                                   dict(member.assigned) if changed else None)
-
-    def _consumer_member(self, group_id: str, member_id: str, member_epoch: int,
-                         instance_id: str | None, owned: Assignment | None,
-                         now: float) -> tuple[ConsumerGroup, ConsumerMember]:
-        """Lock held. The member a heartbeat is for: a new one (epoch 0), a static member
-        taking its place back (epoch 0 and its instance id), or a known one at its epoch."""
-        group = self._consumer_groups.get(group_id)
-        if member_epoch != 0:
-            member = group.members.get(member_id) if group is not None else None
-            if group is None or member is None or member.left_static:
-                raise errors.UnknownMemberIdError(
-                    f"member {member_id} is not in consumer group {group_id}")
-            group.check_epoch(member, member_epoch, owned)
-            return group, member
-        if group is None:
-            if not self._store.has_group(group_id) and \
-                    self._group_count() + len(self._consumer_groups) >= \
-                    self._config.group_max_groups:
-                raise errors.GroupMaxSizeReachedError(
-                    f"the coordinator holds the most groups group.max.groups "
-                    f"({self._config.group_max_groups}) allows: no new group {group_id}")
-            group = self._consumer_groups[group_id] = ConsumerGroup(group_id)
-        member_id = member_id or str(uuid.uuid4())  # v0: the coordinator names new members
-        if member_id in group.members:  # a rejoin: it keeps its place (a static one too)
-            group.members[member_id].left_static = False
-            return group, group.members[member_id]
-        if len(group.members) >= self._config.group_max_size:
-            raise errors.GroupMaxSizeReachedError(
-                f"group {group_id} has the most members group.max.size "
-                f"({self._config.group_max_size}) allows")
-        member = ConsumerMember(member_id, now, instance_id=instance_id)
-        holder = group.static_members.get(instance_id) if instance_id else None
-        if holder is not None:
-            old = group.members[holder]
-            if not old.left_static:
-                raise errors.UnreleasedInstanceIdError(
-                    f"instance id {instance_id} is held by live member {holder}")
-            del group.members[holder]  # the static member is back: same epoch, same partitions
-            member.member_epoch, member.previous_member_epoch = old.member_epoch, -1
-            member.assigned, member.revoking, member.state = old.assigned, old.revoking, old.state
-            member.subscribed_topic_names = old.subscribed_topic_names
-            member.server_assignor = old.server_assignor
-            group.target[member_id] = group.target.pop(holder, {})
-        else:
-            group.changed = True
-        if instance_id:
-            group.static_members[instance_id] = member_id
-        group.members[member_id] = member
-        log.info("consumer group %s: member %s joined (group epoch %d)", group_id, member_id,
-                 group.group_epoch)
-        return group, member
-
-    def _consumer_leave(self, group_id: str, member_id: str, member_epoch: int,
-                        now: float) -> None:
-        """Lock held. A member leaves (epoch -1) and its partitions go to others; a static
-        member that will come back (-2) keeps them for its session timeout."""
-        group = self._consumer_groups.get(group_id)
-        member = group.members.get(member_id) if group is not None else None
-        if group is None or member is None:
-            raise errors.UnknownMemberIdError(
-                f"member {member_id} is not in consumer group {group_id}")
-        if member_epoch == STATIC_LEAVE_EPOCH and member.instance_id:
-            member.left_static, member.last_heartbeat_s = True, now
-            return
-        self._fence_consumer(group, member, "left the group")
-
-    def _fence_consumer(self, group: ConsumerGroup, member: ConsumerMember, why: str) -> None:
-        """Lock held. The member is out; its partitions go to others in a new group epoch."""
-        del group.members[member.member_id]
-        group.target.pop(member.member_id, None)
-        if member.instance_id and group.static_members.get(member.instance_id) == \
-                member.member_id:
-            del group.static_members[member.instance_id]
-        group.group_epoch += 1
-        log.info("consumer group %s: member %s %s (group epoch %d)", group.group_id,
-                 member.member_id, why, group.group_epoch)
-
-    def _expire_consumers(self, now: float) -> None:
-        """Lock held. Members silent past group.consumer.session.timeout.ms, and those that
-        did not revoke partitions within their rebalance timeout, are fenced; empty groups
-        without committed offsets go."""
-        session_s = self._config.group_consumer_session_timeout_ms / 1000
-        for group in list(self._consumer_groups.values()):
-            for member in list(group.members.values()):
-                if now - member.last_heartbeat_s > session_s:
-                    self._fence_consumer(group, member, "missed its session timeout")
-                elif member.state == UNREVOKED and now > member.revoke_deadline_s:
-                    self._fence_consumer(group, member, "did not revoke its partitions in time")
-            if not group.members and not self._store.has_group(group.group_id):
-                del self._consumer_groups[group.group_id]
+        """ConsumerGroupHeartbeat (KIP-848): join (epoch 0), heartbeat, or leave (-1, -2); the
+        answer carries the member's next epoch and the assignment the coordinator computed."""
+        return self._groups.consumer_group_heartbeat(
+            group_id, member_id, member_epoch, instance_id=instance_id, rack_id=rack_id,
+            rebalance_timeout_ms=rebalance_timeout_ms,
+            subscribed_topic_names=subscribed_topic_names, server_assignor=server_assignor,
+            owned=owned, client_id=client_id, client_host=client_host)
 
     def describe_consumer_group(self, group_id: str) -> ConsumerGroup:
-        """ConsumerGroupDescribe: a copy of a KIP-848 group (GROUP_ID_NOT_FOUND for any other,
-        a classic group included, as Kafka answers)."""
-        _check_group_id(group_id)
-        with self._lock:
-            group = self._consumer_groups.get(group_id)
-            if group is None:
-                raise errors.GroupIdNotFoundError(f"group {group_id} is not a consumer group")
-            return copy.deepcopy(group)
+        """ConsumerGroupDescribe: a copy of a KIP-848 group."""
+        return self._groups.describe_consumer_group(group_id)
 
-    def _check_not_consumer_group(self, group_id: str) -> None:
-        """Lock held. A classic request to a KIP-848 group with members is refused."""
-        group = self._consumer_groups.get(group_id)
-        if group is not None and group.members:
-            raise errors.InconsistentGroupProtocolError(
-                f"group {group_id} is a consumer group (ConsumerGroupHeartbeat) with members")
-
-    def _check_consumer_commit(self, group: ConsumerGroup, member_id: str,
-                               member_epoch: int) -> None:
-        """Lock held. An OffsetCommit to a consumer group: from a member at its epoch (v9's
-        generation field carries it), or from outside (epoch -1, no member id) while empty."""
-        if member_epoch < 0 and not member_id:
-            if group.members:
-                raise errors.UnknownMemberIdError(
-                    f"group {group.group_id} has active members: a consumer outside it cannot "
-                    "commit its offsets")
-            return
-        member = group.members.get(member_id)
-        if member is None:
-            raise errors.UnknownMemberIdError(
-                f"member {member_id} is not in consumer group {group.group_id}")
-        if member_epoch > member.member_epoch:
-            raise errors.FencedMemberEpochError(
-                f"member {member_id} is at epoch {member.member_epoch}, not {member_epoch}")
-        if member_epoch < member.member_epoch:
-            raise errors.StaleMemberEpochError(
-                f"member {member_id} is at epoch {member.member_epoch}, not {member_epoch}")
-        member.last_heartbeat_s = self._clock()
-
-    # ---- offsets -------------------------------------------------------------------------------
+    # ---- offsets: OffsetMetadataManager --------------------------------------------------------
 
     def check_offset_commit(self, group_id: str, partitions: int) -> None:
-        """The limits of a whole OffsetCommit: its group id, and how many partitions it names.
-        Doors call this before anything else, so a request past them costs nothing more."""
-        _check_group_id(group_id)
-        limit = self._config.offset_commit_partitions_max
-        if partitions > limit:
-            raise errors.InvalidRequestError(
-                f"an OffsetCommit names {partitions} partitions, more than the "
-                f"{limit} of offset.commit.partitions.max")
+        """The limits of a whole OffsetCommit, which doors check before anything else."""
+        self._offsets.check_offset_commit(group_id, partitions)
 
     def commit_offsets(self, group_id: str, generation_id: int, member_id: str,
                        offsets: dict[tuple[str, int], OffsetAndMetadata],
                        group_instance_id: str | None = None) -> Future[PartitionErrors]:
-        """OffsetCommit: members of the current generation, or a standalone consumer
-        (generation -1, no member id) while the group has no members. Resolves once durable,
-        with each partition's answer: partitions the cluster does not have get
-        UNKNOWN_TOPIC_OR_PARTITION, as Kafka answers them, and are not written."""
-        self.check_offset_commit(group_id, len(offsets))
-        for (topic, partition), om in offsets.items():
-            if om.offset < 0 or partition < 0:
-                raise errors.InvalidCommitOffsetSizeError(
-                    f"cannot commit offset {om.offset} of {_shown(topic)}-{partition}")
-        unknown = _unknown_partitions(self._metadata(), list(offsets))
-        known = {tp: om for tp, om in offsets.items() if tp not in unknown}
-        answers: PartitionErrors = {**dict.fromkeys(known), **unknown}
-        if offsets and not known:  # Kafka asks the coordinator nothing: no group is made
-            return _resolved(answers)
-        with self._lock:
-            consumers = self._consumer_groups.get(group_id)
-            group = self._groups.get(group_id)
-            if consumers is not None and (consumers.members or member_id):
-                self._check_consumer_commit(consumers, member_id, generation_id)
-            elif generation_id < 0 and not member_id:
-                if group is not None and group.members:
-                    raise errors.UnknownMemberIdError(
-                        f"group {group_id} has active members: a consumer outside it cannot "
-                        "commit its offsets")
-            else:
-                group, member = self._member(group_id, member_id, generation_id,
-                                             group_instance_id)
-                if group.state == COMPLETING_REBALANCE:
-                    raise errors.RebalanceInProgressError(
-                        f"group {group_id} is completing a rebalance")
-                member.last_heartbeat_s = self._clock()
-            if group is None and consumers is None:
-                self._new_group(group_id)
-        now_ms = int(time.time() * 1000)
-        stored = self._store.commit([
-            OffsetCommit(group_id, topic, partition,
-                         OffsetAndMetadata(om.offset, om.leader_epoch, om.metadata, now_ms),
-                         member_id, generation_id)
-            for (topic, partition), om in known.items()])
-        return _once_stored(stored, answers)
+        """OffsetCommit: resolves once durable, with each partition's answer."""
+        return self._offsets.commit_offsets(group_id, generation_id, member_id, offsets,
+                                            group_instance_id)
 
     def check_txn_offset_commit(self, group_id: str, member_id: str, generation_id: int,
                                 group_instance_id: str | None = None) -> None:
-        """TxnOffsetCommit's check of the consumer that sent it (KIP-447), as Kafka's: a member
-        id the group does not have is UNKNOWN_MEMBER_ID, a generation (>= 0) not the group's
-        ILLEGAL_GENERATION, a replaced static member FENCED_INSTANCE_ID; a producer that names
-        no member (generation -1, "") is not checked. A zombie consumer's producer cannot
-        commit offsets for partitions the group gave to another member since."""
-        _check_group_id(group_id)
-        with self._lock:
-            consumers = self._consumer_groups.get(group_id)
-            if consumers is not None and member_id:  # KIP-848: the generation is the epoch
-                self._check_consumer_commit(consumers, member_id, generation_id)
-                return
-            group = self._groups.get(group_id)
-            if group is not None:
-                self._check_instance(group, member_id, group_instance_id)
-            if member_id and (group is None or member_id not in group.members):
-                raise errors.UnknownMemberIdError(f"member {member_id} is not in group {group_id}")
-            if generation_id >= 0 and generation_id != (group.generation_id if group else -1):
-                raise errors.IllegalGenerationError(
-                    f"generation {generation_id} of group {group_id} is not the current one")
+        """TxnOffsetCommit's check of the consumer that sent it (KIP-447)."""
+        self._offsets.check_txn_offset_commit(group_id, member_id, generation_id,
+                                              group_instance_id)
 
     def commit_transactional_offsets(self, group_id: str,
                                      offsets: dict[tuple[str, int], OffsetAndMetadata]
                                      ) -> Future[None]:
-        """A committed transaction's offsets (TxnOffsetCommit) become the group's committed
-        offsets, whatever its members and generation now: the transaction coordinator checked
-        the producer when it took them, as Kafka's group coordinator materializes them on the
-        commit marker. Resolves once durable."""
-        now_ms = int(time.time() * 1000)
-        return self._store.commit([
-            OffsetCommit(group_id, topic, partition,
-                         OffsetAndMetadata(om.offset, om.leader_epoch, om.metadata, now_ms))
-            for (topic, partition), om in offsets.items()])
+        """A committed transaction's offsets become the group's; resolves once durable."""
+        return self._offsets.commit_transactional_offsets(group_id, offsets)
 
     def fetch_offsets(self, group_id: str, partitions: list[tuple[str, int]] | None = None
                       ) -> dict[tuple[str, int], OffsetAndMetadata]:
         """OffsetFetch: the committed offsets of a group (all, or of these partitions)."""
-        _check_group_id(group_id)
-        committed = self._store.offsets(group_id)
-        if partitions is None:
-            return committed
-        return {tp: committed[tp] for tp in partitions if tp in committed}
+        return self._offsets.fetch_offsets(group_id, partitions)
+
+    def delete_offsets(self, group_id: str, partitions: list[tuple[str, int]]
+                       ) -> PartitionErrors:
+        """OffsetDelete: the named partitions' committed offsets go, but for subscribed
+        topics; durable before it returns."""
+        return self._offsets.delete_offsets(group_id, partitions)
+
+    def expire_offsets(self) -> list[str]:
+        """Drop the offsets of groups empty (and not committing) for offsets.retention.minutes.
+        Returns the groups whose offsets expired."""
+        return self._offsets.expire_offsets()
 
     # ---- administration ------------------------------------------------------------------------
 
     def list_groups(self) -> list[tuple[str, str, str]]:
         """(group id, protocol type, state) of every group, with members or offsets."""
-        with self._lock:
-            known = {g.group_id: (g.group_id, g.protocol_type or "consumer", g.state)
-                     for g in self._groups.values()}
-            known |= {g.group_id: (g.group_id, "consumer", g.state)
-                      for g in self._consumer_groups.values()}
-        for group_id in self._store.groups():
-            known.setdefault(group_id, (group_id, "consumer", EMPTY))
-        return sorted(known.values())
+        return self._groups.list_groups()
 
     def describe_group(self, group_id: str) -> GroupDescription:
-        with self._lock:
-            group = self._groups.get(group_id)
-            if group is None:
-                state = EMPTY if group_id in self._store.groups() else DEAD
-                return GroupDescription(group_id, state, "", "", -1, "", [])
-            members = [MemberDescription(
-                m.member_id, m.client_id, m.client_host,
-                m.metadata(group.protocol_name) if group.protocol_name else b"",
-                m.assignment if group.state == STABLE else b"", m.group_instance_id)
-                for m in group.members.values()]
-            return GroupDescription(group_id, group.state, group.protocol_type,
-                                    group.protocol_name, group.generation_id, group.leader_id,
-                                    members)
+        """DescribeGroups: a classic group as it is now."""
+        return self._groups.describe_group(group_id)
 
     def delete_groups(self, group_ids: list[str]) -> dict[str, errors.DeltaBusError | None]:
-        """DeleteGroups: only empty groups (NON_EMPTY_GROUP otherwise); their offsets go too."""
+        """DeleteGroups: only empty groups (NON_EMPTY_GROUP otherwise); their offsets go too.
+        Here, not in a manager, because it ends both a group and its offsets."""
         results: dict[str, errors.DeltaBusError | None] = {}
         stored = set(self._store.groups())
         for group_id in group_ids:
             with self._lock:
-                group = self._groups.get(group_id)
+                group = self._groups.classic_group(group_id)
                 if group is None and group_id not in stored:
                     results[group_id] = errors.GroupIdNotFoundError(
                         f"group {group_id} does not exist")
@@ -868,7 +219,7 @@ class GroupCoordinator:
                     results[group_id] = errors.NonEmptyGroupError(
                         f"group {group_id} has {len(group.members)} active members")
                     continue
-                self._groups.pop(group_id, None)
+                self._groups.remove_classic_group(group_id)
             try:
                 self._store.delete_group(group_id).result()
                 results[group_id] = None
@@ -876,217 +227,19 @@ class GroupCoordinator:
                 results[group_id] = e
         return results
 
-    def delete_offsets(self, group_id: str, partitions: list[tuple[str, int]]
-                       ) -> PartitionErrors:
-        """OffsetDelete (kafka-consumer-groups.sh --delete-offsets): tombstones in
-        `__consumer_offsets` for the named partitions' committed offsets, durable before it
-        returns, but for topics the group's members subscribe to (GROUP_SUBSCRIBED_TO_TOPIC:
-        they would commit them again). Raises GROUP_ID_NOT_FOUND for a group with neither
-        members nor offsets, and NON_EMPTY_GROUP for one whose members are not consumers
-        (their subscriptions cannot be read), as Kafka's coordinator."""
-        self.check_offset_commit(group_id, len(partitions))
-        with self._lock:
-            group = self._groups.get(group_id)
-            if group is None and not self._store.has_group(group_id):
-                raise errors.GroupIdNotFoundError(f"group {group_id} does not exist")
-            subscribed = _subscribed_topics(group) if group is not None else set()
-        committed = self._store.offsets(group_id)
-        topics = self._metadata().topics
-        answers: PartitionErrors = {}
-        tombstones = []
-        for topic, partition in partitions:
-            if topic not in topics:  # as Kafka's KafkaApis, from its metadata cache
-                answers[(topic, partition)] = errors.UnknownTopicOrPartitionError(
-                    f"unknown topic {_shown(topic)}")
-            elif subscribed is None or topic in subscribed:
-                answers[(topic, partition)] = errors.GroupSubscribedToTopicError(
-                    f"group {group_id} has members subscribed to {_shown(topic)}")
-            else:
-                answers[(topic, partition)] = None
-                if (topic, partition) in committed:
-                    tombstones.append(OffsetCommit(group_id, topic, partition, None))
-        wait_result(self._store.commit(tombstones), COMMIT_TIMEOUT_S)
-        return answers
-
     # ---- time ----------------------------------------------------------------------------------
 
     def tick(self) -> None:
         """Expire silent members and unused member ids, end join phases at their deadline, drop
         empty groups, expire old offsets."""
         now = self._clock()
-        with self._lock:
-            self._expire_members(now)
-            self._expire_consumers(now)
-            self._drop_empty_groups()
+        self._groups.expire(now)
         if now >= self._next_expiry_check_s:
             self._next_expiry_check_s = now + \
                 self._config.offsets_retention_check_interval_ms / 1000
             self.expire_offsets()
 
-    def _expire_members(self, now: float) -> None:
-        """Lock held. Member ids handed out and not used within their session timeout, and
-        members silent past theirs, go; join phases past their deadline end."""
-        for group in list(self._groups.values()):
-            for member_id, expiry in list(group.pending_members.items()):
-                if now > expiry:  # handed an id, never came back with it
-                    del group.pending_members[member_id]
-            for member in list(group.members.values()):
-                waiting = member.join is not None or member.sync is not None
-                if not waiting and \
-                        now - member.last_heartbeat_s > member.session_timeout_ms / 1000:
-                    log.info("group %s: member %s missed heartbeats past "
-                             "session.timeout.ms; removed", group.group_id, member.member_id)
-                    self._remove_member(group, member.member_id,
-                                        "missed heartbeats past session.timeout.ms")
-            self._maybe_complete_join(group, now)
-
-    def _drop_empty_groups(self) -> None:
-        """Lock held. A group with no members, no member ids handed out and no committed
-        offsets is gone (Kafka's cleanup of such groups): it no longer counts toward
-        group.max.groups, so ids asked for and never used do not take up room for ever."""
-        empty = [g.group_id for g in self._groups.values()
-                 if g.state == EMPTY and not g.members and not g.pending_members]
-        for group_id in empty:
-            if not self._store.has_group(group_id):
-                del self._groups[group_id]
-
-    def expire_offsets(self) -> list[str]:
-        """Drop the offsets of groups empty (and not committing) for offsets.retention.minutes.
-        Returns the groups whose offsets expired."""
-        retention_s = self._config.offsets_retention_minutes * 60
-        now = time.time()
-        expired = []
-        for group_id in self._store.groups():
-            with self._lock:
-                group = self._groups.get(group_id)
-                consumers = self._consumer_groups.get(group_id)
-                if group is not None and group.members or consumers is not None and \
-                        consumers.members:
-                    continue
-                idle_since = max(self._store.last_commit_ms(group_id) / 1000,
-                                 group.empty_since_s if group is not None else 0.0)
-                if now - idle_since <= retention_s:
-                    continue
-                self._groups.pop(group_id, None)
-            self._store.delete_group(group_id).result()
-            expired.append(group_id)
-            log.info("offsets of group %s expired (offsets.retention.minutes)", group_id)
-        return expired
-
     def close(self) -> None:
         """Fail every waiting member (the coordinator is going away) and flush the store."""
-        with self._lock:
-            for group in self._groups.values():
-                for member in group.members.values():
-                    for waiter in (member.join, member.sync):
-                        if waiter is not None and not waiter.done():
-                            waiter.set_exception(errors.CoordinatorNotAvailableError(
-                                "the group coordinator is shutting down"))
+        self._groups.close()
         self._store.close()
-
-
-def _subscribed_topics(group: Group) -> set[str] | None:
-    """Lock held. The topics the group's members subscribe to (their JoinGroup metadata);
-    None when a member's cannot be read: every topic counts as subscribed then, as Kafka's
-    classic groups answer. NON_EMPTY_GROUP for members of another protocol than consumer."""
-    topics: set[str] = set()
-    for member in group.members.values():
-        if member.protocol_type != "consumer":
-            raise errors.NonEmptyGroupError(
-                f"group {group.group_id} has {len(group.members)} members of protocol "
-                f"{_shown(member.protocol_type)}")
-        for _, metadata in member.protocols:
-            named = subscription_topics(metadata)
-            if named is None:
-                return None
-            topics.update(named)
-    return topics
-
-
-def subscription_topics(metadata: bytes) -> list[str] | None:
-    """The topics of a ConsumerProtocolSubscription (every version opens with its version and
-    topic list), None when it is malformed."""
-    try:
-        (count,) = struct.unpack_from(">i", metadata, 2)
-        pos, topics = 6, []
-        for _ in range(count):  # each takes 2 bytes at least: the data bounds the loop
-            (size,) = struct.unpack_from(">h", metadata, pos)
-            if size < 0 or pos + 2 + size > len(metadata):
-                return None
-            topics.append(metadata[pos + 2:pos + 2 + size].decode())
-            pos += 2 + size
-    except (struct.error, UnicodeDecodeError):
-        return None
-    return topics
-
-
-def _check_group_id(group_id: str) -> None:
-    if not group_id or len(group_id) > cfg.GROUP_ID_LENGTH_MAX:
-        raise errors.InvalidGroupIdError(
-            f"a group id has 1 to {cfg.GROUP_ID_LENGTH_MAX} characters, not {len(group_id)}")
-
-
-def _shown(name: str) -> str:
-    """A name as error messages show it: cut short if long (a door copies a message into the
-    answer of every partition it concerns)."""
-    return name if len(name) <= NAME_SHOWN_MAX else f"{name[:NAME_SHOWN_MAX]}..."
-
-
-def _unknown_partitions(image: MetadataImage, partitions: list[tuple[str, int]]
-                        ) -> dict[tuple[str, int], errors.DeltaBusError]:
-    """UNKNOWN_TOPIC_OR_PARTITION for each partition `image` does not have, as Kafka's
-    KafkaApis answers an OffsetCommit from its metadata cache."""
-    unknown: dict[tuple[str, int], errors.DeltaBusError] = {}
-    for topic, partition in partitions:
-        if image.partition(topic, partition) is not None:
-            continue
-        if len(topic) > cfg.TOPIC_NAME_LENGTH_MAX:
-            unknown[(topic, partition)] = errors.UnknownTopicOrPartitionError(
-                f"a topic name has at most {cfg.TOPIC_NAME_LENGTH_MAX} characters, not "
-                f"{len(topic)}")
-        else:
-            unknown[(topic, partition)] = errors.UnknownTopicOrPartitionError(
-                f"This server does not host this topic-partition: {topic}-{partition}")
-    return unknown
-
-
-def _resolved(answers: PartitionErrors) -> Future[PartitionErrors]:
-    future: Future[PartitionErrors] = Future()
-    future.set_result(answers)
-    return future
-
-
-def _once_stored(stored: Future[None], answers: PartitionErrors) -> Future[PartitionErrors]:
-    """`answers` once the store's future resolves; its failure if it fails."""
-    future: Future[PartitionErrors] = Future()
-
-    def done(f: Future[None]) -> None:
-        if f.cancelled():
-            future.set_exception(errors.KafkaStorageError("the offset commit was cancelled"))
-        elif f.exception() is not None:
-            future.set_exception(f.exception())
-        else:
-            future.set_result(answers)
-
-    stored.add_done_callback(done)
-    return future
-
-
-def _choose_protocol(members: list[Member]) -> str:
-    """Kafka's vote: among the protocols every member supports, each member votes for the one it
-    prefers most; the most votes wins (ties go to the first member's preference)."""
-    common = set.intersection(*({name for name, _ in m.protocols} for m in members))
-    votes: collections.Counter[str] = collections.Counter()
-    for m in members:
-        votes[next(name for name, _ in m.protocols if name in common)] += 1
-    first = [name for name, _ in members[0].protocols if name in common]
-    return max(first, key=lambda name: (votes[name], -first.index(name)))
-
-
-def wait_result(future: Future, timeout_s: float) -> Any:
-    """A coordinator future's result, or REQUEST_TIMED_OUT after `timeout_s`."""
-    try:
-        return future.result(timeout_s)
-    except futures.TimeoutError:
-        raise errors.RequestTimedOutError(
-            f"the group coordinator did not answer in {timeout_s:.0f} s") from None
