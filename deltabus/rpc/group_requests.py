@@ -24,16 +24,11 @@ from dataclasses import dataclass
 from deltabus import errors
 from deltabus.cluster.handler import TransactionHandler
 from deltabus.metadata import GroupDescription
-from deltabus.offsets.consumer_group import ConsumerGroup
-from deltabus.offsets.group_coordinator import (
-    COMMIT_TIMEOUT_S,
-    LONG_POLL_SLACK_S,
-    GroupCoordinator,
-    HeartbeatResult,
-    JoinResult,
-    PartitionErrors,
-    wait_result,
-)
+from deltabus.offsets.classic_group import JoinResult
+from deltabus.offsets.consumer_group import ConsumerGroup, HeartbeatResult
+from deltabus.offsets.group_coordinator import GroupCoordinator
+from deltabus.offsets.group_limits import COMMIT_TIMEOUT_S, LONG_POLL_SLACK_S, wait_result
+from deltabus.offsets.offset_metadata_manager import PartitionErrors
 from deltabus.offsets.offset_store import OffsetAndMetadata
 from deltabus.rpc.access import Access
 from deltabus.security.acls import Operation

@@ -778,6 +778,33 @@ def test_cluster_wide_operations_refused_alike(doors: Doors) -> None:
     assert kafka.error_code.value == through_grpc == CLUSTER_AUTH
 
 
+def test_cluster_wide_changes_refused_alike(doors: Doors) -> None:
+    """Reassignments, ACL changes and client quota changes need ALTER (quotas ALTER_CONFIGS)
+    on the cluster: refused to bob through both doors, each entry with the refusal."""
+    cls = load_request_schema(45, 0)  # AlterPartitionReassignments v0
+    kafka = doors.kafka("bob", 45, 0, make(cls, timeout=timedelta(seconds=30), topics=()))
+    through_grpc = _grpc_code(doors, "AlterPartitionReassignments",
+                              pb.AlterPartitionReassignmentsRequest())
+    assert kafka.error_code.value == through_grpc == CLUSTER_AUTH
+    binding = dict(resource_type=2, resource_name=TOPIC, operation=3, permission_type=3)
+    cls = load_request_schema(30, 3)  # CreateAcls v3
+    kafka = doors.kafka("bob", 30, 3, make(cls, creations=(nested(cls, "AclCreation")(
+        resource_pattern_type=3, principal="User:bob", host="*", **binding),)))
+    through_grpc = doors.grpc("bob", "CreateAcls", pb.CreateAclsRequest(creations=[
+        pb.AclBinding(pattern_type=3, principal="User:bob", host="*", **binding)]))
+    assert ([r.error_code.value for r in kafka.results]
+            == [r.error_code for r in through_grpc.results] == [CLUSTER_AUTH])
+    cls = load_request_schema(31, 3)  # DeleteAcls v3
+    kafka = doors.kafka("bob", 31, 3, make(cls, filters=(nested(cls, "DeleteAclsFilter")(
+        resource_type_filter=2, resource_name_filter=TOPIC, pattern_type_filter=3,
+        principal_filter=None, host_filter=None, operation=3, permission_type=3),)))
+    through_grpc = doors.grpc("bob", "DeleteAcls", pb.DeleteAclsRequest(filters=[
+        pb.AclBindingFilter(resource_type=2, resource_name=TOPIC, pattern_type=3,
+                            operation=3, permission_type=3)]))
+    assert ([r.error_code.value for r in kafka.filter_results]
+            == [r.error_code for r in through_grpc.filter_results] == [CLUSTER_AUTH])
+
+
 def _grpc_code(doors: Doors, method: str, request: Any) -> int:
     """The error a gRPC call refused whole answers with (its status), or its response's."""
     try:
