@@ -13,6 +13,7 @@ import base64
 import socket
 from collections.abc import Iterator
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -23,6 +24,7 @@ from kio.index import load_request_schema
 
 from deltabus import config as cfg
 from deltabus import errors
+from deltabus.rpc.kafka.apis import SUPPORTED
 from deltabus.rpc.kafka.frames import make, nested
 from deltabus.rpc.status import error_from_rpc
 from deltabus.rpc.v1 import deltabus_pb2 as pb
@@ -805,9 +807,46 @@ def test_cluster_wide_changes_refused_alike(doors: Doors) -> None:
             == [r.error_code for r in through_grpc.filter_results] == [CLUSTER_AUTH])
 
 
+def test_credential_and_quota_changes_refused_alike(doors: Doors) -> None:
+    cls = load_request_schema(51, 0)  # AlterUserScramCredentials v0
+    kafka = doors.kafka("bob", 51, 0, make(cls, upsertions=(), deletions=(
+        nested(cls, "ScramCredentialDeletion")(name="carol", mechanism=1),)))
+    through_grpc = _grpc_code(doors, "AlterUserScramCredentials",
+                              pb.AlterUserScramCredentialsRequest(deletions=[
+                                  pb.ScramCredentialDeletion(name="carol", mechanism=1)]))
+    assert [r.error_code.value for r in kafka.results] == [through_grpc] == [CLUSTER_AUTH]
+    cls = load_request_schema(49, 1)  # AlterClientQuotas v1
+    kafka = doors.kafka("bob", 49, 1, make(cls, validate_only=False, entries=(
+        nested(cls, "EntryData")(
+            entity=(nested(cls, "EntityData")(entity_type="user", entity_name="bob"),),
+            ops=(nested(cls, "OpData")(key="producer_byte_rate", value=1024.0,
+                                       remove=False),)),)))
+    through_grpc = doors.grpc("bob", "AlterClientQuotas", pb.AlterClientQuotasRequest(entries=[
+        pb.ClientQuotaAlteration(
+            entity=[pb.ClientQuotaEntityPart(entity_type="user", entity_name="bob")],
+            ops=[pb.ClientQuotaOp(key="producer_byte_rate", value=1024.0)])]))
+    assert ([e.error_code.value for e in kafka.entries]
+            == [e.error_code for e in through_grpc.entries] == [CLUSTER_AUTH])
+
+
 def _grpc_code(doors: Doors, method: str, request: Any) -> int:
     """The error a gRPC call refused whole answers with (its status), or its response's."""
     try:
         return int(doors.grpc("bob", method, request).error_code)
     except grpc.RpcError as e:
         return error_from_rpc(e).code
+
+
+# ---- Coverage --------------------------------------------------------------------------------
+
+def test_every_operation_both_doors_serve_has_a_case_here() -> None:
+    """An operation served by both doors (a gRPC method named as a Kafka API the Kafka door
+    supports) is sent through both by some case above: a new shared operation without one
+    fails here."""
+    kafka = {load_request_schema(key, lo).__name__.removesuffix("Request")
+             for key, (lo, _) in SUPPORTED.items()}
+    grpc_methods = {m.name for m in pb.DESCRIPTOR.services_by_name["DeltaBus"].methods}
+    shared = kafka & grpc_methods
+    source = Path(__file__).read_text()
+    missing = sorted(op for op in shared if f'"{op}"' not in source)
+    assert len(shared) >= 30 and missing == []
