@@ -8,15 +8,12 @@ commit path, and for every request calls a handler (`replication_control`, `conf
 and returns the records to write and the answer, changing nothing. `_commit` then writes the
 persisted records to the metadata log and only after that replays them into `MetadataState`, so what
 brokers and clients see is always durable; loading after a restart is the same replay of the log.
-Brokers are not in the log: they register at every start (a new broker epoch each time), and one
-that misses heartbeats for `broker_session_timeout_ms` (or whose Spark task ended) is fenced, as
-KRaft does: it leaves every ISR it is in (unless it is the last member), and partitions it led elect
-a new leader from the ISR, in replica order. A partition with no live ISR member goes offline
-(leader -1) until one registers again, unless the topic allows unclean leader election.
 
-Beside it, not in it: the door adapter (`controller_apis`) and the writing of transaction
-markers (`txn_marker_channel`), which carries out the ends of transactions the controller decides.
-What stays here besides: waiting (brokers applying a version, heartbeat long polls), the
+Beside it, not in it: the door adapter (`controller_apis`), the writing of transaction markers
+(`txn_marker_channel`), which carries out the ends of transactions the controller decides, and
+its managers, each given the controller's lock and commit path and delegated to: brokers'
+registrations, heartbeats (long polls), fencing and the wait for brokers to apply a version
+(`cluster_control`, Kafka's ClusterControlManager). What stays here besides: the
 reassignment thread and its catch-up job, and the replica tables' lives: the controller creates
 them, empty, when it creates a partition (CreateTopics, CreatePartitions) or adds a replica (a
 reassignment), before the metadata naming them is committed, and deletes those of deleted topics
@@ -38,7 +35,6 @@ invariants on leaders and ISRs are in `replication_control`).
 
 from __future__ import annotations
 
-import collections
 import logging
 import secrets
 import threading
@@ -50,7 +46,6 @@ from deltabus import config as cfg
 from deltabus import errors
 from deltabus.cluster import (
     acl_control,
-    broker_registry,
     config_control,
     credential_control,
     producer_id_control,
@@ -58,8 +53,9 @@ from deltabus.cluster import (
     replication_control,
     transaction_coordinator,
 )
-from deltabus.cluster.broker_registry import BrokerHeartbeatManager, BrokerRegistry
+from deltabus.cluster.broker_registry import BrokerRegistry
 from deltabus.cluster.catch_up import CatchUpTask
+from deltabus.cluster.cluster_control import ClusterControlManager
 from deltabus.cluster.log_cleaner import CleanerTask
 from deltabus.cluster.metadata_deltas import MetadataDeltas
 from deltabus.cluster.metadata_log import MetadataLog
@@ -68,9 +64,7 @@ from deltabus.cluster.metadata_records import (
     ClusterIdRecord,
     ConfigRecord,
     ControllerResult,
-    FenceBrokerRecord,
     MetadataRecord,
-    OfflineReplicasRecord,
     PartitionRecord,
     ProducerIdKeyRecord,
     RemoveAccessControlEntryRecord,
@@ -147,7 +141,6 @@ class Controller:
         # The driver's doors throttle by it; updated when quotas are replayed, so a request
         # never takes the lock to find its quota.
         self.quota_manager = ClientQuotaManager()
-        self._on_fence = on_fence
         self._catch_up = catch_up  # runs the catch-up Spark job (given by Cluster)
         self._lock = threading.Condition()
         # Held (before `_lock`, never while waiting for brokers) while replica tables are
@@ -156,17 +149,10 @@ class Controller:
         self._version = 1
         self._image: MetadataImage | None = None
         self._shutting_down = False
-        self._heartbeats = BrokerHeartbeatManager()
-        # Times each broker was fenced (missed heartbeats, its task ended): a healthy cluster's
-        # stay 0 (bench step (p) counts them while partitions are created by the thousand).
-        self.fenced: collections.Counter[int] = collections.Counter()
-        self._held: set[int] = set()  # brokers kept down: their registrations are refused
         # Reassignments answered as started whose start is not committed yet (their new
         # replicas are being copied), and those of them cancelled meanwhile.
         self._starting: set[tuple[str, int]] = set()
         self._cancelled: set[tuple[str, int]] = set()
-        # partitions whose tables the log cleaner changed, per broker to tell
-        self._refresh_logs: dict[int, set[tuple[str, int]]] = {}
         self._storage = config.storage
         self._log = MetadataLog(metadata_path(config.root),
                                 storage_options=self._storage.delta_options)
@@ -175,6 +161,14 @@ class Controller:
         for stored in self._log.read_all():
             self._state.replay(stored)
         self._deltas = MetadataDeltas(self._version)  # what brokers are sent
+        self._cluster_control = ClusterControlManager(
+            config, self._lock, self._state, self._commit, version=lambda: self._version,
+            shutting_down=lambda: self._shutting_down,
+            read_deltas=lambda position: self._deltas.read(position, self._state),
+            on_fence=on_fence)
+        # Times each broker was fenced (missed heartbeats, its task ended): a healthy cluster's
+        # stay 0 (bench step (p) counts them while partitions are created by the thousand).
+        self.fenced = self._cluster_control.fenced
         self.markers = TxnMarkerChannel(config, self._lock, self._state, self.image,
                                         self._complete_transaction, lambda: self._shutting_down,
                                         send_markers)
@@ -439,19 +433,6 @@ class Controller:
     def _delete_dir(self, path: str) -> None:
         self._storage.delete_tree(path)
 
-    def _await_brokers(self, version: int, timeout_ms: int) -> None:
-        """Wait until every live broker has applied `version` (so a new topic can be produced to
-        at once), or the timeout passes (clients then retry on LEADER_NOT_AVAILABLE)."""
-        deadline = time.monotonic() + timeout_ms / 1000
-        with self._lock:
-            while True:
-                behind = [b for b in self._state.brokers.live_broker_ids()
-                          if self._heartbeats.applied_version(b) < version]
-                left = deadline - time.monotonic()
-                if not behind or left <= 0 or self._shutting_down:
-                    return
-                self._lock.wait(left)
-
     # ---- users' SCRAM credentials ------------------------------------------------------------
 
     def alter_user_scram_credentials(self, deletions: list[ScramCredentialDeletion],
@@ -706,136 +687,58 @@ class Controller:
         """Lock held. Write the markers of a transaction in PrepareX (`txn_markers`)."""
         self.markers.start(transactional_id)
 
-    # ---- brokers -----------------------------------------------------------------------------
-
-    def _commit_broker_change(self, records: Sequence[MetadataRecord],
-                              leaving: int | None = None) -> None:
-        """Commit broker registration records with the leader and ISR changes they bring.
-        Lock held."""
-        self._commit(replication_control.elect_after_broker_change(
-            self._state, self._config, records, leaving))
+    # ---- brokers (cluster_control) -----------------------------------------------------------
 
     def register_broker(self, endpoint: BrokerEndpoint, pid: int) -> int:
-        """A broker (re)starts: give it a new epoch, unfence it, and let it lead what it may."""
-        with self._lock:
-            result = broker_registry.register_broker(
-                self._state.brokers, endpoint, pid, brokers=self._config.brokers,
-                held=self._held, version=self._version)
-            if any(isinstance(r, FenceBrokerRecord) for r in result.records):
-                # The old incarnation is fenced now: its partitions get new leader epochs.
-                self._commit_broker_change(result.records, leaving=endpoint.broker_id)
-            else:  # a new registration is fenced: it changes no partition until it catches up
-                self._commit(result.records)
-            self._heartbeats.register(endpoint.broker_id, time.monotonic())
-            epoch = result.response
-            log.info("broker %d registered at %s (epoch %d, pid %d)",
-                     endpoint.broker_id, endpoint.address, epoch, pid)
-            return epoch
+        return self._cluster_control.register_broker(endpoint, pid)
 
     def tables_changed(self, partitions: list[tuple[str, int, tuple[int, ...]]]) -> None:
-        """The log cleaner changed these partitions' replica tables ((topic, partition,
-        replicas)): each replica's broker hears of it with its next heartbeat."""
-        with self._lock:
-            for topic, partition, replicas in partitions:
-                for broker_id in replicas:
-                    self._refresh_logs.setdefault(broker_id, set()).add((topic, partition))
-            self._lock.notify_all()
+        self._cluster_control.tables_changed(partitions)
 
     def heartbeat(self, broker_id: int, epoch: int, applied_version: int, max_wait_ms: int,
                   offline_replicas: Collection[tuple[str, int]] = (), *,
                   position: MetadataPosition | None = None
                   ) -> tuple[bool, MetadataBatch | None, list[tuple[str, int]]]:
-        """Record a heartbeat, then wait (long poll) until there are metadata records past the
-        broker's `position` (by default: the end of `applied_version`, the version of the image
-        it serves) or its tables changed. `offline_replicas`: the (topic, partition) replicas
-        the broker cannot serve (their tables are lost); they leave their ISRs and leadership.
-        Returns (should_shut_down, the records to replay or None (`metadata_deltas`), the
-        partitions whose tables to refresh)."""
-        if position is None:
-            position = MetadataPosition(applied_version)
-        deadline = time.monotonic() + min(max_wait_ms, cfg.FETCH_WAIT_MS_MAX) / 1000
-        with self._lock:
-            result = broker_registry.heartbeat(self._state.brokers, broker_id, epoch,
-                                               applied_version, frozenset(offline_replicas))
-            self._heartbeats.touch(broker_id, time.monotonic())
-            if self._heartbeats.set_applied_version(broker_id, applied_version):
-                self._lock.notify_all()
-            if result.records:  # caught up (it may lead again), or its offline replicas changed
-                self._log_broker_change(broker_id, applied_version, result.records)
-                self._commit_broker_change(result.records)
-            while (position == MetadataPosition(self._version) and not self._shutting_down
-                   and self._may_wait(broker_id, epoch)):
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                self._lock.wait(left)
-            reg = self._state.brokers.check_epoch(broker_id, epoch)
-            self._heartbeats.touch(broker_id, time.monotonic())
-            # A broker in controlled shutdown stops once it has applied the metadata that moved
-            # its leadership away.
-            stop = self._shutting_down or (reg.in_controlled_shutdown
-                                           and applied_version >= self._version)
-            refresh = sorted(self._refresh_logs.pop(broker_id, set()))
-            return stop, self._deltas.read(position, self._state), refresh
-
-    def _log_broker_change(self, broker_id: int, applied_version: int,
-                           records: Sequence[MetadataRecord]) -> None:
-        for record in records:
-            if isinstance(record, OfflineReplicasRecord) and record.replicas:
-                log.error("broker %d cannot serve its replicas of %s (their tables are lost): "
-                          "they leave their ISRs and are not elected", broker_id,
-                          ", ".join(f"{t}-{p}" for t, p in sorted(record.replicas)))
-            elif isinstance(record, OfflineReplicasRecord):
-                log.info("broker %d serves all its replicas again", broker_id)
-            else:
-                log.info("broker %d unfenced at metadata version %d", broker_id,
-                         applied_version)
-
-    def _may_wait(self, broker_id: int, epoch: int) -> bool:
-        """A heartbeat keeps polling while its registration is current, not in controlled
-        shutdown, and none of its tables changed. Lock held."""
-        reg = self._state.brokers.get(broker_id)
-        return (reg is not None and reg.epoch == epoch and not reg.in_controlled_shutdown
-                and not self._refresh_logs.get(broker_id))
+        return self._cluster_control.heartbeat(broker_id, epoch, applied_version, max_wait_ms,
+                                               offline_replicas, position=position)
 
     def hold_broker(self, broker_id: int) -> None:
-        """Keep a broker down: its registrations are refused until `release_broker`."""
-        with self._lock:
-            self._held.add(broker_id)
+        self._cluster_control.hold_broker(broker_id)
 
     def release_broker(self, broker_id: int) -> None:
-        with self._lock:
-            self._held.discard(broker_id)
+        self._cluster_control.release_broker(broker_id)
 
     def shut_down_broker(self, broker_id: int) -> bool:
-        """Controlled shutdown: move leadership off a broker and take it out of every ISR
-        (where another replica is in sync), then tell it to stop through its heartbeat.
-        Returns False when the broker is not running."""
-        with self._lock:
-            records = broker_registry.shut_down_broker(self._state.brokers, broker_id)
-            if not records:
-                return False
-            log.info("broker %d: controlled shutdown", broker_id)
-            self._commit_broker_change(records, leaving=broker_id)
-            return True
+        return self._cluster_control.shut_down_broker(broker_id)
 
     def registered_endpoint(self, broker_id: int) -> BrokerEndpoint | None:
-        """Where a broker's current registration says it listens (None: not registered)."""
-        with self._lock:
-            registration = self._state.brokers.get(broker_id)
-            return registration.endpoint if registration is not None else None
+        return self._cluster_control.registered_endpoint(broker_id)
 
     def fence_broker(self, broker_id: int, reason: str) -> None:
-        """Declare a broker dead: move leadership off it. Its next registration unfences it."""
-        with self._lock:
-            records = broker_registry.fence_broker(self._state.brokers, broker_id)
-            if not records:
-                return
-            log.warning("broker %d fenced: %s", broker_id, reason)
-            self._commit_broker_change(records, leaving=broker_id)
-            self.fenced[broker_id] += 1
-        if self._on_fence is not None:
-            self._on_fence(broker_id)
+        self._cluster_control.fence_broker(broker_id, reason)
+
+    def check_sessions(self) -> list[int]:
+        return self._cluster_control.check_sessions()
+
+    def broker_pids(self) -> dict[int, int]:
+        return self._cluster_control.broker_pids()
+
+    def broker_epochs(self) -> dict[int, int]:
+        return self._cluster_control.broker_epochs()
+
+    def live_brokers(self) -> list[int]:
+        return self._cluster_control.live_brokers()
+
+    def applied_version(self, broker_id: int) -> int:
+        return self._cluster_control.applied_version(broker_id)
+
+    def wait_for_brokers(self, count: int, timeout_s: float) -> bool:
+        return self._cluster_control.wait_for_brokers(count, timeout_s)
+
+    def _await_brokers(self, version: int, timeout_ms: int) -> None:
+        self._cluster_control.await_brokers(version, timeout_ms)
+
+    # ---- log cleaning and catch-up -----------------------------------------------------------
 
     def cleaner_tasks(self, topics: list[str] | None = None,
                       merge_min_age_ms: int | None = None) -> list[CleanerTask]:
@@ -854,25 +757,6 @@ class Controller:
         with self._lock:
             return replication_control.catch_up_tasks(self._state, self._config.storage,
                                                       broker_id)
-
-    def check_sessions(self) -> list[int]:
-        """Fence brokers silent past the session timeout; returns the ids of those fenced. Each
-        is fenced on its own: one whose fence fails (the metadata write was refused) is logged
-        and tried again at the next check, and holds up none of the others."""
-        now = time.monotonic()
-        timeout_s = self._config.broker_session_timeout_ms / 1000
-        with self._lock:
-            expired = self._heartbeats.expired(self._state.brokers, now, timeout_s)
-        fenced = []
-        for broker_id in expired:
-            try:
-                self.fence_broker(broker_id, "missed heartbeats past broker.session.timeout.ms")
-            except Exception:
-                log.exception("fencing silent broker %d failed; trying again at the next "
-                              "session check", broker_id)
-                continue
-            fenced.append(broker_id)
-        return fenced
 
     # ---- elections on request ----------------------------------------------------------------
 
@@ -1042,38 +926,6 @@ class Controller:
                 new_isr)
             self._commit(result.records)
             return result.response, self._version
-
-    def broker_pids(self) -> dict[int, int]:
-        with self._lock:
-            brokers = self._state.brokers
-            return {b: brokers.registrations[b].pid for b in brokers.live_broker_ids()}
-
-    def broker_epochs(self) -> dict[int, int]:
-        """The registration epoch of each live broker: a relaunched broker has a higher one."""
-        with self._lock:
-            brokers = self._state.brokers
-            return {b: brokers.registrations[b].epoch for b in brokers.live_broker_ids()}
-
-    def live_brokers(self) -> list[int]:
-        with self._lock:
-            return self._state.brokers.live_broker_ids()
-
-    def applied_version(self, broker_id: int) -> int:
-        """The metadata version broker `broker_id` last said it has applied (its heartbeat):
-        what it answers requests with, which may lag the controller's image."""
-        with self._lock:
-            return self._heartbeats.applied_version(broker_id)
-
-    def wait_for_brokers(self, count: int, timeout_s: float) -> bool:
-        """Wait until `count` brokers are registered and unfenced."""
-        deadline = time.monotonic() + timeout_s
-        with self._lock:
-            while len(self._state.brokers.live_broker_ids()) < count:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._lock.wait(left)
-            return True
 
     def begin_shutdown(self) -> None:
         """Tell every broker, through its heartbeat, to flush and stop."""
