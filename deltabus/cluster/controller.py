@@ -1,25 +1,33 @@
 """The controller: the one place cluster metadata is decided. Runs in the Spark driver.
 
-Thread-safe: every public method takes `_lock` (a Condition that also wakes heartbeat long polls).
+Thread-safe: every public method takes `_lock` (a Condition that also wakes heartbeat long polls
+and those waiting for brokers), itself or in the manager it delegates to.
 
-The controller is thin, as KRaft's QuorumController is: it owns the lock, the metadata log and the
-commit path, and for every request calls a handler (`replication_control`, `config_control`,
-`broker_registry`, `producer_id_control`, `credential_control`, `acl_control`), which validates it
-and returns the records to write and the answer, changing nothing. `_commit` then writes the
-persisted records to the metadata log and only after that replays them into `MetadataState`, so what
-brokers and clients see is always durable; loading after a restart is the same replay of the log.
+The controller is thin, as KRaft's QuorumController is: it owns the lock, the metadata log, the
+image and the commit path, and orders every request by its lock. A request is decided by a
+handler (`replication_control`, `config_control`, `broker_registry`, `producer_id_control`,
+`transaction_coordinator`, `credential_control`, `acl_control`, `quota_control`), which validates
+it and returns the records to write and the answer, changing nothing. `_commit` then writes the
+persisted records to the metadata log and only after that replays them into `MetadataState`, so
+what brokers and clients see is always durable; loading after a restart is the same replay of
+the log.
 
-Beside it, not in it: the door adapter (`controller_apis`), the writing of transaction markers
-(`txn_marker_channel`), which carries out the ends of transactions the controller decides, and
-its managers, each given the controller's lock and commit path and delegated to: brokers'
-registrations, heartbeats (long polls), fencing and the wait for brokers to apply a version
-(`cluster_control`, Kafka's ClusterControlManager); the replica tables' lives, created empty
-before the metadata naming them is committed and deleted once brokers closed them, and the topic
-directories (`topic_tables`: CreateTopics, CreatePartitions, DeleteTopics). The controller owns
-the locks it gives them: `_lock`, and `_tables_lock`, taken before `_lock` (never while waiting
-for brokers) while tables are created or a directory removed, so one never races the other;
-elections on request and reassignments, with the thread and catch-up job that carry one out
-(`reassignment_control`).
+Configs, SCRAM credentials, ACLs, quotas and AlterPartition are run here; the rest is delegated
+to a manager per subsystem (Kafka's XControlManagers), each given the controller's locks, state
+and commit path:
+- `cluster_control` (ClusterControlManager): brokers' registrations, heartbeats (long polls),
+  fencing, session checks, controlled shutdown, and the wait for brokers to apply a version;
+- `topic_tables`: CreateTopics, CreatePartitions and DeleteTopics, with the replica tables and
+  topic directories they create (empty, before the metadata naming them is committed) and
+  remove (once brokers closed them);
+- `reassignment_control`: elections on request, and reassignments with the thread and catch-up
+  job that carry one out;
+- `transaction_control`: producer ids and the transaction coordinator's requests.
+Beside them, not in the controller: the door adapter (`controller_apis`) and the writing of
+transaction markers (`txn_marker_channel`), which carries out the ends of transactions decided
+here. Besides `_lock` the controller owns `_tables_lock`, taken before `_lock` (never while
+waiting for brokers) while replica tables are created or a directory removed, so one never races
+the other.
 
 Brokers are not sent the image: a heartbeat answer carries the records since the broker's
 position, or a snapshot, a bounded number at a time (`metadata_deltas`), which the broker
@@ -68,9 +76,11 @@ from deltabus.cluster.metadata_records import (
     to_stored,
 )
 from deltabus.cluster.metadata_state import MetadataState
+from deltabus.cluster.producer_id_control import ProducerIdControlManager
 from deltabus.cluster.reassignment_control import ReassignmentControlManager
 from deltabus.cluster.schema_registry import SchemaRegistry
 from deltabus.cluster.topic_tables import TopicTables
+from deltabus.cluster.transaction_control import TransactionControlManager
 from deltabus.cluster.txn_marker_channel import SendMarkers, TxnMarkerChannel
 from deltabus.log_tables.layout import metadata_path
 from deltabus.metadata import (
@@ -110,15 +120,10 @@ from deltabus.security.scram import ScramCredential
 
 log = logging.getLogger(__name__)
 
-TXN_ADD_PARTITIONS_WAIT_MS = 5_000  # for brokers to apply a transaction's new partitions
-# A transactional call that finds the producer's previous transaction ending waits this long
-# for its markers (`_await_ended`) before it answers CONCURRENT_TRANSACTIONS.
-TXN_ENDING_WAIT_MS = 5_000
-
-
 
 class Controller:
-    """Owns the metadata log, the broker registry and leader election."""
+    """Owns the metadata log, the image and the commit path; orders requests by its lock and
+    delegates each subsystem's to its manager."""
 
     def __init__(self, config: cfg.ClusterConfig,
                  on_fence: Callable[[int], None] | None = None,
@@ -165,13 +170,18 @@ class Controller:
             version=lambda: self._version, shutting_down=lambda: self._shutting_down,
             await_brokers=self._cluster_control.await_brokers,
             topic_tables=self._topic_tables, catch_up=catch_up)
+        self._producer_ids = ProducerIdControlManager(config, self._state)
+        self._transactions = TransactionControlManager(
+            config, self._lock, self._state, self._commit, producer_ids=self._producer_ids,
+            version=lambda: self._version, shutting_down=lambda: self._shutting_down,
+            await_brokers=self._cluster_control.await_brokers,
+            start_ending=lambda transactional_id: self.markers.start(transactional_id))
         self.markers = TxnMarkerChannel(config, self._lock, self._state, self.image,
-                                        self._complete_transaction, lambda: self._shutting_down,
-                                        send_markers)
+                                        self._transactions.complete_transaction,
+                                        lambda: self._shutting_down, send_markers)
         # Confluent's schema registry, over this state and log (its REST door: the Cluster's)
         self.schema_registry = SchemaRegistry(self._lock, lambda: self._state.schema_registry,
                                               self._commit)
-        self._next_producer_id = self._state.producer_ids_end  # skip a block used before
         self.quota_manager.update(self._state.client_quotas_copy())
         if not self._state.cluster_id:
             with self._lock:
@@ -182,7 +192,7 @@ class Controller:
         with self._lock:  # transactions a previous controller was ending: end them
             for txn in list(self._state.transactions.values()):
                 if txn.state in (PREPARE_COMMIT, PREPARE_ABORT):
-                    self._start_ending(txn.transactional_id)
+                    self.markers.start(txn.transactional_id)
 
     # ---- metadata ----------------------------------------------------------------------------
 
@@ -362,164 +372,57 @@ class Controller:
         """Kafka's DescribeClientQuotas, from the current image."""
         return describe_client_quotas(self.image().client_quotas, components, strict)
 
-    # ---- producer ids ------------------------------------------------------------------------
+    # ---- producer ids and transactions (transaction_control) ---------------------------------
 
     def init_producer_id(self, transactional_id: str = "",
                          principal: KafkaPrincipal = ANONYMOUS) -> tuple[int, int]:
-        """A new producer id (epoch 0), or for a transactional id the one it always has. Ids are
-        reserved in blocks in the metadata log, so a restarted controller never hands out an id
-        twice. With an authorizer the id is bound to `principal` (producer_id_control.bind)."""
-        bound = self._config.authorizer
-        with self._lock:
-            result = producer_id_control.init_producer_id(
-                self._state, self._next_producer_id, transactional_id, principal=principal,
-                bound=bound)
-            self._commit(result.records)  # not cluster metadata brokers need: no new version
-            producer_id, _ = result.response
-            self._issued(producer_id)
-            # The gRPC door never bumps the epoch: an exactly-once pipeline (the Spark sink)
-            # restarts with its id and sequences so leaders drop its rewrites, which a new
-            # epoch (sequences from 0) would break. It gets the id's current epoch: 0 unless
-            # a Kafka transactional producer of the same id fenced it.
-            return producer_id, transaction_coordinator.current_epoch(self._state,
-                                                                      transactional_id)
-
-    def _issued(self, producer_id: int) -> None:
-        """Lock held. `producer_id` was handed out: the next id is past its counter."""
-        bound = self._config.authorizer
-        counter = producer_id >> producer_id_control.TAG_BITS if bound else producer_id
-        self._next_producer_id = max(self._next_producer_id, counter + 1)
+        return self._transactions.init_producer_id(transactional_id, principal)
 
     def producer_id_issued_to(self, producer_id: int, principal: KafkaPrincipal) -> bool:
         return producer_id_control.issued_to(producer_id, principal,
                                              self._state.producer_id_key)
 
-    # ---- transactions (transaction_coordinator) -----------------------------------------------
-
     def init_transactional_producer(self, transactional_id: str, timeout_ms: int,
                                     principal: KafkaPrincipal = ANONYMOUS,
                                     expected: tuple[int, int] = (-1, -1)) -> tuple[int, int]:
-        """Kafka's InitProducerId with a transactional id: (producer id, epoch), the epoch
-        bumped. An open transaction is aborted first: CONCURRENT_TRANSACTIONS until done."""
-        with self._lock:
-            self._await_ended(transactional_id)
-            result = transaction_coordinator.init_producer_id(
-                self._state, self._next_producer_id, transactional_id, timeout_ms,
-                now_ms=_now_ms(), principal=principal, bound=self._config.authorizer,
-                expected=expected)
-            self._commit(result.records)
-            if isinstance(result.response, errors.DeltaBusError):
-                self._start_ending(transactional_id)
-                raise result.response
-            self._issued(result.response[0])
-            return result.response
+        return self._transactions.init_transactional_producer(transactional_id, timeout_ms,
+                                                              principal, expected)
 
     def add_partitions_to_txn(self, transactional_id: str, producer_id: int,
                               producer_epoch: int, partitions: list[tuple[str, int]]
                               ) -> transaction_coordinator.PartitionErrors:
-        """AddPartitionsToTxn. Answers once the live brokers applied it (or after a while),
-        since a leader takes a transactional batch only from a producer its image says has
-        the partition in its transaction."""
-        with self._lock:
-            self._await_ended(transactional_id)
-            result = transaction_coordinator.add_partitions(
-                self._state, transactional_id, producer_id, producer_epoch, partitions,
-                now_ms=_now_ms())
-            self._commit(result.records)
-            target = self._version
-        if result.records:
-            self._await_brokers(target, TXN_ADD_PARTITIONS_WAIT_MS)
-        return result.response
+        return self._transactions.add_partitions_to_txn(transactional_id, producer_id,
+                                                        producer_epoch, partitions)
 
     def add_offsets_to_txn(self, transactional_id: str, producer_id: int, producer_epoch: int,
                            group_id: str) -> None:
-        with self._lock:
-            self._await_ended(transactional_id)
-            result = transaction_coordinator.add_offsets(
-                self._state, transactional_id, producer_id, producer_epoch, group_id,
-                now_ms=_now_ms())
-            self._commit(result.records)
+        self._transactions.add_offsets_to_txn(transactional_id, producer_id, producer_epoch,
+                                              group_id)
 
     def txn_offset_commit(self, transactional_id: str, group_id: str, producer_id: int,
                           producer_epoch: int,
                           offsets: dict[tuple[str, int], tuple[int, int, str]]
                           ) -> transaction_coordinator.PartitionErrors:
-        with self._lock:
-            result = transaction_coordinator.txn_offset_commit(
-                self._state, transactional_id, group_id, producer_id, producer_epoch, offsets)
-            self._commit(result.records)
-            return result.response
+        return self._transactions.txn_offset_commit(transactional_id, group_id, producer_id,
+                                                    producer_epoch, offsets)
 
     def end_txn(self, transactional_id: str, producer_id: int, producer_epoch: int,
                 committed: bool) -> None:
-        """EndTxn: returns once PrepareCommit/PrepareAbort is durable; a thread then writes
-        the markers and records the completion."""
-        with self._lock:
-            result = transaction_coordinator.end_txn(
-                self._state, transactional_id, producer_id, producer_epoch, committed,
-                now_ms=_now_ms())
-            self._commit(result.records)
-            if result.records:
-                self._start_ending(transactional_id)
+        self._transactions.end_txn(transactional_id, producer_id, producer_epoch, committed)
 
     def abort_timed_out_transactions(self) -> list[str]:
-        """Abort (under a new epoch: the producer is fenced) every transaction open longer
-        than its transaction.timeout.ms, as Kafka's coordinator does; their ids."""
-        aborted = []
-        with self._lock:
-            now_ms = _now_ms()
-            for transactional_id in transaction_coordinator.timed_out(self._state, now_ms):
-                result = transaction_coordinator.abort_timed_out(
-                    self._state, transactional_id, now_ms=now_ms)
-                self._commit(result.records)
-                if result.records:
-                    log.info("transaction of %r timed out: aborting it", transactional_id)
-                    self._start_ending(transactional_id)
-                    aborted.append(transactional_id)
-        return aborted
+        return self._transactions.abort_timed_out_transactions()
 
     def list_transactions(self, states: list[str], producer_ids: list[int],
                           duration_ms: int = -1) -> list[TransactionMetadata]:
-        with self._lock:
-            return transaction_coordinator.list_transactions(
-                self._state, states, producer_ids, duration_ms, _now_ms())
+        return self._transactions.list_transactions(states, producer_ids, duration_ms)
 
     def pending_txn_offsets(self, group_id: str) -> set[tuple[str, int]]:
-        with self._lock:
-            return {tp for pending in self._state.txn_offsets.values()
-                    for tp in pending.get(group_id, {})}
+        return self._transactions.pending_txn_offsets(group_id)
 
     def describe_transactions(self, transactional_ids: list[str]
                               ) -> dict[str, TransactionMetadata | None]:
-        with self._lock:
-            return {t: self._state.transactions.get(t) for t in transactional_ids}
-
-    def _await_ended(self, transactional_id: str) -> None:
-        """Lock held. While the producer's previous transaction is being ended (PrepareCommit,
-        PrepareAbort: its markers are being written), wait for it, at most TXN_ENDING_WAIT_MS.
-        Kafka answers CONCURRENT_TRANSACTIONS at once and the client tries again after a
-        backoff (librdkafka: 20 ms for AddPartitionsToTxn, 500 ms for InitProducerId); its
-        markers take a millisecond there and a Delta commit each here, so a producer that
-        begins its next transaction right after a commit would pay several backoffs for each.
-        Past the wait the handler answers CONCURRENT_TRANSACTIONS, as before."""
-        deadline = time.monotonic() + TXN_ENDING_WAIT_MS / 1000
-        while not self._shutting_down:
-            txn = self._state.transactions.get(transactional_id)
-            remaining_s = deadline - time.monotonic()
-            if txn is None or txn.state not in (PREPARE_COMMIT, PREPARE_ABORT) or \
-                    remaining_s <= 0:
-                return
-            self._lock.wait(remaining_s)
-
-    def _complete_transaction(self, txn: TransactionMetadata) -> None:
-        """Lock held. Record CompleteCommit or CompleteAbort once every marker is written."""
-        self._commit(transaction_coordinator.complete(
-            self._state, txn.transactional_id, txn.producer_id, txn.producer_epoch,
-            now_ms=_now_ms()).records)
-
-    def _start_ending(self, transactional_id: str) -> None:
-        """Lock held. Write the markers of a transaction in PrepareX (`txn_markers`)."""
-        self.markers.start(transactional_id)
+        return self._transactions.describe_transactions(transactional_ids)
 
     # ---- brokers (cluster_control) -----------------------------------------------------------
 
@@ -629,7 +532,3 @@ class Controller:
     @property
     def shutting_down(self) -> bool:
         return self._shutting_down
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
