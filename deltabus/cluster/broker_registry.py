@@ -1,5 +1,6 @@
-"""Which brokers are registered, with which epoch, and which may lead (KRaft's
-ClusterControlManager and BrokerHeartbeatManager). Runs in the driver, inside the controller.
+"""Which brokers are registered, with which epoch, and which may lead (the state and handlers of
+KRaft's ClusterControlManager, and its BrokerHeartbeatManager's bookkeeping; `cluster_control`
+runs them under the controller's lock). Runs in the driver, inside the controller.
 
 Brokers are not in the metadata log: they register at every start (a new broker epoch each
 time). The registry changes only by replaying broker registration records, which the handlers

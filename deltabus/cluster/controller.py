@@ -1,30 +1,33 @@
 """The controller: the one place cluster metadata is decided. Runs in the Spark driver.
 
-Thread-safe: every public method takes `_lock` (a Condition that also wakes heartbeat long polls).
+Thread-safe: every public method takes `_lock` (a Condition that also wakes heartbeat long polls
+and those waiting for brokers), itself or in the manager it delegates to.
 
-The controller is thin, as KRaft's QuorumController is: it owns the lock, the metadata log and the
-commit path, and for every request calls a handler (`replication_control`, `config_control`,
-`broker_registry`, `producer_id_control`, `credential_control`, `acl_control`), which validates it
-and returns the records to write and the answer, changing nothing. `_commit` then writes the
-persisted records to the metadata log and only after that replays them into `MetadataState`, so what
-brokers and clients see is always durable; loading after a restart is the same replay of the log.
-Brokers are not in the log: they register at every start (a new broker epoch each time), and one
-that misses heartbeats for `broker_session_timeout_ms` (or whose Spark task ended) is fenced, as
-KRaft does: it leaves every ISR it is in (unless it is the last member), and partitions it led elect
-a new leader from the ISR, in replica order. A partition with no live ISR member goes offline
-(leader -1) until one registers again, unless the topic allows unclean leader election.
+The controller is thin, as KRaft's QuorumController is: it owns the lock, the metadata log, the
+image and the commit path, and orders every request by its lock. A request is decided by a
+handler (`replication_control`, `config_control`, `broker_registry`, `producer_id_control`,
+`transaction_coordinator`, `credential_control`, `acl_control`, `quota_control`), which validates
+it and returns the records to write and the answer, changing nothing. `_commit` then writes the
+persisted records to the metadata log and only after that replays them into `MetadataState`, so
+what brokers and clients see is always durable; loading after a restart is the same replay of
+the log.
 
-Beside it, not in it: the door adapter (`controller_apis`) and the writing of transaction
-markers (`txn_marker_channel`), which carries out the ends of transactions the controller decides.
-What stays here besides: waiting (brokers applying a version, heartbeat long polls), the
-reassignment thread and its catch-up job, and the replica tables' lives: the controller creates
-them, empty, when it creates a partition (CreateTopics, CreatePartitions) or adds a replica (a
-reassignment), before the metadata naming them is committed, and deletes those of deleted topics
-and dropped replicas once brokers closed them. Nobody else creates one: a broker or catch-up job
-that finds an assigned replica's table missing knows its records were lost, and the broker
-reports the replica offline (it leaves its ISR and is never elected) instead of serving an empty
-log that followers would truncate to. Tables are created outside `_lock` (a big topic takes
-seconds), under `_tables_lock`, which also orders them with a deleted topic's removal.
+Configs, SCRAM credentials, ACLs, quotas and AlterPartition are run here; the rest is delegated
+to a manager per subsystem (Kafka's XControlManagers), each given the controller's locks, state
+and commit path:
+- `cluster_control` (ClusterControlManager): brokers' registrations, heartbeats (long polls),
+  fencing, session checks, controlled shutdown, and the wait for brokers to apply a version;
+- `topic_tables`: CreateTopics, CreatePartitions and DeleteTopics, with the replica tables and
+  topic directories they create (empty, before the metadata naming them is committed) and
+  remove (once brokers closed them);
+- `reassignment_control`: elections on request, and reassignments with the thread and catch-up
+  job that carry one out;
+- `transaction_control`: producer ids and the transaction coordinator's requests.
+Beside them, not in the controller: the door adapter (`controller_apis`) and the writing of
+transaction markers (`txn_marker_channel`), which carries out the ends of transactions decided
+here. Besides `_lock` the controller owns `_tables_lock`, taken before `_lock` (never while
+waiting for brokers) while replica tables are created or a directory removed, so one never races
+the other.
 
 Brokers are not sent the image: a heartbeat answer carries the records since the broker's
 position, or a snapshot, a bounded number at a time (`metadata_deltas`), which the broker
@@ -38,19 +41,16 @@ invariants on leaders and ISRs are in `replication_control`).
 
 from __future__ import annotations
 
-import collections
 import logging
 import secrets
 import threading
 import time
 from collections.abc import Callable, Collection, Sequence
-from concurrent.futures import ThreadPoolExecutor
 
 from deltabus import config as cfg
 from deltabus import errors
 from deltabus.cluster import (
     acl_control,
-    broker_registry,
     config_control,
     credential_control,
     producer_id_control,
@@ -58,8 +58,9 @@ from deltabus.cluster import (
     replication_control,
     transaction_coordinator,
 )
-from deltabus.cluster.broker_registry import BrokerHeartbeatManager, BrokerRegistry
+from deltabus.cluster.broker_registry import BrokerRegistry
 from deltabus.cluster.catch_up import CatchUpTask
+from deltabus.cluster.cluster_control import ClusterControlManager
 from deltabus.cluster.log_cleaner import CleanerTask
 from deltabus.cluster.metadata_deltas import MetadataDeltas
 from deltabus.cluster.metadata_log import MetadataLog
@@ -67,11 +68,7 @@ from deltabus.cluster.metadata_records import (
     AccessControlEntryRecord,
     ClusterIdRecord,
     ConfigRecord,
-    ControllerResult,
-    FenceBrokerRecord,
     MetadataRecord,
-    OfflineReplicasRecord,
-    PartitionRecord,
     ProducerIdKeyRecord,
     RemoveAccessControlEntryRecord,
     RemoveUserScramCredentialRecord,
@@ -79,10 +76,13 @@ from deltabus.cluster.metadata_records import (
     to_stored,
 )
 from deltabus.cluster.metadata_state import MetadataState
+from deltabus.cluster.producer_id_control import ProducerIdControlManager
+from deltabus.cluster.reassignment_control import ReassignmentControlManager
 from deltabus.cluster.schema_registry import SchemaRegistry
+from deltabus.cluster.topic_tables import TopicTables
+from deltabus.cluster.transaction_control import TransactionControlManager
 from deltabus.cluster.txn_marker_channel import SendMarkers, TxnMarkerChannel
-from deltabus.log_tables.layout import metadata_path, replica_path, topic_path
-from deltabus.log_tables.partition_log import create_log_table
+from deltabus.log_tables.layout import metadata_path
 from deltabus.metadata import (
     PREPARE_ABORT,
     PREPARE_COMMIT,
@@ -117,22 +117,13 @@ from deltabus.security.acls import (
 )
 from deltabus.security.principal import ANONYMOUS, KafkaPrincipal
 from deltabus.security.scram import ScramCredential
-from deltabus.topics import validate_topic_name
 
 log = logging.getLogger(__name__)
-# Waits before each new try at removing a deleted topic's directory (about 5 minutes in all).
-TOPIC_DIR_RETRY_S = (0.5, 1, 2, 4, 8, 15, 30, 60, 60, 60, 60)
-
-TABLE_CREATE_THREADS = 8  # replica tables a CreateTopics or CreatePartitions creates at once
-TXN_ADD_PARTITIONS_WAIT_MS = 5_000  # for brokers to apply a transaction's new partitions
-# A transactional call that finds the producer's previous transaction ending waits this long
-# for its markers (`_await_ended`) before it answers CONCURRENT_TRANSACTIONS.
-TXN_ENDING_WAIT_MS = 5_000
-
 
 
 class Controller:
-    """Owns the metadata log, the broker registry and leader election."""
+    """Owns the metadata log, the image and the commit path; orders requests by its lock and
+    delegates each subsystem's to its manager."""
 
     def __init__(self, config: cfg.ClusterConfig,
                  on_fence: Callable[[int], None] | None = None,
@@ -147,8 +138,6 @@ class Controller:
         # The driver's doors throttle by it; updated when quotas are replayed, so a request
         # never takes the lock to find its quota.
         self.quota_manager = ClientQuotaManager()
-        self._on_fence = on_fence
-        self._catch_up = catch_up  # runs the catch-up Spark job (given by Cluster)
         self._lock = threading.Condition()
         # Held (before `_lock`, never while waiting for brokers) while replica tables are
         # created or a topic's directory removed, so one never races the other.
@@ -156,17 +145,6 @@ class Controller:
         self._version = 1
         self._image: MetadataImage | None = None
         self._shutting_down = False
-        self._heartbeats = BrokerHeartbeatManager()
-        # Times each broker was fenced (missed heartbeats, its task ended): a healthy cluster's
-        # stay 0 (bench step (p) counts them while partitions are created by the thousand).
-        self.fenced: collections.Counter[int] = collections.Counter()
-        self._held: set[int] = set()  # brokers kept down: their registrations are refused
-        # Reassignments answered as started whose start is not committed yet (their new
-        # replicas are being copied), and those of them cancelled meanwhile.
-        self._starting: set[tuple[str, int]] = set()
-        self._cancelled: set[tuple[str, int]] = set()
-        # partitions whose tables the log cleaner changed, per broker to tell
-        self._refresh_logs: dict[int, set[tuple[str, int]]] = {}
         self._storage = config.storage
         self._log = MetadataLog(metadata_path(config.root),
                                 storage_options=self._storage.delta_options)
@@ -175,13 +153,35 @@ class Controller:
         for stored in self._log.read_all():
             self._state.replay(stored)
         self._deltas = MetadataDeltas(self._version)  # what brokers are sent
+        self._cluster_control = ClusterControlManager(
+            config, self._lock, self._state, self._commit, version=lambda: self._version,
+            shutting_down=lambda: self._shutting_down,
+            read_deltas=lambda position: self._deltas.read(position, self._state),
+            on_fence=on_fence)
+        # Times each broker was fenced (missed heartbeats, its task ended): a healthy cluster's
+        # stay 0 (bench step (p) counts them while partitions are created by the thousand).
+        self.fenced = self._cluster_control.fenced
+        self._topic_tables = TopicTables(
+            config, self._lock, self._tables_lock, self._state, self._commit,
+            version=lambda: self._version, shutting_down=lambda: self._shutting_down,
+            await_brokers=self._cluster_control.await_brokers)
+        self._reassignments = ReassignmentControlManager(
+            config, self._lock, self._tables_lock, self._state, self._commit,
+            version=lambda: self._version, shutting_down=lambda: self._shutting_down,
+            await_brokers=self._cluster_control.await_brokers,
+            topic_tables=self._topic_tables, catch_up=catch_up)
+        self._producer_ids = ProducerIdControlManager(config, self._state)
+        self._transactions = TransactionControlManager(
+            config, self._lock, self._state, self._commit, producer_ids=self._producer_ids,
+            version=lambda: self._version, shutting_down=lambda: self._shutting_down,
+            await_brokers=self._cluster_control.await_brokers,
+            start_ending=lambda transactional_id: self.markers.start(transactional_id))
         self.markers = TxnMarkerChannel(config, self._lock, self._state, self.image,
-                                        self._complete_transaction, lambda: self._shutting_down,
-                                        send_markers)
+                                        self._transactions.complete_transaction,
+                                        lambda: self._shutting_down, send_markers)
         # Confluent's schema registry, over this state and log (its REST door: the Cluster's)
         self.schema_registry = SchemaRegistry(self._lock, lambda: self._state.schema_registry,
                                               self._commit)
-        self._next_producer_id = self._state.producer_ids_end  # skip a block used before
         self.quota_manager.update(self._state.client_quotas_copy())
         if not self._state.cluster_id:
             with self._lock:
@@ -192,7 +192,7 @@ class Controller:
         with self._lock:  # transactions a previous controller was ending: end them
             for txn in list(self._state.transactions.values()):
                 if txn.state in (PREPARE_COMMIT, PREPARE_ABORT):
-                    self._start_ending(txn.transactional_id)
+                    self.markers.start(txn.transactional_id)
 
     # ---- metadata ----------------------------------------------------------------------------
 
@@ -224,125 +224,29 @@ class Controller:
                 self._image = self._state.image(self._version, self._config.root)
             return self._image
 
-    # ---- topics ------------------------------------------------------------------------------
-
     @property
     def config(self) -> cfg.ClusterConfig:
         return self._config
 
+    # ---- topics (topic_tables) ---------------------------------------------------------------
+
     def create_topics(self, topics: list[NewTopic], *, timeout_ms: int = 30_000,
                       validate_only: bool = False) -> list[TopicResult]:
-        """Create topics; each gets its own result, as in Kafka's CreateTopics. A topic whose
-        directory already holds files is refused: a create never deletes data. The replica
-        tables of those accepted are created first, then their records are one metadata commit,
-        however many."""
-        with self._tables_lock:
-            with self._lock:
-                result = self._check_new_topics(topics)
-            results = result.response if validate_only else self._create_topics(result)
-            with self._lock:
-                target = self._version
-        if not validate_only:
-            self._await_brokers(target, timeout_ms)
-        return results
+        return self._topic_tables.create_topics(topics, timeout_ms=timeout_ms,
+                                                validate_only=validate_only)
 
     def auto_create_topics(self, names: list[str], *, timeout_ms: int = 10_000) -> None:
-        """Metadata's auto-creation of the missing `names` (replication_control.
-        auto_create_topics: POLICY_VIOLATION past the limits, and nothing is created); a name
-        whose directory holds files is left out, as a CreateTopics would refuse it."""
-        with self._tables_lock:
-            with self._lock:
-                names = [n for n in names if self._dir_refusal(n) is None]
-                result = replication_control.auto_create_topics(self._state, self._config,
-                                                                names)
-            self._create_topics(result)
-            with self._lock:
-                target = self._version
-        self._await_brokers(target, timeout_ms)
-
-    def _check_new_topics(self, topics: list[NewTopic]) -> ControllerResult[list[TopicResult]]:
-        """Lock held. The records and answers of a CreateTopics (replication_control.
-        create_topics), a topic whose directory already holds files refused first."""
-        refused = {t.name: e for t in topics if (e := self._dir_refusal(t.name)) is not None}
-        result = replication_control.create_topics(
-            self._state, self._config, [t for t in topics if t.name not in refused])
-        answers = iter(result.response)
-        return ControllerResult(result.records, [
-            TopicResult(t.name, refused[t.name]) if t.name in refused else next(answers)
-            for t in topics])
-
-    def _dir_refusal(self, name: str) -> errors.DeltaBusError | None:
-        try:
-            self._check_topic_dir(name)
-        except errors.DeltaBusError as e:
-            return e
-        return None
-
-    def _create_topics(self, result: ControllerResult[list[TopicResult]]) -> list[TopicResult]:
-        """`_tables_lock` held. Create the replica tables of the topics a CreateTopics accepted,
-        then commit their records in one metadata commit; their results, or the failure for
-        each of them (what was created goes again: their directories held nothing before)."""
-        created = [r for r in result.response if r.error is None]
-        if not created:
-            return list(result.response)
-        try:
-            self._create_tables(result.records)
-            with self._lock:
-                self._commit(result.records)
-        except errors.DeltaBusError as e:
-            for topic in created:
-                try:
-                    self._delete_dir(topic_path(self._config.root, topic.name))
-                except Exception:
-                    log.exception("removing the tables of topic %s, whose creation failed",
-                                  topic.name)
-            failed = {r.name for r in created}
-            return [TopicResult(r.name, e) if r.name in failed else r for r in result.response]
-        return list(result.response)
-
-    def _create_tables(self, records: Sequence[MetadataRecord]) -> None:
-        """Create, in parallel, the empty table of every replica the records assign (new
-        partitions, replicas a reassignment adds). Raises KafkaStorageError."""
-        replicas = [(r.topic, r.partition, b) for r in records
-                    if isinstance(r, PartitionRecord) for b in r.replicas]
-        self._create_replica_tables(replicas)
-
-    def _create_replica_tables(self, replicas: list[tuple[str, int, int]]) -> None:
-        def create(replica: tuple[str, int, int]) -> None:
-            topic, partition, broker = replica
-            create_log_table(replica_path(self._config.root, topic, partition, broker),
-                             topic=topic, partition=partition,
-                             checkpoint_interval=self._config.checkpoint_interval,
-                             storage_options=self._storage.delta_options)
-        if replicas:
-            with ThreadPoolExecutor(max_workers=TABLE_CREATE_THREADS) as pool:
-                list(pool.map(create, replicas))
+        self._topic_tables.auto_create_topics(names, timeout_ms=timeout_ms)
 
     def create_partitions(self, counts: dict[str, int], *, timeout_ms: int = 30_000,
                           validate_only: bool = False) -> list[TopicResult]:
-        """Add partitions to topics (Kafka's CreatePartitions): `counts` maps a topic to its
-        new total. New partitions get replicas as a new topic would, with the topic's
-        replication factor, and their tables before they are committed; keyed records may map
-        to other partitions from now on."""
-        results = []
-        with self._tables_lock:
-            for name, count in counts.items():
-                try:
-                    with self._lock:
-                        result = replication_control.create_partitions(
-                            self._state, self._config, name, count)
-                    if not validate_only:
-                        self._create_tables(result.records)
-                        with self._lock:
-                            self._commit(result.records)
-                    results.append(result.response)
-                except errors.DeltaBusError as e:
-                    results.append(TopicResult(name, e))
-            with self._lock:
-                target = self._version
-        if not validate_only:
-            self._await_brokers(target, timeout_ms)
-        return results
+        return self._topic_tables.create_partitions(counts, timeout_ms=timeout_ms,
+                                                    validate_only=validate_only)
+
+    def delete_topics(self, names: list[str], *, timeout_ms: int = 30_000) -> list[TopicResult]:
+        return self._topic_tables.delete_topics(names, timeout_ms=timeout_ms)
+
+    # ---- configs (config_control) ------------------------------------------------------------
 
     def describe_configs(self, topics: list[str]) -> cfg.ConfigResults:
         """Every config of each topic, with its value and source (Kafka's DescribeConfigs)."""
@@ -372,85 +276,6 @@ class Controller:
         if not validate_only:
             self._await_brokers(target, timeout_ms)
         return results
-
-    def delete_topics(self, names: list[str], *, timeout_ms: int = 30_000) -> list[TopicResult]:
-        """Delete topics: remove them from metadata, let brokers close them, drop their tables."""
-        results = []
-        deleted = []
-        with self._lock:
-            for name in names:
-                try:
-                    result = replication_control.delete_topic(self._state, name)
-                except errors.DeltaBusError as e:
-                    results.append(TopicResult(name, e))
-                    continue
-                self._commit(result.records)
-                deleted.append(name)
-                results.append(result.response)
-            target = self._version
-        if deleted:
-            self._await_brokers(target, timeout_ms)
-            left = [name for name in deleted if not self._remove_topic_dir(name)]
-            if left:
-                threading.Thread(target=self._remove_topic_dirs_later, args=(left,),
-                                 name="deleted-topic-dirs", daemon=True).start()
-        return results
-
-    def _remove_topic_dir(self, name: str) -> bool:
-        """Remove a deleted topic's directory, unless it was created again meanwhile; False
-        when the storage failed (a broker still closing one of its logs writes into it)."""
-        with self._tables_lock, self._lock:
-            if name in self._state.topics:
-                return True
-            try:
-                self._delete_dir(topic_path(self._config.root, name))
-            except errors.KafkaStorageError as e:
-                log.warning("deleted topic %s: its directory is not removed yet (%s)", name, e)
-                return False
-        return True
-
-    def _remove_topic_dirs_later(self, names: list[str]) -> None:
-        """Try again what `delete_topics` could not remove: the topics are deleted (their
-        removal is committed and answered, as Kafka answers before its logs are gone), and a
-        directory left behind would refuse a topic of the same name later."""
-        for wait_s in TOPIC_DIR_RETRY_S:
-            time.sleep(wait_s)
-            names = [name for name in names if not self._remove_topic_dir(name)]
-            if not names or self._shutting_down:
-                return
-        log.error("deleted topics %s: their directories could not be removed; a topic of the "
-                  "same name is refused until they are", names)
-
-    def _check_topic_dir(self, name: str) -> None:
-        """Refuse to create a topic whose directory holds files: a deleted topic's tables whose
-        removal did not finish (the controller stopped, or brokers still had them open), or on
-        a case-insensitive file system another topic's. Deleting them would lose records.
-        An illegal name is INVALID_TOPIC_EXCEPTION first, as Kafka checks names before all
-        else: its path would be no topic's ("..": the folder above the topics)."""
-        validate_topic_name(name)
-        path = topic_path(self._config.root, name)
-        if self._storage.exists(path):
-            raise errors.TopicAlreadyExistsError(
-                f"Topic '{name}' cannot be created: {path} already holds data (of a deleted "
-                "topic whose removal did not finish, or of a topic whose name differs only in "
-                "case on a case-insensitive file system). A create never deletes data: move "
-                "that directory away, or choose another name.")
-
-    def _delete_dir(self, path: str) -> None:
-        self._storage.delete_tree(path)
-
-    def _await_brokers(self, version: int, timeout_ms: int) -> None:
-        """Wait until every live broker has applied `version` (so a new topic can be produced to
-        at once), or the timeout passes (clients then retry on LEADER_NOT_AVAILABLE)."""
-        deadline = time.monotonic() + timeout_ms / 1000
-        with self._lock:
-            while True:
-                behind = [b for b in self._state.brokers.live_broker_ids()
-                          if self._heartbeats.applied_version(b) < version]
-                left = deadline - time.monotonic()
-                if not behind or left <= 0 or self._shutting_down:
-                    return
-                self._lock.wait(left)
 
     # ---- users' SCRAM credentials ------------------------------------------------------------
 
@@ -547,295 +372,110 @@ class Controller:
         """Kafka's DescribeClientQuotas, from the current image."""
         return describe_client_quotas(self.image().client_quotas, components, strict)
 
-    # ---- producer ids ------------------------------------------------------------------------
+    # ---- producer ids and transactions (transaction_control) ---------------------------------
 
     def init_producer_id(self, transactional_id: str = "",
                          principal: KafkaPrincipal = ANONYMOUS) -> tuple[int, int]:
-        """A new producer id (epoch 0), or for a transactional id the one it always has. Ids are
-        reserved in blocks in the metadata log, so a restarted controller never hands out an id
-        twice. With an authorizer the id is bound to `principal` (producer_id_control.bind)."""
-        bound = self._config.authorizer
-        with self._lock:
-            result = producer_id_control.init_producer_id(
-                self._state, self._next_producer_id, transactional_id, principal=principal,
-                bound=bound)
-            self._commit(result.records)  # not cluster metadata brokers need: no new version
-            producer_id, _ = result.response
-            self._issued(producer_id)
-            # The gRPC door never bumps the epoch: an exactly-once pipeline (the Spark sink)
-            # restarts with its id and sequences so leaders drop its rewrites, which a new
-            # epoch (sequences from 0) would break. It gets the id's current epoch: 0 unless
-            # a Kafka transactional producer of the same id fenced it.
-            return producer_id, transaction_coordinator.current_epoch(self._state,
-                                                                      transactional_id)
-
-    def _issued(self, producer_id: int) -> None:
-        """Lock held. `producer_id` was handed out: the next id is past its counter."""
-        bound = self._config.authorizer
-        counter = producer_id >> producer_id_control.TAG_BITS if bound else producer_id
-        self._next_producer_id = max(self._next_producer_id, counter + 1)
+        return self._transactions.init_producer_id(transactional_id, principal)
 
     def producer_id_issued_to(self, producer_id: int, principal: KafkaPrincipal) -> bool:
         return producer_id_control.issued_to(producer_id, principal,
                                              self._state.producer_id_key)
 
-    # ---- transactions (transaction_coordinator) -----------------------------------------------
-
     def init_transactional_producer(self, transactional_id: str, timeout_ms: int,
                                     principal: KafkaPrincipal = ANONYMOUS,
                                     expected: tuple[int, int] = (-1, -1)) -> tuple[int, int]:
-        """Kafka's InitProducerId with a transactional id: (producer id, epoch), the epoch
-        bumped. An open transaction is aborted first: CONCURRENT_TRANSACTIONS until done."""
-        with self._lock:
-            self._await_ended(transactional_id)
-            result = transaction_coordinator.init_producer_id(
-                self._state, self._next_producer_id, transactional_id, timeout_ms,
-                now_ms=_now_ms(), principal=principal, bound=self._config.authorizer,
-                expected=expected)
-            self._commit(result.records)
-            if isinstance(result.response, errors.DeltaBusError):
-                self._start_ending(transactional_id)
-                raise result.response
-            self._issued(result.response[0])
-            return result.response
+        return self._transactions.init_transactional_producer(transactional_id, timeout_ms,
+                                                              principal, expected)
 
     def add_partitions_to_txn(self, transactional_id: str, producer_id: int,
                               producer_epoch: int, partitions: list[tuple[str, int]]
                               ) -> transaction_coordinator.PartitionErrors:
-        """AddPartitionsToTxn. Answers once the live brokers applied it (or after a while),
-        since a leader takes a transactional batch only from a producer its image says has
-        the partition in its transaction."""
-        with self._lock:
-            self._await_ended(transactional_id)
-            result = transaction_coordinator.add_partitions(
-                self._state, transactional_id, producer_id, producer_epoch, partitions,
-                now_ms=_now_ms())
-            self._commit(result.records)
-            target = self._version
-        if result.records:
-            self._await_brokers(target, TXN_ADD_PARTITIONS_WAIT_MS)
-        return result.response
+        return self._transactions.add_partitions_to_txn(transactional_id, producer_id,
+                                                        producer_epoch, partitions)
 
     def add_offsets_to_txn(self, transactional_id: str, producer_id: int, producer_epoch: int,
                            group_id: str) -> None:
-        with self._lock:
-            self._await_ended(transactional_id)
-            result = transaction_coordinator.add_offsets(
-                self._state, transactional_id, producer_id, producer_epoch, group_id,
-                now_ms=_now_ms())
-            self._commit(result.records)
+        self._transactions.add_offsets_to_txn(transactional_id, producer_id, producer_epoch,
+                                              group_id)
 
     def txn_offset_commit(self, transactional_id: str, group_id: str, producer_id: int,
                           producer_epoch: int,
                           offsets: dict[tuple[str, int], tuple[int, int, str]]
                           ) -> transaction_coordinator.PartitionErrors:
-        with self._lock:
-            result = transaction_coordinator.txn_offset_commit(
-                self._state, transactional_id, group_id, producer_id, producer_epoch, offsets)
-            self._commit(result.records)
-            return result.response
+        return self._transactions.txn_offset_commit(transactional_id, group_id, producer_id,
+                                                    producer_epoch, offsets)
 
     def end_txn(self, transactional_id: str, producer_id: int, producer_epoch: int,
                 committed: bool) -> None:
-        """EndTxn: returns once PrepareCommit/PrepareAbort is durable; a thread then writes
-        the markers and records the completion."""
-        with self._lock:
-            result = transaction_coordinator.end_txn(
-                self._state, transactional_id, producer_id, producer_epoch, committed,
-                now_ms=_now_ms())
-            self._commit(result.records)
-            if result.records:
-                self._start_ending(transactional_id)
+        self._transactions.end_txn(transactional_id, producer_id, producer_epoch, committed)
 
     def abort_timed_out_transactions(self) -> list[str]:
-        """Abort (under a new epoch: the producer is fenced) every transaction open longer
-        than its transaction.timeout.ms, as Kafka's coordinator does; their ids."""
-        aborted = []
-        with self._lock:
-            now_ms = _now_ms()
-            for transactional_id in transaction_coordinator.timed_out(self._state, now_ms):
-                result = transaction_coordinator.abort_timed_out(
-                    self._state, transactional_id, now_ms=now_ms)
-                self._commit(result.records)
-                if result.records:
-                    log.info("transaction of %r timed out: aborting it", transactional_id)
-                    self._start_ending(transactional_id)
-                    aborted.append(transactional_id)
-        return aborted
+        return self._transactions.abort_timed_out_transactions()
 
     def list_transactions(self, states: list[str], producer_ids: list[int],
                           duration_ms: int = -1) -> list[TransactionMetadata]:
-        with self._lock:
-            return transaction_coordinator.list_transactions(
-                self._state, states, producer_ids, duration_ms, _now_ms())
+        return self._transactions.list_transactions(states, producer_ids, duration_ms)
 
     def pending_txn_offsets(self, group_id: str) -> set[tuple[str, int]]:
-        with self._lock:
-            return {tp for pending in self._state.txn_offsets.values()
-                    for tp in pending.get(group_id, {})}
+        return self._transactions.pending_txn_offsets(group_id)
 
     def describe_transactions(self, transactional_ids: list[str]
                               ) -> dict[str, TransactionMetadata | None]:
-        with self._lock:
-            return {t: self._state.transactions.get(t) for t in transactional_ids}
+        return self._transactions.describe_transactions(transactional_ids)
 
-    def _await_ended(self, transactional_id: str) -> None:
-        """Lock held. While the producer's previous transaction is being ended (PrepareCommit,
-        PrepareAbort: its markers are being written), wait for it, at most TXN_ENDING_WAIT_MS.
-        Kafka answers CONCURRENT_TRANSACTIONS at once and the client tries again after a
-        backoff (librdkafka: 20 ms for AddPartitionsToTxn, 500 ms for InitProducerId); its
-        markers take a millisecond there and a Delta commit each here, so a producer that
-        begins its next transaction right after a commit would pay several backoffs for each.
-        Past the wait the handler answers CONCURRENT_TRANSACTIONS, as before."""
-        deadline = time.monotonic() + TXN_ENDING_WAIT_MS / 1000
-        while not self._shutting_down:
-            txn = self._state.transactions.get(transactional_id)
-            remaining_s = deadline - time.monotonic()
-            if txn is None or txn.state not in (PREPARE_COMMIT, PREPARE_ABORT) or \
-                    remaining_s <= 0:
-                return
-            self._lock.wait(remaining_s)
-
-    def _complete_transaction(self, txn: TransactionMetadata) -> None:
-        """Lock held. Record CompleteCommit or CompleteAbort once every marker is written."""
-        self._commit(transaction_coordinator.complete(
-            self._state, txn.transactional_id, txn.producer_id, txn.producer_epoch,
-            now_ms=_now_ms()).records)
-
-    def _start_ending(self, transactional_id: str) -> None:
-        """Lock held. Write the markers of a transaction in PrepareX (`txn_markers`)."""
-        self.markers.start(transactional_id)
-
-    # ---- brokers -----------------------------------------------------------------------------
-
-    def _commit_broker_change(self, records: Sequence[MetadataRecord],
-                              leaving: int | None = None) -> None:
-        """Commit broker registration records with the leader and ISR changes they bring.
-        Lock held."""
-        self._commit(replication_control.elect_after_broker_change(
-            self._state, self._config, records, leaving))
+    # ---- brokers (cluster_control) -----------------------------------------------------------
 
     def register_broker(self, endpoint: BrokerEndpoint, pid: int) -> int:
-        """A broker (re)starts: give it a new epoch, unfence it, and let it lead what it may."""
-        with self._lock:
-            result = broker_registry.register_broker(
-                self._state.brokers, endpoint, pid, brokers=self._config.brokers,
-                held=self._held, version=self._version)
-            if any(isinstance(r, FenceBrokerRecord) for r in result.records):
-                # The old incarnation is fenced now: its partitions get new leader epochs.
-                self._commit_broker_change(result.records, leaving=endpoint.broker_id)
-            else:  # a new registration is fenced: it changes no partition until it catches up
-                self._commit(result.records)
-            self._heartbeats.register(endpoint.broker_id, time.monotonic())
-            epoch = result.response
-            log.info("broker %d registered at %s (epoch %d, pid %d)",
-                     endpoint.broker_id, endpoint.address, epoch, pid)
-            return epoch
+        return self._cluster_control.register_broker(endpoint, pid)
 
     def tables_changed(self, partitions: list[tuple[str, int, tuple[int, ...]]]) -> None:
-        """The log cleaner changed these partitions' replica tables ((topic, partition,
-        replicas)): each replica's broker hears of it with its next heartbeat."""
-        with self._lock:
-            for topic, partition, replicas in partitions:
-                for broker_id in replicas:
-                    self._refresh_logs.setdefault(broker_id, set()).add((topic, partition))
-            self._lock.notify_all()
+        self._cluster_control.tables_changed(partitions)
 
     def heartbeat(self, broker_id: int, epoch: int, applied_version: int, max_wait_ms: int,
                   offline_replicas: Collection[tuple[str, int]] = (), *,
                   position: MetadataPosition | None = None
                   ) -> tuple[bool, MetadataBatch | None, list[tuple[str, int]]]:
-        """Record a heartbeat, then wait (long poll) until there are metadata records past the
-        broker's `position` (by default: the end of `applied_version`, the version of the image
-        it serves) or its tables changed. `offline_replicas`: the (topic, partition) replicas
-        the broker cannot serve (their tables are lost); they leave their ISRs and leadership.
-        Returns (should_shut_down, the records to replay or None (`metadata_deltas`), the
-        partitions whose tables to refresh)."""
-        if position is None:
-            position = MetadataPosition(applied_version)
-        deadline = time.monotonic() + min(max_wait_ms, cfg.FETCH_WAIT_MS_MAX) / 1000
-        with self._lock:
-            result = broker_registry.heartbeat(self._state.brokers, broker_id, epoch,
-                                               applied_version, frozenset(offline_replicas))
-            self._heartbeats.touch(broker_id, time.monotonic())
-            if self._heartbeats.set_applied_version(broker_id, applied_version):
-                self._lock.notify_all()
-            if result.records:  # caught up (it may lead again), or its offline replicas changed
-                self._log_broker_change(broker_id, applied_version, result.records)
-                self._commit_broker_change(result.records)
-            while (position == MetadataPosition(self._version) and not self._shutting_down
-                   and self._may_wait(broker_id, epoch)):
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                self._lock.wait(left)
-            reg = self._state.brokers.check_epoch(broker_id, epoch)
-            self._heartbeats.touch(broker_id, time.monotonic())
-            # A broker in controlled shutdown stops once it has applied the metadata that moved
-            # its leadership away.
-            stop = self._shutting_down or (reg.in_controlled_shutdown
-                                           and applied_version >= self._version)
-            refresh = sorted(self._refresh_logs.pop(broker_id, set()))
-            return stop, self._deltas.read(position, self._state), refresh
-
-    def _log_broker_change(self, broker_id: int, applied_version: int,
-                           records: Sequence[MetadataRecord]) -> None:
-        for record in records:
-            if isinstance(record, OfflineReplicasRecord) and record.replicas:
-                log.error("broker %d cannot serve its replicas of %s (their tables are lost): "
-                          "they leave their ISRs and are not elected", broker_id,
-                          ", ".join(f"{t}-{p}" for t, p in sorted(record.replicas)))
-            elif isinstance(record, OfflineReplicasRecord):
-                log.info("broker %d serves all its replicas again", broker_id)
-            else:
-                log.info("broker %d unfenced at metadata version %d", broker_id,
-                         applied_version)
-
-    def _may_wait(self, broker_id: int, epoch: int) -> bool:
-        """A heartbeat keeps polling while its registration is current, not in controlled
-        shutdown, and none of its tables changed. Lock held."""
-        reg = self._state.brokers.get(broker_id)
-        return (reg is not None and reg.epoch == epoch and not reg.in_controlled_shutdown
-                and not self._refresh_logs.get(broker_id))
+        return self._cluster_control.heartbeat(broker_id, epoch, applied_version, max_wait_ms,
+                                               offline_replicas, position=position)
 
     def hold_broker(self, broker_id: int) -> None:
-        """Keep a broker down: its registrations are refused until `release_broker`."""
-        with self._lock:
-            self._held.add(broker_id)
+        self._cluster_control.hold_broker(broker_id)
 
     def release_broker(self, broker_id: int) -> None:
-        with self._lock:
-            self._held.discard(broker_id)
+        self._cluster_control.release_broker(broker_id)
 
     def shut_down_broker(self, broker_id: int) -> bool:
-        """Controlled shutdown: move leadership off a broker and take it out of every ISR
-        (where another replica is in sync), then tell it to stop through its heartbeat.
-        Returns False when the broker is not running."""
-        with self._lock:
-            records = broker_registry.shut_down_broker(self._state.brokers, broker_id)
-            if not records:
-                return False
-            log.info("broker %d: controlled shutdown", broker_id)
-            self._commit_broker_change(records, leaving=broker_id)
-            return True
+        return self._cluster_control.shut_down_broker(broker_id)
 
     def registered_endpoint(self, broker_id: int) -> BrokerEndpoint | None:
-        """Where a broker's current registration says it listens (None: not registered)."""
-        with self._lock:
-            registration = self._state.brokers.get(broker_id)
-            return registration.endpoint if registration is not None else None
+        return self._cluster_control.registered_endpoint(broker_id)
 
     def fence_broker(self, broker_id: int, reason: str) -> None:
-        """Declare a broker dead: move leadership off it. Its next registration unfences it."""
-        with self._lock:
-            records = broker_registry.fence_broker(self._state.brokers, broker_id)
-            if not records:
-                return
-            log.warning("broker %d fenced: %s", broker_id, reason)
-            self._commit_broker_change(records, leaving=broker_id)
-            self.fenced[broker_id] += 1
-        if self._on_fence is not None:
-            self._on_fence(broker_id)
+        self._cluster_control.fence_broker(broker_id, reason)
+
+    def check_sessions(self) -> list[int]:
+        return self._cluster_control.check_sessions()
+
+    def broker_pids(self) -> dict[int, int]:
+        return self._cluster_control.broker_pids()
+
+    def broker_epochs(self) -> dict[int, int]:
+        return self._cluster_control.broker_epochs()
+
+    def live_brokers(self) -> list[int]:
+        return self._cluster_control.live_brokers()
+
+    def applied_version(self, broker_id: int) -> int:
+        return self._cluster_control.applied_version(broker_id)
+
+    def wait_for_brokers(self, count: int, timeout_s: float) -> bool:
+        return self._cluster_control.wait_for_brokers(count, timeout_s)
+
+    def _await_brokers(self, version: int, timeout_ms: int) -> None:
+        self._cluster_control.await_brokers(version, timeout_ms)
+
+    # ---- log cleaning and catch-up -----------------------------------------------------------
 
     def cleaner_tasks(self, topics: list[str] | None = None,
                       merge_min_age_ms: int | None = None) -> list[CleanerTask]:
@@ -855,179 +495,19 @@ class Controller:
             return replication_control.catch_up_tasks(self._state, self._config.storage,
                                                       broker_id)
 
-    def check_sessions(self) -> list[int]:
-        """Fence brokers silent past the session timeout; returns the ids of those fenced. Each
-        is fenced on its own: one whose fence fails (the metadata write was refused) is logged
-        and tried again at the next check, and holds up none of the others."""
-        now = time.monotonic()
-        timeout_s = self._config.broker_session_timeout_ms / 1000
-        with self._lock:
-            expired = self._heartbeats.expired(self._state.brokers, now, timeout_s)
-        fenced = []
-        for broker_id in expired:
-            try:
-                self.fence_broker(broker_id, "missed heartbeats past broker.session.timeout.ms")
-            except Exception:
-                log.exception("fencing silent broker %d failed; trying again at the next "
-                              "session check", broker_id)
-                continue
-            fenced.append(broker_id)
-        return fenced
-
-    # ---- elections on request ----------------------------------------------------------------
+    # ---- elections and reassignments (reassignment_control) ----------------------------------
 
     def elect_leaders(self, election_type: str = "preferred",
                       partitions: list[tuple[str, int]] | None = None
                       ) -> dict[tuple[str, int], errors.DeltaBusError | None]:
-        """Kafka's ElectLeaders. "preferred": give each partition its first replica as leader
-        where that replica is live and in sync. "unclean": give a partition without a leader any
-        live replica. `partitions` None means all; returns an error or None per partition."""
-        with self._lock:
-            result = replication_control.elect_leaders(self._state, election_type, partitions)
-            if result.records:
-                log.info("%s leader election moved %d partitions", election_type,
-                         len(result.records))
-                self._commit(result.records)
-            return result.response
+        return self._reassignments.elect_leaders(election_type, partitions)
 
     def rebalance_leaders(self) -> int:
-        """auto.leader.rebalance.enable: hand leadership back to preferred replicas that are
-        live and in sync (after a restart or failover moved it). Returns how many moved."""
-        results = self.elect_leaders("preferred")
-        return sum(1 for error in results.values() if error is None)
-
-    # ---- reassignments -----------------------------------------------------------------------
+        return self._reassignments.rebalance_leaders()
 
     def reassign_partitions(self, targets: dict[tuple[str, int], list[int] | None]
                             ) -> dict[tuple[str, int], errors.DeltaBusError | None]:
-        """Kafka's AlterPartitionReassignments: give partitions new replica lists, or cancel
-        (None) the reassignment in progress. Returns once each is checked and started (a
-        cancel: done); a thread then catches the new replicas up (Spark job), adds them, waits
-        for them to join the ISR, and drops the replicas no longer wanted."""
-        moves = {k: r for k, r in targets.items() if r is not None}
-        results = self._cancel_reassignments([k for k, r in targets.items() if r is None])
-        with self._lock:
-            moved, started = replication_control.reassign_partitions(self._state, moves).response
-            self._starting.update((t, p) for t, p, _ in started)
-        results.update(moved)
-        if started:
-            threading.Thread(target=self._reassign, args=(started,), daemon=True,
-                             name="deltabus-reassignment").start()
-        return results
-
-    def _cancel_reassignments(self, keys: list[tuple[str, int]]
-                              ) -> dict[tuple[str, int], errors.DeltaBusError | None]:
-        """Cancel each reassignment: one still copying before it starts never starts
-        (`_start_reassignments` skips it); a started one goes back to its old replicas, and the
-        added replicas' tables go."""
-        results: dict[tuple[str, int], errors.DeltaBusError | None] = {}
-        with self._lock:
-            for key in keys:
-                results[key] = None
-                if key in self._starting:
-                    self._starting.discard(key)
-                    self._cancelled.add(key)
-                    continue
-                try:
-                    result = replication_control.cancel_reassignment(self._state, *key)
-                except errors.DeltaBusError as e:
-                    results[key] = e
-                    continue
-                self._commit(result.records)
-                log.info("reassignment of %s-%d cancelled: replicas %s dropped", *key,
-                         list(result.response))
-                for r in result.response:
-                    threading.Thread(target=self._drop_replica, args=(*key, r),
-                                     daemon=True).start()
-        return results
-
-    def _reassign(self, started: list[replication_control.Reassignment]) -> None:
-        with self._lock:
-            tasks = replication_control.reassignment_catch_up_tasks(
-                self._state, self._config.storage, started)
-            adding = replication_control.added_replicas(self._state, started)
-        try:  # before anything copies into them or a broker opens them
-            with self._tables_lock:
-                self._create_replica_tables(adding)
-        except Exception:  # the new replicas stay offline: the reassignment cannot complete
-            log.exception("creating the tables of replicas %s for a reassignment failed",
-                          adding)
-        if tasks and self._catch_up is not None:
-            try:  # the fetchers copy whatever the job did not
-                self._catch_up(tasks, "reassignment")
-            except Exception:
-                log.exception("catch-up job for a reassignment failed")
-        if self._start_reassignments(started):
-            self._complete_reassignments({(t, p) for t, p, _ in started})
-
-    def _start_reassignments(self, started: list[replication_control.Reassignment]) -> bool:
-        """Commit the reassignments' start, trying again each second while the write fails
-        (they were answered as started): False when the controller stops first."""
-        while not self._shutting_down:
-            with self._lock:
-                try:
-                    kept = [r for r in started if (r[0], r[1]) not in self._cancelled]
-                    if kept:
-                        self._commit(replication_control.start_reassignments(self._state, kept))
-                    self._drop_cancelled([r for r in started if r not in kept])
-                    self._starting -= {(t, p) for t, p, _ in kept}
-                    return True
-                except Exception:
-                    log.exception("starting the reassignment of %s failed; trying again",
-                                  ", ".join(f"{t}-{p}" for t, p, _ in started))
-                self._lock.wait(1.0)
-        return False
-
-    def _drop_cancelled(self, cancelled: list[replication_control.Reassignment]) -> None:
-        """Lock held. Reassignments cancelled before they started: the tables made for their
-        new replicas go, and they are no longer starting."""
-        self._cancelled -= {(t, p) for t, p, _ in cancelled}
-        for t, p, r in replication_control.added_replicas(self._state, cancelled):
-            threading.Thread(target=self._drop_replica, args=(t, p, r), daemon=True).start()
-
-    def _complete_reassignments(self, pending: set[tuple[str, int]]) -> None:
-        """Complete each reassignment once its new replicas are in sync; one whose write
-        fails is tried again a second later, with the others."""
-        while pending and not self._shutting_down:
-            with self._lock:
-                for key in sorted(pending):
-                    try:
-                        if self._complete_reassignment(*key):
-                            pending.discard(key)
-                    except Exception:
-                        log.exception("completing the reassignment of %s-%d failed; trying "
-                                      "again", *key)
-                if pending:
-                    self._lock.wait(1.0)
-
-    def _complete_reassignment(self, topic: str, partition: int) -> bool:
-        """Lock held. Once every added replica is in sync, make the target list the replicas;
-        a leader that is not in it hands over. Returns True when done (or moot)."""
-        result = replication_control.complete_reassignment(self._state, topic, partition)
-        removed = result.response
-        if removed is None:
-            return False
-        if result.records:
-            self._commit(result.records)
-            s = self._state.partition(topic, partition)
-            log.info("reassignment of %s-%d completed: replicas %s", topic, partition,
-                     list(s.replicas) if s is not None else [])
-        for r in removed:  # the dropped replicas' tables go, as Kafka deletes their logs
-            threading.Thread(target=self._drop_replica, args=(topic, partition, r),
-                             daemon=True).start()
-        return True
-
-    def _drop_replica(self, topic: str, partition: int, broker: int) -> None:
-        with self._lock:
-            target = self._version
-        self._await_brokers(target, 30_000)  # the broker closed the log first
-        # Under `_tables_lock`, as a deleted topic's directory is removed: a removal walking
-        # the topic's directory fails on a replica's directory removed under it.
-        with self._tables_lock, self._lock:
-            s = self._state.partition(topic, partition)
-            if (s is not None and broker in s.replicas) or (topic, partition) in self._starting:
-                return  # re-added meanwhile, or a reassignment starting may re-add it
-            self._delete_dir(replica_path(self._config.root, topic, partition, broker))
+        return self._reassignments.reassign_partitions(targets)
 
     # ---- ISR changes -------------------------------------------------------------------------
 
@@ -1043,38 +523,6 @@ class Controller:
             self._commit(result.records)
             return result.response, self._version
 
-    def broker_pids(self) -> dict[int, int]:
-        with self._lock:
-            brokers = self._state.brokers
-            return {b: brokers.registrations[b].pid for b in brokers.live_broker_ids()}
-
-    def broker_epochs(self) -> dict[int, int]:
-        """The registration epoch of each live broker: a relaunched broker has a higher one."""
-        with self._lock:
-            brokers = self._state.brokers
-            return {b: brokers.registrations[b].epoch for b in brokers.live_broker_ids()}
-
-    def live_brokers(self) -> list[int]:
-        with self._lock:
-            return self._state.brokers.live_broker_ids()
-
-    def applied_version(self, broker_id: int) -> int:
-        """The metadata version broker `broker_id` last said it has applied (its heartbeat):
-        what it answers requests with, which may lag the controller's image."""
-        with self._lock:
-            return self._heartbeats.applied_version(broker_id)
-
-    def wait_for_brokers(self, count: int, timeout_s: float) -> bool:
-        """Wait until `count` brokers are registered and unfenced."""
-        deadline = time.monotonic() + timeout_s
-        with self._lock:
-            while len(self._state.brokers.live_broker_ids()) < count:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._lock.wait(left)
-            return True
-
     def begin_shutdown(self) -> None:
         """Tell every broker, through its heartbeat, to flush and stop."""
         with self._lock:
@@ -1084,7 +532,3 @@ class Controller:
     @property
     def shutting_down(self) -> bool:
         return self._shutting_down
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)

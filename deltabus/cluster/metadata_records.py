@@ -31,7 +31,7 @@ import base64
 import binascii
 import dataclasses
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, TypeVar
 
@@ -417,6 +417,11 @@ class ControllerResult(Generic[T]):
 
     records: Sequence[MetadataRecord]
     response: T
+
+
+# The controller's commit path, as its managers are given it: write the persisted records to the
+# metadata log, then replay them all (`Controller._commit`); called with the controller's lock.
+CommitRecords = Callable[[Sequence[MetadataRecord]], None]
 
 
 # ---- the stored form -------------------------------------------------------------------------

@@ -2,11 +2,12 @@
 
 Ids are reserved in blocks of `PRODUCER_ID_BLOCK` by a producer ids record, so a restarted
 controller (which starts handing out from the end of the last block) never hands out an id twice;
-within a block the controller counts ids in memory, with no record. A transactional id gets a
-producer id once, in a record, and the same one ever after.
+within a block the controller counts ids in memory (`ProducerIdControlManager`), with no
+record. A transactional id gets a producer id once, in a record, and the same one ever after.
 
 Invariants: every id handed out is below the replayed `producer_ids_end`; the controller's next id
-only grows; no transactional id longer than `config.TRANSACTIONAL_ID_LENGTH_MAX` is written.
+(`ProducerIdControlManager`, the one thing here that changes) only grows; no transactional id
+longer than `config.TRANSACTIONAL_ID_LENGTH_MAX` is written.
 `init_producer_id` is a handler: it returns records and the answer, changing nothing.
 Not thread-safe: the controller holds its lock around every call.
 """
@@ -78,3 +79,19 @@ def init_producer_id(state: MetadataState, next_producer_id: int,
     if transactional_id:
         records.append(TransactionalIdRecord(transactional_id, producer_id))
     return ControllerResult(records, (answer(producer_id), 0))
+
+
+class ProducerIdControlManager:
+    """The next producer id the controller hands out (KRaft's ProducerIdControlManager keeps
+    the next block's start). Runs in the driver; not thread-safe: the controller's lock is held
+    around every call."""
+
+    def __init__(self, config: cfg.ClusterConfig, state: MetadataState) -> None:
+        self._config = config
+        self.next_producer_id = state.producer_ids_end  # skip a block used before
+
+    def issued(self, producer_id: int) -> None:
+        """Lock held. `producer_id` was handed out: the next id is past its counter."""
+        bound = self._config.authorizer
+        counter = producer_id >> TAG_BITS if bound else producer_id
+        self.next_producer_id = max(self.next_producer_id, counter + 1)

@@ -13,7 +13,7 @@ only from the ISR the controller holds (a stale request gets INVALID_UPDATE_VERS
 that leaves (fenced, or in controlled shutdown) leaves every ISR it is in unless it is the last
 member; a partition with no live ISR member goes offline (leader -1) until one registers again,
 unless the topic allows unclean leader election. A replica whose broker reports it offline (its
-table lost: see `Controller` on who creates tables) leaves the ISR the same way and is never
+table lost: see `topic_tables` on who creates tables) leaves the ISR the same way and is never
 elected, cleanly or not, while it is reported.
 
 Not thread-safe: the controller holds its lock around every call.

@@ -15,7 +15,7 @@ import pytest
 
 from deltabus import config as cfg
 from deltabus import errors
-from deltabus.cluster import controller as controller_module
+from deltabus.cluster import transaction_control
 from deltabus.cluster import transaction_coordinator as tc
 from deltabus.cluster.controller import Controller
 from deltabus.cluster.metadata_loader import MetadataLoader
@@ -167,7 +167,7 @@ def test_errors_of_requests_out_of_order(controller: Controller) -> None:
 def test_a_new_producer_fences_the_old_and_aborts_its_transaction(
         controller: Controller, leaders: Leaders, monkeypatch: pytest.MonkeyPatch) -> None:
     # The retries below wait for the abort's markers this long before their answer.
-    monkeypatch.setattr(controller_module, "TXN_ENDING_WAIT_MS", 300)
+    monkeypatch.setattr(transaction_control, "TXN_ENDING_WAIT_MS", 300)
     pid, epoch = controller.init_transactional_producer("tx", 60_000)
     controller.add_partitions_to_txn("tx", pid, epoch, [("orders", 1)])
     leaders.down = True  # the abort cannot finish yet
