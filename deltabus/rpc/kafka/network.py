@@ -47,6 +47,7 @@ from collections.abc import Callable
 from typing import Any
 
 from deltabus import config as cfg
+from deltabus.rpc.kafka.connection_quotas import ConnectionQuotas
 from deltabus.rpc.kafka.sasl import KafkaSession
 from deltabus.rpc.tls import certificate_principal
 from deltabus.security.principal import ANONYMOUS
@@ -171,7 +172,7 @@ class Processor:
         self._selector.register(self._wake_r, _READ, _WAKE)
         self._inbox: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         self._connections: set[_Connection] = set()
-        self._per_ip: collections.Counter[str] = collections.Counter()
+        self._quotas = ConnectionQuotas(config)
         # Connections owing no answer, least recently active first (connections.max.idle.ms).
         self._idle: collections.OrderedDict[_Connection, float] = collections.OrderedDict()
         self._handshakes: collections.OrderedDict[_Connection, float] = collections.OrderedDict()
@@ -278,7 +279,7 @@ class Processor:
                     return
                 continue  # the client gave up before we accepted (ECONNABORTED, ...)
             host, port = address[0], address[1]
-            refusal = self._refusal(host)
+            refusal = self._quotas.refusal(host, len(self._connections))
             if refusal is not None:
                 log.info("closing Kafka connection from %s:%d at once: %s", host, port,
                          refusal)
@@ -290,17 +291,6 @@ class Processor:
                 log.info("closing Kafka connection from %s:%d: %s", host, port, e)
                 sock.close()
 
-    def _refusal(self, host: str) -> str | None:
-        """Why a new connection from `host` must be refused (None: it may stay)."""
-        limit = self._config.max_connections
-        if len(self._connections) >= limit:
-            return f"the listener has {limit} connections, the most (max.connections={limit})"
-        limit = self._config.max_connections_per_ip
-        if self._per_ip[host] >= limit:
-            return (f"{host} has {limit} connections, the most "
-                    f"(max.connections.per.ip={limit})")
-        return None
-
     def _open(self, sock: socket.socket, host: str, port: int) -> None:
         sock.setblocking(False)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -309,7 +299,7 @@ class Processor:
                                                  do_handshake_on_connect=False)
         connection = _Connection(sock, host, port, self._sasl_required)
         self._connections.add(connection)
-        self._per_ip[host] += 1
+        self._quotas.opened(host)
         if self._ssl_context is not None:
             connection.handshaking = True
             self._handshakes[connection] = time.monotonic() + TLS_HANDSHAKE_TIMEOUT_S
@@ -642,9 +632,7 @@ class Processor:
         self._blocked.discard(connection)
         self._ready.discard(connection)
         self._connections.discard(connection)
-        self._per_ip[connection.host] -= 1
-        if not self._per_ip[connection.host]:
-            del self._per_ip[connection.host]
+        self._quotas.closed(connection.host)
 
     def _close_everything(self) -> None:
         for connection in list(self._connections):
