@@ -27,7 +27,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -35,6 +35,7 @@ from pyspark import TaskContext
 
 from deltabus import config as cfg
 from deltabus import errors
+from deltabus.cluster.broker_metadata_publisher import BrokerMetadataPublisher
 from deltabus.cluster.doors import Doors, open_doors
 from deltabus.cluster.executor_process import local_host
 from deltabus.cluster.handler import (
@@ -47,20 +48,16 @@ from deltabus.cluster.metadata_cache import MetadataCache
 from deltabus.cluster.metadata_loader import MetadataLoader
 from deltabus.cluster.partition import Partition
 from deltabus.cluster.producer_id_control import issued_to
-from deltabus.cluster.replica_fetcher import ReplicaFetcher
 from deltabus.cluster.replica_manager import ReplicaManager
 from deltabus.listeners import GRPC, ListenerBindError
 from deltabus.log_tables.control_records import TxnMarker
-from deltabus.log_tables.layout import replica_path
-from deltabus.log_tables.partition_log import ActiveProducer, AppendResult, PartitionLog
+from deltabus.log_tables.partition_log import ActiveProducer, AppendResult
 from deltabus.log_tables.transactions import READ_UNCOMMITTED
 from deltabus.metadata import (
-    NO_LEADER,
     BrokerEndpoint,
     ListenerEndpoint,
     MetadataImage,
     NewTopic,
-    PartitionState,
     ScramCredentialDeletion,
     ScramCredentialUpsertion,
     ScramDescriptions,
@@ -90,8 +87,6 @@ from deltabus.security.scram import ScramCredential
 
 log = logging.getLogger(__name__)
 
-LOG_OPEN_THREADS = 8
-
 
 @dataclass(frozen=True)
 class BrokerSpec:
@@ -114,25 +109,12 @@ class Broker:
         self.spec = spec
         self.broker_id = spec.broker_id
         self._config = spec.config
-        self._log_config = spec.config.log_config()
         self._cache = MetadataCache()  # the image this broker serves from
-        # The heartbeat thread hands the loader's newest image to the metadata thread, which
-        # applies it (`_apply_loop`); `_applied_image` is the last it applied, `_generation`
-        # counts registrations (an image of an earlier one is not reported as applied).
-        self._publish = threading.Condition()
-        self._to_apply: MetadataImage | None = None
-        self._generation = 0
         self._reported_version = 0  # the applied version the last heartbeat said
-        self._new_loader()
         self._authorizers = AuthorizerCache(
             super_users=spec.config.super_users,
             allow_everyone_if_no_acl_found=spec.config.allow_everyone_if_no_acl_found)
         self._quota_manager = ClientQuotaManager()
-        # Hosted replicas whose tables cannot be opened (lost): reported with every heartbeat,
-        # so the controller keeps them out of ISRs and leadership. The metadata thread changes
-        # it; the heartbeat thread sends a copy.
-        self._offline: set[tuple[str, int]] = set()
-        self._fetchers: dict[int, ReplicaFetcher] = {}
         self._stopped = threading.Event()
         self._epoch = -1
         secret = spec.config.inter_broker_secret
@@ -159,6 +141,11 @@ class Broker:
             spec.broker_id, spec.config, self._cache, self._controller, self._stopped,
             broker_epoch=lambda: self._epoch,
             loaded_schema=lambda subject, schema_id: self._loader.schema_of(subject, schema_id))
+        # Applies the metadata images the heartbeats bring, on the metadata thread.
+        self._publisher = BrokerMetadataPublisher(
+            spec.broker_id, spec.config, self._cache, self._replicas, self._leaders,
+            self._quota_manager, self._stopped)
+        self._new_loader()
         self._doors = Doors()  # the listeners, once started
 
     @property
@@ -180,7 +167,7 @@ class Broker:
                                  previous=self.spec.previous_listeners)
         self._register()
         threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True).start()
-        threading.Thread(target=self._apply_loop, name="metadata", daemon=True).start()
+        threading.Thread(target=self._publisher.apply_loop, name="metadata", daemon=True).start()
         threading.Thread(target=self._replicas.isr_loop, name="isr-shrink", daemon=True).start()
 
     def _register(self) -> None:
@@ -210,10 +197,7 @@ class Broker:
         positions in them are one controller's own), saying none applied until it is loaded;
         the image served until then stays."""
         self._loader = MetadataLoader(self._config.root)
-        with self._publish:
-            self._generation += 1
-            self._applied_image: MetadataImage | None = None  # the loader's, applied
-            self._to_apply = None
+        self._publisher.new_generation()
 
     def _heartbeat_loop(self) -> None:
         """Heartbeat and apply metadata until told to stop. A round that fails in any way is
@@ -249,12 +233,11 @@ class Broker:
         said at once; a longer one (thousands of partition tables to open) never holds the
         heartbeats up."""
         loader = self._loader
-        with self._publish:
-            applied = self._applied_image.version if self._applied_image is not None else 0
+        applied = self._publisher.applied_version()
         answer = self._controller.heartbeat(
             self.broker_id, self._epoch, applied,
             max_wait_ms=0 if applied != self._reported_version else interval_ms,
-            position=loader.position, offline_replicas=sorted(self._offline.copy()))
+            position=loader.position, offline_replicas=self._publisher.offline_replicas())
         self._reported_version = applied
         if answer.metadata is not None:
             try:
@@ -266,40 +249,11 @@ class Broker:
                 return
         image = loader.image
         if image is not None:
-            with self._publish:
-                if image is not self._applied_image:
-                    self._to_apply = image
-                    self._publish.notify_all()
-                    self._publish.wait_for(lambda: self._applied_image is image
-                                           or self._stopped.is_set(), interval_ms / 1000)
+            self._publisher.hand_over(image, interval_ms / 1000)
         if answer.refresh_logs:
             self._replicas.refresh_logs(answer.refresh_logs)
         if answer.should_shut_down:
             self._stopped.set()
-
-    def _apply_loop(self) -> None:
-        """Apply the newest image the heartbeats brought, on a thread of its own (KRaft's
-        metadata publisher): opening a few thousand partition tables takes minutes, and a
-        broker whose heartbeats waited on it was fenced, relaunched, and opened them all again.
-        A failed apply is logged and tried again with the next image or after an interval."""
-        interval_s = self._config.broker_heartbeat_interval_ms / 1000
-        while not self._stopped.is_set():
-            with self._publish:
-                image, generation = self._to_apply, self._generation
-                if image is None or image is self._applied_image:
-                    self._publish.wait(interval_s)
-                    continue
-            try:
-                self._apply(image)
-            except Exception:
-                log.exception("broker %d: applying metadata version %d failed", self.broker_id,
-                              image.version)
-                self._stopped.wait(interval_s)
-                continue
-            with self._publish:
-                if generation == self._generation:
-                    self._applied_image = image
-                self._publish.notify_all()
 
     def serve_until_stopped(self) -> None:
         self._stopped.wait()
@@ -310,8 +264,7 @@ class Broker:
         the end of their max_wait_ms)."""
         self._stopped.set()
         self._replicas.fetch_purgatory.stop()
-        for fetcher in list(self._fetchers.values()):
-            fetcher.stop()
+        self._publisher.stop_fetchers()
         self._replicas.close_partitions()
         self._replicas.alter_pool.shutdown(wait=False, cancel_futures=True)
         self._doors.stop()
@@ -319,102 +272,6 @@ class Broker:
         self._leaders.close()
 
     # ---- metadata ----------------------------------------------------------------------------
-
-    def _apply(self, image: MetadataImage) -> None:
-        """Open the replicas this broker now hosts and close the ones it no longer does; make
-        each a leader or a follower as the image says, and point the fetchers at the leaders."""
-        hosted = {
-            (topic.name, p.partition): p
-            for topic in image.topics.values() for p in topic.partitions
-            if self.broker_id in p.replicas
-        }
-        current = self._replicas.hosted_keys()
-        for key in sorted(current - set(hosted)):
-            self._unfollow(key)
-            partition = self._replicas.remove_partition(key)
-            partition.log.close()
-            # Its fetches answer NOT_LEADER_OR_FOLLOWER now.
-            self._replicas.fetch_purgatory.check(key)
-            log.info("broker %d no longer hosts %s-%d", self.broker_id, *key)
-        self._offline &= set(hosted)  # a replica no longer hosted is not ours to report
-        opening = sorted(set(hosted) - current)
-        if opening:  # in parallel: a broker may host hundreds of partitions
-            with ThreadPoolExecutor(max_workers=LOG_OPEN_THREADS) as pool:
-                for key, opened in zip(opening, pool.map(self._open_partition, opening),
-                                       strict=True):
-                    if opened is None:  # tried again with the next metadata
-                        self._offline.add(key)
-                        continue
-                    self._offline.discard(key)
-                    self._replicas.add_partition(key, opened)
-        # Parsed once per metadata version, not per produce request; set before the image so a
-        # topic visible in the image always has its config.
-        self._replicas.topic_configs = {name: self._config.topic_config(t.configs)
-                                        for name, t in image.topics.items()}
-        for key, state in hosted.items():
-            found = self._replicas.get_partition(key)
-            if found is not None:
-                found.log.flush_messages = self._replicas.topic_configs[key[0]].flush_messages
-                self._apply_partition(found, state, image)
-        if image.acls == self._image.acls:  # the same tuple: the authorizer is not rebuilt
-            image = dataclasses.replace(image, acls=self._image.acls)
-        self._quota_manager.update(image.client_quotas)
-        self._cache.publish(image)
-
-    def _apply_partition(self, partition: Partition, state: PartitionState,
-                         image: MetadataImage) -> None:
-        key = (partition.topic, partition.partition)
-        following = state.leader not in (self.broker_id, NO_LEADER)
-        # Before the role changes: a copy from the old leader lands first, or not at all.
-        self._unfollow(key, keep=state.leader if following else NO_LEADER)
-        if partition.apply(state, image.version) and partition.is_leader:
-            partition.log.reset_transactions(image.open_transactions.get(key, frozenset()))
-        self._replicas.fetch_purgatory.check(key)  # a fetch of an old leader epoch is answered now
-        if not following:
-            return
-        fetcher = self._fetchers.get(state.leader)
-        if fetcher is None:
-            fetcher = self._fetchers[state.leader] = ReplicaFetcher(
-                self.broker_id, state.leader, self._leaders, self._config)
-        leader = image.broker(state.leader)
-        if leader is not None:
-            fetcher.set_address(leader.address)
-        fetcher.follow(partition, state.leader_epoch)
-
-    def _unfollow(self, key: tuple[str, int], keep: int = NO_LEADER) -> None:
-        """Stop copying `key` from every leader but `keep`."""
-        for leader_id, fetcher in self._fetchers.items():
-            if leader_id != keep:
-                fetcher.unfollow(key)
-
-    def _open_partition(self, key: tuple[str, int]) -> Partition | None:
-        """Open a hosted replica's log, or None when its table is missing or unreadable: then
-        the replica is offline (never created empty: see PartitionLog) until it opens."""
-        topic, partition = key
-        holder: list[Partition] = []
-        try:
-            opened = PartitionLog(
-                replica_path(self._config.root, topic, partition, self.broker_id),
-                topic=topic, partition=partition, config=self._log_config,
-                storage=self._config.storage,
-                on_append=lambda: self._on_log_change(holder), replicated=True, create=False)
-        except Exception as e:  # one unreadable table must not take the broker down
-            if key not in self._offline:  # said once, not with every metadata version
-                log.error("broker %d cannot open %s-%d; reporting it offline: %s",
-                          self.broker_id, topic, partition, e,
-                          exc_info=not isinstance(e, errors.KafkaStorageError))
-            return None
-        holder.append(Partition(topic, partition, self.broker_id, opened))
-        log.info("broker %d opened %s-%d at offset %d", self.broker_id, topic, partition,
-                 opened.log_end_offset)
-        return holder[0]
-
-    def _on_log_change(self, holder: list[Partition]) -> None:
-        """A log's end or high watermark moved: a leader may move its high watermark, and
-        the fetches waiting on the partition (consumers and followers) may complete."""
-        if holder:
-            holder[0].on_log_change()
-            self._replicas.fetch_purgatory.check((holder[0].topic, holder[0].partition))
 
     # ---- DeltaBusHandler ---------------------------------------------------------------------
 
