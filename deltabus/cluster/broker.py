@@ -2,6 +2,14 @@
 gRPC. Runs inside a long-running Spark task on an executor (one task, one broker), started by
 `deltabus.cluster.Cluster`.
 
+`Broker` is the front the doors call (the `DeltaBusHandler` contract of `handler`), split as
+Kafka splits a broker: `broker_lifecycle` (BrokerLifecycleManager: registration, heartbeats,
+fencing, shutdown when told), `broker_metadata_publisher` (BrokerMetadataPublisher: applies each
+metadata image, opening and closing logs, leading or following), `replica_manager`
+(ReplicaManager: the hosted partitions and the requests served from them), and the
+`metadata_cache` they all read. Admin requests are forwarded to the controller; describes answer
+from this broker's metadata, as a KRaft broker's do.
+
 Thread-safe: gRPC threads call the handler methods concurrently; the heartbeat thread replays the
 metadata records the controller sends (`metadata_loader`) and the metadata thread applies each
 new image (so opening thousands of partitions never delays a heartbeat); replica fetcher threads
@@ -21,11 +29,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import sys
 import threading
-import time
-import uuid
 from collections.abc import Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -35,9 +40,9 @@ from pyspark import TaskContext
 
 from deltabus import config as cfg
 from deltabus import errors
+from deltabus.cluster.broker_lifecycle import BrokerLifecycleManager
 from deltabus.cluster.broker_metadata_publisher import BrokerMetadataPublisher
 from deltabus.cluster.doors import Doors, open_doors
-from deltabus.cluster.executor_process import local_host
 from deltabus.cluster.handler import (
     FetchResult,
     FetchSpec,
@@ -45,7 +50,6 @@ from deltabus.cluster.handler import (
     SchemaRegistryHandler,
 )
 from deltabus.cluster.metadata_cache import MetadataCache
-from deltabus.cluster.metadata_loader import MetadataLoader
 from deltabus.cluster.partition import Partition
 from deltabus.cluster.producer_id_control import issued_to
 from deltabus.cluster.replica_manager import ReplicaManager
@@ -110,13 +114,11 @@ class Broker:
         self.broker_id = spec.broker_id
         self._config = spec.config
         self._cache = MetadataCache()  # the image this broker serves from
-        self._reported_version = 0  # the applied version the last heartbeat said
         self._authorizers = AuthorizerCache(
             super_users=spec.config.super_users,
             allow_everyone_if_no_acl_found=spec.config.allow_everyone_if_no_acl_found)
         self._quota_manager = ClientQuotaManager()
         self._stopped = threading.Event()
-        self._epoch = -1
         secret = spec.config.inter_broker_secret
         listeners = spec.config.listener_config()
         # Lifecycle calls on the controller's own listener; forwarded admin calls, which are
@@ -139,13 +141,17 @@ class Broker:
         # The partitions this broker hosts and the requests served from them.
         self._replicas = ReplicaManager(
             spec.broker_id, spec.config, self._cache, self._controller, self._stopped,
-            broker_epoch=lambda: self._epoch,
-            loaded_schema=lambda subject, schema_id: self._loader.schema_of(subject, schema_id))
+            broker_epoch=lambda: self._lifecycle.broker_epoch,
+            loaded_schema=lambda subject, schema_id: self._lifecycle.loader.schema_of(
+                subject, schema_id))
         # Applies the metadata images the heartbeats bring, on the metadata thread.
         self._publisher = BrokerMetadataPublisher(
             spec.broker_id, spec.config, self._cache, self._replicas, self._leaders,
             self._quota_manager, self._stopped)
-        self._new_loader()
+        # Its registration and heartbeats, which bring the metadata images.
+        self._lifecycle = BrokerLifecycleManager(
+            spec.broker_id, spec.config, self._controller, self._publisher, self._replicas,
+            self._stopped)
         self._doors = Doors()  # the listeners, once started
 
     @property
@@ -165,95 +171,11 @@ class Broker:
                                  credentials=self.scram_credential,
                                  forward=self._controller.forward_kafka,
                                  previous=self.spec.previous_listeners)
-        self._register()
-        threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True).start()
+        self._lifecycle.register(self._doors)
+        threading.Thread(target=self._lifecycle.heartbeat_loop, name="heartbeat",
+                         daemon=True).start()
         threading.Thread(target=self._publisher.apply_loop, name="metadata", daemon=True).start()
         threading.Thread(target=self._replicas.isr_loop, name="isr-shrink", daemon=True).start()
-
-    def _register(self) -> None:
-        # The rack is the executor's machine: replicas spread across machines where there are
-        # several.
-        rack = os.environ.get("DELTABUS_RACK") or local_host()
-        endpoint = self._doors.node(
-            self.broker_id, self._config.listener_config().inter_broker_listener_name, rack)
-        incarnation_id = uuid.uuid4().hex
-        deadline = time.monotonic() + self._config.startup_timeout_ms / 1000
-        while True:
-            try:
-                self._epoch = self._controller.register(endpoint, pid=os.getpid(),
-                                                        incarnation_id=incarnation_id)
-                self._new_loader()
-                log.info("broker %d registered, epoch %d, listeners %s", self.broker_id,
-                         self._epoch, ", ".join(f"{e.name}://{e.host}:{e.port} ({e.door})"
-                                                for e in endpoint.listeners))
-                return
-            except errors.NetworkError as e:  # no answer yet: the controller may be starting
-                if time.monotonic() > deadline:
-                    raise errors.NetworkError(f"cannot reach the controller: {e}") from None
-                time.sleep(0.2)
-
-    def _new_loader(self) -> None:
-        """Replay the controller's metadata records from a snapshot (at every registration:
-        positions in them are one controller's own), saying none applied until it is loaded;
-        the image served until then stays."""
-        self._loader = MetadataLoader(self._config.root)
-        self._publisher.new_generation()
-
-    def _heartbeat_loop(self) -> None:
-        """Heartbeat and apply metadata until told to stop. A round that fails in any way is
-        logged and the next one runs: without heartbeats the broker is fenced for good.
-
-        A broker whose registration is gone (STALE_BROKER_EPOCH: the controller fenced it for
-        missed heartbeats, or its supervisor after its Spark task ended, or a newer incarnation
-        registered) stops: it does not register again. Its supervisor relaunches it as a new
-        task, after catching its replicas up with a Spark job that writes their tables. A
-        fenced broker that registered again from its old process would be live beside that
-        job and beside its own successor (each fencing the other as it registers): several
-        writers of its tables, each with its own idea of what they hold and of its role."""
-        interval_ms = self._config.broker_heartbeat_interval_ms
-        while not self._stopped.is_set():
-            try:
-                self._heartbeat(interval_ms)
-            except errors.StaleBrokerEpochError:
-                log.warning("broker %d was fenced (epoch %d); stopping: it is relaunched as a "
-                            "new task", self.broker_id, self._epoch)
-                self._stopped.set()
-            except errors.DeltaBusError as e:
-                log.warning("heartbeat to the controller failed: %s", e)
-                self._stopped.wait(interval_ms / 1000)
-            except Exception:
-                log.exception("broker %d: a heartbeat round failed", self.broker_id)
-                self._stopped.wait(interval_ms / 1000)
-
-    def _heartbeat(self, interval_ms: int) -> None:
-        """One round: heartbeat (a long poll, unless a newly applied version is to be said),
-        replay the records the answer carries, and hand the loader's image, if new, to the
-        metadata thread. The version said applied is the last image applied: one whose
-        `_apply` failed is applied again. An apply that ends within the heartbeat interval is
-        said at once; a longer one (thousands of partition tables to open) never holds the
-        heartbeats up."""
-        loader = self._loader
-        applied = self._publisher.applied_version()
-        answer = self._controller.heartbeat(
-            self.broker_id, self._epoch, applied,
-            max_wait_ms=0 if applied != self._reported_version else interval_ms,
-            position=loader.position, offline_replicas=self._publisher.offline_replicas())
-        self._reported_version = applied
-        if answer.metadata is not None:
-            try:
-                loader.replay(answer.metadata)
-            except Exception:
-                log.exception("broker %d cannot replay the metadata records it was sent; "
-                              "loading a snapshot", self.broker_id)
-                self._new_loader()
-                return
-        image = loader.image
-        if image is not None:
-            self._publisher.hand_over(image, interval_ms / 1000)
-        if answer.refresh_logs:
-            self._replicas.refresh_logs(answer.refresh_logs)
-        if answer.should_shut_down:
-            self._stopped.set()
 
     def serve_until_stopped(self) -> None:
         self._stopped.wait()
@@ -270,8 +192,6 @@ class Broker:
         self._doors.stop()
         self._controller.close()
         self._leaders.close()
-
-    # ---- metadata ----------------------------------------------------------------------------
 
     # ---- DeltaBusHandler ---------------------------------------------------------------------
 
