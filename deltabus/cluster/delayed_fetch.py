@@ -1,6 +1,7 @@
 """Kafka's delayed fetch (DelayedFetch in its fetch purgatory): a fetch that did not find
 min_bytes waits for an append to one of its partitions, or for its max wait, with no thread of
-its own meanwhile. Broker.fetch_delayed hands one in; the doors await its future.
+its own meanwhile. A broker's ReplicaManager.fetch_delayed hands one in; the doors await its
+future.
 
 How it waits: the fetch is watched under each of its partitions (`FetchPurgatory.watch`). When a
 partition's log changes, `check(key)` asks each fetch watching it a cheap question (`has_news`:

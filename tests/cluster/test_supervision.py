@@ -17,6 +17,7 @@ import pytest
 from deltabus import AdminClient, Cluster, NewTopic, Producer, errors
 from deltabus import config as cfg
 from deltabus.cluster.broker import Broker, BrokerSpec
+from deltabus.cluster.broker_metadata_publisher import BrokerMetadataPublisher
 from deltabus.cluster.controller import Controller
 from deltabus.metadata import BrokerEndpoint, MetadataImage
 from tests.cluster.controller_server import ControllerServer
@@ -113,16 +114,16 @@ def test_a_broker_keeps_heartbeating_after_a_round_fails(
     with an unexpected error applies the metadata at the next round (its heartbeat thread
     ended before, and it never learnt of the topic)."""
     server = ControllerServer(tmp_path)
-    apply = Broker._apply
+    apply = BrokerMetadataPublisher.apply
     failed: list[int] = []
 
-    def flaky_apply(self: Broker, image: MetadataImage) -> None:
+    def flaky_apply(self: BrokerMetadataPublisher, image: MetadataImage) -> None:
         if image.topics and not failed:
             failed.append(image.version)
             raise RuntimeError("injected: a bug while applying metadata")
         apply(self, image)
 
-    monkeypatch.setattr(Broker, "_apply", flaky_apply)
+    monkeypatch.setattr(BrokerMetadataPublisher, "apply", flaky_apply)
     broker = Broker(BrokerSpec(0, server.node, server.config))
     try:
         broker.start()

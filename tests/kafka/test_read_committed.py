@@ -103,7 +103,7 @@ def consume(address: str, isolation_level: str, expected: int) -> tuple[list[byt
 def test_read_committed_sees_committed_records_once_and_no_aborted_record_or_marker(door):
     server, broker, address = door
     # What the coordinator's AddPartitionsToTxn record will put in the broker's metadata.
-    broker._apply(dataclasses.replace(broker._image, open_transactions={
+    broker._publisher.apply(dataclasses.replace(broker._image, open_transactions={
         (TOPIC, 0): frozenset({ABORTED, COMMITTED})}))
     assert produce(address, [b"p0"]).base_offset == 0
     assert produce(address, [b"a0", b"a1"], ABORTED, "tx-a").base_offset == 1
@@ -164,7 +164,7 @@ def fetch_answer(address: str, isolation_level: int) -> Any:
 
 def test_a_read_committed_long_poll_is_woken_by_the_commit_marker(door):
     server, broker, address = door
-    broker._apply(dataclasses.replace(broker._image, open_transactions={
+    broker._publisher.apply(dataclasses.replace(broker._image, open_transactions={
         (TOPIC, 0): frozenset({COMMITTED})}))
     assert produce(address, [b"c0"], COMMITTED, "tx-c").base_offset == 0
     with connect_to(address, timeout_s=60) as sock:
