@@ -6,7 +6,8 @@ ACLs, client quotas, DescribeCluster, DescribeLogDirs).
 ACLs as Kafka's: CREATE on the cluster or the topic to create it, DELETE on a topic to delete
 it, ALTER to add partitions, DESCRIBE_CONFIGS and ALTER_CONFIGS on a topic for its configs; a
 refused topic is answered with its refusal and the others go ahead. Only topics have dynamic
-configs here: any other config resource is answered INVALID_REQUEST.
+configs here: any other config resource is answered INVALID_REQUEST. The cluster-wide
+operations need their CLUSTER_ACTIONS operation on the cluster, then go to the handler as asked.
 """
 
 from __future__ import annotations
@@ -18,9 +19,17 @@ from dataclasses import dataclass
 from deltabus import config as cfg
 from deltabus import errors
 from deltabus.cluster.handler import DeltaBusHandler
-from deltabus.metadata import NewTopic, TopicResult
+from deltabus.metadata import (
+    MetadataImage,
+    NewTopic,
+    ScramCredentialDeletion,
+    ScramCredentialUpsertion,
+    ScramDescriptions,
+    TopicResult,
+)
+from deltabus.quotas import QuotaAlteration, QuotaEntity, QuotaFilterComponent
 from deltabus.rpc.access import Access, merge_refusals
-from deltabus.security.acls import Operation
+from deltabus.security.acls import AclBinding, AclBindingFilter, AclCreation, Operation
 
 TOPIC_RESOURCE, BROKER_RESOURCE = 2, 4  # Kafka's ConfigResource.Type
 
@@ -41,6 +50,7 @@ CLUSTER_ACTIONS: dict[str, Operation] = {
 }
 
 ConfigKey = tuple[int, str]  # resource type, resource name
+PartitionResults = dict[tuple[str, int], errors.DeltaBusError | None]
 DescribedConfigs = dict[ConfigKey, list[cfg.ConfigEntry] | errors.DeltaBusError]
 
 
@@ -147,3 +157,57 @@ class AdminRequests:
             answered = self._handler.alter_configs(allowed, validate_only=validate_only)
             results.update({(TOPIC_RESOURCE, t): e for t, e in answered.items()})
         return results
+
+    # ---- cluster-wide operations: the refusal (CLUSTER_ACTIONS), then the handler ----------
+    # A door that answers a refusal in its own shape (each entry with it) asks cluster_refusal
+    # first; these raise it.
+
+    def elect_leaders(self, access: Access, election_type: str,
+                      partitions: list[tuple[str, int]] | None) -> PartitionResults:
+        Access.raise_if(self.cluster_refusal(access, "ElectLeaders"))
+        return self._handler.elect_leaders(election_type, partitions)
+
+    def reassign_partitions(self, access: Access,
+                            targets: dict[tuple[str, int], list[int] | None]) -> PartitionResults:
+        Access.raise_if(self.cluster_refusal(access, "AlterPartitionReassignments"))
+        return self._handler.reassign_partitions(targets)
+
+    def reassignment_image(self, access: Access, topics: list[str]) -> MetadataImage:
+        Access.raise_if(self.cluster_refusal(access, "ListPartitionReassignments"))
+        return self._handler.reassignment_image(topics)
+
+    def alter_user_scram_credentials(self, access: Access,
+                                     deletions: list[ScramCredentialDeletion],
+                                     upsertions: list[ScramCredentialUpsertion]
+                                     ) -> dict[str, errors.DeltaBusError | None]:
+        Access.raise_if(self.cluster_refusal(access, "AlterUserScramCredentials"))
+        return self._handler.alter_user_scram_credentials(deletions, upsertions)
+
+    def describe_user_scram_credentials(self, access: Access,
+                                        users: list[str] | None) -> ScramDescriptions:
+        Access.raise_if(self.cluster_refusal(access, "DescribeUserScramCredentials"))
+        return self._handler.describe_user_scram_credentials(users)
+
+    def create_acls(self, access: Access,
+                    creations: list[AclCreation]) -> list[errors.DeltaBusError | None]:
+        Access.raise_if(self.cluster_refusal(access, "CreateAcls"))
+        return self._handler.create_acls(creations)
+
+    def delete_acls(self, access: Access, filters: list[AclBindingFilter]
+                    ) -> list[list[AclBinding] | errors.DeltaBusError]:
+        Access.raise_if(self.cluster_refusal(access, "DeleteAcls"))
+        return self._handler.delete_acls(filters)
+
+    def describe_acls(self, access: Access, acl_filter: AclBindingFilter) -> list[AclBinding]:
+        Access.raise_if(self.cluster_refusal(access, "DescribeAcls"))
+        return self._handler.describe_acls(acl_filter)
+
+    def alter_client_quotas(self, access: Access, alterations: list[QuotaAlteration],
+                            validate_only: bool) -> list[errors.DeltaBusError | None]:
+        Access.raise_if(self.cluster_refusal(access, "AlterClientQuotas"))
+        return self._handler.alter_client_quotas(alterations, validate_only=validate_only)
+
+    def describe_client_quotas(self, access: Access, components: list[QuotaFilterComponent],
+                               strict: bool) -> dict[QuotaEntity, dict[str, float]]:
+        Access.raise_if(self.cluster_refusal(access, "DescribeClientQuotas"))
+        return self._handler.describe_client_quotas(components, strict)

@@ -384,57 +384,52 @@ class DeltaBusServicer(GroupServicerMixin, AclServicerMixin, TxnServicerMixin,
     @_guard
     def ElectLeaders(self, request: pb.ElectLeadersRequest,
                      context: Any) -> pb.ElectLeadersResponse:
-        Access.raise_if(self._requests.admin.cluster_refusal(self._access(context),
-                                                          "ElectLeaders"))
         election_type = "unclean" if request.election_type == pb.UNCLEAN else "preferred"
         partitions = [(tp.topic, p) for tp in request.topic_partitions for p in tp.partitions]
-        results = self._handler.elect_leaders(election_type, partitions or None)
+        results = self._requests.admin.elect_leaders(self._access(context), election_type,
+                                                     partitions or None)
         return pb.ElectLeadersResponse(results=codec.partition_results(results))
 
     @_guard
     def AlterPartitionReassignments(self, request: pb.AlterPartitionReassignmentsRequest,
                                     context: Any) -> pb.AlterPartitionReassignmentsResponse:
-        Access.raise_if(self._requests.admin.cluster_refusal(self._access(context),
-                                                          "AlterPartitionReassignments"))
-        results = self._handler.reassign_partitions(codec.reassignment_targets(request))
+        results = self._requests.admin.reassign_partitions(
+            self._access(context), codec.reassignment_targets(request))
         return pb.AlterPartitionReassignmentsResponse(results=codec.partition_results(results))
 
     @_guard
     def AlterUserScramCredentials(self, request: pb.AlterUserScramCredentialsRequest,
                                   context: Any) -> pb.AlterUserScramCredentialsResponse:
-        Access.raise_if(self._requests.admin.cluster_refusal(self._access(context),
-                                                          "AlterUserScramCredentials"))
         deletions, upsertions = codec.scram_alterations(request)
-        return codec.alter_scram_response(
-            self._handler.alter_user_scram_credentials(deletions, upsertions))
+        return codec.alter_scram_response(self._requests.admin.alter_user_scram_credentials(
+            self._access(context), deletions, upsertions))
 
     @_guard
     def DescribeUserScramCredentials(self, request: pb.DescribeUserScramCredentialsRequest,
                                      context: Any) -> pb.DescribeUserScramCredentialsResponse:
-        Access.raise_if(self._requests.admin.cluster_refusal(self._access(context),
-                                                          "DescribeUserScramCredentials"))
-        return codec.describe_scram_response(
-            self._handler.describe_user_scram_credentials(list(request.users) or None))
+        return codec.describe_scram_response(self._requests.admin.describe_user_scram_credentials(
+            self._access(context), list(request.users) or None))
 
     @_guard
     def AlterClientQuotas(self, request: pb.AlterClientQuotasRequest,
                           context: Any) -> pb.AlterClientQuotasResponse:
         alterations = codec.quota_alterations(request)
-        refused = self._requests.admin.cluster_refusal(self._access(context),
-                                                       "AlterClientQuotas")
+        access = self._access(context)
+        refused = self._requests.admin.cluster_refusal(access, "AlterClientQuotas")
         results = ([refused for _ in alterations] if refused is not None
-                   else self._handler.alter_client_quotas(
-                       alterations, validate_only=request.validate_only))
+                   else self._requests.admin.alter_client_quotas(
+                       access, alterations, request.validate_only))
         return codec.alter_client_quotas_response(alterations, results)
 
     @_guard
     def DescribeClientQuotas(self, request: pb.DescribeClientQuotasRequest,
                              context: Any) -> pb.DescribeClientQuotasResponse:
-        Access.raise_if(self._requests.admin.cluster_refusal(self._access(context),
-                                                          "DescribeClientQuotas"))
+        access = self._access(context)
+        Access.raise_if(self._requests.admin.cluster_refusal(access, "DescribeClientQuotas"))
         try:
-            found = self._handler.describe_client_quotas(
-                [codec.quota_filter_from_proto(c) for c in request.components], request.strict)
+            found = self._requests.admin.describe_client_quotas(
+                access, [codec.quota_filter_from_proto(c) for c in request.components],
+                request.strict)
         except errors.InvalidRequestError as e:
             return codec.describe_client_quotas_response(e)
         return codec.describe_client_quotas_response(found)

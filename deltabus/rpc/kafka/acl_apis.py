@@ -16,7 +16,8 @@ from typing import Any
 from kio.schema.errors import ErrorCode
 
 from deltabus import errors
-from deltabus.cluster.handler import DeltaBusHandler
+from deltabus.rpc.access import current_access
+from deltabus.rpc.admin_requests import AdminRequests
 from deltabus.rpc.kafka.frames import NO_TIME, error_code, load_response_schema, make, nested
 from deltabus.security.acls import (
     AclBinding,
@@ -52,8 +53,8 @@ def _filter(f: Any) -> AclBindingFilter:
 
 
 class KafkaAclApis:
-    def __init__(self, handler: DeltaBusHandler) -> None:
-        self._handler = handler
+    def __init__(self, requests: AdminRequests) -> None:
+        self._requests = requests
         self.apis = {DESCRIBE_ACLS: self.describe_acls, CREATE_ACLS: self.create_acls,
                      DELETE_ACLS: self.delete_acls}
 
@@ -66,7 +67,7 @@ class KafkaAclApis:
         acls: list[AclBinding] = []
         if refused is None:
             try:
-                acls = self._handler.describe_acls(_filter(request))
+                acls = self._requests.describe_acls(current_access(), _filter(request))
             except errors.InvalidRequestError as e:
                 refused = e
         return make(cls, throttle_time=NO_TIME, error_code=error_code(refused),
@@ -91,7 +92,7 @@ class KafkaAclApis:
         results: Sequence[errors.DeltaBusError | None] = [refused for _ in creations]
         if refused is None and creations:
             try:
-                results = self._handler.create_acls(creations)
+                results = self._requests.create_acls(current_access(), creations)
             except errors.DeltaBusError as e:  # the controller could not be asked
                 results = [e for _ in creations]
         return make(cls, throttle_time=NO_TIME, results=tuple(
@@ -109,7 +110,7 @@ class KafkaAclApis:
             refused for _ in filters] if refused is not None else []
         if refused is None and filters:
             try:
-                results = self._handler.delete_acls(filters)
+                results = self._requests.delete_acls(current_access(), filters)
             except errors.DeltaBusError as e:
                 results = [e for _ in filters]
         out = []

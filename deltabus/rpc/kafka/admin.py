@@ -219,7 +219,9 @@ class KafkaAdminApis:
                         error_message=refused.message, results=())
         users = [u.name for u in request.users or ()]
         results = []
-        for user, d in self._handler.describe_user_scram_credentials(users or None).items():
+        described = self._requests.describe_user_scram_credentials(current_access(),
+                                                                   users or None)
+        for user, d in described.items():
             error = d if isinstance(d, errors.DeltaBusError) else None
             infos = () if isinstance(d, errors.DeltaBusError) else d.scram_credential_infos
             results.append(make(
@@ -245,7 +247,8 @@ class KafkaAdminApis:
             results = {name: refused for name in [*(d.name for d in deletions),
                                                   *(u.name for u in upsertions)]}
         else:
-            results = self._handler.alter_user_scram_credentials(deletions, upsertions)
+            results = self._requests.alter_user_scram_credentials(current_access(), deletions,
+                                                                  upsertions)
         return make(cls, throttle_time=NO_TIME, results=tuple(
             make(result_cls, user=user, error_code=error_code(error),
                  error_message=_message(error)) for user, error in results.items()))

@@ -146,11 +146,11 @@ class KafkaApis:
             OFFSET_FOR_LEADER_EPOCH: self.offset_for_leader_epoch,
             DELETE_RECORDS: self.delete_records, **self.groups.apis,
             **admin.KafkaAdminApis(handler, self._requests.admin, listener).apis,
-            **acl_apis.KafkaAclApis(handler).apis,
+            **acl_apis.KafkaAclApis(self._requests.admin).apis,
             **describe_apis.KafkaDescribeApis(handler, listener).apis,
-            **quota_apis.KafkaQuotaApis(handler).apis,
+            **quota_apis.KafkaQuotaApis(self._requests.admin).apis,
             **config_apis.KafkaConfigApis(handler, self._requests.admin).apis,
-            **partition_admin.KafkaPartitionAdminApis(handler).apis, **self.txn.apis,
+            **partition_admin.KafkaPartitionAdminApis(self._requests.admin).apis, **self.txn.apis,
         }
 
     def knows(self, api_key: int) -> bool:

@@ -19,7 +19,8 @@ from collections import defaultdict
 from typing import Any
 
 from deltabus import errors
-from deltabus.cluster.handler import DeltaBusHandler
+from deltabus.rpc.access import current_access
+from deltabus.rpc.admin_requests import AdminRequests
 from deltabus.rpc.kafka.frames import NO_TIME, error_code, load_response_schema, make, nested
 
 ELECT_LEADERS, ALTER_PARTITION_REASSIGNMENTS, LIST_PARTITION_REASSIGNMENTS = 43, 45, 46
@@ -46,8 +47,8 @@ def _by_topic(results: PartitionResults) -> dict[str, list[tuple[int, Any]]]:
 class KafkaPartitionAdminApis:
     """Thread-safe: it holds nothing but the handler."""
 
-    def __init__(self, handler: DeltaBusHandler) -> None:
-        self._handler = handler
+    def __init__(self, requests: AdminRequests) -> None:
+        self._requests = requests
         self.apis = {
             ELECT_LEADERS: self.elect_leaders,
             ALTER_PARTITION_REASSIGNMENTS: self.alter_partition_reassignments,
@@ -73,7 +74,7 @@ class KafkaPartitionAdminApis:
         else:
             assert election_type is not None
             try:
-                results = self._handler.elect_leaders(election_type, named)
+                results = self._requests.elect_leaders(current_access(), election_type, named)
             except errors.DeltaBusError as e:
                 refused, results = e, dict.fromkeys(named or (), e)
             if named is None:
@@ -109,7 +110,7 @@ class KafkaPartitionAdminApis:
                 results[key] = errors.InvalidReplicaAssignmentError(
                     f"The proposed assignment for {key[0]}-{key[1]} is empty.")
             if targets:
-                results.update(self._handler.reassign_partitions(targets))
+                results.update(self._requests.reassign_partitions(current_access(), targets))
         return make(cls, throttle_time=NO_TIME, error_code=error_code(refused),
                     error_message=_message(refused), responses=tuple(make(
                         topic_cls, name=topic, partitions=tuple(make(
@@ -130,7 +131,7 @@ class KafkaPartitionAdminApis:
         wanted = (None if request.topics is None
                   else {(t.name, p) for t in request.topics for p in t.partition_indexes})
         names = sorted({t for t, _ in wanted}) if wanted is not None else []
-        image = self._handler.reassignment_image(names)
+        image = self._requests.reassignment_image(current_access(), names)
         topics = []
         for name in sorted(image.topics):
             ongoing = tuple(

@@ -14,8 +14,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from deltabus import errors
-from deltabus.cluster.handler import DeltaBusHandler
 from deltabus.quotas import QuotaAlteration, QuotaEntity, QuotaFilterComponent
+from deltabus.rpc.access import current_access
+from deltabus.rpc.admin_requests import AdminRequests
 from deltabus.rpc.kafka.frames import NO_TIME, error_code, load_response_schema, make, nested
 
 DESCRIBE_CLIENT_QUOTAS, ALTER_CLIENT_QUOTAS = 48, 49
@@ -37,8 +38,8 @@ def _entity(parts: Sequence[Any]) -> QuotaEntity | errors.DeltaBusError:
 
 
 class KafkaQuotaApis:
-    def __init__(self, handler: DeltaBusHandler) -> None:
-        self._handler = handler
+    def __init__(self, requests: AdminRequests) -> None:
+        self._requests = requests
         self.apis = {DESCRIBE_CLIENT_QUOTAS: self.describe_client_quotas,
                      ALTER_CLIENT_QUOTAS: self.alter_client_quotas}
 
@@ -51,7 +52,7 @@ class KafkaQuotaApis:
         found: dict[QuotaEntity, dict[str, float]] = {}
         if refused is None:
             try:
-                found = self._handler.describe_client_quotas(
+                found = self._requests.describe_client_quotas(current_access(),
                     [QuotaFilterComponent(c.entity_type, c.match_type, c.match)
                      for c in request.components], bool(request.strict))
             except errors.DeltaBusError as e:
@@ -80,8 +81,8 @@ class KafkaQuotaApis:
                  if results[i] is None and isinstance(e, QuotaEntity)]
         if asked:
             try:
-                answers = self._handler.alter_client_quotas(
-                    [a for _, a in asked], validate_only=bool(request.validate_only))
+                answers = self._requests.alter_client_quotas(
+                    current_access(), [a for _, a in asked], bool(request.validate_only))
             except errors.DeltaBusError as e:  # the controller could not be asked
                 answers = [e for _ in asked]
             for (i, _), answer in zip(asked, answers, strict=True):
