@@ -1,5 +1,7 @@
-"""What runs in the user's process: `Producer`, `Consumer` (with its group coordinator client and
-assignors), `AdminClient`, `ExactlyOncePipeline`, and the `ClusterClient` they share.
+"""What runs in the user's process: `Producer` (with its record accumulator, sender and
+transaction manager), `Consumer` (with its subscription state, fetcher, offset fetcher, group
+coordinator client and assignors), `AdminClient`, `ExactlyOncePipeline`, and the `ClusterClient`
+they share.
 
 Imports allowed: the pure modules (`deltabus.errors`, `config`, `metadata`, `records`,
 `partitioner`), pyarrow, grpc and the wire code of `deltabus.rpc` (`v1`, `codec`, `status`).
