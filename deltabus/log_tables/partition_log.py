@@ -5,8 +5,9 @@ commit round at a time, on the process's pool of append threads (append_pool.py)
 writer of its table. As Kafka's log, it is made of parts:
 the appender (appender.py: the queue, group commit, offset assignment, checkpoints), the reader
 (partition_reader.py: range reads, pruning, the tail cache), the producer state
-(producer_state.py) and the leader epochs (leader_epochs.py). This module holds the offsets and
-the high watermark, and applies what each commit changed to all of them under one lock.
+(producer_state.py), the leader epochs (leader_epochs.py), and the offsets with the waiters on
+the high watermark (log_offsets.py). This module applies what each commit changed to all of
+them under one lock.
 
 Invariants:
 - Offsets are contiguous from the log start offset to the log end offset, but for the records a
@@ -28,7 +29,6 @@ Invariants:
 
 from __future__ import annotations
 
-import heapq
 import logging
 import threading
 import time
@@ -65,6 +65,7 @@ from deltabus.log_tables.control_records import (
 )
 from deltabus.log_tables.delta_reads import history
 from deltabus.log_tables.leader_epochs import LeaderEpochCache, recover_epochs
+from deltabus.log_tables.log_offsets import LogOffsets
 from deltabus.log_tables.partition_reader import LogFile, PartitionReader
 from deltabus.log_tables.producer_state import (
     NO_PRODUCER,
@@ -142,21 +143,24 @@ class PartitionLog:
         self.partition = partition
         self._name = f"{topic}-{partition}"
         self._config = config
-        self._on_append = on_append
         self._traced = trace.traced(topic)  # stamps for the latency trace (deltabus.trace)
         self._lock = threading.Condition()
         storage = storage or Storage(path)
         self._appender = LogAppender(path, topic=topic, partition=partition, config=config,
                                      storage=storage, lock=self._lock, create=create)
-        self._version = self._appender.table.version()  # the last committed version
-        self.log_start_offset, self.log_end_offset = log_offsets(self._appender.table)
+        log_start_offset, log_end_offset = log_offsets(self._appender.table)
         self._replicated = replicated
         # A replicated log does not know which of its records the ISR holds until its owner says.
-        self.high_watermark = self.log_start_offset if replicated else self.log_end_offset
-        self._hw_waiters: list[tuple[int, int, Future[int]]] = []  # heap: (offset, id, future)
+        self._offsets = LogOffsets(
+            self._lock, topic=topic, partition=partition,
+            version=self._appender.table.version(), log_start_offset=log_start_offset,
+            log_end_offset=log_end_offset,
+            high_watermark=log_start_offset if replicated else log_end_offset,
+            on_append=on_append, traced=self._traced)
         self._reader = PartitionReader(
             path, storage=storage, checkpoint_interval=config.checkpoint_interval,
-            committed_version=lambda: self._version, on_log_start=self._raise_log_start)
+            committed_version=lambda: self._offsets.version,
+            on_log_start=self._offsets.raise_log_start)
         self._epochs = LeaderEpochCache(self._name, recover_epochs(self._reader.parquet_files()))
         self._tail = TailCache(config.log_cache_bytes_max,
                                shared_budget(config.log_cache_total_bytes_max))
@@ -172,6 +176,21 @@ class PartitionLog:
         self._first_open: int | None = None
         self._closed = False
         self._pool = shared_pool(config.append_threads)  # commits this log's queue
+
+    @property
+    def log_start_offset(self) -> int:
+        """The first offset a consumer may read (LogOffsets)."""
+        return self._offsets.log_start_offset
+
+    @property
+    def log_end_offset(self) -> int:
+        """The offset the next record committed gets."""
+        return self._offsets.log_end_offset
+
+    @property
+    def high_watermark(self) -> int:
+        """The first offset not known to be held by every in-sync replica."""
+        return self._offsets.high_watermark
 
     # ---- leader epochs -----------------------------------------------------------------------
 
@@ -470,57 +489,18 @@ class PartitionLog:
     def advance_high_watermark(self, offset: int) -> None:
         """Move the high watermark up to `offset` (never past the log end offset, never back)."""
         with self._lock:
-            ready = self._set_high_watermark(offset)
-        self._after_change(ready)
+            ready = self._offsets.set_high_watermark(offset)
+        self._offsets.after_change(ready)
 
     def await_high_watermark(self, offset: int) -> Future[int]:
         """A future resolved (with the high watermark) once the high watermark passes `offset`:
         acks=all waits on it. It fails when the log closes or `fail_waiters` is called."""
-        future: Future[int] = Future()
-        with self._lock:
-            if self.high_watermark > offset:
-                future.set_result(self.high_watermark)
-            else:
-                heapq.heappush(self._hw_waiters, (offset, id(future), future))
-        return future
+        return self._offsets.await_high_watermark(offset)
 
     def fail_waiters(self, error: errors.DeltaBusError) -> None:
         """Fail every high-watermark waiter (the broker lost leadership: acks=all cannot be
         promised any more)."""
-        with self._lock:
-            waiters, self._hw_waiters = self._hw_waiters, []
-        for _, _, future in waiters:
-            future.set_exception(error)
-
-    def _set_high_watermark(self, offset: int) -> list[Future[int]]:
-        """Lock held. Returns the waiters now satisfied (resolved outside the lock)."""
-        offset = min(offset, self.log_end_offset)
-        if offset <= self.high_watermark:
-            return []
-        if self._traced:
-            trace.stamp("hw", self.topic, self.partition, self.high_watermark, offset - 1,
-                        moved=trace.now_ns())
-        self.high_watermark = offset
-        self._lock.notify_all()
-        ready = []
-        while self._hw_waiters and self._hw_waiters[0][0] < offset:
-            ready.append(heapq.heappop(self._hw_waiters)[2])
-        return ready
-
-    def _after_change(self, ready: list[Future[int]]) -> None:
-        if self._on_append is not None:
-            self._on_append()
-        for future in ready:
-            future.set_result(self.high_watermark)
-
-    def _raise_log_start(self, offset: int) -> None:
-        """Move the log start offset up to `offset` (never down, never past the log end). Called
-        by the reader with its lock held, so it takes no other lock: single int stores."""
-        offset = min(offset, self.log_end_offset)
-        if offset > self.log_start_offset:
-            self.log_start_offset = offset
-            if self.high_watermark < offset:
-                self.high_watermark = offset
+        self._offsets.fail_waiters(error)
 
     # ---- committing (a round on the append pool) ---------------------------------------------
 
@@ -562,12 +542,12 @@ class PartitionLog:
         ready: list[Future[int]] = []
         changed = True
         with self._lock:
-            self._version = done.version
+            self._offsets.version = done.version
             if done.kind in ("append", "copy"):
                 assert done.records is not None
-                self.log_end_offset = done.end_offset
+                self._offsets.log_end_offset = done.end_offset
                 if not self._replicated:
-                    ready = self._set_high_watermark(done.end_offset)
+                    ready = self._offsets.set_high_watermark(done.end_offset)
                 self._tail.append(done.records)
                 self._epochs.assign(done.records)
                 if done.kind == "copy":
@@ -581,26 +561,27 @@ class PartitionLog:
                 self._producers.note_timestamps(done.records)
             elif done.kind == "files":
                 assert done.records is not None
-                self.log_end_offset = done.end_offset
+                self._offsets.log_end_offset = done.end_offset
                 self._tail.clear()  # the cache must stay a suffix of the log: these are not in it
                 self._epochs.assign(done.records)
                 self._producers.note_copied(done.records)
                 self._producers.note_timestamps(done.records)
                 self._txn, self._first_open = None, None
             elif done.kind == "truncate":
-                changed = done.end_offset < self.log_end_offset
+                changed = done.end_offset < self._offsets.log_end_offset
                 if changed:
-                    self.log_end_offset = done.end_offset
-                    self.high_watermark = min(self.high_watermark, done.end_offset)
+                    self._offsets.log_end_offset = done.end_offset
+                    self._offsets.high_watermark = min(self._offsets.high_watermark,
+                                                       done.end_offset)
                     self._tail.truncate(done.end_offset)
                     self._epochs.truncate_from(done.end_offset)
                     self._producers.clear()  # rebuilt from the table on their next batch
                     self._txn, self._first_open = None, None
             elif done.kind == "log_start":
-                self._raise_log_start(done.log_start_offset)
+                self._offsets.raise_log_start(done.log_start_offset)
             else:  # restart
-                self.log_start_offset = self.log_end_offset = done.end_offset
-                self.high_watermark = done.end_offset
+                self._offsets.log_start_offset = self._offsets.log_end_offset = done.end_offset
+                self._offsets.high_watermark = done.end_offset
                 self._tail.clear()
                 self._epochs.reset([])
                 self._producers.clear()
@@ -613,9 +594,10 @@ class PartitionLog:
             log.info("%s emptied to start again at offset %d (below its leader's log start)",
                      self._name, done.end_offset)
         if changed:
-            self._after_change(ready)
+            self._offsets.after_change(ready)
         for future, first, last in done.results:
-            future.set_result(AppendResult(first, last, done.now_ms, self.log_start_offset))
+            future.set_result(AppendResult(first, last, done.now_ms,
+                                           self._offsets.log_start_offset))
         return applied_ns
 
     def _stamp_commit(self, group: list[PendingAppend | PendingFiles], done: Committed,
@@ -651,11 +633,11 @@ class PartitionLog:
             log.exception("reloading %s after a failed commit", self.path)
             return
         with self._lock:
-            self._version = version
-            self.log_end_offset = leo
-            self.high_watermark = min(self.high_watermark, leo)
+            self._offsets.version = version
+            self._offsets.log_end_offset = leo
+            self._offsets.high_watermark = min(self._offsets.high_watermark, leo)
             if not self._replicated:
-                self.high_watermark = leo
+                self._offsets.high_watermark = leo
             self._tail.clear()
         try:
             epochs = recover_epochs(self._reader.parquet_files())
@@ -710,14 +692,7 @@ class PartitionLog:
 
     def wait_for_data(self, offset: int, timeout_s: float) -> bool:
         """Block until the high watermark passes `offset`, the log closes, or the time is up."""
-        deadline = time.monotonic() + timeout_s
-        with self._lock:
-            while self.high_watermark <= offset and not self._closed:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._lock.wait(left)
-            return self.high_watermark > offset
+        return self._offsets.wait_for_data(offset, timeout_s, lambda: self._closed)
 
     def offset_for_timestamp(self, timestamp_ms: int) -> tuple[int, int]:
         """(offset, timestamp ms) as ListOffsets answers: -1 latest, -2 earliest, -3 the record
