@@ -73,11 +73,7 @@ from deltabus.log_tables.producer_state import (
     ProducerStateManager,
 )
 from deltabus.log_tables.tail_cache import TailCache, shared_budget
-from deltabus.log_tables.transactions import (
-    AbortedTxn,
-    TransactionState,
-    read_transactions,
-)
+from deltabus.log_tables.transactions import AbortedTxn, LogTransactions
 from deltabus.records import (
     CREATE_TIME,
     HEADERS_TYPE,
@@ -167,13 +163,7 @@ class PartitionLog:
         self._producers = ProducerStateManager(self._name, self._lock,
                                                self._reader.parquet_files,
                                                config.sequence_wait_ms)
-        # Transactions (transactions.py): None until first needed, then kept as appends
-        # commit; `_open_hint` names the producers the metadata says have one open here.
-        self._txn: TransactionState | None = None
-        self._open_hint: frozenset[int] = frozenset()
-        # The oldest open transaction's first offset (None: none, or not known): read without
-        # the lock by `stable_offset_hint`.
-        self._first_open: int | None = None
+        self._txns = LogTransactions(self._reader.parquet_files)  # transactions.py
         self._closed = False
         self._pool = shared_pool(config.append_threads)  # commits this log's queue
 
@@ -345,7 +335,7 @@ class PartitionLog:
         with self._lock:
             self._check_open()
             self._producers.take_marker_epoch(producer_id, producer_epoch)
-            first = self._transactions().first_offset(producer_id)
+            first = self._txns.state().first_offset(producer_id)
             batch = pa.table({
                 "key": pa.array([control_key(committed)], pa.binary()),
                 "value": pa.array([control_value(coordinator_epoch)], pa.binary()),
@@ -366,14 +356,13 @@ class PartitionLog:
         keep it) and rebuild it when first needed, with `open_producers` (the metadata's
         producers with a transaction open here)."""
         with self._lock:
-            self._txn, self._first_open = None, None
-            self._open_hint = open_producers
+            self._txns.reset(open_producers)
 
     @property
     def stable_offset_hint(self) -> int:
         """The last stable offset as last computed, read without the lock (a waiting fetch's
         wake-up test): at or above the LSO when the state is not known yet."""
-        first = self._first_open
+        first = self._txns.first_open
         hw = self.high_watermark
         return hw if first is None else min(hw, first)
 
@@ -381,20 +370,12 @@ class PartitionLog:
         """Kafka's LSO: the high watermark, or the first offset of the oldest open
         transaction below it."""
         with self._lock:
-            return self._transactions().last_stable_offset(self.high_watermark)
+            return self._txns.state().last_stable_offset(self.high_watermark)
 
     def aborted_transactions(self, start: int, end: int) -> list[AbortedTxn]:
         """The aborted transactions with records in [start, end)."""
         with self._lock:
-            return self._transactions().aborted_between(start, end)
-
-    def _transactions(self) -> TransactionState:
-        """Lock held: the transaction state, rebuilt from the committed table if unknown (once
-        per leadership; reads only the row groups that may hold markers or open producers)."""
-        if self._txn is None:
-            self._txn = read_transactions(self._reader.parquet_files, self._open_hint)
-            self._first_open = self._txn.first_open_offset
-        return self._txn
+            return self._txns.state().aborted_between(start, end)
 
     def append_copy(self, records: pa.Table, fetch_offset: int = -1) -> Future[AppendResult]:
         """Queue records copied from the leader, with their offsets, epochs and producer fields,
@@ -552,12 +533,9 @@ class PartitionLog:
                 self._epochs.assign(done.records)
                 if done.kind == "copy":
                     self._producers.note_copied(done.records)
-                    self._txn, self._first_open = None, None  # a follower's: rebuilt if it leads
-                elif self._txn is not None:
-                    self._txn.apply(done.records, done.txn_begins)
-                    self._first_open = self._txn.first_open_offset
-                elif done.txn_begins:  # the new transactions are read from the table
-                    self._open_hint |= {pid for pid, _ in done.txn_begins}
+                    self._txns.forget()  # a follower's: rebuilt if it leads
+                else:
+                    self._txns.take_in(done.records, done.txn_begins)
                 self._producers.note_timestamps(done.records)
             elif done.kind == "files":
                 assert done.records is not None
@@ -566,7 +544,7 @@ class PartitionLog:
                 self._epochs.assign(done.records)
                 self._producers.note_copied(done.records)
                 self._producers.note_timestamps(done.records)
-                self._txn, self._first_open = None, None
+                self._txns.forget()
             elif done.kind == "truncate":
                 changed = done.end_offset < self._offsets.log_end_offset
                 if changed:
@@ -576,7 +554,7 @@ class PartitionLog:
                     self._tail.truncate(done.end_offset)
                     self._epochs.truncate_from(done.end_offset)
                     self._producers.clear()  # rebuilt from the table on their next batch
-                    self._txn, self._first_open = None, None
+                    self._txns.forget()
             elif done.kind == "log_start":
                 self._offsets.raise_log_start(done.log_start_offset)
             else:  # restart
@@ -585,7 +563,7 @@ class PartitionLog:
                 self._tail.clear()
                 self._epochs.reset([])
                 self._producers.clear()
-                self._txn, self._first_open = None, None
+                self._txns.forget()
             self._lock.notify_all()
         applied_ns = trace.now_ns() if self._traced else 0
         if done.kind == "truncate" and changed:
@@ -619,7 +597,7 @@ class PartitionLog:
         with self._lock:
             queued = self._appender.drain()
             self._producers.clear()  # rebuilt from the table on their next batch
-            self._txn, self._first_open = None, None
+            self._txns.forget()
         for item in work if isinstance(work, list) else [work]:
             item.future.set_exception(failure.error)
         for other in queued:
