@@ -6,8 +6,9 @@ threads, most asleep). Kafka writes its logs from a fixed pool of request handle
 `log.append.threads` serves every log of the process, the way Kafka's do.
 
 A log asks for a round (`schedule`) when work is queued, at the time its group commit may go
-(after its linger, or at once). A round (the log's `_commit_round`) takes what is ready, commits
-it, and says when it wants the next round, or None when its queue is empty. What must hold:
+(after its linger, or at once). A round (the log's `CommitRound.run`, commit_round.py) takes what
+is ready, commits it, and says when it wants the next round, or None when its queue is empty.
+What must hold:
 - At most one round of a log runs at a time: its commits stay in order, and a log is never
   committed by two threads at once.
 - A round asked for while one runs is not lost: it runs after it.

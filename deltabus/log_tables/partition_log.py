@@ -5,9 +5,10 @@ commit round at a time, on the process's pool of append threads (append_pool.py)
 writer of its table. As Kafka's log, it is made of parts:
 the appender (appender.py: the queue, group commit, offset assignment, checkpoints), the reader
 (partition_reader.py: range reads, pruning, the tail cache), the producer state
-(producer_state.py), the leader epochs (leader_epochs.py), and the offsets with the waiters on
-the high watermark (log_offsets.py). This module applies what each commit changed to all of
-them under one lock.
+(producer_state.py), the leader epochs (leader_epochs.py), the transaction state
+(transactions.py), and the offsets with the waiters on the high watermark (log_offsets.py); the
+commit round (commit_round.py) applies what each commit changed to all of them under one lock.
+This module checks what is appended, queues it, and answers reads from the parts.
 
 Invariants:
 - Offsets are contiguous from the log start offset to the log end offset, but for the records a
@@ -29,7 +30,6 @@ Invariants:
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -47,17 +47,15 @@ from deltabus.log_tables import typed_columns
 from deltabus.log_tables.append_pool import shared_pool
 from deltabus.log_tables.appender import (
     AppendResult,
-    CommitFailed,
-    Committed,
     LogAppender,
     PendingAppend,
     PendingFiles,
     PendingLogStart,
     PendingTruncate,
-    Work,
     create_log_table,
     log_offsets,
 )
+from deltabus.log_tables.commit_round import CommitRound
 from deltabus.log_tables.control_records import (
     TXN_FIRST_OFFSET_HEADER,
     control_key,
@@ -88,8 +86,6 @@ from deltabus.records import (
     normalize_produce,
 )
 from deltabus.storage import Storage
-
-log = logging.getLogger(__name__)
 
 # A topic's schema validation of a produce batch: raises INVALID_RECORD, or returns a typed
 # topic's decoded keys and values by typed column (records.TYPED_COLUMNS; empty: untyped).
@@ -145,7 +141,6 @@ class PartitionLog:
         self._appender = LogAppender(path, topic=topic, partition=partition, config=config,
                                      storage=storage, lock=self._lock, create=create)
         log_start_offset, log_end_offset = log_offsets(self._appender.table)
-        self._replicated = replicated
         # A replicated log does not know which of its records the ISR holds until its owner says.
         self._offsets = LogOffsets(
             self._lock, topic=topic, partition=partition,
@@ -165,7 +160,12 @@ class PartitionLog:
                                                config.sequence_wait_ms)
         self._txns = LogTransactions(self._reader.parquet_files)  # transactions.py
         self._closed = False
-        self._pool = shared_pool(config.append_threads)  # commits this log's queue
+        self._commits = CommitRound(  # commits this log's queue on the process's append pool
+            self, path=path, topic=topic, partition=partition, lock=self._lock,
+            pool=shared_pool(config.append_threads), appender=self._appender,
+            offsets=self._offsets, reader=self._reader, tail=self._tail, epochs=self._epochs,
+            producers=self._producers, txns=self._txns, replicated=replicated,
+            traced=self._traced, closed=lambda: self._closed)
 
     @property
     def log_start_offset(self) -> int:
@@ -260,7 +260,7 @@ class PartitionLog:
             if refusal is not None:
                 raise refusal
             self._appender.enqueue(item)
-            self._schedule_commit()
+            self._commits.schedule()
             if entry is not None:
                 entry.remember(producer.base_sequence, future)
         return future
@@ -346,7 +346,7 @@ class PartitionLog:
             self._appender.enqueue(PendingAppend(
                 batch, batch.nbytes, leader_epoch, CREATE_TIME,
                 ProducerState(producer_id, producer_epoch, -1), future))
-            self._schedule_commit()
+            self._commits.schedule()
         return future
 
     # ---- transactions ----------------------------------------------------------------------
@@ -463,7 +463,7 @@ class PartitionLog:
         with self._lock:
             self._check_open()
             self._appender.enqueue(item)
-            self._schedule_commit()
+            self._commits.schedule()
 
     # ---- the high watermark ------------------------------------------------------------------
 
@@ -482,148 +482,6 @@ class PartitionLog:
         """Fail every high-watermark waiter (the broker lost leadership: acks=all cannot be
         promised any more)."""
         self._offsets.fail_waiters(error)
-
-    # ---- committing (a round on the append pool) ---------------------------------------------
-
-    def _schedule_commit(self) -> None:
-        """Lock held: ask the pool for a commit round when the queue's head may go."""
-        at = self._appender.ready_at(self._closed)
-        if at is not None:
-            self._pool.schedule(self, self._commit_round, at)
-
-    def _commit_round(self) -> float | None:
-        """On a pool thread, at most one at a time for this log: commit what is ready. Returns
-        when the next round may go (what queued meanwhile), None when nothing is queued."""
-        with self._lock:
-            at = self._appender.ready_at(self._closed)
-            if at is None or at > time.monotonic():
-                return at
-            work = self._appender.take()
-        taken_ns = trace.now_ns() if self._traced else 0
-        try:
-            try:
-                done = self._appender.commit(work, self.log_end_offset)
-            except CommitFailed as failure:
-                self._fail(work, failure)
-            else:
-                applied_ns = self._apply(done)
-                if self._traced and isinstance(work, (list, PendingFiles)):
-                    self._stamp_commit(list(work) if isinstance(work, list) else [work], done,
-                                       taken_ns, applied_ns)
-                self._appender.renew()
-        finally:
-            self._appender.done()
-        with self._lock:
-            return self._appender.ready_at(self._closed)
-
-    def _apply(self, done: Committed) -> int:
-        """Bring the offsets, cache, epochs and producers up to a commit, then resolve its
-        futures: the log end offset moves only after the commit holding the records. Returns
-        when the log took the commit in (time.time_ns(), for the latency trace; 0 untraced)."""
-        ready: list[Future[int]] = []
-        changed = True
-        with self._lock:
-            self._offsets.version = done.version
-            if done.kind in ("append", "copy"):
-                assert done.records is not None
-                self._offsets.log_end_offset = done.end_offset
-                if not self._replicated:
-                    ready = self._offsets.set_high_watermark(done.end_offset)
-                self._tail.append(done.records)
-                self._epochs.assign(done.records)
-                if done.kind == "copy":
-                    self._producers.note_copied(done.records)
-                    self._txns.forget()  # a follower's: rebuilt if it leads
-                else:
-                    self._txns.take_in(done.records, done.txn_begins)
-                self._producers.note_timestamps(done.records)
-            elif done.kind == "files":
-                assert done.records is not None
-                self._offsets.log_end_offset = done.end_offset
-                self._tail.clear()  # the cache must stay a suffix of the log: these are not in it
-                self._epochs.assign(done.records)
-                self._producers.note_copied(done.records)
-                self._producers.note_timestamps(done.records)
-                self._txns.forget()
-            elif done.kind == "truncate":
-                changed = done.end_offset < self._offsets.log_end_offset
-                if changed:
-                    self._offsets.log_end_offset = done.end_offset
-                    self._offsets.high_watermark = min(self._offsets.high_watermark,
-                                                       done.end_offset)
-                    self._tail.truncate(done.end_offset)
-                    self._epochs.truncate_from(done.end_offset)
-                    self._producers.clear()  # rebuilt from the table on their next batch
-                    self._txns.forget()
-            elif done.kind == "log_start":
-                self._offsets.raise_log_start(done.log_start_offset)
-            else:  # restart
-                self._offsets.log_start_offset = self._offsets.log_end_offset = done.end_offset
-                self._offsets.high_watermark = done.end_offset
-                self._tail.clear()
-                self._epochs.reset([])
-                self._producers.clear()
-                self._txns.forget()
-            self._lock.notify_all()
-        applied_ns = trace.now_ns() if self._traced else 0
-        if done.kind == "truncate" and changed:
-            log.info("truncated %s to offset %d", self._name, done.end_offset)
-        elif done.kind == "restart":
-            log.info("%s emptied to start again at offset %d (below its leader's log start)",
-                     self._name, done.end_offset)
-        if changed:
-            self._offsets.after_change(ready)
-        for future, first, last in done.results:
-            future.set_result(AppendResult(first, last, done.now_ms,
-                                           self._offsets.log_start_offset))
-        return applied_ns
-
-    def _stamp_commit(self, group: list[PendingAppend | PendingFiles], done: Committed,
-                      taken_ns: int, applied_ns: int) -> None:
-        """The latency trace's stamps of a group committed (deltabus.trace): "append", or
-        "copy" for a follower's records or files."""
-        stage = "append" if done.kind == "append" else "copy"
-        for item, (_, first, last) in zip(group, done.results, strict=True):
-            trace.stamp(stage, self.topic, self.partition, first, last,
-                        queued=item.queued_ns, taken=taken_ns, built=done.built_ns,
-                        committed=done.committed_ns, applied=applied_ns)
-
-    def _fail(self, work: Work, failure: CommitFailed) -> None:
-        """A commit failed (or could not be tried): it and everything queued behind it fail
-        (order is kept), and the log reloads what the table holds."""
-        log.error("%s", failure.pending_error)
-        if failure.reload:
-            self._reload_after_failure()
-        with self._lock:
-            queued = self._appender.drain()
-            self._producers.clear()  # rebuilt from the table on their next batch
-            self._txns.forget()
-        for item in work if isinstance(work, list) else [work]:
-            item.future.set_exception(failure.error)
-        for other in queued:
-            other.future.set_exception(failure.pending_error)
-
-    def _reload_after_failure(self) -> None:
-        """After a failed commit, trust only the table: reload it and its offsets."""
-        try:
-            version, leo = self._appender.reload()
-        except Exception:  # the storage may still be down; the next commit will fail cleanly too
-            log.exception("reloading %s after a failed commit", self.path)
-            return
-        with self._lock:
-            self._offsets.version = version
-            self._offsets.log_end_offset = leo
-            self._offsets.high_watermark = min(self._offsets.high_watermark, leo)
-            if not self._replicated:
-                self._offsets.high_watermark = leo
-            self._tail.clear()
-        try:
-            epochs = recover_epochs(self._reader.parquet_files())
-        except Exception:
-            log.exception("reloading the epochs of %s after a failed commit", self.path)
-            return
-        with self._lock:
-            self._epochs.reset(epochs)
 
     # ---- reading ---------------------------------------------------------------------------
 
@@ -739,7 +597,7 @@ class PartitionLog:
         with self._lock:
             self._closed = True
             self._lock.notify_all()
-            self._schedule_commit()  # what lingers goes now
+            self._commits.schedule()  # what lingers goes now
             self._lock.wait_for(lambda: not self._appender.busy(), timeout_s)
         self._appender.await_renewal(max(0.0, deadline - time.monotonic()))
         self.fail_waiters(errors.NotLeaderOrFollowerError(
