@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 
@@ -43,7 +43,6 @@ from deltalake import DeltaTable
 
 from deltabus import errors, trace
 from deltabus.config import LogConfig
-from deltabus.log_tables import typed_columns
 from deltabus.log_tables.append_pool import shared_pool
 from deltabus.log_tables.appender import (
     AppendResult,
@@ -64,6 +63,7 @@ from deltabus.log_tables.control_records import (
 from deltabus.log_tables.delta_reads import history
 from deltabus.log_tables.leader_epochs import LeaderEpochCache, recover_epochs
 from deltabus.log_tables.log_offsets import LogOffsets
+from deltabus.log_tables.log_validator import Validation, checked_batch
 from deltabus.log_tables.partition_reader import LogFile, PartitionReader
 from deltabus.log_tables.producer_state import (
     NO_PRODUCER,
@@ -78,18 +78,8 @@ from deltabus.records import (
     LOG_SCHEMA,
     PRODUCE_SCHEMA,
     ProducerState,
-    arrow_batch_rows,
-    batch_bytes_at_most,
-    batch_size_min_bytes,
-    check_batch_size,
-    largest_batch_bytes,
-    normalize_produce,
 )
 from deltabus.storage import Storage
-
-# A topic's schema validation of a produce batch: raises INVALID_RECORD, or returns a typed
-# topic's decoded keys and values by typed column (records.TYPED_COLUMNS; empty: untyped).
-Validation = Callable[[pa.Table], Mapping[str, pa.Array]]
 
 LATEST_TIMESTAMP = -1
 EARLIEST_TIMESTAMP = -2
@@ -237,8 +227,8 @@ class PartitionLog:
         (records.TYPED_COLUMNS), which the commit writes beside the records.
         """
         # Outside the lock; a refusal is raised once the sequence numbers are taken.
-        batch, refusal, typed = self._checked(batch, max_message_bytes, batch_bytes, compacted,
-                                              validate)
+        batch, refusal, typed = checked_batch(batch, self._name, self._appender.typed_types,
+                                              max_message_bytes, batch_bytes, compacted, validate)
         future: Future[AppendResult] = Future()
         item = PendingAppend(batch, batch.nbytes, leader_epoch, timestamp_type, producer, future,
                              queued_ns=trace.now_ns() if self._traced else 0,
@@ -277,41 +267,6 @@ class PartitionLog:
                     f"{self._config.pending_bytes_max} bytes waiting for their commit; the "
                     "produce request's timeout passed first")
             self._lock.wait(left)
-
-    def _checked(self, batch: pa.Table, max_message_bytes: int | None, batch_bytes: int | None,
-                 compacted: bool,
-                 validate: Validation | None = None
-                 ) -> tuple[pa.Table, errors.DeltaBusError | None, dict[str, pa.Array]]:
-        """The batch normalised, why it is refused (None: it is not), and its typed columns.
-        The size a batch's record count implies is checked before normalising, which
-        allocates per record."""
-        typed: dict[str, pa.Array] = {}
-        try:
-            batch_rows = arrow_batch_rows(batch)
-            if max_message_bytes is not None:
-                check_batch_size(batch_size_min_bytes(max(batch_rows)), max_message_bytes,
-                                 self._name, at_least=True)
-            if not batch.schema.equals(PRODUCE_SCHEMA):
-                batch = normalize_produce(batch)
-            if batch.num_rows == 0:
-                raise errors.InvalidRecordError("a produce batch must hold at least one record")
-            if max_message_bytes is not None:
-                size = batch_bytes
-                if size is None:
-                    bound = batch_bytes_at_most(batch)
-                    size = (bound if bound is not None and bound <= max_message_bytes
-                            else largest_batch_bytes(batch, batch_rows))
-                check_batch_size(size, max_message_bytes, self._name)
-            if compacted and batch.column("key").null_count:
-                raise _keyless(batch.column("key"), self._name)
-            if validate is not None:
-                held = self._appender.typed_types  # in the types the table's columns hold
-                typed = {name: typed_columns.conform(values, held.get(name), self._name,
-                                                     name.split("_")[0])
-                         for name, values in validate(batch).items()}
-        except errors.DeltaBusError as e:
-            return batch, e, {}
-        return batch, None, typed
 
     def check_producer_epoch(self, producer: ProducerState) -> None:
         """INVALID_PRODUCER_EPOCH when this log knows `producer`'s id at a newer epoch: it was
@@ -632,15 +587,6 @@ def _trim_to_bytes(table: pa.Table, max_bytes: int) -> pa.Table:
         return table
     per_record = table.nbytes / table.num_rows
     return table.slice(0, max(1, int(max_bytes / per_record)))
-
-
-def _keyless(keys: pa.ChunkedArray, name: str) -> errors.InvalidRecordError:
-    """INVALID_RECORD naming each record without a key, in Kafka's words: a compacted topic
-    keeps the latest record of each key, so one without is refused (KIP-467's record errors,
-    as Kafka's LogValidator lists them)."""
-    missing = np.flatnonzero(pc.is_null(keys).to_numpy(zero_copy_only=False))
-    message = f"Compacted topic cannot accept message without key in topic partition {name}."
-    return errors.invalid_records([errors.RecordError(int(i), message) for i in missing])
 
 
 def _left_ms(deadline: float) -> int:
