@@ -36,7 +36,6 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
@@ -55,16 +54,18 @@ from deltabus.log_tables.appender import (
     log_offsets,
 )
 from deltabus.log_tables.commit_round import CommitRound
-from deltabus.log_tables.control_records import (
-    TXN_FIRST_OFFSET_HEADER,
-    control_key,
-    control_value,
-)
+from deltabus.log_tables.control_records import marker_batch
 from deltabus.log_tables.delta_reads import history
 from deltabus.log_tables.leader_epochs import LeaderEpochCache, recover_epochs
 from deltabus.log_tables.log_offsets import LogOffsets
 from deltabus.log_tables.log_validator import Validation, checked_batch
-from deltabus.log_tables.partition_reader import LogFile, PartitionReader
+from deltabus.log_tables.partition_reader import (
+    EARLIEST_TIMESTAMP,
+    LATEST_TIMESTAMP,
+    MAX_TIMESTAMP,
+    LogFile,
+    PartitionReader,
+)
 from deltabus.log_tables.producer_state import (
     NO_PRODUCER,
     ActiveProducer,
@@ -74,16 +75,11 @@ from deltabus.log_tables.tail_cache import TailCache, shared_budget
 from deltabus.log_tables.transactions import AbortedTxn, LogTransactions
 from deltabus.records import (
     CREATE_TIME,
-    HEADERS_TYPE,
     LOG_SCHEMA,
-    PRODUCE_SCHEMA,
     ProducerState,
 )
 from deltabus.storage import Storage
 
-LATEST_TIMESTAMP = -1
-EARLIEST_TIMESTAMP = -2
-MAX_TIMESTAMP = -3
 DEFAULT_LOG_CONFIG = LogConfig()
 
 __all__ = ["EARLIEST_TIMESTAMP", "LATEST_TIMESTAMP", "MAX_TIMESTAMP", "NO_PRODUCER",
@@ -291,12 +287,7 @@ class PartitionLog:
             self._check_open()
             self._producers.take_marker_epoch(producer_id, producer_epoch)
             first = self._txns.state().first_offset(producer_id)
-            batch = pa.table({
-                "key": pa.array([control_key(committed)], pa.binary()),
-                "value": pa.array([control_value(coordinator_epoch)], pa.binary()),
-                "timestamp": pa.nulls(1, PRODUCE_SCHEMA.field("timestamp").type),
-                "headers": pa.array([[{"key": TXN_FIRST_OFFSET_HEADER,
-                                       "value": str(first).encode()}]], HEADERS_TYPE)})
+            batch = marker_batch(committed, coordinator_epoch, first)
             future: Future[AppendResult] = Future()
             self._appender.enqueue(PendingAppend(
                 batch, batch.nbytes, leader_epoch, CREATE_TIME,
@@ -491,25 +482,7 @@ class PartitionLog:
         ((-1, -1) when there is none)."""
         with self._lock:
             hw, start = self.high_watermark, self.log_start_offset
-        if timestamp_ms == LATEST_TIMESTAMP:
-            return hw, -1
-        if timestamp_ms == EARLIEST_TIMESTAMP:
-            return start, -1
-        table = self._reader.offsets_and_timestamps(hw)
-        table = table.filter(pc.greater_equal(table.column("offset"), start))
-        if table.num_rows == 0:
-            return -1, -1
-        ts = pc.cast(table.column("timestamp"), pa.int64()).to_numpy(zero_copy_only=False) // 1000
-        offsets = table.column("offset").to_numpy()
-        if timestamp_ms == MAX_TIMESTAMP:  # ties: the earliest offset, as Kafka answers
-            top = np.nonzero(ts == ts.max())[0]
-            i = int(top[np.argmin(offsets[top])])
-            return int(offsets[i]), int(ts[i])
-        hits = np.nonzero(ts >= timestamp_ms)[0]
-        if hits.size == 0:
-            return -1, -1
-        i = int(hits[np.argmin(offsets[hits])])
-        return int(offsets[i]), int(ts[i])
+        return self._reader.offset_for_timestamp(timestamp_ms, start, hw)
 
     # ---- describing ------------------------------------------------------------------------
 
