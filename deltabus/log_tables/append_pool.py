@@ -30,6 +30,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Hashable
+from concurrent.futures import ThreadPoolExecutor
 
 log = logging.getLogger(__name__)
 
@@ -137,6 +138,19 @@ class AppendPool:
                     self._push(key, again[1], again[0])
                 elif at is not None:
                     self._push(key, round_, at)
+
+
+_pools: dict[str, ThreadPoolExecutor] = {}
+_pools_lock = threading.Lock()
+
+
+def process_pool(name: str, threads: int) -> ThreadPoolExecutor:
+    """The process's pool `name`, started on first use and shared by every log: threads for
+    the logs' work beside their commit rounds (checkpoints, a follower's file copies)."""
+    with _pools_lock:
+        if name not in _pools:
+            _pools[name] = ThreadPoolExecutor(threads, thread_name_prefix=name)
+        return _pools[name]
 
 
 _shared: AppendPool | None = None
