@@ -7,10 +7,11 @@ raises the log start offset as the cleaner removes files, and the broker's Parti
 knows the ISR, advances the high watermark. Holding them in one small object lets those parts
 be handed it instead of the whole log.
 
-Invariants: log start offset <= high watermark <= log end offset (the log start never passes
-the log end, and raising it raises the high watermark with it); the high watermark never moves
-back but for a truncation or a reload below it; a waiter is resolved once the high watermark
-passes its offset, outside the lock, or failed when the log loses leadership or closes.
+Invariants: neither the high watermark nor the log start offset passes the log end offset, and
+raising the log start raises the high watermark with it; the high watermark moves back only
+with the log end offset (a truncation, a reload after a failed commit); a waiter is resolved,
+outside the lock, once the high watermark passes its offset, or failed when the log loses
+leadership or closes.
 
 Not locked itself: the log's lock (a Condition) guards every change, and `wait_for_data` waits
 on it. The offsets are single int stores, read without the lock where the log says so.

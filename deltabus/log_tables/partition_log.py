@@ -155,17 +155,18 @@ class PartitionLog:
 
     @property
     def log_start_offset(self) -> int:
-        """The first offset a consumer may read (LogOffsets)."""
+        """The first offset in the log (DeleteRecords, retention and compaction move it up)."""
         return self._offsets.log_start_offset
 
     @property
     def log_end_offset(self) -> int:
-        """The offset the next record committed gets."""
+        """The offset the next record appended gets: one past the last one committed."""
         return self._offsets.log_end_offset
 
     @property
     def high_watermark(self) -> int:
-        """The first offset not known to be held by every in-sync replica."""
+        """Consumers read below it: what the in-sync replicas all hold (a log that is not
+        replicated: its log end offset)."""
         return self._offsets.high_watermark
 
     # ---- leader epochs -----------------------------------------------------------------------
