@@ -6,8 +6,9 @@ threads, most asleep). Kafka writes its logs from a fixed pool of request handle
 `log.append.threads` serves every log of the process, the way Kafka's do.
 
 A log asks for a round (`schedule`) when work is queued, at the time its group commit may go
-(after its linger, or at once). A round (the log's `_commit_round`) takes what is ready, commits
-it, and says when it wants the next round, or None when its queue is empty. What must hold:
+(after its linger, or at once). A round (the log's `CommitRound.run`, commit_round.py) takes what
+is ready, commits it, and says when it wants the next round, or None when its queue is empty.
+What must hold:
 - At most one round of a log runs at a time: its commits stay in order, and a log is never
   committed by two threads at once.
 - A round asked for while one runs is not lost: it runs after it.
@@ -29,6 +30,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Hashable
+from concurrent.futures import ThreadPoolExecutor
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +138,19 @@ class AppendPool:
                     self._push(key, again[1], again[0])
                 elif at is not None:
                     self._push(key, round_, at)
+
+
+_pools: dict[str, ThreadPoolExecutor] = {}
+_pools_lock = threading.Lock()
+
+
+def process_pool(name: str, threads: int) -> ThreadPoolExecutor:
+    """The process's pool `name`, started on first use and shared by every log: threads for
+    the logs' work beside their commit rounds (checkpoints, a follower's file copies)."""
+    with _pools_lock:
+        if name not in _pools:
+            _pools[name] = ThreadPoolExecutor(threads, thread_name_prefix=name)
+        return _pools[name]
 
 
 _shared: AppendPool | None = None

@@ -9,15 +9,14 @@ failed commit leaves no gap. Every commit sets the Delta app transaction `deltab
 log end offset it leaves, so two processes writing one table conflict and one fails, and
 delta-rs writes a checkpoint every `checkpoint_interval` versions (`renew`).
 
-What a commit changed comes back as `Committed`; the log applies it to its offsets, cache, epochs
-and producers (partition_log.py).
+What a commit changed comes back as `Committed`; the log's commit round applies it to its
+offsets, cache, epochs and producers (commit_round.py). A follower's whole files are copied into
+the table's directory and read back before they are queued (file_copies.py).
 """
 
 from __future__ import annotations
 
 import collections
-import contextlib
-import json
 import logging
 import posixpath
 import threading
@@ -29,7 +28,6 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from deltalake import (
     CommitProperties,
     DeltaTable,
@@ -42,6 +40,7 @@ from deltalake.transaction import AddAction
 
 from deltabus import errors
 from deltabus.config import LogConfig
+from deltabus.log_tables.append_pool import process_pool
 from deltabus.log_tables.delta_commit import (
     DataFile,
     DeltaCommitWriter,
@@ -58,6 +57,7 @@ from deltabus.log_tables.delta_writes import (
     typed_column_types,
     writer_properties,
 )
+from deltabus.log_tables.file_copies import FileCopier
 from deltabus.log_tables.log_reader import LOG_START_TXN_APP_ID, data_files
 from deltabus.log_tables.partition_reader import LogFile
 from deltabus.records import (
@@ -75,12 +75,6 @@ LOG_TXN_APP_ID = "deltabus.log"  # Delta app transaction every commit of a log s
 # The appender checkpoints itself (`renew`), at the broker's interval, not the table's.
 _NO_CHECKPOINT_HOOK = PostCommitHookProperties(create_checkpoint=False)
 NEVER_FLUSH = 2**63 - 1  # flush.messages's default, as Kafka's: fsync is left to the system
-FILE_COPY_THREADS = 8  # files a follower copies at once (object stores: requests in flight)
-READ_BACK_WHOLE_BYTES_MAX = 4 * 1024 * 1024  # a copy this small is read back in one request
-# What the epoch list and producer state (with its producers' last timestamps, which
-# DescribeProducers shows) need of records copied as files.
-_STATE_COLUMNS = ["offset", "timestamp", "leader_epoch", "producer_id", "producer_epoch",
-                  "sequence"]
 
 
 @dataclass(frozen=True)
@@ -258,6 +252,7 @@ class LogAppender:
         self._unflushed: list[str] = []
         self._unflushed_records = 0
         self._head_since = 0.0  # when the queue's head became its head: its linger starts
+        self._copier = FileCopier(path, storage, self._name)  # a follower's file copies
 
     @property
     def version(self) -> int:
@@ -367,78 +362,11 @@ class LogAppender:
     def copy_in(self, files: list[LogFile]
                 ) -> tuple[list[tuple[str, LogFile]], pa.Table, tuple[pa.Field, ...]]:
         """Copy a leader's data files, byte for byte, into this table's directory (not yet
-        part of the table), and read each copy back: (name here, the leader's file) for each,
-        the copies' offset, epoch and producer columns, and the columns they hold beyond the
-        log's (a typed topic's values).
-
-        A copy that is not what the leader stated (its size, its record count, its first and
-        last offsets: a file cut short, a copy torn midway) raises CorruptMessageError, and
-        every copy of the call is deleted: nothing unread is committed, and the follower's
-        fetcher tries again."""
-        copied = [(posixpath.basename(f.uri), f) for f in files]
-        read_back = []
-        extra: dict[str, pa.Field] = {}
-        # In parallel: a table of many small files (one per group commit) copied one by one
-        # from an object store costs a round trip per request, and a follower far behind a
-        # busy leader would copy more slowly than the leader commits.
-        copies = [_file_copies().submit(self._copy_one, name, leader_file)
-                  for name, leader_file in copied]
-        try:
-            for copy in copies:
-                records, schema = copy.result()
-                read_back.append(records)
-                extra.update((f.name, f) for f in schema if f.name not in LOG_SCHEMA.names)
-        except Exception as e:
-            for copy in copies:  # none may land after the copies are deleted
-                copy.cancel()
-                with contextlib.suppress(Exception):
-                    copy.exception()
-            self._delete_copies([name for name, _ in copied])
-            if isinstance(e, errors.DeltaBusError):
-                raise
-            raise errors.CorruptMessageError(
-                f"a file copied into {self._name} cannot be read back: {type(e).__name__}: "
-                f"{e}") from e
-        return copied, pa.concat_tables(read_back), tuple(extra.values())
-
-    def _copy_one(self, name: str, leader_file: LogFile) -> tuple[pa.Table, pa.Schema]:
-        self._storage.copy(leader_file.uri, posixpath.join(self.path, name))
-        return self._read_back(name, leader_file)
-
-    def _read_back(self, name: str, leader_file: LogFile) -> tuple[pa.Table, pa.Schema]:
-        """The copy's offset, epoch and producer columns, once its size, footer and records
-        match what the leader stated (a compacted file's records lie within its stated
-        offsets, not at both ends); else CorruptMessageError."""
-        location = posixpath.join(self.path, name)
-        if leader_file.size_bytes <= READ_BACK_WHOLE_BYTES_MAX:
-            # One GET, where a size, a footer and the columns would each take a request
-            # (object stores): the size is the length read.
-            whole = self._storage.read_bytes(location)
-            size, source = len(whole), pa.BufferReader(whole)
-        else:
-            size, source = self._storage.size(location), self._storage.open_input(location)
-        with source:
-            reader = pq.ParquetFile(source)
-            records, schema = reader.read(columns=_STATE_COLUMNS), reader.schema_arrow
-        offsets = records.column("offset")
-        first, last = pc.min(offsets).as_py(), pc.max(offsets).as_py()
-        stated = json.loads(leader_file.stats).get("numRecords")
-        within = records.num_rows == 0 or (leader_file.base_offset <= first
-                                           and last <= leader_file.last_offset)
-        if size != leader_file.size_bytes or records.num_rows != stated or not within:
-            raise errors.CorruptMessageError(
-                f"the copy of {leader_file.uri} into {self._name} holds {size} bytes, "
-                f"{records.num_rows} records, offsets {first}..{last}; the leader stated "
-                f"{leader_file.size_bytes} bytes, {stated} records, offsets "
-                f"{leader_file.base_offset}..{leader_file.last_offset}")
-        return records, schema
-
-    def _delete_copies(self, names: list[str]) -> None:
-        for name in names:
-            try:
-                self._storage.delete(posixpath.join(self.path, name))
-            except errors.KafkaStorageError:
-                pass  # vacuum removes any file no commit names
+        part of the table), and read each copy back (file_copies.py): (name here, the leader's
+        file) for each, the copies' offset, epoch and producer columns, and the columns they
+        hold beyond the log's. CorruptMessageError, and every copy of the call deleted, when a
+        copy is not what the leader stated."""
+        return self._copier.copy_in(files)
 
     # ---- committing (the log's commit round) -------------------------------------------------
 
@@ -725,26 +653,9 @@ class LogAppender:
                 pass
 
 
-_pools: dict[str, ThreadPoolExecutor] = {}
-_pools_lock = threading.Lock()
-
-
-def _process_pool(name: str, threads: int) -> ThreadPoolExecutor:
-    """The process's pool `name`, started on first use and shared by every log."""
-    with _pools_lock:
-        if name not in _pools:
-            _pools[name] = ThreadPoolExecutor(threads, thread_name_prefix=name)
-        return _pools[name]
-
-
 def _renewals() -> ThreadPoolExecutor:
     """The process's one thread for the logs' checkpoints and reloads (LogAppender.renew)."""
-    return _process_pool("deltabus-log-renewal", 1)
-
-
-def _file_copies() -> ThreadPoolExecutor:
-    """The process's threads for followers' file copies (LogAppender.copy_in)."""
-    return _process_pool("deltabus-file-copy", FILE_COPY_THREADS)
+    return process_pool("deltabus-log-renewal", 1)
 
 
 def _checkpoint_and_load(path: str, version: int, storage_options: dict[str, str] | None

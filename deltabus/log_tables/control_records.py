@@ -23,6 +23,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from deltabus.records import HEADERS_TYPE, PRODUCE_SCHEMA
+
 CONTROL_SEQUENCE = -1
 ABORT, COMMIT = 0, 1  # Kafka's ControlRecordType
 TXN_FIRST_OFFSET_HEADER = "deltabus.txnFirstOffset"  # the transaction's first offset here
@@ -47,6 +49,18 @@ def control_key(committed: bool) -> bytes:
 
 def control_value(coordinator_epoch: int) -> bytes:
     return _VALUE.pack(0, coordinator_epoch)
+
+
+def marker_batch(committed: bool, coordinator_epoch: int, first_offset: int) -> pa.Table:
+    """A marker as the one record of a produce batch (key, value, timestamp and headers of
+    PRODUCE_SCHEMA), the header naming where its transaction began here (`first_offset`, -1:
+    its producer wrote nothing here since its last marker)."""
+    return pa.table({
+        "key": pa.array([control_key(committed)], pa.binary()),
+        "value": pa.array([control_value(coordinator_epoch)], pa.binary()),
+        "timestamp": pa.nulls(1, PRODUCE_SCHEMA.field("timestamp").type),
+        "headers": pa.array([[{"key": TXN_FIRST_OFFSET_HEADER,
+                               "value": str(first_offset).encode()}]], HEADERS_TYPE)})
 
 
 def is_commit(key: bytes) -> bool:

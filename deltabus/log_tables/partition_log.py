@@ -5,8 +5,10 @@ commit round at a time, on the process's pool of append threads (append_pool.py)
 writer of its table. As Kafka's log, it is made of parts:
 the appender (appender.py: the queue, group commit, offset assignment, checkpoints), the reader
 (partition_reader.py: range reads, pruning, the tail cache), the producer state
-(producer_state.py) and the leader epochs (leader_epochs.py). This module holds the offsets and
-the high watermark, and applies what each commit changed to all of them under one lock.
+(producer_state.py), the leader epochs (leader_epochs.py), the transaction state
+(transactions.py), and the offsets with the waiters on the high watermark (log_offsets.py); the
+commit round (commit_round.py) applies what each commit changed to all of them under one lock.
+This module checks what is appended, queues it, and answers reads from the parts.
 
 Invariants:
 - Offsets are contiguous from the log start offset to the log end offset, but for the records a
@@ -28,79 +30,56 @@ Invariants:
 
 from __future__ import annotations
 
-import heapq
-import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 
 from deltabus import errors, trace
 from deltabus.config import LogConfig
-from deltabus.log_tables import typed_columns
 from deltabus.log_tables.append_pool import shared_pool
 from deltabus.log_tables.appender import (
     AppendResult,
-    CommitFailed,
-    Committed,
     LogAppender,
     PendingAppend,
     PendingFiles,
     PendingLogStart,
     PendingTruncate,
-    Work,
     create_log_table,
     log_offsets,
 )
-from deltabus.log_tables.control_records import (
-    TXN_FIRST_OFFSET_HEADER,
-    control_key,
-    control_value,
-)
+from deltabus.log_tables.commit_round import CommitRound
+from deltabus.log_tables.control_records import marker_batch
 from deltabus.log_tables.delta_reads import history
 from deltabus.log_tables.leader_epochs import LeaderEpochCache, recover_epochs
-from deltabus.log_tables.partition_reader import LogFile, PartitionReader
+from deltabus.log_tables.log_offsets import LogOffsets
+from deltabus.log_tables.log_validator import Validation, checked_batch
+from deltabus.log_tables.partition_reader import (
+    EARLIEST_TIMESTAMP,
+    LATEST_TIMESTAMP,
+    MAX_TIMESTAMP,
+    LogFile,
+    PartitionReader,
+)
 from deltabus.log_tables.producer_state import (
     NO_PRODUCER,
     ActiveProducer,
     ProducerStateManager,
 )
 from deltabus.log_tables.tail_cache import TailCache, shared_budget
-from deltabus.log_tables.transactions import (
-    AbortedTxn,
-    TransactionState,
-    read_transactions,
-)
+from deltabus.log_tables.transactions import AbortedTxn, LogTransactions
 from deltabus.records import (
     CREATE_TIME,
-    HEADERS_TYPE,
     LOG_SCHEMA,
-    PRODUCE_SCHEMA,
     ProducerState,
-    arrow_batch_rows,
-    batch_bytes_at_most,
-    batch_size_min_bytes,
-    check_batch_size,
-    largest_batch_bytes,
-    normalize_produce,
 )
 from deltabus.storage import Storage
 
-log = logging.getLogger(__name__)
-
-# A topic's schema validation of a produce batch: raises INVALID_RECORD, or returns a typed
-# topic's decoded keys and values by typed column (records.TYPED_COLUMNS; empty: untyped).
-Validation = Callable[[pa.Table], Mapping[str, pa.Array]]
-
-LATEST_TIMESTAMP = -1
-EARLIEST_TIMESTAMP = -2
-MAX_TIMESTAMP = -3
 DEFAULT_LOG_CONFIG = LogConfig()
 
 __all__ = ["EARLIEST_TIMESTAMP", "LATEST_TIMESTAMP", "MAX_TIMESTAMP", "NO_PRODUCER",
@@ -142,36 +121,53 @@ class PartitionLog:
         self.partition = partition
         self._name = f"{topic}-{partition}"
         self._config = config
-        self._on_append = on_append
         self._traced = trace.traced(topic)  # stamps for the latency trace (deltabus.trace)
         self._lock = threading.Condition()
         storage = storage or Storage(path)
         self._appender = LogAppender(path, topic=topic, partition=partition, config=config,
                                      storage=storage, lock=self._lock, create=create)
-        self._version = self._appender.table.version()  # the last committed version
-        self.log_start_offset, self.log_end_offset = log_offsets(self._appender.table)
-        self._replicated = replicated
+        log_start_offset, log_end_offset = log_offsets(self._appender.table)
         # A replicated log does not know which of its records the ISR holds until its owner says.
-        self.high_watermark = self.log_start_offset if replicated else self.log_end_offset
-        self._hw_waiters: list[tuple[int, int, Future[int]]] = []  # heap: (offset, id, future)
+        self._offsets = LogOffsets(
+            self._lock, topic=topic, partition=partition,
+            version=self._appender.table.version(), log_start_offset=log_start_offset,
+            log_end_offset=log_end_offset,
+            high_watermark=log_start_offset if replicated else log_end_offset,
+            on_append=on_append, traced=self._traced)
         self._reader = PartitionReader(
             path, storage=storage, checkpoint_interval=config.checkpoint_interval,
-            committed_version=lambda: self._version, on_log_start=self._raise_log_start)
+            committed_version=lambda: self._offsets.version,
+            on_log_start=self._offsets.raise_log_start)
         self._epochs = LeaderEpochCache(self._name, recover_epochs(self._reader.parquet_files()))
         self._tail = TailCache(config.log_cache_bytes_max,
                                shared_budget(config.log_cache_total_bytes_max))
         self._producers = ProducerStateManager(self._name, self._lock,
                                                self._reader.parquet_files,
                                                config.sequence_wait_ms)
-        # Transactions (transactions.py): None until first needed, then kept as appends
-        # commit; `_open_hint` names the producers the metadata says have one open here.
-        self._txn: TransactionState | None = None
-        self._open_hint: frozenset[int] = frozenset()
-        # The oldest open transaction's first offset (None: none, or not known): read without
-        # the lock by `stable_offset_hint`.
-        self._first_open: int | None = None
+        self._txns = LogTransactions(self._reader.parquet_files)  # transactions.py
         self._closed = False
-        self._pool = shared_pool(config.append_threads)  # commits this log's queue
+        self._commits = CommitRound(  # commits this log's queue on the process's append pool
+            self, path=path, topic=topic, partition=partition, lock=self._lock,
+            pool=shared_pool(config.append_threads), appender=self._appender,
+            offsets=self._offsets, reader=self._reader, tail=self._tail, epochs=self._epochs,
+            producers=self._producers, txns=self._txns, replicated=replicated,
+            traced=self._traced, closed=lambda: self._closed)
+
+    @property
+    def log_start_offset(self) -> int:
+        """The first offset in the log (DeleteRecords, retention and compaction move it up)."""
+        return self._offsets.log_start_offset
+
+    @property
+    def log_end_offset(self) -> int:
+        """The offset the next record appended gets: one past the last one committed."""
+        return self._offsets.log_end_offset
+
+    @property
+    def high_watermark(self) -> int:
+        """Consumers read below it: what the in-sync replicas all hold (a log that is not
+        replicated: its log end offset)."""
+        return self._offsets.high_watermark
 
     # ---- leader epochs -----------------------------------------------------------------------
 
@@ -228,8 +224,8 @@ class PartitionLog:
         (records.TYPED_COLUMNS), which the commit writes beside the records.
         """
         # Outside the lock; a refusal is raised once the sequence numbers are taken.
-        batch, refusal, typed = self._checked(batch, max_message_bytes, batch_bytes, compacted,
-                                              validate)
+        batch, refusal, typed = checked_batch(batch, self._name, self._appender.typed_types,
+                                              max_message_bytes, batch_bytes, compacted, validate)
         future: Future[AppendResult] = Future()
         item = PendingAppend(batch, batch.nbytes, leader_epoch, timestamp_type, producer, future,
                              queued_ns=trace.now_ns() if self._traced else 0,
@@ -251,7 +247,7 @@ class PartitionLog:
             if refusal is not None:
                 raise refusal
             self._appender.enqueue(item)
-            self._schedule_commit()
+            self._commits.schedule()
             if entry is not None:
                 entry.remember(producer.base_sequence, future)
         return future
@@ -268,41 +264,6 @@ class PartitionLog:
                     f"{self._config.pending_bytes_max} bytes waiting for their commit; the "
                     "produce request's timeout passed first")
             self._lock.wait(left)
-
-    def _checked(self, batch: pa.Table, max_message_bytes: int | None, batch_bytes: int | None,
-                 compacted: bool,
-                 validate: Validation | None = None
-                 ) -> tuple[pa.Table, errors.DeltaBusError | None, dict[str, pa.Array]]:
-        """The batch normalised, why it is refused (None: it is not), and its typed columns.
-        The size a batch's record count implies is checked before normalising, which
-        allocates per record."""
-        typed: dict[str, pa.Array] = {}
-        try:
-            batch_rows = arrow_batch_rows(batch)
-            if max_message_bytes is not None:
-                check_batch_size(batch_size_min_bytes(max(batch_rows)), max_message_bytes,
-                                 self._name, at_least=True)
-            if not batch.schema.equals(PRODUCE_SCHEMA):
-                batch = normalize_produce(batch)
-            if batch.num_rows == 0:
-                raise errors.InvalidRecordError("a produce batch must hold at least one record")
-            if max_message_bytes is not None:
-                size = batch_bytes
-                if size is None:
-                    bound = batch_bytes_at_most(batch)
-                    size = (bound if bound is not None and bound <= max_message_bytes
-                            else largest_batch_bytes(batch, batch_rows))
-                check_batch_size(size, max_message_bytes, self._name)
-            if compacted and batch.column("key").null_count:
-                raise _keyless(batch.column("key"), self._name)
-            if validate is not None:
-                held = self._appender.typed_types  # in the types the table's columns hold
-                typed = {name: typed_columns.conform(values, held.get(name), self._name,
-                                                     name.split("_")[0])
-                         for name, values in validate(batch).items()}
-        except errors.DeltaBusError as e:
-            return batch, e, {}
-        return batch, None, typed
 
     def check_producer_epoch(self, producer: ProducerState) -> None:
         """INVALID_PRODUCER_EPOCH when this log knows `producer`'s id at a newer epoch: it was
@@ -326,18 +287,13 @@ class PartitionLog:
         with self._lock:
             self._check_open()
             self._producers.take_marker_epoch(producer_id, producer_epoch)
-            first = self._transactions().first_offset(producer_id)
-            batch = pa.table({
-                "key": pa.array([control_key(committed)], pa.binary()),
-                "value": pa.array([control_value(coordinator_epoch)], pa.binary()),
-                "timestamp": pa.nulls(1, PRODUCE_SCHEMA.field("timestamp").type),
-                "headers": pa.array([[{"key": TXN_FIRST_OFFSET_HEADER,
-                                       "value": str(first).encode()}]], HEADERS_TYPE)})
+            first = self._txns.state().first_offset(producer_id)
+            batch = marker_batch(committed, coordinator_epoch, first)
             future: Future[AppendResult] = Future()
             self._appender.enqueue(PendingAppend(
                 batch, batch.nbytes, leader_epoch, CREATE_TIME,
                 ProducerState(producer_id, producer_epoch, -1), future))
-            self._schedule_commit()
+            self._commits.schedule()
         return future
 
     # ---- transactions ----------------------------------------------------------------------
@@ -347,14 +303,13 @@ class PartitionLog:
         keep it) and rebuild it when first needed, with `open_producers` (the metadata's
         producers with a transaction open here)."""
         with self._lock:
-            self._txn, self._first_open = None, None
-            self._open_hint = open_producers
+            self._txns.reset(open_producers)
 
     @property
     def stable_offset_hint(self) -> int:
         """The last stable offset as last computed, read without the lock (a waiting fetch's
         wake-up test): at or above the LSO when the state is not known yet."""
-        first = self._first_open
+        first = self._txns.first_open
         hw = self.high_watermark
         return hw if first is None else min(hw, first)
 
@@ -362,20 +317,12 @@ class PartitionLog:
         """Kafka's LSO: the high watermark, or the first offset of the oldest open
         transaction below it."""
         with self._lock:
-            return self._transactions().last_stable_offset(self.high_watermark)
+            return self._txns.state().last_stable_offset(self.high_watermark)
 
     def aborted_transactions(self, start: int, end: int) -> list[AbortedTxn]:
         """The aborted transactions with records in [start, end)."""
         with self._lock:
-            return self._transactions().aborted_between(start, end)
-
-    def _transactions(self) -> TransactionState:
-        """Lock held: the transaction state, rebuilt from the committed table if unknown (once
-        per leadership; reads only the row groups that may hold markers or open producers)."""
-        if self._txn is None:
-            self._txn = read_transactions(self._reader.parquet_files, self._open_hint)
-            self._first_open = self._txn.first_open_offset
-        return self._txn
+            return self._txns.state().aborted_between(start, end)
 
     def append_copy(self, records: pa.Table, fetch_offset: int = -1) -> Future[AppendResult]:
         """Queue records copied from the leader, with their offsets, epochs and producer fields,
@@ -463,207 +410,25 @@ class PartitionLog:
         with self._lock:
             self._check_open()
             self._appender.enqueue(item)
-            self._schedule_commit()
+            self._commits.schedule()
 
     # ---- the high watermark ------------------------------------------------------------------
 
     def advance_high_watermark(self, offset: int) -> None:
         """Move the high watermark up to `offset` (never past the log end offset, never back)."""
         with self._lock:
-            ready = self._set_high_watermark(offset)
-        self._after_change(ready)
+            ready = self._offsets.set_high_watermark(offset)
+        self._offsets.after_change(ready)
 
     def await_high_watermark(self, offset: int) -> Future[int]:
         """A future resolved (with the high watermark) once the high watermark passes `offset`:
         acks=all waits on it. It fails when the log closes or `fail_waiters` is called."""
-        future: Future[int] = Future()
-        with self._lock:
-            if self.high_watermark > offset:
-                future.set_result(self.high_watermark)
-            else:
-                heapq.heappush(self._hw_waiters, (offset, id(future), future))
-        return future
+        return self._offsets.await_high_watermark(offset)
 
     def fail_waiters(self, error: errors.DeltaBusError) -> None:
         """Fail every high-watermark waiter (the broker lost leadership: acks=all cannot be
         promised any more)."""
-        with self._lock:
-            waiters, self._hw_waiters = self._hw_waiters, []
-        for _, _, future in waiters:
-            future.set_exception(error)
-
-    def _set_high_watermark(self, offset: int) -> list[Future[int]]:
-        """Lock held. Returns the waiters now satisfied (resolved outside the lock)."""
-        offset = min(offset, self.log_end_offset)
-        if offset <= self.high_watermark:
-            return []
-        if self._traced:
-            trace.stamp("hw", self.topic, self.partition, self.high_watermark, offset - 1,
-                        moved=trace.now_ns())
-        self.high_watermark = offset
-        self._lock.notify_all()
-        ready = []
-        while self._hw_waiters and self._hw_waiters[0][0] < offset:
-            ready.append(heapq.heappop(self._hw_waiters)[2])
-        return ready
-
-    def _after_change(self, ready: list[Future[int]]) -> None:
-        if self._on_append is not None:
-            self._on_append()
-        for future in ready:
-            future.set_result(self.high_watermark)
-
-    def _raise_log_start(self, offset: int) -> None:
-        """Move the log start offset up to `offset` (never down, never past the log end). Called
-        by the reader with its lock held, so it takes no other lock: single int stores."""
-        offset = min(offset, self.log_end_offset)
-        if offset > self.log_start_offset:
-            self.log_start_offset = offset
-            if self.high_watermark < offset:
-                self.high_watermark = offset
-
-    # ---- committing (a round on the append pool) ---------------------------------------------
-
-    def _schedule_commit(self) -> None:
-        """Lock held: ask the pool for a commit round when the queue's head may go."""
-        at = self._appender.ready_at(self._closed)
-        if at is not None:
-            self._pool.schedule(self, self._commit_round, at)
-
-    def _commit_round(self) -> float | None:
-        """On a pool thread, at most one at a time for this log: commit what is ready. Returns
-        when the next round may go (what queued meanwhile), None when nothing is queued."""
-        with self._lock:
-            at = self._appender.ready_at(self._closed)
-            if at is None or at > time.monotonic():
-                return at
-            work = self._appender.take()
-        taken_ns = trace.now_ns() if self._traced else 0
-        try:
-            try:
-                done = self._appender.commit(work, self.log_end_offset)
-            except CommitFailed as failure:
-                self._fail(work, failure)
-            else:
-                applied_ns = self._apply(done)
-                if self._traced and isinstance(work, (list, PendingFiles)):
-                    self._stamp_commit(list(work) if isinstance(work, list) else [work], done,
-                                       taken_ns, applied_ns)
-                self._appender.renew()
-        finally:
-            self._appender.done()
-        with self._lock:
-            return self._appender.ready_at(self._closed)
-
-    def _apply(self, done: Committed) -> int:
-        """Bring the offsets, cache, epochs and producers up to a commit, then resolve its
-        futures: the log end offset moves only after the commit holding the records. Returns
-        when the log took the commit in (time.time_ns(), for the latency trace; 0 untraced)."""
-        ready: list[Future[int]] = []
-        changed = True
-        with self._lock:
-            self._version = done.version
-            if done.kind in ("append", "copy"):
-                assert done.records is not None
-                self.log_end_offset = done.end_offset
-                if not self._replicated:
-                    ready = self._set_high_watermark(done.end_offset)
-                self._tail.append(done.records)
-                self._epochs.assign(done.records)
-                if done.kind == "copy":
-                    self._producers.note_copied(done.records)
-                    self._txn, self._first_open = None, None  # a follower's: rebuilt if it leads
-                elif self._txn is not None:
-                    self._txn.apply(done.records, done.txn_begins)
-                    self._first_open = self._txn.first_open_offset
-                elif done.txn_begins:  # the new transactions are read from the table
-                    self._open_hint |= {pid for pid, _ in done.txn_begins}
-                self._producers.note_timestamps(done.records)
-            elif done.kind == "files":
-                assert done.records is not None
-                self.log_end_offset = done.end_offset
-                self._tail.clear()  # the cache must stay a suffix of the log: these are not in it
-                self._epochs.assign(done.records)
-                self._producers.note_copied(done.records)
-                self._producers.note_timestamps(done.records)
-                self._txn, self._first_open = None, None
-            elif done.kind == "truncate":
-                changed = done.end_offset < self.log_end_offset
-                if changed:
-                    self.log_end_offset = done.end_offset
-                    self.high_watermark = min(self.high_watermark, done.end_offset)
-                    self._tail.truncate(done.end_offset)
-                    self._epochs.truncate_from(done.end_offset)
-                    self._producers.clear()  # rebuilt from the table on their next batch
-                    self._txn, self._first_open = None, None
-            elif done.kind == "log_start":
-                self._raise_log_start(done.log_start_offset)
-            else:  # restart
-                self.log_start_offset = self.log_end_offset = done.end_offset
-                self.high_watermark = done.end_offset
-                self._tail.clear()
-                self._epochs.reset([])
-                self._producers.clear()
-                self._txn, self._first_open = None, None
-            self._lock.notify_all()
-        applied_ns = trace.now_ns() if self._traced else 0
-        if done.kind == "truncate" and changed:
-            log.info("truncated %s to offset %d", self._name, done.end_offset)
-        elif done.kind == "restart":
-            log.info("%s emptied to start again at offset %d (below its leader's log start)",
-                     self._name, done.end_offset)
-        if changed:
-            self._after_change(ready)
-        for future, first, last in done.results:
-            future.set_result(AppendResult(first, last, done.now_ms, self.log_start_offset))
-        return applied_ns
-
-    def _stamp_commit(self, group: list[PendingAppend | PendingFiles], done: Committed,
-                      taken_ns: int, applied_ns: int) -> None:
-        """The latency trace's stamps of a group committed (deltabus.trace): "append", or
-        "copy" for a follower's records or files."""
-        stage = "append" if done.kind == "append" else "copy"
-        for item, (_, first, last) in zip(group, done.results, strict=True):
-            trace.stamp(stage, self.topic, self.partition, first, last,
-                        queued=item.queued_ns, taken=taken_ns, built=done.built_ns,
-                        committed=done.committed_ns, applied=applied_ns)
-
-    def _fail(self, work: Work, failure: CommitFailed) -> None:
-        """A commit failed (or could not be tried): it and everything queued behind it fail
-        (order is kept), and the log reloads what the table holds."""
-        log.error("%s", failure.pending_error)
-        if failure.reload:
-            self._reload_after_failure()
-        with self._lock:
-            queued = self._appender.drain()
-            self._producers.clear()  # rebuilt from the table on their next batch
-            self._txn, self._first_open = None, None
-        for item in work if isinstance(work, list) else [work]:
-            item.future.set_exception(failure.error)
-        for other in queued:
-            other.future.set_exception(failure.pending_error)
-
-    def _reload_after_failure(self) -> None:
-        """After a failed commit, trust only the table: reload it and its offsets."""
-        try:
-            version, leo = self._appender.reload()
-        except Exception:  # the storage may still be down; the next commit will fail cleanly too
-            log.exception("reloading %s after a failed commit", self.path)
-            return
-        with self._lock:
-            self._version = version
-            self.log_end_offset = leo
-            self.high_watermark = min(self.high_watermark, leo)
-            if not self._replicated:
-                self.high_watermark = leo
-            self._tail.clear()
-        try:
-            epochs = recover_epochs(self._reader.parquet_files())
-        except Exception:
-            log.exception("reloading the epochs of %s after a failed commit", self.path)
-            return
-        with self._lock:
-            self._epochs.reset(epochs)
+        self._offsets.fail_waiters(error)
 
     # ---- reading ---------------------------------------------------------------------------
 
@@ -710,14 +475,7 @@ class PartitionLog:
 
     def wait_for_data(self, offset: int, timeout_s: float) -> bool:
         """Block until the high watermark passes `offset`, the log closes, or the time is up."""
-        deadline = time.monotonic() + timeout_s
-        with self._lock:
-            while self.high_watermark <= offset and not self._closed:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._lock.wait(left)
-            return self.high_watermark > offset
+        return self._offsets.wait_for_data(offset, timeout_s, lambda: self._closed)
 
     def offset_for_timestamp(self, timestamp_ms: int) -> tuple[int, int]:
         """(offset, timestamp ms) as ListOffsets answers: -1 latest, -2 earliest, -3 the record
@@ -725,25 +483,7 @@ class PartitionLog:
         ((-1, -1) when there is none)."""
         with self._lock:
             hw, start = self.high_watermark, self.log_start_offset
-        if timestamp_ms == LATEST_TIMESTAMP:
-            return hw, -1
-        if timestamp_ms == EARLIEST_TIMESTAMP:
-            return start, -1
-        table = self._reader.offsets_and_timestamps(hw)
-        table = table.filter(pc.greater_equal(table.column("offset"), start))
-        if table.num_rows == 0:
-            return -1, -1
-        ts = pc.cast(table.column("timestamp"), pa.int64()).to_numpy(zero_copy_only=False) // 1000
-        offsets = table.column("offset").to_numpy()
-        if timestamp_ms == MAX_TIMESTAMP:  # ties: the earliest offset, as Kafka answers
-            top = np.nonzero(ts == ts.max())[0]
-            i = int(top[np.argmin(offsets[top])])
-            return int(offsets[i]), int(ts[i])
-        hits = np.nonzero(ts >= timestamp_ms)[0]
-        if hits.size == 0:
-            return -1, -1
-        i = int(hits[np.argmin(offsets[hits])])
-        return int(offsets[i]), int(ts[i])
+        return self._reader.offset_for_timestamp(timestamp_ms, start, hw)
 
     # ---- describing ------------------------------------------------------------------------
 
@@ -786,7 +526,7 @@ class PartitionLog:
         with self._lock:
             self._closed = True
             self._lock.notify_all()
-            self._schedule_commit()  # what lingers goes now
+            self._commits.schedule()  # what lingers goes now
             self._lock.wait_for(lambda: not self._appender.busy(), timeout_s)
         self._appender.await_renewal(max(0.0, deadline - time.monotonic()))
         self.fail_waiters(errors.NotLeaderOrFollowerError(
@@ -821,15 +561,6 @@ def _trim_to_bytes(table: pa.Table, max_bytes: int) -> pa.Table:
         return table
     per_record = table.nbytes / table.num_rows
     return table.slice(0, max(1, int(max_bytes / per_record)))
-
-
-def _keyless(keys: pa.ChunkedArray, name: str) -> errors.InvalidRecordError:
-    """INVALID_RECORD naming each record without a key, in Kafka's words: a compacted topic
-    keeps the latest record of each key, so one without is refused (KIP-467's record errors,
-    as Kafka's LogValidator lists them)."""
-    missing = np.flatnonzero(pc.is_null(keys).to_numpy(zero_copy_only=False))
-    message = f"Compacted topic cannot accept message without key in topic partition {name}."
-    return errors.invalid_records([errors.RecordError(int(i), message) for i in missing])
 
 
 def _left_ms(deadline: float) -> int:

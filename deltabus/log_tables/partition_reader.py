@@ -35,6 +35,10 @@ from deltabus.log_tables.log_reader import (
 )
 from deltabus.storage import Storage
 
+# ListOffsets's special timestamps (`offset_for_timestamp`)
+LATEST_TIMESTAMP = -1
+EARLIEST_TIMESTAMP = -2
+MAX_TIMESTAMP = -3
 PARQUET_FILES_OPEN_MAX = 256  # footers kept per log; a file handle each
 PARQUET_OPENS_PARALLEL = 8  # files `parquet_files` opens at once
 # Statistics beyond the offsets that a copied file's add action carries (the table indexes its
@@ -169,6 +173,31 @@ class PartitionReader:
                 self._update()
             dataset = self._table.to_pyarrow_dataset()
         return dataset.to_table(columns=["offset", "timestamp"], filter=pc.field("offset") < end)
+
+    def offset_for_timestamp(self, timestamp_ms: int, start: int, hw: int) -> tuple[int, int]:
+        """(offset, timestamp ms) as ListOffsets answers, in the log from `start` (its log start
+        offset) to `hw` (its high watermark): -1 latest, -2 earliest, -3 the record with the
+        largest timestamp, else the first offset with a timestamp at or after it ((-1, -1)
+        when there is none)."""
+        if timestamp_ms == LATEST_TIMESTAMP:
+            return hw, -1
+        if timestamp_ms == EARLIEST_TIMESTAMP:
+            return start, -1
+        table = self.offsets_and_timestamps(hw)
+        table = table.filter(pc.greater_equal(table.column("offset"), start))
+        if table.num_rows == 0:
+            return -1, -1
+        ts = pc.cast(table.column("timestamp"), pa.int64()).to_numpy(zero_copy_only=False) // 1000
+        offsets = table.column("offset").to_numpy()
+        if timestamp_ms == MAX_TIMESTAMP:  # ties: the earliest offset, as Kafka answers
+            top = np.nonzero(ts == ts.max())[0]
+            i = int(top[np.argmin(offsets[top])])
+            return int(offsets[i]), int(ts[i])
+        hits = np.nonzero(ts >= timestamp_ms)[0]
+        if hits.size == 0:
+            return -1, -1
+        i = int(hits[np.argmin(offsets[hits])])
+        return int(offsets[i]), int(ts[i])
 
     def parquet_file(self, path: str) -> pq.ParquetFile:
         """An open Parquet file of this table (footers cached: files never change)."""

@@ -8,12 +8,12 @@ read_committed fetches are told of. The last stable offset (LSO) is the first of
 open transaction, or the high watermark when none is open below it: read_committed consumers
 read up to it, never past.
 
-The state is not in the table as such: the log keeps it as it appends, and a log that did not
-see its appends (a follower made leader, a reopened table) rebuilds it with `read_transactions`:
-the markers from the rows with producer_id >= 0 and sequence -1 (row groups whose statistics
-exclude such rows are not read), and the open transactions from the producers the metadata image
-says have one open here (`MetadataImage.open_transactions`): each one's first row after its last
-marker here.
+The state is not in the table as such: the log keeps it as it appends (`LogTransactions`), and
+a log that did not see its appends (a follower made leader, a reopened table) rebuilds it with
+`read_transactions`: the markers from the rows with producer_id >= 0 and sequence -1 (row groups
+whose statistics exclude such rows are not read), and the open transactions from the producers
+the metadata image says have one open here (`MetadataImage.open_transactions`): each one's first
+row after its last marker here.
 
 Invariants: every open transaction's first offset is below the log end offset; aborted entries
 are in the order of their markers' offsets (increasing). Not locked itself: the log's lock guards
@@ -111,6 +111,54 @@ class TransactionState:
                 self.begin(pid, offset)
             else:
                 self.end(pid, offset, committed)
+
+
+class LogTransactions:
+    """The transaction state as a leader's log keeps it: not known until first needed, then
+    rebuilt from the committed table (`read_transactions`, once per leadership) and kept up as
+    appends commit; forgotten when the log changes in ways it does not follow (a follower's
+    copies, a truncation, a failed commit), to be rebuilt if it leads. Kept apart from the log so
+    that the commit round (commit_round.py) can be handed it. Runs on executors; not locked
+    itself: the log's lock guards every call, but `first_open` is read without it."""
+
+    def __init__(self, files: Callable[[], Iterable[pq.ParquetFile]]) -> None:
+        """`files()` gives the log's committed data files, opened, in offset order."""
+        self._files = files
+        # None until first needed, then kept as appends commit; `_open_hint` names the
+        # producers the metadata says have one open here.
+        self._txn: TransactionState | None = None
+        self._open_hint: frozenset[int] = frozenset()
+        # The oldest open transaction's first offset (None: none, or not known): read without
+        # the lock by `PartitionLog.stable_offset_hint`.
+        self.first_open: int | None = None
+
+    def reset(self, open_producers: frozenset[int]) -> None:
+        """Forget the state, to rebuild it when first needed with `open_producers` (the
+        metadata's producers with a transaction open here)."""
+        self._txn, self.first_open = None, None
+        self._open_hint = open_producers
+
+    def forget(self) -> None:
+        """The log changed in a way the state does not follow: rebuilt when next needed."""
+        self._txn, self.first_open = None, None
+
+    def state(self) -> TransactionState:
+        """The transaction state, rebuilt from the committed table if unknown (once per
+        leadership; reads only the row groups that may hold markers or open producers)."""
+        if self._txn is None:
+            self._txn = read_transactions(self._files, self._open_hint)
+            self.first_open = self._txn.first_open_offset
+        return self._txn
+
+    def take_in(self, records: pa.Table, begins: tuple[tuple[int, int], ...]) -> None:
+        """An append committed `records`, with `begins` ((producer id, first offset) of each
+        transactional batch): the state follows it when known, else the new transactions are
+        read from the table when it is rebuilt."""
+        if self._txn is not None:
+            self._txn.apply(records, begins)
+            self.first_open = self._txn.first_open_offset
+        elif begins:  # the new transactions are read from the table
+            self._open_hint |= {pid for pid, _ in begins}
 
 
 def aborted_mask(rows: pa.Table, aborted: Iterable[AbortedTxn]) -> np.ndarray:

@@ -214,10 +214,10 @@ def test_a_batch_well_under_max_message_bytes_is_not_counted_record_by_record(
         log: PartitionLog, monkeypatch: pytest.MonkeyPatch) -> None:
     """Its buffers' size bounds it (records.batch_bytes_at_most): the per-record count, which
     cost more than a small batch's commit, runs only for batches near the limit."""
-    from deltabus.log_tables import partition_log
+    from deltabus.log_tables import log_validator
     counted: list[int] = []
-    real = partition_log.largest_batch_bytes
-    monkeypatch.setattr(partition_log, "largest_batch_bytes",
+    real = log_validator.largest_batch_bytes
+    monkeypatch.setattr(log_validator, "largest_batch_bytes",
                         lambda batch, rows: counted.append(batch.num_rows) or real(batch, rows))
     small = _batch([b"v" * 60] * 3)
     log.append(small, leader_epoch=0, max_message_bytes=1_000_000).result(RESULT_TIMEOUT_S)
