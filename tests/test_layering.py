@@ -186,3 +186,22 @@ def test_no_module_imports_itself_through_others() -> None:
              for module, path in MODULES.items()}
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert _cycles(graph) == []
+
+
+CLASS_LINES_MAX = 500
+
+
+def test_no_class_holds_more_than_one_concepts_worth_of_code() -> None:
+    """A class past CLASS_LINES_MAX lines is several subsystems in one (the controller, the
+    group coordinator and the broker once were): split it where Kafka splits it. Generated
+    protobuf code is not ours to split."""
+    too_big = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.name.endswith(("_pb2.py", "_pb2_grpc.py")):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ClassDef):
+                lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                if lines > CLASS_LINES_MAX:
+                    too_big.append(f"{path.relative_to(ROOT)}: {node.name}, {lines} lines")
+    assert too_big == []
