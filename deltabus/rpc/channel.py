@@ -19,6 +19,7 @@ from deltabus import config as cfg
 
 Metadata = Sequence[tuple[str, str]]
 CLIENT_ID_KEY = "deltabus-client-id"  # call metadata: the client's client_id (client quotas)
+RECONNECT_BACKOFF_MS, RECONNECT_BACKOFF_MAX_MS = 50, 1000  # Kafka's defaults
 
 
 def client_id_metadata(client_id: str) -> Metadata:
@@ -38,6 +39,12 @@ def open_channel(address: str, user_agent: str, *,
         ("grpc.max_send_message_length", cfg.REQUEST_MAX_BYTES),
         ("grpc.primary_user_agent", user_agent),
         ("grpc.enable_retries", 0),
+        # Kafka's reconnect.backoff.ms and reconnect.backoff.max.ms: after a server comes back
+        # (a relaunched leader, a restarted controller) a channel connects again within about
+        # a second, where gRPC's own backoff grows to two minutes and left followers apart from
+        # a leader that was back long before
+        ("grpc.initial_reconnect_backoff_ms", RECONNECT_BACKOFF_MS),
+        ("grpc.max_reconnect_backoff_ms", RECONNECT_BACKOFF_MAX_MS),
     ]
     channel = (grpc.secure_channel(address, credentials, options=options) if credentials
                else grpc.insecure_channel(address, options=options))
