@@ -12,9 +12,9 @@ export SPARK_LOCAL_IP ?= 127.0.0.1
 export PYSPARK_PYTHON = $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON = $(abspath $(PY))
 
-.PHONY: setup kcat run test bench docs soak protos lint clean
+.PHONY: setup kcat faults run test bench docs soak protos lint clean
 
-setup: $(STAMP) $(NODE_STAMP) kcat
+setup: $(STAMP) $(NODE_STAMP) kcat faults
 
 # pip's PySpark ships its workers' code as sources in a zip, compiled again at each start of a
 # Python worker (a streaming query's source runner among them): set-up adds the bytecode
@@ -39,6 +39,16 @@ kcat:
 	@command -v kcat >/dev/null 2>&1 || \
 	  { apt-get update -qq && apt-get install -y -qq kcat; } >/dev/null 2>&1 || \
 	  echo "kcat tests need kcat: install it (Debian/Ubuntu: apt-get install -y kcat)" >&2
+
+# The fault tests (tests/faults/) cut and slow loopback traffic with iptables and tc (iproute2),
+# mount small filesystems and move broker processes into cgroups: they run as root.
+faults:
+	@command -v iptables >/dev/null 2>&1 || \
+	  { apt-get update -qq && apt-get install -y -qq iptables; } >/dev/null 2>&1 || \
+	  echo "fault tests need iptables: install it (Debian/Ubuntu: apt-get install -y iptables)" >&2
+	@command -v tc >/dev/null 2>&1 || \
+	  { apt-get update -qq && apt-get install -y -qq iproute2; } >/dev/null 2>&1 || \
+	  echo "fault tests need tc: install it (Debian/Ubuntu: apt-get install -y iproute2)" >&2
 
 run: setup
 	$(VENV)/bin/deltabus cluster start $(ARGS)
