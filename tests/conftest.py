@@ -67,6 +67,7 @@ HEAVY_GROUPS = {
     "tests/cluster/test_object_storage.py": "heavy: broker kills",
     "tests/cluster/test_local_cluster.py": "heavy: broker kills",
     "tests/cluster/test_fault_injection.py": "heavy: broker kills",
+    "tests/faults/test_network_partitions.py": "heavy: broker kills",
 }
 
 

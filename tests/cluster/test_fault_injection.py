@@ -24,7 +24,7 @@ NEMESIS_S = 75
 @pytest.mark.timeout(900)
 def test_acks_all_load_and_a_latest_group_through_leader_kills_lose_and_skip_nothing(
         cluster, topic_name, all_brokers_back) -> None:
-    report = run(cluster, FaultPlan(topic_name, nemesis_s=NEMESIS_S, kill_every_s=10,
-                                    kill_jitter_s=3))
+    report = run(cluster, FaultPlan(topic_name, nemesis_s=NEMESIS_S, fault_every_s=10,
+                                    fault_jitter_s=3))
     print(report.summary())
     report.assert_nothing_lost_or_reset()

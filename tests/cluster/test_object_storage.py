@@ -165,8 +165,8 @@ def test_leader_kills_under_acks_all_on_adls_lose_nothing_acknowledged(spark, az
     root = f"{azurite.create_bucket(f'kills-{uuid.uuid4().hex[:8]}')}/deltabus"
     cluster = _start(spark, root, azurite.options())
     try:
-        report = run(cluster, FaultPlan("payments", nemesis_s=20, kill_every_s=8,
-                                        kill_jitter_s=2, kafka_producer=False,
+        report = run(cluster, FaultPlan("payments", nemesis_s=20, fault_every_s=8,
+                                        fault_jitter_s=2, kafka_producer=False,
                                         records_per_s=50, acked_before_nemesis=100))
         print(report.summary())
         report.assert_nothing_lost_or_reset()

@@ -34,10 +34,12 @@ from __future__ import annotations
 import abc
 import collections
 import logging
+import os
 import random
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from confluent_kafka import Producer as KafkaProducer
 
@@ -51,6 +53,9 @@ from deltabus import (
     TopicPartition,
     errors,
 )
+from tests.faults.history import History
+from tests.faults.invariants import diverged_replicas, two_leaders_in_one_epoch
+from tests.faults.nemesis import Fault, KillLeader
 
 log = logging.getLogger(__name__)
 
@@ -73,21 +78,23 @@ class FaultPlan:
     members: int = 2
     auto_offset_reset: str = "latest"
     nemesis_s: float = 75.0
-    kill_every_s: float = 10.0
-    kill_jitter_s: float = 5.0  # each pause is kill_every_s plus up to this much
+    fault_every_s: float = 10.0  # from the cluster whole again to the next fault
+    fault_jitter_s: float = 5.0  # each pause is fault_every_s plus up to this much
+    fault_rounds: int | None = None  # the nemesis ends after each fault ran this often
     acked_before_nemesis: int = 500  # the load is flowing before the first kill
     ready_timeout_s: float = 120.0  # for the group to form, brokers to return
     drain_idle_s: float = 90.0  # the drain ends after this long without progress
     flush_s: float = 150.0  # > the producers' delivery timeouts
     seed: int = 14
+    history: str | None = None  # where the run's history goes (tests/faults/history.py)
 
 
 @dataclass(frozen=True)
-class Kill:
+class FaultEvent:
     at_s: float  # since the nemesis started
-    broker: int
-    partition: int  # whose leader it was
-    leader_epoch: int
+    kind: str
+    partition: int  # the partition it was aimed at
+    target: dict[str, Any]  # what it hit (the fault's own description)
 
 
 @dataclass(frozen=True)
@@ -113,7 +120,9 @@ class Report:
     written_twice: int = 0  # values the log holds at more than one offset
     backwards: int = 0
     skipped: int = 0  # records jumped over without a rebalance
-    kills: list[Kill] = field(default_factory=list)
+    faults: list[FaultEvent] = field(default_factory=list)
+    diverged: list[str] = field(default_factory=list)  # replicas unlike the leader under the HW
+    two_leaders: list[str] = field(default_factory=list)  # (partition, epoch)s with two leaders
     failed_sends: int = 0
     rebalances: int = 0
     commit_failures: int = 0
@@ -124,7 +133,8 @@ class Report:
 
     def summary(self) -> str:
         lines = [
-            f"fault injection: {len(self.kills)} broker kills in {self.wall_s:.0f} s wall; "
+            f"fault injection: {len(self.faults)} faults ({self.fault_counts()}) in "
+            f"{self.wall_s:.0f} s wall; "
             f"{self.acknowledged} records acknowledged, {self.read} in the log, "
             f"{self.processed} processed; {self.lost} lost (acknowledged, never processed), "
             f"{self.misplaced} not at their acknowledged offset ({self.no_offset} acknowledged "
@@ -133,18 +143,28 @@ class Report:
             f"positions moved backwards {self.backwards} times and skipped records "
             f"{self.skipped} times without a rebalance ({self.resets_logged} resets logged by "
             f"the consumers); {self.rebalances} assignments, {self.commit_failures} failed "
-            f"commits, {self.failed_sends} failed sends.",
-            "kills (s, broker, partition led, epoch): "
-            + ", ".join(f"{k.at_s:.0f}/{k.broker}/{k.partition}/{k.leader_epoch}"
-                        for k in self.kills)]
+            f"commits, {self.failed_sends} failed sends; {len(self.diverged)} replicas "
+            f"diverged under the high watermark, {len(self.two_leaders)} leader epochs with "
+            "two leaders.",
+            "faults (s, kind, partition: target): " + "; ".join(
+                f"{f.at_s:.0f}/{f.kind}/{f.partition}: {f.target}" for f in self.faults)]
+        lines += [f"  {d}" for d in self.diverged[:EXAMPLES_MAX]]
+        lines += [f"  {t}" for t in self.two_leaders[:EXAMPLES_MAX]]
         lines += [f"  {e}" for e in self.errors]
         lines += [f"  e.g. {e}" for e in self.examples]
         return "\n".join(lines)
 
+    def fault_counts(self) -> str:
+        counts = collections.Counter(f.kind for f in self.faults)
+        return ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items()))
+
     def assert_nothing_lost_or_reset(self) -> None:
-        """What every run must show: brokers were killed, yet every acknowledged record was
-        processed, stored once at its acknowledged offset, and no position was reset."""
-        assert self.kills, "the nemesis killed no broker"
+        """What every run must show: faults were injected, yet every acknowledged record was
+        processed, stored once at its acknowledged offset, no position was reset, the replicas
+        agree under the high watermark and no leader epoch had two leaders."""
+        assert self.faults, "the nemesis injected no fault"
+        assert not self.diverged, self.summary()
+        assert not self.two_leaders, self.summary()
         assert not self.errors, self.summary()
         assert self.lost == 0, self.summary()
         assert self.backwards == 0, self.summary()
@@ -156,22 +176,29 @@ class Report:
 
 
 class Ledger:
-    """What producers were told and what members processed, shared by every thread (locked)."""
+    """What producers were told and what members processed, shared by every thread (locked),
+    and the run's history, where each of those lands too."""
 
-    def __init__(self) -> None:
+    def __init__(self, history: History) -> None:
+        self.history = history
         self._lock = threading.Lock()
         self.acked: dict[bytes, tuple[int, int]] = {}  # value -> (partition, offset)
         self.failed_sends = 0
         self.processed: collections.Counter[bytes] = collections.Counter()
         self.violations: list[Violation] = []
 
+    def send(self, value: bytes) -> None:
+        self.history.invoke(_process(value), "send", value.decode())
+
     def ack(self, value: bytes, partition: int, offset: int) -> None:
         with self._lock:
             self.acked[value] = (partition, offset)
+        self.history.ok(_process(value), "send", [value.decode(), partition, offset])
 
-    def fail(self) -> None:
+    def fail(self, value: bytes, error: object) -> None:
         with self._lock:
             self.failed_sends += 1
+        self.history.fail(_process(value), "send", [value.decode(), str(error)])
 
     def process(self, value: bytes) -> None:
         with self._lock:
@@ -191,6 +218,11 @@ class Ledger:
         with self._lock:
             missing = sum(1 for v in self.acked if v not in self.processed)
             return missing, sum(self.processed.values())
+
+
+def _process(value: bytes) -> str:
+    """The sender of a value "<sender>-<seq>"."""
+    return value.decode().rsplit("-", 1)[0]
 
 
 class Worker(threading.Thread, abc.ABC):
@@ -252,6 +284,7 @@ class DeltabusSender(Sender):
             while pacer.wait(self.stop_event):
                 for _ in range(pacer.per_tick):
                     value = f"{self.name}-{self.sent:08d}".encode()
+                    self.ledger.send(value)
                     future = producer.send(self.plan.topic, value,
                                            key=f"{self.name}-{self.sent % 64}".encode())
                     future.add_done_callback(lambda f, v=value: self._delivered(f, v))
@@ -263,7 +296,7 @@ class DeltabusSender(Sender):
             meta = future.get(0)
             self.ledger.ack(value, meta.partition, meta.offset)
         else:
-            self.ledger.fail()
+            self.ledger.fail(value, future.exception())
 
 
 class KafkaSender(Sender):
@@ -277,6 +310,7 @@ class KafkaSender(Sender):
         while pacer.wait(self.stop_event):
             for _ in range(pacer.per_tick):
                 value = f"{self.name}-{self.sent:08d}".encode()
+                self.ledger.send(value)
                 self._produce(producer, value, f"{self.name}-{self.sent % 64}".encode())
                 self.sent += 1
             producer.poll(0)
@@ -296,7 +330,7 @@ class KafkaSender(Sender):
         if error is None:
             self.ledger.ack(message.value(), message.partition(), message.offset())
         else:
-            self.ledger.fail()
+            self.ledger.fail(message.value(), error)
 
 
 class Member(Worker, ConsumerRebalanceListener):
@@ -372,6 +406,11 @@ class Member(Worker, ConsumerRebalanceListener):
 
     def _poll_once(self) -> None:
         records = self.consumer.poll(POLL_MS, max_records=500)
+        if records:
+            spans: dict[int, list[int]] = {}
+            for r in records:
+                spans.setdefault(r.partition, [r.offset, r.offset])[1] = r.offset
+            self.ledger.history.ok(self.name, "poll", spans)
         for record in records:
             self._check(record.partition, record.offset)
             self.ledger.process(record.value)
@@ -398,52 +437,66 @@ class Member(Worker, ConsumerRebalanceListener):
     def _commit(self) -> None:
         try:
             self.consumer.commit()
+            self.ledger.history.ok(self.name, "commit", {tp.partition: self.consumer.position(tp)
+                                                          for tp in self.consumer.assignment()})
             with self._lock:  # a partition with no position yet was not in that commit
                 self._uncommitted = None in self.expected.values()
-        except CommitFailedError:  # the group rebalanced: the records come again, allowed
+        except CommitFailedError as e:  # the group rebalanced: the records come again, allowed
             self.commit_failures += 1
+            self.ledger.history.fail(self.name, "commit", str(e))
         except errors.DeltaBusError as e:
             if not e.retriable:
                 raise
             self.commit_failures += 1
+            self.ledger.history.fail(self.name, "commit", str(e))
 
 
 class Nemesis(Worker):
-    """SIGKILLs the leader of a partition the members read, every kill_every_s (plus jitter),
-    for nemesis_s; one broker down at a time (it waits for the last one's relaunch), so acks=all
-    with min.insync.replicas=2 stays writable and the only faults are failovers."""
+    """Injects its faults in turn (tests/faults/nemesis.py), each aimed at the partitions the
+    members read in turn, every fault_every_s (plus jitter) for nemesis_s: it holds each for
+    the fault's hold_s, heals it, and waits for every broker to be back before the next, so
+    acks=all with min.insync.replicas=2 is writable again between faults."""
 
-    def __init__(self, cluster, plan: FaultPlan) -> None:
+    def __init__(self, cluster, plan: FaultPlan, faults: list[Fault], history: History) -> None:
         super().__init__("nemesis")
-        self.cluster, self.plan = cluster, plan
-        self.kills: list[Kill] = []
+        self.cluster, self.plan, self.faults, self.history = cluster, plan, faults, history
+        self.injected: list[FaultEvent] = []
         self.problems: list[str] = []
         self._random = random.Random(plan.seed)
 
     def work(self) -> None:
         started = time.monotonic()
+        attempts = 0
         while not self.stop_event.wait(self._pause_s()):
-            if time.monotonic() - started >= self.plan.nemesis_s:
+            if time.monotonic() - started >= self.plan.nemesis_s or self._done():
                 return
             if not brokers_back(self.cluster, self.plan.ready_timeout_s):
                 self.problems.append(f"brokers not all back {time.monotonic() - started:.0f} s "
                                      "into the nemesis")
                 continue
-            partition = len(self.kills) % self.plan.partitions  # each partition in turn
-            state = self.cluster.controller.image().partition(self.plan.topic, partition)
-            if state is None or state.leader < 0:
+            fault = self.faults[len(self.injected) % len(self.faults)]
+            partition = attempts % self.plan.partitions  # each partition in turn
+            attempts += 1
+            target = fault.start(self.cluster, self.plan.topic, partition)
+            if target is None:
                 continue
+            self.injected.append(FaultEvent(time.monotonic() - started, fault.kind, partition,
+                                            target))
+            self.history.fault(fault.kind, {"partition": partition, **target})
+            log.warning("nemesis: %s on %s-%d: %s", fault.kind, self.plan.topic, partition,
+                        target)
             try:
-                self.cluster.kill_broker(state.leader)  # the supervisor relaunches it
-            except (KeyError, ProcessLookupError):  # it died or was fenced meanwhile
-                continue
-            self.kills.append(Kill(time.monotonic() - started, state.leader, partition,
-                                   state.leader_epoch))
-            log.warning("nemesis: killed broker %d, leader of %s-%d (epoch %d)", state.leader,
-                        self.plan.topic, partition, state.leader_epoch)
+                self.stop_event.wait(fault.hold_s)
+            finally:
+                fault.stop()
+                self.history.heal(fault.kind, {"partition": partition})
+
+    def _done(self) -> bool:
+        rounds = self.plan.fault_rounds
+        return rounds is not None and len(self.injected) >= rounds * len(self.faults)
 
     def _pause_s(self) -> float:
-        return self.plan.kill_every_s + self._random.uniform(0, self.plan.kill_jitter_s)
+        return self.plan.fault_every_s + self._random.uniform(0, self.plan.fault_jitter_s)
 
 
 class ResetCounter(logging.Handler):
@@ -519,9 +572,11 @@ def drain(ledger: Ledger, plan: FaultPlan) -> None:
             last, idle_since = now, time.monotonic()
 
 
-def read_log(bootstrap: str, plan: FaultPlan) -> dict[tuple[int, int], bytes]:
+def read_log(bootstrap: str, plan: FaultPlan
+             ) -> tuple[dict[tuple[int, int], bytes], dict[int, int]]:
     """Every record of the topic, (partition, offset) -> value, read from the start by a
-    consumer of its own: what the log holds, apart from what the members made of it."""
+    consumer of its own: what the log holds, apart from what the members made of it; and each
+    partition's high watermark when the read began."""
     tps = [TopicPartition(plan.topic, p) for p in range(plan.partitions)]
     stored: dict[tuple[int, int], bytes] = {}
     with Consumer(bootstrap, auto_offset_reset="earliest") as consumer:
@@ -534,7 +589,7 @@ def read_log(bootstrap: str, plan: FaultPlan) -> dict[tuple[int, int], bytes]:
             if records:
                 idle_since = time.monotonic()
             stored.update(((r.partition, r.offset), r.value) for r in records)
-    return stored
+    return stored, {tp.partition: ends[tp] for tp in tps}
 
 
 def check(ledger: Ledger, stored: dict[tuple[int, int], bytes], report: Report) -> Report:
@@ -571,12 +626,34 @@ def check(ledger: Ledger, stored: dict[tuple[int, int], bytes], report: Report) 
     return report
 
 
-def run(cluster, plan: FaultPlan) -> Report:
-    """The whole run: topic, group, load, nemesis, drain, check. Stops every thread it started
-    before returning, whatever happened."""
+def run(cluster, plan: FaultPlan, faults: list[Fault] | None = None) -> Report:
+    """The whole run: topic, group, load, nemesis (`faults`, by default issue 14's leader
+    kills), drain, check. Stops every thread it started before returning, whatever happened;
+    the history file (plan.history) holds every send, poll, commit and fault."""
     started = time.monotonic()
-    report, ledger = Report(), Ledger()
-    create_topic(cluster, plan)
+    faults = faults or [KillLeader()]
+    report = Report()
+    with History(plan.history or os.devnull) as history:
+        ledger = Ledger(history)
+        create_topic(cluster, plan)
+        nemesis = Nemesis(cluster, plan, faults, history)
+        workers = _load(cluster, plan, ledger, nemesis, report)
+        report.faults = list(nemesis.injected)
+        report.errors += nemesis.problems
+        report.errors += [f"{w.name} died: {w.error!r}" for w in workers if w.error is not None]
+        report.errors += [f"{w.name} did not stop" for w in workers if w.is_alive()]
+        stored, high_watermarks = read_log(cluster.bootstrap_servers, plan)
+        report.diverged = diverged_replicas(cluster, plan.topic, plan.partitions,
+                                            high_watermarks)
+        report.two_leaders = two_leaders_in_one_epoch(cluster, plan.topic)
+    report.wall_s = time.monotonic() - started
+    return check(ledger, stored, report)
+
+
+def _load(cluster, plan: FaultPlan, ledger: Ledger, nemesis: Nemesis,
+          report: Report) -> list[Worker]:
+    """The group, the producers and the nemesis, from start to drain; every thread stopped
+    before it returns (the threads, for the report)."""
     members = [Member(f"m{i}", cluster.bootstrap_servers, f"{plan.topic}-group", plan, ledger)
                for i in range(plan.members)]
     senders: list[Worker] = [
@@ -584,7 +661,6 @@ def run(cluster, plan: FaultPlan) -> Report:
         for i in range(plan.deltabus_producers)]
     if plan.kafka_producer:
         senders.append(KafkaSender("k0", cluster.kafka_bootstrap_servers, plan, ledger))
-    nemesis = Nemesis(cluster, plan)
     resets = ResetCounter()
     consumer_log = logging.getLogger("deltabus.client.consumer")
     level = consumer_log.level
@@ -600,26 +676,19 @@ def run(cluster, plan: FaultPlan) -> Report:
         wait_for(lambda: ledger.acked_count() >= plan.acked_before_nemesis,
                  "acknowledged records before the nemesis", plan.ready_timeout_s)
         nemesis.start()
-        nemesis.join(plan.nemesis_s + plan.kill_every_s + plan.kill_jitter_s
-                     + plan.ready_timeout_s + 60)
+        longest_hold_s = max(f.hold_s for f in nemesis.faults)
+        nemesis.join(plan.nemesis_s + plan.fault_every_s + plan.fault_jitter_s
+                     + longest_hold_s + plan.ready_timeout_s + 60)
         report.errors += _drain_phase(cluster, plan, ledger, nemesis, senders)
     finally:
         for worker in (nemesis, *senders, *members):
             worker.stop(plan.flush_s + 30)
         consumer_log.removeHandler(resets)
         consumer_log.setLevel(level)
-    report.kills = list(nemesis.kills)
     report.rebalances = sum(m.rebalances for m in members)
     report.commit_failures = sum(m.commit_failures for m in members)
     report.resets_logged = resets.count
-    report.errors += nemesis.problems
-    report.errors += [f"{w.name} died: {w.error!r}" for w in (nemesis, *senders, *members)
-                      if w.error is not None]
-    report.errors += [f"{w.name} did not stop" for w in (nemesis, *senders, *members)
-                      if w.is_alive()]
-    stored = read_log(cluster.bootstrap_servers, plan)
-    report.wall_s = time.monotonic() - started
-    return check(ledger, stored, report)
+    return [nemesis, *senders, *members]
 
 
 def _drain_phase(cluster, plan: FaultPlan, ledger: Ledger, nemesis: Nemesis,

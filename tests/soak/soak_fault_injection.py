@@ -21,7 +21,7 @@ def test_soak_acks_all_load_and_a_group_through_broker_kills(
         cluster, topic_name, all_brokers_back, auto_offset_reset) -> None:
     """"latest" is where a reset skips records silently; "earliest" is issue 14's own setting,
     where the same reset reprocesses from offset 0 (a backwards position)."""
-    report = run(cluster, FaultPlan(topic_name, nemesis_s=SOAK_S, kill_every_s=10,
-                                    kill_jitter_s=5, auto_offset_reset=auto_offset_reset))
+    report = run(cluster, FaultPlan(topic_name, nemesis_s=SOAK_S, fault_every_s=10,
+                                    fault_jitter_s=5, auto_offset_reset=auto_offset_reset))
     print(report.summary())
     report.assert_nothing_lost_or_reset()

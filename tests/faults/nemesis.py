@@ -1,0 +1,169 @@
+"""The faults a nemesis injects into a running cluster, each aimed at one partition's replicas
+(its leader, a follower) or at the controller, and each healed by `stop`. The run in
+tests/soak/fault_injection.py picks them in turn, holds each for `hold_s`, heals it and waits
+for the cluster to be whole again before the next.
+
+Where the processes are: the controller in the driver, which is the test's own process (so the
+clients share its network fate: network.py's docstring); each broker in the Python worker
+`cluster.broker_pids()` names. A broker relaunched while a fault holds (a kill, a fenced broker
+restarting) is a new process, outside the fault."""
+
+from __future__ import annotations
+
+import abc
+import os
+import random
+from typing import Any, ClassVar
+
+from tests.faults.network import Host, LoopbackNetwork
+
+
+def _leader(cluster, topic: str, partition: int) -> tuple[int, int, list[int]] | None:
+    """(leader, leader epoch, the other in-sync replicas) of a partition with a leader."""
+    state = cluster.controller.image().partition(topic, partition)
+    if state is None or state.leader < 0:
+        return None
+    return state.leader, state.leader_epoch, [b for b in state.isr if b != state.leader]
+
+
+def _broker(cluster, broker_id: int) -> Host | None:
+    pid = cluster.broker_pids().get(broker_id)
+    return None if pid is None else Host(f"broker-{broker_id}", pid)
+
+
+CONTROLLER = Host("controller", os.getpid())
+
+
+class Fault(abc.ABC):
+    """One kind of fault. `start` injects it (or returns None when the cluster offers no
+    target now: no leader, a broker not running) and says what it hit, for the history;
+    `stop` heals it."""
+
+    kind: ClassVar[str]
+    hold_s: float = 0.0  # how long it lasts before `stop`
+
+    @abc.abstractmethod
+    def start(self, cluster, topic: str, partition: int) -> dict[str, Any] | None: ...
+
+    @abc.abstractmethod
+    def stop(self) -> None:
+        """Heal."""
+
+
+class KillLeader(Fault):
+    """SIGKILL the partition's leader; its supervisor relaunches it (issue 14's nemesis)."""
+
+    kind = "kill"
+
+    def start(self, cluster, topic: str, partition: int) -> dict[str, Any] | None:
+        found = _leader(cluster, topic, partition)
+        if found is None:
+            return None
+        try:
+            cluster.kill_broker(found[0])
+        except (KeyError, ProcessLookupError):  # it died or was fenced meanwhile
+            return None
+        return {"broker": found[0], "leader_epoch": found[1]}
+
+    def stop(self) -> None:
+        """Nothing to heal: the supervisor relaunches the broker."""
+
+
+class NetworkFault(Fault):
+    """A fault of `network` (shared by every network fault of one nemesis), healed by
+    healing the network."""
+
+    def __init__(self, network: LoopbackNetwork, hold_s: float) -> None:
+        self.network, self.hold_s = network, hold_s
+
+    def stop(self) -> None:
+        self.network.heal()
+
+
+class LeaderFromController(NetworkFault):
+    """The leader cannot reach the controller, nor it the leader; clients and followers still
+    reach it. The controller fences it after its session timeout and elects another leader
+    from the ISR, while the old one, told nothing, may go on taking produce requests: with
+    acks=all it must acknowledge none, its followers having left it."""
+
+    kind = "partition-leader-controller"
+
+    def start(self, cluster, topic: str, partition: int) -> dict[str, Any] | None:
+        found = _leader(cluster, topic, partition)
+        leader = found and _broker(cluster, found[0])
+        if found is None or leader is None:
+            return None
+        self.network.cut(leader, CONTROLLER)
+        return {"leader": found[0], "leader_epoch": found[1]}
+
+
+class FollowerFromLeader(NetworkFault):
+    """One in-sync follower cannot reach the leader: it leaves the ISR after
+    replica.lag.time.max.ms, and the leader goes on with the others (min.insync.replicas)."""
+
+    kind = "partition-follower-leader"
+
+    def start(self, cluster, topic: str, partition: int) -> dict[str, Any] | None:
+        found = _leader(cluster, topic, partition)
+        if found is None or not found[2]:
+            return None
+        leader, follower = _broker(cluster, found[0]), _broker(cluster, found[2][0])
+        if leader is None or follower is None:
+            return None
+        self.network.cut(follower, leader)
+        return {"leader": found[0], "follower": found[2][0], "leader_epoch": found[1]}
+
+
+class ControllerFromBrokers(NetworkFault):
+    """No broker reaches the controller: it fences them all and no election can help; the
+    brokers, told nothing, keep their roles. Nothing they acknowledge meanwhile may be lost
+    when they return."""
+
+    kind = "partition-controller-brokers"
+
+    def start(self, cluster, topic: str, partition: int) -> dict[str, Any] | None:
+        brokers = [h for b in sorted(cluster.broker_pids()) if (h := _broker(cluster, b))]
+        if not brokers:
+            return None
+        self.network.partition([CONTROLLER], brokers)
+        return {"brokers": [h.name for h in brokers]}
+
+
+class LeaderInMinority(NetworkFault):
+    """The leader alone on one side; the other brokers and the controller on the other: the
+    majority elects a new leader, the minority's old one can acknowledge nothing."""
+
+    kind = "partition-minority-majority"
+
+    def start(self, cluster, topic: str, partition: int) -> dict[str, Any] | None:
+        found = _leader(cluster, topic, partition)
+        leader = found and _broker(cluster, found[0])
+        if found is None or leader is None:
+            return None
+        others = [h for b in sorted(cluster.broker_pids()) if b != found[0]
+                  and (h := _broker(cluster, b))]
+        self.network.partition([leader], [CONTROLLER, *others])
+        return {"minority": [found[0]], "leader_epoch": found[1]}
+
+
+class SlowLeader(NetworkFault):
+    """Everything to and from the leader's ports is delayed (and some of it lost)."""
+
+    kind = "slow-leader"
+
+    def __init__(self, network: LoopbackNetwork, hold_s: float, *, seed: int = 40,
+                 delay_ms: tuple[int, int] = (100, 500), loss_percent: tuple[float, float] = (
+                     1.0, 10.0)) -> None:
+        super().__init__(network, hold_s)
+        self._random = random.Random(seed)
+        self.delay_ms, self.loss_percent = delay_ms, loss_percent
+
+    def start(self, cluster, topic: str, partition: int) -> dict[str, Any] | None:
+        found = _leader(cluster, topic, partition)
+        leader = found and _broker(cluster, found[0])
+        if found is None or leader is None:
+            return None
+        delay = self._random.randint(*self.delay_ms)
+        loss = round(self._random.uniform(*self.loss_percent), 1)
+        self.network.slow([leader], delay_ms=delay, jitter_ms=delay // 5, loss_percent=loss)
+        return {"leader": found[0], "delay_ms": delay, "loss_percent": loss}
