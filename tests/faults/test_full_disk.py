@@ -39,8 +39,11 @@ from deltalake import DeltaTable
 from deltabus import AdminClient, Consumer, NewTopic, Producer, TopicPartition, errors
 from deltabus.client.cluster_client import ClusterClient
 from deltabus.cluster.metadata_log import MetadataLog
+from deltabus.config import GroupConfig
 from deltabus.log_tables.layout import replica_path, topic_path
 from deltabus.log_tables.partition_log import PartitionLog
+from deltabus.metadata import MetadataImage, PartitionState, TopicState
+from deltabus.offsets.group_coordinator import GroupCoordinator
 from deltabus.offsets.offset_store import OffsetAndMetadata, OffsetCommit, OffsetStore
 from deltabus.records import produce_batch, to_ipc
 from deltabus.rpc.v1 import deltabus_pb2 as pb
@@ -141,6 +144,35 @@ def test_consumer_offsets_on_a_full_disk_fail_the_commit_and_lose_nothing_acknow
         finally:
             reopened.close()
 
+
+def test_an_offset_commit_on_a_full_disk_answers_kafkas_retriable_not_coordinator(
+        tmp_path: Path, history: History) -> None:
+    """The group coordinator's `__consumer_offsets` on a full disk: Kafka's coordinator answers
+    NOT_COORDINATOR when its log append fails with KAFKA_STORAGE_ERROR (GroupMetadataManager's
+    appendGroupMetadataErrorToResponseError), which Kafka's consumers retry after looking the
+    coordinator up again. KAFKA_STORAGE_ERROR itself is no error an OffsetCommit answers:
+    Java's consumer throws "Unexpected error in commit" and librdkafka fails the commit for
+    good. Both doors send the coordinator's error as it is. Nothing of the failed commit is
+    kept; what was acknowledged is, after a restart too."""
+    with FullDisk(tmp_path / "disk", SMALL_DISK_BYTES, history=history) as disk:
+        path = str(disk.path / "__consumer_offsets")
+        coordinator = group_coordinator(path)
+        try:
+            assert offset_commit_answer(coordinator, history, 5) is None
+            disk.fill()
+            error = offset_commit_answer(coordinator, history, 9)
+            assert isinstance(error, errors.NotCoordinatorError), error
+            assert "No space left" in error.message
+            assert committed_offsets(coordinator) == {("t", 0): 5}
+            disk.free()
+            assert offset_commit_answer(coordinator, history, 12) is None
+        finally:
+            coordinator.close()
+        restarted = group_coordinator(path)
+        try:
+            assert committed_offsets(restarted) == {("t", 0): 12}
+        finally:
+            restarted.close()
 
 def test_the_metadata_log_on_a_full_disk_fails_the_append_and_keeps_its_offsets(
         tmp_path: Path) -> None:
@@ -259,6 +291,32 @@ def offset_commit(group: str, partition: int, offset: int) -> OffsetCommit:
 def committed(store: OffsetStore, group: str) -> dict[int, int]:
     return {p: o.offset for (_, p), o in store.offsets(group).items()}
 
+
+def group_coordinator(offsets_path: str) -> GroupCoordinator:
+    """A group coordinator over the offsets table at `offsets_path`, for topic t (1 partition)."""
+    image = MetadataImage(1, "c", 0, (), {"t": TopicState("t", "t-id", (
+        PartitionState(0, 0, 0, (0,), (0,)),))})
+    return GroupCoordinator(OffsetStore(offsets_path, commit_linger_ms=0), GroupConfig(),
+                            metadata=lambda: image)
+
+
+def offset_commit_answer(coordinator: GroupCoordinator, history: History,
+                         offset: int) -> errors.DeltaBusError | None:
+    """OffsetCommit of group g's offset of t-0 by a consumer outside group management: the
+    coordinator's answer (None: committed)."""
+    history.invoke("consumer", "commit", offset)
+    try:
+        answers = coordinator.commit_offsets("g", -1, "", {("t", 0): OffsetAndMetadata(
+            offset)}).result(10)
+    except errors.DeltaBusError as e:
+        history.fail("consumer", "commit", {"offset": offset, "error": e.name})
+        return e
+    history.ok("consumer", "commit", {"offset": offset})
+    return answers[("t", 0)]
+
+
+def committed_offsets(coordinator: GroupCoordinator) -> dict[tuple[str, int], int]:
+    return {tp: om.offset for tp, om in coordinator.fetch_offsets("g").items()}
 
 def create(cluster, topic: str, *, replication_factor: int, min_insync_replicas: int,
            replica_assignment: dict[int, list[int]] | None = None) -> None:
