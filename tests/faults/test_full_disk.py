@@ -225,6 +225,7 @@ def test_a_topic_on_a_full_disk_answers_storage_error_and_takes_writes_when_room
             for r in range(3):  # delta-rs reads every replica while the disk is full
                 assert DeltaTable(replica_path(root, topic_name, 0, r)).to_pyarrow_table(
                     ).num_rows == 20
+            assert not any(future.done() for _, future in waiting)  # retrying, none acked
             disk.free()
             acked += [received(history, value, future) for value, future in waiting]
         check(history, read_records(cluster.bootstrap_servers, topic_name, 1, len(acked)))
