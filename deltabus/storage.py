@@ -135,13 +135,21 @@ class Storage:
                 return None
 
     def write(self, uri: str, data: bytes | pa.Buffer) -> int:
-        """Write a whole file (replacing any); returns its size."""
+        """Write a whole file (replacing any); returns its size. On a local disk a write that
+        fails (a full disk) deletes what it wrote of the file: cut short, it is no file anyone
+        may name, and left behind it would hold the room that was left until vacuum deletes it
+        an hour later. An object store's put lands whole or not at all."""
         with _failures(f"cannot write {uri}"):
             if self._local is not None:
                 path = _local_path(uri)
                 self._local.create_dir(posixpath.dirname(path), recursive=True)
-                with self._local.open_output_stream(path) as out:
-                    out.write(data)
+                try:
+                    with self._local.open_output_stream(path) as out:
+                        out.write(data)
+                except BaseException:
+                    with suppress(OSError):
+                        os.unlink(path)
+                    raise
                 return len(data) if isinstance(data, bytes) else data.size
             import obstore
 
@@ -154,22 +162,25 @@ class Storage:
         """Write a whole file only if none is at `uri`, atomically: True if this call wrote it,
         False if another writer's was there first. How each store makes it atomic: a local
         disk links a finished temporary file to the name (a link never replaces), S3 and Azure
-        put with `If-None-Match: *`, GCS with `ifGenerationMatch=0` (obstore's create mode)."""
+        put with `If-None-Match: *`, GCS with `ifGenerationMatch=0` (obstore's create mode).
+        A temporary file that cannot be written whole (a full disk) is deleted at once, as a
+        linked one is: only a killed process leaves one behind."""
         with _failures(f"cannot write {uri}"):
             if self._local is not None:
                 path = _local_path(uri)
                 folder, name = os.path.split(path)
                 temporary = os.path.join(
                     folder, f".{name}.{os.getpid()}.{threading.get_ident()}{_TEMPORARY}")
-                with open(temporary, "wb") as out:
-                    out.write(data)
                 try:
+                    with open(temporary, "wb") as out:
+                        out.write(data)
                     os.link(temporary, path)
                     return True
                 except FileExistsError:
                     return False
                 finally:
-                    os.unlink(temporary)
+                    with suppress(FileNotFoundError):
+                        os.unlink(temporary)
             import obstore
             from obstore.exceptions import AlreadyExistsError, PreconditionError
 

@@ -243,14 +243,21 @@ def _resolved(answers: PartitionErrors) -> Future[PartitionErrors]:
 
 
 def _once_stored(stored: Future[None], answers: PartitionErrors) -> Future[PartitionErrors]:
-    """`answers` once the store's future resolves; its failure if it fails."""
+    """`answers` once the store's future resolves; its failure if it fails, a storage failure
+    as NOT_COORDINATOR: what Kafka's coordinator answers when its append fails with
+    KAFKA_STORAGE_ERROR (appendGroupMetadataErrorToResponseError), and what Kafka's consumers
+    retry, after looking the coordinator up again. KAFKA_STORAGE_ERROR is no OffsetCommit
+    error to them: Java's consumer throws "Unexpected error in commit", librdkafka gives up."""
     future: Future[PartitionErrors] = Future()
 
     def done(f: Future[None]) -> None:
-        if f.cancelled():
-            future.set_exception(errors.KafkaStorageError("the offset commit was cancelled"))
-        elif f.exception() is not None:
-            future.set_exception(f.exception())
+        error = (errors.KafkaStorageError("the offset commit was cancelled") if f.cancelled()
+                 else f.exception())
+        if isinstance(error, errors.KafkaStorageError):
+            future.set_exception(errors.NotCoordinatorError(
+                f"the offset commit was not written: {error.message}"))
+        elif error is not None:
+            future.set_exception(error)
         else:
             future.set_result(answers)
 

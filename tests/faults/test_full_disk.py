@@ -1,0 +1,409 @@
+"""Full disk (issue 40): a replica's directory on a small filesystem that fills, then gets its
+room back (tests/faults/full_disk.py).
+
+What a Kafka user should expect, and why deltabus does not do what Kafka's broker does. Kafka
+treats a failed write as a failed log dir: the dir goes offline, its replicas leave their ISRs,
+their leadership moves to other brokers, and the dir stays offline until the broker restarts
+(with one log dir, the broker halts). deltabus's brokers share one log dir, the cluster root
+(`describe_log_dirs` says so): the disk that fills is, in the usual deployment, every replica's
+disk, so moving the leadership would only move the error, and taking the replica offline would
+stop its reads too. So a full disk is what Kafka's producers see of any failed write, and no
+more: the leader answers KAFKA_STORAGE_ERROR (retriable, and it invalidates metadata, so the
+client looks the leader up again), moves no log end offset or high watermark past what it
+could not write, goes on serving reads, and takes writes again as soon as there is room, with
+no restart: the producer's retries (delivery.timeout.ms) carry it over a short fault. A follower
+whose disk is full falls behind and leaves the ISR after replica.lag.time.max.ms, as any slow
+follower does, so the leader goes on while min.insync.replicas holds; it catches up and joins
+again once there is room.
+
+The checker: every acknowledged record is read once, in order, at the offset it was
+acknowledged at; a record not acknowledged is read at most once. Every fault and what the
+clients saw meanwhile go to a history file (tests/faults/history.py) under the test's tmp_path.
+
+The tests without Spark put the pieces on the full disk one by one (a partition log, the
+consumer offsets store, the controller's metadata log); the two on the shared cluster put a
+topic's directory, then one follower's replica, on it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from deltalake import DeltaTable
+
+from deltabus import AdminClient, Consumer, NewTopic, Producer, TopicPartition, errors
+from deltabus.client.cluster_client import ClusterClient
+from deltabus.cluster.metadata_log import MetadataLog
+from deltabus.config import GroupConfig
+from deltabus.log_tables.layout import replica_path, topic_path
+from deltabus.log_tables.partition_log import PartitionLog
+from deltabus.metadata import MetadataImage, PartitionState, TopicState
+from deltabus.offsets.group_coordinator import GroupCoordinator
+from deltabus.offsets.offset_store import OffsetAndMetadata, OffsetCommit, OffsetStore
+from deltabus.records import produce_batch, to_ipc
+from deltabus.rpc.v1 import deltabus_pb2 as pb
+from tests.conftest import read_records, wait_until
+from tests.faults.full_disk import BALLAST_NAME, FullDisk
+from tests.faults.history import OK, History, read_history
+
+SMALL_DISK_BYTES = 4 * 1024 * 1024
+WAIT_S = 60
+
+
+@pytest.fixture
+def history(tmp_path: Path) -> Iterator[History]:
+    with History(tmp_path / "history.jsonl") as h:
+        yield h
+
+
+# ---- the nemesis -------------------------------------------------------------------------------
+
+
+def test_the_nemesis_fills_and_frees_a_mount_of_its_own_and_keeps_what_it_held(
+        tmp_path: Path, history: History) -> None:
+    folder = tmp_path / "replica"
+    folder.mkdir()
+    (folder / "before.txt").write_text("held before the mount")
+    with FullDisk(folder, 1024 * 1024, history=history) as disk:
+        assert os.path.ismount(folder)
+        assert (folder / "before.txt").read_text() == "held before the mount"
+        disk.fill()
+        with pytest.raises(OSError, match="No space left"):
+            (folder / "more.txt").write_bytes(b"x" * 8192)
+        disk.free()
+        (folder / "after.txt").write_text("written on the mount")
+    assert not os.path.ismount(folder)
+    assert sorted(p.name for p in folder.iterdir()) == ["after.txt", "before.txt", "more.txt"]
+    assert [(op["f"], op["type"]) for op in read_history(history.path)] == [
+        ("start-full-disk", "info"), ("stop-full-disk", "info")]
+
+    with pytest.raises(RuntimeError), FullDisk(folder, 1024 * 1024) as disk:
+        disk.fill()
+        raise RuntimeError("a test that fails with the disk full")
+    assert not os.path.ismount(folder)  # unmounted all the same
+    assert not (folder / BALLAST_NAME).exists()
+
+
+# ---- the pieces on a full disk, without Spark ---------------------------------------------------
+
+
+@pytest.mark.parametrize("leave_bytes, value_bytes", [(64 * 1024, 256 * 1024), (4096, 4)],
+                         ids=["data-file-cut-short", "commit-file-refused"])
+def test_a_log_on_a_full_disk_refuses_appends_leaves_no_half_written_file_and_recovers(
+        tmp_path: Path, leave_bytes: int, value_bytes: int) -> None:
+    """A failed append moves no offset, and leaves no file of its own half written (a partial
+    data file, a commit's temporary) holding the room that was left; a whole data file no
+    commit names is vacuum's, as after any failed commit."""
+    with FullDisk(tmp_path / "disk", SMALL_DISK_BYTES) as disk:
+        path = str(disk.path / "log")
+        log = PartitionLog(path, topic="t", partition=0)
+        try:
+            for i in range(3):
+                log.append(produce_batch([f"v{i}".encode()]), leader_epoch=0).result(10)
+            disk.fill(leave_bytes=leave_bytes)
+            left = disk.free_bytes()
+            with pytest.raises(errors.KafkaStorageError, match="No space left"):
+                log.append(produce_batch([os.urandom(value_bytes)]),
+                           leader_epoch=0).result(10)
+            assert (log.log_end_offset, log.high_watermark) == (3, 3)
+            assert half_written(path) == []
+            assert disk.free_bytes() >= left - 8192  # at most a whole small file stays
+            assert values(path) == [b"v0", b"v1", b"v2"]  # delta-rs reads it as it was
+
+            disk.free()
+            log.append(produce_batch([b"after"]), leader_epoch=0).result(10)
+            assert (log.log_end_offset, log.high_watermark) == (4, 4)
+        finally:
+            log.close()
+        assert values(path) == [b"v0", b"v1", b"v2", b"after"]
+
+
+def test_consumer_offsets_on_a_full_disk_fail_the_commit_and_lose_nothing_acknowledged(
+        tmp_path: Path) -> None:
+    with FullDisk(tmp_path / "disk", SMALL_DISK_BYTES) as disk:
+        path = str(disk.path / "__consumer_offsets")
+        store = OffsetStore(path, commit_linger_ms=0)
+        try:
+            store.commit([offset_commit("g", 0, 10)]).result(10)
+            disk.fill()
+            with pytest.raises(errors.KafkaStorageError, match="No space left"):
+                store.commit([offset_commit("g", 0, 20), offset_commit("g", 1, 5)]).result(10)
+            assert committed(store, "g") == {0: 10}  # nothing of the failed commit applied
+            disk.free()
+            store.commit([offset_commit("g", 1, 7)]).result(10)
+        finally:
+            store.close()
+        reopened = OffsetStore(path)
+        try:
+            assert committed(reopened, "g") == {0: 10, 1: 7}  # exactly what was acknowledged
+        finally:
+            reopened.close()
+
+
+def test_an_offset_commit_on_a_full_disk_answers_kafkas_retriable_not_coordinator(
+        tmp_path: Path, history: History) -> None:
+    """The group coordinator's `__consumer_offsets` on a full disk: Kafka's coordinator answers
+    NOT_COORDINATOR when its log append fails with KAFKA_STORAGE_ERROR (GroupMetadataManager's
+    appendGroupMetadataErrorToResponseError), which Kafka's consumers retry after looking the
+    coordinator up again. KAFKA_STORAGE_ERROR itself is no error an OffsetCommit answers:
+    Java's consumer throws "Unexpected error in commit" and librdkafka fails the commit for
+    good. Both doors send the coordinator's error as it is. Nothing of the failed commit is
+    kept; what was acknowledged is, after a restart too."""
+    with FullDisk(tmp_path / "disk", SMALL_DISK_BYTES, history=history) as disk:
+        path = str(disk.path / "__consumer_offsets")
+        coordinator = group_coordinator(path)
+        try:
+            assert offset_commit_answer(coordinator, history, 5) is None
+            disk.fill()
+            error = offset_commit_answer(coordinator, history, 9)
+            assert isinstance(error, errors.NotCoordinatorError), error
+            assert "No space left" in error.message
+            assert committed_offsets(coordinator) == {("t", 0): 5}
+            disk.free()
+            assert offset_commit_answer(coordinator, history, 12) is None
+        finally:
+            coordinator.close()
+        restarted = group_coordinator(path)
+        try:
+            assert committed_offsets(restarted) == {("t", 0): 12}
+        finally:
+            restarted.close()
+
+def test_the_metadata_log_on_a_full_disk_fails_the_append_and_keeps_its_offsets(
+        tmp_path: Path) -> None:
+    with FullDisk(tmp_path / "disk", SMALL_DISK_BYTES) as disk:
+        path = str(disk.path / "__cluster_metadata")
+        metadata = MetadataLog(path)
+        metadata.append([{"type": "test", "n": 0}])
+        disk.fill()
+        for n in (1, 2):  # the controller's next commits fail too
+            with pytest.raises(errors.KafkaStorageError, match="No space left"):
+                metadata.append([{"type": "test", "n": n}])
+        assert metadata.next_offset == 1
+        disk.free()
+        metadata.append([{"type": "test", "n": 3}])
+        assert [r["n"] for r in MetadataLog(path).read_all()] == [0, 3]
+        table = DeltaTable(path).to_pyarrow_table().sort_by("offset")
+        assert table.column("offset").to_pylist() == [0, 1]  # no gap where the failures were
+
+
+# ---- a cluster's replicas on a full disk ------------------------------------------------------
+
+
+def test_a_topic_on_a_full_disk_answers_storage_error_and_takes_writes_when_room_returns(
+        cluster, topic_name: str, history: History) -> None:
+    """The topic's directory (every replica of it) on a small disk, mounted before the topic
+    is created: a full disk refuses writes with KAFKA_STORAGE_ERROR, the high watermark
+    never passes what the replicas' tables hold, the tables stay readable, and the producer
+    waiting in its retries gets its records in once the room is back."""
+    root = cluster.config.root
+    with FullDisk(topic_path(root, topic_name), SMALL_DISK_BYTES, history=history) as disk:
+        create(cluster, topic_name, replication_factor=3, min_insync_replicas=2)
+        leader = partition_state(cluster, topic_name).leader
+        with Producer(cluster.bootstrap_servers, acks="all") as producer:
+            acked = send(producer, history, topic_name, [f"before-{i}" for i in range(20)])
+            disk.fill()
+            refused = raw_produce(cluster, topic_name, b"refused-0", history)
+            assert refused.error_code == errors.KafkaStorageError.code, refused
+            waiting = [(value, producer.send(topic_name, value.encode(), partition=0))
+                       for value in (f"during-{i}" for i in range(20))]
+            for value, _ in waiting:
+                history.invoke("producer", "send", value)
+            for n in range(1, 4):  # each refusal is the broker's answer during the fault
+                answer = raw_produce(cluster, topic_name, f"refused-{n}".encode(), history)
+                assert answer.error_code == errors.KafkaStorageError.code, answer
+                high_watermark = end_offset(cluster, topic_name)
+                assert high_watermark <= min(table_end(cluster, topic_name, r)
+                                             for r in range(3)), "the HW passed the tables"
+                assert high_watermark == 20
+            assert partition_state(cluster, topic_name).leader == leader  # it still leads
+            for r in range(3):  # delta-rs reads every replica while the disk is full
+                assert DeltaTable(replica_path(root, topic_name, 0, r)).to_pyarrow_table(
+                    ).num_rows == 20
+            assert not any(future.done() for _, future in waiting)  # retrying, none acked
+            disk.free()
+            acked += [received(history, value, future) for value, future in waiting]
+        check(history, read_records(cluster.bootstrap_servers, topic_name, 1, len(acked)))
+        wait_for_identical_replicas(cluster, topic_name)  # quiet before the mount ends
+
+
+def test_a_follower_on_a_full_disk_leaves_the_isr_and_catches_up_when_room_returns(
+        cluster, topic_name: str, history: History) -> None:
+    """One follower's replica on a small disk (mounted after the topic's tables were made,
+    before any record): the leader goes on with the other follower (min.insync.replicas=2),
+    the full one leaves the ISR, and it copies what it missed and joins again afterwards."""
+    root = cluster.config.root
+    create(cluster, topic_name, replication_factor=3, min_insync_replicas=2,
+           replica_assignment={0: [0, 1, 2]})
+    full = 2
+    with FullDisk(replica_path(root, topic_name, 0, full), SMALL_DISK_BYTES,
+                  history=history) as disk:
+        with Producer(cluster.bootstrap_servers, acks="all") as producer:
+            acked = send(producer, history, topic_name, [f"before-{i}" for i in range(20)])
+            wait_for_identical_replicas(cluster, topic_name)
+            disk.fill()
+            during = send(producer, history, topic_name, [f"during-{i}" for i in range(20)])
+            acked += during
+            # Acknowledged only once min.insync.replicas tables hold them (the leader's and
+            # the follower with room), and the full one is out of the ISR by then.
+            assert min(table_end(cluster, topic_name, r) for r in (0, 1)) >= 40
+            wait_until(lambda: partition_state(cluster, topic_name).isr == (0, 1),
+                       "the full follower to leave the ISR", WAIT_S)
+            assert partition_state(cluster, topic_name).leader == 0
+            assert table_end(cluster, topic_name, full) == 20  # it copied nothing since
+            assert DeltaTable(replica_path(root, topic_name, 0, full)).to_pyarrow_table(
+                ).num_rows == table_end(cluster, topic_name, full)
+            disk.free()
+            acked += send(producer, history, topic_name, [f"after-{i}" for i in range(20)])
+        wait_for_identical_replicas(cluster, topic_name)  # back in the ISR, holding it all
+        check(history, read_records(cluster.bootstrap_servers, topic_name, 1, len(acked)))
+
+
+# ---- helpers ------------------------------------------------------------------------------------
+
+
+def half_written(path: str) -> list[str]:
+    """Files a failed write left half written in a table's folder: temporaries in its
+    `_delta_log`, and data files that are not whole Parquet files."""
+    log_dir = os.path.join(path, "_delta_log")
+    found = [os.path.join(log_dir, n) for n in os.listdir(log_dir) if n.startswith(".")]
+    for name in os.listdir(path):
+        if name.endswith(".parquet"):
+            try:
+                pq.read_metadata(os.path.join(path, name))
+            except (OSError, pa.ArrowInvalid):
+                found.append(os.path.join(path, name))
+    return found
+
+
+def values(path: str) -> list[bytes]:
+    return DeltaTable(path).to_pyarrow_table().sort_by("offset").column("value").to_pylist()
+
+
+def offset_commit(group: str, partition: int, offset: int) -> OffsetCommit:
+    return OffsetCommit(group, "t", partition, OffsetAndMetadata(offset))
+
+
+def committed(store: OffsetStore, group: str) -> dict[int, int]:
+    return {p: o.offset for (_, p), o in store.offsets(group).items()}
+
+
+def group_coordinator(offsets_path: str) -> GroupCoordinator:
+    """A group coordinator over the offsets table at `offsets_path`, for topic t (1 partition)."""
+    image = MetadataImage(1, "c", 0, (), {"t": TopicState("t", "t-id", (
+        PartitionState(0, 0, 0, (0,), (0,)),))})
+    return GroupCoordinator(OffsetStore(offsets_path, commit_linger_ms=0), GroupConfig(),
+                            metadata=lambda: image)
+
+
+def offset_commit_answer(coordinator: GroupCoordinator, history: History,
+                         offset: int) -> errors.DeltaBusError | None:
+    """OffsetCommit of group g's offset of t-0 by a consumer outside group management: the
+    coordinator's answer (None: committed)."""
+    history.invoke("consumer", "commit", offset)
+    try:
+        answers = coordinator.commit_offsets("g", -1, "", {("t", 0): OffsetAndMetadata(
+            offset)}).result(10)
+    except errors.DeltaBusError as e:
+        history.fail("consumer", "commit", {"offset": offset, "error": e.name})
+        return e
+    history.ok("consumer", "commit", {"offset": offset})
+    return answers[("t", 0)]
+
+
+def committed_offsets(coordinator: GroupCoordinator) -> dict[tuple[str, int], int]:
+    return {tp: om.offset for tp, om in coordinator.fetch_offsets("g").items()}
+
+def create(cluster, topic: str, *, replication_factor: int, min_insync_replicas: int,
+           replica_assignment: dict[int, list[int]] | None = None) -> None:
+    configs = {"min.insync.replicas": str(min_insync_replicas)}
+    new = (NewTopic(topic, configs=configs, replica_assignment=replica_assignment)
+           if replica_assignment else NewTopic(topic, 1, replication_factor, configs))
+    with AdminClient(cluster.bootstrap_servers) as admin:
+        admin.create_topics([new])
+    wait_until(lambda: len(partition_state(cluster, topic).isr) == replication_factor,
+               f"every replica of {topic} in sync")
+
+
+def partition_state(cluster, topic: str):
+    return cluster.controller.image().partition(topic, 0)
+
+
+def send(producer: Producer, history: History, topic: str, values: list[str]) -> list[
+        tuple[str, int]]:
+    """Send `values` to partition 0 and wait for each: (value, offset) as acknowledged."""
+    futures = []
+    for value in values:
+        history.invoke("producer", "send", value)
+        futures.append((value, producer.send(topic, value.encode(), partition=0)))
+    return [received(history, value, future) for value, future in futures]
+
+
+def received(history: History, value: str, future) -> tuple[str, int]:
+    offset = future.get(WAIT_S).offset
+    history.ok("producer", "send", {"value": value, "offset": offset})
+    return value, offset
+
+
+def raw_produce(cluster, topic: str, value: bytes, history: History) -> pb.PartitionProduceResponse:
+    """One Produce request (acks=all, no retries) to partition 0's leader: its own answer."""
+    leader = cluster.controller.image().broker(partition_state(cluster, topic).leader).address
+    client = ClusterClient(leader)
+    history.invoke("raw", "send", value.decode())
+    try:
+        answer = client.call(leader, "Produce", pb.ProduceRequest(
+            acks=-1, timeout_ms=10_000, partitions=[pb.PartitionProduceData(
+                topic=topic, partition=0, arrow_records=to_ipc(produce_batch([value])))]))
+    finally:
+        client.close()
+    result = answer.partitions[0]
+    outcome = history.ok if result.error_code == 0 else history.fail
+    outcome("raw", "send", {"value": value.decode(), "error_code": result.error_code,
+                            "offset": result.base_offset})
+    return result
+
+
+def end_offset(cluster, topic: str) -> int:
+    """The high watermark, as consumers see it (ListOffsets latest)."""
+    consumer = Consumer(cluster.bootstrap_servers)
+    try:
+        return consumer.end_offsets([TopicPartition(topic, 0)])[TopicPartition(topic, 0)]
+    finally:
+        consumer.close()
+
+
+def table_end(cluster, topic: str, broker: int) -> int:
+    """One past the last offset in a replica's Delta table, read from disk (0: empty)."""
+    table = DeltaTable(replica_path(cluster.config.root, topic, 0, broker))
+    offsets = table.to_pyarrow_table(columns=["offset"]).column("offset")
+    return 0 if len(offsets) == 0 else max(offsets.to_pylist()) + 1
+
+
+def wait_for_identical_replicas(cluster, topic: str) -> None:
+    def identical() -> bool:
+        state = partition_state(cluster, topic)
+        if sorted(state.isr) != sorted(state.replicas):
+            return False
+        ends = {table_end(cluster, topic, r) for r in state.replicas}
+        return len(ends) == 1
+    wait_until(identical, f"every replica of {topic} in sync, holding the same records", WAIT_S)
+
+
+def check(history: History, records: list) -> None:
+    """Every acknowledged send is read once, in order, at its acknowledged offset; any other
+    value is read at most once."""
+    acked = sorted(((op["value"]["offset"], op["value"]["value"])
+                    for op in read_history(history.path)
+                    if op["type"] == OK and op["f"] == "send"), key=lambda pair: pair[0])
+    read = [(r.offset, r.value.decode()) for r in records]
+    acked_values = {value for _, value in acked}
+    assert [pair for pair in read if pair[1] in acked_values] == acked, "acked records lost, " \
+        "moved or read twice"
+    others = [value for _, value in read if value not in acked_values]
+    assert len(others) == len(set(others)), f"unacknowledged records read twice: {others}"
+    assert history.count("start-full-disk", "info") == history.count("stop-full-disk", "info")
