@@ -10,11 +10,12 @@ restarting) is a new process, outside the fault."""
 
 from __future__ import annotations
 
-import abc
 import os
 import random
 from typing import Any, ClassVar
 
+from deltabus.log_tables.layout import topic_path
+from tests.faults.full_disk import FullDisk
 from tests.faults.network import Host, LoopbackNetwork
 
 
@@ -34,20 +35,26 @@ def _broker(cluster, broker_id: int) -> Host | None:
 CONTROLLER = Host("controller", os.getpid())
 
 
-class Fault(abc.ABC):
-    """One kind of fault. `start` injects it (or returns None when the cluster offers no
-    target now: no leader, a broker not running) and says what it hit, for the history;
-    `stop` heals it."""
+class Fault:
+    """One kind of fault. `prepare` readies it before the run's topic exists; `start` injects
+    it (or returns None when the cluster offers no target now: no leader, a broker not
+    running) and says what it hit, for the history; `stop` heals it; `close` undoes `prepare`
+    once the run is over, whatever happened."""
 
     kind: ClassVar[str]
     hold_s: float = 0.0  # how long it lasts before `stop`
 
-    @abc.abstractmethod
-    def start(self, cluster, topic: str, partition: int) -> dict[str, Any] | None: ...
+    def prepare(self, cluster, topic: str) -> None:
+        """Nothing to ready, unless the fault says otherwise."""
 
-    @abc.abstractmethod
+    def start(self, cluster, topic: str, partition: int) -> dict[str, Any] | None:
+        raise NotImplementedError
+
     def stop(self) -> None:
-        """Heal."""
+        """Heal: nothing to heal, unless the fault says otherwise (a kill heals itself)."""
+
+    def close(self) -> None:
+        """Nothing to undo, unless the fault says otherwise."""
 
 
 class KillLeader(Fault):
@@ -64,9 +71,6 @@ class KillLeader(Fault):
         except (KeyError, ProcessLookupError):  # it died or was fenced meanwhile
             return None
         return {"broker": found[0], "leader_epoch": found[1]}
-
-    def stop(self) -> None:
-        """Nothing to heal: the supervisor relaunches the broker."""
 
 
 class NetworkFault(Fault):
@@ -167,3 +171,32 @@ class SlowLeader(NetworkFault):
         loss = round(self._random.uniform(*self.loss_percent), 1)
         self.network.slow([leader], delay_ms=delay, jitter_ms=delay // 5, loss_percent=loss)
         return {"leader": found[0], "delay_ms": delay, "loss_percent": loss}
+
+
+class DiskFull(Fault):
+    """The disk under the topic's tables fills (every replica's: the brokers share the
+    cluster's root) and is freed again: produce requests fail with KAFKA_STORAGE_ERROR, which
+    the producers retry, and nothing is acknowledged that was not written. The topic's folder
+    is a tmpfs of `size_bytes` from `prepare` on (a local root only)."""
+
+    kind = "full-disk"
+
+    def __init__(self, hold_s: float, size_bytes: int = 1 << 30) -> None:
+        self.hold_s, self.size_bytes = hold_s, size_bytes
+        self.disk: FullDisk | None = None
+
+    def prepare(self, cluster, topic: str) -> None:
+        self.disk = FullDisk(topic_path(cluster.config.root, topic), self.size_bytes)
+        self.disk.mount()
+
+    def start(self, cluster, topic: str, partition: int) -> dict[str, Any] | None:
+        assert self.disk is not None, "prepare first"
+        return {"path": str(self.disk.path), "ballast_bytes": self.disk.fill()}
+
+    def stop(self) -> None:
+        if self.disk is not None:
+            self.disk.free()
+
+    def close(self) -> None:
+        if self.disk is not None:
+            self.disk.unmount()

@@ -81,6 +81,7 @@ class FaultPlan:
     fault_every_s: float = 10.0  # from the cluster whole again to the next fault
     fault_jitter_s: float = 5.0  # each pause is fault_every_s plus up to this much
     fault_rounds: int | None = None  # the nemesis ends after each fault ran this often
+    mixed: bool = False  # each round of faults in a random order (the seed's)
     acked_before_nemesis: int = 500  # the load is flowing before the first kill
     ready_timeout_s: float = 120.0  # for the group to form, brokers to return
     drain_idle_s: float = 90.0  # the drain ends after this long without progress
@@ -463,6 +464,7 @@ class Nemesis(Worker):
         self.injected: list[FaultEvent] = []
         self.problems: list[str] = []
         self._random = random.Random(plan.seed)
+        self._round: list[Fault] = []  # the faults left in this round, next first
 
     def work(self) -> None:
         started = time.monotonic()
@@ -474,11 +476,12 @@ class Nemesis(Worker):
                 self.problems.append(f"brokers not all back {time.monotonic() - started:.0f} s "
                                      "into the nemesis")
                 continue
-            fault = self.faults[len(self.injected) % len(self.faults)]
+            fault = self._next_fault()
             partition = attempts % self.plan.partitions  # each partition in turn
             attempts += 1
             target = fault.start(self.cluster, self.plan.topic, partition)
-            if target is None:
+            if target is None:  # no target now: the same fault next time
+                self._round.insert(0, fault)
                 continue
             self.injected.append(FaultEvent(time.monotonic() - started, fault.kind, partition,
                                             target))
@@ -490,6 +493,14 @@ class Nemesis(Worker):
             finally:
                 fault.stop()
                 self.history.heal(fault.kind, {"partition": partition})
+
+    def _next_fault(self) -> Fault:
+        """Each fault once a round: in the order given, or shuffled each round (`mixed`)."""
+        if not self._round:
+            self._round = list(self.faults)
+            if self.plan.mixed:
+                self._random.shuffle(self._round)
+        return self._round.pop(0)
 
     def _done(self) -> bool:
         rounds = self.plan.fault_rounds
@@ -635,14 +646,20 @@ def run(cluster, plan: FaultPlan, faults: list[Fault] | None = None) -> Report:
     report = Report()
     with History(plan.history or os.devnull) as history:
         ledger = Ledger(history)
-        create_topic(cluster, plan)
-        nemesis = Nemesis(cluster, plan, faults, history)
-        workers = _load(cluster, plan, ledger, nemesis, report)
+        try:
+            for fault in faults:
+                fault.prepare(cluster, plan.topic)
+            create_topic(cluster, plan)
+            nemesis = Nemesis(cluster, plan, faults, history)
+            workers = _load(cluster, plan, ledger, nemesis, report)
+            stored, high_watermarks = read_log(cluster.bootstrap_servers, plan)
+        finally:
+            for fault in faults:
+                fault.close()
         report.faults = list(nemesis.injected)
         report.errors += nemesis.problems
         report.errors += [f"{w.name} died: {w.error!r}" for w in workers if w.error is not None]
         report.errors += [f"{w.name} did not stop" for w in workers if w.is_alive()]
-        stored, high_watermarks = read_log(cluster.bootstrap_servers, plan)
         report.diverged = diverged_replicas(cluster, plan.topic, plan.partitions,
                                             high_watermarks)
         report.two_leaders = two_leaders_in_one_epoch(cluster, plan.topic)
