@@ -476,6 +476,8 @@ class Nemesis(Worker):
                 self.problems.append(f"brokers not all back {time.monotonic() - started:.0f} s "
                                      "into the nemesis")
                 continue
+            if not self._in_sync():
+                continue
             fault = self._next_fault()
             partition = attempts % self.plan.partitions  # each partition in turn
             attempts += 1
@@ -493,6 +495,22 @@ class Nemesis(Worker):
             finally:
                 fault.stop()
                 self.history.heal(fault.kind, {"partition": partition})
+
+    def _in_sync(self) -> bool:
+        """Wait until every replica of the topic is in sync again, so the next fault meets a
+        whole cluster, not the last one's aftermath; False (and a problem) if that takes
+        longer than ready_timeout_s with all brokers back."""
+        def in_sync() -> bool:
+            image = self.cluster.controller.image()
+            states = [image.partition(self.plan.topic, p) for p in range(self.plan.partitions)]
+            return all(s is not None and s.leader >= 0 and set(s.isr) == set(s.replicas)
+                       for s in states)
+        try:
+            wait_for(in_sync, "every replica back in sync", self.plan.ready_timeout_s)
+        except AssertionError as e:
+            self.problems.append(str(e))
+            return False
+        return True
 
     def _next_fault(self) -> Fault:
         """Each fault once a round: in the order given, or shuffled each round (`mixed`)."""
