@@ -38,6 +38,9 @@ REQUEST_MAX_BYTES = 104_857_600  # Kafka's socket.request.max.bytes: the largest
 FETCH_MAX_BYTES = 52_428_800  # Kafka's fetch.max.bytes
 FETCH_PARTITION_MAX_BYTES = 1_048_576  # Kafka's max.partition.fetch.bytes
 FETCH_MAX_WAIT_MS = 500  # Kafka's fetch.max.wait.ms
+# How long the consumer's blocking calls (a synchronous commit) go on retrying retriable errors
+# before they raise a timeout: Kafka's consumer default.api.timeout.ms.
+DEFAULT_API_TIMEOUT_MS = 60_000
 # A produce batch holds at most this many records (deltabus's limit; Kafka has none, its batches
 # being bounded by their bytes): an Arrow batch of all-null columns declares rows for free, and a
 # broker allocates about 20 bytes a record normalising it, so 224 bytes asked for 20 GB. The

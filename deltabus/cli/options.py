@@ -60,6 +60,7 @@ CONSUMER_CONFIGS: dict[str, tuple[str, Any]] = {
     "max.partition.fetch.bytes": ("max_partition_fetch_bytes", int),
     "max.poll.records": ("max_poll_records", int),
     "request.timeout.ms": ("request_timeout_ms", int),
+    "default.api.timeout.ms": ("default_api_timeout_ms", int),
     "retry.backoff.ms": ("retry_backoff_ms", int),
     "client.id": ("client_id", str),
     "group.id": ("group_id", str),

@@ -92,6 +92,7 @@ class Consumer:
         max_partition_fetch_bytes: int = cfg.FETCH_PARTITION_MAX_BYTES,
         max_poll_records: int = 500,
         request_timeout_ms: int = 30_000,
+        default_api_timeout_ms: int = cfg.DEFAULT_API_TIMEOUT_MS,
         retry_backoff_ms: int = 100,
         metadata_max_age_ms: int = 300_000,
         client_id: str = "deltabus-consumer",
@@ -113,7 +114,8 @@ class Consumer:
         `key_deserializer`, `value_deserializer`: as kafka-python's, a callable from a record's
         bytes to the key or value `poll` returns (`SchemaDeserializer` for a typed topic's);
         a null key or value stays None, as Kafka's deserializers give null for null.
-        `poll_batch` keeps the bytes."""
+        `poll_batch` keeps the bytes. `default_api_timeout_ms`: how long `commit` retries
+        retriable errors when its call gives no timeout (Kafka's default.api.timeout.ms)."""
         if auto_offset_reset not in ("earliest", "latest", "none"):
             raise errors.InvalidConfigError(
                 f"auto_offset_reset must be earliest, latest or none, not {auto_offset_reset!r}")
@@ -121,6 +123,10 @@ class Consumer:
             raise errors.InvalidConfigError(
                 "isolation_level must be read_uncommitted or read_committed, not "
                 f"{isolation_level!r}")
+        if default_api_timeout_ms < 0:
+            raise errors.InvalidConfigError(
+                f"default_api_timeout_ms must not be negative: {default_api_timeout_ms}")
+        self.default_api_timeout_ms = default_api_timeout_ms
         self.isolation_level = isolation_level
         self._isolation = ISOLATION_LEVELS[isolation_level]
         assignors = [assignor(a) if isinstance(a, str) else a
@@ -324,7 +330,7 @@ class Consumer:
         if self.enable_auto_commit:
             try:
                 gone = set(revoked)
-                self.commit({tp: om for tp, om in self._consumed().items() if tp in gone})
+                self._commit({tp: om for tp, om in self._consumed().items() if tp in gone})
             except (CommitFailedError, errors.DeltaBusError) as e:
                 log.warning("auto-commit before a rebalance failed: %s", e)
         if self._listener is not None:
@@ -352,7 +358,7 @@ class Consumer:
             return
         self._next_auto_commit_s = time.monotonic() + self.auto_commit_interval_ms / 1000
         try:
-            self.commit()
+            self._commit(None)
         except (CommitFailedError, errors.DeltaBusError) as e:  # the records come again
             log.warning("auto-commit failed: %s", e)
 
@@ -366,11 +372,22 @@ class Consumer:
         return ConsumerGroupMetadata(self._group.group_id, self._group.generation_id,
                                      self._group.member_id)
 
-    def commit(self, offsets: dict[TopicPartition, OffsetAndMetadata | int] | None = None
-               ) -> None:
-        """Commit offsets to the group, synchronously: by default the position of every assigned
-        partition (everything poll returned counts as processed). Raises CommitFailedError
-        when the group has rebalanced meanwhile."""
+    def commit(self, offsets: dict[TopicPartition, OffsetAndMetadata | int] | None = None,
+               timeout_ms: int | None = None) -> None:
+        """Commit offsets to the group, synchronously (Kafka's commitSync): by default the
+        position of every assigned partition (everything poll returned counts as processed).
+        A retriable error (the coordinator moved or is loading, a timeout, a failed call) is
+        tried again every retry_backoff_ms, the coordinator looked up again where it may have
+        moved, until `timeout_ms` (default: default_api_timeout_ms) runs out; then
+        KafkaTimeoutError. Raises CommitFailedError at once when the group has rebalanced
+        meanwhile, and any other error that is not retriable at once."""
+        if timeout_ms is not None and timeout_ms < 0:
+            raise errors.ClientError(f"The timeout cannot be negative: {timeout_ms}")
+        self._commit(offsets, self.default_api_timeout_ms if timeout_ms is None else timeout_ms)
+
+    def _commit(self, offsets: dict[TopicPartition, OffsetAndMetadata | int] | None,
+                timeout_ms: int | None = None) -> None:
+        """`commit`'s work; `timeout_ms` None: one try (commit_async, auto-commit)."""
         if self._group is None:
             raise errors.InvalidConfigError("commit needs a group_id")
         chosen = self._consumed() if offsets is None else {
@@ -378,13 +395,14 @@ class Consumer:
             for tp, om in offsets.items()}
         if self._subscription is None:  # a consumer outside group management
             self._group.generation_id, self._group.member_id = -1, ""
-        self._group.commit(chosen)
+        self._group.commit(chosen, timeout_ms)
 
     def commit_async(self, offsets: dict[TopicPartition, OffsetAndMetadata | int] | None = None,
                      callback: Callable[[dict, BaseException | None], None] | None = None
                      ) -> Future[None]:
         """Commit in the background (the positions now, unless `offsets` says otherwise), in
-        call order; the callback (if any) gets the offsets and the error or None, on the
+        call order, each with one try as Kafka's commitAsync (no retries: a later commit carries
+        the offsets on). The callback (if any) gets the offsets and the error or None, on the
         committing thread. The returned future resolves the same way."""
         chosen: dict[TopicPartition, OffsetAndMetadata | int] = (
             dict(self._consumed()) if offsets is None else dict(offsets))
@@ -394,7 +412,7 @@ class Consumer:
         def run() -> None:
             error: BaseException | None = None
             try:
-                self.commit(chosen)
+                self._commit(chosen)
             except errors.DeltaBusError as e:
                 error = e
                 log.info("async commit failed: %s", e)
@@ -425,7 +443,7 @@ class Consumer:
         if self._group is not None:
             if autocommit and self.enable_auto_commit and self._subscription is not None:
                 try:
-                    self.commit()
+                    self._commit(None)
                 except errors.DeltaBusError as e:
                     log.warning("the last auto-commit failed: %s", e)
             self._group.close()

@@ -100,10 +100,12 @@ class ConsumerCoordinator:
     # ---- coordinator -------------------------------------------------------------------------
 
     def _call(self, method: str, request: Any, timeout_ms: int | None = None) -> Any:
-        """An RPC to the group coordinator, finding it first (again after it moved)."""
+        """An RPC to the group coordinator, finding it first (again after it moved); each
+        call waits at most `timeout_ms` (None: request_timeout_ms)."""
         if self._coordinator is None:
             response = self._client.call_any("FindCoordinator",
-                                             pb.FindCoordinatorRequest(key=self.group_id))
+                                             pb.FindCoordinatorRequest(key=self.group_id),
+                                             timeout_ms)
             errors.check(response.error_code, response.error_message)
             self._coordinator = f"{response.host}:{response.port}"
         try:
@@ -286,11 +288,43 @@ class ConsumerCoordinator:
 
     # ---- offsets -----------------------------------------------------------------------------
 
-    def commit(self, offsets: dict[TopicPartition, OffsetAndMetadata]) -> None:
-        """OffsetCommit for this member's generation; CommitFailedError when the group has
-        moved on (the partitions may be someone else's)."""
+    def commit(self, offsets: dict[TopicPartition, OffsetAndMetadata],
+               timeout_ms: int | None = None) -> None:
+        """OffsetCommit for this member's generation, as Kafka's commitSync: a retriable
+        failure (the coordinator moved or is loading, a timeout, a failed call) is tried again
+        retry_backoff_ms later, after looking the coordinator up again where it may have moved,
+        until `timeout_ms` runs out, then KafkaTimeoutError. `timeout_ms` None: one try (Kafka's
+        commitAsync and auto-commit, which the next commit makes good). CommitFailedError when
+        the group has moved on (the partitions may be someone else's); any other error that is
+        not retriable raises at once."""
         if not offsets:
             return
+        deadline_s = time.monotonic() + (timeout_ms or 0) / 1000
+        last: errors.DeltaBusError | None = None
+        while True:
+            left_ms = max(1, int((deadline_s - time.monotonic()) * 1000))
+            try:
+                self._commit_once(offsets, None if timeout_ms is None else
+                                  min(left_ms, self._client.request_timeout_ms))
+                return
+            except errors.DeltaBusError as e:
+                if timeout_ms is None or not e.retriable:
+                    raise
+                if isinstance(e, errors.RequestTimedOutError):  # as Kafka: it may have moved
+                    self._coordinator = None
+                log.info("group %s: commit failed (%s); retrying", self.group_id, e)
+                last = e
+            time.sleep(max(0.0, min(self._client.retry_backoff_ms / 1000,
+                                    deadline_s - time.monotonic())))
+            if time.monotonic() >= deadline_s:
+                shown = {f"{tp.topic}-{tp.partition}": om.offset for tp, om in offsets.items()}
+                raise errors.KafkaTimeoutError(
+                    f"Timeout of {timeout_ms}ms expired before successfully committing offsets "
+                    f"{shown} (the last try: {last})")
+
+    def _commit_once(self, offsets: dict[TopicPartition, OffsetAndMetadata],
+                     timeout_ms: int | None) -> None:
+        """One OffsetCommit; CommitFailedError when the group has moved on."""
         with self._lock:
             member_id, generation_id = self.member_id, self.generation_id
         response = self._call("OffsetCommit", pb.OffsetCommitRequest(
@@ -298,7 +332,7 @@ class ConsumerCoordinator:
             partitions=[pb.OffsetCommitPartition(
                 topic=tp.topic, partition=tp.partition, committed_offset=om.offset,
                 committed_leader_epoch=om.leader_epoch, metadata=om.metadata)
-                for tp, om in offsets.items()]))
+                for tp, om in offsets.items()]), timeout_ms)
         for result in response.results:
             try:
                 self._check(result.error_code, result.error_message)

@@ -133,10 +133,19 @@ class TransactionControlManager:
                           producer_epoch: int,
                           offsets: dict[tuple[str, int], tuple[int, int, str]]
                           ) -> transaction_coordinator.PartitionErrors:
+        """TxnOffsetCommit: the offsets held with the transaction (in the metadata log) until
+        it commits. A write the storage refuses is NOT_COORDINATOR, as Kafka's group
+        coordinator answers a TxnOffsetCommit whose append fails with KAFKA_STORAGE_ERROR:
+        Kafka's producers look the coordinator up again and retry it, while
+        KAFKA_STORAGE_ERROR is fatal to them."""
         with self._lock:
             result = transaction_coordinator.txn_offset_commit(
                 self._state, transactional_id, group_id, producer_id, producer_epoch, offsets)
-            self._commit(result.records)
+            try:
+                self._commit(result.records)
+            except errors.KafkaStorageError as e:
+                raise errors.NotCoordinatorError(
+                    f"the transaction's offsets were not written: {e.message}") from e
             return result.response
 
     def end_txn(self, transactional_id: str, producer_id: int, producer_epoch: int,

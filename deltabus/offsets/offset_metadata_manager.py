@@ -169,7 +169,8 @@ class OffsetMetadataManager:
         returns, but for topics the group's members subscribe to (GROUP_SUBSCRIBED_TO_TOPIC:
         they would commit them again). Raises GROUP_ID_NOT_FOUND for a group with neither
         members nor offsets, and NON_EMPTY_GROUP for one whose members are not consumers
-        (their subscriptions cannot be read), as Kafka's coordinator."""
+        (their subscriptions cannot be read), as Kafka's coordinator; NOT_COORDINATOR when the
+        tombstones cannot be written (`_once_stored`)."""
         self.check_offset_commit(group_id, len(partitions))
         with self._lock:
             group = self._groups.classic_group(group_id)
@@ -191,8 +192,8 @@ class OffsetMetadataManager:
                 answers[(topic, partition)] = None
                 if (topic, partition) in committed:
                     tombstones.append(OffsetCommit(group_id, topic, partition, None))
-        wait_result(self._store.commit(tombstones), COMMIT_TIMEOUT_S)
-        return answers
+        return wait_result(_once_stored(self._store.commit(tombstones), answers),
+                           COMMIT_TIMEOUT_S)
 
     def expire_offsets(self) -> list[str]:
         """Drop the offsets of groups empty (and not committing) for offsets.retention.minutes.
@@ -243,11 +244,13 @@ def _resolved(answers: PartitionErrors) -> Future[PartitionErrors]:
 
 
 def _once_stored(stored: Future[None], answers: PartitionErrors) -> Future[PartitionErrors]:
-    """`answers` once the store's future resolves; its failure if it fails, a storage failure
-    as NOT_COORDINATOR: what Kafka's coordinator answers when its append fails with
-    KAFKA_STORAGE_ERROR (appendGroupMetadataErrorToResponseError), and what Kafka's consumers
-    retry, after looking the coordinator up again. KAFKA_STORAGE_ERROR is no OffsetCommit
-    error to them: Java's consumer throws "Unexpected error in commit", librdkafka gives up."""
+    """`answers` once the store's future (an OffsetCommit's or an OffsetDelete's write)
+    resolves; its failure if it fails, a storage failure as NOT_COORDINATOR: what Kafka's
+    coordinator answers when its append fails with KAFKA_STORAGE_ERROR
+    (appendGroupMetadataErrorToResponseError; GroupCoordinatorService's
+    handleOperationException for every write), and what Kafka's clients retry, after looking
+    the coordinator up again. KAFKA_STORAGE_ERROR is no OffsetCommit error to them: Java's
+    consumer throws "Unexpected error in commit", librdkafka gives up."""
     future: Future[PartitionErrors] = Future()
 
     def done(f: Future[None]) -> None:

@@ -18,12 +18,13 @@ As simple as the client tests allow:
   does, with the pure rules of `deltabus.topics` and `deltabus.config`; elections and
   reassignments are not there (UNSUPPORTED_VERSION).
 
-Tests steer it: `inject` makes a call fail (once or more, before or after the append),
+Tests steer it: `inject` makes a call fail (once or more, before or after the append; an
+OffsetCommit's failure is the group coordinator's answer to each partition),
 `move_leader` moves a partition to another broker with a new leader epoch (or offline),
 `unclean_election` also cuts the log (what an unclean leader lacks), `delete_records` moves a log
 start offset as retention does, `appends_held` keeps produce requests waiting as a slow broker
-would. `produce_calls` lists every append the brokers were asked for; `wait_until` waits on the
-fake's progress (no fixed sleeps).
+would. `produce_calls` lists every append the brokers were asked for, `coordinator_lookups`
+counts FindCoordinator requests; `wait_until` waits on the fake's progress (no fixed sleeps).
 
 Thread-safe: gRPC threads call in; one condition (`_changed`) guards all state and is notified
 on every change.
@@ -104,7 +105,7 @@ class Fault:
     """An error the next `times` matching calls get. `after_append`: a produce is appended
     first, then answered with the error (the answer was lost, as in a timeout)."""
 
-    op: str  # produce, fetch, list_offsets, offset_for_leader_epoch, metadata
+    op: str  # produce, fetch, list_offsets, offset_for_leader_epoch, metadata, offset_commit
     error: type[errors.DeltaBusError]
     topic: str | None = None
     partition: int | None = None
@@ -247,6 +248,24 @@ class MemoryOffsetStore:
         pass
 
 
+class _GroupCoordinatorWithFaults(GroupCoordinator):
+    """The real group coordinator, whose OffsetCommit first takes the test's `offset_commit`
+    faults (`FakeCluster.inject`): the injected error is its answer for every partition, as a
+    coordinator that moved (NOT_COORDINATOR) or is loading answers."""
+
+    def __init__(self, take_fault: Callable[[str, str | None, int | None], Fault | None],
+                 *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._take_fault = take_fault
+
+    def commit_offsets(self, group_id: str, generation_id: int, member_id: str,
+                       offsets: dict[tuple[str, int], OffsetAndMetadata],
+                       group_instance_id: str | None = None) -> Any:
+        self._take_fault("offset_commit", None, None)
+        return super().commit_offsets(group_id, generation_id, member_id, offsets,
+                                      group_instance_id)
+
+
 def _done(value: Any) -> Future[Any]:
     future: Future[Any] = Future()
     future.set_result(value)
@@ -291,10 +310,12 @@ class FakeCluster:
         self._released.set()
         self._acks_held: list[tuple[Future[Any], AppendResult]] | None = None
         self.produce_calls: list[ProduceCall] = []
+        self.coordinator_lookups = 0  # FindCoordinator requests, to any broker
         self.appends_waiting = 0  # produce requests held by `appends_held`
         self._fetches_blocked = 0  # fetches long-polling for records on their threads
         self._stopped = threading.Event()
-        self.coordinator = GroupCoordinator(
+        self.coordinator = _GroupCoordinatorWithFaults(
+            self._take_fault,
             cast(OffsetStore, MemoryOffsetStore()),  # the coordinator takes it by duck typing
             group_config or cfg.GroupConfig(group_min_session_timeout_ms=100,
                                             group_initial_rebalance_delay_ms=0),
@@ -661,6 +682,12 @@ class FakeCluster:
                 self._transactional_ids[transactional_id] = next(self._producer_ids)
             return self._transactional_ids[transactional_id], 0
 
+    def find_coordinator(self, group_id: str) -> BrokerEndpoint:
+        """Broker 0 coordinates every group; each lookup is counted."""
+        with self._changed:
+            self.coordinator_lookups += 1
+            return self.brokers[0]
+
     # ---- data: what a partition's leader answers ---------------------------------------------
 
     def _take_fault(self, op: str, topic: str | None, partition: int | None) -> Fault | None:
@@ -938,5 +965,4 @@ class FakeBroker:
         return self._cluster.image()
 
     def find_coordinator(self, group_id: str) -> BrokerEndpoint:
-        """Broker 0 coordinates every group."""
-        return self._cluster.brokers[0]
+        return self._cluster.find_coordinator(group_id)

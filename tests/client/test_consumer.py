@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from deltabus import Consumer, OffsetAndMetadata, TopicPartition, errors
+from deltabus import CommitFailedError, Consumer, OffsetAndMetadata, TopicPartition, errors
 from deltabus.records import ConsumerRecord
 from tests.client.fake_cluster import FakeCluster
 
@@ -310,6 +310,87 @@ def test_commit_async_commits_in_the_background_and_calls_back(fake, consumers) 
                                                                                   error)))
     future.result(10)
     assert called == [({TP: OffsetAndMetadata(5, "", 0)}, None)]
+    assert consumer.committed(TP).offset == 5
+
+
+# Kafka's commitSync retries these, retry.backoff.ms apart, until default.api.timeout.ms runs
+# out; after those of COORDINATOR_MOVED it looks the coordinator up again. NETWORK_EXCEPTION is
+# what a failed call to the coordinator becomes (deltabus.rpc.status), injected here as its answer.
+RETRIABLE_COMMIT_ERRORS = [errors.NotCoordinatorError, errors.CoordinatorLoadInProgressError,
+                           errors.CoordinatorNotAvailableError, errors.RequestTimedOutError,
+                           errors.NetworkError]
+COORDINATOR_MOVED = (errors.NotCoordinatorError, errors.CoordinatorNotAvailableError,
+                     errors.RequestTimedOutError, errors.NetworkError)
+
+
+@pytest.mark.parametrize("error", RETRIABLE_COMMIT_ERRORS, ids=lambda e: e.name)
+def test_a_commit_retries_a_retriable_error_until_it_is_committed(fake, consumers,
+                                                                   error) -> None:
+    fake.create_topic(TOPIC, 1)
+    consumer = make(consumers, fake, group_id="g")
+    consumer.assign([TP])
+    assert consumer.committed(TP) is None  # the coordinator is known now
+    lookups = fake.coordinator_lookups
+    fault = fake.inject("offset_commit", error, times=2)
+    consumer.commit({TP: OffsetAndMetadata(7, "after two refusals")})
+    assert fault.times == 0  # refused twice, then committed
+    committed = consumer.committed(TP)
+    assert (committed.offset, committed.metadata) == (7, "after two refusals")
+    if error in COORDINATOR_MOVED:
+        assert fake.coordinator_lookups == lookups + 2
+
+
+def test_a_commit_that_keeps_failing_raises_a_timeout_once_its_timeout_runs_out(
+        fake, consumers) -> None:
+    fake.create_topic(TOPIC, 1)
+    consumer = make(consumers, fake, group_id="g", default_api_timeout_ms=400)
+    consumer.assign([TP])
+    fault = fake.inject("offset_commit", errors.NotCoordinatorError, times=1_000_000)
+    for timeout_ms, commit in ((300, lambda: consumer.commit({TP: 3}, timeout_ms=300)),
+                               (400, lambda: consumer.commit({TP: 3}))):  # the default
+        tries = fault.times
+        started = time.monotonic()
+        with pytest.raises(errors.KafkaTimeoutError, match=f"{timeout_ms}ms expired") as raised:
+            commit()
+        took_s = time.monotonic() - started
+        assert timeout_ms / 1000 <= took_s < timeout_ms / 1000 + 2, took_s
+        assert tries - fault.times > 2  # tried again and again, retry_backoff_ms apart
+        assert "NOT_COORDINATOR" in str(raised.value)  # the last refusal says why
+    fault.times = 0
+    assert consumer.committed(TP) is None  # nothing was committed
+
+
+@pytest.mark.parametrize("error, raised", [
+    (errors.IllegalGenerationError, CommitFailedError),
+    (errors.UnknownMemberIdError, CommitFailedError),
+    (errors.RebalanceInProgressError, CommitFailedError),
+    (errors.GroupAuthorizationFailedError, errors.GroupAuthorizationFailedError),
+    (errors.OffsetMetadataTooLargeError, errors.OffsetMetadataTooLargeError),
+], ids=lambda e: e.__name__)
+def test_a_commit_raises_a_non_retriable_error_at_once(fake, consumers, error, raised) -> None:
+    fake.create_topic(TOPIC, 1)
+    consumer = make(consumers, fake, group_id="g")
+    consumer.assign([TP])
+    fault = fake.inject("offset_commit", error, times=3)
+    with pytest.raises(raised):
+        consumer.commit({TP: 3}, timeout_ms=10_000)
+    assert fault.times == 2  # one try only
+
+
+def test_an_async_commit_tries_once_as_kafkas_commit_async(fake, consumers) -> None:
+    """Kafka's commitAsync does not retry (a retry could land after a later commit): the
+    callback gets the retriable error, and the next commit carries the offsets."""
+    fake.create_topic(TOPIC, 1)
+    consumer = make(consumers, fake, group_id="g")
+    consumer.assign([TP])
+    fault = fake.inject("offset_commit", errors.NotCoordinatorError, times=2)
+    called: list[BaseException | None] = []
+    future = consumer.commit_async({TP: 4}, callback=lambda offsets, error: called.append(error))
+    with pytest.raises(errors.NotCoordinatorError):
+        future.result(10)
+    assert [type(e) for e in called] == [errors.NotCoordinatorError] and fault.times == 1
+    fault.times = 0
+    consumer.commit_async({TP: 5}).result(10)
     assert consumer.committed(TP).offset == 5
 
 

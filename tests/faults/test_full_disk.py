@@ -38,11 +38,12 @@ from deltalake import DeltaTable
 
 from deltabus import AdminClient, Consumer, NewTopic, Producer, TopicPartition, errors
 from deltabus.client.cluster_client import ClusterClient
+from deltabus.cluster.controller import Controller
 from deltabus.cluster.metadata_log import MetadataLog
-from deltabus.config import GroupConfig
+from deltabus.config import ClusterConfig, GroupConfig
 from deltabus.log_tables.layout import replica_path, topic_path
 from deltabus.log_tables.partition_log import PartitionLog
-from deltabus.metadata import MetadataImage, PartitionState, TopicState
+from deltabus.metadata import BrokerEndpoint, MetadataImage, PartitionState, TopicState
 from deltabus.offsets.group_coordinator import GroupCoordinator
 from deltabus.offsets.offset_store import OffsetAndMetadata, OffsetCommit, OffsetStore
 from deltabus.records import produce_batch, to_ipc
@@ -173,6 +174,57 @@ def test_an_offset_commit_on_a_full_disk_answers_kafkas_retriable_not_coordinato
             assert committed_offsets(restarted) == {("t", 0): 12}
         finally:
             restarted.close()
+
+def test_an_offset_delete_on_a_full_disk_answers_kafkas_retriable_not_coordinator(
+        tmp_path: Path, history: History) -> None:
+    """OffsetDelete's tombstones in `__consumer_offsets` on a full disk: NOT_COORDINATOR, as
+    Kafka's group coordinator answers any write of its that fails with KAFKA_STORAGE_ERROR
+    (GroupCoordinatorService's handleOperationException), which Kafka's admin client retries
+    after looking the coordinator up again. The offset stays until a delete is written."""
+    with FullDisk(tmp_path / "disk", SMALL_DISK_BYTES, history=history) as disk:
+        path = str(disk.path / "__consumer_offsets")
+        coordinator = group_coordinator(path)
+        try:
+            assert offset_commit_answer(coordinator, history, 5) is None
+            disk.fill()
+            with pytest.raises(errors.NotCoordinatorError, match="No space left"):
+                coordinator.delete_offsets("g", [("t", 0)])
+            assert committed_offsets(coordinator) == {("t", 0): 5}
+            disk.free()
+            assert coordinator.delete_offsets("g", [("t", 0)]) == {("t", 0): None}
+            assert committed_offsets(coordinator) == {}
+        finally:
+            coordinator.close()
+        restarted = group_coordinator(path)
+        try:
+            assert committed_offsets(restarted) == {}
+        finally:
+            restarted.close()
+
+
+def test_a_txn_offset_commit_on_a_full_disk_answers_kafkas_retriable_not_coordinator(
+        tmp_path: Path) -> None:
+    """TxnOffsetCommit's offsets are held with their transaction in the controller's metadata
+    log until it commits (then written to `__consumer_offsets`). That log on a full disk:
+    NOT_COORDINATOR, what Kafka's group coordinator answers when a TxnOffsetCommit's append
+    fails with KAFKA_STORAGE_ERROR, and what Kafka's transactional producers retry after
+    looking the coordinator up again; KAFKA_STORAGE_ERROR is fatal to them ("Unexpected error
+    in TxnOffsetCommitResponse"). Once there is room, the same call is taken."""
+    with FullDisk(tmp_path / "root", SMALL_DISK_BYTES) as disk:
+        controller = Controller(ClusterConfig(root=str(disk.path), brokers=1, kafka_port=-1))
+        epoch = controller.register_broker(BrokerEndpoint(0, "127.0.0.1", 9000), 100)
+        controller.heartbeat(0, epoch, controller.image().version, 0)
+        controller.create_topics([NewTopic("t")], timeout_ms=0)
+        producer_id, producer_epoch = controller.init_transactional_producer("tx", 60_000)
+        controller.add_offsets_to_txn("tx", producer_id, producer_epoch, "g")
+        offsets = {("t", 0): (5, -1, "")}
+        disk.fill()
+        with pytest.raises(errors.NotCoordinatorError, match="No space left"):
+            controller.txn_offset_commit("tx", "g", producer_id, producer_epoch, offsets)
+        disk.free()
+        assert controller.txn_offset_commit("tx", "g", producer_id, producer_epoch,
+                                            offsets) == {("t", 0): None}
+
 
 def test_the_metadata_log_on_a_full_disk_fails_the_append_and_keeps_its_offsets(
         tmp_path: Path) -> None:
