@@ -6,15 +6,17 @@ Producers send throughout: deltabus's Producer and confluent-kafka at acks=all (
 and a deltabus Producer at acks=1. Produce requests also go straight to the paused leader's gRPC
 door while it is stopped (on a connection opened before, so they wait in its socket), and, once
 it wakes, from a client that has not looked the leader up again: their answers are the
-zombie's. The pause ends when the controller has elected another leader (the zombie wakes), or
-after twice the session timeout.
+zombie's. The pause ends when the controller has elected another leader (the zombie wakes);
+when, besides, the catch-up job that precedes its relaunch has written its table; or after twice
+the session timeout.
 
 The checker: every record acknowledged at acks=all is in the log once, at its acknowledged
 offset, in send order, and no record of an idempotent producer is in it twice; the zombie
-answered no acks=all request with success; every replica table of the partition ends equal to
-the leader's (the zombie's unacknowledged appends truncated when it rejoins); the metadata log
-never names two leaders for one leader epoch. Every fault and every send goes to a history
-file (tests/faults/history.py), named in each failure's message.
+answered no acks=all request with success (nor, once another writer took its table over, an
+acks=1 one); every replica table of the partition ends equal to the leader's (the zombie's
+unacknowledged appends truncated when it rejoins); the metadata log never names two leaders for
+one leader epoch. Every fault and every send goes to a history file (tests/faults/history.py),
+named in each failure's message.
 
 What fences a zombie leader in deltabus, whose replicas are tables of their own:
 - Spark: the controller cancels a fenced broker's task, and Spark SIGKILLs its Python worker
@@ -26,7 +28,8 @@ What fences a zombie leader in deltabus, whose replicas are tables of their own:
   leader (one of them) keeps. The ISR changes it asks for are refused (stale broker epoch).
 - Its table: its own, which no one else writes until the catch-up job before its relaunch
   does; from then its next commit loses its version (put-if-absent) and is fenced
-  (NOT_LEADER_OR_FOLLOWER).
+  (NOT_LEADER_OR_FOLLOWER), and, since the fix this file's last test came with, so is every
+  commit after it (an older leader epoch than the table's last record's is refused).
 At acks=1 the zombie answers with success what it commits before it hears it is fenced (a
 second or so on a loaded machine: hundreds of records, all truncated when it rejoins), as
 Kafka's does: printed and in the history, not asserted.
@@ -49,9 +52,14 @@ from deltalake import DeltaTable
 
 from deltabus import AdminClient, NewTopic, Producer
 from deltabus.client.cluster_client import ClusterClient
+from deltabus.cluster.catch_up import CatchUpTask, run_catch_up
+from deltabus.cluster.partition import Partition
+from deltabus.errors import NotLeaderOrFollowerError
 from deltabus.log_tables.layout import metadata_path, replica_path
+from deltabus.log_tables.partition_log import LogConfig, PartitionLog
 from deltabus.records import produce_batch, to_ipc
 from deltabus.rpc.v1 import deltabus_pb2 as pb
+from deltabus.storage import Storage
 from tests.conftest import read_records, wait_until
 from tests.faults.history import History
 from tests.faults.pause import Pause
@@ -253,9 +261,11 @@ def history(tmp_path: Path) -> Any:
 
 
 # How long the leader stays paused: until the controller has elected another leader (a zombie
-# wakes, within the seconds before Spark kills it), or twice the session timeout (the process
-# is usually killed while stopped, and there is nothing to wake).
-RESUMES = ("at-election", "after-twice-the-session-timeout")
+# wakes, within the seconds before Spark kills it); until, besides, the catch-up job that
+# precedes its relaunch has made its table the new leader's log (run here, at once, so it ends
+# before Spark's kill: the order a paused executor host gives); or twice the session timeout
+# (the process is usually killed while stopped, and there is nothing to wake).
+RESUMES = ("at-election", "after-the-catch-up", "after-twice-the-session-timeout")
 
 
 @pytest.mark.parametrize("resume", RESUMES)
@@ -281,7 +291,8 @@ def test_paused_leader_acknowledges_nothing_it_did_not_commit_as_leader(
         wait_until(lambda: all(ledger.acked_from(s.name) >= ACKED_BEFORE_PAUSE for s, ledger
                                in zip(senders, (acks_all, acks_all, acks_1), strict=True)),
                    "records acknowledged before the pause")
-        woke = _pause_the_leader(cluster, topic_name, old, resume, client, probes, history)
+        woke = _pause_the_leader(cluster, topic_name, old, resume, client, probes, acks_all,
+                                 history)
         marks = {s.name: acks_all.acked_from(s.name) for s in senders[:2]}
         wait_until(lambda: all(acks_all.acked_from(name) >= mark + ACKED_AFTER_RESUME
                                for name, mark in marks.items()),
@@ -305,6 +316,10 @@ def test_paused_leader_acknowledges_nothing_it_did_not_commit_as_leader(
     stored = _check_log(cluster, topic_name, acks_all, where)
     acked_all = [a for p in probes if p.acks == -1 for a in p.acknowledged()]
     assert not acked_all, f"the zombie acknowledged at acks=all: {acked_all} {where}"
+    if resume == "after-the-catch-up":  # its table holds a newer epoch: it commits nothing
+        acked_1 = [a for p in probes for a in p.acknowledged()]
+        assert not acked_1, (f"the zombie acknowledged at acks=1 what it appended after the "
+                             f"catch-up job took its table over: {acked_1} {where}")
     wait_until(lambda: replicas_agree(cluster, topic_name),
                f"every replica of {topic_name} to hold the leader's records {where}", WAIT_S)
     twice = {k: v for k, v in leaders_by_epoch(cluster, topic_name).items() if len(v) > 1}
@@ -313,11 +328,11 @@ def test_paused_leader_acknowledges_nothing_it_did_not_commit_as_leader(
 
 
 def _pause_the_leader(cluster: Any, topic: str, old: Any, resume: str, client: ClusterClient,
-                      probes: list[Probe], history: History) -> bool:
-    """Pause partition 0's leader `old` until the controller elects another (or, as `resume`
-    says, twice the session timeout), with Produce requests queued at it; resume it and start
-    a client that still sends to it. The probes go to `probes`. Returns whether the process
-    was there to wake."""
+                      probes: list[Probe], ledger: Ledger, history: History) -> bool:
+    """Pause partition 0's leader `old` until the controller elects another (and, as `resume`
+    says, until the catch-up or twice the session timeout), with Produce requests queued at
+    it; resume it and start a client that still sends to it. The probes go to `probes`.
+    Returns whether the process was there to wake."""
     address = cluster.controller.image().broker(old.leader).address
     client.call(address, "Metadata", pb.MetadataRequest())  # the connection is open
     with Pause(cluster, history) as nemesis:
@@ -332,7 +347,9 @@ def _pause_the_leader(cluster: Any, topic: str, old: Any, resume: str, client: C
         new = partition_state(cluster, topic)
         history.info("checker", "elected", {"leader": new.leader,
                                             "leader_epoch": new.leader_epoch})
-        if resume != "at-election":  # the fault's length, not a wait for an outcome
+        if resume == "after-the-catch-up":
+            _catch_up_while_paused(cluster, topic, new.leader, old.leader, ledger, history)
+        elif resume != "at-election":  # the fault's length, not a wait for an outcome
             session_s = cluster.config.broker_session_timeout_ms / 1000
             time.sleep(max(0.0, paused_at + 2 * session_s - time.monotonic()))
         woke = nemesis.resume()
@@ -340,6 +357,20 @@ def _pause_the_leader(cluster: Any, topic: str, old: Any, resume: str, client: C
     stale.start()
     probes.append(stale)
     return woke
+
+
+def _catch_up_while_paused(cluster: Any, topic: str, leader: int, zombie: int, ledger: Ledger,
+                           history: History) -> None:
+    """What the catch-up job before the zombie's relaunch does, done now, while it is stopped:
+    a record acknowledged by the new leader first (its producers are still held up at the
+    zombie), so the zombie's table gets the new leader's epoch, then the job's task body."""
+    with Producer(cluster.bootstrap_servers, acks="all") as producer:
+        acked = producer.send(topic, b"new-leader-0", partition=0).get(WAIT_S)
+    ledger.ack(b"new-leader-0", acked.offset)
+    caught_up = run_catch_up(CatchUpTask(cluster.config.storage, topic, 0, leader, zombie))
+    history.info("checker", "catch-up", {"error": caught_up.error,
+                                         "truncated_to": caught_up.truncated_to,
+                                         "log_end_offset": caught_up.log_end_offset})
 
 
 def _check_log(cluster: Any, topic: str, ledger: Ledger, where: str) -> dict[int, bytes]:
@@ -378,3 +409,67 @@ def _report_acks_1(ledger: Ledger, probes: list[Probe], stored: dict[int, bytes]
     print(f"acks=1: {len(ledger.acked)} acknowledged, {len(lost)} of them not in the log at "
           f"their offset {[v.decode() for v in lost[:5]]}; acknowledged by the zombie (value, "
           f"offset, kept): {zombie_acked}; its answers: {answers}", flush=True)
+
+
+# ---- the zombie's own table ----------------------------------------------------------------------
+# What the catch-up job does to a zombie's replica table while it is stopped (the job that
+# precedes its relaunch, here run in this process: the order a paused executor host gives, where
+# Spark cannot kill the worker until the host wakes), then what the zombie's commits meet.
+
+TOPIC = "t"
+
+
+def _log(root: Path, broker: int) -> PartitionLog:
+    return PartitionLog(replica_path(str(root), TOPIC, 0, broker), topic=TOPIC, partition=0,
+                        config=LogConfig(), storage=Storage(str(root)), replicated=True)
+
+
+def _append(log: PartitionLog, values: list[bytes], epoch: int) -> None:
+    log.append(produce_batch(values), leader_epoch=epoch).result(30)
+
+
+def _records(root: Path, broker: int) -> list[tuple[int, int, bytes]]:
+    table = DeltaTable(replica_path(str(root), TOPIC, 0, broker)).to_pyarrow_table(
+        columns=["offset", "leader_epoch", "value"]).sort_by("offset")
+    return list(zip(*(table.column(c).to_pylist() for c in table.column_names), strict=True))
+
+
+def test_a_zombie_fenced_on_its_table_commits_nothing_more_at_its_old_epoch(tmp_path):
+    """Broker 0 led at epoch 0 and appended z-0..z-2 that no follower copied; paused, it was
+    replaced by broker 1 at epoch 1, and the catch-up job made broker 0's table the new
+    leader's log. The zombie's next commit loses its version to the job's and is fenced
+    (NOT_LEADER_OR_FOLLOWER, never acknowledged). Nothing it appends after that may land
+    either: a record of epoch 0 above epoch 1's is invisible to the truncation by epoch that
+    makes a returning replica equal to its leader (its last epoch still reads 1), so the
+    replica would keep it where the leader holds an acknowledged record."""
+    zombie, leader = _log(tmp_path, 0), _log(tmp_path, 1)
+    try:
+        _append(zombie, [b"a-0", b"a-1", b"a-2"], epoch=0)
+        leader.append_copy(zombie.read(0, 1 << 20, to_log_end=True)).result(30)
+        _append(zombie, [b"z-0", b"z-1", b"z-2"], epoch=0)  # never copied
+        _append(leader, [b"b-0", b"b-1", b"b-2"], epoch=1)  # the new leader's
+        caught_up = run_catch_up(CatchUpTask(Storage(str(tmp_path)), TOPIC, 0, 1, 0))
+        assert caught_up.error == "" and caught_up.truncated_to == 3
+        committed = []
+        for value in (b"late-0", b"late-1"):  # requests that waited in the zombie's socket
+            try:
+                _append(zombie, [value], epoch=0)
+                committed.append(value)
+            except NotLeaderOrFollowerError:
+                pass
+        zombie.close()  # it dies; its successor opens the table and follows the new leader
+        _append(leader, [b"b-3", b"b-4", b"b-5"], epoch=1)  # acknowledged by the new leader
+        returning = _log(tmp_path, 0)
+        try:
+            parts = Partition(TOPIC, 0, 1, leader).diverging_epoch(
+                returning.log_end_offset, returning.last_epoch)
+        finally:
+            returning.close()
+    finally:
+        zombie.close()
+        leader.close()
+    held, led = _records(tmp_path, 0), _records(tmp_path, 1)
+    assert parts is not None or held == led[:len(held)], (
+        f"the zombie committed {committed} after it was fenced; its replica holds {held} "
+        f"where its leader holds {led}, and its fetches see no divergence")
+    assert not committed, f"the zombie committed {committed} after it was fenced"
