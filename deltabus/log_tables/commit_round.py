@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Hashable
 from concurrent.futures import Future
 
-from deltabus import trace
+from deltabus import errors, trace
 from deltabus.log_tables.append_pool import AppendPool
 from deltabus.log_tables.appender import (
     AppendResult,
@@ -89,9 +89,12 @@ class CommitRound:
             if at is None or at > time.monotonic():
                 return at
             work = self._appender.take()
+            refused = self._older_epoch(work)
         taken_ns = trace.now_ns() if self._traced else 0
         try:
             try:
+                if refused is not None:
+                    raise refused
                 done = self._appender.commit(work, self._offsets.log_end_offset)
             except CommitFailed as failure:
                 self._fail(work, failure)
@@ -105,6 +108,28 @@ class CommitRound:
             self._appender.done()
         with self._lock:
             return self._appender.ready_at(self._closed())
+
+    def _older_epoch(self, work: Work) -> CommitFailed | None:
+        """Lock held. Refuse, before anything is written, produced records stamped with a
+        leader epoch older than the log's last record's: a newer leader wrote this table (the
+        catch-up job before this broker's relaunch, or its next incarnation), and this broker,
+        a zombie leader that has not heard it was replaced, lost its first commit to that
+        writer (FencedWriter), reloaded, and would append its stale epoch on top. Epochs must
+        only grow along a log: a returning replica finds where it parts from its leader by the
+        epoch of its last record, and an old epoch's records above a newer epoch's are
+        invisible to that (its last epoch reads the newer one), so it would keep them where the
+        leader holds acknowledged records. NOT_LEADER_OR_FOLLOWER: the producer looks the
+        leader up again."""
+        if not isinstance(work, list) or not work or work[0].copied:
+            return None
+        latest = self._epochs.latest
+        oldest = min(item.leader_epoch for item in work)
+        if oldest >= latest:
+            return None
+        error = errors.NotLeaderOrFollowerError(
+            f"{self._name} holds records of leader epoch {latest}, newer than this append's "
+            f"{oldest}: another leader wrote it, and this broker no longer leads it")
+        return CommitFailed(error, error, reload=False)
 
     def _apply(self, done: Committed) -> int:
         """Bring the offsets, cache, epochs and producers up to a commit, then resolve its
