@@ -68,6 +68,7 @@ HEAVY_GROUPS = {
     "tests/cluster/test_local_cluster.py": "heavy: broker kills",
     "tests/cluster/test_fault_injection.py": "heavy: broker kills",
     "tests/faults/test_network_partitions.py": "heavy: broker kills",
+    "tests/faults/test_paused_leader.py": "heavy: broker kills",
 }
 
 

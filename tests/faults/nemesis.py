@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 from deltabus.log_tables.layout import topic_path
 from tests.faults.full_disk import FullDisk
 from tests.faults.network import Host, LoopbackNetwork
+from tests.faults.pause import Pause
 
 
 def _leader(cluster, topic: str, partition: int) -> tuple[int, int, list[int]] | None:
@@ -200,3 +201,33 @@ class DiskFull(Fault):
     def close(self) -> None:
         if self.disk is not None:
             self.disk.unmount()
+
+
+class PauseLeader(Fault):
+    """SIGSTOP the partition's leader for `hold_s` (past its session timeout: the controller
+    elects another leader), then SIGCONT it: the zombie must acknowledge nothing it did not
+    durably commit as leader (tests/faults/pause.py; Spark may kill the stopped worker of the
+    fenced broker's cancelled task first, which is a kill)."""
+
+    kind = "pause-leader"
+
+    def __init__(self, hold_s: float) -> None:
+        self.hold_s = hold_s
+        self.pause: Pause | None = None
+
+    def start(self, cluster, topic: str, partition: int) -> dict[str, Any] | None:
+        found = _leader(cluster, topic, partition)
+        if found is None:
+            return None
+        self.pause = Pause(cluster)
+        try:
+            pid = self.pause.pause(found[0])
+        except (KeyError, ProcessLookupError):  # not running now
+            self.pause = None
+            return None
+        return {"leader": found[0], "pid": pid, "leader_epoch": found[1]}
+
+    def stop(self) -> None:
+        if self.pause is not None:
+            self.pause.resume()
+            self.pause = None

@@ -3,7 +3,7 @@ order, one every 10-15 s for DELTABUS_SOAK_S seconds (600 by default), under iss
 acks=all producers on both doors and a consumer group committing after processing. The faults:
 leader kills, network partitions (a leader from the controller, a follower from its leader,
 the controller from every broker, a leader in a minority of its own), a slow and lossy leader,
-and a full disk.
+a leader paused past its session timeout, and a full disk.
 
 Each run writes its history to build/soak/ and prints its faults as a table
 (tests/faults/report.py). Collected only when named on the command line (`make soak` does): its
@@ -26,6 +26,7 @@ from tests.faults.nemesis import (
     KillLeader,
     LeaderFromController,
     LeaderInMinority,
+    PauseLeader,
     SlowLeader,
 )
 from tests.faults.network import LoopbackNetwork
@@ -41,7 +42,7 @@ def every_fault(network: LoopbackNetwork, *, local_disk: bool) -> list[Fault]:
     faults: list[Fault] = [
         KillLeader(), LeaderFromController(network, HOLD_S), FollowerFromLeader(network, HOLD_S),
         ControllerFromBrokers(network, HOLD_S), LeaderInMinority(network, HOLD_S),
-        SlowLeader(network, HOLD_S)]
+        SlowLeader(network, HOLD_S), PauseLeader(HOLD_S)]
     if local_disk:
         faults.append(DiskFull(HOLD_S))
     return faults
