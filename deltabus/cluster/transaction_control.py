@@ -13,7 +13,9 @@ PrepareCommit or PrepareAbort (`txn_marker_channel` writes its markers, then cal
 `replication_control` is beside `topic_tables` and `reassignment_control`.
 
 Invariants: a transaction's ending is started once its PrepareX record is committed, never
-before; the next producer id only grows (`ProducerIdControlManager.issued`).
+before; the next producer id only grows (`ProducerIdControlManager.issued`); a request whose
+write the storage refuses changes nothing and answers as Kafka's coordinator would
+(`_write`: NOT_COORDINATOR).
 
 Thread-safe: every public method takes the controller's lock; those named "lock held" expect
 the caller to hold it.
@@ -24,12 +26,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from deltabus import config as cfg
 from deltabus import errors
 from deltabus.cluster import producer_id_control, transaction_coordinator
-from deltabus.cluster.metadata_records import CommitRecords
+from deltabus.cluster.metadata_records import CommitRecords, MetadataRecord
 from deltabus.cluster.metadata_state import MetadataState
 from deltabus.cluster.producer_id_control import ProducerIdControlManager
 from deltabus.metadata import PREPARE_ABORT, PREPARE_COMMIT, TransactionMetadata
@@ -69,13 +71,23 @@ class TransactionControlManager:
                          principal: KafkaPrincipal = ANONYMOUS) -> tuple[int, int]:
         """A new producer id (epoch 0), or for a transactional id the one it always has. Ids are
         reserved in blocks in the metadata log, so a restarted controller never hands out an id
-        twice. With an authorizer the id is bound to `principal` (producer_id_control.bind)."""
+        twice. With an authorizer the id is bound to `principal` (producer_id_control.bind).
+
+        A block (or a transactional id's mapping) the storage refuses to record is
+        COORDINATOR_LOAD_IN_PROGRESS, what Kafka's broker answers while it has no block of ids
+        to hand out (RPCProducerIdManager: "Producer ID block is full"), chosen there because
+        clients retry it. Not NOT_COORDINATOR: an idempotent producer has no transaction
+        coordinator to look up again; nor KAFKA_STORAGE_ERROR, fatal to Java's producer."""
         bound = self._config.authorizer
         with self._lock:
             result = producer_id_control.init_producer_id(
                 self._state, self._producer_ids.next_producer_id, transactional_id,
                 principal=principal, bound=bound)
-            self._commit(result.records)  # not cluster metadata brokers need: no new version
+            try:  # not cluster metadata brokers need: no new version
+                self._commit(result.records)
+            except errors.KafkaStorageError as e:
+                raise errors.CoordinatorLoadInProgressError(
+                    f"no producer id could be reserved: {e.message}") from e
             producer_id, _ = result.response
             self._producer_ids.issued(producer_id)
             # The gRPC door never bumps the epoch: an exactly-once pipeline (the Spark sink)
@@ -96,7 +108,7 @@ class TransactionControlManager:
                 self._state, self._producer_ids.next_producer_id, transactional_id, timeout_ms,
                 now_ms=_now_ms(), principal=principal, bound=self._config.authorizer,
                 expected=expected)
-            self._commit(result.records)
+            self._write(result.records)
             if isinstance(result.response, errors.DeltaBusError):
                 self._start_ending(transactional_id)
                 raise result.response
@@ -114,7 +126,7 @@ class TransactionControlManager:
             result = transaction_coordinator.add_partitions(
                 self._state, transactional_id, producer_id, producer_epoch, partitions,
                 now_ms=_now_ms())
-            self._commit(result.records)
+            self._write(result.records)
             target = self._version()
         if result.records:
             self._await_brokers(target, TXN_ADD_PARTITIONS_WAIT_MS)
@@ -127,25 +139,19 @@ class TransactionControlManager:
             result = transaction_coordinator.add_offsets(
                 self._state, transactional_id, producer_id, producer_epoch, group_id,
                 now_ms=_now_ms())
-            self._commit(result.records)
+            self._write(result.records)
 
     def txn_offset_commit(self, transactional_id: str, group_id: str, producer_id: int,
                           producer_epoch: int,
                           offsets: dict[tuple[str, int], tuple[int, int, str]]
                           ) -> transaction_coordinator.PartitionErrors:
         """TxnOffsetCommit: the offsets held with the transaction (in the metadata log) until
-        it commits. A write the storage refuses is NOT_COORDINATOR, as Kafka's group
-        coordinator answers a TxnOffsetCommit whose append fails with KAFKA_STORAGE_ERROR:
-        Kafka's producers look the coordinator up again and retry it, while
-        KAFKA_STORAGE_ERROR is fatal to them."""
+        it commits. A write the storage refuses is NOT_COORDINATOR (`_write`), as Kafka's group
+        coordinator answers a TxnOffsetCommit whose append fails with KAFKA_STORAGE_ERROR."""
         with self._lock:
             result = transaction_coordinator.txn_offset_commit(
                 self._state, transactional_id, group_id, producer_id, producer_epoch, offsets)
-            try:
-                self._commit(result.records)
-            except errors.KafkaStorageError as e:
-                raise errors.NotCoordinatorError(
-                    f"the transaction's offsets were not written: {e.message}") from e
+            self._write(result.records)
             return result.response
 
     def end_txn(self, transactional_id: str, producer_id: int, producer_epoch: int,
@@ -156,7 +162,7 @@ class TransactionControlManager:
             result = transaction_coordinator.end_txn(
                 self._state, transactional_id, producer_id, producer_epoch, committed,
                 now_ms=_now_ms())
-            self._commit(result.records)
+            self._write(result.records)
             if result.records:
                 self._start_ending(transactional_id)
 
@@ -191,6 +197,24 @@ class TransactionControlManager:
                               ) -> dict[str, TransactionMetadata | None]:
         with self._lock:
             return {t: self._state.transactions.get(t) for t in transactional_ids}
+
+    def _write(self, records: Sequence[MetadataRecord]) -> None:
+        """Lock held. Commit a transaction request's records: every request of a transactional
+        producer writes through here. A write the storage refuses (a full disk, a failing
+        object store: KafkaStorageError) keeps nothing and is NOT_COORDINATOR, as Kafka's
+        coordinators answer a state append that fails with KAFKA_STORAGE_ERROR
+        (TransactionStateManager.appendTransactionToLog, GroupMetadataManager for
+        TxnOffsetCommit). Kafka's transactional producers look the coordinator up again and
+        retry NOT_COORDINATOR, while KAFKA_STORAGE_ERROR is fatal to Java's on InitProducerId,
+        AddOffsetsToTxn, EndTxn and TxnOffsetCommit, and makes its transaction abortable on
+        AddPartitionsToTxn. The writes no request waits for (CompleteX, a timed-out
+        transaction's abort) go to `_commit` and keep KafkaStorageError, which their threads
+        log."""
+        try:
+            self._commit(records)
+        except errors.KafkaStorageError as e:
+            raise errors.NotCoordinatorError(
+                f"the transaction coordinator could not write its state: {e.message}") from e
 
     def _await_ended(self, transactional_id: str) -> None:
         """Lock held. While the producer's previous transaction is being ended (PrepareCommit,

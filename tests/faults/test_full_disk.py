@@ -40,14 +40,26 @@ from deltabus import AdminClient, Consumer, NewTopic, Producer, TopicPartition, 
 from deltabus.client.cluster_client import ClusterClient
 from deltabus.cluster.controller import Controller
 from deltabus.cluster.metadata_log import MetadataLog
+from deltabus.cluster.txn_marker_channel import MarkerAnswers
 from deltabus.config import ClusterConfig, GroupConfig
+from deltabus.log_tables.control_records import TxnMarker
 from deltabus.log_tables.layout import replica_path, topic_path
 from deltabus.log_tables.partition_log import PartitionLog
-from deltabus.metadata import BrokerEndpoint, MetadataImage, PartitionState, TopicState
+from deltabus.metadata import (
+    COMPLETE_COMMIT,
+    EMPTY,
+    ONGOING,
+    BrokerEndpoint,
+    MetadataImage,
+    PartitionState,
+    TopicState,
+    TransactionMetadata,
+)
 from deltabus.offsets.group_coordinator import GroupCoordinator
 from deltabus.offsets.offset_store import OffsetAndMetadata, OffsetCommit, OffsetStore
 from deltabus.records import produce_batch, to_ipc
 from deltabus.rpc.v1 import deltabus_pb2 as pb
+from tests.cluster.controller_server import LiveBrokers
 from tests.conftest import read_records, wait_until
 from tests.faults.full_disk import BALLAST_NAME, FullDisk
 from tests.faults.history import OK, History, read_history
@@ -224,6 +236,143 @@ def test_a_txn_offset_commit_on_a_full_disk_answers_kafkas_retriable_not_coordin
         disk.free()
         assert controller.txn_offset_commit("tx", "g", producer_id, producer_epoch,
                                             offsets) == {("t", 0): None}
+
+
+# The transaction coordinator's other writes (its state, in the controller's metadata log, where
+# Kafka keeps it in __transaction_state). Kafka's TransactionStateManager answers a state write
+# that fails with KAFKA_STORAGE_ERROR with NOT_COORDINATOR (appendTransactionToLog), which Kafka's
+# transactional producers retry after looking the coordinator up again; to Java's producer
+# KAFKA_STORAGE_ERROR is fatal on InitProducerId, AddOffsetsToTxn and EndTxn and makes the
+# transaction abortable on AddPartitionsToTxn. Each test below: the request on a full disk
+# answers what Kafka answers, nothing of it is kept, and the same request is taken once there
+# is room.
+
+
+class Leaders:
+    """A fake of the partitions' leaders: takes every transaction marker at once."""
+
+    def __init__(self) -> None:
+        self.markers: list[TxnMarker] = []
+
+    def __call__(self, broker_id: int, markers: list[TxnMarker]) -> MarkerAnswers:
+        self.markers += markers
+        return {(m.producer_id, t, p): None for m in markers for t, p in m.partitions}
+
+
+@pytest.fixture
+def coordinator_disk(tmp_path: Path) -> Iterator[tuple[FullDisk, Controller, Leaders]]:
+    """The transaction coordinator (the controller) with its root, the metadata log's too, on a
+    small disk; one live broker leads topic t, and the leaders take every marker."""
+    leaders = Leaders()
+    with FullDisk(tmp_path / "root", SMALL_DISK_BYTES) as disk:
+        controller = Controller(ClusterConfig(root=str(disk.path), brokers=1, kafka_port=-1),
+                                send_markers=leaders)
+        try:
+            LiveBrokers(controller, 1)  # heartbeating until the controller shuts down
+            controller.create_topics([NewTopic("t")], timeout_ms=0)
+            yield disk, controller, leaders
+        finally:
+            controller.begin_shutdown()
+
+
+def transaction(controller: Controller, transactional_id: str = "tx") -> TransactionMetadata:
+    txn = controller.describe_transactions([transactional_id])[transactional_id]
+    assert txn is not None
+    return txn
+
+
+def test_a_transactional_init_producer_id_on_a_full_disk_answers_not_coordinator(
+        coordinator_disk: tuple[FullDisk, Controller, Leaders]) -> None:
+    """A new transactional id's first InitProducerId, then one that fences its producer and
+    would abort its open transaction: neither keeps anything (no id, no epoch used up, the
+    transaction still open under its producer), and each is taken once there is room."""
+    disk, controller, _ = coordinator_disk
+    disk.fill()
+    with pytest.raises(errors.NotCoordinatorError, match="No space left"):
+        controller.init_transactional_producer("tx", 60_000)
+    assert controller.describe_transactions(["tx"]) == {"tx": None}
+    disk.free()
+    producer_id, epoch = controller.init_transactional_producer("tx", 60_000)
+    assert epoch == 0
+    controller.add_offsets_to_txn("tx", producer_id, epoch, "g")  # open: Ongoing
+
+    disk.fill()
+    with pytest.raises(errors.NotCoordinatorError, match="No space left"):
+        controller.init_transactional_producer("tx", 60_000)
+    assert (transaction(controller).state, transaction(controller).producer_epoch) == (
+        ONGOING, epoch)  # not fenced, not being aborted
+    disk.free()
+    with pytest.raises(errors.ConcurrentTransactionsError):  # the abort begins
+        controller.init_transactional_producer("tx", 60_000)
+    assert controller.init_transactional_producer("tx", 60_000) == (producer_id, epoch + 2)
+
+
+def test_an_add_partitions_to_txn_on_a_full_disk_answers_not_coordinator(
+        coordinator_disk: tuple[FullDisk, Controller, Leaders]) -> None:
+    disk, controller, _ = coordinator_disk
+    producer_id, epoch = controller.init_transactional_producer("tx", 60_000)
+    disk.fill()
+    with pytest.raises(errors.NotCoordinatorError, match="No space left"):
+        controller.add_partitions_to_txn("tx", producer_id, epoch, [("t", 0)])
+    assert transaction(controller).state == EMPTY
+    assert controller.image().open_transactions == {}  # no leader takes its batches
+    disk.free()
+    assert controller.add_partitions_to_txn("tx", producer_id, epoch, [("t", 0)]) == {
+        ("t", 0): None}
+    assert controller.image().open_transactions == {("t", 0): frozenset({producer_id})}
+
+
+def test_an_add_offsets_to_txn_on_a_full_disk_answers_not_coordinator(
+        coordinator_disk: tuple[FullDisk, Controller, Leaders]) -> None:
+    disk, controller, _ = coordinator_disk
+    producer_id, epoch = controller.init_transactional_producer("tx", 60_000)
+    disk.fill()
+    with pytest.raises(errors.NotCoordinatorError, match="No space left"):
+        controller.add_offsets_to_txn("tx", producer_id, epoch, "g")
+    assert (transaction(controller).state, transaction(controller).groups) == (
+        EMPTY, frozenset())
+    with pytest.raises(errors.InvalidTxnStateError):  # the group did not join
+        controller.txn_offset_commit("tx", "g", producer_id, epoch, {("t", 0): (5, -1, "")})
+    disk.free()
+    controller.add_offsets_to_txn("tx", producer_id, epoch, "g")
+    assert transaction(controller).groups == frozenset({"g"})
+
+
+def test_an_end_txn_on_a_full_disk_answers_not_coordinator_and_sends_no_marker(
+        coordinator_disk: tuple[FullDisk, Controller, Leaders]) -> None:
+    """EndTxn's PrepareCommit not written: the transaction stays open, with no marker sent,
+    and the producer's retry commits it."""
+    disk, controller, leaders = coordinator_disk
+    producer_id, epoch = controller.init_transactional_producer("tx", 60_000)
+    controller.add_partitions_to_txn("tx", producer_id, epoch, [("t", 0)])
+    disk.fill()
+    with pytest.raises(errors.NotCoordinatorError, match="No space left"):
+        controller.end_txn("tx", producer_id, epoch, committed=True)
+    assert transaction(controller).state == ONGOING
+    assert leaders.markers == []
+    disk.free()
+    controller.end_txn("tx", producer_id, epoch, committed=True)
+    wait_until(lambda: transaction(controller).state == COMPLETE_COMMIT, "tx CompleteCommit",
+               WAIT_S)
+    assert [(m.committed, m.partitions) for m in leaders.markers] == [(True, (("t", 0),))]
+
+
+def test_an_idempotent_init_producer_id_on_a_full_disk_answers_coordinator_load_in_progress(
+        coordinator_disk: tuple[FullDisk, Controller, Leaders]) -> None:
+    """An idempotent producer's InitProducerId writes only when it needs a new block of ids.
+    Kafka's broker, with no block to hand out (its controller did not give one), answers
+    COORDINATOR_LOAD_IN_PROGRESS (RPCProducerIdManager), which Kafka's producers retry where
+    NOT_COORDINATOR would send them looking for a transaction coordinator they have no key
+    for; KAFKA_STORAGE_ERROR is fatal to Java's producer here too. No block is taken; within
+    a block, ids are handed out with the disk full."""
+    disk, controller, _ = coordinator_disk
+    disk.fill()
+    with pytest.raises(errors.CoordinatorLoadInProgressError, match="No space left"):
+        controller.init_producer_id()
+    disk.free()
+    assert controller.init_producer_id() == (0, 0)
+    disk.fill()
+    assert controller.init_producer_id() == (1, 0)
 
 
 def test_the_metadata_log_on_a_full_disk_fails_the_append_and_keeps_its_offsets(
