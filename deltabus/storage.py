@@ -154,7 +154,11 @@ class Storage:
         """Write a whole file only if none is at `uri`, atomically: True if this call wrote it,
         False if another writer's was there first. How each store makes it atomic: a local
         disk links a finished temporary file to the name (a link never replaces), S3 and Azure
-        put with `If-None-Match: *`, GCS with `ifGenerationMatch=0` (obstore's create mode)."""
+        put with `If-None-Match: *`, GCS with `ifGenerationMatch=0` (obstore's create mode).
+        On an object store, False may also be this call's own put: one whose answer was lost
+        lands, and object_store's retry of it is refused by the file it left; and a put that
+        raised may have landed. A caller whose data is unique reads the file back and compares
+        (DeltaCommitWriter does)."""
         with _failures(f"cannot write {uri}"):
             if self._local is not None:
                 path = _local_path(uri)

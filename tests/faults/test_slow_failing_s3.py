@@ -1,0 +1,219 @@
+"""Slow and failing object storage (issue 40): the storage layer, the Delta commit writer and a
+partition log on an S3 root behind the fault proxy (s3_fault_proxy.py) in front of moto.
+
+What must hold: transient 503 SlowDown and 500 InternalError are retried and nothing is lost or
+doubled; a commit whose answer was lost is acknowledged once if it landed (the store's retry of
+a conditional put is refused, 412, by the commit's own first try) and never acknowledged if it
+did not; slow storage slows appends and fails none; storage that keeps failing fails appends
+with KAFKA_STORAGE_ERROR (retriable) within the retry settings given (delta-rs's names:
+max_retries, retry_timeout, backoff_config.*), and the high watermark stays at what was
+written. Every fault the proxy injects is in the test's history file (history.jsonl under its
+tmp_path)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import pytest
+from deltalake import DeltaTable
+
+from deltabus import errors
+from deltabus.log_tables.appender import AppendResult
+from deltabus.log_tables.delta_commit import DeltaCommitWriter
+from deltabus.log_tables.partition_log import PartitionLog
+from deltabus.records import normalize_produce, produce_batch, to_log_batch
+from deltabus.storage import Storage
+from tests.faults.history import History, read_history
+from tests.faults.s3_fault_proxy import (
+    ANSWER_LOST,
+    COMMIT_FILES,
+    DELAY,
+    INTERNAL_ERROR,
+    SLOW_DOWN,
+    TIMEOUT,
+    Rule,
+    S3FaultProxy,
+)
+
+# A request unanswered for 1 s times out (object_store's default: 30 s).
+SHORT_TIMEOUT = {"timeout": "1s"}
+APPEND_TIMEOUT_S = 60
+
+
+@pytest.fixture
+def history(tmp_path: Path) -> Iterator[History]:
+    with History(tmp_path / "history.jsonl") as h:
+        yield h
+
+
+@pytest.fixture
+def proxy(s3: Any, history: History) -> Iterator[S3FaultProxy]:
+    with S3FaultProxy(s3.endpoint, history=history) as p:
+        yield p
+
+
+def _table_uri(s3: Any) -> str:
+    return f"{s3.create_bucket(f'faults-{uuid.uuid4().hex[:8]}')}/orders-0"
+
+
+def _log(s3: Any, proxy: S3FaultProxy, **options: str) -> tuple[PartitionLog, str]:
+    """A partition log on a new bucket, reached through the proxy; its table's URI."""
+    uri = _table_uri(s3)
+    storage = Storage(uri, {**proxy.options(s3.options()), **options})
+    return PartitionLog(uri, topic="orders", partition=0, storage=storage), uri
+
+
+def _append(log: PartitionLog, value: bytes) -> Future[AppendResult]:
+    return log.append(normalize_produce(produce_batch([value], keys=[b"k"])), leader_epoch=1)
+
+
+def _table_values(s3: Any, uri: str) -> list[bytes]:
+    """The records the table holds, in offset order, read straight from moto (no proxy);
+    their offsets must run from 0 with no gap."""
+    table = DeltaTable(uri, storage_options=s3.options()).to_pyarrow_table().sort_by("offset")
+    assert table.column("offset").to_pylist() == list(range(table.num_rows))
+    return table.column("value").to_pylist()
+
+
+def _faults_in_history(history: History) -> dict[str, int]:
+    """How many of each fault the history file records as started."""
+    counts: dict[str, int] = {}
+    for line in read_history(history.path):
+        if line["process"] == "nemesis" and line["f"].startswith("start-s3-"):
+            counts[line["f"][len("start-s3-"):]] = counts.get(line["f"][len("start-s3-"):], 0) + 1
+    return counts
+
+
+def test_transient_503s_and_500s_are_retried_and_nothing_is_lost_or_doubled(
+        s3: Any, proxy: S3FaultProxy, history: History) -> None:
+    log, uri = _log(s3, proxy)
+    proxy.add(Rule(SLOW_DOWN, probability=0.3))
+    proxy.add(Rule(INTERNAL_ERROR, probability=0.2))
+    values = [f"v{i}".encode() for i in range(10)]
+    results = [_append(log, v).result(APPEND_TIMEOUT_S) for v in values]
+    proxy.clear()
+    assert [r.base_offset for r in results] == list(range(10))
+    assert log.high_watermark == log.log_end_offset == 10
+    assert _table_values(s3, uri) == values
+    log.close()
+    faults = _faults_in_history(history)
+    assert faults.get(SLOW_DOWN, 0) > 0 and faults.get(INTERNAL_ERROR, 0) > 0, faults
+
+
+def _writer(s3: Any, proxy: S3FaultProxy, **options: str) -> tuple[DeltaCommitWriter, str]:
+    """A commit writer of a new, empty partition table, through the proxy."""
+    uri = _table_uri(s3)
+    PartitionLog(uri, topic="orders", partition=0, storage=Storage(uri, s3.options())).close()
+    storage = Storage(uri, {**proxy.options(s3.options()), **options})
+    return DeltaCommitWriter(storage, uri, 0), uri
+
+
+def _one_record(offset: int, value: bytes) -> Any:
+    return to_log_batch(normalize_produce(produce_batch([value], keys=[b"k"])),
+                        base_offset=offset, now_ms=1_700_000_000_000, leader_epoch=1)
+
+
+def test_a_commit_whose_answer_was_lost_is_its_writers_not_a_conflict(
+        s3: Any, proxy: S3FaultProxy) -> None:
+    """The put of the commit file lands, its answer is lost, object_store retries it and S3
+    refuses the retry (412: the first try's own file is there). The writer must see its own
+    commit there, not another writer's."""
+    writer, uri = _writer(s3, proxy)
+    proxy.add(Rule(ANSWER_LOST, key=COMMIT_FILES, method="PUT", times=1))
+    assert writer.commit(adds=[writer.write_file(_one_record(0, b"once"))]) == 1
+    assert proxy.count(ANSWER_LOST) == 1
+    assert writer.commit(adds=[writer.write_file(_one_record(1, b"next"))]) == 2
+    assert _table_values(s3, uri) == [b"once", b"next"]
+
+
+def test_a_commit_that_landed_though_its_put_failed_is_committed(
+        s3: Any, proxy: S3FaultProxy) -> None:
+    """The put lands and its answer is lost; object_store's retry times out (a conditional put
+    is not retried after a timeout): the put failed, but the commit is in the table, and is
+    this writer's."""
+    writer, uri = _writer(s3, proxy, **SHORT_TIMEOUT)
+    proxy.add(Rule(ANSWER_LOST, key=COMMIT_FILES, method="PUT", times=1))
+    proxy.add(Rule(TIMEOUT, key=COMMIT_FILES, method="PUT", times=1, seconds=30))
+    assert writer.commit(adds=[writer.write_file(_one_record(0, b"once"))]) == 1
+    assert (proxy.count(ANSWER_LOST), proxy.count(TIMEOUT)) == (1, 1)
+    assert _table_values(s3, uri) == [b"once"]
+
+
+@pytest.mark.parametrize("then", ["refused", "timed-out"])
+def test_an_append_whose_commit_answer_was_lost_is_acknowledged_once(
+        s3: Any, proxy: S3FaultProxy, history: History, then: str) -> None:
+    """The producer's view of the two cases above: the append is acknowledged at its offset,
+    and the next one follows it; the table holds each record once."""
+    log, uri = _log(s3, proxy, **SHORT_TIMEOUT)
+    proxy.add(Rule(ANSWER_LOST, key=COMMIT_FILES, method="PUT", times=1))
+    if then == "timed-out":
+        proxy.add(Rule(TIMEOUT, key=COMMIT_FILES, method="PUT", times=1, seconds=30))
+    history.invoke("producer", "send", "lost")
+    first = _append(log, b"lost").result(APPEND_TIMEOUT_S)
+    history.ok("producer", "send", {"value": "lost", "offset": first.base_offset})
+    second = _append(log, b"after").result(APPEND_TIMEOUT_S)
+    assert (first.base_offset, second.base_offset) == (0, 1)
+    assert log.high_watermark == 2
+    assert _table_values(s3, uri) == [b"lost", b"after"]
+    log.close()
+    assert _faults_in_history(history)[ANSWER_LOST] == 1
+
+
+def test_a_commit_that_did_not_land_is_never_acknowledged(
+        s3: Any, proxy: S3FaultProxy) -> None:
+    """The put of the commit file never reaches the store (held, then the client times out):
+    the append fails with KAFKA_STORAGE_ERROR, the log end and the high watermark stay, and
+    the next append takes the same offset."""
+    log, uri = _log(s3, proxy, **SHORT_TIMEOUT)
+    _append(log, b"before").result(APPEND_TIMEOUT_S)
+    proxy.add(Rule(TIMEOUT, key=COMMIT_FILES, method="PUT", times=1, seconds=30))
+    with pytest.raises(errors.KafkaStorageError) as failed:
+        _append(log, b"never").result(APPEND_TIMEOUT_S)
+    assert failed.value.retriable
+    assert log.log_end_offset == log.high_watermark == 1
+    assert _append(log, b"after").result(APPEND_TIMEOUT_S).base_offset == 1
+    assert _table_values(s3, uri) == [b"before", b"after"]
+    log.close()
+
+
+def test_slow_storage_slows_appends_and_fails_none(s3: Any, proxy: S3FaultProxy) -> None:
+    """Every request waits 0.2 s; reads and idempotent writes held past the client's timeout
+    are retried: every append is acknowledged, in order, and read back."""
+    log, uri = _log(s3, proxy, **SHORT_TIMEOUT)
+    proxy.add(Rule(TIMEOUT, key="*.parquet", method="PUT", times=1, seconds=30))
+    proxy.add(Rule(DELAY, seconds=0.2))
+    values = [f"slow-{i}".encode() for i in range(5)]
+    futures = [_append(log, v) for v in values]
+    results = [f.result(APPEND_TIMEOUT_S) for f in futures]
+    assert sorted(r.base_offset for r in results) == list(range(5))
+    assert proxy.count(TIMEOUT) == 1 and proxy.count(DELAY) > 0
+    storage = Storage(uri, {**proxy.options(s3.options()), **SHORT_TIMEOUT})
+    proxy.add(Rule(TIMEOUT, key="*_delta_log/*", method="GET", times=1, seconds=30))
+    assert storage.read_bytes(f"{uri}/_delta_log/{1:020d}.json")  # retried after 1 s
+    ordered = [v for _, v in sorted(zip([r.base_offset for r in results], values,
+                                        strict=True))]
+    assert _table_values(s3, uri) == ordered
+    log.close()
+
+
+def test_storage_that_keeps_failing_fails_appends_retriably_and_holds_the_high_watermark(
+        s3: Any, proxy: S3FaultProxy) -> None:
+    log, uri = _log(s3, proxy)
+    for value in (b"a", b"b", b"c"):
+        _append(log, value).result(APPEND_TIMEOUT_S)
+    proxy.add(Rule(SLOW_DOWN, method="PUT"))
+    for _ in range(3):
+        with pytest.raises(errors.KafkaStorageError) as failed:
+            _append(log, b"refused").result(APPEND_TIMEOUT_S)
+        assert failed.value.retriable
+        assert log.log_end_offset == log.high_watermark == 3
+    proxy.clear()
+    assert _append(log, b"d").result(APPEND_TIMEOUT_S).base_offset == 3
+    assert log.high_watermark == 4
+    assert _table_values(s3, uri) == [b"a", b"b", b"c", b"d"]
+    log.close()
+
