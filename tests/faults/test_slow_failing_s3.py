@@ -39,6 +39,10 @@ from tests.faults.s3_fault_proxy import (
     S3FaultProxy,
 )
 
+# Retries in tens of milliseconds, not object_store's default backoff (100 ms doubling to 15 s):
+# a store that keeps failing fails a commit in well under a second.
+FAST_RETRIES = {"max_retries": "3", "retry_timeout": "10s",
+                "backoff_config.init_backoff": "10ms", "backoff_config.max_backoff": "50ms"}
 # A request unanswered for 1 s times out (object_store's default: 30 s).
 SHORT_TIMEOUT = {"timeout": "1s"}
 APPEND_TIMEOUT_S = 60
@@ -202,7 +206,7 @@ def test_slow_storage_slows_appends_and_fails_none(s3: Any, proxy: S3FaultProxy)
 
 def test_storage_that_keeps_failing_fails_appends_retriably_and_holds_the_high_watermark(
         s3: Any, proxy: S3FaultProxy) -> None:
-    log, uri = _log(s3, proxy)
+    log, uri = _log(s3, proxy, **FAST_RETRIES)
     for value in (b"a", b"b", b"c"):
         _append(log, value).result(APPEND_TIMEOUT_S)
     proxy.add(Rule(SLOW_DOWN, method="PUT"))
@@ -217,3 +221,14 @@ def test_storage_that_keeps_failing_fails_appends_retriably_and_holds_the_high_w
     assert _table_values(s3, uri) == [b"a", b"b", b"c", b"d"]
     log.close()
 
+
+def test_delta_rs_retry_options_bound_deltabus_own_requests(
+        s3: Any, proxy: S3FaultProxy) -> None:
+    """max_retries (delta-rs's name, which object_store's RetryConfig has too) reaches
+    deltabus's own requests, not delta-rs's alone: a put refused every time is tried once and
+    retried max_retries times."""
+    storage = Storage(_table_uri(s3), {**proxy.options(s3.options()), **FAST_RETRIES})
+    proxy.add(Rule(SLOW_DOWN, method="PUT"))
+    with pytest.raises(errors.KafkaStorageError):
+        storage.write(f"{storage.root}/refused", b"x")
+    assert proxy.count(SLOW_DOWN) == 1 + int(FAST_RETRIES["max_retries"])
