@@ -24,7 +24,7 @@ from deltalake import DeltaTable
 from deltabus import errors
 from deltabus.log_tables.appender import AppendResult
 from deltabus.log_tables.delta_commit import DeltaCommitWriter
-from deltabus.log_tables.partition_log import PartitionLog
+from deltabus.log_tables.partition_log import PartitionLog, create_log_table
 from deltabus.records import normalize_produce, produce_batch, to_log_batch
 from deltabus.storage import Storage
 from tests.faults.history import History, read_history
@@ -165,6 +165,27 @@ def test_an_append_whose_commit_answer_was_lost_is_acknowledged_once(
     assert _table_values(s3, uri) == [b"lost", b"after"]
     log.close()
     assert _faults_in_history(history)[ANSWER_LOST] == 1
+
+
+def test_a_table_whose_creating_commits_lost_their_answers_is_created(
+        s3: Any, proxy: S3FaultProxy) -> None:
+    """The controller creates a new replica's table with delta-rs (mode "ignore"). Its put of
+    version 0 lands and the answer is lost; object_store's retry is refused by that file, and
+    delta-rs tries again at version 1 (a second metaData commit), whose answer is lost too:
+    delta-rs then finds version 1 "changed the protocol" and fails the create, though the
+    table is there."""
+    uri = _table_uri(s3)
+    for version in (0, 1):
+        proxy.add(Rule(ANSWER_LOST, key=f"*_delta_log/{version:020d}.json", method="PUT",
+                       times=1))
+    create_log_table(uri, topic="orders", partition=0, checkpoint_interval=25,
+                     storage_options=proxy.options(s3.options()))
+    assert proxy.count(ANSWER_LOST) == 2
+    log = PartitionLog(uri, topic="orders", partition=0, create=False,
+                       storage=Storage(uri, proxy.options(s3.options())))
+    assert _append(log, b"first").result(APPEND_TIMEOUT_S).base_offset == 0
+    log.close()
+    assert _table_values(s3, uri) == [b"first"]
 
 
 def test_a_commit_that_did_not_land_is_never_acknowledged(
