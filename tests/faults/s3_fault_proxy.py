@@ -200,6 +200,12 @@ class _Handler(BaseHTTPRequestHandler):
         with self.owner._lock:
             self.owner._open.add(self.connection)
 
+    def handle(self) -> None:
+        try:
+            super().handle()
+        except OSError:  # the client went (its timeout, or the proxy stopping): none to answer
+            self.close_connection = True
+
     def finish(self) -> None:
         with self.owner._lock:
             self.owner._open.discard(self.connection)

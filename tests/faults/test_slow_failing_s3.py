@@ -1,14 +1,16 @@
 """Slow and failing object storage (issue 40): the storage layer, the Delta commit writer and a
-partition log on an S3 root behind the fault proxy (s3_fault_proxy.py) in front of moto.
+partition log on an S3 root behind the fault proxy (s3_fault_proxy.py) in front of moto, then a
+3-broker cluster on it under acks=all load.
 
 What must hold: transient 503 SlowDown and 500 InternalError are retried and nothing is lost or
 doubled; a commit whose answer was lost is acknowledged once if it landed (the store's retry of
 a conditional put is refused, 412, by the commit's own first try) and never acknowledged if it
-did not; slow storage slows appends and fails none; storage that keeps failing fails appends
-with KAFKA_STORAGE_ERROR (retriable) within the retry settings given (delta-rs's names:
-max_retries, retry_timeout, backoff_config.*), and the high watermark stays at what was
-written. Every fault the proxy injects is in the test's history file (history.jsonl under its
-tmp_path)."""
+did not, or if its outcome cannot be known; slow storage slows appends and fails none; storage
+that keeps failing fails appends with KAFKA_STORAGE_ERROR (retriable) within the retry
+settings given (delta-rs's names: max_retries, retry_timeout, backoff_config.*), and the high
+watermark stays at what was written. The cluster's checker: every acknowledged record is read,
+once, in order, and none is in the log twice. Every fault the proxy injects is in the test's
+history file (history.jsonl under its tmp_path), with the cluster run's acknowledgements."""
 
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from typing import Any
 import pytest
 from deltalake import DeltaTable
 
-from deltabus import errors
+from deltabus import AdminClient, Cluster, NewTopic, errors
 from deltabus.log_tables.appender import AppendResult
 from deltabus.log_tables.delta_commit import DeltaCommitWriter
 from deltabus.log_tables.partition_log import PartitionLog, create_log_table
@@ -38,11 +40,22 @@ from tests.faults.s3_fault_proxy import (
     Rule,
     S3FaultProxy,
 )
+from tests.soak.fault_injection import (
+    DeltabusSender,
+    FaultPlan,
+    KafkaSender,
+    Ledger,
+    Worker,
+    create_topic,
+    read_log,
+    wait_for,
+)
 
 # Retries in tens of milliseconds, not object_store's default backoff (100 ms doubling to 15 s):
 # a store that keeps failing fails a commit in well under a second.
 FAST_RETRIES = {"max_retries": "3", "retry_timeout": "10s",
                 "backoff_config.init_backoff": "10ms", "backoff_config.max_backoff": "50ms"}
+METADATA_COMMITS = "*/__cluster_metadata/_delta_log/*.json"  # the controller's metadata log
 # A request unanswered for 1 s times out (object_store's default: 30 s).
 SHORT_TIMEOUT = {"timeout": "1s"}
 APPEND_TIMEOUT_S = 60
@@ -205,6 +218,32 @@ def test_a_commit_that_did_not_land_is_never_acknowledged(
     log.close()
 
 
+def test_a_commit_whose_outcome_stays_unknown_fails_and_the_log_recovers_from_the_table(
+        s3: Any, proxy: S3FaultProxy) -> None:
+    """The put lands with its answer lost, the retry times out, and the read-back fails too
+    (503 on every read of a commit file): the outcome is unknown, so the append fails with
+    KAFKA_STORAGE_ERROR and is not acknowledged. Once the store answers, the log takes what
+    the table holds (the record is there, unacknowledged, as a timed-out produce may be on
+    Kafka) and appends after it. The reload after the failure failed too (the store still
+    refused reads), so the next append meets the unknown commit and fails as well (retriable,
+    nothing of it written); the log reloads and the one after goes through."""
+    log, uri = _log(s3, proxy, **FAST_RETRIES, **SHORT_TIMEOUT)
+    _append(log, b"before").result(APPEND_TIMEOUT_S)
+    proxy.add(Rule(ANSWER_LOST, key=COMMIT_FILES, method="PUT", times=1))
+    proxy.add(Rule(TIMEOUT, key=COMMIT_FILES, method="PUT", times=1, seconds=30))
+    proxy.add(Rule(SLOW_DOWN, key=COMMIT_FILES, method="GET"))
+    with pytest.raises(errors.KafkaStorageError):
+        _append(log, b"unknown").result(APPEND_TIMEOUT_S)
+    assert log.high_watermark == 1
+    proxy.clear()
+    with pytest.raises(errors.KafkaStorageError):
+        _append(log, b"refused").result(APPEND_TIMEOUT_S)
+    assert _append(log, b"after").result(APPEND_TIMEOUT_S).base_offset == 2
+    assert log.high_watermark == 3
+    assert _table_values(s3, uri) == [b"before", b"unknown", b"after"]
+    log.close()
+
+
 def test_slow_storage_slows_appends_and_fails_none(s3: Any, proxy: S3FaultProxy) -> None:
     """Every request waits 0.2 s; reads and idempotent writes held past the client's timeout
     are retried: every append is acknowledged, in order, and read back."""
@@ -253,3 +292,103 @@ def test_delta_rs_retry_options_bound_deltabus_own_requests(
     with pytest.raises(errors.KafkaStorageError):
         storage.write(f"{storage.root}/refused", b"x")
     assert proxy.count(SLOW_DOWN) == 1 + int(FAST_RETRIES["max_retries"])
+
+
+class _HistoryLedger(Ledger):
+    """The fault-injection harness's ledger, writing each acknowledgement and failure to the
+    history as well (the sender is the value's prefix: "p0-00000012")."""
+
+    def __init__(self, history: History) -> None:
+        super().__init__()
+        self.history = history
+
+    def ack(self, value: bytes, partition: int, offset: int) -> None:
+        super().ack(value, partition, offset)
+        self.history.ok(value.decode().split("-")[0], "send", {
+            "value": value.decode(), "partition": partition, "offset": offset})
+
+    def fail(self) -> None:
+        super().fail()
+        self.history.fail("producer", "send")
+
+
+def _check_acked_read_once_in_order(acked: dict[bytes, tuple[int, int]],
+                                    stored: dict[tuple[int, int], bytes]) -> None:
+    """Every acknowledged record is read once, at the offset it was acknowledged at, each
+    sender's in the order sent within a partition; no record is in the log twice,
+    acknowledged or not."""
+    places: dict[bytes, list[tuple[int, int]]] = {}
+    for where, value in stored.items():
+        places.setdefault(value, []).append(where)
+    twice = {v: p for v, p in places.items() if len(p) > 1}
+    assert not twice, f"in the log twice: {sorted(twice.items())[:5]}"
+    told = {v: where for v, where in acked.items() if where[1] is not None and where[1] >= 0}
+    misplaced = {v: where for v, where in told.items() if stored.get(where) != v}
+    assert not misplaced, f"acknowledged but not read there: {sorted(misplaced.items())[:5]}"
+    assert all(v in places for v in acked), "an acknowledged record without an offset is lost"
+    by_sender: dict[tuple[str, int], list[tuple[bytes, int]]] = {}
+    for value, (partition, offset) in told.items():
+        by_sender.setdefault((value.decode().split("-")[0], partition), []).append(
+            (value, offset))
+    for sent in by_sender.values():  # values end in the sender's sequence number
+        offsets = [offset for _, offset in sorted(sent)]
+        assert offsets == sorted(offsets), "a sender's records out of order"
+
+
+@pytest.mark.timeout(600)
+def test_acks_all_producers_through_503s_and_lost_commit_answers_lose_and_double_nothing(
+        spark: Any, s3: Any, tmp_path: Path) -> None:
+    """A 3-broker cluster on S3 behind the proxy; a deltabus Producer and confluent-kafka (the
+    Kafka door), idempotent at acks=all, load a topic of RF 3 while a third of the commit
+    files' puts get 503 SlowDown and a fifth lose their answer, until each fault was injected
+    a dozen times with the load still acknowledged (seconds); a topic created meanwhile has
+    its metadata commit's answer lost. Then every acknowledged record is read back once, in
+    order, none is in the log twice, the controller still writes its metadata log, and the
+    history file holds the faults and the acknowledgements. On the old code the appends and
+    copies whose answers were lost failed with KAFKA_STORAGE_ERROR (CommitConflict) though
+    they landed, and the metadata log refused every write after its lost answer."""
+    plan = FaultPlan("payments", partitions=2, deltabus_producers=1, records_per_s=40,
+                     ready_timeout_s=120, flush_s=60)
+    with History(tmp_path / "history.jsonl") as history, \
+            S3FaultProxy(s3.endpoint, history=history) as proxy:
+        root = f"{s3.create_bucket(f'cluster-{uuid.uuid4().hex[:8]}')}/deltabus"
+        cluster = Cluster(spark, root=root, brokers=3, port=0,
+                          storage_options=proxy.options(s3.options())).start()
+        ledger = _HistoryLedger(history)
+        senders: list[Worker] = [
+            DeltabusSender("p0", cluster.bootstrap_servers, plan, ledger),
+            KafkaSender("k0", cluster.kafka_bootstrap_servers, plan, ledger)]
+        try:
+            create_topic(cluster, plan)
+            for sender in senders:
+                sender.start()
+            wait_for(lambda: ledger.acked_count() >= 50, "records acknowledged", 120)
+            before = ledger.acked_count()
+            history.fault("s3-commit-faults", {"slow-down": 0.3, "answer-lost": 0.2})
+            metadata = proxy.add(Rule(ANSWER_LOST, key=METADATA_COMMITS, method="PUT", times=1))
+            proxy.add(Rule(SLOW_DOWN, key=COMMIT_FILES, method="PUT", probability=0.3))
+            proxy.add(Rule(ANSWER_LOST, key=COMMIT_FILES, method="PUT", probability=0.2))
+            with AdminClient(cluster.bootstrap_servers) as admin:
+                admin.create_topics([NewTopic("created-during-faults", 1, 3)])
+            wait_for(lambda: (proxy.count(SLOW_DOWN) >= 12 and proxy.count(ANSWER_LOST) >= 12
+                              and ledger.acked_count() >= before + 100),
+                     "faults injected under load", 120)
+            proxy.clear()
+            history.heal("s3-commit-faults", dict(proxy.injected))
+            for sender in senders:
+                sender.stop(plan.flush_s + 30)
+            assert [s.error for s in senders] == [None] * len(senders)
+            assert not any(s.is_alive() for s in senders)
+            stored = read_log(cluster.bootstrap_servers, plan)
+            assert metadata.injected == 1
+            with AdminClient(cluster.bootstrap_servers) as admin:
+                admin.create_topics([NewTopic("created-after-faults", 1, 3)])
+        finally:
+            for sender in senders:
+                sender.stop(plan.flush_s + 30)
+            cluster.stop()
+    print(f"{ledger.acked_count()} acknowledged, {ledger.failed_sends} failed sends, "
+          f"{len(stored)} read; faults {proxy.injected}")
+    _check_acked_read_once_in_order(ledger.acked, stored)
+    assert _faults_in_history(history)[ANSWER_LOST] >= 12
+    assert history.count("send") == ledger.acked_count()
