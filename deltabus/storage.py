@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import os
 import posixpath
+import re
 import shutil
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
+from datetime import timedelta
 from typing import Any, cast
 from urllib.parse import urlsplit
 
@@ -46,6 +48,13 @@ _CLIENT_KEYS = {
     "randomize_addresses", "timeout", "user_agent",
 }
 _PROVIDER_PREFIXES = ("aws_", "azure_", "google_")
+# delta-rs's retry options (its storage_options), which object_store's RetryConfig holds: how
+# many times, for how long and how far apart a failing request is tried again.
+_RETRY_KEYS = {"max_retries", "retry_timeout", "backoff_config.init_backoff",
+               "backoff_config.max_backoff", "backoff_config.base"}
+_DURATION = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*(ns|us|ms|s|sec|secs|m|min|mins|h|d)\s*")
+_DURATION_UNITS_S = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1, "sec": 1, "secs": 1, "m": 60,
+                     "min": 60, "mins": 60, "h": 3600, "d": 86400}
 
 
 class Storage:
@@ -164,7 +173,11 @@ class Storage:
         disk links a finished temporary file to the name (a link never replaces), S3 and Azure
         put with `If-None-Match: *`, GCS with `ifGenerationMatch=0` (obstore's create mode).
         A temporary file that cannot be written whole (a full disk) is deleted at once, as a
-        linked one is: only a killed process leaves one behind."""
+        linked one is: only a killed process leaves one behind.
+        On an object store, False may also be this call's own put: one whose answer was lost
+        lands, and object_store's retry of it is refused by the file it left; and a put that
+        raised may have landed. A caller whose data is unique reads the file back and compares
+        (DeltaCommitWriter does)."""
         with _failures(f"cannot write {uri}"):
             if self._local is not None:
                 path = _local_path(uri)
@@ -432,12 +445,14 @@ def _open_store(bucket: str, options: Mapping[str, str]) -> Any:
                     lowered)
         if bare in _CLIENT_KEYS:
             client[bare] = value
-        else:
+        elif lowered not in _RETRY_KEYS:
             config[lowered] = value
+    retry = _retry_config(bucket, options)
     while True:
         try:
             return from_url(bucket, config=cast(Any, config or None),
-                            client_options=cast(Any, client or None))
+                            client_options=cast(Any, client or None),
+                            retry_config=cast(Any, retry))
         except UnknownConfigurationKeyError as e:
             unknown = next((k for k in config if f"'{k}'" in str(e)), None)
             if unknown is None:
@@ -447,6 +462,49 @@ def _open_store(bucket: str, options: Mapping[str, str]) -> Any:
         except Exception as e:
             raise errors.InvalidConfigError(
                 f"cannot reach {bucket}: {_first_line(e)}") from None
+
+
+def _retry_config(bucket: str, options: Mapping[str, str]) -> dict[str, Any] | None:
+    """obstore's RetryConfig from delta-rs's retry options (max_retries, retry_timeout,
+    backoff_config.init_backoff, .max_backoff, .base; durations as delta-rs writes them, "10s",
+    "100ms"), or None for object_store's defaults (10 retries within 3 minutes, backoff from
+    100 ms to 15 s). Why: delta-rs honours them and obstore would not know them, so one root's
+    options retried delta-rs's requests one way and deltabus's own commits another (a store
+    that keeps failing held a commit for a minute whatever the options said)."""
+    given = {k.lower(): v for k, v in options.items() if k.lower() in _RETRY_KEYS}
+    if not given:
+        return None
+    try:
+        retry: dict[str, Any] = {}
+        backoff: dict[str, Any] = {}
+        if "max_retries" in given:
+            retry["max_retries"] = int(given["max_retries"])
+        if "retry_timeout" in given:
+            retry["retry_timeout"] = _duration(given["retry_timeout"])
+        for name in ("init_backoff", "max_backoff"):
+            if f"backoff_config.{name}" in given:
+                backoff[name] = _duration(given[f"backoff_config.{name}"])
+        if "backoff_config.base" in given:
+            backoff["base"] = float(given["backoff_config.base"])
+    except ValueError as e:
+        raise errors.InvalidConfigError(f"storage options for {bucket}: {e}") from None
+    if backoff:
+        retry["backoff"] = backoff
+    return retry
+
+
+def _duration(text: str) -> timedelta:
+    """A duration as delta-rs's options write one (humantime: "30s", "1m 30s", "250ms")."""
+    if not text.strip():
+        raise ValueError("an empty duration")
+    seconds, at = 0.0, 0
+    while at < len(text):
+        match = _DURATION.match(text, at)
+        if match is None:
+            raise ValueError(f"{text!r} is not a duration (such as 30s or 250ms)")
+        seconds += float(match.group(1)) * _DURATION_UNITS_S[match.group(2)]
+        at = match.end()
+    return timedelta(seconds=seconds)
 
 
 def _first_line(e: BaseException) -> str:

@@ -90,6 +90,25 @@ def test_file_operations_on_a_local_root(tmp_path: Path) -> None:
     _exercise(Storage(str(tmp_path / "root")))
 
 
+def test_delta_rs_retry_options_become_obstores_retry_config() -> None:
+    """The options delta-rs takes for its retries (tests/faults/test_slow_failing_s3.py shows
+    them bounding deltabus's own requests), durations as delta-rs writes them."""
+    from datetime import timedelta
+
+    from deltabus.storage import _retry_config
+
+    assert _retry_config("s3://b", {"AWS_REGION": "x"}) is None  # object_store's defaults
+    assert _retry_config("s3://b", {
+        "max_retries": "2", "RETRY_TIMEOUT": "1m 30s", "backoff_config.init_backoff": "10ms",
+        "backoff_config.max_backoff": "2s", "backoff_config.base": "3"}) == {
+        "max_retries": 2, "retry_timeout": timedelta(seconds=90), "backoff": {
+            "init_backoff": timedelta(milliseconds=10), "max_backoff": timedelta(seconds=2),
+            "base": 3.0}}
+    storage = Storage("s3://bucket/root", {"retry_timeout": "soon"})
+    with pytest.raises(errors.InvalidConfigError, match="'soon' is not a duration"):
+        storage.exists(storage.join("t"))
+
+
 def test_local_failures_are_storage_errors_naming_the_file(tmp_path: Path) -> None:
     storage = Storage(str(tmp_path))
     (tmp_path / "a-file").write_bytes(b"x")

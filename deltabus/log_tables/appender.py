@@ -197,7 +197,13 @@ def recorded_log_start(table: DeltaTable) -> int:
 def create_log_table(path: str, *, topic: str, partition: int, checkpoint_interval: int,
                      storage_options: dict[str, str] | None = None) -> DeltaTable:
     """Create the empty Delta table of a partition log at `path` (an existing one is kept as
-    it is). Raises KafkaStorageError when the storage refuses."""
+    it is). Raises KafkaStorageError when the storage refuses.
+
+    A create that fails is checked against the store: on an object store, delta-rs's put of
+    version 0 can land with its answer lost, be refused on retry by its own file, and be
+    tried again at version 1; when that answer is lost too, delta-rs reports a conflict
+    ("protocol changed") though the table is there. A table that opens is the table asked
+    for (mode "ignore" keeps an existing one in any case)."""
     try:
         return DeltaTable.create(
             path,
@@ -212,7 +218,10 @@ def create_log_table(path: str, *, topic: str, partition: int, checkpoint_interv
             storage_options=storage_options,
         )
     except DeltaError as e:
-        raise storage_error(e, f"cannot create {path}") from e
+        try:
+            return open_table(path, storage_options=storage_options)
+        except Exception:
+            raise storage_error(e, f"cannot create {path}") from e
 
 
 class LogAppender:

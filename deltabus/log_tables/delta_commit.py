@@ -58,6 +58,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from deltabus import errors
 from deltabus.storage import Storage
 
 if TYPE_CHECKING:
@@ -165,7 +166,8 @@ class DeltaCommitWriter:
         """Commit the actions as the next version the table lets this writer have; returns it.
         `removes` are `remove_action`s; `info` goes into the commitInfo (history() shows it).
         Raises FencedWriter or CommitConflict (nothing committed) or KafkaStorageError (the
-        outcome is unknown: the storage failed, perhaps after the put landed)."""
+        storage failed and the version holds no commit of this call that could be read back:
+        the outcome is unknown, as a put may still land)."""
         now_ms = int(time.time() * 1000)
         commit_info: dict[str, Any] = {
             "timestamp": now_ms, "operation": operation,
@@ -187,12 +189,12 @@ class DeltaCommitWriter:
                         txns=set(txns or ()))
         version = self.version + 1
         for _ in range(self.retries + 1):
-            if self.storage.put_if_absent(commit_file(self.table_uri, version), payload):
+            winner: bytes | None = self._put(version, payload)
+            if winner == payload:
                 self.version = version
                 return version
             # Lost: read every commit made since (a cleaner reading an old version may be
             # many behind), then try after the newest.
-            winner: bytes | None = self.storage.read_bytes(commit_file(self.table_uri, version))
             while winner is not None:
                 self._check_winner(version, winner, mine)
                 self.version = version
@@ -201,6 +203,29 @@ class DeltaCommitWriter:
         raise CommitConflict(
             f"{self.table_uri}: {self.retries + 1} tries in a row lost their version to other "
             "writers")
+
+    def _put(self, version: int, payload: bytes) -> bytes:
+        """Put `payload` as `version`'s commit file if none is there; returns the file the
+        version holds: `payload` when this commit took it, another writer's commit when not.
+
+        Why not put_if_absent's answer alone: a put whose answer is lost (the connection
+        dropped after the store acted on it) lands all the same. object_store retries it, and
+        the retry is refused (412, AlreadyExists) by the first try's own file, so "absent: no"
+        can mean this commit; and when the retry times out instead, the put fails though the
+        commit is in the table. Either way the file is read back: a payload holds this
+        writer's id and the time, so the same bytes are this very commit, which is then done
+        (never reported as a conflict or a failure). A failed put that did not land, or
+        whose file cannot be read, raises KafkaStorageError: the outcome is unknown, and
+        nothing is acknowledged."""
+        uri = commit_file(self.table_uri, version)
+        try:
+            if self.storage.put_if_absent(uri, payload):
+                return payload
+        except errors.KafkaStorageError:
+            if self.storage.read_if_present(uri) != payload:
+                raise
+            return payload
+        return self.storage.read_bytes(uri)
 
     def landed(self) -> bool:
         """After `commit` raised KafkaStorageError (the outcome unknown: the put may have landed
