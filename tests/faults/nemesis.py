@@ -18,6 +18,15 @@ from deltabus.log_tables.layout import topic_path
 from tests.faults.full_disk import FullDisk
 from tests.faults.network import Host, LoopbackNetwork
 from tests.faults.pause import Pause
+from tests.faults.s3_fault_proxy import (
+    ANSWER_LOST,
+    COMMIT_FILES,
+    DELAY,
+    INTERNAL_ERROR,
+    SLOW_DOWN,
+    Rule,
+    S3FaultProxy,
+)
 
 
 def _leader(cluster, topic: str, partition: int) -> tuple[int, int, list[int]] | None:
@@ -231,3 +240,28 @@ class PauseLeader(Fault):
         if self.pause is not None:
             self.pause.resume()
             self.pause = None
+
+
+class SlowFailingStorage(Fault):
+    """The object store misbehaves for `hold_s`, through the fault proxy the cluster reaches it
+    by (tests/faults/s3_fault_proxy.py): a third of the commit files' puts get 503 SlowDown,
+    a tenth lose their answer after they landed, a twentieth of all requests get 500, and a
+    fifth of the puts wait half a second. Retried by the storage layer; a commit whose answer
+    was lost is recognised as its writer's."""
+
+    kind = "slow-failing-storage"
+
+    def __init__(self, proxy: S3FaultProxy, hold_s: float) -> None:
+        self.proxy, self.hold_s = proxy, hold_s
+
+    def start(self, cluster, topic: str, partition: int) -> dict[str, Any] | None:
+        rules = [Rule(SLOW_DOWN, key=COMMIT_FILES, method="PUT", probability=0.3),
+                 Rule(ANSWER_LOST, key=COMMIT_FILES, method="PUT", probability=0.1),
+                 Rule(INTERNAL_ERROR, probability=0.05),
+                 Rule(DELAY, method="PUT", probability=0.2, seconds=0.5)]
+        for rule in rules:
+            self.proxy.add(rule)
+        return {"rules": [r.describe() for r in rules]}
+
+    def stop(self) -> None:
+        self.proxy.clear()

@@ -3,7 +3,8 @@ order, one every 10-15 s for DELTABUS_SOAK_S seconds (600 by default), under iss
 acks=all producers on both doors and a consumer group committing after processing. The faults:
 leader kills, network partitions (a leader from the controller, a follower from its leader,
 the controller from every broker, a leader in a minority of its own), a slow and lossy leader,
-a leader paused past its session timeout, and a full disk.
+a leader paused past its session timeout, and a full disk on local disk or slow and failing
+storage on S3 (moto's server behind tests/faults/s3_fault_proxy.py).
 
 Each run writes its history to build/soak/ and prints its faults as a table
 (tests/faults/report.py). Collected only when named on the command line (`make soak` does): its
@@ -13,10 +14,13 @@ without a skip marker."""
 from __future__ import annotations
 
 import os
+import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from deltabus import Cluster
 from tests.faults.history import read_history
 from tests.faults.nemesis import (
     ControllerFromBrokers,
@@ -27,10 +31,12 @@ from tests.faults.nemesis import (
     LeaderFromController,
     LeaderInMinority,
     PauseLeader,
+    SlowFailingStorage,
     SlowLeader,
 )
 from tests.faults.network import LoopbackNetwork
 from tests.faults.report import fault_rows, table
+from tests.faults.s3_fault_proxy import S3FaultProxy
 from tests.soak.fault_injection import FaultPlan, Report, run
 
 SOAK_S = float(os.environ.get("DELTABUS_SOAK_S", "600"))
@@ -38,13 +44,16 @@ HOLD_S = 10.0  # past the brokers' 6 s session timeout and the 5 s replica lag t
 HISTORIES = Path(__file__).parents[2] / "build" / "soak"
 
 
-def every_fault(network: LoopbackNetwork, *, local_disk: bool) -> list[Fault]:
+def every_fault(network: LoopbackNetwork, *, local_disk: bool = False,
+                proxy: S3FaultProxy | None = None) -> list[Fault]:
     faults: list[Fault] = [
         KillLeader(), LeaderFromController(network, HOLD_S), FollowerFromLeader(network, HOLD_S),
         ControllerFromBrokers(network, HOLD_S), LeaderInMinority(network, HOLD_S),
         SlowLeader(network, HOLD_S), PauseLeader(HOLD_S)]
     if local_disk:
         faults.append(DiskFull(HOLD_S))
+    if proxy is not None:
+        faults.append(SlowFailingStorage(proxy, HOLD_S))
     return faults
 
 
@@ -62,6 +71,30 @@ def test_soak_every_nemesis_mixed_on_local_disk(cluster, topic_name, all_brokers
         report = run(cluster, FaultPlan(topic_name, nemesis_s=SOAK_S, fault_every_s=10,
                                         fault_jitter_s=5, mixed=True, history=str(history)),
                      faults)
+    print_run(report, history)
+    assert {f.kind for f in report.faults} == {f.kind for f in faults}, (
+        "a soak this short cannot inject every fault: make it longer (DELTABUS_SOAK_S)")
+    report.assert_nothing_lost_or_reset()
+
+
+@pytest.mark.timeout(int(SOAK_S) + 2400)  # a cluster of its own on S3: slower to start and stop
+def test_soak_every_nemesis_mixed_on_s3(spark: Any, s3: Any) -> None:
+    """The same mix on a cluster whose root is moto's S3 server, reached through the fault
+    proxy, which also injects slow and failing storage; the group starts from "earliest"
+    (issue 14's own setting)."""
+    history = HISTORIES / "history-s3.jsonl"
+    with S3FaultProxy(s3.endpoint) as proxy:
+        root = f"{s3.create_bucket(f'soak-{uuid.uuid4().hex[:8]}')}/deltabus"
+        cluster = Cluster(spark, root=root, brokers=3, port=0,
+                          storage_options=proxy.options(s3.options())).start()
+        try:
+            with LoopbackNetwork() as network:
+                faults = every_fault(network, proxy=proxy)
+                report = run(cluster, FaultPlan(
+                    "soak", nemesis_s=SOAK_S, fault_every_s=10, fault_jitter_s=5, mixed=True,
+                    auto_offset_reset="earliest", history=str(history)), faults)
+        finally:
+            cluster.stop()
     print_run(report, history)
     assert {f.kind for f in report.faults} == {f.kind for f in faults}, (
         "a soak this short cannot inject every fault: make it longer (DELTABUS_SOAK_S)")
