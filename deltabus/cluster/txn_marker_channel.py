@@ -104,11 +104,13 @@ class TxnMarkerChannel:
 
     def _record_completion(self, txn: TransactionMetadata) -> bool:
         """Record CompleteX; False when the storage refused the write (KafkaStorageError: a full
-        disk, a failing object store), to be tried again after the backoff. Kafka's
-        TransactionMarkerChannelManager retries a completion append that fails the same way,
-        and a coordinator that loads the log ends every PrepareX transaction it finds; here the
-        coordinator never moves, so giving up would leave the transaction in PrepareX (every
-        InitProducerId of its id answering CONCURRENT_TRANSACTIONS) until a restart."""
+        disk, a failing object store), to be tried again after the backoff. Kafka never gives
+        the write up either: TransactionMarkerChannelManager queues a completion append that
+        failed for want of replicas (COORDINATOR_NOT_AVAILABLE) again, and one that failed in
+        storage (NOT_COORDINATOR: the log dir goes offline, the partition moves) is left to the
+        coordinator that loads the log next, which ends every PrepareX transaction it finds.
+        Here the coordinator never moves, so giving up would leave the transaction in PrepareX
+        (every InitProducerId of its id answering CONCURRENT_TRANSACTIONS) until a restart."""
         with self._lock:
             try:
                 self._complete(txn)

@@ -372,11 +372,11 @@ def test_a_transaction_whose_completion_meets_a_full_disk_completes_once_there_i
         coordinator_disk: tuple[FullDisk, Controller, Leaders], caplog: pytest.LogCaptureFixture,
         ending: str) -> None:
     """The disk fills after the leaders took the markers, so recording CompleteCommit or
-    CompleteAbort fails. Kafka's coordinator retries that write (TransactionMarkerChannelManager
-    puts a failed completion append back on its retry queue; a coordinator that loads the log
-    ends every PrepareX transaction it finds): the transaction completes once there is room,
-    with no restart, each partition's marker written once, and the producer's next
-    InitProducerId gets the next epoch."""
+    CompleteAbort fails. Kafka never gives that write up (a storage error moves the
+    coordinator, and the one that loads the log ends every PrepareX transaction it finds);
+    deltabus's coordinator never moves, so it writes it again: the transaction completes once
+    there is room, with no restart, each partition's marker written once, and the producer's
+    next InitProducerId gets the next epoch."""
     disk, controller, leaders = coordinator_disk
     producer_id, epoch = controller.init_transactional_producer(
         "tx", 1 if ending == "timed-out-abort" else 60_000)
