@@ -207,9 +207,10 @@ class TransactionControlManager:
         TxnOffsetCommit). Kafka's transactional producers look the coordinator up again and
         retry NOT_COORDINATOR, while KAFKA_STORAGE_ERROR is fatal to Java's on InitProducerId,
         AddOffsetsToTxn, EndTxn and TxnOffsetCommit, and makes its transaction abortable on
-        AddPartitionsToTxn. The writes no request waits for (CompleteX, a timed-out
-        transaction's abort) go to `_commit` and keep KafkaStorageError, which their threads
-        log."""
+        AddPartitionsToTxn. The writes no request waits for go to `_commit` and keep
+        KafkaStorageError, and their threads try them again: CompleteX the marker channel's,
+        after its backoff; a timed-out transaction's abort the next check (it stays Ongoing
+        and past its timeout)."""
         try:
             self._commit(records)
         except errors.KafkaStorageError as e:
@@ -234,7 +235,9 @@ class TransactionControlManager:
             self._lock.wait(remaining_s)
 
     def complete_transaction(self, txn: TransactionMetadata) -> None:
-        """Lock held. Record CompleteCommit or CompleteAbort once every marker is written."""
+        """Lock held. Record CompleteCommit or CompleteAbort once every marker is written. A
+        write the storage refuses raises KafkaStorageError and changes nothing: the marker
+        channel records it again after its backoff."""
         self._commit(transaction_coordinator.complete(
             self._state, txn.transactional_id, txn.producer_id, txn.producer_epoch,
             now_ms=_now_ms()).records)

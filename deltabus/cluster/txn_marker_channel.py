@@ -6,7 +6,9 @@ controller, which decides the transaction's states; this only carries them out.
 One thread per transaction being ended, at most one per transactional id. Leaders move: each
 round resolves them again from the controller's image, and a round that leaves partitions
 without a marker is tried again after a backoff, until every one has it or the controller shuts
-down (a later controller ends the transaction from the log: `Controller.__init__`).
+down (a later controller ends the transaction from the log: `Controller.__init__`). Recording
+CompleteX is retried the same way when the storage refuses it (a full disk): the transaction
+must not stay in PrepareX, answering CONCURRENT_TRANSACTIONS to its producer, until a restart.
 """
 
 from __future__ import annotations
@@ -72,7 +74,9 @@ class TxnMarkerChannel:
 
     def _end_transaction(self, transactional_id: str) -> None:
         """Thread: send the markers until every partition has one, write a commit's offsets,
-        then record CompleteX."""
+        then record CompleteX; each step tried again after the backoff until done or the
+        controller shuts down. A step done is not done again: a marker once per partition, the
+        offsets once (a retry could roll back a group's later commit)."""
         try:
             with self._lock:
                 txn = self._state.transactions.get(transactional_id)
@@ -86,19 +90,35 @@ class TxnMarkerChannel:
                 if remaining:
                     remaining = self._send_once(txn, remaining)
                 if not remaining and self._write_offsets(pending):
-                    break  # at once: the producer's next call waits for this
+                    pending = {}
+                    if self._record_completion(txn):
+                        return  # at once: the producer's next call waits for this
                 with self._lock:
                     self._lock.wait(wait_s)
                 wait_s = min(wait_s * 2, wait_max_s)
-            else:
-                return
-            with self._lock:
-                self._complete(txn)
         except Exception:
             log.exception("ending the transaction of %r failed", transactional_id)
         finally:
             with self._lock:
                 self._ending.discard(transactional_id)
+
+    def _record_completion(self, txn: TransactionMetadata) -> bool:
+        """Record CompleteX; False when the storage refused the write (KafkaStorageError: a full
+        disk, a failing object store), to be tried again after the backoff. Kafka never gives
+        the write up either: TransactionMarkerChannelManager queues a completion append that
+        failed for want of replicas (COORDINATOR_NOT_AVAILABLE) again, and one that failed in
+        storage (NOT_COORDINATOR: the log dir goes offline, the partition moves) is left to the
+        coordinator that loads the log next, which ends every PrepareX transaction it finds.
+        Here the coordinator never moves, so giving up would leave the transaction in PrepareX
+        (every InitProducerId of its id answering CONCURRENT_TRANSACTIONS) until a restart."""
+        with self._lock:
+            try:
+                self._complete(txn)
+            except errors.KafkaStorageError as e:
+                log.warning("recording the end of the transaction of %r failed; trying again: "
+                            "%s", txn.transactional_id, e.message)
+                return False
+        return True
 
     def _send_once(self, txn: TransactionMetadata, remaining: set[tuple[str, int]]
                    ) -> set[tuple[str, int]]:

@@ -28,7 +28,7 @@ topic's directory, then one follower's replica, on it.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -38,6 +38,7 @@ from deltalake import DeltaTable
 
 from deltabus import AdminClient, Consumer, NewTopic, Producer, TopicPartition, errors
 from deltabus.client.cluster_client import ClusterClient
+from deltabus.cluster import txn_marker_channel
 from deltabus.cluster.controller import Controller
 from deltabus.cluster.metadata_log import MetadataLog
 from deltabus.cluster.txn_marker_channel import MarkerAnswers
@@ -46,9 +47,12 @@ from deltabus.log_tables.control_records import TxnMarker
 from deltabus.log_tables.layout import replica_path, topic_path
 from deltabus.log_tables.partition_log import PartitionLog
 from deltabus.metadata import (
+    COMPLETE_ABORT,
     COMPLETE_COMMIT,
     EMPTY,
     ONGOING,
+    PREPARE_ABORT,
+    PREPARE_COMMIT,
     BrokerEndpoint,
     MetadataImage,
     PartitionState,
@@ -249,13 +253,19 @@ def test_a_txn_offset_commit_on_a_full_disk_answers_kafkas_retriable_not_coordin
 
 
 class Leaders:
-    """A fake of the partitions' leaders: takes every transaction marker at once."""
+    """A fake of the partitions' leaders: takes every transaction marker at once. `then`, when
+    set, runs once after markers are taken, before they are answered: a fault that strikes
+    between the markers and the coordinator's record of the transaction's completion."""
 
     def __init__(self) -> None:
         self.markers: list[TxnMarker] = []
+        self.then: Callable[[], object] | None = None
 
     def __call__(self, broker_id: int, markers: list[TxnMarker]) -> MarkerAnswers:
         self.markers += markers
+        then, self.then = self.then, None
+        if then is not None:
+            then()
         return {(m.producer_id, t, p): None for m in markers for t, p in m.partitions}
 
 
@@ -355,6 +365,47 @@ def test_an_end_txn_on_a_full_disk_answers_not_coordinator_and_sends_no_marker(
     wait_until(lambda: transaction(controller).state == COMPLETE_COMMIT, "tx CompleteCommit",
                WAIT_S)
     assert [(m.committed, m.partitions) for m in leaders.markers] == [(True, (("t", 0),))]
+
+
+@pytest.mark.parametrize("ending", ["commit", "abort", "timed-out-abort"])
+def test_a_transaction_whose_completion_meets_a_full_disk_completes_once_there_is_room(
+        coordinator_disk: tuple[FullDisk, Controller, Leaders], caplog: pytest.LogCaptureFixture,
+        ending: str) -> None:
+    """The disk fills after the leaders took the markers, so recording CompleteCommit or
+    CompleteAbort fails. Kafka never gives that write up (a storage error moves the
+    coordinator, and the one that loads the log ends every PrepareX transaction it finds);
+    deltabus's coordinator never moves, so it writes it again: the transaction completes once
+    there is room, with no restart, each partition's marker written once, and the producer's
+    next InitProducerId gets the next epoch."""
+    disk, controller, leaders = coordinator_disk
+    producer_id, epoch = controller.init_transactional_producer(
+        "tx", 1 if ending == "timed-out-abort" else 60_000)
+    controller.add_partitions_to_txn("tx", producer_id, epoch, [("t", 0)])
+    leaders.then = disk.fill
+    if ending == "timed-out-abort":  # under a new epoch: the producer is fenced
+        wait_until(lambda: controller.abort_timed_out_transactions() == ["tx"], "a timeout")
+        epoch += 1
+    else:
+        controller.end_txn("tx", producer_id, epoch, committed=ending == "commit")
+    committed, prepared, completed = ((True, PREPARE_COMMIT, COMPLETE_COMMIT)
+                                      if ending == "commit"
+                                      else (False, PREPARE_ABORT, COMPLETE_ABORT))
+    wait_until(lambda: completion_failed(caplog), "the completion's write to fail", WAIT_S)
+    assert (transaction(controller).state, transaction(controller).producer_epoch) == (
+        prepared, epoch)
+    disk.free()
+    wait_until(lambda: transaction(controller).state == completed, f"tx {completed}", WAIT_S)
+    assert [(m.committed, m.producer_epoch, m.partitions) for m in leaders.markers] == [
+        (committed, epoch, (("t", 0),))]
+    assert controller.init_transactional_producer("tx", 60_000) == (producer_id, epoch + 1)
+
+
+def completion_failed(caplog: pytest.LogCaptureFixture) -> bool:
+    """The marker channel logged a write the full disk refused (its record's message or the
+    exception it carries)."""
+    return any(r.name == txn_marker_channel.__name__ and "No space left" in
+               r.getMessage() + repr(r.exc_info[1] if r.exc_info else "")
+               for r in caplog.records)
 
 
 def test_an_idempotent_init_producer_id_on_a_full_disk_answers_coordinator_load_in_progress(
