@@ -172,7 +172,7 @@ class Controller:
         self._topic_tables = TopicTables(
             config, self._lock, self._tables_lock, self._state, self._commit,
             version=lambda: self._version, shutting_down=lambda: self._shutting_down,
-            await_brokers=self._cluster_control.await_brokers)
+            await_brokers=self._cluster_control.await_brokers, reload_log=self._reload_log)
         self._reassignments = ReassignmentControlManager(
             config, self._lock, self._tables_lock, self._state, self._commit,
             version=lambda: self._version, shutting_down=lambda: self._shutting_down,

@@ -17,6 +17,7 @@ history file (history.jsonl under its tmp_path), with the cluster run's acknowle
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import Future
@@ -32,11 +33,12 @@ from deltabus.cluster.controller import Controller
 from deltabus.cluster.metadata_log import MetadataLog
 from deltabus.log_tables.appender import AppendResult
 from deltabus.log_tables.delta_commit import DeltaCommitWriter
-from deltabus.log_tables.layout import metadata_path
+from deltabus.log_tables.layout import metadata_path, replica_path, topic_path
 from deltabus.log_tables.partition_log import PartitionLog, create_log_table
 from deltabus.metadata import BrokerEndpoint
 from deltabus.records import normalize_produce, produce_batch, to_log_batch
 from deltabus.storage import Storage
+from tests.conftest import wait_until
 from tests.faults.history import History, read_history
 from tests.faults.s3_fault_proxy import (
     ANSWER_LOST,
@@ -361,6 +363,36 @@ def test_a_controller_whose_metadata_append_outcome_is_unknown_applies_what_land
     restarted = Controller(cfg.ClusterConfig(root=root, brokers=1, kafka_port=-1,
                                              storage_options=s3.options()))
     assert restarted.image().topics == controller.image().topics
+
+
+@pytest.mark.parametrize("lands", [True, False], ids=["landed", "not-landed"])
+def test_a_topic_whose_creation_outcome_is_unknown_keeps_its_tables_if_it_landed(
+        s3: Any, proxy: S3FaultProxy, lands: bool) -> None:
+    """CreateTopics makes the replica tables, then the metadata commit naming them, whose
+    outcome is unknown: the create fails. A table is removed only once the reloaded log shows
+    the commit did not land (then a create of the same name goes through); if it landed, the
+    topic is the cluster's and its tables stay. On the old code the failed create removed the
+    tables at once, and the landed topic had none (a missing table means lost records)."""
+    controller, root = _controller(s3, proxy)
+    table = replica_path(root, "lost", 0, 0)
+    _outcome_unknown(proxy, METADATA_COMMITS, lands=lands)
+    [failed] = controller.create_topics([NewTopic("lost")], timeout_ms=0)
+    assert isinstance(failed.error, errors.KafkaStorageError)
+    assert "lost" not in controller.image().topics
+    proxy.clear()
+    storage = Storage(root, s3.options())
+    if lands:
+        assert controller.reload_metadata()
+        assert "lost" in controller.image().topics
+        time.sleep(2)  # the removal's first tries (0.5 s, then 1 s) leave it
+        assert DeltaTable(table, storage_options=s3.options()).version() == 0
+    else:
+        wait_until(lambda: not storage.exists(topic_path(root, "lost")),
+                   "the tables of the topic that did not land removed", 30)
+        [created] = controller.create_topics([NewTopic("lost")], timeout_ms=0)
+        assert created.error is None
+    topics = [r["name"] for r in _stored_metadata(s3, root) if r["type"] == "topic"]
+    assert topics == ["orders", "lost"]
 
 
 def test_slow_storage_slows_appends_and_fails_none(s3: Any, proxy: S3FaultProxy) -> None:
