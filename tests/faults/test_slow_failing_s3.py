@@ -1,7 +1,7 @@
 """Slow and failing object storage (issue 40): the storage layer, the Delta commit writer, a
-partition log and the controller's metadata log (alone and under a Controller, no Spark) on an
-S3 root behind the fault proxy (s3_fault_proxy.py) in front of moto, then a 3-broker cluster on
-it under acks=all load.
+partition log, the controller's metadata log (alone and under a Controller, no Spark) and
+`__consumer_offsets` (the offset store) on an S3 root behind the fault proxy (s3_fault_proxy.py)
+in front of moto, then a 3-broker cluster on it under acks=all load.
 
 What must hold: transient 503 SlowDown and 500 InternalError are retried and nothing is lost or
 doubled; a commit whose answer was lost is acknowledged once if it landed (the store's retry of
@@ -36,6 +36,7 @@ from deltabus.log_tables.delta_commit import DeltaCommitWriter
 from deltabus.log_tables.layout import metadata_path, replica_path, topic_path
 from deltabus.log_tables.partition_log import PartitionLog, create_log_table
 from deltabus.metadata import BrokerEndpoint
+from deltabus.offsets.offset_store import OffsetAndMetadata, OffsetCommit, OffsetStore
 from deltabus.records import normalize_produce, produce_batch, to_log_batch
 from deltabus.storage import Storage
 from tests.conftest import wait_until
@@ -393,6 +394,53 @@ def test_a_topic_whose_creation_outcome_is_unknown_keeps_its_tables_if_it_landed
         assert created.error is None
     topics = [r["name"] for r in _stored_metadata(s3, root) if r["type"] == "topic"]
     assert topics == ["orders", "lost"]
+
+
+def _committed(store: OffsetStore) -> dict[int, int]:
+    return {p: om.offset for (_, p), om in store.offsets("g").items()}
+
+
+def _commit_offset(store: OffsetStore, partition: int, offset: int) -> None:
+    store.commit([OffsetCommit("g", "t", partition, OffsetAndMetadata(offset))]).result(
+        APPEND_TIMEOUT_S)
+
+
+@pytest.mark.parametrize("lands", [True, False], ids=["landed", "not-landed"])
+def test_an_offset_commit_whose_outcome_stays_unknown_is_reloaded_before_the_next(
+        s3: Any, proxy: S3FaultProxy, lands: bool) -> None:
+    """`__consumer_offsets`' append lands (or not) and cannot be checked: the commit fails and
+    the store's memory stays as it was; so does the next one while the store still cannot
+    tell. Once the store answers, the next write applies first
+    what landed, then goes through; a group's deletion then tombstones the landed offset too.
+    Memory, the table and a restart agree, each row once. On the old code every commit after
+    the unknown one failed (CommitConflict, "reported failed")."""
+    path = f"{s3.create_bucket(f'offsets-{uuid.uuid4().hex[:8]}')}/__consumer_offsets"
+    store = OffsetStore(path, commit_linger_ms=0, storage_options={
+        **proxy.options(s3.options()), **FAST_RETRIES, **SHORT_TIMEOUT})
+    try:
+        _commit_offset(store, 0, 10)
+        _outcome_unknown(proxy, COMMIT_FILES, lands=lands)
+        with pytest.raises(errors.KafkaStorageError):
+            _commit_offset(store, 1, 20)
+        with pytest.raises(errors.KafkaStorageError, match="cannot reload"):
+            _commit_offset(store, 3, 40)  # the store still cannot tell: nothing written
+        assert _committed(store) == {0: 10}
+        proxy.clear()
+        _commit_offset(store, 2, 30)
+        held = {0: 10, 1: 20, 2: 30} if lands else {0: 10, 2: 30}
+        assert _committed(store) == held
+        table = DeltaTable(path, storage_options=s3.options()).to_pyarrow_table()
+        assert sorted(table.column("partition").to_pylist()) == sorted(held)
+        reopened = OffsetStore(path, storage_options=s3.options())
+        assert _committed(reopened) == held
+        reopened.close()
+        store.delete_group("g").result(APPEND_TIMEOUT_S)
+        assert not store.has_group("g")
+    finally:
+        store.close()
+    reopened = OffsetStore(path, storage_options=s3.options())
+    assert not reopened.has_group("g")
+    reopened.close()
 
 
 def test_slow_storage_slows_appends_and_fails_none(s3: Any, proxy: S3FaultProxy) -> None:
