@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from deltabus import config as cfg
+from deltabus import errors
 from deltabus.cluster.broker import STOPPED, BrokerSpec, run_broker_task
 from deltabus.cluster.catch_up import CatchUpTask, catch_up_replicas
 from deltabus.cluster.controller import Controller
@@ -345,9 +346,11 @@ class Cluster:
             self.spark.sparkContext.cancelJobGroup(self._broker_group(broker_id))
 
     def _check_sessions_loop(self) -> None:
-        """Fence silent brokers; now and then, hand leadership back to preferred replicas. A
-        round that fails (a metadata write the storage refused) is logged and the next one
-        runs: broker sessions must be checked for as long as the cluster runs."""
+        """Reload the metadata log's end if an append's outcome was unknown (so requests are
+        decided on what the log holds as soon as the store answers); fence silent brokers; now
+        and then, hand leadership back to preferred replicas. A round that fails (a metadata
+        write the storage refused) is logged and the next one runs: broker sessions must be
+        checked for as long as the cluster runs."""
         interval_s = self.config.broker_heartbeat_interval_ms / 1000
         rebalance_s = self.config.leader_imbalance_check_interval_ms / 1000
         next_rebalance = time.monotonic() + rebalance_s
@@ -355,6 +358,7 @@ class Cluster:
             controller = self.controller
             if controller is None:
                 continue
+            _survive("reloading the metadata log", _reload_metadata, controller)
             _survive("checking broker sessions", controller.check_sessions)
             if self.config.auto_leader_rebalance_enable and time.monotonic() >= next_rebalance:
                 next_rebalance = time.monotonic() + rebalance_s
@@ -537,6 +541,14 @@ def _survive(what: str, step: Callable[..., object], *args: object) -> None:
         step(*args)
     except Exception:
         log.exception("%s failed; the supervisor carries on", what)
+
+
+def _reload_metadata(controller: Controller) -> None:
+    """A line, not a traceback, each round the store still cannot tell (it is expected)."""
+    try:
+        controller.reload_metadata()
+    except errors.KafkaStorageError as e:
+        log.warning("the metadata log is not reloaded yet: %s", e)
 
 
 def _rebalance(controller: Controller) -> None:

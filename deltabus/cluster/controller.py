@@ -33,6 +33,12 @@ Brokers are not sent the image: a heartbeat answer carries the records since the
 position, or a snapshot, a bounded number at a time (`metadata_deltas`), which the broker
 replays into its own state (`metadata_loader`).
 
+A metadata append whose outcome is unknown (the store lost its answer and could not be read to
+tell) leaves the state short of what the log may hold; KRaft's controller resigns and reloads
+from the log then. deltabus has one controller, so it reloads the log's end (`_reload_log`)
+before anything else is written: the session checker asks for it (`reload_metadata`), and so
+does every commit, refusing (retriably) one decided before the reload applied what had landed.
+
 Invariants: state changes only by replaying records, and a persisted record is replayed only
 after the log holds it; `_version` grows with every commit a broker or client could see, and
 that commit's records are in `_deltas` under it before the lock is let go (the handlers'
@@ -148,6 +154,8 @@ class Controller:
         self._storage = config.storage
         self._log = MetadataLog(metadata_path(config.root),
                                 storage_options=self._storage.delta_options)
+        # The records of the commit whose append's outcome is unknown, until `_reload_log`.
+        self._unknown: Sequence[MetadataRecord] = ()
         self._state = MetadataState(
             brokers=BrokerRegistry(last_broker_epoch=int(time.time() * 1000)))
         for stored in self._log.read_all():
@@ -164,7 +172,7 @@ class Controller:
         self._topic_tables = TopicTables(
             config, self._lock, self._tables_lock, self._state, self._commit,
             version=lambda: self._version, shutting_down=lambda: self._shutting_down,
-            await_brokers=self._cluster_control.await_brokers)
+            await_brokers=self._cluster_control.await_brokers, reload_log=self._reload_log)
         self._reassignments = ReassignmentControlManager(
             config, self._lock, self._tables_lock, self._state, self._commit,
             version=lambda: self._version, shutting_down=lambda: self._shutting_down,
@@ -199,10 +207,54 @@ class Controller:
     def _commit(self, records: Sequence[MetadataRecord]) -> None:
         """Write the persisted records durably (one Delta commit), then replay them all; a new
         version when brokers or clients could see the change. Caller holds the lock (or is
-        __init__). A failed write raises KafkaStorageError and changes nothing."""
+        __init__). A failed write raises KafkaStorageError and changes nothing of `records`.
+
+        After an append whose outcome was unknown the log is reloaded first; if that append
+        had landed, its records are applied and these refused (KafkaStorageError, retriable):
+        they were decided on a state without them (an election on a stale leader epoch, a
+        topic created twice)."""
         if not records:
             return
-        self._log.append([to_stored(r) for r in records if r.persisted])
+        if self._reload_log():
+            raise errors.KafkaStorageError(
+                "the metadata log was reloaded: it held an append whose outcome was unknown, "
+                "applied now; try again")
+        try:
+            self._log.append([to_stored(r) for r in records if r.persisted])
+        except errors.KafkaStorageError:
+            if self._log.outcome_unknown:
+                self._unknown = records
+            raise
+        self._apply(records)
+
+    def reload_metadata(self) -> bool:
+        """If a metadata append's outcome is unknown: reload the log's end and apply what had
+        landed (`_reload_log`), so the next request is decided on the state the log holds;
+        whether anything was applied. Raises KafkaStorageError while the store cannot tell.
+        The session checker calls it every round."""
+        with self._lock:
+            return self._reload_log()
+
+    def _reload_log(self) -> bool:
+        """Lock held. After an append whose outcome was unknown: apply its records if the log
+        holds them (all of them, the broker records beside the persisted ones, as the commit
+        would have had its answer come back), so the state equals the log again; whether it
+        did. Raises KafkaStorageError while the store cannot tell (nothing changes)."""
+        if not self._log.outcome_unknown:
+            return False
+        landed = self._log.reload()
+        records, self._unknown = self._unknown, ()
+        if not landed:
+            log.warning("the metadata append whose outcome was unknown did not land")
+            return False
+        assert len(landed) == sum(r.persisted for r in records), (len(landed), records)
+        log.warning("the metadata append whose outcome was unknown landed: %d records applied",
+                    len(landed))
+        self._apply(records)
+        return True
+
+    def _apply(self, records: Sequence[MetadataRecord]) -> None:
+        """Replay committed records; a new version when brokers or clients could see them."""
         for record in records:
             self._state.replay(record)
         if any(r.changes_image for r in records):

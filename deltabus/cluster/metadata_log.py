@@ -2,7 +2,10 @@
 
 Runs on the driver; not thread-safe (the controller serialises writes under its lock).
 Invariant: a record is applied to the in-memory state only after the commit holding it succeeded,
-so a restarted controller replays exactly what it had acknowledged.
+so a restarted controller replays exactly what it had acknowledged; and the records of an append
+whose outcome was unknown (its commit may have landed though the store's answer was lost, and
+the store could not be read to tell) are applied when `reload` finds them landed, before any
+other append, so the in-memory state never differs from the log past that one append.
 
 Appends are the Delta commit writer's (delta_commit.py: a millisecond, not delta-rs's 7-15), each
 stamped with the app transaction METADATA_TXN_APP_ID = the log's end: a second controller writing
@@ -54,6 +57,13 @@ class MetadataLog:
         self.next_offset = 0
         self._writer = DeltaCommitWriter(Storage(path, storage_options), path,
                                          self._table.version(), fence_app_id=METADATA_TXN_APP_ID)
+        # The records (as stored) of the append whose outcome is unknown, until `reload`.
+        self._unknown: list[dict[str, Any]] | None = None
+
+    @property
+    def outcome_unknown(self) -> bool:
+        """Whether the last append failed without knowing if it landed: `reload` first."""
+        return self._unknown is not None
 
     def read_all(self) -> list[dict[str, Any]]:
         update(self._table)  # the appends go around the table object
@@ -63,10 +73,40 @@ class MetadataLog:
             self.next_offset = int(table.column("offset")[-1].as_py()) + 1
         return records
 
+    def reload(self) -> list[dict[str, Any]]:
+        """After an append whose outcome was unknown: its records if its commit is in the log
+        (as `read_all` gives them; the log's end moves past them), else none; the outcome is
+        known from then on. Nothing to do (none) when no outcome is unknown. Raises
+        KafkaStorageError while the store still cannot tell.
+
+        Why: the writer's version stays before such a commit, so an append after it would
+        find it at that version and fail (CommitConflict) every time; and the caller, which
+        applied none of it, must apply what landed before deciding its next records, as KRaft's
+        controller reloads its state from the log when it cannot know whether its append was
+        committed. Only this writer's own commit can be there (another controller's would
+        fence this one at its next append), and only the one append: none is made while the
+        outcome is unknown."""
+        if self._unknown is None:
+            return []
+        try:
+            landed = self._writer.landed()
+        except errors.KafkaStorageError as e:
+            raise errors.KafkaStorageError(
+                f"cannot reload the metadata log after an append whose outcome was unknown: "
+                f"{e}") from e
+        records, self._unknown = (self._unknown if landed else []), None
+        self.next_offset += len(records)
+        return records
+
     def append(self, records: list[dict[str, Any]]) -> None:
-        """Durably append records in one Delta commit; raises KafkaStorageError on failure."""
+        """Durably append records in one Delta commit; raises KafkaStorageError on failure
+        (`outcome_unknown` then says whether the commit may have landed all the same)."""
         if not records:
             return
+        if self._unknown is not None:
+            raise errors.KafkaStorageError(
+                "cannot write the metadata log: the outcome of an earlier append is unknown "
+                "(reload it first)")
         now = int(time.time() * 1_000_000)
         n = len(records)
         batch = pa.table({
@@ -81,7 +121,7 @@ class MetadataLog:
                                     txns={METADATA_TXN_APP_ID: self.next_offset + n},
                                     info={"deltabus.operation": "metadata"})
             except errors.KafkaStorageError:
-                if not self._writer.landed():  # raises while the storage still fails
+                if not self._landed(batch):
                     raise
         except FencedWriter as e:
             raise errors.KafkaStorageError(
@@ -91,6 +131,15 @@ class MetadataLog:
         self.next_offset += n
         if self._writer.version % CHECKPOINT_COMMITS == 0:
             self._checkpoint()
+
+    def _landed(self, batch: pa.Table) -> bool:
+        """After the commit of `batch` failed in the store: whether it landed all the same.
+        While the store cannot tell, the outcome is unknown until `reload`: raises."""
+        try:
+            return self._writer.landed()
+        except errors.KafkaStorageError:
+            self._unknown = [json.loads(r) for r in batch.column("record").to_pylist()]
+            raise
 
     def _checkpoint(self) -> None:
         """A delta-rs checkpoint of the latest version: off the acknowledgement (the records

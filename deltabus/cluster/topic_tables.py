@@ -14,7 +14,9 @@ Separate from the controller because this is storage work, slow and fallible, ar
 (tables first, then the records), and from `replication_control` because that module's handlers
 do no I/O. Invariants: a create never deletes data (a topic whose directory holds files is
 refused, and only what a failed create made is removed); a topic's directory is removed only
-once its removal is committed, and not if a topic of the same name was created again meanwhile.
+once its removal is committed, and not if a topic of the same name was created again meanwhile;
+a failed create's tables are removed only once the metadata log is known not to name them (a
+commit whose outcome was unknown may have landed: the controller's reload tells).
 
 Thread-safe: `tables_lock` is taken before the controller's lock, never while waiting for brokers.
 """
@@ -54,11 +56,14 @@ class TopicTables:
     def __init__(self, config: cfg.ClusterConfig, lock: threading.Condition,
                  tables_lock: threading.Lock, state: MetadataState, commit: CommitRecords, *,
                  version: Callable[[], int], shutting_down: Callable[[], bool],
-                 await_brokers: Callable[[int, int], None]) -> None:
+                 await_brokers: Callable[[int, int], None],
+                 reload_log: Callable[[], object]) -> None:
         """`lock`, `tables_lock`, `state`, `commit`: the controller's; `version`: its current
         metadata version; `await_brokers(version, timeout_ms)`: returns once the live brokers
         applied `version` (`ClusterControlManager.await_brokers`), so a new topic can be
-        produced to at once and a deleted one's logs are closed before its tables go."""
+        produced to at once and a deleted one's logs are closed before its tables go;
+        `reload_log()`: with the lock held, applies the metadata append whose outcome was
+        unknown if it landed (`Controller._reload_log`; KafkaStorageError while unknown)."""
         self._config = config
         self._lock = lock
         self._tables_lock = tables_lock
@@ -67,6 +72,7 @@ class TopicTables:
         self._version = version
         self._shutting_down = shutting_down
         self._await_brokers = await_brokers
+        self._reload_log = reload_log
         self._storage = config.storage
 
     def create_topics(self, topics: list[NewTopic], *, timeout_ms: int = 30_000,
@@ -120,7 +126,8 @@ class TopicTables:
     def _create_topics(self, result: ControllerResult[list[TopicResult]]) -> list[TopicResult]:
         """`_tables_lock` held. Create the replica tables of the topics a CreateTopics accepted,
         then commit their records in one metadata commit; their results, or the failure for
-        each of them (what was created goes again: their directories held nothing before)."""
+        each of them (what was created goes again: their directories held nothing before; but
+        not while the commit may have landed, `_remove_topic_dir_locked`)."""
         created = [r for r in result.response if r.error is None]
         if not created:
             return list(result.response)
@@ -129,12 +136,11 @@ class TopicTables:
             with self._lock:
                 self._commit(result.records)
         except errors.DeltaBusError as e:
-            for topic in created:
-                try:
-                    self.delete_dir(topic_path(self._config.root, topic.name))
-                except Exception:
-                    log.exception("removing the tables of topic %s, whose creation failed",
-                                  topic.name)
+            with self._lock:
+                left = [t.name for t in created if not self._remove_topic_dir_locked(t.name)]
+            if left:
+                threading.Thread(target=self._remove_topic_dirs_later, args=(left,),
+                                 name="failed-topic-dirs", daemon=True).start()
             failed = {r.name for r in created}
             return [TopicResult(r.name, e) if r.name in failed else r for r in result.response]
         return list(result.response)
@@ -210,29 +216,38 @@ class TopicTables:
         return results
 
     def _remove_topic_dir(self, name: str) -> bool:
-        """Remove a deleted topic's directory, unless it was created again meanwhile; False
-        when the storage failed (a broker still closing one of its logs writes into it)."""
+        """`_remove_topic_dir_locked`, taking the locks."""
         with self._tables_lock, self._lock:
+            return self._remove_topic_dir_locked(name)
+
+    def _remove_topic_dir_locked(self, name: str) -> bool:
+        """Both locks held. Remove the directory of a topic the log does not name (deleted, or
+        whose create failed), unless it was created (again) meanwhile; False when that is not
+        known yet (a metadata append whose outcome was unknown may have created it: the log
+        is reloaded first) or the storage failed (a broker still closing one of its logs
+        writes into it)."""
+        try:
+            self._reload_log()
             if name in self._state.topics:
                 return True
-            try:
-                self.delete_dir(topic_path(self._config.root, name))
-            except errors.KafkaStorageError as e:
-                log.warning("deleted topic %s: its directory is not removed yet (%s)", name, e)
-                return False
+            self.delete_dir(topic_path(self._config.root, name))
+        except errors.DeltaBusError as e:
+            log.warning("topic %s: its directory is not removed yet (%s)", name, e)
+            return False
         return True
 
     def _remove_topic_dirs_later(self, names: list[str]) -> None:
-        """Try again what `delete_topics` could not remove: the topics are deleted (their
-        removal is committed and answered, as Kafka answers before its logs are gone), and a
-        directory left behind would refuse a topic of the same name later."""
+        """Try again what `delete_topics` or a failed create could not remove: the topics are
+        deleted (their removal is committed and answered, as Kafka answers before its logs are
+        gone), or their creation failed, and a directory left behind would refuse a topic of
+        the same name later."""
         for wait_s in TOPIC_DIR_RETRY_S:
             time.sleep(wait_s)
             names = [name for name in names if not self._remove_topic_dir(name)]
             if not names or self._shutting_down():
                 return
-        log.error("deleted topics %s: their directories could not be removed; a topic of the "
-                  "same name is refused until they are", names)
+        log.error("topics %s (deleted, or their create failed): their directories could not "
+                  "be removed; a topic of the same name is refused until they are", names)
 
     def _check_topic_dir(self, name: str) -> None:
         """Refuse to create a topic whose directory holds files: a deleted topic's tables whose

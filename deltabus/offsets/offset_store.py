@@ -14,6 +14,11 @@ committed offset is its row with the highest `sequence`; a null `committed_offse
 - Memory changes only after the Delta commit holding a row succeeded, and a commit's future
   resolves only then: a restarted store replays exactly the acknowledged commits. A failed write
   fails every future of its batch and changes nothing in memory.
+- A failed append whose outcome stays unknown (its commit may have landed though the store's
+  answer was lost, and the store could not be read to tell) is settled before anything else is
+  written: the writer thread asks the table whether it landed and applies its rows if so
+  (`_reload`), so memory equals the table again, and what is written next (a group's
+  tombstones, a compaction's live rows) is decided on it.
 - Commits queued together share one Delta append (group commit): a thousand consumers committing
   every second must not mean a thousand Delta commits a second. One `commit()` call is never split
   across Delta commits, so the partitions of one OffsetCommit request land together.
@@ -154,6 +159,7 @@ class OffsetStore:
         self._replay()
         # Writer thread only.
         self._compact_after_rows = 0  # after a failed automatic compaction: wait for more rows
+        self._unknown: list[dict[str, Any]] | None = None  # the rows of an unknown append
         # Queue, under the lock.
         self._queue: deque[_Request] = deque()
         self._queued_rows = 0
@@ -287,6 +293,12 @@ class OffsetStore:
 
     def _write(self, batch: list[_Request]) -> None:
         """One Delta append for the whole batch, then memory, then the futures."""
+        try:
+            self._reload()
+        except errors.KafkaStorageError as e:
+            for request in batch:
+                request.future.set_exception(e)
+            return
         first = self._next_sequence
         now_ms = int(time.time() * 1000)
         rows: list[dict[str, Any]] = []
@@ -326,7 +338,7 @@ class OffsetStore:
                                  info={"deltabus.operation": COMMIT,
                                        "deltabus.first_sequence": first})
         except errors.KafkaStorageError:
-            if not self._landed():
+            if not self._landed(rows):
                 raise
         if self._appends.version % CHECKPOINT_COMMITS == 0:
             self._checkpoint()
@@ -354,13 +366,44 @@ class OffsetStore:
                     keys.discard(key)
         return [OffsetCommit(g, t, p, None) for g, t, p in sorted(keys)]
 
-    def _landed(self) -> bool:
-        """Whether the append that raised was committed anyway (say, the answer to its put was
-        lost); False while the storage still fails, as the outcome stays unknown."""
+    def _landed(self, rows: list[dict[str, Any]]) -> bool:
+        """Whether the append of `rows` that raised was committed anyway (say, the answer to its
+        put was lost). While the storage still fails the outcome stays unknown, until
+        `_reload`: raises."""
         try:
             return self._appends.landed()
         except errors.KafkaStorageError:
-            return False
+            self._unknown = rows
+            raise
+
+    def _reload(self) -> None:
+        """Writer thread, before a write or a compaction. After an append whose outcome was
+        unknown: apply its rows if the table holds them; the outcome is known from then on.
+        Raises KafkaStorageError while the store still cannot tell (nothing changes).
+
+        Why: the appends' writer stays at the version before that commit, so the next append
+        would find it there and fail (CommitConflict) every time; and memory, short of rows a
+        restart would replay, would have a group's deletion miss them and a compaction drop
+        them. Only this writer's own commit can be there (another store's would fence this one
+        at its next append), and only the one append: none is made while it is unknown."""
+        if self._unknown is None:
+            return
+        try:
+            landed = self._appends.landed()
+        except errors.KafkaStorageError as e:
+            raise errors.KafkaStorageError(
+                f"cannot reload {self.path} after an append whose outcome was unknown: "
+                f"{e}") from e
+        rows, self._unknown = self._unknown, None
+        if not landed:
+            log.warning("%s: the append whose outcome was unknown did not land", self.path)
+            return
+        log.warning("%s: the append whose outcome was unknown landed: %d rows applied",
+                    self.path, len(rows))
+        with self._lock:
+            for row in rows:
+                self._apply(row)
+            self._rows += len(rows)
 
     def _compaction_due(self) -> bool:
         return (self._rows > self._compact_min_rows and self._rows > 2 * self._live
@@ -369,6 +412,12 @@ class OffsetStore:
     def _compact(self, requests: list[Future[int]]) -> None:
         """Overwrite the table with the live rows (memory is the acknowledged state), unchanged.
         Memory stays as it is: compaction changes the table's rows, never its replayed state."""
+        try:
+            self._reload()
+        except errors.KafkaStorageError as e:
+            for future in requests:
+                future.set_exception(e)
+            return
         before = self._rows
         live = [e.row for entries in self._groups.values() for e in entries.values()]
         if self._newest is not None and self._newest["committed_offset"] is None:

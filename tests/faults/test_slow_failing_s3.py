@@ -1,11 +1,13 @@
-"""Slow and failing object storage (issue 40): the storage layer, the Delta commit writer and a
-partition log on an S3 root behind the fault proxy (s3_fault_proxy.py) in front of moto, then a
-3-broker cluster on it under acks=all load.
+"""Slow and failing object storage (issue 40): the storage layer, the Delta commit writer, a
+partition log, the controller's metadata log (alone and under a Controller, no Spark) and
+`__consumer_offsets` (the offset store) on an S3 root behind the fault proxy (s3_fault_proxy.py)
+in front of moto, then a 3-broker cluster on it under acks=all load.
 
 What must hold: transient 503 SlowDown and 500 InternalError are retried and nothing is lost or
 doubled; a commit whose answer was lost is acknowledged once if it landed (the store's retry of
 a conditional put is refused, 412, by the commit's own first try) and never acknowledged if it
-did not, or if its outcome cannot be known; slow storage slows appends and fails none; storage
+did not, or if its outcome cannot be known (what landed is then applied before the next write,
+so the state equals the log again); slow storage slows appends and fails none; storage
 that keeps failing fails appends with KAFKA_STORAGE_ERROR (retriable) within the retry
 settings given (delta-rs's names: max_retries, retry_timeout, backoff_config.*), and the high
 watermark stays at what was written. The cluster's checker: every acknowledged record is read,
@@ -14,6 +16,8 @@ history file (history.jsonl under its tmp_path), with the cluster run's acknowle
 
 from __future__ import annotations
 
+import json
+import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import Future
@@ -24,11 +28,18 @@ import pytest
 from deltalake import DeltaTable
 
 from deltabus import AdminClient, Cluster, NewTopic, errors
+from deltabus import config as cfg
+from deltabus.cluster.controller import Controller
+from deltabus.cluster.metadata_log import MetadataLog
 from deltabus.log_tables.appender import AppendResult
 from deltabus.log_tables.delta_commit import DeltaCommitWriter
+from deltabus.log_tables.layout import metadata_path, replica_path, topic_path
 from deltabus.log_tables.partition_log import PartitionLog, create_log_table
+from deltabus.metadata import BrokerEndpoint
+from deltabus.offsets.offset_store import OffsetAndMetadata, OffsetCommit, OffsetStore
 from deltabus.records import normalize_produce, produce_batch, to_log_batch
 from deltabus.storage import Storage
+from tests.conftest import wait_until
 from tests.faults.history import History, read_history
 from tests.faults.s3_fault_proxy import (
     ANSWER_LOST,
@@ -242,6 +253,194 @@ def test_a_commit_whose_outcome_stays_unknown_fails_and_the_log_recovers_from_th
     assert log.high_watermark == 3
     assert _table_values(s3, uri) == [b"before", b"unknown", b"after"]
     log.close()
+
+
+def _outcome_unknown(proxy: S3FaultProxy, key: str, *, lands: bool = True) -> None:
+    """The next put of a commit file matching `key` lands (`lands`, its answer lost, then
+    object_store's retry times out) or never reaches the store (held until the client times
+    out); either way every read of such a file gets 503 SlowDown until the rules are cleared,
+    so the writer cannot learn whether its commit is in the table."""
+    if lands:
+        proxy.add(Rule(ANSWER_LOST, key=key, method="PUT", times=1))
+    proxy.add(Rule(TIMEOUT, key=key, method="PUT", times=1, seconds=30))
+    proxy.add(Rule(SLOW_DOWN, key=key, method="GET"))
+
+
+def _stored_metadata(s3: Any, root: str) -> list[dict[str, Any]]:
+    """The metadata log's records in offset order, read straight from moto (no proxy); their
+    offsets must run from 0 with no gap."""
+    table = DeltaTable(metadata_path(root), storage_options=s3.options()).to_pyarrow_table()
+    table = table.sort_by("offset")
+    assert table.column("offset").to_pylist() == list(range(table.num_rows))
+    return [json.loads(r) for r in table.column("record").to_pylist()]
+
+
+@pytest.mark.parametrize("lands", [True, False], ids=["landed", "not-landed"])
+def test_a_metadata_append_whose_outcome_stays_unknown_is_reloaded_before_the_next(
+        s3: Any, proxy: S3FaultProxy, lands: bool) -> None:
+    """The metadata log's append lands (or not) and cannot be checked: it fails, and the log
+    refuses to append after it until `reload` has read what the table holds (raising while
+    the store still fails). Once the store answers, `reload` gives the records of the append
+    that landed (none if it did not), and the next append follows them: each record once,
+    offsets contiguous. On the old code every append after the unknown one failed with
+    CommitConflict ("reported failed"), until a restart replayed the refused records."""
+    root = f"{s3.create_bucket(f'meta-{uuid.uuid4().hex[:8]}')}/deltabus"
+    log = MetadataLog(metadata_path(root),
+                      {**proxy.options(s3.options()), **FAST_RETRIES, **SHORT_TIMEOUT})
+    log.read_all()
+    first = {"type": "cluster", "cluster_id": "c-1"}
+    unknown = {"type": "config", "topic": "orders", "key": "retention.ms", "value": "1000"}
+    after = {"type": "config", "topic": "orders", "key": "cleanup.policy", "value": "compact"}
+    log.append([first])
+    _outcome_unknown(proxy, METADATA_COMMITS, lands=lands)
+    with pytest.raises(errors.KafkaStorageError):
+        log.append([unknown])
+    assert log.next_offset == 1
+    with pytest.raises(errors.KafkaStorageError):  # the store still fails: still unknown
+        log.reload()
+    with pytest.raises(errors.KafkaStorageError, match="unknown"):
+        log.append([after])
+    proxy.clear()
+    assert log.reload() == ([unknown] if lands else [])
+    assert log.reload() == []  # known now: nothing more to reload
+    log.append([after])
+    held = [first, unknown, after] if lands else [first, after]
+    assert log.next_offset == len(held)
+    assert _stored_metadata(s3, root) == held
+    assert MetadataLog(metadata_path(root), s3.options()).read_all() == held
+
+
+def _controller(s3: Any, proxy: S3FaultProxy) -> tuple[Controller, str]:
+    """A controller (no Spark, no brokers' processes) on a new bucket through the proxy, with
+    one registered and unfenced broker and the topic "orders"; its root."""
+    root = f"{s3.create_bucket(f'ctl-{uuid.uuid4().hex[:8]}')}/deltabus"
+    options = {**proxy.options(s3.options()), **FAST_RETRIES, **SHORT_TIMEOUT}
+    controller = Controller(cfg.ClusterConfig(root=root, brokers=1, kafka_port=-1,
+                                              storage_options=options))
+    epoch = controller.register_broker(BrokerEndpoint(0, "127.0.0.1", 9000), 100)
+    controller.heartbeat(0, epoch, controller.image().version, 0)
+    [created] = controller.create_topics([NewTopic("orders")], timeout_ms=0)
+    assert created.error is None
+    return controller, root
+
+
+def _set(controller: Controller, key: str, value: str) -> errors.DeltaBusError | None:
+    return controller.alter_configs({"orders": [cfg.AlterConfigOp(key, cfg.SET, value)]},
+                                    timeout_ms=0)["orders"]
+
+
+@pytest.mark.parametrize("then", ["reload", "next-write"])
+def test_a_controller_whose_metadata_append_outcome_is_unknown_applies_what_landed(
+        s3: Any, proxy: S3FaultProxy, then: str) -> None:
+    """A config change whose metadata commit lands with its outcome unknown is refused
+    (KAFKA_STORAGE_ERROR), and the controller's state stays what the log is known to hold.
+    Once the store answers, the controller reloads the log's end, as KRaft's controller
+    reloads after an append it cannot know: either the session checker's `reload_metadata`
+    (then the next change goes through), or the next write itself, which applies the landed
+    record and is refused, retriably, as it was decided without it; the one after goes
+    through. The image then holds the landed change, as the log and a restart do, and the
+    log holds each record once. On the old code every write after the unknown one failed
+    (CommitConflict, "reported failed") until a restart, which applied the refused change."""
+    controller, root = _controller(s3, proxy)
+    version = controller.image().version
+    _outcome_unknown(proxy, METADATA_COMMITS)
+    assert isinstance(_set(controller, "retention.ms", "1000"), errors.KafkaStorageError)
+    assert controller.image().topics["orders"].configs == {}
+    assert controller.image().version == version
+    proxy.clear()
+    if then == "reload":
+        assert controller.reload_metadata()
+        assert controller.image().topics["orders"].configs == {"retention.ms": "1000"}
+    else:
+        refused = _set(controller, "cleanup.policy", "compact")
+        assert isinstance(refused, errors.KafkaStorageError) and refused.retriable
+    assert _set(controller, "cleanup.policy", "compact") is None
+    assert controller.image().version == version + 2
+    configs = {"retention.ms": "1000", "cleanup.policy": "compact"}
+    assert controller.image().topics["orders"].configs == configs
+    assert [(r.get("key"), r.get("value")) for r in _stored_metadata(s3, root)
+            if r["type"] == "config"] == [("retention.ms", "1000"),
+                                          ("cleanup.policy", "compact")]
+    restarted = Controller(cfg.ClusterConfig(root=root, brokers=1, kafka_port=-1,
+                                             storage_options=s3.options()))
+    assert restarted.image().topics == controller.image().topics
+
+
+@pytest.mark.parametrize("lands", [True, False], ids=["landed", "not-landed"])
+def test_a_topic_whose_creation_outcome_is_unknown_keeps_its_tables_if_it_landed(
+        s3: Any, proxy: S3FaultProxy, lands: bool) -> None:
+    """CreateTopics makes the replica tables, then the metadata commit naming them, whose
+    outcome is unknown: the create fails. A table is removed only once the reloaded log shows
+    the commit did not land (then a create of the same name goes through); if it landed, the
+    topic is the cluster's and its tables stay. On the old code the failed create removed the
+    tables at once, and the landed topic had none (a missing table means lost records)."""
+    controller, root = _controller(s3, proxy)
+    table = replica_path(root, "lost", 0, 0)
+    _outcome_unknown(proxy, METADATA_COMMITS, lands=lands)
+    [failed] = controller.create_topics([NewTopic("lost")], timeout_ms=0)
+    assert isinstance(failed.error, errors.KafkaStorageError)
+    assert "lost" not in controller.image().topics
+    proxy.clear()
+    storage = Storage(root, s3.options())
+    if lands:
+        assert controller.reload_metadata()
+        assert "lost" in controller.image().topics
+        time.sleep(2)  # the removal's first tries (0.5 s, then 1 s) leave it
+        assert DeltaTable(table, storage_options=s3.options()).version() == 0
+    else:
+        wait_until(lambda: not storage.exists(topic_path(root, "lost")),
+                   "the tables of the topic that did not land removed", 30)
+        [created] = controller.create_topics([NewTopic("lost")], timeout_ms=0)
+        assert created.error is None
+    topics = [r["name"] for r in _stored_metadata(s3, root) if r["type"] == "topic"]
+    assert topics == ["orders", "lost"]
+
+
+def _committed(store: OffsetStore) -> dict[int, int]:
+    return {p: om.offset for (_, p), om in store.offsets("g").items()}
+
+
+def _commit_offset(store: OffsetStore, partition: int, offset: int) -> None:
+    store.commit([OffsetCommit("g", "t", partition, OffsetAndMetadata(offset))]).result(
+        APPEND_TIMEOUT_S)
+
+
+@pytest.mark.parametrize("lands", [True, False], ids=["landed", "not-landed"])
+def test_an_offset_commit_whose_outcome_stays_unknown_is_reloaded_before_the_next(
+        s3: Any, proxy: S3FaultProxy, lands: bool) -> None:
+    """`__consumer_offsets`' append lands (or not) and cannot be checked: the commit fails and
+    the store's memory stays as it was; so does the next one while the store still cannot
+    tell. Once the store answers, the next write applies first
+    what landed, then goes through; a group's deletion then tombstones the landed offset too.
+    Memory, the table and a restart agree, each row once. On the old code every commit after
+    the unknown one failed (CommitConflict, "reported failed")."""
+    path = f"{s3.create_bucket(f'offsets-{uuid.uuid4().hex[:8]}')}/__consumer_offsets"
+    store = OffsetStore(path, commit_linger_ms=0, storage_options={
+        **proxy.options(s3.options()), **FAST_RETRIES, **SHORT_TIMEOUT})
+    try:
+        _commit_offset(store, 0, 10)
+        _outcome_unknown(proxy, COMMIT_FILES, lands=lands)
+        with pytest.raises(errors.KafkaStorageError):
+            _commit_offset(store, 1, 20)
+        with pytest.raises(errors.KafkaStorageError, match="cannot reload"):
+            _commit_offset(store, 3, 40)  # the store still cannot tell: nothing written
+        assert _committed(store) == {0: 10}
+        proxy.clear()
+        _commit_offset(store, 2, 30)
+        held = {0: 10, 1: 20, 2: 30} if lands else {0: 10, 2: 30}
+        assert _committed(store) == held
+        table = DeltaTable(path, storage_options=s3.options()).to_pyarrow_table()
+        assert sorted(table.column("partition").to_pylist()) == sorted(held)
+        reopened = OffsetStore(path, storage_options=s3.options())
+        assert _committed(reopened) == held
+        reopened.close()
+        store.delete_group("g").result(APPEND_TIMEOUT_S)
+        assert not store.has_group("g")
+    finally:
+        store.close()
+    reopened = OffsetStore(path, storage_options=s3.options())
+    assert not reopened.has_group("g")
+    reopened.close()
 
 
 def test_slow_storage_slows_appends_and_fails_none(s3: Any, proxy: S3FaultProxy) -> None:
