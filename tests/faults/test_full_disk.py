@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from concurrent.futures import Future
 from pathlib import Path
 
 import pyarrow as pa
@@ -41,11 +42,12 @@ from deltabus.client.cluster_client import ClusterClient
 from deltabus.cluster.metadata_log import MetadataLog
 from deltabus.config import GroupConfig
 from deltabus.log_tables.layout import replica_path, topic_path
-from deltabus.log_tables.partition_log import PartitionLog
+from deltabus.log_tables.partition_log import AppendResult, PartitionLog
+from deltabus.log_tables.partition_reader import PartitionReader
 from deltabus.metadata import MetadataImage, PartitionState, TopicState
 from deltabus.offsets.group_coordinator import GroupCoordinator
 from deltabus.offsets.offset_store import OffsetAndMetadata, OffsetCommit, OffsetStore
-from deltabus.records import produce_batch, to_ipc
+from deltabus.records import ProducerState, produce_batch, to_ipc
 from deltabus.rpc.v1 import deltabus_pb2 as pb
 from tests.conftest import read_records, wait_until
 from tests.faults.full_disk import BALLAST_NAME, FullDisk
@@ -121,6 +123,75 @@ def test_a_log_on_a_full_disk_refuses_appends_leaves_no_half_written_file_and_re
         finally:
             log.close()
         assert values(path) == [b"v0", b"v1", b"v2", b"after"]
+
+
+def test_a_refused_append_leaves_the_log_as_it_was_and_reads_no_data_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Kafka's log after a failed append is as if the write never happened, and so is this one
+    after a commit the full disk refused: the idempotent producer is still known at the last
+    sequence written, its retry is taken (not answered with the failure) at the offset the
+    failure left free, the recent records are still served from memory, and no data file is
+    read to get there. Rebuilding the producers from the table instead reads every data file
+    under the log's lock, and on a log of a few minutes' commits that took seconds per refused
+    write, and again for each producer's first write once the room was back: the soak's full
+    disk kept a partition from taking writes for 35 s after it."""
+    scans = data_file_scans(monkeypatch)
+    with FullDisk(tmp_path / "disk", SMALL_DISK_BYTES) as disk:
+        log = PartitionLog(str(disk.path / "log"), topic="t", partition=0)
+        try:
+            for sequence in range(3):
+                append_as(log, 7, sequence).result(10)
+            known = log.active_producers()
+            assert [(p.producer_id, p.last_sequence) for p in known] == [(7, 2)]
+            scanned = scans[0]
+            disk.fill()
+            with pytest.raises(errors.KafkaStorageError, match="No space left"):
+                append_as(log, 7, 3).result(10)
+            assert log.active_producers() == known  # as if the write never happened
+            assert log.cached_tail_under(0, 1024 * 1024), "the recent records left memory"
+            assert (log.log_end_offset, log.end_offset_for_epoch(0)) == (3, (0, 3))
+            disk.free()
+            assert append_as(log, 7, 3).result(10).base_offset == 3  # the retry is taken
+            assert scans[0] == scanned, "the log read its data files again"
+        finally:
+            log.close()
+        assert values(str(disk.path / "log")) == [b"v0", b"v1", b"v2", b"v3"]
+
+
+def test_a_refused_copy_leaves_the_follower_as_it_was_and_reads_no_data_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A follower's copy the full disk refused leaves its log as it was too: the producers it
+    learnt from the leader's records (what it answers their retries with, should it lead) and
+    its recent records stay, and it reads no data file; the copy goes in once there is room.
+    The soak's followers failed a copy every replica.fetch.backoff.ms, each failure reading
+    every data file of their replica."""
+    scans = data_file_scans(monkeypatch)
+    leader = PartitionLog(str(tmp_path / "leader"), topic="t", partition=0)
+    try:
+        for sequence in range(4):
+            append_as(leader, 7, sequence).result(10)
+        with FullDisk(tmp_path / "disk", SMALL_DISK_BYTES) as disk:
+            follower = PartitionLog(str(disk.path / "follower"), topic="t", partition=0,
+                                    replicated=True)
+            try:
+                follower.append_copy(leader.read(0, 1024 * 1024, upto=3), 0).result(10)
+                known = follower.active_producers()
+                assert [(p.producer_id, p.last_sequence) for p in known] == [(7, 2)]
+                scanned = scans[0]
+                disk.fill()
+                with pytest.raises(errors.KafkaStorageError, match="No space left"):
+                    follower.append_copy(leader.read(3, 1024 * 1024), 3).result(10)
+                assert follower.active_producers() == known
+                assert follower.cached_tail_under(0, 1024 * 1024)
+                assert follower.log_end_offset == 3
+                disk.free()
+                follower.append_copy(leader.read(3, 1024 * 1024), 3).result(10)
+                assert follower.log_end_offset == 4
+                assert scans[0] == scanned, "the follower read its data files again"
+            finally:
+                follower.close()
+    finally:
+        leader.close()
 
 
 def test_consumer_offsets_on_a_full_disk_fail_the_commit_and_lose_nothing_acknowledged(
@@ -279,6 +350,26 @@ def half_written(path: str) -> list[str]:
             except (OSError, pa.ArrowInvalid):
                 found.append(os.path.join(path, name))
     return found
+
+
+def data_file_scans(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """A counter (its one item) of the scans of a log's data files from now on: every rebuild
+    of producers, leader epochs or transactions from the table opens them all
+    (PartitionReader.parquet_files). Logs opened afterwards are counted."""
+    scans = [0]
+    scan = PartitionReader.parquet_files
+
+    def counted(reader: PartitionReader) -> Iterator[pq.ParquetFile]:
+        scans[0] += 1
+        return scan(reader)
+    monkeypatch.setattr(PartitionReader, "parquet_files", counted)
+    return scans
+
+
+def append_as(log: PartitionLog, producer_id: int, sequence: int) -> Future[AppendResult]:
+    """Append the record v<sequence> as idempotent producer `producer_id` (epoch 0)."""
+    return log.append(produce_batch([f"v{sequence}".encode()]), leader_epoch=0,
+                      producer=ProducerState(producer_id, 0, sequence))
 
 
 def values(path: str) -> list[bytes]:
