@@ -60,11 +60,13 @@ from tests.soak.fault_injection import DeltabusSender, FaultPlan, Ledger
 
 SMALL_DISK_BYTES = 4 * 1024 * 1024
 WAIT_S = 60
-# The steady-load test: the soak's topic and load (tests/soak/fault_injection.py's FaultPlan:
-# 150 records/s from each producer), on a disk with room for its tables until the ballast.
+# The steady-load test: the soak's topic, load (tests/soak/fault_injection.py's FaultPlan: 150
+# records/s from each producer) and disk (nemesis.DiskFull's), with room for its tables until
+# the ballast: their many small commits, and a checkpoint every 25, filled 512 MiB by 38,000
+# records.
 LOADED_PARTITIONS = 4
 LOADED_PRODUCERS = 2
-LOADED_DISK_BYTES = 512 * 1024 * 1024
+LOADED_DISK_BYTES = 1 << 30
 ACKED_BEFORE_FILL = int(os.environ.get("DELTABUS_FULL_DISK_ACKED_BEFORE", "2000"))
 FULL_HOLD_S = 10.0  # the soak's: past the 5 s replica lag time (followers behind leave ISRs)
 RESUME_WAIT_S = 300  # no bound: how long a hung partition is waited for before failing
