@@ -7,7 +7,8 @@ the log's one lock: the offsets and the high watermark (log_offsets.py), the tai
 leader epochs, the producer state and the transaction state. Only then are the futures resolved:
 the log end offset moves only after the commit holding the records, and an acknowledged record is
 durable in the table. A failed commit fails its work and everything queued behind it (order is
-kept), and the log reloads what the table holds.
+kept), and the log reloads the table: where the commit left nothing there, the log's parts are as
+if those writes never came (`_fail`); otherwise they are rebuilt from what the table holds.
 
 Separate from the log (partition_log.py) because this is the log's one writer, run on pool
 threads, where the log's other methods run on request threads: the parts it changes are handed
@@ -205,27 +206,48 @@ class CommitRound:
 
     def _fail(self, work: Work, failure: CommitFailed) -> None:
         """A commit failed (or could not be tried): it and everything queued behind it fail
-        (order is kept), and the log reloads what the table holds."""
+        (order is kept).
+
+        Where the table shows that the commit left nothing behind (a full disk, a store that
+        refused the write), the log is as if those writes never came, as Kafka's is after a
+        failed append: each producer's next sequence is its first failed batch's again, so its
+        retry is taken (not answered with this failure), and the tail cache, leader epochs and
+        transactions stand. Forgetting them instead has them rebuilt from every data file of
+        the table, the producers under the log's lock, where fetches wait: for each failed
+        write, and again for each producer's first write once the storage is back. On a log of
+        a few minutes' commits, the soak's full disk kept a partition from taking writes for
+        35 s after the room was back. Where the table did move (a commit that landed after
+        all, another writer's), the log trusts only the table, and rebuilds from it."""
         log.error("%s", failure.pending_error)
-        if failure.reload:
-            self._reload_after_failure()
+        as_it_was = not failure.reload or self._reload_after_failure()
+        failed = work if isinstance(work, list) else [work]
         with self._lock:
             queued = self._appender.drain()
-            self._producers.clear()  # rebuilt from the table on their next batch
-            self._txns.forget()
-        for item in work if isinstance(work, list) else [work]:
+            if as_it_was:
+                for item in (*failed, *queued):
+                    if isinstance(item, PendingAppend):
+                        self._producers.roll_back(item.producer, item.future)
+            else:
+                self._producers.clear()  # rebuilt from the table on their next batch
+                self._txns.forget()
+        for item in failed:
             item.future.set_exception(failure.error)
         for other in queued:
             other.future.set_exception(failure.pending_error)
 
-    def _reload_after_failure(self) -> None:
-        """After a failed commit, trust only the table: reload it and its offsets."""
+    def _reload_after_failure(self) -> bool:
+        """After a failed commit, trust only the table: reload it. True when it holds what the
+        log knew (the same version and log end offset: the commit left nothing), and the log's
+        parts stand; else its offsets and leader epochs are taken from the table, and False
+        (False too when the table cannot be read)."""
         try:
             version, leo = self._appender.reload()
         except Exception:  # the storage may still be down; the next commit will fail cleanly too
             log.exception("reloading %s after a failed commit", self.path)
-            return
+            return False
         with self._lock:
+            if (version, leo) == (self._offsets.version, self._offsets.log_end_offset):
+                return True
             self._offsets.version = version
             self._offsets.log_end_offset = leo
             self._offsets.high_watermark = min(self._offsets.high_watermark, leo)
@@ -236,6 +258,7 @@ class CommitRound:
             epochs = recover_epochs(self._reader.parquet_files())
         except Exception:
             log.exception("reloading the epochs of %s after a failed commit", self.path)
-            return
+            return False
         with self._lock:
             self._epochs.reset(epochs)
+        return False

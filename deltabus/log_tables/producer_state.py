@@ -14,7 +14,8 @@ statistics when first needed, raised by every id it takes in since), so an id ab
 written nothing here and is not looked up: ids are handed out in increasing order
 (producer_id_control.py), so every new producer is such an id. The bound only has to stay at or
 above every id in the table: only this log adds records to it (the cleaner only removes), and
-after a truncation, a failed commit or a restart the bound is forgotten and read again.
+after a truncation, a restart, or a failed commit that left the table other than the log knew it,
+the bound is forgotten and read again.
 
 Not locked itself: the log's lock (a Condition) guards every call, and the out-of-order hold
 waits on it.
@@ -219,9 +220,22 @@ class ProducerStateManager:
         return [ActiveProducer(pid, e.epoch, e.next_sequence - 1, e.last_timestamp_ms)
                 for pid, e in sorted(self._producers.items())]
 
+    def roll_back(self, producer: ProducerState, future: Future[AppendResult]) -> None:
+        """A batch of `producer` queued with `future` was not written (its commit failed, and
+        with it everything queued after it): as Kafka's producer state after a failed append,
+        as if it never came. Its base sequence is the producer's next again, so its retry is
+        taken, and its failed result is not remembered, so the retry is not answered with it.
+        A producer that moved to a newer epoch since is left as it is."""
+        entry = self._producers.get(producer.producer_id)
+        if producer.base_sequence < 0 or entry is None or entry.epoch != producer.producer_epoch:
+            return  # not idempotent (a plain batch, a marker, a copy), or forgotten
+        if entry.recent.get(producer.base_sequence) is future:
+            del entry.recent[producer.base_sequence]
+        entry.next_sequence = min(entry.next_sequence, producer.base_sequence)
+
     def clear(self) -> None:
-        """Forget every producer (the log was truncated, or a commit failed): each is rebuilt
-        from the table on its next batch."""
+        """Forget every producer (the log was truncated, or a failed commit left the table
+        other than the log knew it): each is rebuilt from the table on its next batch."""
         self._producers.clear()
         self._producer_id_max = None
 

@@ -21,20 +21,25 @@ acknowledged at; a record not acknowledged is read at most once. Every fault and
 clients saw meanwhile go to a history file (tests/faults/history.py) under the test's tmp_path.
 
 The tests without Spark put the pieces on the full disk one by one (a partition log, the
-consumer offsets store, the controller's metadata log); the two on the shared cluster put a
-topic's directory, then one follower's replica, on it.
+consumer offsets store, the controller's metadata log); those on the shared cluster put a
+topic's directory, then one follower's replica, on it, and the soak's steady load on a full
+topic.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
+from kafka import TopicPartition as KafkaTopicPartition
+from kafka.admin import KafkaAdminClient
 
 from deltabus import AdminClient, Consumer, NewTopic, Producer, TopicPartition, errors
 from deltabus.client.cluster_client import ClusterClient
@@ -45,7 +50,8 @@ from deltabus.cluster.txn_marker_channel import MarkerAnswers
 from deltabus.config import ClusterConfig, GroupConfig
 from deltabus.log_tables.control_records import TxnMarker
 from deltabus.log_tables.layout import replica_path, topic_path
-from deltabus.log_tables.partition_log import PartitionLog
+from deltabus.log_tables.partition_log import AppendResult, PartitionLog
+from deltabus.log_tables.partition_reader import PartitionReader
 from deltabus.metadata import (
     COMPLETE_ABORT,
     COMPLETE_COMMIT,
@@ -61,15 +67,26 @@ from deltabus.metadata import (
 )
 from deltabus.offsets.group_coordinator import GroupCoordinator
 from deltabus.offsets.offset_store import OffsetAndMetadata, OffsetCommit, OffsetStore
-from deltabus.records import produce_batch, to_ipc
+from deltabus.records import ProducerState, produce_batch, to_ipc
 from deltabus.rpc.v1 import deltabus_pb2 as pb
 from tests.cluster.controller_server import LiveBrokers
 from tests.conftest import read_records, wait_until
 from tests.faults.full_disk import BALLAST_NAME, FullDisk
 from tests.faults.history import OK, History, read_history
+from tests.soak.fault_injection import DeltabusSender, FaultPlan, Ledger
 
 SMALL_DISK_BYTES = 4 * 1024 * 1024
 WAIT_S = 60
+# The steady-load test: the soak's topic, load (tests/soak/fault_injection.py's FaultPlan: 150
+# records/s from each producer) and disk (nemesis.DiskFull's), with room for its tables until
+# the ballast: their many small commits, and a checkpoint every 25, filled 512 MiB by 38,000
+# records.
+LOADED_PARTITIONS = 4
+LOADED_PRODUCERS = 2
+LOADED_DISK_BYTES = 1 << 30
+ACKED_BEFORE_FILL = int(os.environ.get("DELTABUS_FULL_DISK_ACKED_BEFORE", "2000"))
+FULL_HOLD_S = 10.0  # the soak's: past the 5 s replica lag time (followers behind leave ISRs)
+RESUME_WAIT_S = 300  # no bound: how long a hung partition is waited for before failing
 
 
 @pytest.fixture
@@ -138,6 +155,75 @@ def test_a_log_on_a_full_disk_refuses_appends_leaves_no_half_written_file_and_re
         finally:
             log.close()
         assert values(path) == [b"v0", b"v1", b"v2", b"after"]
+
+
+def test_a_refused_append_leaves_the_log_as_it_was_and_reads_no_data_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Kafka's log after a failed append is as if the write never happened, and so is this one
+    after a commit the full disk refused: the idempotent producer is still known at the last
+    sequence written, its retry is taken (not answered with the failure) at the offset the
+    failure left free, the recent records are still served from memory, and no data file is
+    read to get there. Rebuilding the producers from the table instead reads every data file
+    under the log's lock, and on a log of a few minutes' commits that took seconds per refused
+    write, and again for each producer's first write once the room was back: the soak's full
+    disk kept a partition from taking writes for 35 s after it."""
+    scans = data_file_scans(monkeypatch)
+    with FullDisk(tmp_path / "disk", SMALL_DISK_BYTES) as disk:
+        log = PartitionLog(str(disk.path / "log"), topic="t", partition=0)
+        try:
+            for sequence in range(3):
+                append_as(log, 7, sequence).result(10)
+            known = log.active_producers()
+            assert [(p.producer_id, p.last_sequence) for p in known] == [(7, 2)]
+            scanned = scans[0]
+            disk.fill()
+            with pytest.raises(errors.KafkaStorageError, match="No space left"):
+                append_as(log, 7, 3).result(10)
+            assert log.active_producers() == known  # as if the write never happened
+            assert log.cached_tail_under(0, 1024 * 1024), "the recent records left memory"
+            assert (log.log_end_offset, log.end_offset_for_epoch(0)) == (3, (0, 3))
+            disk.free()
+            assert append_as(log, 7, 3).result(10).base_offset == 3  # the retry is taken
+            assert scans[0] == scanned, "the log read its data files again"
+        finally:
+            log.close()
+        assert values(str(disk.path / "log")) == [b"v0", b"v1", b"v2", b"v3"]
+
+
+def test_a_refused_copy_leaves_the_follower_as_it_was_and_reads_no_data_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A follower's copy the full disk refused leaves its log as it was too: the producers it
+    learnt from the leader's records (what it answers their retries with, should it lead) and
+    its recent records stay, and it reads no data file; the copy goes in once there is room.
+    The soak's followers failed a copy every replica.fetch.backoff.ms, each failure reading
+    every data file of their replica."""
+    scans = data_file_scans(monkeypatch)
+    leader = PartitionLog(str(tmp_path / "leader"), topic="t", partition=0)
+    try:
+        for sequence in range(4):
+            append_as(leader, 7, sequence).result(10)
+        with FullDisk(tmp_path / "disk", SMALL_DISK_BYTES) as disk:
+            follower = PartitionLog(str(disk.path / "follower"), topic="t", partition=0,
+                                    replicated=True)
+            try:
+                follower.append_copy(leader.read(0, 1024 * 1024, upto=3), 0).result(10)
+                known = follower.active_producers()
+                assert [(p.producer_id, p.last_sequence) for p in known] == [(7, 2)]
+                scanned = scans[0]
+                disk.fill()
+                with pytest.raises(errors.KafkaStorageError, match="No space left"):
+                    follower.append_copy(leader.read(3, 1024 * 1024), 3).result(10)
+                assert follower.active_producers() == known
+                assert follower.cached_tail_under(0, 1024 * 1024)
+                assert follower.log_end_offset == 3
+                disk.free()
+                follower.append_copy(leader.read(3, 1024 * 1024), 3).result(10)
+                assert follower.log_end_offset == 4
+                assert scans[0] == scanned, "the follower read its data files again"
+            finally:
+                follower.close()
+    finally:
+        leader.close()
 
 
 def test_consumer_offsets_on_a_full_disk_fail_the_commit_and_lose_nothing_acknowledged(
@@ -516,6 +602,73 @@ def test_a_follower_on_a_full_disk_leaves_the_isr_and_catches_up_when_room_retur
         check(history, read_records(cluster.bootstrap_servers, topic_name, 1, len(acked)))
 
 
+@pytest.mark.timeout(300 + ACKED_BEFORE_FILL // 100)  # the load before the fault, and a margin
+def test_a_topic_under_steady_load_takes_writes_again_once_the_room_is_back(
+        cluster, topic_name: str, history: History) -> None:
+    """The soak's full disk, focused: acks=all producers at a steady rate on 4 partitions (RF 3,
+    min.insync.replicas=2), the topic's disk filled for the soak's 10 s and freed. In the soak a
+    partition took no write for 35 s after the room was back, where Kafka's takes writes again
+    within a second or two. The cause: every refused write (a leader's append, a follower's
+    copy) made the log forget its producers, recent records and leader epochs and rebuild them
+    from every data file of its table, the producers under the log's lock, so fetches (the
+    followers' too) waited behind each rebuild, followers fell out of the ISR, and each
+    producer's first write once the room was back paid for one more rebuild.
+
+    So every leader refuses a write with KAFKA_STORAGE_ERROR within the request's timeout; as
+    Kafka's DescribeProducers shows it, every replica, leader or follower, keeps the producers
+    it knew while its writes are refused; and writes resume on every partition, with nothing
+    acknowledged lost. How long each partition took to take a write again is printed
+    and kept in the history (`writes-resumed`); DELTABUS_FULL_DISK_ACKED_BEFORE sets the load
+    before the fault (the longer, the larger the tables: the soak's was a few minutes')."""
+    root = cluster.config.root
+    plan = FaultPlan(topic_name, partitions=LOADED_PARTITIONS)
+    ledger = Ledger(history)
+    senders = [DeltabusSender(f"p{i}", cluster.bootstrap_servers, plan, ledger)
+               for i in range(LOADED_PRODUCERS)]
+    with FullDisk(topic_path(root, topic_name), LOADED_DISK_BYTES, history=history) as disk:
+        create(cluster, topic_name, partitions=LOADED_PARTITIONS, replication_factor=3,
+               min_insync_replicas=2)
+        admin = KafkaAdminClient(bootstrap_servers=cluster.kafka_bootstrap_servers)
+        try:
+            for sender in senders:
+                sender.start()
+            wait_until(lambda: ledger.acked_count() >= ACKED_BEFORE_FILL,
+                       "the load acknowledged before the fault", WAIT_S + ACKED_BEFORE_FILL / 100)
+            known = producers_everywhere(cluster, admin, topic_name)
+            disk.fill()
+            held_until = time.monotonic() + FULL_HOLD_S
+            with ThreadPoolExecutor(LOADED_PARTITIONS) as pool:  # each leader's own answer
+                refusals = dict(enumerate(pool.map(lambda p: raw_produce(
+                    cluster, topic_name, f"refused-{p}".encode(), history, p).error_code,
+                    range(LOADED_PARTITIONS))))
+            forgot: set[str] = set()
+            while True:  # sampled through the fault
+                now = producers_by_replica(cluster, admin, topic_name)
+                forgot |= {f"partition {p} broker {b} forgot {sorted(known[p] - now[p, b])}"
+                           for p, b in now if not known[p] <= now[p, b]}
+                if time.monotonic() >= held_until:
+                    break
+            disk.free()
+            wait_until(lambda: len(writes_resumed(history)) == LOADED_PARTITIONS,
+                       "every partition to take writes again", RESUME_WAIT_S)
+            resumed = writes_resumed(history)
+            history.info("checker", "writes-resumed", resumed)
+            print(f"writes resumed (ms after the room was back, by partition): {resumed}")
+        finally:
+            admin.close()
+            for sender in senders:
+                sender.stop(plan.flush_s + 30)
+        assert [s.error for s in senders] == [None] * LOADED_PRODUCERS
+        assert ledger.failed_sends == 0
+        # Refused within the request's timeout (else REQUEST_TIMED_OUT): b245a78's leaders
+        # were rebuilding their producers from the table under the log's lock.
+        assert refusals == dict.fromkeys(range(LOADED_PARTITIONS), errors.KafkaStorageError.code)
+        assert not forgot, f"replicas forgot producers while the disk was full: {sorted(forgot)}"
+        check_acknowledged(cluster, topic_name, ledger)
+        for partition in range(LOADED_PARTITIONS):  # quiet before the mount ends
+            wait_for_identical_replicas(cluster, topic_name, partition)
+
+
 # ---- helpers ------------------------------------------------------------------------------------
 
 
@@ -531,6 +684,26 @@ def half_written(path: str) -> list[str]:
             except (OSError, pa.ArrowInvalid):
                 found.append(os.path.join(path, name))
     return found
+
+
+def data_file_scans(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """A counter (its one item) of the scans of a log's data files from now on: every rebuild
+    of producers, leader epochs or transactions from the table opens them all
+    (PartitionReader.parquet_files). Logs opened afterwards are counted."""
+    scans = [0]
+    scan = PartitionReader.parquet_files
+
+    def counted(reader: PartitionReader) -> Iterator[pq.ParquetFile]:
+        scans[0] += 1
+        return scan(reader)
+    monkeypatch.setattr(PartitionReader, "parquet_files", counted)
+    return scans
+
+
+def append_as(log: PartitionLog, producer_id: int, sequence: int) -> Future[AppendResult]:
+    """Append the record v<sequence> as idempotent producer `producer_id` (epoch 0)."""
+    return log.append(produce_batch([f"v{sequence}".encode()]), leader_epoch=0,
+                      producer=ProducerState(producer_id, 0, sequence))
 
 
 def values(path: str) -> list[bytes]:
@@ -572,18 +745,18 @@ def committed_offsets(coordinator: GroupCoordinator) -> dict[tuple[str, int], in
     return {tp: om.offset for tp, om in coordinator.fetch_offsets("g").items()}
 
 def create(cluster, topic: str, *, replication_factor: int, min_insync_replicas: int,
-           replica_assignment: dict[int, list[int]] | None = None) -> None:
+           replica_assignment: dict[int, list[int]] | None = None, partitions: int = 1) -> None:
     configs = {"min.insync.replicas": str(min_insync_replicas)}
     new = (NewTopic(topic, configs=configs, replica_assignment=replica_assignment)
-           if replica_assignment else NewTopic(topic, 1, replication_factor, configs))
+           if replica_assignment else NewTopic(topic, partitions, replication_factor, configs))
     with AdminClient(cluster.bootstrap_servers) as admin:
         admin.create_topics([new])
-    wait_until(lambda: len(partition_state(cluster, topic).isr) == replication_factor,
-               f"every replica of {topic} in sync")
+    wait_until(lambda: all(len(partition_state(cluster, topic, p).isr) == replication_factor
+                           for p in range(partitions)), f"every replica of {topic} in sync")
 
 
-def partition_state(cluster, topic: str):
-    return cluster.controller.image().partition(topic, 0)
+def partition_state(cluster, topic: str, partition: int = 0):
+    return cluster.controller.image().partition(topic, partition)
 
 
 def send(producer: Producer, history: History, topic: str, values: list[str]) -> list[
@@ -602,15 +775,18 @@ def received(history: History, value: str, future) -> tuple[str, int]:
     return value, offset
 
 
-def raw_produce(cluster, topic: str, value: bytes, history: History) -> pb.PartitionProduceResponse:
-    """One Produce request (acks=all, no retries) to partition 0's leader: its own answer."""
-    leader = cluster.controller.image().broker(partition_state(cluster, topic).leader).address
+def raw_produce(cluster, topic: str, value: bytes, history: History,
+                partition: int = 0) -> pb.PartitionProduceResponse:
+    """One Produce request (acks=all, no retries) to the partition's leader: its own answer."""
+    leader = cluster.controller.image().broker(
+        partition_state(cluster, topic, partition).leader).address
     client = ClusterClient(leader)
     history.invoke("raw", "send", value.decode())
     try:
         answer = client.call(leader, "Produce", pb.ProduceRequest(
             acks=-1, timeout_ms=10_000, partitions=[pb.PartitionProduceData(
-                topic=topic, partition=0, arrow_records=to_ipc(produce_batch([value])))]))
+                topic=topic, partition=partition,
+                arrow_records=to_ipc(produce_batch([value])))]))
     finally:
         client.close()
     result = answer.partitions[0]
@@ -629,21 +805,76 @@ def end_offset(cluster, topic: str) -> int:
         consumer.close()
 
 
-def table_end(cluster, topic: str, broker: int) -> int:
+def table_end(cluster, topic: str, broker: int, partition: int = 0) -> int:
     """One past the last offset in a replica's Delta table, read from disk (0: empty)."""
-    table = DeltaTable(replica_path(cluster.config.root, topic, 0, broker))
+    table = DeltaTable(replica_path(cluster.config.root, topic, partition, broker))
     offsets = table.to_pyarrow_table(columns=["offset"]).column("offset")
     return 0 if len(offsets) == 0 else max(offsets.to_pylist()) + 1
 
 
-def wait_for_identical_replicas(cluster, topic: str) -> None:
+def wait_for_identical_replicas(cluster, topic: str, partition: int = 0) -> None:
     def identical() -> bool:
-        state = partition_state(cluster, topic)
+        state = partition_state(cluster, topic, partition)
         if sorted(state.isr) != sorted(state.replicas):
             return False
-        ends = {table_end(cluster, topic, r) for r in state.replicas}
+        ends = {table_end(cluster, topic, r, partition) for r in state.replicas}
         return len(ends) == 1
-    wait_until(identical, f"every replica of {topic} in sync, holding the same records", WAIT_S)
+    wait_until(identical, f"every replica of {topic}-{partition} in sync, holding the same "
+               "records", WAIT_S)
+
+
+def producers_by_replica(cluster, admin: KafkaAdminClient, topic: str
+                         ) -> dict[tuple[int, int], set[int]]:
+    """(partition, broker) -> the producer ids each replica knows, as Kafka's
+    DescribeProducers asks every replica of every partition."""
+    out = {}
+    for partition in range(LOADED_PARTITIONS):
+        tp = KafkaTopicPartition(topic, partition)
+        for broker in partition_state(cluster, topic, partition).replicas:
+            out[partition, broker] = {p.producer_id for p in admin.describe_producers(
+                [tp], broker_id=broker)[tp].active_producers}
+    return out
+
+
+def producers_everywhere(cluster, admin: KafkaAdminClient, topic: str) -> dict[int, set[int]]:
+    """partition -> the producer ids its leader knows, once every replica knows them too (the
+    followers from the records they copied)."""
+    def same() -> bool:
+        by_replica = producers_by_replica(cluster, admin, topic)
+        return all(len({frozenset(by_replica[p, b]) for b in
+                        partition_state(cluster, topic, p).replicas}) == 1
+                   and by_replica[p, partition_state(cluster, topic, p).leader]
+                   for p in range(LOADED_PARTITIONS))
+    wait_until(same, "every replica to know the producers", WAIT_S)
+    by_replica = producers_by_replica(cluster, admin, topic)
+    return {p: by_replica[p, partition_state(cluster, topic, p).leader]
+            for p in range(LOADED_PARTITIONS)}
+
+
+def writes_resumed(history: History) -> dict[int, float]:
+    """partition -> ms from the room coming back (the last stop-full-disk) to the partition's
+    first acknowledged send after it; partitions with none yet are left out."""
+    operations = read_history(history.path)
+    freed = [op["time_ms"] for op in operations if op["f"] == "stop-full-disk"]
+    first: dict[int, float] = {}
+    for op in operations:
+        if (freed and op["f"] == "send" and op["type"] == OK and op["time_ms"] >= freed[-1]
+                and isinstance(op["value"], list)):
+            first.setdefault(op["value"][1], round(op["time_ms"] - freed[-1], 1))
+    return first
+
+
+def check_acknowledged(cluster, topic: str, ledger: Ledger) -> None:
+    """Every acknowledged record is in the log at the (partition, offset) it was acknowledged
+    at, once."""
+    records = read_records(cluster.bootstrap_servers, topic, LOADED_PARTITIONS,
+                           len(ledger.acked), timeout_s=RESUME_WAIT_S)
+    stored: dict[bytes, list[tuple[int, int]]] = {}
+    for r in records:
+        stored.setdefault(r.value, []).append((r.partition, r.offset))
+    wrong = [(value, where, stored.get(value)) for value, where in ledger.acked.items()
+             if stored.get(value) != [where]]
+    assert wrong == [], f"{len(wrong)} acknowledged records not where acknowledged: {wrong[:5]}"
 
 
 def check(history: History, records: list) -> None:
