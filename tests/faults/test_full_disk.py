@@ -635,6 +635,10 @@ def test_a_topic_under_steady_load_takes_writes_again_once_the_room_is_back(
             wait_until(lambda: ledger.acked_count() >= ACKED_BEFORE_FILL,
                        "the load acknowledged before the fault", WAIT_S + ACKED_BEFORE_FILL / 100)
             known = producers_everywhere(cluster, admin, topic_name)
+            wait_until(lambda: all(  # as the soak's nemesis waits before each fault
+                set(partition_state(cluster, topic_name, p).isr)
+                == set(partition_state(cluster, topic_name, p).replicas)
+                for p in range(LOADED_PARTITIONS)), "every replica in sync", WAIT_S)
             disk.fill()
             held_until = time.monotonic() + FULL_HOLD_S
             with ThreadPoolExecutor(LOADED_PARTITIONS) as pool:  # each leader's own answer
