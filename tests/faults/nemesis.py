@@ -42,6 +42,13 @@ def _broker(cluster, broker_id: int) -> Host | None:
     return None if pid is None else Host(f"broker-{broker_id}", pid)
 
 
+def _leader_host(cluster, topic: str, partition: int
+                 ) -> tuple[tuple[int, int, list[int]] | None, Host | None]:
+    """The partition's leader (as `_leader` gives it) and its process, each None if absent."""
+    found = _leader(cluster, topic, partition)
+    return found, (None if found is None else _broker(cluster, found[0]))
+
+
 CONTROLLER = Host("controller", os.getpid())
 
 
@@ -103,8 +110,7 @@ class LeaderFromController(NetworkFault):
     kind = "partition-leader-controller"
 
     def start(self, cluster, topic: str, partition: int) -> dict[str, Any] | None:
-        found = _leader(cluster, topic, partition)
-        leader = found and _broker(cluster, found[0])
+        found, leader = _leader_host(cluster, topic, partition)
         if found is None or leader is None:
             return None
         self.network.cut(leader, CONTROLLER)
@@ -150,8 +156,7 @@ class LeaderInMinority(NetworkFault):
     kind = "partition-minority-majority"
 
     def start(self, cluster, topic: str, partition: int) -> dict[str, Any] | None:
-        found = _leader(cluster, topic, partition)
-        leader = found and _broker(cluster, found[0])
+        found, leader = _leader_host(cluster, topic, partition)
         if found is None or leader is None:
             return None
         others = [h for b in sorted(cluster.broker_pids()) if b != found[0]
@@ -173,8 +178,7 @@ class SlowLeader(NetworkFault):
         self.delay_ms, self.loss_percent = delay_ms, loss_percent
 
     def start(self, cluster, topic: str, partition: int) -> dict[str, Any] | None:
-        found = _leader(cluster, topic, partition)
-        leader = found and _broker(cluster, found[0])
+        found, leader = _leader_host(cluster, topic, partition)
         if found is None or leader is None:
             return None
         delay = self._random.randint(*self.delay_ms)
