@@ -228,6 +228,24 @@ def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 60) 
         time.sleep(0.05)
 
 
+def wait_for_kafka_assignment(consumer: Any, cluster: Any, group: str,
+                              timeout_s: float = 180) -> None:
+    """A Kafka client's subscribed consumer (kafka-python) polls until its group gives it
+    partitions. A join is several round trips (FindCoordinator, KIP-394's MEMBER_ID_REQUIRED,
+    group.initial.rebalance.delay.ms), and on a loaded machine a broker the last test relaunched
+    may move the coordinator meanwhile: the wait is long, and a timeout says what the
+    coordinator saw of the group."""
+    from deltabus import AdminClient
+
+    try:
+        wait_until(lambda: consumer.poll(200) is not None and bool(consumer.assignment()),
+                   f"a member of group {group} to be assigned partitions", timeout_s)
+    except AssertionError as e:
+        with AdminClient(cluster.bootstrap_servers) as admin:
+            seen = admin.describe_consumer_groups([group])
+        raise AssertionError(f"{e}; the coordinator describes the group as {seen}") from None
+
+
 def read_records(bootstrap: str, topic: str, partitions: int, expected: int,
                  timeout_s: float = 60, **settings: object) -> list:
     """Every record of a topic from the beginning: polls until `expected` arrived or time is up.

@@ -13,7 +13,7 @@ from kafka.admin import KafkaAdminClient
 from deltabus import AdminClient, Consumer, NewTopic, Producer, TopicPartition
 from deltabus.log_tables.layout import consumer_offsets_path
 from deltabus.offsets.offset_store import OffsetStore
-from tests.conftest import wait_until
+from tests.conftest import wait_for_kafka_assignment, wait_until
 
 
 def kafka_admin(cluster) -> KafkaAdminClient:
@@ -49,8 +49,7 @@ def test_delete_group_offsets_as_kafka_consumer_groups_delete_offsets(cluster, t
     admin = kafka_admin(cluster)
     try:
         member.subscribe([busy])
-        wait_until(lambda: member.poll(200) is not None and bool(member.assignment()),
-                   "the group's member to join")
+        wait_for_kafka_assignment(member, cluster, group)
         answered = admin.delete_group_offsets(
             group, [KafkaTopicPartition(read, 0), KafkaTopicPartition(busy, 0)])
         assert answered == {KafkaTopicPartition(read, 0): NoError,

@@ -10,7 +10,7 @@ import time
 from kafka import KafkaConsumer
 
 from deltabus import AdminClient, Consumer, NewTopic, Producer, TopicPartition
-from tests.conftest import wait_until
+from tests.conftest import wait_for_kafka_assignment, wait_until
 
 PARTITIONS = 4
 
@@ -139,8 +139,7 @@ def test_kafka_admin_clients_delete_empty_groups_and_their_offsets(cluster, topi
     member = kafka_consumer(cluster, busy)
     try:
         member.subscribe([topic_name])
-        wait_until(lambda: bool(member.poll(200) is not None and member.assignment()),
-                   "the busy group's member to join")
+        wait_for_kafka_assignment(member, cluster, busy)
         theirs = KafkaAdminClient(bootstrap_servers=cluster.kafka_bootstrap_servers)
         try:
             answered = dict(theirs.delete_groups([idle, busy, f"{topic_name}-none"]))
