@@ -116,7 +116,8 @@ class ProducerStateManager:
         """Wait (lock held) until `producer`'s batch of `records` is next in its sequence, or
         the log closes. Returns the producer's entry, and the first append's future when the
         batch is a retry of one already taken. Raises when the epoch is fenced, the sequence
-        was written too long ago to answer, or its predecessor did not come in time: within
+        was written too long ago to answer (out of order if only part of the batch was), or
+        its predecessor did not come in time: within
         the sequence wait, and within `timeout_ms` (what is left of the produce request's
         timeout; None: no request bounds it), so no request holds its thread past its own
         timeout."""
@@ -134,6 +135,13 @@ class ProducerStateManager:
                     log.warning("%s: producer %d sequence %d is below %d and not remembered",
                                 self._name, producer.producer_id, producer.base_sequence,
                                 entry.next_sequence)
+                    if producer.base_sequence + records > entry.next_sequence:
+                        # Not all of it was written: a client takes DUPLICATE_SEQUENCE_NUMBER
+                        # as "written" and would drop the rest (Kafka: out of order).
+                        raise errors.OutOfOrderSequenceNumberError(
+                            f"producer {producer.producer_id} sent sequences "
+                            f"{producer.base_sequence}-{producer.base_sequence + records - 1} "
+                            f"but {entry.next_sequence} is next on {self._name}")
                     raise errors.DuplicateSequenceNumberError(
                         f"sequence {producer.base_sequence} of producer {producer.producer_id} "
                         f"was written long ago (next is {entry.next_sequence})")
