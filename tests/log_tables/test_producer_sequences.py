@@ -229,3 +229,17 @@ def test_a_batch_reaching_past_what_was_written_is_out_of_order_not_a_duplicate(
                             producer=ProducerState(8, 0, 0)).result(10)
     assert (retry.base_offset, retry.last_offset) == (0, 3)
     reopened.close()
+
+
+def test_a_retry_matches_a_remembered_batch_only_with_its_length(tmp_path):
+    """As Kafka's broker finds a duplicate batch by its first and last sequence: a batch with
+    a remembered batch's base sequence but more records is out of order, not that batch's
+    retry (whose answer would tell the client its extra records were written)."""
+    log = open_log(tmp_path, sequence_wait_ms=200)
+    log.append(batch("a", 4), leader_epoch=0, producer=ProducerState(8, 0, 0)).result(10)
+    with pytest.raises(errors.OutOfOrderSequenceNumberError):
+        log.append(batch("b", 6), leader_epoch=0, producer=ProducerState(8, 0, 0)).result(10)
+    assert len(values(log)) == 4
+    retry = log.append(batch("a", 4), leader_epoch=0, producer=ProducerState(8, 0, 0)).result(10)
+    assert (retry.base_offset, retry.last_offset) == (0, 3)
+    log.close()
