@@ -499,8 +499,8 @@ class Transactions:
             if now != last:
                 last, idle_since = now, time.monotonic()
         if any(last):
-            return [f"transactions: {last[0]} inputs not committed, {last[1]} committed "
-                    "transactions not read after the drain"]
+            return [f"transactions: {last[0]} inputs not committed, {last[1]} records of "
+                    "committed transactions not read after the drain"]
         return []
 
     def report(self, inputs: Iterable[bytes]) -> TxnReport:
