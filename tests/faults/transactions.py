@@ -50,7 +50,7 @@ from tests.soak.fault_injection import Worker
 log = logging.getLogger(__name__)
 
 ABORT_EVERY = 7  # every 7th transaction is aborted on purpose
-BATCH_MAX = 200  # inputs per transaction at most
+BATCH_MAX = 1000  # inputs per transaction at most
 POLL_S = 0.2
 CALL_TIMEOUT_S = 20.0  # each transactional call; a retriable failure is tried again
 HUNG_S = CALL_TIMEOUT_S + 10.0  # a call not back by then ignored its timeout (librdkafka #5511)
