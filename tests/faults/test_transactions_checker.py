@@ -4,10 +4,12 @@ an aborted record returned, a committed offset going backwards) fails it."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
 
+from tests.faults import transactions
 from tests.faults.history import History, read_history
 from tests.faults.transactions import (
     ABORT_MARK,
@@ -152,3 +154,15 @@ def test_the_drain_waits_for_every_committed_record(history: History) -> None:
     checker.returned(0, 1, output_value(INPUTS[1], 1, COMMIT_MARK))
     checker.returned(0, 2, output_value(INPUTS[2], 1, COMMIT_MARK))
     assert checker.committed_unread() == 0
+
+
+def test_a_call_past_its_bound_is_given_up_and_a_calls_error_comes_through(monkeypatch) -> None:
+    """The loop's watchdog over librdkafka's transactional calls (librdkafka#5511)."""
+    monkeypatch.setattr(transactions, "HUNG_S", 0.1)
+    release = threading.Event()
+    with pytest.raises(transactions.ClientHung):
+        transactions._bounded(lambda: release.wait(10), "send-offsets")
+    release.set()
+    with pytest.raises(ValueError):
+        transactions._bounded(lambda: int("x"), "commit")
+    transactions._bounded(lambda: None, "begin")
