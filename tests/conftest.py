@@ -69,6 +69,7 @@ HEAVY_GROUPS = {
     "tests/cluster/test_fault_injection.py": "heavy: broker kills",
     "tests/faults/test_network_partitions.py": "heavy: broker kills",
     "tests/faults/test_paused_leader.py": "heavy: broker kills",
+    "tests/faults/test_transactions_under_faults.py": "heavy: broker kills",
 }
 
 

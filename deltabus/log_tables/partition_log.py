@@ -249,7 +249,7 @@ class PartitionLog:
             self._appender.enqueue(item)
             self._commits.schedule()
             if entry is not None:
-                entry.remember(producer.base_sequence, future)
+                entry.remember(producer.base_sequence, batch.num_rows, future)
         return future
 
     def _await_room(self, deadline: float | None) -> None:

@@ -51,26 +51,28 @@ _COLUMNS = ["offset", "producer_id", "producer_epoch", "sequence"]
 @dataclass
 class ProducerEntry:
     """What the log knows of one idempotent producer: its epoch, the next sequence it must send,
-    the futures of its last few batches (to answer retries with their first result), and the
-    sequence runs a follower copied (first sequence, last sequence, first offset): a retry sent
-    to a new leader is answered with the offsets the old leader gave it."""
+    the futures of its last few batches by (base sequence, records), to answer retries with
+    their first result (a batch is a retry only with the same first and last sequence, as
+    Kafka's broker matches them), and the sequence runs a follower copied (first sequence,
+    last sequence, first offset): a retry sent to a new leader is answered with the offsets
+    the old leader gave it."""
 
     epoch: int
     next_sequence: int
     last_timestamp_ms: int = -1  # the newest timestamp of its records in the last commit
-    recent: collections.OrderedDict[int, Future[AppendResult]] = field(
+    recent: collections.OrderedDict[tuple[int, int], Future[AppendResult]] = field(
         default_factory=collections.OrderedDict)
     copied: collections.deque[tuple[int, int, int]] = field(
         default_factory=lambda: collections.deque(maxlen=PRODUCER_BATCHES_REMEMBERED))
 
-    def remember(self, base_sequence: int, future: Future[AppendResult]) -> None:
-        self.recent[base_sequence] = future
+    def remember(self, base_sequence: int, records: int, future: Future[AppendResult]) -> None:
+        self.recent[(base_sequence, records)] = future
         while len(self.recent) > PRODUCER_BATCHES_REMEMBERED:
             self.recent.popitem(last=False)
 
     def earlier(self, base_sequence: int, records: int) -> Future[AppendResult] | None:
         """The result of a batch written before (a retry), if it is still remembered."""
-        future = self.recent.get(base_sequence)
+        future = self.recent.get((base_sequence, records))
         if future is not None:
             return future
         for first_seq, last_seq, first_offset in self.copied:
@@ -116,7 +118,8 @@ class ProducerStateManager:
         """Wait (lock held) until `producer`'s batch of `records` is next in its sequence, or
         the log closes. Returns the producer's entry, and the first append's future when the
         batch is a retry of one already taken. Raises when the epoch is fenced, the sequence
-        was written too long ago to answer, or its predecessor did not come in time: within
+        was written too long ago to answer (out of order if only part of the batch was), or
+        its predecessor did not come in time: within
         the sequence wait, and within `timeout_ms` (what is left of the produce request's
         timeout; None: no request bounds it), so no request holds its thread past its own
         timeout."""
@@ -134,6 +137,13 @@ class ProducerStateManager:
                     log.warning("%s: producer %d sequence %d is below %d and not remembered",
                                 self._name, producer.producer_id, producer.base_sequence,
                                 entry.next_sequence)
+                    if producer.base_sequence + records > entry.next_sequence:
+                        # Not all of it was written: a client takes DUPLICATE_SEQUENCE_NUMBER
+                        # as "written" and would drop the rest (Kafka: out of order).
+                        raise errors.OutOfOrderSequenceNumberError(
+                            f"producer {producer.producer_id} sent sequences "
+                            f"{producer.base_sequence}-{producer.base_sequence + records - 1} "
+                            f"but {entry.next_sequence} is next on {self._name}")
                     raise errors.DuplicateSequenceNumberError(
                         f"sequence {producer.base_sequence} of producer {producer.producer_id} "
                         f"was written long ago (next is {entry.next_sequence})")
@@ -229,8 +239,9 @@ class ProducerStateManager:
         entry = self._producers.get(producer.producer_id)
         if producer.base_sequence < 0 or entry is None or entry.epoch != producer.producer_epoch:
             return  # not idempotent (a plain batch, a marker, a copy), or forgotten
-        if entry.recent.get(producer.base_sequence) is future:
-            del entry.recent[producer.base_sequence]
+        for key, remembered in list(entry.recent.items()):
+            if remembered is future:
+                del entry.recent[key]
         entry.next_sequence = min(entry.next_sequence, producer.base_sequence)
 
     def clear(self) -> None:

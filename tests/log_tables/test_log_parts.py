@@ -41,7 +41,7 @@ def _take(manager: ProducerStateManager, producer: ProducerState, records: int,
     if duplicate is not None:
         return duplicate
     entry.next_sequence = producer.base_sequence + records
-    entry.remember(producer.base_sequence, future)
+    entry.remember(producer.base_sequence, records, future)
     return None
 
 

@@ -209,3 +209,37 @@ def test_the_log_tells_each_producers_last_sequence_and_timestamp(tmp_path):
             for p in log.active_producers()][0] == (7, 2, 2, 8_000)
     assert [p.producer_id for p in log.active_producers()] == [7, 9]
     log.close()
+
+
+def test_a_batch_reaching_past_what_was_written_is_out_of_order_not_a_duplicate(tmp_path):
+    """A batch whose base sequence was written but whose later records were not (here 0-5
+    after 0-3, to a log that knows the producer only from its table, as a new leader knows
+    one from the records it copied) is no duplicate: clients take DUPLICATE_SEQUENCE_NUMBER
+    as "written", and would drop records 4 and 5 (the transactions soak lost a committed
+    transaction's records so). Kafka's broker answers OUT_OF_ORDER_SEQUENCE_NUMBER."""
+    log = open_log(tmp_path)
+    log.append(batch("a", 4), leader_epoch=0, producer=ProducerState(8, 0, 0)).result(10)
+    log.close()
+    reopened = open_log(tmp_path, sequence_wait_ms=200)
+    with pytest.raises(errors.OutOfOrderSequenceNumberError):
+        reopened.append(batch("b", 6), leader_epoch=1,
+                        producer=ProducerState(8, 0, 0)).result(10)
+    assert len(values(reopened)) == 4
+    retry = reopened.append(batch("a", 4), leader_epoch=1,  # the batch written: answered
+                            producer=ProducerState(8, 0, 0)).result(10)
+    assert (retry.base_offset, retry.last_offset) == (0, 3)
+    reopened.close()
+
+
+def test_a_retry_matches_a_remembered_batch_only_with_its_length(tmp_path):
+    """As Kafka's broker finds a duplicate batch by its first and last sequence: a batch with
+    a remembered batch's base sequence but more records is out of order, not that batch's
+    retry (whose answer would tell the client its extra records were written)."""
+    log = open_log(tmp_path, sequence_wait_ms=200)
+    log.append(batch("a", 4), leader_epoch=0, producer=ProducerState(8, 0, 0)).result(10)
+    with pytest.raises(errors.OutOfOrderSequenceNumberError):
+        log.append(batch("b", 6), leader_epoch=0, producer=ProducerState(8, 0, 0)).result(10)
+    assert len(values(log)) == 4
+    retry = log.append(batch("a", 4), leader_epoch=0, producer=ProducerState(8, 0, 0)).result(10)
+    assert (retry.base_offset, retry.last_offset) == (0, 3)
+    log.close()

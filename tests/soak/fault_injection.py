@@ -23,6 +23,8 @@ whole log back, so what the log holds is judged apart from what the members made
   just caught up, and the producers were still waiting for it), which no position check sees;
 - a record processed twice is allowed (at-least-once after a rebalance) and only counted;
 - a value stored at two offsets (`written_twice`) breaks producer idempotence.
+With `transactions`, a transactional consume-transform-produce loop reads the topic beside the
+group, and its own checker (tests/faults/transactions.py) adds exactly-once to the list.
 
 Everything runs in the test's process except the brokers (Spark tasks the nemesis kills); all
 threads are daemons and `run` stops every one of them before it returns, failing or not, so the
@@ -39,7 +41,7 @@ import random
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import Producer as KafkaProducer
 
@@ -56,6 +58,9 @@ from deltabus import (
 from tests.faults.history import History
 from tests.faults.invariants import diverged_replicas, two_leaders_in_one_epoch
 from tests.faults.nemesis import Fault, KillLeader
+
+if TYPE_CHECKING:  # transactions.py builds on this module's Worker
+    from tests.faults.transactions import Transactions, TxnReport
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +93,7 @@ class FaultPlan:
     flush_s: float = 150.0  # > the producers' delivery timeouts
     seed: int = 14
     history: str | None = None  # where the run's history goes (tests/faults/history.py)
+    transactions: bool = False  # a transactional loop beside the group (faults/transactions.py)
 
 
 @dataclass(frozen=True)
@@ -131,6 +137,7 @@ class Report:
     errors: list[str] = field(default_factory=list)  # threads that died, waits that timed out
     examples: list[str] = field(default_factory=list)
     wall_s: float = 0.0
+    transactions: TxnReport | None = None  # with FaultPlan.transactions
 
     def summary(self) -> str:
         lines = [
@@ -149,6 +156,10 @@ class Report:
             "two leaders.",
             "faults (s, kind, partition: target): " + "; ".join(
                 f"{f.at_s:.0f}/{f.kind}/{f.partition}: {f.target}" for f in self.faults)]
+        if self.transactions is not None:
+            lines.insert(1, self.transactions.summary())
+            lines += [f"  {e}" for e in self.transactions.errors]
+            lines += [f"  e.g. {e}" for e in self.transactions.examples]
         lines += [f"  {d}" for d in self.diverged[:EXAMPLES_MAX]]
         lines += [f"  {t}" for t in self.two_leaders[:EXAMPLES_MAX]]
         lines += [f"  {e}" for e in self.errors]
@@ -174,6 +185,8 @@ class Report:
         assert self.misplaced == 0, self.summary()
         assert self.written_twice == 0, self.summary()
         assert self.processed >= self.acknowledged > 0, self.summary()
+        if self.transactions is not None:
+            self.transactions.assert_exactly_once(self.summary())
 
 
 class Ledger:
@@ -668,8 +681,9 @@ def run(cluster, plan: FaultPlan, faults: list[Fault] | None = None) -> Report:
             for fault in faults:
                 fault.prepare(cluster, plan.topic)
             create_topic(cluster, plan)
+            transactions = _transactions(cluster, plan, history)
             nemesis = Nemesis(cluster, plan, faults, history)
-            workers = _load(cluster, plan, ledger, nemesis, report)
+            workers = _load(cluster, plan, ledger, nemesis, report, transactions)
             stored, high_watermarks = read_log(cluster.bootstrap_servers, plan)
         finally:
             for fault in faults:
@@ -681,16 +695,30 @@ def run(cluster, plan: FaultPlan, faults: list[Fault] | None = None) -> Report:
         report.diverged = diverged_replicas(cluster, plan.topic, plan.partitions,
                                             high_watermarks)
         report.two_leaders = two_leaders_in_one_epoch(cluster, plan.topic)
+        if transactions is not None:
+            report.transactions = transactions.report(ledger.acked)
     report.wall_s = time.monotonic() - started
     return check(ledger, stored, report)
 
 
-def _load(cluster, plan: FaultPlan, ledger: Ledger, nemesis: Nemesis,
-          report: Report) -> list[Worker]:
-    """The group, the producers and the nemesis, from start to drain; every thread stopped
-    before it returns (the threads, for the report)."""
+def _transactions(cluster, plan: FaultPlan, history: History) -> Transactions | None:
+    """The transactional loop of FaultPlan.transactions, its output topic created."""
+    if not plan.transactions:
+        return None
+    from tests.faults.transactions import Transactions  # it imports this module
+
+    transactions = Transactions(cluster, plan, history)
+    transactions.prepare()
+    return transactions
+
+
+def _load(cluster, plan: FaultPlan, ledger: Ledger, nemesis: Nemesis, report: Report,
+          transactions: Transactions | None = None) -> list[Worker]:
+    """The group, the producers, the nemesis and the transactional loop, from start to drain;
+    every thread stopped before it returns (the threads, for the report)."""
     members = [Member(f"m{i}", cluster.bootstrap_servers, f"{plan.topic}-group", plan, ledger)
                for i in range(plan.members)]
+    extra = [] if transactions is None else transactions.workers
     senders: list[Worker] = [
         DeltabusSender(f"p{i}", cluster.bootstrap_servers, plan, ledger)
         for i in range(plan.deltabus_producers)]
@@ -706,6 +734,8 @@ def _load(cluster, plan: FaultPlan, ledger: Ledger, nemesis: Nemesis,
             m.start()
         wait_for(lambda: group_ready(members, plan.partitions), "the group to form with "
                  "committed positions", plan.ready_timeout_s)
+        if transactions is not None:
+            transactions.start()
         for s in senders:
             s.start()
         wait_for(lambda: ledger.acked_count() >= plan.acked_before_nemesis,
@@ -715,15 +745,17 @@ def _load(cluster, plan: FaultPlan, ledger: Ledger, nemesis: Nemesis,
         nemesis.join(plan.nemesis_s + plan.fault_every_s + plan.fault_jitter_s
                      + longest_hold_s + plan.ready_timeout_s + 60)
         report.errors += _drain_phase(cluster, plan, ledger, nemesis, senders)
+        if transactions is not None:
+            report.errors += transactions.drain(plan.drain_idle_s)
     finally:
-        for worker in (nemesis, *senders, *members):
+        for worker in (nemesis, *senders, *members, *extra):
             worker.stop(plan.flush_s + 30)
         consumer_log.removeHandler(resets)
         consumer_log.setLevel(level)
     report.rebalances = sum(m.rebalances for m in members)
     report.commit_failures = sum(m.commit_failures for m in members)
     report.resets_logged = resets.count
-    return [nemesis, *senders, *members]
+    return [nemesis, *senders, *members, *extra]
 
 
 def _drain_phase(cluster, plan: FaultPlan, ledger: Ledger, nemesis: Nemesis,

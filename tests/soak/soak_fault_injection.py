@@ -4,7 +4,9 @@ acks=all producers on both doors and a consumer group committing after processin
 leader kills, network partitions (a leader from the controller, a follower from its leader,
 the controller from every broker, a leader in a minority of its own), a slow and lossy leader,
 a leader paused past its session timeout, and a full disk on local disk or slow and failing
-storage on S3 (moto's server behind tests/faults/s3_fault_proxy.py).
+storage on S3 (moto's server behind tests/faults/s3_fault_proxy.py). On local disk a
+transactional consume-transform-produce loop (confluent-kafka) reads the load too, and must be
+exactly once through all of it (tests/faults/transactions.py).
 
 Each run writes its history to build/soak/ and prints its faults as a table
 (tests/faults/report.py). Collected only when named on the command line (`make soak` does): its
@@ -69,8 +71,8 @@ def test_soak_every_nemesis_mixed_on_local_disk(cluster, topic_name, all_brokers
     with LoopbackNetwork() as network:
         faults = every_fault(network, local_disk=True)
         report = run(cluster, FaultPlan(topic_name, nemesis_s=SOAK_S, fault_every_s=10,
-                                        fault_jitter_s=5, mixed=True, history=str(history)),
-                     faults)
+                                        fault_jitter_s=5, mixed=True, transactions=True,
+                                        history=str(history)), faults)
     print_run(report, history)
     assert {f.kind for f in report.faults} == {f.kind for f in faults}, (
         "a soak this short cannot inject every fault: make it longer (DELTABUS_SOAK_S)")
