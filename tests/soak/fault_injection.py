@@ -87,6 +87,7 @@ class FaultPlan:
     fault_jitter_s: float = 5.0  # each pause is fault_every_s plus up to this much
     fault_rounds: int | None = None  # the nemesis ends after each fault ran this often
     mixed: bool = False  # each round of faults in a random order (the seed's)
+    every_fault_once: bool = False  # past nemesis_s until each fault ran once (a soak's)
     acked_before_nemesis: int = 500  # the load is flowing before the first kill
     ready_timeout_s: float = 120.0  # for the group to form, brokers to return
     drain_idle_s: float = 90.0  # the drain ends after this long without progress
@@ -483,7 +484,8 @@ class Nemesis(Worker):
         started = time.monotonic()
         attempts = 0
         while not self.stop_event.wait(self._pause_s()):
-            if time.monotonic() - started >= self.plan.nemesis_s or self._done():
+            if self._done() or (time.monotonic() - started >= self.plan.nemesis_s
+                                and self._each_fault_ran()):
                 return
             if not brokers_back(self.cluster, self.plan.ready_timeout_s):
                 self.problems.append(f"brokers not all back {time.monotonic() - started:.0f} s "
@@ -536,6 +538,20 @@ class Nemesis(Worker):
     def _done(self) -> bool:
         rounds = self.plan.fault_rounds
         return rounds is not None and len(self.injected) >= rounds * len(self.faults)
+
+    def _each_fault_ran(self) -> bool:
+        """True unless the plan wants every fault once and one has not run yet: on a slow
+        store, waiting for the cluster to be whole again between faults can take minutes."""
+        ran = {event.kind for event in self.injected}
+        return not self.plan.every_fault_once or all(f.kind in ran for f in self.faults)
+
+    def longest_s(self) -> float:
+        """How long the nemesis may take: nemesis_s, then (every_fault_once) a full round of
+        faults, each with its pause, hold and waits for brokers and replicas."""
+        per_fault = (self.plan.fault_every_s + self.plan.fault_jitter_s
+                     + max(f.hold_s for f in self.faults) + 2 * self.plan.ready_timeout_s)
+        return (self.plan.nemesis_s + per_fault
+                + (len(self.faults) * per_fault if self.plan.every_fault_once else 0) + 60)
 
     def _pause_s(self) -> float:
         return self.plan.fault_every_s + self._random.uniform(0, self.plan.fault_jitter_s)
@@ -614,11 +630,13 @@ def drain(ledger: Ledger, plan: FaultPlan) -> None:
             last, idle_since = now, time.monotonic()
 
 
-def read_log(bootstrap: str, plan: FaultPlan
+def read_log(bootstrap: str, plan: FaultPlan, problems: list[str] | None = None
              ) -> tuple[dict[tuple[int, int], bytes], dict[int, int]]:
     """Every record of the topic, (partition, offset) -> value, read from the start by a
     consumer of its own: what the log holds, apart from what the members made of it; and each
-    partition's high watermark when the read began."""
+    partition's high watermark when the read began. A read that stops making progress before
+    the high watermarks is told in `problems` with where it stood: the checker would otherwise
+    report the records it never reached as misplaced."""
     tps = [TopicPartition(plan.topic, p) for p in range(plan.partitions)]
     stored: dict[tuple[int, int], bytes] = {}
     with Consumer(bootstrap, auto_offset_reset="earliest") as consumer:
@@ -631,6 +649,12 @@ def read_log(bootstrap: str, plan: FaultPlan
             if records:
                 idle_since = time.monotonic()
             stored.update(((r.partition, r.offset), r.value) for r in records)
+        behind = {tp.partition: (consumer.position(tp), ends[tp]) for tp in tps
+                  if consumer.position(tp) < ends[tp]}
+    if behind and problems is not None:
+        problems.append(f"the read-back stopped after {plan.drain_idle_s:.0f} s without "
+                        "progress; (position, high watermark) by partition: "
+                        f"{dict(sorted(behind.items()))}")
     return stored, {tp.partition: ends[tp] for tp in tps}
 
 
@@ -684,7 +708,7 @@ def run(cluster, plan: FaultPlan, faults: list[Fault] | None = None) -> Report:
             transactions = _transactions(cluster, plan, history)
             nemesis = Nemesis(cluster, plan, faults, history)
             workers = _load(cluster, plan, ledger, nemesis, report, transactions)
-            stored, high_watermarks = read_log(cluster.bootstrap_servers, plan)
+            stored, high_watermarks = read_log(cluster.bootstrap_servers, plan, report.errors)
         finally:
             for fault in faults:
                 fault.close()
@@ -741,9 +765,7 @@ def _load(cluster, plan: FaultPlan, ledger: Ledger, nemesis: Nemesis, report: Re
         wait_for(lambda: ledger.acked_count() >= plan.acked_before_nemesis,
                  "acknowledged records before the nemesis", plan.ready_timeout_s)
         nemesis.start()
-        longest_hold_s = max(f.hold_s for f in nemesis.faults)
-        nemesis.join(plan.nemesis_s + plan.fault_every_s + plan.fault_jitter_s
-                     + longest_hold_s + plan.ready_timeout_s + 60)
+        nemesis.join(nemesis.longest_s())
         report.errors += _drain_phase(cluster, plan, ledger, nemesis, senders)
         if transactions is not None:
             report.errors += transactions.drain(plan.drain_idle_s)
