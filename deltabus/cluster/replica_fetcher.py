@@ -96,6 +96,7 @@ class ReplicaFetcher:
     # ---- the fetch loop ------------------------------------------------------------------------
 
     def _run(self) -> None:
+        failed_since, failures = 0.0, 0  # the run of failed rounds going on, if any
         while True:
             with self._lock:
                 while not self._stopped and not (self._address and self._ready()):
@@ -105,9 +106,20 @@ class ReplicaFetcher:
                 address, followed = self._address, self._ready()
             try:
                 self._fetch_round(address, followed)
+                if failures:
+                    log.info("broker %d: fetching from leader %d again, after %d failed "
+                             "rounds in %.1f s", self.broker_id, self.leader_id, failures,
+                             time.monotonic() - failed_since)
+                    failures = 0
             except errors.DeltaBusError as e:  # the leader is unreachable or restarting
-                log.info("broker %d: fetch from leader %d at %s failed: %s", self.broker_id,
-                         self.leader_id, address, e)
+                # Said once a run (a round is retried every replica.fetch.backoff.ms): the
+                # rest at DEBUG, and the run's length when fetching works again.
+                if not failures:
+                    failed_since = time.monotonic()
+                failures += 1
+                log.log(logging.INFO if failures == 1 else logging.DEBUG,
+                        "broker %d: fetch from leader %d at %s failed: %s", self.broker_id,
+                        self.leader_id, address, e)
                 with self._lock:
                     self._lock.wait(self._config.replica_fetch_backoff_ms / 1000)
             except Exception:  # a bug: keep the fetcher alive, but say so loudly
