@@ -37,6 +37,7 @@ class _Followed:
     partition: Partition
     leader_epoch: int
     retry_at: float = 0.0  # after an error: not fetched before this time
+    last_error: str = ""  # the error of its last failed copy, said once at INFO
 
 
 class ReplicaFetcher:
@@ -173,6 +174,7 @@ class ReplicaFetcher:
             except Exception as e:
                 self._on_error(f, e)
                 continue
+            f.last_error = ""
             if high_watermark >= 0:
                 f.partition.follower_high_watermark(high_watermark)
         self._take_log_starts(results, by_key)
@@ -243,8 +245,13 @@ class ReplicaFetcher:
 
     def _on_error(self, f: _Followed, error: BaseException) -> None:
         """Back off this partition; metadata (a new leader or epoch) re-adds it when needed."""
-        level = (logging.INFO if isinstance(error, errors.DeltaBusError) and error.retriable
-                 else logging.WARNING)
+        said = str(error)
+        retriable = isinstance(error, errors.DeltaBusError) and error.retriable
+        # A retriable error repeats every replica.fetch.backoff.ms until the metadata changes:
+        # said once, the repeats at DEBUG.
+        level = (logging.WARNING if not retriable
+                 else logging.DEBUG if said == f.last_error else logging.INFO)
+        f.last_error = said
         log.log(level, "broker %d: copying %s-%d from leader %d: %s", self.broker_id,
                 f.partition.topic, f.partition.partition, self.leader_id, error)
         with self._lock:
