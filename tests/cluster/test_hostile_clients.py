@@ -49,6 +49,7 @@ BROKER_RSS_GROWTH_MAX = 512 * MIB
 DRIVER_RSS_GROWTH_MAX = 1024 * MIB
 HUGE = 50_000_000  # the review's 50 MB topic names and transactional ids
 MANY = 100_000  # the review's 100,000 entries
+HOSTILE_ANSWER_WAIT_S = 300  # the attacker's patience: the answer is checked, not its speed
 OFFSET_COMMIT, OFFSET_COMMIT_VERSION = 8, 8
 INIT_PRODUCER_ID, INIT_PRODUCER_ID_VERSION = 22, 4
 METADATA, METADATA_VERSION = 3, 12
@@ -204,8 +205,8 @@ def kafka_produce(address: str, topic: str, records: bytes) -> Any:
     return raw_frames.call(address, PRODUCE, 9, make(
         cls, transactional_id=None, acks=-1, timeout=timedelta(seconds=60),
         topic_data=(make(topic_cls, name=topic, partition_data=(
-            make(partition_cls, index=0, records=records),)),))
-    ).responses[0].partition_responses[0]
+            make(partition_cls, index=0, records=records),)),)),
+        timeout_s=HOSTILE_ANSWER_WAIT_S).responses[0].partition_responses[0]
 
 
 def kafka_decompression_bombs(t: dict[str, Any]) -> None:
@@ -225,17 +226,20 @@ def kafka_one_partition_fetched_100000_times(t: dict[str, Any]) -> None:
         cls, replica_id=-1, max_wait=timedelta(0), min_bytes=0, max_bytes=1 << 20,
         isolation_level=0, session_id=0, session_epoch=-1, forgotten_topics_data=(),
         rack_id="", topics=(nested(cls, "FetchTopic")(
-            topic=t["topic"], partitions=(partition,) * MANY),)))
+            topic=t["topic"], partitions=(partition,) * MANY),)), timeout_s=HOSTILE_ANSWER_WAIT_S)
     assert answer.error_code == ErrorCode.invalid_request
     assert all(not p.records for r in answer.responses for p in r.partitions)
 
 
 def kafka_100000_new_topics(t: dict[str, Any]) -> None:
+    """Refusing 100,000 names takes the driver about 6 s on an idle machine, and on a loaded
+    one more than a client's 30 s: the attackers wait (HOSTILE_ANSWER_WAIT_S)."""
     cls = load_request_schema(METADATA, METADATA_VERSION)
     answer = raw_frames.call(t["driver_kafka"], METADATA, METADATA_VERSION, make(
         cls, topics=tuple(nested(cls, "MetadataRequestTopic")(
             topic_id=None, name=f"{t['topic']}-kafka-new-{i}") for i in range(MANY)),
-        allow_auto_topic_creation=True, include_topic_authorized_operations=False))
+        allow_auto_topic_creation=True, include_topic_authorized_operations=False),
+        timeout_s=HOSTILE_ANSWER_WAIT_S)
     assert {m.error_code for m in answer.topics} == {ErrorCode.policy_violation}
 
 
@@ -249,7 +253,8 @@ def kafka_offset_commit_to_unknown_and_huge_topics(t: dict[str, Any]) -> None:
         cls, group_id=f"{t['topic']}-hostile-kafka", generation_id_or_member_epoch=-1,
         member_id="", group_instance_id=None, topics=(
             topic_cls(name="no-such-topic", partitions=(entry,)),
-            topic_cls(name="y" * (HUGE // 10), partitions=(entry,)))))
+            topic_cls(name="y" * (HUGE // 10), partitions=(entry,)))),
+        timeout_s=HOSTILE_ANSWER_WAIT_S)
     assert {p.error_code for r in answer.topics for p in r.partitions} == {
         ErrorCode.unknown_topic_or_partition}
 
@@ -258,7 +263,7 @@ def kafka_a_50_mb_transactional_id(t: dict[str, Any]) -> None:
     cls = load_request_schema(INIT_PRODUCER_ID, INIT_PRODUCER_ID_VERSION)
     answer = raw_frames.call(t["driver_kafka"], INIT_PRODUCER_ID, INIT_PRODUCER_ID_VERSION, make(
         cls, transactional_id="x" * HUGE, transaction_timeout=timedelta(seconds=60),
-        producer_id=-1, producer_epoch=-1))
+        producer_id=-1, producer_epoch=-1), timeout_s=HOSTILE_ANSWER_WAIT_S)
     assert answer.error_code != ErrorCode.none and answer.producer_id == -1
 
 

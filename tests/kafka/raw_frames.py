@@ -119,9 +119,10 @@ def produce(topic: str, values: list[bytes], correlation_id: int = 7, *,
         correlation_id, client_id=client_id)
 
 
-def call(address: str, key: int, version: int, body: Any) -> Any:
-    """One request on a connection of its own to `address` (host:port); its answer."""
-    with connect_to(address, timeout_s=30) as sock:
+def call(address: str, key: int, version: int, body: Any, timeout_s: float = 30) -> Any:
+    """One request on a connection of its own to `address` (host:port); its answer, waited
+    for `timeout_s` at most (a client's request.timeout.ms)."""
+    with connect_to(address, timeout_s=timeout_s) as sock:
         sock.sendall(frame(key, version, body))
         _, answer = read_response(sock, key, version)
     return answer
