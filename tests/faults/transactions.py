@@ -385,8 +385,14 @@ class TransformLoop(Worker):
         if not assignment:  # the next assignment starts at the committed offsets
             return
         found: list[TopicPartition] = []
-        self._call(lambda: found.extend(consumer.committed(assignment, CALL_TIMEOUT_S)),
-                   "rewind")
+        while True:  # as an application must: without its offsets it cannot go on
+            try:
+                self._call(lambda: found.extend(consumer.committed(assignment, CALL_TIMEOUT_S)),
+                           "rewind")
+                break
+            except KafkaException as e:  # the coordinator is moving: _TIMED_OUT is not retriable
+                if _error(e).fatal() or self.stop_event.is_set():
+                    raise
         for tp in found:
             tp.offset = tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
             consumer.seek(tp)
