@@ -257,22 +257,38 @@ class TransformLoop(Worker):
         self.consumer: KafkaConsumer | None = None
         self.producer: KafkaProducer | None = None
         self.abandoned: list[KafkaProducer] = []  # producers given up (fatal error, hung)
+        self.abandoned_consumers: list[KafkaConsumer] = []  # consumers whose close hung
 
     def work(self) -> None:
-        self.consumer = KafkaConsumer({
-            "bootstrap.servers": self.bootstrap, "group.id": self.group,
-            "isolation.level": "read_committed", "enable.auto.commit": False,
-            "auto.offset.reset": "earliest", "session.timeout.ms": 10_000})
+        self.consumer = self._new_consumer()
         try:
             self.producer = self._new_producer()
-            self.consumer.subscribe([self.topic])
             while not self.stop_event.is_set():
                 messages = [m for m in self.consumer.consume(BATCH_MAX, POLL_S)
                             if self._usable(m)]
                 if messages:
                     self._transaction(messages)
         finally:
-            self.consumer.close()
+            self._close_consumer()
+
+    def _new_consumer(self) -> KafkaConsumer:
+        """The group's read_committed member, subscribed: its assignment starts at the
+        group's committed offsets."""
+        consumer = KafkaConsumer({
+            "bootstrap.servers": self.bootstrap, "group.id": self.group,
+            "isolation.level": "read_committed", "enable.auto.commit": False,
+            "auto.offset.reset": "earliest", "session.timeout.ms": 10_000})
+        consumer.subscribe([self.topic])
+        return consumer
+
+    def _close_consumer(self) -> None:
+        """Close the consumer, bounded: one stuck on a coordinator that left is given up."""
+        consumer = self.consumer
+        try:
+            _bounded(consumer.close, "close")
+        except (KafkaException, ClientHung) as e:
+            self.history.info(self.name, "close", str(e))
+            self.abandoned_consumers.append(consumer)
 
     def committed_positions(self) -> dict[int, int]:
         with self._lock:
@@ -385,14 +401,19 @@ class TransformLoop(Worker):
         if not assignment:  # the next assignment starts at the committed offsets
             return
         found: list[TopicPartition] = []
-        while True:  # as an application must: without its offsets it cannot go on
-            try:
-                self._call(lambda: found.extend(consumer.committed(assignment, CALL_TIMEOUT_S)),
-                           "rewind")
-                break
-            except KafkaException as e:  # the coordinator is moving: _TIMED_OUT is not retriable
-                if _error(e).fatal() or self.stop_event.is_set():
-                    raise
+        try:
+            self._call(lambda: found.extend(consumer.committed(assignment, CALL_TIMEOUT_S)),
+                       "rewind")
+        except KafkaException as e:
+            # librdkafka's consumer can keep asking a coordinator that left, as its producer
+            # does in #5511 (a local soak saw committed() time out for 10 minutes): a new
+            # member's assignment starts at the committed offsets, which is the rewind.
+            if _error(e).fatal() or self.stop_event.is_set():
+                raise
+            self._close_consumer()
+            self.consumer = self._new_consumer()
+            self.history.info(self.name, "rewind", "a new consumer")
+            return
         for tp in found:
             tp.offset = tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
             consumer.seek(tp)
