@@ -103,18 +103,15 @@ def test_a_missing_input_fails(history: History) -> None:
         report.examples)
 
 
-def test_a_record_of_a_deliberate_abort_returned_fails(history: History) -> None:
+@pytest.mark.parametrize("partition, offset, value", [
+    pytest.param(0, 7, output_value(INPUTS[3], 2, ABORT_MARK), id="deliberate-abort"),
+    # its value says "commit" (the loop meant to commit it): the loop's outcome judges it
+    pytest.param(1, 0, output_value(INPUTS[4], 3, COMMIT_MARK), id="aborted-by-a-fault"),
+])
+def test_a_record_of_an_aborted_transaction_returned_fails(
+        history: History, partition: int, offset: int, value: bytes) -> None:
     checker = clean(history)
-    checker.returned(0, 7, output_value(INPUTS[3], 2, ABORT_MARK))
-    report = checker.result(INPUTS)
-    assert report.aborted_seen == 1
-    failing(report)
-
-
-def test_a_record_of_a_transaction_aborted_by_a_fault_returned_fails(history: History) -> None:
-    """Its value says "commit" (the loop meant to commit it): the loop's outcome judges it."""
-    checker = clean(history)
-    checker.returned(1, 0, output_value(INPUTS[4], 3, COMMIT_MARK))
+    checker.returned(partition, offset, value)
     report = checker.result(INPUTS)
     assert report.aborted_seen == 1
     failing(report)
