@@ -31,6 +31,12 @@ DEFAULT_BOOTSTRAP_PORT = 9192  # the controller's gRPC port: the cluster's boots
 # few for refusals of callers without the broker credential.
 CONTROLLER_THREADS_PER_BROKER = 6
 CONTROLLER_THREADS_SPARE = 4
+# The most brokers a cluster runs, however it is scaled (Cluster.scale, the autoscaler): the
+# controller listener's threads are sized for them (made only when used).
+BROKERS_MAX = 64
+# How often a broker tells the controller the bytes in of the partitions it leads (with a
+# heartbeat): the balancer's bytes-in goal weighs partitions by them.
+LOAD_REPORT_INTERVAL_MS = 30_000
 
 # Records and requests.
 MESSAGE_MAX_BYTES = 1_048_588  # Kafka's message.max.bytes / topic max.message.bytes default
@@ -774,6 +780,9 @@ class ClusterConfig:
     # Kafka's auto.leader.rebalance.enable: leadership goes back to each partition's preferred
     # (first) replica once it is in sync again, checked this often.
     auto_leader_rebalance_enable: bool = True
+    # Cruise Control's self-healing, as deltabus names it: after brokers join or leave
+    # (Cluster.scale), the balancer spreads replicas and leaders over them (balancer.py).
+    auto_balance_enable: bool = True
     leader_imbalance_check_interval_ms: int = field(
         default_factory=lambda: _env_int("DELTABUS_LEADER_IMBALANCE_CHECK_INTERVAL_MS", 300_000))
     # The log cleaner's retention job runs this often (Kafka's log.retention.check.interval.ms).
@@ -799,8 +808,8 @@ class ClusterConfig:
         return replace(self, **changes)
 
     def __post_init__(self) -> None:
-        if self.brokers < 1:
-            raise ValueError(f"brokers must be at least 1, not {self.brokers}")
+        if not 1 <= self.brokers <= BROKERS_MAX:
+            raise ValueError(f"brokers must be 1 to {BROKERS_MAX}, not {self.brokers}")
         for name in ("num_partitions", "default_replication_factor", "min_insync_replicas",
                      "auto_create_topics_per_request_max", "max_topics", "max_partitions",
                      "log_append_threads", "grpc_threads", "grpc_long_polls_max"):
@@ -878,8 +887,10 @@ class ClusterConfig:
         """The threads of the driver's controller listener, which serves only the brokers'
         lifecycle calls: each broker holds one heartbeat long poll, one AlterPartition and a
         registration at most, twice over while a relaunched broker's old incarnation still
-        calls (CONTROLLER_THREADS_PER_BROKER); no client call takes any of them."""
-        return CONTROLLER_THREADS_PER_BROKER * self.brokers + CONTROLLER_THREADS_SPARE
+        calls (CONTROLLER_THREADS_PER_BROKER), for as many brokers as the cluster may be scaled
+        to (BROKERS_MAX; the pool makes threads only as calls need them); no client call takes
+        any of them."""
+        return CONTROLLER_THREADS_PER_BROKER * BROKERS_MAX + CONTROLLER_THREADS_SPARE
 
     def topic_defaults(self) -> TopicConfig:
         """What a topic without overrides gets: Kafka's defaults, and this cluster's settings
@@ -939,6 +950,7 @@ class BrokerConfigDef:
 _CLUSTER_BROKER_FIELDS = (
     "num_partitions", "default_replication_factor", "auto_create_topics_enable",
     "min_insync_replicas", "unclean_leader_election_enable", "auto_leader_rebalance_enable",
+    "auto_balance_enable",
     "leader_imbalance_check_interval_ms", "log_retention_check_interval_ms",
     "replica_lag_time_max_ms", "replica_fetch_wait_max_ms", "replica_fetch_max_bytes",
     "replica_fetch_response_max_bytes", "replica_fetch_backoff_ms",

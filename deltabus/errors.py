@@ -177,6 +177,7 @@ KafkaStorageError = _kafka_error(
     56, "KAFKA_STORAGE_ERROR", retriable=True, invalid_metadata=True
 )
 SaslAuthenticationFailedError = _kafka_error(58, "SASL_AUTHENTICATION_FAILED")
+ReassignmentInProgressError = _kafka_error(60, "REASSIGNMENT_IN_PROGRESS")
 NonEmptyGroupError = _kafka_error(68, "NON_EMPTY_GROUP")
 GroupIdNotFoundError = _kafka_error(69, "GROUP_ID_NOT_FOUND")
 # Incremental fetch sessions (KIP-227): a session the broker no longer has (evicted, or never

@@ -349,3 +349,47 @@ def new_topic_id() -> str:
 
 def new_cluster_id() -> str:
     return uuid.uuid4().hex[:22]
+
+
+# ---- brokers joining and leaving (cluster/balancer.py, cluster/scaling.py) ----------------
+
+@dataclass(frozen=True)
+class BrokerLoad:
+    """What one broker holds: replicas, preferred leaderships and bytes in per second (as a
+    leader from producers and as a follower from its leaders)."""
+
+    broker_id: int
+    rack: str
+    replicas: int
+    leaders: int
+    bytes_in_per_s: float
+
+
+@dataclass(frozen=True)
+class BalancePlan:
+    """`moves`: each changed partition's target replicas (first: preferred leader);
+    `before`/`after`: the spread by broker; `unmet`: the goals the plan could not meet."""
+
+    moves: dict[tuple[str, int], list[int]]
+    before: list[BrokerLoad]
+    after: list[BrokerLoad]
+    unmet: list[str] = field(default_factory=list)
+    copies: int = 0  # replicas the moves add, each a copy (a new leader order copies nothing)
+
+    def reassignment_json(self) -> dict[str, object]:
+        """The plan as kafka-reassign-partitions.sh reads it."""
+        return {"version": 1, "partitions": [
+            {"topic": t, "partition": p, "replicas": replicas, "log_dirs": ["any"] * len(replicas)}
+            for (t, p), replicas in sorted(self.moves.items())]}
+
+
+@dataclass(frozen=True)
+class ScaleStatus:
+    """Where the last scale of the cluster is (`deltabus cluster scale`): `state` (idle,
+    scaling, done, failed), the broker count it aims at, `step` (what it is doing, what it
+    did, or why it failed), and the cluster's brokers now."""
+
+    state: str
+    brokers: int
+    step: str
+    members: tuple[int, ...] = ()

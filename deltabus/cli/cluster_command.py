@@ -1,4 +1,5 @@
-"""`deltabus cluster start`: run a cluster in the foreground, as kafka-server-start.sh does.
+"""`deltabus cluster start`: run a cluster in the foreground, as kafka-server-start.sh does
+(`deltabus cluster scale` and `balance` are in cluster_scale.py).
 
 It owns its SparkSession: it starts Spark, then the cluster, serves until Ctrl-C or SIGTERM, and
 stops both in that order, so the brokers flush their logs before Spark takes their tasks away.
@@ -17,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from deltabus import config as cfg
 from deltabus import errors, extras
-from deltabus.cli import broker_security
+from deltabus.cli import broker_security, cluster_scale
 from deltabus.cli.options import CliError, parse_properties, read_properties, split_host_port
 from deltabus.listeners import ListenerBindError
 from deltabus.storage import normalize_root
@@ -44,7 +45,8 @@ def add_parser(subparsers: argparse._SubParsersAction, parent: argparse.Argument
                    help="a properties file of storage options (KEY=VALUE lines), so secrets "
                         "stay out of the command line")
     s.add_argument("--brokers", type=int, default=3, help="broker count (default 3)")
-    s.add_argument("--master", help="Spark master URL (default: local with brokers + 2 slots)")
+    s.add_argument("--master", help="Spark master URL (default: local with 2 x brokers + 2 "
+                                    "slots, room to scale to twice the brokers)")
     s.add_argument("--port", type=int,
                    help="bootstrap port (default: the port of --bootstrap-server)")
     s.add_argument("--kafka-port", type=int, default=None,
@@ -56,6 +58,13 @@ def add_parser(subparsers: argparse._SubParsersAction, parent: argparse.Argument
                         "-1: not served)")
     broker_security.add_arguments(s)
     s.set_defaults(func=start)
+    cluster_scale.add_parsers(commands, parent)
+
+
+def scale_headroom(brokers: int) -> int:
+    """Task slots of the local master `cluster start` picks: room to scale to twice the
+    brokers (each holds one) with one slot to spare, and at least two for other jobs."""
+    return 2 * brokers + 2
 
 
 def spark_session(master: str, *, app_name: str = "deltabus") -> Any:
@@ -112,7 +121,7 @@ def start(args: argparse.Namespace) -> int:
         raise CliError(str(e)) from None
     except errors.DeltaBusError as e:
         raise CliError(e.message) from None
-    spark = spark_session(args.master) if args.master else local_spark(args.brokers + 2)
+    spark = spark_session(args.master) if args.master else local_spark(scale_headroom(args.brokers))
     spark.sparkContext.setLogLevel(SPARK_LOG_LEVEL)
     try:
         try:

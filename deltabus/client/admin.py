@@ -21,9 +21,11 @@ from deltabus.client.cluster_client import ClusterClient
 from deltabus.client.consumer_coordinator import TopicPartition
 from deltabus.client.security import ClientSecurity, SecuritySettings
 from deltabus.metadata import (
+    BalancePlan,
     GroupDescription,
     MemberDescription,
     NewTopic,
+    ScaleStatus,
     ScramCredentialDeletion,
     ScramCredentialInfo,
     ScramCredentialUpsertion,
@@ -180,6 +182,22 @@ class AdminClient:
         response = self._client.call_any("AlterPartitionReassignments",
                                          codec.reassignments_request(targets))
         return codec.election_results(response)
+
+    # ---- brokers joining and leaving ----------------------------------------------------------
+
+    def scale_cluster(self, brokers: int | None = None) -> ScaleStatus:
+        """Start a scale of the cluster to `brokers` brokers (None: only ask how the last
+        one is going); answers at once. New brokers start and take their share of replicas
+        and leaders; leaving ones (the highest ids) are drained, then stopped. Poll with
+        `scale_cluster()` until the state is done or failed."""
+        return codec.scale_status_from_proto(self._client.call_any(
+            "ScaleCluster", pb.ScaleClusterRequest(brokers=brokers)))
+
+    def balance_cluster(self, *, execute: bool = False) -> BalancePlan:
+        """The balancer's plan (rack, replica count, leader count, bytes in), with the spread
+        by broker before and after it; `execute` starts its moves."""
+        return codec.balance_plan_from_proto(self._client.call_any(
+            "BalanceCluster", pb.BalanceClusterRequest(execute=execute)))
 
     # ---- users' SCRAM credentials -------------------------------------------------------------
 

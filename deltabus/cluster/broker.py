@@ -58,10 +58,12 @@ from deltabus.log_tables.control_records import TxnMarker
 from deltabus.log_tables.partition_log import ActiveProducer, AppendResult
 from deltabus.log_tables.transactions import READ_UNCOMMITTED
 from deltabus.metadata import (
+    BalancePlan,
     BrokerEndpoint,
     ListenerEndpoint,
     MetadataImage,
     NewTopic,
+    ScaleStatus,
     ScramCredentialDeletion,
     ScramCredentialUpsertion,
     ScramDescriptions,
@@ -241,6 +243,12 @@ class Broker:
 
     def reassignment_image(self, topics: list[str]) -> MetadataImage:
         return self._controller.metadata(topics, allow_auto_create=False)
+
+    def scale_cluster(self, brokers: int | None) -> ScaleStatus:
+        return self._controller.scale_cluster(brokers)
+
+    def balance_cluster(self, execute: bool) -> BalancePlan:
+        return self._controller.balance_cluster(execute)
 
     def alter_user_scram_credentials(self, deletions: list[ScramCredentialDeletion],
                                      upsertions: list[ScramCredentialUpsertion]

@@ -49,6 +49,9 @@ class BrokerLifecycleManager:
         self._stopped = stopped
         self.broker_epoch = -1
         self._reported_version = 0  # the applied version the last heartbeat said
+        # Bytes in of the partitions led, as last reported, and when (partition_loads).
+        self._bytes_in: dict[tuple[str, int], int] = {}
+        self._loads_at = time.monotonic()
         self.loader: MetadataLoader  # set by new_loader, at every registration
         self.new_loader()
 
@@ -84,6 +87,19 @@ class BrokerLifecycleManager:
         the image served until then stays."""
         self.loader = MetadataLoader(self._config.root)
         self._publisher.new_generation()
+
+    def _partition_loads(self) -> dict[tuple[str, int], float]:
+        """Every LOAD_REPORT_INTERVAL_MS, the bytes in per second of each partition led since
+        the last report ({} in between: the heartbeats stay small)."""
+        now = time.monotonic()
+        if now - self._loads_at < cfg.LOAD_REPORT_INTERVAL_MS / 1000:
+            return {}
+        totals = self._replicas.bytes_in_led()
+        elapsed_s = now - self._loads_at
+        loads = {key: (total - self._bytes_in.get(key, 0)) / elapsed_s
+                 for key, total in totals.items() if key in self._bytes_in}
+        self._bytes_in, self._loads_at = totals, now
+        return loads
 
     def heartbeat_loop(self) -> None:
         """Heartbeat and apply metadata until told to stop. A round that fails in any way is
@@ -123,7 +139,8 @@ class BrokerLifecycleManager:
         answer = self._controller.heartbeat(
             self.broker_id, self.broker_epoch, applied,
             max_wait_ms=0 if applied != self._reported_version else interval_ms,
-            position=loader.position, offline_replicas=self._publisher.offline_replicas())
+            position=loader.position, offline_replicas=self._publisher.offline_replicas(),
+            partition_loads=self._partition_loads())
         self._reported_version = applied
         if answer.metadata is not None:
             try:

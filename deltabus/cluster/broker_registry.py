@@ -18,7 +18,7 @@ Not thread-safe: the controller holds its lock around every call.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 
 from deltabus import errors
@@ -140,15 +140,16 @@ class BrokerRegistry:
 # ---- handlers: records to write, changing nothing --------------------------------------------
 
 def register_broker(registry: BrokerRegistry, endpoint: BrokerEndpoint, pid: int, *,
-                    brokers: int, held: set[int], version: int) -> ControllerResult[int]:
+                    members: Collection[int], held: set[int],
+                    version: int) -> ControllerResult[int]:
     """A broker (re)starts: a new epoch, fenced until it catches up with metadata `version`.
     A registration still current is of an older incarnation (Spark retried the task elsewhere
     before it was fenced): it is fenced now, so its partitions get new leader epochs. The answer
     is the new broker epoch."""
     broker_id = endpoint.broker_id
-    if not 0 <= broker_id < brokers:
+    if broker_id not in members:
         raise errors.InvalidRequestError(
-            f"broker id {broker_id} is not in this cluster of {brokers} brokers")
+            f"broker id {broker_id} is not one of this cluster's brokers {sorted(members)}")
     if broker_id in held:
         raise errors.BrokerNotAvailableError(
             f"broker {broker_id} is held down until it is started again")

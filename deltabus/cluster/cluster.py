@@ -35,12 +35,15 @@ from deltabus.cluster.controller_apis import ControllerHandler
 from deltabus.cluster.doors import Doors, open_doors
 from deltabus.cluster.executor_process import executor_pid
 from deltabus.cluster.log_cleaner import LogCleaner
+from deltabus.cluster.scaling import Scaler
 from deltabus.listeners import GRPC, KAFKA, ListenerBindError
 from deltabus.log_tables.layout import consumer_offsets_path
 from deltabus.metadata import (
     CONTROLLER_NODE_ID,
+    BalancePlan,
     BrokerEndpoint,
     ListenerEndpoint,
+    ScaleStatus,
     ScramCredentialUpsertion,
 )
 from deltabus.offsets.group_coordinator import GroupCoordinator
@@ -127,7 +130,8 @@ class Cluster:
                  storage_options: Mapping[str, str] | None = None, **settings: Any) -> None:
         extra: dict[str, Any] = {"host": host} if host else {}
         self._owns_spark = spark is None
-        self.spark = spark if spark is not None else local_spark(brokers + 2)
+        # room to scale to twice the brokers (Cluster.scale), each holding a slot, and one more
+        self.spark = spark if spark is not None else local_spark(2 * brokers + 2)
         options = {**spark_storage_options(self.spark), **(storage_options or {})}
         from_spark = cfg.broker_settings(spark_broker_configs(self.spark),
                                          source=SPARK_BROKER_CONFIG_PREFIX)
@@ -139,6 +143,7 @@ class Cluster:
         self.controller: Controller | None = None
         self.coordinator: GroupCoordinator | None = None
         self.log_cleaner: LogCleaner | None = None  # retention as Spark jobs, once started
+        self.scaler: Scaler | None = None  # brokers joining and leaving, once started
         self._doors = Doors()  # the driver's listeners, once started
         self._schema_registry: SchemaRegistryServer | None = None  # its REST door, if served
         self._node: BrokerEndpoint | None = None  # the driver's node, with its listeners
@@ -169,7 +174,10 @@ class Cluster:
                         commit_linger_ms=group.offsets_commit_linger_ms,
                         metadata_max_bytes=group.offset_metadata_max_bytes), group,
             metadata=self.controller.image)
-        handler = ControllerHandler(self.controller)
+        self.scaler = Scaler(self.controller, self.config, add_broker=self._add_broker,
+                             remove_broker=self._remove_broker,
+                             task_slots=self._local_task_slots, stopping=self._stopping)
+        handler = ControllerHandler(self.controller, self.scaler)
         self._doors = open_doors(self.config, CONTROLLER_NODE_ID, handler,
                                  credentials=handler.scram_credential,
                                  lifecycle=self.controller, groups=self.coordinator,
@@ -192,7 +200,7 @@ class Cluster:
         self.log_cleaner = LogCleaner(self.spark, self.controller.cleaner_tasks,
                                       self.controller.tables_changed,
                                       self.config.log_retention_check_interval_ms,
-                                      reserved_slots=self.config.brokers + 1)
+                                      reserved_slots=self._reserved_slots)
         self._spawn(self._check_sessions_loop, "deltabus-session-checker")
         self._spawn(self._coordinator_loop, "deltabus-group-coordinator")
         self._spawn(self._transaction_loop, "deltabus-transaction-timeouts")
@@ -231,6 +239,16 @@ class Cluster:
                 "for life and other jobs need one more: use master "
                 f"local[{self.config.brokers + 2}]"
                 " or add executors")
+
+    def _local_task_slots(self) -> int | None:
+        """Spark's task slots where they are fixed (local mode), else None (executors may
+        join)."""
+        sc = self.spark.sparkContext
+        return sc.defaultParallelism if sc.master.startswith("local[") else None
+
+    def _reserved_slots(self) -> int:
+        """The task slots the log cleaner leaves alone: one per broker, one for a relaunch."""
+        return len(self.controller.members() if self.controller else self._may_run) + 1
 
     def _warn_of_kill_links(self) -> None:
         """A session made elsewhere (a notebook's, Databricks') may leave the Spark UI's kill
@@ -430,6 +448,41 @@ class Cluster:
         """Process id of each live broker (its Python worker), for operators and failure tests."""
         return self.controller.broker_pids() if self.controller else {}
 
+    def scale(self, brokers: int) -> ScaleStatus:
+        """Run `brokers` brokers from now on, returning once done: new brokers start (Spark
+        finds them task slots) and, with auto.balance.enable, replicas and leaders move onto
+        them; leaving brokers (the highest ids) are drained first, then stopped by controlled
+        shutdown. `deltabus cluster scale --brokers N` asks for the same from anywhere.
+        Raises where it cannot be done (too few brokers for a topic's replication factor,
+        too few task slots, another scale in progress), before anything moves."""
+        if self.scaler is None:
+            raise RuntimeError("start the cluster first")
+        return self.scaler.scale(brokers)
+
+    def balance(self, *, execute: bool = False) -> BalancePlan:
+        """The balancer's plan over the brokers (`deltabus cluster balance`): with `execute`,
+        its moves start (as reassignments) and each moved partition's preferred leader is
+        elected once it completes."""
+        if self.controller is None:
+            raise RuntimeError("start the cluster first")
+        return self.controller.balance(execute=execute)
+
+    def _add_broker(self, broker_id: int) -> None:
+        """A broker joining (a scale-out): its supervisor starts its task; one a scale-in
+        stopped is let run again by its supervisor, still waiting."""
+        if broker_id in self._may_run:
+            self.start_broker(broker_id)
+            return
+        self._may_run[broker_id] = threading.Event()
+        self._may_run[broker_id].set()
+        self.relaunches[broker_id] = 0
+        self._spawn(lambda: self._supervise(broker_id), f"deltabus-supervisor-{broker_id}")
+
+    def _remove_broker(self, broker_id: int) -> None:
+        """A broker leaving (a scale-in, or a scale-out undone): controlled shutdown, then it
+        stays down; its task slot goes back to Spark."""
+        self.stop_broker(broker_id, timeout_s=self.config.shutdown_timeout_ms / 1000)
+
     def kill_broker(self, broker_id: int, *, relaunch: bool = True,
                     executor: bool = False) -> None:
         """SIGKILL a broker's process, as a crash would (for tests and demos): its Python
@@ -516,7 +569,7 @@ class Cluster:
         for thread in self._threads:
             thread.join(max(0.0, deadline - time.monotonic()))
         sc = self.spark.sparkContext
-        for broker_id in range(self.config.brokers):
+        for broker_id in list(self._may_run):
             if any(t.is_alive() for t in self._threads):
                 sc.cancelJobGroup(self._broker_group(broker_id))
         self._doors.stop()

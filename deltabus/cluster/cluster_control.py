@@ -30,7 +30,7 @@ import collections
 import logging
 import threading
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 from deltabus import config as cfg
 from deltabus.cluster import broker_registry, replication_control
@@ -72,6 +72,10 @@ class ClusterControlManager:
         # stay 0 (bench step (p) counts them while partitions are created by the thousand).
         self.fenced: collections.Counter[int] = collections.Counter()
         self._held: set[int] = set()  # brokers kept down: their registrations are refused
+        # The brokers of this cluster (Cluster.scale changes them): others may not register.
+        self._members: set[int] = set(range(config.brokers))
+        # Bytes in per second of each partition, as its leader last reported it.
+        self._loads: dict[tuple[str, int], float] = {}
         # partitions whose tables the log cleaner changed, per broker to tell
         self._refresh_logs: dict[int, set[tuple[str, int]]] = {}
 
@@ -86,7 +90,7 @@ class ClusterControlManager:
         """A broker (re)starts: give it a new epoch, unfence it, and let it lead what it may."""
         with self._lock:
             result = broker_registry.register_broker(
-                self._state.brokers, endpoint, pid, brokers=self._config.brokers,
+                self._state.brokers, endpoint, pid, members=self._members,
                 held=self._held, version=self._version())
             if any(isinstance(r, FenceBrokerRecord) for r in result.records):
                 # The old incarnation is fenced now: its partitions get new leader epochs.
@@ -110,12 +114,14 @@ class ClusterControlManager:
 
     def heartbeat(self, broker_id: int, epoch: int, applied_version: int, max_wait_ms: int,
                   offline_replicas: Collection[tuple[str, int]] = (), *,
-                  position: MetadataPosition | None = None
+                  position: MetadataPosition | None = None,
+                  partition_loads: Mapping[tuple[str, int], float] | None = None
                   ) -> tuple[bool, MetadataBatch | None, list[tuple[str, int]]]:
         """Record a heartbeat, then wait (long poll) until there are metadata records past the
         broker's `position` (by default: the end of `applied_version`, the version of the image
         it serves) or its tables changed. `offline_replicas`: the (topic, partition) replicas
         the broker cannot serve (their tables are lost); they leave their ISRs and leadership.
+        `partition_loads`: bytes in per second of partitions it leads (the balancer's).
         Returns (should_shut_down, the records to replay or None (`metadata_deltas`), the
         partitions whose tables to refresh)."""
         if position is None:
@@ -125,6 +131,7 @@ class ClusterControlManager:
             result = broker_registry.heartbeat(self._state.brokers, broker_id, epoch,
                                                applied_version, frozenset(offline_replicas))
             self._heartbeats.touch(broker_id, time.monotonic())
+            self._loads.update(partition_loads or {})
             if self._heartbeats.set_applied_version(broker_id, applied_version):
                 self._lock.notify_all()
             if result.records:  # caught up (it may lead again), or its offline replicas changed
@@ -164,6 +171,23 @@ class ClusterControlManager:
         reg = self._state.brokers.get(broker_id)
         return (reg is not None and reg.epoch == epoch and not reg.in_controlled_shutdown
                 and not self._refresh_logs.get(broker_id))
+
+    def loads(self) -> dict[tuple[str, int], float]:
+        """Bytes in per second of each partition, as its leader last reported it."""
+        with self._lock:
+            return dict(self._loads)
+
+    def members(self) -> list[int]:
+        """The brokers of this cluster, live or not, in id order."""
+        with self._lock:
+            return sorted(self._members)
+
+    def set_members(self, broker_ids: Collection[int]) -> None:
+        """The brokers of this cluster after a scale: a broker left out may not register
+        again (stop it first: a running one is not stopped here)."""
+        with self._lock:
+            self._members = set(broker_ids)
+            self._lock.notify_all()
 
     def hold_broker(self, broker_id: int) -> None:
         """Keep a broker down: its registrations are refused until `release_broker`."""

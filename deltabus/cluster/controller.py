@@ -51,12 +51,13 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 from deltabus import config as cfg
 from deltabus import errors
 from deltabus.cluster import (
     acl_control,
+    balancer,
     config_control,
     credential_control,
     producer_id_control,
@@ -486,10 +487,18 @@ class Controller:
 
     def heartbeat(self, broker_id: int, epoch: int, applied_version: int, max_wait_ms: int,
                   offline_replicas: Collection[tuple[str, int]] = (), *,
-                  position: MetadataPosition | None = None
+                  position: MetadataPosition | None = None,
+                  partition_loads: Mapping[tuple[str, int], float] | None = None
                   ) -> tuple[bool, MetadataBatch | None, list[tuple[str, int]]]:
         return self._cluster_control.heartbeat(broker_id, epoch, applied_version, max_wait_ms,
-                                               offline_replicas, position=position)
+                                               offline_replicas, position=position,
+                                               partition_loads=partition_loads)
+
+    def members(self) -> list[int]:
+        return self._cluster_control.members()
+
+    def set_members(self, broker_ids: Collection[int]) -> None:
+        self._cluster_control.set_members(broker_ids)
 
     def hold_broker(self, broker_id: int) -> None:
         self._cluster_control.hold_broker(broker_id)
@@ -560,6 +569,31 @@ class Controller:
     def reassign_partitions(self, targets: dict[tuple[str, int], list[int] | None]
                             ) -> dict[tuple[str, int], errors.DeltaBusError | None]:
         return self._reassignments.reassign_partitions(targets)
+
+    def balance(self, *, execute: bool = False, leaving: Collection[int] = ()
+                ) -> balancer.BalancePlan:
+        """The balancer's plan over this cluster's brokers less `leaving` (started as
+        reassignments with `execute`): `deltabus cluster balance`, and each scale's step."""
+        brokers = set(self.members()) - set(leaving)
+        return self._reassignments.balance(brokers, execute=execute,
+                                           bytes_in_per_s=self._cluster_control.loads())
+
+    def reassignments_in_progress(self) -> list[tuple[str, int]]:
+        """Partitions being reassigned (copying, or waiting for their new replicas to join
+        the ISR), in order."""
+        with self._lock:
+            return sorted((t, p) for t, topic in self._state.topics.items()
+                          for p, s in topic.partitions.items()
+                          if s.adding_replicas or s.removing_replicas) + \
+                sorted(self._reassignments.starting())
+
+    def replicas_on(self, broker_ids: Collection[int]) -> list[tuple[str, int]]:
+        """Partitions with a replica on one of `broker_ids` (a scale-in waits for none)."""
+        wanted = set(broker_ids)
+        with self._lock:
+            return sorted((t, p) for t, topic in self._state.topics.items()
+                          for p, s in topic.partitions.items()
+                          if wanted & (set(s.replicas) | set(s.adding_replicas)))
 
     # ---- ISR changes -------------------------------------------------------------------------
 

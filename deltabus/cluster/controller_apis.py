@@ -15,12 +15,15 @@ from deltabus import errors
 from deltabus.cluster import acl_control, transaction_coordinator
 from deltabus.cluster.controller import Controller
 from deltabus.cluster.handler import FetchResult, FetchSpec, LogDirDescription
+from deltabus.cluster.scaling import Scaler
 from deltabus.cluster.schema_registry import SchemaRegistry
 from deltabus.log_tables.partition_log import ActiveProducer, AppendResult
 from deltabus.metadata import (
+    BalancePlan,
     BrokerEndpoint,
     MetadataImage,
     NewTopic,
+    ScaleStatus,
     ScramCredentialDeletion,
     ScramCredentialUpsertion,
     ScramDescriptions,
@@ -49,8 +52,9 @@ class ControllerHandler:
     """The controller's DeltaBus door: metadata and admin; it leads no partitions, so data calls
     get NOT_LEADER_OR_FOLLOWER and the client asks the leader named in Metadata."""
 
-    def __init__(self, controller: Controller) -> None:
+    def __init__(self, controller: Controller, scaler: Scaler | None = None) -> None:
         self._controller = controller
+        self._scaler = scaler  # brokers joining and leaving (Cluster.scale): None in tests
         self.endpoint: BrokerEndpoint | None = None  # set once the server is bound
 
     @property
@@ -196,6 +200,14 @@ class ControllerHandler:
 
     def reassignment_image(self, topics: list[str]) -> MetadataImage:
         return self._controller.image()
+
+    def scale_cluster(self, brokers: int | None) -> ScaleStatus:
+        if self._scaler is None:
+            raise errors.InvalidRequestError("this controller runs no brokers to scale")
+        return self._scaler.status() if brokers is None else self._scaler.start(brokers)
+
+    def balance_cluster(self, execute: bool) -> BalancePlan:
+        return self._controller.balance(execute=execute)
 
     def alter_user_scram_credentials(self, deletions: list[ScramCredentialDeletion],
                                      upsertions: list[ScramCredentialUpsertion]

@@ -7,7 +7,7 @@ Pure types: no grpc, no I/O, so the domain can implement them without knowing th
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from concurrent import futures
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -20,12 +20,14 @@ from deltabus.log_tables.control_records import TxnMarker
 from deltabus.log_tables.partition_log import ActiveProducer, AppendResult, LogFile
 from deltabus.log_tables.transactions import READ_UNCOMMITTED, AbortedTxn
 from deltabus.metadata import (
+    BalancePlan,
     BrokerEndpoint,
     MetadataBatch,
     MetadataImage,
     MetadataPosition,
     NewTopic,
     PartitionState,
+    ScaleStatus,
     ScramCredentialDeletion,
     ScramCredentialUpsertion,
     ScramDescriptions,
@@ -185,6 +187,16 @@ class DeltaBusHandler(Protocol):
         null replicas; NO_REASSIGNMENT_IN_PROGRESS where none is)."""
         ...
 
+    def scale_cluster(self, brokers: int | None) -> ScaleStatus:
+        """Start a scale to `brokers` (None: only the status of the last one), decided in the
+        driver (brokers forward it); answers at once with the status."""
+        ...
+
+    def balance_cluster(self, execute: bool) -> BalancePlan:
+        """The balancer's plan over the brokers, started with `execute` (the controller's;
+        brokers forward it)."""
+        ...
+
     def reassignment_image(self, topics: list[str]) -> MetadataImage:
         """The controller's image of the topics named (all: []), for ListPartitionReassignments:
         Kafka forwards it to the controller, so a move the controller has finished is never
@@ -320,7 +332,8 @@ class LifecycleHandler(Protocol):
 
     def heartbeat(self, broker_id: int, epoch: int, applied_version: int, max_wait_ms: int,
                   offline_replicas: Collection[tuple[str, int]] = (), *,
-                  position: MetadataPosition | None = None
+                  position: MetadataPosition | None = None,
+                  partition_loads: Mapping[tuple[str, int], float] | None = None
                   ) -> tuple[bool, MetadataBatch | None, list[tuple[str, int]]]: ...
 
     def alter_partition(self, broker_id: int, broker_epoch: int, topic: str, partition: int,

@@ -23,6 +23,7 @@ import logging
 import posixpath
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -167,11 +168,12 @@ class LogCleaner:
     Thread-safe (one run at a time); `interval_s` may be changed while it runs."""
 
     def __init__(self, spark: Any, tasks: Any, changed: Any, interval_ms: int, *,
-                 reserved_slots: int = 0) -> None:
+                 reserved_slots: int | Callable[[], int] = 0) -> None:
         """`reserved_slots`: the Spark task slots the cleaner leaves to others (the brokers'
-        own, and one for a broker's relaunch)."""
+        own, and one for a broker's relaunch), or how to count them (brokers come and go)."""
         self._spark = spark
-        self._reserved_slots = reserved_slots
+        self._reserved_slots = (reserved_slots if callable(reserved_slots)
+                                else lambda: reserved_slots)
         # (topics, merge_min_age_ms) -> list[CleanerTask], from the controller's metadata
         self._tasks = tasks
         self._changed = changed  # (list[(topic, partition, replicas)]) -> None: tell brokers
@@ -218,7 +220,7 @@ class LogCleaner:
             sc.setJobGroup(JOB_GROUP, f"deltabus log cleaner: retention, compaction and "
                            f"small-file merge of {len(tasks)} partitions", interruptOnCancel=True)
             started = time.monotonic()
-            slices = cleaner_slices(len(tasks), sc.defaultParallelism, self._reserved_slots)
+            slices = cleaner_slices(len(tasks), sc.defaultParallelism, self._reserved_slots())
             results: list[CleanerResult] = (
                 sc.parallelize(tasks, slices).map(run_cleaner).collect())
             self.runs += 1

@@ -71,6 +71,8 @@ class Partition:
         self._followers: dict[int, FollowerState] = {}
         # DeleteRecords answers waiting for the low watermark: (offset, future of it).
         self._low_watermark_waiters: list[tuple[int, Future[int]]] = []
+        # Bytes of the batches appended as leader (the balancer's load, from the heartbeats).
+        self.bytes_in = 0
 
     @property
     def is_leader(self) -> bool:
@@ -355,6 +357,14 @@ class Partition:
                 future.set_result(low)
 
     # ---- leader: produce -----------------------------------------------------------------------
+
+    def count_bytes_in(self, appended: Future[AppendResult], size: int) -> None:
+        """Once `appended` commits, its `size` bytes count as this partition's bytes in."""
+        def count(future: Future[AppendResult]) -> None:
+            if future.exception() is None:
+                with self._lock:
+                    self.bytes_in += size
+        appended.add_done_callback(count)
 
     def acknowledged(self, appended: Future[AppendResult], leader_epoch: int,
                      min_insync_replicas: int | None = None) -> Future[AppendResult]:

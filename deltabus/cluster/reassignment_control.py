@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 
 from deltabus import config as cfg
 from deltabus import errors
-from deltabus.cluster import replication_control
+from deltabus.cluster import balancer, replication_control
 from deltabus.cluster.catch_up import CatchUpTask
 from deltabus.cluster.metadata_records import CommitRecords
 from deltabus.cluster.metadata_state import MetadataState
@@ -63,6 +63,8 @@ class ReassignmentControlManager:
         # replicas are being copied), and those of them cancelled meanwhile.
         self._starting: set[tuple[str, int]] = set()
         self._cancelled: set[tuple[str, int]] = set()
+        # Partitions a balance moves: their preferred leaders are elected once they complete.
+        self._balancing: set[tuple[str, int]] = set()
 
     def elect_leaders(self, election_type: str = "preferred",
                       partitions: list[tuple[str, int]] | None = None
@@ -100,6 +102,44 @@ class ReassignmentControlManager:
             threading.Thread(target=self._reassign, args=(started,), daemon=True,
                              name="deltabus-reassignment").start()
         return results
+
+    def balance(self, brokers: Collection[int], *, execute: bool = False,
+                bytes_in_per_s: Mapping[tuple[str, int], float] | None = None
+                ) -> balancer.BalancePlan:
+        """Plan (and with `execute`, start) the moves that spread every partition over
+        `brokers` (the cluster's brokers less any leaving), by the balancer's goals. Partitions
+        being reassigned are left as they are. Each moved partition's preferred leader is
+        elected once its move completes, so leaders spread too. Raises BrokerNotAvailableError
+        while one of `brokers` is down (its replicas would be moved away for nothing)."""
+        with self._lock:
+            live = self._state.brokers.leader_candidates()
+            down = sorted(set(brokers) - live)
+            if down:
+                raise errors.BrokerNotAvailableError(
+                    f"brokers {down} are not up: a balance waits until every broker is")
+            assignment = {(t, p): list(s.replicas)
+                          for t, topic in self._state.topics.items()
+                          for p, s in topic.partitions.items()
+                          if not (s.adding_replicas or s.removing_replicas)
+                          and (t, p) not in self._starting}
+            racks = self._state.brokers.racks(sorted(brokers))
+        plan = balancer.plan(assignment, racks, bytes_in_per_s)
+        if execute and plan.moves:
+            with self._lock:
+                self._balancing.update(plan.moves)
+            results = self.reassign_partitions(dict(plan.moves))
+            for (t, p), error in sorted(results.items()):
+                if error is not None:
+                    log.warning("balance: %s-%d not moved: %s", t, p, error)
+            log.info("balance started: %d partitions to move (%d replicas to copy) over "
+                     "brokers %s", len(plan.moves), plan.copies,
+                     sorted(brokers))
+        return plan
+
+    def starting(self) -> set[tuple[str, int]]:
+        """Reassignments answered as started whose start is not committed yet."""
+        with self._lock:
+            return set(self._starting)
 
     def _cancel_reassignments(self, keys: list[tuple[str, int]]
                               ) -> dict[tuple[str, int], errors.DeltaBusError | None]:
@@ -198,6 +238,12 @@ class ReassignmentControlManager:
             s = self._state.partition(topic, partition)
             log.info("reassignment of %s-%d completed: replicas %s", topic, partition,
                      list(s.replicas) if s is not None else [])
+        if (topic, partition) in self._balancing:
+            self._balancing.discard((topic, partition))
+            election = replication_control.elect_leaders(self._state, "preferred",
+                                                         [(topic, partition)])
+            if election.records:
+                self._commit(election.records)
         for r in removed:  # the dropped replicas' tables go, as Kafka deletes their logs
             threading.Thread(target=self._drop_replica, args=(topic, partition, r),
                              daemon=True).start()

@@ -119,6 +119,12 @@ class ReplicaManager:
         with self.partitions_lock:
             return self.partitions.pop(key)
 
+    def bytes_in_led(self) -> dict[PartitionKey, int]:
+        """Bytes appended so far to each partition this broker leads."""
+        with self.partitions_lock:
+            partitions = list(self.partitions.items())
+        return {key: p.bytes_in for key, p in partitions if p.is_leader}
+
     def close_partitions(self) -> None:
         """Close every hosted log (queued appends are committed first: acknowledged is
         durable); the broker is stopping."""
@@ -215,6 +221,7 @@ class ReplicaManager:
                                      batch_bytes=batch_bytes,
                                      compacted=topic_config.compacts, timeout_ms=timeout_ms,
                                      validate=self._schema_check(topic, topic_config))
+        hosted.count_bytes_in(appended, batch_bytes if batch_bytes is not None else batch.nbytes)
         if acks == 0:
             return appended
         return hosted.acknowledged(appended, leader_epoch, topic_config.min_insync_replicas

@@ -20,8 +20,10 @@ from deltabus import config as cfg
 from deltabus import errors
 from deltabus.cluster.handler import DeltaBusHandler
 from deltabus.metadata import (
+    BalancePlan,
     MetadataImage,
     NewTopic,
+    ScaleStatus,
     ScramCredentialDeletion,
     ScramCredentialUpsertion,
     ScramDescriptions,
@@ -38,6 +40,10 @@ CLUSTER_ACTIONS: dict[str, Operation] = {
     "ElectLeaders": Operation.ALTER,
     "AlterPartitionReassignments": Operation.ALTER,
     "ListPartitionReassignments": Operation.DESCRIBE,
+    "ScaleCluster": Operation.ALTER,
+    "ScaleClusterStatus": Operation.DESCRIBE,
+    "BalanceCluster": Operation.ALTER,
+    "BalanceClusterPlan": Operation.DESCRIBE,
     "AlterUserScramCredentials": Operation.ALTER,
     "DescribeUserScramCredentials": Operation.DESCRIBE,
     "CreateAcls": Operation.ALTER,
@@ -171,6 +177,18 @@ class AdminRequests:
                             targets: dict[tuple[str, int], list[int] | None]) -> PartitionResults:
         Access.raise_if(self.cluster_refusal(access, "AlterPartitionReassignments"))
         return self._handler.reassign_partitions(targets)
+
+    def scale_cluster(self, access: Access, brokers: int | None) -> ScaleStatus:
+        """ALTER on the cluster to scale it, DESCRIBE to see how the last scale went."""
+        Access.raise_if(self.cluster_refusal(
+            access, "ScaleClusterStatus" if brokers is None else "ScaleCluster"))
+        return self._handler.scale_cluster(brokers)
+
+    def balance_cluster(self, access: Access, execute: bool) -> BalancePlan:
+        """DESCRIBE on the cluster for the plan, ALTER to carry it out."""
+        Access.raise_if(self.cluster_refusal(
+            access, "BalanceCluster" if execute else "BalanceClusterPlan"))
+        return self._handler.balance_cluster(execute)
 
     def reassignment_image(self, access: Access, topics: list[str]) -> MetadataImage:
         Access.raise_if(self.cluster_refusal(access, "ListPartitionReassignments"))

@@ -15,13 +15,16 @@ import pyarrow as pa
 from deltabus import config as cfg
 from deltabus import errors
 from deltabus.metadata import (
+    BalancePlan,
     BrokerEndpoint,
+    BrokerLoad,
     ListenerEndpoint,
     MetadataBatch,
     MetadataImage,
     MetadataPosition,
     NewTopic,
     PartitionState,
+    ScaleStatus,
     ScramCredentialDeletion,
     ScramCredentialInfo,
     ScramCredentialUpsertion,
@@ -656,3 +659,38 @@ def describe_client_quotas_result(response: pb.DescribeClientQuotasResponse
                                   ) -> dict[QuotaEntity, dict[str, float]]:
     errors.check(response.error_code, response.error_message)
     return client_quotas_from_proto(response.entries)
+
+
+# ---- brokers joining and leaving -------------------------------------------------------------
+
+def scale_status_to_proto(status: ScaleStatus) -> pb.ScaleClusterResponse:
+    return pb.ScaleClusterResponse(state=status.state, brokers=status.brokers, step=status.step,
+                                   members=list(status.members))
+
+
+def scale_status_from_proto(msg: pb.ScaleClusterResponse) -> ScaleStatus:
+    return ScaleStatus(msg.state, msg.brokers, msg.step, tuple(msg.members))
+
+
+def _loads_to_proto(loads: Iterable[BrokerLoad]) -> list[pb.BrokerLoad]:
+    return [pb.BrokerLoad(broker_id=b.broker_id, rack=b.rack, replicas=b.replicas,
+                          leaders=b.leaders, bytes_in_per_s=b.bytes_in_per_s) for b in loads]
+
+
+def _loads_from_proto(loads: Iterable[pb.BrokerLoad]) -> list[BrokerLoad]:
+    return [BrokerLoad(b.broker_id, b.rack, b.replicas, b.leaders, b.bytes_in_per_s)
+            for b in loads]
+
+
+def balance_plan_to_proto(plan: BalancePlan) -> pb.BalanceClusterResponse:
+    return pb.BalanceClusterResponse(
+        moves=[pb.ReassignablePartition(topic=t, partition=p, replicas=r)
+               for (t, p), r in sorted(plan.moves.items())],
+        before=_loads_to_proto(plan.before), after=_loads_to_proto(plan.after),
+        unmet=plan.unmet, copies=plan.copies)
+
+
+def balance_plan_from_proto(msg: pb.BalanceClusterResponse) -> BalancePlan:
+    return BalancePlan({(m.topic, m.partition): list(m.replicas) for m in msg.moves},
+                       _loads_from_proto(msg.before), _loads_from_proto(msg.after),
+                       list(msg.unmet), msg.copies)

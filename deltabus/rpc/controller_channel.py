@@ -14,7 +14,7 @@ AlterPartition means the outcome is unknown. Thread-safe (one gRPC channel, shar
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
@@ -25,11 +25,13 @@ from deltabus import config as cfg
 from deltabus import errors
 from deltabus.config import ListenerSecurity
 from deltabus.metadata import (
+    BalancePlan,
     BrokerEndpoint,
     MetadataBatch,
     MetadataImage,
     MetadataPosition,
     NewTopic,
+    ScaleStatus,
     ScramCredentialDeletion,
     ScramCredentialUpsertion,
     TopicResult,
@@ -110,16 +112,21 @@ class ControllerChannel:
 
     def heartbeat(self, broker_id: int, broker_epoch: int, metadata_version: int, *,
                   max_wait_ms: int, position: MetadataPosition | None = None,
-                  offline_replicas: Iterable[tuple[str, int]] = ()) -> HeartbeatAnswer:
+                  offline_replicas: Iterable[tuple[str, int]] = (),
+                  partition_loads: Mapping[tuple[str, int], float] | None = None
+                  ) -> HeartbeatAnswer:
         """A long poll: answers as soon as there are metadata records past `position` (by
         default the end of `metadata_version`, the version of the image the broker serves),
         else after `max_wait_ms`. A fenced broker gets STALE_BROKER_EPOCH. `offline_replicas`:
-        the (topic, partition) replicas this broker cannot serve (their tables are lost)."""
+        the (topic, partition) replicas this broker cannot serve (their tables are lost);
+        `partition_loads`: bytes in per second of the partitions it leads."""
         position = position or MetadataPosition(metadata_version)
         response = self._lifecycle_call("BrokerHeartbeat", ipb.BrokerHeartbeatRequest(
             broker_id=broker_id, broker_epoch=broker_epoch, metadata_version=metadata_version,
             max_wait_ms=max_wait_ms, metadata_position=codec.position_to_proto(position),
-            offline_replicas=codec.topic_partitions_to_proto(offline_replicas)),
+            offline_replicas=codec.topic_partitions_to_proto(offline_replicas),
+            partition_loads=[ipb.PartitionLoad(topic=t, partition=p, bytes_in_per_s=rate)
+                             for (t, p), rate in (partition_loads or {}).items()]),
             max_wait_ms / 500 + 5)
         batch = None
         if response.HasField("metadata_records"):
@@ -204,6 +211,14 @@ class ControllerChannel:
                             ) -> dict[tuple[str, int], errors.DeltaBusError | None]:
         return codec.election_results(self._admin_call(
             "AlterPartitionReassignments", codec.reassignments_request(targets)))
+
+    def scale_cluster(self, brokers: int | None) -> ScaleStatus:
+        return codec.scale_status_from_proto(self._admin_call(
+            "ScaleCluster", pb.ScaleClusterRequest(brokers=brokers)))
+
+    def balance_cluster(self, execute: bool) -> BalancePlan:
+        return codec.balance_plan_from_proto(self._admin_call(
+            "BalanceCluster", pb.BalanceClusterRequest(execute=execute)))
 
     def alter_user_scram_credentials(self, deletions: list[ScramCredentialDeletion],
                                      upsertions: list[ScramCredentialUpsertion]

@@ -85,7 +85,9 @@ class BrokerLifecycleServicer(ipb_grpc.BrokerLifecycleServicer):
             stop, batch, refresh = self._handler.heartbeat(
                 request.broker_id, request.broker_epoch, request.metadata_version,
                 request.max_wait_ms, codec.topic_partitions_from_proto(request.offline_replicas),
-                position=codec.position_from_proto(request.metadata_position))
+                position=codec.position_from_proto(request.metadata_position),
+                partition_loads={(load.topic, load.partition): load.bytes_in_per_s
+                                 for load in request.partition_loads})
         except errors.DeltaBusError as e:
             return ipb.BrokerHeartbeatResponse(error_code=e.code, error_message=e.message)
         response = ipb.BrokerHeartbeatResponse(should_shut_down=stop)

@@ -398,6 +398,19 @@ class DeltaBusServicer(GroupServicerMixin, AclServicerMixin, TxnServicerMixin,
         return pb.AlterPartitionReassignmentsResponse(results=codec.partition_results(results))
 
     @_guard
+    def ScaleCluster(self, request: pb.ScaleClusterRequest,
+                     context: Any) -> pb.ScaleClusterResponse:
+        brokers = request.brokers if request.HasField("brokers") else None
+        return codec.scale_status_to_proto(
+            self._requests.admin.scale_cluster(self._access(context), brokers))
+
+    @_guard
+    def BalanceCluster(self, request: pb.BalanceClusterRequest,
+                       context: Any) -> pb.BalanceClusterResponse:
+        return codec.balance_plan_to_proto(
+            self._requests.admin.balance_cluster(self._access(context), request.execute))
+
+    @_guard
     def AlterUserScramCredentials(self, request: pb.AlterUserScramCredentialsRequest,
                                   context: Any) -> pb.AlterUserScramCredentialsResponse:
         deletions, upsertions = codec.scram_alterations(request)

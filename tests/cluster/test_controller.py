@@ -26,6 +26,7 @@ from deltabus.metadata import (
     TopicState,
 )
 from deltabus.records import normalize_produce, produce_batch
+from tests.cluster.controller_server import LiveBrokers
 from tests.conftest import wait_until
 
 # A log as the dict-based controller wrote it: every record type, several commits.
@@ -294,3 +295,28 @@ def test_a_replica_reported_offline_leaves_its_isr_and_is_never_elected(tmp_path
     heartbeat(1, [])  # 1's table is back (restored): it may be elected again
     assert controller.elect_leaders("unclean")[("orders", 0)] is None
     assert (state().leader, state().isr) == (1, (1,))
+
+
+def test_a_balance_weighs_partitions_by_the_bytes_in_their_leaders_report(
+        tmp_path: Path) -> None:
+    """Leaders report bytes in with their heartbeats; the balancer's last goal spreads them.
+    Broker 0 leads both hot partitions: the plan swaps one for a cold one of broker 1, and a
+    dry run moves nothing."""
+    controller = Controller(cfg.ClusterConfig(root=str(tmp_path), brokers=2, kafka_port=-1))
+    brokers = LiveBrokers(controller, 2)  # heartbeating: the create needs no timeout
+    epochs = brokers.epochs
+    controller.create_topics([NewTopic("t", replica_assignment={
+        0: [0], 1: [0], 2: [1], 3: [1]})])
+    version = controller.image().version
+    controller.heartbeat(0, epochs[0], version, 0,
+                         partition_loads={("t", 0): 1000.0, ("t", 1): 1000.0})
+    controller.heartbeat(1, epochs[1], version, 0,
+                         partition_loads={("t", 2): 10.0, ("t", 3): 10.0})
+    plan = controller.balance()
+    assert [(b.broker_id, b.bytes_in_per_s) for b in plan.before] == [(0, 2000.0), (1, 20.0)]
+    assert [(b.broker_id, b.bytes_in_per_s) for b in plan.after] == [(0, 1010.0), (1, 1010.0)]
+    assert len(plan.moves) == 2 and plan.unmet == []
+    assert [p.replicas for p in controller.image().topics["t"].partitions] == [
+        (0,), (0,), (1,), (1,)]
+    brokers.close()
+    controller.begin_shutdown()

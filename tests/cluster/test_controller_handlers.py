@@ -392,7 +392,7 @@ def test_a_transactional_id_keeps_its_producer_id(state: MetadataState) -> None:
 # ---- brokers ---------------------------------------------------------------------------------
 
 def test_register_broker_gives_a_new_fenced_epoch(state: MetadataState) -> None:
-    result = broker_registry.register_broker(state.brokers, _endpoint(3), 42, brokers=4,
+    result = broker_registry.register_broker(state.brokers, _endpoint(3), 42, members=range(4),
                                              held=set(), version=9)
     assert result.response == max(EPOCH.values()) + 1
     assert result.records == [RegisterBrokerRecord(_endpoint(3), result.response, 42, 9)]
@@ -401,7 +401,7 @@ def test_register_broker_gives_a_new_fenced_epoch(state: MetadataState) -> None:
 
 
 def test_a_new_incarnation_fences_the_old_one(state: MetadataState) -> None:
-    result = broker_registry.register_broker(state.brokers, _endpoint(1), 42, brokers=4,
+    result = broker_registry.register_broker(state.brokers, _endpoint(1), 42, members=range(4),
                                              held=set(), version=9)
     assert result.records[0] == FenceBrokerRecord(1, EPOCH[1])
     after = _apply(state, result)
@@ -412,11 +412,11 @@ def test_a_new_incarnation_fences_the_old_one(state: MetadataState) -> None:
 
 def test_register_broker_refused(state: MetadataState) -> None:
     with pytest.raises(errors.InvalidRequestError):
-        broker_registry.register_broker(state.brokers, _endpoint(4), 1, brokers=4, held=set(),
-                                        version=1)
+        broker_registry.register_broker(state.brokers, _endpoint(4), 1, members=range(4),
+                                        held=set(), version=1)
     with pytest.raises(errors.BrokerNotAvailableError):
-        broker_registry.register_broker(state.brokers, _endpoint(3), 1, brokers=4, held={3},
-                                        version=1)
+        broker_registry.register_broker(state.brokers, _endpoint(3), 1, members=range(4),
+                                        held={3}, version=1)
 
 
 def test_heartbeat_unfences_a_broker_once_caught_up() -> None:

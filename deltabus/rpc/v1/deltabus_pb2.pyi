@@ -87,6 +87,7 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     OPERATION_NOT_ATTEMPTED: _ClassVar[ErrorCode]
     KAFKA_STORAGE_ERROR: _ClassVar[ErrorCode]
     SASL_AUTHENTICATION_FAILED: _ClassVar[ErrorCode]
+    REASSIGNMENT_IN_PROGRESS: _ClassVar[ErrorCode]
     NON_EMPTY_GROUP: _ClassVar[ErrorCode]
     GROUP_ID_NOT_FOUND: _ClassVar[ErrorCode]
     FETCH_SESSION_ID_NOT_FOUND: _ClassVar[ErrorCode]
@@ -234,6 +235,7 @@ TRANSACTIONAL_ID_AUTHORIZATION_FAILED: ErrorCode
 OPERATION_NOT_ATTEMPTED: ErrorCode
 KAFKA_STORAGE_ERROR: ErrorCode
 SASL_AUTHENTICATION_FAILED: ErrorCode
+REASSIGNMENT_IN_PROGRESS: ErrorCode
 NON_EMPTY_GROUP: ErrorCode
 GROUP_ID_NOT_FOUND: ErrorCode
 FETCH_SESSION_ID_NOT_FOUND: ErrorCode
@@ -901,6 +903,58 @@ class AlterPartitionReassignmentsResponse(_message.Message):
     RESULTS_FIELD_NUMBER: _ClassVar[int]
     results: _containers.RepeatedCompositeFieldContainer[PartitionResult]
     def __init__(self, results: _Optional[_Iterable[_Union[PartitionResult, _Mapping]]] = ...) -> None: ...
+
+class ScaleClusterRequest(_message.Message):
+    __slots__ = ("brokers",)
+    BROKERS_FIELD_NUMBER: _ClassVar[int]
+    brokers: int
+    def __init__(self, brokers: _Optional[int] = ...) -> None: ...
+
+class ScaleClusterResponse(_message.Message):
+    __slots__ = ("state", "brokers", "step", "members")
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    BROKERS_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    state: str
+    brokers: int
+    step: str
+    members: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, state: _Optional[str] = ..., brokers: _Optional[int] = ..., step: _Optional[str] = ..., members: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class BalanceClusterRequest(_message.Message):
+    __slots__ = ("execute",)
+    EXECUTE_FIELD_NUMBER: _ClassVar[int]
+    execute: bool
+    def __init__(self, execute: _Optional[bool] = ...) -> None: ...
+
+class BrokerLoad(_message.Message):
+    __slots__ = ("broker_id", "rack", "replicas", "leaders", "bytes_in_per_s")
+    BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    RACK_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    LEADERS_FIELD_NUMBER: _ClassVar[int]
+    BYTES_IN_PER_S_FIELD_NUMBER: _ClassVar[int]
+    broker_id: int
+    rack: str
+    replicas: int
+    leaders: int
+    bytes_in_per_s: float
+    def __init__(self, broker_id: _Optional[int] = ..., rack: _Optional[str] = ..., replicas: _Optional[int] = ..., leaders: _Optional[int] = ..., bytes_in_per_s: _Optional[float] = ...) -> None: ...
+
+class BalanceClusterResponse(_message.Message):
+    __slots__ = ("moves", "before", "after", "unmet", "copies")
+    MOVES_FIELD_NUMBER: _ClassVar[int]
+    BEFORE_FIELD_NUMBER: _ClassVar[int]
+    AFTER_FIELD_NUMBER: _ClassVar[int]
+    UNMET_FIELD_NUMBER: _ClassVar[int]
+    COPIES_FIELD_NUMBER: _ClassVar[int]
+    moves: _containers.RepeatedCompositeFieldContainer[ReassignablePartition]
+    before: _containers.RepeatedCompositeFieldContainer[BrokerLoad]
+    after: _containers.RepeatedCompositeFieldContainer[BrokerLoad]
+    unmet: _containers.RepeatedScalarFieldContainer[str]
+    copies: int
+    def __init__(self, moves: _Optional[_Iterable[_Union[ReassignablePartition, _Mapping]]] = ..., before: _Optional[_Iterable[_Union[BrokerLoad, _Mapping]]] = ..., after: _Optional[_Iterable[_Union[BrokerLoad, _Mapping]]] = ..., unmet: _Optional[_Iterable[str]] = ..., copies: _Optional[int] = ...) -> None: ...
 
 class FindCoordinatorRequest(_message.Message):
     __slots__ = ("key", "key_type")

@@ -109,6 +109,16 @@ class DeltaBusStub:
                 request_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.AlterPartitionReassignmentsRequest.SerializeToString,
                 response_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.AlterPartitionReassignmentsResponse.FromString,
                 _registered_method=True)
+        self.ScaleCluster = channel.unary_unary(
+                '/deltabus.v1.DeltaBus/ScaleCluster',
+                request_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.ScaleClusterRequest.SerializeToString,
+                response_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.ScaleClusterResponse.FromString,
+                _registered_method=True)
+        self.BalanceCluster = channel.unary_unary(
+                '/deltabus.v1.DeltaBus/BalanceCluster',
+                request_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.BalanceClusterRequest.SerializeToString,
+                response_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.BalanceClusterResponse.FromString,
+                _registered_method=True)
         self.AlterUserScramCredentials = channel.unary_unary(
                 '/deltabus.v1.DeltaBus/AlterUserScramCredentials',
                 request_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.AlterUserScramCredentialsRequest.SerializeToString,
@@ -354,6 +364,24 @@ class DeltaBusServicer:
     def AlterPartitionReassignments(self, request, context):
         """Move or add replicas (Kafka's AlterPartitionReassignments; kafka-reassign-partitions.sh).
         Returns once each reassignment has started; the metadata shows it until it completes.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ScaleCluster(self, request, context):
+        """Brokers joining and leaving (deltabus's own; `deltabus cluster scale`): starts a scale to
+        `brokers` and answers at once with its status; without `brokers`, the status of the last
+        one. ALTER on the cluster (DESCRIBE for the status alone).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def BalanceCluster(self, request, context):
+        """The balancer's plan (`deltabus cluster balance`): replicas and leaders spread by rack,
+        replica count, leader count and bytes in; `execute` starts its moves as reassignments.
+        DESCRIBE on the cluster for the plan, ALTER to execute it.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -638,6 +666,16 @@ def add_DeltaBusServicer_to_server(servicer, server):
                     servicer.AlterPartitionReassignments,
                     request_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.AlterPartitionReassignmentsRequest.FromString,
                     response_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.AlterPartitionReassignmentsResponse.SerializeToString,
+            ),
+            'ScaleCluster': grpc.unary_unary_rpc_method_handler(
+                    servicer.ScaleCluster,
+                    request_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.ScaleClusterRequest.FromString,
+                    response_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.ScaleClusterResponse.SerializeToString,
+            ),
+            'BalanceCluster': grpc.unary_unary_rpc_method_handler(
+                    servicer.BalanceCluster,
+                    request_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.BalanceClusterRequest.FromString,
+                    response_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.BalanceClusterResponse.SerializeToString,
             ),
             'AlterUserScramCredentials': grpc.unary_unary_rpc_method_handler(
                     servicer.AlterUserScramCredentials,
@@ -1190,6 +1228,60 @@ class DeltaBus:
             '/deltabus.v1.DeltaBus/AlterPartitionReassignments',
             deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.AlterPartitionReassignmentsRequest.SerializeToString,
             deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.AlterPartitionReassignmentsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ScaleCluster(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/deltabus.v1.DeltaBus/ScaleCluster',
+            deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.ScaleClusterRequest.SerializeToString,
+            deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.ScaleClusterResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def BalanceCluster(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/deltabus.v1.DeltaBus/BalanceCluster',
+            deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.BalanceClusterRequest.SerializeToString,
+            deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.BalanceClusterResponse.FromString,
             options,
             channel_credentials,
             insecure,

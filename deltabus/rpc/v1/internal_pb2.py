@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from deltabus.rpc.v1 import deltabus_pb2 as deltabus_dot_rpc_dot_v1_dot_deltabus__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1e\x64\x65ltabus/rpc/v1/internal.proto\x12\x14\x64\x65ltabus.internal.v1\x1a\x1e\x64\x65ltabus/rpc/v1/deltabus.proto\"^\n\x13\x46orwardKafkaRequest\x12\x10\n\x08listener\x18\x01 \x01(\t\x12\r\n\x05\x66rame\x18\x02 \x01(\x0c\x12\x13\n\x0b\x63lient_host\x18\x03 \x01(\t\x12\x11\n\tbroker_id\x18\x04 \x01(\x05\":\n\x14\x46orwardKafkaResponse\x12\r\n\x05\x66rame\x18\x01 \x01(\x0c\x12\x13\n\x0bthrottle_ms\x18\x02 \x01(\x05\"\xbf\x01\n\x15RegisterBrokerRequest\x12\x11\n\tbroker_id\x18\x01 \x01(\x05\x12\x0c\n\x04host\x18\x02 \x01(\t\x12\x0c\n\x04port\x18\x03 \x01(\x05\x12\x0c\n\x04rack\x18\x04 \x01(\t\x12\x0b\n\x03pid\x18\x05 \x01(\x05\x12\x16\n\x0eincarnation_id\x18\x06 \x01(\t\x12\x12\n\nkafka_port\x18\x07 \x01(\x05\x12\x30\n\tlisteners\x18\x08 \x03(\x0b\x32\x1d.deltabus.v1.ListenerEndpoint\"Y\n\x16RegisterBrokerResponse\x12\x12\n\nerror_code\x18\x01 \x01(\x05\x12\x15\n\rerror_message\x18\x02 \x01(\t\x12\x14\n\x0c\x62roker_epoch\x18\x03 \x01(\x03\"\xeb\x01\n\x16\x42rokerHeartbeatRequest\x12\x11\n\tbroker_id\x18\x01 \x01(\x05\x12\x14\n\x0c\x62roker_epoch\x18\x02 \x01(\x03\x12\x18\n\x10metadata_version\x18\x03 \x01(\x03\x12\x13\n\x0bmax_wait_ms\x18\x04 \x01(\x05\x12\x36\n\x10offline_replicas\x18\x05 \x03(\x0b\x32\x1c.deltabus.v1.TopicPartitions\x12\x41\n\x11metadata_position\x18\x06 \x01(\x0b\x32&.deltabus.internal.v1.MetadataPosition\"D\n\x10MetadataPosition\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\r\n\x05index\x18\x02 \x01(\x03\x12\x10\n\x08snapshot\x18\x03 \x01(\x08\"\x8c\x01\n\rMetadataBatch\x12\x35\n\x05start\x18\x01 \x01(\x0b\x32&.deltabus.internal.v1.MetadataPosition\x12\x33\n\x03\x65nd\x18\x02 \x01(\x0b\x32&.deltabus.internal.v1.MetadataPosition\x12\x0f\n\x07records\x18\x03 \x03(\x0c\"\x9d\x02\n\x17\x42rokerHeartbeatResponse\x12\x12\n\nerror_code\x18\x01 \x01(\x05\x12\x15\n\rerror_message\x18\x02 \x01(\t\x12\x18\n\x10should_shut_down\x18\x03 \x01(\x08\x12\x32\n\x0crefresh_logs\x18\x05 \x03(\x0b\x32\x1c.deltabus.v1.TopicPartitions\x12=\n\x10metadata_records\x18\t \x01(\x0b\x32#.deltabus.internal.v1.MetadataBatchJ\x04\x08\x04\x10\x05J\x04\x08\x06\x10\x07J\x04\x08\x07\x10\x08J\x04\x08\x08\x10\tR\x08metadataR\x11scram_credentialsR\x04\x61\x63lsR\x0fproducer_id_key\"\x96\x01\n\x15\x41lterPartitionRequest\x12\x11\n\tbroker_id\x18\x01 \x01(\x05\x12\x14\n\x0c\x62roker_epoch\x18\x02 \x01(\x03\x12\r\n\x05topic\x18\x03 \x01(\t\x12\x11\n\tpartition\x18\x04 \x01(\x05\x12\x14\n\x0cleader_epoch\x18\x05 \x01(\x05\x12\x0b\n\x03isr\x18\x06 \x03(\x05\x12\x0f\n\x07new_isr\x18\x07 \x03(\x05\"\x80\x01\n\x16\x41lterPartitionResponse\x12\x12\n\nerror_code\x18\x01 \x01(\x05\x12\x15\n\rerror_message\x18\x02 \x01(\t\x12\x14\n\x0cleader_epoch\x18\x03 \x01(\x05\x12\x0b\n\x03isr\x18\x04 \x03(\x05\x12\x18\n\x10metadata_version\x18\x05 \x01(\x03\"\xc0\x01\n\x15ReplicaFetchPartition\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x14\n\x0c\x66\x65tch_offset\x18\x03 \x01(\x03\x12\x1b\n\x13partition_max_bytes\x18\x04 \x01(\x05\x12\x1c\n\x14\x63urrent_leader_epoch\x18\x05 \x01(\x05\x12\x1a\n\x12last_fetched_epoch\x18\x06 \x01(\x05\x12\x18\n\x10log_start_offset\x18\x07 \x01(\x03\"\xa5\x01\n\x13ReplicaFetchRequest\x12\x12\n\nreplica_id\x18\x01 \x01(\x05\x12\x13\n\x0bmax_wait_ms\x18\x02 \x01(\x05\x12\x11\n\tmin_bytes\x18\x03 \x01(\x05\x12\x11\n\tmax_bytes\x18\x04 \x01(\x05\x12?\n\npartitions\x18\x05 \x03(\x0b\x32+.deltabus.internal.v1.ReplicaFetchPartition\"c\n\x07LogFile\x12\x0b\n\x03uri\x18\x01 \x01(\t\x12\x12\n\nsize_bytes\x18\x02 \x01(\x03\x12\r\n\x05stats\x18\x03 \x01(\t\x12\x13\n\x0b\x62\x61se_offset\x18\x04 \x01(\x03\x12\x13\n\x0blast_offset\x18\x05 \x01(\x03\"3\n\x0e\x45pochEndOffset\x12\r\n\x05\x65poch\x18\x01 \x01(\x05\x12\x12\n\nend_offset\x18\x02 \x01(\x03\"\xba\x02\n\x1dReplicaFetchPartitionResponse\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x12\n\nerror_code\x18\x03 \x01(\x05\x12\x15\n\rerror_message\x18\x04 \x01(\t\x12\x16\n\x0ehigh_watermark\x18\x05 \x01(\x03\x12\x18\n\x10log_start_offset\x18\x06 \x01(\x03\x12\x16\n\x0elog_end_offset\x18\x07 \x01(\x03\x12\x15\n\rarrow_records\x18\x08 \x01(\x0c\x12,\n\x05\x66iles\x18\t \x03(\x0b\x32\x1d.deltabus.internal.v1.LogFile\x12=\n\x0f\x64iverging_epoch\x18\n \x01(\x0b\x32$.deltabus.internal.v1.EpochEndOffset\"_\n\x14ReplicaFetchResponse\x12G\n\npartitions\x18\x01 \x03(\x0b\x32\x33.deltabus.internal.v1.ReplicaFetchPartitionResponse\"6\n\x12TxnMarkerPartition\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\"\xa4\x01\n\tTxnMarker\x12\x13\n\x0bproducer_id\x18\x01 \x01(\x03\x12\x16\n\x0eproducer_epoch\x18\x02 \x01(\x05\x12\x11\n\tcommitted\x18\x03 \x01(\x08\x12\x19\n\x11\x63oordinator_epoch\x18\x04 \x01(\x05\x12<\n\npartitions\x18\x05 \x03(\x0b\x32(.deltabus.internal.v1.TxnMarkerPartition\"^\n\x16WriteTxnMarkersRequest\x12\x30\n\x07markers\x18\x01 \x03(\x0b\x32\x1f.deltabus.internal.v1.TxnMarker\x12\x12\n\ntimeout_ms\x18\x02 \x01(\x05\"s\n\x0fTxnMarkerResult\x12\x13\n\x0bproducer_id\x18\x01 \x01(\x03\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x11\n\tpartition\x18\x03 \x01(\x05\x12\x12\n\nerror_code\x18\x04 \x01(\x05\x12\x15\n\rerror_message\x18\x05 \x01(\t\"Q\n\x17WriteTxnMarkersResponse\x12\x36\n\x07results\x18\x01 \x03(\x0b\x32%.deltabus.internal.v1.TxnMarkerResult2\xdb\x02\n\x0f\x42rokerLifecycle\x12k\n\x0eRegisterBroker\x12+.deltabus.internal.v1.RegisterBrokerRequest\x1a,.deltabus.internal.v1.RegisterBrokerResponse\x12n\n\x0f\x42rokerHeartbeat\x12,.deltabus.internal.v1.BrokerHeartbeatRequest\x1a-.deltabus.internal.v1.BrokerHeartbeatResponse\x12k\n\x0e\x41lterPartition\x12+.deltabus.internal.v1.AlterPartitionRequest\x1a,.deltabus.internal.v1.AlterPartitionResponse2n\n\x0cReplicaFetch\x12^\n\x05\x46\x65tch\x12).deltabus.internal.v1.ReplicaFetchRequest\x1a*.deltabus.internal.v1.ReplicaFetchResponse2|\n\nTxnMarkers\x12n\n\x0fWriteTxnMarkers\x12,.deltabus.internal.v1.WriteTxnMarkersRequest\x1a-.deltabus.internal.v1.WriteTxnMarkersResponse2p\n\x0cKafkaForward\x12`\n\x07\x46orward\x12).deltabus.internal.v1.ForwardKafkaRequest\x1a*.deltabus.internal.v1.ForwardKafkaResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1e\x64\x65ltabus/rpc/v1/internal.proto\x12\x14\x64\x65ltabus.internal.v1\x1a\x1e\x64\x65ltabus/rpc/v1/deltabus.proto\"^\n\x13\x46orwardKafkaRequest\x12\x10\n\x08listener\x18\x01 \x01(\t\x12\r\n\x05\x66rame\x18\x02 \x01(\x0c\x12\x13\n\x0b\x63lient_host\x18\x03 \x01(\t\x12\x11\n\tbroker_id\x18\x04 \x01(\x05\":\n\x14\x46orwardKafkaResponse\x12\r\n\x05\x66rame\x18\x01 \x01(\x0c\x12\x13\n\x0bthrottle_ms\x18\x02 \x01(\x05\"\xbf\x01\n\x15RegisterBrokerRequest\x12\x11\n\tbroker_id\x18\x01 \x01(\x05\x12\x0c\n\x04host\x18\x02 \x01(\t\x12\x0c\n\x04port\x18\x03 \x01(\x05\x12\x0c\n\x04rack\x18\x04 \x01(\t\x12\x0b\n\x03pid\x18\x05 \x01(\x05\x12\x16\n\x0eincarnation_id\x18\x06 \x01(\t\x12\x12\n\nkafka_port\x18\x07 \x01(\x05\x12\x30\n\tlisteners\x18\x08 \x03(\x0b\x32\x1d.deltabus.v1.ListenerEndpoint\"Y\n\x16RegisterBrokerResponse\x12\x12\n\nerror_code\x18\x01 \x01(\x05\x12\x15\n\rerror_message\x18\x02 \x01(\t\x12\x14\n\x0c\x62roker_epoch\x18\x03 \x01(\x03\"\xa9\x02\n\x16\x42rokerHeartbeatRequest\x12\x11\n\tbroker_id\x18\x01 \x01(\x05\x12\x14\n\x0c\x62roker_epoch\x18\x02 \x01(\x03\x12\x18\n\x10metadata_version\x18\x03 \x01(\x03\x12\x13\n\x0bmax_wait_ms\x18\x04 \x01(\x05\x12\x36\n\x10offline_replicas\x18\x05 \x03(\x0b\x32\x1c.deltabus.v1.TopicPartitions\x12\x41\n\x11metadata_position\x18\x06 \x01(\x0b\x32&.deltabus.internal.v1.MetadataPosition\x12<\n\x0fpartition_loads\x18\x07 \x03(\x0b\x32#.deltabus.internal.v1.PartitionLoad\"I\n\rPartitionLoad\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x16\n\x0e\x62ytes_in_per_s\x18\x03 \x01(\x01\"D\n\x10MetadataPosition\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\r\n\x05index\x18\x02 \x01(\x03\x12\x10\n\x08snapshot\x18\x03 \x01(\x08\"\x8c\x01\n\rMetadataBatch\x12\x35\n\x05start\x18\x01 \x01(\x0b\x32&.deltabus.internal.v1.MetadataPosition\x12\x33\n\x03\x65nd\x18\x02 \x01(\x0b\x32&.deltabus.internal.v1.MetadataPosition\x12\x0f\n\x07records\x18\x03 \x03(\x0c\"\x9d\x02\n\x17\x42rokerHeartbeatResponse\x12\x12\n\nerror_code\x18\x01 \x01(\x05\x12\x15\n\rerror_message\x18\x02 \x01(\t\x12\x18\n\x10should_shut_down\x18\x03 \x01(\x08\x12\x32\n\x0crefresh_logs\x18\x05 \x03(\x0b\x32\x1c.deltabus.v1.TopicPartitions\x12=\n\x10metadata_records\x18\t \x01(\x0b\x32#.deltabus.internal.v1.MetadataBatchJ\x04\x08\x04\x10\x05J\x04\x08\x06\x10\x07J\x04\x08\x07\x10\x08J\x04\x08\x08\x10\tR\x08metadataR\x11scram_credentialsR\x04\x61\x63lsR\x0fproducer_id_key\"\x96\x01\n\x15\x41lterPartitionRequest\x12\x11\n\tbroker_id\x18\x01 \x01(\x05\x12\x14\n\x0c\x62roker_epoch\x18\x02 \x01(\x03\x12\r\n\x05topic\x18\x03 \x01(\t\x12\x11\n\tpartition\x18\x04 \x01(\x05\x12\x14\n\x0cleader_epoch\x18\x05 \x01(\x05\x12\x0b\n\x03isr\x18\x06 \x03(\x05\x12\x0f\n\x07new_isr\x18\x07 \x03(\x05\"\x80\x01\n\x16\x41lterPartitionResponse\x12\x12\n\nerror_code\x18\x01 \x01(\x05\x12\x15\n\rerror_message\x18\x02 \x01(\t\x12\x14\n\x0cleader_epoch\x18\x03 \x01(\x05\x12\x0b\n\x03isr\x18\x04 \x03(\x05\x12\x18\n\x10metadata_version\x18\x05 \x01(\x03\"\xc0\x01\n\x15ReplicaFetchPartition\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x14\n\x0c\x66\x65tch_offset\x18\x03 \x01(\x03\x12\x1b\n\x13partition_max_bytes\x18\x04 \x01(\x05\x12\x1c\n\x14\x63urrent_leader_epoch\x18\x05 \x01(\x05\x12\x1a\n\x12last_fetched_epoch\x18\x06 \x01(\x05\x12\x18\n\x10log_start_offset\x18\x07 \x01(\x03\"\xa5\x01\n\x13ReplicaFetchRequest\x12\x12\n\nreplica_id\x18\x01 \x01(\x05\x12\x13\n\x0bmax_wait_ms\x18\x02 \x01(\x05\x12\x11\n\tmin_bytes\x18\x03 \x01(\x05\x12\x11\n\tmax_bytes\x18\x04 \x01(\x05\x12?\n\npartitions\x18\x05 \x03(\x0b\x32+.deltabus.internal.v1.ReplicaFetchPartition\"c\n\x07LogFile\x12\x0b\n\x03uri\x18\x01 \x01(\t\x12\x12\n\nsize_bytes\x18\x02 \x01(\x03\x12\r\n\x05stats\x18\x03 \x01(\t\x12\x13\n\x0b\x62\x61se_offset\x18\x04 \x01(\x03\x12\x13\n\x0blast_offset\x18\x05 \x01(\x03\"3\n\x0e\x45pochEndOffset\x12\r\n\x05\x65poch\x18\x01 \x01(\x05\x12\x12\n\nend_offset\x18\x02 \x01(\x03\"\xba\x02\n\x1dReplicaFetchPartitionResponse\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x12\n\nerror_code\x18\x03 \x01(\x05\x12\x15\n\rerror_message\x18\x04 \x01(\t\x12\x16\n\x0ehigh_watermark\x18\x05 \x01(\x03\x12\x18\n\x10log_start_offset\x18\x06 \x01(\x03\x12\x16\n\x0elog_end_offset\x18\x07 \x01(\x03\x12\x15\n\rarrow_records\x18\x08 \x01(\x0c\x12,\n\x05\x66iles\x18\t \x03(\x0b\x32\x1d.deltabus.internal.v1.LogFile\x12=\n\x0f\x64iverging_epoch\x18\n \x01(\x0b\x32$.deltabus.internal.v1.EpochEndOffset\"_\n\x14ReplicaFetchResponse\x12G\n\npartitions\x18\x01 \x03(\x0b\x32\x33.deltabus.internal.v1.ReplicaFetchPartitionResponse\"6\n\x12TxnMarkerPartition\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\"\xa4\x01\n\tTxnMarker\x12\x13\n\x0bproducer_id\x18\x01 \x01(\x03\x12\x16\n\x0eproducer_epoch\x18\x02 \x01(\x05\x12\x11\n\tcommitted\x18\x03 \x01(\x08\x12\x19\n\x11\x63oordinator_epoch\x18\x04 \x01(\x05\x12<\n\npartitions\x18\x05 \x03(\x0b\x32(.deltabus.internal.v1.TxnMarkerPartition\"^\n\x16WriteTxnMarkersRequest\x12\x30\n\x07markers\x18\x01 \x03(\x0b\x32\x1f.deltabus.internal.v1.TxnMarker\x12\x12\n\ntimeout_ms\x18\x02 \x01(\x05\"s\n\x0fTxnMarkerResult\x12\x13\n\x0bproducer_id\x18\x01 \x01(\x03\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x11\n\tpartition\x18\x03 \x01(\x05\x12\x12\n\nerror_code\x18\x04 \x01(\x05\x12\x15\n\rerror_message\x18\x05 \x01(\t\"Q\n\x17WriteTxnMarkersResponse\x12\x36\n\x07results\x18\x01 \x03(\x0b\x32%.deltabus.internal.v1.TxnMarkerResult2\xdb\x02\n\x0f\x42rokerLifecycle\x12k\n\x0eRegisterBroker\x12+.deltabus.internal.v1.RegisterBrokerRequest\x1a,.deltabus.internal.v1.RegisterBrokerResponse\x12n\n\x0f\x42rokerHeartbeat\x12,.deltabus.internal.v1.BrokerHeartbeatRequest\x1a-.deltabus.internal.v1.BrokerHeartbeatResponse\x12k\n\x0e\x41lterPartition\x12+.deltabus.internal.v1.AlterPartitionRequest\x1a,.deltabus.internal.v1.AlterPartitionResponse2n\n\x0cReplicaFetch\x12^\n\x05\x46\x65tch\x12).deltabus.internal.v1.ReplicaFetchRequest\x1a*.deltabus.internal.v1.ReplicaFetchResponse2|\n\nTxnMarkers\x12n\n\x0fWriteTxnMarkers\x12,.deltabus.internal.v1.WriteTxnMarkersRequest\x1a-.deltabus.internal.v1.WriteTxnMarkersResponse2p\n\x0cKafkaForward\x12`\n\x07\x46orward\x12).deltabus.internal.v1.ForwardKafkaRequest\x1a*.deltabus.internal.v1.ForwardKafkaResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -41,45 +41,47 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_REGISTERBROKERRESPONSE']._serialized_start=438
   _globals['_REGISTERBROKERRESPONSE']._serialized_end=527
   _globals['_BROKERHEARTBEATREQUEST']._serialized_start=530
-  _globals['_BROKERHEARTBEATREQUEST']._serialized_end=765
-  _globals['_METADATAPOSITION']._serialized_start=767
-  _globals['_METADATAPOSITION']._serialized_end=835
-  _globals['_METADATABATCH']._serialized_start=838
-  _globals['_METADATABATCH']._serialized_end=978
-  _globals['_BROKERHEARTBEATRESPONSE']._serialized_start=981
-  _globals['_BROKERHEARTBEATRESPONSE']._serialized_end=1266
-  _globals['_ALTERPARTITIONREQUEST']._serialized_start=1269
-  _globals['_ALTERPARTITIONREQUEST']._serialized_end=1419
-  _globals['_ALTERPARTITIONRESPONSE']._serialized_start=1422
-  _globals['_ALTERPARTITIONRESPONSE']._serialized_end=1550
-  _globals['_REPLICAFETCHPARTITION']._serialized_start=1553
-  _globals['_REPLICAFETCHPARTITION']._serialized_end=1745
-  _globals['_REPLICAFETCHREQUEST']._serialized_start=1748
-  _globals['_REPLICAFETCHREQUEST']._serialized_end=1913
-  _globals['_LOGFILE']._serialized_start=1915
-  _globals['_LOGFILE']._serialized_end=2014
-  _globals['_EPOCHENDOFFSET']._serialized_start=2016
-  _globals['_EPOCHENDOFFSET']._serialized_end=2067
-  _globals['_REPLICAFETCHPARTITIONRESPONSE']._serialized_start=2070
-  _globals['_REPLICAFETCHPARTITIONRESPONSE']._serialized_end=2384
-  _globals['_REPLICAFETCHRESPONSE']._serialized_start=2386
-  _globals['_REPLICAFETCHRESPONSE']._serialized_end=2481
-  _globals['_TXNMARKERPARTITION']._serialized_start=2483
-  _globals['_TXNMARKERPARTITION']._serialized_end=2537
-  _globals['_TXNMARKER']._serialized_start=2540
-  _globals['_TXNMARKER']._serialized_end=2704
-  _globals['_WRITETXNMARKERSREQUEST']._serialized_start=2706
-  _globals['_WRITETXNMARKERSREQUEST']._serialized_end=2800
-  _globals['_TXNMARKERRESULT']._serialized_start=2802
-  _globals['_TXNMARKERRESULT']._serialized_end=2917
-  _globals['_WRITETXNMARKERSRESPONSE']._serialized_start=2919
-  _globals['_WRITETXNMARKERSRESPONSE']._serialized_end=3000
-  _globals['_BROKERLIFECYCLE']._serialized_start=3003
-  _globals['_BROKERLIFECYCLE']._serialized_end=3350
-  _globals['_REPLICAFETCH']._serialized_start=3352
-  _globals['_REPLICAFETCH']._serialized_end=3462
-  _globals['_TXNMARKERS']._serialized_start=3464
-  _globals['_TXNMARKERS']._serialized_end=3588
-  _globals['_KAFKAFORWARD']._serialized_start=3590
-  _globals['_KAFKAFORWARD']._serialized_end=3702
+  _globals['_BROKERHEARTBEATREQUEST']._serialized_end=827
+  _globals['_PARTITIONLOAD']._serialized_start=829
+  _globals['_PARTITIONLOAD']._serialized_end=902
+  _globals['_METADATAPOSITION']._serialized_start=904
+  _globals['_METADATAPOSITION']._serialized_end=972
+  _globals['_METADATABATCH']._serialized_start=975
+  _globals['_METADATABATCH']._serialized_end=1115
+  _globals['_BROKERHEARTBEATRESPONSE']._serialized_start=1118
+  _globals['_BROKERHEARTBEATRESPONSE']._serialized_end=1403
+  _globals['_ALTERPARTITIONREQUEST']._serialized_start=1406
+  _globals['_ALTERPARTITIONREQUEST']._serialized_end=1556
+  _globals['_ALTERPARTITIONRESPONSE']._serialized_start=1559
+  _globals['_ALTERPARTITIONRESPONSE']._serialized_end=1687
+  _globals['_REPLICAFETCHPARTITION']._serialized_start=1690
+  _globals['_REPLICAFETCHPARTITION']._serialized_end=1882
+  _globals['_REPLICAFETCHREQUEST']._serialized_start=1885
+  _globals['_REPLICAFETCHREQUEST']._serialized_end=2050
+  _globals['_LOGFILE']._serialized_start=2052
+  _globals['_LOGFILE']._serialized_end=2151
+  _globals['_EPOCHENDOFFSET']._serialized_start=2153
+  _globals['_EPOCHENDOFFSET']._serialized_end=2204
+  _globals['_REPLICAFETCHPARTITIONRESPONSE']._serialized_start=2207
+  _globals['_REPLICAFETCHPARTITIONRESPONSE']._serialized_end=2521
+  _globals['_REPLICAFETCHRESPONSE']._serialized_start=2523
+  _globals['_REPLICAFETCHRESPONSE']._serialized_end=2618
+  _globals['_TXNMARKERPARTITION']._serialized_start=2620
+  _globals['_TXNMARKERPARTITION']._serialized_end=2674
+  _globals['_TXNMARKER']._serialized_start=2677
+  _globals['_TXNMARKER']._serialized_end=2841
+  _globals['_WRITETXNMARKERSREQUEST']._serialized_start=2843
+  _globals['_WRITETXNMARKERSREQUEST']._serialized_end=2937
+  _globals['_TXNMARKERRESULT']._serialized_start=2939
+  _globals['_TXNMARKERRESULT']._serialized_end=3054
+  _globals['_WRITETXNMARKERSRESPONSE']._serialized_start=3056
+  _globals['_WRITETXNMARKERSRESPONSE']._serialized_end=3137
+  _globals['_BROKERLIFECYCLE']._serialized_start=3140
+  _globals['_BROKERLIFECYCLE']._serialized_end=3487
+  _globals['_REPLICAFETCH']._serialized_start=3489
+  _globals['_REPLICAFETCH']._serialized_end=3599
+  _globals['_TXNMARKERS']._serialized_start=3601
+  _globals['_TXNMARKERS']._serialized_end=3725
+  _globals['_KAFKAFORWARD']._serialized_start=3727
+  _globals['_KAFKAFORWARD']._serialized_end=3839
 # @@protoc_insertion_point(module_scope)

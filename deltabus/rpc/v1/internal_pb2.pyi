@@ -58,20 +58,32 @@ class RegisterBrokerResponse(_message.Message):
     def __init__(self, error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., broker_epoch: _Optional[int] = ...) -> None: ...
 
 class BrokerHeartbeatRequest(_message.Message):
-    __slots__ = ("broker_id", "broker_epoch", "metadata_version", "max_wait_ms", "offline_replicas", "metadata_position")
+    __slots__ = ("broker_id", "broker_epoch", "metadata_version", "max_wait_ms", "offline_replicas", "metadata_position", "partition_loads")
     BROKER_ID_FIELD_NUMBER: _ClassVar[int]
     BROKER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     METADATA_VERSION_FIELD_NUMBER: _ClassVar[int]
     MAX_WAIT_MS_FIELD_NUMBER: _ClassVar[int]
     OFFLINE_REPLICAS_FIELD_NUMBER: _ClassVar[int]
     METADATA_POSITION_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_LOADS_FIELD_NUMBER: _ClassVar[int]
     broker_id: int
     broker_epoch: int
     metadata_version: int
     max_wait_ms: int
     offline_replicas: _containers.RepeatedCompositeFieldContainer[_deltabus_pb2.TopicPartitions]
     metadata_position: MetadataPosition
-    def __init__(self, broker_id: _Optional[int] = ..., broker_epoch: _Optional[int] = ..., metadata_version: _Optional[int] = ..., max_wait_ms: _Optional[int] = ..., offline_replicas: _Optional[_Iterable[_Union[_deltabus_pb2.TopicPartitions, _Mapping]]] = ..., metadata_position: _Optional[_Union[MetadataPosition, _Mapping]] = ...) -> None: ...
+    partition_loads: _containers.RepeatedCompositeFieldContainer[PartitionLoad]
+    def __init__(self, broker_id: _Optional[int] = ..., broker_epoch: _Optional[int] = ..., metadata_version: _Optional[int] = ..., max_wait_ms: _Optional[int] = ..., offline_replicas: _Optional[_Iterable[_Union[_deltabus_pb2.TopicPartitions, _Mapping]]] = ..., metadata_position: _Optional[_Union[MetadataPosition, _Mapping]] = ..., partition_loads: _Optional[_Iterable[_Union[PartitionLoad, _Mapping]]] = ...) -> None: ...
+
+class PartitionLoad(_message.Message):
+    __slots__ = ("topic", "partition", "bytes_in_per_s")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    BYTES_IN_PER_S_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    partition: int
+    bytes_in_per_s: float
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., bytes_in_per_s: _Optional[float] = ...) -> None: ...
 
 class MetadataPosition(_message.Message):
     __slots__ = ("version", "index", "snapshot")
