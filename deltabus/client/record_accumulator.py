@@ -57,6 +57,7 @@ class ProducerBatch:
     retry_at: float = 0.0
     sent_ns: int = 0  # its last request's sending (time.time_ns()), for deltabus.trace
     base_sequence: int = -1  # set when first sent by an idempotent producer
+    producer_epoch: int = -1  # the epoch of its base sequence (a bump numbers it again)
     order: int = field(default_factory=lambda: next(_BATCH_ORDER))  # creation order
     _payload: bytes | None = None
     done: threading.Event = field(default_factory=threading.Event)

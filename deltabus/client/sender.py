@@ -33,6 +33,7 @@ from deltabus.client import wire
 from deltabus.client.cluster_client import ClusterClient
 from deltabus.client.record_accumulator import ProducerBatch, RecordAccumulator
 from deltabus.client.transaction_manager import TransactionManager
+from deltabus.config import PRODUCER_EPOCH_MAX
 from deltabus.rpc.status import error_from_rpc
 from deltabus.rpc.v1 import deltabus_pb2 as pb
 
@@ -75,6 +76,9 @@ class Sender:
         self.producer_id = -1
         self.producer_epoch = -1
         self.sequences: collections.Counter[tuple[str, int]] = collections.Counter()
+        # A batch of this idempotent producer failed: its sequence numbers are a gap no later
+        # batch of its partition gets past. The next dispatch bumps the epoch first (KIP-360).
+        self._epoch_bump = False
         self._refreshing = False
 
     def run(self) -> None:
@@ -129,7 +133,9 @@ class Sender:
 
     def _number(self, batches: list[ProducerBatch]) -> None:
         """Give each batch its producer id and base sequence, once: a retry keeps them, so
-        the leader recognises it. The id comes from the cluster on first use."""
+        the leader recognises it, unless the epoch was bumped since (then it is numbered again
+        in the new one). The id comes from the cluster on first use."""
+        self._bump_epoch_if_needed()
         if self.producer_id < 0:
             response = self._client.call_any("InitProducerId", pb.InitProducerIdRequest(
                 transactional_id=self.transactional_id or ""))
@@ -138,19 +144,40 @@ class Sender:
             if self._fixed_epoch is not None:
                 self.producer_epoch = self._fixed_epoch
         for batch in batches:
-            if batch.base_sequence < 0:
+            if batch.base_sequence < 0 or batch.producer_epoch != self.producer_epoch:
                 key = (batch.topic, batch.partition)
                 batch.base_sequence = self.sequences[key]
+                batch.producer_epoch = self.producer_epoch
                 self.sequences[key] += batch.count
         if self.txn is not None:  # in the transaction before its first batch, as librdkafka
             self.txn.add_partitions({(b.topic, b.partition) for b in batches},
                                     self.max_block_s)
 
+    def _bump_epoch_if_needed(self) -> None:
+        """After a failed batch, once nothing is in flight: the next epoch, every partition's
+        sequences from 0 (Kafka's idempotent producer, KIP-360: the epoch of a producer
+        without a transactional id is bumped by the producer itself; the leader takes a newer
+        epoch's sequence 0). A new producer id where the epoch would overflow."""
+        with self._lock:
+            if not self._epoch_bump:
+                return
+            while sum(self._in_flight.values()) > 0:
+                self._lock.wait()
+            self._epoch_bump = False
+            if self.producer_id < 0:
+                return
+            if self.producer_epoch + 1 > PRODUCER_EPOCH_MAX:
+                self.producer_id = -1  # _number asks the cluster for a new one
+            log.info("producer %d: a batch failed, leaving a gap in its sequences: bumping the "
+                     "epoch to %d", self.producer_id, self.producer_epoch + 1)
+            self.producer_epoch += 1
+            self.sequences.clear()
+
     def _produce_data(self, batch: ProducerBatch) -> pb.PartitionProduceData:
         data = pb.PartitionProduceData(topic=batch.topic, partition=batch.partition)
         if self.enable_idempotence:
             data.producer_id = self.producer_id
-            data.producer_epoch = self.producer_epoch
+            data.producer_epoch = batch.producer_epoch
             data.base_sequence = batch.base_sequence
         return data
 
@@ -252,6 +279,10 @@ class Sender:
         for batch, base_offset, failure in done:
             if failure is not None and self.txn is not None:
                 self.txn.batch_failed(failure)
+            elif (failure is not None and self.enable_idempotence and batch.base_sequence >= 0
+                  and self._fixed_epoch is None):
+                with self._lock:
+                    self._epoch_bump = True
             if failure is not None:  # as Kafka's producer: a lost batch is worth a line
                 log.warning("batch of %d records to %s-%d (sequence %d) failed: %s",
                             batch.count, batch.topic, batch.partition, batch.base_sequence,

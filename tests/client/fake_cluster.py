@@ -131,6 +131,7 @@ class ProduceCall:
 @dataclass
 class _ProducerEntry:
     next_sequence: int = 0
+    epoch: int = 0  # a newer epoch starts its sequences at 0, as the partition log's
     recent: collections.OrderedDict[int, AppendResult] = field(
         default_factory=collections.OrderedDict)
 
@@ -757,7 +758,15 @@ class FakeCluster:
         first answer when it is a retry of a batch already appended."""
         if producer.producer_id < 0:
             return None
-        entry = log.producers.setdefault(producer.producer_id, _ProducerEntry())
+        entry = log.producers.setdefault(producer.producer_id,
+                                         _ProducerEntry(epoch=producer.producer_epoch))
+        if producer.producer_epoch < entry.epoch:
+            raise errors.InvalidProducerEpochError(
+                f"producer {producer.producer_id} epoch {producer.producer_epoch} is older "
+                f"than {entry.epoch}")
+        if producer.producer_epoch > entry.epoch:
+            entry = log.producers[producer.producer_id] = _ProducerEntry(
+                epoch=producer.producer_epoch)
         wait_ms = min(self.sequence_wait_ms, self.sequence_wait_ms if timeout_ms is None
                       else max(0, timeout_ms))
         deadline = time.monotonic() + wait_ms / 1000

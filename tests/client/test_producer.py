@@ -293,6 +293,32 @@ def test_a_batch_still_refused_at_delivery_timeout_fails(
     assert fake.values(TOPIC, 0) == []
 
 
+def test_a_batch_expired_unwritten_does_not_wedge_its_partition() -> None:
+    """A batch that fails at delivery.timeout.ms was never written: its sequence numbers leave
+    a gap the leader waits on in vain, and every later batch of the partition failed
+    OUT_OF_ORDER_SEQUENCE_NUMBER (the S3 soak's producers, after a leader change). As Kafka's
+    idempotent producer (KIP-360), the producer bumps its epoch and starts the sequences
+    again at 0."""
+    fake = FakeCluster(sequence_wait_ms=200)
+    try:
+        fake.create_topic(TOPIC, 1)
+        fault = fake.inject("produce", errors.NotLeaderOrFollowerError, topic=TOPIC,
+                            times=1_000_000)
+        with Producer(fake.bootstrap_servers, delivery_timeout_ms=300,
+                      retry_backoff_ms=20) as producer:
+            with pytest.raises(errors.NotLeaderOrFollowerError):
+                producer.send(TOPIC, b"lost").get(10)
+            fault.times = 0
+            assert producer.send(TOPIC, b"next").get(10).offset == 0
+            assert producer.send(TOPIC, b"after").get(10).offset == 1
+        assert fake.values(TOPIC, 0) == [b"next", b"after"]
+        epochs = [c.producer.producer_epoch for c in fake.produce_calls]
+        assert epochs[-1] == epochs[0] + 1
+        assert [c.producer.base_sequence for c in fake.produce_calls][-2:] == [0, 1]
+    finally:
+        fake.close()
+
+
 def test_flush_times_out_while_the_broker_holds_the_append(fake: FakeCluster) -> None:
     fake.create_topic(TOPIC, 1)
     with Producer(fake.bootstrap_servers, linger_ms=0) as producer:
