@@ -34,9 +34,6 @@ CONTROLLER_THREADS_SPARE = 4
 # The most brokers a cluster runs, however it is scaled (Cluster.scale, the autoscaler): the
 # controller listener's threads are sized for them (made only when used).
 BROKERS_MAX = 64
-# How often a broker tells the controller the bytes in of the partitions it leads (with a
-# heartbeat): the balancer's bytes-in goal weighs partitions by them.
-LOAD_REPORT_INTERVAL_MS = 30_000
 
 # Records and requests.
 MESSAGE_MAX_BYTES = 1_048_588  # Kafka's message.max.bytes / topic max.message.bytes default
@@ -783,6 +780,18 @@ class ClusterConfig:
     # Cruise Control's self-healing, as deltabus names it: after brokers join or leave
     # (Cluster.scale), the balancer spreads replicas and leaders over them (balancer.py).
     auto_balance_enable: bool = True
+    # How often a broker tells the controller the bytes in per second of the partitions it
+    # leads (with a heartbeat): the balancer's bytes-in goal and the autoscaler weigh them.
+    load_report_interval_ms: int = 30_000
+    # The autoscaler (autoscaler.py), on when broker.autoscale.max is set: a broker more when
+    # the bytes in per broker stay above the target for the window, one fewer when they stay
+    # below half of it, never beyond [min, max] and never sooner than the cool-down after a
+    # scale.
+    broker_autoscale_min: int = 0
+    broker_autoscale_max: int = 0
+    broker_autoscale_target_bytes_in_per_sec: int = 4 * 1024 * 1024
+    broker_autoscale_window_ms: int = 120_000
+    broker_autoscale_cooldown_ms: int = 300_000
     leader_imbalance_check_interval_ms: int = field(
         default_factory=lambda: _env_int("DELTABUS_LEADER_IMBALANCE_CHECK_INTERVAL_MS", 300_000))
     # The log cleaner's retention job runs this often (Kafka's log.retention.check.interval.ms).
@@ -810,6 +819,12 @@ class ClusterConfig:
     def __post_init__(self) -> None:
         if not 1 <= self.brokers <= BROKERS_MAX:
             raise ValueError(f"brokers must be 1 to {BROKERS_MAX}, not {self.brokers}")
+        if self.broker_autoscale_max and not (
+                1 <= max(self.broker_autoscale_min, 1) <= self.broker_autoscale_max
+                <= BROKERS_MAX):
+            raise ValueError("broker.autoscale.min and broker.autoscale.max must be "
+                             f"1 <= min <= max <= {BROKERS_MAX}, not "
+                             f"{self.broker_autoscale_min} and {self.broker_autoscale_max}")
         for name in ("num_partitions", "default_replication_factor", "min_insync_replicas",
                      "auto_create_topics_per_request_max", "max_topics", "max_partitions",
                      "log_append_threads", "grpc_threads", "grpc_long_polls_max"):
@@ -950,7 +965,9 @@ class BrokerConfigDef:
 _CLUSTER_BROKER_FIELDS = (
     "num_partitions", "default_replication_factor", "auto_create_topics_enable",
     "min_insync_replicas", "unclean_leader_election_enable", "auto_leader_rebalance_enable",
-    "auto_balance_enable",
+    "auto_balance_enable", "broker_autoscale_min", "broker_autoscale_max",
+    "broker_autoscale_target_bytes_in_per_sec", "broker_autoscale_window_ms",
+    "broker_autoscale_cooldown_ms",
     "leader_imbalance_check_interval_ms", "log_retention_check_interval_ms",
     "replica_lag_time_max_ms", "replica_fetch_wait_max_ms", "replica_fetch_max_bytes",
     "replica_fetch_response_max_bytes", "replica_fetch_backoff_ms",

@@ -89,10 +89,10 @@ class BrokerLifecycleManager:
         self._publisher.new_generation()
 
     def _partition_loads(self) -> dict[tuple[str, int], float]:
-        """Every LOAD_REPORT_INTERVAL_MS, the bytes in per second of each partition led since
+        """Every load.report.interval.ms, the bytes in per second of each partition led since
         the last report ({} in between: the heartbeats stay small)."""
         now = time.monotonic()
-        if now - self._loads_at < cfg.LOAD_REPORT_INTERVAL_MS / 1000:
+        if now - self._loads_at < self._config.load_report_interval_ms / 1000:
             return {}
         totals = self._replicas.bytes_in_led()
         elapsed_s = now - self._loads_at

@@ -578,6 +578,14 @@ class Controller:
         return self._reassignments.balance(brokers, execute=execute,
                                            bytes_in_per_s=self._cluster_control.loads())
 
+    def bytes_in_per_s(self) -> float:
+        """The cluster's bytes in per second: its partitions' as their leaders last reported
+        them (the autoscaler's load)."""
+        loads = self._cluster_control.loads()
+        with self._lock:
+            return sum(loads.get((t, p), 0.0) for t, topic in self._state.topics.items()
+                       for p in topic.partitions)
+
     def reassignments_in_progress(self) -> list[tuple[str, int]]:
         """Partitions being reassigned (copying, or waiting for their new replicas to join
         the ISR), in order."""

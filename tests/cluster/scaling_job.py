@@ -24,7 +24,6 @@ from confluent_kafka import Producer as KafkaProducer
 from pyspark.sql import SparkSession
 
 from deltabus import AdminClient, Cluster, Consumer, NewTopic
-from deltabus import config as cfg
 from deltabus.cluster.balancer import bounds
 from tests.cluster.acked_load import WAIT_S, AckedLoad, progress, read_all, wait_until
 
@@ -169,7 +168,8 @@ def main(master: str, root: str, dump_after_s: float) -> None:
              .config("spark.ui.enabled", "false")
              .config("spark.ui.showConsoleProgress", "false").getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
-    cluster = Cluster(spark, root=root, brokers=3, port=0, kafka_port=0).start()
+    cluster = Cluster(spark, root=root, brokers=3, port=0, kafka_port=0,
+                      load_report_interval_ms=5000).start()
     try:
         with AdminClient(cluster.bootstrap_servers) as admin:
             admin.create_topics([NewTopic(TOPIC, PARTITIONS, RF)])
@@ -182,7 +182,7 @@ def main(master: str, root: str, dump_after_s: float) -> None:
             wait_until(lambda: len(load.acked) > 500 and len(kafka.acked) > 100,
                        "records acknowledged through both doors")
             # the leaders' bytes in reach the controller (two reports), so the balance weighs it
-            time.sleep(2 * cfg.LOAD_REPORT_INTERVAL_MS / 1000 + 5)
+            time.sleep(2 * cluster.config.load_report_interval_ms / 1000 + 5)
             result["out"] = scale(cluster, 6)
             result["in"] = scale(cluster, 3)
         found = load.check(PARTITIONS)

@@ -4,13 +4,15 @@ acks=all producers, through the API and through `deltabus cluster scale` / `bala
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from deltabus import AdminClient, Cluster, NewTopic, errors
+from deltabus import AdminClient, Cluster, NewTopic, Producer, errors
 from deltabus.cli.main import main
 from deltabus.cluster.balancer import bounds
 from tests.cluster.acked_load import AckedLoad
@@ -101,3 +103,44 @@ def test_a_scale_that_cannot_be_done_is_refused_before_anything_moves(
     assert rc != 0
     rc, out = cli(capsys, bootstrap, "cluster", "scale", "--describe")
     assert rc == 0 and "Members: [0, 1]" in out, out
+
+
+def test_the_autoscaler_follows_a_load_that_rises_and_falls(spark: Any, tmp_path: Path) -> None:
+    """A load of ~100 KB/s over 2 brokers (targets of 20 KB/s each) adds a broker up to the
+    maximum, 3; when it stops, one goes, but not before the cool-down since the last scale."""
+    cooldown_s = 15
+    cluster = Cluster(spark, root=str(tmp_path / "root"), brokers=2, port=0, kafka_port=-1,
+                      schema_registry_port=-1, load_report_interval_ms=1000,
+                      broker_autoscale_min=2, broker_autoscale_max=3,
+                      broker_autoscale_target_bytes_in_per_sec=20_000,
+                      broker_autoscale_window_ms=3000,
+                      broker_autoscale_cooldown_ms=cooldown_s * 1000).start()
+    counts: list[int] = []
+    try:
+        with AdminClient(cluster.bootstrap_servers) as admin:
+            admin.create_topics([NewTopic("auto", 4, 2)])
+        stop = threading.Event()
+
+        def produce() -> None:
+            with Producer(cluster.bootstrap_servers, acks="all") as producer:
+                while not stop.wait(0.01):
+                    producer.send("auto", b"x" * 1000)
+
+        def members() -> int:
+            counts.append(len(cluster.controller.members()))
+            return counts[-1]
+
+        sender = threading.Thread(target=produce)
+        sender.start()
+        try:
+            wait_until(lambda: members() == 3, "the autoscaler to add a broker", 300)
+            up = time.monotonic()
+        finally:
+            stop.set()
+            sender.join()
+        wait_until(lambda: members() == 2 and cluster.scaler.status().state == "done",
+                   "the autoscaler to remove a broker", 300)
+        assert time.monotonic() - up >= cooldown_s
+        assert max(counts) == 3 and min(counts) == 2  # never past its bounds
+    finally:
+        cluster.stop()
