@@ -301,6 +301,7 @@ class ConsumerCoordinator:
             return
         deadline_s = time.monotonic() + (timeout_ms or 0) / 1000
         last: errors.DeltaBusError | None = None
+        answered: errors.DeltaBusError | None = None  # the coordinator's last refusal
         while True:
             left_ms = max(1, int((deadline_s - time.monotonic()) * 1000))
             try:
@@ -314,13 +315,17 @@ class ConsumerCoordinator:
                     self._coordinator = None
                 log.info("group %s: commit failed (%s); retrying", self.group_id, e)
                 last = e
+                if not isinstance(e, (errors.RequestTimedOutError, errors.NetworkError)):
+                    answered = e
             time.sleep(max(0.0, min(self._client.retry_backoff_ms / 1000,
                                     deadline_s - time.monotonic())))
             if time.monotonic() >= deadline_s:
                 shown = {f"{tp.topic}-{tp.partition}": om.offset for tp, om in offsets.items()}
                 raise errors.KafkaTimeoutError(
                     f"Timeout of {timeout_ms}ms expired before successfully committing offsets "
-                    f"{shown} (the last try: {last})")
+                    f"{shown} (the last try: {last}"
+                    + (f"; the coordinator's last answer: {answered})"
+                       if answered is not None and answered is not last else ")"))
 
     def _commit_once(self, offsets: dict[TopicPartition, OffsetAndMetadata],
                      timeout_ms: int | None) -> None:

@@ -28,7 +28,6 @@ from typing import Any
 
 from deltabus import config as cfg
 from deltabus import errors
-from deltabus.cluster.autoscaler import AutoscalePolicy, Autoscaler
 from deltabus.cluster.broker import STOPPED, BrokerSpec, run_broker_task
 from deltabus.cluster.catch_up import CatchUpTask, catch_up_replicas
 from deltabus.cluster.controller import Controller
@@ -36,7 +35,7 @@ from deltabus.cluster.controller_apis import ControllerHandler
 from deltabus.cluster.doors import Doors, open_doors
 from deltabus.cluster.executor_process import executor_pid
 from deltabus.cluster.log_cleaner import LogCleaner
-from deltabus.cluster.scaling import SCALING, Scaler
+from deltabus.cluster.scaling import Scaler, autoscale
 from deltabus.listeners import GRPC, KAFKA, ListenerBindError
 from deltabus.log_tables.layout import consumer_offsets_path
 from deltabus.metadata import (
@@ -57,7 +56,6 @@ from deltabus.storage import SPARK_CONF_PREFIX, normalize_root, spark_storage_op
 log = logging.getLogger(__name__)
 
 RELAUNCH_BACKOFF_S = 0.5
-AUTOSCALE_TICK_S = 5.0  # the autoscaler's samples (a quarter of its window, if shorter)
 COORDINATOR_TICK_S = 0.1
 # Broker configs in the Spark conf: spark.deltabus.NAME, by Kafka's server.properties NAME.
 SPARK_BROKER_CONFIG_PREFIX = "spark.deltabus."
@@ -207,7 +205,9 @@ class Cluster:
         self._spawn(self._coordinator_loop, "deltabus-group-coordinator")
         self._spawn(self._transaction_loop, "deltabus-transaction-timeouts")
         if self.config.broker_autoscale_max:
-            self._spawn(self._autoscale_loop, "deltabus-autoscaler")
+            controller, scaler = self.controller, self.scaler
+            self._spawn(lambda: autoscale(self.config, controller, scaler, self._stopping),
+                        "deltabus-autoscaler")
         for broker_id in range(self.config.brokers):
             self._spawn(lambda b=broker_id: self._supervise(b), f"deltabus-supervisor-{broker_id}")
         timeout_s = self.config.startup_timeout_ms / 1000
@@ -403,43 +403,6 @@ class Cluster:
                     self.controller.abort_timed_out_transactions()
             except Exception:  # a storage hiccup must not stop later checks
                 log.exception("aborting timed-out transactions failed")
-
-    def _autoscale_loop(self) -> None:
-        """broker.autoscale.*: now and then, scale to what the load asks for (autoscaler.py).
-        A scale anyone started starts the cool-down when it ends; a round that fails is
-        logged and the next one runs."""
-        c = self.config
-        autoscaler = Autoscaler(AutoscalePolicy(
-            c.broker_autoscale_min, c.broker_autoscale_max,
-            c.broker_autoscale_target_bytes_in_per_sec, c.broker_autoscale_window_ms / 1000,
-            c.broker_autoscale_cooldown_ms / 1000))
-        tick_s = min(AUTOSCALE_TICK_S, c.broker_autoscale_window_ms / 1000 / 4)
-        was_scaling = False
-        while not self._stopping.wait(tick_s):
-            controller, scaler = self.controller, self.scaler
-            if controller is None or scaler is None:
-                continue
-            try:
-                scaling = scaler.status().state == SCALING
-                if was_scaling and not scaling:
-                    autoscaler.scaled(time.monotonic())
-                was_scaling = scaling
-                if scaling:
-                    continue
-                target = autoscaler.decide(time.monotonic(), len(controller.members()),
-                                           controller.bytes_in_per_s())
-                if target is not None:
-                    log.info("autoscaler: %.0f bytes in per second over %d brokers; scaling "
-                             "to %d", controller.bytes_in_per_s(), len(controller.members()),
-                             target)
-                    try:
-                        scaler.start(target)
-                        was_scaling = True
-                    except errors.DeltaBusError as e:  # too few task slots: after a cool-down
-                        log.warning("autoscaler: scaling to %d refused: %s", target, e)
-                        autoscaler.scaled(time.monotonic())
-            except Exception:  # the next round decides again
-                log.exception("an autoscaling round failed")
 
     # ---- using -------------------------------------------------------------------------------
 

@@ -25,6 +25,7 @@ from collections.abc import Callable
 
 from deltabus import config as cfg
 from deltabus import errors
+from deltabus.cluster.autoscaler import AutoscalePolicy, Autoscaler
 from deltabus.cluster.controller import Controller
 from deltabus.metadata import ScaleStatus
 
@@ -32,6 +33,7 @@ log = logging.getLogger(__name__)
 
 IDLE, SCALING, DONE, FAILED = "idle", "scaling", "done", "failed"
 POLL_S = 0.2
+AUTOSCALE_TICK_S = 5.0  # the autoscaler's samples (a quarter of its window, if shorter)
 DRAIN_ROUNDS_MAX = 10  # balance rounds of a scale-in (topics created meanwhile need another)
 
 
@@ -189,3 +191,38 @@ class Scaler:
                 last = len(moving)
                 self._set(SCALING, f"balancing: {len(plan.moves) - last} of "
                                    f"{len(plan.moves)} partition moves done")
+
+
+def autoscale(config: cfg.ClusterConfig, controller: Controller, scaler: Scaler,
+              stopping: threading.Event) -> None:
+    """broker.autoscale.*, until `stopping`: now and then, scale to what the load asks for
+    (autoscaler.py). A scale anyone started starts the cool-down when it ends; a refused scale
+    (too few task slots) too; a round that fails is logged and the next one runs."""
+    autoscaler = Autoscaler(AutoscalePolicy(
+        config.broker_autoscale_min, config.broker_autoscale_max,
+        config.broker_autoscale_target_bytes_in_per_sec,
+        config.broker_autoscale_window_ms / 1000, config.broker_autoscale_cooldown_ms / 1000))
+    tick_s = min(AUTOSCALE_TICK_S, config.broker_autoscale_window_ms / 1000 / 4)
+    was_scaling = False
+    while not stopping.wait(tick_s):
+        try:
+            scaling = scaler.status().state == SCALING
+            if was_scaling and not scaling:
+                autoscaler.scaled(time.monotonic())
+            was_scaling = scaling
+            if scaling:
+                continue
+            brokers, load = len(controller.members()), controller.bytes_in_per_s()
+            target = autoscaler.decide(time.monotonic(), brokers, load)
+            if target is None:
+                continue
+            log.info("autoscaler: %.0f bytes in per second over %d brokers; scaling to %d",
+                     load, brokers, target)
+            try:
+                scaler.start(target)
+                was_scaling = True
+            except errors.DeltaBusError as e:
+                log.warning("autoscaler: scaling to %d refused: %s", target, e)
+                autoscaler.scaled(time.monotonic())
+        except Exception:  # the next round decides again
+            log.exception("an autoscaling round failed")
