@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from deltabus import errors
 from deltabus.metadata import BalancePlan, BrokerLoad
@@ -186,16 +186,23 @@ class _Spread:
                            key=lambda b: (self.replicas[b], b))
                 self._move(tp, source, dest)
 
+    @staticmethod
+    def _within_bounds(counts: dict[int, int], tolerance: float,
+                       step: Callable[[float, float], bool]) -> bool:
+        """Take `step(lo, hi)` until every broker's count is within bounds (True), or a step
+        finds nothing to move or MOVES_MAX steps were taken (False)."""
+        lo, hi = bounds(sum(counts.values()), len(counts), tolerance)
+        for _ in range(MOVES_MAX):
+            if min(counts.values()) >= lo and max(counts.values()) <= hi:
+                return True
+            if not step(lo, hi):
+                return False
+        return False
+
     def balance_replicas(self, tolerance: float) -> bool:
         """Move replicas from the most loaded brokers to the least, followers first and the
         lightest first (the cheapest copies), until every broker is within bounds."""
-        lo, hi = bounds(sum(self.replicas.values()), len(self.brokers), tolerance)
-        for _ in range(MOVES_MAX):
-            if min(self.replicas.values()) >= lo and max(self.replicas.values()) <= hi:
-                return True
-            if not self._move_one_replica(lo, hi):
-                return False
-        return False
+        return self._within_bounds(self.replicas, tolerance, self._move_one_replica)
 
     def _move_one_replica(self, lo: float, hi: float) -> bool:
         sources = sorted(self.brokers, key=lambda b: -self.replicas[b])
@@ -216,13 +223,7 @@ class _Spread:
 
     def balance_leaders(self, tolerance: float) -> bool:
         """Reorder replica lists (no copy) so each broker is preferred leader of its share."""
-        lo, hi = bounds(sum(self.leaders.values()), len(self.brokers), tolerance)
-        for _ in range(MOVES_MAX):
-            if min(self.leaders.values()) >= lo and max(self.leaders.values()) <= hi:
-                return True
-            if not self._move_one_leader(lo, hi):
-                return False
-        return False
+        return self._within_bounds(self.leaders, tolerance, self._move_one_leader)
 
     def _move_one_leader(self, lo: float, hi: float) -> bool:
         for source in sorted(self.brokers, key=lambda b: -self.leaders[b]):
