@@ -64,7 +64,6 @@ HEAVY_GROUPS = {
     "tests/notebooks/test_notebooks.py": "heavy: own JVMs",
     "tests/spark/test_spark_source_and_sink.py": "heavy: own JVMs",
     "tests/cluster/test_standalone_cluster.py": "heavy: own JVMs",
-    "tests/cluster/test_scaling_executors.py": "heavy: own JVMs",
     "tests/cluster/test_object_storage.py": "heavy: broker kills",
     "tests/cluster/test_local_cluster.py": "heavy: broker kills",
     "tests/cluster/test_fault_injection.py": "heavy: broker kills",

@@ -1,4 +1,4 @@
-"""Run by test_scaling_executors.py in its own process: a deltabus cluster scaled 3 -> 6 -> 3
+"""Run by soak_scaling.py in its own process: a deltabus cluster scaled 3 -> 6 -> 3
 brokers on a master of separate executor JVMs (local-cluster, or a standalone master whose
 workers stand for machines), while producers send with acks=all through both doors and a
 consumer group reads. Prints one JSON line of findings for the test to check.
