@@ -780,6 +780,11 @@ class ClusterConfig:
     # Cruise Control's self-healing, as deltabus names it: after brokers join or leave
     # (Cluster.scale), the balancer spreads replicas and leaders over them (balancer.py).
     auto_balance_enable: bool = True
+    # Kafka's replication throttles, in bytes per second per broker, on the replicas a
+    # reassignment adds (a balance's moves) and never on in-sync followers
+    # (replication_quota.py); 2**63 - 1 (Kafka's default) turns them off.
+    leader_replication_throttled_rate: int = 32 * 1024 * 1024
+    follower_replication_throttled_rate: int = 32 * 1024 * 1024
     # How often a broker tells the controller the bytes in per second of the partitions it
     # leads (with a heartbeat): the balancer's bytes-in goal and the autoscaler weigh them.
     load_report_interval_ms: int = 30_000
@@ -831,6 +836,10 @@ class ClusterConfig:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name.replace('_', '.')} must be at least 1, not "
                                  f"{getattr(self, name)}")
+        for name in ("leader_replication_throttled_rate", "follower_replication_throttled_rate"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name.replace('_', '.')} must be at least 1 byte a second, "
+                                 f"not {getattr(self, name)}")
         if self.num_partitions > PARTITIONS_MAX:
             raise ValueError(f"num.partitions must be at most {PARTITIONS_MAX}, not "
                              f"{self.num_partitions}")
@@ -965,7 +974,8 @@ class BrokerConfigDef:
 _CLUSTER_BROKER_FIELDS = (
     "num_partitions", "default_replication_factor", "auto_create_topics_enable",
     "min_insync_replicas", "unclean_leader_election_enable", "auto_leader_rebalance_enable",
-    "auto_balance_enable", "broker_autoscale_min", "broker_autoscale_max",
+    "auto_balance_enable", "leader_replication_throttled_rate",
+    "follower_replication_throttled_rate", "broker_autoscale_min", "broker_autoscale_max",
     "broker_autoscale_target_bytes_in_per_sec", "broker_autoscale_window_ms",
     "broker_autoscale_cooldown_ms",
     "leader_imbalance_check_interval_ms", "log_retention_check_interval_ms",
@@ -988,7 +998,7 @@ def _broker_config_defs() -> dict[str, BrokerConfigDef]:
     GroupConfig and SocketServerConfig field (Kafka's group.*, offsets.* and listener limits,
     named as Kafka names them), and TOPIC_DEFAULT_CONFIGS."""
     def of(part: str, f: Field[Any]) -> BrokerConfigDef:
-        kind = ("BOOLEAN" if f.type == "bool" else "LONG" if f.name.endswith("_ms")
+        kind = ("BOOLEAN" if f.type == "bool" else "LONG" if f.name.endswith(("_ms", "_rate"))
                 else "INT")
         return BrokerConfigDef(f.name.replace("_", "."), part, f.name, kind)
 

@@ -278,8 +278,9 @@ class QuotaRate:
         return elapsed
 
     def measure(self, now_s: float) -> float:
-        """Units per second over the samples kept."""
-        return sum(self._totals) / self.window_s(now_s)
+        """Units per second over the samples kept (the expired ones dropped first)."""
+        window_s = self.window_s(now_s)
+        return sum(self._totals) / window_s
 
 
 def throttle_time_ms(rate: float, bound: float, window_s: float) -> int:

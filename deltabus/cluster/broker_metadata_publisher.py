@@ -30,6 +30,7 @@ from deltabus.cluster.metadata_cache import MetadataCache
 from deltabus.cluster.partition import Partition
 from deltabus.cluster.replica_fetcher import ReplicaFetcher
 from deltabus.cluster.replica_manager import ReplicaManager
+from deltabus.cluster.replication_quota import ReplicationQuota
 from deltabus.log_tables.layout import replica_path
 from deltabus.log_tables.partition_log import PartitionLog
 from deltabus.metadata import NO_LEADER, MetadataImage, PartitionState
@@ -68,6 +69,8 @@ class BrokerMetadataPublisher:
         # it; the heartbeat thread sends a copy.
         self._offline: set[tuple[str, int]] = set()
         self._fetchers: dict[int, ReplicaFetcher] = {}
+        # follower.replication.throttled.rate, shared by every fetcher (replication_quota.py)
+        self._follower_quota = ReplicationQuota(config.follower_replication_throttled_rate)
 
     # ---- the heartbeat thread's side ---------------------------------------------------------
 
@@ -185,7 +188,8 @@ class BrokerMetadataPublisher:
         fetcher = self._fetchers.get(state.leader)
         if fetcher is None:
             fetcher = self._fetchers[state.leader] = ReplicaFetcher(
-                self.broker_id, state.leader, self._leaders, self._config)
+                self.broker_id, state.leader, self._leaders, self._config,
+                self._follower_quota)
         leader = image.broker(state.leader)
         if leader is not None:
             fetcher.set_address(leader.address)

@@ -35,6 +35,9 @@ class CatchUpTask:
     partition: int
     source: int
     target: int
+    # A reassignment's copy is paced at this rate (replication_quota.move_rates); 0: as fast
+    # as it goes (a relaunched broker's own replicas, which Kafka never throttles either).
+    bytes_per_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -47,24 +50,35 @@ class CatchUpResult:
     error: str = ""  # this replica was not caught up (the others may have been)
 
 
-def copy_replica(source: PartitionLog, target: PartitionLog) -> tuple[int, int]:
+def copy_replica(source: PartitionLog, target: PartitionLog,
+                 bytes_per_s: float = 0.0) -> tuple[int, int]:
     """Make `target` hold `source`'s log as it is now: drop what diverges (by leader epoch, as a
     follower does), then copy whole files where `target` ends at a file boundary and records
-    elsewhere. Returns (offset truncated to or -1, records copied)."""
+    elsewhere, at most `bytes_per_s` on average when given (a round is then a second of it).
+    Returns (offset truncated to or -1, records copied)."""
     truncated = _truncate_divergence(source, target)
     if target.log_end_offset < source.log_start_offset:  # retention took what it lacks
         target.restart_at(source.log_start_offset).result(COMMIT_TIMEOUT_S)
     until = source.log_end_offset
-    copied = 0
+    copied = copied_bytes = 0
+    started = time.monotonic()
+    files_max, records_max = COPY_ROUND_BYTES_MAX, RECORDS_ROUND_BYTES_MAX
+    if bytes_per_s > 0:
+        files_max = records_max = max(1, min(COPY_ROUND_BYTES_MAX, int(bytes_per_s)))
     while target.log_end_offset < until:
-        files = source.files_from(target.log_end_offset, COPY_ROUND_BYTES_MAX)
+        files = source.files_from(target.log_end_offset, files_max)
         if files:
             result = target.append_files(files).result(COMMIT_TIMEOUT_S)
+            copied_bytes += sum(f.size_bytes for f in files)
         else:
             fetch_offset = target.log_end_offset
-            records = source.read(fetch_offset, RECORDS_ROUND_BYTES_MAX, to_log_end=True)
+            records = source.read(fetch_offset, min(records_max, RECORDS_ROUND_BYTES_MAX),
+                                  to_log_end=True)
             result = target.append_copy(records, fetch_offset).result(COMMIT_TIMEOUT_S)
+            copied_bytes += records.nbytes
         copied += result.last_offset - result.base_offset + 1
+        if bytes_per_s > 0:  # the copy so far at the rate: wait out what it ran ahead
+            time.sleep(max(0.0, copied_bytes / bytes_per_s - (time.monotonic() - started)))
     return truncated, copied
 
 
@@ -108,7 +122,7 @@ def _catch_up(task: CatchUpTask) -> tuple[int, int, int]:
                               topic=task.topic, partition=task.partition, config=LogConfig(),
                               storage=task.storage, replicated=True, create=False)
         try:
-            truncated, copied = copy_replica(source, target)
+            truncated, copied = copy_replica(source, target, task.bytes_per_s)
             return truncated, copied, target.log_end_offset
         finally:
             target.close()

@@ -63,6 +63,7 @@ class Partition:
         self.leader = -1
         self.leader_epoch = -1
         self.replicas: tuple[int, ...] = ()
+        self.adding_replicas: tuple[int, ...] = ()  # a reassignment's: throttled (moves)
         self.isr: tuple[int, ...] = ()  # as committed by the controller
         self._isr_version = -1  # metadata version the ISR came from
         self._pending_isr: tuple[int, ...] | None = None  # an AlterPartition in flight
@@ -107,6 +108,7 @@ class Partition:
             new_epoch = state.leader_epoch > self.leader_epoch or state.leader != self.leader
             was_leader = self.is_leader
             self.replicas = state.replicas
+            self.adding_replicas = state.adding_replicas
             if new_epoch or version >= self._isr_version:
                 self.isr, self._isr_version = state.isr, version
                 # A change in flight stays pending until its answer (or metadata showing it)

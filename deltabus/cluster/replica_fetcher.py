@@ -24,6 +24,7 @@ from deltabus import config as cfg
 from deltabus import errors
 from deltabus.cluster.handler import FetchResult, FetchSpec
 from deltabus.cluster.partition import Partition
+from deltabus.cluster.replication_quota import ReplicationQuota
 from deltabus.log_tables.partition_log import AppendResult, LogFile
 from deltabus.rpc.leader_endpoint import RemoteLeaderEndpoint
 
@@ -44,11 +45,13 @@ class ReplicaFetcher:
     """Copies the partitions this broker follows from one leader broker."""
 
     def __init__(self, broker_id: int, leader_id: int, leaders: RemoteLeaderEndpoint,
-                 config: cfg.ClusterConfig) -> None:
+                 config: cfg.ClusterConfig, quota: ReplicationQuota | None = None) -> None:
+        """`quota`: the broker's follower.replication.throttled.rate, shared by its fetchers."""
         self.broker_id = broker_id
         self.leader_id = leader_id
         self._leaders = leaders
         self._config = config
+        self._quota = quota or ReplicationQuota(config.follower_replication_throttled_rate)
         self._lock = threading.Condition()
         # Held while a round's answers are copied: `unfollow` waits on it, so a copy in flight
         # lands before the broker takes the partition over, never after it leads.
@@ -130,8 +133,16 @@ class ReplicaFetcher:
                     self._lock.wait(1.0)
 
     def _ready(self) -> list[_Followed]:
+        """The partitions to fetch now: not backing off after an error, and not moving
+        (a replica a reassignment adds) while the follower rate is exceeded (Kafka's
+        shouldFollowerThrottle)."""
         now = time.monotonic()
-        return [f for f in self._followed.values() if f.retry_at <= now]
+        throttled = self._quota.exceeded()
+        return [f for f in self._followed.values() if f.retry_at <= now
+                and not (throttled and self._moving(f))]
+
+    def _moving(self, f: _Followed) -> bool:
+        return self.broker_id in f.partition.adding_replicas
 
     def _fetch_round(self, address: str, followed: list[_Followed]) -> None:
         config = self._config
@@ -142,7 +153,10 @@ class ReplicaFetcher:
             plog = f.partition.log
             key = (f.partition.topic, f.partition.partition)
             fetched_from[key] = plog.log_end_offset
-            specs.append(FetchSpec(*key, fetched_from[key], config.replica_fetch_max_bytes,
+            max_bytes = config.replica_fetch_max_bytes
+            if self._moving(f):
+                max_bytes = self._quota.fetch_bytes(max_bytes)
+            specs.append(FetchSpec(*key, fetched_from[key], max_bytes,
                                    current_leader_epoch=f.leader_epoch,
                                    last_fetched_epoch=plog.last_epoch,
                                    log_start_offset=plog.log_start_offset))
@@ -157,10 +171,13 @@ class ReplicaFetcher:
         """Copy what the leader answered, for the partitions still followed; returns once the
         copies are committed."""
         pending: list[tuple[_Followed, Future[AppendResult], int]] = []
+        copied_bytes: dict[int, int] = {}
         for r in results:
             found = by_key.get((r.topic, r.partition))
             if found is None or not self._still_follows(found):
                 continue
+            copied_bytes[id(found)] = (sum(f.size_bytes for f in r.files or ())
+                                       + (r.records.nbytes if r.records is not None else 0))
             try:
                 step = self._start_copy(found, r, fetched_from[(r.topic, r.partition)])
             except Exception as e:  # a file that vanished, a closed log: try again later
@@ -175,6 +192,8 @@ class ReplicaFetcher:
                 self._on_error(f, e)
                 continue
             f.last_error = ""
+            if self._moving(f):
+                self._quota.record(copied_bytes[id(f)])
             if high_watermark >= 0:
                 f.partition.follower_high_watermark(high_watermark)
         self._take_log_starts(results, by_key)

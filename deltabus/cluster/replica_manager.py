@@ -42,6 +42,7 @@ from deltabus.cluster.handler import (
 )
 from deltabus.cluster.metadata_cache import MetadataCache
 from deltabus.cluster.partition import Partition
+from deltabus.cluster.replication_quota import ReplicationQuota
 from deltabus.cluster.schema_registry import check_records
 from deltabus.log_tables.control_records import TxnMarker
 from deltabus.log_tables.layout import log_dir
@@ -100,6 +101,8 @@ class ReplicaManager:
         self.fetch_purgatory = FetchPurgatory(
             "delayed-fetch", completion_threads_max=cfg.DELAYED_FETCH_COMPLETION_THREADS)
         self.alter_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="alter-isr")
+        # leader.replication.throttled.rate, on what the replicas a reassignment adds fetch
+        self.leader_quota = ReplicationQuota(config.leader_replication_throttled_rate)
 
     # ---- the partition table (the metadata publisher changes it) -----------------------------
 
@@ -447,6 +450,9 @@ class ReplicaManager:
                 raise errors.OffsetOutOfRangeError(
                     f"offset {spec.offset} is below the log start offset "
                     f"{result.log_start_offset} of {spec.topic}-{spec.partition}")
+            moving = replica_id >= 0 and replica_id in hosted.adding_replicas
+            if moving:
+                return self._fetch_moving(spec, plog, result)
             if replica_id >= 0 and self._config.replica_copy_files:
                 result.files = self._files_to_copy(plog, spec.offset)
                 if result.files:
@@ -471,6 +477,24 @@ class ReplicaManager:
                 result.aborted_transactions = plog.aborted_transactions(spec.offset, last + 1)
         except errors.DeltaBusError as e:
             result.error = e
+        return result
+
+    def _fetch_moving(self, spec: FetchSpec, plog: PartitionLog,
+                      result: FetchResult) -> FetchResult:
+        """A fetch of a replica a reassignment adds, under leader.replication.throttled.rate
+        (replication_quota.py): nothing while the rate is exceeded (Kafka's
+        shouldLeaderThrottle), else files or records within the fetch's bytes and a second
+        of the rate, counted against it."""
+        quota = self.leader_quota
+        if quota.exceeded():
+            return result
+        max_bytes = quota.fetch_bytes(min(spec.max_bytes, self._config.replica_files_max_bytes))
+        if self._config.replica_copy_files:
+            result.files = plog.files_from(spec.offset, max_bytes)
+        if not result.files:
+            result.records = plog.read(spec.offset, max_bytes - max_bytes // FETCH_READ_SLACK_SHARE,
+                                       to_log_end=True)
+        quota.record(_read_bytes([result]))
         return result
 
     def _files_to_copy(self, plog: PartitionLog, offset: int) -> list[LogFile]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from deltabus.cluster.catch_up import CatchUpTask, copy_replica, run_catch_up
@@ -46,3 +47,26 @@ def test_catch_up_truncates_a_diverged_replica_then_copies_the_rest(tmp_path: Pa
     finally:
         copied.close()
         source.close()
+
+
+def test_a_throttled_copy_keeps_to_its_rate_and_copies_everything(tmp_path: Path) -> None:
+    """A reassignment's catch-up task at `bytes_per_s` (replication_quota.move_rates): rounds
+    of a second of the rate, paced so the copy never runs ahead of it."""
+    root = str(tmp_path)
+    leader = _log(replica_path(root, "t", 0, 0))
+    for n in range(12):  # twelve files of about 20 KB
+        batch = normalize_produce(produce_batch([bytes([n]) * 1000 for _ in range(20)]))
+        leader.append(batch, leader_epoch=0).result(30)
+    moving = _log(replica_path(root, "t", 0, 1))
+    total = sum(f.size_bytes for f in leader.files_from(0, 1 << 30))
+    rate = total / 3  # three seconds' worth
+    try:
+        started = time.monotonic()
+        assert copy_replica(leader, moving, bytes_per_s=rate) == (-1, 240)
+        elapsed = time.monotonic() - started
+        assert _values(moving) == _values(leader)
+        # the last round waits out the rate too: the copy took at least total / rate
+        assert elapsed >= total / rate * 0.95, (elapsed, total, rate)
+    finally:
+        moving.close()
+        leader.close()
