@@ -51,8 +51,8 @@ def test_a_moved_replica_copies_at_the_throttled_rate(throttled_cluster: Cluster
     with AdminClient(bootstrap) as admin:
         admin.create_topics([NewTopic("moving", replica_assignment={0: [0]})])
         with Producer(bootstrap, acks="all") as producer:
-            for n in range(BATCHES):  # a commit, and a data file, each
-                producer.send("moving", os.urandom(BATCH_BYTES), partition=0)  # no compression
+            for _ in range(BATCHES):  # a commit, and a data file, each
+                producer.send("moving", os.urandom(BATCH_BYTES), partition=0)  # incompressible
                 producer.flush(60)
         total = data_bytes(root, 0)
         assert total > 5 * RATE  # five seconds of copying at the rate, at least
