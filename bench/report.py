@@ -125,6 +125,8 @@ def judge(f: dict[str, Any]) -> dict[str, bool]:
     if "typed_produce" in f:
         verdicts["typed_produce"] = (f["typed_produce"]["typed_vs_untyped"]
                                      >= TARGETS["typed_vs_untyped"])
+    if "scaling" in f:  # balanced after the scale, the producer never refused
+        verdicts["scaling"] = f["scaling"]["balanced"] and not f["scaling"]["producer_failed"]
     if "object_storage" in f:
         verdicts["object_storage_latency"] = (
             f["object_storage"]["replicated_latency_ms"]["p99"]
@@ -330,6 +332,16 @@ def rows(f: dict[str, Any], ok: dict[str, bool],
                           f"+{ty['produce_decode_s_per_m']:.2f} s/M"), "", ""))
     if "object_storage" in f:
         out += _object_storage_rows(f["object_storage"], ok["object_storage_latency"], t)
+    if "scaling" in f:
+        u = f["scaling"]
+        out.append((f"(u) scale {u['brokers'][0]} -> {u['brokers'][1]} brokers, "
+                     f"{u['partitions']} partitions, {u['bytes'] / 2**30:.2g} GiB",
+                     (f"balanced in {u['scale_s']:.0f} s ({u['replicas_moved']} replicas, "
+                      f"{u['bytes_moved'] / 2**30:.2g} GiB moved); producer "
+                      f"{u['producer_during_bps'] / 2**20:.1f} MiB/s during the moves vs "
+                      f"{u['producer_before_bps'] / 2**20:.1f} before "
+                      f"({u['during_vs_before']:.0%})"),
+                     "balanced, no send refused; time reported", ok["scaling"]))
     return out
 
 

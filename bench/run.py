@@ -50,6 +50,10 @@ a running one), in an order where each step leaves what the next needs:
     (t) a broker's commit round over 1,000 partitions (one small batch each, on the process's
         append pool) against 1,000 bare commits of (a) (see commit_round); runs last, with no
         cluster
+    (u) brokers joining a loaded cluster: 3 -> 6 brokers with 60 partitions holding 1 GB, the
+        time from the scale to balanced and a full-speed producer's rate during the moves
+        against before them (see scaling); a cluster of its own after the embedded one
+        stopped, only with the embedded cluster
 
 Sizes are the full run's by default (`make bench` with no flags); flags make every step smaller
 (see sizes). A command line argparse rejects exits 2; a step that fails raises, with its
@@ -85,6 +89,7 @@ from bench import (
     partition_count,
     quotas,
     sasl_ssl,
+    scaling,
     small_files,
     stream_drain,
     typed_produce,
@@ -195,6 +200,17 @@ def build_parser() -> argparse.ArgumentParser:
     size.add_argument("--s3-latency-run-s", type=float, default=DEFAULT.s3_latency_run_s,
                       help="seconds each latency phase of step (r) sends for "
                            f"(default {DEFAULT.s3_latency_run_s:g})")
+    size.add_argument("--scale-partitions", type=int, default=DEFAULT.scale_partitions,
+                      help=f"partitions step (u) moves (default {DEFAULT.scale_partitions})")
+    size.add_argument("--scale-bytes", type=int, default=DEFAULT.scale_bytes,
+                      help=f"bytes they hold (default {DEFAULT.scale_bytes:,})")
+    size.add_argument("--scale-from", type=int, default=DEFAULT.scale_from,
+                      help=f"brokers before step (u)'s scale (default {DEFAULT.scale_from})")
+    size.add_argument("--scale-to", type=int, default=DEFAULT.scale_to,
+                      help=f"brokers after it (default {DEFAULT.scale_to})")
+    size.add_argument("--scale-run-s", type=float, default=DEFAULT.scale_run_s,
+                      help="seconds step (u)'s producer runs before the scale "
+                           f"(default {DEFAULT.scale_run_s:g})")
     return p
 
 
@@ -213,7 +229,10 @@ def sizes_from(args: argparse.Namespace) -> Sizes:
                  keyed_rounds=args.keyed_rounds, hostile_run_s=args.hostile_run_s,
                  hostile_rounds=args.hostile_rounds, round_partitions=args.round_partitions,
                  round_rounds=args.round_rounds, s3_records=args.s3_records,
-                 s3_send_records=args.s3_send_records, s3_latency_run_s=args.s3_latency_run_s)
+                 s3_send_records=args.s3_send_records, s3_latency_run_s=args.s3_latency_run_s,
+                 scale_partitions=args.scale_partitions, scale_bytes=args.scale_bytes,
+                 scale_from=args.scale_from, scale_to=args.scale_to,
+                 scale_run_s=args.scale_run_s)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -234,7 +253,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         trace.start(trace_dir, LATENCY_TOPIC_PREFIXES)
     started = time.monotonic()
     try:
-        with _session(embedded) as spark:
+        with _session(embedded, sizes) as spark:
             with _bootstrap(args.bootstrap_server, spark, root) as (bootstrap, kafka_bootstrap,
                                                                     cluster):
                 figures = measure(bootstrap, spark,
@@ -242,8 +261,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                                   embedded=embedded, cluster=cluster, trace_dir=trace_dir)
             if embedded:  # on the task slots the embedded cluster's brokers held
                 measure_object_storage(figures, spark, root, sizes)
+                measure_scaling(figures, spark, root, sizes)
             else:
-                print("(r) skipped: it starts a cluster of its own, on the embedded run's Spark")
+                print("(r) and (u) skipped: they start clusters of their own, on the embedded "
+                      "run's Spark")
         measure_small_files(figures, root, sizes)  # needs no cluster: runs after it stopped
         measure_commit_round(figures, root, sizes)
     finally:
@@ -254,12 +275,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 @contextlib.contextmanager
-def _session(embedded: bool) -> Iterator[Any]:
-    """The bench's SparkSession, for the duration: 5 task slots with the embedded cluster (3
-    held by its brokers, 2 for the streaming step), 2 beside a running cluster."""
+def _session(embedded: bool, sizes: Sizes) -> Iterator[Any]:
+    """The bench's SparkSession, for the duration: with the embedded cluster 5 task slots (3
+    held by its brokers, 2 for the streaming step) or room for step (u)'s brokers and two
+    catch-up tasks, whichever is more; 2 beside a running cluster."""
     from deltabus.cluster.cluster import local_spark
 
-    spark = local_spark(5 if embedded else 2, app_name="deltabus-bench", ui=False)
+    slots = max(5, sizes.scale_to + 2) if embedded else 2
+    spark = local_spark(slots, app_name="deltabus-bench", ui=False)
     spark.sparkContext.setLogLevel("WARN")
     try:
         yield spark
@@ -347,6 +370,17 @@ def measure_object_storage(figures: dict[str, Any], spark: Any, root: str, sizes
     with _step(figures["step_s"], "r", "produce, fetch and latency on S3 (moto), requests "
                                        "per MB"):
         figures["object_storage"] = object_storage.object_storage_run(spark, root, sizes)
+
+
+def measure_scaling(figures: dict[str, Any], spark: Any, root: str, sizes: Sizes) -> None:
+    """Step (u), on a cluster of its own: adds its figures to `figures`. Needs
+    sizes.scale_to + 1 free task slots on `spark`."""
+    with _step(figures["step_s"], "u", f"scale {sizes.scale_from} -> {sizes.scale_to} brokers "
+                                       f"holding {sizes.scale_bytes / 2**30:g} GiB"):
+        figures["scaling"] = scaling.scale_out(
+            spark, f"{root}/scaling", partitions=sizes.scale_partitions,
+            total_bytes=sizes.scale_bytes, scale_from=sizes.scale_from,
+            scale_to=sizes.scale_to, run_s=sizes.scale_run_s)
 
 
 def measure_small_files(figures: dict[str, Any], root: str, sizes: Sizes) -> None:

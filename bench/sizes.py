@@ -46,6 +46,11 @@ class Sizes:
     s3_records: int = 300_000  # (r): bulk produce and fetch on object storage (the emulator)
     s3_send_records: int = 100_000  # (r): per-record send() there
     s3_latency_run_s: float = 3.0  # (r): each latency phase there, acks=1 and acks=all
+    scale_partitions: int = 60  # (u): partitions of the topic the scale moves
+    scale_bytes: int = 1 << 30  # (u): what they hold before the scale
+    scale_from: int = 3  # (u): brokers before the scale
+    scale_to: int = 6  # (u): and after it
+    scale_run_s: float = 10.0  # (u): the producer's run before the scale
 
     def check(self) -> list[str]:
         """What is out of range, one line each (empty when every knob is usable)."""
@@ -70,12 +75,17 @@ class Sizes:
                   "round-partitions": (self.round_partitions, 1),
                   "round-rounds": (self.round_rounds, 1),
                   "s3-records": (self.s3_records, 1),
-                  "s3-send-records": (self.s3_send_records, 1)}
+                  "s3-send-records": (self.s3_send_records, 1),
+                  "scale-partitions": (self.scale_partitions, 1),
+                  "scale-bytes": (self.scale_bytes, 1),
+                  "scale-from": (self.scale_from, 1),
+                  "scale-to": (self.scale_to, self.scale_from + 1)}
         wrong = [f"--{name} must be at least {least}"
                  for name, (value, least) in counts.items() if value < least]
         wrong += [f"--{name} must be more than 0" for name, value in
                   (("latency-run-s", self.latency_run_s), ("commit-run-s", self.commit_run_s),
                    ("quota-run-s", self.quota_run_s), ("hostile-run-s", self.hostile_run_s),
-                   ("s3-latency-run-s", self.s3_latency_run_s))
+                   ("s3-latency-run-s", self.s3_latency_run_s),
+                   ("scale-run-s", self.scale_run_s))
                   if not value > 0]
         return wrong

@@ -14,14 +14,16 @@ Invariants:
 - every loop is bounded (at most MOVES_MAX steps per goal), so a plan always ends;
 - a cluster already within its goals gets an empty plan.
 
-A goal holds when every broker is within `tolerance` (10 %) of the mean, the bounds rounded
-outward to whole replicas or leaders (a mean of 3 replicas allows 2 to 4). Bytes in are measured
-load and may not split evenly (one hot partition): what a plan cannot meet it says (`unmet`).
+A goal holds when every broker is within `tolerance` (10 %) of the mean in whole replicas or
+leaders, or, where 10 % is less than one, on one of the whole numbers either side of the mean
+(`bounds`). Bytes in are measured load and may not split evenly (one hot partition): what a
+plan cannot meet it says (`unmet`).
 """
 
 from __future__ import annotations
 
 import bisect
+import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 
@@ -92,11 +94,14 @@ def broker_loads(assignment: Mapping[TopicPartition, Sequence[int]], racks: Mapp
             for b in sorted(brokers)]
 
 
-def bounds(total: float, brokers: int, tolerance: float = TOLERANCE) -> tuple[float, float]:
-    """A goal's bounds per broker: the mean less and plus `tolerance`, rounded outward to whole
-    units (replicas, leaders)."""
+def bounds(total: float, brokers: int, tolerance: float = TOLERANCE) -> tuple[int, int]:
+    """A goal's bounds per broker: the mean less and plus `tolerance` in whole units
+    (replicas, leaders), but never tighter than the whole numbers either side of the mean: a
+    mean of 2 allows 2 only, 7.5 allows 7 or 8, 30 allows 27 to 33."""
     mean = total / brokers
-    return math.floor(mean * (1 - tolerance)), math.ceil(mean * (1 + tolerance))
+    slack = 1e-9  # 30 * 0.9 is 27.000000000000004 in floating point
+    return (min(math.floor(mean), math.ceil(mean * (1 - tolerance) - slack)),
+            max(math.ceil(mean), math.floor(mean * (1 + tolerance) + slack)))
 
 
 class _Spread:
@@ -226,24 +231,70 @@ class _Spread:
         return self._within_bounds(self.leaders, tolerance, self._move_one_leader)
 
     def _move_one_leader(self, lo: float, hi: float) -> bool:
+        """Hand one leadership from a broker above its share to one below it: straight to a
+        replica of one of its partitions, else along a chain of hand-overs where each broker
+        between gives one leadership and takes one (a broker's partitions may share no replica
+        with the broker that is short)."""
+        def wanted(source: int, dest: int) -> bool:
+            return (self.leaders[source] - self.leaders[dest] >= 2
+                    and (self.leaders[source] > hi or self.leaders[dest] < lo))
+
         for source in sorted(self.brokers, key=lambda b: -self.leaders[b]):
             for tp in sorted(self.held[source]):
                 replicas = self.target[tp]
                 if replicas[0] != source:
                     continue
-                others = [b for b in replicas[1:] if b in self.leaders
-                          and self.leaders[source] - self.leaders[b] >= 2
-                          and (self.leaders[source] > hi or self.leaders[b] < lo)]
+                others = [b for b in replicas[1:] if b in self.leaders and wanted(source, b)]
                 if others:
-                    dest = min(others, key=lambda b: (self.leaders[b], b))
-                    i = replicas.index(dest)
-                    self._count(tp, source, True, -1)
-                    self._count(tp, dest, False, -1)
-                    replicas[0], replicas[i] = dest, source
-                    self._count(tp, dest, True, 1)
-                    self._count(tp, source, False, 1)
+                    self._hand_over(tp, min(others, key=lambda b: (self.leaders[b], b)))
                     return True
+        for source in sorted(self.brokers, key=lambda b: -self.leaders[b]):
+            chain = self._leader_chain(source, functools.partial(wanted, source))
+            if chain:
+                for tp, dest in chain:
+                    self._hand_over(tp, dest)
+                return True
         return False
+
+    def _leader_chain(self, source: int, wanted: Callable[[int], bool]
+                      ) -> list[tuple[TopicPartition, int]]:
+        """The shortest chain of hand-overs (partition, its new leader) from `source` to a
+        broker `wanted` takes, breadth first over "leads a partition the other also holds";
+        empty when there is none."""
+        led: dict[int, list[TopicPartition]] = {}
+        for tp, replicas in sorted(self.target.items()):
+            if replicas and replicas[0] in self.leaders:
+                led.setdefault(replicas[0], []).append(tp)
+        came_from: dict[int, tuple[int, TopicPartition]] = {}
+        frontier = [source]
+        while frontier:
+            reached = []
+            for broker in frontier:
+                for tp in led.get(broker, ()):
+                    for dest in self.target[tp][1:]:
+                        if dest == source or dest in came_from or dest not in self.leaders:
+                            continue
+                        came_from[dest] = (broker, tp)
+                        if wanted(dest):
+                            chain = []
+                            while dest != source:
+                                broker, tp = came_from[dest]
+                                chain.append((tp, dest))
+                                dest = broker
+                            return chain[::-1]
+                        reached.append(dest)
+            frontier = reached
+        return []
+
+    def _hand_over(self, tp: TopicPartition, dest: int) -> None:
+        """Make replica `dest` the preferred leader of `tp` (the leader takes its place)."""
+        replicas = self.target[tp]
+        source, i = replicas[0], replicas.index(dest)
+        self._count(tp, source, True, -1)
+        self._count(tp, dest, False, -1)
+        replicas[0], replicas[i] = dest, source
+        self._count(tp, dest, True, 1)
+        self._count(tp, source, False, 1)
 
     def balance_bytes_in(self, tolerance: float) -> bool:
         """Swap replicas of equal standing (both leaders or both followers) between the

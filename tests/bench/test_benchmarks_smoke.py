@@ -26,7 +26,8 @@ TINY = Sizes(records=2_000, small_commit_rounds=5, send_records=200, latency_run
              quota_bytes_per_s=50_000_000, quota_run_s=1.0, partitions=20, partitions_step=10,
              keyed_partitions=5, keyed_records=200, keyed_rounds=1, hostile_run_s=0.5,
              hostile_rounds=1, round_partitions=3, round_rounds=1, s3_records=2_000,
-             s3_send_records=200, s3_latency_run_s=0.3)
+             s3_send_records=200, s3_latency_run_s=0.3, scale_partitions=4, scale_bytes=400_000,
+             scale_from=1, scale_to=2, scale_run_s=0.5)
 
 
 @pytest.fixture(scope="module")
@@ -36,6 +37,7 @@ def figures(cluster: Any, spark: Any, latency_trace_dir: str,
     out = run.measure(cluster.bootstrap_servers, spark, cluster.kafka_bootstrap_servers, root,
                       TINY, cluster=cluster, trace_dir=latency_trace_dir)
     run.measure_object_storage(out, spark, root, TINY)  # beside the cluster: the slots allow
+    run.measure_scaling(out, spark, root, TINY)  # after (r): its cluster's slots are free
     run.measure_small_files(out, root, TINY)
     run.measure_commit_round(out, root, TINY)
     out["elapsed_s"] = sum(out["step_s"].values())
@@ -49,7 +51,7 @@ def positive(section: dict[str, Any], *keys: str) -> None:
 
 
 def test_every_step_ran_and_took_time(figures: dict[str, Any]) -> None:
-    assert sorted(figures["step_s"]) == list("abcdefghijklmnopqrst")
+    assert sorted(figures["step_s"]) == list("abcdefghijklmnopqrstu")
     positive(figures["step_s"], *figures["step_s"])
     assert (figures["records"], figures["send_records"], figures["value_bytes"]) == (
         TINY.records, TINY.send_records, VALUE_BYTES)
@@ -243,15 +245,28 @@ def test_object_storage(figures: dict[str, Any]) -> None:
                                                      "POST"}
 
 
+def test_scaling(figures: dict[str, Any]) -> None:
+    """Tiny: 1 -> 2 brokers; the new one takes its share, the producer ran before and during
+    the scale and was never refused, and the time from the scale to balanced is there."""
+    u = figures["scaling"]
+    assert (u["brokers"], u["partitions"], u["replication_factor"]) == ([1, 2], 4, 1)
+    assert u["state"] == "done" and u["balanced"] and u["producer_failed"] == 0, u
+    assert sorted(u["spread_after"]) == [0, 1] and u["replicas_moved"] == 2, u
+    assert u["bytes"] >= TINY.scale_bytes * 0.9
+    positive(u, "scale_s", "fill_s", "producer_before_bps", "bytes_moved")
+    assert judge(figures)["scaling"]
+
+
 def test_steps_m_and_n_are_judged_only_where_they_ran(figures: dict[str, Any]) -> None:
-    """With --bootstrap-server there is no embedded Spark session to start (m)'s or (r)'s
-    cluster on, and the Kafka listener (n) measures is not in this process."""
+    """With --bootstrap-server there is no embedded Spark session to start (m)'s, (r)'s or
+    (u)'s cluster on, and the Kafka listener (n) measures is not in this process."""
     remote = {key: value for key, value in figures.items()
-              if key not in ("sasl_ssl", "idle_connections", "partition_count", "object_storage")}
+              if key not in ("sasl_ssl", "idle_connections", "partition_count", "object_storage",
+                             "scaling")}
     verdicts = judge(remote)
     assert not {"sasl_ssl", "idle_connections", "partitions", "keyed_partitions",
-                "object_storage_latency"} & set(verdicts)
-    for letter in "mnpr":
+                "object_storage_latency", "scaling"} & set(verdicts)
+    for letter in "mnpru":
         assert f"({letter}) " not in report(remote, verdicts)
 
 
@@ -268,10 +283,10 @@ def test_results_json_and_report(figures: dict[str, Any], tmp_path: pathlib.Path
                              "partitions", "keyed_partitions", "hostile",
                              "object_storage_latency", "kafka_produce", "kafka_consume",
                              "kafka_latency", "kafka_txn_delivery", "drain_sql",
-                             "typed_produce", "bulk_vs_bare", "commit_round"}
+                             "typed_produce", "bulk_vs_bare", "commit_round", "scaling"}
     assert written["drain"]["records"] == TINY.drain_records
     table = capsys.readouterr().out
-    for letter in "abcdefghijklmnopqrst":
+    for letter in "abcdefghijklmnopqrstu":
         assert f"({letter}) " in table
     assert f"figures written to {path}" in table
 
@@ -293,7 +308,9 @@ def test_tiny_flags_make_tiny_sizes() -> None:
          "--partitions-step", "10", "--keyed-partitions", "5", "--keyed-records", "200",
          "--keyed-rounds", "1", "--hostile-run-s", "0.5", "--hostile-rounds", "1",
          "--round-partitions", "3", "--round-rounds", "1", "--s3-records", "2000",
-         "--s3-send-records", "200", "--s3-latency-run-s", "0.3"])
+         "--s3-send-records", "200", "--s3-latency-run-s", "0.3", "--scale-partitions", "4",
+         "--scale-bytes", "400000", "--scale-from", "1", "--scale-to", "2",
+         "--scale-run-s", "0.5"])
     assert run.sizes_from(args) == TINY
     assert run.sizes_from(run.build_parser().parse_args(["--records", "50"])).send_records == 50
 
@@ -311,6 +328,7 @@ def test_tiny_flags_make_tiny_sizes() -> None:
     (["--hostile-run-s", "0"], "--hostile-run-s must be more than 0"),
     (["--s3-records", "0"], "--s3-records must be at least 1"),
     (["--s3-latency-run-s", "0"], "--s3-latency-run-s must be more than 0"),
+    (["--scale-to", "3"], "--scale-to must be at least 4"),
 ])
 def test_sizes_out_of_range_exit_2_before_anything_starts(
         argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:

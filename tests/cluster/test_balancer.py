@@ -135,3 +135,20 @@ def test_every_plan_keeps_replicas_distinct_on_staying_brokers(case: tuple) -> N
         assert all(lo <= load.replicas <= hi for load in result.after if load.broker_id in racks)
         # and a second plan finds nothing more to copy
         assert plan(target, racks).copies == 0
+
+
+def test_leadership_moves_along_a_chain_where_no_replica_is_shared() -> None:
+    """Broker 2 leads two partitions and broker 0 none, but they share no partition: broker 2
+    hands t-0 to broker 1, which hands t-1 to broker 0 (each broker between gives one and
+    takes one). No replica is copied."""
+    assignment = {("t", 0): [2, 1], ("t", 1): [1, 0], ("t", 2): [3, 0], ("t", 3): [2, 3]}
+    result = plan(assignment, {b: "" for b in range(4)})
+    assert result.copies == 0 and result.unmet == []
+    assert [load.leaders for load in result.after] == [1, 1, 1, 1]
+
+
+@pytest.mark.parametrize(("total", "brokers", "expected"), [
+    (4, 2, (2, 2)), (15, 2, (7, 8)), (60, 2, (27, 33)), (36, 6, (6, 6)), (7, 3, (2, 3))])
+def test_bounds_keep_to_the_whole_numbers_around_the_mean_at_small_counts(
+        total: int, brokers: int, expected: tuple[int, int]) -> None:
+    assert bounds(total, brokers) == expected

@@ -16,10 +16,10 @@ CELL_TIMEOUT_S = int(os.environ.get("DELTABUS_NOTEBOOK_CELL_TIMEOUT_S", "300"))
 pytestmark = pytest.mark.spark
 
 
-def test_there_are_the_six_notebooks() -> None:
+def test_there_are_the_seven_notebooks() -> None:
     assert [n.stem for n in NOTEBOOKS] == [
         "01_quick_start", "02_payments", "03_streaming_etl", "04_failover",
-        "05_secure_cluster", "06_typed_payments"]
+        "05_secure_cluster", "06_typed_payments", "07_scaling"]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[n.stem for n in NOTEBOOKS])
