@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from deltabus import errors
 from deltabus.log_tables.delta_reads import open_table, update
 from deltabus.log_tables.log_reader import (
     FILE_COLUMNS,
@@ -136,7 +137,7 @@ class PartitionReader:
                     table = offset_slice(parts, offset, first)
                     if table.num_rows:
                         return table
-                parts.append(read_row_group(reader, group, typed=typed))
+                parts.append(self._read_row_group(path, reader, group, typed))
                 size += parts[-1].nbytes
             if size >= max_bytes:  # files hold disjoint ranges: a file's end is a safe stop
                 break
@@ -198,6 +199,22 @@ class PartitionReader:
             return -1, -1
         i = int(hits[np.argmin(offsets[hits])])
         return int(offsets[i]), int(ts[i])
+
+    def _read_row_group(self, path: str, reader: pq.ParquetFile, group: int,
+                        typed: bool) -> pa.Table:
+        """One row group of a data file, or KafkaStorageError (the fetch's partition answers
+        it, and clients retry) with the open file forgotten, so the next read opens it afresh:
+        a handle that read wrong bytes once (an object store's answer gone bad on an S3 soak,
+        "realloc of size 140492328572288 failed") must not fail every read after it."""
+        try:
+            return read_row_group(reader, group, typed=typed)
+        except (OSError, pa.ArrowException) as e:
+            with self._parquet_files_lock:
+                if self._parquet_files.get(path) is reader:
+                    del self._parquet_files[path]
+            raise errors.KafkaStorageError(
+                f"cannot read row group {group} of {posixpath.join(self.path, path)}: "
+                f"{type(e).__name__}: {e}") from e
 
     def parquet_file(self, path: str) -> pq.ParquetFile:
         """An open Parquet file of this table (footers cached: files never change)."""

@@ -57,20 +57,24 @@ def _socket_inodes(pid: int) -> set[str]:
 
 
 def _tcp_sockets(pid: int) -> list[tuple[str, int, int]]:
-    """(state, local port, remote port) of every TCP socket `pid` holds. IPv6 ones too: gRPC
-    opens dual-stack sockets, whose traffic with 127.0.0.1 is IPv4 on the wire (iptables sees
-    it) though /proc lists it under tcp6."""
-    inodes = _socket_inodes(pid)
+    """(state, local port, remote port) of every TCP socket `pid` holds; none once it is gone
+    (a broker fenced and relaunched between choosing it and cutting it: the soak's nemesis
+    died of that). IPv6 ones too: gRPC opens dual-stack sockets, whose traffic with 127.0.0.1
+    is IPv4 on the wire (iptables sees it) though /proc lists it under tcp6."""
     sockets = []
-    for table in ("tcp", "tcp6"):
-        with open(f"/proc/{pid}/net/{table}", encoding="ascii") as f:
-            next(f)
-            for line in f:
-                fields = line.split()
-                if fields[9] in inodes:
-                    local, remote = fields[1], fields[2]
-                    sockets.append((fields[3], int(local.rsplit(":", 1)[1], 16),
-                                    int(remote.rsplit(":", 1)[1], 16)))
+    try:
+        inodes = _socket_inodes(pid)
+        for table in ("tcp", "tcp6"):
+            with open(f"/proc/{pid}/net/{table}", encoding="ascii") as f:
+                next(f)
+                for line in f:
+                    fields = line.split()
+                    if fields[9] in inodes:
+                        local, remote = fields[1], fields[2]
+                        sockets.append((fields[3], int(local.rsplit(":", 1)[1], 16),
+                                        int(remote.rsplit(":", 1)[1], 16)))
+    except (FileNotFoundError, ProcessLookupError):  # /proc/PID went away meanwhile
+        return []
     return sockets
 
 

@@ -98,3 +98,14 @@ def test_a_slow_link_delays_every_round_trip_until_healed(peers) -> None:
 
         network.slow([b.host], delay_ms=0, loss_percent=100)  # loss alone
         assert a.ask("echo lost") == "timeout"
+
+
+def test_a_process_gone_before_it_is_cut_holds_no_connections() -> None:
+    """A broker fenced and relaunched between the nemesis choosing it and cutting it: its
+    /proc entry is gone, and cutting it finds nothing to cut instead of failing the nemesis."""
+    from tests.faults.network import connections_to, listening_ports
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    assert connections_to(gone.pid, {1, 2}) == set()
+    assert listening_ports(gone.pid) == set()

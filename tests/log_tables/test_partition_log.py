@@ -751,3 +751,28 @@ def test_a_batch_of_many_chunks_is_written_in_offset_order(log: PartitionLog, pa
     [data_file] = DeltaTable(str(path)).file_uris()
     offsets = pq.read_table(data_file, columns=["offset"]).column("offset").to_pylist()
     assert offsets == list(range(120_000))
+
+
+def test_a_data_file_that_reads_wrong_answers_a_storage_error_and_is_opened_afresh(
+        tmp_path: Path) -> None:
+    """A read of a data file that fails (here: cut short under its open handle) answers
+    KAFKA_STORAGE_ERROR, which clients retry, not whatever pyarrow raised (which failed the
+    whole Fetch); once the file reads again, so does the log."""
+    path = str(tmp_path / "t-0")
+    log = PartitionLog(path, topic="t", partition=0)
+    values = [os.urandom(200) for _ in range(500)]
+    log.append(normalize_produce(produce_batch(values)), leader_epoch=0).result(30)
+    log.close()
+    log = PartitionLog(path, topic="t", partition=0)  # nothing in its tail cache
+    try:
+        assert log.read(0, 1 << 20, to_log_end=True).column("value").to_pylist() == values
+        (data,) = [f for f in os.listdir(path) if f.endswith(".parquet")]
+        whole = (tmp_path / "t-0" / data).read_bytes()
+        with open(tmp_path / "t-0" / data, "r+b") as f:
+            f.truncate(len(whole) // 3)  # under the open file's cached footer
+        with pytest.raises(errors.KafkaStorageError, match="cannot read row group 0 of"):
+            log.read(0, 1 << 20, to_log_end=True)
+        (tmp_path / "t-0" / data).write_bytes(whole)
+        assert log.read(0, 1 << 20, to_log_end=True).column("value").to_pylist() == values
+    finally:
+        log.close()

@@ -1,6 +1,8 @@
 """Brokers join and leave a cluster whose executors are separate JVMs (issue 41's proof):
 3 -> 6 -> 3 brokers on local-cluster and on a standalone master with workers on 127.0.0.2-.4,
-under acks=all producers on both doors and a consumer group (scaling_job.py runs the driver).
+under acks=all producers on both doors and a consumer group (scaling_job.py runs the driver);
+and, under Spark dynamic allocation, executors that come and go with the brokers
+(dynamic_allocation_job.py).
 
 Behind `make soak`, not `make test`: each run starts a Spark cluster of its own with seven
 executor JVMs and takes five to eleven minutes on two cores, and beside the suite's other heavy
@@ -26,11 +28,12 @@ JOB = Path(__file__).with_name("scaling_job.py")
 MACHINES = ["127.0.0.2", "127.0.0.3", "127.0.0.4"]
 
 
-def run_job(master: str, root: Path, dump_after_s: int) -> dict[str, Any]:
+def run_job(master: str, root: Path, dump_after_s: int, job: Path = JOB) -> dict[str, Any]:
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable,
                SPARK_LOCAL_IP="127.0.0.1", PYTHONPATH=str(JOB.parents[2]))
     # The job dumps its threads' stacks and exits after `dump_after_s`, so a hang shows where.
-    done = subprocess.run([sys.executable, str(JOB), master, str(root), str(dump_after_s)],
+    args = [master] if job == JOB else []
+    done = subprocess.run([sys.executable, str(job), *args, str(root), str(dump_after_s)],
                           env=env, capture_output=True, text=True, timeout=dump_after_s + 60)
     assert done.returncode == 0, job_log(done.stderr)
     result = json.loads(done.stdout.strip().splitlines()[-1])
@@ -67,3 +70,17 @@ def test_scaling_3_to_6_to_3_on_a_standalone_master(tmp_path: Path) -> None:
     with standalone_cluster(tmp_path / "spark", MACHINES, cores=3) as spark:
         result = run_job(spark.master_url, tmp_path / "data", 1500)
     check(result)
+
+
+@pytest.mark.spark  # a local-cluster of its own, under dynamic allocation
+@pytest.mark.timeout(1000)
+def test_executors_follow_the_brokers_under_dynamic_allocation(tmp_path: Path) -> None:
+    """2 -> 4 -> 2 brokers, each on an executor of one core: Spark adds two executors for the
+    new brokers and gives the drained brokers' two back after its idle timeout."""
+    result = run_job("", tmp_path / "data", 900, JOB.with_name("dynamic_allocation_job.py"))
+    assert (result["start"], result["out"], result["in"]) == (2, 4, 2), result
+    assert (result["out_status"], result["in_status"]) == ("done", "done"), result
+    assert result["live"] == [0, 1]
+    grpc = result["grpc"]
+    assert (grpc["lost"], grpc["duplicates"], grpc["in_order"]) == (0, 0, True), grpc
+    assert not grpc["failed"] and grpc["acked"] > 200, grpc
