@@ -40,13 +40,13 @@ def main(root: str, dump_after_s: float) -> None:
     faulthandler.dump_traceback_later(dump_after_s, exit=True)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     os.environ.setdefault("SPARK_HOME", os.path.dirname(pyspark.__file__))
-    spark = (SparkSession.builder.master("local-cluster[3,2,1024]")
+    spark = (SparkSession.builder.master("local-cluster[3,2,1200]")
              .config("spark.driver.host", "127.0.0.1")
              .config("spark.driver.bindAddress", "127.0.0.1")
              .config("spark.ui.enabled", "false")
              .config("spark.ui.showConsoleProgress", "false")
              .config("spark.executor.cores", "1")
-             .config("spark.executor.memory", "400m")  # two executors a worker
+             .config("spark.executor.memory", "512m")  # two executors a worker
              .config("spark.dynamicAllocation.enabled", "true")
              .config("spark.dynamicAllocation.shuffleTracking.enabled", "true")
              .config("spark.dynamicAllocation.minExecutors", "0")
@@ -68,6 +68,8 @@ def main(root: str, dump_after_s: float) -> None:
         with AckedLoad(cluster.bootstrap_servers, TOPIC) as load:
             wait_until(lambda: len(load.acked) > 200, "records acknowledged")
             result["out_status"] = cluster.scale(4).state
+            result["out_peak"] = executors(spark)  # the moves' catch-up tasks took some too
+            wait_until(lambda: executors(spark) == 4, "an executor a broker, the others idle")
             result["out"] = executors(spark)
             progress(f"scaled to 4 brokers on {result['out']} executors")
             result["in_status"] = cluster.scale(2).state
