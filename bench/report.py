@@ -337,10 +337,12 @@ def rows(f: dict[str, Any], ok: dict[str, bool],
         out.append((f"(u) scale {u['brokers'][0]} -> {u['brokers'][1]} brokers, "
                      f"{u['partitions']} partitions, {u['bytes'] / 2**30:.2g} GiB",
                      (f"balanced in {u['scale_s']:.0f} s ({u['replicas_moved']} replicas, "
-                      f"{u['bytes_moved'] / 2**30:.2g} GiB moved); producer "
-                      f"{u['producer_during_bps'] / 2**20:.1f} MiB/s during the moves vs "
-                      f"{u['producer_before_bps'] / 2**20:.1f} before "
-                      f"({u['during_vs_before']:.0%})"),
+                      f"{u['bytes_moved'] / 2**30:.2g} GiB moved); producer at "
+                      f"{u['producer_offered_bps'] / 1e6:g} MB/s: "
+                      f"{u['producer_during_bps'] / 1e6:.1f} MB/s acked during the moves vs "
+                      f"{u['producer_before_bps'] / 1e6:.1f} before, produce p99 "
+                      f"{u['latency_during_ms']['p99']:,.0f} vs "
+                      f"{u['latency_before_ms']['p99']:,.0f} ms"),
                      "balanced, no send refused; time reported", ok["scaling"]))
     return out
 

@@ -51,8 +51,8 @@ a running one), in an order where each step leaves what the next needs:
         append pool) against 1,000 bare commits of (a) (see commit_round); runs last, with no
         cluster
     (u) brokers joining a loaded cluster: 3 -> 6 brokers with 60 partitions holding 1 GB, the
-        time from the scale to balanced and a full-speed producer's rate during the moves
-        against before them (see scaling); a cluster of its own after the embedded one
+        time from the scale to balanced and a steady producer's rate and latency during the
+        moves against before them (see scaling); a cluster of its own after the embedded one
         stopped, only with the embedded cluster
 
 Sizes are the full run's by default (`make bench` with no flags); flags make every step smaller

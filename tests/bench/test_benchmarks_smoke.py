@@ -254,6 +254,7 @@ def test_scaling(figures: dict[str, Any]) -> None:
     assert sorted(u["spread_after"]) == [0, 1] and u["replicas_moved"] == 2, u
     assert u["bytes"] >= TINY.scale_bytes * 0.9
     positive(u, "scale_s", "fill_s", "producer_before_bps", "bytes_moved")
+    assert u["latency_before_ms"]["p50"] <= u["latency_before_ms"]["p99"]
     assert judge(figures)["scaling"]
 
 
