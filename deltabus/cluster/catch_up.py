@@ -24,6 +24,7 @@ log = logging.getLogger(__name__)
 COPY_ROUND_BYTES_MAX = 256 * 1024 * 1024  # files copied per commit
 RECORDS_ROUND_BYTES_MAX = 8 * 1024 * 1024  # records copied per commit (not at a file boundary)
 COMMIT_TIMEOUT_S = 300.0
+REASSIGNMENT = "reassignment"  # the reason of a reassignment's catch-up job (throttled)
 
 
 @dataclass(frozen=True)

@@ -29,12 +29,13 @@ from typing import Any
 from deltabus import config as cfg
 from deltabus import errors
 from deltabus.cluster.broker import STOPPED, BrokerSpec, run_broker_task
-from deltabus.cluster.catch_up import CatchUpTask, catch_up_replicas
+from deltabus.cluster.catch_up import REASSIGNMENT, CatchUpTask, catch_up_replicas
 from deltabus.cluster.controller import Controller
 from deltabus.cluster.controller_apis import ControllerHandler
 from deltabus.cluster.doors import Doors, open_doors
 from deltabus.cluster.executor_process import executor_pid
 from deltabus.cluster.log_cleaner import LogCleaner
+from deltabus.cluster.replication_quota import move_rates
 from deltabus.cluster.scaling import Scaler, autoscale
 from deltabus.listeners import GRPC, KAFKA, ListenerBindError
 from deltabus.log_tables.layout import consumer_offsets_path
@@ -317,6 +318,13 @@ class Cluster:
         return outcomes[0][1] if outcomes else None
 
     def _catch_up(self, tasks: list[CatchUpTask], why: str) -> None:
+        """A catch-up job; a reassignment's tasks paced at their shares of the replication
+        throttles, as many at once as Spark has task slots beside the brokers."""
+        if why == REASSIGNMENT:
+            slots = self.spark.sparkContext.defaultParallelism - self._reserved_slots()
+            tasks = move_rates(tasks, self.config.leader_replication_throttled_rate,
+                               self.config.follower_replication_throttled_rate,
+                               parallel=max(1, slots))
         catch_up_replicas(self.spark, tasks, why)
 
     def _catch_up_before_relaunch(self, broker_id: int) -> None:

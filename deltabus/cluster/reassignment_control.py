@@ -27,8 +27,8 @@ from collections.abc import Callable, Collection, Mapping
 
 from deltabus import config as cfg
 from deltabus import errors
-from deltabus.cluster import balancer, replication_control, replication_quota
-from deltabus.cluster.catch_up import CatchUpTask
+from deltabus.cluster import balancer, replication_control
+from deltabus.cluster.catch_up import REASSIGNMENT, CatchUpTask
 from deltabus.cluster.metadata_records import CommitRecords
 from deltabus.cluster.metadata_state import MetadataState
 from deltabus.cluster.topic_tables import TopicTables
@@ -169,11 +169,8 @@ class ReassignmentControlManager:
 
     def _reassign(self, started: list[replication_control.Reassignment]) -> None:
         with self._lock:
-            tasks = replication_quota.move_rates(
-                replication_control.reassignment_catch_up_tasks(
-                    self._state, self._config.storage, started),
-                self._config.leader_replication_throttled_rate,
-                self._config.follower_replication_throttled_rate)
+            tasks = replication_control.reassignment_catch_up_tasks(
+                self._state, self._config.storage, started)
             adding = replication_control.added_replicas(self._state, started)
         try:  # before anything copies into them or a broker opens them
             with self._tables_lock:
@@ -183,7 +180,7 @@ class ReassignmentControlManager:
                           adding)
         if tasks and self._catch_up is not None:
             try:  # the fetchers copy whatever the job did not
-                self._catch_up(tasks, "reassignment")
+                self._catch_up(tasks, REASSIGNMENT)
             except Exception:
                 log.exception("catch-up job for a reassignment failed")
         if self._start_reassignments(started):

@@ -67,14 +67,17 @@ class ReplicationQuota:
         return max(1, min(max_bytes, self.bound))
 
 
-def move_rates(tasks: list[CatchUpTask], leader_rate: int,
-               follower_rate: int) -> list[CatchUpTask]:
+def move_rates(tasks: list[CatchUpTask], leader_rate: int, follower_rate: int,
+               parallel: int | None = None) -> list[CatchUpTask]:
     """The catch-up tasks of a reassignment, each paced at its share of its source broker's
-    leader rate and its target broker's follower rate (the tasks run at once, one per replica);
-    unchanged when neither rate throttles."""
+    leader rate and its target broker's follower rate: shared by the broker's tasks that run
+    at once (all of them, or at most `parallel`, the job's task slots); unchanged when neither
+    rate throttles."""
     if leader_rate >= UNTHROTTLED and follower_rate >= UNTHROTTLED:
         return tasks
+    at_once = len(tasks) if parallel is None else max(1, parallel)
     sources = Counter(t.source for t in tasks)
     targets = Counter(t.target for t in tasks)
-    return [replace(t, bytes_per_s=min(leader_rate / sources[t.source],
-                                       follower_rate / targets[t.target])) for t in tasks]
+    return [replace(t, bytes_per_s=min(leader_rate / min(sources[t.source], at_once),
+                                       follower_rate / min(targets[t.target], at_once)))
+            for t in tasks]

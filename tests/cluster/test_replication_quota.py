@@ -54,6 +54,8 @@ def test_catch_up_tasks_share_their_leaders_and_new_brokers_rates() -> None:
     paced = move_rates(tasks, leader_rate=1000, follower_rate=3000)
     # broker 0 leads two moving partitions (500 each); broker 3 takes two (1500 each)
     assert [t.bytes_per_s for t in paced] == [500, 500, 1000, 1000]
+    # one slot: one task at a time, each at its brokers' whole rates
+    assert [t.bytes_per_s for t in move_rates(tasks, 1000, 3000, parallel=1)] == [1000] * 4
     assert move_rates(tasks, UNTHROTTLED, UNTHROTTLED) == tasks  # 0: unpaced
     assert all(t.bytes_per_s == 0 for t in move_rates(tasks, UNTHROTTLED, UNTHROTTLED))
 
