@@ -109,10 +109,10 @@ def fill(bootstrap: str, partitions: int, total_bytes: int) -> int:
     return sent
 
 
-def spread(cluster: Cluster) -> dict[int, list[int]]:
-    """[replicas, leaders] per broker, from the controller's image."""
+def spread(cluster: Cluster, topic: str = TOPIC) -> dict[int, list[int]]:
+    """[replicas, leaders] of `topic` per broker, from the controller's image."""
     out: dict[int, list[int]] = {}
-    for p in cluster.controller.image().topics[TOPIC].partitions:
+    for p in cluster.controller.image().topics[topic].partitions:
         for b in p.replicas:
             out.setdefault(b, [0, 0])[0] += 1
         out.setdefault(p.leader, [0, 0])[1] += 1

@@ -489,7 +489,8 @@ class ReplicaManager:
         if quota.exceeded():
             return result
         max_bytes = quota.fetch_bytes(min(spec.max_bytes, self._config.replica_files_max_bytes))
-        if self._config.replica_copy_files:
+        if self._config.replica_copy_files and not plog.cached_tail_under(
+                spec.offset, self._config.replica_files_min_bytes):  # as _files_to_copy
             result.files = plog.files_from(spec.offset, max_bytes)
         if not result.files:
             result.records = plog.read(spec.offset, max_bytes - max_bytes // FETCH_READ_SLACK_SHARE,

@@ -23,22 +23,13 @@ import pyspark
 from confluent_kafka import Producer as KafkaProducer
 from pyspark.sql import SparkSession
 
+from bench.scaling import spread
 from deltabus import AdminClient, Cluster, Consumer, NewTopic
 from deltabus.cluster.balancer import bounds
 from tests.cluster.acked_load import WAIT_S, AckedLoad, progress, read_all, wait_until
 
 TOPIC, PARTITIONS, RF = "scaled", 12, 3
 KAFKA_RECORDS_PER_S = 300
-
-
-def spread(cluster: Cluster) -> dict[int, list[int]]:
-    """[replicas, leaders] per broker, from the controller's image."""
-    out: dict[int, list[int]] = {}
-    for p in cluster.controller.image().topics[TOPIC].partitions:
-        for b in p.replicas:
-            out.setdefault(b, [0, 0])[0] += 1
-        out.setdefault(p.leader, [0, 0])[1] += 1
-    return dict(sorted(out.items()))
 
 
 def settled(cluster: Cluster) -> bool:
@@ -145,7 +136,7 @@ def scale(cluster: Cluster, brokers: int) -> dict[str, Any]:
     started = time.monotonic()
     status = cluster.scale(brokers)
     wait_until(lambda: settled(cluster), f"every partition settled on {brokers} brokers")
-    counts = spread(cluster)
+    counts = spread(cluster, TOPIC)
     racks = {b.broker_id: b.rack for b in cluster.controller.image().brokers}
     per_rack = [list(racks.values()).count(r) for r in set(racks.values())]
     plan = cluster.balance()  # a dry run: what is left, and the spread of bytes in
@@ -174,7 +165,7 @@ def main(master: str, root: str, dump_after_s: float) -> None:
         with AdminClient(cluster.bootstrap_servers) as admin:
             admin.create_topics([NewTopic(TOPIC, PARTITIONS, RF)])
         wait_until(lambda: settled(cluster), "the topic's partitions settled")
-        result: dict[str, Any] = {"start": spread(cluster)}
+        result: dict[str, Any] = {"start": spread(cluster, TOPIC)}
         reader = GroupReader(cluster.bootstrap_servers)
         reader.start()
         with AckedLoad(cluster.bootstrap_servers, TOPIC) as load, \
