@@ -8,18 +8,15 @@ gives back after its idle timeout. Prints one JSON line of findings for the test
 
 from __future__ import annotations
 
-import faulthandler
 import json
-import logging
-import os
 import sys
 from typing import Any
 
-import pyspark
 from pyspark.sql import SparkSession
 
 from deltabus import AdminClient, Cluster, NewTopic
 from tests.cluster.acked_load import AckedLoad, progress, wait_until
+from tests.soak.job_session import job_session
 
 TOPIC, PARTITIONS, RF = "elastic", 8, 2
 IDLE_TIMEOUT_S = 5
@@ -37,24 +34,15 @@ def settled(cluster: Cluster) -> bool:
 
 
 def main(root: str, dump_after_s: float) -> None:
-    faulthandler.dump_traceback_later(dump_after_s, exit=True)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    os.environ.setdefault("SPARK_HOME", os.path.dirname(pyspark.__file__))
-    spark = (SparkSession.builder.master("local-cluster[3,2,1200]")
-             .config("spark.driver.host", "127.0.0.1")
-             .config("spark.driver.bindAddress", "127.0.0.1")
-             .config("spark.ui.enabled", "false")
-             .config("spark.ui.showConsoleProgress", "false")
-             .config("spark.executor.cores", "1")
-             .config("spark.executor.memory", "512m")  # two executors a worker
-             .config("spark.dynamicAllocation.enabled", "true")
-             .config("spark.dynamicAllocation.shuffleTracking.enabled", "true")
-             .config("spark.dynamicAllocation.minExecutors", "0")
-             .config("spark.dynamicAllocation.maxExecutors", "6")
-             .config("spark.dynamicAllocation.schedulerBacklogTimeout", "1s")
-             .config("spark.dynamicAllocation.executorIdleTimeout", f"{IDLE_TIMEOUT_S}s")
-             .getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = job_session("local-cluster[3,2,1200]", dump_after_s, {
+        "spark.executor.cores": "1",
+        "spark.executor.memory": "512m",  # two executors a worker
+        "spark.dynamicAllocation.enabled": "true",
+        "spark.dynamicAllocation.shuffleTracking.enabled": "true",
+        "spark.dynamicAllocation.minExecutors": "0",
+        "spark.dynamicAllocation.maxExecutors": "6",
+        "spark.dynamicAllocation.schedulerBacklogTimeout": "1s",
+        "spark.dynamicAllocation.executorIdleTimeout": f"{IDLE_TIMEOUT_S}s"})
     cluster = Cluster(spark, root=root, brokers=2, port=0, kafka_port=-1,
                       schema_registry_port=-1).start()
     result: dict[str, Any] = {}

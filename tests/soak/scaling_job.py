@@ -10,23 +10,19 @@ the spread of replicas and leaders over the brokers within the balancer's bounds
 
 from __future__ import annotations
 
-import faulthandler
 import json
-import logging
-import os
 import sys
 import threading
 import time
 from typing import Any
 
-import pyspark
 from confluent_kafka import Producer as KafkaProducer
-from pyspark.sql import SparkSession
 
 from bench.scaling import spread
 from deltabus import AdminClient, Cluster, Consumer, NewTopic
 from deltabus.cluster.balancer import bounds
 from tests.cluster.acked_load import WAIT_S, AckedLoad, progress, read_all, wait_until
+from tests.soak.job_session import job_session
 
 TOPIC, PARTITIONS, RF = "scaled", 12, 3
 KAFKA_RECORDS_PER_S = 300
@@ -150,15 +146,7 @@ def scale(cluster: Cluster, brokers: int) -> dict[str, Any]:
 
 
 def main(master: str, root: str, dump_after_s: float) -> None:
-    faulthandler.dump_traceback_later(dump_after_s, exit=True)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    os.environ.setdefault("SPARK_HOME", os.path.dirname(pyspark.__file__))
-    spark = (SparkSession.builder.master(master)
-             .config("spark.driver.host", "127.0.0.1")
-             .config("spark.driver.bindAddress", "127.0.0.1")
-             .config("spark.ui.enabled", "false")
-             .config("spark.ui.showConsoleProgress", "false").getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = job_session(master, dump_after_s)
     cluster = Cluster(spark, root=root, brokers=3, port=0, kafka_port=0,
                       load_report_interval_ms=5000).start()
     try:
