@@ -12,9 +12,9 @@ export SPARK_LOCAL_IP ?= 127.0.0.1
 export PYSPARK_PYTHON = $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON = $(abspath $(PY))
 
-.PHONY: setup kcat faults run test bench docs soak protos lint clean
+.PHONY: setup kcat faults monitoring run test bench docs soak protos lint clean
 
-setup: $(STAMP) $(NODE_STAMP) kcat faults
+setup: $(STAMP) $(NODE_STAMP) kcat faults monitoring
 
 # pip's PySpark ships its workers' code as sources in a zip, compiled again at each start of a
 # Python worker (a streaming query's source runner among them): set-up adds the bytecode
@@ -49,6 +49,16 @@ faults:
 	@command -v tc >/dev/null 2>&1 || \
 	  { apt-get update -qq && apt-get install -y -qq iproute2; } >/dev/null 2>&1 || \
 	  echo "fault tests need tc: install it (Debian/Ubuntu: apt-get install -y iproute2)" >&2
+
+# The monitoring tests run a real Prometheus (promtool checks the alert rules) and open the
+# console in a real browser: Debian's prometheus, chromium and chromium-driver.
+monitoring:
+	@command -v prometheus >/dev/null 2>&1 || \
+	  { apt-get update -qq && apt-get install -y -qq prometheus; } >/dev/null 2>&1 || \
+	  echo "monitoring tests need Prometheus: install it (Debian/Ubuntu: apt-get install -y prometheus)" >&2
+	@{ command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; } || \
+	  { apt-get update -qq && apt-get install -y -qq chromium chromium-driver; } >/dev/null 2>&1 || \
+	  echo "console tests need Chromium: install it (Debian/Ubuntu: apt-get install -y chromium chromium-driver)" >&2
 
 run: setup
 	$(VENV)/bin/deltabus cluster start $(ARGS)

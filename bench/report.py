@@ -31,6 +31,9 @@ TARGETS = {"bulk_rps": 500_000, "bulk_vs_straight": 0.70,
            # (t), issue 38: a commit round over N partitions against N bare commits of (a)
            "commit_round_vs_bare": 1.5,
            "sasl_ssl_vs_plaintext": 0.8,
+           # (v), issue 42: produce, fetch and send() with metrics kept and served, against
+           # without, at least this share
+           "metrics_vs_none": 0.97,
            # (n): resident bytes per idle Kafka connection, and threads the listener may add
            # while they are open (its request handler threads, num.io.threads, made on demand:
            # none per connection)
@@ -125,6 +128,10 @@ def judge(f: dict[str, Any]) -> dict[str, bool]:
     if "typed_produce" in f:
         verdicts["typed_produce"] = (f["typed_produce"]["typed_vs_untyped"]
                                      >= TARGETS["typed_vs_untyped"])
+    if "metrics_overhead" in f:
+        v = f["metrics_overhead"]
+        verdicts["metrics_overhead"] = all(v[k] >= TARGETS["metrics_vs_none"] for k in (
+            "produce_ratio", "fetch_ratio", "send_ratio"))
     if "scaling" in f:  # balanced after the scale, the producer never refused
         verdicts["scaling"] = f["scaling"]["balanced"] and not f["scaling"]["producer_failed"]
     if "object_storage" in f:
@@ -344,6 +351,16 @@ def rows(f: dict[str, Any], ok: dict[str, bool],
                       f"{u['latency_during_ms']['p99']:,.0f} vs "
                       f"{u['latency_before_ms']['p99']:,.0f} ms"),
                      "balanced, no send refused; time reported", ok["scaling"]))
+    if "metrics_overhead" in f:
+        v = f["metrics_overhead"]
+        on, off = v["metrics_on"], v["metrics_off"]
+        out.append((f"(v) metrics kept and served vs none, {v['records']:,} rec",
+                     (f"produce {on['produce_rps']:,.0f} vs {off['produce_rps']:,.0f} rec/s "
+                      f"({v['produce_ratio']:.0%}); fetch {on['fetch_rps']:,.0f} vs "
+                      f"{off['fetch_rps']:,.0f} ({v['fetch_ratio']:.0%}); send() "
+                      f"{on['send_rps']:,.0f} vs {off['send_rps']:,.0f} ({v['send_ratio']:.0%});"
+                      f" medians of {v['rounds']}"),
+                     f">= {t['metrics_vs_none']:.0%} of none, each", ok["metrics_overhead"]))
     return out
 
 

@@ -54,6 +54,9 @@ a running one), in an order where each step leaves what the next needs:
         time from the scale to balanced and a steady producer's rate and latency during the
         moves against before them (see scaling); a cluster of its own after the embedded one
         stopped, only with the embedded cluster
+    (v) what metrics cost: bulk produce, fetch and per-record send() on a 1-broker cluster
+        keeping and serving metrics (scraped every second) against one with metrics.port -1,
+        alternating rounds (see metrics_overhead); after (m), only with the embedded run's Spark
 
 Sizes are the full run's by default (`make bench` with no flags); flags make every step smaller
 (see sizes). A command line argparse rejects exits 2; a step that fails raises, with its
@@ -85,6 +88,7 @@ from bench import (
     hostile_clients,
     idle_connections,
     kafka_clients,
+    metrics_overhead,
     object_storage,
     partition_count,
     quotas,
@@ -335,6 +339,13 @@ def measure(bootstrap: str, spark: Any, kafka_bootstrap: str | None, root: str,
                 sizes.secure_rounds)
     else:
         print("(m) skipped: it starts a cluster of its own, on the embedded run's Spark")
+    if embedded:
+        with _step(figures["step_s"], "v", "produce and fetch with metrics beside without"):
+            figures["metrics_overhead"] = metrics_overhead.metrics_overhead(
+                spark, root, chunk_values(sizes.secure_records), sizes.secure_records,
+                sizes.send_records, sizes.secure_rounds)
+    else:
+        print("(v) skipped: it starts clusters of its own, on the embedded run's Spark")
     if embedded and kafka_bootstrap:
         with _step(figures["step_s"], "n", f"{sizes.idle_connections:,} idle Kafka connections"):
             figures["idle_connections"] = idle_connections.idle_connections(

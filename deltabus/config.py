@@ -23,6 +23,8 @@ from deltabus.storage import Storage
 # Ports and addresses. Every server binds loopback unless told otherwise.
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_SCHEMA_REGISTRY_PORT = 8081  # Confluent's
+DEFAULT_METRICS_PORT = 9404  # Strimzi's for Kafka's JMX exporter; broker b on 9405 + b
+DEFAULT_CONSOLE_PORT = 8080  # Kafka UI's and AKHQ's
 DEFAULT_KAFKA_PORT = 9092  # the Kafka protocol bootstrap, where Kafka's clients expect it
 DEFAULT_BOOTSTRAP_PORT = 9192  # the controller's gRPC port: the cluster's bootstrap address
 # The driver's controller listener serves only brokers' lifecycle calls, on a thread pool of its
@@ -698,6 +700,13 @@ class ClusterConfig:
     # Confluent Schema Registry's REST API, served by the driver on `host` (0: any free port;
     # -1: not served). `deltabus cluster start` serves it on DEFAULT_SCHEMA_REGISTRY_PORT.
     schema_registry_port: int = -1
+    # Prometheus' /metrics of every node: the driver's on this port (with its HTTP service
+    # discovery of the others), broker b's on port + 1 + b, as the Kafka listeners (0: any
+    # free ports; -1: not served).
+    metrics_port: int = 0
+    # The console, a read-only web page of the cluster, served by the driver (0: any free
+    # port; -1: not served). `deltabus cluster start` serves it on DEFAULT_CONSOLE_PORT.
+    console_port: int = 0
     num_partitions: int = 1  # Kafka's num.partitions
     default_replication_factor: int = 1
     # Kafka's auto.create.topics.enable: a Metadata request (that allows it) naming a missing
@@ -788,6 +797,9 @@ class ClusterConfig:
     # How often a broker tells the controller the bytes in per second of the partitions it
     # leads (with a heartbeat): the balancer's bytes-in goal and the autoscaler weigh them.
     load_report_interval_ms: int = 30_000
+    # How often a broker tells the driver the high watermarks of the partitions it leads that
+    # moved since (with a heartbeat): the group coordinator's consumer lag is this fresh.
+    offsets_report_interval_ms: int = 5_000
     # The autoscaler (autoscaler.py), on when broker.autoscale.max is set: a broker more when
     # the bytes in per broker stay above the target for the window, one fewer when they stay
     # below half of it, never beyond [min, max] and never sooner than the cool-down after a

@@ -16,6 +16,7 @@ import uuid
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 from deltabus.errors import (
     DeltaBusError,
@@ -164,6 +165,15 @@ class ListenerEndpoint:
     door: str  # deltabus.listeners.GRPC or KAFKA
     host: str
     port: int
+
+
+class LogReport(NamedTuple):
+    """A led partition's log as its leader reports it to the controller, now and then: what
+    consumer lag and the console read of it."""
+
+    high_watermark: int
+    size_bytes: int  # of its Delta table's live data files
+    files: int
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ LAYERS = {
     "deltabus.security": "pure",  # principals, ACLs, SCRAM
     "deltabus.listeners": "pure", "deltabus.quotas": "pure", "deltabus.storage": "pure",
     "deltabus.trace": "pure",  # stamps for the latency breakdown: clients and brokers alike
+    "deltabus.metrics": "pure",  # a node's Prometheus registry: brokers and the driver alike
     "deltabus.extras": "pure",  # which install a part needs: the clients and the top alike
     # schemas as Confluent's registry knows them, each type's rules (pure: no I/O)
     "deltabus.schemas": "pure",

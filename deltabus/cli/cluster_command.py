@@ -52,6 +52,13 @@ def add_parser(subparsers: argparse._SubParsersAction, parent: argparse.Argument
     s.add_argument("--kafka-port", type=int, default=None,
                    help="Kafka protocol bootstrap port; broker b listens on it + 1 + b "
                         "(default: $DELTABUS_KAFKA_PORT or 9092; 0: any free ports; -1: none)")
+    s.add_argument("--metrics-port", type=int, default=cfg.DEFAULT_METRICS_PORT,
+                   help="port of the driver's Prometheus metrics and service discovery; broker "
+                        f"b serves its metrics on it + 1 + b (default {cfg.DEFAULT_METRICS_PORT};"
+                        " 0: any free ports; -1: none)")
+    s.add_argument("--console-port", type=int, default=cfg.DEFAULT_CONSOLE_PORT,
+                   help="port of the console, a read-only web page of the cluster (default "
+                        f"{cfg.DEFAULT_CONSOLE_PORT}; 0: any free port; -1: none)")
     s.add_argument("--schema-registry-port", type=int, default=cfg.DEFAULT_SCHEMA_REGISTRY_PORT,
                    help="port of the schema registry's REST API, Confluent's "
                         f"(default {cfg.DEFAULT_SCHEMA_REGISTRY_PORT}; 0: any free port; "
@@ -128,6 +135,7 @@ def start(args: argparse.Namespace) -> int:
             cluster = Cluster(spark, root=args.root, brokers=args.brokers, port=port,
                               host=host, storage_options=storage_options, **kafka,
                               schema_registry_port=args.schema_registry_port,
+                              metrics_port=args.metrics_port, console_port=args.console_port,
                               **settings).start()
         except (TimeoutError, ValueError, ListenerBindError) as e:
             raise CliError(str(e)) from None
@@ -157,6 +165,10 @@ def _announce(cluster: Cluster, brokers: int, security: str | None) -> None:
               flush=True)
     if cluster.config.schema_registry_port >= 0:
         print(f"Schema registry: schema.registry.url={cluster.schema_registry_url}", flush=True)
+    if cluster.config.metrics_port >= 0:
+        print(f"Prometheus service discovery: {cluster.prometheus_sd_url}", flush=True)
+    if cluster.config.console_port >= 0:
+        print(f"Console: {cluster.console_url}", flush=True)
     if cluster.config.listeners is not None:
         print("Listeners: " + ", ".join(f"{e.name}://{e.host}:{e.port} ({e.door})"
                                         for e in cluster.listener_endpoints), flush=True)

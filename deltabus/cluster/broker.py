@@ -42,6 +42,7 @@ from deltabus import config as cfg
 from deltabus import errors
 from deltabus.cluster.broker_lifecycle import BrokerLifecycleManager
 from deltabus.cluster.broker_metadata_publisher import BrokerMetadataPublisher
+from deltabus.cluster.broker_metrics import BrokerMetrics
 from deltabus.cluster.doors import Doors, open_doors
 from deltabus.cluster.handler import (
     FetchResult,
@@ -121,6 +122,8 @@ class Broker:
             allow_everyone_if_no_acl_found=spec.config.allow_everyone_if_no_acl_found)
         self._quota_manager = ClientQuotaManager()
         self._stopped = threading.Event()
+        # served on its metrics door (`doors`); none kept without one
+        self.metrics = BrokerMetrics(enabled=spec.config.metrics_port >= 0)
         secret = spec.config.inter_broker_secret
         listeners = spec.config.listener_config()
         # Lifecycle calls on the controller's own listener; forwarded admin calls, which are
@@ -145,7 +148,7 @@ class Broker:
             spec.broker_id, spec.config, self._cache, self._controller, self._stopped,
             broker_epoch=lambda: self._lifecycle.broker_epoch,
             loaded_schema=lambda subject, schema_id: self._lifecycle.loader.schema_of(
-                subject, schema_id))
+                subject, schema_id), metrics=self.metrics)
         # Applies the metadata images the heartbeats bring, on the metadata thread.
         self._publisher = BrokerMetadataPublisher(
             spec.broker_id, spec.config, self._cache, self._replicas, self._leaders,
@@ -155,6 +158,12 @@ class Broker:
             spec.broker_id, spec.config, self._controller, self._publisher, self._replicas,
             self._stopped)
         self._doors = Doors()  # the listeners, once started
+        self.metrics.watch(
+            spec.broker_id, lambda: list(self._replicas.partitions.values()),
+            self._publisher.offline_replicas,
+            lambda topic: (self._replicas.topic_configs.get(topic)
+                           or cfg.TopicConfig()).min_insync_replicas,
+            self._replicas.fetches_waiting, lambda: self._cache.image.topics.keys())
 
     @property
     def _image(self) -> MetadataImage:
@@ -172,7 +181,8 @@ class Broker:
         self._doors = open_doors(self._config, self.broker_id, self,
                                  credentials=self.scram_credential,
                                  forward=self._controller.forward_kafka,
-                                 previous=self.spec.previous_listeners)
+                                 previous=self.spec.previous_listeners,
+                                 metrics=self.metrics.node if self.metrics.enabled else None)
         self._lifecycle.register(self._doors)
         threading.Thread(target=self._lifecycle.heartbeat_loop, name="heartbeat",
                          daemon=True).start()
@@ -307,8 +317,16 @@ class Broker:
     def produce(self, topic: str, partition: int, batch: pa.Table, *, acks: int,
                 producer: ProducerState, batch_bytes: int | None = None,
                 timeout_ms: int | None = None) -> Future[AppendResult]:
-        return self._replicas.produce(topic, partition, batch, acks=acks, producer=producer,
-                                      batch_bytes=batch_bytes, timeout_ms=timeout_ms)
+        try:
+            appended = self._replicas.produce(topic, partition, batch, acks=acks,
+                                              producer=producer, batch_bytes=batch_bytes,
+                                              timeout_ms=timeout_ms)
+        except errors.DeltaBusError:
+            self.metrics.produce_refused(topic)
+            raise
+        self.metrics.produced(topic, appended, batch.num_rows,
+                              batch_bytes if batch_bytes is not None else batch.nbytes)
+        return appended
 
     def write_txn_markers(self, markers: list[TxnMarker], *, timeout_ms: int
                           ) -> dict[tuple[int, str, int], errors.DeltaBusError | None]:
@@ -316,14 +334,18 @@ class Broker:
 
     def fetch(self, specs: list[FetchSpec], *, max_wait_ms: int, min_bytes: int,
               max_bytes: int, replica_id: int) -> list[FetchResult]:
-        return self._replicas.fetch(specs, max_wait_ms=max_wait_ms, min_bytes=min_bytes,
-                                    max_bytes=max_bytes, replica_id=replica_id)
+        results = self._replicas.fetch(specs, max_wait_ms=max_wait_ms, min_bytes=min_bytes,
+                                       max_bytes=max_bytes, replica_id=replica_id)
+        self.metrics.fetched(results, replica_id)
+        return results
 
     def fetch_delayed(self, specs: list[FetchSpec], *, max_wait_ms: int, min_bytes: int,
                       max_bytes: int, replica_id: int) -> Future[list[FetchResult]]:
-        return self._replicas.fetch_delayed(specs, max_wait_ms=max_wait_ms,
-                                            min_bytes=min_bytes, max_bytes=max_bytes,
-                                            replica_id=replica_id)
+        answer = self._replicas.fetch_delayed(specs, max_wait_ms=max_wait_ms,
+                                              min_bytes=min_bytes, max_bytes=max_bytes,
+                                              replica_id=replica_id)
+        self.metrics.fetched_when_done(answer, replica_id)
+        return answer
 
     def fetches_waiting(self) -> int:
         return self._replicas.fetches_waiting()

@@ -28,6 +28,7 @@ from deltabus.cluster.doors import Doors
 from deltabus.cluster.executor_process import local_host
 from deltabus.cluster.metadata_loader import MetadataLoader
 from deltabus.cluster.replica_manager import ReplicaManager
+from deltabus.metadata import LogReport
 from deltabus.rpc.controller_channel import ControllerChannel
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,9 @@ class BrokerLifecycleManager:
         # Bytes in of the partitions led, as last reported, and when (partition_loads).
         self._bytes_in: dict[tuple[str, int], int] = {}
         self._loads_at = time.monotonic()
+        # The logs of the partitions led, as last reported, and when (log_reports).
+        self._log_reports: dict[tuple[str, int], LogReport] = {}
+        self._log_reports_at = 0.0
         self.loader: MetadataLoader  # set by new_loader, at every registration
         self.new_loader()
 
@@ -101,6 +105,17 @@ class BrokerLifecycleManager:
         self._bytes_in, self._loads_at = totals, now
         return loads
 
+    def _moved_logs(self) -> dict[tuple[str, int], LogReport]:
+        """Every offsets.report.interval.ms, the logs of the partitions led that moved since
+        the last report ({} in between, and when none moved)."""
+        now = time.monotonic()
+        if now - self._log_reports_at < self._config.offsets_report_interval_ms / 1000:
+            return {}
+        current = self._replicas.logs_led()
+        moved = {key: r for key, r in current.items() if self._log_reports.get(key) != r}
+        self._log_reports, self._log_reports_at = current, now
+        return moved
+
     def heartbeat_loop(self) -> None:
         """Heartbeat and apply metadata until told to stop. A round that fails in any way is
         logged and the next one runs: without heartbeats the broker is fenced for good.
@@ -140,7 +155,8 @@ class BrokerLifecycleManager:
             self.broker_id, self.broker_epoch, applied,
             max_wait_ms=0 if applied != self._reported_version else interval_ms,
             position=loader.position, offline_replicas=self._publisher.offline_replicas(),
-            partition_loads=self._partition_loads())
+            partition_loads=self._partition_loads(),
+            log_reports=self._moved_logs())
         self._reported_version = applied
         if answer.metadata is not None:
             try:

@@ -211,7 +211,9 @@ class BrokerMetadataPublisher:
                 replica_path(self._config.root, topic, partition, self.broker_id),
                 topic=topic, partition=partition, config=self._log_config,
                 storage=self._config.storage,
-                on_append=lambda: self._on_log_change(holder), replicated=True, create=False)
+                on_append=lambda: self._on_log_change(holder), replicated=True, create=False,
+                meters=self._replicas.metrics.node.logs if self._replicas.metrics.enabled
+                else None)
         except Exception as e:  # one unreadable table must not take the broker down
             if key not in self._offline:  # said once, not with every metadata version
                 log.error("broker %d cannot open %s-%d; reporting it offline: %s",

@@ -10,11 +10,14 @@ batches committed meanwhile and the leader adds the replica to the ISR.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
 
+from deltabus.cluster.driver_metrics import DriverMetrics
 from deltabus.log_tables.layout import replica_path
 from deltabus.log_tables.partition_log import LogConfig, PartitionLog
 from deltabus.storage import Storage
@@ -132,16 +135,19 @@ def _catch_up(task: CatchUpTask) -> tuple[int, int, int]:
 
 
 def catch_up_replicas(spark: Any, tasks: list[CatchUpTask], why: str,
-                      group: str = "deltabus-catch-up") -> list[CatchUpResult]:
+                      group: str = "deltabus-catch-up",
+                      metrics: DriverMetrics | None = None) -> list[CatchUpResult]:
     """Run the catch-up job (one task per replica, in job group `group`, so it can be
-    cancelled) and log what each task did."""
+    cancelled; timed in the driver's `metrics`) and log what each task did."""
     if not tasks:
         return []
     sc = spark.sparkContext
     sc.setJobGroup(group, f"deltabus catch-up: {why}", interruptOnCancel=True)
     started = time.monotonic()
     log.info("catch-up job (%s): %d replicas", why, len(tasks))
-    results: list[CatchUpResult] = sc.parallelize(tasks, len(tasks)).map(run_catch_up).collect()
+    with metrics.timed("catch_up") if metrics else contextlib.nullcontext():
+        results: list[CatchUpResult] = (
+            sc.parallelize(tasks, len(tasks)).map(run_catch_up).collect())
     for r in results:
         if r.error:
             log.error("catching up %s-%d on broker %d from broker %d failed: %s",
@@ -153,3 +159,34 @@ def catch_up_replicas(spark: Any, tasks: list[CatchUpTask], why: str,
                  f", truncated to {r.truncated_to}" if r.truncated_to >= 0 else "")
     log.info("catch-up job (%s) done in %.1f s", why, time.monotonic() - started)
     return results
+
+
+def catch_up_before_relaunch(spark: Any, tasks: list[CatchUpTask], broker_id: int, group: str,
+                             timeout_ms: int, stopping: threading.Event,
+                             metrics: DriverMetrics | None = None) -> None:
+    """The catch-up job of a lost broker's follower replicas, in job group `group`, cancelled
+    past `timeout_ms` or once `stopping` is set: the job may wait for a task slot (a killed
+    executor's replacement is still starting), and the broker must come back regardless; its
+    fetchers copy whatever the job did not."""
+    if not tasks:
+        return
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            catch_up_replicas(spark, tasks, f"broker {broker_id} relaunching", group, metrics)
+        except Exception as e:  # cancelled, or a task failed: the fetchers take over
+            log.warning("catch-up before relaunching broker %d ended early: %s", broker_id,
+                        str(e).splitlines()[0][:200] if str(e) else type(e).__name__)
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name=group, daemon=True).start()
+    deadline = time.monotonic() + timeout_ms / 1000
+    while not done.wait(0.1):
+        if stopping.is_set() or time.monotonic() > deadline:
+            log.warning("catch-up before relaunching broker %d cancelled after %.0f s",
+                        broker_id, timeout_ms / 1000)
+            spark.sparkContext.cancelJobGroup(group)
+            done.wait(10)  # the job ends once its tasks are killed
+            return

@@ -29,10 +29,17 @@ from typing import Any
 from deltabus import config as cfg
 from deltabus import errors
 from deltabus.cluster.broker import STOPPED, BrokerSpec, run_broker_task
-from deltabus.cluster.catch_up import REASSIGNMENT, CatchUpTask, catch_up_replicas
+from deltabus.cluster.catch_up import (
+    REASSIGNMENT,
+    CatchUpTask,
+    catch_up_before_relaunch,
+    catch_up_replicas,
+)
+from deltabus.cluster.console_view import ConsoleView
 from deltabus.cluster.controller import Controller
 from deltabus.cluster.controller_apis import ControllerHandler
 from deltabus.cluster.doors import Doors, open_doors
+from deltabus.cluster.driver_metrics import DriverMetrics
 from deltabus.cluster.executor_process import executor_pid
 from deltabus.cluster.log_cleaner import LogCleaner
 from deltabus.cluster.replication_quota import move_rates
@@ -49,6 +56,12 @@ from deltabus.metadata import (
 )
 from deltabus.offsets.group_coordinator import GroupCoordinator
 from deltabus.offsets.offset_store import OffsetStore
+from deltabus.rpc.metrics_http import (
+    CONSOLE_LISTENER_NAME,
+    METRICS_LISTENER_NAME,
+    SD_PATH,
+    http_url,
+)
 from deltabus.rpc.schema_registry_http import SchemaRegistryServer
 from deltabus.security.scram import DEFAULT_ITERATIONS, salted_password
 from deltabus.spark import register
@@ -145,6 +158,7 @@ class Cluster:
         self.coordinator: GroupCoordinator | None = None
         self.log_cleaner: LogCleaner | None = None  # retention as Spark jobs, once started
         self.scaler: Scaler | None = None  # brokers joining and leaving, once started
+        self.metrics: DriverMetrics | None = None  # the driver's, served on its metrics door
         self._doors = Doors()  # the driver's listeners, once started
         self._schema_registry: SchemaRegistryServer | None = None  # its REST door, if served
         self._node: BrokerEndpoint | None = None  # the driver's node, with its listeners
@@ -175,6 +189,8 @@ class Cluster:
                         commit_linger_ms=group.offsets_commit_linger_ms,
                         metadata_max_bytes=group.offset_metadata_max_bytes), group,
             metadata=self.controller.image)
+        self.metrics = DriverMetrics(self.controller, self.coordinator, lambda: self._node)
+        console = ConsoleView(self.controller, self.coordinator)
         self.scaler = Scaler(self.controller, self.config, add_broker=self._add_broker,
                              remove_broker=self._remove_broker,
                              task_slots=self._local_task_slots, stopping=self._stopping)
@@ -182,7 +198,8 @@ class Cluster:
         self._doors = open_doors(self.config, CONTROLLER_NODE_ID, handler,
                                  credentials=handler.scram_credential,
                                  lifecycle=self.controller, groups=self.coordinator,
-                                 transactions=handler)
+                                 transactions=handler, metrics=self.metrics.node,
+                                 sd_nodes=self.metrics.sd_nodes, console=console.overview)
         self.controller.markers.offsets_writer = self.coordinator.commit_transactional_offsets
         bootstrap = self.config.listener_config().client_grpc()[0]
         self._node = handler.endpoint = self._doors.node(CONTROLLER_NODE_ID, bootstrap.name)
@@ -201,8 +218,9 @@ class Cluster:
         self.log_cleaner = LogCleaner(self.spark, self.controller.cleaner_tasks,
                                       self.controller.tables_changed,
                                       self.config.log_retention_check_interval_ms,
-                                      reserved_slots=self._reserved_slots)
+                                      reserved_slots=self._reserved_slots, metrics=self.metrics)
         self._spawn(self._check_sessions_loop, "deltabus-session-checker")
+        self._spawn(lambda: console.sample_until(self._stopping), "deltabus-console-sampler")
         self._spawn(self._coordinator_loop, "deltabus-group-coordinator")
         self._spawn(self._transaction_loop, "deltabus-transaction-timeouts")
         if self.config.broker_autoscale_max:
@@ -325,7 +343,7 @@ class Cluster:
             tasks = move_rates(tasks, self.config.leader_replication_throttled_rate,
                                self.config.follower_replication_throttled_rate,
                                parallel=max(1, slots))
-        catch_up_replicas(self.spark, tasks, why)
+        catch_up_replicas(self.spark, tasks, why, metrics=self.metrics)
 
     def _catch_up_before_relaunch(self, broker_id: int) -> None:
         """Copy what a lost broker's follower replicas missed with a Spark job (files in
@@ -335,30 +353,9 @@ class Cluster:
         wait for a task slot (a killed executor's replacement is still starting), and the
         broker must come back regardless; its fetchers copy whatever the job did not."""
         assert self.controller is not None
-        tasks = self.controller.catch_up_tasks(broker_id)
-        if not tasks:
-            return
-        group = self.job_group("catch-up-broker", broker_id)
-        done = threading.Event()
-
-        def run() -> None:
-            try:
-                catch_up_replicas(self.spark, tasks, f"broker {broker_id} relaunching", group)
-            except Exception as e:  # cancelled, or a task failed: the fetchers take over
-                log.warning("catch-up before relaunching broker %d ended early: %s", broker_id,
-                            str(e).splitlines()[0][:200] if str(e) else type(e).__name__)
-            finally:
-                done.set()
-
-        threading.Thread(target=run, name=group, daemon=True).start()
-        deadline = time.monotonic() + self.config.catch_up_timeout_ms / 1000
-        while not done.wait(0.1):
-            if self._stopping.is_set() or time.monotonic() > deadline:
-                log.warning("catch-up before relaunching broker %d cancelled after %.0f s",
-                            broker_id, self.config.catch_up_timeout_ms / 1000)
-                self.spark.sparkContext.cancelJobGroup(group)
-                done.wait(10)  # the job ends once its tasks are killed
-                return
+        catch_up_before_relaunch(self.spark, self.controller.catch_up_tasks(broker_id),
+                                 broker_id, self.job_group("catch-up-broker", broker_id),
+                                 self.config.catch_up_timeout_ms, self._stopping, self.metrics)
 
     def job_group(self, job: str, broker_id: int) -> str:
         """The Spark job group of this cluster's `job` ("broker", "catch-up-broker") for a
@@ -440,6 +437,22 @@ class Cluster:
             raise RuntimeError("this cluster serves no schema registry "
                                "(schema_registry_port=-1)")
         return self._schema_registry.url
+
+    @property
+    def metrics_url(self) -> str:
+        """The driver's metrics door: /metrics its own, /sd Prometheus' service discovery of
+        every node's (`http_sd_configs`)."""
+        return http_url(self._doors.endpoints, METRICS_LISTENER_NAME, self.config)
+
+    @property
+    def console_url(self) -> str:
+        """The console, a read-only web page of the cluster (console_port)."""
+        return http_url(self._doors.endpoints, CONSOLE_LISTENER_NAME, self.config)
+
+    @property
+    def prometheus_sd_url(self) -> str:
+        """Prometheus' HTTP service discovery of every node's metrics (`http_sd_configs`)."""
+        return self.metrics_url + SD_PATH
 
     @property
     def listener_endpoints(self) -> tuple[ListenerEndpoint, ...]:

@@ -42,7 +42,7 @@ from deltabus.cluster.metadata_records import (
     OfflineReplicasRecord,
 )
 from deltabus.cluster.metadata_state import MetadataState
-from deltabus.metadata import BrokerEndpoint, MetadataBatch, MetadataPosition
+from deltabus.metadata import BrokerEndpoint, LogReport, MetadataBatch, MetadataPosition
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +76,8 @@ class ClusterControlManager:
         self._members: set[int] = set(range(config.brokers))
         # Bytes in per second of each partition, as its leader last reported it.
         self._loads: dict[tuple[str, int], float] = {}
+        # Each partition's high watermark as its leader last said it (consumer lag).
+        self._log_reports: dict[tuple[str, int], LogReport] = {}
         # partitions whose tables the log cleaner changed, per broker to tell
         self._refresh_logs: dict[int, set[tuple[str, int]]] = {}
 
@@ -115,13 +117,16 @@ class ClusterControlManager:
     def heartbeat(self, broker_id: int, epoch: int, applied_version: int, max_wait_ms: int,
                   offline_replicas: Collection[tuple[str, int]] = (), *,
                   position: MetadataPosition | None = None,
-                  partition_loads: Mapping[tuple[str, int], float] | None = None
+                  partition_loads: Mapping[tuple[str, int], float] | None = None,
+                  log_reports: Mapping[tuple[str, int], LogReport] | None = None
                   ) -> tuple[bool, MetadataBatch | None, list[tuple[str, int]]]:
         """Record a heartbeat, then wait (long poll) until there are metadata records past the
         broker's `position` (by default: the end of `applied_version`, the version of the image
         it serves) or its tables changed. `offline_replicas`: the (topic, partition) replicas
         the broker cannot serve (their tables are lost); they leave their ISRs and leadership.
-        `partition_loads`: bytes in per second of partitions it leads (the balancer's).
+        `partition_loads`: bytes in per second of partitions it leads (the balancer's);
+        `log_reports`: the logs of partitions it leads that moved (consumer lag's, the
+        console's).
         Returns (should_shut_down, the records to replay or None (`metadata_deltas`), the
         partitions whose tables to refresh)."""
         if position is None:
@@ -132,6 +137,7 @@ class ClusterControlManager:
                                                applied_version, frozenset(offline_replicas))
             self._heartbeats.touch(broker_id, time.monotonic())
             self._loads.update(partition_loads or {})
+            self._log_reports.update(log_reports or {})
             if self._heartbeats.set_applied_version(broker_id, applied_version):
                 self._lock.notify_all()
             if result.records:  # caught up (it may lead again), or its offline replicas changed
@@ -171,6 +177,12 @@ class ClusterControlManager:
         reg = self._state.brokers.get(broker_id)
         return (reg is not None and reg.epoch == epoch and not reg.in_controlled_shutdown
                 and not self._refresh_logs.get(broker_id))
+
+    def log_reports(self) -> dict[tuple[str, int], LogReport]:
+        """Each partition's high watermark, as its leader last reported it
+        (offsets.report.interval.ms)."""
+        with self._lock:
+            return dict(self._log_reports)
 
     def loads(self) -> dict[tuple[str, int], float]:
         """Bytes in per second of each partition, as its leader last reported it."""

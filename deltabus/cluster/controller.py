@@ -51,7 +51,8 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Sequence
+from typing import Any
 
 from deltabus import config as cfg
 from deltabus import errors
@@ -94,9 +95,9 @@ from deltabus.metadata import (
     PREPARE_ABORT,
     PREPARE_COMMIT,
     BrokerEndpoint,
+    LogReport,
     MetadataBatch,
     MetadataImage,
-    MetadataPosition,
     NewTopic,
     PartitionState,
     ScramCredentialDeletion,
@@ -486,13 +487,14 @@ class Controller:
         self._cluster_control.tables_changed(partitions)
 
     def heartbeat(self, broker_id: int, epoch: int, applied_version: int, max_wait_ms: int,
-                  offline_replicas: Collection[tuple[str, int]] = (), *,
-                  position: MetadataPosition | None = None,
-                  partition_loads: Mapping[tuple[str, int], float] | None = None
+                  offline_replicas: Collection[tuple[str, int]] = (), **reports: Any
                   ) -> tuple[bool, MetadataBatch | None, list[tuple[str, int]]]:
+        """ClusterControl.heartbeat: `reports` are its position, loads and high watermarks."""
         return self._cluster_control.heartbeat(broker_id, epoch, applied_version, max_wait_ms,
-                                               offline_replicas, position=position,
-                                               partition_loads=partition_loads)
+                                               offline_replicas, **reports)
+
+    def log_reports(self) -> dict[tuple[str, int], LogReport]:
+        return self._cluster_control.log_reports()
 
     def members(self) -> list[int]:
         return self._cluster_control.members()

@@ -28,12 +28,23 @@ from typing import Any, TypeVar
 from deltabus import config as cfg
 from deltabus.cluster.executor_process import broker_host, local_host
 from deltabus.cluster.handler import DeltaBusHandler, LifecycleHandler, TransactionHandler
-from deltabus.listeners import GRPC, KAFKA, Listener, ListenerBindError
+from deltabus.listeners import GRPC, KAFKA, Listener, ListenerBindError, ListenerConfig
 from deltabus.metadata import CONTROLLER_NODE_ID, BrokerEndpoint, ListenerEndpoint
+from deltabus.metrics import NodeMetrics
 from deltabus.offsets.group_coordinator import GroupCoordinator
+from deltabus.rpc.access import Access
 from deltabus.rpc.authentication import CredentialLookup
+from deltabus.rpc.console_http import ConsoleApp
+from deltabus.rpc.http_door import HttpApp, HttpDoor
 from deltabus.rpc.kafka.listener import KafkaListener
+from deltabus.rpc.metrics_http import (
+    CONSOLE_LISTENER_NAME,
+    HTTP,
+    METRICS_LISTENER_NAME,
+    MetricsApp,
+)
 from deltabus.rpc.server import start_server
+from deltabus.security.acls import Authorizer
 from deltabus.security.principal import KafkaPrincipal
 
 log = logging.getLogger(__name__)
@@ -50,6 +61,7 @@ class Doors:
 
     grpc_servers: list[Any] = field(default_factory=list)
     kafka_listeners: dict[str, KafkaListener] = field(default_factory=dict)
+    http_doors: list[HttpDoor] = field(default_factory=list)
     endpoints: list[ListenerEndpoint] = field(default_factory=list)
 
     def endpoint(self, door: str, name: str) -> ListenerEndpoint:
@@ -70,6 +82,8 @@ class Doors:
             listener.stop()
         for server in self.grpc_servers:
             server.stop(grace=1).wait(5)
+        for door in self.http_doors:
+            door.stop()
 
 
 def open_doors(config: cfg.ClusterConfig, node: int, handler: DeltaBusHandler, *,
@@ -77,14 +91,22 @@ def open_doors(config: cfg.ClusterConfig, node: int, handler: DeltaBusHandler, *
                groups: GroupCoordinator | None = None,
                forward: ForwardKafka | None = None,
                transactions: TransactionHandler | None = None,
-               previous: Sequence[ListenerEndpoint] = ()) -> Doors:
+               previous: Sequence[ListenerEndpoint] = (),
+               metrics: NodeMetrics | None = None,
+               sd_nodes: Callable[[], Sequence[BrokerEndpoint]] | None = None,
+               console: Callable[[Access], dict[str, Any]] | None = None) -> Doors:
     """Open node `node`'s listeners (CONTROLLER_NODE_ID: the driver's, with the `lifecycle`,
     the `groups` it coordinates and the `transactions`; else a broker's, which `forward`s its
     Kafka clients' requests for them to the driver's listener of the same name). `previous`:
-    the node's listeners in its last incarnation (`_bind`). Closes what it opened if one
-    cannot be bound, and raises ListenerBindError naming it."""
+    the node's listeners in its last incarnation (`_bind`). `metrics`: the node's, timed on
+    every door and served on config.metrics_port's door (with `sd_nodes`, the driver's
+    service discovery); `console`: the driver's overview, its console served on
+    config.console_port. Closes what it opened if one cannot be bound, and raises
+    ListenerBindError naming it."""
     listeners = config.listener_config(
         None if node == CONTROLLER_NODE_ID else broker_host(config.host))
+    # metrics.port -1: none served, none kept
+    meters = metrics.requests if metrics is not None and config.metrics_port >= 0 else None
     doors = Doors()
     try:
         for listener in listeners.grpc:
@@ -106,7 +128,7 @@ def open_doors(config: cfg.ClusterConfig, node: int, handler: DeltaBusHandler, *
                 long_polls_max=config.grpc_long_polls_max, transactions=transactions,
                 kafka_forwarded=(doors.kafka_listeners if node == CONTROLLER_NODE_ID and
                                  listener.name == listeners.inter_broker_listener_name
-                                 else None)))
+                                 else None), meters=meters))
             doors.grpc_servers.append(server)
             doors.endpoints.append(_endpoint(listener, port, node))
         for listener in listeners.kafka:
@@ -115,15 +137,45 @@ def open_doors(config: cfg.ClusterConfig, node: int, handler: DeltaBusHandler, *
                 forward=functools.partial(forward, listener.name) if forward else None,
                 security=config.listener_security(listener.security_protocol),
                 credentials=credentials, listener=listener.name,
-                socket_server=config.socket_server, transactions=transactions)).start()
+                socket_server=config.socket_server, transactions=transactions,
+                meters=meters)).start()
             doors.kafka_listeners[listener.name] = kafka
             endpoint = _endpoint(listener, kafka.bound_port, node)
             kafka.advertise(endpoint.host, endpoint.port)
             doors.endpoints.append(endpoint)
+        if metrics is not None and config.metrics_port >= 0:
+            tls = config.listener_security(listeners.client_grpc()[0].security_protocol).uses_tls
+            app = MetricsApp(metrics.exposition, nodes=sd_nodes,
+                             scheme="https" if tls else "http")
+            _open_http(config, listeners, node, previous, METRICS_LISTENER_NAME,
+                       config.metrics_port, app, credentials, handler.authorizer, doors)
+        if console is not None and config.console_port >= 0:
+            _open_http(config, listeners, node, previous, CONSOLE_LISTENER_NAME,
+                       config.console_port, ConsoleApp(console), credentials,
+                       handler.authorizer, doors)
     except BaseException:
         doors.stop()
         raise
     return doors
+
+
+def _open_http(config: cfg.ClusterConfig, listeners: ListenerConfig, node: int,
+               previous: Sequence[ListenerEndpoint], name: str, port: int, app: HttpApp,
+               credentials: CredentialLookup, authorizer: Callable[[], Authorizer | None],
+               doors: Doors) -> None:
+    """An HTTP door of the node (`name`: metrics, console), on the host and security of its
+    first client gRPC listener, at `port` as the Kafka listeners number theirs (broker b:
+    port + 1 + b)."""
+    client = listeners.client_grpc()[0]
+    security = config.listener_security(client.security_protocol)
+    listener = Listener(name, HTTP, client.host, port, client.security_protocol,
+                        client.advertised_host)
+    door = _bind(listener, node, previous, functools.partial(
+        HttpDoor, app, listener.bind_host, security=security,
+        credentials=credentials if security.uses_sasl else None,
+        authorizer=authorizer)).start()
+    doors.http_doors.append(door)
+    doors.endpoints.append(_endpoint(listener, door.port, node))
 
 
 def _bind(listener: Listener, node: int, previous: Sequence[ListenerEndpoint],

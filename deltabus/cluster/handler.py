@@ -22,6 +22,7 @@ from deltabus.log_tables.transactions import READ_UNCOMMITTED, AbortedTxn
 from deltabus.metadata import (
     BalancePlan,
     BrokerEndpoint,
+    LogReport,
     MetadataBatch,
     MetadataImage,
     MetadataPosition,
@@ -333,7 +334,8 @@ class LifecycleHandler(Protocol):
     def heartbeat(self, broker_id: int, epoch: int, applied_version: int, max_wait_ms: int,
                   offline_replicas: Collection[tuple[str, int]] = (), *,
                   position: MetadataPosition | None = None,
-                  partition_loads: Mapping[tuple[str, int], float] | None = None
+                  partition_loads: Mapping[tuple[str, int], float] | None = None,
+                  log_reports: Mapping[tuple[str, int], LogReport] | None = None
                   ) -> tuple[bool, MetadataBatch | None, list[tuple[str, int]]]: ...
 
     def alter_partition(self, broker_id: int, broker_epoch: int, topic: str, partition: int,

@@ -19,6 +19,7 @@ waited behind it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import posixpath
 import threading
@@ -29,6 +30,7 @@ from typing import Any
 
 from deltalake import DeltaTable
 
+from deltabus.cluster.driver_metrics import DriverMetrics
 from deltabus.log_tables.compaction import Compacted, compact
 from deltabus.log_tables.delta_reads import open_table
 from deltabus.log_tables.layout import replica_path
@@ -168,9 +170,12 @@ class LogCleaner:
     Thread-safe (one run at a time); `interval_s` may be changed while it runs."""
 
     def __init__(self, spark: Any, tasks: Any, changed: Any, interval_ms: int, *,
-                 reserved_slots: int | Callable[[], int] = 0) -> None:
+                 reserved_slots: int | Callable[[], int] = 0,
+                 metrics: DriverMetrics | None = None) -> None:
         """`reserved_slots`: the Spark task slots the cleaner leaves to others (the brokers'
-        own, and one for a broker's relaunch), or how to count them (brokers come and go)."""
+        own, and one for a broker's relaunch), or how to count them (brokers come and go);
+        `metrics`: the driver's, which time each run."""
+        self._metrics = metrics
         self._spark = spark
         self._reserved_slots = (reserved_slots if callable(reserved_slots)
                                 else lambda: reserved_slots)
@@ -221,8 +226,10 @@ class LogCleaner:
                            f"small-file merge of {len(tasks)} partitions", interruptOnCancel=True)
             started = time.monotonic()
             slices = cleaner_slices(len(tasks), sc.defaultParallelism, self._reserved_slots())
-            results: list[CleanerResult] = (
-                sc.parallelize(tasks, slices).map(run_cleaner).collect())
+            with (self._metrics.timed("log_cleaner") if self._metrics
+                  else contextlib.nullcontext()):
+                results: list[CleanerResult] = (
+                    sc.parallelize(tasks, slices).map(run_cleaner).collect())
             self.runs += 1
         self._changed([(r.task.topic, r.task.partition, r.task.replicas) for r in results
                        if r.changed])

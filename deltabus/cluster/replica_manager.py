@@ -33,6 +33,7 @@ import pyarrow as pa
 
 from deltabus import config as cfg
 from deltabus import errors, trace
+from deltabus.cluster.broker_metrics import BrokerMetrics
 from deltabus.cluster.delayed_fetch import DelayedFetch, FetchPurgatory
 from deltabus.cluster.handler import (
     FetchResult,
@@ -56,6 +57,7 @@ from deltabus.log_tables.partition_log import (
 )
 from deltabus.log_tables.partition_reader import LogFile
 from deltabus.log_tables.transactions import READ_COMMITTED, READ_UNCOMMITTED
+from deltabus.metadata import LogReport
 from deltabus.records import (
     CREATE_TIME,
     KEY_FIELDS,
@@ -79,11 +81,13 @@ class ReplicaManager:
     def __init__(self, broker_id: int, config: cfg.ClusterConfig, cache: MetadataCache,
                  controller: ControllerChannel, stopped: threading.Event, *,
                  broker_epoch: Callable[[], int],
-                 loaded_schema: Callable[[str, int], ParsedSchema | None]) -> None:
+                 loaded_schema: Callable[[str, int], ParsedSchema | None],
+                 metrics: BrokerMetrics | None = None) -> None:
         """`broker_epoch`: the epoch of the broker's registration, which ISR changes carry
         (the lifecycle manager's, which changes as it registers, as Kafka's AlterPartition
         manager asks its lifecycle manager). `loaded_schema`: a schema by subject and id from
-        the broker's metadata loader (the one loaded now: each registration starts another)."""
+        the broker's metadata loader (the one loaded now: each registration starts another).
+        `metrics`: the broker's, which count what is produced and fetched."""
         self.broker_id = broker_id
         self._config = config
         self._cache = cache
@@ -103,6 +107,7 @@ class ReplicaManager:
         self.alter_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="alter-isr")
         # leader.replication.throttled.rate, on what the replicas a reassignment adds fetch
         self.leader_quota = ReplicationQuota(config.leader_replication_throttled_rate)
+        self.metrics = metrics or BrokerMetrics()
 
     # ---- the partition table (the metadata publisher changes it) -----------------------------
 
@@ -122,11 +127,17 @@ class ReplicaManager:
         with self.partitions_lock:
             return self.partitions.pop(key)
 
+    def _led(self) -> list[tuple[PartitionKey, Partition]]:
+        with self.partitions_lock:
+            return [(key, p) for key, p in self.partitions.items() if p.is_leader]
+
     def bytes_in_led(self) -> dict[PartitionKey, int]:
         """Bytes appended so far to each partition this broker leads."""
-        with self.partitions_lock:
-            partitions = list(self.partitions.items())
-        return {key: p.bytes_in for key, p in partitions if p.is_leader}
+        return {key: p.bytes_in for key, p in self._led()}
+
+    def logs_led(self) -> dict[PartitionKey, LogReport]:
+        """The log of each partition this broker leads, as the controller is told it."""
+        return {key: _log_report(p.log) for key, p in self._led()}
 
     def close_partitions(self) -> None:
         """Close every hosted log (queued appends are committed first: acknowledged is
@@ -196,6 +207,7 @@ class ReplicaManager:
                      partition.partition, new_isr, e)
             partition.isr_change_failed()
             return
+        self.metrics.isr_changed(partition.isr, isr)
         partition.isr_committed(isr, version)
 
     # ---- produce -----------------------------------------------------------------------------
@@ -561,6 +573,16 @@ class ReplicaManager:
     def describe_producers(self, topic: str, partition: int) -> list[ActiveProducer]:
         """From this broker's replica, leader or follower, as Kafka's ReplicaManager answers."""
         return self._partition(topic, partition).log.active_producers()
+
+
+def _log_report(plog: PartitionLog) -> LogReport:
+    """A led log as the controller is told it; its files as -1 where they cannot be counted
+    now (storage trouble must not keep a heartbeat from going)."""
+    try:
+        files, size = plog.file_stats()
+    except Exception:
+        files, size = -1, -1
+    return LogReport(plog.high_watermark, size, files)
 
 
 def _replica_description(plog: PartitionLog) -> ReplicaDescription:

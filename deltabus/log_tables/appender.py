@@ -153,6 +153,8 @@ class Committed:
     txn_begins: tuple[tuple[int, int], ...] = ()
     built_ns: int = 0  # append and copy: its log batch built, before delta-rs writes it
     committed_ns: int = 0  # append and copy: its Delta commit written
+    # append, copy and files: (data files, bytes) the commit added; None where not known
+    added: tuple[int, int] | None = None
 
 
 class CommitFailed(Exception):
@@ -486,11 +488,13 @@ class LogAppender:
                 "deltabus.baseOffset": str(base), "deltabus.lastOffset": str(next_offset - 1),
                 "deltabus.batches": str(len(group))})
             data = self._conformed(table)
+            added = None
             if data is not None:
                 written = self._writer.write_file(data, "append")
                 self._writer.commit(adds=[written], txns={LOG_TXN_APP_ID: next_offset},
                                     info=info)
                 self._flush([written.path], table.num_rows)
+                added = (1, written.size)
             else:  # a typed topic's values evolve the table's schema (new nullable fields)
                 write_deltalake(
                     self._delta_rs(), table, mode="append", schema_mode="merge",
@@ -507,7 +511,8 @@ class LogAppender:
         return Committed("copy" if copied else "append", self.version, next_offset,
                          table, [(item.future, first, last) for item, (first, last)
                                  in zip(group, results, strict=True)], now_ms,
-                         txn_begins=begins, built_ns=built_ns, committed_ns=time.time_ns())
+                         txn_begins=begins, built_ns=built_ns, committed_ns=time.time_ns(),
+                         added=added)
 
     def _commit_files(self, item: PendingFiles, base: int) -> Committed:
         expected = base
@@ -547,7 +552,8 @@ class LogAppender:
                                reload=True) from e
         return Committed("files", self.version, expected,
                          item.records.sort_by("offset"), [(item.future, base, expected - 1)],
-                         now_ms, built_ns=built_ns, committed_ns=time.time_ns())
+                         now_ms, built_ns=built_ns, committed_ns=time.time_ns(),
+                         added=(len(item.files), sum(f.size_bytes for _, f in item.files)))
 
     def _flush(self, files: list[str], records: int) -> None:
         """flush.messages, after the commit of `records` in the data `files`, before it is

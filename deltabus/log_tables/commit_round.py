@@ -43,6 +43,7 @@ from deltabus.log_tables.partition_reader import PartitionReader
 from deltabus.log_tables.producer_state import ProducerStateManager
 from deltabus.log_tables.tail_cache import TailCache
 from deltabus.log_tables.transactions import LogTransactions
+from deltabus.metrics import LogMeters
 
 log = logging.getLogger(__name__)
 
@@ -55,9 +56,10 @@ class CommitRound:
                  offsets: LogOffsets, reader: PartitionReader, tail: TailCache,
                  epochs: LeaderEpochCache, producers: ProducerStateManager,
                  txns: LogTransactions, replicated: bool, traced: bool,
-                 closed: Callable[[], bool]) -> None:
+                 closed: Callable[[], bool], meters: LogMeters | None = None) -> None:
         """The parts are the log's own (`owner`, the pool's key for its rounds), `lock` its
-        lock; `closed()` says whether the log is closing (what lingers goes at once)."""
+        lock; `closed()` says whether the log is closing (what lingers goes at once);
+        `meters`: its broker's log metrics, which time each commit."""
         self._owner = owner
         self.path = path
         self.topic = topic
@@ -75,6 +77,10 @@ class CommitRound:
         self._replicated = replicated
         self._traced = traced
         self._closed = closed
+        self._meters = meters
+        # (data files, bytes) of the table as its commits left it; None: unknown until the
+        # log counts them again (after a truncation, a restart or another writer's commit)
+        self.file_stats: tuple[int, int] | None = None
 
     def schedule(self) -> None:
         """Lock held: ask the pool for a commit round when the queue's head may go."""
@@ -91,6 +97,7 @@ class CommitRound:
                 return at
             work = self._appender.take()
             refused = self._older_epoch(work)
+        taken_s = time.monotonic()
         taken_ns = trace.now_ns() if self._traced else 0
         try:
             try:
@@ -100,6 +107,8 @@ class CommitRound:
             except CommitFailed as failure:
                 self._fail(work, failure)
             else:
+                if self._meters is not None and done.added is not None:
+                    self._meters.committed(time.monotonic() - taken_s, done.added[1])
                 applied_ns = self._apply(done)
                 if self._traced and isinstance(work, (list, PendingFiles)):
                     self._stamp_commit(list(work) if isinstance(work, list) else [work], done,
@@ -140,6 +149,9 @@ class CommitRound:
         changed = True
         with self._lock:
             self._offsets.version = done.version
+            self.file_stats = (None if self.file_stats is None or done.added is None else
+                               (self.file_stats[0] + done.added[0],
+                                self.file_stats[1] + done.added[1]))
             if done.kind in ("append", "copy"):
                 assert done.records is not None
                 self._offsets.log_end_offset = done.end_offset

@@ -73,6 +73,7 @@ from deltabus.log_tables.producer_state import (
 )
 from deltabus.log_tables.tail_cache import TailCache, shared_budget
 from deltabus.log_tables.transactions import AbortedTxn, LogTransactions
+from deltabus.metrics import LogMeters
 from deltabus.records import (
     CREATE_TIME,
     LOG_SCHEMA,
@@ -101,6 +102,7 @@ class PartitionLog:
         on_append: Callable[[], None] | None = None,
         replicated: bool = False,
         create: bool = True,
+        meters: LogMeters | None = None,
     ) -> None:
         """Open the table at `path`; a missing one is created empty only when `create` says so
         (a log of its own: tests, benchmarks), else it raises KafkaStorageError.
@@ -151,7 +153,8 @@ class PartitionLog:
             pool=shared_pool(config.append_threads), appender=self._appender,
             offsets=self._offsets, reader=self._reader, tail=self._tail, epochs=self._epochs,
             producers=self._producers, txns=self._txns, replicated=replicated,
-            traced=self._traced, closed=lambda: self._closed)
+            traced=self._traced, closed=lambda: self._closed, meters=meters)
+        self._meters = meters
 
     @property
     def log_start_offset(self) -> int:
@@ -403,6 +406,7 @@ class PartitionLog:
         recent records is dropped, as compaction may have removed some of them."""
         with self._lock:
             self._tail.clear()
+            self._commits.file_stats = None
         self._reader.refresh()
 
     def _enqueue(self, item: PendingAppend | PendingFiles | PendingTruncate | PendingLogStart
@@ -455,6 +459,8 @@ class PartitionLog:
         if offset >= end:
             return LOG_SCHEMA.empty_table()
         table = self._tail.read(offset, end, max_bytes)
+        if self._meters is not None:
+            self._meters.read(from_cache=table is not None)
         if table is None:
             table = self._reader.read(offset, end, max_bytes, typed=to_log_end)
         elif table.num_columns > len(LOG_SCHEMA) and not to_log_end:
@@ -492,6 +498,19 @@ class PartitionLog:
         from the add actions the reader holds for the committed version: no listing."""
         sizes = self._reader.files().column("size_bytes")
         return int(pc.sum(sizes).as_py() or 0) if len(sizes) else 0
+
+    def file_stats(self) -> tuple[int, int]:
+        """(data files, bytes) of the table, for the broker's metrics: as its commits left
+        them, counted from the reader's add actions only when unknown (a truncation, the
+        cleaner's rewrite), so a scrape reads no table of a log that only appends."""
+        with self._lock:
+            known = self._commits.file_stats
+        if known is None:
+            sizes = self._reader.files().column("size_bytes")
+            known = (len(sizes), int(pc.sum(sizes).as_py() or 0) if len(sizes) else 0)
+            with self._lock:
+                self._commits.file_stats = known
+        return known
 
     def active_producers(self) -> list[ActiveProducer]:
         """The idempotent producers the log knows (`ProducerStateManager.active`)."""

@@ -27,6 +27,7 @@ from deltabus.config import ListenerSecurity
 from deltabus.metadata import (
     BalancePlan,
     BrokerEndpoint,
+    LogReport,
     MetadataBatch,
     MetadataImage,
     MetadataPosition,
@@ -113,20 +114,25 @@ class ControllerChannel:
     def heartbeat(self, broker_id: int, broker_epoch: int, metadata_version: int, *,
                   max_wait_ms: int, position: MetadataPosition | None = None,
                   offline_replicas: Iterable[tuple[str, int]] = (),
-                  partition_loads: Mapping[tuple[str, int], float] | None = None
+                  partition_loads: Mapping[tuple[str, int], float] | None = None,
+                  log_reports: Mapping[tuple[str, int], LogReport] | None = None
                   ) -> HeartbeatAnswer:
         """A long poll: answers as soon as there are metadata records past `position` (by
         default the end of `metadata_version`, the version of the image the broker serves),
         else after `max_wait_ms`. A fenced broker gets STALE_BROKER_EPOCH. `offline_replicas`:
         the (topic, partition) replicas this broker cannot serve (their tables are lost);
-        `partition_loads`: bytes in per second of the partitions it leads."""
+        `partition_loads`: bytes in per second of the partitions it leads;
+        `log_reports`: the logs of the partitions it leads that moved."""
         position = position or MetadataPosition(metadata_version)
         response = self._lifecycle_call("BrokerHeartbeat", ipb.BrokerHeartbeatRequest(
             broker_id=broker_id, broker_epoch=broker_epoch, metadata_version=metadata_version,
             max_wait_ms=max_wait_ms, metadata_position=codec.position_to_proto(position),
             offline_replicas=codec.topic_partitions_to_proto(offline_replicas),
             partition_loads=[ipb.PartitionLoad(topic=t, partition=p, bytes_in_per_s=rate)
-                             for (t, p), rate in (partition_loads or {}).items()]),
+                             for (t, p), rate in (partition_loads or {}).items()],
+            partition_reports=[ipb.PartitionReport(topic=t, partition=p, high_watermark=r[0],
+                                                   size_bytes=r[1], files=r[2])
+                               for (t, p), r in (log_reports or {}).items()]),
             max_wait_ms / 500 + 5)
         batch = None
         if response.HasField("metadata_records"):

@@ -21,7 +21,7 @@ from deltabus.cluster.handler import (
     TxnMarkerHandler,
 )
 from deltabus.log_tables.control_records import TxnMarker
-from deltabus.metadata import BrokerEndpoint
+from deltabus.metadata import BrokerEndpoint, LogReport
 from deltabus.records import to_ipc
 from deltabus.rpc import codec
 from deltabus.rpc.fetch_size import FetchBudget
@@ -87,7 +87,10 @@ class BrokerLifecycleServicer(ipb_grpc.BrokerLifecycleServicer):
                 request.max_wait_ms, codec.topic_partitions_from_proto(request.offline_replicas),
                 position=codec.position_from_proto(request.metadata_position),
                 partition_loads={(load.topic, load.partition): load.bytes_in_per_s
-                                 for load in request.partition_loads})
+                                 for load in request.partition_loads},
+                log_reports={(r.topic, r.partition): LogReport(r.high_watermark, r.size_bytes,
+                                                               r.files)
+                             for r in request.partition_reports})
         except errors.DeltaBusError as e:
             return ipb.BrokerHeartbeatResponse(error_code=e.code, error_message=e.message)
         response = ipb.BrokerHeartbeatResponse(should_shut_down=stop)

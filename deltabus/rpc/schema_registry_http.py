@@ -2,8 +2,8 @@
 (confluent-kafka's AvroSerializer, JSONSerializer, ProtobufSerializer, Java's KafkaAvroSerializer)
 and tools (curl scripts written for Confluent) work unchanged against deltabus.
 
-Served in the driver beside the controller, on a thread per request (`ThreadingHTTPServer`):
-every call goes to the registry (`SchemaRegistryHandler`), which runs under the controller's
+Served in the driver beside the controller, on a thread per request (rpc/http_door.py): every
+call goes to the registry (`SchemaRegistryHandler`), which runs under the controller's
 lock, so the door keeps no state. Answers are Confluent's: JSON bodies of
 `application/vnd.schemaregistry.v1+json`, errors as {"error_code", "message"} with the HTTP status
 the code starts with (40401 -> 404).
@@ -28,22 +28,15 @@ from __future__ import annotations
 import json
 import logging
 import re
-import ssl
-import threading
 import urllib.parse
 from collections.abc import Callable
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from deltabus import errors
 from deltabus.cluster.handler import SchemaRegistryHandler
 from deltabus.config import ListenerSecurity
-from deltabus.listeners import ListenerBindError
-from deltabus.rpc.access import Access
-from deltabus.rpc.authentication import Authenticator, CredentialLookup
-from deltabus.rpc.call_authentication import basic_credentials
-from deltabus.rpc.tls import certificate_principal, server_ssl_context
+from deltabus.rpc.authentication import CredentialLookup
+from deltabus.rpc.http_door import HttpDoor, HttpRequest, HttpResponse
 from deltabus.schemas import (
     LATEST_VERSION,
     SchemaReference,
@@ -55,13 +48,11 @@ from deltabus.schemas import (
     invalid_version,
 )
 from deltabus.security.acls import Authorizer, Operation
-from deltabus.security.principal import ANONYMOUS, KafkaPrincipal
 
 log = logging.getLogger(__name__)
 
 CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"
 REQUEST_BYTES_MAX = 16 * 1024 * 1024  # a schema request's body, at most
-REQUEST_TIMEOUT_S = 60  # a connection silent this long (mid-request or idle) is closed
 
 Query = dict[str, str]
 Route = tuple[str, re.Pattern[str], Callable[..., Any]]
@@ -128,6 +119,9 @@ class SchemaRegistryApi:
     """Confluent's REST API over a `SchemaRegistryHandler`: one method per route, each taking
     the path's parts, the query and the JSON body, and returning the JSON answer."""
 
+    name = "schema registry"
+    request_bytes_max = REQUEST_BYTES_MAX
+
     def __init__(self, registry: SchemaRegistryHandler) -> None:
         self.registry = registry
         r = registry
@@ -176,6 +170,47 @@ class SchemaRegistryApi:
              lambda s, q, b: {"compatibilityLevel": r.set_compatibility_level(s, None).value}),
             ("GET", re.compile(r"/mode(?:/[^/]+)?"), lambda *a: {"mode": "READWRITE"}),
         ]
+
+    def serve(self, request: HttpRequest) -> HttpResponse:
+        """The door's request answered in Confluent's JSON, errors as {"error_code",
+        "message"} with the HTTP status the code starts with."""
+        status: int
+        try:
+            self._authorize(request)
+            status, answer = HTTPStatus.OK, self.answer(
+                request.method, request.path, dict(request.query), self._json(request.body))
+        except SchemaRegistryError as e:
+            status, answer = e.http_status, {"error_code": e.error_code, "message": e.message}
+        except RestError as e:
+            status, answer = e.status, {"error_code": e.error_code, "message": e.message}
+        except Exception as e:  # a bug: the client gets Confluent's 50001, the log says why
+            log.exception("schema registry: %s %s failed", request.method, request.path)
+            status, answer = HTTPStatus.INTERNAL_SERVER_ERROR, {
+                "error_code": 50001, "message": f"Error in the backend data store: {e}"}
+        return HttpResponse(status, json.dumps(answer).encode(), CONTENT_TYPE)
+
+    def refusal(self, status: int, message: str) -> HttpResponse:
+        """The door's own refusals (401, 413) in Confluent's shape."""
+        return HttpResponse(status, json.dumps({"error_code": int(status),
+                                                "message": message}).encode(), CONTENT_TYPE)
+
+    def _authorize(self, request: HttpRequest) -> None:
+        """RestError 403 unless the cluster's ACLs let the caller do what it asks."""
+        operation = self.operation(request.method, request.path)
+        refusal = request.access.cluster(operation)
+        if refusal is not None:
+            raise RestError(HTTPStatus.FORBIDDEN, 40301, f"{refusal.message}: "
+                            f"{request.method} {request.path} needs {operation.name} on the "
+                            "cluster")
+
+    @staticmethod
+    def _json(body: bytes) -> Any:
+        if not body:
+            return None
+        try:
+            return json.loads(body)
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise RestError(HTTPStatus.BAD_REQUEST, 400, f"Unrecognized JSON: {e}") from None
 
     @staticmethod
     def operation(method: str, path: str) -> Operation:
@@ -244,109 +279,7 @@ class SchemaRegistryApi:
         return {"compatibility": self.registry.set_compatibility_level(subject, level).value}
 
 
-class _Handler(BaseHTTPRequestHandler):
-    server: _Server
-    protocol_version = "HTTP/1.1"  # keep-alive: serializers reuse their connection
-    timeout = REQUEST_TIMEOUT_S
-
-    def setup(self) -> None:
-        if isinstance(self.request, ssl.SSLSocket):  # on this request's thread, not accept's
-            self.request.settimeout(self.timeout)
-            self.request.do_handshake()
-        super().setup()
-
-    def do_GET(self) -> None:
-        self._serve("GET")
-
-    def do_POST(self) -> None:
-        self._serve("POST")
-
-    def do_PUT(self) -> None:
-        self._serve("PUT")
-
-    def do_DELETE(self) -> None:
-        self._serve("DELETE")
-
-    def _serve(self, method: str) -> None:
-        url = urllib.parse.urlsplit(self.path)
-        query = {k: v[-1] for k, v in urllib.parse.parse_qs(url.query).items()}
-        path = url.path.rstrip("/") or "/"
-        status: int
-        try:
-            self._authorize(method, path)
-            body = self._body()
-            status, answer = HTTPStatus.OK, self.server.api.answer(method, path, query, body)
-        except SchemaRegistryError as e:
-            status, answer = e.http_status, {"error_code": e.error_code, "message": e.message}
-        except RestError as e:
-            status, answer = e.status, {"error_code": e.error_code, "message": e.message}
-        except Exception as e:  # a bug: the client gets Confluent's 50001, the log says why
-            log.exception("schema registry: %s %s failed", method, self.path)
-            status, answer = HTTPStatus.INTERNAL_SERVER_ERROR, {
-                "error_code": 50001, "message": f"Error in the backend data store: {e}"}
-        data = json.dumps(answer).encode()
-        self.send_response(status)
-        if status == HTTPStatus.UNAUTHORIZED:
-            self.send_header("WWW-Authenticate", 'Basic realm="deltabus schema registry"')
-        self.send_header("Content-Type", CONTENT_TYPE)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def _authorize(self, method: str, path: str) -> None:
-        """Who calls (HTTP Basic on a SASL cluster, a client certificate, else anonymous),
-        and whether the cluster's ACLs let them: RestError 401 or 403 if not."""
-        server = self.server
-        principal: KafkaPrincipal = ANONYMOUS
-        if server.authenticator is not None:
-            header = self.headers.get("Authorization")
-            try:
-                if not header:
-                    raise errors.SaslAuthenticationFailedError("no credentials")
-                name, password = basic_credentials(header)
-                principal = server.authenticator.check_password(name, password)
-            except errors.DeltaBusError:
-                raise RestError(HTTPStatus.UNAUTHORIZED, 401, "Unauthorized: send the "
-                                "credentials of a SCRAM user as HTTP Basic "
-                                "(basic.auth.user.info)") from None
-        elif isinstance(self.connection, ssl.SSLSocket):
-            principal = certificate_principal(self.connection.getpeercert()) or ANONYMOUS
-        refusal = Access(server.authorizer(), principal, self.client_address[0]).cluster(
-            server.api.operation(method, path))
-        if refusal is not None:
-            raise RestError(HTTPStatus.FORBIDDEN, 40301, f"{refusal.message}: "
-                            f"{method} {path} needs "
-                            f"{server.api.operation(method, path).name} on the cluster")
-
-    def _body(self) -> Any:
-        size = int(self.headers.get("Content-Length") or 0)
-        if size > REQUEST_BYTES_MAX:
-            raise RestError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, 413,
-                            f"a request body may be at most {REQUEST_BYTES_MAX} bytes")
-        if not size:
-            return None
-        try:
-            return json.loads(self.rfile.read(size))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise RestError(HTTPStatus.BAD_REQUEST, 400, f"Unrecognized JSON: {e}") from None
-
-    def log_message(self, format: str, *args: Any) -> None:
-        log.debug("schema registry %s: " + format, self.client_address[0], *args)
-
-
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    api: SchemaRegistryApi
-    authenticator: Authenticator | None  # SASL: every request names a SCRAM user
-    authorizer: Callable[[], Authorizer | None]  # the cluster's, at each request
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        """A connection that failed (a TLS handshake refused, a client gone): a debug line,
-        not a traceback on stderr."""
-        log.debug("schema registry: connection from %s failed", client_address, exc_info=True)
-
-
-class SchemaRegistryServer:
+class SchemaRegistryServer(HttpDoor):
     """The REST door on (host, port) (port 0: any free one), on threads of its own, secured
     as the cluster's client listener is (`security`: its TLS and SASL; `credentials`: the
     users' SCRAM credentials, for SASL; `authorizer`: the cluster's ACLs, None without)."""
@@ -355,36 +288,5 @@ class SchemaRegistryServer:
                  security: ListenerSecurity | None = None,
                  credentials: CredentialLookup | None = None,
                  authorizer: Callable[[], Authorizer | None] = lambda: None) -> None:
-        security = security or ListenerSecurity()
-        if security.uses_sasl and credentials is None:
-            raise ValueError("a SASL cluster's registry needs the users' credentials")
-        try:
-            self._server = _Server((host, port), _Handler)
-        except OSError as e:
-            raise ListenerBindError(
-                f"cannot serve the schema registry on {host}:{port}: {e.strerror}") from None
-        if security.uses_tls:
-            self._server.socket = server_ssl_context(security).wrap_socket(
-                self._server.socket, server_side=True, do_handshake_on_connect=False)
-        self._server.api = SchemaRegistryApi(registry)
-        self._server.authenticator = (Authenticator(credentials, security.sasl_enabled_mechanisms)
-                                      if security.uses_sasl and credentials else None)
-        self._server.authorizer = authorizer
-        self.host = host
-        self.port = int(self._server.server_address[1])
-        self._scheme = "https" if security.uses_tls else "http"
-        self._thread = threading.Thread(target=self._server.serve_forever,
-                                        name=f"schema-registry-{self.port}", daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"{self._scheme}://{self.host}:{self.port}"
-
-    def start(self) -> SchemaRegistryServer:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join()
+        super().__init__(SchemaRegistryApi(registry), host, port, security=security,
+                         credentials=credentials, authorizer=authorizer)

@@ -32,6 +32,7 @@ from deltabus.cluster.handler import (
 from deltabus.listeners import ListenerBindError
 from deltabus.log_tables.partition_log import LATEST_TIMESTAMP
 from deltabus.log_tables.transactions import consumed_rows
+from deltabus.metrics import RequestMeters
 from deltabus.offsets.group_coordinator import GroupCoordinator
 from deltabus.records import ProducerState, UnpackBudget
 from deltabus.rpc import admin_requests, codec, request_layer, status, throttling, txn_requests
@@ -448,6 +449,42 @@ class DeltaBusServicer(GroupServicerMixin, AclServicerMixin, TxnServicerMixin,
         return codec.describe_client_quotas_response(found)
 
 
+# Kafka's request names where a gRPC method's differs: a fetch is a consumer's or a follower's.
+GRPC_REQUEST_NAMES = {"/deltabus.v1.DeltaBus/Fetch": "FetchConsumer",
+                      "/deltabus.internal.v1.ReplicaFetch/Fetch": "FetchFollower"}
+
+
+class RequestTimer(grpc.ServerInterceptor):
+    """Counts and times every call of a gRPC server (RequestMetrics, door "grpc"), with the
+    throttle time its answer carries. The outermost interceptor: refused calls count too."""
+
+    def __init__(self, meters: RequestMeters) -> None:
+        self._meters = meters
+
+    def intercept_service(self, continuation: Callable[..., Any],
+                          handler_call_details: Any) -> Any:
+        handler = continuation(handler_call_details)
+        if handler is None or handler.unary_unary is None:
+            return handler
+        method = handler_call_details.method
+        name = GRPC_REQUEST_NAMES.get(method) or method.rsplit("/", 1)[-1]
+        inner, meters = handler.unary_unary, self._meters
+
+        def timed(request: Any, context: grpc.ServicerContext) -> Any:
+            start = time.monotonic()
+            throttle_ms = 0
+            try:
+                response = inner(request, context)
+                throttle_ms = getattr(response, "throttle_time_ms", 0)
+                return response
+            finally:
+                meters.answered(name, "grpc", time.monotonic() - start, throttle_ms)
+
+        return grpc.unary_unary_rpc_method_handler(
+            timed, request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer)
+
+
 def start_server(host: str, port: int, handler: DeltaBusHandler,
                  lifecycle: LifecycleHandler | None = None, *,
                  threads: int = 32, groups: GroupCoordinator | None = None,
@@ -458,8 +495,8 @@ def start_server(host: str, port: int, handler: DeltaBusHandler,
                  listener: str = "", brokers_only: bool = False,
                  long_polls_max: int | None = None,
                  transactions: TransactionHandler | None = None,
-                 kafka_forwarded: Mapping[str, ForwardedKafkaRequests] | None = None
-                 ) -> tuple[grpc.Server, int]:
+                 kafka_forwarded: Mapping[str, ForwardedKafkaRequests] | None = None,
+                 meters: RequestMeters | None = None) -> tuple[grpc.Server, int]:
     """Start a gRPC server for one listener on host:port (0 picks a free port); returns it
     and the bound port. The server is one thread pool of `threads`: what it serves shares
     them. The controller passes `lifecycle` on its controller listeners (brokers register
@@ -473,7 +510,8 @@ def start_server(host: str, port: int, handler: DeltaBusHandler,
     `credentials`); `listener` is its name (`DeltaBusServicer`). At most `long_polls_max`
     (at most `threads`; all of them when not given) Fetches wait for records at once.
     `kafka_forwarded` (the driver's inter-broker listener): the driver's Kafka listeners by
-    name, which answer the coordinators' requests brokers forward (internal API).
+    name, which answer the coordinators' requests brokers forward (internal API). `meters`:
+    the node's request metrics, which count and time every call.
 
     Raises ListenerBindError when the port cannot be bound (already in use).
     """
@@ -487,6 +525,9 @@ def start_server(host: str, port: int, handler: DeltaBusHandler,
     if internal and not broker_secret:
         raise ValueError("a server of the internal API needs the cluster's broker credential")
     interceptors: list[grpc.ServerInterceptor] = []
+    if meters is not None:
+        interceptors.append(RequestTimer(meters))
+        meters.add_handler_threads(threads)
     if internal and broker_secret:
         interceptors.append(InterBrokerAuthorizer(broker_secret, every_method=brokers_only))
     if security.uses_sasl or security.uses_tls or broker_secret:

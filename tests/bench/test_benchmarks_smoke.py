@@ -51,7 +51,7 @@ def positive(section: dict[str, Any], *keys: str) -> None:
 
 
 def test_every_step_ran_and_took_time(figures: dict[str, Any]) -> None:
-    assert sorted(figures["step_s"]) == list("abcdefghijklmnopqrstu")
+    assert sorted(figures["step_s"]) == list("abcdefghijklmnopqrstuv")
     positive(figures["step_s"], *figures["step_s"])
     assert (figures["records"], figures["send_records"], figures["value_bytes"]) == (
         TINY.records, TINY.send_records, VALUE_BYTES)
@@ -169,6 +169,16 @@ def test_sasl_ssl_beside_plaintext(figures: dict[str, Any]) -> None:
         TINY.secure_records, TINY.secure_rounds, "SCRAM-SHA-256", 2)
 
 
+def test_metrics_overhead(figures: dict[str, Any]) -> None:
+    v = figures["metrics_overhead"]
+    for side in ("metrics_on", "metrics_off"):
+        positive(v[side], "produce_rps", "fetch_rps", "send_rps")
+    assert v["send_ratio"] == pytest.approx(
+        v["metrics_on"]["send_rps"] / v["metrics_off"]["send_rps"])
+    assert (v["records"], v["send_records"], v["rounds"]) == (
+        TINY.secure_records, TINY.send_records, TINY.secure_rounds)
+
+
 def test_idle_connections(figures: dict[str, Any]) -> None:
     idle = figures["idle_connections"]
     assert idle["connections"] == TINY.idle_connections
@@ -263,11 +273,11 @@ def test_steps_m_and_n_are_judged_only_where_they_ran(figures: dict[str, Any]) -
     (u)'s cluster on, and the Kafka listener (n) measures is not in this process."""
     remote = {key: value for key, value in figures.items()
               if key not in ("sasl_ssl", "idle_connections", "partition_count", "object_storage",
-                             "scaling")}
+                             "scaling", "metrics_overhead")}
     verdicts = judge(remote)
     assert not {"sasl_ssl", "idle_connections", "partitions", "keyed_partitions",
-                "object_storage_latency", "scaling"} & set(verdicts)
-    for letter in "mnpru":
+                "object_storage_latency", "scaling", "metrics_overhead"} & set(verdicts)
+    for letter in "mnpruv":
         assert f"({letter}) " not in report(remote, verdicts)
 
 
@@ -284,10 +294,11 @@ def test_results_json_and_report(figures: dict[str, Any], tmp_path: pathlib.Path
                              "partitions", "keyed_partitions", "hostile",
                              "object_storage_latency", "kafka_produce", "kafka_consume",
                              "kafka_latency", "kafka_txn_delivery", "drain_sql",
-                             "typed_produce", "bulk_vs_bare", "commit_round", "scaling"}
+                             "typed_produce", "bulk_vs_bare", "commit_round", "scaling",
+                             "metrics_overhead"}
     assert written["drain"]["records"] == TINY.drain_records
     table = capsys.readouterr().out
-    for letter in "abcdefghijklmnopqrstu":
+    for letter in "abcdefghijklmnopqrstuv":
         assert f"({letter}) " in table
     assert f"figures written to {path}" in table
 

@@ -175,7 +175,8 @@ def _cluster_start(*argv: str, env: dict[str, str] | None = None
     port = free_port_block(2)  # the bootstrap's, and broker 0's next to it
     process = subprocess.Popen(
         [sys.executable, "-m", "deltabus.cli.main", "cluster", "start", "--brokers", "1",
-         "--master", "local[3]", "--port", str(port), "--schema-registry-port", "0", *argv],
+         "--master", "local[3]", "--port", str(port), "--schema-registry-port", "0",
+         "--metrics-port", "0", "--console-port", "0", *argv],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**(os.environ if env is None else env), "SPARK_LOCAL_IP": "127.0.0.1"})
     return process, port
@@ -196,6 +197,15 @@ def test_cluster_start_serves_until_signalled_and_flushes(tmp_path: Any, stop_si
         assert registry.startswith("Schema registry: schema.registry.url=http://127.0.0.1:")
         with urllib.request.urlopen(registry.split("=", 1)[1].strip() + "/subjects") as answer:
             assert json.loads(answer.read()) == []  # Confluent's REST API answers there
+        discovery = process.stdout.readline()
+        assert discovery.startswith("Prometheus service discovery: http://127.0.0.1:")
+        with urllib.request.urlopen(discovery.split(": ", 1)[1].strip()) as answer:
+            # the driver's metrics and broker 0's, as Prometheus' http_sd_configs reads them
+            assert sorted(g["labels"]["broker"] for g in json.loads(answer.read())) == ["-1", "0"]
+        console = process.stdout.readline()
+        assert console.startswith("Console: http://127.0.0.1:")
+        with urllib.request.urlopen(console.split(": ", 1)[1].strip()) as answer:
+            assert b"<title>deltabus console</title>" in answer.read()
         assert process.stdout.readline().startswith("Spark UI: http://")
         with Producer(f"127.0.0.1:{port}", acks=0) as producer:
             for i in range(200):

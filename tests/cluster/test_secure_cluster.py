@@ -8,7 +8,11 @@ super user may do anything, and a user without ACLs is refused with nothing writ
 from __future__ import annotations
 
 import base64
+import json
+import ssl
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 
 import confluent_kafka
@@ -228,3 +232,60 @@ def test_the_internal_listeners_serve_no_client(secure) -> None:
         fetch(ipb.ReplicaFetchRequest(replica_id=1), timeout=60, metadata=_basic("admin"))
     assert refused.value.code() == grpc.StatusCode.UNIMPLEMENTED
     assert cluster.controller.wait_for_brokers(2, 60)  # the real brokers carry on
+
+
+def _https(url: str, ca_file: str, user: str | None = None) -> tuple[int, bytes]:
+    """(status, body) of a GET over HTTPS, with HTTP Basic credentials of `user`."""
+    request = urllib.request.Request(url)
+    if user is not None:
+        request.add_header("Authorization", _basic(user)[0][1])
+    try:
+        with urllib.request.urlopen(request, timeout=60,
+                                    context=ssl.create_default_context(cafile=ca_file)) as answer:
+            return answer.status, answer.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def test_metrics_need_a_user_who_may_describe_the_cluster_and_are_served_over_tls(
+        secure) -> None:
+    cluster, ca_file = secure
+    sd = cluster.prometheus_sd_url
+    assert sd.startswith("https://localhost:")
+    assert _https(sd, ca_file)[0] == 401  # no credentials
+    assert _https(sd, ca_file, "alice")[0] == 403  # no DESCRIBE on the cluster
+    status, body = _https(sd, ca_file, "admin")
+    assert status == 200
+    groups = json.loads(body)
+    assert sorted(g["labels"]["broker"] for g in groups) == ["-1", "0", "1"]
+    assert {g["labels"]["__scheme__"] for g in groups} == {"https"}
+    for g in groups:  # every node's metrics behind the same security
+        url = f"https://{g['targets'][0]}{g['labels']['__metrics_path__']}"
+        assert _https(url, ca_file)[0] == 401
+        status, body = _https(url, ca_file, "admin")
+        assert status == 200 and b"kafka_network_requestmetrics_requests_total" in body
+
+
+def test_the_console_shows_a_user_only_the_topics_it_may_describe(secure) -> None:
+    """In a real browser signed in as alice, who may DESCRIBE one topic of two."""
+    from selenium.webdriver.common.by import By
+
+    from tests.conftest import wait_until
+    from tests.monitoring.browser import chromium, screenshot
+
+    cluster, ca_file = secure
+    with AdminClient(cluster.bootstrap_servers, **_grpc("admin", ca_file)) as admin:
+        admin.create_topics([NewTopic("shown", 1, 2), NewTopic("hidden", 1, 2)])
+        admin.create_acls([AclBinding(ResourceType.TOPIC, "shown", PatternType.LITERAL,
+                                      "User:alice", "*", Operation.DESCRIBE, Permission.ALLOW)])
+    status, body = _https(cluster.console_url + "/api/overview", ca_file, "admin")
+    assert status == 200
+    assert {"shown", "hidden"} <= {t["name"] for t in json.loads(body)["topics"]}
+    assert _https(cluster.console_url, ca_file)[0] == 401
+    with chromium(user="alice", password=PASSWORDS["alice"]) as browser:
+        browser.get(cluster.console_url)
+        wait_until(lambda: browser.find_elements(By.ID, "topic-shown"),
+                   "the console to list the topic alice may describe")
+        assert browser.find_elements(By.ID, "topic-hidden") == []
+        assert len(browser.find_elements(By.CSS_SELECTOR, "#brokers tbody tr")) == 2
+        screenshot(browser, "console-as-alice")

@@ -28,7 +28,9 @@ ABSOLUTE_PATH = re.compile(r"(?:^|(?<=[\s`'\"(=]))/[A-Za-z][\w.-]*(?:/[\w.{}*-]*
 # of the reader's choosing, Databricks' mounts, the sample output of `make run`, and the HTTP
 # paths of the schema registry's REST API and of Kafka's quota entities.
 ALLOWED_PATHS = ("/tmp/", "/Volumes/", "/dbfs", "/home/me/", "/subjects/", "/schemas/",
-                 "/config", "/compatibility/")
+                 "/config", "/compatibility/",
+                 # the metrics and console doors' URL paths
+                 "/sd", "/metrics", "/api/overview")
 
 
 def mkdocs_build(config: Path, site: Path) -> subprocess.CompletedProcess[str]:

@@ -776,3 +776,36 @@ def test_a_data_file_that_reads_wrong_answers_a_storage_error_and_is_opened_afre
         assert log.read(0, 1 << 20, to_log_end=True).column("value").to_pylist() == values
     finally:
         log.close()
+
+
+def test_the_file_counts_the_metrics_show_follow_commits_and_truncations(tmp_path: Path) -> None:
+    """A broker's deltabus_log_files and kafka_log_log_size come from `file_stats`, kept up as
+    the log commits (no table read per scrape) and counted afresh after a truncation: always
+    what the table's add actions say. Its commits are timed in the broker's metrics."""
+    from prometheus_client import generate_latest
+
+    from deltabus.metrics import NodeMetrics
+
+    metrics = NodeMetrics()
+    log = PartitionLog(str(tmp_path / "replica-0"), topic="t", partition=0,
+                       meters=metrics.logs)
+
+    def from_table() -> tuple[int, int]:
+        table = DeltaTable(str(tmp_path / "replica-0"))
+        sizes = table.get_add_actions(flatten=True).column("size_bytes").to_pylist()
+        return len(sizes), sum(sizes)
+
+    try:
+        for i in range(3):
+            log.append(_batch(_values(f"b{i}-", 10)), leader_epoch=0).result(30)
+            assert log.file_stats() == from_table()
+        log.truncate_to(15).result(30)
+        assert log.file_stats() == from_table()
+        log.append(_batch(_values("after-", 5)), leader_epoch=0).result(30)
+        assert log.file_stats() == from_table()
+        assert log.read(0, 1 << 20).num_rows == 20
+    finally:
+        log.close()
+    text = generate_latest(metrics.registry).decode()
+    assert "deltabus_log_commit_seconds_count 4.0" in text  # the appends; not the truncation
+    assert "deltabus_log_tail_cache_hits_total 1.0" in text

@@ -641,7 +641,7 @@ def read_log(bootstrap: str, plan: FaultPlan, problems: list[str] | None = None
     stored: dict[tuple[int, int], bytes] = {}
     with Consumer(bootstrap, auto_offset_reset="earliest") as consumer:
         consumer.assign(tps)
-        ends = consumer.end_offsets(tps)
+        ends = _end_offsets(consumer, tps, plan.drain_idle_s, problems)
         idle_since = time.monotonic()
         while (any(consumer.position(tp) < ends[tp] for tp in tps)
                and time.monotonic() - idle_since < plan.drain_idle_s):
@@ -656,6 +656,26 @@ def read_log(bootstrap: str, plan: FaultPlan, problems: list[str] | None = None
                         "progress; (position, high watermark) by partition: "
                         f"{dict(sorted(behind.items()))}")
     return stored, {tp.partition: ends[tp] for tp in tps}
+
+
+def _end_offsets(consumer: Consumer, tps: list[TopicPartition], wait_s: float,
+                 problems: list[str] | None) -> dict[TopicPartition, int]:
+    """The partitions' high watermarks, asked again for up to `wait_s` while their leaders do
+    not answer (after the last fault brokers may still be relaunching): that wait is told in
+    `problems` as unavailability, not taken for lost records."""
+    started = time.monotonic()
+    while True:
+        try:
+            ends = consumer.end_offsets(tps)
+        except errors.KafkaTimeoutError:
+            if time.monotonic() - started > wait_s:
+                raise
+            continue
+        waited_s = time.monotonic() - started
+        if waited_s > 30 and problems is not None:
+            problems.append(f"the read-back waited {waited_s:.0f} s for every partition's "
+                            "leader to answer ListOffsets")
+        return ends
 
 
 def check(ledger: Ledger, stored: dict[tuple[int, int], bytes], report: Report) -> Report:

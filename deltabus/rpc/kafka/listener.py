@@ -54,12 +54,14 @@ from datetime import timedelta
 from typing import Any
 
 from kio.schema.errors import ErrorCode
+from kio.schema.index import api_key_map
 
 from deltabus import config as cfg
 from deltabus import errors
 from deltabus.cluster.handler import DeltaBusHandler, TransactionHandler
 from deltabus.config import ListenerSecurity
 from deltabus.listeners import ListenerBindError
+from deltabus.metrics import RequestMeters
 from deltabus.offsets.group_coordinator import GroupCoordinator
 from deltabus.rpc.access import Access, acting_as
 from deltabus.rpc.authentication import Authenticator, CredentialLookup
@@ -165,16 +167,33 @@ class _RequestHandlers:
     threads. Thread-safe."""
 
     def __init__(self, kafka_apis: apis.KafkaApis, authenticator: Authenticator | None,
-                 config: cfg.SocketServerConfig, name: str, forward: Forward | None) -> None:
+                 config: cfg.SocketServerConfig, name: str, forward: Forward | None,
+                 meters: RequestMeters | None = None) -> None:
         self.apis = kafka_apis
         self.authenticator = authenticator
         self.forward = forward
         self._io = HandlerPool(f"{name}-request-handler", config.num_io_threads)
         self.purgatory = Purgatory(f"{name}-purgatory")
+        self._meters = meters
+        self._threads = config.num_io_threads
+        if meters is not None:
+            meters.add_handler_threads(self._threads)
 
     def stop(self) -> None:
         self.purgatory.stop()
         self._io.stop()
+        if self._meters is not None:
+            self._meters.add_handler_threads(-self._threads)
+            self._meters = None
+
+    def _respond(self, request: Request, key: int, encoded: bytes | None, *,
+                 last: bool = False, throttle_ms: int = 0, busy_s: float = 0.0) -> None:
+        """Send an answer, counting and timing it (RequestMetrics, door "kafka") from the
+        request's arrival; `busy_s`: the handler thread's time on it."""
+        request.respond(encoded, last=last, throttle_ms=throttle_ms)
+        if self._meters is not None:
+            self._meters.answered(api_name(key), "kafka", time.monotonic() - request.received_s,
+                                  throttle_ms, busy_s)
 
     def on_request(self, run: list[Request]) -> None:
         """On the network thread: queue a run of a connection's requests for a handler
@@ -196,6 +215,7 @@ class _RequestHandlers:
         next request may be handled at once."""
         session = request.session
         frame, request.frame = request.frame, b""  # not kept while the answer waits
+        started = time.monotonic()
         try:
             parsed = self._parse(frame, session)
             if (isinstance(parsed, _Parsed) and self.forward is not None
@@ -208,12 +228,14 @@ class _RequestHandlers:
         if isinstance(answer, DelayedResponse):
             assert isinstance(parsed, _Parsed)
             request.release()
-            delayed, correlation_id = answer, parsed.correlation_id
+            delayed, key = answer, parsed.key
+            busy_s = time.monotonic() - started
             self.purgatory.watch(delayed, lambda: self._io.submit(
-                self._complete, request, correlation_id, delayed))
+                self._complete, request, key, parsed.correlation_id, delayed, busy_s))
             return True
         encoded, throttle_ms = answer if isinstance(answer, tuple) else (answer, 0)
-        request.respond(encoded, last=session.close_after_answer, throttle_ms=throttle_ms)
+        self._respond(request, peek(frame)[0], encoded, last=session.close_after_answer,
+                      throttle_ms=throttle_ms, busy_s=time.monotonic() - started)
         return throttle_ms <= 0 and not session.close_after_answer
 
     def _forward(self, request: Request, parsed: _Parsed, frame: bytes) -> bool:
@@ -221,21 +243,21 @@ class _RequestHandlers:
         assert self.forward is not None
         answer = self.forward(frame, request.session.host, request.session.principal)
         if parsed.key not in FORWARDED_WAITING:
-            return self._send_forwarded(request, answer)
+            return self._send_forwarded(request, parsed.key, answer)
         request.release()
         answer.add_done_callback(lambda done: self._io.submit(self._send_forwarded, request,
-                                                              done))
+                                                              parsed.key, done))
         return True
 
-    @staticmethod
-    def _send_forwarded(request: Request, answer: Future[tuple[bytes, int]]) -> bool:
+    def _send_forwarded(self, request: Request, key: int,
+                        answer: Future[tuple[bytes, int]]) -> bool:
         try:
             encoded, throttle_ms = answer.result()
         except errors.DeltaBusError as e:
             request.fail(f"the coordinator in the driver did not answer: {e.message}")
             return False
-        request.respond(encoded or None, last=request.session.close_after_answer,
-                        throttle_ms=throttle_ms)
+        self._respond(request, key, encoded or None, last=request.session.close_after_answer,
+                      throttle_ms=throttle_ms)
         return throttle_ms <= 0 and not request.session.close_after_answer
 
     def answer_forwarded(self, frame: bytes, principal: KafkaPrincipal, host: str,
@@ -260,10 +282,11 @@ class _RequestHandlers:
         encoded, throttle_ms = answer or (None, 0)
         return encoded or b"", throttle_ms
 
-    def _complete(self, request: Request, correlation_id: int,
-                  delayed: DelayedResponse) -> None:
+    def _complete(self, request: Request, key: int, correlation_id: int,
+                  delayed: DelayedResponse, busy_s: float) -> None:
         """On a request handler thread: a delayed response whose wait is over."""
         session = request.session
+        started = time.monotonic()
         try:
             with acting_as(Access(self.apis.authorizer(), session.principal, session.host)):
                 response = delayed.complete()
@@ -271,8 +294,9 @@ class _RequestHandlers:
             log.exception("a delayed Kafka response failed")
             request.fail(f"a delayed response failed: {type(e).__name__}: {e}")
             return
-        request.respond(encode_response(correlation_id, response),
-                        throttle_ms=throttle_time_ms(response))
+        self._respond(request, key, encode_response(correlation_id, response),
+                      throttle_ms=throttle_time_ms(response),
+                      busy_s=busy_s + time.monotonic() - started)
 
     def _parse(self, frame: bytes, session: KafkaSession) -> bytes | _Parsed:
         """The request in a frame, or the answer where the door answers it itself (SASL,
@@ -322,6 +346,15 @@ class _RequestHandlers:
         return encode_response(parsed.correlation_id, response), throttle_time_ms(response)
 
 
+def api_name(key: int) -> str:
+    """Kafka's name of an API, as its RequestMetrics' `request` tag says it (a fetch on this
+    door is a consumer's: followers fetch over gRPC)."""
+    if key == apis.FETCH:
+        return "FetchConsumer"
+    snake = api_key_map.get(key)
+    return "".join(part.capitalize() for part in snake.split("_")) if snake else str(key)
+
+
 def unsupported(key: int, version: int) -> Any:
     """A response of an API deltabus does not implement: UNSUPPORTED_VERSION where the response
     has an error code, nothing in its lists."""
@@ -359,13 +392,15 @@ class KafkaListener:
                  security: ListenerSecurity = PLAINTEXT,
                  credentials: CredentialLookup | None = None, listener: str = "",
                  socket_server: cfg.SocketServerConfig | None = None,
-                 transactions: TransactionHandler | None = None) -> None:
+                 transactions: TransactionHandler | None = None,
+                 meters: RequestMeters | None = None) -> None:
         """`groups` and `transactions`: the group and transaction coordinators, on the
         listener that has them (the driver's); `forward`: how a broker's listener passes
         their requests on to the driver's; `security`: TLS and SASL; `credentials`: the
         users' SCRAM credentials a SASL listener checks; `listener`: its name (Metadata
         answers with the brokers' endpoints of it); `socket_server`: its threads and limits
-        (`max_request_bytes`, where given, is its socket.request.max.bytes)."""
+        (`max_request_bytes`, where given, is its socket.request.max.bytes); `meters`: the
+        node's request metrics, which count and time every answer."""
         config = socket_server or cfg.SocketServerConfig()
         if max_request_bytes is not None:
             config = dataclasses.replace(
@@ -390,7 +425,7 @@ class KafkaListener:
         self.port: int = int(address[1])
         self.bound_port = self.port
         self._handlers = _RequestHandlers(kafka_apis, authenticator, config,
-                                          f"kafka-{self.port}", forward)
+                                          f"kafka-{self.port}", forward, meters)
         self._processor = Processor(server, self._handlers.on_request, config=config,
                                     ssl_context=ssl_context, sasl_required=security.uses_sasl)
         self._thread = threading.Thread(target=self._processor.run,

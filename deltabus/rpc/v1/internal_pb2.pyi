@@ -58,7 +58,7 @@ class RegisterBrokerResponse(_message.Message):
     def __init__(self, error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., broker_epoch: _Optional[int] = ...) -> None: ...
 
 class BrokerHeartbeatRequest(_message.Message):
-    __slots__ = ("broker_id", "broker_epoch", "metadata_version", "max_wait_ms", "offline_replicas", "metadata_position", "partition_loads")
+    __slots__ = ("broker_id", "broker_epoch", "metadata_version", "max_wait_ms", "offline_replicas", "metadata_position", "partition_loads", "partition_reports")
     BROKER_ID_FIELD_NUMBER: _ClassVar[int]
     BROKER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     METADATA_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -66,6 +66,7 @@ class BrokerHeartbeatRequest(_message.Message):
     OFFLINE_REPLICAS_FIELD_NUMBER: _ClassVar[int]
     METADATA_POSITION_FIELD_NUMBER: _ClassVar[int]
     PARTITION_LOADS_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_REPORTS_FIELD_NUMBER: _ClassVar[int]
     broker_id: int
     broker_epoch: int
     metadata_version: int
@@ -73,7 +74,22 @@ class BrokerHeartbeatRequest(_message.Message):
     offline_replicas: _containers.RepeatedCompositeFieldContainer[_deltabus_pb2.TopicPartitions]
     metadata_position: MetadataPosition
     partition_loads: _containers.RepeatedCompositeFieldContainer[PartitionLoad]
-    def __init__(self, broker_id: _Optional[int] = ..., broker_epoch: _Optional[int] = ..., metadata_version: _Optional[int] = ..., max_wait_ms: _Optional[int] = ..., offline_replicas: _Optional[_Iterable[_Union[_deltabus_pb2.TopicPartitions, _Mapping]]] = ..., metadata_position: _Optional[_Union[MetadataPosition, _Mapping]] = ..., partition_loads: _Optional[_Iterable[_Union[PartitionLoad, _Mapping]]] = ...) -> None: ...
+    partition_reports: _containers.RepeatedCompositeFieldContainer[PartitionReport]
+    def __init__(self, broker_id: _Optional[int] = ..., broker_epoch: _Optional[int] = ..., metadata_version: _Optional[int] = ..., max_wait_ms: _Optional[int] = ..., offline_replicas: _Optional[_Iterable[_Union[_deltabus_pb2.TopicPartitions, _Mapping]]] = ..., metadata_position: _Optional[_Union[MetadataPosition, _Mapping]] = ..., partition_loads: _Optional[_Iterable[_Union[PartitionLoad, _Mapping]]] = ..., partition_reports: _Optional[_Iterable[_Union[PartitionReport, _Mapping]]] = ...) -> None: ...
+
+class PartitionReport(_message.Message):
+    __slots__ = ("topic", "partition", "high_watermark", "size_bytes", "files")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    HIGH_WATERMARK_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    FILES_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    partition: int
+    high_watermark: int
+    size_bytes: int
+    files: int
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., high_watermark: _Optional[int] = ..., size_bytes: _Optional[int] = ..., files: _Optional[int] = ...) -> None: ...
 
 class PartitionLoad(_message.Message):
     __slots__ = ("topic", "partition", "bytes_in_per_s")
