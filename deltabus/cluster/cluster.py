@@ -211,7 +211,8 @@ class Cluster:
                     # the registry is secured as the cluster's bootstrap listener
                     security=self.config.listener_security(bootstrap.security_protocol),
                     credentials=handler.scram_credential,
-                    authorizer=self.controller.authorizer).start()
+                    authorizer=self.controller.authorizer,
+                    meters=self.metrics.node.requests).start()
             except ListenerBindError:
                 self.stop()
                 raise

@@ -30,7 +30,7 @@ from deltabus.cluster.executor_process import broker_host, local_host
 from deltabus.cluster.handler import DeltaBusHandler, LifecycleHandler, TransactionHandler
 from deltabus.listeners import GRPC, KAFKA, Listener, ListenerBindError, ListenerConfig
 from deltabus.metadata import CONTROLLER_NODE_ID, BrokerEndpoint, ListenerEndpoint
-from deltabus.metrics import NodeMetrics
+from deltabus.metrics import NodeMetrics, RequestMeters
 from deltabus.offsets.group_coordinator import GroupCoordinator
 from deltabus.rpc.access import Access
 from deltabus.rpc.authentication import CredentialLookup
@@ -148,11 +148,12 @@ def open_doors(config: cfg.ClusterConfig, node: int, handler: DeltaBusHandler, *
             app = MetricsApp(metrics.exposition, nodes=sd_nodes,
                              scheme="https" if tls else "http")
             _open_http(config, listeners, node, previous, METRICS_LISTENER_NAME,
-                       config.metrics_port, app, credentials, handler.authorizer, doors)
+                       config.metrics_port, app, credentials, handler.authorizer, meters,
+                       doors)
         if console is not None and config.console_port >= 0:
             _open_http(config, listeners, node, previous, CONSOLE_LISTENER_NAME,
                        config.console_port, ConsoleApp(console), credentials,
-                       handler.authorizer, doors)
+                       handler.authorizer, meters, doors)
     except BaseException:
         doors.stop()
         raise
@@ -162,7 +163,7 @@ def open_doors(config: cfg.ClusterConfig, node: int, handler: DeltaBusHandler, *
 def _open_http(config: cfg.ClusterConfig, listeners: ListenerConfig, node: int,
                previous: Sequence[ListenerEndpoint], name: str, port: int, app: HttpApp,
                credentials: CredentialLookup, authorizer: Callable[[], Authorizer | None],
-               doors: Doors) -> None:
+               meters: RequestMeters | None, doors: Doors) -> None:
     """An HTTP door of the node (`name`: metrics, console), on the host and security of its
     first client gRPC listener, at `port` as the Kafka listeners number theirs (broker b:
     port + 1 + b)."""
@@ -173,7 +174,7 @@ def _open_http(config: cfg.ClusterConfig, listeners: ListenerConfig, node: int,
     door = _bind(listener, node, previous, functools.partial(
         HttpDoor, app, listener.bind_host, security=security,
         credentials=credentials if security.uses_sasl else None,
-        authorizer=authorizer)).start()
+        authorizer=authorizer, meters=meters)).start()
     doors.http_doors.append(door)
     doors.endpoints.append(_endpoint(listener, door.port, node))
 

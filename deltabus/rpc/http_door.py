@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import ssl
 import threading
+import time
 import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ from typing import Any, Protocol, Self
 from deltabus import errors
 from deltabus.config import ListenerSecurity
 from deltabus.listeners import ListenerBindError
+from deltabus.metrics import RequestMeters
 from deltabus.rpc.access import Access
 from deltabus.rpc.authentication import Authenticator, CredentialLookup
 from deltabus.rpc.call_authentication import basic_credentials
@@ -111,6 +113,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _serve(self, method: str) -> None:
         app = self.server.app
+        started = time.monotonic()
         url = urllib.parse.urlsplit(self.path)
         try:
             principal = self._principal()
@@ -133,8 +136,9 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", response.content_type)
         self.send_header("Content-Length", str(len(response.body)))
         self.end_headers()
-        if method != "HEAD":
-            self.wfile.write(response.body)
+        self.wfile.write(response.body)
+        if self.server.meters is not None:  # by method: paths name subjects, without bound
+            self.server.meters.answered(method, self.server.door, time.monotonic() - started)
 
     def _principal(self) -> KafkaPrincipal:
         """Who calls: a SCRAM user by HTTP Basic on a SASL cluster, a client certificate's
@@ -168,6 +172,8 @@ class _Handler(BaseHTTPRequestHandler):
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     app: HttpApp
+    door: str  # the app's name as the RequestMetrics' door label ("schema_registry", ...)
+    meters: RequestMeters | None  # the node's, counting and timing every request
     authenticator: Authenticator | None  # SASL: every request names a SCRAM user
     authorizer: Callable[[], Authorizer | None]  # the cluster's, at each request
 
@@ -181,12 +187,14 @@ class _Server(ThreadingHTTPServer):
 class HttpDoor:
     """`app` served on (host, port) (port 0: any free one), on threads of its own, secured as
     the cluster's client listener is (`security`: its TLS and SASL; `credentials`: the users'
-    SCRAM credentials, for SASL; `authorizer`: the cluster's ACLs, None without)."""
+    SCRAM credentials, for SASL; `authorizer`: the cluster's ACLs, None without; `meters`: the
+    node's request metrics, which count and time each request by method)."""
 
     def __init__(self, app: HttpApp, host: str, port: int, *,
                  security: ListenerSecurity | None = None,
                  credentials: CredentialLookup | None = None,
-                 authorizer: Callable[[], Authorizer | None] = lambda: None) -> None:
+                 authorizer: Callable[[], Authorizer | None] = lambda: None,
+                 meters: RequestMeters | None = None) -> None:
         security = security or ListenerSecurity()
         if security.uses_sasl and credentials is None:
             raise ValueError(f"a SASL cluster's {app.name} needs the users' credentials")
@@ -199,6 +207,8 @@ class HttpDoor:
             self._server.socket = server_ssl_context(security).wrap_socket(
                 self._server.socket, server_side=True, do_handshake_on_connect=False)
         self._server.app = app
+        self._server.door = app.name.replace(" ", "_")
+        self._server.meters = meters
         self._server.authenticator = (Authenticator(credentials, security.sasl_enabled_mechanisms)
                                       if security.uses_sasl and credentials else None)
         self._server.authorizer = authorizer

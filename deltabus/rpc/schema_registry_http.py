@@ -35,6 +35,7 @@ from typing import Any
 
 from deltabus.cluster.handler import SchemaRegistryHandler
 from deltabus.config import ListenerSecurity
+from deltabus.metrics import RequestMeters
 from deltabus.rpc.authentication import CredentialLookup
 from deltabus.rpc.http_door import HttpDoor, HttpRequest, HttpResponse
 from deltabus.schemas import (
@@ -287,6 +288,7 @@ class SchemaRegistryServer(HttpDoor):
     def __init__(self, registry: SchemaRegistryHandler, host: str, port: int, *,
                  security: ListenerSecurity | None = None,
                  credentials: CredentialLookup | None = None,
-                 authorizer: Callable[[], Authorizer | None] = lambda: None) -> None:
+                 authorizer: Callable[[], Authorizer | None] = lambda: None,
+                 meters: RequestMeters | None = None) -> None:
         super().__init__(SchemaRegistryApi(registry), host, port, security=security,
-                         credentials=credentials, authorizer=authorizer)
+                         credentials=credentials, authorizer=authorizer, meters=meters)

@@ -201,7 +201,12 @@ def test_cluster_start_serves_until_signalled_and_flushes(tmp_path: Any, stop_si
         assert discovery.startswith("Prometheus service discovery: http://127.0.0.1:")
         with urllib.request.urlopen(discovery.split(": ", 1)[1].strip()) as answer:
             # the driver's metrics and broker 0's, as Prometheus' http_sd_configs reads them
-            assert sorted(g["labels"]["broker"] for g in json.loads(answer.read())) == ["-1", "0"]
+            targets = {g["labels"]["broker"]: g["targets"][0] for g in json.loads(answer.read())}
+        assert sorted(targets) == ["-1", "0"]
+        with urllib.request.urlopen(f"http://{targets['-1']}/metrics") as answer:
+            # the registry's GET above, counted and timed by the driver
+            assert ('kafka_network_requestmetrics_requests_total{door="schema_registry",'
+                    'request="GET"} 1.0') in answer.read().decode()
         console = process.stdout.readline()
         assert console.startswith("Console: http://127.0.0.1:")
         with urllib.request.urlopen(console.split(": ", 1)[1].strip()) as answer:
