@@ -32,7 +32,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")))
 RUN = ("python", "bash")  # the languages whose blocks run
-SHOWN = ("text", "json", "properties", "protobuf")  # shown, not run
+SHOWN = ("text", "json", "properties", "protobuf", "yaml")  # shown, not run
 # `make run`'s addresses, in the docs, and the default checkpoint folder of the Spark examples:
 # the test puts its cluster's and a folder of its own in their place.
 ADDRESSES = ("http://127.0.0.1:8081", "127.0.0.1:9192", "127.0.0.1:9092")
