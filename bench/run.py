@@ -163,6 +163,11 @@ def build_parser() -> argparse.ArgumentParser:
                            f"(default {DEFAULT.secure_records})")
     size.add_argument("--secure-rounds", type=int, default=DEFAULT.secure_rounds,
                       help=f"rounds of step (m) (default {DEFAULT.secure_rounds})")
+    size.add_argument("--metrics-records", type=int, default=DEFAULT.metrics_records,
+                      help="records produced and fetched per side and round in step (v) "
+                           f"(default {DEFAULT.metrics_records})")
+    size.add_argument("--metrics-rounds", type=int, default=DEFAULT.metrics_rounds,
+                      help=f"rounds of step (v) (default {DEFAULT.metrics_rounds})")
     size.add_argument("--idle-connections", type=int, default=DEFAULT.idle_connections,
                       help="idle Kafka connections held open in step (n) "
                            f"(default {DEFAULT.idle_connections})")
@@ -226,7 +231,8 @@ def sizes_from(args: argparse.Namespace) -> Sizes:
                  drain_records=args.drain_records, drain_rounds=args.drain_rounds,
                  small_commits=args.small_commits,
                  small_commit_rounds=args.small_commit_rounds, secure_records=args.secure_records,
-                 secure_rounds=args.secure_rounds, idle_connections=args.idle_connections,
+                 secure_rounds=args.secure_rounds, metrics_records=args.metrics_records,
+                 metrics_rounds=args.metrics_rounds, idle_connections=args.idle_connections,
                  quota_bytes_per_s=args.quota_bytes_per_s, quota_run_s=args.quota_run_s,
                  partitions=args.partitions, partitions_step=args.partitions_step,
                  keyed_partitions=args.keyed_partitions, keyed_records=args.keyed_records,
@@ -342,8 +348,8 @@ def measure(bootstrap: str, spark: Any, kafka_bootstrap: str | None, root: str,
     if embedded:
         with _step(figures["step_s"], "v", "produce and fetch with metrics beside without"):
             figures["metrics_overhead"] = metrics_overhead.metrics_overhead(
-                spark, root, chunk_values(sizes.secure_records), sizes.secure_records,
-                sizes.send_records, sizes.secure_rounds)
+                spark, root, chunk_values(sizes.metrics_records), sizes.metrics_records,
+                sizes.send_records, sizes.metrics_rounds)
     else:
         print("(v) skipped: it starts clusters of its own, on the embedded run's Spark")
     if embedded and kafka_bootstrap:

@@ -31,6 +31,11 @@ class Sizes:
     small_commits: int = 10_000  # (k): commits of 10 records before the merge
     secure_records: int = 300_000  # (m): produced and fetched per protocol and round
     secure_rounds: int = 3  # (m): rounds, alternating PLAINTEXT and SASL_SSL
+    # (v): produced and fetched per side and round, and rounds: the two sides differ by a few
+    # per cent at most, so rounds of a second or more and seven of them (300,000 records in 3
+    # rounds put the ratios anywhere from 0.80 to 1.17 in one run, 2026-12-03)
+    metrics_records: int = 1_000_000
+    metrics_rounds: int = 7
     idle_connections: int = 5_000  # (n): idle Kafka connections held open at once
     quota_bytes_per_s: int = 1_000_000  # (o): the quota'd producer's producer_byte_rate
     quota_run_s: float = 44.0  # (o): both producers' run: four 11 s periods of the quota'd one
@@ -64,6 +69,8 @@ class Sizes:
                   "small-commits": (self.small_commits, 2),  # a merge needs two files
                   "secure-records": (self.secure_records, 1),
                   "secure-rounds": (self.secure_rounds, 1),
+                  "metrics-records": (self.metrics_records, 1),
+                  "metrics-rounds": (self.metrics_rounds, 1),
                   "idle-connections": (self.idle_connections, 1),
                   "quota-bytes-per-s": (self.quota_bytes_per_s, 1),
                   "partitions": (self.partitions, 1),

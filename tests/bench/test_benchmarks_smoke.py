@@ -22,7 +22,8 @@ from bench.sizes import VALUE_BYTES, Sizes
 
 TINY = Sizes(records=2_000, small_commit_rounds=5, send_records=200, latency_run_s=0.3,
              committers=3, commit_run_s=0.5, group_members=3, drain_records=2_000, drain_rounds=1,
-             small_commits=5, secure_records=500, secure_rounds=1, idle_connections=50,
+             small_commits=5, secure_records=500, secure_rounds=1, metrics_records=500,
+             metrics_rounds=1, idle_connections=50,
              quota_bytes_per_s=50_000_000, quota_run_s=1.0, partitions=20, partitions_step=10,
              keyed_partitions=5, keyed_records=200, keyed_rounds=1, hostile_run_s=0.5,
              hostile_rounds=1, round_partitions=3, round_rounds=1, s3_records=2_000,
@@ -176,7 +177,7 @@ def test_metrics_overhead(figures: dict[str, Any]) -> None:
     assert v["send_ratio"] == pytest.approx(
         v["metrics_on"]["send_rps"] / v["metrics_off"]["send_rps"])
     assert (v["records"], v["send_records"], v["rounds"]) == (
-        TINY.secure_records, TINY.send_records, TINY.secure_rounds)
+        TINY.metrics_records, TINY.send_records, TINY.metrics_rounds)
 
 
 def test_idle_connections(figures: dict[str, Any]) -> None:
@@ -315,7 +316,8 @@ def test_tiny_flags_make_tiny_sizes() -> None:
          "--latency-run-s", "0.3",
          "--committers", "3", "--commit-run-s", "0.5", "--group-members", "3",
          "--drain-records", "2000", "--drain-rounds", "1", "--small-commits", "5",
-         "--secure-records", "500", "--secure-rounds", "1", "--idle-connections", "50",
+         "--secure-records", "500", "--secure-rounds", "1", "--metrics-records", "500",
+         "--metrics-rounds", "1", "--idle-connections", "50",
          "--quota-bytes-per-s", "50000000", "--quota-run-s", "1", "--partitions", "20",
          "--partitions-step", "10", "--keyed-partitions", "5", "--keyed-records", "200",
          "--keyed-rounds", "1", "--hostile-run-s", "0.5", "--hostile-rounds", "1",
@@ -335,6 +337,7 @@ def test_tiny_flags_make_tiny_sizes() -> None:
     (["--small-commit-rounds", "0"], "--small-commit-rounds must be at least 1"),
     (["--latency-run-s", "0"], "--latency-run-s must be more than 0"),
     (["--secure-rounds", "0"], "--secure-rounds must be at least 1"),
+    (["--metrics-rounds", "0"], "--metrics-rounds must be at least 1"),
     (["--idle-connections", "0"], "--idle-connections must be at least 1"),
     (["--partitions-step", "0"], "--partitions-step must be at least 1"),
     (["--hostile-run-s", "0"], "--hostile-run-s must be more than 0"),
