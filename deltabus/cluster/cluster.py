@@ -443,12 +443,12 @@ class Cluster:
     def metrics_url(self) -> str:
         """The driver's metrics door: /metrics its own, /sd Prometheus' service discovery of
         every node's (`http_sd_configs`)."""
-        return http_url(self._doors.endpoints, METRICS_LISTENER_NAME, self.config)
+        return http_url(self._node, METRICS_LISTENER_NAME, self.config)
 
     @property
     def console_url(self) -> str:
         """The console, a read-only web page of the cluster (console_port)."""
-        return http_url(self._doors.endpoints, CONSOLE_LISTENER_NAME, self.config)
+        return http_url(self._node, CONSOLE_LISTENER_NAME, self.config)
 
     @property
     def prometheus_sd_url(self) -> str:

@@ -42,6 +42,7 @@ from deltabus.rpc.metrics_http import (
     HTTP,
     METRICS_LISTENER_NAME,
     MetricsApp,
+    http_scheme,
 )
 from deltabus.rpc.server import start_server
 from deltabus.security.acls import Authorizer
@@ -144,9 +145,7 @@ def open_doors(config: cfg.ClusterConfig, node: int, handler: DeltaBusHandler, *
             kafka.advertise(endpoint.host, endpoint.port)
             doors.endpoints.append(endpoint)
         if metrics is not None and config.metrics_port >= 0:
-            tls = config.listener_security(listeners.client_grpc()[0].security_protocol).uses_tls
-            app = MetricsApp(metrics.exposition, nodes=sd_nodes,
-                             scheme="https" if tls else "http")
+            app = MetricsApp(metrics.exposition, nodes=sd_nodes, scheme=http_scheme(config))
             _open_http(config, listeners, node, previous, METRICS_LISTENER_NAME,
                        config.metrics_port, app, credentials, handler.authorizer, meters,
                        doors)

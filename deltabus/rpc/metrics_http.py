@@ -36,16 +36,20 @@ def metrics_endpoint(node: BrokerEndpoint) -> ListenerEndpoint | None:
     return node.listener(HTTP, METRICS_LISTENER_NAME)
 
 
-def http_url(endpoints: Sequence[ListenerEndpoint], name: str, config: ClusterConfig) -> str:
+def http_scheme(config: ClusterConfig) -> str:
+    """The HTTP doors' scheme: they are secured as the first client gRPC listener is."""
+    client = config.listener_config().client_grpc()[0]
+    return "https" if config.listener_security(client.security_protocol).uses_tls else "http"
+
+
+def http_url(node: BrokerEndpoint | None, name: str, config: ClusterConfig) -> str:
     """The base URL of a node's HTTP door `name` (METRICS_LISTENER_NAME,
-    CONSOLE_LISTENER_NAME), from its listener endpoints."""
-    endpoint = next((e for e in endpoints if (e.door, e.name) == (HTTP, name)), None)
+    CONSOLE_LISTENER_NAME)."""
+    endpoint = node.listener(HTTP, name) if node is not None else None
     if endpoint is None:
         raise RuntimeError(f"this node serves no {name.lower()} (its port is -1, or the "
                            "cluster is not started)")
-    client = config.listener_config().client_grpc()[0]
-    scheme = "https" if config.listener_security(client.security_protocol).uses_tls else "http"
-    return f"{scheme}://{endpoint.host}:{endpoint.port}"
+    return f"{http_scheme(config)}://{endpoint.host}:{endpoint.port}"
 
 
 def sd_targets(nodes: Sequence[BrokerEndpoint], scheme: str) -> list[dict[str, object]]:
