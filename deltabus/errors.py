@@ -264,6 +264,15 @@ FencedMemberEpochError = _kafka_error(110, "FENCED_MEMBER_EPOCH")
 UnreleasedInstanceIdError = _kafka_error(111, "UNRELEASED_INSTANCE_ID")
 UnsupportedAssignorError = _kafka_error(112, "UNSUPPORTED_ASSIGNOR")
 StaleMemberEpochError = _kafka_error(113, "STALE_MEMBER_EPOCH")
+# KIP-932's share groups: an acknowledgement of a record not acquired by the member (or no longer
+# locked), a share session the broker does not have or whose epoch is not the next, share state
+# written on an older state epoch (its offsets were altered or deleted meanwhile), and a broker
+# that holds as many share sessions as it may.
+InvalidRecordStateError = _kafka_error(121, "INVALID_RECORD_STATE")
+ShareSessionNotFoundError = _kafka_error(122, "SHARE_SESSION_NOT_FOUND", retriable=True)
+InvalidShareSessionEpochError = _kafka_error(123, "INVALID_SHARE_SESSION_EPOCH", retriable=True)
+FencedStateEpochError = _kafka_error(124, "FENCED_STATE_EPOCH")
+ShareSessionLimitReachedError = _kafka_error(133, "SHARE_SESSION_LIMIT_REACHED", retriable=True)
 
 
 class ClientError(DeltaBusError):

@@ -118,6 +118,11 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     UNRELEASED_INSTANCE_ID: _ClassVar[ErrorCode]
     UNSUPPORTED_ASSIGNOR: _ClassVar[ErrorCode]
     STALE_MEMBER_EPOCH: _ClassVar[ErrorCode]
+    INVALID_RECORD_STATE: _ClassVar[ErrorCode]
+    SHARE_SESSION_NOT_FOUND: _ClassVar[ErrorCode]
+    INVALID_SHARE_SESSION_EPOCH: _ClassVar[ErrorCode]
+    FENCED_STATE_EPOCH: _ClassVar[ErrorCode]
+    SHARE_SESSION_LIMIT_REACHED: _ClassVar[ErrorCode]
 
 class ElectionType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -266,6 +271,11 @@ FENCED_MEMBER_EPOCH: ErrorCode
 UNRELEASED_INSTANCE_ID: ErrorCode
 UNSUPPORTED_ASSIGNOR: ErrorCode
 STALE_MEMBER_EPOCH: ErrorCode
+INVALID_RECORD_STATE: ErrorCode
+SHARE_SESSION_NOT_FOUND: ErrorCode
+INVALID_SHARE_SESSION_EPOCH: ErrorCode
+FENCED_STATE_EPOCH: ErrorCode
+SHARE_SESSION_LIMIT_REACHED: ErrorCode
 PREFERRED: ElectionType
 UNCLEAN: ElectionType
 SCRAM_MECHANISM_UNKNOWN: ScramMechanism
