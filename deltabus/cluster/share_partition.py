@@ -243,7 +243,7 @@ class SharePartition:
 
     def snapshot(self) -> ShareState:
         """The durable form (ACQUIRED written AVAILABLE), in runs of one state and count."""
-        batches = []
+        batches: list[StateBatch] = []
         for (state, count), run in itertools.groupby(
                 sorted(self.records.items()),
                 key=lambda item: (AVAILABLE if item[1].state == ACQUIRED else item[1].state,
