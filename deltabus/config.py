@@ -508,6 +508,17 @@ class GroupConfig:
     group_consumer_heartbeat_interval_ms: int = 5_000
     group_consumer_session_timeout_ms: int = field(
         default_factory=lambda: _env_int("DELTABUS_GROUP_CONSUMER_SESSION_TIMEOUT_MS", 45_000))
+    # KIP-932's share groups (Kafka's group.share.* broker configs): the coordinator's
+    # heartbeat interval and session timeout, and its limit on a group's members; the leaders'
+    # acquisition lock, delivery count limit, in-flight window and share sessions.
+    group_share_heartbeat_interval_ms: int = 5_000
+    group_share_session_timeout_ms: int = field(
+        default_factory=lambda: _env_int("DELTABUS_GROUP_SHARE_SESSION_TIMEOUT_MS", 45_000))
+    group_share_max_size: int = 200
+    group_share_record_lock_duration_ms: int = 30_000
+    group_share_delivery_count_limit: int = 5
+    group_share_partition_max_record_locks: int = 2_000
+    group_share_max_share_sessions: int = 2_000
     # The coordinator answers joins and syncs of this many members at once (server threads).
     coordinator_threads: int = 512
 
@@ -515,9 +526,19 @@ class GroupConfig:
         if self.group_min_session_timeout_ms > self.group_max_session_timeout_ms:
             raise ValueError("group.min.session.timeout.ms exceeds group.max.session.timeout.ms")
         for name in ("group_max_size", "group_max_groups", "group_max_pending_members",
-                     "group_max_rebalance_timeout_ms", "offset_commit_partitions_max"):
+                     "group_max_rebalance_timeout_ms", "offset_commit_partitions_max",
+                     "group_share_max_size", "group_share_max_share_sessions"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, not {getattr(self, name)}")
+        for name, low, high in (("group_share_record_lock_duration_ms", 1_000, 3_600_000),
+                                ("group_share_delivery_count_limit", 2, 10),
+                                ("group_share_partition_max_record_locks", 100, 10_000)):
+            if not low <= getattr(self, name) <= high:  # Kafka's bounds
+                raise ValueError(f"{name.replace('_', '.')} must lie in [{low}, {high}], "
+                                 f"not {getattr(self, name)}")
+        if self.group_share_heartbeat_interval_ms >= self.group_share_session_timeout_ms:
+            raise ValueError("group.share.heartbeat.interval.ms must be below "
+                             "group.share.session.timeout.ms")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -10,7 +10,7 @@ from deltabus import errors
 from deltabus.config import TOPIC_NAME_LENGTH_MAX
 
 _LEGAL = re.compile(r"[a-zA-Z0-9._-]+")
-INTERNAL_TOPICS = frozenset({"__consumer_offsets"})
+INTERNAL_TOPICS = frozenset({"__consumer_offsets", "__share_group_state"})
 
 
 def validate_topic_name(name: str) -> None:

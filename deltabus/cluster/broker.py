@@ -49,11 +49,14 @@ from deltabus.cluster.handler import (
     FetchSpec,
     LogDirDescription,
     SchemaRegistryHandler,
+    ShareFetchAnswer,
+    ShareFetchRequest,
 )
 from deltabus.cluster.metadata_cache import MetadataCache
 from deltabus.cluster.partition import Partition
 from deltabus.cluster.producer_id_control import issued_to
 from deltabus.cluster.replica_manager import ReplicaManager
+from deltabus.cluster.share_partition_manager import SharePartitionManager
 from deltabus.listeners import GRPC, ListenerBindError
 from deltabus.log_tables.control_records import TxnMarker
 from deltabus.log_tables.partition_log import ActiveProducer, AppendResult
@@ -81,6 +84,7 @@ from deltabus.quotas import (
 from deltabus.records import ProducerState
 from deltabus.rpc.controller_channel import ControllerChannel
 from deltabus.rpc.leader_endpoint import RemoteLeaderEndpoint
+from deltabus.rpc.share_state_rpc import ShareStateChannel
 from deltabus.security.acls import (
     AclBinding,
     AclBindingFilter,
@@ -140,6 +144,10 @@ class Broker:
             admin_security=spec.config.listener_security(
                 listeners.inter_broker.security_protocol),
             rebalance_timeout_ms_max=spec.config.group.group_max_rebalance_timeout_ms)
+        # Share groups' state goes to the driver's `__share_group_state`, as client traffic.
+        self._share_state = ShareStateChannel(
+            f"{admin.host}:{admin.port}", spec.broker_id, broker_secret=secret,
+            security=spec.config.listener_security(listeners.inter_broker.security_protocol))
         self._leaders = RemoteLeaderEndpoint(
             spec.broker_id, broker_secret=secret,
             security=spec.config.listener_security(listeners.inter_broker.security_protocol))
@@ -158,6 +166,8 @@ class Broker:
             spec.broker_id, spec.config, self._controller, self._publisher, self._replicas,
             self._stopped)
         self._doors = Doors()  # the listeners, once started
+        # Share groups (KIP-932) in the partitions this broker leads.
+        self._shares = SharePartitionManager(self, self._share_state, spec.config.group)
         self.metrics.watch(
             spec.broker_id, lambda: list(self._replicas.partitions.values()),
             self._publisher.offline_replicas,
@@ -202,7 +212,9 @@ class Broker:
         self._replicas.close_partitions()
         self._replicas.alter_pool.shutdown(wait=False, cancel_futures=True)
         self._doors.stop()
+        self._shares.close()
         self._controller.close()
+        self._share_state.close()
         self._leaders.close()
 
     # ---- DeltaBusHandler ---------------------------------------------------------------------
@@ -346,6 +358,9 @@ class Broker:
                                               replica_id=replica_id)
         self.metrics.fetched_when_done(answer, replica_id)
         return answer
+
+    def share_fetch(self, request: ShareFetchRequest) -> ShareFetchAnswer:
+        return self._shares.share_fetch(request)
 
     def fetches_waiting(self) -> int:
         return self._replicas.fetches_waiting()

@@ -45,7 +45,7 @@ from deltabus.cluster.log_cleaner import LogCleaner
 from deltabus.cluster.replication_quota import move_rates
 from deltabus.cluster.scaling import Scaler, autoscale
 from deltabus.listeners import GRPC, KAFKA, ListenerBindError
-from deltabus.log_tables.layout import consumer_offsets_path
+from deltabus.log_tables.layout import consumer_offsets_path, share_group_state_path
 from deltabus.metadata import (
     CONTROLLER_NODE_ID,
     BalancePlan,
@@ -56,6 +56,7 @@ from deltabus.metadata import (
 )
 from deltabus.offsets.group_coordinator import GroupCoordinator
 from deltabus.offsets.offset_store import OffsetStore
+from deltabus.offsets.share_state_store import ShareStateStore
 from deltabus.rpc.metrics_http import (
     CONSOLE_LISTENER_NAME,
     METRICS_LISTENER_NAME,
@@ -188,7 +189,10 @@ class Cluster:
                         storage_options=self.config.storage.delta_options,
                         commit_linger_ms=group.offsets_commit_linger_ms,
                         metadata_max_bytes=group.offset_metadata_max_bytes), group,
-            metadata=self.controller.image)
+            metadata=self.controller.image,
+            share_state=ShareStateStore(share_group_state_path(self.config.root),
+                                        storage_options=self.config.storage.delta_options,
+                                        commit_linger_ms=group.offsets_commit_linger_ms))
         self.metrics = DriverMetrics(self.controller, self.coordinator, lambda: self._node)
         console = ConsoleView(self.controller, self.coordinator)
         self.scaler = Scaler(self.controller, self.config, add_broker=self._add_broker,

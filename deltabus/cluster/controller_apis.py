@@ -14,7 +14,14 @@ from deltabus import config as cfg
 from deltabus import errors
 from deltabus.cluster import acl_control, transaction_coordinator
 from deltabus.cluster.controller import Controller
-from deltabus.cluster.handler import FetchResult, FetchSpec, LogDirDescription
+from deltabus.cluster.handler import (
+    FetchResult,
+    FetchSpec,
+    LogDirDescription,
+    ShareFetchAnswer,
+    ShareFetchRequest,
+    SharePartitionData,
+)
 from deltabus.cluster.scaling import Scaler
 from deltabus.cluster.schema_registry import SchemaRegistry
 from deltabus.log_tables.partition_log import ActiveProducer, AppendResult
@@ -129,6 +136,16 @@ class ControllerHandler:
     def list_offsets(self, topic: str, partition: int, timestamp: int,
                      isolation_level: int = 0) -> tuple[int, int, int]:
         raise self._not_leader(topic, partition)
+
+    def share_fetch(self, request: ShareFetchRequest) -> ShareFetchAnswer:
+        """The driver leads no partition: each one named is NOT_LEADER_OR_FOLLOWER."""
+        named = dict.fromkeys([*request.added, *request.acknowledgements])
+        answers = [SharePartitionData(t, p, error=self._not_leader(t, p),
+                                      acknowledged=(t, p) in request.acknowledgements,
+                                      acknowledge_error=self._not_leader(t, p)
+                                      if (t, p) in request.acknowledgements else None)
+                   for t, p in named]
+        return ShareFetchAnswer(None, [], 0.0, lambda: answers)
 
     def offset_for_leader_epoch(self, topic: str, partition: int, current_leader_epoch: int,
                                 leader_epoch: int) -> tuple[int, int]:

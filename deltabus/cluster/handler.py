@@ -7,9 +7,9 @@ Pure types: no grpc, no I/O, so the domain can implement them without knowing th
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent import futures
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 import pyarrow as pa
@@ -74,6 +74,73 @@ class FetchResult:
     last_stable_offset: int = -1  # consumers: the partition's LSO
     # read_committed: the aborted transactions with records among those read
     aborted_transactions: list[AbortedTxn] | None = None
+
+
+# ---- share groups (KIP-932): what ShareFetch and ShareAcknowledge carry to a leader ----------
+
+TopicPartition = tuple[str, int]
+
+@dataclass(frozen=True)
+class Acquired:
+    """A run of acquired offsets with one delivery count (ShareFetch's AcquiredRecords)."""
+
+    first_offset: int
+    last_offset: int
+    delivery_count: int
+
+
+@dataclass(frozen=True)
+class AcknowledgementBatch:
+    """Offsets first..last (inclusive) and their acknowledge types: one type for all, or one
+    per offset, as ShareFetch and ShareAcknowledge carry them."""
+
+    first_offset: int
+    last_offset: int
+    types: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ShareFetchRequest:
+    """A ShareFetch, as a door decoded it (topics by name)."""
+
+    group_id: str
+    member_id: str
+    session_epoch: int
+    max_wait_ms: int = 0
+    min_bytes: int = 1
+    max_bytes: int = cfg.FETCH_MAX_BYTES
+    max_records: int = 500
+    added: Sequence[TopicPartition] = ()  # partitions the session gains
+    forgotten: Sequence[TopicPartition] = ()
+    acknowledgements: dict[TopicPartition, list[AcknowledgementBatch]] = field(
+        default_factory=dict)
+    fetching: bool = True  # False: a ShareAcknowledge (acknowledgements only)
+
+
+@dataclass
+class SharePartitionData:
+    """One partition's answer: an error, or the records acquired for the member (the read's
+    rows of those offsets) with their runs and delivery counts; and its acknowledgements'."""
+
+    topic: str
+    partition: int
+    error: errors.DeltaBusError | None = None
+    acknowledged: bool = False  # the request carried acknowledgements for it
+    acknowledge_error: errors.DeltaBusError | None = None
+    records: pa.Table | None = None
+    acquired: list[Acquired] = field(default_factory=list)
+
+
+@dataclass
+class ShareFetchAnswer:
+    """A ShareFetch's answer once `waiting_on` are done (or at `deadline_s`): `complete()`."""
+
+    error: errors.DeltaBusError | None
+    waiting_on: list[futures.Future[None]]
+    deadline_s: float
+    complete: Callable[[], list[SharePartitionData]]
+    lock_duration_ms: int = 0
+
 
 
 @dataclass(frozen=True)
@@ -141,6 +208,12 @@ class DeltaBusHandler(Protocol):
         completed once min_bytes came back or a partition failed, else when max_wait_ms has
         passed (with what is there then). The doors that answer without holding a thread
         (the Kafka door's purgatory) wait on it."""
+        ...
+
+    def share_fetch(self, request: ShareFetchRequest) -> ShareFetchAnswer:
+        """KIP-932's ShareFetch and ShareAcknowledge on the partitions' leader: the share
+        session's epoch, acknowledgements, and records acquired for the member
+        (cluster.share_partition_manager)."""
         ...
 
     def list_offsets(self, topic: str, partition: int, timestamp: int,

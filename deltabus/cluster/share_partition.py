@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from deltabus import errors
+from deltabus.cluster.handler import AcknowledgementBatch, Acquired
 from deltabus.offsets.share_state_store import (
     ACKNOWLEDGED,
     ACQUIRED,
@@ -40,6 +41,8 @@ from deltabus.offsets.share_state_store import (
 
 # Kafka's AcknowledgeType (ShareFetch and ShareAcknowledge): GAP names an offset with no record.
 GAP, ACCEPT, RELEASE, REJECT, RENEW = 0, 1, 2, 3, 4
+__all__ = ["ACCEPT", "GAP", "REJECT", "RELEASE", "RENEW", "AcknowledgementBatch", "Acquired",
+           "InFlight", "SharePartition"]
 ACKNOWLEDGE_TYPES = {GAP: "gap", ACCEPT: "accept", RELEASE: "release", REJECT: "reject",
                      RENEW: "renew"}
 STATE_NAMES = {AVAILABLE: "Available", ACQUIRED: "Acquired", ACKNOWLEDGED: "Acknowledged",
@@ -54,25 +57,6 @@ class InFlight:
     delivery_count: int
     member_id: str = ""
     lock_until_s: float = 0.0
-
-
-@dataclass(frozen=True)
-class Acquired:
-    """A run of acquired offsets with one delivery count (ShareFetch's AcquiredRecords)."""
-
-    first_offset: int
-    last_offset: int
-    delivery_count: int
-
-
-@dataclass(frozen=True)
-class AcknowledgementBatch:
-    """Offsets first..last (inclusive) and their acknowledge types: one type for all, or one
-    per offset, as ShareFetch and ShareAcknowledge carry them."""
-
-    first_offset: int
-    last_offset: int
-    types: tuple[int, ...]
 
 
 class SharePartition:
@@ -91,10 +75,24 @@ class SharePartition:
         self.records: dict[int, InFlight] = {}
         for b in state.batches:
             restored = AVAILABLE if b.delivery_state == ACQUIRED else b.delivery_state
+            if restored == AVAILABLE and b.delivery_count >= delivery_count_limit:
+                restored = ARCHIVED  # its last lock timed out before a leader change
             for offset in range(b.first_offset, b.last_offset + 1):
                 self.records[offset] = InFlight(restored, b.delivery_count)
         self.end_offset = max(self.records, default=self.start_offset - 1) + 1
         self.version = 0  # bumped by every change `snapshot` would show
+        self._advance_start()
+
+    def skip_to(self, log_start_offset: int) -> None:
+        """The log's start moved past records in flight or not yet delivered (retention,
+        DeleteRecords): they are gone, so archived; the start offset moves to the log's."""
+        if log_start_offset <= self.start_offset:
+            return
+        for offset in range(self.start_offset, log_start_offset):
+            self.records.pop(offset, None)
+        self.start_offset = log_start_offset
+        self.end_offset = max(self.end_offset, log_start_offset)
+        self.version += 1
 
     # ---- acquiring -----------------------------------------------------------------------------
 

@@ -22,6 +22,11 @@ def consumer_offsets_path(root: str) -> str:
     return posixpath.join(root, "__consumer_offsets")
 
 
+def share_group_state_path(root: str) -> str:
+    """Share groups' start offsets and in-flight records (Kafka's __share_group_state)."""
+    return posixpath.join(root, "__share_group_state")
+
+
 def log_dir(root: str) -> str:
     """Where every broker's replica tables are (Kafka's log.dirs, one for the whole cluster:
     the brokers share the root, each with its own table per replica)."""

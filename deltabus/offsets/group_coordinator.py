@@ -64,6 +64,8 @@ from deltabus.offsets.group_limits import (
 from deltabus.offsets.group_metadata_manager import GroupMetadataManager
 from deltabus.offsets.offset_metadata_manager import OffsetMetadataManager, PartitionErrors
 from deltabus.offsets.offset_store import OffsetAndMetadata, OffsetStore
+from deltabus.offsets.share_group import ShareGroup, ShareGroupManager, ShareHeartbeatResult
+from deltabus.offsets.share_state_store import ShareStateStore
 
 # What callers imported from here before the split, still importable from here.
 __all__ = [
@@ -73,15 +75,22 @@ __all__ = [
 ]
 
 
+SHARE_PROTOCOL = "share"  # ListGroups' protocol and group type of a share group
+EMPTY_SHARE = "Empty"
+
+
 class GroupCoordinator:
     """Every consumer group of the cluster: membership, rebalances and committed offsets. In
     the driver; thread-safe."""
 
     def __init__(self, store: OffsetStore, config: cfg.GroupConfig,
                  clock: Callable[[], float] = time.monotonic, *,
-                 metadata: Callable[[], MetadataImage]) -> None:
+                 metadata: Callable[[], MetadataImage],
+                 share_state: ShareStateStore | None = None) -> None:
         """`metadata`: the cluster's current metadata (Kafka's metadata cache), which says what
-        partitions exist; offsets are committed for those only."""
+        partitions exist; offsets are committed for those only. `share_state`: the share
+        groups' `__share_group_state`, which the partitions' leaders write through the driver
+        (None: no share group has durable state, as in tests of other groups)."""
         self._store = store
         self._config = config
         self._clock = clock
@@ -89,6 +98,11 @@ class GroupCoordinator:
         self._groups = GroupMetadataManager(store, config, clock, metadata, self._lock)
         self._offsets = OffsetMetadataManager(store, config, clock, metadata, self._lock,
                                               self._groups)
+        self.share_state = share_state
+        self._shares = ShareGroupManager(config, clock, metadata, self._lock,
+                                         other_kind=self._groups.has_group,
+                                         group_count=self._groups.group_count)
+        self._groups.is_share_group = lambda g: self._shares.share_group(g) is not None
         self._next_expiry_check_s = clock() + config.offsets_retention_check_interval_ms / 1000
 
     # ---- membership: GroupMetadataManager ------------------------------------------------------
@@ -152,6 +166,37 @@ class GroupCoordinator:
         """ConsumerGroupDescribe: a copy of a KIP-848 group."""
         return self._groups.describe_consumer_group(group_id)
 
+    # ---- share groups (KIP-932): ShareGroupManager ------------------------------------------
+
+    def share_group_heartbeat(self, group_id: str, member_id: str, member_epoch: int, *,
+                              rack_id: str | None = None,
+                              subscribed_topic_names: list[str] | None = None,
+                              client_id: str = "", client_host: str = ""
+                              ) -> ShareHeartbeatResult:
+        """ShareGroupHeartbeat: join (epoch 0), heartbeat, or leave (-1); the answer carries
+        the member's epoch and, when it changed, its assignment."""
+        return self._shares.heartbeat(group_id, member_id, member_epoch, rack_id=rack_id,
+                                      subscribed_topic_names=subscribed_topic_names,
+                                      client_id=client_id, client_host=client_host)
+
+    def describe_share_group(self, group_id: str) -> ShareGroup:
+        """ShareGroupDescribe: a copy of a share group."""
+        return self._shares.describe(group_id)
+
+    def share_groups(self) -> list[tuple[str, str]]:
+        """(group id, state) of every share group: with members, or with state in
+        `__share_group_state` (Empty)."""
+        known = dict(self._shares.groups())
+        for group_id in self.share_state.groups() if self.share_state is not None else ():
+            known.setdefault(group_id, EMPTY_SHARE)
+        return sorted(known.items())
+
+    def is_share_group(self, group_id: str) -> bool:
+        with self._lock:
+            if self._shares.share_group(group_id) is not None:
+                return True
+        return self.share_state is not None and bool(self.share_state.states(group_id))
+
     # ---- offsets: OffsetMetadataManager --------------------------------------------------------
 
     def check_offset_commit(self, group_id: str, partitions: int) -> None:
@@ -196,8 +241,10 @@ class GroupCoordinator:
     # ---- administration ------------------------------------------------------------------------
 
     def list_groups(self) -> list[tuple[str, str, str]]:
-        """(group id, protocol type, state) of every group, with members or offsets."""
-        return self._groups.list_groups()
+        """(group id, protocol type, state) of every group, with members or offsets; share
+        groups' protocol type is "share"."""
+        return sorted(self._groups.list_groups()
+                      + [(g, SHARE_PROTOCOL, state) for g, state in self.share_groups()])
 
     def describe_group(self, group_id: str) -> GroupDescription:
         """DescribeGroups: a classic group as it is now."""
@@ -209,6 +256,9 @@ class GroupCoordinator:
         results: dict[str, errors.DeltaBusError | None] = {}
         stored = set(self._store.groups())
         for group_id in group_ids:
+            if self.is_share_group(group_id):
+                results[group_id] = self._delete_share_group(group_id)
+                continue
             with self._lock:
                 group = self._groups.classic_group(group_id)
                 if group is None and group_id not in stored:
@@ -227,6 +277,22 @@ class GroupCoordinator:
                 results[group_id] = e
         return results
 
+    def _delete_share_group(self, group_id: str) -> errors.DeltaBusError | None:
+        """An empty share group goes with its state in every partition."""
+        with self._lock:
+            group = self._shares.share_group(group_id)
+            if group is not None and group.members:
+                return errors.NonEmptyGroupError(
+                    f"share group {group_id} has {len(group.members)} active members")
+        try:
+            if self.share_state is not None:
+                self.share_state.delete(group_id).result(COMMIT_TIMEOUT_S)
+        except errors.DeltaBusError as e:
+            return e
+        with self._lock:
+            self._shares.forget(group_id)
+        return None
+
     # ---- time ----------------------------------------------------------------------------------
 
     def tick(self) -> None:
@@ -234,6 +300,8 @@ class GroupCoordinator:
         empty groups, expire old offsets."""
         now = self._clock()
         self._groups.expire(now)
+        with self._lock:
+            self._shares.expire(now)
         if now >= self._next_expiry_check_s:
             self._next_expiry_check_s = now + \
                 self._config.offsets_retention_check_interval_ms / 1000
@@ -243,3 +311,5 @@ class GroupCoordinator:
         """Fail every waiting member (the coordinator is going away) and flush the store."""
         self._groups.close()
         self._store.close()
+        if self.share_state is not None:
+            self.share_state.close()

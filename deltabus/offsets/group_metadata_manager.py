@@ -74,6 +74,8 @@ class GroupMetadataManager:
         self._lock = lock
         self._groups: dict[str, ClassicGroup] = {}
         self._consumer_groups: dict[str, ConsumerGroup] = {}  # KIP-848's
+        # Whether a group id is a share group's (lock held): set by the coordinator.
+        self.is_share_group: Callable[[str], bool] = lambda group_id: False
 
     # ---- lookups for the offset manager (lock held) --------------------------------------------
 
@@ -353,6 +355,7 @@ class GroupMetadataManager:
                 f"the coordinator's assignors are {list(ASSIGNORS)}, not {shown(server_assignor)}")
         interval_ms = self._config.group_consumer_heartbeat_interval_ms
         with self._lock:
+            self._check_not_share_group(group_id)
             classic = self._groups.get(group_id)
             if classic is not None and classic.members:
                 raise errors.InconsistentGroupProtocolError(
@@ -445,8 +448,25 @@ class GroupMetadataManager:
                 raise errors.GroupIdNotFoundError(f"group {group_id} is not a consumer group")
             return copy.deepcopy(group)
 
+    def has_group(self, group_id: str) -> bool:
+        """Lock held. Whether the id is a classic or consumer group's (with members or
+        committed offsets), so no share group may take it."""
+        return (group_id in self._groups or group_id in self._consumer_groups
+                or self._store.has_group(group_id))
+
+    def group_count(self) -> int:
+        """Lock held. The classic and consumer groups kept, toward group.max.groups."""
+        return self._group_count() + len(self._consumer_groups)
+
+    def _check_not_share_group(self, group_id: str) -> None:
+        """Lock held. A consumer group's request for a share group's id is refused."""
+        if self.is_share_group(group_id):
+            raise errors.InconsistentGroupProtocolError(
+                f"group {group_id} is a share group (ShareGroupHeartbeat)")
+
     def _check_not_consumer_group(self, group_id: str) -> None:
         """Lock held. A classic request to a KIP-848 group with members is refused."""
+        self._check_not_share_group(group_id)
         group = self._consumer_groups.get(group_id)
         if group is not None and group.members:
             raise errors.InconsistentGroupProtocolError(

@@ -13,7 +13,8 @@ each through both doors and checks that a principal gets the same answer from ea
 
 Served here so far: Metadata, Produce, Fetch, DeleteRecords, ListOffsets and OffsetForLeaderEpoch;
 the admin calls in `admin` (rpc/admin_requests.py), the transaction calls in `txn`
-(rpc/txn_requests.py), the group calls in `groups` (rpc/group_requests.py).
+(rpc/txn_requests.py), the group calls in `groups` (rpc/group_requests.py), the share group
+calls in `shares` (rpc/share_requests.py).
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from deltabus.rpc.request_limits import (
     duplicate_error,
     duplicates,
 )
+from deltabus.rpc.share_requests import ShareRequests
 from deltabus.rpc.txn_requests import TxnRequests
 from deltabus.security.acls import Operation
 from deltabus.topics import illegal_topic_name
@@ -284,6 +286,7 @@ class RequestLayer:
         self.admin = AdminRequests(handler)
         self.txn = TxnRequests(handler, transactions, groups)
         self.groups = GroupRequests(groups, transactions)
+        self.shares = ShareRequests(handler, groups)
 
     def metadata(self, access: Access, topics: Sequence[str],
                  allow_auto_create: bool) -> tuple[MetadataImage, dict[str, errors.DeltaBusError]]:

@@ -56,6 +56,7 @@ from deltabus.rpc.internal_servicer import (
     TxnMarkersServicer,
 )
 from deltabus.rpc.schema_servicer import SchemaServicerMixin
+from deltabus.rpc.share_state_rpc import ShareGroupStateServicer
 from deltabus.rpc.tls import grpc_server_credentials
 from deltabus.rpc.txn_servicer import TxnServicerMixin
 from deltabus.rpc.v1 import deltabus_pb2 as pb
@@ -545,6 +546,9 @@ def start_server(host: str, port: int, handler: DeltaBusHandler,
     if kafka_forwarded is not None and broker_secret:
         ipb_grpc.add_KafkaForwardServicer_to_server(
             KafkaForwardServicer(kafka_forwarded, broker_secret), server)
+        if groups is not None and groups.share_state is not None:
+            ipb_grpc.add_ShareGroupStateServicer_to_server(
+                ShareGroupStateServicer(groups.share_state), server)
     if replica_fetch:
         ipb_grpc.add_ReplicaFetchServicer_to_server(ReplicaFetchServicer(handler), server)
         if isinstance(handler, TxnMarkerHandler):  # brokers (a test's handler may not be)

@@ -44,6 +44,7 @@ from deltabus.rpc.kafka import (
     partition_admin,
     quota_apis,
     sasl,
+    share_apis,
     txn_apis,
 )
 from deltabus.rpc.kafka.admin import (
@@ -109,6 +110,7 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     **quota_apis.SUPPORTED,
     **sasl.SUPPORTED,
     **txn_apis.SUPPORTED,
+    **share_apis.SUPPORTED,
 }
 
 
@@ -139,6 +141,7 @@ class KafkaApis:
         self._sessions = FetchSessionCache()
         self._topic_id_maps: tuple[int, dict[str, uuid.UUID], dict[uuid.UUID, str]] | None = None
         self.groups.topic_ids = self._topic_ids
+        shares = share_apis.KafkaShareApis(self._requests.shares, self._topic_ids)
         self._apis: dict[int, Callable[..., Any]] = {
             API_VERSIONS: self.api_versions, METADATA: self.metadata, PRODUCE: self.produce,
             FETCH: self.fetch, LIST_OFFSETS: self.list_offsets,
@@ -151,6 +154,7 @@ class KafkaApis:
             **quota_apis.KafkaQuotaApis(self._requests.admin).apis,
             **config_apis.KafkaConfigApis(handler, self._requests.admin).apis,
             **partition_admin.KafkaPartitionAdminApis(self._requests.admin).apis, **self.txn.apis,
+            **shares.apis,
         }
 
     def knows(self, api_key: int) -> bool:
@@ -172,6 +176,8 @@ class KafkaApis:
             response = self.groups.join_group(version, request, refused, client)
         elif api_key == groups.CONSUMER_GROUP_HEARTBEAT:
             response = self.groups.consumer_group_heartbeat(version, request, refused, client)
+        elif api_key == share_apis.SHARE_GROUP_HEARTBEAT:
+            response = self._apis[api_key](version, request, refused, client)
         elif api_key in (groups.LIST_GROUPS, txn_apis.LIST_TRANSACTIONS):
             response = self._apis[api_key](version, request, refused, node)
         else:

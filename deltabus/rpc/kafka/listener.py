@@ -65,7 +65,7 @@ from deltabus.metrics import RequestMeters
 from deltabus.offsets.group_coordinator import GroupCoordinator
 from deltabus.rpc.access import Access, acting_as
 from deltabus.rpc.authentication import Authenticator, CredentialLookup
-from deltabus.rpc.kafka import apis, groups, sasl, txn_apis
+from deltabus.rpc.kafka import apis, groups, sasl, share_apis, txn_apis
 from deltabus.rpc.kafka.delayed import DelayedResponse, Purgatory
 from deltabus.rpc.kafka.frames import (
     NO_TIME,
@@ -148,7 +148,8 @@ def for_coordinator(key: int, request: Any) -> bool:
     if key == apis.INIT_PRODUCER_ID:
         return request.transactional_id is not None
     return key != groups.FIND_COORDINATOR and (key in groups.SUPPORTED
-                                                or key in txn_apis.SUPPORTED)
+                                                or key in txn_apis.SUPPORTED
+                                                or key in share_apis.COORDINATOR_APIS)
 
 
 @dataclasses.dataclass(frozen=True)

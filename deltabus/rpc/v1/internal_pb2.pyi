@@ -7,6 +7,78 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class ShareStateBatch(_message.Message):
+    __slots__ = ("first_offset", "last_offset", "delivery_state", "delivery_count")
+    FIRST_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LAST_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DELIVERY_STATE_FIELD_NUMBER: _ClassVar[int]
+    DELIVERY_COUNT_FIELD_NUMBER: _ClassVar[int]
+    first_offset: int
+    last_offset: int
+    delivery_state: int
+    delivery_count: int
+    def __init__(self, first_offset: _Optional[int] = ..., last_offset: _Optional[int] = ..., delivery_state: _Optional[int] = ..., delivery_count: _Optional[int] = ...) -> None: ...
+
+class ShareGroupStateSnapshot(_message.Message):
+    __slots__ = ("group_id", "topic", "partition", "start_offset", "state_epoch", "leader_epoch", "batches")
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    START_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    STATE_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    LEADER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    BATCHES_FIELD_NUMBER: _ClassVar[int]
+    group_id: str
+    topic: str
+    partition: int
+    start_offset: int
+    state_epoch: int
+    leader_epoch: int
+    batches: _containers.RepeatedCompositeFieldContainer[ShareStateBatch]
+    def __init__(self, group_id: _Optional[str] = ..., topic: _Optional[str] = ..., partition: _Optional[int] = ..., start_offset: _Optional[int] = ..., state_epoch: _Optional[int] = ..., leader_epoch: _Optional[int] = ..., batches: _Optional[_Iterable[_Union[ShareStateBatch, _Mapping]]] = ...) -> None: ...
+
+class ClaimShareGroupStateRequest(_message.Message):
+    __slots__ = ("group_id", "topic", "partition", "leader_epoch")
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    LEADER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    group_id: str
+    topic: str
+    partition: int
+    leader_epoch: int
+    def __init__(self, group_id: _Optional[str] = ..., topic: _Optional[str] = ..., partition: _Optional[int] = ..., leader_epoch: _Optional[int] = ...) -> None: ...
+
+class WriteShareGroupStateRequest(_message.Message):
+    __slots__ = ("state",)
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    state: ShareGroupStateSnapshot
+    def __init__(self, state: _Optional[_Union[ShareGroupStateSnapshot, _Mapping]] = ...) -> None: ...
+
+class InitializeShareGroupStateRequest(_message.Message):
+    __slots__ = ("group_id", "topic", "partition", "start_offset")
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    START_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    group_id: str
+    topic: str
+    partition: int
+    start_offset: int
+    def __init__(self, group_id: _Optional[str] = ..., topic: _Optional[str] = ..., partition: _Optional[int] = ..., start_offset: _Optional[int] = ...) -> None: ...
+
+class ShareGroupStateResponse(_message.Message):
+    __slots__ = ("error_code", "error_message", "found", "state")
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    FOUND_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    error_code: int
+    error_message: str
+    found: bool
+    state: ShareGroupStateSnapshot
+    def __init__(self, error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., found: _Optional[bool] = ..., state: _Optional[_Union[ShareGroupStateSnapshot, _Mapping]] = ...) -> None: ...
+
 class ForwardKafkaRequest(_message.Message):
     __slots__ = ("listener", "frame", "client_host", "broker_id")
     LISTENER_FIELD_NUMBER: _ClassVar[int]

@@ -431,3 +431,178 @@ class KafkaForward:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class ShareGroupStateStub:
+    """Served by the driver beside KafkaForward: a partition's leader reads and writes its share
+    groups' state (KIP-932) in `__share_group_state`, as Kafka's leaders call the share
+    coordinator's ReadShareGroupState, WriteShareGroupState and InitializeShareGroupState. A
+    refused write (a newer leader claimed the state: FENCED_LEADER_EPOCH; the offsets were
+    altered: FENCED_STATE_EPOCH) answers with its error code, not a gRPC status.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.ClaimShareGroupState = channel.unary_unary(
+                '/deltabus.internal.v1.ShareGroupState/ClaimShareGroupState',
+                request_serializer=deltabus_dot_rpc_dot_v1_dot_internal__pb2.ClaimShareGroupStateRequest.SerializeToString,
+                response_deserializer=deltabus_dot_rpc_dot_v1_dot_internal__pb2.ShareGroupStateResponse.FromString,
+                _registered_method=True)
+        self.WriteShareGroupState = channel.unary_unary(
+                '/deltabus.internal.v1.ShareGroupState/WriteShareGroupState',
+                request_serializer=deltabus_dot_rpc_dot_v1_dot_internal__pb2.WriteShareGroupStateRequest.SerializeToString,
+                response_deserializer=deltabus_dot_rpc_dot_v1_dot_internal__pb2.ShareGroupStateResponse.FromString,
+                _registered_method=True)
+        self.InitializeShareGroupState = channel.unary_unary(
+                '/deltabus.internal.v1.ShareGroupState/InitializeShareGroupState',
+                request_serializer=deltabus_dot_rpc_dot_v1_dot_internal__pb2.InitializeShareGroupStateRequest.SerializeToString,
+                response_deserializer=deltabus_dot_rpc_dot_v1_dot_internal__pb2.ShareGroupStateResponse.FromString,
+                _registered_method=True)
+
+
+class ShareGroupStateServicer:
+    """Served by the driver beside KafkaForward: a partition's leader reads and writes its share
+    groups' state (KIP-932) in `__share_group_state`, as Kafka's leaders call the share
+    coordinator's ReadShareGroupState, WriteShareGroupState and InitializeShareGroupState. A
+    refused write (a newer leader claimed the state: FENCED_LEADER_EPOCH; the offsets were
+    altered: FENCED_STATE_EPOCH) answers with its error code, not a gRPC status.
+    """
+
+    def ClaimShareGroupState(self, request, context):
+        """The state, with the stored leader epoch raised to the caller's (fencing former leaders).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WriteShareGroupState(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def InitializeShareGroupState(self, request, context):
+        """A group's first start offset in a partition (its share.auto.offset.reset).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_ShareGroupStateServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'ClaimShareGroupState': grpc.unary_unary_rpc_method_handler(
+                    servicer.ClaimShareGroupState,
+                    request_deserializer=deltabus_dot_rpc_dot_v1_dot_internal__pb2.ClaimShareGroupStateRequest.FromString,
+                    response_serializer=deltabus_dot_rpc_dot_v1_dot_internal__pb2.ShareGroupStateResponse.SerializeToString,
+            ),
+            'WriteShareGroupState': grpc.unary_unary_rpc_method_handler(
+                    servicer.WriteShareGroupState,
+                    request_deserializer=deltabus_dot_rpc_dot_v1_dot_internal__pb2.WriteShareGroupStateRequest.FromString,
+                    response_serializer=deltabus_dot_rpc_dot_v1_dot_internal__pb2.ShareGroupStateResponse.SerializeToString,
+            ),
+            'InitializeShareGroupState': grpc.unary_unary_rpc_method_handler(
+                    servicer.InitializeShareGroupState,
+                    request_deserializer=deltabus_dot_rpc_dot_v1_dot_internal__pb2.InitializeShareGroupStateRequest.FromString,
+                    response_serializer=deltabus_dot_rpc_dot_v1_dot_internal__pb2.ShareGroupStateResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'deltabus.internal.v1.ShareGroupState', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('deltabus.internal.v1.ShareGroupState', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class ShareGroupState:
+    """Served by the driver beside KafkaForward: a partition's leader reads and writes its share
+    groups' state (KIP-932) in `__share_group_state`, as Kafka's leaders call the share
+    coordinator's ReadShareGroupState, WriteShareGroupState and InitializeShareGroupState. A
+    refused write (a newer leader claimed the state: FENCED_LEADER_EPOCH; the offsets were
+    altered: FENCED_STATE_EPOCH) answers with its error code, not a gRPC status.
+    """
+
+    @staticmethod
+    def ClaimShareGroupState(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/deltabus.internal.v1.ShareGroupState/ClaimShareGroupState',
+            deltabus_dot_rpc_dot_v1_dot_internal__pb2.ClaimShareGroupStateRequest.SerializeToString,
+            deltabus_dot_rpc_dot_v1_dot_internal__pb2.ShareGroupStateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WriteShareGroupState(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/deltabus.internal.v1.ShareGroupState/WriteShareGroupState',
+            deltabus_dot_rpc_dot_v1_dot_internal__pb2.WriteShareGroupStateRequest.SerializeToString,
+            deltabus_dot_rpc_dot_v1_dot_internal__pb2.ShareGroupStateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def InitializeShareGroupState(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/deltabus.internal.v1.ShareGroupState/InitializeShareGroupState',
+            deltabus_dot_rpc_dot_v1_dot_internal__pb2.InitializeShareGroupStateRequest.SerializeToString,
+            deltabus_dot_rpc_dot_v1_dot_internal__pb2.ShareGroupStateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
