@@ -77,6 +77,37 @@ class GroupDescription:
     members: list[MemberDescription]
 
 
+# What ShareGroupDescribe and DescribeShareGroupOffsets answer (share groups, KIP-932).
+@dataclass(frozen=True)
+class ShareMemberDescription:
+    member_id: str
+    client_id: str
+    client_host: str
+    member_epoch: int
+    subscribed_topic_names: tuple[str, ...]
+    assignment: dict[str, tuple[int, ...]]  # topic -> partitions
+    rack_id: str = ""
+
+
+@dataclass(frozen=True)
+class ShareGroupDescription:
+    group_id: str
+    state: str  # Empty, Stable; Dead for a group the coordinator does not have
+    group_epoch: int
+    assignment_epoch: int
+    assignor: str
+    members: list[ShareMemberDescription]
+
+
+@dataclass(frozen=True)
+class ShareGroupOffset:
+    """A share group's place in a partition: records below `start_offset` are done."""
+
+    start_offset: int  # -1: the group never started the partition
+    leader_epoch: int = -1
+    lag: int = -1  # records past the start not yet acknowledged or archived; -1: not known
+
+
 # ---- users' SCRAM credentials (Kafka's AlterUserScramCredentials / Describe...) ------------------
 
 @dataclass(frozen=True)

@@ -44,6 +44,7 @@ from deltabus.cli import (
     producer_performance,
     reassign_partitions,
     schemas_command,
+    share_groups,
     topic_command,
     transactions,
 )
@@ -83,6 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     console_producer.add_parser(commands, parent)
     console_consumer.add_parser(commands, parent)
     consumer_groups.add_parser(commands, parent)
+    share_groups.add_parser(commands, parent)
     leader_election.add_parser(commands, parent)
     reassign_partitions.add_parser(commands, parent)
     delete_records.add_parser(commands, parent)

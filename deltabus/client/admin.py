@@ -30,6 +30,9 @@ from deltabus.metadata import (
     ScramCredentialInfo,
     ScramCredentialUpsertion,
     ScramDescriptions,
+    ShareGroupDescription,
+    ShareGroupOffset,
+    ShareMemberDescription,
     TopicState,
     TransactionMetadata,
     UserScramCredentialsDescription,
@@ -45,6 +48,7 @@ __all__ = ["AclBinding", "AclBindingFilter", "AdminClient", "DeletedRecords", "N
            "QuotaAlteration", "QuotaEntity", "QuotaFilterComponent", "ScramCredentialInfo",
            "UserScramCredentialDeletion", "UserScramCredentialUpsertion",
            "UserScramCredentialsDescription"]
+SHARE_PROTOCOL = "share"  # ListGroups' protocol type of a share group
 
 SALT_BYTES = 32  # a new credential's random salt
 
@@ -407,11 +411,84 @@ class AdminClient:
         return self._client.call(f"{found.host}:{found.port}", method, request)
 
     def list_consumer_groups(self, states: Iterable[str] = ()) -> list[tuple[str, str]]:
-        """(group id, state) of every group, with members or committed offsets."""
+        """(group id, state) of every consumer group, with members or committed offsets (share
+        groups are `list_share_groups`')."""
+        return [(g, s) for g, t, s in self._list_groups(states) if t != SHARE_PROTOCOL]
+
+    def _list_groups(self, states: Iterable[str]) -> list[tuple[str, str, str]]:
         response = self._group_call("", "ListGroups",
                                     pb.ListGroupsRequest(states_filter=list(states)))
         errors.check(response.error_code, response.error_message)
-        return [(g.group_id, g.group_state) for g in response.groups]
+        return [(g.group_id, g.protocol_type, g.group_state) for g in response.groups]
+
+    # ---- share groups (KIP-932) ----------------------------------------------------------------
+
+    def list_share_groups(self, states: Iterable[str] = ()) -> list[tuple[str, str]]:
+        """(group id, state) of every share group, with members or state in partitions."""
+        return [(g, s) for g, t, s in self._list_groups(states) if t == SHARE_PROTOCOL]
+
+    def describe_share_groups(self, group_ids: Iterable[str]) -> list[ShareGroupDescription]:
+        """Each share group's state, epochs and members (GROUP_ID_NOT_FOUND raised for one the
+        coordinator does not have)."""
+        ids = list(group_ids)
+        response = self._group_call(ids[0] if ids else "", "ShareGroupDescribe",
+                                    pb.ShareGroupDescribeRequest(group_ids=ids))
+        out = []
+        for g in response.groups:
+            errors.check(g.error_code, g.error_message)
+            out.append(ShareGroupDescription(
+                g.group_id, g.group_state, g.group_epoch, g.assignment_epoch, g.assignor_name, [
+                    ShareMemberDescription(
+                        m.member_id, m.client_id, m.client_host, m.member_epoch,
+                        tuple(m.subscribed_topic_names),
+                        {tp.topic: tuple(tp.partitions) for tp in m.assignment}, m.rack_id)
+                    for m in g.members]))
+        return out
+
+    def list_share_group_offsets(self, group_id: str,
+                                 partitions: Iterable[tuple[str, int]] | None = None
+                                 ) -> dict[tuple[str, int], ShareGroupOffset]:
+        """Where the group is in each partition it started (or in these)."""
+        by_topic: dict[str, list[int]] = collections.defaultdict(list)
+        for t, p in partitions or ():
+            by_topic[t].append(p)
+        response = self._group_call(group_id, "DescribeShareGroupOffsets",
+                                    pb.DescribeShareGroupOffsetsRequest(
+                                        group_id=group_id, topic_partitions=[
+                                            pb.TopicPartitions(topic=t, partitions=ps)
+                                            for t, ps in by_topic.items()]))
+        errors.check(response.error_code, response.error_message)
+        out = {}
+        for o in response.offsets:
+            errors.check(o.error_code, o.error_message)
+            out[(o.topic, o.partition)] = ShareGroupOffset(o.start_offset, o.leader_epoch, o.lag)
+        return out
+
+    def alter_share_group_offsets(self, group_id: str, offsets: dict[tuple[str, int], int]
+                                  ) -> dict[tuple[str, int], errors.DeltaBusError | None]:
+        """Start the group over at these offsets (kafka-share-groups --reset-offsets
+        --execute): refused whole (NON_EMPTY_GROUP) while it has members."""
+        response = self._group_call(group_id, "AlterShareGroupOffsets",
+                                    pb.AlterShareGroupOffsetsRequest(group_id=group_id, offsets=[
+                                        pb.ShareGroupOffset(topic=t, partition=p,
+                                                            start_offset=o)
+                                        for (t, p), o in offsets.items()]))
+        errors.check(response.error_code, response.error_message)
+        return {(r.topic, r.partition): errors.error_for_code(r.error_code, r.error_message)
+                if r.error_code else None for r in response.results}
+
+    def delete_share_group_offsets(self, group_id: str, topics: Iterable[str]
+                                   ) -> dict[str, errors.DeltaBusError | None]:
+        """The group's state in these topics goes; it starts them again by
+        share.auto.offset.reset (refused whole while it has members)."""
+        response = self._group_call(group_id, "DeleteShareGroupOffsets",
+                                    pb.DeleteShareGroupOffsetsRequest(group_id=group_id,
+                                                                      topics=list(topics)))
+        errors.check(response.error_code, response.error_message)
+        return {r.name: errors.error_for_code(r.error_code, r.error_message)
+                if r.error_code else None for r in response.results}
+
+    # ---- consumer groups, continued -------------------------------------------------------------
 
     def describe_consumer_groups(self, group_ids: Iterable[str]) -> list[GroupDescription]:
         """Each group's state, assignor and members (with their assigned partitions)."""

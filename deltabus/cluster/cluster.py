@@ -181,8 +181,8 @@ class Cluster:
         self._check_task_slots()
         self._warn_of_kill_links()
         self._warn_if_open()
-        self.controller = Controller(self.config, on_fence=self._cancel_broker,
-                                     catch_up=self._catch_up)
+        self.controller = controller = Controller(self.config, on_fence=self._cancel_broker,
+                                                  catch_up=self._catch_up)
         group = self.config.group
         self.coordinator = GroupCoordinator(
             OffsetStore(consumer_offsets_path(self.config.root),
@@ -192,7 +192,9 @@ class Cluster:
             metadata=self.controller.image,
             share_state=ShareStateStore(share_group_state_path(self.config.root),
                                         storage_options=self.config.storage.delta_options,
-                                        commit_linger_ms=group.offsets_commit_linger_ms))
+                                        commit_linger_ms=group.offsets_commit_linger_ms),
+            high_watermarks=lambda: {key: report.high_watermark for key, report in
+                                     controller.log_reports().items()})
         self.metrics = DriverMetrics(self.controller, self.coordinator, lambda: self._node)
         console = ConsoleView(self.controller, self.coordinator)
         self.scaler = Scaler(self.controller, self.config, add_broker=self._add_broker,

@@ -253,6 +253,10 @@ class SharePartition:
                           state_epoch=self.state_epoch, leader_epoch=self.leader_epoch,
                           batches=tuple(batches))
 
+    def acquired(self) -> int:
+        """How many records members hold now."""
+        return sum(1 for r in self.records.values() if r.state == ACQUIRED)
+
     def in_flight(self) -> int:
         return self.end_offset - self.start_offset
 

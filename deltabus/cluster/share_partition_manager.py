@@ -121,6 +121,7 @@ class SharePartitionManager:
         self._persisters: dict[Key, _Persister] = {}
         self._sessions: dict[tuple[str, str], _Session] = {}
         self._waiters: list[tuple[float, Future[None]]] = []  # (max wait's end, wake)
+        self._recheck: set[Key] = set()  # loaded SharePartitions to read again when idle
         self._closed = threading.Event()
         self._sweeper = threading.Thread(target=self._sweep, daemon=True,
                                          name="share-partition-sweeper")
@@ -192,6 +193,9 @@ class SharePartitionManager:
                         f"this broker holds group.share.max.share.sessions "
                         f"({self._config.group_share_max_share_sessions}) share sessions")
                 session = self._sessions[key] = _Session(1, [], now)
+                # A member starting anew: where nobody holds records, what is durable may
+                # have moved meanwhile (offsets altered or deleted): read it again.
+                self._recheck.update((request.group_id, *tp) for tp in request.added)
             elif session is None:
                 raise errors.ShareSessionNotFoundError(
                     f"no share session of member {request.member_id} of share group "
@@ -393,14 +397,15 @@ class SharePartitionManager:
         key = (group_id, topic, partition)
         _, _, epoch = self._logs.list_offsets(topic, partition, LATEST_TIMESTAMP)
         with self._lock:
-            sp = self._partitions.get(key)
-            if sp is not None and sp.leader_epoch == epoch:
-                return sp
+            old = self._partitions.get(key)
+            if old is not None and old.leader_epoch == epoch and not self._stale(key, old):
+                return old
+            old_version = old.version if old is not None else -1
         with self._load_lock:
             with self._lock:
                 sp = self._partitions.get(key)
-                if sp is not None and sp.leader_epoch == epoch:
-                    return sp
+                if sp is not None and sp is not old and sp.leader_epoch == epoch:
+                    return sp  # another request loaded it meanwhile
             state = _wait(self._state.claim(group_id, topic, partition, epoch), "claim")
             if state is None:
                 start = self._logs.list_offsets(
@@ -416,8 +421,22 @@ class SharePartitionManager:
                 max_record_locks=self._config.group_share_partition_max_record_locks,
                 clock=self._clock)
             with self._lock:
+                current = self._partitions.get(key)
+                if (current is old and old is not None and old.leader_epoch == epoch
+                        and (old.version != old_version or old.acquired())):
+                    return old  # used while this was read: what it holds is newer
                 self._partitions[key] = sp
             return sp
+
+    def _stale(self, key: Key, sp: SharePartition) -> bool:
+        """Lock held. Whether a SharePartition a new session named is to be read again: when
+        nobody holds a record of it and nothing is being written, memory is what is durable
+        but for what an admin changed since."""
+        if key not in self._recheck:
+            return False
+        self._recheck.discard(key)
+        persister = self._persisters.get(key)
+        return (not sp.acquired() and (persister is None or not persister.writing))
 
     def _persist(self, key: Key, sp: SharePartition) -> Future[None]:
         """Lock held. A future done once a snapshot at least as new as `sp` now is durable;

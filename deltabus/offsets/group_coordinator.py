@@ -40,6 +40,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
+from dataclasses import dataclass
 
 from deltabus import config as cfg
 from deltabus import errors
@@ -59,13 +60,14 @@ from deltabus.offsets.group_limits import (
     COMMIT_TIMEOUT_S,
     LONG_POLL_SLACK_S,
     NAME_SHOWN_MAX,
+    check_group_id,
     wait_result,
 )
 from deltabus.offsets.group_metadata_manager import GroupMetadataManager
 from deltabus.offsets.offset_metadata_manager import OffsetMetadataManager, PartitionErrors
 from deltabus.offsets.offset_store import OffsetAndMetadata, OffsetStore
 from deltabus.offsets.share_group import ShareGroup, ShareGroupManager, ShareHeartbeatResult
-from deltabus.offsets.share_state_store import ShareStateStore
+from deltabus.offsets.share_state_store import ACKNOWLEDGED, ARCHIVED, ShareStateStore
 
 # What callers imported from here before the split, still importable from here.
 __all__ = [
@@ -73,6 +75,15 @@ __all__ = [
     "NAME_SHOWN_MAX", "PREPARING_REBALANCE", "STABLE", "GroupCoordinator", "HeartbeatResult",
     "JoinResult", "Member", "PartitionErrors", "subscription_topics", "wait_result",
 ]
+
+
+@dataclass(frozen=True)
+class ShareOffset:
+    """A share group's place in a partition (DescribeShareGroupOffsets)."""
+
+    start_offset: int  # -1: the group never started the partition
+    leader_epoch: int
+    lag: int  # -1: not known
 
 
 SHARE_PROTOCOL = "share"  # ListGroups' protocol and group type of a share group
@@ -86,11 +97,13 @@ class GroupCoordinator:
     def __init__(self, store: OffsetStore, config: cfg.GroupConfig,
                  clock: Callable[[], float] = time.monotonic, *,
                  metadata: Callable[[], MetadataImage],
-                 share_state: ShareStateStore | None = None) -> None:
+                 share_state: ShareStateStore | None = None,
+                 high_watermarks: Callable[[], dict[tuple[str, int], int]] = dict) -> None:
         """`metadata`: the cluster's current metadata (Kafka's metadata cache), which says what
         partitions exist; offsets are committed for those only. `share_state`: the share
         groups' `__share_group_state`, which the partitions' leaders write through the driver
-        (None: no share group has durable state, as in tests of other groups)."""
+        (None: no share group has durable state, as in tests of other groups);
+        `high_watermarks`: what the leaders last reported, for share groups' lag."""
         self._store = store
         self._config = config
         self._clock = clock
@@ -99,6 +112,8 @@ class GroupCoordinator:
         self._offsets = OffsetMetadataManager(store, config, clock, metadata, self._lock,
                                               self._groups)
         self.share_state = share_state
+        self._metadata = metadata
+        self._high_watermarks = high_watermarks
         self._shares = ShareGroupManager(config, clock, metadata, self._lock,
                                          other_kind=self._groups.has_group,
                                          group_count=self._groups.group_count)
@@ -190,6 +205,97 @@ class GroupCoordinator:
         for group_id in self.share_state.groups() if self.share_state is not None else ():
             known.setdefault(group_id, EMPTY_SHARE)
         return sorted(known.items())
+
+    def describe_share_group_offsets(self, group_id: str,
+                                     partitions: list[tuple[str, int]] | None = None
+                                     ) -> dict[tuple[str, int], ShareOffset]:
+        """DescribeShareGroupOffsets: where the group is in each partition it started (all, or
+        these: a partition it never started has start offset -1). Lag counts the records
+        past the start offset not yet acknowledged or archived, to the high watermark the
+        partition's leader last reported (-1 where none did yet)."""
+        check_group_id(group_id)
+        states = self.share_state.states(group_id) if self.share_state is not None else {}
+        watermarks = self._high_watermarks()
+        asked = sorted(states) if partitions is None else partitions
+        offsets = {}
+        for tp in asked:
+            state = states.get(tp)
+            if state is None:
+                offsets[tp] = ShareOffset(-1, -1, -1)
+                continue
+            done = sum(b.last_offset - b.first_offset + 1 for b in state.batches
+                       if b.delivery_state in (ACKNOWLEDGED, ARCHIVED))
+            hw = watermarks.get(tp)
+            lag = -1 if hw is None else max(0, hw - state.start_offset - done)
+            offsets[tp] = ShareOffset(state.start_offset, state.leader_epoch, lag)
+        return offsets
+
+    def alter_share_group_offsets(self, group_id: str, offsets: dict[tuple[str, int], int]
+                                  ) -> dict[tuple[str, int], errors.DeltaBusError | None]:
+        """AlterShareGroupOffsets: the group (it must have no members: NON_EMPTY_GROUP) starts
+        over at these offsets, nothing in flight. A partition the cluster does not have is
+        UNKNOWN_TOPIC_OR_PARTITION; durable before it returns."""
+        check_group_id(group_id)
+        store = self._share_store()
+        with self._lock:
+            if self._groups.has_group(group_id):
+                raise errors.GroupIdNotFoundError(f"group {group_id} is not a share group")
+            group = self._shares.share_group(group_id)
+            if group is not None and group.members:
+                raise errors.NonEmptyGroupError(
+                    f"share group {group_id} has {len(group.members)} active members")
+        image = self._metadata()
+        results: dict[tuple[str, int], errors.DeltaBusError | None] = {}
+        written = {}
+        for (topic, partition), offset in offsets.items():
+            state = image.topics.get(topic)
+            if state is None or not 0 <= partition < len(state.partitions):
+                results[(topic, partition)] = errors.UnknownTopicOrPartitionError(
+                    f"{topic}-{partition} does not exist")
+            elif offset < 0:
+                results[(topic, partition)] = errors.InvalidRequestError(
+                    f"{topic}-{partition}: start offset {offset} is negative")
+            else:
+                written[(topic, partition)] = store.alter(group_id, topic, partition, offset)
+        for tp, future in written.items():
+            try:
+                future.result(COMMIT_TIMEOUT_S)
+                results[tp] = None
+            except errors.DeltaBusError as e:
+                results[tp] = e
+        return results
+
+    def delete_share_group_offsets(self, group_id: str, topics: list[str]
+                                   ) -> dict[str, errors.DeltaBusError | None]:
+        """DeleteShareGroupOffsets: the group's state in every partition of these topics goes
+        (it starts again by share.auto.offset.reset). The group must exist
+        (GROUP_ID_NOT_FOUND) and have no members (NON_EMPTY_GROUP); a topic with no state is
+        UNKNOWN_TOPIC_OR_PARTITION."""
+        check_group_id(group_id)
+        store = self._share_store()
+        if not self.is_share_group(group_id):
+            raise errors.GroupIdNotFoundError(f"Group {group_id} not found.")
+        with self._lock:
+            group = self._shares.share_group(group_id)
+            if group is not None and group.members:
+                raise errors.NonEmptyGroupError(
+                    f"share group {group_id} has {len(group.members)} active members")
+        started = {t for t, _ in store.states(group_id)}
+        results: dict[str, errors.DeltaBusError | None] = {
+            t: None if t in started else errors.UnknownTopicOrPartitionError(
+                "There is no offset information to delete.") for t in topics}
+        doomed = [tp for tp in store.states(group_id) if tp[0] in topics]
+        if doomed:
+            try:
+                store.delete(group_id, doomed).result(COMMIT_TIMEOUT_S)
+            except errors.DeltaBusError as e:
+                results.update({t: e for t in {t for t, _ in doomed}})
+        return results
+
+    def _share_store(self) -> ShareStateStore:
+        if self.share_state is None:
+            raise errors.CoordinatorNotAvailableError("share groups have no state store here")
+        return self.share_state
 
     def is_share_group(self, group_id: str) -> bool:
         with self._lock:

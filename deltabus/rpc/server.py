@@ -56,6 +56,7 @@ from deltabus.rpc.internal_servicer import (
     TxnMarkersServicer,
 )
 from deltabus.rpc.schema_servicer import SchemaServicerMixin
+from deltabus.rpc.share_servicer import ShareServicerMixin
 from deltabus.rpc.share_state_rpc import ShareGroupStateServicer
 from deltabus.rpc.tls import grpc_server_credentials
 from deltabus.rpc.txn_servicer import TxnServicerMixin
@@ -126,8 +127,8 @@ def _put_records(entry: pb.FetchPartitionResponse, result: FetchResult, budget: 
         entry.next_offset = read_end
 
 
-class DeltaBusServicer(GroupServicerMixin, AclServicerMixin, TxnServicerMixin,
-                       SchemaServicerMixin, pb_grpc.DeltaBusServicer):
+class DeltaBusServicer(GroupServicerMixin, ShareServicerMixin, AclServicerMixin,
+                       TxnServicerMixin, SchemaServicerMixin, pb_grpc.DeltaBusServicer):
     def __init__(self, handler: DeltaBusHandler, groups: GroupCoordinator | None = None,
                  listener: str = "", long_polls_max: int = 32,
                  transactions: TransactionHandler | None = None) -> None:

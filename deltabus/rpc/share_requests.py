@@ -4,7 +4,11 @@ coordinator (membership) or a partition's leader (records), with Kafka's ACLs:
 - ShareGroupHeartbeat: READ on the group, DESCRIBE on each subscribed topic;
 - ShareGroupDescribe: DESCRIBE on the group, and on each topic its assignments name;
 - ShareFetch, ShareAcknowledge: READ on the group (the whole request is refused), READ on each
-  topic (its partitions are answered TOPIC_AUTHORIZATION_FAILED and never reach the leader).
+  topic (its partitions are answered TOPIC_AUTHORIZATION_FAILED and never reach the leader);
+- DescribeShareGroupOffsets: DESCRIBE on the group and each topic (a listing of every partition
+  leaves out the topics the caller may not DESCRIBE);
+- AlterShareGroupOffsets: READ on the group and each topic;
+- DeleteShareGroupOffsets: DELETE on the group, READ on each topic.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from deltabus.cluster.handler import (
     ShareFetchRequest,
     SharePartitionData,
 )
-from deltabus.offsets.group_coordinator import GroupCoordinator
+from deltabus.offsets.group_coordinator import GroupCoordinator, ShareOffset
 from deltabus.offsets.share_group import ShareGroup, ShareHeartbeatResult
 from deltabus.rpc.access import Access
 from deltabus.security.acls import Operation
@@ -89,3 +93,39 @@ class ShareRequests:
                     for t, p in sorted(named) if t in denied]
         complete = answer.complete
         return dataclasses.replace(answer, complete=lambda: complete() + refusals)
+
+    # ---- admin ---------------------------------------------------------------------------
+
+    def describe_offsets(self, access: Access, group_id: str,
+                         partitions: list[tuple[str, int]] | None
+                         ) -> dict[tuple[str, int], ShareOffset | errors.DeltaBusError]:
+        Access.raise_if(access.group(Operation.DESCRIBE, group_id))
+        found = self._coordinator().describe_share_group_offsets(group_id, partitions)
+        answers: dict[tuple[str, int], ShareOffset | errors.DeltaBusError] = {}
+        for tp, offset in found.items():
+            refused = access.topic(Operation.DESCRIBE, tp[0])
+            if refused is None:
+                answers[tp] = offset
+            elif partitions is not None:
+                answers[tp] = refused
+        return answers
+
+    def alter_offsets(self, access: Access, group_id: str, offsets: dict[tuple[str, int], int]
+                      ) -> dict[tuple[str, int], errors.DeltaBusError | None]:
+        Access.raise_if(access.group(Operation.READ, group_id))
+        answers: dict[tuple[str, int], errors.DeltaBusError | None] = {
+            tp: e for tp in offsets if (e := access.topic(Operation.READ, tp[0])) is not None}
+        allowed = {tp: o for tp, o in offsets.items() if tp not in answers}
+        if allowed:
+            answers.update(self._coordinator().alter_share_group_offsets(group_id, allowed))
+        return answers
+
+    def delete_offsets(self, access: Access, group_id: str, topics: list[str]
+                       ) -> dict[str, errors.DeltaBusError | None]:
+        Access.raise_if(access.group(Operation.DELETE, group_id))
+        answers: dict[str, errors.DeltaBusError | None] = {
+            t: e for t in topics if (e := access.topic(Operation.READ, t)) is not None}
+        allowed = [t for t in topics if t not in answers]
+        if allowed:
+            answers.update(self._coordinator().delete_share_group_offsets(group_id, allowed))
+        return answers

@@ -6,6 +6,7 @@ group.share.delivery.count.limit allows is archived."""
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Iterator
 
@@ -19,6 +20,7 @@ from tests.conftest import wait_until
 from tests.kafka.raw_frames import call
 
 SHARE_GROUP_DESCRIBE = 77
+DESCRIBE_SHARE_GROUP_OFFSETS, ALTER_SHARE_GROUP_OFFSETS, DELETE_SHARE_GROUP_OFFSETS = 90, 91, 92
 
 
 def share_consumer(cluster, group: str, explicit: bool = False,
@@ -84,7 +86,12 @@ def test_three_share_consumers_on_one_partition_get_different_records(
                 read[i].append(m.offset())
         return sum(len(offsets) for offsets in read.values()) >= 300
 
-    wait_until(all_read, what="300 records read by the share group", timeout_s=120)
+    try:
+        wait_until(all_read, what="300 records read by the share group", timeout_s=120)
+    except AssertionError as e:
+        state = cluster.coordinator.share_state.read(group, share_topic, 0)
+        raise AssertionError(f"{e}: read {[len(v) for v in read.values()]}, the group's "
+                             f"durable state {state}") from None
     offsets = [o for i in read for o in read[i]]
     assert sorted(offsets) == list(range(300))  # every record once, over all three
     assert sum(1 for i in read if read[i]) >= 2  # the partition's records were shared
@@ -138,3 +145,58 @@ def test_released_and_rejected_records(cluster, share_topic, closing) -> None:
     assert len(second.poll(0.5)) == 0 and len(first.poll(0.5)) == 0
     state = cluster.coordinator.share_state.read(group, share_topic, 0)
     assert state.start_offset == 4
+
+
+def test_share_group_offsets_through_the_kafka_door(cluster, share_topic) -> None:
+    """DescribeShareGroupOffsets, AlterShareGroupOffsets and DeleteShareGroupOffsets as a Kafka
+    admin client sends them (kio's frames): altered only while the group has no members."""
+    group = f"{share_topic}-share"
+    consumer = share_consumer(cluster, group)
+    consumer.subscribe([share_topic])
+    started(cluster, group, share_topic, [consumer])
+    produce(cluster, share_topic, 3)
+    got: list = []
+    wait_until(lambda: got.extend(consumer.poll(0.5)) or len(got) >= 3, what="3 records read")
+    consumer.commit_sync(30)
+    bootstrap = cluster.kafka_bootstrap_servers
+
+    def alter(offset: int):
+        cls = load_request_schema(ALTER_SHARE_GROUP_OFFSETS, 0)
+        module = sys.modules[cls.__module__]  # kio's nested classes of this version
+        return call(bootstrap, ALTER_SHARE_GROUP_OFFSETS, 0, cls(
+            group_id=group, topics=(module.AlterShareGroupOffsetsRequestTopic(
+                topic_name=share_topic, partitions=(
+                    module.AlterShareGroupOffsetsRequestPartition(
+                        partition_index=0, start_offset=offset),)),)))
+
+    def described():
+        cls = load_request_schema(DESCRIBE_SHARE_GROUP_OFFSETS, 1)
+        module = sys.modules[cls.__module__]
+        answer = call(bootstrap, DESCRIBE_SHARE_GROUP_OFFSETS, 1, cls(groups=(
+            module.DescribeShareGroupOffsetsRequestGroup(group_id=group, topics=None),)))
+        return answer.groups[0]
+
+    partition = described().topics[0].partitions[0]
+    assert (partition.partition_index, partition.start_offset) == (0, 3)
+    assert alter(0).error_code.value == 68  # NON_EMPTY_GROUP: a member is still there
+    consumer.close()
+    wait_until(lambda: alter(1).error_code.value == 0, what="the closed consumer to leave")
+    assert described().topics[0].partitions[0].start_offset == 1
+
+    again = share_consumer(cluster, group)  # the group resumes at the new start offset
+    again.subscribe([share_topic])
+    redelivered: list = []
+    try:
+        wait_until(lambda: redelivered.extend(again.poll(0.5)) or len(redelivered) >= 2,
+                   what="offsets 1 and 2 delivered again")
+        assert sorted(m.offset() for m in redelivered) == [1, 2]
+    finally:
+        again.close()
+
+    cls = load_request_schema(DELETE_SHARE_GROUP_OFFSETS, 0)
+    module = sys.modules[cls.__module__]
+    request = cls(group_id=group, topics=(
+        module.DeleteShareGroupOffsetsRequestTopic(topic_name=share_topic),))
+    wait_until(lambda: call(bootstrap, DELETE_SHARE_GROUP_OFFSETS, 0, request)
+               .error_code.value == 0, what="the second consumer to leave, its offsets deleted")
+    assert described().topics == ()

@@ -41,13 +41,19 @@ from deltabus.rpc.kafka.frames import (
 from deltabus.rpc.share_requests import ShareGroupHeartbeatRequest, ShareRequests
 
 SHARE_GROUP_HEARTBEAT, SHARE_GROUP_DESCRIBE, SHARE_FETCH, SHARE_ACKNOWLEDGE = 76, 77, 78, 79
+DESCRIBE_SHARE_GROUP_OFFSETS, ALTER_SHARE_GROUP_OFFSETS, DELETE_SHARE_GROUP_OFFSETS = 90, 91, 92
 SUPPORTED: dict[int, tuple[int, int]] = {
     SHARE_GROUP_HEARTBEAT: (1, 1),
     SHARE_GROUP_DESCRIBE: (1, 1),
     SHARE_FETCH: (1, 1),
     SHARE_ACKNOWLEDGE: (1, 1),
+    DESCRIBE_SHARE_GROUP_OFFSETS: (0, 1),
+    ALTER_SHARE_GROUP_OFFSETS: (0, 0),
+    DELETE_SHARE_GROUP_OFFSETS: (0, 0),
 }
-COORDINATOR_APIS = frozenset({SHARE_GROUP_HEARTBEAT, SHARE_GROUP_DESCRIBE})
+COORDINATOR_APIS = frozenset({SHARE_GROUP_HEARTBEAT, SHARE_GROUP_DESCRIBE,
+                              DESCRIBE_SHARE_GROUP_OFFSETS, ALTER_SHARE_GROUP_OFFSETS,
+                              DELETE_SHARE_GROUP_OFFSETS})
 ASSIGNOR = "simple"
 
 TopicIds = tuple[dict[str, uuid.UUID], dict[uuid.UUID, str]]
@@ -62,7 +68,10 @@ class KafkaShareApis:
         self._topic_ids = topic_ids
         self.apis = {SHARE_GROUP_HEARTBEAT: self.share_group_heartbeat,
                      SHARE_GROUP_DESCRIBE: self.share_group_describe,
-                     SHARE_FETCH: self.share_fetch, SHARE_ACKNOWLEDGE: self.share_acknowledge}
+                     SHARE_FETCH: self.share_fetch, SHARE_ACKNOWLEDGE: self.share_acknowledge,
+                     DESCRIBE_SHARE_GROUP_OFFSETS: self.describe_share_group_offsets,
+                     ALTER_SHARE_GROUP_OFFSETS: self.alter_share_group_offsets,
+                     DELETE_SHARE_GROUP_OFFSETS: self.delete_share_group_offsets}
 
     # ---- the coordinator's ---------------------------------------------------------------------
 
@@ -125,6 +134,80 @@ class KafkaShareApis:
                         for t, ps in sorted(m.assigned.items()))))
                     for m in g.members.values())))
         return make(cls, throttle_time=NO_TIME, groups=tuple(described))
+
+    def describe_share_group_offsets(self, version: int, request: Any,
+                                     refused: errors.DeltaBusError | None = None) -> Any:
+        cls = load_response_schema(DESCRIBE_SHARE_GROUP_OFFSETS, version)
+        group_cls, topic_cls, partition_cls = (nested(cls, n) for n in (
+            "DescribeShareGroupOffsetsResponseGroup", "DescribeShareGroupOffsetsResponseTopic",
+            "DescribeShareGroupOffsetsResponsePartition"))
+        ids = self._topic_ids()[0]
+        groups = []
+        for g in request.groups:
+            asked = None if g.topics is None else [(t.topic_name, p) for t in g.topics
+                                                   for p in t.partitions]
+            try:
+                Access.raise_if(refused)
+                found = self._requests.describe_offsets(current_access(), g.group_id, asked)
+            except errors.DeltaBusError as e:
+                groups.append(make(group_cls, group_id=g.group_id, topics=(),
+                                   error_code=error_code(e), error_message=e.message))
+                continue
+            by_topic: dict[str, list[Any]] = {}
+            for (topic, p), offset in sorted(found.items()):
+                failed = offset if isinstance(offset, errors.DeltaBusError) else None
+                start, epoch, lag = ((-1, -1, -1) if isinstance(offset, errors.DeltaBusError)
+                                     else (offset.start_offset, offset.leader_epoch, offset.lag))
+                by_topic.setdefault(topic, []).append(make(
+                    partition_cls, partition_index=p, start_offset=start, leader_epoch=epoch,
+                    lag=lag, error_code=error_code(failed),
+                    error_message=failed.message if failed else None))
+            groups.append(make(group_cls, group_id=g.group_id, error_code=ErrorCode.none,
+                               error_message=None, topics=tuple(
+                                   make(topic_cls, topic_name=t, topic_id=ids.get(t),
+                                        partitions=tuple(ps)) for t, ps in by_topic.items())))
+        return make(cls, throttle_time=NO_TIME, groups=tuple(groups))
+
+    def alter_share_group_offsets(self, version: int, request: Any,
+                                  refused: errors.DeltaBusError | None = None) -> Any:
+        cls = load_response_schema(ALTER_SHARE_GROUP_OFFSETS, version)
+        topic_cls, partition_cls = (nested(cls, n) for n in (
+            "AlterShareGroupOffsetsResponseTopic", "AlterShareGroupOffsetsResponsePartition"))
+        ids = self._topic_ids()[0]
+        offsets = {(t.topic_name, p.partition_index): p.start_offset
+                   for t in request.topics for p in t.partitions}
+        try:
+            Access.raise_if(refused)
+            results = self._requests.alter_offsets(current_access(), request.group_id, offsets)
+        except errors.DeltaBusError as e:
+            return make(cls, throttle_time=NO_TIME, error_code=error_code(e),
+                        error_message=e.message, responses=())
+        by_topic: dict[str, list[Any]] = {}
+        for (topic, p), error in sorted(results.items()):
+            by_topic.setdefault(topic, []).append(make(
+                partition_cls, partition_index=p, error_code=error_code(error),
+                error_message=error.message if error else None))
+        return make(cls, throttle_time=NO_TIME, error_code=ErrorCode.none, error_message=None,
+                    responses=tuple(make(topic_cls, topic_name=t, topic_id=ids.get(t),
+                                         partitions=tuple(ps)) for t, ps in by_topic.items()))
+
+    def delete_share_group_offsets(self, version: int, request: Any,
+                                   refused: errors.DeltaBusError | None = None) -> Any:
+        cls = load_response_schema(DELETE_SHARE_GROUP_OFFSETS, version)
+        topic_cls = nested(cls, "DeleteShareGroupOffsetsResponseTopic")
+        ids = self._topic_ids()[0]
+        try:
+            Access.raise_if(refused)
+            results = self._requests.delete_offsets(
+                current_access(), request.group_id, [t.topic_name for t in request.topics])
+        except errors.DeltaBusError as e:
+            return make(cls, throttle_time=NO_TIME, error_code=error_code(e),
+                        error_message=e.message, responses=())
+        return make(cls, throttle_time=NO_TIME, error_code=ErrorCode.none, error_message=None,
+                    responses=tuple(make(topic_cls, topic_name=t, topic_id=ids.get(t),
+                                         error_code=error_code(error),
+                                         error_message=error.message if error else None)
+                                    for t, error in sorted(results.items())))
 
     # ---- the leaders' --------------------------------------------------------------------------
 

@@ -1270,6 +1270,276 @@ class DeleteGroupsResponse(_message.Message):
     results: _containers.RepeatedCompositeFieldContainer[DeletedGroup]
     def __init__(self, results: _Optional[_Iterable[_Union[DeletedGroup, _Mapping]]] = ...) -> None: ...
 
+class TopicNames(_message.Message):
+    __slots__ = ("names",)
+    NAMES_FIELD_NUMBER: _ClassVar[int]
+    names: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, names: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ShareGroupHeartbeatRequest(_message.Message):
+    __slots__ = ("group_id", "member_id", "member_epoch", "rack_id", "subscribed_topic_names")
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    RACK_ID_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIBED_TOPIC_NAMES_FIELD_NUMBER: _ClassVar[int]
+    group_id: str
+    member_id: str
+    member_epoch: int
+    rack_id: str
+    subscribed_topic_names: TopicNames
+    def __init__(self, group_id: _Optional[str] = ..., member_id: _Optional[str] = ..., member_epoch: _Optional[int] = ..., rack_id: _Optional[str] = ..., subscribed_topic_names: _Optional[_Union[TopicNames, _Mapping]] = ...) -> None: ...
+
+class ShareGroupHeartbeatResponse(_message.Message):
+    __slots__ = ("error_code", "error_message", "member_id", "member_epoch", "heartbeat_interval_ms", "assignment", "assignment_changed")
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
+    ASSIGNMENT_FIELD_NUMBER: _ClassVar[int]
+    ASSIGNMENT_CHANGED_FIELD_NUMBER: _ClassVar[int]
+    error_code: int
+    error_message: str
+    member_id: str
+    member_epoch: int
+    heartbeat_interval_ms: int
+    assignment: _containers.RepeatedCompositeFieldContainer[TopicPartitions]
+    assignment_changed: bool
+    def __init__(self, error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., member_id: _Optional[str] = ..., member_epoch: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ..., assignment: _Optional[_Iterable[_Union[TopicPartitions, _Mapping]]] = ..., assignment_changed: _Optional[bool] = ...) -> None: ...
+
+class ShareGroupDescribeRequest(_message.Message):
+    __slots__ = ("group_ids",)
+    GROUP_IDS_FIELD_NUMBER: _ClassVar[int]
+    group_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, group_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ShareGroupMember(_message.Message):
+    __slots__ = ("member_id", "rack_id", "member_epoch", "client_id", "client_host", "subscribed_topic_names", "assignment")
+    MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
+    RACK_ID_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_HOST_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIBED_TOPIC_NAMES_FIELD_NUMBER: _ClassVar[int]
+    ASSIGNMENT_FIELD_NUMBER: _ClassVar[int]
+    member_id: str
+    rack_id: str
+    member_epoch: int
+    client_id: str
+    client_host: str
+    subscribed_topic_names: _containers.RepeatedScalarFieldContainer[str]
+    assignment: _containers.RepeatedCompositeFieldContainer[TopicPartitions]
+    def __init__(self, member_id: _Optional[str] = ..., rack_id: _Optional[str] = ..., member_epoch: _Optional[int] = ..., client_id: _Optional[str] = ..., client_host: _Optional[str] = ..., subscribed_topic_names: _Optional[_Iterable[str]] = ..., assignment: _Optional[_Iterable[_Union[TopicPartitions, _Mapping]]] = ...) -> None: ...
+
+class DescribedShareGroup(_message.Message):
+    __slots__ = ("group_id", "error_code", "error_message", "group_state", "group_epoch", "assignment_epoch", "assignor_name", "members")
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    GROUP_STATE_FIELD_NUMBER: _ClassVar[int]
+    GROUP_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    ASSIGNMENT_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    ASSIGNOR_NAME_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    group_id: str
+    error_code: int
+    error_message: str
+    group_state: str
+    group_epoch: int
+    assignment_epoch: int
+    assignor_name: str
+    members: _containers.RepeatedCompositeFieldContainer[ShareGroupMember]
+    def __init__(self, group_id: _Optional[str] = ..., error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., group_state: _Optional[str] = ..., group_epoch: _Optional[int] = ..., assignment_epoch: _Optional[int] = ..., assignor_name: _Optional[str] = ..., members: _Optional[_Iterable[_Union[ShareGroupMember, _Mapping]]] = ...) -> None: ...
+
+class ShareGroupDescribeResponse(_message.Message):
+    __slots__ = ("groups",)
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    groups: _containers.RepeatedCompositeFieldContainer[DescribedShareGroup]
+    def __init__(self, groups: _Optional[_Iterable[_Union[DescribedShareGroup, _Mapping]]] = ...) -> None: ...
+
+class AcknowledgementBatch(_message.Message):
+    __slots__ = ("first_offset", "last_offset", "acknowledge_types")
+    FIRST_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LAST_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    ACKNOWLEDGE_TYPES_FIELD_NUMBER: _ClassVar[int]
+    first_offset: int
+    last_offset: int
+    acknowledge_types: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, first_offset: _Optional[int] = ..., last_offset: _Optional[int] = ..., acknowledge_types: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class SharePartition(_message.Message):
+    __slots__ = ("topic", "partition", "acknowledgement_batches")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    ACKNOWLEDGEMENT_BATCHES_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    partition: int
+    acknowledgement_batches: _containers.RepeatedCompositeFieldContainer[AcknowledgementBatch]
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., acknowledgement_batches: _Optional[_Iterable[_Union[AcknowledgementBatch, _Mapping]]] = ...) -> None: ...
+
+class ShareFetchRequest(_message.Message):
+    __slots__ = ("group_id", "member_id", "share_session_epoch", "max_wait_ms", "min_bytes", "max_bytes", "max_records", "partitions", "forgotten", "format")
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
+    SHARE_SESSION_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    MAX_WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    MIN_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_RECORDS_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    FORGOTTEN_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
+    group_id: str
+    member_id: str
+    share_session_epoch: int
+    max_wait_ms: int
+    min_bytes: int
+    max_bytes: int
+    max_records: int
+    partitions: _containers.RepeatedCompositeFieldContainer[SharePartition]
+    forgotten: _containers.RepeatedCompositeFieldContainer[TopicPartitions]
+    format: RecordFormat
+    def __init__(self, group_id: _Optional[str] = ..., member_id: _Optional[str] = ..., share_session_epoch: _Optional[int] = ..., max_wait_ms: _Optional[int] = ..., min_bytes: _Optional[int] = ..., max_bytes: _Optional[int] = ..., max_records: _Optional[int] = ..., partitions: _Optional[_Iterable[_Union[SharePartition, _Mapping]]] = ..., forgotten: _Optional[_Iterable[_Union[TopicPartitions, _Mapping]]] = ..., format: _Optional[_Union[RecordFormat, str]] = ...) -> None: ...
+
+class AcquiredRecords(_message.Message):
+    __slots__ = ("first_offset", "last_offset", "delivery_count")
+    FIRST_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LAST_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DELIVERY_COUNT_FIELD_NUMBER: _ClassVar[int]
+    first_offset: int
+    last_offset: int
+    delivery_count: int
+    def __init__(self, first_offset: _Optional[int] = ..., last_offset: _Optional[int] = ..., delivery_count: _Optional[int] = ...) -> None: ...
+
+class SharePartitionData(_message.Message):
+    __slots__ = ("topic", "partition", "error_code", "error_message", "acknowledge_error_code", "acknowledge_error_message", "arrow_records", "records", "acquired_records")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    ACKNOWLEDGE_ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ACKNOWLEDGE_ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    ARROW_RECORDS_FIELD_NUMBER: _ClassVar[int]
+    RECORDS_FIELD_NUMBER: _ClassVar[int]
+    ACQUIRED_RECORDS_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    partition: int
+    error_code: int
+    error_message: str
+    acknowledge_error_code: int
+    acknowledge_error_message: str
+    arrow_records: bytes
+    records: _containers.RepeatedCompositeFieldContainer[Record]
+    acquired_records: _containers.RepeatedCompositeFieldContainer[AcquiredRecords]
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., acknowledge_error_code: _Optional[int] = ..., acknowledge_error_message: _Optional[str] = ..., arrow_records: _Optional[bytes] = ..., records: _Optional[_Iterable[_Union[Record, _Mapping]]] = ..., acquired_records: _Optional[_Iterable[_Union[AcquiredRecords, _Mapping]]] = ...) -> None: ...
+
+class ShareFetchResponse(_message.Message):
+    __slots__ = ("error_code", "error_message", "acquisition_lock_timeout_ms", "partitions")
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    ACQUISITION_LOCK_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    error_code: int
+    error_message: str
+    acquisition_lock_timeout_ms: int
+    partitions: _containers.RepeatedCompositeFieldContainer[SharePartitionData]
+    def __init__(self, error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., acquisition_lock_timeout_ms: _Optional[int] = ..., partitions: _Optional[_Iterable[_Union[SharePartitionData, _Mapping]]] = ...) -> None: ...
+
+class ShareAcknowledgeRequest(_message.Message):
+    __slots__ = ("group_id", "member_id", "share_session_epoch", "partitions")
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
+    SHARE_SESSION_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    group_id: str
+    member_id: str
+    share_session_epoch: int
+    partitions: _containers.RepeatedCompositeFieldContainer[SharePartition]
+    def __init__(self, group_id: _Optional[str] = ..., member_id: _Optional[str] = ..., share_session_epoch: _Optional[int] = ..., partitions: _Optional[_Iterable[_Union[SharePartition, _Mapping]]] = ...) -> None: ...
+
+class ShareAcknowledgeResponse(_message.Message):
+    __slots__ = ("error_code", "error_message", "partitions")
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    error_code: int
+    error_message: str
+    partitions: _containers.RepeatedCompositeFieldContainer[SharePartitionData]
+    def __init__(self, error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., partitions: _Optional[_Iterable[_Union[SharePartitionData, _Mapping]]] = ...) -> None: ...
+
+class ShareGroupOffset(_message.Message):
+    __slots__ = ("topic", "partition", "start_offset", "leader_epoch", "lag", "error_code", "error_message")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    START_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LEADER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    LAG_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    partition: int
+    start_offset: int
+    leader_epoch: int
+    lag: int
+    error_code: int
+    error_message: str
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., start_offset: _Optional[int] = ..., leader_epoch: _Optional[int] = ..., lag: _Optional[int] = ..., error_code: _Optional[int] = ..., error_message: _Optional[str] = ...) -> None: ...
+
+class DescribeShareGroupOffsetsRequest(_message.Message):
+    __slots__ = ("group_id", "topic_partitions")
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    group_id: str
+    topic_partitions: _containers.RepeatedCompositeFieldContainer[TopicPartitions]
+    def __init__(self, group_id: _Optional[str] = ..., topic_partitions: _Optional[_Iterable[_Union[TopicPartitions, _Mapping]]] = ...) -> None: ...
+
+class DescribeShareGroupOffsetsResponse(_message.Message):
+    __slots__ = ("error_code", "error_message", "offsets")
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    error_code: int
+    error_message: str
+    offsets: _containers.RepeatedCompositeFieldContainer[ShareGroupOffset]
+    def __init__(self, error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., offsets: _Optional[_Iterable[_Union[ShareGroupOffset, _Mapping]]] = ...) -> None: ...
+
+class AlterShareGroupOffsetsRequest(_message.Message):
+    __slots__ = ("group_id", "offsets")
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    group_id: str
+    offsets: _containers.RepeatedCompositeFieldContainer[ShareGroupOffset]
+    def __init__(self, group_id: _Optional[str] = ..., offsets: _Optional[_Iterable[_Union[ShareGroupOffset, _Mapping]]] = ...) -> None: ...
+
+class AlterShareGroupOffsetsResponse(_message.Message):
+    __slots__ = ("error_code", "error_message", "results")
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    error_code: int
+    error_message: str
+    results: _containers.RepeatedCompositeFieldContainer[PartitionResult]
+    def __init__(self, error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., results: _Optional[_Iterable[_Union[PartitionResult, _Mapping]]] = ...) -> None: ...
+
+class DeleteShareGroupOffsetsRequest(_message.Message):
+    __slots__ = ("group_id", "topics")
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    TOPICS_FIELD_NUMBER: _ClassVar[int]
+    group_id: str
+    topics: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, group_id: _Optional[str] = ..., topics: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class DeleteShareGroupOffsetsResponse(_message.Message):
+    __slots__ = ("error_code", "error_message", "results")
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    error_code: int
+    error_message: str
+    results: _containers.RepeatedCompositeFieldContainer[TopicResult]
+    def __init__(self, error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., results: _Optional[_Iterable[_Union[TopicResult, _Mapping]]] = ...) -> None: ...
+
 class DeleteRecordsPartition(_message.Message):
     __slots__ = ("topic", "partition", "offset")
     TOPIC_FIELD_NUMBER: _ClassVar[int]

@@ -234,6 +234,41 @@ class DeltaBusStub:
                 request_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DeleteGroupsRequest.SerializeToString,
                 response_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DeleteGroupsResponse.FromString,
                 _registered_method=True)
+        self.ShareGroupHeartbeat = channel.unary_unary(
+                '/deltabus.v1.DeltaBus/ShareGroupHeartbeat',
+                request_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.ShareGroupHeartbeatRequest.SerializeToString,
+                response_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.ShareGroupHeartbeatResponse.FromString,
+                _registered_method=True)
+        self.ShareGroupDescribe = channel.unary_unary(
+                '/deltabus.v1.DeltaBus/ShareGroupDescribe',
+                request_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.ShareGroupDescribeRequest.SerializeToString,
+                response_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.ShareGroupDescribeResponse.FromString,
+                _registered_method=True)
+        self.ShareFetch = channel.unary_unary(
+                '/deltabus.v1.DeltaBus/ShareFetch',
+                request_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.ShareFetchRequest.SerializeToString,
+                response_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.ShareFetchResponse.FromString,
+                _registered_method=True)
+        self.ShareAcknowledge = channel.unary_unary(
+                '/deltabus.v1.DeltaBus/ShareAcknowledge',
+                request_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.ShareAcknowledgeRequest.SerializeToString,
+                response_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.ShareAcknowledgeResponse.FromString,
+                _registered_method=True)
+        self.DescribeShareGroupOffsets = channel.unary_unary(
+                '/deltabus.v1.DeltaBus/DescribeShareGroupOffsets',
+                request_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DescribeShareGroupOffsetsRequest.SerializeToString,
+                response_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DescribeShareGroupOffsetsResponse.FromString,
+                _registered_method=True)
+        self.AlterShareGroupOffsets = channel.unary_unary(
+                '/deltabus.v1.DeltaBus/AlterShareGroupOffsets',
+                request_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.AlterShareGroupOffsetsRequest.SerializeToString,
+                response_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.AlterShareGroupOffsetsResponse.FromString,
+                _registered_method=True)
+        self.DeleteShareGroupOffsets = channel.unary_unary(
+                '/deltabus.v1.DeltaBus/DeleteShareGroupOffsets',
+                request_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DeleteShareGroupOffsetsRequest.SerializeToString,
+                response_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DeleteShareGroupOffsetsResponse.FromString,
+                _registered_method=True)
         self.ListTransactions = channel.unary_unary(
                 '/deltabus.v1.DeltaBus/ListTransactions',
                 request_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.ListTransactionsRequest.SerializeToString,
@@ -549,6 +584,52 @@ class DeltaBusServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ShareGroupHeartbeat(self, request, context):
+        """Share groups (KIP-932, "queues"): membership and offsets at the group coordinator
+        (FindCoordinator's), records at the partitions' leaders. Many members read one partition
+        at once; each record is acquired by one member at a time under a lock, and acknowledged
+        one by one (accept, release, reject).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ShareGroupDescribe(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ShareFetch(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ShareAcknowledge(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DescribeShareGroupOffsets(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AlterShareGroupOffsets(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteShareGroupOffsets(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListTransactions(self, request, context):
         """Transactions (KIP-664's admin view): the transaction coordinator (FindCoordinator key
         type 1) lists and describes the transactional ids it coordinates.
@@ -791,6 +872,41 @@ def add_DeltaBusServicer_to_server(servicer, server):
                     servicer.DeleteGroups,
                     request_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DeleteGroupsRequest.FromString,
                     response_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DeleteGroupsResponse.SerializeToString,
+            ),
+            'ShareGroupHeartbeat': grpc.unary_unary_rpc_method_handler(
+                    servicer.ShareGroupHeartbeat,
+                    request_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.ShareGroupHeartbeatRequest.FromString,
+                    response_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.ShareGroupHeartbeatResponse.SerializeToString,
+            ),
+            'ShareGroupDescribe': grpc.unary_unary_rpc_method_handler(
+                    servicer.ShareGroupDescribe,
+                    request_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.ShareGroupDescribeRequest.FromString,
+                    response_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.ShareGroupDescribeResponse.SerializeToString,
+            ),
+            'ShareFetch': grpc.unary_unary_rpc_method_handler(
+                    servicer.ShareFetch,
+                    request_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.ShareFetchRequest.FromString,
+                    response_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.ShareFetchResponse.SerializeToString,
+            ),
+            'ShareAcknowledge': grpc.unary_unary_rpc_method_handler(
+                    servicer.ShareAcknowledge,
+                    request_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.ShareAcknowledgeRequest.FromString,
+                    response_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.ShareAcknowledgeResponse.SerializeToString,
+            ),
+            'DescribeShareGroupOffsets': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeShareGroupOffsets,
+                    request_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DescribeShareGroupOffsetsRequest.FromString,
+                    response_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DescribeShareGroupOffsetsResponse.SerializeToString,
+            ),
+            'AlterShareGroupOffsets': grpc.unary_unary_rpc_method_handler(
+                    servicer.AlterShareGroupOffsets,
+                    request_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.AlterShareGroupOffsetsRequest.FromString,
+                    response_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.AlterShareGroupOffsetsResponse.SerializeToString,
+            ),
+            'DeleteShareGroupOffsets': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteShareGroupOffsets,
+                    request_deserializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DeleteShareGroupOffsetsRequest.FromString,
+                    response_serializer=deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DeleteShareGroupOffsetsResponse.SerializeToString,
             ),
             'ListTransactions': grpc.unary_unary_rpc_method_handler(
                     servicer.ListTransactions,
@@ -1903,6 +2019,195 @@ class DeltaBus:
             '/deltabus.v1.DeltaBus/DeleteGroups',
             deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DeleteGroupsRequest.SerializeToString,
             deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DeleteGroupsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ShareGroupHeartbeat(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/deltabus.v1.DeltaBus/ShareGroupHeartbeat',
+            deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.ShareGroupHeartbeatRequest.SerializeToString,
+            deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.ShareGroupHeartbeatResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ShareGroupDescribe(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/deltabus.v1.DeltaBus/ShareGroupDescribe',
+            deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.ShareGroupDescribeRequest.SerializeToString,
+            deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.ShareGroupDescribeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ShareFetch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/deltabus.v1.DeltaBus/ShareFetch',
+            deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.ShareFetchRequest.SerializeToString,
+            deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.ShareFetchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ShareAcknowledge(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/deltabus.v1.DeltaBus/ShareAcknowledge',
+            deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.ShareAcknowledgeRequest.SerializeToString,
+            deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.ShareAcknowledgeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeShareGroupOffsets(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/deltabus.v1.DeltaBus/DescribeShareGroupOffsets',
+            deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DescribeShareGroupOffsetsRequest.SerializeToString,
+            deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DescribeShareGroupOffsetsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AlterShareGroupOffsets(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/deltabus.v1.DeltaBus/AlterShareGroupOffsets',
+            deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.AlterShareGroupOffsetsRequest.SerializeToString,
+            deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.AlterShareGroupOffsetsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteShareGroupOffsets(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/deltabus.v1.DeltaBus/DeleteShareGroupOffsets',
+            deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DeleteShareGroupOffsetsRequest.SerializeToString,
+            deltabus_dot_rpc_dot_v1_dot_deltabus__pb2.DeleteShareGroupOffsetsResponse.FromString,
             options,
             channel_credentials,
             insecure,
