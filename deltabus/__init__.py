@@ -10,7 +10,8 @@ raises ModuleNotFoundError saying so: "deltabus.Cluster needs the server install
 not installed): pip install 'deltabus[server]'" (deltabus/extras.py).
 
 Packages, by the process they run in:
-    client/      the user's process: Producer, Consumer, AdminClient, ExactlyOncePipeline
+    client/      the user's process: Producer, Consumer, ShareConsumer, AdminClient,
+                 ExactlyOncePipeline
     cluster/     the driver (controller, Cluster) and executors (brokers, partitions, fetchers)
     log_tables/  executors: partition logs as Delta tables
     offsets/     the driver: group coordinator, __consumer_offsets
@@ -35,6 +36,7 @@ from typing import Any
 
 from deltabus import errors, extras
 from deltabus.client import (
+    AcknowledgeType,
     AdminClient,
     CommitFailedError,
     Consumer,
@@ -46,6 +48,8 @@ from deltabus.client import (
     RecordMetadata,
     SchemaDeserializer,
     ScramCredentialInfo,
+    ShareConsumer,
+    ShareRecord,
     TopicPartition,
     UserScramCredentialDeletion,
     UserScramCredentialsDescription,
@@ -59,6 +63,7 @@ from deltabus.security import acls
 from deltabus.security.acls import AclBinding, AclBindingFilter
 
 __all__ = [
+    "AcknowledgeType",
     "AclBinding",
     "AclBindingFilter",
     "AdminClient",
@@ -78,6 +83,8 @@ __all__ = [
     "RecordMetadata",
     "SchemaDeserializer",
     "ScramCredentialInfo",
+    "ShareConsumer",
+    "ShareRecord",
     "TopicPartition",
     "UserScramCredentialDeletion",
     "UserScramCredentialUpsertion",

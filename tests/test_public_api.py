@@ -5,13 +5,14 @@ import deltabus
 
 def test_public_api_is_pinned():
     assert sorted(deltabus.__all__) == [
-        "AclBinding", "AclBindingFilter", "AdminClient", "AlterConfigOp", "Cluster",
+        "AcknowledgeType", "AclBinding", "AclBindingFilter", "AdminClient", "AlterConfigOp",
+        "Cluster",
         "CommitFailedError", "ConfigEntry", "Consumer",
         "ConsumerRebalanceListener",
         "ConsumerRecord", "DeltaBusError", "ExactlyOncePipeline", "FutureRecordMetadata",
         "NewTopic",
         "OffsetAndMetadata", "Producer", "RecordMetadata", "SchemaDeserializer",
-        "ScramCredentialInfo", "TopicPartition",
+        "ScramCredentialInfo", "ShareConsumer", "ShareRecord", "TopicPartition",
         "UserScramCredentialDeletion", "UserScramCredentialUpsertion",
         "UserScramCredentialsDescription", "acls", "errors", "local_spark",
     ]

@@ -29,8 +29,10 @@ from deltabus.client.consumer import (
 from deltabus.client.exactly_once import ExactlyOncePipeline
 from deltabus.client.producer import FutureRecordMetadata, Producer, RecordMetadata
 from deltabus.client.schema_cache import SchemaDeserializer
+from deltabus.client.share_consumer import AcknowledgeType, ShareConsumer, ShareRecord
 
 __all__ = [
+    "AcknowledgeType",
     "AclBinding",
     "AclBindingFilter",
     "AdminClient",
@@ -44,6 +46,8 @@ __all__ = [
     "RecordMetadata",
     "SchemaDeserializer",
     "ScramCredentialInfo",
+    "ShareConsumer",
+    "ShareRecord",
     "TopicPartition",
     "UserScramCredentialDeletion",
     "UserScramCredentialUpsertion",

@@ -22,7 +22,7 @@ from deltabus.cluster.handler import (
     SharePartitionData,
 )
 from deltabus.rpc import codec
-from deltabus.rpc.access import Access
+from deltabus.rpc.access import Access, grpc_client_id
 from deltabus.rpc.group_servicer import _peer_host
 from deltabus.rpc.request_layer import RequestLayer
 from deltabus.rpc.share_requests import ShareGroupHeartbeatRequest
@@ -47,7 +47,8 @@ class ShareServicerMixin:
                     rack_id=request.rack_id if request.HasField("rack_id") else None,
                     subscribed_topic_names=list(request.subscribed_topic_names.names)
                     if request.HasField("subscribed_topic_names") else None,
-                    client_id=_client_id(context), client_host=_peer_host(context)))
+                    client_id=grpc_client_id(context) if context is not None else "",
+                    client_host=_peer_host(context)))
         except errors.DeltaBusError as e:
             return pb.ShareGroupHeartbeatResponse(error_code=e.code, error_message=e.message,
                                                   member_id=request.member_id, member_epoch=-1)
@@ -165,12 +166,6 @@ class ShareServicerMixin:
             pb.TopicResult(name=t, error_code=e.code if e else 0,
                            error_message=e.message if e else "")
             for t, e in sorted(results.items())])
-
-
-def _client_id(context: Any) -> str:
-    """The caller's user agent, as Kafka's tools show a client id."""
-    metadata = dict(context.invocation_metadata()) if context is not None else {}
-    return str(metadata.get("user-agent", "")).split(" ")[0]
 
 
 def _topic_partitions(assignment: dict[str, frozenset[int]]) -> list[pb.TopicPartitions]:
