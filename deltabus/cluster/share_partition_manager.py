@@ -482,13 +482,17 @@ class SharePartitionManager:
     # ---- time ----------------------------------------------------------------------------------
 
     def _sweep(self) -> None:
-        """Time out locks (waking fetches, since records are available again) and idle
-        sessions (releasing what their members hold)."""
+        """Time out locks (written: a record at its delivery count limit is archived; and
+        waking fetches, since records are available again) and idle sessions (releasing what
+        their members hold)."""
         while not self._closed.wait(SWEEP_INTERVAL_S):
             now = self._clock()
             idle_s = self._config.group_share_session_timeout_ms / 1000
             with self._lock:
-                expired = any([sp.expire_locks() for sp in self._partitions.values()])
+                expired = [(held, sp) for held, sp in self._partitions.items()
+                           if sp.expire_locks()]
+                for held, sp in expired:  # archived at the limit: the start offset may move
+                    self._persist(held, sp)
                 idle = [(key, s) for key, s in self._sessions.items()
                         if now - s.last_used_s > idle_s]
                 for key, _ in idle:
