@@ -198,30 +198,21 @@ class SharePartition:
     def release_member(self, member_id: str) -> bool:
         """Release every offset the member holds (its session closed, it left the group).
         Returns whether anything changed."""
-        held = [r for r in self.records.values()
-                if r.state == ACQUIRED and r.member_id == member_id]
+        return self._release_held(lambda r: r.member_id == member_id)
+
+    def expire_locks(self) -> bool:
+        """Release the offsets whose lock timed out. Returns whether anything changed."""
+        now = self._clock()
+        return self._release_held(lambda r: r.lock_until_s <= now)
+
+    def _release_held(self, which: Callable[[InFlight], bool]) -> bool:
+        held = [r for r in self.records.values() if r.state == ACQUIRED and which(r)]
         for record in held:
             self._release(record)
         if held:
             self.version += 1
             self._advance_start()
         return bool(held)
-
-    def expire_locks(self) -> bool:
-        """Release the offsets whose lock timed out. Returns whether anything changed."""
-        now = self._clock()
-        expired = [r for r in self.records.values()
-                   if r.state == ACQUIRED and r.lock_until_s <= now]
-        for record in expired:
-            self._release(record)
-        if expired:
-            self.version += 1
-            self._advance_start()
-        return bool(expired)
-
-    def next_lock_expiry_s(self) -> float | None:
-        return min((r.lock_until_s for r in self.records.values() if r.state == ACQUIRED),
-                   default=None)
 
     def _release(self, record: InFlight) -> None:
         record.member_id = ""
