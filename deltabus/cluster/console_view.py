@@ -23,7 +23,7 @@ from typing import Any
 from deltabus import errors
 from deltabus.cluster.driver_metrics import ControllerView
 from deltabus.metadata import LogReport
-from deltabus.offsets.group_coordinator import GroupCoordinator
+from deltabus.offsets.group_coordinator import SHARE_PROTOCOL, GroupCoordinator
 from deltabus.rpc.access import Access
 from deltabus.security.acls import Operation
 
@@ -99,6 +99,12 @@ class ConsoleView:
             if access.group(Operation.DESCRIBE, group_id) is not None:
                 continue
             partitions = []
+            if protocol_type == SHARE_PROTOCOL:  # its start offsets, and lag past them
+                partitions = [{"topic": t, "partition": p, "committed": o.start_offset,
+                               "lag": o.lag if o.lag >= 0 else None}
+                              for (t, p), o in sorted(self._coordinator
+                                                      .describe_share_group_offsets(group_id)
+                                                      .items()) if t in topics]
             for (topic, partition), committed in sorted(
                     self._coordinator.fetch_offsets(group_id).items()):
                 if topic not in topics:
@@ -114,6 +120,11 @@ class ConsoleView:
         return out
 
     def _members(self, group_id: str) -> int:
+        if self._coordinator.is_share_group(group_id):
+            try:
+                return len(self._coordinator.describe_share_group(group_id).members)
+            except errors.DeltaBusError:  # known by its state only: no member since
+                return 0
         try:
             return len(self._coordinator.describe_group(group_id).members)
         except errors.DeltaBusError:  # a KIP-848 group

@@ -6,8 +6,10 @@ group.share.delivery.count.limit allows is archived."""
 
 from __future__ import annotations
 
+import json
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 
 import pytest
@@ -112,6 +114,13 @@ def test_three_share_consumers_on_one_partition_get_different_records(
         c.poll(0.2)
     wait_until(lambda: cluster.coordinator.share_state.read(group, share_topic, 0)
                .start_offset == 300, what="every record accepted")
+
+    # The console lists the share group: its members, and its start offset as its progress.
+    with urllib.request.urlopen(cluster.console_url + "/api/overview", timeout=30) as answer:
+        listed = [g for g in json.load(answer)["groups"] if g["group"] == group]
+    assert [(g["protocol"], g["members"]) for g in listed] == [("share", 3)]
+    assert [(p["topic"], p["committed"]) for p in listed[0]["partitions"]] == [
+        (share_topic, 300)]
 
 
 def test_released_and_rejected_records(cluster, share_topic, closing) -> None:
