@@ -34,6 +34,9 @@ from __future__ import annotations
 
 import collections
 import itertools
+import os
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -54,7 +57,10 @@ from deltabus.cluster.handler import (
     FetchSpec,
     LogDirDescription,
     ReplicaDescription,
+    ShareFetchAnswer,
+    ShareFetchRequest,
 )
+from deltabus.cluster.share_partition_manager import SharePartitionManager
 from deltabus.log_tables.partition_log import ActiveProducer, AppendResult
 from deltabus.metadata import (
     NO_LEADER,
@@ -70,6 +76,7 @@ from deltabus.metadata import (
 )
 from deltabus.offsets.group_coordinator import GroupCoordinator
 from deltabus.offsets.offset_store import OffsetAndMetadata, OffsetCommit, OffsetStore
+from deltabus.offsets.share_state_store import ShareStateStore
 from deltabus.quotas import (
     ClientQuotaManager,
     QuotaEntity,
@@ -281,12 +288,16 @@ class FakeCluster:
                  serve: Callable[..., tuple[grpc.Server, int]] = start_server,
                  security: cfg.ListenerSecurity | None = None,
                  credentials: CredentialLookup | None = None,
-                 group_config: cfg.GroupConfig | None = None) -> None:
+                 group_config: cfg.GroupConfig | None = None,
+                 share_groups: bool = False) -> None:
         """`serve` starts each broker's server, `start_server`'s way (tests/client/
         secure_server.py serves the same servicer over TLS, recording every call).
         `security` and `credentials`: the real start_server's TLS and authentication, as a real
         cluster's brokers use them (PLAINTEXT by default). `group_config`: the coordinator's
-        limits (by default short session timeouts and no initial rebalance delay)."""
+        limits (by default short session timeouts and no initial rebalance delay).
+        `share_groups`: the coordinator keeps share groups' state in a real
+        `__share_group_state` table (in a folder of its own, gone at `close`), and the
+        brokers answer ShareFetch with real SharePartitionManagers over their logs."""
         self._config = cfg.ClusterConfig(root="", brokers=brokers, host=HOST,
                                          num_partitions=default_partitions)
         self.auto_create_topics = auto_create_topics
@@ -315,12 +326,15 @@ class FakeCluster:
         self.appends_waiting = 0  # produce requests held by `appends_held`
         self._fetches_blocked = 0  # fetches long-polling for records on their threads
         self._stopped = threading.Event()
+        self.group_config = group_config or cfg.GroupConfig(
+            group_min_session_timeout_ms=100, group_initial_rebalance_delay_ms=0)
+        self._share_dir = tempfile.mkdtemp(prefix="fake-share-state-") if share_groups else None
         self.coordinator = _GroupCoordinatorWithFaults(
             self._take_fault,
             cast(OffsetStore, MemoryOffsetStore()),  # the coordinator takes it by duck typing
-            group_config or cfg.GroupConfig(group_min_session_timeout_ms=100,
-                                            group_initial_rebalance_delay_ms=0),
-            metadata=self.image)
+            self.group_config, metadata=self.image,
+            share_state=(ShareStateStore(os.path.join(self._share_dir, "__share_group_state"))
+                         if self._share_dir else None))
         self._servers: list[grpc.Server] = []
         self._kafka_listeners: list[KafkaListener] = []
         self.kafka_coordinator: str | None = None  # host:port, once serve_kafka opened it
@@ -329,10 +343,12 @@ class FakeCluster:
         # gRPC threads hold them.
         self._forwarding = ThreadPoolExecutor(max_workers=32, thread_name_prefix="forward")
         self.brokers: list[BrokerEndpoint] = []
+        self._handlers: list[FakeBroker] = []
         for broker_id in range(brokers):
             secured = ({"security": security, "credentials": credentials}
                        if security is not None else {})
-            server, port = serve(HOST, 0, FakeBroker(self, broker_id), threads=16,
+            self._handlers.append(FakeBroker(self, broker_id))
+            server, port = serve(HOST, 0, self._handlers[-1], threads=16,
                                  groups=self.coordinator if broker_id == 0 else None, **secured)
             self._servers.append(server)
             self.brokers.append(BrokerEndpoint(broker_id, HOST, port))
@@ -367,7 +383,11 @@ class FakeCluster:
             listener.stop()
         self._ticker.join(5)
         self._forwarding.shutdown(wait=False, cancel_futures=True)
+        for broker in self._handlers:
+            broker.close()
         self.coordinator.close()
+        if self._share_dir is not None:
+            shutil.rmtree(self._share_dir, ignore_errors=True)
 
     def serve_kafka(self, broker_id: int, *, security: cfg.ListenerSecurity | None = None,
                     credentials: CredentialLookup | None = None,
@@ -877,6 +897,19 @@ class FakeBroker:
     def __init__(self, cluster: FakeCluster, broker_id: int) -> None:
         self._cluster = cluster
         self.broker_id = broker_id
+        store = cluster.coordinator.share_state
+        # The real leader side of share groups, over this broker's logs (`share_groups`).
+        self._shares = (SharePartitionManager(self, store, cluster.group_config)
+                        if store is not None else None)
+
+    def share_fetch(self, request: ShareFetchRequest) -> ShareFetchAnswer:
+        if self._shares is None:
+            raise errors.UnsupportedVersionError("this fake cluster serves no share groups")
+        return self._shares.share_fetch(request)
+
+    def close(self) -> None:
+        if self._shares is not None:
+            self._shares.close()
 
     def metadata(self, topics: list[str], allow_auto_create: bool) -> MetadataImage:
         return self._cluster.metadata(topics, allow_auto_create)

@@ -103,7 +103,7 @@ class Doors:
 @pytest.fixture(scope="module")
 def doors() -> Iterator[Doors]:
     security = cfg.ListenerSecurity(security_protocol="SASL_PLAINTEXT")
-    fake = FakeCluster(brokers=1, security=security,
+    fake = FakeCluster(brokers=1, security=security, share_groups=True,
                        credentials=lambda user, mechanism: CREDENTIALS.get((user, mechanism)))
     fake.create_topic(TOPIC, len(PARTITIONS))
     fake.authorizer = Authorizer(ACLS)
@@ -652,6 +652,113 @@ def test_list_describe_and_delete_groups_alike(doors: Doors) -> None:
                                   pb.DeleteGroupsRequest(group_ids=["pay-b"]))
         assert ([r.error_code.value for r in kafka.results]
                 == [r.error_code for r in through_grpc.results] == [expected])
+
+
+# ---- Share groups (KIP-932) ------------------------------------------------------------------
+# alice may READ (so DESCRIBE) and DELETE the groups named pay*, and READ the topic; bob nothing.
+
+SHARE_GROUP_HEARTBEAT, SHARE_GROUP_DESCRIBE, SHARE_FETCH, SHARE_ACKNOWLEDGE = 76, 77, 78, 79
+DESCRIBE_SHARE_OFFSETS, ALTER_SHARE_OFFSETS, DELETE_SHARE_OFFSETS = 90, 91, 92
+
+
+def _topic_id(doors: Doors) -> Any:
+    import uuid
+
+    return uuid.UUID(doors.fake.image().topics[TOPIC].topic_id)
+
+
+def test_share_group_membership_alike(doors: Doors) -> None:
+    """ShareGroupHeartbeat needs READ on the group; ShareGroupDescribe DESCRIBE on it."""
+    for user, expected in (("bob", GROUP_AUTH), ("alice", 0)):
+        cls = load_request_schema(SHARE_GROUP_HEARTBEAT, 1)
+        kafka = doors.kafka(user, SHARE_GROUP_HEARTBEAT, 1, make(
+            cls, group_id="pay-queue", member_id=f"{user}-kafka", member_epoch=0,
+            rack_id=None, subscribed_topic_names=(TOPIC,)))
+        through_grpc = doors.grpc(user, "ShareGroupHeartbeat", pb.ShareGroupHeartbeatRequest(
+            group_id="pay-queue", member_id=f"{user}-grpc", member_epoch=0,
+            subscribed_topic_names=pb.TopicNames(names=[TOPIC])))
+        assert kafka.error_code.value == through_grpc.error_code == expected, user
+        cls = load_request_schema(SHARE_GROUP_DESCRIBE, 1)
+        kafka = doors.kafka(user, SHARE_GROUP_DESCRIBE, 1, make(
+            cls, group_ids=("pay-queue",), include_authorized_operations=False))
+        through_grpc = doors.grpc(user, "ShareGroupDescribe",
+                                  pb.ShareGroupDescribeRequest(group_ids=["pay-queue"]))
+        assert ([(g.error_code.value, len(g.members)) for g in kafka.groups]
+                == [(g.error_code, len(g.members)) for g in through_grpc.groups]
+                == [(expected, 2 if expected == 0 else 0)]), user
+
+
+def test_share_fetch_and_acknowledge_alike(doors: Doors) -> None:
+    """ShareFetch opens a session for alice (READ on group and topic) and is refused whole
+    for bob; ShareAcknowledge cannot open a session (epoch 0) through either door."""
+    for user, expected in (("bob", GROUP_AUTH), ("alice", 0)):
+        cls = load_request_schema(SHARE_FETCH, 1)
+        kafka = doors.kafka(user, SHARE_FETCH, 1, make(
+            cls, group_id="pay-queue", member_id=f"{user}-kafka", share_session_epoch=0,
+            max_wait=timedelta(0), min_bytes=1, max_bytes=1 << 20, max_records=10,
+            batch_size=10, forgotten_topics_data=(), topics=(nested(cls, "FetchTopic")(
+                topic_id=_topic_id(doors), partitions=tuple(
+                    nested(cls, "FetchPartition")(partition_index=p, acknowledgement_batches=())
+                    for p in PARTITIONS)),)))
+        through_grpc = doors.grpc(user, "ShareFetch", pb.ShareFetchRequest(
+            group_id="pay-queue", member_id=f"{user}-grpc", share_session_epoch=0,
+            max_records=10, partitions=[pb.SharePartition(topic=TOPIC, partition=p)
+                                        for p in PARTITIONS]))
+        assert kafka.error_code.value == through_grpc.error_code == expected, user
+        assert (sorted((p.partition_index, p.error_code.value) for t in kafka.responses
+                       for p in t.partitions)
+                == sorted((p.partition, p.error_code) for p in through_grpc.partitions))
+        cls = load_request_schema(SHARE_ACKNOWLEDGE, 1)
+        kafka = doors.kafka(user, SHARE_ACKNOWLEDGE, 1, make(
+            cls, group_id="pay-queue", member_id=f"{user}-other", share_session_epoch=0,
+            topics=()))
+        through_grpc = doors.grpc(user, "ShareAcknowledge", pb.ShareAcknowledgeRequest(
+            group_id="pay-queue", member_id=f"{user}-other", share_session_epoch=0))
+        assert (kafka.error_code.value, kafka.error_message) == (
+            through_grpc.error_code, through_grpc.error_message), user
+
+
+def test_share_group_offsets_alike(doors: Doors) -> None:
+    """Describe (DESCRIBE on the group), alter (READ) and delete (DELETE) a share group's
+    offsets: bob is refused through both doors, alice's group starts over at offset 0."""
+    for user, expected in (("bob", GROUP_AUTH), ("alice", 0)):
+        group = f"pay-offsets-{user}"
+        cls = load_request_schema(ALTER_SHARE_OFFSETS, 0)
+        kafka = doors.kafka(user, ALTER_SHARE_OFFSETS, 0, make(cls, group_id=group, topics=(
+            nested(cls, "AlterShareGroupOffsetsRequestTopic")(topic_name=TOPIC, partitions=(
+                nested(cls, "AlterShareGroupOffsetsRequestPartition")(
+                    partition_index=0, start_offset=0),)),)))
+        through_grpc = doors.grpc(user, "AlterShareGroupOffsets",
+                                  pb.AlterShareGroupOffsetsRequest(group_id=group, offsets=[
+                                      pb.ShareGroupOffset(topic=TOPIC, partition=0,
+                                                          start_offset=0)]))
+        assert kafka.error_code.value == through_grpc.error_code == expected, user
+        cls = load_request_schema(DESCRIBE_SHARE_OFFSETS, 1)
+        kafka = doors.kafka(user, DESCRIBE_SHARE_OFFSETS, 1, make(cls, groups=(
+            nested(cls, "DescribeShareGroupOffsetsRequestGroup")(group_id=group, topics=None),)))
+        through_grpc = doors.grpc(user, "DescribeShareGroupOffsets",
+                                  pb.DescribeShareGroupOffsetsRequest(group_id=group))
+        assert ([(p.partition_index, p.start_offset) for g in kafka.groups for t in g.topics
+                 for p in t.partitions]
+                == [(o.partition, o.start_offset) for o in through_grpc.offsets]
+                == ([(0, 0)] if expected == 0 else []))
+        assert kafka.groups[0].error_code.value == through_grpc.error_code == expected
+        deleted = _delete_share_offsets_both(doors, user, group)
+        if expected == 0:  # the first door deleted the group's only state: it is gone
+            assert deleted == (0, errors.GroupIdNotFoundError.code)
+            assert _delete_share_offsets_both(doors, user, group) == (
+                errors.GroupIdNotFoundError.code, errors.GroupIdNotFoundError.code)
+        else:
+            assert deleted == (GROUP_AUTH, GROUP_AUTH)
+
+
+def _delete_share_offsets_both(doors: Doors, user: str, group: str) -> tuple[int, int]:
+    cls = load_request_schema(DELETE_SHARE_OFFSETS, 0)
+    kafka = doors.kafka(user, DELETE_SHARE_OFFSETS, 0, make(cls, group_id=group, topics=(
+        nested(cls, "DeleteShareGroupOffsetsRequestTopic")(topic_name=TOPIC),)))
+    through_grpc = doors.grpc(user, "DeleteShareGroupOffsets", pb.DeleteShareGroupOffsetsRequest(
+        group_id=group, topics=[TOPIC]))
+    return kafka.error_code.value, through_grpc.error_code
 
 
 # ---- Topics and configs ----------------------------------------------------------------------
