@@ -227,8 +227,8 @@ class ShareConsumer:
         acks[record.offset] = int(type)
 
     def commit(self, timeout_ms: int = 30_000) -> dict[Partition, errors.DeltaBusError | None]:
-        """Send every acknowledgement not sent yet (accepting the last poll's records in
-        implicit mode) and wait for the leaders: each partition's error, or None once its
+        """Send every acknowledgement not sent yet (in implicit mode, the last poll's records
+        accepted) and wait for the leaders: each partition's error, or None once its
         acknowledgements are durable."""
         self._check_open()
         self._accept_unacknowledged()
@@ -238,6 +238,11 @@ class ShareConsumer:
         return results
 
     def _accept_unacknowledged(self) -> None:
+        """Implicit mode: the last poll's records are accepted (explicit mode: untouched; a
+        record left unacknowledged is released when the session closes, or its lock times
+        out)."""
+        if self._explicit:
+            return
         for record in list(self._unacknowledged):
             self.acknowledge(record, AcknowledgeType.ACCEPT)
 
@@ -397,8 +402,9 @@ class ShareConsumer:
     # ---- closing -------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Leave the group: accept what the last poll returned (implicit mode), close the
-        share sessions (the leaders release what this member still holds), then stop."""
+        """Leave the group: accept what the last poll returned (implicit mode), send the
+        acknowledgements not sent yet, close the share sessions (the leaders release what this
+        member still holds: in explicit mode, records it did not acknowledge), then stop."""
         if self._closed:
             return
         try:
