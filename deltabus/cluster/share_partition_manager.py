@@ -324,8 +324,10 @@ class SharePartitionManager:
         if asked is None:
             return _EMPTY, []
         first, last = asked
-        result = self._logs.fetch([FetchSpec(tp[0], tp[1], first, max_bytes)], max_wait_ms=0,
-                                  min_bytes=0, max_bytes=max_bytes, replica_id=-1)[0]
+        # What max_records needs, not the whole of a 50 MB fetch.max.bytes past it.
+        read_bytes = min(max_bytes, cfg.FETCH_PARTITION_MAX_BYTES)
+        result = self._logs.fetch([FetchSpec(tp[0], tp[1], first, read_bytes)], max_wait_ms=0,
+                                  min_bytes=0, max_bytes=read_bytes, replica_id=-1)[0]
         if isinstance(result.error, errors.OffsetOutOfRangeError) and \
                 first < result.log_start_offset:
             with self._lock:
