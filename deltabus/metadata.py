@@ -329,6 +329,9 @@ class MetadataImage:
     # AddPartitionsToTxn, until its marker): a leader that takes a partition over holds the
     # last stable offset at the first record of each, never serving read_committed past it.
     open_transactions: dict[tuple[str, int], frozenset[int]] = field(default_factory=dict)
+    # Group configs (kafka-configs.sh --entity-type groups): group -> its overrides. Share
+    # groups' leaders and coordinator read theirs here (config.ShareGroupSettings).
+    group_configs: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def broker(self, broker_id: int) -> BrokerEndpoint | None:
         return next((b for b in self.brokers if b.broker_id == broker_id), None)

@@ -30,6 +30,7 @@ LAYERS = {
     "deltabus.trace": "pure",  # stamps for the latency breakdown: clients and brokers alike
     "deltabus.metrics": "pure",  # a node's Prometheus registry: brokers and the driver alike
     "deltabus.extras": "pure",  # which install a part needs: the clients and the top alike
+    "deltabus.group_configs": "pure",  # a group's own settings: coordinator and leaders alike
     # schemas as Confluent's registry knows them, each type's rules (pure: no I/O)
     "deltabus.schemas": "pure",
     "deltabus.log_tables": "log_tables",

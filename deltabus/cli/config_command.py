@@ -1,10 +1,11 @@
-"""`deltabus configs`: Kafka's kafka-configs.sh for topic configs, users' SCRAM credentials and
-client quotas, over AdminClient.
+"""`deltabus configs`: Kafka's kafka-configs.sh for topic and group configs, users' SCRAM
+credentials and client quotas, over AdminClient.
 
 Same flags (`--entity-type topics --entity-name T`, or `--topic T`; `--describe [--all]`;
 `--alter --add-config k=v,k2=[a,b] --delete-config k3`) and the same output lines, so a Kafka
-user's commands and scripts carry over. Only topics have dynamic configs in deltabus: brokers take
-theirs when the cluster starts. Users (`--entity-type users`) have SCRAM credentials
+user's commands and scripts carry over. Topics and groups (`--entity-type groups`: a share
+group's share.auto.offset.reset, ...) have dynamic configs; brokers take theirs when the cluster
+starts. Users (`--entity-type users`) have SCRAM credentials
 (`cli.user_scram_configs`) and quotas; users, clients, and a user with a client id together
 (`--entity-type users --entity-name U --entity-type clients --entity-name C`) have quotas
 (`cli.client_quota_configs`).
@@ -21,7 +22,7 @@ from deltabus.cli import client_quota_configs, user_scram_configs
 from deltabus.cli.options import CliError, add_command_config, admin_settings
 from deltabus.client.admin import AdminClient
 
-ENTITY_TYPES = ("topics", "users", "clients", "brokers")
+ENTITY_TYPES = ("topics", "users", "clients", "brokers", "groups")
 
 
 class _EntityName(argparse.Action):
@@ -38,14 +39,15 @@ class _EntityName(argparse.Action):
 
 def add_parser(subparsers: argparse._SubParsersAction, parent: argparse.ArgumentParser) -> None:
     p = subparsers.add_parser("configs", parents=[parent],
-                              help="describe and alter topic configs and users' SCRAM "
-                                   "credentials (kafka-configs.sh)")
+                              help="describe and alter topic and group configs and users' "
+                                   "SCRAM credentials (kafka-configs.sh)")
     actions = p.add_mutually_exclusive_group()
     actions.add_argument("--describe", action="store_true", help="list configs")
     actions.add_argument("--alter", action="store_true", help="change configs")
     p.add_argument("--entity-type", choices=ENTITY_TYPES, action="append",
-                   help="topics, users (SCRAM credentials and quotas) or clients (quotas); "
-                        "users and clients together: the quotas of a user's client id")
+                   help="topics, groups (share groups' configs), users (SCRAM credentials "
+                        "and quotas) or clients (quotas); users and clients together: the "
+                        "quotas of a user's client id")
     p.add_argument("--entity-name", dest="entity_names", action=_EntityName,
                    help="the topic, user or client id (default with --describe: every one)")
     p.add_argument("--entity-default", dest="entity_names", action=_EntityName, nargs=0,
@@ -84,14 +86,14 @@ def run(args: argparse.Namespace) -> int:
         raise CliError("--entity-type must be specified")
     if args.entity_type == "brokers":
         raise CliError("deltabus brokers take their configs when the cluster starts (deltabus "
-                       "cluster start); only topics have dynamic configs")
+                       "cluster start); only topics and groups have dynamic configs")
     if args.alter:
         return alter(args)
     if args.add_config is not None or args.delete_config is not None:
         raise CliError("--add-config and --delete-config can only be used with --alter")
     if args.entity_type == "users":
         if args.all:
-            raise CliError("--all can only be used with --entity-type topics")
+            raise CliError("--all can only be used with --entity-type topics or groups")
         client_quota_configs.describe(client_quota_configs.entities(types, names), args)
         return user_scram_configs.describe(args)
     return describe(args)
@@ -123,13 +125,17 @@ def _completed(pairs: client_quota_configs.Entities) -> str:
 
 
 def describe(args: argparse.Namespace) -> int:
+    groups = args.entity_type == "groups"
     with AdminClient(args.bootstrap_server, **admin_settings(args)) as admin:
-        topics = [args.entity_name] if args.entity_name else admin.list_topics()
-        results = admin.describe_configs(topics)
-    for topic in topics:
-        print(f"{'All' if args.all else 'Dynamic'} configs for topic {topic} are:")
-        for entry in results[topic]:
-            if args.all or entry.source == "DYNAMIC_TOPIC_CONFIG":
+        names = ([args.entity_name] if args.entity_name else
+                 [g for g, _ in admin.list_share_groups()] if groups else admin.list_topics())
+        results = admin.describe_configs(names, groups=groups)
+    own = "GROUP_CONFIG" if groups else "DYNAMIC_TOPIC_CONFIG"
+    for name in names:
+        print(f"{'All' if args.all else 'Dynamic'} configs for {'group' if groups else 'topic'} "
+              f"{name} are:")
+        for entry in results[name]:
+            if args.all or entry.source == own:
                 print(f"  {format_entry(entry)}")
     return 0
 
@@ -161,13 +167,14 @@ def alter(args: argparse.Namespace) -> int:
     added, deleted = _changes(args)
     if args.entity_type == "users":
         return _alter_user(args, added, deleted)
+    kind = "group" if args.entity_type == "groups" else "topic"
     if not args.entity_name:
-        raise CliError("An entity name must be specified with --alter of topics")
+        raise CliError(f"An entity name must be specified with --alter of {kind}s")
     ops = [cfg.AlterConfigOp(k, cfg.SET, v) for k, v in added]
     ops += [cfg.AlterConfigOp(k, cfg.DELETE) for k in deleted]
     with AdminClient(args.bootstrap_server, **admin_settings(args)) as admin:
-        admin.incremental_alter_configs({args.entity_name: ops})
-    print(f"Completed updating config for topic {args.entity_name}.")
+        admin.incremental_alter_configs({args.entity_name: ops}, groups=kind == "group")
+    print(f"Completed updating config for {kind} {args.entity_name}.")
     return 0
 
 

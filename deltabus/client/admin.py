@@ -116,12 +116,13 @@ class AdminClient:
         response = self._client.call_any("CreatePartitions", request, timeout_ms + 5000)
         self._results(response.topics)
 
-    def describe_configs(self, topics: Iterable[str]) -> dict[str, list[cfg.ConfigEntry]]:
+    def describe_configs(self, topics: Iterable[str], *, groups: bool = False
+                         ) -> dict[str, list[cfg.ConfigEntry]]:
         """Every config of each topic: value, source (DYNAMIC_TOPIC_CONFIG for an override,
-        STATIC_BROKER_CONFIG or DEFAULT_CONFIG) and synonyms, as Kafka's describeConfigs.
-        Raises the first topic's error, if any."""
-        response = self._client.call_any("DescribeConfigs",
-                                         codec.describe_configs_request(topics))
+        STATIC_BROKER_CONFIG or DEFAULT_CONFIG) and synonyms, as Kafka's describeConfigs; with
+        `groups`, of each group (GROUP_CONFIG for its own). Raises the first one's error."""
+        response = self._client.call_any("DescribeConfigs", codec.describe_configs_request(
+            topics, codec.GROUP_RESOURCE if groups else codec.TOPIC_RESOURCE))
         results = codec.describe_configs_results(response)
         for result in results.values():
             if isinstance(result, errors.DeltaBusError):
@@ -130,12 +131,13 @@ class AdminClient:
                 if not isinstance(entries, errors.DeltaBusError)}
 
     def incremental_alter_configs(self, changes: dict[str, list[cfg.AlterConfigOp]], *,
-                                  validate_only: bool = False) -> None:
+                                  validate_only: bool = False, groups: bool = False) -> None:
         """Kafka's incrementalAlterConfigs for topics: {topic: [AlterConfigOp(name, SET or
-        DELETE or APPEND or SUBTRACT, value)]}. Each topic's changes apply together or not at
-        all; raises the first topic's error (INVALID_CONFIG names the key and the reason)."""
-        response = self._client.call_any("IncrementalAlterConfigs",
-                                         codec.alter_configs_request(changes, validate_only))
+        DELETE or APPEND or SUBTRACT, value)]}; with `groups`, for groups (SET or DELETE of
+        share.auto.offset.reset, ...). Each one's changes apply together or not at all; raises
+        the first one's error (INVALID_CONFIG names the key and the reason)."""
+        response = self._client.call_any("IncrementalAlterConfigs", codec.alter_configs_request(
+            changes, validate_only, codec.GROUP_RESOURCE if groups else codec.TOPIC_RESOURCE))
         for error in codec.alter_configs_results(response).values():
             if error is not None:
                 raise error

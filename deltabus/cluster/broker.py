@@ -167,7 +167,9 @@ class Broker:
             self._stopped)
         self._doors = Doors()  # the listeners, once started
         # Share groups (KIP-932) in the partitions this broker leads.
-        self._shares = SharePartitionManager(self, self._share_state, spec.config.group)
+        self._shares = SharePartitionManager(
+            self, self._share_state, spec.config.group,
+            group_configs=lambda group_id: self._image.group_configs.get(group_id))
         self.metrics.watch(
             spec.broker_id, lambda: list(self._replicas.partitions.values()),
             self._publisher.offline_replicas,
@@ -243,6 +245,13 @@ class Broker:
     def alter_configs(self, changes: dict[str, list[cfg.AlterConfigOp]], *,
                       validate_only: bool) -> dict[str, errors.DeltaBusError | None]:
         return self._controller.alter_configs(changes, validate_only=validate_only)
+
+    def describe_group_configs(self, groups: list[str]) -> cfg.ConfigResults:
+        return self._controller.describe_group_configs(groups)
+
+    def alter_group_configs(self, changes: dict[str, list[cfg.AlterConfigOp]], *,
+                            validate_only: bool) -> dict[str, errors.DeltaBusError | None]:
+        return self._controller.alter_group_configs(changes, validate_only=validate_only)
 
     def delete_topics(self, names: list[str], *, timeout_ms: int) -> list[TopicResult]:
         return self._controller.delete_topics(names, timeout_ms=timeout_ms)

@@ -1,4 +1,5 @@
-"""Topic configs (KRaft's ConfigurationControlManager). Runs in the driver, inside the controller.
+"""Topic and group configs (KRaft's ConfigurationControlManager). Runs in the driver, inside
+the controller.
 
 A topic's configs are its overrides of the cluster defaults, held as config records: a record
 sets one key, or removes it (value None). `alter_configs` is a handler: it checks a topic's changes
@@ -11,9 +12,15 @@ Not thread-safe: the controller holds its lock around every call.
 from __future__ import annotations
 
 from deltabus import config as cfg
-from deltabus import errors
-from deltabus.cluster.metadata_records import ConfigRecord, ControllerResult, MetadataRecord
+from deltabus import errors, group_configs
+from deltabus.cluster.metadata_records import (
+    ConfigRecord,
+    ControllerResult,
+    GroupConfigRecord,
+    MetadataRecord,
+)
 from deltabus.cluster.metadata_state import MetadataState
+from deltabus.offsets.group_limits import check_group_id
 
 
 def alter_configs(state: MetadataState, config: cfg.ClusterConfig, name: str,
@@ -40,3 +47,23 @@ def describe_configs(state: MetadataState, config: cfg.ClusterConfig,
             config.describe_topic_config(topic.configs) if topic is not None
             else errors.UnknownTopicOrPartitionError(f"Topic '{name}' does not exist."))
     return results
+
+
+def alter_group_configs(state: MetadataState, config: cfg.ClusterConfig, group: str,
+                        ops: list[cfg.AlterConfigOp]) -> ControllerResult[None]:
+    """Kafka's IncrementalAlterConfigs for one group (kafka-configs.sh --entity-type groups):
+    a group config record per key that changes. A group needs no members to have configs."""
+    check_group_id(group)
+    old = state.group_configs.get(group, {})
+    new = group_configs.altered(config.group, old, ops)
+    records: list[MetadataRecord] = [
+        GroupConfigRecord(group, key, new.get(key))
+        for key in sorted(set(old) | set(new)) if old.get(key) != new.get(key)]
+    return ControllerResult(records, None)
+
+
+def describe_group_configs(state: MetadataState, config: cfg.ClusterConfig,
+                           groups: list[str]) -> cfg.ConfigResults:
+    """Every group config of each group: its own value, else the brokers' default."""
+    return {group: group_configs.describe(config.group, state.group_configs.get(group))
+            for group in groups}

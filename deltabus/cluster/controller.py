@@ -75,7 +75,6 @@ from deltabus.cluster.metadata_log import MetadataLog
 from deltabus.cluster.metadata_records import (
     AccessControlEntryRecord,
     ClusterIdRecord,
-    ConfigRecord,
     MetadataRecord,
     ProducerIdKeyRecord,
     RemoveAccessControlEntryRecord,
@@ -302,27 +301,28 @@ class Controller:
 
     # ---- configs (config_control) ------------------------------------------------------------
 
-    def describe_configs(self, topics: list[str]) -> cfg.ConfigResults:
-        """Every config of each topic, with its value and source (Kafka's DescribeConfigs)."""
+    def describe_configs(self, topics: list[str], groups: bool = False) -> cfg.ConfigResults:
+        """Every config of each topic (group), with its value and source (DescribeConfigs)."""
         with self._lock:
-            return config_control.describe_configs(self._state, self._config, topics)
+            return (config_control.describe_group_configs if groups else
+                    config_control.describe_configs)(self._state, self._config, topics)
 
     def alter_configs(self, changes: dict[str, list[cfg.AlterConfigOp]], *,
-                      validate_only: bool = False, timeout_ms: int = 30_000
-                      ) -> dict[str, errors.DeltaBusError | None]:
-        """Kafka's IncrementalAlterConfigs for topics: each topic's changes are checked as a
-        whole and committed as config records (or refused, changing nothing). Returns once the
-        brokers applied them, so the next produce sees the new values."""
+                      validate_only: bool = False, timeout_ms: int = 30_000,
+                      groups: bool = False) -> dict[str, errors.DeltaBusError | None]:
+        """Kafka's IncrementalAlterConfigs for topics (groups): each one's changes are checked
+        as a whole and committed as config records (or refused, changing nothing). Returns once
+        the brokers applied them, so the next produce (share fetch) sees the new values."""
+        alter = config_control.alter_group_configs if groups else config_control.alter_configs
         results: dict[str, errors.DeltaBusError | None] = {}
         with self._lock:
             for name, ops in changes.items():
                 try:
-                    result = config_control.alter_configs(self._state, self._config, name, ops)
+                    result = alter(self._state, self._config, name, ops)
                     if result.records and not validate_only:
                         self._commit(result.records)
-                        log.info("topic %s configs changed: %s", name, ", ".join(
-                            f"{r.key}={r.value}" for r in result.records
-                            if isinstance(r, ConfigRecord)))
+                        log.info("%s %s configs changed: %s", "group" if groups else "topic",
+                                 name, ", ".join(f"{op.name}={op.value}" for op in ops))
                     results[name] = None
                 except errors.DeltaBusError as e:
                     results[name] = e

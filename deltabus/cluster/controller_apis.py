@@ -105,6 +105,13 @@ class ControllerHandler:
                       validate_only: bool) -> dict[str, errors.DeltaBusError | None]:
         return self._controller.alter_configs(changes, validate_only=validate_only)
 
+    def describe_group_configs(self, groups: list[str]) -> cfg.ConfigResults:
+        return self._controller.describe_configs(groups, groups=True)
+
+    def alter_group_configs(self, changes: dict[str, list[cfg.AlterConfigOp]], *,
+                            validate_only: bool) -> dict[str, errors.DeltaBusError | None]:
+        return self._controller.alter_configs(changes, validate_only=validate_only, groups=True)
+
     def _not_leader(self, topic: str, partition: int) -> errors.DeltaBusError:
         if self._controller.image().partition(topic, partition) is None:
             return errors.UnknownTopicOrPartitionError(

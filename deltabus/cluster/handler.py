@@ -183,6 +183,15 @@ class DeltaBusHandler(Protocol):
     def alter_configs(self, changes: dict[str, list[cfg.AlterConfigOp]], *,
                       validate_only: bool) -> dict[str, errors.DeltaBusError | None]: ...
 
+    def describe_group_configs(self, groups: list[str]) -> cfg.ConfigResults:
+        """Each group's configs (kafka-configs.sh --entity-type groups), from the controller."""
+        ...
+
+    def alter_group_configs(self, changes: dict[str, list[cfg.AlterConfigOp]], *,
+                            validate_only: bool) -> dict[str, errors.DeltaBusError | None]:
+        """Kafka's IncrementalAlterConfigs of GROUP resources, by the controller."""
+        ...
+
     def produce(self, topic: str, partition: int, batch: pa.Table, *, acks: int,
                 producer: ProducerState, batch_bytes: int | None = None,
                 timeout_ms: int | None = None) -> futures.Future[AppendResult]:

@@ -134,6 +134,17 @@ class ConfigRecord(MetadataRecord):
 
 
 @dataclass(frozen=True)
+class GroupConfigRecord(MetadataRecord):
+    """A group config set, or removed (`value` None: back to the broker's), as KRaft's
+    ConfigRecord of a GROUP resource (kafka-configs.sh --entity-type groups)."""
+
+    type: ClassVar[str] = "group_config"
+    group: str
+    key: str
+    value: str | None
+
+
+@dataclass(frozen=True)
 class ProducerIdsRecord(MetadataRecord):
     """A block of producer ids reserved: ids below `producer_ids_end` are never handed out
     again, even by a restarted controller."""
@@ -396,7 +407,8 @@ class OfflineReplicasRecord(MetadataRecord):
 PERSISTED_RECORD_TYPES: Mapping[str, type[MetadataRecord]] = {
     cls.type: cls for cls in (
         ClusterIdRecord, ProducerIdKeyRecord, TopicRecord, PartitionRecord,
-        PartitionChangeRecord, RemoveTopicRecord, ConfigRecord, ProducerIdsRecord,
+        PartitionChangeRecord, RemoveTopicRecord, ConfigRecord, GroupConfigRecord,
+        ProducerIdsRecord,
         TransactionalIdRecord, UserScramCredentialRecord, RemoveUserScramCredentialRecord,
         AccessControlEntryRecord, RemoveAccessControlEntryRecord, ClientQuotaRecord,
         TransactionRecord, TxnOffsetCommitRecord, SchemaRecord, RemoveSchemaRecord,

@@ -30,6 +30,7 @@ from deltabus.cluster.metadata_records import (
     ClientQuotaRecord,
     ClusterIdRecord,
     ConfigRecord,
+    GroupConfigRecord,
     MetadataRecord,
     PartitionChangeRecord,
     PartitionRecord,
@@ -117,6 +118,7 @@ class MetadataState:
     # entity -> quota key -> value (KRaft's ClientQuotaControlManager.clientQuotaData); an
     # entity with no quota left has no entry
     client_quotas: dict[QuotaEntity, dict[str, float]] = field(default_factory=dict)
+    group_configs: dict[str, dict[str, str]] = field(default_factory=dict)  # group -> overrides
     brokers: BrokerRegistry = field(default_factory=BrokerRegistry)
     # subjects, versions, schemas by id, compatibility levels (Confluent's schema registry)
     schema_registry: SchemaRegistryState = field(default_factory=SchemaRegistryState)
@@ -144,6 +146,14 @@ class MetadataState:
                 configs.pop(record.key, None)
             else:
                 configs[record.key] = record.value
+        elif isinstance(record, GroupConfigRecord):
+            overrides = self.group_configs.setdefault(record.group, {})
+            if record.value is None:
+                overrides.pop(record.key, None)
+            else:
+                overrides[record.key] = record.value
+            if not overrides:
+                del self.group_configs[record.group]
         elif isinstance(record, TopicRecord):
             self.topics[record.name] = TopicRegistration(record.topic_id)
         elif isinstance(record, RemoveTopicRecord):
@@ -253,7 +263,8 @@ class MetadataState:
                              self.topic_states(), log_root, self.scram_credentials_copy(),
                              self.acls_image(), self.producer_id_key,
                              client_quotas=self.client_quotas_copy(),
-                             open_transactions=self.open_transactions())
+                             open_transactions=self.open_transactions(),
+                             group_configs={g: dict(c) for g, c in self.group_configs.items()})
 
     def snapshot(self) -> list[MetadataRecord]:
         """Records that, replayed into an empty state, give one whose `image` is this one's
@@ -285,6 +296,9 @@ class MetadataState:
         records.extend(ClientQuotaRecord.of(entity, key, value)
                        for entity, values in self.client_quotas.items()
                        for key, value in sorted(values.items()))
+        records.extend(GroupConfigRecord(group, key, value)
+                       for group, overrides in sorted(self.group_configs.items())
+                       for key, value in sorted(overrides.items()))
         records.extend(self.schema_registry.snapshot())
         records.extend(TransactionRecord.of(t) for t in self.transactions.values()
                        if t.state in TXN_OPEN_STATES and t.partitions)

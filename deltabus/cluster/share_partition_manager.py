@@ -10,10 +10,11 @@ ShareAcknowledge for the partitions this broker leads, over their SharePartition
 - **State**: a SharePartition is loaded on its first use here: `claim` in the share state store
   (the driver's `__share_group_state`, through `state`) raises the stored leader epoch to this
   leader's, fencing a former leader, and returns where the group was; a group new to the
-  partition starts at its latest offset (share.auto.offset.reset). Every acknowledgement is
-  written back before it is answered (one write in flight per share-partition; changes made
-  meanwhile go together in the next). A failed write drops the SharePartition, so the next use
-  loads what is durable: an acknowledgement is reported done only when it is.
+  partition starts where its share.auto.offset.reset says (latest by default). Every
+  acknowledgement is written back before it is answered (one write in flight per
+  share-partition; changes made meanwhile go together in the next). A failed write drops the
+  SharePartition, so the next use loads what is durable: an acknowledgement is reported done
+  only when it is.
 - **Fetching**: acknowledgements first, then records are acquired in the session's partitions
   in turn (the first partition rotates). With nothing to acquire, a fetch waits (a future, no
   thread) until an append, a release, a lock that timed out, or its max wait.
@@ -29,7 +30,7 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -50,8 +51,9 @@ from deltabus.cluster.handler import (
     TopicPartition,
 )
 from deltabus.cluster.share_partition import SharePartition
-from deltabus.log_tables.control_records import control_mask
+from deltabus.group_configs import ShareGroupSettings, share_group_settings
 from deltabus.log_tables.partition_log import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP
+from deltabus.log_tables.transactions import READ_COMMITTED, READ_UNCOMMITTED, consumed_rows
 from deltabus.offsets.share_state_store import ShareState
 
 log = logging.getLogger(__name__)
@@ -109,12 +111,15 @@ class SharePartitionManager:
 
     def __init__(self, logs: LeaderLogs, state: ShareStateApi, config: cfg.GroupConfig,
                  clock: Callable[[], float] = time.monotonic,
-                 auto_offset_reset: str = "latest") -> None:
+                 group_configs: Callable[[str], Mapping[str, str] | None] = lambda g: None
+                 ) -> None:
+        """`group_configs(group_id)`: the group's overrides, as the metadata holds them
+        (kafka-configs.sh --entity-type groups); `config`: the brokers' defaults."""
         self._logs = logs
         self._state = state
         self._config = config
         self._clock = clock
-        self._auto_offset_reset = auto_offset_reset
+        self._group_configs = group_configs
         self._lock = threading.Lock()
         self._load_lock = threading.Lock()  # one load at a time: one SharePartition per key
         self._partitions: dict[Key, SharePartition] = {}
@@ -133,12 +138,15 @@ class SharePartitionManager:
 
     # ---- ShareFetch and ShareAcknowledge -------------------------------------------------------
 
+    def settings(self, group_id: str) -> ShareGroupSettings:
+        return share_group_settings(self._config, self._group_configs(group_id))
+
     def share_fetch(self, request: ShareFetchRequest) -> ShareFetchAnswer:
         """Acknowledge, then acquire records for the member in its session's partitions;
         waits (`waiting_on`) while there is nothing to acquire, up to the max wait."""
         now = self._clock()
         deadline_s = time.monotonic() + max(0, request.max_wait_ms) / 1000
-        lock_ms = self._config.group_share_record_lock_duration_ms
+        lock_ms = self.settings(request.group_id).record_lock_duration_ms
         try:
             partitions = self._session(request, now)
         except errors.DeltaBusError as e:
@@ -316,17 +324,24 @@ class SharePartitionManager:
 
     def _acquire_in(self, group_id: str, member_id: str, tp: TopicPartition,
                     max_records: int, max_bytes: int) -> tuple[pa.Table, list[Acquired]]:
-        """Read what a partition's SharePartition wants and acquire what the log has there."""
+        """Read what a partition's SharePartition wants and acquire what the log has there:
+        to the high watermark, or (share.isolation.level=read_committed) to the last stable
+        offset, without the records of aborted transactions (gaps, as markers are)."""
+        settings = self.settings(group_id)
+        isolation = (READ_COMMITTED if settings.isolation_level == "read_committed"
+                     else READ_UNCOMMITTED)
         sp = self._load(group_id, *tp)
-        high_watermark = self._logs.list_offsets(tp[0], tp[1], LATEST_TIMESTAMP)[0]
+        high_watermark = self._logs.list_offsets(tp[0], tp[1], LATEST_TIMESTAMP, isolation)[0]
         with self._lock:
+            sp.lock_duration_ms = settings.record_lock_duration_ms
             asked = sp.to_read(high_watermark, max_records)
         if asked is None:
             return _EMPTY, []
         first, last = asked
         # What max_records needs, not the whole of a 50 MB fetch.max.bytes past it.
         read_bytes = min(max_bytes, cfg.FETCH_PARTITION_MAX_BYTES)
-        result = self._logs.fetch([FetchSpec(tp[0], tp[1], first, read_bytes)], max_wait_ms=0,
+        result = self._logs.fetch([FetchSpec(tp[0], tp[1], first, read_bytes,
+                                             isolation_level=isolation)], max_wait_ms=0,
                                   min_bytes=0, max_bytes=read_bytes, replica_id=-1)[0]
         if isinstance(result.error, errors.OffsetOutOfRangeError) and \
                 first < result.log_start_offset:
@@ -342,8 +357,8 @@ class SharePartitionManager:
             read_to = last
         else:
             read_to = pc.max(offsets).as_py() + 1 if rows.num_rows else last
-        data_rows = rows.filter(pc.and_(pc.less(offsets, last),
-                                        pc.invert(control_mask(rows)))) if rows.num_rows else rows
+        data_rows = consumed_rows(rows.filter(pc.less(offsets, last)),
+                                  result.aborted_transactions or ()) if rows.num_rows else rows
         present = data_rows.column("offset").to_pylist() if data_rows.num_rows else []
         with self._lock:
             if self._partitions.get((group_id, *tp)) is not sp:
@@ -409,16 +424,15 @@ class SharePartitionManager:
                 if sp is not None and sp is not old and sp.leader_epoch == epoch:
                     return sp  # another request loaded it meanwhile
             state = _wait(self._state.claim(group_id, topic, partition, epoch), "claim")
+            settings = self.settings(group_id)
             if state is None:
-                start = self._logs.list_offsets(
-                    topic, partition, EARLIEST_TIMESTAMP
-                    if self._auto_offset_reset == "earliest" else LATEST_TIMESTAMP)[0]
+                start = self._start_offset(topic, partition, settings)
                 state = _wait(self._state.alter(group_id, topic, partition, start), "start")
-                log.info("share group %s starts %s-%d at offset %d", group_id, topic,
-                         partition, start)
+                log.info("share group %s starts %s-%d at offset %d (%s)", group_id, topic,
+                         partition, start, settings.auto_offset_reset)
             sp = SharePartition(
                 dataclasses.replace(state, leader_epoch=epoch),
-                lock_duration_ms=self._config.group_share_record_lock_duration_ms,
+                lock_duration_ms=settings.record_lock_duration_ms,
                 delivery_count_limit=self._config.group_share_delivery_count_limit,
                 max_record_locks=self._config.group_share_partition_max_record_locks,
                 clock=self._clock)
@@ -429,6 +443,20 @@ class SharePartitionManager:
                     return old  # used while this was read: what it holds is newer
                 self._partitions[key] = sp
             return sp
+
+    def _start_offset(self, topic: str, partition: int, settings: ShareGroupSettings) -> int:
+        """Where a group new to a partition starts (share.auto.offset.reset): the latest
+        offset, the earliest, or the first record at most `by_duration` old (the latest where
+        none is)."""
+        duration = settings.reset_duration()
+        if settings.auto_offset_reset == "earliest":
+            return self._logs.list_offsets(topic, partition, EARLIEST_TIMESTAMP)[0]
+        if duration is not None:
+            since_ms = int((time.time() - duration.total_seconds()) * 1000)
+            found = self._logs.list_offsets(topic, partition, max(0, since_ms))[0]
+            if found >= 0:
+                return found
+        return self._logs.list_offsets(topic, partition, LATEST_TIMESTAMP)[0]
 
     def _stale(self, key: Key, sp: SharePartition) -> bool:
         """Lock held. Whether a SharePartition a new session named is to be read again: when

@@ -17,7 +17,8 @@ Invariants:
 - A group id is of one kind: a share request for a consumer group (or the reverse) is refused,
   as Kafka refuses it (GROUP_ID_NOT_FOUND: "is not a share group").
 - What the coordinator keeps is bounded: group.share.max.size members a group, group.max.groups
-  groups in all (with the consumer groups); a silent member goes after its session timeout.
+  groups in all (with the consumer groups); a silent member goes after its session timeout
+  (the group's share.session.timeout.ms, else group.share.session.timeout.ms).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from dataclasses import dataclass, field
 
 from deltabus import config as cfg
 from deltabus import errors
+from deltabus.group_configs import ShareGroupSettings, share_group_settings
 from deltabus.metadata import MetadataImage
 from deltabus.offsets.consumer_group import LEAVE_EPOCH, Assignment
 from deltabus.offsets.group_limits import check_group_id
@@ -101,6 +103,11 @@ class ShareGroupManager:
         self._group_count = group_count
         self._groups: dict[str, ShareGroup] = {}
 
+    def _settings(self, group_id: str) -> ShareGroupSettings:
+        """The group's configs (kafka-configs.sh --entity-type groups) over the brokers'."""
+        return share_group_settings(self._config,
+                                    self._metadata().group_configs.get(group_id))
+
     def share_group(self, group_id: str) -> ShareGroup | None:
         """Lock held."""
         return self._groups.get(group_id)
@@ -115,7 +122,7 @@ class ShareGroupManager:
             raise errors.InvalidRequestError(
                 f"member id {member_id!r}: 1 to {MEMBER_ID_MAX} characters, as the client "
                 f"makes it")
-        interval_ms = self._config.group_share_heartbeat_interval_ms
+        interval_ms = self._settings(group_id).heartbeat_interval_ms
         with self._lock:
             if self._other_kind(group_id):
                 raise errors.GroupIdNotFoundError(f"group {group_id} is not a share group")
@@ -215,9 +222,9 @@ class ShareGroupManager:
             del self._groups[group_id]
 
     def expire(self, now: float) -> None:
-        """Lock held. Members silent past group.share.session.timeout.ms go."""
-        session_s = self._config.group_share_session_timeout_ms / 1000
+        """Lock held. Members silent past their group's share.session.timeout.ms go."""
         for group in self._groups.values():
+            session_s = self._settings(group.group_id).session_timeout_ms / 1000
             silent = [m for m in group.members.values() if now - m.last_heartbeat_s > session_s]
             for member in silent:
                 log.info("share group %s: member %s missed its session timeout",

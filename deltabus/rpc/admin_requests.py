@@ -33,7 +33,7 @@ from deltabus.quotas import QuotaAlteration, QuotaEntity, QuotaFilterComponent
 from deltabus.rpc.access import Access, merge_refusals
 from deltabus.security.acls import AclBinding, AclBindingFilter, AclCreation, Operation
 
-TOPIC_RESOURCE, BROKER_RESOURCE = 2, 4  # Kafka's ConfigResource.Type
+TOPIC_RESOURCE, BROKER_RESOURCE, GROUP_RESOURCE = 2, 4, 32  # Kafka's ConfigResource.Type
 
 # The operation on the cluster each cluster-wide request needs (Kafka's KafkaApis checks).
 CLUSTER_ACTIONS: dict[str, Operation] = {
@@ -73,9 +73,9 @@ def not_a_topic(resource_type: int) -> errors.DeltaBusError:
     """What a config request about anything but a topic is answered."""
     return errors.InvalidRequestError(
         "deltabus brokers take their configs when the cluster starts (deltabus cluster "
-        "start); only topics have dynamic configs" if resource_type == BROKER_RESOURCE
-        else f"unsupported config resource type {resource_type}: only topics have dynamic "
-        "configs in deltabus")
+        "start); only topics and groups have dynamic configs" if resource_type == BROKER_RESOURCE
+        else f"unsupported config resource type {resource_type}: only topics and groups have "
+        "dynamic configs in deltabus")
 
 
 class AdminRequests:
@@ -119,32 +119,40 @@ class AdminRequests:
 
     def describe_configs(self, access: Access,
                          resources: Sequence[ConfigKey]) -> DescribedConfigs:
-        """Each topic's config entries, or why not (TOPIC_AUTHORIZATION_FAILED without
-        DESCRIBE_CONFIGS on it, UNKNOWN_TOPIC_OR_PARTITION for none)."""
+        """Each topic's or group's config entries, or why not (TOPIC_AUTHORIZATION_FAILED or
+        GROUP_AUTHORIZATION_FAILED without DESCRIBE_CONFIGS on it, UNKNOWN_TOPIC_OR_PARTITION
+        for no topic)."""
         out: DescribedConfigs = {}
-        topics = []
+        named: dict[int, list[str]] = {TOPIC_RESOURCE: [], GROUP_RESOURCE: []}
         for resource_type, name in resources:
-            refusal = (not_a_topic(resource_type) if resource_type != TOPIC_RESOURCE
-                       else access.topic(Operation.DESCRIBE_CONFIGS, name))
+            refusal = (access.topic(Operation.DESCRIBE_CONFIGS, name)
+                       if resource_type == TOPIC_RESOURCE else
+                       access.group(Operation.DESCRIBE_CONFIGS, name)
+                       if resource_type == GROUP_RESOURCE else not_a_topic(resource_type))
             if refusal is not None:
                 out[(resource_type, name)] = refusal
             else:
-                topics.append(name)
+                named[resource_type].append(name)
+        topics, groups = named[TOPIC_RESOURCE], named[GROUP_RESOURCE]
         found = self._handler.describe_configs(topics) if topics else {}
         for name in topics:
             out[(TOPIC_RESOURCE, name)] = found.get(name) or errors.UnknownTopicOrPartitionError(
                 f"unknown topic {name}")
+        if groups:
+            out.update({(GROUP_RESOURCE, g): entries for g, entries in
+                        self._handler.describe_group_configs(groups).items()})
         return {key: out[key] for key in resources}  # in request order
 
     def alter_configs(self, access: Access, changes: Sequence[ConfigChange],
                       validate_only: bool = False
                       ) -> dict[ConfigKey, errors.DeltaBusError | None]:
         """Each resource's answer, in Kafka's order: a resource named twice or a key named
-        twice in one resource is INVALID_REQUEST, anything but a topic cannot be altered, then
-        ALTER_CONFIGS on the topic, then the controller's checks and change."""
+        twice in one resource is INVALID_REQUEST, anything but a topic or a group cannot be
+        altered, then ALTER_CONFIGS on it, then the controller's checks and change."""
         seen = Counter((c.resource_type, c.name) for c in changes)
         results: dict[ConfigKey, errors.DeltaBusError | None] = {}
-        allowed: dict[str, list[cfg.AlterConfigOp]] = {}
+        allowed: dict[int, dict[str, list[cfg.AlterConfigOp]]] = {TOPIC_RESOURCE: {},
+                                                                  GROUP_RESOURCE: {}}
         for c in changes:
             key = (c.resource_type, c.name)
             if seen[key] > 1:
@@ -153,15 +161,21 @@ class AdminRequests:
             elif len({op.name for op in c.ops}) < len(c.ops):
                 results[key] = errors.InvalidRequestError(
                     f"Error due to duplicate config keys for resource {c.name}")
-            elif c.resource_type != TOPIC_RESOURCE:
+            elif c.resource_type not in allowed:
                 results[key] = not_a_topic(c.resource_type)
             else:
-                results[key] = access.topic(Operation.ALTER_CONFIGS, c.name)
+                results[key] = (access.topic if c.resource_type == TOPIC_RESOURCE
+                                else access.group)(Operation.ALTER_CONFIGS, c.name)
                 if results[key] is None:
-                    allowed[c.name] = list(c.ops)
-        if allowed:
-            answered = self._handler.alter_configs(allowed, validate_only=validate_only)
+                    allowed[c.resource_type][c.name] = list(c.ops)
+        if allowed[TOPIC_RESOURCE]:
+            answered = self._handler.alter_configs(allowed[TOPIC_RESOURCE],
+                                                   validate_only=validate_only)
             results.update({(TOPIC_RESOURCE, t): e for t, e in answered.items()})
+        if allowed[GROUP_RESOURCE]:
+            answered = self._handler.alter_group_configs(allowed[GROUP_RESOURCE],
+                                                         validate_only=validate_only)
+            results.update({(GROUP_RESOURCE, g): e for g, e in answered.items()})
         return results
 
     # ---- cluster-wide operations: the refusal (CLUSTER_ACTIONS), then the handler ----------

@@ -298,17 +298,19 @@ def reassignment_targets(request: pb.AlterPartitionReassignmentsRequest
 
 # ---- topic configs (Kafka's DescribeConfigs and IncrementalAlterConfigs) ----------------------
 
-TOPIC_RESOURCE = 2  # Kafka's ConfigResource.Type.TOPIC
-CONFIG_SOURCES = {"DYNAMIC_TOPIC_CONFIG": 1, "STATIC_BROKER_CONFIG": 4, "DEFAULT_CONFIG": 5}
+TOPIC_RESOURCE, GROUP_RESOURCE = 2, 32  # Kafka's ConfigResource.Type.TOPIC and GROUP
+CONFIG_SOURCES = {"DYNAMIC_TOPIC_CONFIG": 1, "STATIC_BROKER_CONFIG": 4, "DEFAULT_CONFIG": 5,
+                  "GROUP_CONFIG": 8}
 CONFIG_TYPES = {"BOOLEAN": 1, "STRING": 2, "INT": 3, "LONG": 5, "DOUBLE": 6, "LIST": 7}
 CONFIG_OPS = {cfg.SET: 0, cfg.DELETE: 1, cfg.APPEND: 2, cfg.SUBTRACT: 3}
 _SOURCE_NAMES = {v: k for k, v in CONFIG_SOURCES.items()}
 _TYPE_NAMES = {v: k for k, v in CONFIG_TYPES.items()}
 _OP_NAMES = {v: k for k, v in CONFIG_OPS.items()}
 
-def describe_configs_request(topics: Iterable[str]) -> pb.DescribeConfigsRequest:
+def describe_configs_request(topics: Iterable[str], resource_type: int = TOPIC_RESOURCE
+                             ) -> pb.DescribeConfigsRequest:
     return pb.DescribeConfigsRequest(resources=[
-        pb.DescribeConfigsResource(resource_type=TOPIC_RESOURCE, resource_name=t)
+        pb.DescribeConfigsResource(resource_type=resource_type, resource_name=t)
         for t in topics])
 
 
@@ -343,11 +345,12 @@ def describe_configs_results(response: pb.DescribeConfigsResponse) -> cfg.Config
     return results
 
 
-def alter_configs_request(changes: dict[str, list[cfg.AlterConfigOp]],
-                          validate_only: bool) -> pb.IncrementalAlterConfigsRequest:
+def alter_configs_request(changes: dict[str, list[cfg.AlterConfigOp]], validate_only: bool,
+                          resource_type: int = TOPIC_RESOURCE
+                          ) -> pb.IncrementalAlterConfigsRequest:
     request = pb.IncrementalAlterConfigsRequest(validate_only=validate_only)
     for topic, ops in changes.items():
-        resource = request.resources.add(resource_type=TOPIC_RESOURCE, resource_name=topic)
+        resource = request.resources.add(resource_type=resource_type, resource_name=topic)
         for op in ops:
             entry = resource.configs.add(name=op.name, config_operation=CONFIG_OPS[op.op])
             if op.value is not None:

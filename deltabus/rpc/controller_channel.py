@@ -193,14 +193,27 @@ class ControllerChannel:
             topics=names, timeout_ms=timeout_ms), timeout_ms + ADMIN_TIMEOUT_SLACK_MS)
         return [codec.topic_result_from_proto(r) for r in response.topics]
 
-    def describe_configs(self, topics: list[str]) -> cfg.ConfigResults:
+    def describe_configs(self, topics: list[str],
+                         resource_type: int = codec.TOPIC_RESOURCE) -> cfg.ConfigResults:
+        """Topics' configs (or groups', with GROUP_RESOURCE)."""
         return codec.describe_configs_results(self._admin_call(
-            "DescribeConfigs", codec.describe_configs_request(topics)))
+            "DescribeConfigs", codec.describe_configs_request(topics, resource_type)))
 
     def alter_configs(self, changes: dict[str, list[cfg.AlterConfigOp]], *,
-                      validate_only: bool) -> dict[str, errors.DeltaBusError | None]:
+                      validate_only: bool, resource_type: int = codec.TOPIC_RESOURCE
+                      ) -> dict[str, errors.DeltaBusError | None]:
+        """Topics' configs changed (or groups', with GROUP_RESOURCE)."""
         return codec.alter_configs_results(self._admin_call(
-            "IncrementalAlterConfigs", codec.alter_configs_request(changes, validate_only)))
+            "IncrementalAlterConfigs", codec.alter_configs_request(changes, validate_only,
+                                                                   resource_type)))
+
+    def describe_group_configs(self, groups: list[str]) -> cfg.ConfigResults:
+        return self.describe_configs(groups, codec.GROUP_RESOURCE)
+
+    def alter_group_configs(self, changes: dict[str, list[cfg.AlterConfigOp]], *,
+                            validate_only: bool) -> dict[str, errors.DeltaBusError | None]:
+        return self.alter_configs(changes, validate_only=validate_only,
+                                  resource_type=codec.GROUP_RESOURCE)
 
     def init_producer_id(self, transactional_id: str) -> tuple[int, int]:
         response = self._admin_call("InitProducerId", pb.InitProducerIdRequest(

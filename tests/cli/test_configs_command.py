@@ -80,7 +80,7 @@ def test_configs_of_a_missing_topic_or_a_broker(cli: Cli) -> None:
                      "retention.ms=1")
     assert rc == 1 and "UNKNOWN_TOPIC_OR_PARTITION" in err
     rc, _, err = cli("configs", "--describe", "--entity-type", "brokers", "--entity-name", "0")
-    assert rc == 1 and "only topics have dynamic configs" in err
+    assert rc == 1 and "only topics and groups have dynamic configs" in err
 
 
 def test_an_altered_config_takes_effect_on_the_next_produce(cluster: Any,
@@ -127,6 +127,6 @@ def test_a_broker_resource_on_the_wire_is_refused_and_the_topic_beside_it_answer
         client.close()
     by_name = {r.resource_name: r for r in response.results}
     assert by_name["0"].error_code == errors.InvalidRequestError.code
-    assert "only topics have dynamic configs" in by_name["0"].error_message
+    assert "only topics and groups have dynamic configs" in by_name["0"].error_message
     assert [(c.name, c.value) for c in by_name[topic_name].configs] == [
         ("retention.ms", "604800000")]

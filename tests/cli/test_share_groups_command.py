@@ -95,3 +95,65 @@ def test_share_groups_describe_reset_and_delete(cluster, cli, topic_name) -> Non
     assert group not in out.split()
     rc, _, err = cli("share-groups", "--describe", "--group", group)
     assert rc != 0 and f"Share group '{group}' does not exist." in err
+
+
+def test_group_configs_set_where_a_share_group_starts_and_how_long_it_holds_a_record(
+        cluster, cli, topic_name) -> None:
+    """kafka-configs.sh --entity-type groups: share.auto.offset.reset=earliest makes a new group
+    start at the records already there; share.record.lock.duration.ms=1000 makes a record
+    nobody acknowledged go to another member after a second. confluent-kafka's admin client
+    describes them through the Kafka door."""
+    from confluent_kafka import AcknowledgeType
+    from confluent_kafka.admin import AdminClient as KafkaAdminClient
+    from confluent_kafka.admin import ConfigResource
+
+    with AdminClient(cluster.bootstrap_servers) as admin:
+        admin.create_topics([NewTopic(topic_name, 1, 3)])
+    producer = KafkaProducer({"bootstrap.servers": cluster.kafka_bootstrap_servers})
+    for i in range(5):
+        producer.produce(topic_name, value=b"%d" % i, partition=0)
+    assert producer.flush(60) == 0
+    group = f"{topic_name}-share"
+    rc, out, _ = cli("configs", "--alter", "--entity-type", "groups", "--entity-name", group,
+                     "--add-config",
+                     "share.auto.offset.reset=earliest,share.record.lock.duration.ms=1000")
+    assert rc == 0 and out.strip() == f"Completed updating config for group {group}."
+    rc, out, _ = cli("configs", "--describe", "--entity-type", "groups", "--entity-name", group)
+    assert rc == 0 and out.splitlines() == [
+        f"Dynamic configs for group {group} are:",
+        "  share.auto.offset.reset=earliest sensitive=false "
+        "synonyms={GROUP_CONFIG:share.auto.offset.reset=earliest}",
+        "  share.record.lock.duration.ms=1000 sensitive=false "
+        "synonyms={GROUP_CONFIG:share.record.lock.duration.ms=1000}"]
+    rc, _, err = cli("configs", "--alter", "--entity-type", "groups", "--entity-name", group,
+                     "--add-config", "share.auto.offset.reset=oldest")
+    assert rc == 1 and "Invalid value `oldest` for configuration share.auto.offset.reset" in err
+    resource = ConfigResource("group", group)
+    kafka_admin = KafkaAdminClient({"bootstrap.servers": cluster.kafka_bootstrap_servers})
+    described = kafka_admin.describe_configs([resource])[resource].result(30)
+    assert described["share.auto.offset.reset"].value == "earliest"
+
+    def consumer() -> ShareConsumer:
+        return ShareConsumer({"bootstrap.servers": cluster.kafka_bootstrap_servers,
+                              "group.id": group, "share.acknowledgement.mode": "explicit"})
+
+    first, second = consumer(), consumer()
+    try:
+        first.subscribe([topic_name])
+        got: list = []
+        wait_until(lambda: got.extend(first.poll(0.5)) or len(got) >= 5,
+                   what="the 5 records produced before the group started (earliest)")
+        assert sorted(m.offset() for m in got) == list(range(5))
+        for m in got[1:]:
+            first.acknowledge(m, AcknowledgeType.ACCEPT)  # offset 0 stays held, unacknowledged
+        first.commit_sync(30)
+        second.subscribe([topic_name])
+        again: list = []
+        wait_until(lambda: again.extend(second.poll(0.5)) or again,
+                   what="the held record, after the group's 1 s lock")
+        assert [(m.offset(), m.delivery_count()) for m in again] == [(0, 2)]
+        second.acknowledge(again[0], AcknowledgeType.ACCEPT)
+        second.commit_sync(30)
+    finally:
+        first.close()
+        second.close()

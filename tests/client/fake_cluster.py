@@ -50,7 +50,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from deltabus import config as cfg
-from deltabus import errors
+from deltabus import errors, group_configs
 from deltabus.cluster.delayed_fetch import DelayedFetch, FetchPurgatory
 from deltabus.cluster.handler import (
     FetchResult,
@@ -901,6 +901,14 @@ class FakeBroker:
         # The real leader side of share groups, over this broker's logs (`share_groups`).
         self._shares = (SharePartitionManager(self, store, cluster.group_config)
                         if store is not None else None)
+
+    def describe_group_configs(self, groups: list[str]) -> cfg.ConfigResults:
+        """The fake keeps no group configs: each group has the brokers' defaults."""
+        return {g: group_configs.describe(self._cluster.group_config, None) for g in groups}
+
+    def alter_group_configs(self, changes: dict[str, list[cfg.AlterConfigOp]], *,
+                            validate_only: bool) -> dict[str, errors.DeltaBusError | None]:
+        raise errors.UnsupportedVersionError("the fake cluster keeps no group configs")
 
     def share_fetch(self, request: ShareFetchRequest) -> ShareFetchAnswer:
         if self._shares is None:

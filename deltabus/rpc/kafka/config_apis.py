@@ -29,17 +29,19 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     INCREMENTAL_ALTER_CONFIGS: (0, 1),
 }
 _OPS = {number: name for name, number in codec.CONFIG_OPS.items()}
-Changes = dict[str, list[cfg.AlterConfigOp]]
+Changes = dict[tuple[int, str], list[cfg.AlterConfigOp]]  # (resource type, name) -> ops
 Results = dict[tuple[int, str], errors.DeltaBusError | None]
 
 
 def _ops(resource: Any, changes: Changes) -> list[cfg.AlterConfigOp]:
     """A resource's changes, for the request layer; as named on the wire where a key is named
-    twice or the resource is not a topic (the layer refuses those before any change)."""
+    twice or the resource is neither a topic nor a group (the layer refuses those before any
+    change)."""
     named = [c.name for c in resource.configs]
-    if resource.resource_type != TOPIC_RESOURCE or len(set(named)) < len(named):
+    key = (resource.resource_type, resource.resource_name)
+    if key not in changes or len(set(named)) < len(named):
         return [cfg.AlterConfigOp(name) for name in named]
-    return changes[resource.resource_name]
+    return changes[key]
 
 
 class KafkaConfigApis:
@@ -55,10 +57,11 @@ class KafkaConfigApis:
                                   refused: errors.DeltaBusError | None = None) -> Any:
         """SET, DELETE (back to the default), APPEND and SUBTRACT (list configs) per key."""
         cls = load_response_schema(INCREMENTAL_ALTER_CONFIGS, version)
-        changes = {r.resource_name: [
+        changes = {(r.resource_type, r.resource_name): [
             cfg.AlterConfigOp(c.name, _OPS.get(c.config_operation, str(c.config_operation)),
                               c.value) for c in r.configs]
-            for r in request.resources if r.resource_type == codec.TOPIC_RESOURCE}
+            for r in request.resources
+            if r.resource_type in (codec.TOPIC_RESOURCE, codec.GROUP_RESOURCE)}
         results = self._alter(request, changes, refused)
         return self._response(cls, request, results)
 
@@ -80,9 +83,10 @@ class KafkaConfigApis:
             entries = current.get(topic)
             overrides = ([] if not isinstance(entries, list) else
                          [e.name for e in entries if e.source == "DYNAMIC_TOPIC_CONFIG"])
-            changes[topic] = [cfg.AlterConfigOp(k, cfg.SET, v) for k, v in configs.items()]
-            changes[topic] += [cfg.AlterConfigOp(k, cfg.DELETE) for k in overrides
-                               if k not in configs]
+            changes[(TOPIC_RESOURCE, topic)] = [cfg.AlterConfigOp(k, cfg.SET, v)
+                                                for k, v in configs.items()]
+            changes[(TOPIC_RESOURCE, topic)] += [cfg.AlterConfigOp(k, cfg.DELETE)
+                                                 for k in overrides if k not in configs]
         results = self._alter(request, changes, refused)
         return self._response(cls, request, results)
 
