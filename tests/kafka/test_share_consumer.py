@@ -209,3 +209,34 @@ def test_share_group_offsets_through_the_kafka_door(cluster, share_topic) -> Non
     wait_until(lambda: call(bootstrap, DELETE_SHARE_GROUP_OFFSETS, 0, request)
                .error_code.value == 0, what="the second consumer to leave, its offsets deleted")
     assert described().topics == ()
+
+
+def test_read_committed_share_groups_skip_aborted_transactions(cluster, share_topic,
+                                                              closing) -> None:
+    """share.isolation.level=read_committed (a group config): records of an aborted
+    transaction are never delivered; a committed one's are, once committed."""
+    from deltabus import config as cfg
+
+    group = f"{share_topic}-share"
+    with AdminClient(cluster.bootstrap_servers) as admin:
+        admin.incremental_alter_configs({group: [
+            cfg.AlterConfigOp("share.isolation.level", cfg.SET, "read_committed"),
+            cfg.AlterConfigOp("share.auto.offset.reset", cfg.SET, "earliest")]}, groups=True)
+    producer = KafkaProducer({"bootstrap.servers": cluster.kafka_bootstrap_servers,
+                              "transactional.id": f"{share_topic}-tx"})
+    producer.init_transactions(60)
+    producer.begin_transaction()
+    for i in range(3):
+        producer.produce(share_topic, value=b"aborted %d" % i, partition=0)
+    producer.abort_transaction(60)
+    producer.begin_transaction()
+    producer.produce(share_topic, value=b"committed", partition=0)
+    producer.commit_transaction(60)
+    consumer = share_consumer(cluster, group)
+    closing.append(consumer)
+    consumer.subscribe([share_topic])
+    got: list = []
+    wait_until(lambda: got.extend(consumer.poll(0.5)) or got, what="the committed record")
+    time.sleep(1)
+    got.extend(consumer.poll(0.5))
+    assert [m.value() for m in got] == [b"committed"]
