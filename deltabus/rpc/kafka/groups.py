@@ -20,8 +20,9 @@ from typing import Any
 from kio.schema.errors import ErrorCode
 
 from deltabus import errors
-from deltabus.offsets.group_coordinator import JoinResult, PartitionErrors
+from deltabus.offsets.group_coordinator import HeartbeatResult, JoinResult, PartitionErrors
 from deltabus.offsets.offset_store import OffsetAndMetadata
+from deltabus.offsets.share_group import ShareHeartbeatResult
 from deltabus.rpc.access import Access, current_access
 from deltabus.rpc.group_requests import (
     GROUP,
@@ -351,19 +352,8 @@ class KafkaGroupApis:
                     server_assignor=request.server_assignor, owned=owned,
                     client_id=client[0], client_host=client[1]))
         except errors.DeltaBusError as e:
-            return make(cls, throttle_time=NO_TIME, error_code=error_code(e),
-                        error_message=e.message, member_id=request.member_id or None,
-                        member_epoch=-1, heartbeat_interval=timedelta(0), assignment=None)
-        assignment = None
-        if result.assignment is not None:
-            tp_cls = nested(cls, "TopicPartitions")
-            assignment = make(nested(cls, "Assignment"), topic_partitions=tuple(
-                tp_cls(topic_id=ids[t], partitions=tuple(sorted(ps)))
-                for t, ps in sorted(result.assignment.items()) if t in ids))
-        return make(cls, throttle_time=NO_TIME, error_code=ErrorCode.none, error_message=None,
-                    member_id=result.member_id, member_epoch=result.member_epoch,
-                    heartbeat_interval=timedelta(milliseconds=result.heartbeat_interval_ms),
-                    assignment=assignment)
+            return heartbeat_response(cls, ids, e, request.member_id)
+        return heartbeat_response(cls, ids, result)
 
 
     def consumer_group_describe(self, version: int, request: Any,
@@ -457,3 +447,24 @@ def _synced(cls: Any, request: Any, future: Future[bytes], timeout_s: float) -> 
     return make(cls, throttle_time=NO_TIME, error_code=ErrorCode.none,
                 protocol_type=getattr(request, "protocol_type", None),
                 protocol_name=getattr(request, "protocol_name", None), assignment=assignment)
+
+
+def heartbeat_response(cls: Any, ids: dict[str, uuid.UUID],
+                       answer: HeartbeatResult | ShareHeartbeatResult | errors.DeltaBusError,
+                       member_id: str = "") -> Any:
+    """A ConsumerGroupHeartbeat's or ShareGroupHeartbeat's answer (one shape): the member's
+    epoch and, when it changed, its assignment with topics by id; or the error."""
+    if isinstance(answer, errors.DeltaBusError):
+        return make(cls, throttle_time=NO_TIME, error_code=error_code(answer),
+                    error_message=answer.message, member_id=member_id or None,
+                    member_epoch=-1, heartbeat_interval=timedelta(0), assignment=None)
+    assignment = None
+    if answer.assignment is not None:
+        tp_cls = nested(cls, "TopicPartitions")
+        assignment = make(nested(cls, "Assignment"), topic_partitions=tuple(
+            tp_cls(topic_id=ids[t], partitions=tuple(sorted(ps)))
+            for t, ps in sorted(answer.assignment.items()) if t in ids))
+    return make(cls, throttle_time=NO_TIME, error_code=ErrorCode.none, error_message=None,
+                member_id=answer.member_id, member_epoch=answer.member_epoch,
+                heartbeat_interval=timedelta(milliseconds=answer.heartbeat_interval_ms),
+                assignment=assignment)

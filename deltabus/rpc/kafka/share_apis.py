@@ -38,6 +38,7 @@ from deltabus.rpc.kafka.frames import (
     millis,
     nested,
 )
+from deltabus.rpc.kafka.groups import heartbeat_response
 from deltabus.rpc.share_requests import ShareGroupHeartbeatRequest, ShareRequests
 
 SHARE_GROUP_HEARTBEAT, SHARE_GROUP_DESCRIBE, SHARE_FETCH, SHARE_ACKNOWLEDGE = 76, 77, 78, 79
@@ -89,19 +90,8 @@ class KafkaShareApis:
                 else list(request.subscribed_topic_names),
                 client_id=client[0], client_host=client[1]))
         except errors.DeltaBusError as e:
-            return make(cls, throttle_time=NO_TIME, error_code=error_code(e),
-                        error_message=e.message, member_id=request.member_id or None,
-                        member_epoch=-1, heartbeat_interval=timedelta(0), assignment=None)
-        assignment = None
-        if result.assignment is not None:
-            tp_cls = nested(cls, "TopicPartitions")
-            assignment = make(nested(cls, "Assignment"), topic_partitions=tuple(
-                tp_cls(topic_id=ids[t], partitions=tuple(sorted(ps)))
-                for t, ps in sorted(result.assignment.items()) if t in ids))
-        return make(cls, throttle_time=NO_TIME, error_code=ErrorCode.none, error_message=None,
-                    member_id=result.member_id, member_epoch=result.member_epoch,
-                    heartbeat_interval=timedelta(milliseconds=result.heartbeat_interval_ms),
-                    assignment=assignment)
+            return heartbeat_response(cls, ids, e, request.member_id)
+        return heartbeat_response(cls, ids, result)
 
     def share_group_describe(self, version: int, request: Any,
                              refused: errors.DeltaBusError | None = None) -> Any:
