@@ -120,7 +120,10 @@ class SharePartitionManager:
         self._config = config
         self._clock = clock
         self._group_configs = group_configs
-        self._lock = threading.Lock()
+        # Re-entrant: a state write's future may be done before `_write_next` hands it its
+        # callback (the store answered, or refused, at once), and the callback then runs on
+        # the thread that holds this lock.
+        self._lock = threading.RLock()
         self._load_lock = threading.Lock()  # one load at a time: one SharePartition per key
         self._partitions: dict[Key, SharePartition] = {}
         self._persisters: dict[Key, _Persister] = {}

@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
 from confluent_kafka import ShareConsumer as KafkaShareConsumer
 
 from deltabus import AcknowledgeType, AdminClient, NewTopic, Producer, ShareConsumer
@@ -49,6 +50,7 @@ class Member(threading.Thread):
             self.consumer.close()
 
 
+@pytest.mark.timeout(1200)  # its waits are generous for a loaded machine: past the default
 def test_share_groups_through_a_leader_kill_and_a_restart(cluster, topic_name,
                                                           all_brokers_back) -> None:
     with AdminClient(cluster.bootstrap_servers) as admin:
