@@ -163,11 +163,12 @@ class CommitFailed(Exception):
     after a failed Delta commit (`reload`) the log trusts only what the table holds."""
 
     def __init__(self, error: errors.DeltaBusError, pending_error: errors.DeltaBusError,
-                 reload: bool) -> None:
+                 reload: bool, fenced: bool = False) -> None:
         super().__init__(str(error))
         self.error = error
         self.pending_error = pending_error
         self.reload = reload
+        self.fenced = fenced  # another writer of this log committed (FencedWriter)
 
 
 def log_offsets(table: DeltaTable) -> tuple[int, int]:
@@ -505,7 +506,8 @@ class LogAppender:
         except Exception as e:  # delta-rs, IO, a bad copy: no offset was given out
             error = (e if isinstance(e, errors.DeltaBusError)
                      else self._failure(e, f"append to {self._name} failed"))
-            raise CommitFailed(error, error, reload=True) from e
+            raise CommitFailed(error, error, reload=True,
+                               fenced=isinstance(e, FencedWriter)) from e
         begins = tuple((item.producer.producer_id, first) for item, (first, _)
                        in zip(group, results, strict=True) if item.producer.transactional)
         return Committed("copy" if copied else "append", self.version, next_offset,

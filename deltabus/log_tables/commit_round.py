@@ -81,6 +81,9 @@ class CommitRound:
         # (data files, bytes) of the table as its commits left it; None: unknown until the
         # log counts them again (after a truncation, a restart or another writer's commit)
         self.file_stats: tuple[int, int] | None = None
+        # The newest leader epoch whose produced append lost to another writer of this log:
+        # this broker appends nothing more at that epoch or older (`_older_epoch`).
+        self._fenced_epoch = -1
 
     def schedule(self) -> None:
         """Lock held: ask the pool for a commit round when the queue's head may go."""
@@ -128,17 +131,22 @@ class CommitRound:
         only grow along a log: a returning replica finds where it parts from its leader by the
         epoch of its last record, and an old epoch's records above a newer epoch's are
         invisible to that (its last epoch reads the newer one), so it would keep them where the
-        leader holds acknowledged records. NOT_LEADER_OR_FOLLOWER: the producer looks the
-        leader up again."""
+        leader holds acknowledged records.
+
+        Refuse as well every epoch up to the one another writer fenced (`_fenced_epoch`): the
+        catch-up job copies from a follower of this very epoch, so the table may show no newer
+        one, yet its log end went back below offsets this leader gave out and its followers
+        hold; appended there, records would be acknowledged at offsets the followers hold
+        others at. NOT_LEADER_OR_FOLLOWER: the producer looks the leader up again."""
         if not isinstance(work, list) or not work or work[0].copied:
             return None
         latest = self._epochs.latest
         oldest = min(item.leader_epoch for item in work)
-        if oldest >= latest:
+        if oldest >= latest and oldest > self._fenced_epoch:
             return None
         error = errors.NotLeaderOrFollowerError(
-            f"{self._name} holds records of leader epoch {latest}, newer than this append's "
-            f"{oldest}: another leader wrote it, and this broker no longer leads it")
+            f"{self._name} was written by another leader at epoch {max(latest, oldest)} or "
+            f"later; this broker no longer leads it at epoch {oldest}")
         return CommitFailed(error, error, reload=False)
 
     def _apply(self, done: Committed) -> int:
@@ -231,6 +239,10 @@ class CommitRound:
         35 s after the room was back. Where the table did move (a commit that landed after
         all, another writer's), the log trusts only the table, and rebuilds from it."""
         log.error("%s", failure.pending_error)
+        if failure.fenced and isinstance(work, list) and work and not work[0].copied:
+            with self._lock:
+                self._fenced_epoch = max(self._fenced_epoch,
+                                         max(item.leader_epoch for item in work))
         as_it_was = not failure.reload or self._reload_after_failure()
         failed = work if isinstance(work, list) else [work]
         with self._lock:

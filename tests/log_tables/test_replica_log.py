@@ -111,6 +111,36 @@ def test_two_writers_of_one_table_conflict_instead_of_duplicating(tmp_path: Path
         reopened.close()
 
 
+def test_a_fenced_leader_appends_nothing_more_at_its_epoch(tmp_path: Path) -> None:
+    """A zombie leader whose table the catch-up job before its relaunch rewrote (from a
+    follower of this same leader epoch, so no newer epoch is in the table) lost its commit to
+    that writer. Retrying at its epoch must fail too: appended at the reloaded log end, the
+    records would take offsets its followers already hold other records at, and be
+    acknowledged there (the network partition test's misplaced records)."""
+    zombie = _open(tmp_path / "replica-0")
+    catch_up = _open(tmp_path / "replica-0")
+    try:
+        _append(zombie, "a", 3, epoch=0)
+        catch_up.close()
+        catch_up = _open(tmp_path / "replica-0")
+        _append(catch_up, "copied", 1, epoch=0)
+        with pytest.raises(errors.NotLeaderOrFollowerError, match="another writer"):
+            _append(zombie, "b", 2, epoch=0)
+        with pytest.raises(errors.NotLeaderOrFollowerError, match="no longer leads"):
+            _append(zombie, "c", 2, epoch=0)
+        assert zombie.log_end_offset == 4
+        # A newer epoch (its next election) appends again.
+        assert _append(zombie, "d", 1, epoch=1) == (4, 4)
+    finally:
+        zombie.close()
+        catch_up.close()
+    reopened = _open(tmp_path / "replica-0")
+    try:
+        assert _values(reopened) == [b"a-0", b"a-1", b"a-2", b"copied-0", b"d-0"]
+    finally:
+        reopened.close()
+
+
 def test_truncate_removes_the_tail_durably_and_appends_continue(tmp_path: Path) -> None:
     log = _open(tmp_path / "replica-0")
     _append(log, "a", 4, epoch=0)
