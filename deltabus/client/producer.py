@@ -82,10 +82,7 @@ class FutureRecordMetadata:
     result = get
 
     def add_done_callback(self, fn: Callable[[FutureRecordMetadata], Any]) -> None:
-        if self._batch.done.is_set():
-            fn(self)
-        else:
-            self._batch.callbacks.append(lambda: fn(self))
+        self._batch.add_callback(lambda: fn(self))
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
         self._batch.done.wait(timeout)

@@ -21,7 +21,9 @@ import itertools
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -64,6 +66,8 @@ class ProducerBatch:
     base_offset: int = -1
     error: BaseException | None = None
     callbacks: list = field(default_factory=list)
+    # Guards `callbacks` against a callback added as the batch completes (it would never run).
+    _callbacks_lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
     def count(self) -> int:
@@ -89,10 +93,20 @@ class ProducerBatch:
                 self._payload = to_ipc(table)
         return self._payload
 
+    def add_callback(self, callback: Callable[[], Any]) -> None:
+        """Run `callback` once the batch is complete: now, if it already is."""
+        with self._callbacks_lock:
+            if not self.done.is_set():
+                self.callbacks.append(callback)
+                return
+        callback()
+
     def complete(self, base_offset: int, error: BaseException | None) -> None:
-        self.base_offset, self.error = base_offset, error
-        self.done.set()
-        for callback in self.callbacks:
+        with self._callbacks_lock:
+            self.base_offset, self.error = base_offset, error
+            self.done.set()
+            callbacks, self.callbacks = self.callbacks, []
+        for callback in callbacks:
             try:
                 callback()
             except Exception:
