@@ -81,8 +81,8 @@ class CommitRound:
         # (data files, bytes) of the table as its commits left it; None: unknown until the
         # log counts them again (after a truncation, a restart or another writer's commit)
         self.file_stats: tuple[int, int] | None = None
-        # The newest leader epoch whose produced append lost to another writer of this log:
-        # this broker appends nothing more at that epoch or older (`_older_epoch`).
+        # The newest leader epoch whose produced append lost to another writer of this log
+        # that took the log end back: nothing more is appended at it or older (`_older_epoch`).
         self._fenced_epoch = -1
 
     def schedule(self) -> None:
@@ -133,11 +133,13 @@ class CommitRound:
         invisible to that (its last epoch reads the newer one), so it would keep them where the
         leader holds acknowledged records.
 
-        Refuse as well every epoch up to the one another writer fenced (`_fenced_epoch`): the
-        catch-up job copies from a follower of this very epoch, so the table may show no newer
-        one, yet its log end went back below offsets this leader gave out and its followers
-        hold; appended there, records would be acknowledged at offsets the followers hold
-        others at. NOT_LEADER_OR_FOLLOWER: the producer looks the leader up again."""
+        Refuse as well every epoch up to one at which another writer took the log end back
+        (`_fenced_epoch`): the catch-up job copies from a follower of this very epoch, so the
+        table may show no newer one, yet its log end went back below offsets this leader gave
+        out and its followers hold; appended there, records would be acknowledged at offsets
+        the followers hold others at. (Another writer that only added records, such as a
+        catch-up job finishing late into a relaunched leader's table, leaves it leading.)
+        NOT_LEADER_OR_FOLLOWER: the producer looks the leader up again."""
         if not isinstance(work, list) or not work or work[0].copied:
             return None
         latest = self._epochs.latest
@@ -239,11 +241,17 @@ class CommitRound:
         35 s after the room was back. Where the table did move (a commit that landed after
         all, another writer's), the log trusts only the table, and rebuilds from it."""
         log.error("%s", failure.pending_error)
-        if failure.fenced and isinstance(work, list) and work and not work[0].copied:
-            with self._lock:
+        with self._lock:
+            log_end_offset = self._offsets.log_end_offset
+        as_it_was = not failure.reload or self._reload_after_failure()
+        with self._lock:
+            went_back = self._offsets.log_end_offset < log_end_offset
+            if (failure.fenced and went_back and isinstance(work, list) and work
+                    and not work[0].copied):
+                # Another writer took back offsets this leader gave out (and its followers may
+                # hold): nothing more of this leader epoch (`_older_epoch`).
                 self._fenced_epoch = max(self._fenced_epoch,
                                          max(item.leader_epoch for item in work))
-        as_it_was = not failure.reload or self._reload_after_failure()
         failed = work if isinstance(work, list) else [work]
         with self._lock:
             queued = self._appender.drain()

@@ -12,6 +12,7 @@ import pytest
 from deltalake import DeltaTable
 
 from deltabus import errors
+from deltabus.cluster.catch_up import copy_replica
 from deltabus.log_tables.appender import LOG_TXN_APP_ID
 from deltabus.log_tables.partition_log import (
     NO_PRODUCER,
@@ -111,34 +112,56 @@ def test_two_writers_of_one_table_conflict_instead_of_duplicating(tmp_path: Path
         reopened.close()
 
 
-def test_a_fenced_leader_appends_nothing_more_at_its_epoch(tmp_path: Path) -> None:
-    """A zombie leader whose table the catch-up job before its relaunch rewrote (from a
-    follower of this same leader epoch, so no newer epoch is in the table) lost its commit to
-    that writer. Retrying at its epoch must fail too: appended at the reloaded log end, the
-    records would take offsets its followers already hold other records at, and be
-    acknowledged there (the network partition test's misplaced records)."""
+def test_a_leader_whose_log_end_another_writer_took_back_appends_nothing_more(
+        tmp_path: Path) -> None:
+    """A zombie leader whose table the catch-up job before its relaunch rewrote from a
+    follower of this same leader epoch (so no newer epoch is in the table) and shorter (its
+    log end went back) lost its commit to that job. Retrying at its epoch must fail too:
+    appended at the reloaded log end, the records would take offsets its followers already
+    hold other records at, and be acknowledged there (the network partition test's misplaced
+    records)."""
     zombie = _open(tmp_path / "replica-0")
-    catch_up = _open(tmp_path / "replica-0")
+    follower = _open(tmp_path / "replica-1", replicated=True)
     try:
-        _append(zombie, "a", 3, epoch=0)
-        catch_up.close()
-        catch_up = _open(tmp_path / "replica-0")
-        _append(catch_up, "copied", 1, epoch=0)
+        _append(zombie, "a", 2, epoch=0)
+        _copy_all(zombie, follower)  # the follower holds a-0, a-1
+        _append(zombie, "b", 2, epoch=0)  # b-0, b-1: a follower may have fetched them
+        job = _open(tmp_path / "replica-0")  # the catch-up job, copying from the follower
+        copy_replica(follower, job)
+        job.close()
         with pytest.raises(errors.NotLeaderOrFollowerError, match="another writer"):
-            _append(zombie, "b", 2, epoch=0)
-        with pytest.raises(errors.NotLeaderOrFollowerError, match="no longer leads"):
             _append(zombie, "c", 2, epoch=0)
-        assert zombie.log_end_offset == 4
+        assert zombie.log_end_offset == 2
+        with pytest.raises(errors.NotLeaderOrFollowerError, match="no longer leads"):
+            _append(zombie, "d", 2, epoch=0)
         # A newer epoch (its next election) appends again.
-        assert _append(zombie, "d", 1, epoch=1) == (4, 4)
+        assert _append(zombie, "e", 1, epoch=1) == (2, 2)
     finally:
         zombie.close()
-        catch_up.close()
+        follower.close()
     reopened = _open(tmp_path / "replica-0")
     try:
-        assert _values(reopened) == [b"a-0", b"a-1", b"a-2", b"copied-0", b"d-0"]
+        assert _values(reopened) == [b"a-0", b"a-1", b"e-0"]
     finally:
         reopened.close()
+
+
+def test_a_leader_whose_log_another_writer_only_added_to_goes_on(tmp_path: Path) -> None:
+    """A catch-up job finishing late into a relaunched leader's table adds the previous
+    leader's records and takes nothing back: the leader loses its commit, reloads, and goes on
+    leading after them at its epoch."""
+    leader = _open(tmp_path / "replica-0")
+    try:
+        _append(leader, "a", 2, epoch=1)
+        job = _open(tmp_path / "replica-0")
+        _append(job, "copied", 1, epoch=1)
+        job.close()
+        with pytest.raises(errors.NotLeaderOrFollowerError, match="another writer"):
+            _append(leader, "b", 1, epoch=1)
+        assert _append(leader, "c", 1, epoch=1) == (3, 3)
+        assert _values(leader) == [b"a-0", b"a-1", b"copied-0", b"c-0"]
+    finally:
+        leader.close()
 
 
 def test_truncate_removes_the_tail_durably_and_appends_continue(tmp_path: Path) -> None:
