@@ -41,6 +41,7 @@ from deltabus.cluster.controller_apis import ControllerHandler
 from deltabus.cluster.doors import Doors, open_doors
 from deltabus.cluster.driver_metrics import DriverMetrics
 from deltabus.cluster.executor_process import executor_pid
+from deltabus.cluster.incarnation import end_last_incarnation
 from deltabus.cluster.log_cleaner import LogCleaner
 from deltabus.cluster.replication_quota import move_rates
 from deltabus.cluster.scaling import Scaler, autoscale
@@ -298,12 +299,11 @@ class Cluster:
         self._threads.append(thread)
 
     def _supervise(self, broker_id: int) -> None:
-        """Run broker `broker_id` as a one-task Spark job, again and again until the cluster
-        stops.
+        """Run broker `broker_id` as a one-task Spark job again and again, till the cluster stops.
 
         Nothing between two runs may end this loop: a supervisor that died would leave its
         broker down for good. A failed fence (a metadata write the storage refused) is logged
-        and the broker launched anyway; its next registration fences the old incarnation."""
+        and the broker launched anyway, once its last incarnation is gone (incarnation.py)."""
         assert self._node is not None
         spec = BrokerSpec(broker_id, self._node, self.config)
         while not self._stopping.is_set():
@@ -319,6 +319,8 @@ class Cluster:
                 spec = dataclasses.replace(spec, previous_listeners=last.listeners)
             _survive(f"fencing broker {broker_id} after its task ended",
                      self.controller.fence_broker, broker_id, "its Spark task ended")
+            _survive(f"ending broker {broker_id}'s last incarnation", end_last_incarnation,
+                     last, self.controller.broker_pids(fenced=True).get(broker_id))
             self._stopping.wait(RELAUNCH_BACKOFF_S)
             while not self._may_run[broker_id].wait(0.1):
                 if self._stopping.is_set():
