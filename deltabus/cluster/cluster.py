@@ -41,7 +41,7 @@ from deltabus.cluster.controller_apis import ControllerHandler
 from deltabus.cluster.doors import Doors, open_doors
 from deltabus.cluster.driver_metrics import DriverMetrics
 from deltabus.cluster.executor_process import executor_pid
-from deltabus.cluster.incarnation import end_last_incarnation
+from deltabus.cluster.incarnation import await_last_incarnation
 from deltabus.cluster.log_cleaner import LogCleaner
 from deltabus.cluster.replication_quota import move_rates
 from deltabus.cluster.scaling import Scaler, autoscale
@@ -319,8 +319,7 @@ class Cluster:
                 spec = dataclasses.replace(spec, previous_listeners=last.listeners)
             _survive(f"fencing broker {broker_id} after its task ended",
                      self.controller.fence_broker, broker_id, "its Spark task ended")
-            _survive(f"ending broker {broker_id}'s last incarnation", end_last_incarnation,
-                     last, self.controller.broker_pids(fenced=True).get(broker_id))
+            _survive(f"waiting for broker {broker_id}'s last process", await_last_incarnation, last)
             self._stopping.wait(RELAUNCH_BACKOFF_S)
             while not self._may_run[broker_id].wait(0.1):
                 if self._stopping.is_set():

@@ -259,13 +259,10 @@ class ClusterControlManager:
             fenced.append(broker_id)
         return fenced
 
-    def broker_pids(self, fenced: bool = False) -> dict[int, int]:
-        """The process id of each live broker; with `fenced`, of every registered one (a
-        fenced broker's: its last incarnation's)."""
+    def broker_pids(self) -> dict[int, int]:
         with self._lock:
             brokers = self._state.brokers
-            ids = brokers.registrations if fenced else brokers.live_broker_ids()
-            return {b: brokers.registrations[b].pid for b in ids}
+            return {b: brokers.registrations[b].pid for b in brokers.live_broker_ids()}
 
     def broker_epochs(self) -> dict[int, int]:
         """The registration epoch of each live broker: a relaunched broker has a higher one."""

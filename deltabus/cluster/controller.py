@@ -520,8 +520,8 @@ class Controller:
     def check_sessions(self) -> list[int]:
         return self._cluster_control.check_sessions()
 
-    def broker_pids(self, fenced: bool = False) -> dict[int, int]:
-        return self._cluster_control.broker_pids(fenced)
+    def broker_pids(self) -> dict[int, int]:
+        return self._cluster_control.broker_pids()
 
     def broker_epochs(self) -> dict[int, int]:
         return self._cluster_control.broker_epochs()

@@ -1,66 +1,62 @@
-"""A broker's last incarnation ends before its next one starts (cluster/incarnation.py): a
-process still serving the broker's registered address on this machine is killed when it is
-one of Spark's Python workers, and only waited for when it is not; a broker whose process is
-gone is not waited for at all."""
+"""A broker's last incarnation ends before its next one starts (cluster/incarnation.py): the
+supervisor waits while a process still serves the broker's registered address, goes on once
+it stops, and gives up after its timeout."""
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 
 import pytest
 
-from deltabus.cluster.incarnation import end_last_incarnation
+from deltabus.cluster.incarnation import await_last_incarnation
 from deltabus.metadata import BrokerEndpoint
 
 SERVE = """
-import socket, sys, time
+import socket
 s = socket.socket()
 s.bind(("127.0.0.1", 0))
 s.listen()
 print(s.getsockname()[1], flush=True)
 while True:
-    c, _ = s.accept()
-    c.close()
+    s.accept()[0].close()
 """
 
 
 @pytest.fixture
 def serving() -> Iterator[tuple[subprocess.Popen, int]]:
-    """A process listening on a loopback port, named like one of Spark's Python workers
-    (`-m pyspark.daemon` stands in its command line, as an argument the script ignores)."""
-    process = subprocess.Popen([sys.executable, "-c", SERVE, "-m", "pyspark.daemon"],
-                               stdout=subprocess.PIPE, text=True)
+    """A process listening on a loopback port: the last incarnation of a broker."""
+    process = subprocess.Popen([sys.executable, "-c", SERVE], stdout=subprocess.PIPE,
+                               text=True)
     port = int(process.stdout.readline())
     yield process, port
     process.kill()
     process.wait()
 
 
-def test_a_spark_worker_still_serving_is_killed(serving) -> None:
+def test_the_next_incarnation_waits_until_the_last_stops_serving(serving) -> None:
     process, port = serving
-    assert end_last_incarnation(BrokerEndpoint(1, "127.0.0.1", port), process.pid, 60)
-    assert process.wait(30) != 0  # killed
-    with pytest.raises(OSError):
-        socket.create_connection(("127.0.0.1", port), 1)
+    ended = threading.Event()
+    waiter = threading.Thread(target=lambda: await_last_incarnation(
+        BrokerEndpoint(1, "127.0.0.1", port), 120) and ended.set())
+    waiter.start()
+    assert not ended.wait(0.5)  # it still serves: the supervisor waits
+    process.kill()  # as Spark kills the worker of a cancelled task
+    waiter.join(60)
+    assert ended.is_set()
 
 
-def test_a_process_that_is_not_a_spark_worker_is_only_waited_for(serving) -> None:
+def test_past_its_timeout_the_next_incarnation_starts_anyway(serving) -> None:
     process, port = serving
-    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    try:
-        assert not end_last_incarnation(BrokerEndpoint(1, "127.0.0.1", port), other.pid, 0.5)
-        assert process.poll() is None and other.poll() is None  # neither was killed
-    finally:
-        other.kill()
-        other.wait()
+    assert not await_last_incarnation(BrokerEndpoint(1, "127.0.0.1", port), 0.3)
+    assert process.poll() is None
 
 
-def test_a_broker_whose_process_is_gone_is_not_waited_for(serving) -> None:
+def test_nothing_to_wait_for(serving) -> None:
     process, port = serving
     process.kill()
     process.wait()
-    assert end_last_incarnation(BrokerEndpoint(1, "127.0.0.1", port), process.pid, 0)
-    assert end_last_incarnation(None, None, 0)
+    assert await_last_incarnation(BrokerEndpoint(1, "127.0.0.1", port), 0)
+    assert await_last_incarnation(None, 0)
