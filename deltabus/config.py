@@ -38,6 +38,9 @@ CONTROLLER_THREADS_SPARE = 4
 BROKERS_MAX = 64
 
 # Records and requests.
+DISKLESS_ENABLE = "diskless.enable"  # the topic config of diskless topics (KIP-1150)
+DISKLESS_COMMIT_INTERVAL_MS = 250  # diskless.append.commit.interval.ms (KIP-1163's anchors')
+DISKLESS_BUFFER_MAX_BYTES = 8 * 1024 * 1024  # diskless.append.buffer.max.bytes
 MESSAGE_MAX_BYTES = 1_048_588  # Kafka's message.max.bytes / topic max.message.bytes default
 REQUEST_MAX_BYTES = 104_857_600  # Kafka's socket.request.max.bytes: the largest gRPC message
 FETCH_MAX_BYTES = 52_428_800  # Kafka's fetch.max.bytes
@@ -198,6 +201,20 @@ class TopicConfig:
     # AlterConfigs answers have no place for a warning, so none is sent.
     message_format_version: str = "3.0-IV1"
     message_downconversion_enable: bool = True
+    # A diskless topic (KIP-1150): each partition is one table in the store, with no replica
+    # tables; any broker may lead it, and a failover or a move changes metadata only. Set at
+    # creation, never changed.
+    diskless_enable: bool = False
+    # A diskless partition commits at most this often, or once this many bytes wait (KIP-1163):
+    # requests to the store per second stay bounded whatever the producers send.
+    diskless_append_commit_interval_ms: int = DISKLESS_COMMIT_INTERVAL_MS
+    diskless_append_buffer_max_bytes: int = DISKLESS_BUFFER_MAX_BYTES
+
+    @property
+    def required_isr(self) -> int:
+        """In-sync replicas an acks=all produce needs: min.insync.replicas, or 1 on a diskless
+        topic, whose one table in the store is the copy (acks=all: committed there)."""
+        return 1 if self.diskless_enable else self.min_insync_replicas
 
     @property
     def deletes(self) -> bool:
@@ -224,6 +241,7 @@ class ConfigDef:
     maximum: int | None = None
     choices: tuple[str, ...] = ()
     kafka_version: bool = False  # a STRING naming a Kafka version ("2.8", "3.0-IV1")
+    immutable: bool = False  # set when the topic is created, never altered
 
 
 _INT_MAX = 2**31 - 1
@@ -259,6 +277,18 @@ TOPIC_CONFIGS: dict[str, ConfigDef] = {d.name: d for d in (
     ConfigDef("flush.messages", "flush_messages", "LONG", "log.flush.interval.messages",
               "fsync a replica's files on a local disk after this many records (default: "
               "never, as Kafka: the page cache and replication)", minimum=1),
+    ConfigDef(DISKLESS_ENABLE, "diskless_enable", "BOOLEAN", DISKLESS_ENABLE,
+              "one table per partition in the store, no replica tables: any broker leads it, "
+              "and failovers and moves change metadata only (set at creation)",
+              immutable=True),
+    ConfigDef("diskless.append.commit.interval.ms", "diskless_append_commit_interval_ms",
+              "INT", "diskless.append.commit.interval.ms",
+              "a diskless partition commits what its producers sent at most this often",
+              minimum=0, maximum=60_000),
+    ConfigDef("diskless.append.buffer.max.bytes", "diskless_append_buffer_max_bytes", "INT",
+              "diskless.append.buffer.max.bytes",
+              "a diskless partition commits sooner once this many bytes wait", minimum=1024,
+              maximum=REQUEST_MAX_BYTES),
     ConfigDef("file.delete.delay.ms", "file_delete_delay_ms", "LONG",
               "log.segment.delete.delay.ms",
               "how long removed data files stay on disk for running readers", minimum=0,
@@ -382,6 +412,11 @@ def topic_config(overrides: dict[str, str], *, stored: bool = False) -> TopicCon
     return TopicConfig(**values)
 
 
+def is_diskless(overrides: Mapping[str, str]) -> bool:
+    """Whether a topic's stored overrides make it diskless (immutable, so never a default)."""
+    return overrides.get(DISKLESS_ENABLE, "false").strip().lower() == "true"
+
+
 def render(value: Any) -> str:
     """A config value as Kafka's tools print it."""
     return str(value).lower() if isinstance(value, bool) else str(value)
@@ -427,7 +462,12 @@ def altered_overrides(overrides: dict[str, str], ops: list[AlterConfigOp],
         kept = ([*current, *(i for i in items if i not in current)] if change.op == APPEND
                 else [i for i in current if i not in items])
         out[change.name] = ",".join(kept)
-    topic_config(out)
+    before, after = topic_config(overrides, stored=True), topic_config(out)
+    for definition in TOPIC_CONFIGS.values():
+        if definition.immutable and \
+                getattr(before, definition.attr) != getattr(after, definition.attr):
+            raise errors.InvalidConfigError(
+                f"{definition.name} is set when a topic is created and cannot be altered")
     return out
 
 
@@ -966,9 +1006,23 @@ class ClusterConfig:
         """A topic's effective config: its stored overrides over the cluster defaults."""
         defaults = self.topic_defaults()
         config = topic_config(overrides, stored=True)
+        # An immutable config's cluster default is pinned as an override when a topic is
+        # created (`pinned_overrides`): changing that default never changes an existing topic.
         kept = {d.attr: getattr(defaults, d.attr) for d in TOPIC_CONFIGS.values()
-                if d.name not in overrides}
+                if d.name not in overrides and not d.immutable}
         return replace(config, **kept)
+
+    def pinned_overrides(self, overrides: dict[str, str]) -> dict[str, str]:
+        """A new topic's overrides with this cluster's defaults of immutable configs
+        (diskless.enable) written in, where the topic does not set them and they are not
+        Kafka's: what the topic is created as stays what it is."""
+        defaults, kafka = self.topic_defaults(), TopicConfig()
+        pinned = dict(overrides)
+        for d in TOPIC_CONFIGS.values():
+            value = getattr(defaults, d.attr)
+            if d.immutable and d.name not in pinned and value != getattr(kafka, d.attr):
+                pinned[d.name] = render(value)
+        return pinned
 
     def describe_topic_config(self, overrides: dict[str, str]) -> list[ConfigEntry]:
         """Every config of a topic with its value and source, as kafka-configs --describe

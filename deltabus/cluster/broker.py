@@ -174,7 +174,7 @@ class Broker:
             spec.broker_id, lambda: list(self._replicas.partitions.values()),
             self._publisher.offline_replicas,
             lambda topic: (self._replicas.topic_configs.get(topic)
-                           or cfg.TopicConfig()).min_insync_replicas,
+                           or cfg.TopicConfig()).required_isr,
             self._replicas.fetches_waiting, lambda: self._cache.image.topics.keys())
 
     @property

@@ -31,7 +31,7 @@ from deltabus.cluster.partition import Partition
 from deltabus.cluster.replica_fetcher import ReplicaFetcher
 from deltabus.cluster.replica_manager import ReplicaManager
 from deltabus.cluster.replication_quota import ReplicationQuota
-from deltabus.log_tables.layout import replica_path
+from deltabus.log_tables.layout import log_path
 from deltabus.log_tables.partition_log import PartitionLog
 from deltabus.metadata import NO_LEADER, MetadataImage, PartitionState
 from deltabus.quotas import ClientQuotaManager
@@ -136,13 +136,24 @@ class BrokerMetadataPublisher:
     def apply(self, image: MetadataImage) -> None:
         """Open the replicas this broker now hosts and close the ones it no longer does; make
         each a leader or a follower as the image says, and point the fetchers at the leaders."""
+        # Parsed once per metadata version, not per produce request; set before the image so a
+        # topic visible in the image always has its config.
+        configs = self._replicas.topic_configs = {
+            name: self._config.topic_config(t.configs) for name, t in image.topics.items()}
+        # A diskless partition is hosted by its leader alone: its one table is the log.
         hosted = {
             (topic.name, p.partition): p
             for topic in image.topics.values() for p in topic.partitions
-            if self.broker_id in p.replicas
+            if self.broker_id in p.replicas and (not configs[topic.name].diskless_enable
+                                                 or p.leader == self.broker_id)
         }
         current = self._replicas.hosted_keys()
-        for key in sorted(current - set(hosted)):
+        # A diskless log is claimed for one leader epoch: a new epoch opens it again, from
+        # whatever the leaders between committed (metadata may skip their tenures).
+        reclaimed = {key for key in current & set(hosted) if configs[key[0]].diskless_enable
+                     and _claimed_epoch(self._replicas.get_partition(key))
+                     != hosted[key].leader_epoch}
+        for key in sorted((current - set(hosted)) | reclaimed):
             self._unfollow(key)
             partition = self._replicas.remove_partition(key)
             partition.log.close()
@@ -150,20 +161,17 @@ class BrokerMetadataPublisher:
             self._replicas.fetch_purgatory.check(key)
             log.info("broker %d no longer hosts %s-%d", self.broker_id, *key)
         self._offline &= set(hosted)  # a replica no longer hosted is not ours to report
-        opening = sorted(set(hosted) - current)
+        opening = sorted((set(hosted) - current) | reclaimed)
         if opening:  # in parallel: a broker may host hundreds of partitions
             with ThreadPoolExecutor(max_workers=LOG_OPEN_THREADS) as pool:
-                for key, opened in zip(opening, pool.map(self._open_partition, opening),
-                                       strict=True):
+                opened_logs = pool.map(lambda key: self._open_partition(
+                    key, configs[key[0]], hosted[key].leader_epoch), opening)
+                for key, opened in zip(opening, opened_logs, strict=True):
                     if opened is None:  # tried again with the next metadata
                         self._offline.add(key)
                         continue
                     self._offline.discard(key)
                     self._replicas.add_partition(key, opened)
-        # Parsed once per metadata version, not per produce request; set before the image so a
-        # topic visible in the image always has its config.
-        self._replicas.topic_configs = {name: self._config.topic_config(t.configs)
-                                        for name, t in image.topics.items()}
         for key, state in hosted.items():
             found = self._replicas.get_partition(key)
             if found is not None:
@@ -201,17 +209,29 @@ class BrokerMetadataPublisher:
             if leader_id != keep:
                 fetcher.unfollow(key)
 
-    def _open_partition(self, key: tuple[str, int]) -> Partition | None:
+    def _open_partition(self, key: tuple[str, int], config: cfg.TopicConfig,
+                        leader_epoch: int) -> Partition | None:
         """Open a hosted replica's log, or None when its table is missing or unreadable: then
-        the replica is offline (never created empty: see PartitionLog) until it opens."""
+        the replica is offline (never created empty: see PartitionLog) until it opens. A
+        diskless partition's leader opens the partition's one table and claims it for
+        `leader_epoch`; its commits wait diskless.append.commit.interval.ms for more records,
+        up to diskless.append.buffer.max.bytes."""
         topic, partition = key
         holder: list[Partition] = []
+        diskless = config.diskless_enable
+        log_config = self._log_config
+        if diskless:
+            log_config = dataclasses.replace(
+                log_config, group_commit_linger_ms=config.diskless_append_commit_interval_ms,
+                group_commit_bytes_max=min(config.diskless_append_buffer_max_bytes,
+                                           log_config.log_cache_bytes_max))
         try:
             opened = PartitionLog(
-                replica_path(self._config.root, topic, partition, self.broker_id),
-                topic=topic, partition=partition, config=self._log_config,
+                log_path(self._config.root, topic, partition, self.broker_id, diskless),
+                topic=topic, partition=partition, config=log_config,
                 storage=self._config.storage,
-                on_append=lambda: self._on_log_change(holder), replicated=True, create=False,
+                on_append=lambda: self._on_log_change(holder), replicated=not diskless,
+                create=False, leader_epoch=leader_epoch if diskless else None,
                 meters=self._replicas.metrics.node.logs if self._replicas.metrics.enabled
                 else None)
         except Exception as e:  # one unreadable table must not take the broker down
@@ -231,3 +251,8 @@ class BrokerMetadataPublisher:
         if holder:
             holder[0].on_log_change()
             self._replicas.fetch_purgatory.check((holder[0].topic, holder[0].partition))
+
+
+def _claimed_epoch(partition: Partition | None) -> int | None:
+    """The leader epoch a diskless partition's open log was claimed for."""
+    return partition.log.claimed_epoch if partition is not None else None

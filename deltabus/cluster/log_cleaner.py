@@ -33,7 +33,7 @@ from deltalake import DeltaTable
 from deltabus.cluster.driver_metrics import DriverMetrics
 from deltabus.log_tables.compaction import Compacted, compact
 from deltabus.log_tables.delta_reads import open_table
-from deltabus.log_tables.layout import replica_path
+from deltabus.log_tables.layout import log_path
 from deltabus.log_tables.merge import Merged, merge_small_files
 from deltabus.log_tables.retention import (
     Removed,
@@ -76,6 +76,7 @@ class CleanerTask:
     # the partition in the controller's metadata, and when the task was made (driver's clock).
     open_producers: tuple[int, ...] = ()
     open_as_of_ms: int = 0
+    diskless: bool = False  # one table, the partition's own (its one replica is its leader)
 
 
 @dataclass(frozen=True)
@@ -110,15 +111,16 @@ def run_cleaner(task: CleanerTask) -> CleanerResult:
     now_ms = int(time.time() * 1000)
     storage = task.storage
 
+    def path(replica: int) -> str:
+        return log_path(storage.root, task.topic, task.partition, replica, task.diskless)
+
     def table(replica: int) -> DeltaTable:
-        return open_table(replica_path(storage.root, task.topic, task.partition, replica),
-                          storage_options=storage.delta_options)
+        return open_table(path(replica), storage_options=storage.delta_options)
 
     try:
         tables = {}
         for r in task.replicas:
-            path = replica_path(storage.root, task.topic, task.partition, r)
-            if storage.exists(posixpath.join(path, "_delta_log")):
+            if storage.exists(posixpath.join(path(r), "_delta_log")):
                 tables[r] = table(r)
         if task.leader not in tables:
             return CleanerResult(task, -1, error="the leader's table is missing")

@@ -29,7 +29,7 @@ from deltabus import config as cfg
 from deltabus import errors
 from deltabus.cluster import balancer, replication_control
 from deltabus.cluster.catch_up import REASSIGNMENT, CatchUpTask
-from deltabus.cluster.metadata_records import CommitRecords
+from deltabus.cluster.metadata_records import CommitRecords, PartitionChangeRecord
 from deltabus.cluster.metadata_state import MetadataState
 from deltabus.cluster.topic_tables import TopicTables
 from deltabus.log_tables.layout import replica_path
@@ -95,7 +95,12 @@ class ReassignmentControlManager:
         moves = {k: r for k, r in targets.items() if r is not None}
         results = self._cancel_reassignments([k for k, r in targets.items() if r is None])
         with self._lock:
-            moved, started = replication_control.reassign_partitions(self._state, moves).response
+            result = replication_control.reassign_partitions(self._state, moves)
+            moved, started = result.response
+            if result.records:  # diskless partitions: moved now, in metadata only
+                self._commit(result.records)
+                self._balancing.difference_update((r.topic, r.partition) for r in result.records
+                                                  if isinstance(r, PartitionChangeRecord))
             self._starting.update((t, p) for t, p, _ in started)
         results.update(moved)
         if started:

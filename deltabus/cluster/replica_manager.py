@@ -227,7 +227,7 @@ class ReplicaManager:
             self._check_in_transaction(topic, partition, producer, hosted.log)
         topic_config = self.topic_configs.get(topic) or cfg.TopicConfig()
         if acks == -1:  # nothing is appended when the ISR is already too small
-            hosted.check_min_isr(topic_config.min_insync_replicas)
+            hosted.check_min_isr(topic_config.required_isr)
         timestamp_type = (LOG_APPEND_TIME if topic_config.message_timestamp_type == "LogAppendTime"
                           else CREATE_TIME)
         appended = hosted.log.append(batch, leader_epoch=leader_epoch,
@@ -239,7 +239,7 @@ class ReplicaManager:
         hosted.count_bytes_in(appended, batch_bytes if batch_bytes is not None else batch.nbytes)
         if acks == 0:
             return appended
-        return hosted.acknowledged(appended, leader_epoch, topic_config.min_insync_replicas
+        return hosted.acknowledged(appended, leader_epoch, topic_config.required_isr
                                    if acks == -1 else None)
 
     def _schema_check(self, topic: str, config: cfg.TopicConfig) -> Validation | None:
@@ -338,7 +338,7 @@ class ReplicaManager:
                         marker.producer_id, marker.producer_epoch, committed=marker.committed,
                         coordinator_epoch=marker.coordinator_epoch, leader_epoch=leader_epoch)
                     pending[key] = hosted.acknowledged(appended, leader_epoch,
-                                                       config.min_insync_replicas)
+                                                       config.required_isr)
                 except errors.DeltaBusError as e:
                     out[key] = e
         for key, future in pending.items():

@@ -75,12 +75,16 @@ def create_topic(state: MetadataState, config: cfg.ClusterConfig, topic: NewTopi
         raise errors.InvalidTopicError(
             f"Topic '{topic.name}' collides with existing topic: {clash} (names that differ "
             "only in case are one directory on a case-insensitive file system)")
-    configs = dict(topic.configs or {})
-    cfg.topic_config(configs)  # raises InvalidConfigError
+    configs = config.pinned_overrides(dict(topic.configs or {}))
+    diskless = cfg.topic_config(configs).diskless_enable  # raises InvalidConfigError
     if topic.replica_assignment:
         assignment = _check_assignment(state.brokers, topic)
+        if diskless and any(len(replicas) > 1 for replicas in assignment):
+            raise errors.InvalidReplicaAssignmentError(
+                "A diskless topic's partition has one replica, its leader: the store keeps "
+                "its one table durable")
     else:
-        assignment = _assign(state.brokers, config, topic)
+        assignment = _assign(state.brokers, config, topic, diskless=diskless)
     topic_id = new_topic_id()
     records: list[MetadataRecord] = [TopicRecord(topic.name, topic_id)]
     records += _new_partitions(topic.name, assignment, 0)
@@ -192,7 +196,9 @@ def _check_assignment(brokers: BrokerRegistry, topic: NewTopic) -> list[list[int
 
 
 def _assign(brokers: BrokerRegistry, config: cfg.ClusterConfig,
-            topic: NewTopic) -> list[list[int]]:
+            topic: NewTopic, *, diskless: bool = False) -> list[list[int]]:
+    """Kafka's placement; a diskless topic's partitions get one replica each (their leader,
+    spread over the brokers), whatever replication factor is asked: the store is the copy."""
     partitions = (config.num_partitions if topic.num_partitions == -1
                   else topic.num_partitions)
     if partitions < 1:
@@ -205,7 +211,7 @@ def _assign(brokers: BrokerRegistry, config: cfg.ClusterConfig,
     if rf < 1:
         raise errors.InvalidReplicationFactorError(
             "Replication factor must be larger than 0.")
-    return _place(brokers, partitions, rf)
+    return _place(brokers, partitions, 1 if diskless else rf)
 
 
 def _place(brokers: BrokerRegistry, partitions: int, rf: int) -> list[list[int]]:
@@ -308,11 +314,18 @@ def elect_after_broker_change(state: MetadataState, config: cfg.ClusterConfig,
     after = state.brokers.replayed(broker_records)
     live = after.leader_candidates()
     records = list(broker_records)
+    leads = _leader_counts(state)
     for name, topic in state.topics.items():
         unclean = config.topic_config(topic.configs).unclean_leader_election_enable
+        diskless = cfg.is_diskless(topic.configs)
         for p, s in topic.partitions.items():
             offline = after.offline((name, p))
             candidates = live - offline
+            if diskless:
+                move = _diskless_failover(name, p, s, candidates, leads)
+                if move is not None:
+                    records.append(move)
+                continue
             isr = list(s.isr)
             for gone in (leaving, *sorted(offline)):
                 if gone in isr and len(isr) > 1:
@@ -329,6 +342,44 @@ def elect_after_broker_change(state: MetadataState, config: cfg.ClusterConfig,
             if change is not None:
                 records.append(change)
     return records
+
+
+def _leader_counts(state: MetadataState) -> collections.Counter[int]:
+    """Partitions each broker leads."""
+    return collections.Counter(s.leader for topic in state.topics.values()
+                               for s in topic.partitions.values() if s.leader != NO_LEADER)
+
+
+def _diskless_failover(topic: str, partition: int, s: PartitionRegistration,
+                       candidates: set[int], leads: collections.Counter[int]
+                       ) -> PartitionChangeRecord | None:
+    """A diskless partition whose leader is gone moves, in metadata only, to the live broker
+    leading the fewest partitions (`leads`, updated): any broker can open its one table. With
+    no broker live it waits, leaderless, for the first to register."""
+    if s.leader in candidates:
+        return None
+    if not candidates:
+        if s.leader == NO_LEADER:
+            return None
+        log.info("%s-%d (diskless) leader %d -> none: no broker is live", topic, partition,
+                 s.leader)
+        return PartitionChangeRecord(topic, partition, leader=NO_LEADER,
+                                     leader_epoch=s.leader_epoch + 1)
+    leader = min(sorted(candidates), key=lambda b: leads[b])
+    leads[leader] += 1
+    if s.leader != NO_LEADER:
+        leads[s.leader] -= 1
+    log.info("%s-%d (diskless) leader %d -> %d at epoch %d (a broker change: metadata only)",
+             topic, partition, s.leader, leader, s.leader_epoch + 1)
+    return diskless_move(topic, partition, s, leader)
+
+
+def diskless_move(topic: str, partition: int, s: PartitionRegistration,
+                  leader: int) -> PartitionChangeRecord:
+    """A diskless partition led by `leader` from the next epoch on: its one replica, its ISR."""
+    return PartitionChangeRecord(topic, partition, leader=leader,
+                                 leader_epoch=s.leader_epoch + 1, isr=(leader,),
+                                 replicas=(leader,))
 
 
 def _leader_change(topic: str, partition: int, s: PartitionRegistration, leader: int,
@@ -425,18 +476,30 @@ def reassign_partitions(state: MetadataState, targets: dict[tuple[str, int], lis
     yet: the new replicas catch up first (`start_reassignments`)."""
     results: PartitionResults = {}
     started: list[Reassignment] = []
+    moved: list[MetadataRecord] = []
     live = state.brokers.leader_candidates()
     for (topic, partition), replicas in targets.items():
         s = state.partition(topic, partition)
         try:
             s = _check_reassignment(topic, partition, s, replicas, live)
+            diskless = cfg.is_diskless(state.topics[topic].configs)
+            if diskless and len(replicas) != 1:
+                raise errors.InvalidReplicaAssignmentError(
+                    f"{topic}-{partition} is diskless: its one replica is its leader, so a "
+                    f"reassignment names one broker, not {replicas}")
         except errors.DeltaBusError as e:
             results[(topic, partition)] = e
             continue
         results[(topic, partition)] = None
-        if tuple(replicas) != s.replicas:
+        if tuple(replicas) == s.replicas:
+            continue
+        if diskless:  # metadata only: the new leader opens the partition's one table
+            log.info("%s-%d (diskless) moves to broker %d at epoch %d: metadata only", topic,
+                     partition, replicas[0], s.leader_epoch + 1)
+            moved.append(diskless_move(topic, partition, s, replicas[0]))
+        else:
             started.append((topic, partition, list(replicas)))
-    return ControllerResult([], (results, started))
+    return ControllerResult(moved, (results, started))
 
 
 def _check_reassignment(topic: str, partition: int, s: PartitionRegistration | None,
@@ -585,7 +648,7 @@ def _topic_cleaner_tasks(config: cfg.ClusterConfig, name: str, topic: TopicRegis
                         c.retention_bytes if c.deletes else -1,
                         c.file_delete_delay_ms, c.segment_bytes, merge_min_age_ms,
                         c.compacts, c.min_compaction_lag_ms, c.delete_retention_ms,
-                        c.min_cleanable_dirty_ratio)
+                        c.min_cleanable_dirty_ratio, diskless=c.diskless_enable)
             for partition, s in sorted(topic.partitions.items()) if s.leader >= 0]
 
 
@@ -597,4 +660,5 @@ def catch_up_tasks(state: MetadataState, storage: Storage,
     return [CatchUpTask(storage, topic, partition, s.leader, broker_id)
             for topic, t in sorted(state.topics.items())
             for partition, s in sorted(t.partitions.items())
-            if broker_id in s.replicas and s.leader in registered]
+            if broker_id in s.replicas and s.leader in registered
+            and not cfg.is_diskless(t.configs)]  # a diskless partition has nothing to copy

@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from deltabus import config as cfg
@@ -34,12 +34,13 @@ from deltabus import errors
 from deltabus.cluster import replication_control
 from deltabus.cluster.metadata_records import (
     CommitRecords,
+    ConfigRecord,
     ControllerResult,
     MetadataRecord,
     PartitionRecord,
 )
 from deltabus.cluster.metadata_state import MetadataState
-from deltabus.log_tables.layout import replica_path, topic_path
+from deltabus.log_tables.layout import partition_path, replica_path, topic_path
 from deltabus.log_tables.partition_log import create_log_table
 from deltabus.metadata import NewTopic, TopicResult
 from deltabus.topics import validate_topic_name
@@ -147,24 +148,37 @@ class TopicTables:
 
     def _create_tables(self, records: Sequence[MetadataRecord]) -> None:
         """Create, in parallel, the empty table of every replica the records assign (new
-        partitions, replicas a reassignment adds). Raises KafkaStorageError."""
-        replicas = [(r.topic, r.partition, b) for r in records
-                    if isinstance(r, PartitionRecord) for b in r.replicas]
-        self.create_replica_tables(replicas)
+        partitions, replicas a reassignment adds), or of each new diskless partition (a topic
+        the records make diskless, or one that is). Raises KafkaStorageError."""
+        diskless = {r.topic for r in records if isinstance(r, ConfigRecord)
+                    and cfg.is_diskless({r.key: r.value or ""})}
+        with self._lock:
+            diskless |= {t for t, topic in self._state.topics.items()
+                         if cfg.is_diskless(topic.configs)}
+        partitions = [r for r in records if isinstance(r, PartitionRecord)]
+        self.create_replica_tables([(r.topic, r.partition, b) for r in partitions
+                                    if r.topic not in diskless for b in r.replicas])
+        self._create((partition_path(self._config.root, r.topic, r.partition), r.topic,
+                      r.partition) for r in partitions if r.topic in diskless)
 
     def create_replica_tables(self, replicas: list[tuple[str, int, int]]) -> None:
         """Create, in parallel, the empty table of each (topic, partition, broker) replica:
         before the metadata naming it is committed, so a missing table always means lost
         records. `tables_lock` held. Raises KafkaStorageError."""
-        def create(replica: tuple[str, int, int]) -> None:
-            topic, partition, broker = replica
-            create_log_table(replica_path(self._config.root, topic, partition, broker),
-                             topic=topic, partition=partition,
+        self._create((replica_path(self._config.root, topic, partition, broker), topic,
+                      partition) for topic, partition, broker in replicas)
+
+    def _create(self, tables: Iterable[tuple[str, str, int]]) -> None:
+        """Create the empty log table of each (path, topic, partition), in parallel."""
+        def create(table: tuple[str, str, int]) -> None:
+            path, topic, partition = table
+            create_log_table(path, topic=topic, partition=partition,
                              checkpoint_interval=self._config.checkpoint_interval,
                              storage_options=self._storage.delta_options)
-        if replicas:
+        tables = list(tables)
+        if tables:
             with ThreadPoolExecutor(max_workers=TABLE_CREATE_THREADS) as pool:
-                list(pool.map(create, replicas))
+                list(pool.map(create, tables))
 
     def create_partitions(self, counts: dict[str, int], *, timeout_ms: int = 30_000,
                           validate_only: bool = False) -> list[TopicResult]:

@@ -42,6 +42,7 @@ from deltabus import errors
 from deltabus.config import LogConfig
 from deltabus.log_tables.append_pool import process_pool
 from deltabus.log_tables.delta_commit import (
+    CommitConflict,
     DataFile,
     DeltaCommitWriter,
     FencedWriter,
@@ -72,6 +73,9 @@ from deltabus.storage import Storage, storage_error
 log = logging.getLogger(__name__)
 
 LOG_TXN_APP_ID = "deltabus.log"  # Delta app transaction every commit of a log sets
+# A diskless partition's leaders stamp their leader epoch on every commit (`LogAppender.claim`)
+LEADER_EPOCH_TXN_APP_ID = "deltabus.leaderEpoch"
+CLAIM_TRIES = 50  # a new leader's claims lost to the previous leader's last commits
 # The appender checkpoints itself (`renew`), at the broker's interval, not the table's.
 _NO_CHECKPOINT_HOOK = PostCommitHookProperties(create_checkpoint=False)
 NEVER_FLUSH = 2**63 - 1  # flush.messages's default, as Kafka's: fsync is left to the system
@@ -232,9 +236,11 @@ class LogAppender:
 
     def __init__(self, path: str, *, topic: str, partition: int, config: LogConfig,
                  storage: Storage, lock: threading.Condition,
-                 create: bool = True) -> None:
+                 create: bool = True, leader_epoch: int | None = None) -> None:
         """Open the table at `path`, creating it if it is missing and `create` says so (else
-        a missing table raises KafkaStorageError). `lock` is the log's: it guards the queue."""
+        a missing table raises KafkaStorageError). `lock` is the log's: it guards the queue.
+        `leader_epoch`: a diskless partition's leader at that epoch, which claims the table
+        before anything is read from it (`claim`)."""
         self.path = path
         self._topic, self._partition = topic, partition
         self._name = f"{topic}-{partition}"  # in messages
@@ -249,7 +255,11 @@ class LogAppender:
         self._writer = DeltaCommitWriter(
             storage, path, self.table.version(),
             indexed_columns=indexed_columns(self.table.metadata().configuration),
-            fence_app_id=LOG_TXN_APP_ID, retries=APPEND_COMMIT_RETRIES)
+            fence_app_id=LOG_TXN_APP_ID, retries=APPEND_COMMIT_RETRIES,
+            epoch_app_id=LEADER_EPOCH_TXN_APP_ID if leader_epoch is not None else None,
+            epoch=leader_epoch if leader_epoch is not None else -1)
+        if leader_epoch is not None:
+            self.claim()
         self._schema = pa.schema(self.table.schema().to_arrow())  # as committed
         # A typed topic's typed columns' types, as committed: produce checks read them
         self.typed_types = typed_column_types(self.table)
@@ -265,6 +275,34 @@ class LogAppender:
         self._unflushed_records = 0
         self._head_since = 0.0  # when the queue's head became its head: its linger starts
         self._copier = FileCopier(path, storage, self._name)  # a follower's file copies
+
+    def claim(self) -> None:
+        """A diskless partition's new leader stamps its epoch on the table (a commit of app
+        transactions only) before it reads the table's end: the previous leader, if it still
+        runs, loses its next commit to this one and stops (FencedWriter), and whatever it
+        committed first is in the log this leader goes on from. Leadership moves without a
+        byte copied. NOT_LEADER_OR_FOLLOWER when a newer leader already stamped it."""
+        epoch = self._writer.epoch
+        for _ in range(CLAIM_TRIES):
+            stamped = self.table.transaction_version(LEADER_EPOCH_TXN_APP_ID)
+            if stamped is not None and stamped > epoch:
+                raise errors.NotLeaderOrFollowerError(
+                    f"{self._name} was claimed by a leader of epoch {stamped}, newer than this "
+                    f"broker's {epoch}")
+            if stamped == epoch:  # this leadership's claim, from an earlier open
+                return
+            try:
+                self._writer.commit(txns=self._txns(log_offsets(self.table)[1]),
+                                    info=self._info("claim", leaderEpoch=str(epoch)))
+            except CommitConflict:  # the previous leader's last commit landed first
+                self.reload()
+                continue
+            except FencedWriter as e:  # a newer leader claimed it meanwhile
+                raise errors.NotLeaderOrFollowerError(f"claiming {self._name}: {e}") from e
+            self.reload()
+            return
+        raise errors.NotLeaderOrFollowerError(
+            f"{self._name}: {CLAIM_TRIES} claims in a row lost to another writer's commits")
 
     @property
     def version(self) -> int:
@@ -441,8 +479,16 @@ class LogAppender:
         return pa.Table.from_arrays(columns, schema=self._schema)
 
     def _properties(self, end_offset: int, metadata: dict[str, str]) -> CommitProperties:
-        return commit_properties(metadata, retries=APPEND_COMMIT_RETRIES,
-                                 app_transactions=[Transaction(LOG_TXN_APP_ID, end_offset)])
+        return commit_properties(metadata, retries=APPEND_COMMIT_RETRIES, app_transactions=[
+            Transaction(app_id, version) for app_id, version in self._txns(end_offset).items()])
+
+    def _txns(self, end_offset: int) -> dict[str, int]:
+        """The app transactions every commit of the log sets: its log end offset, and a
+        diskless leader's epoch (`claim`)."""
+        txns = {LOG_TXN_APP_ID: end_offset}
+        if self._writer.epoch_app_id is not None:
+            txns[LEADER_EPOCH_TXN_APP_ID] = self._writer.epoch
+        return txns
 
     def _build_group(self, group: list[PendingAppend], base: int,
                      now_ms: int) -> tuple[pa.Table, list[tuple[int, int]]]:
@@ -492,7 +538,7 @@ class LogAppender:
             added = None
             if data is not None:
                 written = self._writer.write_file(data, "append")
-                self._writer.commit(adds=[written], txns={LOG_TXN_APP_ID: next_offset},
+                self._writer.commit(adds=[written], txns=self._txns(next_offset),
                                     info=info)
                 self._flush([written.path], table.num_rows)
                 added = (1, written.size)
@@ -537,7 +583,7 @@ class LogAppender:
             if schema.equals(self._schema):
                 self._writer.commit(
                     adds=[DataFile(name, f.size_bytes, f.stats) for name, f in item.files],
-                    txns={LOG_TXN_APP_ID: expected}, info=info)
+                    txns=self._txns(expected), info=info)
                 self._flush([name for name, _ in item.files], expected - base)
             else:  # the copies hold typed columns the table has not yet: its schema grows
                 self._delta_rs().create_write_transaction(
@@ -602,7 +648,7 @@ class LogAppender:
                 removes=[remove_action(path, size, now_ms) for path, size in zip(
                     files.column("path").to_pylist(), files.column("size_bytes").to_pylist(),
                     strict=True)],
-                txns={LOG_TXN_APP_ID: offset},
+                txns=self._txns(offset),
                 info=self._info("restart", **{"deltabus.restartedAt": str(offset)}))
         except Exception as e:
             raise CommitFailed(self._failure(e, f"restarting {self._name} failed"),
@@ -618,7 +664,7 @@ class LogAppender:
         offset = item.offset
         try:
             self._writer.commit(
-                txns={LOG_TXN_APP_ID: log_end_offset, LOG_START_TXN_APP_ID: offset},
+                txns={**self._txns(log_end_offset), LOG_START_TXN_APP_ID: offset},
                 info=self._info("deleteRecords", **{"deltabus.logStartOffset": str(offset)}))
         except Exception as e:
             raise CommitFailed(self._failure(e, f"moving the log start of {self._name} failed"),

@@ -139,18 +139,26 @@ class DeltaCommitWriter:
 
     def __init__(self, storage: Storage, table_uri: str, version: int, *,
                  indexed_columns: int = DEFAULT_INDEXED_COLUMNS,
-                 fence_app_id: str | None = None, retries: int = 50) -> None:
+                 fence_app_id: str | None = None, retries: int = 50,
+                 epoch_app_id: str | None = None, epoch: int = -1) -> None:
         """`version`: the table's latest version as the caller loaded it. `fence_app_id`: an
         app transaction only this table's one log writer sets (a lost version that sets it
         means another writer: FencedWriter). `retries`: tries lost to other writers'
         compatible commits before CommitConflict (after each, every commit made since is read,
-        so the next try loses only to a commit landing in between)."""
+        so the next try loses only to a commit landing in between).
+
+        `epoch_app_id`, `epoch`: a log whose writers take turns (a diskless partition's
+        leaders) stamps each commit with its writer's leader epoch in that app transaction. A
+        lost version of an older epoch is the previous leader's last commit, landed before
+        this writer's first: CommitConflict (reload: it is part of the log), not FencedWriter."""
         self.storage = storage
         self.table_uri = table_uri
         self.version = version
         self.indexed_columns = indexed_columns
         self.fence_app_id = fence_app_id
         self.retries = retries
+        self.epoch_app_id = epoch_app_id
+        self.epoch = epoch
         # In every commitInfo: tells this writer's own commits from others' (`landed`).
         self.writer_id = uuid.uuid4().hex
 
@@ -247,10 +255,14 @@ class DeltaCommitWriter:
 
     def _check_winner(self, version: int, text: bytes, mine: _Touches) -> None:
         """The commit that took `version`: raise if it invalidates this writer's commit."""
-        for line in text.decode().splitlines():
-            if not line.strip():
-                continue
-            action = json.loads(line)
+        actions = [json.loads(line) for line in text.decode().splitlines() if line.strip()]
+        txns = {a["txn"].get("appId"): a["txn"].get("version", -1) for a in actions if "txn" in a}
+        if self.fence_app_id and self.fence_app_id in txns and self.epoch_app_id and \
+                txns.get(self.epoch_app_id, -1) < self.epoch:
+            raise CommitConflict(
+                f"{self.table_uri}: version {version} is a commit of leader epoch "
+                f"{txns.get(self.epoch_app_id, -1)}, older than this writer's {self.epoch}")
+        for action in actions:
             if action.get("commitInfo", {}).get("deltabus.writerId") == self.writer_id:
                 raise CommitConflict(
                     f"{self.table_uri}: version {version} is a commit of this writer that was "

@@ -103,6 +103,7 @@ class PartitionLog:
         replicated: bool = False,
         create: bool = True,
         meters: LogMeters | None = None,
+        leader_epoch: int | None = None,
     ) -> None:
         """Open the table at `path`; a missing one is created empty only when `create` says so
         (a log of its own: tests, benchmarks), else it raises KafkaStorageError.
@@ -117,17 +118,23 @@ class PartitionLog:
         `on_append` runs after every change of the log end offset or high watermark. A
         `replicated` log leaves the high watermark to its owner (the broker's Partition, which
         knows the ISR) through `advance_high_watermark`; otherwise it follows the log end offset.
+
+        `leader_epoch`: a diskless partition's log, opened by its leader at that epoch, which
+        claims the table first (LogAppender.claim): what an earlier leader committed is read
+        after its last commit, and that leader can commit nothing more.
         """
         self.path = path
         self.topic = topic
         self.partition = partition
         self._name = f"{topic}-{partition}"
         self._config = config
+        self.claimed_epoch = leader_epoch  # a diskless leader's claim; None for a replica
         self._traced = trace.traced(topic)  # stamps for the latency trace (deltabus.trace)
         self._lock = threading.Condition()
         storage = storage or Storage(path)
         self._appender = LogAppender(path, topic=topic, partition=partition, config=config,
-                                     storage=storage, lock=self._lock, create=create)
+                                     storage=storage, lock=self._lock, create=create,
+                                     leader_epoch=leader_epoch)
         log_start_offset, log_end_offset = log_offsets(self._appender.table)
         # A replicated log does not know which of its records the ISR holds until its owner says.
         self._offsets = LogOffsets(

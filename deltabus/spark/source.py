@@ -30,6 +30,7 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
+from deltabus import config as cfg
 from deltabus import errors, schemas
 from deltabus.client.admin import AdminClient
 from deltabus.client.consumer import Consumer
@@ -38,7 +39,7 @@ from deltabus.client.schema_cache import SchemaCache
 from deltabus.client.security import ClientSecurity, security_from_properties
 from deltabus.log_tables.delta_reads import open_table
 from deltabus.log_tables.delta_writes import typed_column_types
-from deltabus.log_tables.layout import replica_path
+from deltabus.log_tables.layout import log_path
 from deltabus.log_tables.log_reader import TRANSACTION_COLUMNS, LogReader
 from deltabus.log_tables.transactions import aborted_in, consumed_rows, read_markers
 from deltabus.log_tables.typed_columns import stored_type
@@ -339,13 +340,15 @@ class TopicReader:
 
     def table_path(self, tp: TopicPartition) -> str:
         """The replica table to read: the leader's, or while it has none an in-sync replica's
-        (every one of them holds the records below the high watermark)."""
+        (every one of them holds the records below the high watermark); a diskless
+        partition's one table."""
         image = self._image or self.refresh()
         state = image.partition(tp.topic, tp.partition)
         if state is None:
             raise errors.UnknownTopicOrPartitionError(f"{tp.topic}-{tp.partition} does not exist")
         broker = state.leader if state.leader >= 0 else (state.isr or state.replicas)[0]
-        return replica_path(image.log_root, tp.topic, tp.partition, broker)
+        diskless = cfg.is_diskless(image.topics[tp.topic].configs)
+        return log_path(image.log_root, tp.topic, tp.partition, broker, diskless)
 
     def latest(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
         return self.consumer.end_offsets(tps) if tps else {}
