@@ -57,6 +57,12 @@ a running one), in an order where each step leaves what the next needs:
     (v) what metrics cost: bulk produce, fetch and per-record send() on a 1-broker cluster
         keeping and serving metrics (scraped every second) against one with metrics.port -1,
         alternating rounds (see metrics_overhead); after (m), only with the embedded run's Spark
+    (w) diskless topics against replicated ones on S3 (moto): bulk produce at acks=all with
+        replication factor 3 and diskless, each one's S3 requests and stored bytes per
+        produced MB, produce and end-to-end latency at acks=all, the time to move 100
+        partitions of each kind, and a diskless leader's failover from kill -9 to the first
+        acknowledged produce (see diskless); a cluster of its own after the embedded one
+        stopped, only with the embedded cluster
 
 Sizes are the full run's by default (`make bench` with no flags); flags make every step smaller
 (see sizes). A command line argparse rejects exits 2; a step that fails raises, with its
@@ -84,6 +90,7 @@ import pyarrow as pa
 from bench import (
     commit_paths,
     commit_round,
+    diskless,
     groups,
     hostile_clients,
     idle_connections,
@@ -220,6 +227,20 @@ def build_parser() -> argparse.ArgumentParser:
     size.add_argument("--scale-run-s", type=float, default=DEFAULT.scale_run_s,
                       help="seconds step (u)'s producer runs before the scale "
                            f"(default {DEFAULT.scale_run_s:g})")
+    size.add_argument("--diskless-records", type=int, default=DEFAULT.diskless_records,
+                      help="records bulk produced to each kind of topic in step (w) "
+                           f"(default {DEFAULT.diskless_records})")
+    size.add_argument("--diskless-latency-run-s", type=float,
+                      default=DEFAULT.diskless_latency_run_s,
+                      help="seconds each latency phase of step (w) sends for "
+                           f"(default {DEFAULT.diskless_latency_run_s:g})")
+    size.add_argument("--diskless-move-partitions", type=int,
+                      default=DEFAULT.diskless_move_partitions,
+                      help="partitions of each kind step (w) moves "
+                           f"(default {DEFAULT.diskless_move_partitions})")
+    size.add_argument("--diskless-failovers", type=int, default=DEFAULT.diskless_failovers,
+                      help="diskless leaders step (w) kills "
+                           f"(default {DEFAULT.diskless_failovers})")
     return p
 
 
@@ -242,7 +263,10 @@ def sizes_from(args: argparse.Namespace) -> Sizes:
                  s3_send_records=args.s3_send_records, s3_latency_run_s=args.s3_latency_run_s,
                  scale_partitions=args.scale_partitions, scale_bytes=args.scale_bytes,
                  scale_from=args.scale_from, scale_to=args.scale_to,
-                 scale_run_s=args.scale_run_s)
+                 scale_run_s=args.scale_run_s, diskless_records=args.diskless_records,
+                 diskless_latency_run_s=args.diskless_latency_run_s,
+                 diskless_move_partitions=args.diskless_move_partitions,
+                 diskless_failovers=args.diskless_failovers)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -271,10 +295,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                                   embedded=embedded, cluster=cluster, trace_dir=trace_dir)
             if embedded:  # on the task slots the embedded cluster's brokers held
                 measure_object_storage(figures, spark, root, sizes)
+                measure_diskless(figures, spark, root, sizes)
                 measure_scaling(figures, spark, root, sizes)
             else:
-                print("(r) and (u) skipped: they start clusters of their own, on the embedded "
-                      "run's Spark")
+                print("(r), (u) and (w) skipped: they start clusters of their own, on the "
+                      "embedded run's Spark")
         measure_small_files(figures, root, sizes)  # needs no cluster: runs after it stopped
         measure_commit_round(figures, root, sizes)
     finally:
@@ -387,6 +412,13 @@ def measure_object_storage(figures: dict[str, Any], spark: Any, root: str, sizes
     with _step(figures["step_s"], "r", "produce, fetch and latency on S3 (moto), requests "
                                        "per MB"):
         figures["object_storage"] = object_storage.object_storage_run(spark, root, sizes)
+
+
+def measure_diskless(figures: dict[str, Any], spark: Any, root: str, sizes: Sizes) -> None:
+    """Step (w), on a cluster of its own with its root on moto's S3 server: adds its figures to
+    `figures`. Needs diskless.BROKERS + 1 free task slots on `spark`."""
+    with _step(figures["step_s"], "w", "diskless against replication factor 3 on S3 (moto)"):
+        figures["diskless"] = diskless.diskless_run(spark, root, sizes)
 
 
 def measure_scaling(figures: dict[str, Any], spark: Any, root: str, sizes: Sizes) -> None:

@@ -56,6 +56,10 @@ class Sizes:
     scale_from: int = 3  # (u): brokers before the scale
     scale_to: int = 6  # (u): and after it
     scale_run_s: float = 10.0  # (u): the producer's run before the scale
+    diskless_records: int = 200_000  # (w): bulk produced at acks=all, RF 3 and diskless
+    diskless_latency_run_s: float = 5.0  # (w): each latency phase, RF 3 and diskless
+    diskless_move_partitions: int = 100  # (w): partitions moved of each kind
+    diskless_failovers: int = 5  # (w): kills of a diskless leader under a producer
 
     def check(self) -> list[str]:
         """What is out of range, one line each (empty when every knob is usable)."""
@@ -86,13 +90,17 @@ class Sizes:
                   "scale-partitions": (self.scale_partitions, 1),
                   "scale-bytes": (self.scale_bytes, 1),
                   "scale-from": (self.scale_from, 1),
-                  "scale-to": (self.scale_to, self.scale_from + 1)}
+                  "scale-to": (self.scale_to, self.scale_from + 1),
+                  "diskless-records": (self.diskless_records, 1),
+                  "diskless-move-partitions": (self.diskless_move_partitions, 1),
+                  "diskless-failovers": (self.diskless_failovers, 1)}
         wrong = [f"--{name} must be at least {least}"
                  for name, (value, least) in counts.items() if value < least]
         wrong += [f"--{name} must be more than 0" for name, value in
                   (("latency-run-s", self.latency_run_s), ("commit-run-s", self.commit_run_s),
                    ("quota-run-s", self.quota_run_s), ("hostile-run-s", self.hostile_run_s),
                    ("s3-latency-run-s", self.s3_latency_run_s),
-                   ("scale-run-s", self.scale_run_s))
+                   ("scale-run-s", self.scale_run_s),
+                   ("diskless-latency-run-s", self.diskless_latency_run_s))
                   if not value > 0]
         return wrong

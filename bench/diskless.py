@@ -1,0 +1,235 @@
+"""Bench step (w): diskless topics against replicated ones on object storage (issue 44), in the
+same run, on one 3-broker cluster whose root is on moto's S3 server (bench/moto_server.py):
+
+- produce: bulk send_batch at acks=all to a topic of replication factor 3 (min.insync.replicas
+  2) and to a diskless one: records/s, the S3 requests per produced MB by method (moto's access
+  log, as step (r) counts them), and the bytes the bucket holds per produced MB afterwards (the
+  objects under each topic's folder, moto's listing);
+- latency: one small record every 2 ms at acks=all (linger.ms=0), each kind in turn: produce
+  (send() to its acknowledgement) and end to end (send() to a consumer's poll), p50 and p99;
+- moves: `move_partitions` partitions of each kind, all led by one broker, reassigned to the
+  other brokers: seconds from the request until every move completed (a replicated move copies
+  the tables; a diskless one changes metadata);
+- failover: `failovers` rounds of kill -9 to the leader of a diskless partition under a
+  producer: seconds from the kill to the first record acknowledged by the new leader.
+
+`python -m bench.diskless` runs it alone and prints the figures as JSON; `make bench` runs it
+as step (w).
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from bench.moto_server import s3_server
+from bench.object_storage import BROKERS, MB, ROOT, _cluster, _counted
+from bench.produce_fetch import WARM_UP, bulk_produce, chunk_values, percentiles
+from bench.sizes import VALUE_BYTES, Sizes
+from deltabus import Consumer, Producer, TopicPartition
+from deltabus.client.admin import AdminClient
+from deltabus.log_tables.layout import topic_path
+from deltabus.metadata import NewTopic
+
+LATENCY_INTERVAL_S = 0.002
+DRAIN_S_MAX = 30.0
+WAIT_S_MAX = 300.0
+DISKLESS = {"diskless.enable": "true"}
+RF3 = {"min.insync.replicas": "2"}
+
+
+def diskless_run(spark: Any, root: str, sizes: Sizes) -> dict[str, Any]:
+    """The figures of step (w). Needs BROKERS free task slots on `spark`; the access log goes
+    under `root`, which the caller removes."""
+    log = Path(root) / "moto-access.log"
+    with s3_server(log) as server, _cluster(spark, server) as cluster:
+        return _measure(cluster, server, log, sizes)
+
+
+def _measure(cluster: Any, server: Any, log: Path, sizes: Sizes) -> dict[str, Any]:
+    bootstrap, run_id = cluster.bootstrap_servers, uuid.uuid4().hex[:8]
+    kinds = {"replicated": (3, RF3), "diskless": (1, DISKLESS)}
+    figures: dict[str, Any] = {"records": sizes.diskless_records, "value_bytes": VALUE_BYTES,
+                               "brokers": BROKERS}
+    values = chunk_values(sizes.diskless_records)
+    with AdminClient(bootstrap) as admin:
+        for kind, (rf, configs) in kinds.items():
+            topic, latency_topic = f"w-{kind}-{run_id}", f"w-{kind}-latency-{run_id}"
+            admin.create_topics([NewTopic(topic, 1, rf, configs),
+                                 NewTopic(latency_topic, 1, rf, configs)])
+            requests: dict[str, Any] = {}
+            with _counted(log, requests, "produce", topic,
+                          sizes.diskless_records * VALUE_BYTES):
+                rps = bulk_produce(bootstrap, topic, values, sizes.diskless_records, acks="all")
+            counted = requests["produce"]
+            stored = _stored_bytes(server, cluster, topic)
+            figures[kind] = {
+                "produce_rps": rps,
+                "requests_per_mb": {m: n * MB / counted["bytes"]
+                                    for m, n in counted["topic"].items()},
+                "requests_per_mb_total": counted["topic_total"] * MB / counted["bytes"],
+                "stored_bytes_per_mb": stored * MB / counted["bytes"],
+                "latency_ms": _latency(bootstrap, latency_topic, sizes.diskless_latency_run_s),
+            }
+            admin.delete_topics([topic, latency_topic])
+        for kind, (rf, configs) in kinds.items():
+            figures[kind]["move_s"] = _move(cluster, admin, f"w-{kind}-moves-{run_id}", rf,
+                                            configs, sizes.diskless_move_partitions)
+        figures["diskless"]["failover_s"] = _failovers(cluster, admin, f"w-failover-{run_id}",
+                                                       sizes.diskless_failovers)
+    return figures
+
+
+def _stored_bytes(server: Any, cluster: Any, topic: str) -> int:
+    """What the bucket holds under the topic's folder: every replica's data and Delta log."""
+    bucket, _, prefix = cluster.config.root.removeprefix("s3://").partition("/")
+    client = server.client()
+    total = 0
+    for page in client.get_paginator("list_objects_v2").paginate(
+            Bucket=bucket, Prefix=f"{topic_path(prefix or ROOT, topic)}/"):
+        total += sum(item["Size"] for item in page.get("Contents", []))
+    return total
+
+
+def _latency(bootstrap: str, topic: str, run_s: float) -> dict[str, Any]:
+    """Produce (send to acknowledgement) and end-to-end (send to poll) latencies, ms, of one
+    16-byte record every LATENCY_INTERVAL_S at acks=all."""
+    tp = TopicPartition(topic, 0)
+    consumer = Consumer(bootstrap)
+    consumer.assign([tp])
+    consumer.seek_to_end(tp)
+    consumer.position(tp)
+    end_to_end: list[float] = []
+    acked: list[float] = []
+    stop = threading.Event()
+
+    def consume() -> None:
+        while not stop.is_set():
+            for record in consumer.poll(timeout_ms=100):
+                if record.value != WARM_UP:
+                    end_to_end.append(time.time_ns() / 1e6 - record.timestamp)
+
+    reader = threading.Thread(target=consume, daemon=True)
+    reader.start()
+    sent = 0
+    with Producer(bootstrap, acks="all", linger_ms=0) as producer:
+        producer.send(topic, WARM_UP).get(30)
+        start = next_at = time.monotonic()
+        while time.monotonic() - start < run_s:
+            sent_ms = time.time_ns() / 1e6
+            future = producer.send(topic, b"x" * 16, timestamp_ms=int(sent_ms))
+            future.add_done_callback(_acked_after(acked, sent_ms))
+            sent += 1
+            next_at += LATENCY_INTERVAL_S
+            time.sleep(max(0.0, next_at - time.monotonic()))
+        producer.flush()
+    deadline = time.monotonic() + DRAIN_S_MAX
+    while len(end_to_end) < sent and time.monotonic() < deadline:
+        time.sleep(0.05)
+    stop.set()
+    reader.join(5)
+    consumer.close()
+    return {"produce": percentiles(acked, sent), "end_to_end": percentiles(end_to_end, sent)}
+
+
+def _acked_after(acked: list[float], sent_ms: float) -> Any:
+    """A send's callback adding the ms from `sent_ms` to its acknowledgement to `acked`."""
+    def done(_future: Any) -> None:
+        acked.append(time.time_ns() / 1e6 - sent_ms)
+    return done
+
+
+def _move(cluster: Any, admin: AdminClient, topic: str, rf: int, configs: dict[str, str],
+          partitions: int) -> float:
+    """Seconds to move `partitions` partitions, all of whose replicas include broker 0 and
+    which it leads, off it: each to the brokers it was not on (a replicated partition of
+    replication factor `rf` on brokers 0..rf-1 trades broker 0 for the one it lacks)."""
+    others = list(range(1, BROKERS))
+    start_on = [0, *others[:rf - 1]]
+    admin.create_topics([NewTopic(topic, replica_assignment={
+        p: start_on for p in range(partitions)}, configs=configs)])
+    with Producer(cluster.bootstrap_servers, acks="all") as producer:
+        for p in range(partitions):  # a few records each, so a copy has something to do
+            producer.send_batch(topic, pa.table({"value": [b"v" * VALUE_BYTES] * 100}),
+                                partition=p)
+        producer.flush()
+    target = [*others[:rf - 1], others[-1]] if rf > 1 else None
+    moves = {(topic, p): (target if target else [others[p % len(others)]])
+             for p in range(partitions)}
+    start = time.monotonic()
+    admin.alter_partition_reassignments(moves)
+    while True:
+        described = admin.describe_topics([topic])[0].partitions
+        if all(sorted(d.replicas) == sorted(moves[(topic, d.partition)]) and d.leader >= 0
+               for d in described):
+            break
+        if time.monotonic() - start > WAIT_S_MAX:
+            raise RuntimeError(f"{partitions} partitions of {topic} did not move in "
+                               f"{WAIT_S_MAX:.0f} s")
+        time.sleep(0.05)
+    moved_s = time.monotonic() - start
+    admin.delete_topics([topic])
+    return moved_s
+
+
+def _failovers(cluster: Any, admin: AdminClient, topic: str, rounds: int) -> dict[str, Any]:
+    """kill -9 the diskless partition's leader `rounds` times under a producer (acks=all):
+    seconds from each kill to the first record the next leader acknowledged."""
+    admin.create_topics([NewTopic(topic, 1, 1, DISKLESS)])
+    seconds = []
+    with Producer(cluster.bootstrap_servers, acks="all", linger_ms=0,
+                  delivery_timeout_ms=int(WAIT_S_MAX * 1000)) as producer:
+        for _ in range(rounds):
+            leader = admin.describe_topics([topic])[0].partitions[0].leader
+            producer.send(topic, b"before").get(60)
+            killed = time.monotonic()
+            cluster.kill_broker(leader)
+            while True:
+                future = producer.send(topic, b"after")
+                future.get(WAIT_S_MAX)
+                if admin.describe_topics([topic])[0].partitions[0].leader != leader:
+                    break
+            seconds.append(time.monotonic() - killed)
+            cluster.controller.wait_for_brokers(BROKERS, WAIT_S_MAX)
+    admin.delete_topics([topic])
+    return {"rounds": rounds, "p50": statistics.median(seconds), "max": max(seconds),
+            "each": seconds}
+
+
+def main(argv: list[str]) -> int:
+    """Step (w) alone: `python -m bench.diskless [records [latency_run_s [move_partitions
+    [failovers]]]]` (the defaults of `make bench`), on a local Spark session of its own;
+    prints the figures as JSON."""
+    import json
+    import shutil
+    import tempfile
+
+    from deltabus.cluster.cluster import local_spark
+
+    records, run_s, moves, failovers = [*argv, "", "", "", ""][:4]
+    default = Sizes()
+    sizes = Sizes(diskless_records=int(records or default.diskless_records),
+                  diskless_latency_run_s=float(run_s or default.diskless_latency_run_s),
+                  diskless_move_partitions=int(moves or default.diskless_move_partitions),
+                  diskless_failovers=int(failovers or default.diskless_failovers))
+    spark = local_spark(BROKERS + 2, app_name="deltabus-bench-diskless", ui=False)
+    spark.sparkContext.setLogLevel("WARN")
+    root = tempfile.mkdtemp(prefix="deltabus-bench-diskless-")
+    try:
+        figures = diskless_run(spark, root, sizes)
+    finally:
+        spark.stop()
+        shutil.rmtree(root, ignore_errors=True)
+    print(json.dumps(figures, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
