@@ -8,8 +8,9 @@ same run, on one 3-broker cluster whose root is on moto's S3 server (bench/moto_
 - latency: one small record every 2 ms at acks=all (linger.ms=0), each kind in turn: produce
   (send() to its acknowledgement) and end to end (send() to a consumer's poll), p50 and p99;
 - moves: `move_partitions` partitions of each kind, all led by one broker, reassigned to the
-  other brokers: seconds from the request until every move completed (a replicated move copies
-  the tables; a diskless one changes metadata);
+  other brokers in one request: seconds from the request until every move completed and each
+  partition acknowledged a record at its new leader (a replicated move copies the tables; a
+  diskless one changes metadata);
 - failover: `failovers` rounds of kill -9 to the leader of a diskless partition under a
   producer: seconds from the kill to the first record acknowledged by the new leader.
 
@@ -57,7 +58,8 @@ def _measure(cluster: Any, server: Any, log: Path, sizes: Sizes) -> dict[str, An
     bootstrap, run_id = cluster.bootstrap_servers, uuid.uuid4().hex[:8]
     kinds = {"replicated": (3, RF3), "diskless": (1, DISKLESS)}
     figures: dict[str, Any] = {"records": sizes.diskless_records, "value_bytes": VALUE_BYTES,
-                               "brokers": BROKERS}
+                               "brokers": BROKERS,
+                               "move_partitions": sizes.diskless_move_partitions}
     values = chunk_values(sizes.diskless_records)
     with AdminClient(bootstrap) as admin:
         for kind, (rf, configs) in kinds.items():
@@ -174,6 +176,10 @@ def _move(cluster: Any, admin: AdminClient, topic: str, rf: int, configs: dict[s
             raise RuntimeError(f"{partitions} partitions of {topic} did not move in "
                                f"{WAIT_S_MAX:.0f} s")
         time.sleep(0.05)
+    with Producer(cluster.bootstrap_servers, acks="all", linger_ms=0) as producer:
+        served = [producer.send(topic, b"moved", partition=p) for p in range(partitions)]
+        for future in served:  # every partition moved and taking writes at its new leader
+            future.get(WAIT_S_MAX)
     moved_s = time.monotonic() - start
     admin.delete_topics([topic])
     return moved_s

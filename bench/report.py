@@ -53,6 +53,12 @@ TARGETS = {"bulk_rps": 500_000, "bulk_vs_straight": 0.70,
            # (r): produce-to-consume latency at acks=all, RF 3, with the root on object storage
            # (issue 18; moto's S3 server on loopback)
            "object_storage_replicated_latency_p99_ms": 400.0,
+           # (w), issue 44: diskless topics on moto's S3 against the anchors' published figures
+           # (WarpStream, Bufstream, AutoMQ): produce and end-to-end latency at acks=all, the
+           # share of RF 3's requests and stored bytes per MB, a partition's move, a failover
+           "diskless_produce_p50_ms": 250.0, "diskless_produce_p99_ms": 500.0,
+           "diskless_e2e_p50_ms": 400.0, "diskless_e2e_p99_ms": 800.0,
+           "diskless_vs_rf3_cost": 1 / 3, "diskless_move_s": 1.5, "diskless_failover_p50_s": 10.0,
            # (l), issue 19: confluent-kafka through the Kafka door against the gRPC figures
            "kafka_produce_rps": 500_000, "kafka_produce_vs_bulk": 0.40,
            "kafka_consume_rps": 800_000, "kafka_consume_vs_fetch": 0.80,
@@ -134,6 +140,21 @@ def judge(f: dict[str, Any]) -> dict[str, bool]:
             "produce_ratio", "fetch_ratio", "send_ratio"))
     if "scaling" in f:  # balanced after the scale, the producer never refused
         verdicts["scaling"] = f["scaling"]["balanced"] and not f["scaling"]["producer_failed"]
+    if "diskless" in f:
+        d, r3 = f["diskless"]["diskless"], f["diskless"]["replicated"]
+        lat = d["latency_ms"]
+        verdicts["diskless_latency"] = (
+            lat["produce"]["p50"] <= TARGETS["diskless_produce_p50_ms"]
+            and lat["produce"]["p99"] <= TARGETS["diskless_produce_p99_ms"]
+            and lat["end_to_end"]["p50"] <= TARGETS["diskless_e2e_p50_ms"]
+            and lat["end_to_end"]["p99"] <= TARGETS["diskless_e2e_p99_ms"])
+        verdicts["diskless_cost"] = all(
+            d[k] <= r3[k] * TARGETS["diskless_vs_rf3_cost"]
+            for k in ("requests_per_mb_total", "stored_bytes_per_mb"))
+        # all moved in one request: each partition moved, and serving, within the whole
+        verdicts["diskless_move"] = d["move_s"] <= TARGETS["diskless_move_s"]
+        verdicts["diskless_failover"] = (d["failover_s"]["p50"]
+                                         <= TARGETS["diskless_failover_p50_s"])
     if "object_storage" in f:
         verdicts["object_storage_latency"] = (
             f["object_storage"]["replicated_latency_ms"]["p99"]
@@ -339,6 +360,8 @@ def rows(f: dict[str, Any], ok: dict[str, bool],
                           f"+{ty['produce_decode_s_per_m']:.2f} s/M"), "", ""))
     if "object_storage" in f:
         out += _object_storage_rows(f["object_storage"], ok["object_storage_latency"], t)
+    if "diskless" in f:
+        out += _diskless_rows(f["diskless"], ok, t)
     if "scaling" in f:
         u = f["scaling"]
         out.append((f"(u) scale {u['brokers'][0]} -> {u['brokers'][1]} brokers, "
@@ -399,3 +422,35 @@ def _object_storage_rows(r: dict[str, Any], latency_ok: bool,
                         ("cold_fetch", "fetch (bucket)")):
         out.append((f"(r) S3 requests/MB, {name}", _per_mb(req[phase]), "reported", ""))
     return out
+
+
+def _diskless_rows(w: dict[str, Any], ok: Mapping[str, bool], t: Mapping[str, Any]) -> list[Row]:
+    """Step (w)'s rows: diskless against replication factor 3 on S3, same run."""
+    d, r3 = w["diskless"], w["replicated"]
+    lat, lat3 = d["latency_ms"], r3["latency_ms"]
+    failover = d["failover_s"]
+    return [
+        (f"(w) S3 acks=all produce, {w['records']:,} records",
+         f"diskless {d['produce_rps']:,.0f} vs RF 3 {r3['produce_rps']:,.0f} rec/s",
+         "reported", ""),
+        ("(w) S3 cost per produced MB, diskless vs RF 3",
+         (f"{d['requests_per_mb_total']:.2f} vs {r3['requests_per_mb_total']:.2f} requests, "
+          f"{d['stored_bytes_per_mb'] / 1e6:.2f} vs {r3['stored_bytes_per_mb'] / 1e6:.2f} MB "
+          "stored"), f"<= {t['diskless_vs_rf3_cost']:.2f} of RF 3's, each",
+         ok["diskless_cost"]),
+        ("(w) S3 acks=all latency, diskless",
+         (f"produce {_latency(lat['produce'])}; end to end {_latency(lat['end_to_end'])}"),
+         (f"produce p50 <= {t['diskless_produce_p50_ms']:.0f} / p99 <= "
+          f"{t['diskless_produce_p99_ms']:.0f} ms, end to end p50 <= "
+          f"{t['diskless_e2e_p50_ms']:.0f} / p99 <= {t['diskless_e2e_p99_ms']:.0f} ms"),
+         ok["diskless_latency"]),
+        ("(w) S3 acks=all latency, RF 3",
+         (f"produce {_latency(lat3['produce'])}; end to end {_latency(lat3['end_to_end'])}"),
+         "reported beside diskless", ""),
+        (f"(w) move {w['move_partitions']} partitions in one request, serving after",
+         f"diskless {d['move_s']:.2f} s vs RF 3 {r3['move_s']:.1f} s",
+         f"diskless <= {t['diskless_move_s']:g} s", ok["diskless_move"]),
+        (f"(w) diskless failover, kill -9, {failover['rounds']} rounds",
+         f"to the first ack at the new leader: p50 {failover['p50']:.1f} s, max "
+         f"{failover['max']:.1f} s", f"p50 <= {t['diskless_failover_p50_s']:g} s",
+         ok["diskless_failover"])]
