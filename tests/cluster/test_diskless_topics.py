@@ -165,3 +165,31 @@ def _epochs_committed_after(table: str, version: int) -> set[int]:
                 epochs |= {a["txn"]["version"] for a in map(json.loads, f)
                            if a.get("txn", {}).get("appId") == LEADER_EPOCH_TXN_APP_ID}
     return epochs
+
+
+def test_transactions_and_the_spark_source_on_a_diskless_topic(spark, cluster,
+                                                                topic_name) -> None:
+    """A transactional producer (confluent-kafka, Kafka door) commits one transaction and
+    aborts another on a diskless partition; read_committed consumers and the Spark source see
+    the committed records only, read from the partition's one table."""
+    create_diskless(cluster, topic_name, 1)
+    producer = KafkaProducer({"bootstrap.servers": cluster.kafka_bootstrap_servers,
+                              "transactional.id": f"{topic_name}-txn"})
+    producer.init_transactions(60)
+    for outcome, values in (("commit", [b"c0", b"c1"]), ("abort", [b"a0"])):
+        producer.begin_transaction()
+        for v in values:
+            producer.produce(topic_name, v, partition=0)
+        producer.flush(60)
+        if outcome == "commit":
+            producer.commit_transaction(60)
+        else:
+            producer.abort_transaction(60)
+    committed = read_records(cluster.bootstrap_servers, topic_name, 1, 2,
+                             isolation_level="read_committed")
+    assert [r.value for r in committed] == [b"c0", b"c1"]
+    df = (spark.read.format("deltabus")
+          .option("kafka.bootstrap.servers", cluster.bootstrap_servers)
+          .option("subscribe", topic_name).option("kafka.isolation.level", "read_committed")
+          .load())
+    assert sorted(r.value for r in df.collect()) == [b"c0", b"c1"]
