@@ -715,6 +715,10 @@ class LogConfig:
     # fixed wait on every record's latency, to save commits that cost about a millisecond).
     group_commit_bytes_max: int = 32 * 1024 * 1024
     group_commit_linger_ms: int = 0
+    # A commit of produced records starts at least this long after the previous one began
+    # (unless group_commit_bytes_max are waiting): a diskless partition's bound on requests
+    # to the store (diskless.append.commit.interval.ms). An idle log commits at once.
+    commit_interval_ms: int = 0
     # Recently committed batches kept in broker memory, so tail fetches never read Parquet.
     log_cache_bytes_max: int = 64 * 1024 * 1024  # per partition
     # ... and by all of a broker's partitions together: past it the caches appended to least

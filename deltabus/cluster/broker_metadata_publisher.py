@@ -214,15 +214,15 @@ class BrokerMetadataPublisher:
         """Open a hosted replica's log, or None when its table is missing or unreadable: then
         the replica is offline (never created empty: see PartitionLog) until it opens. A
         diskless partition's leader opens the partition's one table and claims it for
-        `leader_epoch`; its commits wait diskless.append.commit.interval.ms for more records,
-        up to diskless.append.buffer.max.bytes."""
+        `leader_epoch`; its commits start diskless.append.commit.interval.ms apart at most
+        often, sooner once diskless.append.buffer.max.bytes wait."""
         topic, partition = key
         holder: list[Partition] = []
         diskless = config.diskless_enable
         log_config = self._log_config
         if diskless:
             log_config = dataclasses.replace(
-                log_config, group_commit_linger_ms=config.diskless_append_commit_interval_ms,
+                log_config, commit_interval_ms=config.diskless_append_commit_interval_ms,
                 group_commit_bytes_max=min(config.diskless_append_buffer_max_bytes,
                                            log_config.log_cache_bytes_max))
         try:

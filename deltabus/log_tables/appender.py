@@ -274,6 +274,7 @@ class LogAppender:
         self._unflushed: list[str] = []
         self._unflushed_records = 0
         self._head_since = 0.0  # when the queue's head became its head: its linger starts
+        self._commit_began_s = 0.0  # when the last group of appends was taken to commit
         self._copier = FileCopier(path, storage, self._name)  # a follower's file copies
 
     def claim(self) -> None:
@@ -364,16 +365,21 @@ class LogAppender:
     def ready_at(self, closed: bool) -> float | None:
         """When the queued work may be committed (time.monotonic): a produce append lingers
         `group_commit_linger_ms` from when it became the queue's head, so later ones join its
-        commit, unless the log is closing or enough bytes are queued; everything else goes at
-        once. None when nothing is queued or a commit is under way (it asks again when done)."""
+        commit, and no sooner than `commit_interval_ms` after the previous commit began,
+        unless the log is closing or enough bytes are queued; everything else goes at once.
+        None when nothing is queued or a commit is under way (it asks again when done)."""
         if not self._pending or self.committing:
             return None
         head = self._pending[0]
-        linger_s = self._config.group_commit_linger_ms / 1000
-        if (isinstance(head, PendingAppend) and not head.copied and linger_s > 0 and not closed
-                and self.pending_bytes < self._config.group_commit_bytes_max):
-            return self._head_since + linger_s
-        return 0.0
+        if (not isinstance(head, PendingAppend) or head.copied or closed
+                or self.pending_bytes >= self._config.group_commit_bytes_max):
+            return 0.0
+        at = 0.0
+        if self._config.group_commit_linger_ms > 0:
+            at = self._head_since + self._config.group_commit_linger_ms / 1000
+        if self._config.commit_interval_ms > 0:
+            at = max(at, self._commit_began_s + self._config.commit_interval_ms / 1000)
+        return at
 
     def take(self) -> Work:
         """Take a group of appends of one kind (produced or copied) up to the byte limit, or
@@ -384,6 +390,7 @@ class LogAppender:
                 self._pending.popleft()
                 self.committing = True
                 return head
+            self._commit_began_s = time.monotonic()
             group: list[PendingAppend] = []
             size = 0
             while self._pending:

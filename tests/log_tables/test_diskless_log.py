@@ -6,6 +6,7 @@ Real Delta tables on disk; the brokers are two PartitionLogs on the same table."
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -114,3 +115,26 @@ def test_every_commit_carries_its_leaders_epoch(tmp_path: Path) -> None:
         log.close()
     history = DeltaTable(str(table)).history()
     assert [h.get("deltabus.operation") for h in reversed(history)][-2:] == ["claim", "append"]
+
+
+def test_commits_start_at_most_every_commit_interval(tmp_path: Path) -> None:
+    """diskless.append.commit.interval.ms bounds a partition's commits (requests to the
+    store) whatever its producers do: one record at a time, each waited for, still makes at
+    most one commit per interval; an idle log commits its first record at once."""
+    interval_s = 0.3
+    log = PartitionLog(str(tmp_path / "0"), topic="t", partition=0, leader_epoch=0,
+                       config=LogConfig(commit_interval_ms=int(interval_s * 1000)))
+    try:
+        _append(log, "first", 1, epoch=0)
+        started = time.monotonic()
+        for i in range(4):
+            _append(log, f"r{i}", 1, epoch=0)
+        assert time.monotonic() - started >= 4 * interval_s * 0.99
+        burst = [log.append(normalize_produce(produce_batch([b"x"])), leader_epoch=0,
+                            producer=NO_PRODUCER) for _ in range(50)]
+        versions_before = DeltaTable(str(tmp_path / "0")).version()
+        for future in burst:
+            future.result(RESULT_TIMEOUT_S)
+        assert DeltaTable(str(tmp_path / "0")).version() - versions_before <= 2
+    finally:
+        log.close()
