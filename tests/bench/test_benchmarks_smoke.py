@@ -28,7 +28,8 @@ TINY = Sizes(records=2_000, small_commit_rounds=5, send_records=200, latency_run
              keyed_partitions=5, keyed_records=200, keyed_rounds=1, hostile_run_s=0.5,
              hostile_rounds=1, round_partitions=3, round_rounds=1, s3_records=2_000,
              s3_send_records=200, s3_latency_run_s=0.3, scale_partitions=4, scale_bytes=400_000,
-             scale_from=1, scale_to=2, scale_run_s=0.5)
+             scale_from=1, scale_to=2, scale_run_s=0.5, diskless_records=2_000,
+             diskless_latency_run_s=0.3, diskless_move_partitions=2, diskless_failovers=1)
 
 
 @pytest.fixture(scope="module")
@@ -38,6 +39,7 @@ def figures(cluster: Any, spark: Any, latency_trace_dir: str,
     out = run.measure(cluster.bootstrap_servers, spark, cluster.kafka_bootstrap_servers, root,
                       TINY, cluster=cluster, trace_dir=latency_trace_dir)
     run.measure_object_storage(out, spark, root, TINY)  # beside the cluster: the slots allow
+    run.measure_diskless(out, spark, root, TINY)  # after (r): its cluster's slots are free
     run.measure_scaling(out, spark, root, TINY)  # after (r): its cluster's slots are free
     run.measure_small_files(out, root, TINY)
     run.measure_commit_round(out, root, TINY)
@@ -52,7 +54,7 @@ def positive(section: dict[str, Any], *keys: str) -> None:
 
 
 def test_every_step_ran_and_took_time(figures: dict[str, Any]) -> None:
-    assert sorted(figures["step_s"]) == list("abcdefghijklmnopqrstuv")
+    assert sorted(figures["step_s"]) == list("abcdefghijklmnopqrstuvw")
     positive(figures["step_s"], *figures["step_s"])
     assert (figures["records"], figures["send_records"], figures["value_bytes"]) == (
         TINY.records, TINY.send_records, VALUE_BYTES)
@@ -226,6 +228,24 @@ def test_partition_count(figures: dict[str, Any]) -> None:
     keyed = pc["keyed"]
     assert (keyed["partitions"], keyed["records"]) == (TINY.keyed_partitions, TINY.keyed_records)
     positive(keyed, "one_partition_rps", "many_partitions_rps", "many_vs_one")
+
+
+def test_diskless(figures: dict[str, Any]) -> None:
+    """Tiny: the figures of step (w), and what holds whatever the machine: a diskless topic
+    stores one table where RF 3 stores three, so fewer bytes and requests per produced MB;
+    every moved partition took a record at its new leader; a failover was measured."""
+    w = figures["diskless"]
+    assert (w["records"], w["brokers"], w["move_partitions"]) == (TINY.diskless_records, 3,
+                                                                  TINY.diskless_move_partitions)
+    diskless, rf3 = w["diskless"], w["replicated"]
+    for kind in (diskless, rf3):
+        positive(kind, "produce_rps", "requests_per_mb_total", "stored_bytes_per_mb", "move_s")
+        for latency in kind["latency_ms"].values():
+            assert latency["p50"] <= latency["p99"] <= latency["max"]
+    assert diskless["stored_bytes_per_mb"] < rf3["stored_bytes_per_mb"]
+    assert diskless["requests_per_mb"]["PUT"] < rf3["requests_per_mb"]["PUT"]
+    assert diskless["failover_s"]["rounds"] == TINY.diskless_failovers
+    positive(diskless["failover_s"], "p50", "max")
 
 
 def test_object_storage(figures: dict[str, Any]) -> None:
