@@ -305,6 +305,15 @@ class LogAppender:
         raise errors.NotLeaderOrFollowerError(
             f"{self._name}: {CLAIM_TRIES} claims in a row lost to another writer's commits")
 
+    def superseded(self) -> bool:
+        """A diskless partition's table, as last loaded, claimed by a leader of a newer epoch
+        than this writer's: this leader commits nothing more (after its reload the writer
+        would otherwise commit on top of the claim)."""
+        if self._writer.epoch_app_id is None:
+            return False
+        stamped = self.table.transaction_version(LEADER_EPOCH_TXN_APP_ID)
+        return stamped is not None and stamped > self._writer.epoch
+
     @property
     def version(self) -> int:
         """The table's latest version as this appender committed or loaded it."""

@@ -246,10 +246,11 @@ class CommitRound:
         as_it_was = not failure.reload or self._reload_after_failure()
         with self._lock:
             went_back = self._offsets.log_end_offset < log_end_offset
-            if (failure.fenced and went_back and isinstance(work, list) and work
-                    and not work[0].copied):
+            if (failure.fenced and (went_back or self._appender.superseded())
+                    and isinstance(work, list) and work and not work[0].copied):
                 # Another writer took back offsets this leader gave out (and its followers may
-                # hold): nothing more of this leader epoch (`_older_epoch`).
+                # hold), or a diskless partition's next leader claimed the table: nothing more
+                # of this leader epoch (`_older_epoch`).
                 self._fenced_epoch = max(self._fenced_epoch,
                                          max(item.leader_epoch for item in work))
         failed = work if isinstance(work, list) else [work]
