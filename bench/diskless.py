@@ -31,7 +31,7 @@ from typing import Any
 import pyarrow as pa
 
 from bench.moto_server import s3_server
-from bench.object_storage import BROKERS, MB, ROOT, _cluster, _counted
+from bench.object_storage import BROKERS, MB, ROOT, _cluster, _counted, run_alone
 from bench.produce_fetch import WARM_UP, bulk_produce, chunk_values, percentiles
 from bench.sizes import VALUE_BYTES, Sizes
 from deltabus import Consumer, Producer, TopicPartition
@@ -213,28 +213,13 @@ def main(argv: list[str]) -> int:
     """Step (w) alone: `python -m bench.diskless [records [latency_run_s [move_partitions
     [failovers]]]]` (the defaults of `make bench`), on a local Spark session of its own;
     prints the figures as JSON."""
-    import json
-    import shutil
-    import tempfile
-
-    from deltabus.cluster.cluster import local_spark
-
     records, run_s, moves, failovers = [*argv, "", "", "", ""][:4]
     default = Sizes()
     sizes = Sizes(diskless_records=int(records or default.diskless_records),
                   diskless_latency_run_s=float(run_s or default.diskless_latency_run_s),
                   diskless_move_partitions=int(moves or default.diskless_move_partitions),
                   diskless_failovers=int(failovers or default.diskless_failovers))
-    spark = local_spark(BROKERS + 2, app_name="deltabus-bench-diskless", ui=False)
-    spark.sparkContext.setLogLevel("WARN")
-    root = tempfile.mkdtemp(prefix="deltabus-bench-diskless-")
-    try:
-        figures = diskless_run(spark, root, sizes)
-    finally:
-        spark.stop()
-        shutil.rmtree(root, ignore_errors=True)
-    print(json.dumps(figures, indent=1))
-    return 0
+    return run_alone("diskless", diskless_run, sizes)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ import contextlib
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -165,22 +165,29 @@ def main(argv: list[str]) -> int:
     """Step (r) alone: `python -m bench.object_storage [records [send_records
     [latency_run_s]]]` (the defaults of `make bench`), on a local Spark session of its own;
     prints the figures as JSON."""
+    records, send_records, run_s = [*argv, "", "", ""][:3]
+    default = Sizes()
+    sizes = Sizes(s3_records=int(records or default.s3_records),
+                  s3_send_records=int(send_records or default.s3_send_records),
+                  s3_latency_run_s=float(run_s or default.s3_latency_run_s))
+    return run_alone("s3", object_storage_run, sizes)
+
+
+def run_alone(name: str, step: Callable[[Any, str, Sizes], dict[str, Any]],
+              sizes: Sizes) -> int:
+    """A step of the bench on a cluster of its own (`step(spark, root, sizes)`) run by
+    itself, on a local Spark session of its own; prints its figures as JSON."""
     import json
     import shutil
     import tempfile
 
     from deltabus.cluster.cluster import local_spark
 
-    records, send_records, run_s = [*argv, "", "", ""][:3]
-    default = Sizes()
-    sizes = Sizes(s3_records=int(records or default.s3_records),
-                  s3_send_records=int(send_records or default.s3_send_records),
-                  s3_latency_run_s=float(run_s or default.s3_latency_run_s))
-    spark = local_spark(BROKERS + 2, app_name="deltabus-bench-s3", ui=False)
+    spark = local_spark(BROKERS + 2, app_name=f"deltabus-bench-{name}", ui=False)
     spark.sparkContext.setLogLevel("WARN")
-    root = tempfile.mkdtemp(prefix="deltabus-bench-s3-")
+    root = tempfile.mkdtemp(prefix=f"deltabus-bench-{name}-")
     try:
-        figures = object_storage_run(spark, root, sizes)
+        figures = step(spark, root, sizes)
     finally:
         spark.stop()
         shutil.rmtree(root, ignore_errors=True)
