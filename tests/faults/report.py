@@ -59,6 +59,23 @@ def fault_rows(operations: list[dict[str, Any]]) -> list[FaultRow]:
     return rows
 
 
+def failover_times(operations: list[dict[str, Any]], fault: str = "kill") -> list[float]:
+    """Seconds from each `fault` (a leader's kill -9) to the first record its partition
+    acknowledged after it: the new leader's first, the old one being dead (issue 44's
+    failover time)."""
+    times = []
+    for i, op in enumerate(operations):
+        if op["process"] != "nemesis" or op["f"] != f"start-{fault}":
+            continue
+        partition = op["value"]["partition"]
+        first = next((later["time_ms"] for later in operations[i + 1:]
+                      if later["f"] == "send" and later["type"] == OK
+                      and later["value"][1] == partition), None)
+        if first is not None:
+            times.append((first - op["time_ms"]) / 1000)
+    return times
+
+
 def _longest_gap(times: list[float], start_ms: float, stop_ms: float) -> float:
     """The longest time between two acknowledgements (in order) that overlaps the fault."""
     gaps = [b - a for a, b in zip(times, times[1:], strict=False) if b >= start_ms and a <= stop_ms]

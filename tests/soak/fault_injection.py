@@ -95,6 +95,7 @@ class FaultPlan:
     seed: int = 14
     history: str | None = None  # where the run's history goes (tests/faults/history.py)
     transactions: bool = False  # a transactional loop beside the group (faults/transactions.py)
+    diskless: bool = False  # a diskless topic (diskless.enable): one table, leaders take turns
 
 
 @dataclass(frozen=True)
@@ -599,7 +600,8 @@ def wait_for(condition, what: str, timeout_s: float) -> None:
 def create_topic(cluster, plan: FaultPlan) -> None:
     with AdminClient(cluster.bootstrap_servers) as admin:
         admin.create_topics([NewTopic(plan.topic, plan.partitions, plan.replication_factor, {
-            "min.insync.replicas": str(plan.min_insync_replicas)})])
+            "min.insync.replicas": str(plan.min_insync_replicas),
+            **({"diskless.enable": "true"} if plan.diskless else {})})])
 
     def led() -> bool:
         image = cluster.controller.image()
