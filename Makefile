@@ -89,8 +89,9 @@ docs: setup
 # The long proofs: fault injection for longer than `make test` runs it (issues 14 and 40),
 # DELTABUS_SOAK_S seconds of every nemesis mixed per run (600 by default), and a cluster scaled
 # 3 -> 6 -> 3 brokers on separate executor JVMs (issue 41). The soak files' names are outside
-# pytest's test_*.py pattern, so only this target, naming them, collects them; ARGS="-k s3" runs
-# the S3 soak alone, ARGS="-k scaling" the scaling runs.
+# pytest's test_*.py pattern, so only this target, naming them, collects them.
+# ARGS="-k mixed_on_s3" runs the S3 soak alone, ARGS="-k diskless" the diskless topics' leader
+# kills (issue 44) on S3 and Azurite, ARGS="-k scaling" the scaling runs.
 DELTABUS_SOAK_S ?= 600
 SOAK := tests/soak/soak_fault_injection.py tests/soak/soak_scaling.py
 soak: setup
