@@ -7,7 +7,8 @@ same run, on one 3-broker cluster whose root is on moto's S3 server (bench/moto_
   objects under each topic's folder, moto's listing);
 - latency: one small record every 2 ms at acks=all (linger.ms=0), each kind in turn: produce
   (send() to its acknowledgement) and end to end (send() to a consumer's poll), p50 and p99;
-- moves: `move_partitions` partitions of each kind, all led by one broker, reassigned to the
+- moves: `move_partitions` partitions of each kind (replicated ones of replication factor 1:
+  three brokers leave a factor-3 replica nowhere to go), all on one broker, reassigned to the
   other brokers in one request: seconds from the request until every move completed and each
   partition acknowledged a record at its new leader (a replicated move copies the tables; a
   diskless one changes metadata);
@@ -81,9 +82,10 @@ def _measure(cluster: Any, server: Any, log: Path, sizes: Sizes) -> dict[str, An
                 "latency_ms": _latency(bootstrap, latency_topic, sizes.diskless_latency_run_s),
             }
             admin.delete_topics([topic, latency_topic])
-        for kind, (rf, configs) in kinds.items():
-            figures[kind]["move_s"] = _move(cluster, admin, f"w-{kind}-moves-{run_id}", rf,
-                                            configs, sizes.diskless_move_partitions)
+        for kind, (_, configs) in kinds.items():
+            figures[kind]["move_s"] = _move(cluster, admin, f"w-{kind}-moves-{run_id}",
+                                            {} if kind == "replicated" else configs,
+                                            sizes.diskless_move_partitions)
         figures["diskless"]["failover_s"] = _failovers(cluster, admin, f"w-failover-{run_id}",
                                                        sizes.diskless_failovers)
     return figures
@@ -148,25 +150,25 @@ def _acked_after(acked: list[float], sent_ms: float) -> Any:
     return done
 
 
-def _move(cluster: Any, admin: AdminClient, topic: str, rf: int, configs: dict[str, str],
+def _move(cluster: Any, admin: AdminClient, topic: str, configs: dict[str, str],
           partitions: int) -> float:
-    """Seconds to move `partitions` partitions, all of whose replicas include broker 0 and
-    which it leads, off it: each to the brokers it was not on (a replicated partition of
-    replication factor `rf` on brokers 0..rf-1 trades broker 0 for the one it lacks)."""
+    """Seconds to move `partitions` partitions of one replica each, all on broker 0, to the
+    other brokers in one request, until each acknowledged a record at its new leader. (With
+    BROKERS brokers a replica of a replication-factor-3 partition has nowhere to go: the
+    replicated side moves replication-factor-1 partitions, whose table is copied.)"""
     others = list(range(1, BROKERS))
-    start_on = [0, *others[:rf - 1]]
     admin.create_topics([NewTopic(topic, replica_assignment={
-        p: start_on for p in range(partitions)}, configs=configs)])
+        p: [0] for p in range(partitions)}, configs=configs)])
     with Producer(cluster.bootstrap_servers, acks="all") as producer:
         for p in range(partitions):  # a few records each, so a copy has something to do
             producer.send_batch(topic, pa.table({"value": [b"v" * VALUE_BYTES] * 100}),
                                 partition=p)
         producer.flush()
-    target = [*others[:rf - 1], others[-1]] if rf > 1 else None
-    moves = {(topic, p): (target if target else [others[p % len(others)]])
-             for p in range(partitions)}
+    moves = {(topic, p): [others[p % len(others)]] for p in range(partitions)}
     start = time.monotonic()
-    admin.alter_partition_reassignments(moves)
+    refused = {k: e for k, e in admin.alter_partition_reassignments(moves).items() if e}
+    if refused:
+        raise RuntimeError(f"moves of {topic} refused: {refused}")
     while True:
         described = admin.describe_topics([topic])[0].partitions
         if all(sorted(d.replicas) == sorted(moves[(topic, d.partition)]) and d.leader >= 0

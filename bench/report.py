@@ -448,7 +448,7 @@ def _diskless_rows(w: dict[str, Any], ok: Mapping[str, bool], t: Mapping[str, An
          (f"produce {_latency(lat3['produce'])}; end to end {_latency(lat3['end_to_end'])}"),
          "reported beside diskless", ""),
         (f"(w) move {w['move_partitions']} partitions in one request, serving after",
-         f"diskless {d['move_s']:.2f} s vs RF 3 {r3['move_s']:.1f} s",
+         f"diskless {d['move_s']:.2f} s vs replicated (RF 1, copied) {r3['move_s']:.1f} s",
          f"diskless <= {t['diskless_move_s']:g} s", ok["diskless_move"]),
         (f"(w) diskless failover, kill -9, {failover['rounds']} rounds",
          f"to the first ack at the new leader: p50 {failover['p50']:.1f} s, max "
