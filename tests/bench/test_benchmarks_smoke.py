@@ -323,10 +323,11 @@ def test_results_json_and_report(figures: dict[str, Any], tmp_path: pathlib.Path
                              "object_storage_latency", "kafka_produce", "kafka_consume",
                              "kafka_latency", "kafka_txn_delivery", "drain_sql",
                              "typed_produce", "bulk_vs_bare", "commit_round", "scaling",
-                             "metrics_overhead"}
+                             "metrics_overhead", "diskless_latency", "diskless_cost",
+                             "diskless_move", "diskless_failover"}
     assert written["drain"]["records"] == TINY.drain_records
     table = capsys.readouterr().out
-    for letter in "abcdefghijklmnopqrstuv":
+    for letter in "abcdefghijklmnopqrstuvw":
         assert f"({letter}) " in table
     assert f"figures written to {path}" in table
 
