@@ -10,10 +10,11 @@ zombie's. The pause ends when the controller has elected another leader (the zom
 when, besides, the catch-up job that precedes its relaunch has written its table; or after twice
 the session timeout.
 
-The checker: every record acknowledged at acks=all is in the log once, at its acknowledged
-offset, in send order, and no record of an idempotent producer is in it twice; the zombie
-answered no acks=all request with success (nor, once another writer took its table over, an
-acks=1 one); every replica table of the partition ends equal to the leader's (the zombie's
+The checker: every record acknowledged at acks=all, by the producers or by the zombie to the
+requests queued at it, is in the log once, at its acknowledged offset, in send order, and no
+record of an idempotent producer is in it twice (a follower that has not heard of the election
+yet may still copy from the zombie, whose high watermark then passes records the new leader
+keeps); once another writer took its table over, the zombie answered no request with success; every replica table of the partition ends equal to the leader's (the zombie's
 unacknowledged appends truncated when it rejoins); the metadata log never names two leaders for
 one leader epoch. Every fault and every send goes to a history file (tests/faults/history.py),
 named in each failure's message.
@@ -22,10 +23,12 @@ What fences a zombie leader in deltabus, whose replicas are tables of their own:
 - Spark: the controller cancels a fenced broker's task, and Spark SIGKILLs its Python worker
   no sooner than two seconds later (spark.python.task.killTimeout), stopped or not.
 - Its heartbeat: the first after waking is refused (STALE_BROKER_EPOCH) and the broker stops.
-- The high watermark: followers fetch from the new leader now (their fetches carry its epoch),
-  so an acks=all append of the zombie never passes its high watermark. Follower fetches that
-  waited in its socket may move it, but only to offsets those followers held, which the new
-  leader (one of them) keeps. The ISR changes it asks for are refused (stale broker epoch).
+- The high watermark: followers that heard of the election fetch from the new leader (their
+  fetches carry its epoch), so the zombie's high watermark moves only on fetches at its own
+  epoch: those that waited in its socket, and those of a follower that has not heard yet
+  (perhaps the new leader itself). Either reports only what that follower holds, and the new
+  leader begins its epoch after what it copied, so it keeps whatever the zombie's high
+  watermark passed. The ISR changes the zombie asks for are refused (stale broker epoch).
 - Its table: its own, which no one else writes until the catch-up job before its relaunch
   does; from then its next commit loses its version (put-if-absent) and is fenced
   (NOT_LEADER_OR_FOLLOWER), and, since the fix this file's last test came with, so is every
@@ -314,9 +317,14 @@ def test_paused_leader_acknowledges_nothing_it_did_not_commit_as_leader(
     assert woke or resume == RESUMES[-1], f"the paused broker did not wake {where}"
     errors = [f"{s.name} died: {s.error!r}" for s in senders if s.error is not None]
     assert not errors, f"{errors} {where}"
+    # What the zombie acknowledged at acks=all is checked as the producers' acks are: a follower
+    # that has not heard of the election yet still copies from it at the old epoch (Kafka's do
+    # too), so the zombie's high watermark can pass records every replica of its ISR holds;
+    # the new leader then begins its epoch after them. Acknowledged and kept is correct;
+    # acknowledged and not at its offset is the loss this test is for.
+    for value, offset in (a for p in probes if p.acks == -1 for a in p.acknowledged()):
+        acks_all.ack(value.encode(), offset)
     stored = _check_log(cluster, topic_name, acks_all, where)
-    acked_all = [a for p in probes if p.acks == -1 for a in p.acknowledged()]
-    assert not acked_all, f"the zombie acknowledged at acks=all: {acked_all} {where}"
     if resume == "after-the-catch-up":  # its table holds a newer epoch: it commits nothing
         acked_1 = [a for p in probes for a in p.acknowledged()]
         assert not acked_1, (f"the zombie acknowledged at acks=1 what it appended after the "
