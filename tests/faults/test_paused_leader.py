@@ -14,9 +14,10 @@ The checker: every record acknowledged at acks=all, by the producers or by the z
 requests queued at it, is in the log once, at its acknowledged offset, in send order, and no
 record of an idempotent producer is in it twice (a follower that has not heard of the election
 yet may still copy from the zombie, whose high watermark then passes records the new leader
-keeps); once another writer took its table over, the zombie answered no request with success; every replica table of the partition ends equal to the leader's (the zombie's
-unacknowledged appends truncated when it rejoins); the metadata log never names two leaders for
-one leader epoch. Every fault and every send goes to a history file (tests/faults/history.py),
+keeps); once another writer took its table over, the zombie answered no request with
+success; every replica table of the partition ends equal to the leader's (the zombie's
+unacknowledged appends truncated when it rejoins); the metadata log never names two leaders
+for one leader epoch. Every fault and every send goes to a history file (tests/faults/history.py),
 named in each failure's message.
 
 What fences a zombie leader in deltabus, whose replicas are tables of their own:
