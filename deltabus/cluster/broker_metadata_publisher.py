@@ -175,7 +175,10 @@ class BrokerMetadataPublisher:
         for key, state in hosted.items():
             found = self._replicas.get_partition(key)
             if found is not None:
-                found.log.flush_messages = self._replicas.topic_configs[key[0]].flush_messages
+                topic_config = configs[key[0]]
+                found.log.flush_messages = topic_config.flush_messages
+                if topic_config.diskless_enable:
+                    found.log.pace_commits(**self._diskless_pacing(topic_config))
                 self._apply_partition(found, state, image)
         if image.acls == self._cache.image.acls:  # the same tuple: the authorizer is not rebuilt
             image = dataclasses.replace(image, acls=self._cache.image.acls)
@@ -221,10 +224,7 @@ class BrokerMetadataPublisher:
         diskless = config.diskless_enable
         log_config = self._log_config
         if diskless:
-            log_config = dataclasses.replace(
-                log_config, commit_interval_ms=config.diskless_append_commit_interval_ms,
-                group_commit_bytes_max=min(config.diskless_append_buffer_max_bytes,
-                                           log_config.log_cache_bytes_max))
+            log_config = dataclasses.replace(log_config, **self._diskless_pacing(config))
         try:
             opened = PartitionLog(
                 log_path(self._config.root, topic, partition, self.broker_id, diskless),
@@ -244,6 +244,14 @@ class BrokerMetadataPublisher:
         log.info("broker %d opened %s-%d at offset %d", self.broker_id, topic, partition,
                  opened.log_end_offset)
         return holder[0]
+
+    def _diskless_pacing(self, config: cfg.TopicConfig) -> dict[str, int]:
+        """A diskless log's commit pacing, from its topic's configs: commits at most every
+        diskless.append.commit.interval.ms, sooner once diskless.append.buffer.max.bytes wait
+        (no more than the log's cache holds)."""
+        return {"commit_interval_ms": config.diskless_append_commit_interval_ms,
+                "group_commit_bytes_max": min(config.diskless_append_buffer_max_bytes,
+                                              self._log_config.log_cache_bytes_max)}
 
     def _on_log_change(self, holder: list[Partition]) -> None:
         """A log's end or high watermark moved: a leader may move its high watermark, and

@@ -244,7 +244,7 @@ class LogAppender:
         self.path = path
         self._topic, self._partition = topic, partition
         self._name = f"{topic}-{partition}"  # in messages
-        self._config = config
+        self.config = config  # a diskless log's pacing changes with its topic's configs
         self._storage = storage
         self._lock = lock
         # delta-rs's view of the table: opened, reloaded, checkpointed and used for what
@@ -345,7 +345,7 @@ class LogAppender:
                     f"the table of {self._name} at {self.path} is missing: this replica's "
                     "records are lost, and it is not recreated empty") from None
         return create_log_table(self.path, topic=self._topic, partition=self._partition,
-                                checkpoint_interval=self._config.checkpoint_interval,
+                                checkpoint_interval=self.config.checkpoint_interval,
                                 storage_options=self._storage.delta_options)
 
     # ---- the queue (the log's lock held) -------------------------------------------------------
@@ -381,13 +381,13 @@ class LogAppender:
             return None
         head = self._pending[0]
         if (not isinstance(head, PendingAppend) or head.copied or closed
-                or self.pending_bytes >= self._config.group_commit_bytes_max):
+                or self.pending_bytes >= self.config.group_commit_bytes_max):
             return 0.0
         at = 0.0
-        if self._config.group_commit_linger_ms > 0:
-            at = self._head_since + self._config.group_commit_linger_ms / 1000
-        if self._config.commit_interval_ms > 0:
-            at = max(at, self._commit_began_s + self._config.commit_interval_ms / 1000)
+        if self.config.group_commit_linger_ms > 0:
+            at = self._head_since + self.config.group_commit_linger_ms / 1000
+        if self.config.commit_interval_ms > 0:
+            at = max(at, self._commit_began_s + self.config.commit_interval_ms / 1000)
         return at
 
     def take(self) -> Work:
@@ -405,7 +405,7 @@ class LogAppender:
             while self._pending:
                 item = self._pending[0]
                 if (not isinstance(item, PendingAppend) or item.copied != head.copied
-                        or (group and size + item.nbytes > self._config.group_commit_bytes_max)):
+                        or (group and size + item.nbytes > self.config.group_commit_bytes_max)):
                     break
                 self._pending.popleft()
                 size += item.nbytes
@@ -716,7 +716,7 @@ class LogAppender:
             else:
                 self.table, self._table_base = fresh, base
         version = self.version
-        interval = self._config.checkpoint_interval
+        interval = self.config.checkpoint_interval
         if self._renewing is None and version - self._table_base >= interval:
             self._renewing = _renewals().submit(_checkpoint_and_load, self.path, version,
                                                 self._storage.delta_options)

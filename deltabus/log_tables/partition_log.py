@@ -30,6 +30,7 @@ Invariants:
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable
@@ -545,6 +546,17 @@ class PartitionLog:
     @flush_messages.setter
     def flush_messages(self, records: int) -> None:
         self._appender.flush_messages = records
+
+    def pace_commits(self, commit_interval_ms: int, group_commit_bytes_max: int) -> None:
+        """Take a diskless topic's altered diskless.append.commit.interval.ms and
+        diskless.append.buffer.max.bytes from the next commit on: as Kafka applies a topic's
+        altered configs to its open logs, a user tuning the cost against the latency sees the
+        change without a leader change."""
+        with self._lock:
+            self._appender.config = dataclasses.replace(
+                self._appender.config, commit_interval_ms=commit_interval_ms,
+                group_commit_bytes_max=group_commit_bytes_max)
+            self._commits.schedule()  # what waited for a longer interval may go now
 
     def close(self, timeout_s: float = 30.0) -> None:
         """Commit what is queued, then stop the appender. Later appends are refused."""

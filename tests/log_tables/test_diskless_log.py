@@ -138,3 +138,21 @@ def test_commits_start_at_most_every_commit_interval(tmp_path: Path) -> None:
         assert DeltaTable(str(tmp_path / "0")).version() - versions_before <= 2
     finally:
         log.close()
+
+
+def test_an_altered_commit_interval_applies_to_the_open_log(tmp_path: Path) -> None:
+    """diskless.append.commit.interval.ms altered while the leader has the log open: an append
+    waiting out a long interval commits as soon as a short one is set, without reopening."""
+    log = PartitionLog(str(tmp_path / "0"), topic="t", partition=0, leader_epoch=0,
+                       config=LogConfig(commit_interval_ms=3_600_000))
+    try:
+        _append(log, "first", 1, epoch=0)  # an idle log commits at once
+        waiting = log.append(normalize_produce(produce_batch([b"second"])), leader_epoch=0,
+                             producer=NO_PRODUCER)
+        time.sleep(0.5)  # a commit round's chance to run: the hour keeps it queued
+        assert not waiting.done()
+        log.pace_commits(commit_interval_ms=0, group_commit_bytes_max=1 << 20)
+        assert waiting.result(RESULT_TIMEOUT_S).base_offset == 1
+        assert _values(log) == [b"first-0", b"second"]
+    finally:
+        log.close()
