@@ -7,6 +7,8 @@ same run, on one 3-broker cluster whose root is on moto's S3 server (bench/moto_
   objects under each topic's folder, moto's listing);
 - latency: one small record every 2 ms at acks=all (linger.ms=0), each kind in turn: produce
   (send() to its acknowledgement) and end to end (send() to a consumer's poll), p50 and p99;
+- commit intervals: the diskless latency phase again at each diskless.append.commit.interval.ms
+  of COMMIT_INTERVALS_MS, with the PUTs a second it cost the partition;
 - moves: `move_partitions` partitions of each kind (replicated ones of replication factor 1:
   three brokers leave a factor-3 replica nowhere to go), all on one broker, reassigned to the
   other brokers in one request: seconds from the request until every move completed and each
@@ -37,6 +39,7 @@ from bench.produce_fetch import WARM_UP, bulk_produce, chunk_values, percentiles
 from bench.sizes import VALUE_BYTES, Sizes
 from deltabus import Consumer, Producer, TopicPartition
 from deltabus.client.admin import AdminClient
+from deltabus.config import SET, AlterConfigOp
 from deltabus.log_tables.layout import topic_path
 from deltabus.metadata import NewTopic
 
@@ -44,6 +47,7 @@ LATENCY_INTERVAL_S = 0.002
 DRAIN_S_MAX = 30.0
 WAIT_S_MAX = 300.0
 DISKLESS = {"diskless.enable": "true"}
+COMMIT_INTERVALS_MS = (50, 100, 250, 500)  # the sweep behind the default (250 ms)
 RF3 = {"min.insync.replicas": "2"}
 
 
@@ -81,6 +85,9 @@ def _measure(cluster: Any, server: Any, log: Path, sizes: Sizes) -> dict[str, An
                 "stored_bytes_per_mb": stored * MB / counted["bytes"],
                 "latency_ms": _latency(bootstrap, latency_topic, sizes.diskless_latency_run_s),
             }
+            if kind == "diskless":
+                figures["commit_intervals"] = _interval_sweep(
+                    admin, log, bootstrap, latency_topic, sizes.diskless_latency_run_s)
             admin.delete_topics([topic, latency_topic])
         for kind, (_, configs) in kinds.items():
             figures[kind]["move_s"] = _move(cluster, admin, f"w-{kind}-moves-{run_id}",
@@ -141,6 +148,24 @@ def _latency(bootstrap: str, topic: str, run_s: float) -> dict[str, Any]:
     reader.join(5)
     consumer.close()
     return {"produce": percentiles(acked, sent), "end_to_end": percentiles(end_to_end, sent)}
+
+
+def _interval_sweep(admin: AdminClient, log: Path, bootstrap: str, topic: str,
+                    run_s: float) -> dict[str, Any]:
+    """The latency phase again on the diskless `topic` at each commit interval of
+    COMMIT_INTERVALS_MS (altered on the open partition): produce and end-to-end percentiles,
+    and the PUTs a second the partition cost, the trade the default
+    diskless.append.commit.interval.ms makes."""
+    out: dict[str, Any] = {}
+    for ms in COMMIT_INTERVALS_MS:
+        admin.incremental_alter_configs({topic: [AlterConfigOp(
+            "diskless.append.commit.interval.ms", SET, str(ms))]})
+        requests: dict[str, Any] = {}
+        with _counted(log, requests, "latency", topic):
+            latency = _latency(bootstrap, topic, run_s)
+        counted = requests["latency"]
+        out[str(ms)] = {**latency, "puts_per_s": counted["topic"]["PUT"] / counted["s"]}
+    return out
 
 
 def _acked_after(acked: list[float], sent_ms: float) -> Any:

@@ -454,4 +454,9 @@ def _diskless_rows(w: dict[str, Any], ok: Mapping[str, bool], t: Mapping[str, An
         (f"(w) diskless failover, kill -9, {failover['rounds']} rounds",
          f"to the first ack at the new leader: p50 {failover['p50']:.1f} s, max "
          f"{failover['max']:.1f} s", f"p50 <= {t['diskless_failover_p50_s']:g} s",
-         ok["diskless_failover"])]
+         ok["diskless_failover"])] + [
+        (f"(w) diskless.append.commit.interval.ms={ms}",
+         (f"produce {_latency(sweep['produce'])}; end to end "
+          f"{_latency(sweep['end_to_end'])}; {sweep['puts_per_s']:.1f} PUTs/s"),
+         "reported: the trade behind the default", "")
+        for ms, sweep in w.get("commit_intervals", {}).items()]

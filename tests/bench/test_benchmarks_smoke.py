@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from bench import commit_paths, latency_trace, run
+from bench.diskless import COMMIT_INTERVALS_MS
 from bench.report import TARGETS, judge, report
 from bench.sizes import VALUE_BYTES, Sizes
 
@@ -250,6 +251,13 @@ def test_diskless(figures: dict[str, Any]) -> None:
     assert diskless["requests_per_mb"]["PUT"] < rf3["requests_per_mb"]["PUT"]
     assert diskless["failover_s"]["rounds"] == TINY.diskless_failovers
     positive(diskless["failover_s"], "p50", "max")
+    # the sweep behind the default commit interval: each interval applied to the open
+    # partition, measured, and its commits counted
+    sweep = w["commit_intervals"]
+    assert list(sweep) == [str(ms) for ms in COMMIT_INTERVALS_MS]
+    for measured in sweep.values():
+        positive(measured, "puts_per_s")
+        assert measured["produce"]["p50"] <= measured["produce"]["p99"]
 
 
 def test_object_storage(figures: dict[str, Any]) -> None:
