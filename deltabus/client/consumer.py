@@ -217,7 +217,9 @@ class Consumer:
             raise errors.ClientError("Subscription to topics, partitions and pattern are "
                                      "mutually exclusive: this consumer has subscribe()d")
         wanted = [TopicPartition(*tp) for tp in partitions]
-        image = self._client.refresh_metadata()
+        # Named, so a topic this user may not describe fails as Kafka's consumer does
+        # (TOPIC_AUTHORIZATION_FAILED), not as a topic that does not exist.
+        image = self._client.refresh_metadata(sorted({tp.topic for tp in wanted}))
         for tp in wanted:
             if image.partition(tp.topic, tp.partition) is None:
                 raise errors.UnknownTopicOrPartitionError(
