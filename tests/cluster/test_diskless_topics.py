@@ -1,26 +1,36 @@
 """Diskless topics (diskless.enable, KIP-1150) on the shared cluster: one Delta table per
 partition, no replica tables, produced and read through both doors; a leader killed with
 SIGKILL is replaced in metadata only (the new leader opens the same table, nothing is copied);
-a reassignment moves a partition without a byte copied; diskless.enable cannot be altered."""
+a reassignment moves a partition without a byte copied; diskless.enable cannot be altered;
+transactions, retention, compaction and the Spark source work on the one table as on others."""
 
 from __future__ import annotations
 
 import json
 import os
 import threading
+import time
 
+import pyarrow as pa
 import pytest
 from confluent_kafka import Producer as KafkaProducer
 from deltalake import DeltaTable
 
 from deltabus import AdminClient, NewTopic, Producer, errors
 from deltabus.client.cluster_client import ClusterClient
-from deltabus.config import AlterConfigOp
+from deltabus.config import SET, AlterConfigOp
 from deltabus.log_tables.appender import LEADER_EPOCH_TXN_APP_ID
 from deltabus.log_tables.layout import partition_path, topic_path
 from deltabus.records import produce_batch, to_ipc
 from deltabus.rpc.v1 import deltabus_pb2 as pb
+from tests.cluster.test_compaction import COMPACTED, KEYS, latest, produce_rounds, read_all
 from tests.cluster.test_replication import state
+from tests.cluster.test_retention import (
+    HOUR_MS,
+    earliest,
+    first_offset_polled,
+    produce_batches,
+)
 from tests.conftest import read_records, wait_until
 from tests.faults.pause import Pause
 
@@ -193,3 +203,63 @@ def test_transactions_and_the_spark_source_on_a_diskless_topic(spark, cluster,
           .option("subscribe", topic_name).option("kafka.isolation.level", "read_committed")
           .load())
     assert sorted(r.value for r in df.collect()) == [b"c0", b"c1"]
+
+
+def partition_offsets(cluster, topic: str) -> tuple[int, int, int]:
+    """(first offset, last offset, records) of a diskless partition's one table, from its file
+    statistics."""
+    actions = pa.table(DeltaTable(partition_path(cluster.config.root, topic, 0))
+                       .get_add_actions(flatten=True)).to_pydict()
+    return (min(actions["min.offset"]), max(actions["max.offset"]), sum(actions["num_records"]))
+
+
+def test_retention_removes_expired_batches_from_the_partitions_one_table(
+        cluster, topic_name) -> None:
+    """retention.ms on a diskless topic: the expired files leave its one table (and the disk,
+    file.delete.delay.ms=0), the log start moves, and earliest consumers start there."""
+    with AdminClient(cluster.bootstrap_servers) as admin:
+        admin.create_topics([NewTopic(topic_name, 1, 1, {"diskless.enable": "true",
+                                                         "file.delete.delay.ms": "0"})])
+    produce_batches(cluster, topic_name, 3, int(time.time() * 1000) - 2 * HOUR_MS)
+    produce_batches(cluster, topic_name, 2, None)
+    table = partition_path(cluster.config.root, topic_name, 0)
+    files_before = set(DeltaTable(table).file_uris())
+    with AdminClient(cluster.bootstrap_servers) as admin:
+        admin.incremental_alter_configs(
+            {topic_name: [AlterConfigOp("retention.ms", SET, str(HOUR_MS))]})
+    result = cluster.log_cleaner.run([topic_name])[0]
+    assert result.error == "" and result.log_start_offset == 150, result
+    assert [r.records for r in result.removed.values()] == [150]
+    assert partition_offsets(cluster, topic_name) == (150, 249, 100)
+    gone = files_before - set(DeltaTable(table).file_uris())
+    assert gone and not any(os.path.exists(uri.removeprefix("file://")) for uri in gone)
+    wait_until(lambda: earliest(cluster, topic_name) == 150, "the leader to see the log start")
+    assert first_offset_polled(cluster, topic_name, f"{topic_name}-g", "earliest") == 150
+    assert produce(cluster, topic_name, "new", 3) == [250, 251, 252]
+
+
+def test_compaction_keeps_the_latest_value_per_key_in_the_partitions_one_table(
+        spark, cluster, topic_name) -> None:
+    """cleanup.policy=compact on a diskless topic: the leader's table keeps the latest value
+    of each key (a tombstone for a deleted one) at its original offset, for consumers and for
+    the Spark source alike."""
+    with AdminClient(cluster.bootstrap_servers) as admin:
+        admin.create_topics([NewTopic(topic_name, 1, 1, {**COMPACTED, "diskless.enable": "true"})])
+    with Producer(cluster.bootstrap_servers, acks="all") as producer:
+        produce_rounds(producer, topic_name, 0, 5)
+        producer.send(topic_name, None, key=b"k0", partition=0).get(30)  # delete k0
+        producer.send(topic_name, b"newest", key=b"k1", partition=0).get(30)
+    before = read_all(cluster, topic_name)
+    assert len(before) == 5 * KEYS + 2
+    want = latest(before)
+    result = cluster.log_cleaner.run([topic_name])[0]
+    assert result.error == "" and [c.removed for c in result.compacted.values()][0] > 0, result
+    wait_until(lambda: len(read_all(cluster, topic_name)) < len(before),
+               "the leader to read the compacted table")
+    after = read_all(cluster, topic_name)
+    assert latest(after) == want and set(after) <= set(before)
+    rows = (spark.read.format("deltabus")
+            .option("kafka.bootstrap.servers", cluster.bootstrap_servers)
+            .option("subscribe", topic_name).load().select("offset", "key", "value").collect())
+    assert sorted((r.offset, bytes(r.key), None if r.value is None else bytes(r.value))
+                  for r in rows) == after

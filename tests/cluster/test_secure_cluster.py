@@ -122,6 +122,34 @@ def test_a_user_without_acls_or_with_a_wrong_password_gets_nothing_in(secure) ->
     assert [r.value for r in records] == [b"admin was here"]  # nothing of alice's
 
 
+def test_acls_govern_a_diskless_topic_as_any_other(secure) -> None:
+    """A diskless topic (one table, its leader commits) is authorized as a replicated one:
+    alice without ACLs may neither produce nor read; granted WRITE and READ on it (and READ on
+    her group), she produces over the Kafka door and consumes over gRPC."""
+    cluster, ca_file = secure
+    with AdminClient(cluster.bootstrap_servers, **_grpc("admin", ca_file)) as admin:
+        admin.create_topics([NewTopic("orders", 1, 1, {"diskless.enable": "true"})])
+    with Producer(cluster.bootstrap_servers, **_grpc("alice", ca_file)) as producer:
+        with pytest.raises(errors.TopicAuthorizationFailedError):
+            producer.send("orders", b"refused").get(60)
+    with pytest.raises(errors.TopicAuthorizationFailedError):
+        read_records(cluster.bootstrap_servers, "orders", 1, 1, **_grpc("alice", ca_file))
+    with AdminClient(cluster.bootstrap_servers, **_grpc("admin", ca_file)) as admin:
+        admin.create_acls([AclBinding(ResourceType.TOPIC, "orders", PatternType.LITERAL,
+                                      "User:alice", "*", op, Permission.ALLOW)
+                           for op in (Operation.WRITE, Operation.READ)])
+    delivered: list = []
+    librdkafka = confluent_kafka.Producer({
+        "bootstrap.servers": cluster.kafka_bootstrap_servers, "security.protocol": "SASL_SSL",
+        "sasl.mechanism": "SCRAM-SHA-256", "sasl.username": "alice",
+        "sasl.password": PASSWORDS["alice"], "ssl.ca.location": ca_file, "acks": "all"})
+    for i in range(3):
+        librdkafka.produce("orders", f"o{i}".encode(), on_delivery=lambda e, m: delivered.append(e))
+    assert librdkafka.flush(60) == 0 and delivered == [None] * 3
+    records = read_records(cluster.bootstrap_servers, "orders", 1, 3, **_grpc("alice", ca_file))
+    assert [r.value for r in records] == [b"o0", b"o1", b"o2"]
+
+
 def test_nobody_produces_under_another_users_producer_id(secure) -> None:
     """A producer id is bound to the user it was issued to: another user with WRITE on the
     topic who sends under it is refused, nothing is written, and its owner carries on."""

@@ -1,12 +1,14 @@
 """Typed topics on the shared cluster: with `value.schema.subject`, every replica's partition
 table holds each record's decoded value as typed columns (`value_fields`) beside the raw bytes,
 read straight by deltalake and by Spark SQL with no parsing; a schema evolution under the
-registry's rules adds a nullable field to the Delta schema without rewriting a file; a record
+registry's rules adds a nullable field to the Delta schema without rewriting a file (on a
+diskless topic's one table too); a record
 its schema does not read is refused with nothing written."""
 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -29,6 +31,7 @@ from deltabus import (
     errors,
 )
 from deltabus.client.partitioner import partition_for_key
+from deltabus.log_tables.layout import partition_path, replica_path
 from deltabus.rpc.schema_registry_http import SchemaRegistryServer
 from deltabus.schemas import split_wire, wire_header
 from deltabus.spark import read_topic, register_topic_views
@@ -50,10 +53,11 @@ def registry(cluster: Any) -> Iterator[SchemaRegistryClient]:
     server.stop()
 
 
-def typed_topic(cluster: Any, topic: str, keys: bool = False) -> None:
-    """One partition on 3 replicas, values typed by `<topic>-value` (and keys by
-    `<topic>-key`)."""
-    configs = {"value.schema.subject": f"{topic}-value", "min.insync.replicas": "3"}
+def typed_topic(cluster: Any, topic: str, keys: bool = False, diskless: bool = False) -> None:
+    """One partition on 3 replicas (or, `diskless`, in one table), values typed by
+    `<topic>-value` (and keys by `<topic>-key`)."""
+    configs = {"value.schema.subject": f"{topic}-value",
+               **({"diskless.enable": "true"} if diskless else {"min.insync.replicas": "3"})}
     if keys:
         configs["key.schema.subject"] = f"{topic}-key"
     with AdminClient(cluster.bootstrap_servers) as admin:
@@ -72,10 +76,12 @@ def produce(cluster: Any, topic: str, serializer: AvroSerializer, values: list[d
 
 
 def replica_tables(cluster: Any, topic: str) -> list[DeltaTable]:
-    """Every replica's partition table, once each holds what the leader acknowledged."""
+    """Every table of partition 0: each replica's, or a diskless partition's one."""
     partition = cluster.controller.image().partition(topic, 0)
     root = cluster.config.root
-    return [DeltaTable(f"{root}/topics/{topic}/0/replica-{b}") for b in partition.replicas]
+    if os.path.isdir(os.path.join(partition_path(root, topic, 0), "_delta_log")):
+        return [DeltaTable(partition_path(root, topic, 0))]
+    return [DeltaTable(replica_path(root, topic, 0, b)) for b in partition.replicas]
 
 
 def caught_up_replicas(cluster: Any, topic: str, records: int) -> list[DeltaTable]:
@@ -113,9 +119,10 @@ def test_every_replica_holds_the_decoded_values_as_typed_columns(
     assert "value" in spark.table(views[topic_name]).columns  # the Kafka columns stay
 
 
+@pytest.mark.parametrize("diskless", [False, True], ids=["replicated", "diskless"])
 def test_an_evolution_adds_a_nullable_field_and_rewrites_no_file(
-        cluster, registry, topic_name, spark) -> None:
-    typed_topic(cluster, topic_name)
+        cluster, registry, topic_name, spark, diskless) -> None:
+    typed_topic(cluster, topic_name, diskless=diskless)
     produce(cluster, topic_name, AvroSerializer(registry, json.dumps(PAYMENT_V1)),
             [{"id": "old", "amount": 1.0, "currency": "EUR"}])
     table = replica_tables(cluster, topic_name)[0]
