@@ -212,6 +212,19 @@ class BrokerHeartbeatManager:
     def touch(self, broker_id: int, now_s: float) -> None:
         self._contacts[broker_id].last_heartbeat_s = now_s
 
+    def touch_current(self, registry: BrokerRegistry, broker_id: int, epoch: int,
+                      now_s: float) -> None:
+        """Count a heartbeat as contact the moment it arrives, without the controller's lock:
+        one waiting for the lock behind a slow metadata commit (a store answering in seconds)
+        must not expire its broker's session, and fencing it would bring more commits, so
+        more waiting (Kafka's controller also updates the contact time outside its event
+        queue). Only the current registration's epoch counts. Dict reads and an attribute
+        write: safe beside the locked writers."""
+        registration = registry.registrations.get(broker_id)
+        contact = self._contacts.get(broker_id)
+        if registration is not None and contact is not None and registration.epoch == epoch:
+            contact.last_heartbeat_s = max(contact.last_heartbeat_s, now_s)
+
     def set_applied_version(self, broker_id: int, version: int) -> bool:
         """Returns True when the version changed (waiters on it should wake)."""
         contact = self._contacts[broker_id]

@@ -132,6 +132,7 @@ class ClusterControlManager:
         if position is None:
             position = MetadataPosition(applied_version)
         deadline = time.monotonic() + min(max_wait_ms, cfg.FETCH_WAIT_MS_MAX) / 1000
+        self._heartbeats.touch_current(self._state.brokers, broker_id, epoch, time.monotonic())
         with self._lock:
             result = broker_registry.heartbeat(self._state.brokers, broker_id, epoch,
                                                applied_version, frozenset(offline_replicas))
@@ -228,17 +229,24 @@ class ClusterControlManager:
             registration = self._state.brokers.get(broker_id)
             return registration.endpoint if registration is not None else None
 
-    def fence_broker(self, broker_id: int, reason: str) -> None:
-        """Declare a broker dead: move leadership off it. Its next registration unfences it."""
+    def fence_broker(self, broker_id: int, reason: str,
+                     silent_for_s: float | None = None) -> bool:
+        """Declare a broker dead: move leadership off it. Its next registration unfences it.
+        `silent_for_s`: only if it is still silent that long once the lock is held (a
+        heartbeat that waited for the lock may have arrived). Returns whether it was fenced."""
         with self._lock:
+            if silent_for_s is not None and broker_id not in self._heartbeats.expired(
+                    self._state.brokers, time.monotonic(), silent_for_s):
+                return False
             records = broker_registry.fence_broker(self._state.brokers, broker_id)
             if not records:
-                return
+                return False
             log.warning("broker %d fenced: %s", broker_id, reason)
             self._commit_broker_change(records, leaving=broker_id)
             self.fenced[broker_id] += 1
         if self._on_fence is not None:
             self._on_fence(broker_id)
+        return True
 
     def check_sessions(self) -> list[int]:
         """Fence brokers silent past the session timeout; returns the ids of those fenced. Each
@@ -251,7 +259,9 @@ class ClusterControlManager:
         fenced = []
         for broker_id in expired:
             try:
-                self.fence_broker(broker_id, "missed heartbeats past broker.session.timeout.ms")
+                if not self.fence_broker(broker_id, "missed heartbeats past "
+                                         "broker.session.timeout.ms", silent_for_s=timeout_s):
+                    continue
             except Exception:
                 log.exception("fencing silent broker %d failed; trying again at the next "
                               "session check", broker_id)

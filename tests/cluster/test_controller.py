@@ -5,6 +5,8 @@ same form, and a restart replays it to the same image."""
 from __future__ import annotations
 
 import json
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -320,3 +322,26 @@ def test_a_balance_weighs_partitions_by_the_bytes_in_their_leaders_report(
         (0,), (0,), (1,), (1,)]
     brokers.close()
     controller.begin_shutdown()
+
+
+def test_a_heartbeat_waiting_behind_a_slow_commit_keeps_its_broker_alive(tmp_path: Path) -> None:
+    """A heartbeat that arrives while the controller's lock is held (a metadata commit to a
+    store answering in seconds) counts as contact on arrival: the session check that runs
+    before it gets the lock fences only the brokers that were silent. Fencing the others too
+    brought more commits, so more waiting: every broker fenced in turn, on a slow store."""
+    controller = Controller(cfg.ClusterConfig(root=str(tmp_path), brokers=3, kafka_port=-1,
+                                              broker_heartbeat_interval_ms=100,
+                                              broker_session_timeout_ms=1000))
+    epochs = _start_brokers(controller, 3)
+    contacts = controller._cluster_control._heartbeats
+    beat = threading.Thread(target=controller.heartbeat, daemon=True,
+                            args=(0, epochs[0], controller.image().version, 0))
+    with controller._lock:  # a slow commit: it holds the lock past every session
+        time.sleep(1.5)
+        silent_since = contacts._contacts[0].last_heartbeat_s
+        beat.start()  # broker 0's heartbeat arrives and waits for the lock
+        wait_until(lambda: contacts._contacts[0].last_heartbeat_s > silent_since,
+                   "broker 0's heartbeat counted on arrival")
+        assert sorted(controller.check_sessions()) == [1, 2]
+    beat.join(30)
+    assert controller.live_brokers() == [0]
