@@ -11,7 +11,7 @@ partitions and its followers still fetched from it: two writers of one table, an
 records truncated when the new one led (the network partition test found it).
 
 So the supervisor (Cluster._supervise) waits, before the catch-up job and the relaunch, until
-nothing accepts connections at the broker's registered inter-broker address, for at most
+the broker's registered inter-broker address refuses connections, for at most
 `timeout_s`; past it the next one starts anyway (Spark never killed the old one, or its
 machine cannot be reached), and the put-if-absent commits still fence the old one's writes.
 
@@ -51,10 +51,16 @@ def await_last_incarnation(endpoint: BrokerEndpoint | None,
 
 
 def _serving(endpoint: BrokerEndpoint) -> bool:
-    """Something accepts connections at the broker's inter-broker address (refused, or no
-    answer: nothing a connection can tell to wait for)."""
+    """The last incarnation may still run: something accepts connections at the broker's
+    inter-broker address, or nothing answers there. No answer is a network partition that
+    drops the probe (or a host that froze), behind which the old process may still lead and
+    write its tables: taken for an end, it let the next incarnation open them beside it, and
+    acknowledged records were truncated (the network partition test found it). Only a refused
+    connection says nothing serves there any more."""
     try:
         with socket.create_connection((endpoint.host, endpoint.port), PROBE_TIMEOUT_S):
             return True
-    except OSError:
+    except ConnectionRefusedError:
         return False
+    except OSError:  # no answer (timed out, unreachable): it may still run
+        return True

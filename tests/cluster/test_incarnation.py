@@ -4,6 +4,7 @@ it stops, and gives up after its timeout."""
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 import threading
@@ -60,3 +61,26 @@ def test_nothing_to_wait_for(serving) -> None:
     process.wait()
     assert await_last_incarnation(BrokerEndpoint(1, "127.0.0.1", port), 0)
     assert await_last_incarnation(None, 0)
+
+
+def test_an_incarnation_that_does_not_answer_is_waited_for() -> None:
+    """No answer at its address (a network partition drops the probe; the old process may
+    still lead and write its tables) is no end: the supervisor waits as while it serves, up
+    to its timeout. Only a refused connection ends the wait."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(0)
+        port = server.getsockname()[1]
+        held = []
+        for _ in range(3):  # the accept queue full: a further connection gets no answer
+            client = socket.socket()
+            client.setblocking(False)
+            client.connect_ex(("127.0.0.1", port))
+            held.append(client)
+        try:
+            with pytest.raises(TimeoutError):
+                socket.create_connection(("127.0.0.1", port), 1.0)
+            assert not await_last_incarnation(BrokerEndpoint(1, "127.0.0.1", port), 2.0)
+        finally:
+            for client in held:
+                client.close()
