@@ -553,8 +553,12 @@ class PartitionLog:
         altered configs to its open logs, a user tuning the cost against the latency sees the
         change without a leader change."""
         with self._lock:
+            config = self._appender.config
+            if (config.commit_interval_ms, config.group_commit_bytes_max) == (
+                    commit_interval_ms, group_commit_bytes_max):
+                return  # every metadata version asks; most change nothing
             self._appender.config = dataclasses.replace(
-                self._appender.config, commit_interval_ms=commit_interval_ms,
+                config, commit_interval_ms=commit_interval_ms,
                 group_commit_bytes_max=group_commit_bytes_max)
             self._commits.schedule()  # what waited for a longer interval may go now
 
