@@ -1,7 +1,7 @@
 """A broker's metadata publisher (Kafka's BrokerMetadataPublisher): applies each metadata image
-the broker's heartbeats bring. It opens the replicas the broker now hosts and closes the ones it
-no longer does, makes each a leader or a follower, points the replica fetchers at the leaders,
-and then publishes the image to the broker's metadata cache.
+the broker's heartbeats bring. It closes the replicas the broker no longer hosts, publishes the
+image to the broker's metadata cache (what its clients are told), opens the replicas it now
+hosts, makes each a leader or a follower, and points the replica fetchers at the leaders.
 
 Separate from the broker's session with the controller (`broker_lifecycle`, whose heartbeat
 thread hands images over here) so that applying an image, which may open thousands of partition
@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 from deltabus import config as cfg
@@ -153,13 +154,28 @@ class BrokerMetadataPublisher:
         reclaimed = {key for key in current & set(hosted) if configs[key[0]].diskless_enable
                      and _claimed_epoch(self._replicas.get_partition(key))
                      != hosted[key].leader_epoch}
-        for key in sorted((current - set(hosted)) | reclaimed):
+        started = time.monotonic()
+        closing = sorted((current - set(hosted)) | reclaimed)
+        leaving = []
+        for key in closing:
             self._unfollow(key)
-            partition = self._replicas.remove_partition(key)
-            partition.log.close()
+            leaving.append(self._replicas.remove_partition(key))
+        if leaving:  # in parallel, as opening: each close may wait for a commit to the store
+            with ThreadPoolExecutor(max_workers=LOG_OPEN_THREADS) as pool:
+                list(pool.map(lambda partition: partition.log.close(), leaving))
+        for key in closing:
             # Its fetches answer NOT_LEADER_OR_FOLLOWER now.
             self._replicas.fetch_purgatory.check(key)
             log.info("broker %d no longer hosts %s-%d", self.broker_id, *key)
+        closed = time.monotonic()
+        # Published before the opening (as KRaft's publisher sets the metadata cache first):
+        # opening a broker's new partitions on a slow store takes seconds, and clients asking
+        # this broker meanwhile learn where every other partition went. One it was just given
+        # answers NOT_LEADER_OR_FOLLOWER until it opens; they retry.
+        if image.acls == self._cache.image.acls:  # the same tuple: the authorizer is not rebuilt
+            image = dataclasses.replace(image, acls=self._cache.image.acls)
+        self._quota_manager.update(image.client_quotas)
+        self._cache.publish(image)
         self._offline &= set(hosted)  # a replica no longer hosted is not ours to report
         opening = sorted((set(hosted) - current) | reclaimed)
         if opening:  # in parallel: a broker may host hundreds of partitions
@@ -180,10 +196,14 @@ class BrokerMetadataPublisher:
                 if topic_config.diskless_enable:
                     found.log.pace_commits(**self._diskless_pacing(topic_config))
                 self._apply_partition(found, state, image)
-        if image.acls == self._cache.image.acls:  # the same tuple: the authorizer is not rebuilt
-            image = dataclasses.replace(image, acls=self._cache.image.acls)
-        self._quota_manager.update(image.client_quotas)
-        self._cache.publish(image)
+        took_s = time.monotonic() - started
+        if took_s > self._config.broker_heartbeat_interval_ms / 1000:
+            # Until an apply ends, the partitions this broker was given refuse requests
+            # (NOT_LEADER_OR_FOLLOWER), and the next image waits.
+            log.warning("broker %d applied metadata version %d in %.1f s: closed %d logs in "
+                        "%.1f s, opened %d and took the image in %.1f s", self.broker_id,
+                        image.version, took_s, len(closing), closed - started, len(opening),
+                        time.monotonic() - closed)
 
     def _apply_partition(self, partition: Partition, state: PartitionState,
                          image: MetadataImage) -> None:
