@@ -49,6 +49,7 @@ from deltabus.log_tables.delta_commit import (
     commit_file,
     indexed_columns,
     remove_action,
+    stats_columns,
 )
 from deltabus.log_tables.delta_reads import open_table, update
 from deltabus.log_tables.delta_writes import (
@@ -59,7 +60,7 @@ from deltabus.log_tables.delta_writes import (
     writer_properties,
 )
 from deltabus.log_tables.file_copies import FileCopier
-from deltabus.log_tables.log_reader import LOG_START_TXN_APP_ID, data_files
+from deltabus.log_tables.log_reader import LOG_START_TXN_APP_ID, STATS_COLUMNS, data_files
 from deltabus.log_tables.partition_reader import LogFile
 from deltabus.records import (
     LOG_SCHEMA,
@@ -220,7 +221,8 @@ def create_log_table(path: str, *, topic: str, partition: int, checkpoint_interv
             description=f"deltabus log of topic {topic} partition {partition}",
             configuration={
                 "delta.checkpointInterval": str(checkpoint_interval),
-                "delta.dataSkippingNumIndexedCols": "3",
+                "delta.dataSkippingNumIndexedCols": "3",  # for readers without the next
+                "delta.dataSkippingStatsColumns": ",".join(STATS_COLUMNS),
             },
             storage_options=storage_options,
         )
@@ -255,6 +257,7 @@ class LogAppender:
         self._writer = DeltaCommitWriter(
             storage, path, self.table.version(),
             indexed_columns=indexed_columns(self.table.metadata().configuration),
+            stats_columns=stats_columns(self.table.metadata().configuration),
             fence_app_id=LOG_TXN_APP_ID, retries=APPEND_COMMIT_RETRIES,
             epoch_app_id=LEADER_EPOCH_TXN_APP_ID if leader_epoch is not None else None,
             epoch=leader_epoch if leader_epoch is not None else -1)

@@ -37,7 +37,7 @@ from deltabus.log_tables.appender import (
     PendingFiles,
     Work,
 )
-from deltabus.log_tables.leader_epochs import LeaderEpochCache, recover_epochs
+from deltabus.log_tables.leader_epochs import LeaderEpochCache
 from deltabus.log_tables.log_offsets import LogOffsets
 from deltabus.log_tables.partition_reader import PartitionReader
 from deltabus.log_tables.producer_state import ProducerStateManager
@@ -288,7 +288,7 @@ class CommitRound:
                 self._offsets.high_watermark = leo
             self._tail.clear()
         try:
-            epochs = recover_epochs(self._reader.parquet_files())
+            epochs = self._reader.leader_epochs()
         except Exception:
             log.exception("reloading the epochs of %s after a failed commit", self.path)
             return False

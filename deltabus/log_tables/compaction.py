@@ -56,7 +56,7 @@ from deltabus.log_tables.delta_writes import (
     log_table_schema,
     removal_stamp,
 )
-from deltabus.log_tables.log_reader import data_files, leaf_columns, stats_json
+from deltabus.log_tables.log_reader import STATE_STATS, data_files, leaf_columns, stats_json
 from deltabus.log_tables.transactions import (
     AbortedTxn,
     TransactionState,
@@ -68,7 +68,7 @@ from deltabus.storage import Storage
 
 _STATS = ["min.offset", "max.offset", "min.timestamp", "max.timestamp", "min.timestamp_type",
           "max.timestamp_type"]
-_COLUMNS = ["path", "size_bytes", "modification_time", "num_records", *_STATS]
+_COLUMNS = ["path", "size_bytes", "modification_time", "num_records", *_STATS, *STATE_STATS]
 _SCAN_COLUMNS = ["offset", "timestamp", "key", "producer_id", "sequence"]
 CLEANED_TXN_APP_ID = "deltabus.compact"  # Delta app transaction: where the last run stopped
 

@@ -19,11 +19,13 @@ The rules of the Delta protocol (PROTOCOL.md, delta-io/delta) this writer follow
   version, lastUpdated), then `add` and `remove`.
 - **add**: the path relative to the table and URL-encoded, empty `partitionValues` (the tables
   are unpartitioned), size, modificationTime, dataChange, and `stats`, a JSON string with
-  numRecords and the minValues, maxValues and nullCount of the first
+  numRecords and the minValues, maxValues and nullCount of the columns
+  `delta.dataSkippingStatsColumns` names, or else of the first
   `delta.dataSkippingNumIndexedCols` leaf columns (32 unless the table says): file pruning by
-  offset and timestamp reads them. Strings keep a 32-character prefix as their minimum and no
-  maximum when longer; binary, boolean, list and map columns carry null counts only;
-  timestamps are written to the millisecond, the maximum rounded up.
+  offset and timestamp reads them, and a log opening reads its leader epochs from them.
+  Strings keep a 32-character prefix as their minimum and no maximum when longer; binary,
+  boolean, list and map columns carry null counts only; timestamps are written to the
+  millisecond, the maximum rounded up.
 - **remove**: path, deletionTimestamp, dataChange, size (vacuum deletes the file later).
 - **dataChange=false** on the actions of a rewrite that leaves the records as they were (the
   cleaner's merge, compaction and retention): streaming readers skip those versions.
@@ -139,6 +141,7 @@ class DeltaCommitWriter:
 
     def __init__(self, storage: Storage, table_uri: str, version: int, *,
                  indexed_columns: int = DEFAULT_INDEXED_COLUMNS,
+                 stats_columns: tuple[str, ...] | None = None,
                  fence_app_id: str | None = None, retries: int = 50,
                  epoch_app_id: str | None = None, epoch: int = -1) -> None:
         """`version`: the table's latest version as the caller loaded it. `fence_app_id`: an
@@ -155,6 +158,7 @@ class DeltaCommitWriter:
         self.table_uri = table_uri
         self.version = version
         self.indexed_columns = indexed_columns
+        self.stats_columns = stats_columns  # the table's delta.dataSkippingStatsColumns
         self.fence_app_id = fence_app_id
         self.retries = retries
         self.epoch_app_id = epoch_app_id
@@ -166,7 +170,7 @@ class DeltaCommitWriter:
         """Write `data` as a new Parquet data file of the table (Snappy, bounded row groups);
         `kind` ends its name, saying which job wrote it."""
         name, size = write_data_file(self.storage, self.table_uri, data, kind)
-        return DataFile(name, size, file_stats(data, self.indexed_columns))
+        return DataFile(name, size, file_stats(data, self.indexed_columns, self.stats_columns))
 
     def commit(self, *, adds: Sequence[DataFile] = (), removes: Sequence[dict[str, Any]] = (),
                txns: Mapping[str, int] | None = None, info: Mapping[str, Any] | None = None,
@@ -304,21 +308,25 @@ def writer_for(table: DeltaTable, storage: Storage, *, retries: int) -> DeltaCom
     against it before it lands."""
     return DeltaCommitWriter(storage, table.table_uri, table.version(),
                              indexed_columns=indexed_columns(table.metadata().configuration),
+                             stats_columns=stats_columns(table.metadata().configuration),
                              retries=retries)
 
 
-def file_stats(data: pa.Table, indexed_columns: int = DEFAULT_INDEXED_COLUMNS) -> str:
+def file_stats(data: pa.Table, indexed_columns: int = DEFAULT_INDEXED_COLUMNS,
+               stats_columns: tuple[str, ...] | None = None) -> str:
     """The add action's stats of a file holding `data`: numRecords, and the minimum, maximum
     and null count of the first `indexed_columns` leaf columns (the protocol's order: nested
-    fields count one by one)."""
-    budget = [indexed_columns]
+    fields count one by one), or of the top-level `stats_columns` where the table names them
+    (delta.dataSkippingStatsColumns, which then rules)."""
+    budget = [indexed_columns if stats_columns is None else 1 << 30]
     mins: dict[str, Any] = {}
     maxes: dict[str, Any] = {}
     nulls: dict[str, Any] = {}
     for field, column in zip(data.schema, data.columns, strict=True):
         if budget[0] <= 0:
             break
-        _column_stats(field, column, budget, mins, maxes, nulls)
+        if stats_columns is None or field.name in stats_columns:
+            _column_stats(field, column, budget, mins, maxes, nulls)
     return json.dumps({"numRecords": data.num_rows, "minValues": mins, "maxValues": maxes,
                        "nullCount": nulls}, separators=(",", ":"))
 
@@ -387,6 +395,13 @@ def _timestamp(value: datetime.datetime, *, up: bool) -> str:
     if up and value.microsecond % 1000:
         value += datetime.timedelta(microseconds=1000 - value.microsecond % 1000)
     return value.strftime("%Y-%m-%dT%H:%M:%S.") + f"{value.microsecond // 1000:03d}Z"
+
+
+def stats_columns(configuration: Mapping[str, str | None]) -> tuple[str, ...] | None:
+    """The columns a table's files carry statistics for, where its configuration names them
+    (delta.dataSkippingStatsColumns); None: the first `indexed_columns` leaf columns."""
+    value = configuration.get("delta.dataSkippingStatsColumns")
+    return None if not value else tuple(name.strip() for name in value.split(","))
 
 
 def indexed_columns(configuration: Mapping[str, str | None]) -> int:

@@ -2,8 +2,13 @@
 
 A follower that last fetched epoch E asks its new leader where E ends (OffsetsForLeaderEpoch) and
 truncates there, so diverging records written by an old leader go. deltabus keeps no epoch file:
-every record holds its leader epoch, and Parquet's per-row-group statistics give the epochs when
-a log opens without reading the records (`recover_epochs`).
+every record holds its leader epoch, and each data file's statistics give the epochs when a log
+opens without reading the records (`recover_epochs`): the add actions' own, which the table's
+log already holds, for a file of one epoch (nearly all: a group commit is written at one
+epoch), and the footer's per-row-group statistics for the rest (a merge across a leader change,
+a file of a table created before its add actions carried leader epochs). On an object store a
+footer costs a round trip, and a busy log holds thousands of small files between merges: read
+for every file, they took a relaunched broker minutes to open its logs.
 
 Not locked itself: the log's lock guards every call.
 """
@@ -12,7 +17,7 @@ from __future__ import annotations
 
 import bisect
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 import pyarrow as pa
@@ -65,12 +70,23 @@ class LeaderEpochCache:
         return self._starts[i][0], end
 
 
-def recover_epochs(files: Iterable[pq.ParquetFile]) -> list[tuple[int, int]]:
-    """(leader epoch, first offset) of every epoch in a log's data files, from Parquet
-    statistics: a row group holding one epoch is not read, so this is cheap however long the
-    log is."""
+def recover_epochs(files: pa.Table, footers: Callable[[list[str]], Iterable[pq.ParquetFile]]
+                   ) -> list[tuple[int, int]]:
+    """(leader epoch, first offset) of every epoch in a log's data `files` (`data_files` rows
+    with the leader epochs' statistics), from statistics: the add actions' where a file holds
+    one epoch; else its footer's, from `footers` (the files at those paths, opened), where
+    only a row group of several epochs is read."""
     starts: dict[int, int] = {}
-    for reader in files:
+    unknown: list[str] = []
+    for path, first, low, high in zip(
+            files.column("path").to_pylist(), files.column("min.offset").to_pylist(),
+            files.column("min.leader_epoch").to_pylist(),
+            files.column("max.leader_epoch").to_pylist(), strict=True):
+        if low is not None and low == high:
+            _merge(starts, int(low), int(first))
+        else:
+            unknown.append(path)
+    for reader in footers(unknown) if unknown else ():
         columns = leaf_columns(reader)
         for group in range(reader.metadata.num_row_groups):
             meta = reader.metadata.row_group(group)

@@ -31,13 +31,25 @@ from deltabus.storage import Storage
 LOG_START_TXN_APP_ID = "deltabus.logStart"
 # Columns of delta-rs's flattened add actions a reader needs (offsets first).
 FILE_COLUMNS = ["path", "min.offset", "max.offset", "size_bytes", "num_records"]
+# The columns a log's files carry statistics for (`delta.dataSkippingStatsColumns`): offsets
+# and timestamps for readers' pruning; producer ids and leader epochs so that a log opens from
+# the add actions alone (leader epochs, the producer id bound) instead of reading the footer
+# of each of its files, a round trip each on an object store. Files of tables created before
+# them carry the first three only, and their footers are read.
+STATS_COLUMNS = ("offset", "timestamp", "timestamp_type", "producer_id", "leader_epoch")
+# The add actions' statistics of the producer ids and leader epochs (null where a file has none)
+STATE_STATS = ["min.producer_id", "max.producer_id", "min.leader_epoch", "max.leader_epoch"]
 # The columns that tell a transaction marker from a record (control_records.control_mask).
 TRANSACTION_COLUMNS = ("producer_id", "sequence")
 
 
 def data_files(table: DeltaTable, columns: list[str] | None = None) -> pa.Table:
-    """The committed data files of `table`'s loaded version, by first offset."""
+    """The committed data files of `table`'s loaded version, by first offset. A statistic
+    the table keeps for none of its files (STATE_STATS of an older table) is all nulls."""
     actions = pa.table(table.get_add_actions(flatten=True))
+    for name in columns or ():
+        if name not in actions.column_names:
+            actions = actions.append_column(name, pa.nulls(actions.num_rows, pa.int64()))
     return actions.select(columns or FILE_COLUMNS).sort_by("min.offset")
 
 
@@ -187,13 +199,31 @@ class LogReader:
                         yield table
 
 
+def producer_id_max(files: Iterable[pq.ParquetFile]) -> int | None:
+    """The largest producer id of the files' records (-1 when they hold none), from their
+    row-group statistics alone; None when a row group has no statistics for it."""
+    largest = -1
+    for reader in files:
+        column = leaf_columns(reader).get("producer_id")
+        for group in range(reader.metadata.num_row_groups):
+            stats = (reader.metadata.row_group(group).column(column).statistics
+                     if column is not None else None)
+            if stats is None or not stats.has_min_max:
+                if reader.metadata.row_group(group).num_rows:
+                    return None
+                continue
+            largest = max(largest, int(stats.max))
+    return largest
+
+
 def stats_json(row: dict[str, Any]) -> str:
     """A data file's Delta statistics, as delta-rs writes them, from its flattened add action
-    (or the same keys computed from the data)."""
+    (or the same keys computed from the data): the producer ids' and leader epochs' where the
+    row has them (STATE_STATS)."""
     def ts(value: Any) -> str | None:  # Delta keeps milliseconds in statistics
         return None if value is None else value.strftime("%Y-%m-%dT%H:%M:%S.") + (
             f"{value.microsecond // 1000:03d}Z")
-    stats = {
+    stats: dict[str, Any] = {
         "numRecords": row["num_records"],
         "minValues": {"offset": row["min.offset"], "timestamp": ts(row["min.timestamp"]),
                       "timestamp_type": row["min.timestamp_type"]},
@@ -203,4 +233,9 @@ def stats_json(row: dict[str, Any]) -> str:
                       "timestamp": row["null_count.timestamp"],
                       "timestamp_type": row["null_count.timestamp_type"]},
     }
+    for column in ("producer_id", "leader_epoch"):
+        low, high = row.get(f"min.{column}"), row.get(f"max.{column}")
+        if low is not None and high is not None:
+            stats["minValues"][column], stats["maxValues"][column] = low, high
+            stats["nullCount"][column] = 0  # the log's columns are never null
     return json.dumps(stats, separators=(",", ":"))

@@ -31,11 +31,12 @@ from deltabus.log_tables.delta_writes import (
     log_table_schema,
     removal_stamp,
 )
-from deltabus.log_tables.log_reader import data_files, stats_json
+from deltabus.log_tables.log_reader import STATE_STATS, data_files, stats_json
 from deltabus.storage import Storage
 
 _COLUMNS = ["path", "size_bytes", "num_records", "min.offset", "max.offset", "modification_time",
-            "min.timestamp", "max.timestamp", "min.timestamp_type", "max.timestamp_type"]
+            "min.timestamp", "max.timestamp", "min.timestamp_type", "max.timestamp_type",
+            *STATE_STATS]
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,10 @@ def _stats_row(inputs: pa.Table, records: int) -> dict[str, Any]:
         row[f"min.{column}"] = pc.min(inputs.column(f"min.{column}")).as_py()
         row[f"max.{column}"] = pc.max(inputs.column(f"max.{column}")).as_py()
         row[f"null_count.{column}"] = 0
+    for column in ("producer_id", "leader_epoch"):  # bounds only where every input has them
+        if inputs.column(f"min.{column}").null_count == 0:
+            row[f"min.{column}"] = pc.min(inputs.column(f"min.{column}")).as_py()
+            row[f"max.{column}"] = pc.max(inputs.column(f"max.{column}")).as_py()
     return row
 
 

@@ -57,7 +57,7 @@ from deltabus.log_tables.appender import (
 from deltabus.log_tables.commit_round import CommitRound
 from deltabus.log_tables.control_records import marker_batch
 from deltabus.log_tables.delta_reads import history
-from deltabus.log_tables.leader_epochs import LeaderEpochCache, recover_epochs
+from deltabus.log_tables.leader_epochs import LeaderEpochCache
 from deltabus.log_tables.log_offsets import LogOffsets
 from deltabus.log_tables.log_validator import Validation, checked_batch
 from deltabus.log_tables.partition_reader import (
@@ -148,12 +148,12 @@ class PartitionLog:
             path, storage=storage, checkpoint_interval=config.checkpoint_interval,
             committed_version=lambda: self._offsets.version,
             on_log_start=self._offsets.raise_log_start)
-        self._epochs = LeaderEpochCache(self._name, recover_epochs(self._reader.parquet_files()))
+        self._producers = ProducerStateManager(
+            self._name, self._lock, lambda: self._reader.parquet_files(newest_first=True),
+            self._reader.producer_id_max, config.sequence_wait_ms)
+        self._epochs = LeaderEpochCache(self._name, self._reader.leader_epochs())
         self._tail = TailCache(config.log_cache_bytes_max,
                                shared_budget(config.log_cache_total_bytes_max))
-        self._producers = ProducerStateManager(self._name, self._lock,
-                                               self._reader.parquet_files,
-                                               config.sequence_wait_ms)
         self._txns = LogTransactions(self._reader.parquet_files)  # transactions.py
         self._closed = False
         self._commits = CommitRound(  # commits this log's queue on the process's append pool

@@ -25,12 +25,15 @@ import pyarrow.parquet as pq
 
 from deltabus import errors
 from deltabus.log_tables.delta_reads import open_table, update
+from deltabus.log_tables.leader_epochs import recover_epochs
 from deltabus.log_tables.log_reader import (
     FILE_COLUMNS,
+    STATE_STATS,
     data_files,
     files_overlapping,
     offset_slice,
     overlapping_row_groups,
+    producer_id_max,
     read_row_group,
     stats_json,
 )
@@ -89,7 +92,8 @@ class PartitionReader:
             if self._table.version() < self._committed_version():
                 self._update()
             if self._files_version != self._table.version():
-                self._files_cache = data_files(self._table, [*FILE_COLUMNS, *_STATS_COLUMNS])
+                self._files_cache = data_files(self._table, [*FILE_COLUMNS, *_STATS_COLUMNS,
+                                                             *STATE_STATS])
                 self._files_version = self._table.version()
                 if self._files_cache.num_rows:  # the cleaner may have removed the oldest files
                     self._on_log_start(self._files_cache.column("min.offset")[0].as_py())
@@ -101,22 +105,38 @@ class PartitionReader:
             self._update()
         self.files()
 
-    def parquet_files(self) -> Iterator[pq.ParquetFile]:
-        """The committed data files, opened, in offset order: several at a time ahead of the
-        caller. On an object store an open is a round trip or two (the size, the footer), and
-        a busy leader's log holds a small file per group commit until the cleaner merges them:
-        opened one after another, a log of thousands took a relaunched broker most of a
-        minute to open (its leader epochs are read from every footer)."""
-        paths = iter(self.files().column("path").to_pylist())
+    def leader_epochs(self) -> list[tuple[int, int]]:
+        """(leader epoch, first offset) of every epoch in the committed files (leader_epochs.py:
+        from the add actions, and the footers of the few files they do not tell)."""
+        return recover_epochs(self.files(), self.parquet_files)
+
+    def producer_id_max(self) -> int | None:
+        """The largest producer id in the committed files (-1: none), from the add actions'
+        statistics, and the footers of files whose add actions have none; None when a footer
+        has none either."""
+        files = self.files()
+        bounds = files.column("max.producer_id")
+        largest = pc.max(bounds).as_py()
+        unknown = files.filter(pc.is_null(bounds)).column("path").to_pylist()
+        found = producer_id_max(self.parquet_files(unknown)) if unknown else -1
+        return None if found is None else max(found, -1 if largest is None else int(largest))
+
+    def parquet_files(self, paths: list[str] | None = None, newest_first: bool = False
+                      ) -> Iterator[pq.ParquetFile]:
+        """The committed data files (or those at `paths`), opened, in offset order
+        (`newest_first`: the reverse): several at a time ahead of the caller. On an object
+        store an open is a round trip or two (the size, the footer)."""
+        ordered = self.files().column("path").to_pylist() if paths is None else paths
+        pending = iter(ordered[::-1] if newest_first else ordered)
         pool = ThreadPoolExecutor(PARQUET_OPENS_PARALLEL, thread_name_prefix="deltabus-open")
         # A bounded window, not pool.map: that opens every file at once and holds each open
         # until the caller reaches it (thousands of file handles for a log of small files).
         ahead = collections.deque(pool.submit(self.parquet_file, path)
-                                  for path in itertools.islice(paths, PARQUET_OPENS_PARALLEL))
+                                  for path in itertools.islice(pending, PARQUET_OPENS_PARALLEL))
         try:
             while ahead:
                 opened = ahead.popleft().result()
-                for path in itertools.islice(paths, 1):
+                for path in itertools.islice(pending, 1):
                     ahead.append(pool.submit(self.parquet_file, path))
                 yield opened
         finally:

@@ -9,13 +9,15 @@ recognises their retries and next sequences.
 
 Looking a producer up reads the table's files (their footers at least), which a log of many
 partitions cannot afford for every new producer on every partition. The log keeps an upper bound
-of the producer ids its table holds (`producer_id_max`: the ids of its files' row-group
-statistics when first needed, raised by every id it takes in since), so an id above it has
-written nothing here and is not looked up: ids are handed out in increasing order
-(producer_id_control.py), so every new producer is such an id. The bound only has to stay at or
-above every id in the table: only this log adds records to it (the cleaner only removes), and
-after a truncation, a restart, or a failed commit that left the table other than the log knew it,
-the bound is forgotten and read again.
+of the producer ids its table holds (`producer_id_max`: the largest id of its files' statistics,
+in the add actions, or in the footers of files written before those carried producer ids; taken
+when first needed, raised by every id it takes in since), so an id above it has written nothing
+here and is not looked up: ids are handed out in increasing order (producer_id_control.py), so
+every new producer is such an id. The bound only has to stay at or above every id in the table:
+only this log adds records to it (the cleaner only removes), and after a truncation, a restart,
+or a failed commit that left the table other than the log knew it, the bound is forgotten and
+read again.
+A producer looked up is read from the newest few files holding it (`recent_producer_rows`).
 
 Not locked itself: the log's lock (a Condition) guards every call, and the out-of-order hold
 waits on it.
@@ -100,12 +102,14 @@ class ProducerStateManager:
 
     def __init__(self, name: str, lock: threading.Condition,
                  data_files: Callable[[], Iterable[pq.ParquetFile]],
-                 sequence_wait_ms: int) -> None:
+                 id_bound: Callable[[], int | None], sequence_wait_ms: int) -> None:
         """`name` names the log in messages; `data_files` gives the log's committed Parquet
-        files, in offset order, to rebuild a producer from."""
+        files, newest first, to rebuild a producer from; `id_bound` the largest producer id
+        they hold (-1: none; None: not known)."""
         self._name = name
         self._lock = lock
         self._data_files = data_files
+        self._id_bound = id_bound
         self._sequence_wait_ms = sequence_wait_ms
         self._producers: dict[int, ProducerEntry] = {}
         # At or above every producer id in the table and every one queued for it; None: not
@@ -271,9 +275,9 @@ class ProducerStateManager:
         """Take in what the table holds of a producer the log has not seen since it opened,
         unless its id is above every id the table holds."""
         if self._producer_id_max is None:
-            self._producer_id_max = producer_id_max(self._data_files())
+            self._producer_id_max = self._id_bound()
         if self._producer_id_max is None or producer_id <= self._producer_id_max:
-            written = producer_rows(self._data_files(), producer_id)
+            written = recent_producer_rows(self._data_files(), producer_id)
             if written is not None:
                 self.note_copied(written)
 
@@ -284,36 +288,44 @@ def _fenced(producer: ProducerState, epoch: int) -> errors.DeltaBusError:
         f"producer {producer.producer_id} epoch {producer.producer_epoch} is older than {epoch}")
 
 
-def producer_id_max(files: Iterable[pq.ParquetFile]) -> int | None:
-    """The largest producer id of the files' records (-1 when they hold none), from their
-    row-group statistics alone; None when a row group has no statistics for it."""
-    largest = -1
-    for reader in files:
-        column = leaf_columns(reader).get("producer_id")
-        for group in range(reader.metadata.num_row_groups):
-            stats = (reader.metadata.row_group(group).column(column).statistics
-                     if column is not None else None)
-            if stats is None or not stats.has_min_max:
-                if reader.metadata.row_group(group).num_rows:
-                    return None
-                continue
-            largest = max(largest, int(stats.max))
-    return largest
-
-
 def producer_rows(files: Iterable[pq.ParquetFile], producer_id: int) -> pa.Table | None:
     """The records one producer wrote (offset, producer id, epoch, sequence), in offset order,
     or None. Only row groups whose producer_id statistics may hold it are read: a new producer's
     id is above every id written before, so for it this reads no data at all."""
+    parts = [_rows_of(reader, producer_id) for reader in files]
+    found = [part for part in parts if part is not None]
+    return pa.concat_tables(found).sort_by("offset") if found else None
+
+
+def recent_producer_rows(files: Iterable[pq.ParquetFile], producer_id: int) -> pa.Table | None:
+    """A producer's records in the newest PRODUCER_BATCHES_REMEMBERED files holding any
+    (`files` newest first), in offset order, or None: what its next batch is checked against.
+    Each batch is committed whole into one file, so these hold its last batches, the ones a
+    retry may repeat (answered with their offsets), and its epoch and next sequence; a retry of
+    an older batch is below its next sequence, answered DUPLICATE_SEQUENCE_NUMBER (written, at
+    an offset not said), as Kafka's broker does. Every file instead is the whole table, read
+    under the log's lock for each producer's first batch: at a new leader of a diskless
+    partition of a few thousand small commits, seconds on an object store, for every producer."""
     parts = []
     for reader in files:
-        column = leaf_columns(reader).get("producer_id")
-        for group in range(reader.metadata.num_row_groups):
-            stats = (reader.metadata.row_group(group).column(column).statistics
-                     if column is not None else None)
-            if stats is not None and stats.has_min_max and not (
-                    stats.min <= producer_id <= stats.max):
-                continue
-            part = reader.read_row_group(group, columns=_COLUMNS)
-            parts.append(part.filter(pc.equal(part.column("producer_id"), producer_id)))
+        part = _rows_of(reader, producer_id)
+        if part is not None and part.num_rows:
+            parts.append(part)
+            if len(parts) == PRODUCER_BATCHES_REMEMBERED:
+                break
     return pa.concat_tables(parts).sort_by("offset") if parts else None
+
+
+def _rows_of(reader: pq.ParquetFile, producer_id: int) -> pa.Table | None:
+    """`producer_rows` of one file: None when no row group's statistics may hold the id."""
+    parts = []
+    column = leaf_columns(reader).get("producer_id")
+    for group in range(reader.metadata.num_row_groups):
+        stats = (reader.metadata.row_group(group).column(column).statistics
+                 if column is not None else None)
+        if stats is not None and stats.has_min_max and not (
+                stats.min <= producer_id <= stats.max):
+            continue
+        part = reader.read_row_group(group, columns=_COLUMNS)
+        parts.append(part.filter(pc.equal(part.column("producer_id"), producer_id)))
+    return pa.concat_tables(parts) if parts else None

@@ -162,8 +162,8 @@ def test_a_producer_id_above_every_id_in_the_table_is_not_looked_up(tmp_path, mo
     log.append(batch("old", 3), leader_epoch=0, producer=ProducerState(5, 0, 0)).result(10)
     log.close()
     looked_up: list[int] = []
-    real = producer_state.producer_rows
-    monkeypatch.setattr(producer_state, "producer_rows",
+    real = producer_state.recent_producer_rows
+    monkeypatch.setattr(producer_state, "recent_producer_rows",
                         lambda files, pid: looked_up.append(pid) or real(files, pid))
     reopened = open_log(tmp_path, sequence_wait_ms=200)
     for pid in (6, 7, 8):  # newer producers, as InitProducerId hands them out
@@ -178,10 +178,38 @@ def test_a_producer_id_above_every_id_in_the_table_is_not_looked_up(tmp_path, mo
     reopened.close()
 
 
+def test_a_new_leader_reads_a_producer_from_its_newest_files_only(tmp_path, monkeypatch):
+    """A producer's retries repeat its last batches only (five at most in flight, as Kafka's
+    broker remembers five), and each batch is one commit's file at most: a leader taking over a
+    long log reads the newest files holding it, not the whole table, and a retry of an older
+    batch is still never written twice."""
+    from deltabus.log_tables import producer_state
+    log = open_log(tmp_path)
+    for i in range(8):
+        log.append(batch(f"b{i}", 2), leader_epoch=0,
+                   producer=ProducerState(3, 0, 2 * i)).result(10)
+    log.close()
+    files_read: list[int] = []
+    real = producer_state._rows_of
+    monkeypatch.setattr(producer_state, "_rows_of",
+                        lambda reader, pid: files_read.append(pid) or real(reader, pid))
+    reopened = open_log(tmp_path, sequence_wait_ms=200)
+    recent = reopened.append(batch("b5", 2), leader_epoch=1,
+                             producer=ProducerState(3, 0, 10)).result(10)
+    assert (recent.base_offset, recent.last_offset) == (10, 11)  # answered with its offsets
+    assert len(files_read) == producer_state.PRODUCER_BATCHES_REMEMBERED  # of 8 files
+    with pytest.raises(errors.DuplicateSequenceNumberError):  # written: not again
+        reopened.append(batch("b1", 2), leader_epoch=1, producer=ProducerState(3, 0, 2))
+    nxt = reopened.append(batch("b8", 2), leader_epoch=1,
+                          producer=ProducerState(3, 0, 16)).result(10)
+    assert nxt.base_offset == 16 and len(values(reopened)) == 18
+    reopened.close()
+
+
 def test_the_producer_id_bound_comes_from_the_files_statistics(tmp_path):
     import pyarrow.parquet as pq
 
-    from deltabus.log_tables.producer_state import producer_id_max
+    from deltabus.log_tables.log_reader import producer_id_max
     log = open_log(tmp_path)
     assert producer_id_max([]) == -1
     for pid in (12, 4):

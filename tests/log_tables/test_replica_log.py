@@ -20,6 +20,7 @@ from deltabus.log_tables.partition_log import (
     PartitionLog,
     commit_ranges,
 )
+from deltabus.log_tables.partition_reader import PartitionReader
 from deltabus.records import ProducerState, normalize_produce, produce_batch, to_log_batch
 
 RESULT_TIMEOUT_S = 30
@@ -212,6 +213,44 @@ def test_end_offset_for_epoch_answers_as_kafka_and_survives_reopen(tmp_path: Pat
     reopened = _open(tmp_path / "replica-0")
     try:
         assert {e: reopened.end_offset_for_epoch(e) for e in answers} == answers
+    finally:
+        reopened.close()
+
+
+def test_a_log_opens_from_its_add_actions_reading_only_footers_they_do_not_tell(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A relaunched broker opens each log from the Delta log alone: every file's add action
+    carries its leader epochs and producer ids, so only a file holding several epochs has its
+    footer read (on an object store a footer is a round trip, and a busy log holds thousands
+    of small files between merges), and a new producer's first batch reads no file."""
+    log = _open(tmp_path / "replica-0")
+    _append(log, "a", 5, epoch=2, producer=ProducerState(50, 0, 0))
+    _append(log, "b", 3, epoch=4)
+    log.append(_batch("c", 2), leader_epoch=7)
+    log.append(_batch("d", 2), leader_epoch=9).result(RESULT_TIMEOUT_S)
+    answers = {e: log.end_offset_for_epoch(e) for e in (1, 2, 3, 4, 7, 8, 9, 10)}
+    log.close()
+    actions = pa.table(DeltaTable(str(tmp_path / "replica-0")).get_add_actions(flatten=True))
+    assert actions.column("max.producer_id").to_pylist().count(50) == 1
+    mixed = {path for path, low, high in zip(
+        actions.column("path").to_pylist(), actions.column("min.leader_epoch").to_pylist(),
+        actions.column("max.leader_epoch").to_pylist(), strict=True) if low != high}
+    assert len(actions) - len(mixed) >= 2  # at least "a" and "b" hold one epoch each
+    opened: list[str] = []
+    footer = PartitionReader.parquet_file
+    monkeypatch.setattr(PartitionReader, "parquet_file",
+                        lambda self, path: opened.append(path) or footer(self, path))
+    reopened = _open(tmp_path / "replica-0")
+    try:
+        assert {e: reopened.end_offset_for_epoch(e) for e in answers} == answers
+        assert set(opened) == mixed
+        opened.clear()
+        _append(reopened, "new", 2, epoch=10, producer=ProducerState(51, 0, 0))
+        assert opened == []  # above every producer id the table holds: nothing to look up
+        # producer 50 is in the table: looked up, it goes on from its last sequence
+        assert _append(reopened, "next", 1, epoch=10, producer=ProducerState(50, 0, 5)) == (
+            14, 14)
+        assert opened
     finally:
         reopened.close()
 
