@@ -47,7 +47,7 @@ LATENCY_INTERVAL_S = 0.002
 DRAIN_S_MAX = 30.0
 WAIT_S_MAX = 300.0
 DISKLESS = {"diskless.enable": "true"}
-COMMIT_INTERVALS_MS = (50, 100, 250, 500)  # the sweep behind the default (250 ms)
+COMMIT_INTERVALS_MS = (50, 100, 250, 500)  # the sweep behind the default (100 ms)
 RF3 = {"min.insync.replicas": "2"}
 
 
