@@ -149,8 +149,8 @@ class PartitionLog:
             committed_version=lambda: self._offsets.version,
             on_log_start=self._offsets.raise_log_start)
         self._producers = ProducerStateManager(
-            self._name, self._lock, lambda: self._reader.parquet_files(newest_first=True),
-            self._reader.producer_id_max, config.sequence_wait_ms)
+            self._name, self._lock, self._reader.producer_files, self._reader.producer_id_max,
+            config.sequence_wait_ms)
         self._epochs = LeaderEpochCache(self._name, self._reader.leader_epochs())
         self._tail = TailCache(config.log_cache_bytes_max,
                                shared_budget(config.log_cache_total_bytes_max))

@@ -121,6 +121,16 @@ class PartitionReader:
         found = producer_id_max(self.parquet_files(unknown)) if unknown else -1
         return None if found is None else max(found, -1 if largest is None else int(largest))
 
+    def producer_files(self, producer_id: int) -> Iterator[pq.ParquetFile]:
+        """The committed files that may hold records of `producer_id`, opened, newest first:
+        those whose add actions' producer id bounds take it in, and every file without them."""
+        files = self.files()
+        low, high = files.column("min.producer_id"), files.column("max.producer_id")
+        may = pc.or_kleene(pc.is_null(low), pc.and_(pc.less_equal(low, producer_id),
+                                                     pc.greater_equal(high, producer_id)))
+        return self.parquet_files(files.filter(may).column("path").to_pylist(),
+                                  newest_first=True)
+
     def parquet_files(self, paths: list[str] | None = None, newest_first: bool = False
                       ) -> Iterator[pq.ParquetFile]:
         """The committed data files (or those at `paths`), opened, in offset order

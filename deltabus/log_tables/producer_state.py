@@ -101,11 +101,11 @@ class ProducerStateManager:
     """The idempotent producers of one log (see the module docstring)."""
 
     def __init__(self, name: str, lock: threading.Condition,
-                 data_files: Callable[[], Iterable[pq.ParquetFile]],
+                 data_files: Callable[[int], Iterable[pq.ParquetFile]],
                  id_bound: Callable[[], int | None], sequence_wait_ms: int) -> None:
         """`name` names the log in messages; `data_files` gives the log's committed Parquet
-        files, newest first, to rebuild a producer from; `id_bound` the largest producer id
-        they hold (-1: none; None: not known)."""
+        files that may hold a producer's records, newest first, to rebuild it from; `id_bound`
+        the largest producer id they hold (-1: none; None: not known)."""
         self._name = name
         self._lock = lock
         self._data_files = data_files
@@ -277,7 +277,7 @@ class ProducerStateManager:
         if self._producer_id_max is None:
             self._producer_id_max = self._id_bound()
         if self._producer_id_max is None or producer_id <= self._producer_id_max:
-            written = recent_producer_rows(self._data_files(), producer_id)
+            written = recent_producer_rows(self._data_files(producer_id), producer_id)
             if written is not None:
                 self.note_copied(written)
 

@@ -31,7 +31,7 @@ def _records(offsets: list[int], epochs: list[int] | None = None, pid: int = -1,
 
 def _manager(wait_ms: int = 10_000) -> tuple[ProducerStateManager, threading.Condition]:
     lock = threading.Condition()
-    return ProducerStateManager("t-0", lock, lambda: [], lambda: -1, wait_ms), lock
+    return ProducerStateManager("t-0", lock, lambda pid: [], lambda: -1, wait_ms), lock
 
 
 def _take(manager: ProducerStateManager, producer: ProducerState, records: int,

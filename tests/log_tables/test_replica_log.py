@@ -247,10 +247,13 @@ def test_a_log_opens_from_its_add_actions_reading_only_footers_they_do_not_tell(
         opened.clear()
         _append(reopened, "new", 2, epoch=10, producer=ProducerState(51, 0, 0))
         assert opened == []  # above every producer id the table holds: nothing to look up
-        # producer 50 is in the table: looked up, it goes on from its last sequence
+        # producer 50 is in the table: looked up, in the one file its statistics take in,
+        # it goes on from its last sequence
         assert _append(reopened, "next", 1, epoch=10, producer=ProducerState(50, 0, 5)) == (
             14, 14)
-        assert opened
+        assert opened == [path for path, high in zip(
+            actions.column("path").to_pylist(), actions.column("max.producer_id").to_pylist(),
+            strict=True) if high == 50]
     finally:
         reopened.close()
 
