@@ -197,9 +197,10 @@ class BrokerMetadataPublisher:
                     found.log.pace_commits(**self._diskless_pacing(topic_config))
                 self._apply_partition(found, state, image)
         took_s = time.monotonic() - started
-        if took_s > self._config.broker_heartbeat_interval_ms / 1000:
+        if took_s > self._config.broker_session_timeout_ms / 4000:
             # Until an apply ends, the partitions this broker was given refuse requests
-            # (NOT_LEADER_OR_FOLLOWER), and the next image waits.
+            # (NOT_LEADER_OR_FOLLOWER), and the next image waits: as long as a good part of
+            # the session timeout delays a failover as much as a slow detection does.
             log.warning("broker %d applied metadata version %d in %.1f s: closed %d logs in "
                         "%.1f s, opened %d and took the image in %.1f s", self.broker_id,
                         image.version, took_s, len(closing), closed - started, len(opening),
