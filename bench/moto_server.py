@@ -5,7 +5,11 @@ too (tests/object_stores.py, beside Azurite): the bench may not import the tests
 import the bench. moto is a development dependency (`moto[server]`), as both are development
 tools. The server starts with no AWS_ variable in its environment, and clients reach it only
 through the storage options `S3Server.options` gives (delta-rs's names). It is moto's own server
-with one change (`serve`): conditional writes are atomic, as S3's are.
+with three changes (`serve`): conditional writes are atomic, as S3's are; S3 requests skip
+moto's per-request backend lookup; and a LIST with a prefix reads the keys under it from a
+sorted index of the bucket's keys (`index_listings`), where moto reads every key of the bucket:
+as a soak's buckets grow to a hundred thousand keys, a LIST took moto over 100 ms, holding the
+interpreter, and every broker's request queued behind it. Real S3 lists from an index too.
 
 With a `log` file, the server's stderr goes there: werkzeug writes one line per request served,
 `127.0.0.1 - - [date] "GET /bucket?list-type=2&prefix=... HTTP/1.1" 200 -`, which
@@ -154,6 +158,64 @@ def by_method(requests: list[tuple[str, str]], prefix: str = "") -> dict[str, in
     return dict(counts)
 
 
+def index_listings() -> None:
+    """Make moto's S3 LISTs with a prefix cost the keys under the prefix, not the bucket's: each
+    bucket's key store keeps its names sorted (kept up to date on every put and delete), and
+    `list_objects` (which list_objects_v2 calls) looks at the names under the prefix only."""
+    import bisect
+    import threading
+    import types
+
+    from moto.s3.models import S3Backend
+    from moto.s3.utils import _VersionedKeyStore
+
+    lock = threading.Lock()
+
+    def names(store: Any) -> list[str]:
+        found = store.__dict__.get("_sorted_names")
+        if found is None:
+            found = store.__dict__["_sorted_names"] = sorted(dict.keys(store))
+        return found
+
+    def adding(method: Callable[..., Any]) -> Callable[..., Any]:
+        def add(store: Any, key: str, value: Any) -> Any:
+            with lock:
+                new = not dict.__contains__(store, key)
+                result = method(store, key, value)
+                if new:
+                    bisect.insort(names(store), key)
+                return result
+        return add
+
+    def pop(store: Any, key: str) -> None:
+        with lock:
+            removing(store, key)
+            listed = names(store)
+            i = bisect.bisect_left(listed, key)
+            if i < len(listed) and listed[i] == key:
+                del listed[i]
+
+    removing = _VersionedKeyStore.pop
+    _VersionedKeyStore.__setitem__ = adding(_VersionedKeyStore.__setitem__)  # type: ignore
+    _VersionedKeyStore.setlist = adding(_VersionedKeyStore.setlist)  # type: ignore
+    _VersionedKeyStore.pop = pop  # type: ignore
+    list_all = S3Backend.list_objects
+
+    def list_objects(self: Any, bucket: Any, prefix: str | None, *args: Any,
+                     **kwargs: Any) -> Any:
+        if not prefix or not isinstance(bucket.keys, _VersionedKeyStore):
+            return list_all(self, bucket, prefix, *args, **kwargs)
+        with lock:
+            listed = names(bucket.keys)
+            under = listed[bisect.bisect_left(listed, prefix):
+                           bisect.bisect_left(listed, prefix[:-1] + chr(ord(prefix[-1]) + 1))]
+        keys = {name: bucket.keys.get(name) for name in under}
+        view = types.SimpleNamespace(keys={k: v for k, v in keys.items() if v is not None})
+        return list_all(self, view, prefix, *args, **kwargs)  # type: ignore[arg-type]
+
+    S3Backend.list_objects = list_objects  # type: ignore
+
+
 def serve(port: int) -> None:
     """moto.server's main on `HOST`:`port`, with its conditional writes made atomic. moto checks
     `If-None-Match: *` and then puts, with no lock between, so two racing creates of one key
@@ -170,6 +232,7 @@ def serve(port: int) -> None:
     from werkzeug.serving import run_simple
 
     os.environ.setdefault("MOTO_PORT", str(port))
+    index_listings()
     app = DomainDispatcherApplication(create_backend_app)
     app.debug = True  # type: ignore[attr-defined]  # as moto.server runs it
     conditional = threading.Lock()
