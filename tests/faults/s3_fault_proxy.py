@@ -28,6 +28,7 @@ import random
 import socket
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -43,6 +44,11 @@ ANSWER_LOST = "answer-lost"
 FAULTS = (SLOW_DOWN, INTERNAL_ERROR, DELAY, TIMEOUT, ANSWER_LOST)
 COMMIT_FILES = "*_delta_log/*.json"  # the key pattern of Delta commit files
 HOLD_S_MAX = 600.0  # a TIMEOUT holds its connection at most this long
+# Connections served at once; more wait their turn. A thread for every connection, unbounded,
+# melted an S3 soak's test process: a burst of table loads left 8,000 proxy threads waiting for
+# the interpreter, the controller's heartbeat handling and the clients among them, until every
+# broker was fenced.
+PROXY_THREADS = 64
 UPSTREAM_TIMEOUT_S = 60.0
 # Headers of one connection, not of the request or answer (RFC 9110, 7.6.1).
 _HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "te", "trailer",
@@ -157,8 +163,7 @@ class S3FaultProxy:
             owner = proxy
 
         self._stopping.clear()
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
+        self._server = _BoundedServer(("127.0.0.1", 0), Handler)
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True,
                                         name="s3-fault-proxy")
         self._thread.start()
@@ -188,12 +193,30 @@ class S3FaultProxy:
             (self.history.fault if start else self.history.heal)(f"s3-{f}", value)
 
 
+class _BoundedServer(ThreadingHTTPServer):
+    """An HTTP server whose connections are served by at most PROXY_THREADS threads."""
+
+    request_queue_size = 1024  # a burst of connections waits in the backlog, not refused
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
+        super().__init__(address, handler)
+        self._pool = ThreadPoolExecutor(PROXY_THREADS, thread_name_prefix="s3-fault-proxy")
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        self._pool.submit(self.process_request_thread, request, client_address)
+
+    def server_close(self) -> None:
+        super().server_close()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
 class _Handler(BaseHTTPRequestHandler):
     """One client connection: each request forwarded, or faulted."""
 
     owner: S3FaultProxy
     protocol_version = "HTTP/1.1"  # keep-alive, as S3 clients pool their connections
-    timeout = 120  # an idle pooled connection's thread ends after this long
+    # An idle pooled connection gives its thread back after this long (the others wait for one)
+    timeout = 10
 
     def setup(self) -> None:
         super().setup()
