@@ -1,7 +1,7 @@
 """A broker's metadata publisher (Kafka's BrokerMetadataPublisher): applies each metadata image
-the broker's heartbeats bring. It closes the replicas the broker no longer hosts, publishes the
-image to the broker's metadata cache (what its clients are told), opens the replicas it now
-hosts, makes each a leader or a follower, and points the replica fetchers at the leaders.
+the broker's heartbeats bring. It closes the replicas the broker no longer hosts, opens the ones
+it now hosts, makes each a leader or a follower, points the replica fetchers at the leaders, and
+then publishes the image to the broker's metadata cache.
 
 Separate from the broker's session with the controller (`broker_lifecycle`, whose heartbeat
 thread hands images over here) so that applying an image, which may open thousands of partition
@@ -168,14 +168,6 @@ class BrokerMetadataPublisher:
             self._replicas.fetch_purgatory.check(key)
             log.info("broker %d no longer hosts %s-%d", self.broker_id, *key)
         closed = time.monotonic()
-        # Published before the opening (as KRaft's publisher sets the metadata cache first):
-        # opening a broker's new partitions on a slow store takes seconds, and clients asking
-        # this broker meanwhile learn where every other partition went. One it was just given
-        # answers NOT_LEADER_OR_FOLLOWER until it opens; they retry.
-        if image.acls == self._cache.image.acls:  # the same tuple: the authorizer is not rebuilt
-            image = dataclasses.replace(image, acls=self._cache.image.acls)
-        self._quota_manager.update(image.client_quotas)
-        self._cache.publish(image)
         self._offline &= set(hosted)  # a replica no longer hosted is not ours to report
         opening = sorted((set(hosted) - current) | reclaimed)
         if opening:  # in parallel: a broker may host hundreds of partitions
@@ -196,6 +188,10 @@ class BrokerMetadataPublisher:
                 if topic_config.diskless_enable:
                     found.log.pace_commits(**self._diskless_pacing(topic_config))
                 self._apply_partition(found, state, image)
+        if image.acls == self._cache.image.acls:  # the same tuple: the authorizer is not rebuilt
+            image = dataclasses.replace(image, acls=self._cache.image.acls)
+        self._quota_manager.update(image.client_quotas)
+        self._cache.publish(image)
         took_s = time.monotonic() - started
         if took_s > self._config.broker_session_timeout_ms / 4000:
             # Until an apply ends, the partitions this broker was given refuse requests
