@@ -168,6 +168,8 @@ class Cluster:
         self._stopping = threading.Event()
         self._tag = uuid.uuid4().hex[:8]  # this cluster's, in its Spark job group names
         self.relaunches: dict[int, int] = {b: 0 for b in range(brokers)}
+        # Where each broker fenced by the controller listened, till its supervisor reads it.
+        self._fenced_endpoints: dict[int, BrokerEndpoint] = {}
         # Why a broker's last task could not start (a listener's port taken), until it starts.
         self._start_failures: dict[int, str] = {}
         # A broker whose event is clear stays down after its task ends, until start_broker.
@@ -314,11 +316,16 @@ class Cluster:
                 self._start_failures[broker_id] = outcome
             if self._stopping.is_set() or self.controller is None:
                 break
-            last = self.controller.registered_endpoint(broker_id)
-            if last is not None:  # its relaunch keeps its ports (doors.open_doors)
-                spec = dataclasses.replace(spec, previous_listeners=last.listeners)
+            registered = self.controller.registered_endpoint(broker_id)
             _survive(f"fencing broker {broker_id} after its task ended",
                      self.controller.fence_broker, broker_id, "its Spark task ended")
+            # Where the last incarnation listens: its registration's, or, when the controller
+            # fenced it first (missed heartbeats: a pause, a network partition), the fenced
+            # registration's, which the fence deleted while the process may still run.
+            last = registered or self._fenced_endpoints.pop(broker_id, None)
+            self._fenced_endpoints.pop(broker_id, None)
+            if last is not None:  # its relaunch keeps its ports (doors.open_doors)
+                spec = dataclasses.replace(spec, previous_listeners=last.listeners)
             _survive(f"waiting for broker {broker_id}'s last process", await_last_incarnation, last)
             self._stopping.wait(RELAUNCH_BACKOFF_S)
             while not self._may_run[broker_id].wait(0.1):
@@ -374,9 +381,10 @@ class Cluster:
     def _broker_group(self, broker_id: int) -> str:
         return self.job_group("broker", broker_id)
 
-    def _cancel_broker(self, broker_id: int) -> None:
+    def _cancel_broker(self, broker_id: int, endpoint: BrokerEndpoint) -> None:
         """Called when the controller fences a broker: end its task so the supervisor relaunches
-        it (a hung broker must not keep its partitions)."""
+        it (a hung broker must not keep its partitions), once the process at `endpoint` is gone."""
+        self._fenced_endpoints[broker_id] = endpoint
         if not self._stopping.is_set():
             self.spark.sparkContext.cancelJobGroup(self._broker_group(broker_id))
 

@@ -54,11 +54,12 @@ class ClusterControlManager:
                  state: MetadataState, commit: CommitRecords, *,
                  version: Callable[[], int], shutting_down: Callable[[], bool],
                  read_deltas: Callable[[MetadataPosition], MetadataBatch | None],
-                 on_fence: Callable[[int], None] | None = None) -> None:
+                 on_fence: Callable[[int, BrokerEndpoint], None] | None = None) -> None:
         """`lock`, `state`, `commit`: the controller's (`commit` is called with `lock` held);
         `version`: its current metadata version; `read_deltas`: what a broker at a position is
-        sent (the controller's `MetadataDeltas`); `on_fence`: told of each broker fenced,
-        outside the lock."""
+        sent (the controller's `MetadataDeltas`); `on_fence`: told of each broker fenced, and
+        where its fenced registration said it listens (a fence deletes the registration,
+        while the process may still run there), outside the lock."""
         self._config = config
         self._lock = lock
         self._state = state
@@ -241,11 +242,12 @@ class ClusterControlManager:
             records = broker_registry.fence_broker(self._state.brokers, broker_id)
             if not records:
                 return False
+            endpoint = self._state.brokers.registrations[broker_id].endpoint
             log.warning("broker %d fenced: %s", broker_id, reason)
             self._commit_broker_change(records, leaving=broker_id)
             self.fenced[broker_id] += 1
         if self._on_fence is not None:
-            self._on_fence(broker_id)
+            self._on_fence(broker_id, endpoint)
         return True
 
     def check_sessions(self) -> list[int]:

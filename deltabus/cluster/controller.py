@@ -133,7 +133,7 @@ class Controller:
     delegates each subsystem's to its manager."""
 
     def __init__(self, config: cfg.ClusterConfig,
-                 on_fence: Callable[[int], None] | None = None,
+                 on_fence: Callable[[int, BrokerEndpoint], None] | None = None,
                  catch_up: Callable[[list[CatchUpTask], str], object] | None = None,
                  send_markers: SendMarkers | None = None) -> None:
         """`send_markers`: how transaction markers reach a broker (tests give a fake); the

@@ -22,6 +22,7 @@ from deltabus.cluster.controller import Controller
 from deltabus.metadata import BrokerEndpoint, MetadataImage
 from tests.cluster.controller_server import ControllerServer
 from tests.conftest import wait_until
+from tests.faults.pause import Pause
 
 
 def fail_metadata_writes(monkeypatch: pytest.MonkeyPatch, controller: Controller,
@@ -165,3 +166,25 @@ def test_a_killed_broker_comes_back_though_fencing_it_failed(
     assert _running(f"deltabus-supervisor-{victim}")
     state = cluster.controller.image().partition(topic_name, 0)
     assert state.leader in (victim, 0)
+
+
+def test_a_broker_fenced_for_its_silence_comes_back_on_its_ports_after_its_last_process(
+        cluster, all_brokers_back) -> None:
+    """A broker the controller fences for missed heartbeats (here a paused process; in a
+    network partition one that is cut off) loses its registration at once, while its process
+    may still run, lead and write its tables until Spark kills it. Its next incarnation must
+    wait for that process to end, on the ports the fenced registration named, and comes back
+    on those ports: clients and followers find it where they knew it, and no two processes
+    write its tables at once (the network partition test lost acknowledged records to that)."""
+    victim = 1
+    before = cluster.controller.registered_endpoint(victim)
+    relaunches = cluster.relaunches[victim]
+    with Pause(cluster) as pause:
+        old_pid = pause.pause(victim)
+        wait_until(lambda: cluster.relaunches[victim] > relaunches
+                   and cluster.broker_pids().get(victim) not in (None, old_pid),
+                   f"broker {victim} to be fenced and relaunched", 180)
+    after = cluster.controller.registered_endpoint(victim)
+    assert after is not None
+    assert (after.port, after.kafka_port, after.listeners) == (
+        before.port, before.kafka_port, before.listeners)
