@@ -11,9 +11,11 @@ partitions and its followers still fetched from it: two writers of one table, an
 records truncated when the new one led (the network partition test found it).
 
 So the supervisor (Cluster._supervise) waits, before the catch-up job and the relaunch, until
-the broker's registered inter-broker address refuses connections, for at most
-`timeout_s`; past it the next one starts anyway (Spark never killed the old one, or its
-machine cannot be reached), and the put-if-absent commits still fence the old one's writes.
+the broker's last registered inter-broker address refuses connections (the fenced
+registration's, when the controller fenced it: the fence deletes it, and a wait that read the
+registry then found nothing to wait for), for at most `timeout_s`; past it the next one
+starts anyway (Spark never killed the old one, or its machine cannot be reached), and the
+put-if-absent commits still fence the old one's writes.
 
 Runs on the driver, in a broker's supervisor thread.
 """
