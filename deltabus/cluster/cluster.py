@@ -181,9 +181,11 @@ class Cluster:
 
     def start(self) -> Cluster:
         """Start the controller and every broker; return once all brokers have registered."""
-        self._check_task_slots()
-        self._warn_of_kill_links()
-        self._warn_if_open()
+        check_task_slots(self.spark, self.config.brokers)
+        warn_of_kill_links(self.spark)
+        warning = open_listener_warning(self.config)
+        if warning:
+            log.warning("%s", warning)
         self.controller = controller = Controller(self.config, on_fence=self._cancel_broker,
                                                   catch_up=self._catch_up)
         group = self.config.group
@@ -259,20 +261,6 @@ class Cluster:
                  self.bootstrap_servers, self.config.brokers, self.config.root)
         return self
 
-    def _check_task_slots(self) -> None:
-        """In local mode the slot count is known up front: refuse a cluster that cannot start.
-        Elsewhere executors may still be joining, so a shortage shows as a start-up timeout."""
-        sc = self.spark.sparkContext
-        if not sc.master.startswith("local["):
-            return
-        slots = sc.defaultParallelism
-        if slots <= self.config.brokers:
-            raise ValueError(
-                f"Spark offers {slots} task slots but {self.config.brokers} brokers each hold one "
-                "for life and other jobs need one more: use master "
-                f"local[{self.config.brokers + 2}]"
-                " or add executors")
-
     def _local_task_slots(self) -> int | None:
         """Spark's task slots where they are fixed (local mode), else None (executors may
         join)."""
@@ -282,18 +270,6 @@ class Cluster:
     def _reserved_slots(self) -> int:
         """The task slots the log cleaner leaves alone: one per broker, one for a relaunch."""
         return len(self.controller.members() if self.controller else self._may_run) + 1
-
-    def _warn_of_kill_links(self) -> None:
-        """A session made elsewhere (a notebook's, Databricks') may leave the Spark UI's kill
-        links on: say so, since a click there stops a broker (the conf is fixed at start)."""
-        if self.spark.sparkContext.getConf().get("spark.ui.killEnabled", "true") != "false":
-            log.warning("spark.ui.killEnabled is on: anyone who reaches the Spark UI can kill "
-                        "the deltabus broker jobs; start Spark with spark.ui.killEnabled=false")
-
-    def _warn_if_open(self) -> None:
-        warning = open_listener_warning(self.config)
-        if warning:
-            log.warning("%s", warning)
 
     def _spawn(self, target: Any, name: str) -> None:
         thread = threading.Thread(target=target, name=name, daemon=True)
@@ -649,6 +625,27 @@ def _rebalance(controller: Controller) -> None:
     moved = controller.rebalance_leaders()
     if moved:
         log.info("preferred leader election moved %d partitions", moved)
+
+
+def check_task_slots(spark: Any, brokers: int) -> None:
+    """In local mode the slot count is known up front: refuse a cluster that cannot start.
+    Elsewhere executors may still be joining, so a shortage shows as a start-up timeout."""
+    sc = spark.sparkContext
+    if not sc.master.startswith("local["):
+        return
+    slots = sc.defaultParallelism
+    if slots <= brokers:
+        raise ValueError(
+            f"Spark offers {slots} task slots but {brokers} brokers each hold one for life and "
+            f"other jobs need one more: use master local[{brokers + 2}] or add executors")
+
+
+def warn_of_kill_links(spark: Any) -> None:
+    """A session made elsewhere (a notebook's, Databricks') may leave the Spark UI's kill
+    links on: say so, since a click there stops a broker (the conf is fixed at start)."""
+    if spark.sparkContext.getConf().get("spark.ui.killEnabled", "true") != "false":
+        log.warning("spark.ui.killEnabled is on: anyone who reaches the Spark UI can kill "
+                    "the deltabus broker jobs; start Spark with spark.ui.killEnabled=false")
 
 
 def open_listener_warning(config: cfg.ClusterConfig) -> str | None:
