@@ -12,7 +12,7 @@ from deltabus import AdminClient, Cluster, NewTopic, Producer
 from deltabus.client.cluster_client import ClusterClient
 from deltabus.listeners import ListenerBindError
 from deltabus.rpc.v1 import deltabus_pb2 as pb
-from tests.conftest import read_records, wait_until
+from tests.conftest import free_port_block, read_records, wait_until
 
 _read_all = read_records
 
@@ -234,9 +234,7 @@ def test_a_broker_whose_port_is_taken_fails_the_start_naming_it(spark, tmp_path)
     """Broker b listens on port + 1 + b. When that port is taken the start fails at once with
     the address, as Kafka's "failed to bind" does, rather than relaunching the broker into the
     same taken port until the start-up times out with a word about task slots."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port_block(3)  # a port alone can have a taken neighbour (another test's)
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", port + 2))  # broker 1's gRPC port
         taken.listen()
