@@ -298,8 +298,8 @@ class Cluster:
             # Where the last incarnation listens: its registration's, or, when the controller
             # fenced it first (missed heartbeats: a pause, a network partition), the fenced
             # registration's, which the fence deleted while the process may still run.
-            last = registered or self._fenced_endpoints.pop(broker_id, None)
-            self._fenced_endpoints.pop(broker_id, None)
+            fenced = self._fenced_endpoints.pop(broker_id, None)
+            last = registered or fenced
             if last is not None:  # its relaunch keeps its ports (doors.open_doors)
                 spec = dataclasses.replace(spec, previous_listeners=last.listeners)
             _survive(f"waiting for broker {broker_id}'s last process", await_last_incarnation, last)
