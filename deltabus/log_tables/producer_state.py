@@ -199,12 +199,21 @@ class ProducerStateManager:
         self._raise_producer_id_max(int(pids.max()))
         for pid in np.unique(pids[pids >= 0]):
             rows = np.nonzero(pids == pid)[0]
+            marker = seqs[rows] < 0  # transaction markers: control records carry no sequence
             breaks = np.nonzero((np.diff(seqs[rows]) != 1) | (np.diff(offsets[rows]) != 1)
-                                | (np.diff(epochs[rows]) != 0))[0] + 1
+                                | (np.diff(epochs[rows]) != 0) | marker[1:] | marker[:-1])[0] + 1
             for run in np.split(rows, breaks):
                 first, last = int(run[0]), int(run[-1])
                 epoch = int(epochs[last])
                 entry = self._producers.get(int(pid))
+                if seqs[first] < 0:
+                    # A marker moves the epoch, never the sequence (as Kafka's producer state).
+                    # One of a producer not known here leaves it unknown: its next batch reads
+                    # its sequence from the table (a follower restarted after copying its
+                    # records, then copying only its marker, must not take it for sequence 0).
+                    if entry is not None and epoch > entry.epoch:
+                        self._producers[int(pid)] = ProducerEntry(epoch, 0)
+                    continue
                 if entry is None or epoch > entry.epoch:
                     entry = self._producers[int(pid)] = ProducerEntry(epoch, 0)
                 elif epoch < entry.epoch:

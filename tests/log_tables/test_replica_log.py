@@ -385,3 +385,30 @@ def test_a_copied_file_is_read_back_and_never_committed_unless_it_matches(
 
     follower.append_files([leader_file]).result(RESULT_TIMEOUT_S)  # the retry
     assert _values(follower) == _values(leader)
+
+
+def test_a_new_leader_that_copied_only_a_producers_marker_takes_its_next_batch(
+        tmp_path: Path) -> None:
+    """A follower restarted after copying a producer's transaction, then copying only its
+    commit marker (a control record, no sequence), and then elected: the producer's next
+    transaction goes on from the sequence its table holds. It was answered
+    OUT_OF_ORDER_SEQUENCE_NUMBER after the sequence wait (the marker had made the producer
+    known at sequence 0, so its records in the table were never read): librdkafka's
+    transactional producer takes that as fatal."""
+    leader = _open(tmp_path / "replica-0")
+    follower = _open(tmp_path / "replica-1", replicated=True)
+    producer = 7
+    txn = dict(producer_id=producer, producer_epoch=0, transactional=True)
+    _append(leader, "t0", 3, epoch=0, producer=ProducerState(base_sequence=0, **txn))
+    _copy_all(leader, follower)
+    follower.close()  # its broker restarts: it knows no producer until it reads or copies one
+    follower = _open(tmp_path / "replica-1", replicated=True)
+    leader.append_marker(producer, 0, committed=True, coordinator_epoch=0,
+                         leader_epoch=0).result(RESULT_TIMEOUT_S)
+    _copy_all(leader, follower)
+    leader.close()
+    # The follower leads now (epoch 1); the producer's next transaction.
+    nxt = follower.append(_batch("t1", 2), leader_epoch=1,
+                          producer=ProducerState(base_sequence=3, **txn)).result(RESULT_TIMEOUT_S)
+    assert (nxt.base_offset, nxt.last_offset) == (4, 5)
+    follower.close()
