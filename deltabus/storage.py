@@ -309,6 +309,48 @@ class Storage:
                 return os.path.exists(path)
         return next(self._keys(uri), None) is not None
 
+    def list_modified(self, folder_uri: str) -> list[tuple[str, float]]:
+        """The files directly in `folder_uri`: (name, last modified, in seconds since the
+        epoch). An object store's listing is recursive: what lies in subfolders is left out."""
+        with _failures(f"cannot list {folder_uri}"):
+            if self._local is not None:
+                out = []
+                with os.scandir(_local_path(folder_uri)) as entries:
+                    for entry in entries:
+                        with suppress(FileNotFoundError):  # deleted since the listing
+                            if entry.is_file():
+                                out.append((entry.name, entry.stat().st_mtime))
+                return out
+            import obstore
+
+            store, key = self._store(folder_uri)
+            prefix = key.rstrip("/") + "/" if key else ""
+            return [(meta["path"][len(prefix):], meta["last_modified"].timestamp())
+                    for chunk in obstore.list(store, prefix or None) for meta in chunk
+                    if "/" not in meta["path"][len(prefix):]]
+
+    def delete_all(self, folder_uri: str, names: Sequence[str]) -> None:
+        """Delete the files `names` of `folder_uri` (missing ones are no error): on an object
+        store in requests of up to 1,000 keys (S3's DeleteObjects), not one each."""
+        with _failures(f"cannot delete in {folder_uri}"):
+            if self._local is not None:
+                for name in names:
+                    with suppress(FileNotFoundError):
+                        os.unlink(os.path.join(_local_path(folder_uri), name))
+                return
+            import obstore
+
+            store, key = self._store(folder_uri)
+            keys = [posixpath.join(key, name) for name in names]
+            for start in range(0, len(keys), 1_000):
+                chunk = keys[start:start + 1_000]
+                try:
+                    obstore.delete(store, chunk)
+                except FileNotFoundError:  # Azure's bulk delete fails on a missing blob
+                    for one in chunk:
+                        with suppress(FileNotFoundError):
+                            obstore.delete(store, one)
+
     def delete_tree(self, uri: str) -> None:
         """Delete a folder and everything under it; a missing one is no error."""
         with _failures(f"cannot delete {uri}"):

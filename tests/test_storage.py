@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -81,6 +82,13 @@ def _exercise(storage: Storage) -> None:
     for missing in (storage.size, storage.read_bytes, storage.read_parquet):
         with pytest.raises(errors.KafkaStorageError):  # what brokers answer, on every store
             missing(target)
+    folder = storage.join("t", "0", "replica-0")
+    storage.write(f"{folder}/sub/deeper.json", b"{}")
+    listed = dict(storage.list_modified(folder))  # the folder's own files, not its subfolders'
+    assert set(listed) == {"part-1.parquet"}
+    assert abs(listed["part-1.parquet"] - time.time()) < 600  # seconds since the epoch
+    storage.delete_all(folder, ["part-1.parquet", "gone.parquet"])  # a missing one is no error
+    assert storage.list_modified(folder) == []
     storage.delete_tree(storage.join("t"))
     assert not storage.exists(storage.join("t"))
     storage.delete_tree(storage.join("t"))  # nor a missing folder

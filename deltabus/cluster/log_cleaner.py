@@ -2,12 +2,13 @@
 Spark job ("deltabus log cleaner") with a task per partition. Each task decides on the leader's
 table how far retention reaches (topics whose cleanup.policy includes delete) and removes the
 expired files, and those wholly below the log start offset DeleteRecords recorded, from every
-replica's table (log_tables/retention.py), compacts each replica table
-to the latest record per key (topics whose cleanup.policy includes compact:
-log_tables/compaction.py), merges each replica table's
-runs of small old files into files of up to `segment.bytes` (log_tables/merge.py), and vacuums
-files removed longer than `file.delete.delay.ms` ago. The controller tells the replicas' brokers
-with their next heartbeat, and they take the changed tables in (the new log start offset).
+replica's table (log_tables/retention.py), compacts each replica table to the latest record per
+key (topics whose cleanup.policy includes compact: log_tables/compaction.py), merges each
+replica table's runs of small old files into files of up to `segment.bytes`
+(log_tables/merge.py), vacuums files removed longer than `file.delete.delay.ms` ago, and
+deletes the Delta log's commits and checkpoints older than that (`delete_expired_log`). The
+controller tells the replicas' brokers with their next heartbeat, and they take the changed
+tables in (the new log start offset).
 
 The cleaner never competes with brokers for their task slots or threads: it is an ordinary short
 Spark job, visible in the Spark UI under its job group, and each run logs what it removed per
@@ -37,6 +38,7 @@ from deltabus.log_tables.layout import log_path
 from deltabus.log_tables.merge import Merged, merge_small_files
 from deltabus.log_tables.retention import (
     Removed,
+    delete_expired_log,
     log_end_offset,
     recorded_cut,
     remove_below,
@@ -87,6 +89,7 @@ class CleanerResult:
     merged: dict[int, Merged] = field(default_factory=dict)  # per replica
     compacted: dict[int, Compacted] = field(default_factory=dict)  # per replica
     vacuumed: int = 0
+    log_files_deleted: int = 0  # expired Delta log files (commits, checkpoints)
     elapsed_s: float = 0.0
     error: str = ""
 
@@ -153,15 +156,18 @@ def run_cleaner(task: CleanerTask) -> CleanerResult:
                 table(r), target_bytes=task.segment_bytes,
                 min_age_ms=task.merge_min_age_ms, high_watermark=high_watermark,
                 delete_delay_ms=task.file_delete_delay_ms, now_ms=now_ms, storage=storage)
-        vacuumed, vacuum_error = 0, ""
+        vacuumed, log_files_deleted, vacuum_error = 0, 0, ""
         try:
             vacuumed = sum(vacuum(table(r), storage) for r in tables)
+            log_files_deleted = sum(
+                delete_expired_log(path(r), storage, older_than_ms=task.file_delete_delay_ms,
+                                   now_ms=now_ms) for r in tables)
         except Exception as e:
             # The store failed: the files wait for a later run, and what this run removed,
             # merged and compacted is still reported, so brokers take it in.
             vacuum_error = f"vacuum: {type(e).__name__}: {e}"
         return CleanerResult(task, cut, removed, merged, compacted, vacuumed,
-                             time.monotonic() - started, error=vacuum_error)
+                             log_files_deleted, time.monotonic() - started, error=vacuum_error)
     except Exception as e:  # a table a concurrent delete removed, storage trouble
         return CleanerResult(task, -1, error=f"{type(e).__name__}: {e}",
                              elapsed_s=time.monotonic() - started)
@@ -261,6 +267,9 @@ class LogCleaner:
             if r.vacuumed:
                 log.info("log cleaner: %s-%d deleted %d removed files from disk", t.topic,
                          t.partition, r.vacuumed)
+            if r.log_files_deleted:
+                log.info("log cleaner: %s-%d deleted %d expired Delta log files", t.topic,
+                         t.partition, r.log_files_deleted)
         log.debug("log cleaner: %d partitions took %.1f s", len(tasks),
                   time.monotonic() - started)
         return results

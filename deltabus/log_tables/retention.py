@@ -143,3 +143,47 @@ def vacuum(table: DeltaTable, storage: Storage | None = None) -> int:
     # a writer killed inside a commit's put-if-absent leaves a temporary commit file
     return len(doomed) + storage.delete_stale_temporaries(
         posixpath.join(table.table_uri, "_delta_log"), VACUUM_RETENTION_HOURS * 3600)
+
+
+def delete_expired_log(table_uri: str, storage: Storage, *, older_than_ms: int,
+                       now_ms: int | None = None) -> int:
+    """Delete the table's Delta log files (commits and checkpoints) that no reader needs any
+    more, by the Delta protocol's metadata cleanup: those of versions below the newest
+    checkpoint at or below the newest commit written over `older_than_ms` ago. Returns how
+    many went.
+
+    Why: a partition table commits many times a second and checkpoints every 25 versions, and
+    Delta keeps its log for 30 days (delta.logRetentionDuration) unless something deletes it:
+    the log, not the records, then filled the disk (issue 40's soak, at 1 GB in 10 minutes).
+    The log cleaner passes `file.delete.delay.ms`: a version older than that names data files
+    vacuum may have deleted already, so it could not be read anyway. A reader whose table is
+    older (a paused process) loads from the kept checkpoint; time travel reaches as far back."""
+    log_uri = posixpath.join(table_uri, "_delta_log")
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    cutoff_s = (now_ms - older_than_ms) / 1000
+    files = [(name, _log_version(name), modified)
+             for name, modified in storage.list_modified(log_uri)]
+    expired_commits = [v for name, v, modified in files
+                       if v is not None and name == f"{v:020d}.json" and modified <= cutoff_s]
+    if not expired_commits:
+        return 0
+    cut_commit = max(expired_commits)
+    checkpoints = [v for name, v, _ in files
+                   if v is not None and ".checkpoint." in name and v <= cut_commit]
+    if not checkpoints:
+        return 0
+    keep_from = max(checkpoints)
+    doomed = [name for name, v, _ in files if v is not None and v < keep_from]
+    storage.delete_all(log_uri, doomed)
+    return len(doomed)
+
+
+def _log_version(name: str) -> int | None:
+    """The version a `_delta_log` file belongs to (a log compaction file's last one), or None
+    for the others (`_last_checkpoint`, temporaries, folders' entries)."""
+    parts = name.split(".")
+    if not parts[0].isdigit() or len(parts[0]) != 20:
+        return None
+    if len(parts) > 2 and parts[1].isdigit() and len(parts[1]) == 20:  # <v1>.<v2>.compacted.json
+        return int(parts[1])
+    return int(parts[0])

@@ -20,6 +20,7 @@ from deltabus import errors
 from deltabus.cluster.controller import Controller
 from deltabus.cluster.log_cleaner import LogCleaner, cleaner_slices, run_cleaner
 from deltabus.cluster.metadata_log import MetadataLog
+from deltabus.config import LogConfig
 from deltabus.log_tables.layout import metadata_path, replica_path
 from deltabus.log_tables.partition_log import PartitionLog
 from deltabus.records import normalize_produce, produce_batch
@@ -70,6 +71,27 @@ def test_a_delay_stored_before_it_was_bounded_does_not_stop_retention(tmp_path: 
     assert result.error == ""
     assert result.removed[0].files == 4
     assert result.vacuumed == 0  # the removed files stay on disk for the (very long) delay
+
+
+def test_a_run_deletes_the_delta_log_below_a_checkpoint_older_than_the_delete_delay(
+        tmp_path: Path) -> None:
+    """A partition table's Delta log does not grow with every commit for 30 days (Delta's
+    default): the cleaner deletes the commits and checkpoints below the newest checkpoint
+    older than file.delete.delay.ms, and the table still reads whole."""
+    path = replica_path(str(tmp_path), "orders", 0, 0)
+    log = PartitionLog(path, topic="orders", partition=0, config=LogConfig(checkpoint_interval=2))
+    for c in range(8):
+        log.append(normalize_produce(produce_batch([f"v{c}".encode()] * 10)),
+                   leader_epoch=0).result(30)
+    log.close()
+    before = len(list(Path(path, "_delta_log").iterdir()))
+    [task] = _controller(tmp_path, {"orders": {"file.delete.delay.ms": "0"}}).cleaner_tasks()
+    result = run_cleaner(task)
+    assert result.error == "" and result.log_files_deleted > 0
+    assert len(list(Path(path, "_delta_log").iterdir())) == before - result.log_files_deleted
+    reopened = PartitionLog(path, topic="orders", partition=0)
+    assert reopened.read(0, 1 << 20, to_log_end=True).num_rows == 80
+    reopened.close()
 
 
 def test_a_topic_whose_task_cannot_be_built_leaves_the_others_cleaned(

@@ -12,9 +12,17 @@ import pytest
 from deltalake import DeltaTable
 
 from deltabus import errors
+from deltabus.config import LogConfig
 from deltabus.log_tables.partition_log import PartitionLog
-from deltabus.log_tables.retention import remove_below, retention_cut, table_files, vacuum
+from deltabus.log_tables.retention import (
+    delete_expired_log,
+    remove_below,
+    retention_cut,
+    table_files,
+    vacuum,
+)
 from deltabus.records import normalize_produce, produce_batch
+from deltabus.storage import Storage
 
 HOUR_MS = 3_600_000
 
@@ -105,6 +113,42 @@ def test_vacuum_waits_out_the_delete_delay(tmp_path: Path) -> None:
     remove_below(DeltaTable(path), 10, delete_delay_ms=60_000)
     assert vacuum(DeltaTable(path)) == 0
     assert len(list((tmp_path / "replica-0").glob("*.parquet"))) == 3
+
+
+def test_the_delta_log_keeps_what_a_reader_past_the_delete_delay_needs(tmp_path: Path) -> None:
+    """A partition table checkpoints every few versions and commits many times a second; its
+    Delta log is cut below the newest checkpoint written before the delay, so it stops growing
+    with every commit. The table still opens whole, and a reader holding an old version moves
+    to the newest from the kept checkpoint."""
+    path = tmp_path / "replica-0"
+    log = PartitionLog(str(path), topic="t", partition=0, config=LogConfig(checkpoint_interval=5))
+    for _ in range(23):
+        _append(log, 2, 0)
+    log.close()  # waits for the last checkpoint
+    reader = DeltaTable(str(path), version=3)  # a reader that has not looked since
+    logs = path / "_delta_log"
+    checkpoints = sorted(int(p.name[:20]) for p in logs.glob("*.checkpoint.parquet"))
+    assert checkpoints  # one at least (the log writes them on a thread of its own)
+    before = {p.name for p in logs.iterdir()}
+    storage, now = Storage(str(tmp_path)), int(time.time() * 1000)
+
+    # Written within the delay: every file stays.
+    assert delete_expired_log(str(path), storage, older_than_ms=60_000, now_ms=now) == 0
+    assert {p.name for p in logs.iterdir()} == before
+    # Past it: everything below the newest checkpoint goes; it and what follows it stay.
+    deleted = delete_expired_log(str(path), storage, older_than_ms=60_000, now_ms=now + 120_000)
+    left = {p.name for p in logs.iterdir()}
+    assert deleted == len(before - left) > 0
+    kept = checkpoints[-1]
+    assert all(int(name[:20]) >= kept for name in left if name[:20].isdigit())
+    assert f"{kept:020d}.checkpoint.parquet" in left and "_last_checkpoint" in left
+    assert {f"{v:020d}.json" for v in range(kept, 24)} <= left
+
+    reader.update_incremental()
+    assert reader.version() == DeltaTable(str(path)).version() == 23
+    reopened = PartitionLog(str(path), topic="t", partition=0)
+    assert reopened.read(0, 1 << 20, to_log_end=True).num_rows == 46
+    reopened.close()
 
 
 def test_restart_at_empties_the_log_and_continues_above_it(tmp_path: Path) -> None:
