@@ -92,10 +92,13 @@ docs: setup
 # pytest's test_*.py pattern, so only this target, naming them, collects them.
 # ARGS="-k mixed_on_s3" runs the S3 soak alone, ARGS="-k diskless" the diskless topics' leader
 # kills (issue 44) on S3 and Azurite, ARGS="-k scaling" the scaling runs.
+# The soaks run the log cleaner as a cluster does (the suite keeps it from merging the tests'
+# files): its merges, vacuum and Delta log cleanup every minute, under the faults.
 DELTABUS_SOAK_S ?= 600
 SOAK := tests/soak/soak_fault_injection.py tests/soak/soak_scaling.py
 soak: setup
-	DELTABUS_SOAK_S=$(DELTABUS_SOAK_S) $(PY) -m pytest -q -s $(SOAK) $(ARGS)
+	DELTABUS_SOAK_S=$(DELTABUS_SOAK_S) DELTABUS_LOG_CLEANER_MERGE_MIN_AGE_MS=60000 \
+	DELTABUS_LOG_RETENTION_CHECK_INTERVAL_MS=60000 $(PY) -m pytest -q -s $(SOAK) $(ARGS)
 
 # Regenerate the gRPC code from the .proto files (tests check it is in sync).
 protos: setup
