@@ -303,7 +303,10 @@ class LogAppender:
                 continue
             except FencedWriter as e:  # a newer leader claimed it meanwhile
                 raise errors.NotLeaderOrFollowerError(f"claiming {self._name}: {e}") from e
-            self.reload()
+            # The claim's commit (and any a newer leader made since) read in, not the whole
+            # table again: a new leader's open is a failover's wait (issue 44).
+            update(self.table)
+            self._writer.catch_up(self.table.version())
             return
         raise errors.NotLeaderOrFollowerError(
             f"{self._name}: {CLAIM_TRIES} claims in a row lost to another writer's commits")

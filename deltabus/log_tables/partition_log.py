@@ -43,7 +43,7 @@ from deltalake import DeltaTable
 
 from deltabus import errors, trace
 from deltabus.config import LogConfig
-from deltabus.log_tables.append_pool import shared_pool
+from deltabus.log_tables.append_pool import process_pool, shared_pool
 from deltabus.log_tables.appender import (
     AppendResult,
     LogAppender,
@@ -83,6 +83,7 @@ from deltabus.records import (
 from deltabus.storage import Storage
 
 DEFAULT_LOG_CONFIG = LogConfig()
+READER_OPEN_THREADS = 8  # as many as a broker opens logs at once (LOG_OPEN_THREADS)
 
 __all__ = ["EARLIEST_TIMESTAMP", "LATEST_TIMESTAMP", "MAX_TIMESTAMP", "NO_PRODUCER",
            "ActiveProducer", "AppendResult", "CommitRange", "LogConfig", "LogFile",
@@ -133,6 +134,18 @@ class PartitionLog:
         self._traced = trace.traced(topic)  # stamps for the latency trace (deltabus.trace)
         self._lock = threading.Condition()
         storage = storage or Storage(path)
+
+        def open_reader() -> PartitionReader:  # it catches up to the log before it answers
+            return PartitionReader(
+                path, storage=storage, checkpoint_interval=config.checkpoint_interval,
+                committed_version=lambda: self._offsets.version,
+                on_log_start=lambda offset: self._offsets.raise_log_start(offset))
+
+        # A table that exists is loaded by the reader beside the appender's load and a
+        # diskless leader's claim (a commit to the store), not after them: a new leader's
+        # open is what a failover waits for (issue 44).
+        reader = None if create else process_pool(
+            "deltabus-reader-open", READER_OPEN_THREADS).submit(open_reader)
         self._appender = LogAppender(path, topic=topic, partition=partition, config=config,
                                      storage=storage, lock=self._lock, create=create,
                                      leader_epoch=leader_epoch)
@@ -144,10 +157,7 @@ class PartitionLog:
             log_end_offset=log_end_offset,
             high_watermark=log_start_offset if replicated else log_end_offset,
             on_append=on_append, traced=self._traced)
-        self._reader = PartitionReader(
-            path, storage=storage, checkpoint_interval=config.checkpoint_interval,
-            committed_version=lambda: self._offsets.version,
-            on_log_start=self._offsets.raise_log_start)
+        self._reader = reader.result() if reader is not None else open_reader()
         self._producers = ProducerStateManager(
             self._name, self._lock, self._reader.producer_files, self._reader.producer_id_max,
             config.sequence_wait_ms)
