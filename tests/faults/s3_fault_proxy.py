@@ -214,8 +214,8 @@ class _Handler(BaseHTTPRequestHandler):
     """One client connection: each request forwarded, or faulted."""
 
     owner: S3FaultProxy
-    protocol_version = "HTTP/1.1"  # keep-alive, as S3 clients pool their connections
-    # An idle pooled connection gives its thread back after this long (the others wait for one)
+    protocol_version = "HTTP/1.1"
+    # A client that sends nothing gives its thread back after this long (the others wait).
     timeout = 10
 
     def setup(self) -> None:
@@ -323,6 +323,12 @@ class _Handler(BaseHTTPRequestHandler):
         for name, value in headers.items():
             self.send_header(name, value)
         self.send_header("Content-Length", str(len(data) if length is None else length))
+        # One request a connection: a kept-alive connection held one of the PROXY_THREADS
+        # while idle in its client's pool, and with more pooled connections than threads
+        # (every delta-rs table object pools its own) requests waited for minutes: the S3
+        # soak's brokers stopped opening their tables and were fenced one after another.
+        self.send_header("Connection", "close")
+        self.close_connection = True
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(data)
