@@ -282,17 +282,16 @@ class LogAppender:
 
     def claim(self) -> None:
         """A diskless partition's new leader stamps its epoch on the table (a commit of app
-        transactions only) before it reads the table's end: the previous leader, if it still
-        runs, loses its next commit to this one and stops (FencedWriter), and whatever it
-        committed first is in the log this leader goes on from. Leadership moves without a
-        byte copied. NOT_LEADER_OR_FOLLOWER when a newer leader already stamped it."""
+        transactions only) before it reads the table's end: a previous leader still running
+        loses its next commit to this one and stops (FencedWriter), and what it committed first
+        is in the log this leader goes on from; only the claim's commit is read in after it. No
+        byte is copied. NOT_LEADER_OR_FOLLOWER when a newer leader already stamped it."""
         epoch = self._writer.epoch
         for _ in range(CLAIM_TRIES):
             stamped = self.table.transaction_version(LEADER_EPOCH_TXN_APP_ID)
             if stamped is not None and stamped > epoch:
-                raise errors.NotLeaderOrFollowerError(
-                    f"{self._name} was claimed by a leader of epoch {stamped}, newer than this "
-                    f"broker's {epoch}")
+                raise errors.NotLeaderOrFollowerError(f"{self._name} was claimed at leader "
+                                                      f"epoch {stamped}, newer than {epoch}")
             if stamped == epoch:  # this leadership's claim, from an earlier open
                 return
             try:
@@ -303,9 +302,7 @@ class LogAppender:
                 continue
             except FencedWriter as e:  # a newer leader claimed it meanwhile
                 raise errors.NotLeaderOrFollowerError(f"claiming {self._name}: {e}") from e
-            # The claim's commit (and any a newer leader made since) read in, not the whole
-            # table again: a new leader's open is a failover's wait (issue 44).
-            update(self.table)
+            update(self.table)  # the claim's commit, and any a newer leader made since
             self._writer.catch_up(self.table.version())
             return
         raise errors.NotLeaderOrFollowerError(
