@@ -17,13 +17,14 @@ Roots: local paths, `file://`, `dbfs:/` (read through its FUSE mount, /dbfs), `s
 
 from __future__ import annotations
 
+import itertools
 import os
 import posixpath
 import re
 import shutil
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from datetime import timedelta
 from typing import Any, cast
@@ -321,12 +322,10 @@ class Storage:
                             if entry.is_file():
                                 out.append((entry.name, entry.stat().st_mtime))
                 return out
-            import obstore
-
-            store, key = self._store(folder_uri)
+            _, key = self._store(folder_uri)
             prefix = key.rstrip("/") + "/" if key else ""
             return [(meta["path"][len(prefix):], meta["last_modified"].timestamp())
-                    for chunk in obstore.list(store, prefix or None) for meta in chunk
+                    for meta in self._objects(folder_uri)
                     if "/" not in meta["path"][len(prefix):]]
 
     def delete_all(self, folder_uri: str, names: Sequence[str]) -> None:
@@ -338,18 +337,8 @@ class Storage:
                     with suppress(FileNotFoundError):
                         os.unlink(os.path.join(_local_path(folder_uri), name))
                 return
-            import obstore
-
             store, key = self._store(folder_uri)
-            keys = [posixpath.join(key, name) for name in names]
-            for start in range(0, len(keys), 1_000):
-                chunk = keys[start:start + 1_000]
-                try:
-                    obstore.delete(store, chunk)
-                except FileNotFoundError:  # Azure's bulk delete fails on a missing blob
-                    for one in chunk:
-                        with suppress(FileNotFoundError):
-                            obstore.delete(store, one)
+            _delete_keys(store, [posixpath.join(key, name) for name in names])
 
     def delete_tree(self, uri: str) -> None:
         """Delete a folder and everything under it; a missing one is no error."""
@@ -359,28 +348,22 @@ class Storage:
                 if self._local.get_file_info(path).type != pafs.FileType.NotFound:
                     self._local.delete_dir(path)
                 return
-            import obstore
-
             store, _ = self._store(uri)
-            batch: list[str] = []
-            for key in self._keys(uri):
-                batch.append(key)
-                if len(batch) == 1_000:  # S3's DeleteObjects takes at most 1,000 keys
-                    obstore.delete(store, batch)
-                    batch = []
-            if batch:
-                obstore.delete(store, batch)
+            _delete_keys(store, self._keys(uri))
 
     def _keys(self, uri: str) -> Iterator[str]:
         """The keys of the objects under folder `uri`."""
+        return (meta["path"] for meta in self._objects(uri))
+
+    def _objects(self, uri: str) -> Iterator[Any]:
+        """obstore's metadata (path, last_modified, size) of the objects under folder `uri`."""
         import obstore
 
         store, key = self._store(uri)
         prefix = key.rstrip("/") + "/" if key else ""
         with _failures(f"cannot list {uri}"):
             for chunk in obstore.list(store, prefix or None):
-                for meta in chunk:
-                    yield meta["path"]
+                yield from chunk
 
     def _store(self, uri: str) -> tuple[Any, str]:
         """The obstore store of `uri`'s bucket (or container), opened once, and its key."""
@@ -458,6 +441,22 @@ def normalize_root(root: str) -> str:
             f"the cluster root {root!r} has an unknown scheme {scheme}://; use a local path, "
             "file://, dbfs:/, s3://, s3a://, az://, abfs://, abfss:// or gs://")
     return os.path.abspath(os.path.expanduser(root))
+
+
+def _delete_keys(store: Any, keys: Iterable[str]) -> None:
+    """Delete `keys` of an object store in requests of up to 1,000 (S3's DeleteObjects takes
+    no more); a missing key is no error (Azure's bulk delete fails on one: that batch is
+    deleted again a key at a time)."""
+    import obstore
+
+    keys = iter(keys)
+    while batch := list(itertools.islice(keys, 1_000)):
+        try:
+            obstore.delete(store, batch)
+        except FileNotFoundError:
+            for one in batch:
+                with suppress(FileNotFoundError):
+                    obstore.delete(store, one)
 
 
 def _local_path(uri: str) -> str:
