@@ -109,6 +109,12 @@ class Storage:
             store, key = self._store(uri)
             return pa.PythonFile(_ObjectFile(obstore.open_reader(store, key)), mode="r")
 
+    def open_parquet(self, uri: str) -> pq.ParquetFile:
+        """A Parquet file to read, its footer read: a file that is not there fails here, as
+        KAFKA_STORAGE_ERROR (`is_missing` tells it from other failures)."""
+        with _failures(f"cannot open {uri}"):
+            return pq.ParquetFile(self.open_input(uri))
+
     def read_parquet(self, uri: str, schema: pa.Schema | None = None) -> pa.Table:
         """A whole Parquet file (as `schema`, when given)."""
         with self.open_input(uri) as source, _failures(f"cannot read {uri}"):
@@ -383,7 +389,16 @@ class _ObjectFile:
         self.closed = False
 
     def read(self, size: int = -1) -> bytes:
-        return self._reader.read(None if size < 0 else size).to_bytes()
+        """Bytes from the position; obstore's failures as the OSErrors pyarrow's readers
+        expect of a file (FileNotFoundError for an object that is not there)."""
+        from obstore.exceptions import BaseError, NotFoundError
+
+        try:
+            return self._reader.read(None if size < 0 else size).to_bytes()
+        except NotFoundError as e:
+            raise FileNotFoundError(_first_line(e)) from e
+        except BaseError as e:
+            raise OSError(_first_line(e)) from e
 
     def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
         return int(self._reader.seek(offset, whence))
@@ -562,6 +577,19 @@ def _failures(what: str) -> Iterator[None]:
         raise
     except Exception as e:
         raise storage_error(e, what) from e
+
+
+def is_missing(e: BaseException) -> bool:
+    """Whether a storage failure (as raised here, or its cause) is a file that is not there:
+    a reader listing files of an older table version finds one vacuum deleted."""
+    from obstore.exceptions import NotFoundError
+
+    cause: BaseException | None = e
+    while cause is not None:
+        if isinstance(cause, (FileNotFoundError, NotFoundError)):
+            return True
+        cause = cause.__cause__
+    return False
 
 
 def storage_error(e: BaseException, what: str) -> errors.DeltaBusError:

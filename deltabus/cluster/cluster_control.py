@@ -108,10 +108,15 @@ class ClusterControlManager:
 
     def tables_changed(self, partitions: list[tuple[str, int, tuple[int, ...]]]) -> None:
         """The log cleaner changed these partitions' replica tables ((topic, partition,
-        replicas)): each replica's broker hears of it with its next heartbeat."""
+        replicas)): each replica's broker hears of it with its next heartbeat, the replicas the
+        cleaner's task was made for and the partition's replicas now. A diskless partition's
+        leader elected while the run went on opened the table before the cleaner's commits:
+        unless told, it would read files that vacuum deletes file.delete.delay.ms later."""
         with self._lock:
             for topic, partition, replicas in partitions:
-                for broker_id in replicas:
+                registration = self._state.topics.get(topic)
+                now = registration.partitions.get(partition) if registration else None
+                for broker_id in {*replicas, *(now.replicas if now else ())}:
                     self._refresh_logs.setdefault(broker_id, set()).add((topic, partition))
             self._lock.notify_all()
 

@@ -37,7 +37,7 @@ from deltabus.log_tables.log_reader import (
     read_row_group,
     stats_json,
 )
-from deltabus.storage import Storage
+from deltabus.storage import Storage, is_missing
 
 # ListOffsets's special timestamps (`offset_for_timestamp`)
 LATEST_TIMESTAMP = -1
@@ -82,6 +82,9 @@ class PartitionReader:
         self._table_base = self._table.version()  # loaded afresh at this version
         self._files_version = -1
         self._files_cache = pa.table({})
+        # A listed file was not there: another process's commits removed it (the log cleaner
+        # merged or expired it, then vacuum deleted it) and nobody told this reader.
+        self._missed = False
         self._parquet_files: dict[str, pq.ParquetFile] = {}
         self._parquet_files_lock = threading.Lock()
 
@@ -89,7 +92,8 @@ class PartitionReader:
         """The table's data files (path, offsets, size, statistics), by first offset: delta-rs's
         add actions of the committed version, cached per version."""
         with self._lock:
-            if self._table.version() < self._committed_version():
+            if self._missed or self._table.version() < self._committed_version():
+                self._missed = False
                 self._update()
             if self._files_version != self._table.version():
                 self._files_cache = data_files(self._table, [*FILE_COLUMNS, *_STATS_COLUMNS,
@@ -155,7 +159,21 @@ class PartitionReader:
     def read(self, offset: int, end: int, max_bytes: int, typed: bool = False) -> pa.Table:
         """Records [offset, end) from Parquet, touching only the files, and row groups, that
         hold them; stops after about `max_bytes`. `typed`: with a typed topic's typed columns
-        (a follower's copy holds what the leader's does)."""
+        (a follower's copy holds what the leader's does).
+
+        A file listed but not there is read again from the table's newer commits, once: the
+        controller tells a replica's broker of each log cleaner run, but a diskless
+        partition's leader elected during the run may not hear of it, and the merge's inputs
+        leave the store file.delete.delay.ms later. A file still missing after that is lost:
+        KAFKA_STORAGE_ERROR."""
+        try:
+            return self._read(offset, end, max_bytes, typed)
+        except errors.KafkaStorageError as e:
+            if not is_missing(e):
+                raise
+            return self._read(offset, end, max_bytes, typed)
+
+    def _read(self, offset: int, end: int, max_bytes: int, typed: bool) -> pa.Table:
         parts: list[pa.Table] = []
         size = 0
         for path in files_overlapping(self.files(), offset, end).column("path").to_pylist():
@@ -242,6 +260,7 @@ class PartitionReader:
             with self._parquet_files_lock:
                 if self._parquet_files.get(path) is reader:
                     del self._parquet_files[path]
+            self._missed = self._missed or is_missing(e)
             raise errors.KafkaStorageError(
                 f"cannot read row group {group} of {posixpath.join(self.path, path)}: "
                 f"{type(e).__name__}: {e}") from e
@@ -250,8 +269,11 @@ class PartitionReader:
         """An open Parquet file of this table (footers cached: files never change)."""
         reader = self._parquet_files.get(path)
         if reader is None:
-            reader = pq.ParquetFile(self._storage.open_input(
-                posixpath.join(self.path, unquote(path))))
+            try:
+                reader = self._storage.open_parquet(posixpath.join(self.path, unquote(path)))
+            except errors.KafkaStorageError as e:
+                self._missed = self._missed or is_missing(e)  # the next `files` updates
+                raise
             with self._parquet_files_lock:  # opened in parallel by parquet_files
                 if len(self._parquet_files) >= PARQUET_FILES_OPEN_MAX:
                     self._parquet_files.pop(next(iter(self._parquet_files)))

@@ -18,6 +18,7 @@ from deltalake import DeltaTable
 
 from deltabus import AdminClient, NewTopic, Producer, errors
 from deltabus.client.cluster_client import ClusterClient
+from deltabus.cluster.log_cleaner import run_cleaner
 from deltabus.config import SET, AlterConfigOp
 from deltabus.log_tables.appender import LEADER_EPOCH_TXN_APP_ID
 from deltabus.log_tables.layout import partition_path, topic_path
@@ -236,6 +237,33 @@ def test_retention_removes_expired_batches_from_the_partitions_one_table(
     wait_until(lambda: earliest(cluster, topic_name) == 150, "the leader to see the log start")
     assert first_offset_polled(cluster, topic_name, f"{topic_name}-g", "earliest") == 150
     assert produce(cluster, topic_name, "new", 3) == [250, 251, 252]
+
+
+def test_a_leader_elected_during_a_cleaner_run_takes_in_what_the_run_removed(
+        cluster, topic_name) -> None:
+    """The cleaner's task is made for the partition's leader of the time; the partition moves
+    (metadata only) and its new leader opens the table before the run's commits. The
+    controller tells the partition's leader of now as well: its log start moves up, as the
+    old leader's would have, without waiting for a read to miss a deleted file."""
+    with AdminClient(cluster.bootstrap_servers) as admin:
+        admin.create_topics([NewTopic(topic_name, 1, 1, {"diskless.enable": "true",
+                                                         "file.delete.delay.ms": "0",
+                                                         "retention.ms": str(HOUR_MS)})])
+    produce_batches(cluster, topic_name, 3, int(time.time() * 1000) - 2 * HOUR_MS)
+    produce_batches(cluster, topic_name, 2, None)
+    [task] = cluster.controller.cleaner_tasks([topic_name])
+    target = next(b for b in range(cluster.config.brokers) if b != task.leader)
+    with AdminClient(cluster.bootstrap_servers) as admin:
+        results = admin.alter_partition_reassignments({(topic_name, 0): [target]})
+        assert all(e is None for e in results.values()), results
+    assert produce(cluster, topic_name, "moved", 1) == [250]  # the new leader opened the table
+    # and read its files (the log's committed version), before the run's commits
+    assert len(read_records(cluster.bootstrap_servers, topic_name, 1, 251)) == 251
+    result = run_cleaner(task)
+    assert result.error == "" and result.log_start_offset == 150, result
+    cluster.controller.tables_changed([(topic_name, 0, task.replicas)])
+    wait_until(lambda: earliest(cluster, topic_name) == 150,
+               "the new leader to take in the cleaner's removal")
 
 
 def test_compaction_keeps_the_latest_value_per_key_in_the_partitions_one_table(

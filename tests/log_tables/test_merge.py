@@ -112,3 +112,29 @@ def test_merge_keeps_every_record_in_order_while_the_log_appends(
     assert follower.read(0, 1 << 30, to_log_end=True).equals(everything.slice(0, 203))
     follower.close()
     reopened.close()
+
+
+def test_a_log_not_told_of_a_merge_reads_past_the_inputs_vacuum_deleted(
+        root: tuple[str, Storage]) -> None:
+    """A broker whose log missed the controller's word of a cleaner run (a diskless partition's
+    leader elected while the run was under way) still lists the merge's inputs; once vacuum
+    deleted them, a read there takes the table's newer commits in and reads the merged file,
+    rather than failing every fetch of those offsets."""
+    base, storage = root
+    path = f"{base}/replica-0"
+    writer = PartitionLog(path, topic="t", partition=0, storage=storage)
+    for i in range(10):
+        _append(writer, 5, f"b{i}")
+    writer.close()
+    log = PartitionLog(path, topic="t", partition=0, storage=storage)  # no tail cached
+    assert log.read(20, 10).column("offset").to_pylist()[0] == 20  # its file list, as of now
+    merged = merge_small_files(DeltaTable(path, storage_options=storage.delta_options),
+                               target_bytes=MIB, min_age_ms=0, high_watermark=50,
+                               delete_delay_ms=0, storage=storage)
+    assert merged.merged_files == 9
+    assert vacuum(DeltaTable(path, storage_options=storage.delta_options), storage) == 9
+    records = log.read(0, 1 << 30)
+    assert records.column("offset").to_pylist() == list(range(50))
+    assert records.column("value").to_pylist()[:6] == [b"b0-0", b"b0-1", b"b0-2", b"b0-3",
+                                                      b"b0-4", b"b1-0"]
+    log.close()
