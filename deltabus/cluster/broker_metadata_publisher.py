@@ -180,6 +180,7 @@ class BrokerMetadataPublisher:
                         continue
                     self._offline.discard(key)
                     self._replicas.add_partition(key, opened)
+        opened_at = time.monotonic()
         for key, state in hosted.items():
             found = self._replicas.get_partition(key)
             if found is not None:
@@ -198,9 +199,9 @@ class BrokerMetadataPublisher:
             # (NOT_LEADER_OR_FOLLOWER), and the next image waits: as long as a good part of
             # the session timeout delays a failover as much as a slow detection does.
             log.warning("broker %d applied metadata version %d in %.1f s: closed %d logs in "
-                        "%.1f s, opened %d and took the image in %.1f s", self.broker_id,
-                        image.version, took_s, len(closing), closed - started, len(opening),
-                        time.monotonic() - closed)
+                        "%.1f s, opened %d in %.1f s and took the image in %.1f s",
+                        self.broker_id, image.version, took_s, len(closing), closed - started,
+                        len(opening), opened_at - closed, time.monotonic() - opened_at)
 
     def _apply_partition(self, partition: Partition, state: PartitionState,
                          image: MetadataImage) -> None:
@@ -258,8 +259,8 @@ class BrokerMetadataPublisher:
                           exc_info=not isinstance(e, errors.KafkaStorageError))
             return None
         holder.append(Partition(topic, partition, self.broker_id, opened))
-        log.info("broker %d opened %s-%d at offset %d", self.broker_id, topic, partition,
-                 opened.log_end_offset)
+        log.info("broker %d opened %s-%d at offset %d (%s)", self.broker_id, topic, partition,
+                 opened.log_end_offset, opened.open_phases)
         return holder[0]
 
     def _diskless_pacing(self, config: cfg.TopicConfig) -> dict[str, int]:

@@ -144,6 +144,7 @@ class PartitionLog:
         # A table that exists is loaded by the reader beside the appender's load and a
         # diskless leader's claim (a commit to the store), not after them: a new leader's
         # open is what a failover waits for (issue 44).
+        started = time.monotonic()
         reader = None if create else process_pool(
             "deltabus-reader-open", READER_OPEN_THREADS).submit(open_reader)
         self._appender = LogAppender(path, topic=topic, partition=partition, config=config,
@@ -157,11 +158,15 @@ class PartitionLog:
             log_end_offset=log_end_offset,
             high_watermark=log_start_offset if replicated else log_end_offset,
             on_append=on_append, traced=self._traced)
+        loaded = time.monotonic()
         self._reader = reader.result() if reader is not None else open_reader()
+        read = time.monotonic()
         self._producers = ProducerStateManager(
             self._name, self._lock, self._reader.producer_files, self._reader.producer_id_max,
             config.sequence_wait_ms)
         self._epochs = LeaderEpochCache(self._name, self._reader.leader_epochs())
+        self.open_phases = (f"table {loaded - started:.1f} s, reader {read - loaded:.1f} s more, "
+                            f"leader epochs {time.monotonic() - read:.1f} s")  # the broker logs it
         self._tail = TailCache(config.log_cache_bytes_max,
                                shared_budget(config.log_cache_total_bytes_max))
         self._txns = LogTransactions(self._reader.parquet_files)  # transactions.py
