@@ -253,6 +253,8 @@ class LogAppender:
         # changes its schema or rewrites files; behind the writer's version in between.
         self.table = self._open(create)
         self._table_base = self.table.version()  # loaded afresh at this version
+        # (log start, log end offset) as opened: app transactions cost delta-rs a log replay
+        self.offsets = log_offsets(self.table)
         # The appends' own commits (delta_commit.py), from the version the table was opened at
         self._writer = DeltaCommitWriter(
             storage, path, self.table.version(),
@@ -295,14 +297,16 @@ class LogAppender:
             if stamped == epoch:  # this leadership's claim, from an earlier open
                 return
             try:
-                self._writer.commit(txns=self._txns(log_offsets(self.table)[1]),
-                                    info=self._info("claim", leaderEpoch=str(epoch)))
+                claimed = self._writer.commit(txns=self._txns(self.offsets[1]),
+                                              info=self._info("claim", leaderEpoch=str(epoch)))
             except CommitConflict:  # the previous leader's last commit landed first
                 self.reload()
                 continue
             except FencedWriter as e:  # a newer leader claimed it meanwhile
                 raise errors.NotLeaderOrFollowerError(f"claiming {self._name}: {e}") from e
             update(self.table)  # the claim's commit, and any a newer leader made since
+            if self.table.version() > claimed:
+                self.offsets = log_offsets(self.table)
             self._writer.catch_up(self.table.version())
             return
         raise errors.NotLeaderOrFollowerError(
@@ -321,11 +325,6 @@ class LogAppender:
     def version(self) -> int:
         """The table's latest version as this appender committed or loaded it."""
         return self._writer.version
-
-    @property
-    def _typed(self) -> bool:
-        """The table holds columns beyond the log's (a typed topic's values)."""
-        return len(self._schema) > len(LOG_SCHEMA)
 
     def _delta_rs(self) -> DeltaTable:
         """delta-rs's view of the table brought up to the writer's commits, before delta-rs
@@ -460,11 +459,11 @@ class LogAppender:
     def reload(self) -> tuple[int, int]:
         """After a failed commit, trust only the table: reload it. (version, log end offset)."""
         self.table = open_table(self.path, storage_options=self._storage.delta_options)
-        self._table_base = self.table.version()
-        self._writer.version = self.table.version()
+        self._table_base = self._writer.version = self.table.version()
         self._schema = pa.schema(self.table.schema().to_arrow())
         self.typed_types = typed_column_types(self.table)
-        return self.table.version(), log_offsets(self.table)[1]
+        self.offsets = log_offsets(self.table)
+        return self.table.version(), self.offsets[1]
 
     def _failure(self, e: Exception, what: str) -> errors.DeltaBusError:
         """A failed commit as the error its produce requests get: a writer fenced by another
@@ -643,7 +642,8 @@ class LogAppender:
             try:
                 self._delta_rs().delete(
                     f'"offset" >= {offset}',
-                    writer_properties=writer_properties(self._typed),
+                    # a typed topic's table holds columns beyond the log's
+                    writer_properties=writer_properties(len(self._schema) > len(LOG_SCHEMA)),
                     commit_properties=self._properties(offset, {
                         "deltabus.operation": "truncate", "deltabus.truncatedTo": str(offset)}),
                     post_commithook_properties=_NO_CHECKPOINT_HOOK,

@@ -52,7 +52,6 @@ from deltabus.log_tables.appender import (
     PendingLogStart,
     PendingTruncate,
     create_log_table,
-    log_offsets,
 )
 from deltabus.log_tables.commit_round import CommitRound
 from deltabus.log_tables.control_records import marker_batch
@@ -150,7 +149,7 @@ class PartitionLog:
         self._appender = LogAppender(path, topic=topic, partition=partition, config=config,
                                      storage=storage, lock=self._lock, create=create,
                                      leader_epoch=leader_epoch)
-        log_start_offset, log_end_offset = log_offsets(self._appender.table)
+        log_start_offset, log_end_offset = self._appender.offsets
         # A replicated log does not know which of its records the ISR holds until its owner says.
         self._offsets = LogOffsets(
             self._lock, topic=topic, partition=partition,
