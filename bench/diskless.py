@@ -13,7 +13,8 @@ same run, on one 3-broker cluster whose root is on moto's S3 server (bench/moto_
   three brokers leave a factor-3 replica nowhere to go), all on one broker, reassigned to the
   other brokers in one request: seconds from the request until every move completed and each
   partition acknowledged a record at its new leader (a replicated move copies the tables; a
-  diskless one changes metadata);
+  diskless one changes metadata); and one diskless partition alone, MOVE_ONE_ROUNDS times
+  (median): the issue's move of a partition between brokers;
 - failover: `failovers` rounds of kill -9 to the leader of a diskless partition under a
   producer: seconds from the kill to the first record acknowledged by the new leader.
 
@@ -47,6 +48,7 @@ LATENCY_INTERVAL_S = 0.002
 DRAIN_S_MAX = 30.0
 WAIT_S_MAX = 300.0
 DISKLESS = {"diskless.enable": "true"}
+MOVE_ONE_ROUNDS = 3
 COMMIT_INTERVALS_MS = (50, 100, 250, 500)  # the sweep behind the default (100 ms)
 RF3 = {"min.insync.replicas": "2"}
 
@@ -93,6 +95,10 @@ def _measure(cluster: Any, server: Any, log: Path, sizes: Sizes) -> dict[str, An
             figures[kind]["move_s"] = _move(cluster, admin, f"w-{kind}-moves-{run_id}",
                                             {} if kind == "replicated" else configs,
                                             sizes.diskless_move_partitions)
+        figures["diskless"]["move_one_s"] = statistics.median(
+            _move(cluster, admin, f"w-diskless-move-one-{run_id}-{i}", DISKLESS, 1)
+            for i in range(MOVE_ONE_ROUNDS))
+        figures["diskless"]["move_one_rounds"] = MOVE_ONE_ROUNDS
         figures["diskless"]["failover_s"] = _failovers(cluster, admin, f"w-failover-{run_id}",
                                                        sizes.diskless_failovers)
     return figures

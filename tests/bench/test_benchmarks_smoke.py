@@ -249,6 +249,7 @@ def test_diskless(figures: dict[str, Any]) -> None:
             assert latency["p50"] <= latency["p99"] <= latency["max"]
     assert diskless["stored_bytes_per_mb"] < rf3["stored_bytes_per_mb"]
     assert diskless["requests_per_mb"]["PUT"] < rf3["requests_per_mb"]["PUT"]
+    positive(diskless, "move_one_s")
     assert diskless["failover_s"]["rounds"] == TINY.diskless_failovers
     positive(diskless["failover_s"], "p50", "max")
     # the sweep behind the default commit interval: each interval applied to the open
