@@ -337,11 +337,11 @@ class Broker:
 
     def produce(self, topic: str, partition: int, batch: pa.Table, *, acks: int,
                 producer: ProducerState, batch_bytes: int | None = None,
-                timeout_ms: int | None = None) -> Future[AppendResult]:
+                timeout_ms: int | None = None, in_order: bool = False) -> Future[AppendResult]:
         try:
             appended = self._replicas.produce(topic, partition, batch, acks=acks,
                                               producer=producer, batch_bytes=batch_bytes,
-                                              timeout_ms=timeout_ms)
+                                              timeout_ms=timeout_ms, in_order=in_order)
         except errors.DeltaBusError:
             self.metrics.produce_refused(topic)
             raise

@@ -121,7 +121,7 @@ class ControllerHandler:
 
     def produce(self, topic: str, partition: int, batch: pa.Table, *, acks: int,
                 producer: ProducerState, batch_bytes: int | None = None,
-                timeout_ms: int | None = None) -> Future[AppendResult]:
+                timeout_ms: int | None = None, in_order: bool = False) -> Future[AppendResult]:
         validate_topic_name(topic)  # as a broker: INVALID_TOPIC_EXCEPTION for an illegal name
         raise self._not_leader(topic, partition)
 

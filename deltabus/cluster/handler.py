@@ -194,7 +194,8 @@ class DeltaBusHandler(Protocol):
 
     def produce(self, topic: str, partition: int, batch: pa.Table, *, acks: int,
                 producer: ProducerState, batch_bytes: int | None = None,
-                timeout_ms: int | None = None) -> futures.Future[AppendResult]:
+                timeout_ms: int | None = None, in_order: bool = False
+                ) -> futures.Future[AppendResult]:
         """Append a produce batch as the client sent it (any subset of PRODUCE_SCHEMA's
         columns); the leader's log checks it after taking an idempotent producer's sequence
         numbers, so a refused batch uses them up, as Kafka's broker does for invalid records.
@@ -203,7 +204,8 @@ class DeltaBusHandler(Protocol):
         of the records as one uncompressed record batch. `timeout_ms`: what is left of the
         produce request's timeout, the longest an idempotent batch that came ahead of its
         sequence waits for its predecessor before OUT_OF_ORDER_SEQUENCE_NUMBER (None: the
-        log's sequence wait alone)."""
+        log's sequence wait alone); `in_order`: not at all, the door serving a connection's
+        requests one after another (Kafka's)."""
         ...
 
     def fetch(self, specs: list[FetchSpec], *, max_wait_ms: int, min_bytes: int,

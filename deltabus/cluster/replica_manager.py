@@ -214,7 +214,7 @@ class ReplicaManager:
 
     def produce(self, topic: str, partition: int, batch: pa.Table, *, acks: int,
                 producer: ProducerState, batch_bytes: int | None = None,
-                timeout_ms: int | None = None) -> Future[AppendResult]:
+                timeout_ms: int | None = None, in_order: bool = False) -> Future[AppendResult]:
         """Append a batch to a partition this broker leads; the future completes when `acks`
         says (0: at once, 1: on this broker's commit, -1: when the ISR holds it)."""
         try:
@@ -235,6 +235,7 @@ class ReplicaManager:
                                      max_message_bytes=topic_config.max_message_bytes,
                                      batch_bytes=batch_bytes,
                                      compacted=topic_config.compacts, timeout_ms=timeout_ms,
+                                     in_order=in_order,
                                      validate=self._schema_check(topic, topic_config))
         hosted.count_bytes_in(appended, batch_bytes if batch_bytes is not None else batch.nbytes)
         if acks == 0:

@@ -223,6 +223,7 @@ class PartitionLog:
         batch_bytes: int | None = None,
         compacted: bool = False,
         timeout_ms: int | None = None,
+        in_order: bool = False,
         validate: Validation | None = None,
     ) -> Future[AppendResult]:
         """Queue a produce batch (PRODUCE_SCHEMA's columns, or a subset `normalize_produce`
@@ -233,12 +234,13 @@ class PartitionLog:
         before its predecessor waits for it (pipelined requests may be served out of order),
         and a retried one gets the future of its first append (no duplicate). An early batch
         waits at most the config's sequence wait and `timeout_ms` (what is left of its produce
-        request's timeout; None: no request bounds it), then fails with
+        request's timeout; None: no request bounds it), and not at all `in_order` (the Kafka
+        door serves a connection's requests one by one: a predecessor sent behind it cannot
+        come, and clients retry the answer while it is unacknowledged), then fails with
         OUT_OF_ORDER_SEQUENCE_NUMBER. Back-pressure (more than pending_bytes_max waiting for
         its commit) holds it no longer than `timeout_ms` either, then REQUEST_TIMED_OUT with
-        nothing queued. Checks run before anything is queued, so a bad batch
-        changes nothing (it only uses up its sequence numbers, so the producer's later batches
-        are not held up).
+        nothing queued. Checks run before anything is queued, so a bad batch changes nothing
+        (it only uses up its sequence numbers, so the producer's later batches are not held up).
 
         `max_message_bytes` limits each record batch, as Kafka does: its size as the client sent
         it (`batch_bytes`, a Kafka client's record batch, compressed or not) or else the size of
@@ -263,7 +265,7 @@ class PartitionLog:
             if producer.producer_id >= 0:
                 entry, duplicate = self._producers.await_turn(
                     producer, batch.num_rows, lambda: self._closed,
-                    None if deadline is None else _left_ms(deadline))
+                    0 if in_order else None if deadline is None else _left_ms(deadline))
                 if duplicate is not None:
                     return duplicate
                 entry.next_sequence = producer.base_sequence + batch.num_rows

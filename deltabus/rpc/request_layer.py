@@ -109,6 +109,9 @@ class ProduceRequest:
     transactional_id: str | None = None
     transactional: bool = False  # the request carries a transaction's batches
     size_bytes: int = 0  # what the producer byte-rate quota counts
+    # The door serves a connection's requests one after another (Kafka's): a batch ahead of
+    # its sequence is answered at once, not held waiting for a predecessor queued behind it.
+    in_order: bool = False
 
 
 @dataclass
@@ -359,7 +362,7 @@ class RequestLayer:
                     entry.appends.append(self._handler.produce(
                         data.topic, data.partition, batch.records, acks=request.acks,
                         producer=batch.producer, batch_bytes=batch.size_bytes,
-                        timeout_ms=_left_ms(deadline_s)))
+                        timeout_ms=_left_ms(deadline_s), in_order=request.in_order))
             except errors.DeltaBusError as e:
                 entry.error = e
         throttle_ms = (throttling.record(self._handler, PRODUCER_BYTE_RATE, access,

@@ -957,7 +957,7 @@ class FakeBroker:
 
     def produce(self, topic: str, partition: int, batch: pa.Table, *, acks: int,
                 producer: ProducerState, batch_bytes: int | None = None,
-                timeout_ms: int | None = None) -> Future[AppendResult]:
+                timeout_ms: int | None = None, in_order: bool = False) -> Future[AppendResult]:
         return self._cluster.acknowledged(self._cluster.produce(
             self.broker_id, topic, partition, batch, producer, batch_bytes, timeout_ms))
 

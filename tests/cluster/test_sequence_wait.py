@@ -1,8 +1,10 @@
-"""A batch of an idempotent producer that arrives ahead of its predecessor waits for it at most
-until its produce request's timeout, on both doors: the broker's thread is not held for the
-partition log's whole sequence wait (10 s by default) whatever timeout the client asked for.
-A gap that did not fill in time is answered with OUT_OF_ORDER_SEQUENCE_NUMBER, as Kafka's
-broker answers a sequence out of order, and nothing of the batch is written.
+"""A batch of an idempotent producer that arrives ahead of its predecessor: on the gRPC door,
+whose calls are served concurrently, it waits for it at most until its produce request's
+timeout (the broker's thread is not held for the partition log's whole sequence wait, 10 s by
+default, whatever timeout the client asked for); on the Kafka door, which serves a
+connection's requests in order, it is answered at once. Either way a gap is answered with
+OUT_OF_ORDER_SEQUENCE_NUMBER, as Kafka's broker answers a sequence out of order, and nothing of
+the batch is written.
 
 A real broker runs in this process around a controller server (controller_server.py), with a
 sequence wait far longer than any call of the test may take: an answer that comes back at all
@@ -108,24 +110,49 @@ def kafka_batch(producer: tuple[int, int], base_sequence: int, values: list[byte
     return bytes(builder.build())
 
 
-def kafka_produce(sock: socket.socket, records: bytes, timeout_ms: int) -> object:
-    """One Produce (acks=1) of `records` to partition 0; its partition's answer."""
+def kafka_produce_request(records: bytes, timeout_ms: int, correlation_id: int = 7) -> bytes:
+    """One Produce (acks=1) of `records` to partition 0, framed."""
     cls = load_request_schema(PRODUCE, PRODUCE_VERSION)
     data = nested(cls, "PartitionProduceData")(index=0, records=records)
-    sock.sendall(frame(PRODUCE, PRODUCE_VERSION, make(
+    return frame(PRODUCE, PRODUCE_VERSION, make(
         cls, transactional_id=None, acks=1, timeout=timedelta(milliseconds=timeout_ms),
-        topic_data=(nested(cls, "TopicProduceData")(name=TOPIC, partition_data=(data,)),))))
-    _, body = read_response(sock, PRODUCE, PRODUCE_VERSION)
-    return body.responses[0].partition_responses[0]
+        topic_data=(nested(cls, "TopicProduceData")(name=TOPIC, partition_data=(data,)),)),
+        correlation_id)
 
 
-def test_a_kafka_batch_ahead_of_its_sequence_is_answered_at_the_request_timeout(
+def kafka_answer(sock: socket.socket) -> tuple[int, object]:
+    """The next Produce answer on `sock`: (correlation id, its partition's answer)."""
+    correlation_id, body = read_response(sock, PRODUCE, PRODUCE_VERSION)
+    return correlation_id, body.responses[0].partition_responses[0]
+
+
+def kafka_produce(sock: socket.socket, records: bytes, timeout_ms: int) -> object:
+    """One Produce (acks=1) of `records` to partition 0; its partition's answer."""
+    sock.sendall(kafka_produce_request(records, timeout_ms))
+    return kafka_answer(sock)[1]
+
+
+def test_a_kafka_batch_ahead_of_its_sequence_is_answered_at_once_and_its_predecessor_taken(
         leader: BrokerEndpoint, stub: pb_grpc.DeltaBusStub) -> None:
+    """The Kafka door takes a connection's requests in order, so a batch's predecessor sent
+    behind it on the same connection cannot arrive while it waits: as Kafka's broker, the door
+    answers OUT_OF_ORDER_SEQUENCE_NUMBER at once (clients retry it while its predecessors are
+    unacknowledged), and the predecessor behind it is taken. Waiting instead held the
+    connection: in the diskless soak three of librdkafka's requests waited 10 s each in turn
+    for one queued behind them, its request timed out, and it bumped its producer epoch,
+    sending again records a killed leader had written but not acknowledged."""
     producer = init_producer_id(stub)
     with connect_to(f"{leader.host}:{leader.kafka_port}", timeout_s=CALL_TIMEOUT_S) as sock:
-        first = kafka_produce(sock, kafka_batch(producer, 0, [b"a"]), REQUEST_TIMEOUT_MS)
+        first = kafka_produce(sock, kafka_batch(producer, 0, [b"a"]), SEQUENCE_WAIT_MS)
         assert (first.error_code, first.base_offset) == (ErrorCode.none, 0)
-        gap = kafka_produce(sock, kafka_batch(producer, 3, [b"late"]), REQUEST_TIMEOUT_MS)
-        assert gap.error_code == ErrorCode.out_of_order_sequence_number
-        after = kafka_produce(sock, kafka_batch(producer, 1, [b"b"]), REQUEST_TIMEOUT_MS)
-        assert (after.error_code, after.base_offset) == (ErrorCode.none, 1)
+        # pipelined: sequence 2 first, then its predecessor 1 behind it on the connection
+        sock.sendall(kafka_produce_request(kafka_batch(producer, 2, [b"c"]), SEQUENCE_WAIT_MS,
+                                           correlation_id=8)
+                     + kafka_produce_request(kafka_batch(producer, 1, [b"b"]), SEQUENCE_WAIT_MS,
+                                             correlation_id=9))
+        gap_id, gap = kafka_answer(sock)
+        after_id, after = kafka_answer(sock)
+        assert (gap_id, gap.error_code) == (8, ErrorCode.out_of_order_sequence_number)
+        assert (after_id, after.error_code, after.base_offset) == (9, ErrorCode.none, 1)
+        retried = kafka_produce(sock, kafka_batch(producer, 2, [b"c"]), SEQUENCE_WAIT_MS)
+        assert (retried.error_code, retried.base_offset) == (ErrorCode.none, 2)

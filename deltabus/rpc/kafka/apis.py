@@ -296,7 +296,7 @@ class KafkaApis:
                                   for topic in request.topic_data
                                   for data in topic.partition_data),
                 size_bytes=sum(len(data.records or b"") for topic in request.topic_data
-                               for data in topic.partition_data)))
+                               for data in topic.partition_data), in_order=True))
         except errors.DeltaBusError as e:  # the whole request: each partition says so
             return _produce_response(cls, [
                 request_layer.PartitionAppends(topic.name, data.index, error=e)
