@@ -390,15 +390,18 @@ class _ObjectFile:
 
     def read(self, size: int = -1) -> bytes:
         """Bytes from the position; obstore's failures as the OSErrors pyarrow's readers
-        expect of a file (FileNotFoundError for an object that is not there)."""
-        from obstore.exceptions import BaseError, NotFoundError
-
+        expect of a file (FileNotFoundError for an object that is not there). obstore's
+        exceptions are imported only on a failure: this runs for every ranged read."""
         try:
             return self._reader.read(None if size < 0 else size).to_bytes()
-        except NotFoundError as e:
-            raise FileNotFoundError(_first_line(e)) from e
-        except BaseError as e:
-            raise OSError(_first_line(e)) from e
+        except Exception as e:
+            from obstore.exceptions import BaseError, NotFoundError
+
+            if isinstance(e, NotFoundError):
+                raise FileNotFoundError(_first_line(e)) from e
+            if isinstance(e, BaseError):
+                raise OSError(_first_line(e)) from e
+            raise
 
     def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
         return int(self._reader.seek(offset, whence))
